@@ -1,0 +1,167 @@
+# arena - build, test and install. 'make help' lists the targets.
+#
+# Variables: BUILD (build folder, default build), V=1 (show commands),
+# SAN=1 (AddressSanitizer + UBSan), WERROR=1 (warnings are errors),
+# CUDA_HOME (CUDA toolkit, default /usr/local/cuda; CUDA=0 disables),
+# PREFIX (install prefix, default /usr/local), FUZZ_TIME (seconds, make fuzz).
+
+BUILD    ?= build
+PREFIX   ?= /usr/local
+CC       ?= cc
+PYTHON   ?= python3
+CUDA_HOME ?= /usr/local/cuda
+FUZZ_TIME ?= 60
+
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
+
+CFLAGS   ?= -O2 -g
+WARN     := -Wall -Wextra -Wshadow -Wpointer-arith -Wformat=2 -Wstrict-prototypes \
+            -Wmissing-prototypes -Wundef -Wcast-qual -Wno-unused-parameter
+CFLAGS   += -std=c11 -fPIC -pthread $(WARN)
+CPPFLAGS += -D_GNU_SOURCE -Iinclude -MMD -MP
+LDLIBS   := -ljansson -lxxhash -lzstd -lpthread -lm
+ifeq ($(WERROR),1)
+CFLAGS   += -Werror
+endif
+ifeq ($(SAN),1)
+CFLAGS   += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDFLAGS  += -fsanitize=address,undefined
+endif
+
+# --- CUDA probe ------------------------------------------------------------
+HAVE_CUDA :=
+ifneq ($(CUDA),0)
+ifneq ($(wildcard $(CUDA_HOME)/include/cuda_runtime.h),)
+ifneq ($(wildcard $(CUDA_HOME)/lib64/libcudart_static.a),)
+HAVE_CUDA := 1
+endif
+endif
+endif
+ifeq ($(HAVE_CUDA),1)
+# The runtime is linked statically: binaries need only the driver at run time
+# and say "no CUDA device" on a machine without one.
+CPPFLAGS += -DARENA_HAVE_CUDA -isystem $(CUDA_HOME)/include
+LDLIBS   += $(CUDA_HOME)/lib64/libcudart_static.a -ldl -lrt
+CUDA_MSG := CUDA backend: built with $(CUDA_HOME) (static runtime)
+else
+CUDA_MSG := CUDA backend: not built (no $(CUDA_HOME)/include/cuda_runtime.h and lib64/libcudart_static.a; set CUDA_HOME)
+endif
+ifeq ($(MAKELEVEL),0)
+ifeq ($(filter help clean deps,$(MAKECMDGOALS)),)
+$(info arena: $(CUDA_MSG))
+endif
+endif
+
+# --- sources ----------------------------------------------------------------
+LIB_SRC  := $(wildcard common/*.c formats/*.c loader/*.c arena/*.c)
+ifneq ($(HAVE_CUDA),1)
+LIB_SRC  := $(filter-out %_cuda.c,$(LIB_SRC))
+endif
+CLI_SRC  := $(wildcard cli/*.c)
+UNIT_SRC := $(wildcard tests/unit/*.c)
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+UNIT_OBJ := $(UNIT_SRC:%.c=$(BUILD)/obj/%.o)
+FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+
+DEPS_OK  := $(BUILD)/.deps-ok
+
+.PHONY: all lib cli unit test test-unit test-cli test-asan test-fuzz demo fuzz install clean help deps
+.DEFAULT_GOAL := all
+
+all: cli lib
+cli: $(BUILD)/arena
+lib: $(BUILD)/libarena.a $(BUILD)/libarena.so
+
+help:
+	@echo "arena make targets:"
+	@echo "  make            build $(BUILD)/arena, $(BUILD)/libarena.a, $(BUILD)/libarena.so"
+	@echo "  make demo       synth a small model, convert, verify, inspect it"
+	@echo "  make test       unit + CLI tests, then unit tests and fuzz corpus under ASan/UBSan"
+	@echo "  make fuzz       run the libFuzzer targets for FUZZ_TIME seconds each (clang)"
+	@echo "  make install    install CLI, library, header, pkg-config file under PREFIX"
+	@echo "  make deps       install missing Debian build dependencies (as root)"
+	@echo "  make clean      remove build folders"
+	@echo "variables: V=1 SAN=1 WERROR=1 BUILD=dir CUDA_HOME=dir CUDA=0 PREFIX=dir FUZZ_TIME=s"
+
+deps $(DEPS_OK): scripts/deps.sh
+	$(Q)CC="$(CC)" sh scripts/deps.sh
+	$(Q)mkdir -p $(BUILD) && touch $(DEPS_OK)
+
+$(BUILD)/obj/%.o: %.c | $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/libarena.a: $(LIB_OBJ)
+	@$(if $(Q),echo "  AR      $@")
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/libarena.so: $(LIB_OBJ)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) -shared -Wl,-soname,libarena.so.0 $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/arena: $(CLI_OBJ) $(BUILD)/libarena.a
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libarena.a $(LDLIBS)
+
+$(BUILD)/tests/unit: $(UNIT_OBJ) $(BUILD)/libarena.a
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(UNIT_OBJ) $(BUILD)/libarena.a -lcriterion $(LDLIBS)
+
+# Fuzz targets as corpus replayers: a plain main() that runs every file.
+$(BUILD)/tests/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(BUILD)/libarena.a
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+unit: $(BUILD)/tests/unit $(BUILD)/arena $(FUZZ_TARGETS:%=$(BUILD)/tests/replay_%)
+
+test-unit: unit
+	$(Q)cd $(CURDIR) && $(BUILD)/tests/unit --jobs 2
+
+test-cli: cli
+	$(Q)sh tests/cli/run.sh $(BUILD)/arena
+
+test-fuzz: unit
+	$(Q)for t in $(FUZZ_TARGETS); do \
+		echo "replaying tests/fuzz/corpus/$$t"; \
+		$(BUILD)/tests/replay_$$t tests/fuzz/corpus/$$t || exit 1; done
+
+test-asan:
+	$(Q)$(MAKE) --no-print-directory BUILD=$(BUILD)/asan SAN=1 CUDA=0 test-unit test-fuzz
+
+test: test-unit test-cli test-fuzz test-asan
+	@echo "make test: all passed"
+
+demo: cli
+	$(Q)sh scripts/demo.sh $(BUILD)
+
+# libFuzzer builds (clang), for longer runs than the replay in 'make test'.
+fuzz:
+	$(Q)for t in $(FUZZ_TARGETS); do \
+		mkdir -p $(BUILD)/fuzz/$$t-corpus && \
+		clang -g -O1 -std=c11 -D_GNU_SOURCE -Iinclude -fsanitize=fuzzer,address,undefined \
+		  -o $(BUILD)/fuzz/$$t tests/fuzz/fuzz_$$t.c $(LIB_SRC) $(filter-out $(CUDA_HOME)%,$(LDLIBS)) -ldl -lrt || exit 1; \
+		$(BUILD)/fuzz/$$t -max_total_time=$(FUZZ_TIME) -print_final_stats=1 \
+		  $(BUILD)/fuzz/$$t-corpus tests/fuzz/corpus/$$t || exit 1; done
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 755 $(BUILD)/arena $(DESTDIR)$(PREFIX)/bin/arena
+	install -m 644 $(BUILD)/libarena.a $(DESTDIR)$(PREFIX)/lib/libarena.a
+	install -m 755 $(BUILD)/libarena.so $(DESTDIR)$(PREFIX)/lib/libarena.so.0
+	ln -sf libarena.so.0 $(DESTDIR)$(PREFIX)/lib/libarena.so
+	install -m 644 include/arena.h $(DESTDIR)$(PREFIX)/include/arena.h
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(shell sed -n 's/^#define ARENA_VERSION_STRING "\(.*\)"/\1/p' include/arena.h)|g' \
+	  -e 's|@LIBS@|$(filter-out $(CUDA_HOME)%,$(LDLIBS))|g' arena.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/arena.pc
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(UNIT_OBJ:.o=.d)

@@ -1,0 +1,46 @@
+/* cli.h - shared plumbing of the arena command: the subcommand table,
+ * error reporting and option helpers. */
+#ifndef ARENA_CLI_H
+#define ARENA_CLI_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct cli_cmd {
+	const char *name;
+	int (*run)(int argc, char **argv); /* argv[0] is the subcommand name */
+	const char *summary;
+	const char *usage; /* full --help text */
+} cli_cmd;
+
+extern const cli_cmd cli_commands[];
+
+/* The subcommands, one file each (cli/cmd_<name>.c). */
+#define CLI_COMMANDS(X) \
+	X(inspect, "show tensors, metadata and layout of a checkpoint or image") \
+	X(version, "show the version and what this build supports")
+
+#define CLI__DECL(name, summary) \
+	int cmd_##name(int argc, char **argv); \
+	extern const char cmd_##name##_usage[];
+CLI_COMMANDS(CLI__DECL)
+#undef CLI__DECL
+
+/* Print "error: <last error>" to stderr and return the exit status for rc. */
+int cli_fail(int rc);
+/* Print "error: <fmt>" and a hint to run --help; returns 2. */
+int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* If argv has -h/--help, print the usage of `cmd` to stdout and return 1. */
+int cli_wants_help(const cli_cmd *cmd, int argc, char **argv);
+const cli_cmd *cli_find(const char *name);
+
+/* Parse "8G", "512M", "4096", "1.5GiB" (binary multiples) into bytes. 0 on success. */
+int cli_parse_size(const char *s, uint64_t *out);
+/* Format bytes as "22.17 GiB" into buf. */
+const char *cli_fmt_bytes(uint64_t n, char *buf, size_t len);
+
+/* Print a jansson value to stdout (indented, keys in insertion order) and
+ * release it. Returns 0, or 3 if writing failed. */
+int cli_print_json(void *json);
+
+#endif

@@ -1,0 +1,86 @@
+/* alloc.c - allocation wrappers with an injectable Nth-call failure. */
+#include "alloc.h"
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+static atomic_long fault_at;    /* 0 = disarmed */
+static atomic_long alloc_count; /* allocations since arming */
+static atomic_int fault_fired;
+
+static int should_fail(void)
+{
+	long at = atomic_load_explicit(&fault_at, memory_order_relaxed);
+	long n = atomic_fetch_add_explicit(&alloc_count, 1, memory_order_relaxed) + 1;
+	if (at > 0 && n == at) {
+		atomic_store(&fault_fired, 1);
+		return 1;
+	}
+	return 0;
+}
+
+void *arena_malloc(size_t n)
+{
+	if (should_fail())
+		return NULL;
+	return malloc(n ? n : 1);
+}
+
+void *arena_calloc(size_t count, size_t size)
+{
+	if (should_fail())
+		return NULL;
+	return calloc(count ? count : 1, size ? size : 1);
+}
+
+void *arena_realloc(void *p, size_t n)
+{
+	if (should_fail())
+		return NULL;
+	return realloc(p, n ? n : 1);
+}
+
+char *arena_strdup(const char *s)
+{
+	size_t n = strlen(s) + 1;
+	char *d = arena_malloc(n);
+	if (d)
+		memcpy(d, s, n);
+	return d;
+}
+
+void arena_free(void *p)
+{
+	free(p);
+}
+
+static void set_json_alloc(void)
+{
+	json_set_alloc_funcs(arena_malloc, arena_free);
+}
+
+void arena_alloc_init(void)
+{
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+	pthread_once(&once, set_json_alloc);
+}
+
+void arena_fault_alloc(long n)
+{
+	atomic_store(&alloc_count, 0);
+	atomic_store(&fault_fired, 0);
+	atomic_store(&fault_at, n);
+}
+
+long arena_fault_alloc_count(void)
+{
+	return atomic_load(&alloc_count);
+}
+
+int arena_fault_alloc_fired(void)
+{
+	return atomic_load(&fault_fired);
+}

@@ -1,0 +1,350 @@
+/* checkpoint.c - opening single, multi-file and sharded safetensors checkpoints. */
+#include "checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../common/alloc.h"
+#include "../common/err.h"
+
+#define E(name) ARENA_E(name)
+
+static int ends_with(const char *s, const char *suf)
+{
+	size_t a = strlen(s), b = strlen(suf);
+	return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+static char *path_join(const char *dir, const char *name)
+{
+	size_t a = strlen(dir), b = strlen(name);
+	char *p = arena_malloc(a + b + 2);
+	if (!p)
+		return NULL;
+	memcpy(p, dir, a);
+	size_t o = a;
+	if (a && dir[a - 1] != '/')
+		p[o++] = '/';
+	memcpy(p + o, name, b + 1);
+	return p;
+}
+
+static char *dir_of(const char *path)
+{
+	const char *slash = strrchr(path, '/');
+	if (!slash)
+		return arena_strdup(".");
+	size_t n = (size_t)(slash - path);
+	char *d = arena_malloc(n + 2);
+	if (!d)
+		return NULL;
+	if (n == 0)
+		d[n++] = '/';
+	else
+		memcpy(d, path, n);
+	d[n] = '\0';
+	return d;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int cmp_tensor_ptr(const void *a, const void *b)
+{
+	return strcmp((*(const arena_st_tensor *const *)a)->name, (*(const arena_st_tensor *const *)b)->name);
+}
+
+static int add_file(arena_ckpt *c, const char *path)
+{
+	arena_st_file **nf = arena_realloc(c->files, (c->n_files + 1) * sizeof(*nf));
+	if (!nf)
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", path);
+	c->files = nf;
+	arena_st_file *f;
+	int rc = arena_st_open(path, &f);
+	if (rc)
+		return rc;
+	c->files[c->n_files++] = f;
+	return 0;
+}
+
+/* Merge all files' tensors into one sorted list; reject duplicates. */
+static int merge_tensors(arena_ckpt *c)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < c->n_files; i++)
+		n += c->files[i]->n_tensors;
+	c->tensors = arena_calloc(n, sizeof(*c->tensors));
+	if (!c->tensors)
+		return arena_errorf(ARENA_E_NOMEM, "out of memory for %zu tensors", n);
+	for (size_t i = 0; i < c->n_files; i++)
+		for (size_t k = 0; k < c->files[i]->n_tensors; k++)
+			c->tensors[c->n_tensors++] = &c->files[i]->tensors[k];
+	qsort(c->tensors, n, sizeof(*c->tensors), cmp_tensor_ptr);
+	for (size_t i = 1; i < n; i++)
+		if (strcmp(c->tensors[i - 1]->name, c->tensors[i]->name) == 0)
+			return arena_errorf(E(DUPLICATE_TENSOR), "tensor '%s' is defined in both %s and %s",
+					    arena_q(c->tensors[i]->name), c->tensors[i - 1]->file->path,
+					    c->tensors[i]->file->path);
+	return 0;
+}
+
+static int valid_shard_name(const char *s)
+{
+	return *s && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..");
+}
+
+static int open_index(arena_ckpt *c, const char *index_path)
+{
+	arena_alloc_init();
+	c->index_path = arena_strdup(index_path);
+	if (!c->index_path)
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", index_path);
+	json_error_t jerr;
+	json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
+	if (!root) {
+		enum json_error_code code = json_error_code(&jerr);
+		if (code == json_error_cannot_open_file)
+			return arena_syserrorf(ARENA_E_IO, errno, "%s: cannot open", index_path);
+		if (code == json_error_out_of_memory)
+			return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", index_path);
+		return arena_errorf(E(IDX_JSON), "%s: line %d column %d: %s", index_path, jerr.line, jerr.column,
+				    arena_q(jerr.text));
+	}
+	c->index_json = root;
+	json_t *wm = json_is_object(root) ? json_object_get(root, "weight_map") : NULL;
+	if (!json_is_object(wm))
+		return arena_errorf(E(IDX_BAD), "%s: no \"weight_map\" object", index_path);
+	json_t *meta = json_object_get(root, "metadata");
+	if (meta && !json_is_object(meta))
+		return arena_errorf(E(IDX_BAD), "%s: \"metadata\" is not an object", index_path);
+	c->index_meta = meta;
+
+	/* Distinct shard names, sorted. */
+	size_t nw = json_object_size(wm), ns = 0;
+	const char **shards = arena_calloc(nw, sizeof(*shards));
+	char *dir = dir_of(index_path);
+	char *p = NULL;
+	int rc = 0;
+	if (!shards || !dir) {
+		rc = arena_errorf(ARENA_E_NOMEM, "%s: out of memory", index_path);
+		goto out;
+	}
+	const char *key;
+	json_t *v;
+	json_object_foreach(wm, key, v) {
+		if (!json_is_string(v)) {
+			rc = arena_errorf(E(IDX_BAD), "%s: weight_map '%s': shard is not a string", index_path,
+					  arena_q(key));
+			goto out;
+		}
+		if (!valid_shard_name(json_string_value(v))) {
+			rc = arena_errorf(E(IDX_BAD_SHARD_NAME), "%s: weight_map '%s': shard '%s' is not a plain file name",
+					  index_path, arena_q(key), arena_q(json_string_value(v)));
+			goto out;
+		}
+		shards[ns++] = json_string_value(v);
+	}
+	qsort(shards, ns, sizeof(*shards), cmp_str);
+	for (size_t i = 0; i < ns; i++) {
+		if (i && strcmp(shards[i], shards[i - 1]) == 0)
+			continue;
+		p = path_join(dir, shards[i]);
+		if (!p) {
+			rc = arena_errorf(ARENA_E_NOMEM, "%s: out of memory", index_path);
+			goto out;
+		}
+		rc = add_file(c, p);
+		if (rc == ARENA_E_NOT_FOUND)
+			rc = arena_errorf(E(IDX_SHARD_MISSING), "%s: shard '%s' is missing (no file %s)", index_path,
+					  arena_q(shards[i]), p);
+		arena_free(p);
+		p = NULL;
+		if (rc)
+			goto out;
+	}
+	if ((rc = merge_tensors(c)))
+		goto out;
+	/* Every tensor a shard holds is named by the index, for that shard... */
+	for (size_t i = 0; i < c->n_tensors; i++) {
+		const arena_st_tensor *t = c->tensors[i];
+		json_t *s = json_object_get(wm, t->name);
+		if (!s) {
+			rc = arena_errorf(E(IDX_TENSOR_UNLISTED), "%s: tensor '%s' is in %s but not in the index",
+					  index_path, arena_q(t->name), t->file->path);
+			goto out;
+		}
+	}
+	/* ...and every tensor the index names is in the shard it names. */
+	json_object_foreach(wm, key, v) {
+		const arena_st_tensor *t = arena_ckpt_find(c, key);
+		const char *base = t ? strrchr(t->file->path, '/') : NULL;
+		base = base ? base + 1 : (t ? t->file->path : NULL);
+		if (!t || strcmp(base, json_string_value(v)) != 0) {
+			rc = arena_errorf(E(IDX_TENSOR_MISSING), "%s: tensor '%s' is not in shard '%s'", index_path,
+					  arena_q(key), arena_q(json_string_value(v)));
+			goto out;
+		}
+	}
+out:
+	arena_free(shards);
+	arena_free(dir);
+	return rc;
+}
+
+/* Pick the checkpoint inside a folder: an index, else the only .safetensors. */
+static int open_dir(arena_ckpt *c, const char *dir)
+{
+	DIR *d = opendir(dir);
+	if (!d)
+		return arena_syserrorf(ARENA_E_IO, errno, "%s: cannot open folder", dir);
+	char *index = NULL, *single = NULL;
+	int n_st = 0, n_idx = 0, rc = 0;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (ends_with(e->d_name, ".safetensors.index.json")) {
+			n_idx++;
+			if (!index || strcmp(e->d_name, "model.safetensors.index.json") == 0) {
+				arena_free(index);
+				index = arena_strdup(e->d_name);
+			}
+		} else if (ends_with(e->d_name, ".safetensors")) {
+			n_st++;
+			arena_free(single);
+			single = arena_strdup(e->d_name);
+		}
+		if ((n_idx && !index) || (n_st && !single)) {
+			rc = arena_errorf(ARENA_E_NOMEM, "%s: out of memory", dir);
+			goto out;
+		}
+	}
+	const char *pick = NULL;
+	if (n_idx > 1 && strcmp(index, "model.safetensors.index.json") != 0)
+		rc = arena_errorf(E(NO_CHECKPOINT), "%s: %d index files and none is model.safetensors.index.json; name one",
+				  dir, n_idx);
+	else if (n_idx)
+		pick = index;
+	else if (n_st == 1)
+		pick = single;
+	else if (n_st > 1)
+		rc = arena_errorf(E(NO_CHECKPOINT), "%s: %d .safetensors files and no index; name the files", dir, n_st);
+	else
+		rc = arena_errorf(E(NO_CHECKPOINT), "%s: no .safetensors file or index in this folder", dir);
+	if (pick) {
+		char *p = path_join(dir, pick);
+		if (!p)
+			rc = arena_errorf(ARENA_E_NOMEM, "%s: out of memory", dir);
+		else
+			rc = n_idx ? open_index(c, p) : add_file(c, p);
+		arena_free(p);
+	}
+out:
+	closedir(d);
+	arena_free(index);
+	arena_free(single);
+	return rc;
+}
+
+static int open_one(arena_ckpt *c, const char *path)
+{
+	struct stat st;
+	if (stat(path, &st) < 0)
+		return arena_syserrorf(ARENA_E_IO, errno, "%s: cannot open", path);
+	if (S_ISDIR(st.st_mode))
+		return open_dir(c, path);
+	if (ends_with(path, ".json"))
+		return open_index(c, path);
+	return add_file(c, path);
+}
+
+int arena_ckpt_open_many(const char *const *paths, size_t n, arena_ckpt **out)
+{
+	*out = NULL;
+	if (n == 0)
+		return arena_errorf(ARENA_E_USAGE, "no input given");
+	arena_ckpt *c = arena_calloc(1, sizeof(*c));
+	if (!c)
+		return arena_errorf(ARENA_E_NOMEM, "out of memory");
+	int rc = 0;
+	if (n == 1) {
+		rc = open_one(c, paths[0]);
+		if (!rc && !c->tensors)
+			rc = merge_tensors(c);
+	} else {
+		for (size_t i = 0; i < n && !rc; i++) {
+			arena_ckpt *sub;
+			rc = arena_ckpt_open(paths[i], &sub);
+			if (rc)
+				break;
+			/* Adopt sub's files. */
+			arena_st_file **nf = arena_realloc(c->files, (c->n_files + sub->n_files) * sizeof(*nf));
+			if (!nf) {
+				arena_ckpt_close(sub);
+				rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
+				break;
+			}
+			c->files = nf;
+			for (size_t k = 0; k < sub->n_files; k++)
+				c->files[c->n_files++] = sub->files[k];
+			sub->n_files = 0;
+			arena_ckpt_close(sub);
+		}
+		if (!rc)
+			rc = merge_tensors(c);
+	}
+	if (rc) {
+		arena_ckpt_close(c);
+		return rc;
+	}
+	*out = c;
+	return 0;
+}
+
+int arena_ckpt_open(const char *path, arena_ckpt **out)
+{
+	return arena_ckpt_open_many(&path, 1, out);
+}
+
+void arena_ckpt_close(arena_ckpt *c)
+{
+	if (!c)
+		return;
+	for (size_t i = 0; i < c->n_files; i++)
+		arena_st_close(c->files[i]);
+	arena_free(c->files);
+	arena_free(c->tensors);
+	arena_free(c->index_path);
+	json_decref((json_t *)c->index_json);
+	arena_free(c);
+}
+
+const arena_st_tensor *arena_ckpt_find(const arena_ckpt *c, const char *name)
+{
+	size_t lo = 0, hi = c->n_tensors;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		int r = strcmp(c->tensors[mid]->name, name);
+		if (r == 0)
+			return c->tensors[mid];
+		if (r < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return NULL;
+}
+
+uint64_t arena_ckpt_bytes(const arena_ckpt *c)
+{
+	uint64_t s = 0;
+	for (size_t i = 0; i < c->n_tensors; i++)
+		s += c->tensors[i]->nbytes;
+	return s;
+}

@@ -1,0 +1,40 @@
+/* checkpoint.h - a safetensors checkpoint: one file, several files, or a
+ * sharded set described by model.safetensors.index.json.
+ *
+ * Every file is fully validated (safetensors.h). Across files: a tensor
+ * defined twice is DUPLICATE_TENSOR; with an index, a shard it names that is
+ * missing is IDX_SHARD_MISSING, a tensor it names that its shard lacks is
+ * IDX_TENSOR_MISSING, and a tensor a shard holds that it does not name is
+ * IDX_TENSOR_UNLISTED. */
+#ifndef ARENA_FORMATS_CHECKPOINT_H
+#define ARENA_FORMATS_CHECKPOINT_H
+
+#include "safetensors.h"
+
+typedef struct arena_ckpt {
+	char *index_path;         /* owned; NULL without an index */
+	void *index_json;         /* json_t root of the index (private) */
+	const void *index_meta;   /* json_t: the index's "metadata" object, or NULL */
+	size_t n_files;
+	arena_st_file **files;    /* owned; in the order given (shards sorted by name) */
+	size_t n_tensors;
+	const arena_st_tensor **tensors; /* every tensor, sorted by name; borrowed from files */
+} arena_ckpt;
+
+/* Open PATH: a .safetensors file, an index .json, or a folder holding either
+ * (an index is preferred; a folder with several .safetensors files and no
+ * index is an error asking for the files to be named). */
+int arena_ckpt_open(const char *path, arena_ckpt **out);
+
+/* Open several inputs (each as arena_ckpt_open would) as one checkpoint. */
+int arena_ckpt_open_many(const char *const *paths, size_t n, arena_ckpt **out);
+
+void arena_ckpt_close(arena_ckpt *c);
+
+/* Binary search by name; NULL if absent. */
+const arena_st_tensor *arena_ckpt_find(const arena_ckpt *c, const char *name);
+
+/* Sum of all tensors' bytes. */
+uint64_t arena_ckpt_bytes(const arena_ckpt *c);
+
+#endif

@@ -1,0 +1,386 @@
+/* safetensors.c - strict safetensors validation; see safetensors.h for the rules and their order. */
+#include "safetensors.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../common/alloc.h"
+#include "../common/err.h"
+#include "utf8.h"
+
+#define E(name) ARENA_E(name)
+
+static uint64_t le64(const uint8_t *p)
+{
+	uint64_t v = 0;
+	for (int i = 7; i >= 0; i--)
+		v = (v << 8) | p[i];
+	return v;
+}
+
+static int is_uint(const json_t *v)
+{
+	return json_is_integer(v) && json_integer_value(v) >= 0;
+}
+
+/* Per-entry checks, in the documented order. Fills t except sizes. */
+static int check_entry(arena_st_file *f, const char *name, json_t *v, arena_st_tensor *t,
+		       uint64_t **shape_cursor)
+{
+	const char *lbl = f->path;
+	if (!json_is_object(v))
+		return arena_errorf(E(ST_TENSOR_NOT_OBJECT), "%s: tensor '%s': entry is not a JSON object",
+				    lbl, arena_q(name));
+	const char *key;
+	json_t *field;
+	json_object_foreach(v, key, field) {
+		if (strcmp(key, "dtype") && strcmp(key, "shape") && strcmp(key, "data_offsets"))
+			return arena_errorf(E(ST_UNKNOWN_FIELD), "%s: tensor '%s': unknown field '%s'", lbl,
+					    arena_q(name), arena_q(key));
+	}
+	json_t *dt = json_object_get(v, "dtype");
+	json_t *shape = json_object_get(v, "shape");
+	json_t *offs = json_object_get(v, "data_offsets");
+	const char *missing = !dt ? "dtype" : !shape ? "shape" : !offs ? "data_offsets" : NULL;
+	if (missing)
+		return arena_errorf(E(ST_MISSING_FIELD), "%s: tensor '%s': missing field '%s'", lbl,
+				    arena_q(name), missing);
+	if (!json_is_string(dt))
+		return arena_errorf(E(ST_BAD_DTYPE), "%s: tensor '%s': dtype is not a string", lbl,
+				    arena_q(name));
+	if (!json_is_array(shape))
+		return arena_errorf(E(ST_BAD_SHAPE), "%s: tensor '%s': shape is not a list", lbl,
+				    arena_q(name));
+	size_t rank = json_array_size(shape);
+	for (size_t i = 0; i < rank; i++)
+		if (!is_uint(json_array_get(shape, i)))
+			return arena_errorf(E(ST_BAD_SHAPE),
+					    "%s: tensor '%s': shape[%zu] is not a non-negative integer", lbl,
+					    arena_q(name), i);
+	if (!json_is_array(offs) || json_array_size(offs) != 2)
+		return arena_errorf(E(ST_BAD_OFFSETS), "%s: tensor '%s': data_offsets is not a list of 2",
+				    lbl, arena_q(name));
+	for (size_t i = 0; i < 2; i++)
+		if (!is_uint(json_array_get(offs, i)))
+			return arena_errorf(E(ST_BAD_OFFSETS),
+					    "%s: tensor '%s': data_offsets[%zu] is not a non-negative integer",
+					    lbl, arena_q(name), i);
+	arena_dtype d = arena_dtype_from_name(json_string_value(dt));
+	if (d == ARENA_DTYPE_INVALID)
+		return arena_errorf(E(ST_UNKNOWN_DTYPE), "%s: tensor '%s': unknown dtype '%s'", lbl,
+				    arena_q(name), arena_q(json_string_value(dt)));
+	t->name = name;
+	t->dtype = d;
+	t->rank = (uint32_t)rank;
+	t->shape = *shape_cursor;
+	for (size_t i = 0; i < rank; i++)
+		(*shape_cursor)[i] = (uint64_t)json_integer_value(json_array_get(shape, i));
+	*shape_cursor += rank;
+	t->begin = (uint64_t)json_integer_value(json_array_get(offs, 0));
+	t->end = (uint64_t)json_integer_value(json_array_get(offs, 1));
+	t->file = f;
+	return 0;
+}
+
+static int check_metadata(arena_st_file *f, json_t *meta)
+{
+	if (!json_is_object(meta))
+		return arena_errorf(E(ST_BAD_METADATA), "%s: __metadata__ is not a JSON object", f->path);
+	size_t n = json_object_size(meta);
+	f->meta_keys = arena_calloc(n, sizeof(char *));
+	f->meta_vals = arena_calloc(n, sizeof(char *));
+	if (!f->meta_keys || !f->meta_vals)
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory reading __metadata__", f->path);
+	const char *key;
+	json_t *v;
+	json_object_foreach(meta, key, v) {
+		if (!json_is_string(v))
+			return arena_errorf(E(ST_BAD_METADATA), "%s: __metadata__ '%s': value is not a string",
+					    f->path, arena_q(key));
+		f->meta_keys[f->n_meta] = key;
+		f->meta_vals[f->n_meta] = json_string_value(v);
+		f->n_meta++;
+	}
+	return 0;
+}
+
+static int cmp_by_offsets(const void *a, const void *b)
+{
+	const arena_st_tensor *x = *(const arena_st_tensor *const *)a, *y = *(const arena_st_tensor *const *)b;
+	if (x->begin != y->begin)
+		return x->begin < y->begin ? -1 : 1;
+	if (x->end != y->end)
+		return x->end < y->end ? -1 : 1;
+	return strcmp(x->name, y->name);
+}
+
+static int cmp_by_name(const void *a, const void *b)
+{
+	return strcmp(((const arena_st_tensor *)a)->name, ((const arena_st_tensor *)b)->name);
+}
+
+static int check_sizes(arena_st_file *f, arena_st_tensor *t)
+{
+	uint64_t nelem = 1;
+	for (uint32_t i = 0; i < t->rank; i++)
+		if (__builtin_mul_overflow(nelem, t->shape[i], &nelem))
+			return arena_errorf(E(ST_SIZE_OVERFLOW), "%s: tensor '%s': element count overflows",
+					    f->path, arena_q(t->name));
+	uint64_t bits;
+	if (__builtin_mul_overflow(nelem, (uint64_t)arena_dtype_bits(t->dtype), &bits))
+		return arena_errorf(E(ST_SIZE_OVERFLOW), "%s: tensor '%s': size in bits overflows", f->path,
+				    arena_q(t->name));
+	if (bits % 8)
+		return arena_errorf(E(ST_PARTIAL_BYTES),
+				    "%s: tensor '%s': %llu elements of %s are not a whole number of bytes",
+				    f->path, arena_q(t->name), (unsigned long long)nelem,
+				    arena_dtype_name(t->dtype));
+	t->nelem = nelem;
+	t->nbytes = bits / 8;
+	if (t->end - t->begin != t->nbytes)
+		return arena_errorf(E(ST_SIZE_MISMATCH),
+				    "%s: tensor '%s': data_offsets [%llu, %llu) span %llu bytes, dtype and shape need %llu",
+				    f->path, arena_q(t->name), (unsigned long long)t->begin,
+				    (unsigned long long)t->end, (unsigned long long)(t->end - t->begin),
+				    (unsigned long long)t->nbytes);
+	return 0;
+}
+
+/* Offsets pass over tensors sorted by (begin, end). */
+static int check_layout(arena_st_file *f, arena_st_tensor **by_off, size_t n, uint64_t data_len)
+{
+	for (size_t i = 0; i < n; i++)
+		if (by_off[i]->end < by_off[i]->begin)
+			return arena_errorf(E(ST_OFFSET_REVERSED),
+					    "%s: tensor '%s': data_offsets [%llu, %llu) end before begin", f->path,
+					    arena_q(by_off[i]->name), (unsigned long long)by_off[i]->begin,
+					    (unsigned long long)by_off[i]->end);
+	uint64_t pos = 0;
+	for (size_t i = 0; i < n; i++) {
+		const arena_st_tensor *t = by_off[i];
+		if (t->begin != pos) {
+			if (i == 0)
+				return arena_errorf(E(ST_OFFSET_START),
+						    "%s: tensor '%s': first tensor starts at %llu, not 0", f->path,
+						    arena_q(t->name), (unsigned long long)t->begin);
+			if (t->begin > pos)
+				return arena_errorf(E(ST_OFFSET_GAP),
+						    "%s: tensor '%s': gap of %llu bytes before it (begins at %llu, previous ends at %llu)",
+						    f->path, arena_q(t->name), (unsigned long long)(t->begin - pos),
+						    (unsigned long long)t->begin, (unsigned long long)pos);
+			return arena_errorf(E(ST_OFFSET_OVERLAP),
+					    "%s: tensor '%s': begins at %llu, inside '%s' which ends at %llu", f->path,
+					    arena_q(t->name), (unsigned long long)t->begin,
+					    arena_q(by_off[i - 1]->name), (unsigned long long)pos);
+		}
+		pos = t->end;
+	}
+	for (size_t i = 0; i < n; i++) {
+		int rc = check_sizes(f, by_off[i]);
+		if (rc)
+			return rc;
+	}
+	if (pos > data_len)
+		return arena_errorf(E(ST_DATA_PAST_EOF),
+				    "%s: tensor '%s': data ends at %llu, past the %llu bytes of data in the file",
+				    f->path, arena_q(by_off[n - 1]->name), (unsigned long long)pos,
+				    (unsigned long long)data_len);
+	if (pos < data_len)
+		return arena_errorf(E(ST_TRAILING_BYTES), "%s: %llu bytes after the last tensor's data",
+				    f->path, (unsigned long long)(data_len - pos));
+	return 0;
+}
+
+static int parse_header(arena_st_file *f)
+{
+	const uint8_t *buf = f->base;
+	if (f->size < 8)
+		return arena_errorf(E(ST_TOO_SHORT), "%s: file is %llu bytes, shorter than the 8-byte header length",
+				    f->path, (unsigned long long)f->size);
+	uint64_t n = le64(buf);
+	if (n > ARENA_ST_MAX_HEADER)
+		return arena_errorf(E(ST_HEADER_TOO_LARGE), "%s: header length %llu is over the limit of %llu",
+				    f->path, (unsigned long long)n, ARENA_ST_MAX_HEADER);
+	if (n > f->size - 8)
+		return arena_errorf(E(ST_HEADER_PAST_EOF),
+				    "%s: header length %llu runs past the end of the %llu-byte file", f->path,
+				    (unsigned long long)n, (unsigned long long)f->size);
+	f->header_len = n;
+	f->data_off = 8 + n;
+	size_t bad = arena_utf8_check(buf + 8, (size_t)n);
+	if (bad != (size_t)n)
+		return arena_errorf(E(ST_HEADER_UTF8), "%s: header is not UTF-8 at byte %llu of the file",
+				    f->path, (unsigned long long)(8 + bad));
+
+	arena_alloc_init();
+	json_error_t jerr;
+	json_t *root = json_loadb((const char *)buf + 8, (size_t)n, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);
+	if (!root) {
+		enum json_error_code c = json_error_code(&jerr);
+		if (c == json_error_out_of_memory)
+			return arena_errorf(ARENA_E_NOMEM, "%s: out of memory parsing the header", f->path);
+		return arena_errorf(c == json_error_duplicate_key ? E(ST_DUPLICATE_KEY) : E(ST_HEADER_JSON),
+				    "%s: header JSON at byte %d: %s", f->path, 8 + jerr.position,
+				    arena_q(jerr.text));
+	}
+	f->json = root;
+	if (!json_is_object(root))
+		return arena_errorf(E(ST_HEADER_NOT_OBJECT), "%s: header is not a JSON object", f->path);
+
+	/* Count tensors and dims to size the allocations (bounded by the header). */
+	size_t nt = 0, ndims = 0;
+	const char *key;
+	json_t *v;
+	json_object_foreach(root, key, v) {
+		if (strcmp(key, "__metadata__") == 0)
+			continue;
+		nt++;
+		json_t *shape = json_is_object(v) ? json_object_get(v, "shape") : NULL;
+		if (json_is_array(shape))
+			ndims += json_array_size(shape);
+	}
+	f->tensors = arena_calloc(nt, sizeof(*f->tensors));
+	f->shape_pool = arena_calloc(ndims, sizeof(uint64_t));
+	arena_st_tensor **by_off = arena_calloc(nt, sizeof(*by_off));
+	if (!f->tensors || !f->shape_pool || !by_off) {
+		arena_free(by_off);
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory for %zu tensors", f->path, nt);
+	}
+	int rc = 0;
+	uint64_t *cursor = f->shape_pool;
+	json_object_foreach(root, key, v) {
+		if (strcmp(key, "__metadata__") == 0)
+			continue;
+		rc = check_entry(f, key, v, &f->tensors[f->n_tensors], &cursor);
+		if (rc)
+			goto out;
+		by_off[f->n_tensors] = &f->tensors[f->n_tensors];
+		f->n_tensors++;
+	}
+	json_t *meta = json_object_get(root, "__metadata__");
+	if (meta && (rc = check_metadata(f, meta)))
+		goto out;
+	qsort(by_off, nt, sizeof(*by_off), cmp_by_offsets);
+	rc = check_layout(f, by_off, nt, f->size - f->data_off);
+	if (rc)
+		goto out;
+	qsort(f->tensors, nt, sizeof(*f->tensors), cmp_by_name);
+out:
+	arena_free(by_off);
+	return rc;
+}
+
+static int st_new(const char *label, arena_st_file **out)
+{
+	*out = NULL;
+	arena_st_file *f = arena_calloc(1, sizeof(*f));
+	if (!f)
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", label);
+	f->path = arena_strdup(label);
+	if (!f->path) {
+		arena_free(f);
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", label);
+	}
+	*out = f;
+	return 0;
+}
+
+int arena_st_parse(const uint8_t *buf, uint64_t size, const char *label, arena_st_file **out)
+{
+	arena_st_file *f;
+	int rc = st_new(label, &f);
+	if (rc)
+		return rc;
+	f->base = buf;
+	f->size = size;
+	rc = parse_header(f);
+	if (rc) {
+		arena_st_close(f);
+		return rc;
+	}
+	*out = f;
+	return 0;
+}
+
+int arena_st_open(const char *path, arena_st_file **out)
+{
+	*out = NULL;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return arena_syserrorf(ARENA_E_IO, errno, "%s: cannot open", path);
+	struct stat st;
+	if (fstat(fd, &st) < 0) {
+		int e = errno;
+		close(fd);
+		return arena_syserrorf(ARENA_E_IO, e, "%s: cannot stat", path);
+	}
+	if (!S_ISREG(st.st_mode)) {
+		close(fd);
+		return arena_errorf(ARENA_E_USAGE, "%s: not a regular file", path);
+	}
+	arena_st_file *f;
+	int rc = st_new(path, &f);
+	if (rc) {
+		close(fd);
+		return rc;
+	}
+	f->size = (uint64_t)st.st_size;
+	if (f->size > 0) {
+		void *m = mmap(NULL, (size_t)f->size, PROT_READ, MAP_PRIVATE, fd, 0);
+		if (m == MAP_FAILED) {
+			int e = errno;
+			close(fd);
+			arena_st_close(f);
+			return arena_syserrorf(ARENA_E_IO, e, "%s: cannot map", path);
+		}
+		f->base = m;
+		f->mapped = 1;
+	} else {
+		f->base = (const uint8_t *)"";
+	}
+	close(fd);
+	rc = parse_header(f);
+	if (rc) {
+		arena_st_close(f);
+		return rc;
+	}
+	*out = f;
+	return 0;
+}
+
+void arena_st_close(arena_st_file *f)
+{
+	if (!f)
+		return;
+	if (f->mapped)
+		munmap((void *)(uintptr_t)f->base, (size_t)f->size);
+	json_decref((json_t *)f->json);
+	arena_free(f->tensors);
+	arena_free(f->shape_pool);
+	arena_free(f->meta_keys);
+	arena_free(f->meta_vals);
+	arena_free(f->path);
+	arena_free(f);
+}
+
+const arena_st_tensor *arena_st_find(const arena_st_file *f, const char *name)
+{
+	size_t lo = 0, hi = f->n_tensors;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		int c = strcmp(f->tensors[mid].name, name);
+		if (c == 0)
+			return &f->tensors[mid];
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return NULL;
+}

@@ -1,0 +1,82 @@
+/* safetensors.h - strict reader for the safetensors format.
+ *
+ * Byte layout (all integers little-endian):
+ *   [0, 8)          N: u64, the header length
+ *   [8, 8+N)        header: UTF-8 JSON object
+ *                     "__metadata__": {string: string}          (optional)
+ *                     "<tensor>": {"dtype": "BF16", "shape": [d0, ...],
+ *                                  "data_offsets": [begin, end]}
+ *   [8+N, EOF)      data: tensors back to back; offsets are relative to 8+N
+ *
+ * Validation happens before anything is used, in this order; each failure is
+ * its own error (ARENA_E(ST_*)):
+ *   TOO_SHORT, HEADER_TOO_LARGE (N > 100000000), HEADER_PAST_EOF, HEADER_UTF8,
+ *   HEADER_JSON / DUPLICATE_KEY, HEADER_NOT_OBJECT; per tensor in header order:
+ *   TENSOR_NOT_OBJECT, UNKNOWN_FIELD, MISSING_FIELD, BAD_DTYPE, BAD_SHAPE,
+ *   BAD_OFFSETS, UNKNOWN_DTYPE; then BAD_METADATA; then, over tensors sorted
+ *   by offsets: OFFSET_REVERSED, OFFSET_START, OFFSET_GAP / OFFSET_OVERLAP;
+ *   then per tensor SIZE_OVERFLOW, PARTIAL_BYTES, SIZE_MISMATCH; finally
+ *   DATA_PAST_EOF / TRAILING_BYTES.
+ * Stricter than the reference library: duplicate keys anywhere and unknown
+ * fields in a tensor entry are rejected.
+ */
+#ifndef ARENA_FORMATS_SAFETENSORS_H
+#define ARENA_FORMATS_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dtype.h"
+
+#define ARENA_ST_MAX_HEADER 100000000ULL
+
+typedef struct arena_st_file arena_st_file;
+
+typedef struct arena_st_tensor {
+	const char *name;      /* borrowed from the file */
+	arena_dtype dtype;
+	uint32_t rank;
+	const uint64_t *shape; /* rank dims; borrowed from the file */
+	uint64_t nelem;
+	uint64_t nbytes;
+	uint64_t begin, end;   /* data_offsets, relative to the data section */
+	const arena_st_file *file;
+} arena_st_tensor;
+
+struct arena_st_file {
+	char *path;              /* owned; the label used in messages */
+	const uint8_t *base;     /* the whole file's bytes (mapping or caller buffer) */
+	uint64_t size;           /* bytes at base */
+	uint64_t header_len;     /* N */
+	uint64_t data_off;       /* 8 + N: file offset of the data section */
+	size_t n_tensors;
+	arena_st_tensor *tensors; /* sorted by name (strcmp) */
+	size_t n_meta;
+	const char **meta_keys;  /* header order */
+	const char **meta_vals;
+	/* private */
+	void *json;              /* json_t root that owns every string above */
+	uint64_t *shape_pool;
+	int mapped;
+};
+
+/* Map and validate the file at `path`. On success *out owns the mapping.
+ * Errors: NOT_FOUND / IO / NOMEM, or an ST_* error naming the rule broken. */
+int arena_st_open(const char *path, arena_st_file **out);
+
+/* Validate `size` bytes at `buf` (borrowed: must outlive *out). `label` names
+ * the input in messages. Used for fuzzing and in-memory inputs. */
+int arena_st_parse(const uint8_t *buf, uint64_t size, const char *label, arena_st_file **out);
+
+void arena_st_close(arena_st_file *f);
+
+/* Binary search by name; NULL if absent. */
+const arena_st_tensor *arena_st_find(const arena_st_file *f, const char *name);
+
+/* Pointer to a tensor's bytes (nbytes of them) inside the file's bytes. */
+static inline const uint8_t *arena_st_data(const arena_st_tensor *t)
+{
+	return t->file->base + t->file->data_off + t->begin;
+}
+
+#endif

@@ -1,0 +1,116 @@
+/* arena.h - public interface of libarena: errors, checkpoints, images.
+ *
+ * Conventions (every function below follows them unless its contract says
+ * otherwise):
+ *   - Functions that can fail return 0 on success or a negative arena_err
+ *     code. The one-line message for the last failure on the calling thread is
+ *     available from arena_last_error() until the next failing call.
+ *   - Objects are made by X_open / X_create and released by the matching
+ *     X_close / X_free, which accepts NULL.
+ *   - Pointers returned by accessors are borrowed: valid until the object that
+ *     returned them is closed.
+ */
+#ifndef ARENA_H
+#define ARENA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ARENA_VERSION_MAJOR 0
+#define ARENA_VERSION_MINOR 1
+#define ARENA_VERSION_PATCH 0
+#define ARENA_VERSION_STRING "0.1.0"
+
+/* Error classes; the CLI's exit code is the class of the error. */
+enum {
+	ARENA_CLASS_OK = 0,
+	ARENA_CLASS_INVALID = 1, /* the input is invalid or corrupt */
+	ARENA_CLASS_USAGE = 2,   /* the request is wrong (options, paths) */
+	ARENA_CLASS_SYSTEM = 3,  /* I/O, out of memory, device */
+};
+
+/* The error table: X(NAME, class, short description).
+ * Codes are stable once released: append, never renumber. */
+#define ARENA_ERRORS(X)                                                                  \
+	X(OK, OK, "success")                                                             \
+	X(INTERNAL, SYSTEM, "internal error (a bug in arena)")                            \
+	X(USAGE, USAGE, "invalid argument")                                               \
+	X(NOMEM, SYSTEM, "out of memory")                                                 \
+	X(IO, SYSTEM, "input/output error")                                               \
+	X(NOT_FOUND, USAGE, "no such file or directory")                                  \
+	X(NO_DEVICE, SYSTEM, "no CUDA device")                                            \
+	X(CANCELLED, SYSTEM, "cancelled")                                                 \
+	/* safetensors files */                                                           \
+	X(ST_TOO_SHORT, INVALID, "file shorter than 8 bytes")                             \
+	X(ST_HEADER_TOO_LARGE, INVALID, "header length over 100000000 bytes")             \
+	X(ST_HEADER_PAST_EOF, INVALID, "header extends past the end of the file")         \
+	X(ST_HEADER_UTF8, INVALID, "header is not valid UTF-8")                           \
+	X(ST_HEADER_JSON, INVALID, "header is not valid JSON")                            \
+	X(ST_HEADER_NOT_OBJECT, INVALID, "header is not a JSON object")                   \
+	X(ST_DUPLICATE_KEY, INVALID, "duplicate key in header")                           \
+	X(ST_TENSOR_NOT_OBJECT, INVALID, "tensor entry is not a JSON object")             \
+	X(ST_MISSING_FIELD, INVALID, "tensor entry lacks a required field")               \
+	X(ST_UNKNOWN_FIELD, INVALID, "tensor entry has an unknown field")                 \
+	X(ST_BAD_DTYPE, INVALID, "dtype is not a string")                                 \
+	X(ST_UNKNOWN_DTYPE, INVALID, "unknown dtype")                                     \
+	X(ST_BAD_SHAPE, INVALID, "shape is not a list of non-negative integers")          \
+	X(ST_BAD_OFFSETS, INVALID, "data_offsets is not two non-negative integers")       \
+	X(ST_BAD_METADATA, INVALID, "__metadata__ is not a map of strings to strings")    \
+	X(ST_OFFSET_START, INVALID, "tensor data does not start at offset 0")             \
+	X(ST_OFFSET_REVERSED, INVALID, "data_offsets end before begin")                   \
+	X(ST_OFFSET_GAP, INVALID, "gap between tensors")                                  \
+	X(ST_OFFSET_OVERLAP, INVALID, "tensors overlap")                                  \
+	X(ST_SIZE_OVERFLOW, INVALID, "tensor size overflows")                             \
+	X(ST_PARTIAL_BYTES, INVALID, "tensor size is not a whole number of bytes")        \
+	X(ST_SIZE_MISMATCH, INVALID, "data_offsets span does not match dtype and shape")  \
+	X(ST_DATA_PAST_EOF, INVALID, "tensor data extends past the end of the file")      \
+	X(ST_TRAILING_BYTES, INVALID, "bytes after the last tensor")                      \
+	/* sharded checkpoints (model.safetensors.index.json) */                          \
+	X(IDX_JSON, INVALID, "index is not valid JSON")                                   \
+	X(IDX_BAD, INVALID, "index has no valid weight_map")                              \
+	X(IDX_BAD_SHARD_NAME, INVALID, "shard name is not a plain file name")             \
+	X(IDX_SHARD_MISSING, INVALID, "shard named by the index is missing")              \
+	X(IDX_TENSOR_MISSING, INVALID, "tensor named by the index is not in its shard")   \
+	X(IDX_TENSOR_UNLISTED, INVALID, "shard holds a tensor the index does not name")   \
+	X(DUPLICATE_TENSOR, INVALID, "tensor defined twice")                              \
+	X(NO_CHECKPOINT, INVALID, "no safetensors checkpoint at this path")
+
+typedef enum arena_err {
+#define ARENA__ERR_ENUM(name, cls, desc) ARENA__ERRNUM_##name,
+	ARENA_ERRORS(ARENA__ERR_ENUM)
+#undef ARENA__ERR_ENUM
+	ARENA__ERR_COUNT
+} arena_err_index;
+
+/* ARENA_E_<NAME> is the negative error code (ARENA_E_OK is 0). */
+#define ARENA_E(name) (-(int)ARENA__ERRNUM_##name)
+#define ARENA_E_OK 0
+#define ARENA_E_INTERNAL ARENA_E(INTERNAL)
+#define ARENA_E_USAGE ARENA_E(USAGE)
+#define ARENA_E_NOMEM ARENA_E(NOMEM)
+#define ARENA_E_IO ARENA_E(IO)
+#define ARENA_E_NOT_FOUND ARENA_E(NOT_FOUND)
+#define ARENA_E_NO_DEVICE ARENA_E(NO_DEVICE)
+#define ARENA_E_CANCELLED ARENA_E(CANCELLED)
+
+/* Name of an error code ("ST_UNKNOWN_DTYPE"); "UNKNOWN" for codes not in the table. */
+const char *arena_err_name(int code);
+/* Short description of an error code; never NULL. */
+const char *arena_strerror(int code);
+/* Class of an error code (ARENA_CLASS_*); also the CLI's exit status. */
+int arena_err_class(int code);
+/* One-line message of the last failure on this thread ("" if none). Borrowed:
+ * valid until the next arena call on this thread. */
+const char *arena_last_error(void);
+
+/* Library version string, e.g. "0.1.0". */
+const char *arena_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ARENA_H */
