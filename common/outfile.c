@@ -1,0 +1,152 @@
+/* outfile.c - write to a temporary, fsync, rename: whole files or none. */
+#include "outfile.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "alloc.h"
+#include "err.h"
+
+static atomic_long write_fault_at, write_count;
+
+void arena_fault_write(long n)
+{
+	atomic_store(&write_count, 0);
+	atomic_store(&write_fault_at, n);
+}
+
+static int write_should_fail(void)
+{
+	long at = atomic_load_explicit(&write_fault_at, memory_order_relaxed);
+	return at > 0 && atomic_fetch_add(&write_count, 1) + 1 == at;
+}
+
+static char *dir_part(const char *path)
+{
+	const char *s = strrchr(path, '/');
+	if (!s)
+		return arena_strdup(".");
+	if (s == path)
+		return arena_strdup("/");
+	char *d = arena_malloc((size_t)(s - path) + 1);
+	if (d) {
+		memcpy(d, path, (size_t)(s - path));
+		d[s - path] = '\0';
+	}
+	return d;
+}
+
+int arena_outfile_open(const char *path, arena_outfile **out)
+{
+	*out = NULL;
+	arena_outfile *f = arena_calloc(1, sizeof(*f));
+	char *dir = dir_part(path);
+	const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+	if (!f || !dir || !(f->path = arena_strdup(path)) ||
+	    !(f->tmp_path = arena_malloc(strlen(dir) + strlen(base) + 24))) {
+		arena_free(dir);
+		if (f) {
+			arena_free(f->path);
+			arena_free(f);
+		}
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", path);
+	}
+	if (!*base) {
+		arena_free(dir);
+		arena_free(f->tmp_path);
+		arena_free(f->path);
+		arena_free(f);
+		return arena_errorf(ARENA_E_USAGE, "%s: output path names a folder, not a file", path);
+	}
+	sprintf(f->tmp_path, "%s/.%s.tmp-XXXXXX", dir, base);
+	arena_free(dir);
+	f->fd = mkostemp(f->tmp_path, O_CLOEXEC);
+	if (f->fd < 0) {
+		int e = errno;
+		arena_free(f->tmp_path);
+		arena_free(f->path);
+		arena_free(f);
+		return arena_syserrorf(ARENA_E_IO, e, "%s: cannot create output file", path);
+	}
+	fchmod(f->fd, 0644);
+	*out = f;
+	return 0;
+}
+
+int arena_outfile_pwrite(arena_outfile *f, const void *buf, size_t n, uint64_t off)
+{
+	const uint8_t *p = buf;
+	while (n) {
+		ssize_t w;
+		if (write_should_fail()) {
+			errno = ENOSPC;
+			w = -1;
+		} else {
+			w = pwrite(f->fd, p, n, (off_t)off);
+		}
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			return arena_syserrorf(ARENA_E_IO, errno, "%s: write failed at byte %llu", f->path,
+					       (unsigned long long)off);
+		}
+		p += w, n -= (size_t)w, off += (uint64_t)w;
+	}
+	return 0;
+}
+
+int arena_outfile_write(arena_outfile *f, const void *buf, size_t n)
+{
+	int rc = arena_outfile_pwrite(f, buf, n, f->size);
+	if (!rc)
+		f->size += n;
+	return rc;
+}
+
+static void outfile_free(arena_outfile *f)
+{
+	if (f->fd >= 0)
+		close(f->fd);
+	arena_free(f->tmp_path);
+	arena_free(f->path);
+	arena_free(f);
+}
+
+int arena_outfile_commit(arena_outfile *f)
+{
+	int rc = 0;
+	if (fsync(f->fd) < 0)
+		rc = arena_syserrorf(ARENA_E_IO, errno, "%s: fsync failed", f->path);
+	else if (close(f->fd) < 0)
+		rc = arena_syserrorf(ARENA_E_IO, errno, "%s: close failed", f->path);
+	f->fd = -1;
+	if (!rc && rename(f->tmp_path, f->path) < 0)
+		rc = arena_syserrorf(ARENA_E_IO, errno, "%s: cannot rename the temporary into place", f->path);
+	if (rc) {
+		unlink(f->tmp_path);
+	} else {
+		char *dir = dir_part(f->path);
+		int dfd = dir ? open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+		if (dfd >= 0) {
+			fsync(dfd);
+			close(dfd);
+		}
+		arena_free(dir);
+	}
+	outfile_free(f);
+	return rc;
+}
+
+void arena_outfile_abort(arena_outfile *f)
+{
+	if (!f)
+		return;
+	if (f->tmp_path)
+		unlink(f->tmp_path);
+	outfile_free(f);
+}

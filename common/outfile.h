@@ -1,0 +1,38 @@
+/* outfile.h - output files that appear whole or not at all.
+ *
+ * Data goes to a temporary ".NAME.tmp-XXXXXX" beside the target; commit
+ * fsyncs it, renames it over the target and fsyncs the folder. abort (or a
+ * failed commit) unlinks the temporary. A crash can leave a temporary behind
+ * but never a partial file under the target name.
+ *
+ * Writes can be made to fail by injection (tests): arena_fault_write(n) makes
+ * the nth write call from now fail with ENOSPC. */
+#ifndef ARENA_COMMON_OUTFILE_H
+#define ARENA_COMMON_OUTFILE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct arena_outfile {
+	char *path;     /* target */
+	char *tmp_path; /* temporary, NULL once committed or aborted */
+	int fd;
+	uint64_t size;  /* bytes appended with arena_outfile_write */
+} arena_outfile;
+
+/* Create the temporary for `path`. Errors: NOT_FOUND (no such folder), IO. */
+int arena_outfile_open(const char *path, arena_outfile **out);
+/* Append n bytes (the whole of them, retrying short writes). */
+int arena_outfile_write(arena_outfile *f, const void *buf, size_t n);
+/* Write n bytes at offset (does not move the append position). */
+int arena_outfile_pwrite(arena_outfile *f, const void *buf, size_t n, uint64_t off);
+/* fsync, rename over the target, fsync the folder; frees f in every case. */
+int arena_outfile_commit(arena_outfile *f);
+/* Unlink the temporary and free f. Accepts NULL. */
+void arena_outfile_abort(arena_outfile *f);
+
+/* Fault injection (tests only): the nth write from now fails with ENOSPC;
+ * 0 disarms. */
+void arena_fault_write(long n);
+
+#endif
