@@ -77,7 +77,27 @@ enum {
 	X(IDX_TENSOR_MISSING, INVALID, "tensor named by the index is not in its shard")   \
 	X(IDX_TENSOR_UNLISTED, INVALID, "shard holds a tensor the index does not name")   \
 	X(DUPLICATE_TENSOR, INVALID, "tensor defined twice")                              \
-	X(NO_CHECKPOINT, INVALID, "no safetensors checkpoint at this path")
+	X(NO_CHECKPOINT, INVALID, "no safetensors checkpoint at this path")              \
+	/* arena images (docs/FORMAT.md) */                                               \
+	X(IMG_TRUNCATED, INVALID, "image is truncated")                                   \
+	X(IMG_SIZE, INVALID, "image is longer than its header says")                      \
+	X(IMG_MAGIC, INVALID, "not an arena image (bad magic)")                           \
+	X(IMG_HEADER_CHECKSUM, INVALID, "image header checksum mismatch")                 \
+	X(IMG_VERSION, INVALID, "unsupported image major version")                        \
+	X(IMG_FLAGS, INVALID, "image requires a feature this reader lacks")               \
+	X(IMG_HEADER_BAD, INVALID, "image header fields are inconsistent")                \
+	X(IMG_MANIFEST_CHECKSUM, INVALID, "image manifest checksum mismatch")             \
+	X(IMG_MANIFEST_BAD, INVALID, "image manifest is malformed")                       \
+	X(IMG_SLAB_BAD, INVALID, "block slab overlaps another or lies outside the data")  \
+	X(IMG_TENSOR_BAD, INVALID, "tensor lies outside its slab or overlaps another")    \
+	X(IMG_CHUNK_TABLE_CHECKSUM, INVALID, "image chunk table checksum mismatch")       \
+	X(IMG_CHUNK_TABLE_BAD, INVALID, "chunk table does not match header and manifest") \
+	X(IMG_CODEC, INVALID, "unknown chunk codec")                                      \
+	X(IMG_CHUNK_CHECKSUM, INVALID, "data chunk checksum mismatch")                     \
+	/* block plans */                                                                 \
+	X(PLAN_BAD_PATTERN, USAGE, "invalid block pattern")                               \
+	X(PLAN_BAD_ORDER, USAGE, "invalid block order")                                   \
+	X(PLAN_EMPTY, INVALID, "checkpoint has no tensors")
 
 typedef enum arena_err {
 #define ARENA__ERR_ENUM(name, cls, desc) ARENA__ERRNUM_##name,
