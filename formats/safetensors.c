@@ -287,6 +287,7 @@ static int st_new(const char *label, arena_st_file **out)
 		arena_free(f);
 		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", label);
 	}
+	f->fd = -1;
 	*out = f;
 	return 0;
 }
@@ -299,6 +300,7 @@ int arena_st_parse(const uint8_t *buf, uint64_t size, const char *label, arena_s
 		return rc;
 	f->base = buf;
 	f->size = size;
+	f->fd = -1;
 	rc = parse_header(f);
 	if (rc) {
 		arena_st_close(f);
@@ -330,12 +332,13 @@ int arena_st_open(const char *path, arena_st_file **out)
 		close(fd);
 		return rc;
 	}
+	f->fd = -1;
 	f->size = (uint64_t)st.st_size;
+	f->fd = fd;
 	if (f->size > 0) {
 		void *m = mmap(NULL, (size_t)f->size, PROT_READ, MAP_PRIVATE, fd, 0);
 		if (m == MAP_FAILED) {
 			int e = errno;
-			close(fd);
 			arena_st_close(f);
 			return arena_syserrorf(ARENA_E_IO, e, "%s: cannot map", path);
 		}
@@ -344,7 +347,6 @@ int arena_st_open(const char *path, arena_st_file **out)
 	} else {
 		f->base = (const uint8_t *)"";
 	}
-	close(fd);
 	rc = parse_header(f);
 	if (rc) {
 		arena_st_close(f);
@@ -358,6 +360,8 @@ void arena_st_close(arena_st_file *f)
 {
 	if (!f)
 		return;
+	if (f->fd >= 0)
+		close(f->fd);
 	if (f->mapped)
 		munmap((void *)(uintptr_t)f->base, (size_t)f->size);
 	json_decref((json_t *)f->json);

@@ -46,6 +46,7 @@ typedef struct arena_st_tensor {
 struct arena_st_file {
 	char *path;              /* owned; the label used in messages */
 	const uint8_t *base;     /* the whole file's bytes (mapping or caller buffer) */
+	int fd;                  /* open file for pread, or -1 (parsed from memory) */
 	uint64_t size;           /* bytes at base */
 	uint64_t header_len;     /* N */
 	uint64_t data_off;       /* 8 + N: file offset of the data section */

@@ -1,0 +1,823 @@
+/* image.c - encode, decode and check arena images (docs/FORMAT.md). */
+#include "image.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "../common/alloc.h"
+#include "../common/err.h"
+#include "../common/io.h"
+
+#define E(name) ARENA_E(name)
+#define HDR_HASH_AT 4088u
+
+static void put16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8);
+}
+static void put32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint16_t get16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] | p[1] << 8);
+}
+static uint32_t get32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t get64(const uint8_t *p)
+{
+	uint64_t v = 0;
+	for (int i = 7; i >= 0; i--)
+		v = v << 8 | p[i];
+	return v;
+}
+
+void arena_img_header_plan(arena_img_header *h, uint64_t manifest_length, uint64_t data_length, uint64_t chunk_size)
+{
+	memset(h, 0, sizeof(*h));
+	h->major = ARENA_IMG_MAJOR;
+	h->minor = ARENA_IMG_MINOR;
+	h->manifest_offset = ARENA_IMG_HEADER_SIZE;
+	h->manifest_length = manifest_length;
+	h->chunk_size = chunk_size;
+	h->chunk_count = (data_length + chunk_size - 1) / chunk_size;
+	h->chunk_table_offset = h->manifest_offset + manifest_length;
+	h->chunk_table_length = arena_align_up(h->chunk_count * ARENA_IMG_CHUNK_ENTRY, 4096);
+	h->data_offset = h->chunk_table_offset + h->chunk_table_length;
+	h->data_length = data_length;
+	h->file_size = h->data_offset + data_length;
+}
+
+void arena_img_header_encode(const arena_img_header *h, uint8_t page[ARENA_IMG_HEADER_SIZE])
+{
+	memset(page, 0, ARENA_IMG_HEADER_SIZE);
+	memcpy(page, ARENA_IMG_MAGIC, 8);
+	put16(page + 8, h->major);
+	put16(page + 10, h->minor);
+	put32(page + 12, h->flags);
+	put64(page + 16, h->file_size);
+	put64(page + 24, h->manifest_offset);
+	put64(page + 32, h->manifest_length);
+	put64(page + 40, h->manifest_xxh3);
+	put64(page + 48, h->chunk_table_offset);
+	put64(page + 56, h->chunk_table_length);
+	put64(page + 64, h->chunk_table_xxh3);
+	put64(page + 72, h->data_offset);
+	put64(page + 80, h->data_length);
+	put64(page + 88, h->chunk_size);
+	put64(page + 96, h->chunk_count);
+	put64(page + HDR_HASH_AT, XXH3_64bits(page, HDR_HASH_AT));
+}
+
+void arena_img_chunk_encode(const arena_img_chunk *c, uint8_t out[ARENA_IMG_CHUNK_ENTRY])
+{
+	memset(out, 0, ARENA_IMG_CHUNK_ENTRY);
+	put64(out, c->offset);
+	put32(out + 8, c->stored_length);
+	put32(out + 12, c->raw_length);
+	put64(out + 16, c->xxh3);
+	put16(out + 24, c->codec);
+	put16(out + 26, c->flags);
+}
+
+int arena_img_header_decode(const uint8_t page[ARENA_IMG_HEADER_SIZE], uint64_t real_size, const char *label,
+			    arena_img_header *h)
+{
+	if (real_size < ARENA_IMG_HEADER_SIZE)
+		return arena_errorf(E(IMG_TRUNCATED), "%s: file is %llu bytes, shorter than the 4096-byte header",
+				    label, (unsigned long long)real_size);
+	if (memcmp(page, ARENA_IMG_MAGIC, 8) != 0)
+		return arena_errorf(E(IMG_MAGIC), "%s: not an arena image (magic is not \"ARENAIMG\")", label);
+	uint64_t want = get64(page + HDR_HASH_AT), got = XXH3_64bits(page, HDR_HASH_AT);
+	if (want != got)
+		return arena_errorf(E(IMG_HEADER_CHECKSUM), "%s: header checksum is %016llx, header says %016llx",
+				    label, (unsigned long long)got, (unsigned long long)want);
+	memset(h, 0, sizeof(*h));
+	h->major = get16(page + 8);
+	h->minor = get16(page + 10);
+	h->flags = get32(page + 12);
+	h->file_size = get64(page + 16);
+	h->manifest_offset = get64(page + 24);
+	h->manifest_length = get64(page + 32);
+	h->manifest_xxh3 = get64(page + 40);
+	h->chunk_table_offset = get64(page + 48);
+	h->chunk_table_length = get64(page + 56);
+	h->chunk_table_xxh3 = get64(page + 64);
+	h->data_offset = get64(page + 72);
+	h->data_length = get64(page + 80);
+	h->chunk_size = get64(page + 88);
+	h->chunk_count = get64(page + 96);
+	if (h->major != ARENA_IMG_MAJOR)
+		return arena_errorf(E(IMG_VERSION), "%s: image format version %u.%u; this reader reads %d.x", label,
+				    h->major, h->minor, ARENA_IMG_MAJOR);
+	if (h->flags & 0xFFFFu)
+		return arena_errorf(E(IMG_FLAGS), "%s: image requires features 0x%04x this reader does not know",
+				    label, h->flags & 0xFFFFu);
+	for (unsigned i = 104; i < HDR_HASH_AT; i++)
+		if (page[i])
+			return arena_errorf(E(IMG_HEADER_BAD), "%s: header: reserved byte %u is not zero", label, i);
+	const char *why = NULL;
+	uint64_t cs = h->chunk_size;
+	if (h->manifest_offset != ARENA_IMG_HEADER_SIZE)
+		why = "manifest_offset is not 4096";
+	else if (!h->manifest_length || h->manifest_length % 4096 || h->manifest_length > ARENA_IMG_MAX_MANIFEST)
+		why = "manifest_length is not a positive multiple of 4096 within 1 GiB";
+	else if (cs < ARENA_IMG_MIN_CHUNK || cs > ARENA_IMG_MAX_CHUNK || (cs & (cs - 1)))
+		why = "chunk_size is not a power of two from 64 KiB to 1 GiB";
+	else if (h->data_length % 4096)
+		why = "data_length is not a multiple of 4096";
+	else if (h->chunk_count != (h->data_length + cs - 1) / cs)
+		why = "chunk_count does not match data_length and chunk_size";
+	else if (h->chunk_table_offset != h->manifest_offset + h->manifest_length)
+		why = "chunk table does not follow the manifest";
+	else if (h->chunk_table_length != arena_align_up(h->chunk_count * ARENA_IMG_CHUNK_ENTRY, 4096))
+		why = "chunk_table_length does not match chunk_count";
+	else if (h->data_offset != h->chunk_table_offset + h->chunk_table_length)
+		why = "data does not follow the chunk table";
+	else if (h->data_length > UINT64_MAX - h->data_offset || h->file_size != h->data_offset + h->data_length)
+		why = "file_size is not data_offset + data_length";
+	if (why)
+		return arena_errorf(E(IMG_HEADER_BAD), "%s: header: %s", label, why);
+	if (real_size < h->file_size)
+		return arena_errorf(E(IMG_TRUNCATED), "%s: file is %llu bytes, the header says %llu (truncated)", label,
+				    (unsigned long long)real_size, (unsigned long long)h->file_size);
+	if (real_size > h->file_size)
+		return arena_errorf(E(IMG_SIZE), "%s: file is %llu bytes, the header says %llu (%llu extra bytes)",
+				    label, (unsigned long long)real_size, (unsigned long long)h->file_size,
+				    (unsigned long long)(real_size - h->file_size));
+	return 0;
+}
+
+/* ---- manifest: writing ---------------------------------------------------- */
+
+static json_t *shape_json(uint32_t rank, const uint64_t *shape)
+{
+	json_t *a = json_array();
+	for (uint32_t i = 0; a && i < rank; i++)
+		if (json_array_append_new(a, json_integer((json_int_t)shape[i]))) {
+			json_decref(a);
+			return NULL;
+		}
+	return a;
+}
+
+/* json_object_set_new that remembers failure. */
+static void jset(json_t *o, const char *k, json_t *v, int *fail)
+{
+	if (!v || !o || json_object_set_new(o, k, v))
+		*fail = 1;
+}
+
+int arena_img_manifest_build(const arena_layout *l, const void *sources, const void *metadata, uint64_t chunk_size,
+			     char **out, size_t *len)
+{
+	arena_alloc_init();
+	*out = NULL;
+	int fail = 0;
+	json_t *root = json_object();
+	jset(root, "format", json_string("arena-image"), &fail);
+	jset(root, "version", json_pack("[ii]", ARENA_IMG_MAJOR, ARENA_IMG_MINOR), &fail);
+	jset(root, "source", json_pack("{s:O}", "files", sources ? (json_t *)(uintptr_t)sources : json_array()), &fail);
+	jset(root, "metadata", metadata ? json_copy((json_t *)(uintptr_t)metadata) : json_object(), &fail);
+	jset(root, "layout",
+	     json_pack("{s:i,s:i,s:I,s:I,s:I}", "slab_alignment", ARENA_SLAB_ALIGN, "tensor_alignment",
+		       ARENA_TENSOR_ALIGN, "chunk_size", (json_int_t)chunk_size, "data_length",
+		       (json_int_t)l->data_length, "chunk_count",
+		       (json_int_t)((l->data_length + chunk_size - 1) / chunk_size)),
+	     &fail);
+	json_t *blocks = json_array();
+	for (size_t b = 0; blocks && b < l->n_blocks && !fail; b++) {
+		const arena_block *blk = &l->blocks[b];
+		json_t *o = json_object();
+		jset(o, "name", json_string(blk->name), &fail);
+		jset(o, "container", blk->container ? json_string(blk->container) : json_null(), &fail);
+		jset(o, "index", blk->index >= 0 ? json_integer(blk->index) : json_null(), &fail);
+		jset(o, "offset", json_integer((json_int_t)blk->offset), &fail);
+		jset(o, "bytes", json_integer((json_int_t)blk->bytes), &fail);
+		jset(o, "tensors", json_integer(blk->n_tensors), &fail);
+		if (json_array_append_new(blocks, o))
+			fail = 1;
+	}
+	jset(root, "blocks", blocks, &fail);
+	json_t *tensors = json_array();
+	for (size_t i = 0; tensors && i < l->n_tensors && !fail; i++) {
+		const arena_tensor *t = &l->tensors[i];
+		json_t *o = json_object(), *comps = json_array();
+		jset(o, "name", json_string(t->name), &fail);
+		jset(o, "dtype", json_string(arena_dtype_name(t->dtype)), &fail);
+		jset(o, "shape", shape_json(t->rank, t->shape), &fail);
+		jset(o, "block", json_integer(t->block), &fail);
+		jset(o, "scheme", json_string(t->scheme), &fail);
+		for (uint32_t c = 0; comps && c < t->n_comp; c++) {
+			const arena_component *cp = &t->comp[c];
+			json_t *co = json_object();
+			jset(co, "name", json_string(cp->name), &fail);
+			jset(co, "dtype", json_string(arena_dtype_name(cp->dtype)), &fail);
+			jset(co, "shape", shape_json(cp->rank, cp->shape), &fail);
+			jset(co, "offset", json_integer((json_int_t)cp->offset), &fail);
+			jset(co, "bytes", json_integer((json_int_t)cp->bytes), &fail);
+			if (json_array_append_new(comps, co))
+				fail = 1;
+		}
+		jset(o, "components", comps, &fail);
+		if (json_array_append_new(tensors, o))
+			fail = 1;
+	}
+	jset(root, "tensors", tensors, &fail);
+	char *text = fail ? NULL : json_dumps(root, JSON_COMPACT);
+	json_decref(root);
+	if (!text)
+		return arena_errorf(ARENA_E_NOMEM, "out of memory building the manifest");
+	size_t n = strlen(text), padded = (size_t)arena_align_up(n + 1, 4096);
+	char *buf = arena_malloc(padded);
+	if (!buf) {
+		arena_free(text);
+		return arena_errorf(ARENA_E_NOMEM, "out of memory building the manifest");
+	}
+	memcpy(buf, text, n);
+	memset(buf + n, ' ', padded - n);
+	arena_free(text);
+	*out = buf;
+	*len = padded;
+	return 0;
+}
+
+/* ---- manifest: reading ---------------------------------------------------- */
+
+typedef struct mctx {
+	const char *label;
+	char where[96];
+} mctx;
+
+static int mbad(const mctx *m, const char *fmt, ...) ARENA_PRINTF(2, 3);
+static int mbad(const mctx *m, const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	return arena_errorf(E(IMG_MANIFEST_BAD), "%s: manifest: %s%s%s", m->label, m->where, *m->where ? ": " : "",
+			    msg);
+}
+
+static int get_u64(const mctx *m, json_t *o, const char *k, uint64_t *out)
+{
+	json_t *v = json_object_get(o, k);
+	if (!json_is_integer(v) || json_integer_value(v) < 0)
+		return mbad(m, "\"%s\" is not a non-negative integer", k);
+	*out = (uint64_t)json_integer_value(v);
+	return 0;
+}
+
+static int get_str(const mctx *m, json_t *o, const char *k, const char **out, size_t max)
+{
+	json_t *v = json_object_get(o, k);
+	if (!json_is_string(v))
+		return mbad(m, "\"%s\" is not a string", k);
+	if (max && json_string_length(v) >= max)
+		return mbad(m, "\"%s\" is longer than %zu bytes", k, max - 1);
+	if (strlen(json_string_value(v)) != json_string_length(v))
+		return mbad(m, "\"%s\" holds a NUL byte", k);
+	*out = json_string_value(v);
+	return 0;
+}
+
+static int get_dtype(const mctx *m, json_t *o, arena_dtype *dt)
+{
+	const char *s;
+	int rc = get_str(m, o, "dtype", &s, 0);
+	if (rc)
+		return rc;
+	if ((*dt = arena_dtype_from_name(s)) == ARENA_DTYPE_INVALID)
+		return mbad(m, "unknown dtype '%s'", arena_q(s));
+	return 0;
+}
+
+static int get_shape(const mctx *m, json_t *o, uint32_t *rank, uint64_t *shape)
+{
+	json_t *a = json_object_get(o, "shape");
+	if (!json_is_array(a) || json_array_size(a) > ARENA_MAX_RANK)
+		return mbad(m, "\"shape\" is not a list of at most %d dims", ARENA_MAX_RANK);
+	*rank = (uint32_t)json_array_size(a);
+	for (uint32_t i = 0; i < *rank; i++) {
+		json_t *d = json_array_get(a, i);
+		if (!json_is_integer(d) || json_integer_value(d) < 0)
+			return mbad(m, "shape[%u] is not a non-negative integer", i);
+		shape[i] = (uint64_t)json_integer_value(d);
+	}
+	return 0;
+}
+
+static int parse_blocks(const mctx *m0, json_t *arr, arena_layout *l)
+{
+	mctx m = *m0;
+	for (size_t b = 0; b < l->n_blocks; b++) {
+		json_t *o = json_array_get(arr, b);
+		arena_block *blk = &l->blocks[b];
+		snprintf(m.where, sizeof(m.where), "blocks[%zu]", b);
+		if (!json_is_object(o))
+			return mbad(&m, "not an object");
+		const char *name;
+		uint64_t nt;
+		int rc;
+		if ((rc = get_str(&m, o, "name", &name, 0)) || (rc = get_u64(&m, o, "offset", &blk->offset)) ||
+		    (rc = get_u64(&m, o, "bytes", &blk->bytes)) || (rc = get_u64(&m, o, "tensors", &nt)))
+			return rc;
+		json_t *c = json_object_get(o, "container"), *ix = json_object_get(o, "index");
+		if (c && !json_is_null(c) && !json_is_string(c))
+			return mbad(&m, "\"container\" is neither a string nor null");
+		if (ix && !json_is_null(ix) && !(json_is_integer(ix) && json_integer_value(ix) >= 0))
+			return mbad(&m, "\"index\" is neither a non-negative integer nor null");
+		blk->name = arena_strdup(name);
+		blk->container = json_is_string(c) ? arena_strdup(json_string_value(c)) : NULL;
+		blk->index = json_is_integer(ix) ? json_integer_value(ix) : -1;
+		blk->n_tensors = (uint32_t)(nt > UINT32_MAX ? UINT32_MAX : nt);
+		if (!blk->name || (json_is_string(c) && !blk->container))
+			return arena_errorf(ARENA_E_NOMEM, "%s: out of memory reading the manifest", m.label);
+	}
+	return 0;
+}
+
+static int parse_tensors(const mctx *m0, json_t *arr, arena_layout *l)
+{
+	mctx m = *m0;
+	for (size_t i = 0; i < l->n_tensors; i++) {
+		json_t *o = json_array_get(arr, i);
+		arena_tensor *t = &l->tensors[i];
+		snprintf(m.where, sizeof(m.where), "tensors[%zu]", i);
+		if (!json_is_object(o))
+			return mbad(&m, "not an object");
+		const char *name, *scheme;
+		uint64_t block;
+		int rc;
+		if ((rc = get_str(&m, o, "name", &name, 0)))
+			return rc;
+		snprintf(m.where, sizeof(m.where), "tensor '%s'", arena_q(name));
+		if ((rc = get_dtype(&m, o, &t->dtype)) || (rc = get_shape(&m, o, &t->rank, t->shape)) ||
+		    (rc = get_u64(&m, o, "block", &block)) || (rc = get_str(&m, o, "scheme", &scheme, sizeof(t->scheme))))
+			return rc;
+		if (block >= l->n_blocks)
+			return mbad(&m, "block %llu does not exist", (unsigned long long)block);
+		t->block = (uint32_t)block;
+		strcpy(t->scheme, scheme);
+		json_t *comps = json_object_get(o, "components");
+		if (!json_is_array(comps) || json_array_size(comps) < 1 || json_array_size(comps) > ARENA_MAX_COMPONENTS)
+			return mbad(&m, "\"components\" is not a list of 1 to %d", ARENA_MAX_COMPONENTS);
+		t->n_comp = (uint32_t)json_array_size(comps);
+		for (uint32_t c = 0; c < t->n_comp; c++) {
+			json_t *co = json_array_get(comps, c);
+			arena_component *cp = &t->comp[c];
+			const char *cname;
+			if (!json_is_object(co))
+				return mbad(&m, "components[%u] is not an object", c);
+			if ((rc = get_str(&m, co, "name", &cname, sizeof(cp->name))) || (rc = get_dtype(&m, co, &cp->dtype)) ||
+			    (rc = get_shape(&m, co, &cp->rank, cp->shape)) || (rc = get_u64(&m, co, "offset", &cp->offset)) ||
+			    (rc = get_u64(&m, co, "bytes", &cp->bytes)))
+				return rc;
+			strcpy(cp->name, cname);
+		}
+		if (!strcmp(t->scheme, "none")) {
+			const arena_component *cp = &t->comp[0];
+			if (t->n_comp != 1 || cp->dtype != t->dtype || cp->rank != t->rank ||
+			    memcmp(cp->shape, t->shape, t->rank * sizeof(uint64_t)))
+				return mbad(&m, "scheme \"none\" needs one component with the tensor's dtype and shape");
+		}
+		t->name = arena_strdup(name);
+		if (!t->name)
+			return arena_errorf(ARENA_E_NOMEM, "%s: out of memory reading the manifest", m.label);
+	}
+	return 0;
+}
+
+static int parse_manifest(arena_image *img, const char *text, size_t len)
+{
+	mctx m = {.label = img->path, .where = ""};
+	json_error_t jerr;
+	json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+	if (!root) {
+		if (json_error_code(&jerr) == json_error_out_of_memory)
+			return arena_errorf(ARENA_E_NOMEM, "%s: out of memory reading the manifest", img->path);
+		return mbad(&m, "not valid JSON at byte %d: %s", jerr.position, arena_q(jerr.text));
+	}
+	img->manifest = root;
+	json_t *fmt = json_object_get(root, "format"), *ver = json_object_get(root, "version");
+	if (!json_is_object(root) || !json_is_string(fmt) || strcmp(json_string_value(fmt), "arena-image"))
+		return mbad(&m, "\"format\" is not \"arena-image\"");
+	if (!json_is_array(ver) || json_array_size(ver) != 2 || !json_is_integer(json_array_get(ver, 0)) ||
+	    json_integer_value(json_array_get(ver, 0)) != img->hdr.major)
+		return mbad(&m, "\"version\" does not match the header's %u.%u", img->hdr.major, img->hdr.minor);
+	json_t *meta = json_object_get(root, "metadata"), *src = json_object_get(root, "source");
+	if (meta) {
+		const char *k;
+		json_t *v;
+		if (!json_is_object(meta))
+			return mbad(&m, "\"metadata\" is not an object");
+		json_object_foreach(meta, k, v) if (!json_is_string(v)) return mbad(&m, "metadata '%s' is not a string",
+										     arena_q(k));
+	}
+	img->metadata = meta;
+	if (src && (!json_is_object(src) || !json_is_array(json_object_get(src, "files"))))
+		return mbad(&m, "\"source\" is not an object with a \"files\" list");
+	img->sources = src ? json_object_get(src, "files") : NULL;
+
+	json_t *lay = json_object_get(root, "layout");
+	uint64_t sa, ta, cs, dl, cc;
+	int rc;
+	if (!json_is_object(lay))
+		return mbad(&m, "\"layout\" is not an object");
+	if ((rc = get_u64(&m, lay, "slab_alignment", &sa)) || (rc = get_u64(&m, lay, "tensor_alignment", &ta)) ||
+	    (rc = get_u64(&m, lay, "chunk_size", &cs)) || (rc = get_u64(&m, lay, "data_length", &dl)) ||
+	    (rc = get_u64(&m, lay, "chunk_count", &cc)))
+		return rc;
+	if (sa != ARENA_SLAB_ALIGN || ta != ARENA_TENSOR_ALIGN)
+		return mbad(&m, "alignments %llu/%llu, this reader knows %u/%u", (unsigned long long)sa,
+			    (unsigned long long)ta, ARENA_SLAB_ALIGN, ARENA_TENSOR_ALIGN);
+	if (cs != img->hdr.chunk_size || dl != img->hdr.data_length || cc != img->hdr.chunk_count)
+		return arena_errorf(E(IMG_CHUNK_TABLE_BAD),
+				    "%s: manifest layout (chunk size %llu, %llu data bytes, %llu chunks) does not match the header and chunk table (%llu, %llu, %llu)",
+				    img->path, (unsigned long long)cs, (unsigned long long)dl, (unsigned long long)cc,
+				    (unsigned long long)img->hdr.chunk_size, (unsigned long long)img->hdr.data_length,
+				    (unsigned long long)img->hdr.chunk_count);
+	json_t *blocks = json_object_get(root, "blocks"), *tensors = json_object_get(root, "tensors");
+	if (!json_is_array(blocks) || !json_is_array(tensors))
+		return mbad(&m, "\"blocks\" or \"tensors\" is not a list");
+	if ((rc = arena_layout_create(json_array_size(blocks), json_array_size(tensors), &img->layout)))
+		return rc;
+	img->layout->data_length = dl;
+	if ((rc = parse_blocks(&m, blocks, img->layout)) || (rc = parse_tensors(&m, tensors, img->layout)))
+		return rc;
+	uint32_t *declared = arena_calloc(img->layout->n_blocks, sizeof(*declared));
+	if (!declared)
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", img->path);
+	for (size_t b = 0; b < img->layout->n_blocks; b++)
+		declared[b] = img->layout->blocks[b].n_tensors;
+	rc = arena_layout_check(img->layout, img->path);
+	for (size_t b = 0; !rc && b < img->layout->n_blocks; b++)
+		if (declared[b] != img->layout->blocks[b].n_tensors)
+			rc = arena_errorf(E(IMG_MANIFEST_BAD), "%s: manifest: block '%s' declares %u tensors, %u name it",
+					  img->path, arena_q(img->layout->blocks[b].name), declared[b],
+					  img->layout->blocks[b].n_tensors);
+	arena_free(declared);
+	return rc;
+}
+
+/* ---- opening -------------------------------------------------------------- */
+
+int arena_img_sniff(const char *path)
+{
+	char magic[8];
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	ssize_t n = pread(fd, magic, 8, 0);
+	close(fd);
+	return n == 8 && memcmp(magic, ARENA_IMG_MAGIC, 8) == 0;
+}
+
+static int read_chunk_table(arena_image *img)
+{
+	const arena_img_header *h = &img->hdr;
+	uint8_t *buf = arena_malloc(h->chunk_table_length);
+	img->chunks = arena_calloc(h->chunk_count, sizeof(*img->chunks));
+	int rc = 0;
+	if (!buf || !img->chunks) {
+		rc = arena_errorf(ARENA_E_NOMEM, "%s: out of memory for %llu chunks", img->path,
+				  (unsigned long long)h->chunk_count);
+		goto out;
+	}
+	if ((rc = arena_pread_full(img->fd, buf, h->chunk_table_length, h->chunk_table_offset, img->path)))
+		goto out;
+	uint64_t got = XXH3_64bits(buf, h->chunk_table_length);
+	if (got != h->chunk_table_xxh3) {
+		rc = arena_errorf(E(IMG_CHUNK_TABLE_CHECKSUM), "%s: chunk table checksum is %016llx, header says %016llx",
+				  img->path, (unsigned long long)got, (unsigned long long)h->chunk_table_xxh3);
+		goto out;
+	}
+	for (uint64_t i = 0; i < h->chunk_count; i++) {
+		const uint8_t *e = buf + i * ARENA_IMG_CHUNK_ENTRY;
+		arena_img_chunk *c = &img->chunks[i];
+		c->offset = get64(e);
+		c->stored_length = get32(e + 8);
+		c->raw_length = get32(e + 12);
+		c->xxh3 = get64(e + 16);
+		c->codec = get16(e + 24);
+		c->flags = get16(e + 26);
+		uint64_t start = i * h->chunk_size;
+		uint64_t raw = h->data_length - start < h->chunk_size ? h->data_length - start : h->chunk_size;
+		if (c->codec != 0) {
+			rc = arena_errorf(E(IMG_CODEC), "%s: chunk %llu: unknown codec %u", img->path, (unsigned long long)i,
+					  c->codec);
+			goto out;
+		}
+		if (c->offset != start || c->raw_length != raw || c->stored_length != raw || c->flags || get32(e + 28)) {
+			rc = arena_errorf(E(IMG_CHUNK_TABLE_BAD),
+					  "%s: chunk %llu: entry (offset %llu, %u/%u bytes) does not match the layout (offset %llu, %llu bytes)",
+					  img->path, (unsigned long long)i, (unsigned long long)c->offset,
+					  c->stored_length, c->raw_length, (unsigned long long)start, (unsigned long long)raw);
+			goto out;
+		}
+	}
+	for (uint64_t i = h->chunk_count * ARENA_IMG_CHUNK_ENTRY; i < h->chunk_table_length; i++)
+		if (buf[i]) {
+			rc = arena_errorf(E(IMG_CHUNK_TABLE_BAD), "%s: chunk table padding byte %llu is not zero",
+					  img->path, (unsigned long long)i);
+			goto out;
+		}
+out:
+	arena_free(buf);
+	return rc;
+}
+
+int arena_img_open(const char *path, arena_image **out)
+{
+	*out = NULL;
+	arena_alloc_init();
+	arena_image *img = arena_calloc(1, sizeof(*img));
+	if (!img || !(img->path = arena_strdup(path))) {
+		arena_free(img);
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", path);
+	}
+	img->fd = -1;
+	int rc = 0;
+	char *mtext = NULL;
+	img->fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (img->fd < 0) {
+		rc = arena_syserrorf(ARENA_E_IO, errno, "%s: cannot open", path);
+		goto out;
+	}
+	struct stat st;
+	if (fstat(img->fd, &st) < 0) {
+		rc = arena_syserrorf(ARENA_E_IO, errno, "%s: cannot stat", path);
+		goto out;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		rc = arena_errorf(ARENA_E_USAGE, "%s: not a regular file", path);
+		goto out;
+	}
+	uint8_t page[ARENA_IMG_HEADER_SIZE];
+	uint64_t size = (uint64_t)st.st_size;
+	if (size >= ARENA_IMG_HEADER_SIZE && (rc = arena_pread_full(img->fd, page, sizeof(page), 0, path)))
+		goto out;
+	if (size < 8) {
+		rc = arena_errorf(E(IMG_TRUNCATED), "%s: file is %llu bytes, shorter than the 4096-byte header", path,
+				  (unsigned long long)size);
+		goto out;
+	}
+	if (size < ARENA_IMG_HEADER_SIZE) { /* say "not an image" before "truncated" when the magic is wrong */
+		if ((rc = arena_pread_full(img->fd, page, 8, 0, path)))
+			goto out;
+		rc = memcmp(page, ARENA_IMG_MAGIC, 8)
+			     ? arena_errorf(E(IMG_MAGIC), "%s: not an arena image (magic is not \"ARENAIMG\")", path)
+			     : arena_errorf(E(IMG_TRUNCATED), "%s: file is %llu bytes, shorter than the 4096-byte header",
+					    path, (unsigned long long)size);
+		goto out;
+	}
+	if ((rc = arena_img_header_decode(page, size, path, &img->hdr)))
+		goto out;
+	mtext = arena_malloc(img->hdr.manifest_length);
+	if (!mtext) {
+		rc = arena_errorf(ARENA_E_NOMEM, "%s: out of memory for a %llu-byte manifest", path,
+				  (unsigned long long)img->hdr.manifest_length);
+		goto out;
+	}
+	if ((rc = arena_pread_full(img->fd, mtext, img->hdr.manifest_length, img->hdr.manifest_offset, path)))
+		goto out;
+	uint64_t got = XXH3_64bits(mtext, img->hdr.manifest_length);
+	if (got != img->hdr.manifest_xxh3) {
+		rc = arena_errorf(E(IMG_MANIFEST_CHECKSUM), "%s: manifest checksum is %016llx, header says %016llx", path,
+				  (unsigned long long)got, (unsigned long long)img->hdr.manifest_xxh3);
+		goto out;
+	}
+	if ((rc = parse_manifest(img, mtext, img->hdr.manifest_length)))
+		goto out;
+	rc = read_chunk_table(img);
+out:
+	arena_free(mtext);
+	if (rc) {
+		arena_img_close(img);
+		return rc;
+	}
+	*out = img;
+	return 0;
+}
+
+void arena_img_close(arena_image *img)
+{
+	if (!img)
+		return;
+	if (img->fd >= 0)
+		close(img->fd);
+	arena_layout_free(img->layout);
+	arena_free(img->chunks);
+	json_decref((json_t *)img->manifest);
+	arena_free(img->path);
+	arena_free(img);
+}
+
+/* ---- data verification ---------------------------------------------------- */
+
+typedef struct verify_job {
+	arena_image *img;
+	atomic_uint_fast64_t next;
+	uint64_t *got;   /* per chunk: computed hash */
+	uint8_t *bad;    /* per chunk: 1 if mismatched */
+	atomic_int rc;
+	pthread_mutex_t lock;
+	char msg[1024];  /* first I/O error message */
+} verify_job;
+
+static void *verify_worker(void *arg)
+{
+	verify_job *j = arg;
+	const arena_img_header *h = &j->img->hdr;
+	uint8_t *buf = arena_malloc(h->chunk_size);
+	if (!buf) {
+		int zero = 0;
+		atomic_compare_exchange_strong(&j->rc, &zero, ARENA_E_NOMEM);
+		return NULL;
+	}
+	for (;;) {
+		if (atomic_load(&j->rc))
+			break;
+		uint64_t i = atomic_fetch_add(&j->next, 1);
+		if (i >= h->chunk_count)
+			break;
+		const arena_img_chunk *c = &j->img->chunks[i];
+		int rc = arena_pread_full(j->img->fd, buf, c->stored_length, h->data_offset + c->offset, j->img->path);
+		if (rc) {
+			pthread_mutex_lock(&j->lock);
+			int zero = 0;
+			if (atomic_compare_exchange_strong(&j->rc, &zero, rc))
+				snprintf(j->msg, sizeof(j->msg), "%s", arena_last_error());
+			pthread_mutex_unlock(&j->lock);
+			break;
+		}
+		j->got[i] = XXH3_64bits(buf, c->stored_length);
+		j->bad[i] = j->got[i] != c->xxh3;
+	}
+	arena_free(buf);
+	return NULL;
+}
+
+int arena_img_verify_data(arena_image *img, unsigned threads, arena_img_bad_fn bad, void *ctx, uint64_t *n_bad)
+{
+	const arena_img_header *h = &img->hdr;
+	if (n_bad)
+		*n_bad = 0;
+	if (threads < 1)
+		threads = 1;
+	if (threads > 64)
+		threads = 64;
+	if (threads > h->chunk_count)
+		threads = h->chunk_count ? (unsigned)h->chunk_count : 1;
+	verify_job j = {.img = img};
+	atomic_init(&j.next, 0);
+	atomic_init(&j.rc, 0);
+	pthread_mutex_init(&j.lock, NULL);
+	j.got = arena_calloc(h->chunk_count, sizeof(uint64_t));
+	j.bad = arena_calloc(h->chunk_count, 1);
+	pthread_t *tid = arena_calloc(threads, sizeof(*tid));
+	int rc = 0;
+	if (!j.got || !j.bad || !tid) {
+		rc = arena_errorf(ARENA_E_NOMEM, "%s: out of memory", img->path);
+		goto out;
+	}
+	unsigned started = 0;
+	for (; started < threads; started++)
+		if (pthread_create(&tid[started], NULL, verify_worker, &j))
+			break;
+	if (started == 0)
+		verify_worker(&j);
+	for (unsigned i = 0; i < started; i++)
+		pthread_join(tid[i], NULL);
+	rc = atomic_load(&j.rc);
+	if (rc) {
+		if (rc == ARENA_E_NOMEM && !j.msg[0])
+			arena_errorf(rc, "%s: out of memory for read buffers", img->path);
+		else
+			arena_errorf(rc, "%s", j.msg);
+		goto out;
+	}
+	uint64_t nb = 0, first = 0;
+	for (uint64_t i = 0; i < h->chunk_count; i++) {
+		if (!j.bad[i])
+			continue;
+		if (!nb++)
+			first = i;
+		if (bad)
+			bad(ctx, img, i, img->chunks[i].xxh3, j.got[i]);
+	}
+	if (n_bad)
+		*n_bad = nb;
+	if (nb) {
+		char what[512];
+		arena_img_chunk_describe(img, first, what, sizeof(what));
+		const arena_img_chunk *c = &img->chunks[first];
+		rc = arena_errorf(E(IMG_CHUNK_CHECKSUM),
+				  "%s: chunk %llu (file bytes %llu..%llu) checksum mismatch%s; it holds %s",
+				  img->path, (unsigned long long)first, (unsigned long long)(h->data_offset + c->offset),
+				  (unsigned long long)(h->data_offset + c->offset + c->stored_length),
+				  nb > 1 ? " (and more chunks)" : "", what);
+	}
+out:
+	pthread_mutex_destroy(&j.lock);
+	arena_free(j.got);
+	arena_free(j.bad);
+	arena_free(tid);
+	return rc;
+}
+
+void arena_img_chunk_cover(const arena_image *img, uint64_t i, void (*fn)(void *ctx, uint32_t block, int64_t tensor),
+			   void *ctx)
+{
+	const arena_layout *l = img->layout;
+	uint64_t c0 = i * img->hdr.chunk_size, c1 = c0 + img->hdr.chunk_size;
+	for (size_t b = 0; b < l->n_blocks; b++) {
+		const arena_block *blk = &l->blocks[b];
+		uint64_t s0 = blk->offset, s1 = arena_align_up(blk->offset + blk->bytes, ARENA_SLAB_ALIGN);
+		if (s1 <= c0 || s0 >= c1)
+			continue;
+		int any = 0;
+		for (uint32_t k = 0; k < blk->n_tensors; k++) {
+			uint32_t ti = l->order[blk->first + k];
+			const arena_tensor *t = &l->tensors[ti];
+			for (uint32_t c = 0; c < t->n_comp; c++) {
+				uint64_t a = blk->offset + t->comp[c].offset, z = a + t->comp[c].bytes;
+				if (a < c1 && z > c0) {
+					fn(ctx, (uint32_t)b, ti);
+					any = 1;
+					break;
+				}
+			}
+		}
+		if (!any)
+			fn(ctx, (uint32_t)b, -1); /* only the slab's padding */
+	}
+}
+
+typedef struct describe_ctx {
+	const arena_layout *l;
+	char blocks[256];
+	char tensors[256];
+	int nb, nt, more;
+	uint32_t last_block;
+} describe_ctx;
+
+static void describe_fn(void *arg, uint32_t block, int64_t tensor)
+{
+	describe_ctx *d = arg;
+	if (!d->nb || d->last_block != block) {
+		size_t o = strlen(d->blocks);
+		if (d->nb < 3)
+			snprintf(d->blocks + o, sizeof(d->blocks) - o, "%s'%s'", d->nb ? ", " : "",
+				 arena_q(d->l->blocks[block].name));
+		else if (d->nb == 3)
+			snprintf(d->blocks + o, sizeof(d->blocks) - o, ", ...");
+		d->nb++;
+		d->last_block = block;
+	}
+	if (tensor >= 0) {
+		size_t o = strlen(d->tensors);
+		if (d->nt < 3)
+			snprintf(d->tensors + o, sizeof(d->tensors) - o, "%s'%s'", d->nt ? ", " : "",
+				 arena_q(d->l->tensors[tensor].name));
+		else
+			d->more++;
+		d->nt++;
+	}
+}
+
+void arena_img_chunk_describe(const arena_image *img, uint64_t i, char *buf, size_t len)
+{
+	describe_ctx d = {.l = img->layout};
+	arena_img_chunk_cover(img, i, describe_fn, &d);
+	if (!d.nb)
+		snprintf(buf, len, "only padding");
+	else if (!d.nt)
+		snprintf(buf, len, "block%s %s (padding only)", d.nb > 1 ? "s" : "", d.blocks);
+	else if (d.more)
+		snprintf(buf, len, "block%s %s, tensors %s and %d more", d.nb > 1 ? "s" : "", d.blocks, d.tensors, d.more);
+	else
+		snprintf(buf, len, "block%s %s, tensor%s %s", d.nb > 1 ? "s" : "", d.blocks, d.nt > 1 ? "s" : "",
+			 d.tensors);
+}

@@ -1,0 +1,96 @@
+/* image.h - the arena image file: header, manifest, chunk table, data.
+ * The byte layout and every rule are in docs/FORMAT.md; this header is the
+ * API. Writing is driven by loader/convert.c; this module owns encoding,
+ * decoding and checking. */
+#ifndef ARENA_FORMATS_IMAGE_H
+#define ARENA_FORMATS_IMAGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "layout.h"
+
+#define ARENA_IMG_MAGIC "ARENAIMG"
+#define ARENA_IMG_MAJOR 1
+#define ARENA_IMG_MINOR 0
+#define ARENA_IMG_HEADER_SIZE 4096u
+#define ARENA_IMG_CHUNK_ENTRY 32u
+#define ARENA_IMG_DEFAULT_CHUNK (4u << 20)
+#define ARENA_IMG_MIN_CHUNK (64u << 10)
+#define ARENA_IMG_MAX_CHUNK (1u << 30)
+#define ARENA_IMG_MAX_MANIFEST (1ull << 30)
+
+typedef struct arena_img_header {
+	uint16_t major, minor;
+	uint32_t flags;
+	uint64_t file_size;
+	uint64_t manifest_offset, manifest_length, manifest_xxh3;
+	uint64_t chunk_table_offset, chunk_table_length, chunk_table_xxh3;
+	uint64_t data_offset, data_length;
+	uint64_t chunk_size, chunk_count;
+} arena_img_header;
+
+typedef struct arena_img_chunk {
+	uint64_t offset; /* relative to data_offset */
+	uint32_t stored_length, raw_length;
+	uint64_t xxh3;
+	uint16_t codec, flags;
+} arena_img_chunk;
+
+/* Encode h into a 4096-byte page, computing header_xxh3. */
+void arena_img_header_encode(const arena_img_header *h, uint8_t page[ARENA_IMG_HEADER_SIZE]);
+/* Decode and check a header page against the real file size (rules and their
+ * order in docs/FORMAT.md). */
+int arena_img_header_decode(const uint8_t page[ARENA_IMG_HEADER_SIZE], uint64_t real_size, const char *label,
+			    arena_img_header *h);
+void arena_img_chunk_encode(const arena_img_chunk *c, uint8_t out[ARENA_IMG_CHUNK_ENTRY]);
+
+/* Fill in a header's region fields for a manifest of `manifest_length`
+ * padded bytes, `data_length` data bytes and `chunk_size`. */
+void arena_img_header_plan(arena_img_header *h, uint64_t manifest_length, uint64_t data_length,
+			   uint64_t chunk_size);
+
+/* Build the manifest text for `l`: `sources` is a JSON array of
+ * {"path","size","metadata"} and `metadata` a JSON object (both jansson
+ * json_t*, borrowed). Returns the text padded with spaces to a multiple of
+ * 4096 in *out (owned by the caller, arena_free) and its length. */
+int arena_img_manifest_build(const arena_layout *l, const void *sources, const void *metadata, uint64_t chunk_size,
+			     char **out, size_t *len);
+
+/* An open image: header, manifest and chunk table read and checked. */
+typedef struct arena_image {
+	char *path;
+	int fd;
+	arena_img_header hdr;
+	arena_layout *layout;
+	arena_img_chunk *chunks;  /* hdr.chunk_count entries */
+	void *manifest;           /* json_t root */
+	const void *metadata;     /* json_t object (borrowed from manifest) */
+	const void *sources;      /* json_t array (borrowed from manifest) */
+} arena_image;
+
+/* Does the file at `path` start with the image magic? 1 yes, 0 no (including unreadable). */
+int arena_img_sniff(const char *path);
+
+/* Open and check everything but the data chunks (docs/FORMAT.md order). */
+int arena_img_open(const char *path, arena_image **out);
+void arena_img_close(arena_image *img);
+
+/* Called for each bad chunk, in increasing chunk order. */
+typedef void (*arena_img_bad_fn)(void *ctx, const arena_image *img, uint64_t chunk, uint64_t expect, uint64_t got);
+
+/* Read every data chunk with `threads` readers and check its checksum.
+ * Calls bad() for each bad chunk (may be NULL). Returns 0, or
+ * IMG_CHUNK_CHECKSUM with a message naming the first bad chunk and what it
+ * covers, or IO/NOMEM. *n_bad (optional) gets the number of bad chunks. */
+int arena_img_verify_data(arena_image *img, unsigned threads, arena_img_bad_fn bad, void *ctx, uint64_t *n_bad);
+
+/* Describe what chunk `i` covers: "blocks 'a', 'b'; tensors 'x', 'y' (+3 more)"
+ * into buf. */
+void arena_img_chunk_describe(const arena_image *img, uint64_t i, char *buf, size_t len);
+
+/* Visit each (block, tensor) whose component bytes intersect chunk i. */
+void arena_img_chunk_cover(const arena_image *img, uint64_t i, void (*fn)(void *ctx, uint32_t block, int64_t tensor),
+			   void *ctx);
+
+#endif
