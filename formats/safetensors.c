@@ -294,6 +294,7 @@ static int st_new(const char *label, arena_st_file **out)
 
 int arena_st_parse(const uint8_t *buf, uint64_t size, const char *label, arena_st_file **out)
 {
+	*out = NULL;
 	arena_st_file *f;
 	int rc = st_new(label, &f);
 	if (rc)
