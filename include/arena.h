@@ -97,7 +97,10 @@ enum {
 	/* block plans */                                                                 \
 	X(PLAN_BAD_PATTERN, USAGE, "invalid block pattern")                               \
 	X(PLAN_BAD_ORDER, USAGE, "invalid block order")                                   \
-	X(PLAN_EMPTY, INVALID, "checkpoint has no tensors")
+	X(PLAN_EMPTY, INVALID, "checkpoint has no tensors")                               \
+	/* quantization (loader/quant.h) */                                               \
+	X(QUANT_UNKNOWN_SCHEME, USAGE, "unknown quantization scheme")                     \
+	X(QUANT_NOT_APPLICABLE, USAGE, "quantization scheme does not apply to this tensor")
 
 typedef enum arena_err {
 #define ARENA__ERR_ENUM(name, cls, desc) ARENA__ERRNUM_##name,
