@@ -17,6 +17,8 @@ extern const cli_cmd cli_commands[];
 
 /* The subcommands, one file each (cli/cmd_<name>.c). */
 #define CLI_COMMANDS(X) \
+	X(convert, "convert a safetensors checkpoint into an arena image") \
+	X(verify, "check every byte of an arena image") \
 	X(inspect, "show tensors, metadata and layout of a checkpoint or image") \
 	X(version, "show the version and what this build supports")
 

@@ -196,7 +196,8 @@ int arena_img_manifest_build(const arena_layout *l, const void *sources, const v
 	json_t *root = json_object();
 	jset(root, "format", json_string("arena-image"), &fail);
 	jset(root, "version", json_pack("[ii]", ARENA_IMG_MAJOR, ARENA_IMG_MINOR), &fail);
-	jset(root, "source", json_pack("{s:O}", "files", sources ? (json_t *)(uintptr_t)sources : json_array()), &fail);
+	jset(root, "source",
+	     sources ? json_pack("{s:O}", "files", (json_t *)(uintptr_t)sources) : json_pack("{s:[]}", "files"), &fail);
 	jset(root, "metadata", metadata ? json_copy((json_t *)(uintptr_t)metadata) : json_object(), &fail);
 	jset(root, "layout",
 	     json_pack("{s:i,s:i,s:I,s:I,s:I}", "slab_alignment", ARENA_SLAB_ALIGN, "tensor_alignment",

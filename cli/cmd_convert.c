@@ -1,0 +1,188 @@
+/* cmd_convert.c - `arena convert`: safetensors checkpoint -> arena image. */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../common/alloc.h"
+#include "../common/err.h"
+#include "../loader/convert.h"
+#include "arena.h"
+#include "cli.h"
+
+const char cmd_convert_usage[] =
+	"usage: arena convert INPUT... -o OUT.arena [options]\n"
+	"\n"
+	"Convert a safetensors checkpoint into an arena image: one slab per block in\n"
+	"execution order, every byte checksummed (docs/FORMAT.md). INPUT is a\n"
+	".safetensors file, a sharded checkpoint's index.json, or a folder holding\n"
+	"either; several INPUTs form one model (a tensor defined twice is an error).\n"
+	"OUT is written to a temporary beside it and renamed when whole: a failed or\n"
+	"interrupted convert never leaves a file at OUT.\n"
+	"\n"
+	"options:\n"
+	"  -o, --output FILE       the image to write (required)\n"
+	"  --block-pattern REGEX   a block is a match of this POSIX extended regex with\n"
+	"                          one capture group for the index, e.g.\n"
+	"                          'layers\\.([0-9]+)\\.'; repeatable; replaces the\n"
+	"                          built-in patterns (see README.md, 'Blocks')\n"
+	"  --block-order A,B,...   containers in execution order, e.g.\n"
+	"                          transformer_blocks,single_transformer_blocks\n"
+	"  --chunk-size SIZE       checksum chunk size, power of two, 64K..1G (default 4M)\n"
+	"  --threads N             worker threads (default: number of CPUs)\n"
+	"  -q, --quiet             no progress line and no summary\n"
+	"  -h, --help              this text\n"
+	"\n"
+	"exit status: 0 written, 1 invalid input, 2 usage error, 3 I/O or memory error\n";
+
+static volatile sig_atomic_t cancelled;
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	cancelled = 1;
+}
+
+typedef struct progress {
+	struct timespec t0;
+	int tty;
+} progress;
+
+static double since(const struct timespec *t0)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) * 1e-9;
+}
+
+static void show_progress(void *ctx, uint64_t done, uint64_t total)
+{
+	progress *p = ctx;
+	if (!p->tty)
+		return;
+	double s = since(&p->t0), rate = s > 0 ? (double)done / s : 0;
+	double eta = rate > 0 ? (double)(total - done) / rate : 0;
+	char a[32], b[32];
+	fprintf(stderr, "\r  %s / %s  %.2f GB/s  ETA %.0fs   ", cli_fmt_bytes(done, a, sizeof(a)),
+		cli_fmt_bytes(total, b, sizeof(b)), rate / 1e9, eta);
+	if (done >= total)
+		fputc('\n', stderr);
+}
+
+/* Split "a,b,c" into a NULL-free array (owned; the strings point into s). */
+static int split_list(char *s, const char ***out, size_t *n)
+{
+	size_t cap = 1;
+	for (char *p = s; *p; p++)
+		cap += *p == ',';
+	const char **v = arena_calloc(cap, sizeof(*v));
+	if (!v)
+		return -1;
+	*n = 0;
+	for (char *tok = strtok(s, ","); tok; tok = strtok(NULL, ","))
+		v[(*n)++] = tok;
+	*out = v;
+	return 0;
+}
+
+int cmd_convert(int argc, char **argv)
+{
+	enum { O_PATTERN = 256, O_ORDER, O_CHUNK, O_THREADS };
+	static const struct option opts[] = {
+		{"output", required_argument, NULL, 'o'},      {"block-pattern", required_argument, NULL, O_PATTERN},
+		{"block-order", required_argument, NULL, O_ORDER}, {"chunk-size", required_argument, NULL, O_CHUNK},
+		{"threads", required_argument, NULL, O_THREADS}, {"quiet", no_argument, NULL, 'q'},
+		{NULL, 0, NULL, 0},
+	};
+	const char *out = NULL;
+	int quiet = 0, st = 0;
+	arena_convert_opts co = {0};
+	const char **patterns = arena_calloc((size_t)argc, sizeof(char *));
+	const char **order = NULL;
+	if (!patterns)
+		return cli_fail(arena_errorf(ARENA_E_NOMEM, "out of memory"));
+	int ch;
+	optind = 0;
+	opterr = 0;
+	while ((ch = getopt_long(argc, argv, "o:q", opts, NULL)) != -1) {
+		switch (ch) {
+		case 'o':
+			out = optarg;
+			break;
+		case 'q':
+			quiet = 1;
+			break;
+		case O_PATTERN:
+			patterns[co.plan.n_patterns++] = optarg;
+			break;
+		case O_ORDER:
+			arena_free(order);
+			order = NULL;
+			if (split_list(optarg, &order, &co.plan.n_order)) {
+				st = cli_fail(arena_errorf(ARENA_E_NOMEM, "out of memory"));
+				goto done;
+			}
+			break;
+		case O_CHUNK:
+			if (cli_parse_size(optarg, &co.chunk_size) || !co.chunk_size) {
+				st = cli_usage_error("convert", "--chunk-size '%s' is not a size", optarg);
+				goto done;
+			}
+			break;
+		case O_THREADS: {
+			char *end;
+			long n = strtol(optarg, &end, 10);
+			if (*end || n < 1 || n > 256) {
+				st = cli_usage_error("convert", "--threads '%s' is not a number from 1 to 256", optarg);
+				goto done;
+			}
+			co.threads = (unsigned)n;
+			break;
+		}
+		default:
+			st = cli_usage_error("convert", "unknown or incomplete option '%s'", argv[optind - 1]);
+			goto done;
+		}
+	}
+	if (!out) {
+		st = cli_usage_error("convert", "no output given (-o OUT.arena)");
+		goto done;
+	}
+	if (optind >= argc) {
+		st = cli_usage_error("convert", "no INPUT given");
+		goto done;
+	}
+	co.plan.patterns = patterns;
+	co.plan.order = order;
+	progress p = {.tty = !quiet && isatty(2)};
+	clock_gettime(CLOCK_MONOTONIC, &p.t0);
+	co.progress = show_progress;
+	co.progress_ctx = &p;
+	co.cancel = &cancelled;
+	struct sigaction sa = {.sa_handler = on_signal};
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	arena_convert_result res;
+	int rc = arena_convert((const char *const *)argv + optind, (size_t)(argc - optind), out, &co, &res);
+	signal(SIGINT, SIG_DFL);
+	signal(SIGTERM, SIG_DFL);
+	if (rc) {
+		if (p.tty)
+			fputc('\n', stderr);
+		st = cli_fail(rc);
+		goto done;
+	}
+	if (!quiet) {
+		double s = since(&p.t0);
+		char a[32];
+		printf("wrote %s: %zu blocks, %zu tensors, %s in %.2f s (%.2f GB/s)\n", out, res.n_blocks, res.n_tensors,
+		       cli_fmt_bytes(res.file_size, a, sizeof(a)), s, s > 0 ? (double)res.file_size / s / 1e9 : 0.0);
+	}
+done:
+	arena_free(patterns);
+	arena_free(order);
+	return st;
+}

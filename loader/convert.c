@@ -1,0 +1,308 @@
+/* convert.c - write an arena image from a checkpoint (see convert.h). */
+#include "convert.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "../common/alloc.h"
+#include "../common/err.h"
+#include "../common/io.h"
+#include "../common/outfile.h"
+#include "../formats/image.h"
+
+/* One contiguous component in the data region. */
+typedef struct extent {
+	uint64_t begin, bytes; /* data-relative */
+	const arena_tensor *t;
+	uint32_t comp;
+} extent;
+
+typedef struct job {
+	const arena_layout *l;
+	const arena_convert_opts *o;
+	arena_img_header *h;
+	arena_outfile *out;
+	extent *ext;
+	size_t n_ext;
+	arena_img_chunk *chunks;
+	atomic_uint_fast64_t next, done_bytes;
+	atomic_int rc;
+	atomic_uint running;
+	pthread_mutex_t lock;
+	char msg[1024];
+} job;
+
+static int cmp_extent(const void *a, const void *b)
+{
+	const extent *x = a, *y = b;
+	return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+static void job_fail(job *j, int rc)
+{
+	pthread_mutex_lock(&j->lock);
+	int zero = 0;
+	if (atomic_compare_exchange_strong(&j->rc, &zero, rc))
+		snprintf(j->msg, sizeof(j->msg), "%s", arena_last_error());
+	pthread_mutex_unlock(&j->lock);
+}
+
+/* Fill buf with data bytes [c0, c0+len). */
+static int fill_chunk(job *j, uint64_t c0, uint64_t len, uint8_t *buf)
+{
+	memset(buf, 0, len);
+	/* First extent ending after c0. */
+	size_t lo = 0, hi = j->n_ext;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (j->ext[mid].begin + j->ext[mid].bytes <= c0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	for (size_t k = lo; k < j->n_ext && j->ext[k].begin < c0 + len; k++) {
+		const extent *e = &j->ext[k];
+		uint64_t a = e->begin > c0 ? e->begin : c0;
+		uint64_t z = e->begin + e->bytes < c0 + len ? e->begin + e->bytes : c0 + len;
+		if (z <= a)
+			continue;
+		uint64_t off = a - e->begin; /* within the component */
+		uint8_t *dst = buf + (a - c0);
+		int rc;
+		if (!strcmp(e->t->scheme, "none")) {
+			const arena_st_tensor *s = e->t->src;
+			rc = arena_pread_full(s->file->fd, dst, z - a, s->file->data_off + s->begin + off, s->file->path);
+		} else if (j->o->fill) {
+			rc = j->o->fill(j->o->fill_ctx, e->t, e->comp, off, z - a, dst);
+		} else {
+			rc = arena_errorf(ARENA_E_INTERNAL, "tensor '%s': scheme '%s' without a filler",
+					  arena_q(e->t->name), e->t->scheme);
+		}
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+static void *worker(void *arg)
+{
+	job *j = arg;
+	const arena_img_header *h = j->h;
+	uint8_t *buf = arena_malloc(h->chunk_size);
+	if (!buf) {
+		arena_errorf(ARENA_E_NOMEM, "out of memory for a %llu-byte chunk buffer", (unsigned long long)h->chunk_size);
+		job_fail(j, ARENA_E_NOMEM);
+	}
+	while (buf && !atomic_load(&j->rc)) {
+		if (j->o->cancel && *j->o->cancel) {
+			arena_errorf(ARENA_E_CANCELLED, "%s: cancelled", j->out->path);
+			job_fail(j, ARENA_E_CANCELLED);
+			break;
+		}
+		uint64_t i = atomic_fetch_add(&j->next, 1);
+		if (i >= h->chunk_count)
+			break;
+		uint64_t c0 = i * h->chunk_size;
+		uint64_t len = h->data_length - c0 < h->chunk_size ? h->data_length - c0 : h->chunk_size;
+		int rc = fill_chunk(j, c0, len, buf);
+		if (!rc) {
+			j->chunks[i] = (arena_img_chunk){.offset = c0,
+							 .stored_length = (uint32_t)len,
+							 .raw_length = (uint32_t)len,
+							 .xxh3 = XXH3_64bits(buf, len)};
+			rc = arena_outfile_pwrite(j->out, buf, len, h->data_offset + c0);
+		}
+		if (rc) {
+			job_fail(j, rc);
+			break;
+		}
+		atomic_fetch_add(&j->done_bytes, len);
+	}
+	arena_free(buf);
+	atomic_fetch_sub(&j->running, 1);
+	return NULL;
+}
+
+static unsigned cpu_count(void)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	return n < 1 ? 1 : n > 64 ? 64 : (unsigned)n;
+}
+
+/* Sources and merged metadata for the manifest. */
+static int build_sources(const arena_ckpt *ck, json_t **sources, json_t **meta)
+{
+	*sources = json_array();
+	*meta = json_object();
+	int fail = !*sources || !*meta;
+	for (size_t i = 0; i < ck->n_files && !fail; i++) {
+		const arena_st_file *f = ck->files[i];
+		json_t *m = json_object();
+		for (size_t k = 0; m && k < f->n_meta; k++) {
+			if (json_object_set_new(m, f->meta_keys[k], json_string(f->meta_vals[k])))
+				fail = 1;
+			if (!json_object_get(*meta, f->meta_keys[k]) &&
+			    json_object_set_new(*meta, f->meta_keys[k], json_string(f->meta_vals[k])))
+				fail = 1;
+		}
+		json_t *o = m ? json_pack("{s:s,s:I,s:o}", "path", f->path, "size", (json_int_t)f->size, "metadata", m)
+			      : NULL;
+		if (!o || json_array_append_new(*sources, o))
+			fail = 1;
+	}
+	if (fail) {
+		json_decref(*sources);
+		json_decref(*meta);
+		*sources = *meta = NULL;
+		return arena_errorf(ARENA_E_NOMEM, "out of memory describing the sources");
+	}
+	return 0;
+}
+
+int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_convert_opts *opts,
+		       arena_convert_result *res)
+{
+	static const arena_convert_opts defaults = {0};
+	const arena_convert_opts *o = opts ? opts : &defaults;
+	uint64_t cs = o->chunk_size ? o->chunk_size : ARENA_IMG_DEFAULT_CHUNK;
+	if (cs < ARENA_IMG_MIN_CHUNK || cs > ARENA_IMG_MAX_CHUNK || (cs & (cs - 1)))
+		return arena_errorf(ARENA_E_USAGE, "chunk size %llu is not a power of two from 64 KiB to 1 GiB",
+				    (unsigned long long)cs);
+	arena_layout *l = NULL;
+	json_t *sources = NULL, *meta = NULL;
+	char *manifest = NULL;
+	size_t mlen = 0;
+	extent *ext = NULL;
+	arena_outfile *of = NULL;
+	pthread_t *tid = NULL;
+	job j = {0};
+	pthread_mutex_init(&j.lock, NULL);
+	int rc;
+	if ((rc = arena_plan_build(ck, &o->plan, &l)) || (rc = build_sources(ck, &sources, &meta)) ||
+	    (rc = arena_img_manifest_build(l, sources, meta, cs, &manifest, &mlen)))
+		goto out;
+	arena_img_header h;
+	arena_img_header_plan(&h, mlen, l->data_length, cs);
+
+	size_t n_ext = 0;
+	for (size_t i = 0; i < l->n_tensors; i++)
+		n_ext += l->tensors[i].n_comp;
+	ext = arena_calloc(n_ext, sizeof(*ext));
+	j.chunks = arena_calloc(h.chunk_count, sizeof(*j.chunks));
+	unsigned threads = o->threads ? o->threads : cpu_count();
+	if (threads > h.chunk_count)
+		threads = h.chunk_count ? (unsigned)h.chunk_count : 1;
+	tid = arena_calloc(threads, sizeof(*tid));
+	if (!ext || !j.chunks || !tid) {
+		rc = arena_errorf(ARENA_E_NOMEM, "out of memory planning %llu chunks", (unsigned long long)h.chunk_count);
+		goto out;
+	}
+	n_ext = 0;
+	for (size_t i = 0; i < l->n_tensors; i++) {
+		const arena_tensor *t = &l->tensors[i];
+		for (uint32_t c = 0; c < t->n_comp; c++)
+			if (t->comp[c].bytes)
+				ext[n_ext++] = (extent){l->blocks[t->block].offset + t->comp[c].offset, t->comp[c].bytes, t, c};
+	}
+	qsort(ext, n_ext, sizeof(*ext), cmp_extent);
+	if ((rc = arena_outfile_open(out, &of)))
+		goto out;
+
+	j.l = l;
+	j.o = o;
+	j.h = &h;
+	j.out = of;
+	j.ext = ext;
+	j.n_ext = n_ext;
+	atomic_init(&j.next, 0);
+	atomic_init(&j.done_bytes, 0);
+	atomic_init(&j.rc, 0);
+	atomic_init(&j.running, threads);
+	unsigned started = 0;
+	for (; started < threads; started++)
+		if (pthread_create(&tid[started], NULL, worker, &j))
+			break;
+	atomic_fetch_sub(&j.running, threads - started);
+	if (started == 0) {
+		atomic_fetch_add(&j.running, 1);
+		worker(&j);
+	}
+	for (unsigned tick = 0; atomic_load(&j.running) > 0; tick++) {
+		if (o->progress && tick % 50 == 49)
+			o->progress(o->progress_ctx, atomic_load(&j.done_bytes), h.data_length);
+		struct timespec ts = {0, 5 * 1000 * 1000};
+		nanosleep(&ts, NULL);
+	}
+	for (unsigned i = 0; i < started; i++)
+		pthread_join(tid[i], NULL);
+	if ((rc = atomic_load(&j.rc))) {
+		arena_errorf(rc, "%s", j.msg);
+		goto out;
+	}
+	if (o->cancel && *o->cancel) {
+		rc = arena_errorf(ARENA_E_CANCELLED, "%s: cancelled", out);
+		goto out;
+	}
+	/* Chunk table, manifest, header; then rename into place. */
+	uint8_t *table = arena_calloc(1, h.chunk_table_length);
+	if (!table) {
+		rc = arena_errorf(ARENA_E_NOMEM, "out of memory for the chunk table");
+		goto out;
+	}
+	for (uint64_t i = 0; i < h.chunk_count; i++)
+		arena_img_chunk_encode(&j.chunks[i], table + i * ARENA_IMG_CHUNK_ENTRY);
+	h.chunk_table_xxh3 = XXH3_64bits(table, h.chunk_table_length);
+	h.manifest_xxh3 = XXH3_64bits(manifest, mlen);
+	rc = arena_outfile_pwrite(of, table, h.chunk_table_length, h.chunk_table_offset);
+	arena_free(table);
+	if (rc || (rc = arena_outfile_pwrite(of, manifest, mlen, h.manifest_offset)))
+		goto out;
+	uint8_t page[ARENA_IMG_HEADER_SIZE];
+	arena_img_header_encode(&h, page);
+	if ((rc = arena_outfile_pwrite(of, page, sizeof(page), 0)))
+		goto out;
+	rc = arena_outfile_commit(of);
+	of = NULL;
+	if (rc)
+		goto out;
+	if (o->progress)
+		o->progress(o->progress_ctx, h.data_length, h.data_length);
+	if (res) {
+		res->file_size = h.file_size;
+		res->data_bytes = h.data_length;
+		res->payload_bytes = arena_layout_payload(l);
+		res->n_blocks = l->n_blocks;
+		res->n_tensors = l->n_tensors;
+		res->chunk_count = h.chunk_count;
+	}
+out:
+	arena_outfile_abort(of);
+	pthread_mutex_destroy(&j.lock);
+	arena_free(tid);
+	arena_free(j.chunks);
+	arena_free(ext);
+	arena_free(manifest);
+	json_decref(sources);
+	json_decref(meta);
+	arena_layout_free(l);
+	return rc;
+}
+
+int arena_convert(const char *const *inputs, size_t n_inputs, const char *out, const arena_convert_opts *opts,
+		  arena_convert_result *res)
+{
+	arena_ckpt *ck;
+	int rc = arena_ckpt_open_many(inputs, n_inputs, &ck);
+	if (rc)
+		return rc;
+	rc = arena_convert_ckpt(ck, out, opts, res);
+	arena_ckpt_close(ck);
+	return rc;
+}

@@ -1,0 +1,47 @@
+/* convert.h - safetensors checkpoint -> arena image, streaming.
+ *
+ * Memory stays bounded (threads x chunk_size plus the manifest) for any model
+ * size. Worker threads each build whole data chunks: gather the bytes of the
+ * components the chunk covers straight from the source files (pread),
+ * checksum the chunk and write it at its final offset. The image goes to a
+ * temporary beside OUT and is renamed into place only when whole (see
+ * common/outfile.h); any failure removes the temporary. */
+#ifndef ARENA_LOADER_CONVERT_H
+#define ARENA_LOADER_CONVERT_H
+
+#include <signal.h>
+#include <stdint.h>
+
+#include "plan.h"
+
+typedef struct arena_convert_opts {
+	arena_plan_opts plan;
+	uint64_t chunk_size; /* 0 = ARENA_IMG_DEFAULT_CHUNK */
+	unsigned threads;    /* 0 = number of CPUs */
+	/* Called from the calling thread about 4 times a second, and once at the end. */
+	void (*progress)(void *ctx, uint64_t done, uint64_t total);
+	void *progress_ctx;
+	volatile sig_atomic_t *cancel; /* non-zero: stop with CANCELLED */
+	/* Fill a non-"none" component's bytes [off, off+len) into dst (quantized
+	 * schemes); NULL when the plan has only "none" tensors. */
+	int (*fill)(void *ctx, const arena_tensor *t, uint32_t comp, uint64_t off, uint64_t len, uint8_t *dst);
+	void *fill_ctx;
+} arena_convert_opts;
+
+/* Summary of a finished conversion. */
+typedef struct arena_convert_result {
+	uint64_t file_size, data_bytes, payload_bytes;
+	size_t n_blocks, n_tensors;
+	uint64_t chunk_count;
+} arena_convert_result;
+
+/* Convert the checkpoint made of `inputs` (see arena_ckpt_open_many) into the
+ * image `out`. `res` may be NULL. */
+int arena_convert(const char *const *inputs, size_t n_inputs, const char *out, const arena_convert_opts *opts,
+		  arena_convert_result *res);
+
+/* Same, from an open checkpoint. */
+int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_convert_opts *opts,
+		       arena_convert_result *res);
+
+#endif
