@@ -1,0 +1,376 @@
+/* st_write.c - streaming safetensors writer; see st_write.h for the layout and life cycle. */
+#include "st_write.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/alloc.h"
+#include "../common/err.h"
+#include "../common/outfile.h"
+#include "safetensors.h"
+#include "utf8.h"
+
+#define STW_BUF_SIZE (1u << 20)
+
+enum stw_state { STW_DECLARE, STW_WRITING, STW_BROKEN };
+
+typedef struct stw_entry {
+	arena_stw_tensor t; /* name and shape point into owned allocations */
+	char *name;
+	uint64_t *shape;
+} stw_entry;
+
+struct arena_stw {
+	arena_outfile *out;
+	const char *path;  /* borrowed from out */
+	enum stw_state state;
+	json_t *meta;      /* object: key -> string, insertion order */
+	json_t *names;     /* object used as a set of declared names */
+	stw_entry *e;
+	size_t n, cap;
+	uint64_t data_size, data_off, written;
+	uint8_t *buf;      /* gathers small writes */
+	size_t buf_len;
+};
+
+/* The reference library's dtype order, ascending (safetensors `Dtype` enum). */
+static const arena_dtype dtype_order[] = {
+	ARENA_DTYPE_BOOL, ARENA_DTYPE_F4, ARENA_DTYPE_F6_E2M3, ARENA_DTYPE_F6_E3M2,
+	ARENA_DTYPE_U8, ARENA_DTYPE_I8, ARENA_DTYPE_F8_E5M2, ARENA_DTYPE_F8_E4M3,
+	ARENA_DTYPE_F8_E8M0, ARENA_DTYPE_F8_E4M3FNUZ, ARENA_DTYPE_F8_E5M2FNUZ, ARENA_DTYPE_I16,
+	ARENA_DTYPE_U16, ARENA_DTYPE_F16, ARENA_DTYPE_BF16, ARENA_DTYPE_I32,
+	ARENA_DTYPE_U32, ARENA_DTYPE_F32, ARENA_DTYPE_C64, ARENA_DTYPE_F64,
+	ARENA_DTYPE_I64, ARENA_DTYPE_U64,
+};
+_Static_assert(sizeof(dtype_order) / sizeof(dtype_order[0]) == ARENA_DTYPE_COUNT,
+	       "every dtype needs a place in the data order");
+
+int arena_stw_dtype_rank(arena_dtype dt)
+{
+	for (int i = 0; i < (int)ARENA_DTYPE_COUNT; i++)
+		if (dtype_order[i] == dt)
+			return i;
+	return -1;
+}
+
+static int is_utf8(const char *s)
+{
+	size_t n = strlen(s);
+	return arena_utf8_check((const uint8_t *)s, n) == n;
+}
+
+int arena_stw_create(const char *path, arena_stw **out)
+{
+	*out = NULL;
+	arena_alloc_init();
+	arena_stw *w = arena_calloc(1, sizeof(*w));
+	if (!w)
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", path);
+	w->meta = json_object();
+	w->names = json_object();
+	if (!w->meta || !w->names) {
+		json_decref(w->meta);
+		json_decref(w->names);
+		arena_free(w);
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", path);
+	}
+	int rc = arena_outfile_open(path, &w->out);
+	if (rc) {
+		json_decref(w->meta);
+		json_decref(w->names);
+		arena_free(w);
+		return rc;
+	}
+	w->path = w->out->path;
+	*out = w;
+	return 0;
+}
+
+static int check_declaring(arena_stw *w, const char *what)
+{
+	if (w->state != STW_DECLARE)
+		return arena_errorf(ARENA_E_USAGE, "%s: %s after the header was written", w->path, what);
+	return 0;
+}
+
+int arena_stw_meta(arena_stw *w, const char *key, const char *value)
+{
+	int rc = check_declaring(w, "metadata set");
+	if (rc)
+		return rc;
+	if (!is_utf8(key) || !is_utf8(value))
+		return arena_errorf(ARENA_E_USAGE, "%s: metadata '%s': not valid UTF-8", w->path, arena_q(key));
+	if (json_object_get(w->meta, key))
+		return arena_errorf(ARENA_E_USAGE, "%s: metadata '%s' set twice", w->path, arena_q(key));
+	json_t *v = json_string(value);
+	if (!v || json_object_set_new(w->meta, key, v))
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", w->path);
+	return 0;
+}
+
+int arena_stw_add(arena_stw *w, const char *name, arena_dtype dtype, uint32_t rank, const uint64_t *shape)
+{
+	int rc = check_declaring(w, "tensor declared");
+	if (rc)
+		return rc;
+	if (!is_utf8(name) || strcmp(name, "__metadata__") == 0)
+		return arena_errorf(ARENA_E_USAGE, "%s: tensor '%s': not a valid tensor name", w->path, arena_q(name));
+	if (arena_dtype_bits(dtype) == 0)
+		return arena_errorf(ARENA_E_USAGE, "%s: tensor '%s': invalid dtype %d", w->path, arena_q(name),
+				    (int)dtype);
+	if (json_object_get(w->names, name))
+		return arena_errorf(ARENA_E(DUPLICATE_TENSOR), "%s: tensor '%s' declared twice", w->path,
+				    arena_q(name));
+	/* Sizes: every number goes into JSON as a signed 64-bit integer. */
+	uint64_t nelem = 1;
+	for (uint32_t k = 0; k < rank; k++) {
+		if (shape[k] > (uint64_t)INT64_MAX || (shape[k] && nelem > (uint64_t)INT64_MAX / shape[k]))
+			return arena_errorf(ARENA_E(ST_SIZE_OVERFLOW), "%s: tensor '%s': element count overflows",
+					    w->path, arena_q(name));
+		nelem *= shape[k];
+	}
+	unsigned bits = arena_dtype_bits(dtype);
+	if (nelem > (uint64_t)INT64_MAX / bits)
+		return arena_errorf(ARENA_E(ST_SIZE_OVERFLOW), "%s: tensor '%s': byte count overflows", w->path,
+				    arena_q(name));
+	if (nelem * bits % 8)
+		return arena_errorf(ARENA_E(ST_PARTIAL_BYTES),
+				    "%s: tensor '%s': %llu elements of %s are not a whole number of bytes", w->path,
+				    arena_q(name), (unsigned long long)nelem, arena_dtype_name(dtype));
+	uint64_t nbytes = nelem * bits / 8;
+	if (w->n == w->cap) {
+		size_t cap = w->cap ? w->cap * 2 : 64;
+		stw_entry *e = cap < ((size_t)-1) / sizeof(*e) ? arena_realloc(w->e, cap * sizeof(*e)) : NULL;
+		if (!e)
+			return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", w->path);
+		w->e = e;
+		w->cap = cap;
+	}
+	stw_entry *e = &w->e[w->n];
+	memset(e, 0, sizeof(*e));
+	e->name = arena_strdup(name);
+	e->shape = arena_malloc((rank ? rank : 1) * sizeof(uint64_t));
+	if (!e->name || !e->shape || json_object_set_new(w->names, name, json_null())) {
+		arena_free(e->name);
+		arena_free(e->shape);
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", w->path);
+	}
+	if (rank)
+		memcpy(e->shape, shape, rank * sizeof(uint64_t));
+	e->t.name = e->name;
+	e->t.dtype = dtype;
+	e->t.rank = rank;
+	e->t.shape = e->shape;
+	e->t.nelem = nelem;
+	e->t.nbytes = nbytes;
+	w->n++;
+	return 0;
+}
+
+static int entry_cmp(const void *a, const void *b)
+{
+	const stw_entry *x = a, *y = b;
+	int rx = arena_stw_dtype_rank(x->t.dtype), ry = arena_stw_dtype_rank(y->t.dtype);
+	if (rx != ry)
+		return rx > ry ? -1 : 1;
+	return strcmp(x->name, y->name);
+}
+
+static json_t *entry_json(const stw_entry *e)
+{
+	json_t *o = json_object(), *shape = json_array(), *offs = json_array();
+	if (!o || !shape || !offs)
+		goto fail;
+	for (uint32_t k = 0; k < e->t.rank; k++)
+		if (json_array_append_new(shape, json_integer((json_int_t)e->t.shape[k])))
+			goto fail;
+	if (json_array_append_new(offs, json_integer((json_int_t)e->t.begin)) ||
+	    json_array_append_new(offs, json_integer((json_int_t)e->t.end)))
+		goto fail;
+	if (json_object_set_new(o, "dtype", json_string(arena_dtype_name(e->t.dtype))))
+		goto fail;
+	int rc = json_object_set_new(o, "shape", shape);
+	shape = NULL;
+	if (rc || json_object_set_new(o, "data_offsets", offs)) {
+		offs = NULL;
+		goto fail;
+	}
+	return o;
+fail:
+	json_decref(o);
+	json_decref(shape);
+	json_decref(offs);
+	return NULL;
+}
+
+int arena_stw_begin(arena_stw *w)
+{
+	int rc = check_declaring(w, "header begun");
+	if (rc)
+		return rc;
+	w->state = STW_BROKEN; /* until it succeeds */
+	if (w->n > 1)
+		qsort(w->e, w->n, sizeof(*w->e), entry_cmp);
+	uint64_t off = 0;
+	for (size_t i = 0; i < w->n; i++) {
+		arena_stw_tensor *t = &w->e[i].t;
+		if (t->nbytes > (uint64_t)INT64_MAX - off)
+			return arena_errorf(ARENA_E(ST_SIZE_OVERFLOW), "%s: data section over 2^63 bytes", w->path);
+		t->begin = off;
+		t->end = off + t->nbytes;
+		off = t->end;
+	}
+	w->data_size = off;
+
+	json_t *root = json_object();
+	char *text = NULL;
+	rc = root ? 0 : ARENA_E_NOMEM;
+	if (!rc && json_object_size(w->meta) && json_object_set(root, "__metadata__", w->meta))
+		rc = ARENA_E_NOMEM;
+	for (size_t i = 0; !rc && i < w->n; i++)
+		if (json_object_set_new(root, w->e[i].name, entry_json(&w->e[i])))
+			rc = ARENA_E_NOMEM;
+	if (!rc && !(text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER)))
+		rc = ARENA_E_NOMEM;
+	json_decref(root);
+	if (rc)
+		return arena_errorf(rc, "%s: out of memory building the header", w->path);
+
+	size_t len = strlen(text), padded = (len + 7) & ~(size_t)7;
+	if (padded > ARENA_ST_MAX_HEADER) {
+		arena_free(text);
+		return arena_errorf(ARENA_E(ST_HEADER_TOO_LARGE), "%s: header of %zu bytes is over %llu", w->path,
+				    padded, (unsigned long long)ARENA_ST_MAX_HEADER);
+	}
+	uint8_t *head = arena_malloc(8 + padded);
+	w->buf = arena_malloc(STW_BUF_SIZE);
+	if (!head || !w->buf) {
+		arena_free(text);
+		arena_free(head);
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", w->path);
+	}
+	for (int k = 0; k < 8; k++)
+		head[k] = (uint8_t)((uint64_t)padded >> (8 * k));
+	memcpy(head + 8, text, len);
+	memset(head + 8 + len, ' ', padded - len);
+	arena_free(text);
+	rc = arena_outfile_write(w->out, head, 8 + padded);
+	arena_free(head);
+	if (rc)
+		return rc;
+	w->data_off = 8 + padded;
+	w->state = STW_WRITING;
+	return 0;
+}
+
+size_t arena_stw_count(const arena_stw *w)
+{
+	return w->n;
+}
+
+const arena_stw_tensor *arena_stw_get(const arena_stw *w, size_t i)
+{
+	return w->state == STW_WRITING && i < w->n ? &w->e[i].t : NULL;
+}
+
+uint64_t arena_stw_data_size(const arena_stw *w)
+{
+	return w->data_size;
+}
+
+uint64_t arena_stw_data_offset(const arena_stw *w)
+{
+	return w->data_off;
+}
+
+uint64_t arena_stw_written(const arena_stw *w)
+{
+	return w->written;
+}
+
+static int flush_buf(arena_stw *w)
+{
+	if (!w->buf_len)
+		return 0;
+	int rc = arena_outfile_write(w->out, w->buf, w->buf_len);
+	w->buf_len = 0;
+	return rc;
+}
+
+int arena_stw_write(arena_stw *w, const void *buf, size_t n)
+{
+	if (w->state != STW_WRITING)
+		return arena_errorf(ARENA_E_USAGE, "%s: data written %s", w->path,
+				    w->state == STW_DECLARE ? "before the header" : "after a failure");
+	if (n > w->data_size - w->written) {
+		w->state = STW_BROKEN;
+		return arena_errorf(ARENA_E_USAGE, "%s: %zu data bytes written past the end of the last tensor",
+				    w->path, n - (size_t)(w->data_size - w->written));
+	}
+	int rc = 0;
+	if (n <= STW_BUF_SIZE - w->buf_len) {
+		memcpy(w->buf + w->buf_len, buf, n);
+		w->buf_len += n;
+		if (w->buf_len == STW_BUF_SIZE)
+			rc = flush_buf(w);
+	} else {
+		rc = flush_buf(w);
+		if (!rc)
+			rc = arena_outfile_write(w->out, buf, n);
+	}
+	if (rc) {
+		w->state = STW_BROKEN;
+		return rc;
+	}
+	w->written += n;
+	return 0;
+}
+
+static void stw_free(arena_stw *w)
+{
+	for (size_t i = 0; i < w->n; i++) {
+		arena_free(w->e[i].name);
+		arena_free(w->e[i].shape);
+	}
+	arena_free(w->e);
+	arena_free(w->buf);
+	json_decref(w->meta);
+	json_decref(w->names);
+	arena_free(w);
+}
+
+int arena_stw_commit(arena_stw *w)
+{
+	int rc = 0;
+	if (w->state == STW_DECLARE)
+		rc = arena_stw_begin(w);
+	if (!rc && w->state != STW_WRITING)
+		rc = arena_errorf(ARENA_E_USAGE, "%s: commit after a failure", w->path);
+	if (!rc && w->written != w->data_size) {
+		size_t i = 0;
+		while (i + 1 < w->n && w->e[i].t.end <= w->written)
+			i++;
+		rc = arena_errorf(ARENA_E_USAGE, "%s: tensor '%s' incomplete: %llu of %llu data bytes written",
+				  w->path, arena_q(w->e[i].name), (unsigned long long)w->written,
+				  (unsigned long long)w->data_size);
+	}
+	if (!rc)
+		rc = flush_buf(w);
+	if (rc) {
+		arena_outfile_abort(w->out);
+	} else {
+		rc = arena_outfile_commit(w->out);
+	}
+	w->out = NULL;
+	stw_free(w);
+	return rc;
+}
+
+void arena_stw_abort(arena_stw *w)
+{
+	if (!w)
+		return;
+	arena_outfile_abort(w->out);
+	stw_free(w);
+}
