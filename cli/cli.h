@@ -19,6 +19,7 @@ extern const cli_cmd cli_commands[];
 #define CLI_COMMANDS(X) \
 	X(convert, "convert a safetensors checkpoint into an arena image") \
 	X(verify, "check every byte of an arena image") \
+	X(export, "write an arena image back to a safetensors file") \
 	X(inspect, "show tensors, metadata and layout of a checkpoint or image") \
 	X(version, "show the version and what this build supports")
 

@@ -10,6 +10,7 @@
 static atomic_long fault_at;    /* 0 = disarmed */
 static atomic_long alloc_count; /* allocations since arming */
 static atomic_int fault_fired;
+static _Thread_local unsigned long failed_here;
 
 static int should_fail(void)
 {
@@ -17,30 +18,43 @@ static int should_fail(void)
 	long n = atomic_fetch_add_explicit(&alloc_count, 1, memory_order_relaxed) + 1;
 	if (at > 0 && n == at) {
 		atomic_store(&fault_fired, 1);
+		failed_here++;
 		return 1;
 	}
 	return 0;
+}
+
+static void *note(void *p)
+{
+	if (!p)
+		failed_here++;
+	return p;
+}
+
+unsigned long arena_alloc_failures(void)
+{
+	return failed_here;
 }
 
 void *arena_malloc(size_t n)
 {
 	if (should_fail())
 		return NULL;
-	return malloc(n ? n : 1);
+	return note(malloc(n ? n : 1));
 }
 
 void *arena_calloc(size_t count, size_t size)
 {
 	if (should_fail())
 		return NULL;
-	return calloc(count ? count : 1, size ? size : 1);
+	return note(calloc(count ? count : 1, size ? size : 1));
 }
 
 void *arena_realloc(void *p, size_t n)
 {
 	if (should_fail())
 		return NULL;
-	return realloc(p, n ? n : 1);
+	return note(realloc(p, n ? n : 1));
 }
 
 char *arena_strdup(const char *s)

@@ -15,6 +15,11 @@ void *arena_realloc(void *p, size_t n);
 char *arena_strdup(const char *s);
 void arena_free(void *p); /* accepts NULL */
 
+/* Number of allocations that failed on this thread so far (real or
+ * injected). Lets a caller tell "out of memory" from "bad input" when a
+ * library such as jansson reports both the same way: compare before/after. */
+unsigned long arena_alloc_failures(void);
+
 /* Route jansson's allocations through arena_malloc/arena_free. Idempotent,
  * thread-safe; called by every entry point that parses JSON. */
 void arena_alloc_init(void);

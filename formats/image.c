@@ -414,9 +414,10 @@ static int parse_manifest(arena_image *img, const char *text, size_t len)
 {
 	mctx m = {.label = img->path, .where = ""};
 	json_error_t jerr;
+	unsigned long oom = arena_alloc_failures();
 	json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
 	if (!root) {
-		if (json_error_code(&jerr) == json_error_out_of_memory)
+		if (json_error_code(&jerr) == json_error_out_of_memory || arena_alloc_failures() != oom)
 			return arena_errorf(ARENA_E_NOMEM, "%s: out of memory reading the manifest", img->path);
 		return mbad(&m, "not valid JSON at byte %d: %s", jerr.position, arena_q(jerr.text));
 	}

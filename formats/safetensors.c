@@ -220,10 +220,11 @@ static int parse_header(arena_st_file *f)
 
 	arena_alloc_init();
 	json_error_t jerr;
+	unsigned long oom = arena_alloc_failures();
 	json_t *root = json_loadb((const char *)buf + 8, (size_t)n, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);
 	if (!root) {
 		enum json_error_code c = json_error_code(&jerr);
-		if (c == json_error_out_of_memory)
+		if (c == json_error_out_of_memory || arena_alloc_failures() != oom)
 			return arena_errorf(ARENA_E_NOMEM, "%s: out of memory parsing the header", f->path);
 		return arena_errorf(c == json_error_duplicate_key ? E(ST_DUPLICATE_KEY) : E(ST_HEADER_JSON),
 				    "%s: header JSON at byte %d: %s", f->path, 8 + jerr.position,

@@ -1,0 +1,50 @@
+/* cmd_export.c - `arena export`: arena image -> safetensors. */
+#include <getopt.h>
+#include <stdio.h>
+
+#include "../loader/export.h"
+#include "arena.h"
+#include "cli.h"
+
+const char cmd_export_usage[] =
+	"usage: arena export IMAGE -o OUT.safetensors [--quiet]\n"
+	"\n"
+	"Write an arena image back to a standard safetensors file with the original\n"
+	"names, dtypes, shapes and metadata; unquantized tensors' bytes are identical\n"
+	"to the source. Quantized tensors are written in the compressed-tensors\n"
+	"convention: '<name>' holds the quantized data, '<name>_scale' its scale.\n"
+	"The image is verified first; OUT appears whole or not at all.\n"
+	"\n"
+	"options:\n"
+	"  -o, --output FILE   the safetensors file to write (required)\n"
+	"  -q, --quiet         no summary line\n"
+	"  -h, --help          this text\n";
+
+int cmd_export(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"output", required_argument, NULL, 'o'}, {"quiet", no_argument, NULL, 'q'}, {NULL, 0, NULL, 0}};
+	const char *out = NULL;
+	int quiet = 0, ch;
+	optind = 0;
+	opterr = 0;
+	while ((ch = getopt_long(argc, argv, "o:q", opts, NULL)) != -1) {
+		if (ch == 'o')
+			out = optarg;
+		else if (ch == 'q')
+			quiet = 1;
+		else
+			return cli_usage_error("export", "unknown or incomplete option '%s'", argv[optind - 1]);
+	}
+	if (!out)
+		return cli_usage_error("export", "no output given (-o OUT.safetensors)");
+	if (argc - optind != 1)
+		return cli_usage_error("export", "expected one IMAGE, got %d", argc - optind);
+	arena_export_result res;
+	int rc = arena_export(argv[optind], out, 0, &res);
+	if (rc)
+		return cli_fail(rc);
+	if (!quiet)
+		printf("wrote %s: %llu tensors, %llu bytes\n", out, res.tensors, res.file_size);
+	return 0;
+}

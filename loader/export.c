@@ -1,0 +1,126 @@
+/* export.c - write an image's tensors back to safetensors (see export.h). */
+#include "export.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../common/alloc.h"
+#include "../common/err.h"
+#include "../common/io.h"
+#include "../formats/image.h"
+#include "../formats/st_write.h"
+
+typedef struct piece {
+	char *name;      /* exported name (owned) */
+	uint64_t offset; /* absolute file offset in the image */
+	uint64_t bytes;
+} piece;
+
+static int cmp_piece(const void *a, const void *b)
+{
+	return strcmp(((const piece *)a)->name, ((const piece *)b)->name);
+}
+
+static char *export_name(const arena_tensor *t, const arena_component *c)
+{
+	if (!strcmp(c->name, "data") || !strcmp(c->name, "qdata"))
+		return arena_strdup(t->name);
+	size_t n = strlen(t->name) + strlen(c->name) + 2;
+	char *s = arena_malloc(n);
+	if (s)
+		snprintf(s, n, "%s_%s", t->name, c->name);
+	return s;
+}
+
+int arena_export(const char *image, const char *out, unsigned threads, arena_export_result *res)
+{
+	arena_image *img = NULL;
+	arena_stw *w = NULL;
+	piece *pieces = NULL;
+	size_t n = 0;
+	uint8_t *buf = NULL;
+	const size_t BUF = 8u << 20;
+	if (!threads) {
+		long c = sysconf(_SC_NPROCESSORS_ONLN);
+		threads = c < 1 ? 1 : c > 8 ? 8 : (unsigned)c;
+	}
+	int rc = arena_img_open(image, &img);
+	if (rc || (rc = arena_img_verify_data(img, threads, NULL, NULL, NULL)))
+		goto out;
+	const arena_layout *l = img->layout;
+	size_t total = 0;
+	for (size_t i = 0; i < l->n_tensors; i++)
+		total += l->tensors[i].n_comp;
+	pieces = arena_calloc(total, sizeof(*pieces));
+	buf = arena_malloc(BUF);
+	if (!pieces || !buf) {
+		rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
+		goto out;
+	}
+	if ((rc = arena_stw_create(out, &w)))
+		goto out;
+	const char *k;
+	json_t *v;
+	if (img->metadata)
+		json_object_foreach((json_t *)(uintptr_t)img->metadata, k, v) if ((rc = arena_stw_meta(w, k, json_string_value(v))))
+			goto out;
+	for (size_t i = 0; i < l->n_tensors; i++) {
+		const arena_tensor *t = &l->tensors[i];
+		const arena_block *b = &l->blocks[t->block];
+		for (uint32_t c = 0; c < t->n_comp; c++) {
+			const arena_component *cp = &t->comp[c];
+			int plain = !strcmp(t->scheme, "none");
+			piece *p = &pieces[n];
+			if (!(p->name = export_name(t, cp))) {
+				rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
+				goto out;
+			}
+			n++;
+			p->offset = img->hdr.data_offset + b->offset + cp->offset;
+			p->bytes = cp->bytes;
+			rc = plain ? arena_stw_add(w, p->name, t->dtype, t->rank, t->shape)
+				   : arena_stw_add(w, p->name, cp->dtype, cp->rank, cp->shape);
+			if (rc) {
+				arena_error_prefix(out);
+				goto out;
+			}
+		}
+	}
+	qsort(pieces, n, sizeof(*pieces), cmp_piece);
+	if ((rc = arena_stw_begin(w)))
+		goto out;
+	for (size_t i = 0; i < arena_stw_count(w); i++) {
+		const arena_stw_tensor *st = arena_stw_get(w, i);
+		piece key = {.name = (char *)(uintptr_t)st->name};
+		const piece *p = bsearch(&key, pieces, n, sizeof(*pieces), cmp_piece);
+		if (!p || p->bytes != st->nbytes) {
+			rc = arena_errorf(ARENA_E_INTERNAL, "%s: tensor '%s' lost its bytes", out, arena_q(st->name));
+			goto out;
+		}
+		for (uint64_t done = 0; done < p->bytes;) {
+			size_t len = p->bytes - done < BUF ? (size_t)(p->bytes - done) : BUF;
+			if ((rc = arena_pread_full(img->fd, buf, len, p->offset + done, img->path)) ||
+			    (rc = arena_stw_write(w, buf, len)))
+				goto out;
+			done += len;
+		}
+	}
+	if (res) {
+		res->tensors = arena_stw_count(w);
+		res->data_bytes = arena_stw_data_size(w);
+		res->file_size = arena_stw_data_offset(w) + arena_stw_data_size(w);
+	}
+	rc = arena_stw_commit(w);
+	w = NULL;
+out:
+	arena_stw_abort(w);
+	for (size_t i = 0; i < n; i++)
+		arena_free(pieces[i].name);
+	arena_free(pieces);
+	arena_free(buf);
+	arena_img_close(img);
+	return rc;
+}

@@ -1,0 +1,20 @@
+/* export.h - arena image -> standard safetensors file.
+ *
+ * Names, dtypes, shapes and metadata are the original ones; unquantized
+ * tensors' bytes are identical to the source. A quantized tensor is written
+ * in the compressed-tensors convention: its main component ("data" or
+ * "qdata") under the tensor's name, every other component under
+ * "<name>_<component>" (so "x.weight" + "x.weight_scale"). The image's data
+ * is verified before anything is written; the output appears whole or not at
+ * all. */
+#ifndef ARENA_LOADER_EXPORT_H
+#define ARENA_LOADER_EXPORT_H
+
+typedef struct arena_export_result {
+	unsigned long long tensors, data_bytes, file_size;
+} arena_export_result;
+
+/* Export `image` to `out`. `threads` for verification (0 = CPUs). `res` may be NULL. */
+int arena_export(const char *image, const char *out, unsigned threads, arena_export_result *res);
+
+#endif

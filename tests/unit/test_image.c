@@ -1,0 +1,727 @@
+/* test_image.c - arena images: convert, verify, export round trips, and every
+ * corruption and failure named by docs/FORMAT.md and the image issue. */
+#include <criterion/criterion.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "arena.h"
+#include "../../common/alloc.h"
+#include "../../common/io.h"
+#include "../../common/outfile.h"
+#include "../../formats/image.h"
+#include "../../formats/st_write.h"
+#include "../../loader/convert.h"
+#include "../../loader/export.h"
+#include "../../loader/plan.h"
+
+static const char *refdir(void)
+{
+	const char *d = getenv("ARENA_REFERENCE_DIR");
+	return d ? d : "../shared/fixtures/reference";
+}
+
+static char *ref(const char *name)
+{
+	static char buf[4][512];
+	static int k;
+	char *b = buf[k++ % 4];
+	snprintf(b, 512, "%s/%s", refdir(), name);
+	return b;
+}
+
+static char tmpdir[256];
+
+static void mk_tmpdir(void)
+{
+	snprintf(tmpdir, sizeof(tmpdir), "/tmp/arena-test-image-XXXXXX");
+	cr_assert_not_null(mkdtemp(tmpdir));
+}
+
+static char *tmp(const char *name)
+{
+	static char buf[4][512];
+	static int k;
+	char *b = buf[k++ % 4];
+	snprintf(b, 512, "%s/%s", tmpdir, name);
+	return b;
+}
+
+static void rm_tmpdir(void)
+{
+	DIR *d = opendir(tmpdir);
+	if (!d)
+		return;
+	struct dirent *e;
+	while ((e = readdir(d)))
+		if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+			unlink(tmp(e->d_name));
+	closedir(d);
+	rmdir(tmpdir);
+}
+
+/* Number of entries in tmpdir other than . and .. */
+static int tmp_entries(void)
+{
+	DIR *d = opendir(tmpdir);
+	int n = 0;
+	struct dirent *e;
+	while ((e = readdir(d)))
+		n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+	closedir(d);
+	return n;
+}
+
+static uint8_t *slurp(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	cr_assert_not_null(f, "open %s", path);
+	fseek(f, 0, SEEK_END);
+	*len = (size_t)ftell(f);
+	fseek(f, 0, SEEK_SET);
+	uint8_t *b = malloc(*len ? *len : 1);
+	cr_assert_eq(fread(b, 1, *len, f), *len);
+	fclose(f);
+	return b;
+}
+
+static void spit(const char *path, const uint8_t *b, size_t len)
+{
+	FILE *f = fopen(path, "wb");
+	cr_assert_not_null(f);
+	cr_assert_eq(fwrite(b, 1, len, f), len);
+	fclose(f);
+}
+
+/* A small checkpoint: two blocks of two tensors and a global. */
+static void write_small(const char *path)
+{
+	arena_stw *w;
+	cr_assert_eq(arena_stw_create(path, &w), 0);
+	cr_assert_eq(arena_stw_meta(w, "format", "pt"), 0);
+	uint64_t s1[2] = {8, 16}, s2[1] = {16}, s3[1] = {300};
+	cr_assert_eq(arena_stw_add(w, "blocks.0.w", ARENA_DTYPE_BF16, 2, s1), 0);
+	cr_assert_eq(arena_stw_add(w, "blocks.0.b", ARENA_DTYPE_F32, 1, s2), 0);
+	cr_assert_eq(arena_stw_add(w, "blocks.1.w", ARENA_DTYPE_BF16, 2, s1), 0);
+	cr_assert_eq(arena_stw_add(w, "blocks.1.b", ARENA_DTYPE_F32, 1, s2), 0);
+	cr_assert_eq(arena_stw_add(w, "embed", ARENA_DTYPE_U8, 1, s3), 0);
+	cr_assert_eq(arena_stw_begin(w), 0);
+	uint8_t buf[1024];
+	for (size_t i = 0; i < sizeof(buf); i++)
+		buf[i] = (uint8_t)(i * 7 + 1);
+	cr_assert_eq(arena_stw_write(w, buf, arena_stw_data_size(w)), 0);
+	cr_assert_eq(arena_stw_commit(w), 0);
+}
+
+static int convert1(const char *in, const char *out)
+{
+	arena_convert_opts o = {.threads = 2};
+	return arena_convert(&in, 1, out, &o, NULL);
+}
+
+static int open_verify(const char *path)
+{
+	arena_image *img = NULL;
+	int rc = arena_img_open(path, &img);
+	if (!rc)
+		rc = arena_img_verify_data(img, 2, NULL, NULL, NULL);
+	else
+		cr_assert_null(img);
+	arena_img_close(img);
+	return rc;
+}
+
+#define expect_code(rc, name)                                                                             \
+	cr_assert_eq((rc), ARENA_E(name), "expected %s, got %s: %s", #name, arena_err_name(rc), arena_last_error())
+
+TestSuite(image, .init = mk_tmpdir, .fini = rm_tmpdir);
+
+/* ---- round trips ------------------------------------------------------------ */
+
+Test(image, tiny_flux_round_trip)
+{
+	cr_assert_eq(convert1(ref("tiny_flux.safetensors"), tmp("f.arena")), 0, "%s", arena_last_error());
+	cr_assert_eq(open_verify(tmp("f.arena")), 0, "%s", arena_last_error());
+	arena_image *img;
+	cr_assert_eq(arena_img_open(tmp("f.arena"), &img), 0);
+	const char *want[] = {"globals",
+			      "transformer_blocks.0",
+			      "transformer_blocks.1",
+			      "single_transformer_blocks.0",
+			      "single_transformer_blocks.1",
+			      "single_transformer_blocks.2"};
+	cr_assert_eq(img->layout->n_blocks, 6);
+	for (int i = 0; i < 6; i++)
+		cr_assert_str_eq(img->layout->blocks[i].name, want[i]);
+	cr_assert_eq(img->layout->n_tensors, 126);
+	for (size_t b = 0; b < img->layout->n_blocks; b++)
+		cr_assert_eq(img->layout->blocks[b].offset % 4096, 0);
+	for (size_t i = 0; i < img->layout->n_tensors; i++)
+		cr_assert_eq(img->layout->tensors[i].comp[0].offset % 256, 0);
+	arena_img_close(img);
+	cr_assert_eq(arena_export(tmp("f.arena"), tmp("f.safetensors"), 2, NULL), 0, "%s", arena_last_error());
+	size_t a, b;
+	uint8_t *x = slurp(ref("tiny_flux.safetensors"), &a), *y = slurp(tmp("f.safetensors"), &b);
+	cr_assert_eq(a, b);
+	cr_assert(memcmp(x, y, a) == 0, "export differs from the reference file");
+	free(x);
+	free(y);
+}
+
+Test(image, sharded_llama_round_trip)
+{
+	cr_assert_eq(convert1(ref("tiny_llama_sharded"), tmp("l.arena")), 0, "%s", arena_last_error());
+	cr_assert_eq(open_verify(tmp("l.arena")), 0);
+	arena_image *img;
+	cr_assert_eq(arena_img_open(tmp("l.arena"), &img), 0);
+	cr_assert_eq(img->layout->n_blocks, 4);
+	cr_assert_str_eq(img->layout->blocks[0].name, "globals");
+	cr_assert_str_eq(img->layout->blocks[1].name, "model.layers.0");
+	cr_assert_str_eq(img->layout->blocks[3].name, "model.layers.2");
+	cr_assert_str_eq(img->layout->blocks[3].container, "model.layers");
+	cr_assert_eq(img->layout->blocks[3].index, 2);
+	arena_img_close(img);
+	cr_assert_eq(arena_export(tmp("l.arena"), tmp("l.safetensors"), 1, NULL), 0);
+	arena_ckpt *src, *dst;
+	cr_assert_eq(arena_ckpt_open(ref("tiny_llama_sharded"), &src), 0);
+	cr_assert_eq(arena_ckpt_open(tmp("l.safetensors"), &dst), 0);
+	cr_assert_eq(src->n_tensors, dst->n_tensors);
+	for (size_t i = 0; i < src->n_tensors; i++) {
+		const arena_st_tensor *s = src->tensors[i], *d = dst->tensors[i];
+		cr_assert_str_eq(s->name, d->name);
+		cr_assert_eq(s->dtype, d->dtype);
+		cr_assert_eq(s->rank, d->rank);
+		cr_assert_eq(s->nbytes, d->nbytes);
+		cr_assert(memcmp(arena_st_data(s), arena_st_data(d), s->nbytes) == 0, "tensor %s differs", s->name);
+	}
+	arena_ckpt_close(src);
+	arena_ckpt_close(dst);
+}
+
+Test(image, small_chunks_many_threads)
+{
+	write_small(tmp("s.safetensors"));
+	char in_path[512];
+	snprintf(in_path, sizeof(in_path), "%s", tmp("s.safetensors"));
+	const char *in = in_path;
+	arena_convert_opts o = {.threads = 3, .chunk_size = 64 << 10};
+	cr_assert_eq(convert1(ref("tiny_flux.safetensors"), tmp("a.arena")), 0);
+	cr_assert_eq(arena_convert(&(const char *){ref("tiny_flux.safetensors")}, 1, tmp("b.arena"), &o, NULL), 0);
+	cr_assert_eq(open_verify(tmp("b.arena")), 0);
+	arena_image *img;
+	cr_assert_eq(arena_img_open(tmp("b.arena"), &img), 0);
+	cr_assert_gt(img->hdr.chunk_count, 4);
+	arena_img_close(img);
+	cr_assert_eq(arena_convert(&in, 1, tmp("c.arena"), &o, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(open_verify(tmp("c.arena")), 0);
+}
+
+Test(image, bad_chunk_size_is_usage)
+{
+	arena_convert_opts o = {.chunk_size = 1000};
+	const char *in = ref("tiny_flux.safetensors");
+	expect_code(arena_convert(&in, 1, tmp("x.arena"), &o, NULL), USAGE);
+	cr_assert_eq(tmp_entries(), 0);
+}
+
+/* ---- corruption ------------------------------------------------------------- */
+
+/* Which region of the image does byte i fall in? */
+static int region_code(const arena_img_header *h, uint64_t i)
+{
+	if (i < 8)
+		return ARENA_E(IMG_MAGIC);
+	if (i < 4096)
+		return ARENA_E(IMG_HEADER_CHECKSUM);
+	if (i < h->chunk_table_offset)
+		return ARENA_E(IMG_MANIFEST_CHECKSUM);
+	if (i < h->data_offset)
+		return ARENA_E(IMG_CHUNK_TABLE_CHECKSUM);
+	return ARENA_E(IMG_CHUNK_CHECKSUM);
+}
+
+static void flip_every(const char *path, uint64_t stride)
+{
+	arena_image *img;
+	cr_assert_eq(arena_img_open(path, &img), 0);
+	arena_img_header h = img->hdr;
+	arena_img_close(img);
+	int fd = open(path, O_RDWR);
+	cr_assert_geq(fd, 0);
+	for (uint64_t i = 0; i < h.file_size; i += (i < h.data_offset ? 1 : stride)) {
+		uint8_t c, x;
+		cr_assert_eq(pread(fd, &c, 1, (off_t)i), 1);
+		x = c ^ 0x10;
+		cr_assert_eq(pwrite(fd, &x, 1, (off_t)i), 1);
+		int rc = open_verify(path);
+		cr_assert_eq(rc, region_code(&h, i), "byte %llu flipped: got %s (%s)", (unsigned long long)i,
+			     arena_err_name(rc), arena_last_error());
+		cr_assert_eq(pwrite(fd, &c, 1, (off_t)i), 1);
+	}
+	close(fd);
+	cr_assert_eq(open_verify(path), 0);
+}
+
+Test(image, every_byte_flipped_small, .timeout = 300)
+{
+	write_small(tmp("s.safetensors"));
+	cr_assert_eq(convert1(tmp("s.safetensors"), tmp("s.arena")), 0);
+	flip_every(tmp("s.arena"), 1);
+}
+
+Test(image, bytes_flipped_tiny_flux, .timeout = 300)
+{
+	cr_assert_eq(convert1(ref("tiny_flux.safetensors"), tmp("f.arena")), 0);
+	flip_every(tmp("f.arena"), 509);
+}
+
+Test(image, bad_chunk_named_with_blocks_and_tensors)
+{
+	write_small(tmp("s.safetensors"));
+	cr_assert_eq(convert1(tmp("s.safetensors"), tmp("s.arena")), 0);
+	arena_image *img;
+	cr_assert_eq(arena_img_open(tmp("s.arena"), &img), 0);
+	uint64_t off = img->hdr.data_offset + img->layout->blocks[1].offset; /* blocks.0 */
+	arena_img_close(img);
+	int fd = open(tmp("s.arena"), O_RDWR);
+	uint8_t x = 0xFF;
+	cr_assert_eq(pwrite(fd, &x, 1, (off_t)off), 1);
+	close(fd);
+	expect_code(open_verify(tmp("s.arena")), IMG_CHUNK_CHECKSUM);
+	cr_assert(strstr(arena_last_error(), "chunk 0"), "%s", arena_last_error());
+	cr_assert(strstr(arena_last_error(), "'blocks.0'"), "%s", arena_last_error());
+	cr_assert(strstr(arena_last_error(), "'blocks.0.b'"), "%s", arena_last_error());
+}
+
+Test(image, truncated_anywhere)
+{
+	write_small(tmp("s.safetensors"));
+	cr_assert_eq(convert1(tmp("s.safetensors"), tmp("s.arena")), 0);
+	size_t len;
+	uint8_t *b = slurp(tmp("s.arena"), &len);
+	size_t cuts[] = {0, 1, 7, 8, 100, 4095, 4096, 4097, 6000, 8192, 10000, 12288, 13000, len - 4096, len - 1};
+	for (size_t k = 0; k < sizeof(cuts) / sizeof(cuts[0]); k++) {
+		spit(tmp("t.arena"), b, cuts[k]);
+		int rc = open_verify(tmp("t.arena"));
+		cr_assert(rc == ARENA_E(IMG_TRUNCATED), "cut at %zu: got %s (%s)", cuts[k], arena_err_name(rc),
+			  arena_last_error());
+	}
+	/* Longer than the header says. */
+	uint8_t *c = calloc(1, len + 1);
+	memcpy(c, b, len);
+	spit(tmp("t.arena"), c, len + 1);
+	expect_code(open_verify(tmp("t.arena")), IMG_SIZE);
+	free(b);
+	free(c);
+}
+
+/* ---- structural: rebuild an image with a changed header or manifest -------- */
+
+typedef struct raw_image {
+	uint8_t *buf;
+	size_t len;
+	arena_img_header h;
+} raw_image;
+
+static void raw_load(raw_image *r, const char *path)
+{
+	r->buf = slurp(path, &r->len);
+	cr_assert_eq(arena_img_header_decode(r->buf, r->len, path, &r->h), 0);
+}
+
+/* Write r with a new manifest text (NULL = keep) and header edits, recomputing
+ * every checksum, to path. */
+static void raw_write(raw_image *r, const char *manifest, const char *path, void (*edit)(arena_img_header *))
+{
+	arena_img_header h = r->h;
+	const uint8_t *table = r->buf + h.chunk_table_offset, *data = r->buf + h.data_offset;
+	size_t mlen = manifest ? (strlen(manifest) + 4096) / 4096 * 4096 : h.manifest_length;
+	uint8_t *m = malloc(mlen);
+	if (manifest) {
+		memset(m, ' ', mlen);
+		memcpy(m, manifest, strlen(manifest));
+	} else {
+		memcpy(m, r->buf + h.manifest_offset, mlen);
+	}
+	arena_img_header nh;
+	arena_img_header_plan(&nh, mlen, h.data_length, h.chunk_size);
+	nh.manifest_xxh3 = XXH3_64bits(m, mlen);
+	nh.chunk_table_xxh3 = XXH3_64bits(table, h.chunk_table_length);
+	if (edit)
+		edit(&nh);
+	uint8_t page[4096];
+	arena_img_header_encode(&nh, page);
+	FILE *f = fopen(path, "wb");
+	fwrite(page, 1, 4096, f);
+	fwrite(m, 1, mlen, f);
+	fwrite(table, 1, h.chunk_table_length, f);
+	fwrite(data, 1, h.data_length, f);
+	fclose(f);
+	free(m);
+}
+
+static json_t *raw_manifest(raw_image *r)
+{
+	json_error_t e;
+	json_t *j = json_loadb((const char *)r->buf + r->h.manifest_offset, r->h.manifest_length, 0, &e);
+	cr_assert_not_null(j);
+	return j;
+}
+
+static void with_manifest(raw_image *r, json_t *j, const char *path)
+{
+	char *s = json_dumps(j, JSON_COMPACT);
+	raw_write(r, s, path, NULL);
+	free(s);
+	json_decref(j);
+}
+
+static void small_raw(raw_image *r)
+{
+	write_small(tmp("s.safetensors"));
+	cr_assert_eq(convert1(tmp("s.safetensors"), tmp("s.arena")), 0);
+	raw_load(r, tmp("s.arena"));
+}
+
+Test(image, resealed_unchanged_is_valid)
+{
+	raw_image r;
+	small_raw(&r);
+	raw_write(&r, NULL, tmp("o.arena"), NULL);
+	cr_assert_eq(open_verify(tmp("o.arena")), 0, "%s", arena_last_error());
+	with_manifest(&r, raw_manifest(&r), tmp("o.arena"));
+	cr_assert_eq(open_verify(tmp("o.arena")), 0, "%s", arena_last_error());
+	free(r.buf);
+}
+
+static void major2(arena_img_header *h) { h->major = 2; }
+static void minor9(arena_img_header *h) { h->minor = 9; }
+static void req_flag(arena_img_header *h) { h->flags = 1; }
+static void opt_flag(arena_img_header *h) { h->flags = 1u << 20; }
+static void bad_chunk_size(arena_img_header *h) { h->chunk_size = 3000; }
+static void bad_manifest_off(arena_img_header *h) { h->manifest_offset = 8192; }
+
+Test(image, wrong_magic)
+{
+	raw_image r;
+	small_raw(&r);
+	memcpy(r.buf, "ARENAIMX", 8);
+	spit(tmp("o.arena"), r.buf, r.len);
+	expect_code(open_verify(tmp("o.arena")), IMG_MAGIC);
+	spit(tmp("o.arena"), (const uint8_t *)"hello", 5);
+	expect_code(open_verify(tmp("o.arena")), IMG_TRUNCATED);
+	/* A safetensors file is not an image. */
+	expect_code(open_verify(ref("tiny_flux.safetensors")), IMG_MAGIC);
+	free(r.buf);
+}
+
+Test(image, versions_and_flags)
+{
+	raw_image r;
+	small_raw(&r);
+	raw_write(&r, NULL, tmp("o.arena"), major2);
+	expect_code(open_verify(tmp("o.arena")), IMG_VERSION);
+	raw_write(&r, NULL, tmp("o.arena"), minor9);
+	cr_assert_eq(open_verify(tmp("o.arena")), 0, "a newer minor version must be read: %s", arena_last_error());
+	raw_write(&r, NULL, tmp("o.arena"), req_flag);
+	expect_code(open_verify(tmp("o.arena")), IMG_FLAGS);
+	raw_write(&r, NULL, tmp("o.arena"), opt_flag);
+	cr_assert_eq(open_verify(tmp("o.arena")), 0, "unknown optional flags are ignored: %s", arena_last_error());
+	raw_write(&r, NULL, tmp("o.arena"), bad_chunk_size);
+	expect_code(open_verify(tmp("o.arena")), IMG_HEADER_BAD);
+	raw_write(&r, NULL, tmp("o.arena"), bad_manifest_off);
+	expect_code(open_verify(tmp("o.arena")), IMG_HEADER_BAD);
+	free(r.buf);
+}
+
+Test(image, manifest_does_not_match_chunk_table)
+{
+	raw_image r;
+	small_raw(&r);
+	json_t *j = raw_manifest(&r);
+	json_object_set_new(json_object_get(j, "layout"), "chunk_count", json_integer(2));
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_code(open_verify(tmp("o.arena")), IMG_CHUNK_TABLE_BAD);
+	j = raw_manifest(&r);
+	json_object_set_new(json_object_get(j, "layout"), "data_length", json_integer((json_int_t)r.h.data_length + 4096));
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_code(open_verify(tmp("o.arena")), IMG_CHUNK_TABLE_BAD);
+	free(r.buf);
+}
+
+Test(image, manifest_malformed)
+{
+	raw_image r;
+	small_raw(&r);
+	raw_write(&r, "{\"format\": \"arena-image\",", tmp("o.arena"), NULL);
+	expect_code(open_verify(tmp("o.arena")), IMG_MANIFEST_BAD);
+	json_t *j = raw_manifest(&r);
+	json_object_set_new(j, "format", json_string("other"));
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_code(open_verify(tmp("o.arena")), IMG_MANIFEST_BAD);
+	j = raw_manifest(&r);
+	json_object_set_new(json_array_get(json_object_get(j, "tensors"), 0), "dtype", json_string("Q7"));
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_code(open_verify(tmp("o.arena")), IMG_MANIFEST_BAD);
+	cr_assert(strstr(arena_last_error(), "Q7"), "%s", arena_last_error());
+	j = raw_manifest(&r);
+	json_object_set_new(json_array_get(json_object_get(j, "tensors"), 0), "block", json_integer(99));
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_code(open_verify(tmp("o.arena")), IMG_MANIFEST_BAD);
+	j = raw_manifest(&r);
+	json_object_set_new(json_array_get(json_object_get(j, "blocks"), 1), "tensors", json_integer(5));
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_code(open_verify(tmp("o.arena")), IMG_MANIFEST_BAD);
+	free(r.buf);
+}
+
+Test(image, overlapping_or_outside_slabs)
+{
+	raw_image r;
+	small_raw(&r);
+	json_t *j = raw_manifest(&r);
+	json_t *blocks = json_object_get(j, "blocks");
+	json_object_set(json_array_get(blocks, 2), "offset", json_object_get(json_array_get(blocks, 1), "offset"));
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_code(open_verify(tmp("o.arena")), IMG_SLAB_BAD);
+	j = raw_manifest(&r);
+	blocks = json_object_get(j, "blocks");
+	json_object_set_new(json_array_get(blocks, json_array_size(blocks) - 1), "offset",
+			    json_integer((json_int_t)r.h.data_length));
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_code(open_verify(tmp("o.arena")), IMG_SLAB_BAD);
+	j = raw_manifest(&r);
+	json_object_set_new(json_array_get(json_object_get(j, "blocks"), 1), "offset", json_integer(100));
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_code(open_verify(tmp("o.arena")), IMG_SLAB_BAD);
+	free(r.buf);
+}
+
+Test(image, tensor_outside_its_slab_or_overlapping)
+{
+	raw_image r;
+	small_raw(&r);
+	json_t *j = raw_manifest(&r);
+	json_t *t0 = json_array_get(json_object_get(j, "tensors"), 0);
+	json_t *c0 = json_array_get(json_object_get(t0, "components"), 0);
+	json_object_set_new(c0, "offset", json_integer(1 << 20));
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_code(open_verify(tmp("o.arena")), IMG_TENSOR_BAD);
+	/* blocks.0.b and blocks.0.w share a slab: put one on top of the other. */
+	j = raw_manifest(&r);
+	json_t *ts = json_object_get(j, "tensors");
+	json_t *a = json_array_get(json_object_get(json_array_get(ts, 0), "components"), 0);
+	json_t *b = json_array_get(json_object_get(json_array_get(ts, 1), "components"), 0);
+	json_object_set(b, "offset", json_object_get(a, "offset"));
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_code(open_verify(tmp("o.arena")), IMG_TENSOR_BAD);
+	/* A component whose bytes do not match its dtype and shape. */
+	j = raw_manifest(&r);
+	a = json_array_get(json_object_get(json_array_get(json_object_get(j, "tensors"), 0), "components"), 0);
+	json_object_set_new(a, "bytes", json_integer(3));
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_code(open_verify(tmp("o.arena")), IMG_TENSOR_BAD);
+	free(r.buf);
+}
+
+Test(image, unknown_codec)
+{
+	raw_image r;
+	small_raw(&r);
+	r.buf[r.h.chunk_table_offset + 24] = 7; /* chunk 0 codec */
+	raw_write(&r, NULL, tmp("o.arena"), NULL);
+	expect_code(open_verify(tmp("o.arena")), IMG_CODEC);
+	free(r.buf);
+}
+
+/* ---- failures while converting ---------------------------------------------- */
+
+Test(image, disk_full_during_convert_leaves_nothing)
+{
+	const char *in = ref("tiny_flux.safetensors");
+	arena_convert_opts o = {.threads = 1, .chunk_size = 64 << 10};
+	int fired = 0;
+	for (long n = 1; n < 64; n++) {
+		arena_fault_write(n);
+		int rc = arena_convert(&in, 1, tmp("x.arena"), &o, NULL);
+		arena_fault_write(0);
+		if (rc == 0) {
+			cr_assert_gt(n, 3, "convert must write several times");
+			break;
+		}
+		fired++;
+		expect_code(rc, IO);
+		cr_assert(strstr(arena_last_error(), "No space left"), "%s", arena_last_error());
+		cr_assert_eq(tmp_entries(), 0, "a failed convert left a file behind (n=%ld)", n);
+	}
+	cr_assert_gt(fired, 3);
+	cr_assert_eq(open_verify(tmp("x.arena")), 0);
+}
+
+Test(image, read_failure_during_convert_leaves_nothing)
+{
+	const char *in = ref("tiny_flux.safetensors");
+	arena_convert_opts o = {.threads = 2, .chunk_size = 64 << 10};
+	arena_fault_read(3);
+	int rc = arena_convert(&in, 1, tmp("x.arena"), &o, NULL);
+	arena_fault_read(0);
+	expect_code(rc, IO);
+	cr_assert_eq(tmp_entries(), 0);
+}
+
+Test(image, output_path_unwritable)
+{
+	const char *in = ref("tiny_flux.safetensors");
+	expect_code(arena_convert(&in, 1, "/nonexistent-dir/x.arena", NULL, NULL), NOT_FOUND);
+	spit(tmp("file"), (const uint8_t *)"x", 1);
+	expect_code(arena_convert(&in, 1, tmp("file/x.arena"), NULL, NULL), NOT_FOUND);
+	cr_assert_eq(tmp_entries(), 1);
+	int rc = arena_convert(&in, 1, tmpdir, NULL, NULL); /* a folder: cannot rename over it */
+	cr_assert_neq(rc, 0);
+	cr_assert_eq(tmp_entries(), 1);
+}
+
+Test(image, two_inputs_same_tensor)
+{
+	const char *in[2] = {ref("tiny_flux.safetensors"), ref("tiny_flux.safetensors")};
+	expect_code(arena_convert(in, 2, tmp("x.arena"), NULL, NULL), DUPLICATE_TENSOR);
+	cr_assert(strstr(arena_last_error(), "context_embedder.bias"), "%s", arena_last_error());
+	cr_assert_eq(tmp_entries(), 0);
+	/* Two inputs without shared names form one model. */
+	const char *two[2] = {ref("tiny_flux.safetensors"), ref("tiny_llama_sharded")};
+	cr_assert_eq(arena_convert(two, 2, tmp("y.arena"), NULL, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(open_verify(tmp("y.arena")), 0);
+}
+
+Test(image, allocation_failures_convert_and_open)
+{
+	const char *in = ref("tiny_flux.safetensors");
+	arena_convert_opts o = {.threads = 1};
+	long n;
+	for (n = 1; n < 100000; n++) {
+		arena_fault_alloc(n);
+		int rc = arena_convert(&in, 1, tmp("x.arena"), &o, NULL);
+		int fired = arena_fault_alloc_fired();
+		arena_fault_alloc(0);
+		if (!fired) {
+			cr_assert_eq(rc, 0, "%s", arena_last_error());
+			break;
+		}
+		/* jansson survives some failed allocations (the result is then whole). */
+		cr_assert(rc == ARENA_E_NOMEM || rc == 0, "n=%ld: %s: %s", n, arena_err_name(rc), arena_last_error());
+		cr_assert_eq(tmp_entries(), rc == 0, "n=%ld left a file", n);
+		unlink(tmp("x.arena"));
+	}
+	cr_assert_gt(n, 10);
+	cr_assert_eq(convert1(in, tmp("x.arena")), 0);
+	for (n = 1; n < 100000; n++) {
+		arena_image *img = NULL;
+		arena_fault_alloc(n);
+		int rc = arena_img_open(tmp("x.arena"), &img);
+		if (!rc)
+			rc = arena_img_verify_data(img, 2, NULL, NULL, NULL);
+		int fired = arena_fault_alloc_fired();
+		arena_fault_alloc(0);
+		arena_img_close(img);
+		if (!fired) {
+			cr_assert_eq(rc, 0);
+			break;
+		}
+		cr_assert(rc == ARENA_E_NOMEM || rc == 0, "n=%ld: %s: %s", n, arena_err_name(rc), arena_last_error());
+	}
+	cr_assert_gt(n, 10);
+}
+
+/* ---- blocks ---------------------------------------------------------------- */
+
+static void match(const char *name, const char *container, int64_t index)
+{
+	size_t clen = 0;
+	int64_t idx = -2;
+	int hit = arena_plan_match_builtin(name, &clen, &idx);
+	if (!container) {
+		cr_assert_eq(hit, 0, "%s should be global", name);
+		return;
+	}
+	cr_assert_eq(hit, 1, "%s should be in a block", name);
+	cr_assert_eq(clen, strlen(container), "%s: container length %zu", name, clen);
+	cr_assert(strncmp(name, container, clen) == 0);
+	cr_assert_eq(idx, index, "%s: index %lld", name, (long long)idx);
+}
+
+Test(plan, builtin_patterns)
+{
+	match("transformer_blocks.7.attn.to_q.weight", "transformer_blocks", 7);
+	match("single_transformer_blocks.12.proj_out.weight", "single_transformer_blocks", 12);
+	match("down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q.weight", "down_blocks", 1);
+	match("up_blocks.3.resnets.2.conv1.weight", "up_blocks", 3);
+	match("mid_block.resnets.0.conv1.weight", "mid_block", -1);
+	match("blocks.4.self_attn.q.weight", "blocks", 4);
+	match("double_blocks.18.img_attn.qkv.weight", "double_blocks", 18);
+	match("model.diffusion_model.single_blocks.37.linear1.weight", "model.diffusion_model.single_blocks", 37);
+	match("model.layers.31.mlp.down_proj.weight", "model.layers", 31);
+	match("model.embed_tokens.weight", NULL, 0);
+	match("x_embedder.weight", NULL, 0);
+	match("my_blocks.3.weight", NULL, 0);        /* not at a '.' boundary */
+	match("transformer_blocks.x.weight", NULL, 0); /* no index */
+	match("transformer_blocks.3", NULL, 0);       /* nothing after the index */
+}
+
+static arena_layout *plan_of(const char *path, const arena_plan_opts *o, int *rc)
+{
+	arena_ckpt *ck;
+	cr_assert_eq(arena_ckpt_open(path, &ck), 0);
+	arena_layout *l = NULL;
+	*rc = arena_plan_build(ck, o, &l);
+	arena_ckpt_close(ck);
+	return l;
+}
+
+Test(plan, user_pattern_and_order)
+{
+	int rc;
+	const char *pat[] = {"^model\\.layers\\.([0-9]+)\\."};
+	arena_plan_opts o = {.patterns = pat, .n_patterns = 1};
+	arena_layout *l = plan_of(ref("tiny_llama_sharded"), &o, &rc);
+	cr_assert_eq(rc, 0, "%s", arena_last_error());
+	cr_assert_eq(l->n_blocks, 4);
+	cr_assert_str_eq(l->blocks[2].name, "model.layers.1");
+	cr_assert_str_eq(l->blocks[2].container, "model.layers");
+	arena_layout_free(l);
+
+	const char *order[] = {"single_transformer_blocks", "transformer_blocks"};
+	arena_plan_opts o2 = {.order = order, .n_order = 2};
+	l = plan_of(ref("tiny_flux.safetensors"), &o2, &rc);
+	cr_assert_eq(rc, 0);
+	cr_assert_str_eq(l->blocks[1].name, "single_transformer_blocks.0");
+	cr_assert_str_eq(l->blocks[4].name, "transformer_blocks.0");
+	arena_layout_free(l);
+}
+
+Test(plan, bad_patterns_and_orders)
+{
+	int rc;
+	const char *bad[] = {"layers\\.([0-9]+"};
+	arena_plan_opts o = {.patterns = bad, .n_patterns = 1};
+	cr_assert_null(plan_of(ref("tiny_flux.safetensors"), &o, &rc));
+	expect_code(rc, PLAN_BAD_PATTERN);
+	const char *nogroup[] = {"layers\\.[0-9]+"};
+	o.patterns = nogroup;
+	cr_assert_null(plan_of(ref("tiny_flux.safetensors"), &o, &rc));
+	expect_code(rc, PLAN_BAD_PATTERN);
+	cr_assert(strstr(arena_last_error(), "capture group"), "%s", arena_last_error());
+	const char *order[] = {"transformer_blockz"};
+	arena_plan_opts o2 = {.order = order, .n_order = 1};
+	cr_assert_null(plan_of(ref("tiny_flux.safetensors"), &o2, &rc));
+	expect_code(rc, PLAN_BAD_ORDER);
+	cr_assert(strstr(arena_last_error(), "transformer_blockz"), "%s", arena_last_error());
+}
