@@ -70,7 +70,7 @@ FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c)
 
 DEPS_OK  := $(BUILD)/.deps-ok
 
-.PHONY: all lib cli unit test test-unit test-cli test-asan test-fuzz demo fuzz install clean help deps
+.PHONY: all lib cli unit test test-unit test-cli test-python test-asan test-fuzz demo fuzz install clean help deps
 .DEFAULT_GOAL := all
 
 all: cli lib
@@ -81,7 +81,8 @@ help:
 	@echo "arena make targets:"
 	@echo "  make            build $(BUILD)/arena, $(BUILD)/libarena.a, $(BUILD)/libarena.so"
 	@echo "  make demo       synth a small model, convert, verify, inspect it"
-	@echo "  make test       unit + CLI tests, then unit tests and fuzz corpus under ASan/UBSan"
+	@echo "  make test       unit, CLI and Python interop tests, fuzz corpus replay, then"
+	@echo "                  unit tests and fuzz corpus again under ASan/UBSan"
 	@echo "  make fuzz       run the libFuzzer targets for FUZZ_TIME seconds each (clang)"
 	@echo "  make install    install CLI, library, header, pkg-config file under PREFIX"
 	@echo "  make deps       install missing Debian build dependencies (as root)"
@@ -128,6 +129,9 @@ test-unit: unit
 test-cli: cli
 	$(Q)sh tests/cli/run.sh $(BUILD)/arena
 
+test-python: cli
+	$(Q)sh tests/python/run.sh $(BUILD)
+
 test-fuzz: unit
 	$(Q)for t in $(FUZZ_TARGETS); do \
 		echo "replaying tests/fuzz/corpus/$$t"; \
@@ -136,7 +140,7 @@ test-fuzz: unit
 test-asan:
 	$(Q)$(MAKE) --no-print-directory BUILD=$(BUILD)/asan SAN=1 CUDA=0 test-unit test-fuzz
 
-test: test-unit test-cli test-fuzz test-asan
+test: test-unit test-cli test-python test-fuzz test-asan
 	@echo "make test: all passed"
 
 demo: cli
