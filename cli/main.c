@@ -50,7 +50,7 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
 	fprintf(stderr, "error: %s: ", cmd);
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
-	fprintf(stderr, "\n(see 'arena %s --help')\n", cmd);
+	fprintf(stderr, " (see 'arena %s --help')\n", cmd);
 	return 2;
 }
 

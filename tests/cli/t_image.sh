@@ -1,0 +1,126 @@
+# t_image.sh - arena convert, verify, export and inspect on images.
+# Sourced by run.sh; see there for the helpers.
+
+convert_help() {
+	for c in convert verify export; do
+		run "$c" --help
+		expect_rc 0
+		expect_out "usage: arena $c"
+		expect_no_err
+	done
+}
+
+convert_usage_errors() {
+	run convert "$REF/tiny_flux.safetensors"
+	expect_rc 2
+	expect_error_line
+	expect_err "no output given"
+	run convert -o "$T/x.arena"
+	expect_rc 2
+	expect_err "no INPUT given"
+	run convert "$REF/tiny_flux.safetensors" -o "$T/x.arena" --chunk-size 1000
+	expect_rc 2
+	expect_error_line
+	run convert "$REF/tiny_flux.safetensors" -o "$T/x.arena" --threads 0
+	expect_rc 2
+	run convert "$REF/tiny_flux.safetensors" -o "$T/x.arena" --bogus
+	expect_rc 2
+	expect_error_line
+	run convert "$REF/tiny_flux.safetensors" -o "$T/x.arena" --block-pattern 'a(b'
+	expect_rc 2
+	expect_error_line
+	run convert "$REF/tiny_flux.safetensors" -o "$T/x.arena" --block-order nothing_like_this
+	expect_rc 2
+	expect_err "nothing_like_this"
+	[ ! -e "$T/x.arena" ] || fail "a failed convert left $T/x.arena"
+}
+
+convert_verify_export_flux() {
+	run convert "$REF/tiny_flux.safetensors" -o "$T/f.arena"
+	expect_rc 0
+	expect_out "6 blocks, 126 tensors"
+	run verify "$T/f.arena"
+	expect_rc 0
+	expect_out "ok: $T/f.arena"
+	run inspect "$T/f.arena"
+	expect_rc 0
+	expect_out "single_transformer_blocks.2"
+	run inspect --json "$T/f.arena"
+	expect_rc 0
+	expect_json_tensors 126
+	run export "$T/f.arena" -o "$T/f.safetensors"
+	expect_rc 0
+	cmp -s "$T/f.safetensors" "$REF/tiny_flux.safetensors" || fail "export is not byte-identical to the source"
+	ls -A "$T" | grep -q '^\.' && fail "a temporary was left in $T"
+	:
+}
+
+convert_sharded_folder() {
+	run convert "$REF/tiny_llama_sharded" -o "$T/l.arena" -q
+	expect_rc 0
+	expect_no_out
+	run inspect --json "$T/l.arena"
+	python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+names = [b["name"] for b in d["blocks"]]
+want = ["globals", "model.layers.0", "model.layers.1", "model.layers.2"]
+sys.exit(0 if names == want else "blocks %s" % names)' <"$T/out" || fail "wrong blocks"
+}
+
+convert_bad_input_leaves_nothing() {
+	make_st "$T/bad.safetensors" '{"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}' 8
+	run convert "$T/bad.safetensors" -o "$T/x.arena"
+	expect_rc 1
+	expect_error_line
+	expect_err "tensor 'w'"
+	[ ! -e "$T/x.arena" ] || fail "output exists"
+	run convert "$REF/tiny_flux.safetensors" "$REF/tiny_flux.safetensors" -o "$T/x.arena"
+	expect_rc 1
+	expect_err "defined in both"
+	run convert "$REF/tiny_flux.safetensors" -o "$T/nodir/x.arena"
+	expect_rc 2
+	expect_error_line
+	left=$(ls -A "$T" | grep -v -e '^out$' -e '^err$' -e '^json-err$' -e '^bad.safetensors$')
+	[ -z "$left" ] || fail "files left behind: $left"
+}
+
+verify_corrupt() {
+	"$ARENA" convert -q "$REF/tiny_flux.safetensors" -o "$T/f.arena" --chunk-size 64K
+	# flip one byte in the data region, about 100 KiB in
+	printf '\377' | dd of="$T/f.arena" bs=1 seek=102400 conv=notrunc 2>/dev/null
+	run verify "$T/f.arena"
+	expect_rc 1
+	expect_error_line
+	expect_err "checksum mismatch"
+	expect_err "block"
+	run verify --json "$T/f.arena"
+	expect_rc 1
+	python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["ok"] is False and len(d["bad_chunks"]) == 1, d
+b = d["bad_chunks"][0]
+assert b["blocks"] and b["tensors"], b
+assert d["error"]["code"] == "IMG_CHUNK_CHECKSUM", d' <"$T/out" || fail "verify --json"
+	run export "$T/f.arena" -o "$T/f.safetensors"
+	expect_rc 1
+	[ ! -e "$T/f.safetensors" ] || fail "export of a corrupt image wrote a file"
+}
+
+verify_not_an_image() {
+	run verify "$REF/tiny_flux.safetensors"
+	expect_rc 1
+	expect_error_line
+	expect_err "not an arena image"
+	run verify "$T/none.arena"
+	expect_rc 2
+	expect_error_line
+	run verify --json "$REF/tiny_flux.safetensors"
+	expect_rc 1
+	python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["error"]["code"]=="IMG_MAGIC"' <"$T/out" ||
+		fail "verify --json on a non-image"
+}
+
+cases convert_help convert_usage_errors convert_verify_export_flux convert_sharded_folder \
+	convert_bad_input_leaves_nothing verify_corrupt verify_not_an_image
