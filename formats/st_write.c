@@ -25,7 +25,8 @@ struct arena_stw {
 	arena_outfile *out;
 	const char *path;  /* borrowed from out */
 	enum stw_state state;
-	json_t *meta;      /* object: key -> string, insertion order */
+	char **meta;       /* key, value, key, value, ... in the order set */
+	size_t n_meta;
 	json_t *names;     /* object used as a set of declared names */
 	stw_entry *e;
 	size_t n, cap;
@@ -67,17 +68,13 @@ int arena_stw_create(const char *path, arena_stw **out)
 	arena_stw *w = arena_calloc(1, sizeof(*w));
 	if (!w)
 		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", path);
-	w->meta = json_object();
 	w->names = json_object();
-	if (!w->meta || !w->names) {
-		json_decref(w->meta);
-		json_decref(w->names);
+	if (!w->names) {
 		arena_free(w);
 		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", path);
 	}
 	int rc = arena_outfile_open(path, &w->out);
 	if (rc) {
-		json_decref(w->meta);
 		json_decref(w->names);
 		arena_free(w);
 		return rc;
@@ -101,11 +98,21 @@ int arena_stw_meta(arena_stw *w, const char *key, const char *value)
 		return rc;
 	if (!is_utf8(key) || !is_utf8(value))
 		return arena_errorf(ARENA_E_USAGE, "%s: metadata '%s': not valid UTF-8", w->path, arena_q(key));
-	if (json_object_get(w->meta, key))
-		return arena_errorf(ARENA_E_USAGE, "%s: metadata '%s' set twice", w->path, arena_q(key));
-	json_t *v = json_string(value);
-	if (!v || json_object_set_new(w->meta, key, v))
+	for (size_t i = 0; i < w->n_meta; i++)
+		if (strcmp(w->meta[2 * i], key) == 0)
+			return arena_errorf(ARENA_E_USAGE, "%s: metadata '%s' set twice", w->path, arena_q(key));
+	char **m = arena_realloc(w->meta, (w->n_meta + 1) * 2 * sizeof(char *));
+	if (!m)
 		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", w->path);
+	w->meta = m;
+	m[2 * w->n_meta] = arena_strdup(key);
+	m[2 * w->n_meta + 1] = arena_strdup(value);
+	if (!m[2 * w->n_meta] || !m[2 * w->n_meta + 1]) {
+		arena_free(m[2 * w->n_meta]);
+		arena_free(m[2 * w->n_meta + 1]);
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", w->path);
+	}
+	w->n_meta++;
 	return 0;
 }
 
@@ -177,31 +184,95 @@ static int entry_cmp(const void *a, const void *b)
 	return strcmp(x->name, y->name);
 }
 
-static json_t *entry_json(const stw_entry *e)
+/* The header is serialised here, not with json_dumps: jansson 2.14 drops an
+ * object key without an error when an allocation fails while dumping it
+ * (seen with fault injection), and a header must never be silently wrong.
+ * The output is serde_json's compact form, as the reference writes it:
+ * strings escape '"', '\\' and control characters only (\b \f \n \r \t,
+ * others as \u00xx), UTF-8 passes through. hdr_* count the bytes when
+ * h->out is NULL. */
+typedef struct hdr {
+	char *out;
+	size_t n;
+} hdr;
+
+static void hdr_put(hdr *h, const char *s, size_t len)
 {
-	json_t *o = json_object(), *shape = json_array(), *offs = json_array();
-	if (!o || !shape || !offs)
-		goto fail;
-	for (uint32_t k = 0; k < e->t.rank; k++)
-		if (json_array_append_new(shape, json_integer((json_int_t)e->t.shape[k])))
-			goto fail;
-	if (json_array_append_new(offs, json_integer((json_int_t)e->t.begin)) ||
-	    json_array_append_new(offs, json_integer((json_int_t)e->t.end)))
-		goto fail;
-	if (json_object_set_new(o, "dtype", json_string(arena_dtype_name(e->t.dtype))))
-		goto fail;
-	int rc = json_object_set_new(o, "shape", shape);
-	shape = NULL;
-	if (rc || json_object_set_new(o, "data_offsets", offs)) {
-		offs = NULL;
-		goto fail;
+	if (h->out)
+		memcpy(h->out + h->n, s, len);
+	h->n += len;
+}
+
+static void hdr_lit(hdr *h, const char *s)
+{
+	hdr_put(h, s, strlen(s));
+}
+
+static void hdr_u64(hdr *h, uint64_t v)
+{
+	char b[24];
+	int len = snprintf(b, sizeof(b), "%llu", (unsigned long long)v);
+	hdr_put(h, b, (size_t)len);
+}
+
+static void hdr_str(hdr *h, const char *s)
+{
+	static const char hex[] = "0123456789abcdef";
+	hdr_put(h, "\"", 1);
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+		char e[6] = {'\\', 0, '0', '0', hex[c >> 4], hex[c & 15]};
+		switch (c) {
+		case '"': case '\\': e[1] = (char)c; break;
+		case '\b': e[1] = 'b'; break;
+		case '\f': e[1] = 'f'; break;
+		case '\n': e[1] = 'n'; break;
+		case '\r': e[1] = 'r'; break;
+		case '\t': e[1] = 't'; break;
+		default: e[1] = c < 0x20 ? 'u' : 0; break;
+		}
+		if (!e[1])
+			hdr_put(h, s, 1);
+		else
+			hdr_put(h, e, e[1] == 'u' ? 6 : 2);
 	}
-	return o;
-fail:
-	json_decref(o);
-	json_decref(shape);
-	json_decref(offs);
-	return NULL;
+	hdr_put(h, "\"", 1);
+}
+
+static void hdr_emit(const arena_stw *w, hdr *h)
+{
+	hdr_lit(h, "{");
+	if (w->n_meta) {
+		hdr_lit(h, "\"__metadata__\":{");
+		for (size_t i = 0; i < w->n_meta; i++) {
+			if (i)
+				hdr_lit(h, ",");
+			hdr_str(h, w->meta[2 * i]);
+			hdr_lit(h, ":");
+			hdr_str(h, w->meta[2 * i + 1]);
+		}
+		hdr_lit(h, w->n ? "}," : "}");
+	}
+	for (size_t i = 0; i < w->n; i++) {
+		const arena_stw_tensor *t = &w->e[i].t;
+		if (i)
+			hdr_lit(h, ",");
+		hdr_str(h, t->name);
+		hdr_lit(h, ":{\"dtype\":");
+		hdr_str(h, arena_dtype_name(t->dtype));
+		hdr_lit(h, ",\"shape\":[");
+		for (uint32_t k = 0; k < t->rank; k++) {
+			if (k)
+				hdr_lit(h, ",");
+			hdr_u64(h, t->shape[k]);
+		}
+		hdr_lit(h, "],\"data_offsets\":[");
+		hdr_u64(h, t->begin);
+		hdr_lit(h, ",");
+		hdr_u64(h, t->end);
+		hdr_lit(h, "]}");
+	}
+	hdr_lit(h, "}");
 }
 
 int arena_stw_begin(arena_stw *w)
@@ -223,38 +294,24 @@ int arena_stw_begin(arena_stw *w)
 	}
 	w->data_size = off;
 
-	json_t *root = json_object();
-	char *text = NULL;
-	rc = root ? 0 : ARENA_E_NOMEM;
-	if (!rc && json_object_size(w->meta) && json_object_set(root, "__metadata__", w->meta))
-		rc = ARENA_E_NOMEM;
-	for (size_t i = 0; !rc && i < w->n; i++)
-		if (json_object_set_new(root, w->e[i].name, entry_json(&w->e[i])))
-			rc = ARENA_E_NOMEM;
-	if (!rc && !(text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER)))
-		rc = ARENA_E_NOMEM;
-	json_decref(root);
-	if (rc)
-		return arena_errorf(rc, "%s: out of memory building the header", w->path);
-
-	size_t len = strlen(text), padded = (len + 7) & ~(size_t)7;
-	if (padded > ARENA_ST_MAX_HEADER) {
-		arena_free(text);
+	hdr h = {NULL, 0};
+	hdr_emit(w, &h);
+	size_t len = h.n, padded = (len + 7) & ~(size_t)7;
+	if (padded > ARENA_ST_MAX_HEADER)
 		return arena_errorf(ARENA_E(ST_HEADER_TOO_LARGE), "%s: header of %zu bytes is over %llu", w->path,
 				    padded, (unsigned long long)ARENA_ST_MAX_HEADER);
-	}
 	uint8_t *head = arena_malloc(8 + padded);
 	w->buf = arena_malloc(STW_BUF_SIZE);
 	if (!head || !w->buf) {
-		arena_free(text);
 		arena_free(head);
 		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", w->path);
 	}
 	for (int k = 0; k < 8; k++)
 		head[k] = (uint8_t)((uint64_t)padded >> (8 * k));
-	memcpy(head + 8, text, len);
+	h.out = (char *)head + 8;
+	h.n = 0;
+	hdr_emit(w, &h);
 	memset(head + 8 + len, ' ', padded - len);
-	arena_free(text);
 	rc = arena_outfile_write(w->out, head, 8 + padded);
 	arena_free(head);
 	if (rc)
@@ -335,7 +392,9 @@ static void stw_free(arena_stw *w)
 	}
 	arena_free(w->e);
 	arena_free(w->buf);
-	json_decref(w->meta);
+	for (size_t i = 0; i < 2 * w->n_meta; i++)
+		arena_free(w->meta[i]);
+	arena_free(w->meta);
 	json_decref(w->names);
 	arena_free(w);
 }

@@ -2,7 +2,9 @@
  *
  * The file it writes (layout as in safetensors.h):
  *   [0, 8)        N: u64 LE, the header length, a multiple of 8
- *   [8, 8+N)      header: compact JSON (no spaces), then spaces up to N:
+ *   [8, 8+N)      header: compact JSON as serde_json writes it (no spaces;
+ *                 strings escape '"', '\\' and control characters only), then
+ *                 spaces up to N:
  *                   {"__metadata__":{k:v,...},            (only if any was set)
  *                    "<name>":{"dtype":"BF16","shape":[..],"data_offsets":[b,e]}, ...}
  *                 metadata keys in the order they were set; tensor keys in
