@@ -98,6 +98,10 @@ enum {
 	X(PLAN_BAD_PATTERN, USAGE, "invalid block pattern")                               \
 	X(PLAN_BAD_ORDER, USAGE, "invalid block order")                                   \
 	X(PLAN_EMPTY, INVALID, "checkpoint has no tensors")                               \
+	/* devices and budgets */                                                         \
+	X(DEV_OOM, SYSTEM, "out of device memory")                                        \
+	X(DEV_ERROR, SYSTEM, "device error")                                              \
+	X(BUDGET, USAGE, "does not fit the memory budget")                               \
 	/* quantization (loader/quant.h) */                                               \
 	X(QUANT_UNKNOWN_SCHEME, USAGE, "unknown quantization scheme")                     \
 	X(QUANT_NOT_APPLICABLE, USAGE, "quantization scheme does not apply to this tensor")

@@ -1,0 +1,97 @@
+/* backend.h - the device backend ops table: everything arena asks of a GPU.
+ *
+ * Two implementations: `cuda` (arena/backend_cuda.c, CUDA runtime) and `sim`
+ * (arena/backend_sim.c, the low-VRAM simulator: device memory is host memory
+ * under a capacity, copies run on worker threads at a configurable bandwidth,
+ * events are sequence numbers, outside memory pressure can be injected).
+ * Shared logic (loader, engine) calls only through this table; a differential
+ * test checks that both give the same device bytes.
+ *
+ * Conventions: every op returns 0 or a negative ARENA_E code with a message
+ * (arena_last_error). Streams and events are opaque handles owned by the
+ * backend; destroy accepts NULL. Ops on one stream run in order; work on
+ * different streams may overlap. A backend is used from several threads:
+ * copy_h2d and event ops are thread-safe (the loader's readers issue copies
+ * from many threads), create/destroy of the backend itself is not.
+ */
+#ifndef ARENA_BACKEND_H
+#define ARENA_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct arena_backend arena_backend;
+typedef struct arena_stream arena_stream;
+typedef struct arena_event arena_event;
+
+typedef struct arena_backend_ops {
+	const char *name; /* "cuda" or "sim" */
+
+	/* Free and total device memory as the device sees it now (for sim:
+	 * capacity minus allocations minus injected pressure). */
+	int (*mem_info)(arena_backend *b, uint64_t *free_bytes, uint64_t *total_bytes);
+	/* Device memory. Out of memory is ARENA_E(DEV_OOM), never a crash. */
+	int (*dev_alloc)(arena_backend *b, uint64_t bytes, void **dptr);
+	void (*dev_free)(arena_backend *b, void *dptr);
+
+	/* Pin `bytes` of existing host memory at p in place (page-locked, DMA
+	 * capable); unregister undoes it. For sim, a ledger-only no-op. */
+	int (*host_register)(arena_backend *b, void *p, uint64_t bytes);
+	void (*host_unregister)(arena_backend *b, void *p);
+
+	int (*stream_create)(arena_backend *b, arena_stream **s);
+	void (*stream_destroy)(arena_backend *b, arena_stream *s);
+	/* Block until all work queued on s is done. */
+	int (*stream_sync)(arena_backend *b, arena_stream *s);
+
+	/* Queue a host-to-device copy on s. src must stay valid and unchanged
+	 * until the copy is done (record an event after it to know). */
+	int (*copy_h2d)(arena_backend *b, void *dst, const void *src, uint64_t bytes, arena_stream *s);
+	/* Synchronous device-to-host copy (tests and checks only, not a hot path). */
+	int (*copy_d2h_sync)(arena_backend *b, void *dst, const void *src, uint64_t bytes);
+
+	int (*event_create)(arena_backend *b, arena_event **e);
+	void (*event_destroy)(arena_backend *b, arena_event *e);
+	/* Mark the point in s reached by the work queued so far. */
+	int (*event_record)(arena_backend *b, arena_event *e, arena_stream *s);
+	/* 1 if the recorded work is done, 0 if not, negative on error. An event
+	 * never recorded is done. */
+	int (*event_query)(arena_backend *b, arena_event *e);
+	int (*event_sync)(arena_backend *b, arena_event *e);
+	/* Make future work on s wait for e (without blocking the host). */
+	int (*stream_wait)(arena_backend *b, arena_stream *s, arena_event *e);
+
+	void (*destroy)(arena_backend *b);
+} arena_backend_ops;
+
+struct arena_backend {
+	const arena_backend_ops *ops;
+};
+
+typedef struct arena_sim_opts {
+	uint64_t capacity;       /* device bytes (default 8 GiB) */
+	double h2d_bytes_per_s;  /* modelled copy rate; 0 = as fast as memcpy */
+} arena_sim_opts;
+
+/* The simulator. */
+int arena_backend_sim_create(const arena_sim_opts *o, arena_backend **out);
+/* Outside memory pressure for sim: `bytes` of device memory taken by
+ * "another program" (0 gives it back). Fails with DEV_OOM if it does not fit. */
+int arena_backend_sim_pressure(arena_backend *b, uint64_t bytes);
+/* Queue `seconds` of modelled compute on a sim stream (for the engine's benchmarks). */
+int arena_backend_sim_compute(arena_backend *b, arena_stream *s, double seconds);
+
+/* CUDA on `device`. Without a usable device or driver: NO_DEVICE with the
+ * reason. Without a CUDA build: NO_DEVICE ("built without CUDA"). */
+int arena_backend_cuda_create(int device, arena_backend **out);
+
+/* By name: "cuda" or "sim" (sim options may be NULL for defaults). */
+int arena_backend_create(const char *name, int device, const arena_sim_opts *sim, arena_backend **out);
+
+static inline void arena_backend_destroy(arena_backend *b)
+{
+	if (b)
+		b->ops->destroy(b);
+}
+
+#endif
