@@ -1,0 +1,1028 @@
+/* quant.c - storage schemes: planning, conversion kernels, threads; see quant.h.
+ *
+ * Sections: bit-level conversions (c10's algorithms, branch free), fused
+ * block kernels, the thread splitter, plans, runs, dequantization, casts,
+ * compressed-tensors recognition.
+ *
+ * Vectorization: gcc -O2 uses the "very cheap" cost model, which vectorizes a
+ * loop only when no scalar epilogue is needed. The kernels therefore work on
+ * blocks of BLK elements (a constant trip count) and handle the last partial
+ * block with the same code and a variable count (scalar, at most BLK - 1
+ * elements). Each kernel is a specialization, made by always_inline with a
+ * constant source kind and operation, of one loop: load (memcpy from an
+ * unaligned byte pointer, widened exactly to f32), operate, store. */
+#include "quant.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../common/err.h"
+
+#define E(name) ARENA_E(name)
+
+#define BLK 1024                    /* elements per kernel block */
+#define PIECE ((uint64_t)64 * 1024) /* least elements worth a thread */
+#define MAX_THREADS 64
+
+#if defined(__GNUC__)
+#define INLINE static inline __attribute__((always_inline))
+#else
+#define INLINE static inline
+#endif
+
+/* ---- bit-level conversions ------------------------------------------------
+ *
+ * c10's (PyTorch's) scalar algorithms, written without branches: every value
+ * is computed on every path and chosen with sel(), a mask select. A `?:`
+ * would let gcc move the float arithmetic of one side into a branch, and it
+ * will not if-convert (so not vectorize) a float operation that may trap. */
+
+INLINE float f32_of(uint32_t u)
+{
+	float f;
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+INLINE uint32_t bits_of(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, sizeof(u));
+	return u;
+}
+
+/* c ? a : b for c in {0, 1}, as masks. */
+INLINE uint32_t sel(uint32_t c, uint32_t a, uint32_t b)
+{
+	const uint32_t m = 0u - c;
+	return (a & m) | (b & ~m);
+}
+
+#define F32_448 0x43E00000u   /* 448.0f, the F8_E4M3 maximum */
+#define F32_57344 0x47600000u /* 57344.0f, the F8_E5M2 maximum */
+#define F32_127 0x42FE0000u   /* 127.0f */
+#define F32_INF 0x7F800000u   /* above it (sign cleared): NaN */
+
+/* F16 -> F32, exact (c10 fp16_ieee_to_fp32_value). */
+INLINE float f16_to_f32(uint16_t h)
+{
+	const uint32_t w = (uint32_t)h << 16;
+	const uint32_t sign = w & 0x80000000u;
+	const uint32_t two_w = w + w;
+	const float norm = f32_of((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+	const float denorm = f32_of((two_w >> 17) | (126u << 23)) - 0.5f;
+	return f32_of(sign | sel(two_w < (1u << 27), bits_of(denorm), bits_of(norm)));
+}
+
+/* F32 -> F16, RNE, overflow to inf, NaN -> sign | 0x7E00
+ * (c10 fp16_ieee_from_fp32_value). */
+INLINE uint16_t f32_to_f16(float f)
+{
+	float base = (__builtin_fabsf(f) * 0x1.0p+112f) * 0x1.0p-110f;
+	const uint32_t w = bits_of(f);
+	const uint32_t shl1_w = w + w;
+	const uint32_t sign = w & 0x80000000u;
+	uint32_t bias = shl1_w & 0xFF000000u;
+	bias = sel(bias < 0x71000000u, 0x71000000u, bias);
+	base = f32_of((bias >> 1) + 0x07800000u) + base;
+	const uint32_t bits = bits_of(base);
+	const uint32_t nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
+	return (uint16_t)((sign >> 16) | sel(shl1_w > 0xFF000000u, 0x7E00u, nonsign));
+}
+
+/* F32 -> BF16, RNE, NaN -> 0x7FC0 (c10 round_to_nearest_even). */
+INLINE uint16_t f32_to_bf16(float f)
+{
+	const uint32_t u = bits_of(f);
+	const uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+	return (uint16_t)sel((u & 0x7FFFFFFFu) > F32_INF, 0x7FC0u, r);
+}
+
+/* F32 -> F8_E4M3 (fn: no inf, S.1111.111 is NaN), saturating: torch's
+ * cast(clamp(x, -448, 448)). RNE as c10 fp8e4m3fn_from_fp32_value; |x| > 448
+ * (inf included) gives +-448 (the clamp), NaN gives NaN with its sign. */
+INLINE uint8_t f32_to_e4m3_sat(float f)
+{
+	const uint32_t b = bits_of(f);
+	const uint32_t sign = b & 0x80000000u;
+	const uint32_t a = b ^ sign;
+	/* below 2^-6 (subnormal results): the f32 add does the rounding */
+	const uint32_t dn = bits_of(f32_of(a) + f32_of(141u << 23)) - (141u << 23);
+	/* normal: rebias the exponent, add half an ulp minus one plus the odd bit */
+	const uint32_t nm = (a + ((uint32_t)(7 - 127) << 23) + 0x7FFFFu + ((a >> 20) & 1u)) >> 20;
+	uint32_t r = sel(a < (121u << 23), dn, nm);
+	r = sel(a > F32_448, 0x7Eu, r);
+	r = sel(a > F32_INF, 0x7Fu, r);
+	return (uint8_t)(r | (sign >> 24));
+}
+
+/* F32 -> F8_E5M2, saturating: torch's cast(clamp(x, -57344, 57344)), RNE as
+ * c10 fp8e5m2_from_fp32_value; NaN gives NaN (0x7F) with its sign. */
+INLINE uint8_t f32_to_e5m2_sat(float f)
+{
+	const uint32_t b = bits_of(f);
+	const uint32_t sign = b & 0x80000000u;
+	const uint32_t a = b ^ sign;
+	const uint32_t dn = bits_of(f32_of(a) + f32_of(134u << 23)) - (134u << 23);
+	const uint32_t nm = (a + ((uint32_t)(15 - 127) << 23) + 0xFFFFFu + ((a >> 21) & 1u)) >> 21;
+	uint32_t r = sel(a < (113u << 23), dn, nm);
+	r = sel(a > F32_57344, 0x7Bu, r);
+	r = sel(a > F32_INF, 0x7Fu, r);
+	return (uint8_t)(r | (sign >> 24));
+}
+
+/* F32 -> I8: clamp(round_half_even(v), -127, 127); NaN -> 0. */
+INLINE int8_t f32_to_i8_sat(float v)
+{
+	const uint32_t b = bits_of(v);
+	const uint32_t neg = b >> 31;
+	const uint32_t a = b & 0x7FFFFFFFu;
+	const uint32_t c = sel(a > F32_127, F32_127, a);
+	/* |v| <= 127: adding 1.5 * 2^23 leaves units in the last place, rounded
+	 * half to even by the f32 add itself; the low bits are the integer */
+	uint32_t k = bits_of(f32_of(c) + 12582912.0f) - 0x4B400000u;
+	k = (k ^ (0u - neg)) + neg; /* rounding is symmetric: negate after */
+	return (int8_t)(uint8_t)sel(a > F32_INF, 0u, k);
+}
+
+/* F8_E4M3 -> F32, exact; NaN (S.1111.111) -> sign | 0x7FC00000. */
+INLINE float e4m3_to_f32(uint8_t q)
+{
+	const uint32_t sign = (uint32_t)(q & 0x80u) << 24;
+	const uint32_t e = (q >> 3) & 15u, m = q & 7u;
+	const uint32_t nrm = ((e + 120u) << 23) | (m << 20);
+	const uint32_t sub = bits_of((float)(int32_t)m * 0x1.0p-9f);
+	uint32_t r = sel(e == 0, sub, nrm);
+	r = sel((q & 0x7Fu) == 0x7Fu, 0x7FC00000u, r);
+	return f32_of(r | sign);
+}
+
+/* F8_E5M2 -> F32, exact; NaN -> sign | 0x7FC00000. */
+INLINE float e5m2_to_f32(uint8_t q)
+{
+	const uint32_t sign = (uint32_t)(q & 0x80u) << 24;
+	const uint32_t e = (q >> 2) & 31u, m = q & 3u;
+	const uint32_t nrm = ((e + 112u) << 23) | (m << 21);
+	const uint32_t sub = bits_of((float)(int32_t)m * 0x1.0p-16f);
+	uint32_t r = sel(e == 0, sub, nrm);
+	r = sel(e == 31, sel(m != 0, 0x7FC00000u, F32_INF), r);
+	return f32_of(r | sign);
+}
+
+/* ---- fused kernels ----------------------------------------------------------- */
+
+/* Source kinds and operations; kernels are specialized on both. */
+enum { SK_BF16, SK_F16, SK_F32, SK_E4M3, SK_E5M2, SK_I8 };
+enum { OP_F32, OP_BF16, OP_F16, OP_E4M3, OP_E5M2, OP_E4M3_SCALED, OP_I8_SCALED, OP_DEQ };
+
+static const unsigned sk_size[] = {2, 2, 4, 1, 1, 1};
+static const unsigned op_size[] = {4, 2, 2, 1, 1, 1, 1, 4};
+
+INLINE float load(int sk, const unsigned char *s, size_t i)
+{
+	uint16_t h;
+	float f;
+	switch (sk) {
+	case SK_BF16:
+		memcpy(&h, s + 2 * i, 2);
+		return f32_of((uint32_t)h << 16);
+	case SK_F16:
+		memcpy(&h, s + 2 * i, 2);
+		return f16_to_f32(h);
+	case SK_F32:
+		memcpy(&f, s + 4 * i, 4);
+		return f;
+	case SK_E4M3:
+		return e4m3_to_f32(s[i]);
+	case SK_E5M2:
+		return e5m2_to_f32(s[i]);
+	default:
+		return (float)(int8_t)s[i];
+	}
+}
+
+INLINE void store(int op, unsigned char *d, size_t i, float x, float scale)
+{
+	uint16_t h;
+	float v;
+	switch (op) {
+	case OP_F32:
+		memcpy(d + 4 * i, &x, 4);
+		break;
+	case OP_BF16:
+		h = f32_to_bf16(x);
+		memcpy(d + 2 * i, &h, 2);
+		break;
+	case OP_F16:
+		h = f32_to_f16(x);
+		memcpy(d + 2 * i, &h, 2);
+		break;
+	case OP_E4M3:
+		d[i] = f32_to_e4m3_sat(x);
+		break;
+	case OP_E5M2:
+		d[i] = f32_to_e5m2_sat(x);
+		break;
+	case OP_E4M3_SCALED:
+		d[i] = f32_to_e4m3_sat(x / scale);
+		break;
+	case OP_I8_SCALED:
+		d[i] = (unsigned char)f32_to_i8_sat(x / scale);
+		break;
+	default: /* OP_DEQ: x * scale */
+		v = x * scale;
+		memcpy(d + 4 * i, &v, 4);
+		break;
+	}
+}
+
+INLINE void kern_n(int sk, int op, unsigned char *restrict d, const unsigned char *restrict s, size_t n, float scale)
+{
+	for (size_t i = 0; i < n; i++)
+		store(op, d, i, load(sk, s, i), scale);
+}
+
+INLINE void kern(int sk, int op, unsigned char *restrict d, const unsigned char *restrict s, uint64_t n, float scale)
+{
+	const size_t ss = sk_size[sk], ds = op_size[op];
+	uint64_t i = 0;
+	for (; i + BLK <= n; i += BLK)
+		kern_n(sk, op, d + i * ds, s + i * ss, BLK, scale);
+	if (i < n)
+		kern_n(sk, op, d + i * ds, s + i * ss, (size_t)(n - i), scale);
+}
+
+/* Run kernel (sk, op) over n elements. Returns -1 for a pair not built. */
+static int convert(int sk, int op, void *d, const void *s, uint64_t n, float scale)
+{
+	unsigned char *dd = d;
+	const unsigned char *ss = s;
+#define K(SK, OP)                                        \
+	case SK * 16 + OP:                               \
+		kern(SK, OP, dd, ss, n, scale);          \
+		return 0;
+#define K_FLOAT_SRC(SK)                                  \
+	K(SK, OP_F32)                                    \
+	K(SK, OP_BF16)                                   \
+	K(SK, OP_F16)                                    \
+	K(SK, OP_E4M3)                                   \
+	K(SK, OP_E5M2)                                   \
+	K(SK, OP_E4M3_SCALED)                            \
+	K(SK, OP_I8_SCALED)
+	switch (sk * 16 + op) {
+		K_FLOAT_SRC(SK_BF16)
+		K_FLOAT_SRC(SK_F16)
+		K_FLOAT_SRC(SK_F32)
+		K(SK_E4M3, OP_F32)
+		K(SK_E4M3, OP_BF16)
+		K(SK_E4M3, OP_F16)
+		K(SK_E4M3, OP_E5M2)
+		K(SK_E4M3, OP_DEQ)
+		K(SK_E5M2, OP_F32)
+		K(SK_E5M2, OP_BF16)
+		K(SK_E5M2, OP_F16)
+		K(SK_E5M2, OP_E4M3)
+		K(SK_I8, OP_DEQ)
+	}
+#undef K_FLOAT_SRC
+#undef K
+	return -1;
+}
+
+/* amax as the bits of |x|: for non-negative floats the integer order is the
+ * float order, and NaN patterns lie above inf, so a plain integer max
+ * propagates NaN. 16-bit kinds: max of (h & 0x7FFF), widened at the end. */
+INLINE uint32_t amax16_n(const unsigned char *restrict s, size_t n)
+{
+	int16_t m = 0;
+	for (size_t i = 0; i < n; i++) {
+		uint16_t h;
+		memcpy(&h, s + 2 * i, 2);
+		int16_t a = (int16_t)(h & 0x7FFFu);
+		m = a > m ? a : m;
+	}
+	return (uint32_t)m;
+}
+
+INLINE uint32_t amax32_n(const unsigned char *restrict s, size_t n)
+{
+	int32_t m = 0;
+	for (size_t i = 0; i < n; i++) {
+		uint32_t u;
+		memcpy(&u, s + 4 * i, 4);
+		int32_t a = (int32_t)(u & 0x7FFFFFFFu);
+		m = a > m ? a : m;
+	}
+	return (uint32_t)m;
+}
+
+static uint32_t amax16(const unsigned char *s, uint64_t n)
+{
+	uint32_t m = 0, b;
+	uint64_t i = 0;
+	for (; i + BLK <= n; i += BLK) {
+		b = amax16_n(s + 2 * i, BLK);
+		m = b > m ? b : m;
+	}
+	b = amax16_n(s + 2 * i, (size_t)(n - i));
+	return b > m ? b : m;
+}
+
+static uint32_t amax32(const unsigned char *s, uint64_t n)
+{
+	uint32_t m = 0, b;
+	uint64_t i = 0;
+	for (; i + BLK <= n; i += BLK) {
+		b = amax32_n(s + 4 * i, BLK);
+		m = b > m ? b : m;
+	}
+	b = amax32_n(s + 4 * i, (size_t)(n - i));
+	return b > m ? b : m;
+}
+
+#define F32_QNAN 0x7FC00000u
+
+/* amax(|x|) of n values of kind sk (BF16, F16, F32) as f32; any NaN gives
+ * the one quiet NaN 0x7FC00000, so that no result depends on which NaN
+ * payload a piece saw (and so on the thread count). */
+static float amax_of(int sk, const void *src, uint64_t n)
+{
+	float m;
+	if (sk == SK_F32) {
+		m = f32_of(amax32(src, n));
+	} else {
+		uint32_t h = amax16(src, n);
+		m = sk == SK_BF16 ? f32_of(h << 16) : f16_to_f32((uint16_t)h);
+	}
+	return m != m ? f32_of(F32_QNAN) : m;
+}
+
+float arena_quant_amax_merge(float a, float b)
+{
+	if (a != a || b != b)
+		return f32_of(F32_QNAN);
+	return a > b ? a : b;
+}
+
+/* max(amax / div, 1e-12); NaN stays NaN (torch.clamp_min). */
+static float scale_of(float amax, float div)
+{
+	float s = amax / div;
+	return s < ARENA_QUANT_MIN_SCALE ? ARENA_QUANT_MIN_SCALE : s;
+}
+
+float arena_quant_tensor_scale(float amax)
+{
+	return scale_of(amax, ARENA_QUANT_E4M3_MAX);
+}
+
+/* ---- threads ----------------------------------------------------------------- */
+
+typedef struct task task;
+/* Do units [first, first + count) of t; `slot` is the worker's index. */
+typedef void (*task_fn)(task *t, uint64_t first, uint64_t count, unsigned slot);
+
+struct task {
+	task_fn fn;
+	int sk, op;                /* kernel for element tasks */
+	float scale, div;          /* OP_*_SCALED / OP_DEQ scale; row scale divisor */
+	uint64_t cols;             /* elements per unit (row tasks) */
+	const unsigned char *src;  /* unit 0 */
+	const unsigned char *src2; /* row scales (dequant) */
+	unsigned char *dst;        /* unit 0 of the first output */
+	unsigned char *dst2;       /* unit 0 of the row scales */
+	float partial[MAX_THREADS];
+};
+
+typedef struct worker {
+	task *t;
+	uint64_t first, count;
+	unsigned slot;
+} worker;
+
+static void *worker_main(void *arg)
+{
+	worker *w = arg;
+	w->t->fn(w->t, w->first, w->count, w->slot);
+	return NULL;
+}
+
+static unsigned online_cores(void)
+{
+	cpu_set_t set;
+	if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
+		return (unsigned)CPU_COUNT(&set);
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	return n > 0 ? (unsigned)n : 1;
+}
+
+/* How many workers for `units` units of `unit_elems` elements. */
+static unsigned pick_workers(unsigned threads, uint64_t units, uint64_t unit_elems)
+{
+	uint64_t elems = units * (unit_elems ? unit_elems : 1); /* callers bound this */
+	uint64_t by_work = elems / PIECE;
+	if (by_work <= 1 || units <= 1)
+		return 1;
+	uint64_t n = threads ? threads : online_cores();
+	n = n < by_work ? n : by_work;
+	n = n < units ? n : units;
+	return n < MAX_THREADS ? (unsigned)n : MAX_THREADS;
+}
+
+/* Split units into contiguous ranges, one per worker; the calling thread
+ * does the first. Returns the number of workers used. */
+static unsigned parallel(task *t, uint64_t units, uint64_t unit_elems, unsigned threads)
+{
+	unsigned n = pick_workers(threads, units, unit_elems);
+	if (n <= 1) {
+		t->fn(t, 0, units, 0);
+		return 1;
+	}
+	worker w[MAX_THREADS];
+	pthread_t tid[MAX_THREADS];
+	int started[MAX_THREADS];
+	uint64_t per = units / n, extra = units % n, at = 0;
+	for (unsigned k = 0; k < n; k++) {
+		w[k].t = t;
+		w[k].slot = k;
+		w[k].first = at;
+		w[k].count = per + (k < extra);
+		at += w[k].count;
+	}
+	for (unsigned k = 1; k < n; k++)
+		started[k] = pthread_create(&tid[k], NULL, worker_main, &w[k]) == 0;
+	worker_main(&w[0]);
+	for (unsigned k = 1; k < n; k++) {
+		if (started[k])
+			pthread_join(tid[k], NULL);
+		else
+			worker_main(&w[k]);
+	}
+	return n;
+}
+
+static void task_convert(task *t, uint64_t first, uint64_t count, unsigned slot)
+{
+	(void)slot;
+	convert(t->sk, t->op, t->dst + first * op_size[t->op], t->src + first * sk_size[t->sk], count, t->scale);
+}
+
+static void task_amax(task *t, uint64_t first, uint64_t count, unsigned slot)
+{
+	t->partial[slot] = amax_of(t->sk, t->src + first * sk_size[t->sk], count);
+}
+
+static void task_copy(task *t, uint64_t first, uint64_t count, unsigned slot)
+{
+	(void)slot;
+	memcpy(t->dst + first, t->src + first, count);
+}
+
+/* Row schemes: per row, amax, scale, then the scaled cast of the row. */
+static void task_rows(task *t, uint64_t first, uint64_t count, unsigned slot)
+{
+	(void)slot;
+	const uint64_t in_row = t->cols * sk_size[t->sk];
+	for (uint64_t r = first; r < first + count; r++) {
+		const unsigned char *s = t->src + r * in_row;
+		float scale = scale_of(amax_of(t->sk, s, t->cols), t->div);
+		memcpy(t->dst2 + 4 * r, &scale, 4);
+		convert(t->sk, t->op, t->dst + r * t->cols, s, t->cols, scale);
+	}
+}
+
+/* Dequantize rows: q * scale[row]. */
+static void task_deq_rows(task *t, uint64_t first, uint64_t count, unsigned slot)
+{
+	(void)slot;
+	for (uint64_t r = first; r < first + count; r++) {
+		float scale;
+		memcpy(&scale, t->src2 + 4 * r, 4);
+		convert(t->sk, OP_DEQ, t->dst + 4 * r * t->cols, t->src + r * t->cols, t->cols, scale);
+	}
+}
+
+static float amax_parallel(int sk, const void *src, uint64_t n, unsigned threads)
+{
+	task t = {.fn = task_amax, .sk = sk, .src = src};
+	unsigned used = parallel(&t, n, 1, threads);
+	float m = t.partial[0];
+	for (unsigned k = 1; k < used; k++)
+		m = arena_quant_amax_merge(m, t.partial[k]);
+	return m;
+}
+
+static void copy_parallel(void *dst, const void *src, uint64_t n, unsigned threads)
+{
+	if (!n)
+		return;
+	task t = {.fn = task_copy, .src = src, .dst = dst};
+	parallel(&t, n, 1, threads);
+}
+
+static void convert_parallel(int sk, int op, void *dst, const void *src, uint64_t n, float scale, unsigned threads)
+{
+	task t = {.fn = task_convert, .sk = sk, .op = op, .scale = scale, .src = src, .dst = dst};
+	parallel(&t, n, 1, threads);
+}
+
+/* ---- names ------------------------------------------------------------------- */
+
+static const char *const scheme_names[] = {
+#define ARENA__QS_NAME(e, n) n,
+	ARENA_QUANT_SCHEMES(ARENA__QS_NAME)
+#undef ARENA__QS_NAME
+};
+
+const char *arena_quant_name(arena_quant_scheme s)
+{
+	return (unsigned)s < ARENA_QUANT_COUNT ? scheme_names[s] : "?";
+}
+
+int arena_quant_from_name(const char *name, arena_quant_scheme *out)
+{
+	if (!name || !out)
+		return arena_errorf(E(USAGE), "quantization scheme: no name given");
+	for (unsigned i = 0; i < ARENA_QUANT_COUNT; i++) {
+		if (strcmp(name, scheme_names[i]) == 0) {
+			*out = (arena_quant_scheme)i;
+			return 0;
+		}
+	}
+	char list[256];
+	size_t o = 0;
+	for (unsigned i = 0; i < ARENA_QUANT_COUNT; i++) {
+		int w = snprintf(list + o, sizeof(list) - o, "%s%s", i ? ", " : "", scheme_names[i]);
+		if (w < 0 || (size_t)w >= sizeof(list) - o)
+			break;
+		o += (size_t)w;
+	}
+	return arena_errorf(E(QUANT_UNKNOWN_SCHEME), "unknown quantization scheme '%s' (known: %s)", arena_q(name),
+			    list);
+}
+
+/* ---- plans ------------------------------------------------------------------- */
+
+static int is_scaled(arena_quant_scheme s)
+{
+	return s == ARENA_QUANT_FP8_E4M3_TENSOR || s == ARENA_QUANT_FP8_E4M3_ROW || s == ARENA_QUANT_INT8_ROW;
+}
+
+static int is_row(arena_quant_scheme s)
+{
+	return s == ARENA_QUANT_FP8_E4M3_ROW || s == ARENA_QUANT_INT8_ROW;
+}
+
+static int is_wide_float(arena_dtype dt)
+{
+	return dt == ARENA_DTYPE_BF16 || dt == ARENA_DTYPE_F16 || dt == ARENA_DTYPE_F32;
+}
+
+static int kind_of(arena_dtype dt)
+{
+	switch (dt) {
+	case ARENA_DTYPE_BF16:
+		return SK_BF16;
+	case ARENA_DTYPE_F16:
+		return SK_F16;
+	case ARENA_DTYPE_F32:
+		return SK_F32;
+	case ARENA_DTYPE_F8_E4M3:
+		return SK_E4M3;
+	case ARENA_DTYPE_F8_E5M2:
+		return SK_E5M2;
+	case ARENA_DTYPE_I8:
+		return SK_I8;
+	default:
+		return -1;
+	}
+}
+
+/* "[64, 256]" into buf. */
+static const char *shape_str(char *buf, size_t size, uint32_t rank, const uint64_t *shape)
+{
+	size_t o = 0;
+	buf[o++] = '[';
+	for (uint32_t k = 0; k < rank && o + 24 < size; k++)
+		o += (size_t)snprintf(buf + o, size - o, "%s%llu", k ? ", " : "", (unsigned long long)shape[k]);
+	snprintf(buf + o, size - o, "]");
+	return buf;
+}
+
+static void set_comp(arena_quant_component *c, const char *name, arena_dtype dt, uint32_t rank,
+		     const uint64_t *shape, uint64_t nelem)
+{
+	memset(c, 0, sizeof(*c));
+	c->name = name;
+	c->dtype = dt;
+	c->rank = rank;
+	for (uint32_t k = 0; k < rank; k++)
+		c->shape[k] = shape[k];
+	c->nelem = nelem;
+	c->nbytes = nelem * arena_dtype_bits(dt) / 8; /* callers checked that it fits */
+}
+
+static int plan(arena_quant_plan *out, arena_quant_scheme scheme, arena_dtype src, uint32_t rank,
+		const uint64_t *shape, const char *label, int prequant)
+{
+	char sb[256];
+	const char *lbl = label ? label : "tensor";
+	if (!out || (rank && !shape))
+		return arena_errorf(E(USAGE), "%s: quantization plan: NULL argument", arena_q(lbl));
+	if ((unsigned)scheme >= ARENA_QUANT_COUNT)
+		return arena_errorf(E(QUANT_UNKNOWN_SCHEME), "%s: unknown quantization scheme %d", arena_q(lbl),
+				    (int)scheme);
+	const char *sname = scheme_names[scheme];
+	if (rank > ARENA_QUANT_MAX_RANK)
+		return arena_errorf(E(QUANT_NOT_APPLICABLE), "%s: rank %u is over the limit of %d", arena_q(lbl),
+				    rank, ARENA_QUANT_MAX_RANK);
+	unsigned bits = arena_dtype_bits(src);
+	if (!bits)
+		return arena_errorf(E(QUANT_NOT_APPLICABLE), "%s: invalid source dtype %d", arena_q(lbl), (int)src);
+
+	/* which sources the scheme takes */
+	const char *takes = NULL;
+	int ok;
+	if (prequant) {
+		ok = scheme == ARENA_QUANT_FP8_E4M3_TENSOR || scheme == ARENA_QUANT_FP8_E4M3_ROW;
+		if (!ok)
+			return arena_errorf(E(QUANT_NOT_APPLICABLE),
+					    "%s: scheme %s cannot hold an already-quantized F8_E4M3 tensor "
+					    "(only fp8-e4m3-tensor and fp8-e4m3-row)",
+					    arena_q(lbl), sname);
+		src = ARENA_DTYPE_F8_E4M3;
+		bits = 8;
+	} else {
+		switch (scheme) {
+		case ARENA_QUANT_NONE:
+			ok = 1;
+			break;
+		case ARENA_QUANT_BF16:
+			ok = is_wide_float(src);
+			takes = "BF16, F16 or F32";
+			break;
+		case ARENA_QUANT_FP8_E4M3:
+			ok = is_wide_float(src) || src == ARENA_DTYPE_F8_E4M3;
+			takes = "BF16, F16, F32 or F8_E4M3";
+			break;
+		case ARENA_QUANT_FP8_E5M2:
+			ok = is_wide_float(src) || src == ARENA_DTYPE_F8_E5M2;
+			takes = "BF16, F16, F32 or F8_E5M2";
+			break;
+		default:
+			ok = is_wide_float(src);
+			takes = src == ARENA_DTYPE_F8_E4M3 ? "BF16, F16 or F32 (F8_E4M3 data needs its scale tensor)"
+							   : "BF16, F16 or F32";
+			break;
+		}
+		if (!ok)
+			return arena_errorf(E(QUANT_NOT_APPLICABLE), "%s: scheme %s does not apply to dtype %s (it takes %s)",
+					    arena_q(lbl), sname, arena_dtype_name(src), takes);
+	}
+
+	uint64_t nelem = 1;
+	for (uint32_t k = 0; k < rank; k++) {
+		if (shape[k] && nelem > UINT64_MAX / shape[k])
+			return arena_errorf(E(QUANT_NOT_APPLICABLE), "%s: shape %s: element count overflows",
+					    arena_q(lbl), shape_str(sb, sizeof(sb), rank, shape));
+		nelem *= shape[k];
+	}
+	if (nelem > UINT64_MAX / 32 || (nelem * bits) % 8)
+		return arena_errorf(E(QUANT_NOT_APPLICABLE), "%s: shape %s of %s is not a whole number of bytes",
+				    arena_q(lbl), shape_str(sb, sizeof(sb), rank, shape), arena_dtype_name(src));
+	uint64_t rows = 1, cols = nelem;
+	if (is_row(scheme)) {
+		if (rank < 2)
+			return arena_errorf(E(QUANT_NOT_APPLICABLE),
+					    "%s: scheme %s needs a tensor of rank 2 or more (one scale per row), got %s",
+					    arena_q(lbl), sname, shape_str(sb, sizeof(sb), rank, shape));
+		rows = shape[0];
+		cols = rows ? nelem / rows : 0;
+	}
+	if (is_scaled(scheme) && nelem == 0)
+		return arena_errorf(E(QUANT_NOT_APPLICABLE), "%s: scheme %s needs values to scale, shape %s is empty",
+				    arena_q(lbl), sname, shape_str(sb, sizeof(sb), rank, shape));
+
+	arena_quant_plan p;
+	memset(&p, 0, sizeof(p));
+	p.scheme = scheme;
+	p.src_dtype = src;
+	p.rank = rank;
+	for (uint32_t k = 0; k < rank; k++)
+		p.shape[k] = shape[k];
+	p.nelem = nelem;
+	p.src_nbytes = nelem * bits / 8;
+	p.rows = rows;
+	p.cols = cols;
+	p.prequantized = prequant;
+	switch (scheme) {
+	case ARENA_QUANT_NONE:
+		set_comp(&p.comps[0], "data", src, rank, shape, nelem);
+		break;
+	case ARENA_QUANT_BF16:
+		set_comp(&p.comps[0], "data", ARENA_DTYPE_BF16, rank, shape, nelem);
+		break;
+	case ARENA_QUANT_FP8_E5M2:
+		set_comp(&p.comps[0], "qdata", ARENA_DTYPE_F8_E5M2, rank, shape, nelem);
+		break;
+	case ARENA_QUANT_INT8_ROW:
+		set_comp(&p.comps[0], "qdata", ARENA_DTYPE_I8, rank, shape, nelem);
+		break;
+	default:
+		set_comp(&p.comps[0], "qdata", ARENA_DTYPE_F8_E4M3, rank, shape, nelem);
+		break;
+	}
+	p.n_comps = 1;
+	if (scheme == ARENA_QUANT_FP8_E4M3_TENSOR) {
+		const uint64_t one = 1;
+		set_comp(&p.comps[1], "scale", ARENA_DTYPE_F32, 1, &one, 1);
+		p.n_comps = 2;
+	} else if (is_row(scheme)) {
+		uint64_t ss[ARENA_QUANT_MAX_RANK];
+		ss[0] = rows;
+		for (uint32_t k = 1; k < rank; k++)
+			ss[k] = 1;
+		set_comp(&p.comps[1], "scale", ARENA_DTYPE_F32, rank, ss, rows);
+		p.n_comps = 2;
+	}
+	*out = p;
+	return 0;
+}
+
+int arena_quant_plan_init(arena_quant_plan *out, arena_quant_scheme scheme, arena_dtype src, uint32_t rank,
+			  const uint64_t *shape, const char *label)
+{
+	return plan(out, scheme, src, rank, shape, label, 0);
+}
+
+int arena_quant_plan_prequant(arena_quant_plan *out, arena_quant_scheme scheme, uint32_t rank,
+			      const uint64_t *shape, const char *label)
+{
+	return plan(out, scheme, ARENA_DTYPE_F8_E4M3, rank, shape, label, 1);
+}
+
+/* ---- runs -------------------------------------------------------------------- */
+
+/* The kernel operation that makes component 0 of scheme s. */
+static int op_of(arena_quant_scheme s)
+{
+	switch (s) {
+	case ARENA_QUANT_BF16:
+		return OP_BF16;
+	case ARENA_QUANT_FP8_E4M3:
+		return OP_E4M3;
+	case ARENA_QUANT_FP8_E5M2:
+		return OP_E5M2;
+	case ARENA_QUANT_INT8_ROW:
+		return OP_I8_SCALED;
+	default:
+		return OP_E4M3_SCALED;
+	}
+}
+
+static int check_dst(const arena_quant_plan *p, void *const dst[])
+{
+	for (size_t i = 0; i < p->n_comps; i++)
+		if (p->comps[i].nbytes && (!dst || !dst[i]))
+			return -1;
+	return 0;
+}
+
+int arena_quant_run_part(const arena_quant_plan *p, const void *src, uint64_t first, uint64_t count,
+			 float tensor_scale, void *const dst[], unsigned threads)
+{
+	if (!p)
+		return arena_errorf(E(USAGE), "quantization run: no plan");
+	if (p->prequantized)
+		return arena_errorf(E(USAGE), "quantization run: already-quantized plan needs arena_quant_run_scaled");
+	const int row = is_row(p->scheme);
+	const uint64_t units = row ? p->rows : p->nelem;
+	if (first > units || count > units - first)
+		return arena_errorf(E(USAGE), "quantization run: units [%llu, +%llu) outside [0, %llu)",
+				    (unsigned long long)first, (unsigned long long)count, (unsigned long long)units);
+	if (!count)
+		return 0;
+	if (!src || check_dst(p, dst))
+		return arena_errorf(E(USAGE), "quantization run: NULL source or destination");
+	const unsigned char *s = src;
+	unsigned char *d0 = dst[0];
+
+	if (p->scheme == ARENA_QUANT_NONE || p->src_dtype == p->comps[0].dtype) {
+		unsigned bits = arena_dtype_bits(p->src_dtype);
+		if ((first * bits) % 8 || ((count * bits) % 8 && first + count != units))
+			return arena_errorf(E(USAGE), "quantization run: units [%llu, +%llu) of %s are not whole bytes",
+					    (unsigned long long)first, (unsigned long long)count,
+					    arena_dtype_name(p->src_dtype));
+		copy_parallel(d0 + first * bits / 8, s, (count * bits + 7) / 8, threads);
+		return 0;
+	}
+	const int sk = kind_of(p->src_dtype);
+	const int op = op_of(p->scheme);
+	if (row) {
+		/* row r of the range is at s + (r - first) * row bytes: the task
+		 * sees the range as units [0, count) */
+		task t = {.fn = task_rows,
+			  .sk = sk,
+			  .op = op,
+			  .div = p->scheme == ARENA_QUANT_INT8_ROW ? ARENA_QUANT_INT8_MAX : ARENA_QUANT_E4M3_MAX,
+			  .cols = p->cols,
+			  .src = s,
+			  .dst = d0 + first * p->cols,
+			  .dst2 = (unsigned char *)dst[1] + 4 * first};
+		parallel(&t, count, p->cols, threads);
+		return 0;
+	}
+	if (p->scheme == ARENA_QUANT_FP8_E4M3_TENSOR)
+		memcpy(dst[1], &tensor_scale, 4);
+	convert_parallel(sk, op, d0 + first * op_size[op], s, count, tensor_scale, threads);
+	return 0;
+}
+
+int arena_quant_run(const arena_quant_plan *p, const void *src, void *const dst[], unsigned threads)
+{
+	if (!p)
+		return arena_errorf(E(USAGE), "quantization run: no plan");
+	float scale = 0.0f;
+	if (p->scheme == ARENA_QUANT_FP8_E4M3_TENSOR && !p->prequantized) {
+		if (!src)
+			return arena_errorf(E(USAGE), "quantization run: NULL source");
+		scale = arena_quant_tensor_scale(amax_parallel(kind_of(p->src_dtype), src, p->nelem, threads));
+	}
+	return arena_quant_run_part(p, src, 0, is_row(p->scheme) ? p->rows : p->nelem, scale, dst, threads);
+}
+
+int arena_quant_amax(arena_dtype dt, const void *src, uint64_t n, unsigned threads, float *out)
+{
+	if (!out || !is_wide_float(dt) || (n && !src))
+		return arena_errorf(E(USAGE), "amax: dtype %s or arguments not supported", arena_dtype_name(dt));
+	*out = n ? amax_parallel(kind_of(dt), src, n, threads) : 0.0f;
+	return 0;
+}
+
+int arena_quant_run_scaled(const arena_quant_plan *p, const void *qsrc, arena_dtype scale_dtype,
+			   const void *scale_src, void *const dst[], unsigned threads)
+{
+	if (!p || !p->prequantized)
+		return arena_errorf(E(USAGE), "quantization run: not an already-quantized plan");
+	if (!is_wide_float(scale_dtype))
+		return arena_errorf(E(USAGE), "quantization run: scale dtype %s is not F32, BF16 or F16",
+				    arena_dtype_name(scale_dtype));
+	if (!qsrc || !scale_src || check_dst(p, dst))
+		return arena_errorf(E(USAGE), "quantization run: NULL source or destination");
+	copy_parallel(dst[0], qsrc, p->comps[0].nbytes, threads);
+	convert(kind_of(scale_dtype), OP_F32, dst[1], scale_src, p->comps[1].nelem, 0.0f);
+	return 0;
+}
+
+/* ---- dequantization and casts -------------------------------------------------- */
+
+int arena_quant_dequant_f32(const arena_quant_plan *p, const void *const src[], float *dst, unsigned threads)
+{
+	if (!p)
+		return arena_errorf(E(USAGE), "dequantize: no plan");
+	if (!p->nelem)
+		return 0;
+	if (!dst || !src)
+		return arena_errorf(E(USAGE), "dequantize: NULL source or destination");
+	for (size_t i = 0; i < p->n_comps; i++)
+		if (!src[i])
+			return arena_errorf(E(USAGE), "dequantize: NULL component %zu", i);
+	const arena_quant_component *q = &p->comps[0];
+	const int sk = kind_of(q->dtype);
+	if (!is_scaled(p->scheme)) {
+		if (sk < 0 || sk == SK_I8)
+			return arena_errorf(E(QUANT_NOT_APPLICABLE), "dequantize: dtype %s has no f32 values",
+					    arena_dtype_name(q->dtype));
+		if (sk == SK_F32)
+			copy_parallel(dst, src[0], p->nelem * 4, threads);
+		else
+			convert_parallel(sk, OP_F32, dst, src[0], p->nelem, 0.0f, threads);
+		return 0;
+	}
+	if (p->scheme == ARENA_QUANT_FP8_E4M3_TENSOR) {
+		float scale;
+		memcpy(&scale, src[1], 4);
+		convert_parallel(sk, OP_DEQ, dst, src[0], p->nelem, scale, threads);
+		return 0;
+	}
+	task t = {.fn = task_deq_rows, .sk = sk, .cols = p->cols, .src = src[0], .src2 = src[1],
+		  .dst = (unsigned char *)dst};
+	parallel(&t, p->rows, p->cols, threads);
+	return 0;
+}
+
+int arena_quant_cast(arena_dtype dst_dt, void *dst, arena_dtype src_dt, const void *src, uint64_t n,
+		     unsigned threads)
+{
+	static const struct {
+		arena_dtype dt;
+		int op;
+	} ops[] = {{ARENA_DTYPE_F32, OP_F32},
+		   {ARENA_DTYPE_BF16, OP_BF16},
+		   {ARENA_DTYPE_F16, OP_F16},
+		   {ARENA_DTYPE_F8_E4M3, OP_E4M3},
+		   {ARENA_DTYPE_F8_E5M2, OP_E5M2}};
+	int op = -1, sk = kind_of(src_dt);
+	for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++)
+		if (ops[i].dt == dst_dt)
+			op = ops[i].op;
+	if (op < 0 || sk < 0 || sk == SK_I8)
+		return arena_errorf(E(QUANT_NOT_APPLICABLE), "cast from %s to %s is not supported",
+				    arena_dtype_name(src_dt), arena_dtype_name(dst_dt));
+	if (!n)
+		return 0;
+	if (!dst || !src)
+		return arena_errorf(E(USAGE), "cast: NULL source or destination");
+	if (src_dt == dst_dt) {
+		copy_parallel(dst, src, n * sk_size[sk], threads);
+		return 0;
+	}
+	convert_parallel(sk, op, dst, src, n, 0.0f, threads);
+	return 0;
+}
+
+/* ---- compressed-tensors recognition ---------------------------------------------- */
+
+arena_quant_scheme arena_quant_ct_classify(arena_dtype q_dtype, uint32_t q_rank, const uint64_t *q_shape,
+					   arena_dtype s_dtype, uint32_t s_rank, const uint64_t *s_shape,
+					   const char **why)
+{
+	const char *w = NULL;
+	arena_quant_scheme r = ARENA_QUANT_NONE;
+	uint64_t s_n = 1, q_n = 1;
+	for (uint32_t k = 0; k < s_rank; k++)
+		s_n = s_shape[k] > 1 && s_n > UINT64_MAX / s_shape[k] ? UINT64_MAX : s_n * s_shape[k];
+	for (uint32_t k = 0; k < q_rank; k++)
+		q_n = q_shape[k] > 1 && q_n > UINT64_MAX / q_shape[k] ? UINT64_MAX : q_n * q_shape[k];
+	if (q_dtype != ARENA_DTYPE_F8_E4M3) {
+		w = "data dtype is not F8_E4M3";
+	} else if (!is_wide_float(s_dtype)) {
+		w = "scale dtype is not F32, BF16 or F16";
+	} else if (q_n == 0) {
+		w = "data is empty";
+	} else if (q_rank > ARENA_QUANT_MAX_RANK) {
+		w = "data rank is over the limit";
+	} else if (s_n == 1) {
+		r = ARENA_QUANT_FP8_E4M3_TENSOR;
+	} else if (q_rank < 2) {
+		w = "scale holds several values but the data has rank < 2 (no rows)";
+	} else if (s_rank < 1 || s_rank > q_rank || s_shape[0] != q_shape[0]) {
+		w = "scale is neither one value nor one per row ([rows] or [rows, 1])";
+	} else {
+		r = ARENA_QUANT_FP8_E4M3_ROW;
+		for (uint32_t k = 1; k < s_rank; k++)
+			if (s_shape[k] != 1)
+				r = ARENA_QUANT_NONE;
+		if (r == ARENA_QUANT_NONE)
+			w = "scale is neither one value nor one per row ([rows] or [rows, 1])";
+	}
+	if (why)
+		*why = w;
+	return r;
+}
+
+#define CT_SUFFIX "_scale"
+
+arena_quant_scheme arena_quant_ct_match(const arena_ckpt *c, const char *name, const arena_st_tensor **scale_out,
+					const char **why)
+{
+	if (scale_out)
+		*scale_out = NULL;
+	if (why)
+		*why = NULL;
+	if (!c || !name)
+		return ARENA_QUANT_NONE;
+	const arena_st_tensor *q = arena_ckpt_find(c, name);
+	if (!q || q->dtype != ARENA_DTYPE_F8_E4M3)
+		return ARENA_QUANT_NONE;
+	size_t n = strlen(name);
+	char stack[1024];
+	char *sname = stack;
+	if (n + sizeof(CT_SUFFIX) > sizeof(stack))
+		return ARENA_QUANT_NONE; /* no allocation here: such names do not occur */
+	memcpy(sname, name, n);
+	memcpy(sname + n, CT_SUFFIX, sizeof(CT_SUFFIX));
+	const arena_st_tensor *s = arena_ckpt_find(c, sname);
+	if (!s)
+		return ARENA_QUANT_NONE;
+	arena_quant_scheme r = arena_quant_ct_classify(q->dtype, q->rank, q->shape, s->dtype, s->rank, s->shape, why);
+	if (r != ARENA_QUANT_NONE && scale_out)
+		*scale_out = s;
+	return r;
+}
+
+int arena_quant_ct_is_scale(const arena_ckpt *c, const char *name)
+{
+	if (!c || !name)
+		return 0;
+	size_t n = strlen(name), sl = sizeof(CT_SUFFIX) - 1;
+	char base[1024];
+	if (n <= sl || n - sl >= sizeof(base) || strcmp(name + n - sl, CT_SUFFIX) != 0)
+		return 0;
+	memcpy(base, name, n - sl);
+	base[n - sl] = '\0';
+	return arena_quant_ct_match(c, base, NULL, NULL) != ARENA_QUANT_NONE;
+}

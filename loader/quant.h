@@ -1,0 +1,255 @@
+/* quant.h - storage schemes: how a tensor's values are laid out in a slab.
+ *
+ * A scheme turns a source tensor (dtype + shape) into one or two components,
+ * each an ordinary dtype + shape + bytes that the image and the movers treat
+ * as opaque byte ranges (DESIGN.md, "Opaque storage"):
+ *
+ *   scheme            sources               components (in this order)
+ *   none              any whole-byte dtype  data    <src dtype>  <shape>
+ *   bf16              BF16 F16 F32          data    BF16         <shape>
+ *   fp8-e4m3          BF16 F16 F32 F8_E4M3  qdata   F8_E4M3      <shape>
+ *   fp8-e4m3-tensor   BF16 F16 F32 (F8_E4M3*) qdata F8_E4M3      <shape>
+ *                                           scale   F32          [1]
+ *   fp8-e4m3-row      BF16 F16 F32 (F8_E4M3*) qdata F8_E4M3      <shape>
+ *                                           scale   F32          [rows, 1, ...]
+ *   int8-row          BF16 F16 F32          qdata   I8           <shape>
+ *                                           scale   F32          [rows, 1, ...]
+ *   fp8-e5m2          BF16 F16 F32 F8_E5M2  qdata   F8_E5M2      <shape>
+ *
+ * Row schemes need rank >= 2: rows = shape[0] (the output dimension of a
+ * weight), cols = the product of the other dims; the scale has the source's
+ * rank with every dim but the first equal to 1, so `qdata * scale` broadcasts
+ * in torch/numpy (for a [out, in] weight: [out, 1]). A source of the target's
+ * own dtype (bf16 from BF16, fp8-e4m3 from F8_E4M3, fp8-e5m2 from F8_E5M2) is
+ * copied. (F8_E4M3*): an already-quantized source (compressed-tensors,
+ * below) is planned by arena_quant_plan_prequant, not arena_quant_plan_init:
+ * its qdata is copied and its scale comes from a second tensor.
+ *
+ * Arithmetic, bit-identical to torch (checked against
+ * ../shared/fixtures/reference/quant_reference.safetensors): sources are widened
+ * exactly to f32, all arithmetic is f32 with round to nearest even.
+ *   bf16:            RNE; NaN becomes 0x7FC0 (torch's c10 rule).
+ *   fp8-e4m3:        cast(clamp(x, -448, 448)).
+ *   fp8-e5m2:        cast(clamp(x, -57344, 57344)); so +-inf become +-57344.
+ *   fp8-e4m3-tensor: scale = max(amax(|x|) / 448, 1e-12);
+ *                    q = cast(clamp(x / scale, -448, 448)).
+ *   fp8-e4m3-row:    per row: scale = max(amax(|row|) / 448, 1e-12); q as above.
+ *   int8-row:        per row: scale = max(amax(|row|) / 127, 1e-12);
+ *                    q = clamp(round_half_even(x / scale), -127, 127).
+ * x / scale is a true f32 division (not x * (1/scale)), as torch computes it.
+ * The tensor scale's 1e-12 floor is ours (torch's rule is amax / 448, which
+ * makes an all-zero tensor all NaN); it changes nothing unless amax < 4.5e-10.
+ * NaN: the casts keep NaN as NaN with its sign (FP8 0x7F / 0xFF, F16 0x7E00
+ * with the sign); amax propagates NaN, so a row (or a tensor) that holds a NaN
+ * gets a NaN scale (always 0x7FC00000) and all-NaN FP8 values, as in torch;
+ * for int8 a NaN
+ * quotient becomes 0 (torch leaves the cast of NaN to int8 undefined).
+ * Subnormal inputs and results are exact (no flush to zero).
+ *
+ * Compressed-tensors checkpoints (vLLM, llm-compressor): a tensor `<name>`
+ * of dtype F8_E4M3 with a tensor `<name>_scale` is already quantized; see
+ * arena_quant_ct_classify. Such a pair is stored as fp8-e4m3-tensor or
+ * fp8-e4m3-row with the F8_E4M3 source dtype (arena_quant_plan_prequant),
+ * qdata copied and scale widened exactly to F32 (arena_quant_run_scaled).
+ *
+ * Use:
+ *   arena_quant_plan p;
+ *   if ((rc = arena_quant_plan_init(&p, scheme, t->dtype, t->rank, t->shape, t->name)))
+ *           return rc;                      // nothing written yet
+ *   ... place p.comps[i] (p.comps[i].nbytes bytes each, 256-aligned) ...
+ *   rc = arena_quant_run(&p, arena_st_data(t), dst, 0);  // dst[i] -> component i
+ *
+ * Threads: every function is safe to call from several threads at once (no
+ * global state). `threads` = 0 means one per available core; a call never
+ * uses more threads than its tensor has 64 Ki-element pieces, so small tensors
+ * run on the calling thread (convert many small tensors concurrently instead).
+ * Results never depend on the thread count. No function allocates memory
+ * (beyond the stacks of the threads it starts); if a thread cannot be started
+ * its share runs on the calling thread.
+ *
+ * Pointers: sources and destinations need no particular alignment; source
+ * and destination must not overlap.
+ */
+#ifndef ARENA_LOADER_QUANT_H
+#define ARENA_LOADER_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../formats/checkpoint.h"
+#include "../formats/dtype.h"
+
+/* X(ENUM, "name"); the enum values are not stored anywhere (manifests use
+ * the names), but append new schemes at the end anyway. */
+#define ARENA_QUANT_SCHEMES(X)                    \
+	X(NONE, "none")                           \
+	X(BF16, "bf16")                           \
+	X(FP8_E4M3, "fp8-e4m3")                   \
+	X(FP8_E4M3_TENSOR, "fp8-e4m3-tensor")     \
+	X(FP8_E4M3_ROW, "fp8-e4m3-row")           \
+	X(INT8_ROW, "int8-row")                   \
+	X(FP8_E5M2, "fp8-e5m2")
+
+typedef enum arena_quant_scheme {
+#define ARENA__QS_ENUM(e, n) ARENA_QUANT_##e,
+	ARENA_QUANT_SCHEMES(ARENA__QS_ENUM)
+#undef ARENA__QS_ENUM
+	ARENA_QUANT_COUNT
+} arena_quant_scheme;
+
+#define ARENA_QUANT_MAX_RANK 8
+#define ARENA_QUANT_MAX_COMPONENTS 2
+#define ARENA_QUANT_E4M3_MAX 448.0f
+#define ARENA_QUANT_E5M2_MAX 57344.0f
+#define ARENA_QUANT_INT8_MAX 127.0f
+#define ARENA_QUANT_MIN_SCALE 1e-12f
+
+/* Find the scheme called `name` ("fp8-e4m3-row"): 0, or QUANT_UNKNOWN_SCHEME
+ * with a message listing the known names. `name` NULL is USAGE. */
+int arena_quant_from_name(const char *name, arena_quant_scheme *out);
+/* "fp8-e4m3-row"; "?" for a value outside the enum. */
+const char *arena_quant_name(arena_quant_scheme s);
+
+typedef struct arena_quant_component {
+	const char *name;  /* "data", "qdata" or "scale"; static storage */
+	arena_dtype dtype;
+	uint32_t rank;
+	uint64_t shape[ARENA_QUANT_MAX_RANK];
+	uint64_t nelem;
+	uint64_t nbytes;
+} arena_quant_component;
+
+/* What arena_quant_plan_init decided; plain data, no resources: copy it,
+ * keep it, no release needed. */
+typedef struct arena_quant_plan {
+	arena_quant_scheme scheme;
+	arena_dtype src_dtype;   /* the original (logical) dtype and shape */
+	uint32_t rank;
+	uint64_t shape[ARENA_QUANT_MAX_RANK];
+	uint64_t nelem;
+	uint64_t src_nbytes;     /* bytes the source holds */
+	uint64_t rows, cols;     /* row schemes: shape[0] and nelem / rows; else 1, nelem */
+	int prequantized;        /* from arena_quant_plan_prequant: use run_scaled */
+	size_t n_comps;
+	arena_quant_component comps[ARENA_QUANT_MAX_COMPONENTS];
+} arena_quant_plan;
+
+/* Decide how a tensor of dtype `src`, rank `rank` and dims `shape` (may be
+ * NULL when rank is 0) is stored under `scheme`, and describe its components.
+ * `label` (the tensor's name; may be NULL) starts the error message.
+ * Returns 0, or (nothing written to *out then):
+ *   QUANT_UNKNOWN_SCHEME  `scheme` outside the enum;
+ *   QUANT_NOT_APPLICABLE  the source dtype is not one the scheme takes (table
+ *                         above: integer, F64, F8_E4M3 for a scaled scheme
+ *                         (it needs its scale: arena_quant_plan_prequant),
+ *                         other FP8, sub-byte ...), a row
+ *                         scheme on rank < 2, a scaled scheme on an empty
+ *                         tensor (0 rows or 0 columns: there is no amax), rank
+ *                         over ARENA_QUANT_MAX_RANK, or a byte count that
+ *                         overflows 64 bits or is not whole;
+ *   USAGE                 `out` NULL, or `shape` NULL with rank > 0.
+ * An empty tensor is fine for the unscaled schemes (components of 0 bytes). */
+int arena_quant_plan_init(arena_quant_plan *out, arena_quant_scheme scheme, arena_dtype src,
+			  uint32_t rank, const uint64_t *shape, const char *label);
+
+/* Plan an already-quantized tensor: F8_E4M3 data of rank `rank` and dims
+ * `shape` whose scale is a separate tensor (compressed-tensors). `scheme` is
+ * FP8_E4M3_TENSOR or FP8_E4M3_ROW (as arena_quant_ct_classify says); the
+ * components are the same as arena_quant_plan_init's for a BF16 source, and
+ * src_dtype is F8_E4M3. Errors as arena_quant_plan_init (another scheme is
+ * QUANT_NOT_APPLICABLE). */
+int arena_quant_plan_prequant(arena_quant_plan *out, arena_quant_scheme scheme, uint32_t rank,
+			      const uint64_t *shape, const char *label);
+
+/* Convert the source bytes `src` (p->src_nbytes of them: a mapped
+ * safetensors tensor, say) straight into the component buffers dst[0 ..
+ * p->n_comps) (dst[i] holds p->comps[i].nbytes bytes, typically slab memory).
+ * Nothing else is written, no full-size intermediate is made: the tensor
+ * scheme reads the source twice (amax, then cast), row schemes once per row
+ * plus a re-read of the row from cache. Returns 0, or USAGE when p, src or a
+ * dst is NULL (with bytes to write) or p is prequantized. */
+int arena_quant_run(const arena_quant_plan *p, const void *src, void *const dst[], unsigned threads);
+
+/* Streaming form of arena_quant_run, for sources read in pieces: convert
+ * units [first, first + count) where a unit is a row (p->cols elements) for
+ * row schemes and one element otherwise; `src` points at the first unit's
+ * bytes, dst[] are the component buffers' starts (as for arena_quant_run: the
+ * units are written at their own offsets). For fp8-e4m3-tensor pass
+ * `tensor_scale` = arena_quant_tensor_scale(amax over the whole tensor) (the
+ * scale component is written by every call); it is ignored otherwise.
+ * Returns 0, or USAGE (NULL pointers, units out of range, prequantized plan,
+ * a sub-byte `none` source with first or count not whole bytes). */
+int arena_quant_run_part(const arena_quant_plan *p, const void *src, uint64_t first, uint64_t count,
+			 float tensor_scale, void *const dst[], unsigned threads);
+
+/* amax(|x|) of n values of dtype `dt` (BF16, F16, F32) at `src`, as f32; the
+ * quiet NaN 0x7FC00000 if any is NaN (whatever its payload). Combine pieces
+ * with arena_quant_amax_merge. Returns 0, or USAGE for another dtype or NULL
+ * pointers (n > 0). n = 0 gives 0. */
+int arena_quant_amax(arena_dtype dt, const void *src, uint64_t n, unsigned threads, float *out);
+/* max of two amax values; NaN (0x7FC00000) if either is NaN. */
+float arena_quant_amax_merge(float a, float b);
+/* The fp8-e4m3-tensor scale for an amax: max(amax / 448, 1e-12) in f32. */
+float arena_quant_tensor_scale(float amax);
+
+/* Fill the components of a prequantized plan (p->prequantized): qdata is a
+ * copy of the F8_E4M3 bytes at `qsrc`, scale is the p->comps[1].nelem values
+ * of dtype `scale_dtype` (F32, BF16 or F16) at `scale_src`, widened exactly to
+ * F32 (ordered as in the source: [out], [out, 1] and [out, 1, ...] are the
+ * same bytes). Returns 0, or USAGE (not a prequantized plan, another scale
+ * dtype, NULL pointers). */
+int arena_quant_run_scaled(const arena_quant_plan *p, const void *qsrc, arena_dtype scale_dtype,
+			   const void *scale_src, void *const dst[], unsigned threads);
+
+/* The tensor's values as f32 (p->nelem of them, source order) from its
+ * components src[0 .. p->n_comps): q * scale for the scaled schemes (one f32
+ * multiply), widened values otherwise. For `none` the source dtype must be
+ * F32, BF16, F16, F8_E4M3 or F8_E5M2 (QUANT_NOT_APPLICABLE otherwise). USAGE
+ * for NULL pointers (with values to write). */
+int arena_quant_dequant_f32(const arena_quant_plan *p, const void *const src[], float *dst, unsigned threads);
+
+/* Element-wise cast of n values: sources F32, BF16, F16, F8_E4M3, F8_E5M2;
+ * targets F32, BF16, F16, F8_E4M3, F8_E5M2. Same rules as the schemes: RNE;
+ * FP8 targets saturate (clamp to +-max first, NaN stays NaN); F16 does not
+ * (past 65520 becomes inf, as torch's .to(float16)). Same dtype = copy.
+ * Returns 0, QUANT_NOT_APPLICABLE for another pair, USAGE for NULL (n > 0). */
+int arena_quant_cast(arena_dtype dst_dt, void *dst, arena_dtype src_dt, const void *src, uint64_t n,
+		     unsigned threads);
+
+/* ---- compressed-tensors (already-quantized) checkpoints -------------------
+ *
+ * The convention (vLLM, llm-compressor, AutoFP8): `<name>` holds F8_E4M3 data
+ * and `<name>_scale` its dequantization scale (value = q * scale), one value
+ * for the tensor or one per output row. Recognized pairs, checked in order:
+ *   1. q is F8_E4M3 and the scale is F32, BF16 or F16 (otherwise: not a pair);
+ *   2. the scale holds exactly one value ([], [1], [1, 1], ...)
+ *      -> fp8-e4m3-tensor;
+ *   3. q has rank >= 2, the scale is [rows] or [rows, 1, ..., 1] with at most
+ *      q's rank dims, rows = q.shape[0] -> fp8-e4m3-row.
+ * Anything else (per-group or block scales, [rows, 2], mismatched rows, a
+ * scale over an empty tensor) is not recognized: the two tensors are then
+ * ordinary tensors, stored as they are by `none`, so nothing is lost; `why`
+ * says why, so that convert can warn. */
+
+/* Classify the pair (q, s). Returns the scheme (FP8_E4M3_TENSOR or
+ * FP8_E4M3_ROW) or ARENA_QUANT_NONE when it is not a recognized pair; then
+ * *why (if why is not NULL) is a static one-line reason ("scale dtype I32 is
+ * not F32, BF16 or F16"), else NULL. Pure: no error state is touched. */
+arena_quant_scheme arena_quant_ct_classify(arena_dtype q_dtype, uint32_t q_rank, const uint64_t *q_shape,
+					   arena_dtype s_dtype, uint32_t s_rank, const uint64_t *s_shape,
+					   const char **why);
+
+/* Look up `<name>` and `<name>_scale` in `c` and classify them. Returns the
+ * scheme, with *scale_out (may be NULL) the scale tensor, borrowed from c; or
+ * ARENA_QUANT_NONE (and *scale_out NULL) when `<name>` is absent, has no
+ * `<name>_scale`, or the pair is not recognized (*why as above; NULL when
+ * there was no pair at all). Pure. */
+arena_quant_scheme arena_quant_ct_match(const arena_ckpt *c, const char *name, const arena_st_tensor **scale_out,
+					const char **why);
+
+/* 1 if `name` is "<base>_scale" and arena_quant_ct_match(c, base) recognizes
+ * the pair: the tensor is then a component of <base>, not a tensor of its own
+ * (convert skips it). 0 otherwise. */
+int arena_quant_ct_is_scale(const arena_ckpt *c, const char *name);
+
+#endif
