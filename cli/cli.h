@@ -47,3 +47,4 @@ const char *cli_fmt_bytes(uint64_t n, char *buf, size_t len);
 int cli_print_json(void *json);
 
 #endif
+	X(synth, "write a checkpoint with a real model's names and shapes, random values") \

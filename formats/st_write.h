@@ -18,11 +18,11 @@
  *   F8_E8M0 F8_E4M3 F8_E5M2 I8 U8 F6_E3M2 F6_E2M3 F4 BOOL
  * so every tensor starts at a multiple of its element size, and a file with
  * the same tensors and metadata is byte for byte what the reference writes
- * (for names and values that JSON writes without escapes; checked in
- * tests/unit/test_synth.c against a reference fixture).
+ * (tests/unit/test_synth.c rewrites the reference fixtures and compares).
  *
- * Life cycle (each step returns 0 or a negative ARENA_E code; after any
- * failure the only valid call is arena_stw_abort):
+ * Life cycle (each step returns 0 or a negative ARENA_E code; a failed meta
+ * or add leaves the writer as it was; after a failed begin or write, commit
+ * fails and abort is what is left):
  *
  *   arena_stw_create ──► arena_stw_meta / arena_stw_add (any number, any order)
  *        ──► arena_stw_begin (header computed and written; order fixed)
