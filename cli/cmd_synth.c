@@ -87,10 +87,12 @@ static int on_progress(void *ctx, uint64_t done, uint64_t total)
 	p->last = t;
 	double el = t - p->start, rate = el > 0 ? (double)done / el : 0;
 	char b1[32], b2[32];
-	fprintf(stderr, "\r%s / %s  %6.2f GB/s  ETA %4.0f s ", cli_fmt_bytes(done, b1, sizeof(b1)),
-		cli_fmt_bytes(total, b2, sizeof(b2)), rate / 1e9, rate > 0 ? (double)(total - done) / rate : 0);
-	if (done == total)
-		fputc('\n', stderr);
+	fprintf(stderr, "\r%s / %s  %.2f GB/s  ", cli_fmt_bytes(done, b1, sizeof(b1)), cli_fmt_bytes(total, b2, sizeof(b2)),
+		rate / 1e9);
+	if (done < total)
+		fprintf(stderr, "ETA %.0f s\033[K", rate > 0 ? (double)(total - done) / rate : 0);
+	else
+		fprintf(stderr, "syncing to disk\033[K"); /* the newline comes after the commit */
 	return 0;
 }
 
@@ -197,9 +199,9 @@ int cmd_synth(int argc, char **argv)
 
 	sigaction(SIGINT, &old_int, NULL);
 	sigaction(SIGTERM, &old_term, NULL);
+	if (pg.tty && pg.last > 0)
+		fputc('\n', stderr);
 	if (rc) {
-		if (pg.tty)
-			fputc('\n', stderr);
 		arena_synth_list_release(&list);
 		return cli_fail(rc);
 	}

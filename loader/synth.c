@@ -392,7 +392,7 @@ float arena_synth_value(uint64_t key, uint64_t index)
 	return f;
 }
 
-uint16_t arena_f32_to_bf16(float f)
+static inline uint16_t f32_to_bf16(float f)
 {
 	uint32_t b;
 	memcpy(&b, &f, 4);
@@ -402,7 +402,7 @@ uint16_t arena_f32_to_bf16(float f)
 	return (uint16_t)(b >> 16);
 }
 
-uint16_t arena_f32_to_f16(float f)
+static inline uint16_t f32_to_f16(float f)
 {
 	uint32_t x;
 	memcpy(&x, &f, 4);
@@ -426,6 +426,16 @@ uint16_t arena_f32_to_f16(float f)
 	return sign | (uint16_t)(x >> 13);
 }
 
+uint16_t arena_f32_to_bf16(float f)
+{
+	return f32_to_bf16(f);
+}
+
+uint16_t arena_f32_to_f16(float f)
+{
+	return f32_to_f16(f);
+}
+
 int arena_synth_fill(void *dst, arena_dtype dtype, uint64_t key, uint64_t first, size_t n)
 {
 	if (dtype != ARENA_DTYPE_F32 && dtype != ARENA_DTYPE_F16 && dtype != ARENA_DTYPE_BF16)
@@ -444,7 +454,7 @@ int arena_synth_fill(void *dst, arena_dtype dtype, uint64_t key, uint64_t first,
 		} else {                                                                                \
 			float f_;                                                                       \
 			memcpy(&f_, &b_, 4);                                                            \
-			uint16_t h_ = dtype == ARENA_DTYPE_BF16 ? arena_f32_to_bf16(f_) : arena_f32_to_f16(f_); \
+			uint16_t h_ = dtype == ARENA_DTYPE_BF16 ? f32_to_bf16(f_) : f32_to_f16(f_); \
 			memcpy(q_, &h_, 2);                                                             \
 		}                                                                                       \
 	} while (0)
@@ -452,7 +462,7 @@ int arena_synth_fill(void *dst, arena_dtype dtype, uint64_t key, uint64_t first,
 		PUT(i, value_bits(pair_hash(key, i >> 1), 1));
 		i++;
 	}
-	/* Pairs: one hash, two values. The dtype test is hoisted by the compiler. */
+	/* Pairs: one hash, two values; a loop per dtype. */
 	if (dtype == ARENA_DTYPE_BF16) {
 		for (; i + 1 < end; i += 2) {
 			uint64_t h = pair_hash(key, i >> 1);
@@ -462,11 +472,21 @@ int arena_synth_fill(void *dst, arena_dtype dtype, uint64_t key, uint64_t first,
 			uint32_t two = (b0 >> 16) | (b1 & 0xffff0000u);
 			memcpy(p + (i - first) * 2, &two, 4);
 		}
+	} else if (dtype == ARENA_DTYPE_F16) {
+		for (; i + 1 < end; i += 2) {
+			uint64_t h = pair_hash(key, i >> 1);
+			uint32_t b0 = value_bits(h, 0), b1 = value_bits(h, 1);
+			float f0, f1;
+			memcpy(&f0, &b0, 4);
+			memcpy(&f1, &b1, 4);
+			uint32_t two = (uint32_t)f32_to_f16(f0) | (uint32_t)f32_to_f16(f1) << 16;
+			memcpy(p + (i - first) * 2, &two, 4);
+		}
 	} else {
 		for (; i + 1 < end; i += 2) {
 			uint64_t h = pair_hash(key, i >> 1);
-			PUT(i, value_bits(h, 0));
-			PUT(i + 1, value_bits(h, 1));
+			uint32_t two[2] = {value_bits(h, 0), value_bits(h, 1)};
+			memcpy(p + (i - first) * 4, two, 8);
 		}
 	}
 	if (i < end)

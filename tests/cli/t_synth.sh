@@ -59,17 +59,21 @@ synth_unwritable() {
 	expect_no_out
 	expect_error_line
 	expect_err "$T/o/dir"
-	[ -d "$T/o/dir" ] && [ "$(ls -A "$T/o")" = dir ] || fail "a failed synth left files in $T/o"
+	if [ ! -d "$T/o/dir" ] || [ "$(ls -A "$T/o")" != dir ]; then
+		fail "a failed synth left files in $T/o"
+	fi
 	expect_empty_dir "$T/o/dir"
 	# A write fails half way (file size limit, 64 KiB; SIGXFSZ ignored so that
 	# write returns EFBIG).
 	mkdir "$T/l"
+	# shellcheck disable=SC2034 # LAST_CMD and rc are read by run.sh's helpers
 	LAST_CMD="arena synth --layout flux-dev --blocks 0 -o $T/l/x.st (ulimit -f 128)"
 	(
 		trap '' XFSZ
 		ulimit -f 128
 		exec "$ARENA" synth --layout flux-dev --blocks 0 -o "$T/l/x.st"
 	) >"$T/out" 2>"$T/err"
+	# shellcheck disable=SC2034
 	rc=$?
 	expect_rc 3
 	expect_error_line
