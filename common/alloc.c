@@ -71,9 +71,34 @@ void arena_free(void *p)
 	free(p);
 }
 
+/* Depth of arena_json_parse_begin/end on this thread. */
+static _Thread_local int json_parsing;
+
+unsigned long arena_json_parse_begin(void)
+{
+	json_parsing++;
+	return failed_here;
+}
+
+int arena_json_parse_end(unsigned long mark)
+{
+	json_parsing--;
+	return failed_here != mark;
+}
+
+/* jansson's allocator. While it parses, an injected failure is counted but
+ * not enacted (see alloc.h: jansson cannot survive one there). */
+static void *json_malloc(size_t n)
+{
+	if (json_parsing <= 0)
+		return arena_malloc(n);
+	(void)should_fail(); /* counts the allocation, and the failure when it fires */
+	return note(malloc(n ? n : 1));
+}
+
 static void set_json_alloc(void)
 {
-	json_set_alloc_funcs(arena_malloc, arena_free);
+	json_set_alloc_funcs(json_malloc, arena_free);
 }
 
 void arena_alloc_init(void)

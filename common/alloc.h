@@ -20,6 +20,22 @@ void arena_free(void *p); /* accepts NULL */
  * library such as jansson reports both the same way: compare before/after. */
 unsigned long arena_alloc_failures(void);
 
+/* Bracket a jansson parse (json_load*) of untrusted text:
+ *     unsigned long mark = arena_json_parse_begin();
+ *     json_t *root = json_loadb(...);
+ *     if (arena_json_parse_end(mark))   -> out of memory, whatever root is
+ * jansson (2.14) does not survive a failed allocation while parsing: its
+ * lexer drops the byte it could not save and parses on, which ends in a
+ * wrong result (a syntax error, or success on altered text) or in a write
+ * past a buffer (a string whose closing quote was dropped). So between begin
+ * and end an injected failure (arena_fault_alloc) on one of jansson's
+ * allocations is counted, not enacted: jansson gets its memory and end()
+ * reports the failure. A real allocation failure is still passed to jansson;
+ * nothing better can be done without another parser. Nests; per thread. */
+unsigned long arena_json_parse_begin(void);
+/* Nonzero if an allocation failed (real or injected) since `mark`. */
+int arena_json_parse_end(unsigned long mark);
+
 /* Route jansson's allocations through arena_malloc/arena_free. Idempotent,
  * thread-safe; called by every entry point that parses JSON. */
 void arena_alloc_init(void);

@@ -121,24 +121,31 @@ static void outfile_free(arena_outfile *f)
 int arena_outfile_commit(arena_outfile *f)
 {
 	int rc = 0;
-	if (fsync(f->fd) < 0)
+	/* Everything that can fail for want of memory happens before the rename:
+	 * a commit that returns an error never leaves the target in place. */
+	char *dir = dir_part(f->path);
+	if (!dir)
+		rc = arena_errorf(ARENA_E_NOMEM, "%s: out of memory", f->path);
+	else if (fsync(f->fd) < 0)
 		rc = arena_syserrorf(ARENA_E_IO, errno, "%s: fsync failed", f->path);
-	else if (close(f->fd) < 0)
-		rc = arena_syserrorf(ARENA_E_IO, errno, "%s: close failed", f->path);
-	f->fd = -1;
+	if (!rc) {
+		int cr = close(f->fd);
+		f->fd = -1; /* released even when close fails */
+		if (cr < 0)
+			rc = arena_syserrorf(ARENA_E_IO, errno, "%s: close failed", f->path);
+	}
 	if (!rc && rename(f->tmp_path, f->path) < 0)
 		rc = arena_syserrorf(ARENA_E_IO, errno, "%s: cannot rename the temporary into place", f->path);
 	if (rc) {
 		unlink(f->tmp_path);
 	} else {
-		char *dir = dir_part(f->path);
-		int dfd = dir ? open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+		int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 		if (dfd >= 0) {
 			fsync(dfd);
 			close(dfd);
 		}
-		arena_free(dir);
 	}
+	arena_free(dir);
 	outfile_free(f);
 	return rc;
 }

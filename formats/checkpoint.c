@@ -108,18 +108,22 @@ static int open_index(arena_ckpt *c, const char *index_path)
 	if (!c->index_path)
 		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", index_path);
 	json_error_t jerr;
-	unsigned long oom = arena_alloc_failures();
+	unsigned long mark = arena_json_parse_begin();
 	json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
+	int err = errno, oom = arena_json_parse_end(mark);
 	if (!root) {
 		enum json_error_code code = json_error_code(&jerr);
 		if (code == json_error_cannot_open_file)
-			return arena_syserrorf(ARENA_E_IO, errno, "%s: cannot open", index_path);
-		if (code == json_error_out_of_memory || arena_alloc_failures() != oom)
+			return arena_syserrorf(ARENA_E_IO, err, "%s: cannot open", index_path);
+		if (code == json_error_out_of_memory || oom)
 			return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", index_path);
 		return arena_errorf(E(IDX_JSON), "%s: line %d column %d: %s", index_path, jerr.line, jerr.column,
 				    arena_q(jerr.text));
 	}
 	c->index_json = root;
+	/* A parse can succeed on altered text after an allocation failed. */
+	if (oom)
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", index_path);
 	json_t *wm = json_is_object(root) ? json_object_get(root, "weight_map") : NULL;
 	if (!json_is_object(wm))
 		return arena_errorf(E(IDX_BAD), "%s: no \"weight_map\" object", index_path);

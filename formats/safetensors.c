@@ -220,17 +220,21 @@ static int parse_header(arena_st_file *f)
 
 	arena_alloc_init();
 	json_error_t jerr;
-	unsigned long oom = arena_alloc_failures();
+	unsigned long mark = arena_json_parse_begin();
 	json_t *root = json_loadb((const char *)buf + 8, (size_t)n, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);
+	int oom = arena_json_parse_end(mark);
 	if (!root) {
 		enum json_error_code c = json_error_code(&jerr);
-		if (c == json_error_out_of_memory || arena_alloc_failures() != oom)
+		if (c == json_error_out_of_memory || oom)
 			return arena_errorf(ARENA_E_NOMEM, "%s: out of memory parsing the header", f->path);
 		return arena_errorf(c == json_error_duplicate_key ? E(ST_DUPLICATE_KEY) : E(ST_HEADER_JSON),
 				    "%s: header JSON at byte %d: %s", f->path, 8 + jerr.position,
 				    arena_q(jerr.text));
 	}
 	f->json = root;
+	/* A parse can also succeed, on altered text, after an allocation failed. */
+	if (oom)
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory parsing the header", f->path);
 	if (!json_is_object(root))
 		return arena_errorf(E(ST_HEADER_NOT_OBJECT), "%s: header is not a JSON object", f->path);
 
