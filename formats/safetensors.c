@@ -29,6 +29,104 @@ static int is_uint(const json_t *v)
 	return json_is_integer(v) && json_integer_value(v) >= 0;
 }
 
+/* "-0" is valid JSON that jansson reads as the integer 0, but serde_json
+ * (behind the reference library) reads it as a float, so there a shape or
+ * data_offsets entry spelt "-0" is not an integer and the file is refused.
+ * To be no more lenient, every integer token spelt "-0" is turned into the
+ * real -0.0 before the checks. The k-th number token of the text is the k-th
+ * number met walking the parsed tree in order (jansson keeps object order,
+ * and duplicate keys are refused), so tokens are matched by their ordinal. */
+typedef struct neg_zeros {
+	size_t *ord;  /* ordinals of the "-0" tokens, ascending */
+	size_t n, next;
+	size_t seen;  /* numbers met so far in the walk */
+} neg_zeros;
+
+/* Count (and, with z->ord, record) the "-0" integer tokens of valid JSON text. */
+static size_t scan_neg_zeros(const char *s, size_t len, neg_zeros *z)
+{
+	size_t count = 0, k = 0;
+	int in_str = 0;
+	for (size_t i = 0; i < len; i++) {
+		char c = s[i];
+		if (in_str) {
+			if (c == '\\')
+				i++;
+			else if (c == '"')
+				in_str = 0;
+		} else if (c == '"') {
+			in_str = 1;
+		} else if (c == '-' || (c >= '0' && c <= '9')) {
+			size_t b = i;
+			while (i + 1 < len && s[i + 1] && strchr("0123456789+-.eE", s[i + 1]))
+				i++;
+			if (i == b + 1 && s[b] == '-' && s[b + 1] == '0') {
+				if (z->ord)
+					z->ord[count] = k;
+				count++;
+			}
+			k++;
+		}
+	}
+	return count;
+}
+
+/* Replace the recorded "-0" integers below v by -0.0; 0 or NOMEM. */
+static int fix_neg_zeros(json_t *v, neg_zeros *z)
+{
+	size_t i;
+	const char *key;
+	json_t *x;
+	if (json_is_array(v)) {
+		json_array_foreach(v, i, x) {
+			if (z->next == z->n)
+				return 0;
+			if (json_is_number(x)) {
+				if (z->ord[z->next] == z->seen++) {
+					z->next++;
+					if (json_array_set_new(v, i, json_real(-0.0)))
+						return ARENA_E_NOMEM;
+				}
+			} else if (fix_neg_zeros(x, z)) {
+				return ARENA_E_NOMEM;
+			}
+		}
+	} else if (json_is_object(v)) {
+		json_object_foreach(v, key, x) {
+			if (z->next == z->n)
+				return 0;
+			if (json_is_number(x)) {
+				if (z->ord[z->next] == z->seen++) {
+					z->next++;
+					if (json_object_set_new(v, key, json_real(-0.0)))
+						return ARENA_E_NOMEM;
+				}
+			} else if (fix_neg_zeros(x, z)) {
+				return ARENA_E_NOMEM;
+			}
+		}
+	}
+	return 0;
+}
+
+static int neg_zeros_to_reals(arena_st_file *f, json_t *root)
+{
+	const char *text = (const char *)f->base + 8;
+	neg_zeros z = {0};
+	z.n = scan_neg_zeros(text, (size_t)f->header_len, &z);
+	if (!z.n)
+		return 0;
+	z.ord = arena_calloc(z.n, sizeof(*z.ord));
+	if (!z.ord)
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory parsing the header", f->path);
+	scan_neg_zeros(text, (size_t)f->header_len, &z);
+	int rc = fix_neg_zeros(root, &z);
+	arena_free(z.ord);
+	if (rc)
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory parsing the header", f->path);
+	return 0;
+}
+
 /* Per-entry checks, in the documented order. Fills t except sizes. */
 static int check_entry(arena_st_file *f, const char *name, json_t *v, arena_st_tensor *t,
 		       uint64_t **shape_cursor)
@@ -235,6 +333,9 @@ static int parse_header(arena_st_file *f)
 	/* A parse can also succeed, on altered text, after an allocation failed. */
 	if (oom)
 		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory parsing the header", f->path);
+	int rc = neg_zeros_to_reals(f, root);
+	if (rc)
+		return rc;
 	if (!json_is_object(root))
 		return arena_errorf(E(ST_HEADER_NOT_OBJECT), "%s: header is not a JSON object", f->path);
 
@@ -257,7 +358,7 @@ static int parse_header(arena_st_file *f)
 		arena_free(by_off);
 		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory for %zu tensors", f->path, nt);
 	}
-	int rc = 0;
+	rc = 0;
 	uint64_t *cursor = f->shape_pool;
 	json_object_foreach(root, key, v) {
 		if (strcmp(key, "__metadata__") == 0)

@@ -190,6 +190,30 @@ Test(st_rules, not_json)
 	expect_err("{\"a\":NaN}", 0, ST_HEADER_JSON, NULL);
 }
 
+Test(st_rules, deep_nesting_and_nul)
+{
+	/* Far deeper than any parser stack should go: an error, not a crash. */
+	size_t depth = 200000;
+	char *h = malloc(2 * depth + 1);
+	cr_assert_not_null(h);
+	memset(h, '[', depth);
+	memset(h + depth, ']', depth);
+	h[2 * depth] = '\0';
+	int rc = parse_str(h, 0);
+	cr_assert(rc == ARENA_E(ST_HEADER_JSON) || rc == ARENA_E(ST_HEADER_NOT_OBJECT), "%s", arena_err_name(rc));
+	memset(h, '{', 1);
+	rc = parse_str(h, 0);
+	cr_assert_eq(rc, ARENA_E(ST_HEADER_JSON), "%s", arena_err_name(rc));
+	free(h);
+	/* A raw NUL inside a string. */
+	size_t len;
+	uint8_t *b = st_build_n("{\"a\0\":1}", 8, 0, &len);
+	cr_assert_eq(parse_raw(b, len), ARENA_E(ST_HEADER_JSON), "%s", arena_last_error());
+	free(b);
+	/* An escaped NUL in a name. */
+	expect_err("{\"a\\u0000b\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}}", 0, ST_HEADER_JSON, NULL);
+}
+
 Test(st_rules, trailing_garbage_after_json)
 {
 	expect_err("{} x", 0, ST_HEADER_JSON, NULL);
@@ -315,6 +339,27 @@ Test(st_rules, shape_float_or_other_dims)
 		   "'blk.0.w'");
 	expect_err("{\"blk.0.w\":{\"dtype\":\"U8\",\"shape\":[true],\"data_offsets\":[0,1]}}", 1, ST_BAD_SHAPE,
 		   "'blk.0.w'");
+}
+
+Test(st_rules, negative_zero_is_not_an_integer)
+{
+	/* serde_json (the reference's parser) reads "-0" as a float. */
+	expect_err("{\"blk.0.w\":{\"dtype\":\"U8\",\"shape\":[-0],\"data_offsets\":[0,0]}}", 0, ST_BAD_SHAPE,
+		   "'blk.0.w'");
+	expect_err("{\"blk.0.w\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[-0,0]}}", 0, ST_BAD_OFFSETS,
+		   "'blk.0.w'");
+	expect_err("{\"blk.0.w\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,-0]}}", 0, ST_BAD_OFFSETS,
+		   "'blk.0.w'");
+	expect_err("{\"blk.0.w\":{\"dtype\":\"U8\",\"shape\":[-0.0],\"data_offsets\":[0,0]}}", 0, ST_BAD_SHAPE,
+		   "'blk.0.w'");
+	/* The right one among many numbers, after strings that look like numbers. */
+	expect_err("{\"__metadata__\":{\"-0\":\"-0\"},\"a\":{\"dtype\":\"U8\",\"shape\":[1,0],\"data_offsets\":[0,0]},"
+		   "\"b-0\":{\"dtype\":\"U8\",\"shape\":[0,1,-0],\"data_offsets\":[0,0]}}", 0, ST_BAD_SHAPE, "'b-0'");
+	cr_assert(strstr(arena_last_error(), "shape[2]"), "%s", arena_last_error());
+	/* -0 inside strings, and 0, -0.5 or -01 spelt otherwise, are not this rule. */
+	expect_ok("{\"__metadata__\":{\"k\":\"-0\"},\"x-0\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}}", 0);
+	expect_err("{\"a\":{\"dtype\":\"U8\",\"shape\":[-0.5],\"data_offsets\":[0,0]}}", 0, ST_BAD_SHAPE, "'a'");
+	expect_err("{\"a\":{\"dtype\":\"U8\",\"shape\":[-01],\"data_offsets\":[0,0]}}", 0, ST_HEADER_JSON, NULL);
 }
 
 Test(st_rules, data_offsets_wrong_length)
