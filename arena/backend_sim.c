@@ -1,0 +1,664 @@
+/* backend_sim.c - the low-VRAM simulator: device memory is host memory under a
+ * capacity, every stream has a worker thread, one modelled copy engine.
+ *
+ * The model:
+ *   - Device memory: 256-byte aligned host buffers counted against the
+ *     capacity; free = capacity - allocated - pressure (pressure stands for
+ *     another program's VRAM). Sizes are counted rounded up to 256 bytes.
+ *   - Streams: a FIFO of ops (copy, wait for an event, modelled compute) that
+ *     the stream's own worker thread runs in order. The ops queued on a stream
+ *     get sequence numbers 1, 2, ...; `done` is the number of the last one
+ *     finished.
+ *   - Copy engine: one, shared by all streams, like PCIe. A copy of n bytes
+ *     books the engine for n / rate seconds from when it is next idle (or
+ *     now), does its memcpy, and finishes at the end of its booking. So
+ *     copies on several streams together never beat the modelled bandwidth,
+ *     and copies overlap fully with compute on other streams. With rate 0 a
+ *     copy is just its memcpy.
+ *   - Events: record captures (stream id, sequence number of the last op
+ *     queued); the event is done once that stream's `done` reaches it. A
+ *     stream is destroyed only after its work is done, so an event whose
+ *     stream is gone is done; so is an event never recorded (stream id 0).
+ *
+ * Invariants (b->mu guards every field of the backend, its streams and its
+ * events; a worker drops it only around a memcpy and while it sleeps):
+ *   1. For each stream, done <= queued, and its queue holds exactly the ops
+ *      numbered done+1 .. queued, in order; the head is the op running.
+ *   2. allocated = sum of the sizes in b->allocs, and
+ *      allocated + pressure <= capacity.
+ *   3. Every live stream is on b->streams and every live event on b->events,
+ *      so destroy can free what the caller left; stream ids are never reused.
+ *   4. Once b->cancel is set (destroy), workers skip the ops left in their
+ *      queue and exit; nothing else runs after that.
+ */
+#include "backend.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "../common/alloc.h"
+#include "../common/err.h"
+
+#define SIM_ALIGN 256u
+#define SIM_DEFAULT_CAPACITY (8ull << 30)
+
+enum sim_op_kind { SIM_COPY, SIM_WAIT, SIM_COMPUTE };
+
+struct sim_op {
+	struct sim_op *next;
+	enum sim_op_kind kind;
+	uint64_t seq;
+	void *dst; /* SIM_COPY */
+	const void *src;
+	uint64_t bytes;
+	uint64_t wait_stream; /* SIM_WAIT: the event as recorded when the wait was queued */
+	uint64_t wait_seq;
+	double seconds; /* SIM_COMPUTE */
+};
+
+typedef struct sim_backend sim_backend;
+
+struct arena_stream {
+	sim_backend *b;
+	arena_stream *next; /* on b->streams */
+	uint64_t id;        /* >= 1 */
+	uint64_t queued;    /* sequence number of the last op queued */
+	uint64_t done;      /* sequence number of the last op finished */
+	struct sim_op *head, *tail;
+	pthread_cond_t cv; /* new work, stop, cancel; the worker's sleeps wait on it */
+	pthread_t thread;
+	int stop; /* no more work will come: exit once the queue is empty */
+};
+
+struct arena_event {
+	arena_event *prev, *next; /* on b->events */
+	uint64_t stream;          /* 0: never recorded */
+	uint64_t seq;
+};
+
+struct sim_alloc {
+	void *dptr; /* what dev_alloc returned */
+	void *raw;  /* what arena_malloc returned */
+	uint64_t size;
+};
+
+struct sim_pin {
+	const void *p;
+	uint64_t bytes;
+};
+
+struct sim_backend {
+	arena_backend base;
+	pthread_mutex_t mu;
+	pthread_cond_t progress; /* some stream's `done` moved, or cancel */
+	uint64_t capacity, allocated, pressure;
+	double rate;           /* modelled H2D bytes per second, 0 = unmodelled */
+	double engine_idle_at; /* monotonic time the copy engine's bookings end */
+	struct sim_alloc *allocs;
+	size_t n_allocs, cap_allocs;
+	struct sim_pin *pins;
+	size_t n_pins, cap_pins;
+	uint64_t pinned; /* registered host bytes (a ledger: nothing is pinned) */
+	arena_stream *streams;
+	arena_event *events;
+	uint64_t last_stream_id;
+	int cancel;
+};
+
+static const arena_backend_ops sim_ops;
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* --- workers --------------------------------------------------------------- */
+
+/* Sleep on s->cv (b->mu held) until monotonic time `until` or cancel. */
+static void sim_sleep_until(sim_backend *b, arena_stream *s, double until)
+{
+	double t;
+	while (!b->cancel && (t = now_s()) < until) {
+		struct timespec ts;
+		double whole = floor(until);
+		ts.tv_sec = (time_t)whole;
+		ts.tv_nsec = (long)((until - whole) * 1e9);
+		if (ts.tv_nsec > 999999999L)
+			ts.tv_nsec = 999999999L;
+		pthread_cond_timedwait(&s->cv, &b->mu, &ts);
+	}
+}
+
+/* Is op `seq` of stream `id` done? (b->mu held) */
+static int sim_seq_done(const sim_backend *b, uint64_t id, uint64_t seq)
+{
+	if (!id)
+		return 1;
+	for (const arena_stream *s = b->streams; s; s = s->next)
+		if (s->id == id)
+			return s->done >= seq;
+	return 1; /* destroyed, so finished */
+}
+
+/* Run the head op of s (b->mu held; dropped around the memcpy). */
+static void sim_run(sim_backend *b, arena_stream *s, const struct sim_op *op)
+{
+	switch (op->kind) {
+	case SIM_COPY: {
+		double end = 0;
+		if (b->rate > 0) {
+			double t = now_s();
+			double start = b->engine_idle_at > t ? b->engine_idle_at : t;
+			end = start + (double)op->bytes / b->rate;
+			b->engine_idle_at = end;
+		}
+		pthread_mutex_unlock(&b->mu);
+		memcpy(op->dst, op->src, (size_t)op->bytes);
+		pthread_mutex_lock(&b->mu);
+		sim_sleep_until(b, s, end);
+		break;
+	}
+	case SIM_WAIT:
+		while (!b->cancel && !sim_seq_done(b, op->wait_stream, op->wait_seq))
+			pthread_cond_wait(&b->progress, &b->mu);
+		break;
+	case SIM_COMPUTE:
+		sim_sleep_until(b, s, now_s() + op->seconds);
+		break;
+	}
+}
+
+static void *sim_worker(void *arg)
+{
+	arena_stream *s = arg;
+	sim_backend *b = s->b;
+	pthread_mutex_lock(&b->mu);
+	for (;;) {
+		while (!s->head && !s->stop)
+			pthread_cond_wait(&s->cv, &b->mu);
+		struct sim_op *op = s->head;
+		if (!op)
+			break;
+		if (!b->cancel)
+			sim_run(b, s, op);
+		/* Ops may have been queued behind op while the lock was dropped. */
+		s->head = op->next;
+		if (!s->head)
+			s->tail = NULL;
+		s->done = op->seq;
+		arena_free(op);
+		pthread_cond_broadcast(&b->progress);
+	}
+	pthread_mutex_unlock(&b->mu);
+	return NULL;
+}
+
+/* Append op to s and wake its worker (b->mu held). */
+static void sim_enqueue(arena_stream *s, struct sim_op *op)
+{
+	op->next = NULL;
+	op->seq = ++s->queued;
+	if (s->tail)
+		s->tail->next = op;
+	else
+		s->head = op;
+	s->tail = op;
+	pthread_cond_signal(&s->cv);
+}
+
+/* --- tables ----------------------------------------------------------------- */
+
+/* Make room for one more entry in a table of `size`-byte entries. */
+static int sim_grow(void **tab, size_t n, size_t *cap, size_t size)
+{
+	if (n < *cap)
+		return 0;
+	size_t ncap = *cap ? *cap * 2 : 16;
+	void *t = arena_realloc(*tab, ncap * size);
+	if (!t)
+		return arena_errorf(ARENA_E_NOMEM, "sim: out of memory");
+	*tab = t;
+	*cap = ncap;
+	return 0;
+}
+
+/* The allocation that holds [p, p + bytes) whole, or NULL (b->mu held). */
+static const struct sim_alloc *sim_find(const sim_backend *b, const void *p, uint64_t bytes)
+{
+	uintptr_t c = (uintptr_t)p;
+	for (size_t i = 0; i < b->n_allocs; i++) {
+		uintptr_t d = (uintptr_t)b->allocs[i].dptr;
+		if (c >= d && c - d <= b->allocs[i].size && bytes <= b->allocs[i].size - (c - d))
+			return &b->allocs[i];
+	}
+	return NULL;
+}
+
+/* --- ops ---------------------------------------------------------------------- */
+
+static int sim_mem_info(arena_backend *base, uint64_t *free_bytes, uint64_t *total_bytes)
+{
+	sim_backend *b = (sim_backend *)base;
+	pthread_mutex_lock(&b->mu);
+	*free_bytes = b->capacity - b->allocated - b->pressure;
+	*total_bytes = b->capacity;
+	pthread_mutex_unlock(&b->mu);
+	return 0;
+}
+
+static int sim_dev_alloc(arena_backend *base, uint64_t bytes, void **dptr)
+{
+	sim_backend *b = (sim_backend *)base;
+	int rc = 0;
+	void *raw = NULL;
+	*dptr = NULL;
+	if (!bytes)
+		return arena_errorf(ARENA_E_USAGE, "sim: cannot allocate 0 bytes");
+	uint64_t size = bytes > UINT64_MAX - SIM_ALIGN ? UINT64_MAX : (bytes + SIM_ALIGN - 1) & ~(uint64_t)(SIM_ALIGN - 1);
+	pthread_mutex_lock(&b->mu);
+	uint64_t avail = b->capacity - b->allocated - b->pressure;
+	if (size > avail)
+		rc = arena_errorf(ARENA_E(DEV_OOM), "sim: cannot allocate %llu bytes, %llu free of %llu",
+				  (unsigned long long)bytes, (unsigned long long)avail,
+				  (unsigned long long)b->capacity);
+	if (!rc)
+		rc = sim_grow((void **)&b->allocs, b->n_allocs, &b->cap_allocs, sizeof(*b->allocs));
+	if (!rc && (size > SIZE_MAX - SIM_ALIGN || !(raw = arena_malloc((size_t)size + SIM_ALIGN - 1))))
+		rc = arena_errorf(ARENA_E_NOMEM, "sim: out of host memory for %llu bytes of device memory",
+				  (unsigned long long)bytes);
+	if (!rc) {
+		*dptr = (void *)(((uintptr_t)raw + SIM_ALIGN - 1) & ~(uintptr_t)(SIM_ALIGN - 1));
+		b->allocs[b->n_allocs++] = (struct sim_alloc){*dptr, raw, size};
+		b->allocated += size;
+	}
+	pthread_mutex_unlock(&b->mu);
+	return rc;
+}
+
+static void sim_dev_free(arena_backend *base, void *dptr)
+{
+	sim_backend *b = (sim_backend *)base;
+	if (!dptr)
+		return;
+	pthread_mutex_lock(&b->mu);
+	size_t i = 0;
+	while (i < b->n_allocs && b->allocs[i].dptr != dptr)
+		i++;
+	if (i == b->n_allocs)
+		ARENA_BUG("sim: dev_free of a pointer that dev_alloc did not return");
+	b->allocated -= b->allocs[i].size;
+	arena_free(b->allocs[i].raw);
+	b->allocs[i] = b->allocs[--b->n_allocs];
+	pthread_mutex_unlock(&b->mu);
+}
+
+static int sim_host_register(arena_backend *base, void *p, uint64_t bytes)
+{
+	sim_backend *b = (sim_backend *)base;
+	uintptr_t c = (uintptr_t)p;
+	int rc = 0;
+	if (!p || !bytes)
+		return arena_errorf(ARENA_E_USAGE, "sim: host_register of %s", p ? "0 bytes" : "a NULL pointer");
+	pthread_mutex_lock(&b->mu);
+	for (size_t i = 0; i < b->n_pins && !rc; i++) {
+		uintptr_t q = (uintptr_t)b->pins[i].p;
+		if (c - q < b->pins[i].bytes || q - c < bytes) /* the ranges intersect */
+			rc = arena_errorf(ARENA_E(DEV_ERROR),
+					  "sim: host_register of %llu bytes at %p: overlaps memory already registered",
+					  (unsigned long long)bytes, p);
+	}
+	if (!rc)
+		rc = sim_grow((void **)&b->pins, b->n_pins, &b->cap_pins, sizeof(*b->pins));
+	if (!rc) {
+		b->pins[b->n_pins++] = (struct sim_pin){p, bytes};
+		b->pinned += bytes;
+	}
+	pthread_mutex_unlock(&b->mu);
+	return rc;
+}
+
+static void sim_host_unregister(arena_backend *base, void *p)
+{
+	sim_backend *b = (sim_backend *)base;
+	if (!p)
+		return;
+	pthread_mutex_lock(&b->mu);
+	size_t i = 0;
+	while (i < b->n_pins && b->pins[i].p != p)
+		i++;
+	if (i == b->n_pins)
+		ARENA_BUG("sim: host_unregister of memory that host_register did not register");
+	b->pinned -= b->pins[i].bytes;
+	b->pins[i] = b->pins[--b->n_pins];
+	pthread_mutex_unlock(&b->mu);
+}
+
+static int sim_stream_create(arena_backend *base, arena_stream **out)
+{
+	sim_backend *b = (sim_backend *)base;
+	int rc = 0, err;
+	*out = NULL;
+	arena_stream *s = arena_calloc(1, sizeof(*s));
+	if (!s)
+		return arena_errorf(ARENA_E_NOMEM, "sim: out of memory for a stream");
+	s->b = b;
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	err = pthread_cond_init(&s->cv, &ca);
+	pthread_condattr_destroy(&ca);
+	if (err) {
+		rc = arena_syserrorf(ARENA_E_NOMEM, err, "sim: cannot create a stream");
+		goto out;
+	}
+	/* On the list before the worker starts: the worker only ever sees it there. */
+	pthread_mutex_lock(&b->mu);
+	s->id = ++b->last_stream_id;
+	s->next = b->streams;
+	b->streams = s;
+	err = pthread_create(&s->thread, NULL, sim_worker, s);
+	if (err) {
+		b->streams = s->next;
+		rc = arena_syserrorf(ARENA_E_NOMEM, err, "sim: cannot start a stream worker");
+	}
+	pthread_mutex_unlock(&b->mu);
+	if (rc)
+		pthread_cond_destroy(&s->cv);
+out:
+	if (rc)
+		arena_free(s);
+	else
+		*out = s;
+	return rc;
+}
+
+/* Tell s's worker to exit once its queue is empty (at once, on cancel) and
+ * join it. s stays on b->streams until the caller unlinks it. */
+static void sim_stream_join(sim_backend *b, arena_stream *s)
+{
+	pthread_mutex_lock(&b->mu);
+	s->stop = 1;
+	pthread_cond_signal(&s->cv);
+	pthread_mutex_unlock(&b->mu);
+	pthread_join(s->thread, NULL);
+}
+
+/* Contract (sim): waits until the work queued on s is done, then frees it;
+ * events recorded on s count as done afterwards. */
+static void sim_stream_destroy(arena_backend *base, arena_stream *s)
+{
+	sim_backend *b = (sim_backend *)base;
+	if (!s)
+		return;
+	sim_stream_join(b, s);
+	pthread_mutex_lock(&b->mu);
+	arena_stream **pp = &b->streams;
+	while (*pp != s)
+		pp = &(*pp)->next;
+	*pp = s->next;
+	pthread_mutex_unlock(&b->mu);
+	pthread_cond_destroy(&s->cv);
+	arena_free(s);
+}
+
+static int sim_stream_sync(arena_backend *base, arena_stream *s)
+{
+	sim_backend *b = (sim_backend *)base;
+	pthread_mutex_lock(&b->mu);
+	uint64_t target = s->queued;
+	while (s->done < target)
+		pthread_cond_wait(&b->progress, &b->mu);
+	pthread_mutex_unlock(&b->mu);
+	return 0;
+}
+
+static int sim_copy_h2d(arena_backend *base, void *dst, const void *src, uint64_t bytes, arena_stream *s)
+{
+	sim_backend *b = (sim_backend *)base;
+	int rc = 0;
+	if (!bytes)
+		return 0;
+	struct sim_op *op = arena_calloc(1, sizeof(*op));
+	if (!op)
+		return arena_errorf(ARENA_E_NOMEM, "sim: out of memory for a copy");
+	*op = (struct sim_op){.kind = SIM_COPY, .dst = dst, .src = src, .bytes = bytes};
+	pthread_mutex_lock(&b->mu);
+	if (!src || !sim_find(b, dst, bytes))
+		rc = arena_errorf(ARENA_E_USAGE, "sim: copy_h2d of %llu bytes to %p: %s", (unsigned long long)bytes,
+				  dst, src ? "not inside one device allocation" : "NULL source");
+	else
+		sim_enqueue(s, op);
+	pthread_mutex_unlock(&b->mu);
+	if (rc)
+		arena_free(op);
+	return rc;
+}
+
+static int sim_copy_d2h_sync(arena_backend *base, void *dst, const void *src, uint64_t bytes)
+{
+	sim_backend *b = (sim_backend *)base;
+	int rc = 0;
+	if (!bytes)
+		return 0;
+	pthread_mutex_lock(&b->mu);
+	if (!dst || !sim_find(b, src, bytes))
+		rc = arena_errorf(ARENA_E_USAGE, "sim: copy_d2h_sync of %llu bytes from %p: %s",
+				  (unsigned long long)bytes, src, dst ? "not inside one device allocation" : "NULL destination");
+	pthread_mutex_unlock(&b->mu);
+	if (!rc)
+		memcpy(dst, src, (size_t)bytes);
+	return rc;
+}
+
+static int sim_event_create(arena_backend *base, arena_event **out)
+{
+	sim_backend *b = (sim_backend *)base;
+	*out = NULL;
+	arena_event *e = arena_calloc(1, sizeof(*e));
+	if (!e)
+		return arena_errorf(ARENA_E_NOMEM, "sim: out of memory for an event");
+	pthread_mutex_lock(&b->mu);
+	e->next = b->events;
+	if (b->events)
+		b->events->prev = e;
+	b->events = e;
+	pthread_mutex_unlock(&b->mu);
+	*out = e;
+	return 0;
+}
+
+static void sim_event_destroy(arena_backend *base, arena_event *e)
+{
+	sim_backend *b = (sim_backend *)base;
+	if (!e)
+		return;
+	pthread_mutex_lock(&b->mu);
+	if (e->prev)
+		e->prev->next = e->next;
+	else
+		b->events = e->next;
+	if (e->next)
+		e->next->prev = e->prev;
+	pthread_mutex_unlock(&b->mu);
+	arena_free(e);
+}
+
+static int sim_event_record(arena_backend *base, arena_event *e, arena_stream *s)
+{
+	sim_backend *b = (sim_backend *)base;
+	pthread_mutex_lock(&b->mu);
+	e->stream = s->id;
+	e->seq = s->queued;
+	pthread_mutex_unlock(&b->mu);
+	return 0;
+}
+
+static int sim_event_query(arena_backend *base, arena_event *e)
+{
+	sim_backend *b = (sim_backend *)base;
+	pthread_mutex_lock(&b->mu);
+	int done = sim_seq_done(b, e->stream, e->seq);
+	pthread_mutex_unlock(&b->mu);
+	return done;
+}
+
+static int sim_event_sync(arena_backend *base, arena_event *e)
+{
+	sim_backend *b = (sim_backend *)base;
+	pthread_mutex_lock(&b->mu);
+	uint64_t id = e->stream, seq = e->seq;
+	while (!sim_seq_done(b, id, seq))
+		pthread_cond_wait(&b->progress, &b->mu);
+	pthread_mutex_unlock(&b->mu);
+	return 0;
+}
+
+static int sim_stream_wait(arena_backend *base, arena_stream *s, arena_event *e)
+{
+	sim_backend *b = (sim_backend *)base;
+	struct sim_op *op = arena_calloc(1, sizeof(*op));
+	if (!op)
+		return arena_errorf(ARENA_E_NOMEM, "sim: out of memory for a stream wait");
+	pthread_mutex_lock(&b->mu);
+	*op = (struct sim_op){.kind = SIM_WAIT, .wait_stream = e->stream, .wait_seq = e->seq};
+	if (sim_seq_done(b, op->wait_stream, op->wait_seq)) {
+		arena_free(op); /* nothing to wait for */
+	} else {
+		sim_enqueue(s, op);
+	}
+	pthread_mutex_unlock(&b->mu);
+	return 0;
+}
+
+static void sim_destroy(arena_backend *base)
+{
+	sim_backend *b = (sim_backend *)base;
+	pthread_mutex_lock(&b->mu);
+	b->cancel = 1;
+	for (arena_stream *s = b->streams; s; s = s->next)
+		pthread_cond_signal(&s->cv);
+	pthread_cond_broadcast(&b->progress);
+	pthread_mutex_unlock(&b->mu);
+	/* Workers exit at once now (invariant 4); nothing else touches the lists. */
+	while (b->streams) {
+		arena_stream *s = b->streams;
+		sim_stream_join(b, s);
+		b->streams = s->next;
+		pthread_cond_destroy(&s->cv);
+		arena_free(s);
+	}
+	while (b->events) {
+		arena_event *e = b->events;
+		b->events = e->next;
+		arena_free(e);
+	}
+	for (size_t i = 0; i < b->n_allocs; i++)
+		arena_free(b->allocs[i].raw);
+	arena_free(b->allocs);
+	arena_free(b->pins);
+	pthread_cond_destroy(&b->progress);
+	pthread_mutex_destroy(&b->mu);
+	arena_free(b);
+}
+
+static const arena_backend_ops sim_ops = {
+	.name = "sim",
+	.mem_info = sim_mem_info,
+	.dev_alloc = sim_dev_alloc,
+	.dev_free = sim_dev_free,
+	.host_register = sim_host_register,
+	.host_unregister = sim_host_unregister,
+	.stream_create = sim_stream_create,
+	.stream_destroy = sim_stream_destroy,
+	.stream_sync = sim_stream_sync,
+	.copy_h2d = sim_copy_h2d,
+	.copy_d2h_sync = sim_copy_d2h_sync,
+	.event_create = sim_event_create,
+	.event_destroy = sim_event_destroy,
+	.event_record = sim_event_record,
+	.event_query = sim_event_query,
+	.event_sync = sim_event_sync,
+	.stream_wait = sim_stream_wait,
+	.destroy = sim_destroy,
+};
+
+/* --- public ------------------------------------------------------------------ */
+
+int arena_backend_sim_create(const arena_sim_opts *o, arena_backend **out)
+{
+	*out = NULL;
+	uint64_t capacity = o && o->capacity ? o->capacity : SIM_DEFAULT_CAPACITY;
+	double rate = o ? o->h2d_bytes_per_s : 0;
+	if (!(rate >= 0) || isinf(rate))
+		return arena_errorf(ARENA_E_USAGE, "sim: h2d_bytes_per_s must be a finite number >= 0, not %g", rate);
+	sim_backend *b = arena_calloc(1, sizeof(*b));
+	if (!b)
+		return arena_errorf(ARENA_E_NOMEM, "sim: out of memory");
+	pthread_condattr_t ca;
+	int err = pthread_mutex_init(&b->mu, NULL);
+	if (!err) {
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		err = pthread_cond_init(&b->progress, &ca);
+		pthread_condattr_destroy(&ca);
+		if (err)
+			pthread_mutex_destroy(&b->mu);
+	}
+	if (err) {
+		arena_free(b);
+		return arena_syserrorf(ARENA_E_NOMEM, err, "sim: cannot create the backend");
+	}
+	b->base.ops = &sim_ops;
+	b->capacity = capacity;
+	b->rate = rate;
+	*out = &b->base;
+	return 0;
+}
+
+static sim_backend *as_sim(arena_backend *b, const char *what)
+{
+	if (!b || b->ops != &sim_ops) {
+		arena_errorf(ARENA_E_USAGE, "%s: not a sim backend", what);
+		return NULL;
+	}
+	return (sim_backend *)b;
+}
+
+int arena_backend_sim_pressure(arena_backend *base, uint64_t bytes)
+{
+	sim_backend *b = as_sim(base, "sim pressure");
+	int rc = 0;
+	if (!b)
+		return ARENA_E_USAGE;
+	pthread_mutex_lock(&b->mu);
+	uint64_t avail = b->capacity - b->allocated;
+	if (bytes > avail)
+		rc = arena_errorf(ARENA_E(DEV_OOM), "sim: outside pressure of %llu bytes does not fit, %llu free of %llu",
+				  (unsigned long long)bytes, (unsigned long long)avail, (unsigned long long)b->capacity);
+	else
+		b->pressure = bytes;
+	pthread_mutex_unlock(&b->mu);
+	return rc;
+}
+
+int arena_backend_sim_compute(arena_backend *base, arena_stream *s, double seconds)
+{
+	sim_backend *b = as_sim(base, "sim compute");
+	if (!b)
+		return ARENA_E_USAGE;
+	if (!(seconds >= 0) || isinf(seconds))
+		return arena_errorf(ARENA_E_USAGE, "sim: compute of %g seconds", seconds);
+	struct sim_op *op = arena_calloc(1, sizeof(*op));
+	if (!op)
+		return arena_errorf(ARENA_E_NOMEM, "sim: out of memory for a compute op");
+	*op = (struct sim_op){.kind = SIM_COMPUTE, .seconds = seconds};
+	pthread_mutex_lock(&b->mu);
+	sim_enqueue(s, op);
+	pthread_mutex_unlock(&b->mu);
+	return 0;
+}
