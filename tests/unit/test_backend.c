@@ -1,0 +1,676 @@
+/* test_backend.c - the device backends: the sim's memory, copy, event, stream
+ * and timing model, its fault paths; the same byte checks on cuda when a
+ * device is present (skipped otherwise). */
+#include <criterion/criterion.h>
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "arena.h"
+#include "../../arena/backend.h"
+#include "../../common/alloc.h"
+
+#define KiB (1024ull)
+#define MiB (1024ull * 1024)
+#define GBPS 1e9
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static arena_backend *sim(uint64_t capacity, double rate)
+{
+	arena_sim_opts o = {.capacity = capacity, .h2d_bytes_per_s = rate};
+	arena_backend *b = NULL;
+	int rc = arena_backend_sim_create(&o, &b);
+	cr_assert_eq(rc, 0, "%s", arena_last_error());
+	cr_assert_not_null(b);
+	cr_assert_str_eq(b->ops->name, "sim");
+	return b;
+}
+
+static void fill(uint8_t *p, size_t n, uint32_t seed)
+{
+	uint32_t x = seed * 2654435761u + 1;
+	for (size_t i = 0; i < n; i++) {
+		x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+		p[i] = (uint8_t)x;
+	}
+}
+
+static uint64_t free_bytes(arena_backend *b)
+{
+	uint64_t f = 0, t = 0;
+	cr_assert_eq(b->ops->mem_info(b, &f, &t), 0, "%s", arena_last_error());
+	return f;
+}
+
+/* --- checks both backends must pass, the same bytes ------------------------ */
+
+/* Copies of odd sizes to odd offsets land byte-exact. */
+static void check_copies(arena_backend *b)
+{
+	const size_t n = 3 * MiB + 17;
+	uint8_t *src = malloc(n), *back = malloc(n);
+	cr_assert(src && back);
+	fill(src, n, 7);
+	void *d = NULL;
+	arena_stream *s = NULL;
+	cr_assert_eq(b->ops->dev_alloc(b, n + 4096, &d), 0, "%s", arena_last_error());
+	cr_assert_eq((uintptr_t)d % 256, 0, "device pointers are 256-byte aligned");
+	cr_assert_eq(b->ops->stream_create(b, &s), 0, "%s", arena_last_error());
+	/* In pieces, each to its own offset, out of order. */
+	size_t cuts[] = {0, 1, 255, 4097, MiB + 3, 2 * MiB, n};
+	for (int i = 5; i >= 0; i--)
+		cr_assert_eq(b->ops->copy_h2d(b, (char *)d + 1 + cuts[i], src + cuts[i], cuts[i + 1] - cuts[i], s), 0,
+			     "%s", arena_last_error());
+	cr_assert_eq(b->ops->copy_h2d(b, d, src, 0, s), 0, "a copy of 0 bytes is a no-op");
+	cr_assert_eq(b->ops->stream_sync(b, s), 0, "%s", arena_last_error());
+	memset(back, 0, n);
+	cr_assert_eq(b->ops->copy_d2h_sync(b, back, (char *)d + 1, n), 0, "%s", arena_last_error());
+	cr_assert_eq(memcmp(back, src, n), 0, "device bytes differ from the source");
+	b->ops->stream_destroy(b, s);
+	b->ops->dev_free(b, d);
+	free(src);
+	free(back);
+}
+
+/* A copy on stream a, an event after it, stream b waits on the event: once
+ * b is synced the data is there, though b's host thread never waited on a.
+ * `slow` queues work ahead of the copy on a (sim only) so that a broken wait
+ * would show. */
+static void check_event_order(arena_backend *b, void (*slow)(arena_backend *, arena_stream *))
+{
+	const size_t n = 8 * MiB;
+	uint8_t *src = malloc(n), *back = malloc(n);
+	cr_assert(src && back);
+	fill(src, n, 11);
+	void *d = NULL;
+	arena_stream *sa = NULL, *sb = NULL;
+	arena_event *e = NULL, *eb = NULL;
+	cr_assert_eq(b->ops->dev_alloc(b, n, &d), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->stream_create(b, &sa), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->stream_create(b, &sb), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->event_create(b, &e), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->event_create(b, &eb), 0, "%s", arena_last_error());
+	if (slow)
+		slow(b, sa);
+	cr_assert_eq(b->ops->copy_h2d(b, d, src, n, sa), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->event_record(b, e, sa), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->stream_wait(b, sb, e), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->event_record(b, eb, sb), 0, "%s", arena_last_error());
+	if (slow)
+		cr_assert_eq(b->ops->event_query(b, eb), 0, "b's event waits for a's copy");
+	cr_assert_eq(b->ops->stream_sync(b, sb), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->event_query(b, e), 1);
+	cr_assert_eq(b->ops->event_query(b, eb), 1);
+	cr_assert_eq(b->ops->copy_d2h_sync(b, back, d, n), 0, "%s", arena_last_error());
+	cr_assert_eq(memcmp(back, src, n), 0, "b was synced before a's copy landed");
+	b->ops->event_destroy(b, e);
+	b->ops->event_destroy(b, eb);
+	b->ops->stream_destroy(b, sa);
+	b->ops->stream_destroy(b, sb);
+	b->ops->dev_free(b, d);
+	free(src);
+	free(back);
+}
+
+/* Pinned memory: register, copy from it, unregister. */
+static void check_registered(arena_backend *b)
+{
+	const size_t n = 2 * MiB;
+	uint8_t *src = aligned_alloc(4096, n), *back = malloc(n);
+	cr_assert(src && back);
+	fill(src, n, 3);
+	void *d = NULL;
+	arena_stream *s = NULL;
+	cr_assert_eq(b->ops->host_register(b, src, n), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->dev_alloc(b, n, &d), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->stream_create(b, &s), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->copy_h2d(b, d, src, n, s), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->stream_sync(b, s), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->copy_d2h_sync(b, back, d, n), 0, "%s", arena_last_error());
+	cr_assert_eq(memcmp(back, src, n), 0);
+	b->ops->host_unregister(b, src);
+	b->ops->stream_destroy(b, s);
+	b->ops->dev_free(b, d);
+	free(src);
+	free(back);
+}
+
+static void sim_slow(arena_backend *b, arena_stream *s)
+{
+	cr_assert_eq(arena_backend_sim_compute(b, s, 0.05), 0, "%s", arena_last_error());
+}
+
+/* --- sim: memory ------------------------------------------------------------ */
+
+Test(backend_sim, alloc_up_to_capacity_then_oom)
+{
+	arena_backend *b = sim(MiB, 0);
+	uint64_t f, t;
+	cr_assert_eq(b->ops->mem_info(b, &f, &t), 0);
+	cr_assert_eq(f, MiB);
+	cr_assert_eq(t, MiB);
+	void *p[4];
+	for (int i = 0; i < 4; i++) {
+		cr_assert_eq(b->ops->dev_alloc(b, 256 * KiB, &p[i]), 0, "%s", arena_last_error());
+		cr_assert_eq((uintptr_t)p[i] % 256, 0);
+	}
+	cr_assert_eq(free_bytes(b), 0);
+	void *q = (void *)1;
+	cr_assert_eq(b->ops->dev_alloc(b, 1, &q), ARENA_E(DEV_OOM));
+	cr_assert_null(q);
+	cr_assert_str_eq(arena_last_error(), "sim: cannot allocate 1 bytes, 0 free of 1048576");
+	b->ops->dev_free(b, p[2]);
+	cr_assert_eq(free_bytes(b), 256 * KiB);
+	cr_assert_eq(b->ops->dev_alloc(b, 256 * KiB + 1, &q), ARENA_E(DEV_OOM));
+	cr_assert_eq(b->ops->dev_alloc(b, 256 * KiB, &p[2]), 0);
+	for (int i = 0; i < 4; i++)
+		b->ops->dev_free(b, p[i]);
+	b->ops->dev_free(b, NULL);
+	cr_assert_eq(free_bytes(b), MiB);
+	arena_backend_destroy(b);
+}
+
+Test(backend_sim, sizes_count_rounded_to_256)
+{
+	arena_backend *b = sim(MiB, 0);
+	void *p = NULL;
+	cr_assert_eq(b->ops->dev_alloc(b, 1, &p), 0);
+	cr_assert_eq(free_bytes(b), MiB - 256);
+	cr_assert_eq(b->ops->dev_alloc(b, 0, &p), ARENA_E_USAGE);
+	cr_assert_null(p);
+	cr_assert_eq(b->ops->dev_alloc(b, UINT64_MAX, &p), ARENA_E(DEV_OOM));
+	arena_backend_destroy(b); /* frees what is left */
+}
+
+Test(backend_sim, pressure_takes_and_gives_back)
+{
+	arena_backend *b = sim(MiB, 0);
+	void *p = NULL, *q = NULL;
+	cr_assert_eq(arena_backend_sim_pressure(b, 768 * KiB), 0, "%s", arena_last_error());
+	cr_assert_eq(free_bytes(b), 256 * KiB);
+	cr_assert_eq(b->ops->dev_alloc(b, 512 * KiB, &p), ARENA_E(DEV_OOM));
+	cr_assert_eq(b->ops->dev_alloc(b, 256 * KiB, &p), 0);
+	cr_assert_eq(free_bytes(b), 0);
+	/* Pressure is a level, not an increment: 1 MiB no longer fits beside p. */
+	cr_assert_eq(arena_backend_sim_pressure(b, MiB), ARENA_E(DEV_OOM));
+	cr_assert_str_eq(arena_last_error(), "sim: outside pressure of 1048576 bytes does not fit, 786432 free of 1048576");
+	cr_assert_eq(free_bytes(b), 0, "a failed pressure changes nothing");
+	cr_assert_eq(arena_backend_sim_pressure(b, 0), 0);
+	cr_assert_eq(free_bytes(b), 768 * KiB);
+	cr_assert_eq(b->ops->dev_alloc(b, 512 * KiB, &q), 0, "%s", arena_last_error());
+	b->ops->dev_free(b, p);
+	b->ops->dev_free(b, q);
+	cr_assert_eq(free_bytes(b), MiB);
+	arena_backend_destroy(b);
+}
+
+static int fake_mem_info(arena_backend *b, uint64_t *f, uint64_t *t)
+{
+	*f = *t = 0;
+	return 0;
+}
+
+Test(backend_sim, sim_only_calls_refuse_other_backends)
+{
+	static const arena_backend_ops fake_ops = {.name = "fake", .mem_info = fake_mem_info};
+	arena_backend fake = {&fake_ops};
+	cr_assert_eq(arena_backend_sim_pressure(&fake, 0), ARENA_E_USAGE);
+	cr_assert_eq(arena_backend_sim_compute(&fake, NULL, 0), ARENA_E_USAGE);
+	cr_assert_eq(arena_backend_sim_pressure(NULL, 0), ARENA_E_USAGE);
+}
+
+Test(backend_sim, options)
+{
+	arena_backend *b = NULL;
+	cr_assert_eq(arena_backend_sim_create(NULL, &b), 0);
+	uint64_t f, t;
+	cr_assert_eq(b->ops->mem_info(b, &f, &t), 0);
+	cr_assert_eq(t, 8ull << 30, "default capacity is 8 GiB");
+	cr_assert_eq(f, t);
+	arena_backend_destroy(b);
+	arena_sim_opts o = {.capacity = MiB, .h2d_bytes_per_s = -1};
+	b = (arena_backend *)1;
+	cr_assert_eq(arena_backend_sim_create(&o, &b), ARENA_E_USAGE);
+	cr_assert_null(b);
+	o.h2d_bytes_per_s = 1.0 / 0.0;
+	cr_assert_eq(arena_backend_sim_create(&o, &b), ARENA_E_USAGE);
+	arena_backend_destroy(NULL);
+}
+
+Test(backend_sim, create_by_name)
+{
+	arena_backend *b = NULL;
+	arena_sim_opts o = {.capacity = MiB};
+	cr_assert_eq(arena_backend_create("sim", 0, &o, &b), 0);
+	cr_assert_str_eq(b->ops->name, "sim");
+	cr_assert_eq(free_bytes(b), MiB);
+	arena_backend_destroy(b);
+	cr_assert_eq(arena_backend_create("sim", 0, NULL, &b), 0);
+	arena_backend_destroy(b);
+	b = (arena_backend *)1;
+	cr_assert_eq(arena_backend_create("opencl", 0, NULL, &b), ARENA_E_USAGE);
+	cr_assert_null(b);
+	cr_assert_str_eq(arena_last_error(), "unknown backend 'opencl' (cuda, sim)");
+	cr_assert_eq(arena_backend_create(NULL, 0, NULL, &b), ARENA_E_USAGE);
+	/* cuda: a device, or NO_DEVICE with the reason (no driver, or a build
+	 * without CUDA). */
+	int rc = arena_backend_create("cuda", 0, NULL, &b);
+	if (rc == 0) {
+		cr_assert_str_eq(b->ops->name, "cuda");
+		arena_backend_destroy(b);
+	} else {
+		cr_assert_eq(rc, ARENA_E_NO_DEVICE, "%s", arena_last_error());
+		cr_assert_null(b);
+		cr_assert(!strncmp(arena_last_error(), "cuda: no CUDA device", 20), "%s", arena_last_error());
+	}
+}
+
+Test(backend_sim, host_register_is_a_ledger)
+{
+	arena_backend *b = sim(MiB, 0);
+	static char buf[8192];
+	cr_assert_eq(b->ops->host_register(b, buf, 4096), 0);
+	cr_assert_eq(b->ops->host_register(b, buf + 4095, 10), ARENA_E(DEV_ERROR), "overlap");
+	cr_assert_eq(b->ops->host_register(b, buf, 4096), ARENA_E(DEV_ERROR), "twice");
+	cr_assert_eq(b->ops->host_register(b, buf + 4096, 4096), 0, "adjacent");
+	cr_assert_eq(b->ops->host_register(b, buf, 0), ARENA_E_USAGE);
+	cr_assert_eq(b->ops->host_register(b, NULL, 1), ARENA_E_USAGE);
+	b->ops->host_unregister(b, buf);
+	b->ops->host_unregister(b, NULL);
+	cr_assert_eq(b->ops->host_register(b, buf, 4096), 0, "after unregister");
+	b->ops->host_unregister(b, buf);
+	b->ops->host_unregister(b, buf + 4096);
+	arena_backend_destroy(b);
+}
+
+Test(backend_sim, registered_copies)
+{
+	arena_backend *b = sim(16 * MiB, 0);
+	check_registered(b);
+	arena_backend_destroy(b);
+}
+
+Test(backend_sim, dev_free_of_unknown_pointer_is_a_bug, .signal = SIGABRT)
+{
+	arena_backend *b = sim(MiB, 0);
+	void *p = NULL;
+	cr_assert_eq(b->ops->dev_alloc(b, 4096, &p), 0);
+	b->ops->dev_free(b, (char *)p + 256);
+}
+
+Test(backend_sim, host_unregister_of_unregistered_memory_is_a_bug, .signal = SIGABRT)
+{
+	arena_backend *b = sim(MiB, 0);
+	static char buf[64];
+	b->ops->host_unregister(b, buf);
+}
+
+/* --- sim: copies and events -------------------------------------------------- */
+
+Test(backend_sim, copies_land_byte_exact)
+{
+	arena_backend *b = sim(64 * MiB, 0);
+	check_copies(b);
+	cr_assert_eq(free_bytes(b), 64 * MiB);
+	arena_backend_destroy(b);
+}
+
+Test(backend_sim, copies_outside_device_memory_are_refused)
+{
+	arena_backend *b = sim(MiB, 0);
+	void *d = NULL;
+	arena_stream *s = NULL;
+	static char host[8192];
+	cr_assert_eq(b->ops->dev_alloc(b, 4096, &d), 0);
+	cr_assert_eq(b->ops->stream_create(b, &s), 0);
+	cr_assert_eq(b->ops->copy_h2d(b, (char *)d + 1, host, 4096, s), ARENA_E_USAGE, "past the end");
+	cr_assert_eq(b->ops->copy_h2d(b, host, host + 4096, 16, s), ARENA_E_USAGE, "host destination");
+	cr_assert_eq(b->ops->copy_h2d(b, d, NULL, 16, s), ARENA_E_USAGE);
+	cr_assert_eq(b->ops->copy_d2h_sync(b, host, (char *)d + 4000, 97), ARENA_E_USAGE);
+	cr_assert_eq(b->ops->copy_h2d(b, d, host, 4096, s), 0, "exactly the allocation");
+	cr_assert_eq(b->ops->copy_d2h_sync(b, host, (char *)d + 4000, 96), 0);
+	arena_backend_destroy(b); /* with a stream and memory left */
+}
+
+Test(backend_sim, stream_wait_orders_streams)
+{
+	arena_backend *b = sim(64 * MiB, 0);
+	check_event_order(b, sim_slow);
+	arena_backend_destroy(b);
+}
+
+Test(backend_sim, stream_wait_orders_modelled_copies)
+{
+	arena_backend *b = sim(64 * MiB, 1 * GBPS);
+	double t0 = now_s();
+	check_event_order(b, NULL);
+	double dt = now_s() - t0;
+	cr_assert_geq(dt, 8.0 * MiB / GBPS * 0.95, "syncing b waited for a's copy: %.3f s", dt);
+	arena_backend_destroy(b);
+}
+
+Test(backend_sim, event_query_before_and_after)
+{
+	arena_backend *b = sim(MiB, 0);
+	arena_stream *s = NULL, *s2 = NULL;
+	arena_event *e = NULL;
+	cr_assert_eq(b->ops->stream_create(b, &s), 0);
+	cr_assert_eq(b->ops->stream_create(b, &s2), 0);
+	cr_assert_eq(b->ops->event_create(b, &e), 0);
+	cr_assert_eq(b->ops->event_query(b, e), 1, "never recorded is done");
+	cr_assert_eq(b->ops->event_sync(b, e), 0);
+	cr_assert_eq(b->ops->event_record(b, e, s), 0);
+	cr_assert_eq(b->ops->event_query(b, e), 1, "recorded on an idle stream is done");
+	cr_assert_eq(b->ops->stream_wait(b, s2, e), 0, "waiting on a done event");
+	cr_assert_eq(arena_backend_sim_compute(b, s, 0.05), 0);
+	cr_assert_eq(b->ops->event_query(b, e), 1, "a record captures only the work before it");
+	cr_assert_eq(b->ops->event_record(b, e, s), 0);
+	cr_assert_eq(b->ops->event_query(b, e), 0);
+	double t0 = now_s();
+	cr_assert_eq(b->ops->event_sync(b, e), 0);
+	cr_assert_geq(now_s() - t0, 0.04);
+	cr_assert_eq(b->ops->event_query(b, e), 1);
+	/* An event outlives the stream it was recorded on. */
+	cr_assert_eq(arena_backend_sim_compute(b, s, 0.02), 0);
+	cr_assert_eq(b->ops->event_record(b, e, s), 0);
+	b->ops->stream_destroy(b, s);
+	cr_assert_eq(b->ops->event_query(b, e), 1, "a destroyed stream's work is done");
+	cr_assert_eq(arena_backend_sim_compute(b, s2, -1), ARENA_E_USAGE);
+	b->ops->event_destroy(b, e);
+	b->ops->event_destroy(b, NULL);
+	b->ops->stream_destroy(b, s2);
+	b->ops->stream_destroy(b, NULL);
+	arena_backend_destroy(b);
+}
+
+Test(backend_sim, stream_destroy_waits_for_its_work)
+{
+	arena_backend *b = sim(16 * MiB, 0);
+	arena_stream *s = NULL;
+	uint8_t *src = malloc(MiB), *back = malloc(MiB);
+	void *d = NULL;
+	fill(src, MiB, 5);
+	cr_assert_eq(b->ops->dev_alloc(b, MiB, &d), 0);
+	cr_assert_eq(b->ops->stream_create(b, &s), 0);
+	cr_assert_eq(arena_backend_sim_compute(b, s, 0.03), 0);
+	cr_assert_eq(b->ops->copy_h2d(b, d, src, MiB, s), 0);
+	double t0 = now_s();
+	b->ops->stream_destroy(b, s);
+	cr_assert_geq(now_s() - t0, 0.025);
+	cr_assert_eq(b->ops->copy_d2h_sync(b, back, d, MiB), 0);
+	cr_assert_eq(memcmp(back, src, MiB), 0);
+	arena_backend_destroy(b);
+	free(src);
+	free(back);
+}
+
+Test(backend_sim, destroy_with_work_queued_is_clean)
+{
+	arena_backend *b = sim(64 * MiB, 1e6); /* 1 MB/s: 16 MiB would take 16 s */
+	arena_stream *sa = NULL, *sb = NULL, *sc = NULL;
+	arena_event *e = NULL;
+	static uint8_t src[16 * MiB];
+	void *d = NULL;
+	cr_assert_eq(b->ops->dev_alloc(b, sizeof(src), &d), 0);
+	cr_assert_eq(b->ops->stream_create(b, &sa), 0);
+	cr_assert_eq(b->ops->stream_create(b, &sb), 0);
+	cr_assert_eq(b->ops->stream_create(b, &sc), 0);
+	cr_assert_eq(b->ops->event_create(b, &e), 0);
+	cr_assert_eq(arena_backend_sim_compute(b, sa, 10), 0);
+	for (int i = 0; i < 4; i++)
+		cr_assert_eq(b->ops->copy_h2d(b, d, src, sizeof(src), sa), 0);
+	cr_assert_eq(b->ops->event_record(b, e, sa), 0);
+	cr_assert_eq(b->ops->stream_wait(b, sb, e), 0);
+	cr_assert_eq(b->ops->copy_h2d(b, d, src, sizeof(src), sb), 0);
+	cr_assert_eq(b->ops->copy_h2d(b, d, src, sizeof(src), sc), 0);
+	cr_assert_eq(b->ops->event_query(b, e), 0);
+	double t0 = now_s();
+	arena_backend_destroy(b);
+	cr_assert_lt(now_s() - t0, 2.0, "destroy cancels queued work");
+}
+
+/* --- sim: the timing model ---------------------------------------------------- */
+
+/* A copy engine at 1 GB/s. The first copy touches the device pages so that
+ * page faults do not count in the timed ones. */
+static arena_backend *timed_sim(void **d, uint8_t **src, size_t n)
+{
+	arena_backend *b = sim(256 * MiB, 1 * GBPS);
+	arena_stream *s = NULL;
+	*src = malloc(n);
+	cr_assert_not_null(*src);
+	fill(*src, n, 1);
+	cr_assert_eq(b->ops->dev_alloc(b, n, d), 0);
+	cr_assert_eq(b->ops->stream_create(b, &s), 0);
+	cr_assert_eq(b->ops->copy_h2d(b, *d, *src, n, s), 0);
+	b->ops->stream_destroy(b, s);
+	return b;
+}
+
+Test(backend_sim, modelled_bandwidth)
+{
+	const size_t n = 64 * MiB;
+	void *d;
+	uint8_t *src;
+	arena_backend *b = timed_sim(&d, &src, n);
+	arena_stream *s = NULL;
+	cr_assert_eq(b->ops->stream_create(b, &s), 0);
+	double t0 = now_s();
+	cr_assert_eq(b->ops->copy_h2d(b, d, src, n, s), 0);
+	cr_assert_eq(b->ops->stream_sync(b, s), 0);
+	double dt = now_s() - t0; /* 64 MiB at 1 GB/s = 67 ms */
+	cr_assert(dt >= 0.050 && dt <= 0.200, "64 MiB at 1 GB/s took %.3f s", dt);
+	arena_backend_destroy(b);
+	free(src);
+}
+
+Test(backend_sim, streams_share_one_copy_engine)
+{
+	const size_t n = 64 * MiB;
+	void *d;
+	uint8_t *src;
+	arena_backend *b = timed_sim(&d, &src, n);
+	arena_stream *s[4] = {0};
+	for (int i = 0; i < 4; i++)
+		cr_assert_eq(b->ops->stream_create(b, &s[i]), 0);
+	double t0 = now_s();
+	for (int i = 0; i < 4; i++) /* 4 x 16 MiB, one stream each */
+		cr_assert_eq(b->ops->copy_h2d(b, (char *)d + i * (n / 4), src + i * (n / 4), n / 4, s[i]), 0);
+	for (int i = 0; i < 4; i++)
+		cr_assert_eq(b->ops->stream_sync(b, s[i]), 0);
+	double dt = now_s() - t0;
+	cr_assert(dt >= 0.95 * n / GBPS && dt <= 0.200, "4 streams x 16 MiB at 1 GB/s shared took %.3f s", dt);
+	uint8_t *back = malloc(n);
+	cr_assert_eq(b->ops->copy_d2h_sync(b, back, d, n), 0);
+	cr_assert_eq(memcmp(back, src, n), 0);
+	free(back);
+	arena_backend_destroy(b);
+	free(src);
+}
+
+Test(backend_sim, compute_overlaps_copies)
+{
+	const size_t n = 100 * 1000 * 1000; /* 100 ms at 1 GB/s */
+	void *d;
+	uint8_t *src;
+	arena_backend *b = timed_sim(&d, &src, n);
+	arena_stream *copy = NULL, *compute = NULL;
+	cr_assert_eq(b->ops->stream_create(b, &copy), 0);
+	cr_assert_eq(b->ops->stream_create(b, &compute), 0);
+	double t0 = now_s();
+	cr_assert_eq(arena_backend_sim_compute(b, compute, 0.1), 0);
+	cr_assert_eq(b->ops->copy_h2d(b, d, src, n, copy), 0);
+	cr_assert_eq(b->ops->stream_sync(b, copy), 0);
+	cr_assert_eq(b->ops->stream_sync(b, compute), 0);
+	double dt = now_s() - t0;
+	cr_assert(dt >= 0.095 && dt <= 0.170, "100 ms compute beside 100 ms of copy took %.3f s, not ~0.1", dt);
+	/* The same on one stream runs one after the other. */
+	t0 = now_s();
+	cr_assert_eq(arena_backend_sim_compute(b, copy, 0.1), 0);
+	cr_assert_eq(b->ops->copy_h2d(b, d, src, n, copy), 0);
+	cr_assert_eq(b->ops->stream_sync(b, copy), 0);
+	dt = now_s() - t0;
+	cr_assert(dt >= 0.19, "one stream runs in order: %.3f s", dt);
+	arena_backend_destroy(b);
+	free(src);
+}
+
+/* --- sim: threads --------------------------------------------------------------- */
+
+struct copier {
+	arena_backend *b;
+	arena_stream *s;
+	char *d;
+	const uint8_t *src;
+	size_t n;
+	int rc;
+};
+
+static void *copier_main(void *arg)
+{
+	struct copier *c = arg;
+	for (size_t off = 0; off < c->n && !c->rc; off += 4096)
+		c->rc = c->b->ops->copy_h2d(c->b, c->d + off, c->src + off, c->n - off < 4096 ? c->n - off : 4096, c->s);
+	return NULL;
+}
+
+Test(backend_sim, copies_from_many_threads)
+{
+	enum { T = 8 };
+	const size_t n = 256 * KiB;
+	arena_backend *b = sim(16 * MiB, 0);
+	arena_stream *shared = NULL, *own[T];
+	uint8_t *src = malloc(n * T), *back = malloc(n * T);
+	void *d = NULL;
+	fill(src, n * T, 9);
+	cr_assert_eq(b->ops->dev_alloc(b, n * T, &d), 0);
+	cr_assert_eq(b->ops->stream_create(b, &shared), 0);
+	struct copier c[T];
+	pthread_t th[T];
+	for (int i = 0; i < T; i++) {
+		/* Half the threads share a stream, half have their own. */
+		own[i] = NULL;
+		if (i % 2)
+			cr_assert_eq(b->ops->stream_create(b, &own[i]), 0);
+		c[i] = (struct copier){b, i % 2 ? own[i] : shared, (char *)d + i * n, src + i * n, n, 0};
+		cr_assert_eq(pthread_create(&th[i], NULL, copier_main, &c[i]), 0);
+	}
+	for (int i = 0; i < T; i++) {
+		pthread_join(th[i], NULL);
+		cr_assert_eq(c[i].rc, 0);
+	}
+	for (int i = 0; i < T; i++)
+		if (own[i])
+			b->ops->stream_destroy(b, own[i]);
+	cr_assert_eq(b->ops->stream_sync(b, shared), 0);
+	cr_assert_eq(b->ops->copy_d2h_sync(b, back, d, n * T), 0);
+	cr_assert_eq(memcmp(back, src, n * T), 0);
+	arena_backend_destroy(b);
+	free(src);
+	free(back);
+}
+
+/* --- sim: allocation failures ------------------------------------------------------ */
+
+static void disarm(void)
+{
+	arena_fault_alloc(0);
+}
+
+/* Every op that allocates, in turn; `n`th allocation fails. Returns the
+ * first failure (NOMEM expected) or 0. Frees everything either way. */
+static int sim_session(void)
+{
+	static uint8_t src[4096];
+	arena_backend *b = NULL;
+	arena_stream *sa = NULL, *sb = NULL;
+	arena_event *e = NULL;
+	void *d = NULL;
+	int rc = arena_backend_sim_create(NULL, &b);
+	if (rc) {
+		cr_assert_null(b);
+		return rc;
+	}
+	if (!(rc = b->ops->stream_create(b, &sa)) && !(rc = b->ops->stream_create(b, &sb)) &&
+	    !(rc = b->ops->event_create(b, &e)) && !(rc = b->ops->dev_alloc(b, sizeof(src), &d)) &&
+	    !(rc = b->ops->host_register(b, src, sizeof(src))) &&
+	    !(rc = arena_backend_sim_compute(b, sa, 0.001)) && !(rc = b->ops->copy_h2d(b, d, src, sizeof(src), sa)) &&
+	    !(rc = b->ops->event_record(b, e, sa)) && !(rc = b->ops->stream_wait(b, sb, e)))
+		rc = b->ops->stream_sync(b, sb);
+	if (!rc) {
+		b->ops->host_unregister(b, src);
+		b->ops->event_destroy(b, e);
+		b->ops->stream_destroy(b, sa);
+		b->ops->stream_destroy(b, sb);
+		b->ops->dev_free(b, d);
+	}
+	arena_backend_destroy(b); /* on failure, with what was made so far */
+	return rc;
+}
+
+Test(backend_sim, allocation_failures_end_in_nomem, .fini = disarm)
+{
+	long n;
+	for (n = 1; n < 1000; n++) {
+		arena_fault_alloc(n);
+		int rc = sim_session();
+		int fired = arena_fault_alloc_fired();
+		arena_fault_alloc(0);
+		if (!fired) {
+			cr_assert_eq(rc, 0, "%s", arena_last_error());
+			break;
+		}
+		cr_assert_eq(rc, ARENA_E_NOMEM, "allocation %ld: %s (%s)", n, arena_err_name(rc), arena_last_error());
+	}
+	cr_assert_gt(n, 5, "the session allocates");
+	cr_assert_lt(n, 1000);
+}
+
+/* --- cuda: only with a device ---------------------------------------------------- */
+
+static arena_backend *cuda_or_skip(void)
+{
+	arena_backend *b = NULL;
+	int rc = arena_backend_cuda_create(0, &b);
+	if (rc == ARENA_E_NO_DEVICE)
+		cr_skip_test("%s", arena_last_error());
+	cr_assert_eq(rc, 0, "%s", arena_last_error());
+	cr_assert_str_eq(b->ops->name, "cuda");
+	return b;
+}
+
+Test(backend_cuda, copies_land_byte_exact)
+{
+	arena_backend *b = cuda_or_skip();
+	uint64_t f = 0, t = 0;
+	cr_assert_eq(b->ops->mem_info(b, &f, &t), 0, "%s", arena_last_error());
+	cr_assert(f > 0 && f <= t);
+	check_copies(b);
+	check_registered(b);
+	check_event_order(b, NULL);
+	arena_backend_destroy(b);
+}
+
+Test(backend_cuda, oom_is_dev_oom)
+{
+	arena_backend *b = cuda_or_skip();
+	uint64_t f = 0, t = 0;
+	void *d = (void *)1;
+	cr_assert_eq(b->ops->mem_info(b, &f, &t), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->dev_alloc(b, t * 2, &d), ARENA_E(DEV_OOM), "%s", arena_last_error());
+	cr_assert_null(d);
+	/* The failure is not sticky. */
+	cr_assert_eq(b->ops->dev_alloc(b, MiB, &d), 0, "%s", arena_last_error());
+	b->ops->dev_free(b, d);
+	arena_backend_destroy(b);
+}
