@@ -121,6 +121,20 @@ $(BUILD)/tests/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(BUILD)/libare
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+# GPU probe (bench/gpu_probe.c): raw pinned and pageable H2D rates as JSON, for
+# the GPU machine; needs CUDA. Prints "no CUDA device" and exits 3 without one.
+.PHONY: bench
+ifeq ($(HAVE_CUDA),1)
+bench: $(BUILD)/bench/gpu_probe
+else
+bench:
+	@echo "make bench: needs CUDA; $(CUDA_MSG)" >&2; exit 1
+endif
+$(BUILD)/bench/%: bench/%.c $(BUILD)/libarena.a
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libarena.a $(LDLIBS)
+
 unit: $(BUILD)/tests/unit $(BUILD)/arena $(FUZZ_TARGETS:%=$(BUILD)/tests/replay_%)
 
 test-unit: unit
