@@ -161,11 +161,12 @@ demo: cli
 	$(Q)sh scripts/demo.sh $(BUILD)
 
 # libFuzzer builds (clang), for longer runs than the replay in 'make test'.
+# The CUDA backend is left out: libFuzzer builds need no device and no toolkit.
 fuzz:
 	$(Q)for t in $(FUZZ_TARGETS); do \
 		mkdir -p $(BUILD)/fuzz/$$t-corpus && \
 		clang -g -O1 -std=c11 -D_GNU_SOURCE -Iinclude -fsanitize=fuzzer,address,undefined \
-		  -o $(BUILD)/fuzz/$$t tests/fuzz/fuzz_$$t.c $(LIB_SRC) $(filter-out $(CUDA_HOME)%,$(LDLIBS)) -ldl -lrt || exit 1; \
+		  -o $(BUILD)/fuzz/$$t tests/fuzz/fuzz_$$t.c $(filter-out %_cuda.c,$(LIB_SRC)) $(filter-out $(CUDA_HOME)%,$(LDLIBS)) -ldl -lrt || exit 1; \
 		$(BUILD)/fuzz/$$t -max_total_time=$(FUZZ_TIME) -print_final_stats=1 \
 		  $(BUILD)/fuzz/$$t-corpus tests/fuzz/corpus/$$t || exit 1; done
 
