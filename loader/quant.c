@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -78,33 +79,35 @@ INLINE float f16_to_f32(uint16_t h)
 }
 
 /* F32 -> F16, RNE, overflow to inf, NaN -> sign | 0x7E00
- * (c10 fp16_ieee_from_fp32_value). */
-INLINE uint16_t f32_to_f16(float f)
+ * (c10 fp16_ieee_from_fp32_value; its two unsigned compares on 2w are made
+ * signed compares on |w|, which SSE2 and AVX2 have). */
+INLINE uint32_t f32_to_f16(float f)
 {
 	float base = (__builtin_fabsf(f) * 0x1.0p+112f) * 0x1.0p-110f;
 	const uint32_t w = bits_of(f);
-	const uint32_t shl1_w = w + w;
 	const uint32_t sign = w & 0x80000000u;
-	uint32_t bias = shl1_w & 0xFF000000u;
-	bias = sel(bias < 0x71000000u, 0x71000000u, bias);
+	const int32_t aw = (int32_t)(w & 0x7FFFFFFFu);
+	/* bias = max(exponent, 0x71) << 23, kept in 2w's form: bits 24..31 */
+	uint32_t bias = (w << 1) & 0xFF000000u;
+	bias = sel((aw & 0x7F800000) < 0x38800000, 0x71000000u, bias);
 	base = f32_of((bias >> 1) + 0x07800000u) + base;
 	const uint32_t bits = bits_of(base);
 	const uint32_t nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
-	return (uint16_t)((sign >> 16) | sel(shl1_w > 0xFF000000u, 0x7E00u, nonsign));
+	return (sign >> 16) | sel(aw > (int32_t)F32_INF, 0x7E00u, nonsign);
 }
 
 /* F32 -> BF16, RNE, NaN -> 0x7FC0 (c10 round_to_nearest_even). */
-INLINE uint16_t f32_to_bf16(float f)
+INLINE uint32_t f32_to_bf16(float f)
 {
 	const uint32_t u = bits_of(f);
 	const uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-	return (uint16_t)sel((u & 0x7FFFFFFFu) > F32_INF, 0x7FC0u, r);
+	return sel((int32_t)(u & 0x7FFFFFFFu) > (int32_t)F32_INF, 0x7FC0u, r);
 }
 
 /* F32 -> F8_E4M3 (fn: no inf, S.1111.111 is NaN), saturating: torch's
  * cast(clamp(x, -448, 448)). RNE as c10 fp8e4m3fn_from_fp32_value; |x| > 448
  * (inf included) gives +-448 (the clamp), NaN gives NaN with its sign. */
-INLINE uint8_t f32_to_e4m3_sat(float f)
+INLINE uint32_t f32_to_e4m3_sat(float f)
 {
 	const uint32_t b = bits_of(f);
 	const uint32_t sign = b & 0x80000000u;
@@ -113,39 +116,41 @@ INLINE uint8_t f32_to_e4m3_sat(float f)
 	const uint32_t dn = bits_of(f32_of(a) + f32_of(141u << 23)) - (141u << 23);
 	/* normal: rebias the exponent, add half an ulp minus one plus the odd bit */
 	const uint32_t nm = (a + ((uint32_t)(7 - 127) << 23) + 0x7FFFFu + ((a >> 20) & 1u)) >> 20;
-	uint32_t r = sel(a < (121u << 23), dn, nm);
-	r = sel(a > F32_448, 0x7Eu, r);
-	r = sel(a > F32_INF, 0x7Fu, r);
-	return (uint8_t)(r | (sign >> 24));
+	const int32_t sa = (int32_t)a; /* sign cleared: signed compares (SSE2 has no unsigned ones) */
+	uint32_t r = sel(sa < (int32_t)(121u << 23), dn, nm);
+	r = sel(sa > (int32_t)F32_448, 0x7Eu, r);
+	r = sel(sa > (int32_t)F32_INF, 0x7Fu, r);
+	return r | (sign >> 24);
 }
 
 /* F32 -> F8_E5M2, saturating: torch's cast(clamp(x, -57344, 57344)), RNE as
  * c10 fp8e5m2_from_fp32_value; NaN gives NaN (0x7F) with its sign. */
-INLINE uint8_t f32_to_e5m2_sat(float f)
+INLINE uint32_t f32_to_e5m2_sat(float f)
 {
 	const uint32_t b = bits_of(f);
 	const uint32_t sign = b & 0x80000000u;
 	const uint32_t a = b ^ sign;
 	const uint32_t dn = bits_of(f32_of(a) + f32_of(134u << 23)) - (134u << 23);
 	const uint32_t nm = (a + ((uint32_t)(15 - 127) << 23) + 0xFFFFFu + ((a >> 21) & 1u)) >> 21;
-	uint32_t r = sel(a < (113u << 23), dn, nm);
-	r = sel(a > F32_57344, 0x7Bu, r);
-	r = sel(a > F32_INF, 0x7Fu, r);
-	return (uint8_t)(r | (sign >> 24));
+	const int32_t sa = (int32_t)a;
+	uint32_t r = sel(sa < (int32_t)(113u << 23), dn, nm);
+	r = sel(sa > (int32_t)F32_57344, 0x7Bu, r);
+	r = sel(sa > (int32_t)F32_INF, 0x7Fu, r);
+	return r | (sign >> 24);
 }
 
 /* F32 -> I8: clamp(round_half_even(v), -127, 127); NaN -> 0. */
-INLINE int8_t f32_to_i8_sat(float v)
+INLINE uint32_t f32_to_i8_sat(float v)
 {
 	const uint32_t b = bits_of(v);
 	const uint32_t neg = b >> 31;
 	const uint32_t a = b & 0x7FFFFFFFu;
-	const uint32_t c = sel(a > F32_127, F32_127, a);
+	const uint32_t c = sel((int32_t)a > (int32_t)F32_127, F32_127, a);
 	/* |v| <= 127: adding 1.5 * 2^23 leaves units in the last place, rounded
 	 * half to even by the f32 add itself; the low bits are the integer */
 	uint32_t k = bits_of(f32_of(c) + 12582912.0f) - 0x4B400000u;
 	k = (k ^ (0u - neg)) + neg; /* rounding is symmetric: negate after */
-	return (int8_t)(uint8_t)sel(a > F32_INF, 0u, k);
+	return sel((int32_t)a > (int32_t)F32_INF, 0u, k) & 0xFFu;
 }
 
 /* F8_E4M3 -> F32, exact; NaN (S.1111.111) -> sign | 0x7FC00000. */
@@ -204,45 +209,53 @@ INLINE float load(int sk, const unsigned char *s, size_t i)
 	}
 }
 
-INLINE void store(int op, unsigned char *d, size_t i, float x, float scale)
+/* The output of `op` for x, as 32 bits: the code in the low bits, or the
+ * f32's bits. */
+INLINE uint32_t compute(int op, float x, float scale)
 {
-	uint16_t h;
-	float v;
 	switch (op) {
 	case OP_F32:
-		memcpy(d + 4 * i, &x, 4);
-		break;
+		return bits_of(x);
 	case OP_BF16:
-		h = f32_to_bf16(x);
-		memcpy(d + 2 * i, &h, 2);
-		break;
+		return f32_to_bf16(x);
 	case OP_F16:
-		h = f32_to_f16(x);
-		memcpy(d + 2 * i, &h, 2);
-		break;
+		return f32_to_f16(x);
 	case OP_E4M3:
-		d[i] = f32_to_e4m3_sat(x);
-		break;
+		return f32_to_e4m3_sat(x);
 	case OP_E5M2:
-		d[i] = f32_to_e5m2_sat(x);
-		break;
+		return f32_to_e5m2_sat(x);
 	case OP_E4M3_SCALED:
-		d[i] = f32_to_e4m3_sat(x / scale);
-		break;
+		return f32_to_e4m3_sat(x / scale);
 	case OP_I8_SCALED:
-		d[i] = (unsigned char)f32_to_i8_sat(x / scale);
-		break;
-	default: /* OP_DEQ: x * scale */
-		v = x * scale;
-		memcpy(d + 4 * i, &v, 4);
-		break;
+		return f32_to_i8_sat(x / scale);
+	default: /* OP_DEQ */
+		return bits_of(x * scale);
 	}
 }
 
+/* One block: compute n <= BLK results into 32-bit lanes, then narrow them.
+ * Narrowing in its own loop matters: in one loop gcc "demotes" the selects
+ * to 8-bit lanes and spends most of its time shuffling. */
 INLINE void kern_n(int sk, int op, unsigned char *restrict d, const unsigned char *restrict s, size_t n, float scale)
 {
+	uint32_t t[BLK];
 	for (size_t i = 0; i < n; i++)
-		store(op, d, i, load(sk, s, i), scale);
+		t[i] = compute(op, load(sk, s, i), scale);
+	switch (op_size[op]) {
+	case 1:
+		for (size_t i = 0; i < n; i++)
+			d[i] = (unsigned char)t[i];
+		break;
+	case 2:
+		for (size_t i = 0; i < n; i++) {
+			uint16_t h = (uint16_t)t[i];
+			memcpy(d + 2 * i, &h, 2);
+		}
+		break;
+	default:
+		memcpy(d, t, 4 * n);
+		break;
+	}
 }
 
 INLINE void kern(int sk, int op, unsigned char *restrict d, const unsigned char *restrict s, uint64_t n, float scale)
@@ -255,41 +268,66 @@ INLINE void kern(int sk, int op, unsigned char *restrict d, const unsigned char 
 		kern_n(sk, op, d + i * ds, s + i * ss, (size_t)(n - i), scale);
 }
 
-/* Run kernel (sk, op) over n elements. Returns -1 for a pair not built. */
-static int convert(int sk, int op, void *d, const void *s, uint64_t n, float scale)
-{
-	unsigned char *dd = d;
-	const unsigned char *ss = s;
-#define K(SK, OP)                                        \
-	case SK * 16 + OP:                               \
-		kern(SK, OP, dd, ss, n, scale);          \
-		return 0;
-#define K_FLOAT_SRC(SK)                                  \
-	K(SK, OP_F32)                                    \
-	K(SK, OP_BF16)                                   \
-	K(SK, OP_F16)                                    \
-	K(SK, OP_E4M3)                                   \
-	K(SK, OP_E5M2)                                   \
-	K(SK, OP_E4M3_SCALED)                            \
-	K(SK, OP_I8_SCALED)
-	switch (sk * 16 + op) {
-		K_FLOAT_SRC(SK_BF16)
-		K_FLOAT_SRC(SK_F16)
-		K_FLOAT_SRC(SK_F32)
-		K(SK_E4M3, OP_F32)
-		K(SK_E4M3, OP_BF16)
-		K(SK_E4M3, OP_F16)
-		K(SK_E4M3, OP_E5M2)
-		K(SK_E4M3, OP_DEQ)
-		K(SK_E5M2, OP_F32)
-		K(SK_E5M2, OP_BF16)
-		K(SK_E5M2, OP_F16)
-		K(SK_E5M2, OP_E4M3)
-		K(SK_I8, OP_DEQ)
+/* convert(sk, op, d, s, n, scale): run kernel (sk, op) over n elements;
+ * returns -1 for a pair not built. Made twice: for the baseline ISA and, on
+ * x86-64, for AVX2 (chosen at run time, see pick_convert). Both are the same
+ * C: integer operations and IEEE f32 operations with no contraction (ISO C
+ * mode), so they give the same bits. */
+typedef int (*convert_fn)(int sk, int op, void *d, const void *s, uint64_t n, float scale);
+
+#define ARENA__QUANT_CONVERT(NAME, ATTR)                                                          \
+	ATTR static int NAME(int sk, int op, void *d, const void *s, uint64_t n, float scale)    \
+	{                                                                                         \
+		unsigned char *dd = d;                                                            \
+		const unsigned char *ss = s;                                                      \
+		switch (sk * 16 + op) {                                                           \
+			K_FLOAT_SRC(SK_BF16)                                                      \
+			K_FLOAT_SRC(SK_F16)                                                       \
+			K_FLOAT_SRC(SK_F32)                                                       \
+			K(SK_E4M3, OP_F32)                                                        \
+			K(SK_E4M3, OP_BF16)                                                       \
+			K(SK_E4M3, OP_F16)                                                        \
+			K(SK_E4M3, OP_E5M2)                                                       \
+			K(SK_E4M3, OP_DEQ)                                                        \
+			K(SK_E5M2, OP_F32)                                                        \
+			K(SK_E5M2, OP_BF16)                                                       \
+			K(SK_E5M2, OP_F16)                                                        \
+			K(SK_E5M2, OP_E4M3)                                                       \
+			K(SK_I8, OP_DEQ)                                                          \
+		}                                                                                 \
+		return -1;                                                                        \
 	}
+#define K(SK, OP)                                \
+	case SK * 16 + OP:                       \
+		kern(SK, OP, dd, ss, n, scale);  \
+		return 0;
+#define K_FLOAT_SRC(SK)          \
+	K(SK, OP_F32)            \
+	K(SK, OP_BF16)           \
+	K(SK, OP_F16)            \
+	K(SK, OP_E4M3)           \
+	K(SK, OP_E5M2)           \
+	K(SK, OP_E4M3_SCALED)    \
+	K(SK, OP_I8_SCALED)
+
+ARENA__QUANT_CONVERT(convert_base, )
+#if defined(__x86_64__) && defined(__GNUC__)
+#define HAVE_AVX2_KERNELS 1
+ARENA__QUANT_CONVERT(convert_avx2, __attribute__((target("avx2"))))
+#endif
 #undef K_FLOAT_SRC
 #undef K
-	return -1;
+
+/* The kernels for this CPU; ARENA_QUANT_ISA=baseline forces the baseline
+ * ones (tests compare both). */
+static convert_fn pick_convert(void)
+{
+#ifdef HAVE_AVX2_KERNELS
+	const char *isa = getenv("ARENA_QUANT_ISA");
+	if (!(isa && strcmp(isa, "baseline") == 0) && __builtin_cpu_supports("avx2"))
+		return convert_avx2;
+#endif
+	return convert_base;
 }
 
 /* amax as the bits of |x|: for non-negative floats the integer order is the
@@ -387,7 +425,8 @@ typedef void (*task_fn)(task *t, uint64_t first, uint64_t count, unsigned slot);
 
 struct task {
 	task_fn fn;
-	int sk, op;                /* kernel for element tasks */
+	convert_fn cv;             /* the kernels (pick_convert) */
+	int sk, op;                /* kernel for element and row tasks */
 	float scale, div;          /* OP_*_SCALED / OP_DEQ scale; row scale divisor */
 	uint64_t cols;             /* elements per unit (row tasks) */
 	const unsigned char *src;  /* unit 0 */
@@ -467,7 +506,7 @@ static unsigned parallel(task *t, uint64_t units, uint64_t unit_elems, unsigned 
 static void task_convert(task *t, uint64_t first, uint64_t count, unsigned slot)
 {
 	(void)slot;
-	convert(t->sk, t->op, t->dst + first * op_size[t->op], t->src + first * sk_size[t->sk], count, t->scale);
+	t->cv(t->sk, t->op, t->dst + first * op_size[t->op], t->src + first * sk_size[t->sk], count, t->scale);
 }
 
 static void task_amax(task *t, uint64_t first, uint64_t count, unsigned slot)
@@ -490,7 +529,7 @@ static void task_rows(task *t, uint64_t first, uint64_t count, unsigned slot)
 		const unsigned char *s = t->src + r * in_row;
 		float scale = scale_of(amax_of(t->sk, s, t->cols), t->div);
 		memcpy(t->dst2 + 4 * r, &scale, 4);
-		convert(t->sk, t->op, t->dst + r * t->cols, s, t->cols, scale);
+		t->cv(t->sk, t->op, t->dst + r * t->cols, s, t->cols, scale);
 	}
 }
 
@@ -501,7 +540,7 @@ static void task_deq_rows(task *t, uint64_t first, uint64_t count, unsigned slot
 	for (uint64_t r = first; r < first + count; r++) {
 		float scale;
 		memcpy(&scale, t->src2 + 4 * r, 4);
-		convert(t->sk, OP_DEQ, t->dst + 4 * r * t->cols, t->src + r * t->cols, t->cols, scale);
+		t->cv(t->sk, OP_DEQ, t->dst + 4 * r * t->cols, t->src + r * t->cols, t->cols, scale);
 	}
 }
 
@@ -525,7 +564,7 @@ static void copy_parallel(void *dst, const void *src, uint64_t n, unsigned threa
 
 static void convert_parallel(int sk, int op, void *dst, const void *src, uint64_t n, float scale, unsigned threads)
 {
-	task t = {.fn = task_convert, .sk = sk, .op = op, .scale = scale, .src = src, .dst = dst};
+	task t = {.fn = task_convert, .cv = pick_convert(), .sk = sk, .op = op, .scale = scale, .src = src, .dst = dst};
 	parallel(&t, n, 1, threads);
 }
 
@@ -825,6 +864,7 @@ int arena_quant_run_part(const arena_quant_plan *p, const void *src, uint64_t fi
 		/* row r of the range is at s + (r - first) * row bytes: the task
 		 * sees the range as units [0, count) */
 		task t = {.fn = task_rows,
+			  .cv = pick_convert(),
 			  .sk = sk,
 			  .op = op,
 			  .div = p->scheme == ARENA_QUANT_INT8_ROW ? ARENA_QUANT_INT8_MAX : ARENA_QUANT_E4M3_MAX,
@@ -873,7 +913,7 @@ int arena_quant_run_scaled(const arena_quant_plan *p, const void *qsrc, arena_dt
 	if (!qsrc || !scale_src || check_dst(p, dst))
 		return arena_errorf(E(USAGE), "quantization run: NULL source or destination");
 	copy_parallel(dst[0], qsrc, p->comps[0].nbytes, threads);
-	convert(kind_of(scale_dtype), OP_F32, dst[1], scale_src, p->comps[1].nelem, 0.0f);
+	pick_convert()(kind_of(scale_dtype), OP_F32, dst[1], scale_src, p->comps[1].nelem, 0.0f);
 	return 0;
 }
 
@@ -908,7 +948,7 @@ int arena_quant_dequant_f32(const arena_quant_plan *p, const void *const src[], 
 		convert_parallel(sk, OP_DEQ, dst, src[0], p->nelem, scale, threads);
 		return 0;
 	}
-	task t = {.fn = task_deq_rows, .sk = sk, .cols = p->cols, .src = src[0], .src2 = src[1],
+	task t = {.fn = task_deq_rows, .cv = pick_convert(), .sk = sk, .cols = p->cols, .src = src[0], .src2 = src[1],
 		  .dst = (unsigned char *)dst};
 	parallel(&t, p->rows, p->cols, threads);
 	return 0;

@@ -769,6 +769,91 @@ Test(quant, f16_cast_every_bf16_pattern)
 	free(out);
 }
 
+/* f32 -> f16 on random patterns and on every f16 midpoint and its neighbours. */
+Test(quant, f16_cast_random_f32_and_midpoints)
+{
+	enum { N = 400000 };
+	double *v = xmalloc(0x7C01 * sizeof(double));
+	for (unsigned c = 0; c < 0x7C00; c++) {
+		unsigned e = c >> 10, m = c & 0x3FF;
+		v[c] = e ? ldexp(1024.0 + m, (int)e - 25) : ldexp((double)m, -24);
+	}
+	v[0x7C00] = 65536.0;
+	float *in = xmalloc(N * 4);
+	uint16_t *out = xmalloc(N * 2);
+	size_t n = 0;
+	for (unsigned c = 0; c < 0x7C00 && n + 6 <= N / 2; c++) {
+		float mid = (float)((v[c] + v[c + 1]) / 2); /* exact in f32 */
+		float cand[] = {mid, nextafterf(mid, 0), nextafterf(mid, INFINITY)};
+		for (int k = 0; k < 3; k++) {
+			in[n++] = cand[k];
+			in[n++] = -cand[k];
+		}
+	}
+	while (n < N)
+		in[n++] = (rnd() & 1) ? f32_of((uint32_t)rnd()) : rnd_value();
+	cr_assert_eq(arena_quant_cast(ARENA_DTYPE_F16, out, ARENA_DTYPE_F32, in, N, 0), 0);
+	for (size_t i = 0; i < N; i++) {
+		float x = in[i];
+		uint16_t sign = signbit(x) ? 0x8000 : 0, want;
+		if (isnan(x))
+			want = sign | 0x7E00;
+		else if (isinf(x))
+			want = sign | 0x7C00;
+		else
+			want = sign | (uint16_t)nearest_sorted(fabs((double)x), v, 0x7C01);
+		cr_assert_eq(out[i], want, "f16 of f32 0x%08x (%a): got 0x%04x, want 0x%04x", bits_of(x), (double)x, out[i],
+			     want);
+	}
+	free(v);
+	free(in);
+	free(out);
+}
+
+/* The baseline kernels and the ones picked for this CPU (AVX2 on x86-64
+ * machines that have it) give the same bytes. */
+Test(quant, baseline_kernels_equal_the_default_ones)
+{
+	const uint64_t w[] = {33, 2049};
+	const uint64_t n = w[0] * w[1];
+	float *f = xmalloc(n * 4);
+	uint16_t *h = xmalloc(n * 2);
+	for (uint64_t i = 0; i < n; i++) {
+		f[i] = rnd_value();
+		h[i] = (uint16_t)rnd();
+	}
+	const arena_dtype srcs[] = {ARENA_DTYPE_F32, ARENA_DTYPE_BF16, ARENA_DTYPE_F16};
+	const arena_dtype outs[] = {ARENA_DTYPE_F32, ARENA_DTYPE_BF16, ARENA_DTYPE_F16, ARENA_DTYPE_F8_E4M3,
+				    ARENA_DTYPE_F8_E5M2};
+	unsigned char *a = xmalloc(n * 4), *b = xmalloc(n * 4);
+	for (size_t si = 0; si < 3; si++) {
+		const void *src = si ? (const void *)h : (const void *)f;
+		for (int s = 0; s < ARENA_QUANT_COUNT; s++) {
+			outbuf x, y;
+			unsetenv("ARENA_QUANT_ISA");
+			run_scheme(&x, (arena_quant_scheme)s, srcs[si], 2, w, src, 0);
+			setenv("ARENA_QUANT_ISA", "baseline", 1);
+			run_scheme(&y, (arena_quant_scheme)s, srcs[si], 2, w, src, 0);
+			for (size_t c = 0; c < x.p.n_comps; c++)
+				assert_same_bytes(x.comp[c], y.comp[c], x.p.comps[c].nbytes, arena_quant_name((arena_quant_scheme)s));
+			out_free(&x);
+			out_free(&y);
+		}
+		for (size_t o = 0; o < sizeof(outs) / sizeof(outs[0]); o++) {
+			unsetenv("ARENA_QUANT_ISA");
+			cr_assert_eq(arena_quant_cast(outs[o], a, srcs[si], src, n, 0), 0);
+			setenv("ARENA_QUANT_ISA", "baseline", 1);
+			cr_assert_eq(arena_quant_cast(outs[o], b, srcs[si], src, n, 0), 0);
+			assert_same_bytes(a, b, n * arena_dtype_bits(outs[o]) / 8, arena_dtype_name(outs[o]));
+		}
+	}
+	unsetenv("ARENA_QUANT_ISA");
+	free(f);
+	free(h);
+	free(a);
+	free(b);
+}
+
 /* f16 -> bf16 for every f16 pattern, and random f32 -> bf16: the nearer of
  * the two bf16 values around x, ties to even; NaN -> 0x7FC0. */
 static uint16_t ref_bf16(float x)
