@@ -917,6 +917,182 @@ int arena_quant_run_scaled(const arena_quant_plan *p, const void *qsrc, arena_dt
 	return 0;
 }
 
+/* ---- byte ranges ---------------------------------------------------------------- */
+
+int arena_quant_scan(const arena_quant_plan *p, arena_quant_input *in, unsigned threads)
+{
+	if (!p || !in)
+		return arena_errorf(E(USAGE), "quantization scan: NULL argument");
+	if (p->scheme != ARENA_QUANT_FP8_E4M3_TENSOR || p->prequantized)
+		return 0;
+	if (!in->data)
+		return arena_errorf(E(USAGE), "quantization scan: NULL source");
+	in->tensor_scale = arena_quant_tensor_scale(amax_parallel(kind_of(p->src_dtype), in->data, p->nelem, threads));
+	return 0;
+}
+
+/* Output bytes [off, off + len) of op over elements of kind sk at src (whole
+ * tensor): whole elements go straight to d, a split one through a scratch. */
+static void fill_elems(convert_fn cv, int sk, int op, const unsigned char *src, uint64_t off, uint64_t len,
+		       unsigned char *d, float scale)
+{
+	const uint64_t es = op_size[op], ss = sk_size[sk];
+	uint64_t e = off / es, end = off + len;
+	unsigned char tmp[4];
+	if (off % es) { /* head: the tail bytes of element e */
+		cv(sk, op, tmp, src + e * ss, 1, scale);
+		uint64_t k = off % es, n = es - k < len ? es - k : len;
+		memcpy(d, tmp + k, n);
+		d += n;
+		e++;
+	}
+	uint64_t whole_end = end / es; /* elements [e, whole_end) are whole */
+	if (whole_end > e) {
+		cv(sk, op, d, src + e * ss, whole_end - e, scale);
+		d += (whole_end - e) * es;
+	}
+	if (end % es && whole_end >= e && end / es * es >= off) { /* tail: the head bytes of element whole_end */
+		cv(sk, op, tmp, src + whole_end * ss, 1, scale);
+		memcpy(d, tmp, end % es);
+	}
+}
+
+static float row_scale(const arena_quant_plan *p, int sk, const unsigned char *src, uint64_t r)
+{
+	const float div = p->scheme == ARENA_QUANT_INT8_ROW ? ARENA_QUANT_INT8_MAX : ARENA_QUANT_E4M3_MAX;
+	return scale_of(amax_of(sk, src + r * p->cols * sk_size[sk], p->cols), div);
+}
+
+/* Bytes [off, off + len) of a 4-byte-per-value array whose value v is get(v). */
+#define FILL_F32_VALUES(get)                                                              \
+	do {                                                                              \
+		for (uint64_t v_ = off / 4; v_ * 4 < off + len; v_++) {                  \
+			float x_ = (get);                                                 \
+			uint64_t a_ = v_ * 4 > off ? v_ * 4 : off;                        \
+			uint64_t z_ = v_ * 4 + 4 < off + len ? v_ * 4 + 4 : off + len;    \
+			memcpy(d + (a_ - off), (const unsigned char *)&x_ + (a_ - v_ * 4), z_ - a_); \
+		}                                                                         \
+	} while (0)
+
+int arena_quant_fill(const arena_quant_plan *p, const arena_quant_input *in, uint32_t comp, uint64_t off,
+		     uint64_t len, void *dst)
+{
+	if (!p || !in || comp >= p->n_comps)
+		return arena_errorf(E(USAGE), "quantization fill: NULL argument or no component %u", comp);
+	const arena_quant_component *c = &p->comps[comp];
+	if (off > c->nbytes || len > c->nbytes - off)
+		return arena_errorf(E(USAGE), "quantization fill: bytes [%llu, +%llu) outside component '%s' (%llu bytes)",
+				    (unsigned long long)off, (unsigned long long)len, c->name,
+				    (unsigned long long)c->nbytes);
+	if (!len)
+		return 0;
+	if (!dst || !in->data)
+		return arena_errorf(E(USAGE), "quantization fill: NULL source or destination");
+	unsigned char *d = dst;
+	const unsigned char *src = in->data;
+	if (comp == 0 && (p->scheme == ARENA_QUANT_NONE || p->src_dtype == c->dtype)) {
+		memcpy(d, src + off, len); /* as stored, or already-quantized data */
+		return 0;
+	}
+	const convert_fn cv = pick_convert();
+	if (p->prequantized) { /* comp 1: the scale tensor, widened */
+		if (!in->scale || !is_wide_float(in->scale_dtype))
+			return arena_errorf(E(USAGE), "quantization fill: no scale tensor of dtype F32, BF16 or F16");
+		fill_elems(cv, kind_of(in->scale_dtype), OP_F32, in->scale, off, len, d, 0.0f);
+		return 0;
+	}
+	const int sk = kind_of(p->src_dtype);
+	const int op = op_of(p->scheme);
+	if (p->scheme == ARENA_QUANT_FP8_E4M3_TENSOR) {
+		if (comp == 1)
+			FILL_F32_VALUES(in->tensor_scale);
+		else
+			fill_elems(cv, sk, op, src, off, len, d, in->tensor_scale);
+		return 0;
+	}
+	if (!is_row(p->scheme)) {
+		fill_elems(cv, sk, op, src, off, len, d, 0.0f);
+		return 0;
+	}
+	if (comp == 1) {
+		FILL_F32_VALUES(row_scale(p, sk, src, v_));
+		return 0;
+	}
+	/* qdata: one byte per element; rows [off / cols, (off + len - 1) / cols] */
+	for (uint64_t r = off / p->cols; r * p->cols < off + len; r++) {
+		uint64_t a = r * p->cols > off ? r * p->cols : off;
+		uint64_t z = (r + 1) * p->cols < off + len ? (r + 1) * p->cols : off + len;
+		cv(sk, op, d + (a - off), src + a * sk_size[sk], z - a, row_scale(p, sk, src, r));
+	}
+	return 0;
+}
+#undef FILL_F32_VALUES
+
+/* ---- layouts ------------------------------------------------------------------------- */
+
+int arena_quant_describe(const arena_quant_plan *p, arena_tensor *t)
+{
+	if (!p || !t || p->n_comps > ARENA_MAX_COMPONENTS)
+		return arena_errorf(E(USAGE), "quantization describe: NULL argument");
+	snprintf(t->scheme, sizeof(t->scheme), "%s", arena_quant_name(p->scheme));
+	t->n_comp = (uint32_t)p->n_comps;
+	for (size_t i = 0; i < p->n_comps; i++) {
+		const arena_quant_component *c = &p->comps[i];
+		arena_component *o = &t->comp[i];
+		memset(o, 0, sizeof(*o));
+		snprintf(o->name, sizeof(o->name), "%s", c->name);
+		o->dtype = c->dtype;
+		o->rank = c->rank;
+		for (uint32_t k = 0; k < c->rank; k++)
+			o->shape[k] = c->shape[k];
+		o->bytes = c->nbytes;
+	}
+	return 0;
+}
+
+int arena_quant_plan_from_tensor(const arena_tensor *t, arena_quant_plan *out)
+{
+	if (!t || !out)
+		return arena_errorf(E(USAGE), "quantization plan: NULL argument");
+	const char *name = t->name ? t->name : "?";
+	arena_quant_scheme s;
+	if (arena_quant_from_name(t->scheme, &s))
+		return arena_errorf(E(IMG_MANIFEST_BAD), "tensor '%s': unknown storage scheme '%s'", arena_q(name),
+				    arena_q(t->scheme));
+	arena_quant_plan p;
+	int rc;
+	if (t->dtype == ARENA_DTYPE_F8_E4M3 && (s == ARENA_QUANT_FP8_E4M3_TENSOR || s == ARENA_QUANT_FP8_E4M3_ROW))
+		rc = arena_quant_plan_prequant(&p, s, t->rank, t->shape, name);
+	else
+		rc = arena_quant_plan_init(&p, s, t->dtype, t->rank, t->shape, name);
+	if (rc) {
+		arena_error_prefix("image manifest");
+		return E(IMG_MANIFEST_BAD);
+	}
+	if (t->n_comp != p.n_comps)
+		return arena_errorf(E(IMG_MANIFEST_BAD), "tensor '%s': scheme %s has %zu components, the manifest %u",
+				    arena_q(name), arena_quant_name(s), p.n_comps, t->n_comp);
+	for (size_t i = 0; i < p.n_comps; i++) {
+		const arena_quant_component *c = &p.comps[i];
+		const arena_component *o = &t->comp[i];
+		int same = strcmp(o->name, c->name) == 0 && o->dtype == c->dtype && o->rank == c->rank &&
+			   o->bytes == c->nbytes;
+		for (uint32_t k = 0; same && k < c->rank; k++)
+			same = o->shape[k] == c->shape[k];
+		if (!same) {
+			char want[256], got[256];
+			return arena_errorf(E(IMG_MANIFEST_BAD),
+					    "tensor '%s': scheme %s: component %zu is '%s' %s %s, %llu bytes; expected '%s' %s %s, %llu bytes",
+					    arena_q(name), arena_quant_name(s), i, arena_q(o->name), arena_dtype_name(o->dtype),
+					    shape_str(got, sizeof(got), o->rank > ARENA_MAX_RANK ? ARENA_MAX_RANK : o->rank, o->shape),
+					    (unsigned long long)o->bytes, c->name, arena_dtype_name(c->dtype),
+					    shape_str(want, sizeof(want), c->rank, c->shape), (unsigned long long)c->nbytes);
+		}
+	}
+	*out = p;
+	return 0;
+}
+
 /* ---- dequantization and casts -------------------------------------------------- */
 
 int arena_quant_dequant_f32(const arena_quant_plan *p, const void *const src[], float *dst, unsigned threads)

@@ -42,9 +42,8 @@
  * NaN: the casts keep NaN as NaN with its sign (FP8 0x7F / 0xFF, F16 0x7E00
  * with the sign); amax propagates NaN, so a row (or a tensor) that holds a NaN
  * gets a NaN scale (always 0x7FC00000) and all-NaN FP8 values, as in torch;
- * for int8 a NaN
- * quotient becomes 0 (torch leaves the cast of NaN to int8 undefined).
- * Subnormal inputs and results are exact (no flush to zero).
+ * for int8 a NaN quotient becomes 0 (torch leaves the cast of NaN to int8
+ * undefined). Subnormal inputs and results are exact (no flush to zero).
  *
  * Compressed-tensors checkpoints (vLLM, llm-compressor): a tensor `<name>`
  * of dtype F8_E4M3 with a tensor `<name>_scale` is already quantized; see
@@ -52,12 +51,21 @@
  * fp8-e4m3-row with the F8_E4M3 source dtype (arena_quant_plan_prequant),
  * qdata copied and scale widened exactly to F32 (arena_quant_run_scaled).
  *
- * Use:
+ * Use, whole tensors (loading a safetensors file straight into slabs):
  *   arena_quant_plan p;
  *   if ((rc = arena_quant_plan_init(&p, scheme, t->dtype, t->rank, t->shape, t->name)))
  *           return rc;                      // nothing written yet
  *   ... place p.comps[i] (p.comps[i].nbytes bytes each, 256-aligned) ...
  *   rc = arena_quant_run(&p, arena_st_data(t), dst, 0);  // dst[i] -> component i
+ * or byte ranges of components, in any order (arena convert's chunks):
+ *   arena_quant_describe(&p, layout_tensor);    // scheme and components
+ *   arena_quant_input in = {.data = arena_st_data(t)};
+ *   arena_quant_scan(&p, &in, 0);               // once per tensor, keep `in`
+ *   arena_quant_fill(&p, &in, comp, off, len, chunk + pos);
+ *
+ * Kernels: branch-free C that gcc -O2 vectorizes, built twice on x86-64
+ * (baseline SSE2 and AVX2, picked at run time; ARENA_QUANT_ISA=baseline in
+ * the environment forces the baseline ones). Both give the same bits.
  *
  * Threads: every function is safe to call from several threads at once (no
  * global state). `threads` = 0 means one per available core; a call never
@@ -78,6 +86,7 @@
 
 #include "../formats/checkpoint.h"
 #include "../formats/dtype.h"
+#include "../formats/layout.h"
 
 /* X(ENUM, "name"); the enum values are not stored anywhere (manifests use
  * the names), but append new schemes at the end anyway. */
@@ -181,6 +190,49 @@ int arena_quant_run(const arena_quant_plan *p, const void *src, void *const dst[
  * a sub-byte `none` source with first or count not whole bytes). */
 int arena_quant_run_part(const arena_quant_plan *p, const void *src, uint64_t first, uint64_t count,
 			 float tensor_scale, void *const dst[], unsigned threads);
+
+/* ---- byte ranges (arena convert's chunk filler) ---------------------------
+ *
+ * A converter that builds its output in chunks asks for any byte range of any
+ * component. What a plan reads: */
+typedef struct arena_quant_input {
+	const void *data;        /* the source tensor's bytes (p->src_nbytes), e.g. arena_st_data() */
+	float tensor_scale;      /* fp8-e4m3-tensor from a wide source: set by arena_quant_scan */
+	const void *scale;       /* prequantized plans: the `<name>_scale` tensor's bytes */
+	arena_dtype scale_dtype; /* and its dtype: F32, BF16 or F16 */
+} arena_quant_input;
+
+/* The pass that must see the whole tensor before any byte can be made: for
+ * fp8-e4m3-tensor from a wide source, sets in->tensor_scale from in->data
+ * (amax over all of it); nothing for the other plans. Call once per tensor
+ * (keep `in` with the tensor), before arena_quant_fill. Returns 0, or USAGE
+ * (NULL pointers). */
+int arena_quant_scan(const arena_quant_plan *p, arena_quant_input *in, unsigned threads);
+
+/* Write bytes [off, off + len) of component `comp` to dst (dst[0] is byte
+ * `off`), computed from `in` alone: any range, in any order, from any number
+ * of threads at once (each call runs on the calling thread). A range that
+ * starts or ends inside a row recomputes that row's scale (one extra read of
+ * the row). The bytes are those arena_quant_run writes. Returns 0, or USAGE
+ * (NULL pointers, comp or range out of bounds, a prequantized plan without
+ * in->scale or with another scale dtype). */
+int arena_quant_fill(const arena_quant_plan *p, const arena_quant_input *in, uint32_t comp, uint64_t off,
+		     uint64_t len, void *dst);
+
+/* ---- layouts (formats/layout.h) -------------------------------------------- */
+
+/* Set t->scheme and t->n_comp / t->comp[] (name, dtype, rank, shape, bytes;
+ * offsets are left to placement) from the plan. t's own name, dtype and shape
+ * are not touched (they are the original ones, as in the plan). Returns 0, or
+ * USAGE (NULL). */
+int arena_quant_describe(const arena_quant_plan *p, arena_tensor *t);
+
+/* The plan of a tensor read from an image's manifest: re-plans t->scheme for
+ * t->dtype and t->shape (F8_E4M3 with a scaled scheme: a prequantized plan)
+ * and checks that t's components are exactly the plan's (count, names,
+ * dtypes, shapes, bytes). Returns 0, or IMG_MANIFEST_BAD naming the tensor
+ * and the first disagreement (an unknown scheme name included). */
+int arena_quant_plan_from_tensor(const arena_tensor *t, arena_quant_plan *out);
 
 /* amax(|x|) of n values of dtype `dt` (BF16, F16, F32) at `src`, as f32; the
  * quiet NaN 0x7FC00000 if any is NaN (whatever its payload). Combine pieces

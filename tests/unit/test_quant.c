@@ -14,6 +14,7 @@
 
 #include "arena.h"
 #include "../../formats/checkpoint.h"
+#include "../../formats/layout.h"
 #include "../../formats/safetensors.h"
 #include "../../loader/quant.h"
 
@@ -604,6 +605,144 @@ Test(quant, pieces_equal_one_run)
 		out_free(&parts);
 	}
 	free(b);
+}
+
+/* Any byte range of any component, filled alone, equals those bytes of one run. */
+static void check_fill(const outbuf *whole, const arena_quant_input *in)
+{
+	for (size_t c = 0; c < whole->p.n_comps; c++) {
+		const uint64_t nb = whole->p.comps[c].nbytes;
+		unsigned char *buf = xmalloc(nb);
+		memset(buf, 0x5A, nb);
+		for (uint64_t off = 0; off < nb;) {
+			uint64_t k = 1 + rnd() % (nb < 3000 ? nb : 3000);
+			k = k < nb - off ? k : nb - off;
+			int rc = arena_quant_fill(&whole->p, in, (uint32_t)c, off, k, buf + off);
+			cr_assert_eq(rc, 0, "%s", arena_last_error());
+			off += k;
+		}
+		char what[64];
+		snprintf(what, sizeof(what), "%s component %zu", arena_quant_name(whole->p.scheme), c);
+		assert_same_bytes(buf, whole->comp[c], nb, what);
+		/* single bytes at the ends and at a random place */
+		uint64_t spots[] = {0, nb - 1, rnd() % nb};
+		for (int k = 0; k < 3; k++) {
+			unsigned char b;
+			cr_assert_eq(arena_quant_fill(&whole->p, in, (uint32_t)c, spots[k], 1, &b), 0);
+			cr_assert_eq(b, ((unsigned char *)whole->comp[c])[spots[k]], "%s byte %llu", what,
+				     (unsigned long long)spots[k]);
+		}
+		free(buf);
+	}
+}
+
+Test(quant, fill_equals_run)
+{
+	const uint64_t w[] = {37, 301};
+	const uint64_t n = w[0] * w[1];
+	float *f = xmalloc(n * 4);
+	uint16_t *b = xmalloc(n * 2);
+	for (uint64_t i = 0; i < n; i++)
+		f[i] = rnd_finite();
+	cr_assert_eq(arena_quant_cast(ARENA_DTYPE_BF16, b, ARENA_DTYPE_F32, f, n, 0), 0);
+	for (int dt = 0; dt < 2; dt++) {
+		for (int s = 0; s < ARENA_QUANT_COUNT; s++) {
+			outbuf whole;
+			const void *src = dt ? (const void *)f : (const void *)b;
+			run_scheme(&whole, (arena_quant_scheme)s, dt ? ARENA_DTYPE_F32 : ARENA_DTYPE_BF16, 2, w, src, 0);
+			arena_quant_input in = {.data = src};
+			cr_assert_eq(arena_quant_scan(&whole.p, &in, 0), 0);
+			check_fill(&whole, &in);
+			out_free(&whole);
+		}
+	}
+	/* errors */
+	arena_quant_plan p;
+	cr_assert_eq(arena_quant_plan_init(&p, ARENA_QUANT_FP8_E4M3_ROW, ARENA_DTYPE_BF16, 2, w, NULL), 0);
+	arena_quant_input in = {.data = b};
+	unsigned char q[16];
+	cr_assert_eq(arena_quant_fill(&p, &in, 2, 0, 1, q), ARENA_E_USAGE);
+	cr_assert_eq(arena_quant_fill(&p, &in, 1, 37 * 4 - 1, 2, q), ARENA_E_USAGE);
+	cr_assert_eq(arena_quant_fill(&p, &in, 0, n, 0, q), 0);
+	cr_assert_eq(arena_quant_fill(&p, &in, 0, 0, 1, NULL), ARENA_E_USAGE);
+	cr_assert_eq(arena_quant_fill(NULL, &in, 0, 0, 1, q), ARENA_E_USAGE);
+	free(f);
+	free(b);
+}
+
+Test(quant, fill_prequantized)
+{
+	const uint64_t w[] = {8, 16};
+	uint8_t q[8 * 16];
+	uint16_t sc[8];
+	for (size_t i = 0; i < sizeof(q); i++)
+		q[i] = (uint8_t)rnd();
+	for (size_t i = 0; i < 8; i++)
+		sc[i] = (uint16_t)(0x3C00 + i * 0x40); /* f16 1.0, 1.0625, ... */
+	outbuf whole;
+	cr_assert_eq(arena_quant_plan_prequant(&whole.p, ARENA_QUANT_FP8_E4M3_ROW, 2, w, "x"), 0);
+	whole.comp[0] = xmalloc(whole.p.comps[0].nbytes);
+	whole.comp[1] = xmalloc(whole.p.comps[1].nbytes);
+	cr_assert_eq(arena_quant_run_scaled(&whole.p, q, ARENA_DTYPE_F16, sc, whole.comp, 0), 0);
+	arena_quant_input in = {.data = q, .scale = sc, .scale_dtype = ARENA_DTYPE_F16};
+	cr_assert_eq(arena_quant_scan(&whole.p, &in, 0), 0);
+	check_fill(&whole, &in);
+	in.scale = NULL;
+	unsigned char b[4];
+	cr_assert_eq(arena_quant_fill(&whole.p, &in, 1, 0, 4, b), ARENA_E_USAGE);
+	out_free(&whole);
+}
+
+/* Plans to layout tensors and back; a manifest that disagrees is rejected. */
+Test(quant, describe_and_plan_from_tensor)
+{
+	const uint64_t w[] = {64, 3, 3};
+	arena_tensor t;
+	arena_quant_plan p, back;
+	for (int s = 0; s < ARENA_QUANT_COUNT; s++) {
+		memset(&t, 0, sizeof(t));
+		t.name = (char *)"blocks.1.conv.weight";
+		t.dtype = ARENA_DTYPE_F16;
+		t.rank = 3;
+		memcpy(t.shape, w, sizeof(w));
+		cr_assert_eq(arena_quant_plan_init(&p, (arena_quant_scheme)s, t.dtype, t.rank, t.shape, t.name), 0);
+		cr_assert_eq(arena_quant_describe(&p, &t), 0);
+		cr_assert_str_eq(t.scheme, arena_quant_name((arena_quant_scheme)s));
+		cr_assert_eq(t.n_comp, p.n_comps);
+		for (size_t c = 0; c < p.n_comps; c++) {
+			cr_assert_str_eq(t.comp[c].name, p.comps[c].name);
+			cr_assert_eq(t.comp[c].bytes, p.comps[c].nbytes);
+		}
+		cr_assert_eq(arena_quant_plan_from_tensor(&t, &back), 0, "%s", arena_last_error());
+		cr_assert_eq(memcmp(&back, &p, sizeof(p)), 0);
+	}
+	/* t now holds fp8-e5m2; make it fp8-e4m3-row and break it in turn */
+	cr_assert_eq(arena_quant_plan_init(&p, ARENA_QUANT_FP8_E4M3_ROW, t.dtype, t.rank, t.shape, t.name), 0);
+	cr_assert_eq(arena_quant_describe(&p, &t), 0);
+	arena_tensor good = t, bad;
+	const int MB = ARENA_E(IMG_MANIFEST_BAD);
+	bad = good, bad.comp[1].shape[1] = 2;
+	cr_assert_eq(arena_quant_plan_from_tensor(&bad, &back), MB);
+	cr_assert_not_null(strstr(arena_last_error(), "blocks.1.conv.weight"), "%s", arena_last_error());
+	cr_assert_not_null(strstr(arena_last_error(), "[64, 2, 1]"), "%s", arena_last_error());
+	bad = good, bad.comp[0].dtype = ARENA_DTYPE_F8_E5M2;
+	cr_assert_eq(arena_quant_plan_from_tensor(&bad, &back), MB);
+	bad = good, bad.comp[1].bytes = 512;
+	cr_assert_eq(arena_quant_plan_from_tensor(&bad, &back), MB);
+	bad = good, snprintf(bad.comp[1].name, sizeof(bad.comp[1].name), "scales");
+	cr_assert_eq(arena_quant_plan_from_tensor(&bad, &back), MB);
+	bad = good, bad.n_comp = 1;
+	cr_assert_eq(arena_quant_plan_from_tensor(&bad, &back), MB);
+	bad = good, snprintf(bad.scheme, sizeof(bad.scheme), "fp8-e4m3-block");
+	cr_assert_eq(arena_quant_plan_from_tensor(&bad, &back), MB);
+	cr_assert_not_null(strstr(arena_last_error(), "fp8-e4m3-block"), "%s", arena_last_error());
+	bad = good, bad.dtype = ARENA_DTYPE_I32; /* the scheme cannot apply */
+	cr_assert_eq(arena_quant_plan_from_tensor(&bad, &back), MB);
+	cr_assert_eq(arena_err_class(MB), ARENA_CLASS_INVALID);
+	/* an already-quantized F8_E4M3 tensor round-trips as a prequantized plan */
+	bad = good, bad.dtype = ARENA_DTYPE_F8_E4M3;
+	cr_assert_eq(arena_quant_plan_from_tensor(&bad, &back), 0, "%s", arena_last_error());
+	cr_assert_eq(back.prequantized, 1);
 }
 
 /* ---- exhaustive casts against slow references ------------------------------------------- */
