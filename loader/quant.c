@@ -668,19 +668,24 @@ static int plan(arena_quant_plan *out, arena_quant_scheme scheme, arena_dtype sr
 		const uint64_t *shape, const char *label, int prequant)
 {
 	char sb[256];
-	const char *lbl = label ? label : "tensor";
+	char who[300]; /* "tensor 'x.weight'" or "tensor" */
+	if (label)
+		snprintf(who, sizeof(who), "tensor '%s'", arena_q(label));
+	else
+		snprintf(who, sizeof(who), "tensor");
+	const char *lbl = who;
 	if (!out || (rank && !shape))
-		return arena_errorf(E(USAGE), "%s: quantization plan: NULL argument", arena_q(lbl));
+		return arena_errorf(E(USAGE), "%s: quantization plan: NULL argument", lbl);
 	if ((unsigned)scheme >= ARENA_QUANT_COUNT)
-		return arena_errorf(E(QUANT_UNKNOWN_SCHEME), "%s: unknown quantization scheme %d", arena_q(lbl),
+		return arena_errorf(E(QUANT_UNKNOWN_SCHEME), "%s: unknown quantization scheme %d", lbl,
 				    (int)scheme);
 	const char *sname = scheme_names[scheme];
 	if (rank > ARENA_QUANT_MAX_RANK)
-		return arena_errorf(E(QUANT_NOT_APPLICABLE), "%s: rank %u is over the limit of %d", arena_q(lbl),
+		return arena_errorf(E(QUANT_NOT_APPLICABLE), "%s: rank %u is over the limit of %d", lbl,
 				    rank, ARENA_QUANT_MAX_RANK);
 	unsigned bits = arena_dtype_bits(src);
 	if (!bits)
-		return arena_errorf(E(QUANT_NOT_APPLICABLE), "%s: invalid source dtype %d", arena_q(lbl), (int)src);
+		return arena_errorf(E(QUANT_NOT_APPLICABLE), "%s: invalid source dtype %d", lbl, (int)src);
 
 	/* which sources the scheme takes */
 	const char *takes = NULL;
@@ -691,7 +696,7 @@ static int plan(arena_quant_plan *out, arena_quant_scheme scheme, arena_dtype sr
 			return arena_errorf(E(QUANT_NOT_APPLICABLE),
 					    "%s: scheme %s cannot hold an already-quantized F8_E4M3 tensor "
 					    "(only fp8-e4m3-tensor and fp8-e4m3-row)",
-					    arena_q(lbl), sname);
+					    lbl, sname);
 		src = ARENA_DTYPE_F8_E4M3;
 		bits = 8;
 	} else {
@@ -713,37 +718,37 @@ static int plan(arena_quant_plan *out, arena_quant_scheme scheme, arena_dtype sr
 			break;
 		default:
 			ok = is_wide_float(src);
-			takes = src == ARENA_DTYPE_F8_E4M3 ? "BF16, F16 or F32 (F8_E4M3 data needs its scale tensor)"
+			takes = src == ARENA_DTYPE_F8_E4M3 ? "BF16, F16 or F32; F8_E4M3 data needs its scale tensor"
 							   : "BF16, F16 or F32";
 			break;
 		}
 		if (!ok)
 			return arena_errorf(E(QUANT_NOT_APPLICABLE), "%s: scheme %s does not apply to dtype %s (it takes %s)",
-					    arena_q(lbl), sname, arena_dtype_name(src), takes);
+					    lbl, sname, arena_dtype_name(src), takes);
 	}
 
 	uint64_t nelem = 1;
 	for (uint32_t k = 0; k < rank; k++) {
 		if (shape[k] && nelem > UINT64_MAX / shape[k])
 			return arena_errorf(E(QUANT_NOT_APPLICABLE), "%s: shape %s: element count overflows",
-					    arena_q(lbl), shape_str(sb, sizeof(sb), rank, shape));
+					    lbl, shape_str(sb, sizeof(sb), rank, shape));
 		nelem *= shape[k];
 	}
 	if (nelem > UINT64_MAX / 32 || (nelem * bits) % 8)
 		return arena_errorf(E(QUANT_NOT_APPLICABLE), "%s: shape %s of %s is not a whole number of bytes",
-				    arena_q(lbl), shape_str(sb, sizeof(sb), rank, shape), arena_dtype_name(src));
+				    lbl, shape_str(sb, sizeof(sb), rank, shape), arena_dtype_name(src));
 	uint64_t rows = 1, cols = nelem;
 	if (is_row(scheme)) {
 		if (rank < 2)
 			return arena_errorf(E(QUANT_NOT_APPLICABLE),
 					    "%s: scheme %s needs a tensor of rank 2 or more (one scale per row), got %s",
-					    arena_q(lbl), sname, shape_str(sb, sizeof(sb), rank, shape));
+					    lbl, sname, shape_str(sb, sizeof(sb), rank, shape));
 		rows = shape[0];
 		cols = rows ? nelem / rows : 0;
 	}
 	if (is_scaled(scheme) && nelem == 0)
 		return arena_errorf(E(QUANT_NOT_APPLICABLE), "%s: scheme %s needs values to scale, shape %s is empty",
-				    arena_q(lbl), sname, shape_str(sb, sizeof(sb), rank, shape));
+				    lbl, sname, shape_str(sb, sizeof(sb), rank, shape));
 
 	arena_quant_plan p;
 	memset(&p, 0, sizeof(p));

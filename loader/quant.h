@@ -295,7 +295,9 @@ arena_quant_scheme arena_quant_ct_classify(arena_dtype q_dtype, uint32_t q_rank,
  * scheme, with *scale_out (may be NULL) the scale tensor, borrowed from c; or
  * ARENA_QUANT_NONE (and *scale_out NULL) when `<name>` is absent, has no
  * `<name>_scale`, or the pair is not recognized (*why as above; NULL when
- * there was no pair at all). Pure. */
+ * there was no pair at all). Pure; names over 1000 bytes never match (no
+ * allocation). Other tensors of the convention (`<module>.input_scale`,
+ * activation scales) are not pairs and stay ordinary tensors. */
 arena_quant_scheme arena_quant_ct_match(const arena_ckpt *c, const char *name, const arena_st_tensor **scale_out,
 					const char **why);
 
