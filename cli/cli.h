@@ -21,6 +21,7 @@ extern const cli_cmd cli_commands[];
 	X(verify, "check every byte of an arena image") \
 	X(export, "write an arena image back to a safetensors file") \
 	X(inspect, "show tensors, metadata and layout of a checkpoint or image") \
+	X(synth, "write a checkpoint with a real model's names and shapes, random values") \
 	X(version, "show the version and what this build supports")
 
 #define CLI__DECL(name, summary) \
@@ -47,4 +48,3 @@ const char *cli_fmt_bytes(uint64_t n, char *buf, size_t len);
 int cli_print_json(void *json);
 
 #endif
-	X(synth, "write a checkpoint with a real model's names and shapes, random values") \
