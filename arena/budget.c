@@ -72,6 +72,17 @@ static uint64_t cgroup_free(const char *root)
 	return best;
 }
 
+/* CAP_IPC_LOCK (bit 14) in the effective set lifts RLIMIT_MEMLOCK. */
+static int cap_ipc_lock(const char *root)
+{
+	char buf[4096];
+	if (read_text(root, "/proc/self/status", buf, sizeof(buf)))
+		return 0;
+	const char *p = strstr(buf, "CapEff:");
+	unsigned long long caps;
+	return p && sscanf(p, "CapEff: %llx", &caps) == 1 && (caps >> 14 & 1);
+}
+
 int arena_pin_budget_probe(arena_pin_budget *b, uint64_t user_cap, uint64_t reserve, const char *root)
 {
 	memset(b, 0, sizeof(*b));
@@ -80,7 +91,7 @@ int arena_pin_budget_probe(arena_pin_budget *b, uint64_t user_cap, uint64_t rese
 		root = "";
 	struct rlimit rl;
 	b->memlock = UINT64_MAX;
-	if (!*root && getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+	if (!*root && getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && !cap_ipc_lock(root))
 		b->memlock = (uint64_t)rl.rlim_cur;
 	b->mem_available = mem_available(root);
 	b->cgroup_free = cgroup_free(root);

@@ -15,13 +15,18 @@ void arena_fault_read(long n)
 	atomic_store(&read_fault_at, n);
 }
 
+int arena__read_fault(void)
+{
+	long at = atomic_load_explicit(&read_fault_at, memory_order_relaxed);
+	return at > 0 && atomic_fetch_add(&read_count, 1) + 1 == at;
+}
+
 int arena_pread_full(int fd, void *buf, size_t n, uint64_t off, const char *label)
 {
 	uint8_t *p = buf;
 	while (n) {
-		long at = atomic_load_explicit(&read_fault_at, memory_order_relaxed);
 		ssize_t r;
-		if (at > 0 && atomic_fetch_add(&read_count, 1) + 1 == at) {
+		if (arena__read_fault()) {
 			errno = EIO;
 			r = -1;
 		} else {

@@ -13,5 +13,8 @@ int arena_pread_full(int fd, void *buf, size_t n, uint64_t off, const char *labe
 /* Fault injection (tests only): the nth read from now fails with EIO
  * (n >= 1); 0 disarms. */
 void arena_fault_read(long n);
+/* For readers that do not go through arena_pread_full: 1 if this read must
+ * fail by injection (counts as one read). */
+int arena__read_fault(void);
 
 #endif

@@ -1,0 +1,120 @@
+/* model.c - device and host memory of a loaded arena (see model.h). */
+#include "model.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "../common/alloc.h"
+#include "../common/err.h"
+
+int arena_model_prepare(arena_layout *layout, arena_backend *be, arena_pin_budget *budget,
+			const uint8_t *on_device, arena_model **out)
+{
+	*out = NULL;
+	arena_model *m = arena_calloc(1, sizeof(*m));
+	if (!m) {
+		arena_layout_free(layout);
+		return arena_errorf(ARENA_E_NOMEM, "out of memory");
+	}
+	m->layout = layout;
+	m->backend = be;
+	m->budget = budget;
+	int rc = 0;
+	m->mem = arena_calloc(layout->n_blocks, sizeof(*m->mem));
+	if (!m->mem) {
+		rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
+		goto fail;
+	}
+	uint64_t need_dev = 0;
+	for (size_t b = 0; b < layout->n_blocks; b++) {
+		if (on_device && !on_device[b])
+			m->host_len += arena_align_up(layout->blocks[b].bytes, ARENA_SLAB_ALIGN);
+		else
+			need_dev += layout->blocks[b].bytes;
+	}
+	if (need_dev) {
+		uint64_t free_b = 0, total = 0;
+		if ((rc = be->ops->mem_info(be, &free_b, &total)))
+			goto fail;
+		if (need_dev > free_b) {
+			rc = arena_errorf(ARENA_E(DEV_OOM),
+					  "%s: the model needs %" PRIu64 " bytes of device memory, %" PRIu64
+					  " of %" PRIu64 " are free",
+					  be->ops->name, need_dev, free_b, total);
+			goto fail;
+		}
+	}
+	if (m->host_len) {
+		void *p = mmap(NULL, m->host_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (p == MAP_FAILED) {
+			rc = arena_syserrorf(ARENA_E_NOMEM, errno, "cannot map %" PRIu64 " bytes for host slabs",
+					     m->host_len);
+			goto fail;
+		}
+		madvise(p, m->host_len, MADV_HUGEPAGE);
+		m->host_base = p;
+	}
+	uint64_t hoff = 0;
+	for (size_t b = 0; b < layout->n_blocks; b++) {
+		const arena_block *blk = &layout->blocks[b];
+		if (on_device && !on_device[b]) {
+			m->mem[b].host = m->host_base + hoff;
+			hoff += arena_align_up(blk->bytes, ARENA_SLAB_ALIGN);
+			m->host_bytes += blk->bytes;
+		} else if (blk->bytes) {
+			if ((rc = be->ops->dev_alloc(be, blk->bytes, &m->mem[b].dev))) {
+				arena_error_prefix(blk->name);
+				goto fail;
+			}
+			m->dev_bytes += blk->bytes;
+		}
+	}
+	*out = m;
+	return 0;
+fail:
+	arena_model_free(m);
+	return rc;
+}
+
+int arena_model_commit(arena_model *m)
+{
+	if (m->host_len && mprotect(m->host_base, m->host_len, PROT_READ) < 0)
+		return arena_syserrorf(ARENA_E_IO, errno, "cannot make host slabs read-only");
+	for (size_t b = 0; b < m->layout->n_blocks; b++) {
+		arena_block_mem *bm = &m->mem[b];
+		uint64_t len = arena_align_up(m->layout->blocks[b].bytes, ARENA_SLAB_ALIGN);
+		if (!bm->host || !len || arena_pin_budget_take(m->budget, len))
+			continue;
+		if (m->backend->ops->host_register(m->backend, bm->host, len)) {
+			arena_pin_budget_give(m->budget, len);
+			continue; /* stays pageable: slower, still correct */
+		}
+		bm->pinned = 1;
+		m->pinned_bytes += len;
+	}
+	arena_error_clear();
+	m->committed = 1;
+	return 0;
+}
+
+void arena_model_free(arena_model *m)
+{
+	if (!m)
+		return;
+	for (size_t b = 0; m->mem && b < m->layout->n_blocks; b++) {
+		arena_block_mem *bm = &m->mem[b];
+		if (bm->pinned) {
+			m->backend->ops->host_unregister(m->backend, bm->host);
+			arena_pin_budget_give(m->budget, arena_align_up(m->layout->blocks[b].bytes, ARENA_SLAB_ALIGN));
+		}
+		if (bm->dev)
+			m->backend->ops->dev_free(m->backend, bm->dev);
+	}
+	if (m->host_base)
+		munmap(m->host_base, m->host_len);
+	arena_free(m->mem);
+	arena_layout_free(m->layout);
+	arena_free(m);
+}

@@ -1,0 +1,62 @@
+/* model.h - a loaded arena: a layout plus, per block, where its bytes live.
+ *
+ * A block is on the device (dev != NULL: its slab's bytes at dev), or in a
+ * host slab (host != NULL: canonical bytes, read-only after commit, pinned
+ * in place when the pinned budget allowed), or both.
+ *
+ * Life cycle (DESIGN.md invariant 4, transactional build):
+ *   arena_model_prepare   allocate device memory and host slabs, take pinned
+ *                         budget; nothing is visible to anyone yet
+ *   (populate)            the loader fills dev and host bytes
+ *   arena_model_commit    host slabs become read-only (mprotect) and are
+ *                         pinned in place within the budget; the model is whole
+ *   arena_model_free      releases everything, at any point (a failed build
+ *                         calls it and leaves nothing behind)
+ * Invariant 3 (canonical): after commit host slab bytes never change;
+ * dropping a device copy never writes the host copy. */
+#ifndef ARENA_MODEL_H
+#define ARENA_MODEL_H
+
+#include <stdint.h>
+
+#include "../formats/layout.h"
+#include "backend.h"
+#include "budget.h"
+
+typedef struct arena_block_mem {
+	void *dev;        /* device copy of the slab, or NULL */
+	uint8_t *host;    /* host slab (4 KiB aligned), or NULL */
+	int pinned;       /* host slab registered with the backend */
+} arena_block_mem;
+
+typedef struct arena_model {
+	arena_layout *layout;     /* owned */
+	arena_backend *backend;   /* borrowed; must outlive the model */
+	arena_pin_budget *budget; /* borrowed; must outlive the model */
+	arena_block_mem *mem;     /* one per block */
+	uint8_t *host_base;       /* one mapping holding every host slab */
+	uint64_t host_len;
+	uint64_t dev_bytes, host_bytes, pinned_bytes;
+	int committed;
+} arena_model;
+
+/* Take ownership of `layout` (also on failure) and allocate: device memory
+ * for blocks with on_device[b] (NULL = every block), a host slab for the
+ * others. Device memory beyond what the backend has is DEV_OOM naming how
+ * much is needed and free. */
+int arena_model_prepare(arena_layout *layout, arena_backend *be, arena_pin_budget *budget,
+			const uint8_t *on_device, arena_model **out);
+
+/* Make host slabs read-only and pin them in place, block by block, while the
+ * budget allows (the rest stay pageable). */
+int arena_model_commit(arena_model *m);
+
+void arena_model_free(arena_model *m);
+
+/* Bytes of block b's slab. */
+static inline uint64_t arena_model_slab_bytes(const arena_model *m, uint32_t b)
+{
+	return m->layout->blocks[b].bytes;
+}
+
+#endif

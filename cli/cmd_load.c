@@ -1,0 +1,299 @@
+/* cmd_load.c - `arena load`: an image or safetensors file into device memory, measured. */
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+
+#include "../arena/probe.h"
+#include "../common/alloc.h"
+#include "../common/err.h"
+#include "../common/io.h"
+#include "../formats/image.h"
+#include "../loader/load.h"
+#include "arena.h"
+#include "cli.h"
+
+const char cmd_load_usage[] =
+	"usage: arena load PATH [options]\n"
+	"\n"
+	"Load PATH into device memory as fast as the machine allows and report how\n"
+	"fast, next to this run's own limits: the raw pinned host-to-device copy rate\n"
+	"and the raw parallel read rate of the file. PATH is an arena image (checksums\n"
+	"verified as the data arrives) or a safetensors checkpoint (loaded\n"
+	"destination-first, no image). Nothing is kept: the command measures.\n"
+	"\n"
+	"options:\n"
+	"  --backend cuda|sim  device backend (default: cuda when a GPU is usable, else sim)\n"
+	"  --device N          CUDA device (default 0)\n"
+	"  --vram-cap SIZE     device memory arena may use (sim: the simulated capacity,\n"
+	"                      default 16G); a model larger than the cap is an error\n"
+	"                      that says what would fit\n"
+	"  --pin-budget SIZE   cap on pinned host memory (default: what the OS allows:\n"
+	"                      RLIMIT_MEMLOCK, MemAvailable, cgroup memory.max, minus a reserve)\n"
+	"  --threads N         reader threads (default: CPUs, at most 32)\n"
+	"  --io auto|direct|buffered\n"
+	"                      auto (default): page-cache reads when the bytes are\n"
+	"                      cached, O_DIRECT when they are not\n"
+	"  --check             read every device block back and compare with the file\n"
+	"  --no-probe          skip the limit measurements\n"
+	"  --json              machine-readable report (schema in README.md)\n"
+	"  -h, --help          this text\n"
+	"\n"
+	"Ctrl-C cancels cleanly. Exit status: 0 loaded, 1 invalid or corrupt input,\n"
+	"2 usage error, 3 system error (I/O, memory, device, no CUDA device).\n";
+
+static volatile sig_atomic_t cancelled;
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	cancelled = 1;
+}
+
+/* Compare each device block with the image's slab bytes. */
+static int check_device(const char *path, const arena_model *m, int is_image, int *ok)
+{
+	*ok = 1;
+	if (!is_image)
+		return 0; /* safetensors: slab padding on the device is unspecified */
+	arena_image *img;
+	int rc = arena_img_open(path, &img);
+	if (rc)
+		return rc;
+	uint64_t maxb = 0;
+	for (size_t b = 0; b < m->layout->n_blocks; b++)
+		maxb = m->layout->blocks[b].bytes > maxb ? m->layout->blocks[b].bytes : maxb;
+	uint8_t *a = arena_malloc(maxb ? maxb : 1), *f = arena_malloc(maxb ? maxb : 1);
+	if (!a || !f)
+		rc = arena_errorf(ARENA_E_NOMEM, "out of memory for the check");
+	for (size_t b = 0; !rc && b < m->layout->n_blocks; b++) {
+		const arena_block *blk = &m->layout->blocks[b];
+		if (!blk->bytes)
+			continue;
+		if ((rc = arena_pread_full(img->fd, f, blk->bytes, img->hdr.data_offset + blk->offset, path)))
+			break;
+		const uint8_t *have = m->mem[b].host;
+		if (m->mem[b].dev) {
+			if ((rc = m->backend->ops->copy_d2h_sync(m->backend, a, m->mem[b].dev, blk->bytes)))
+				break;
+			have = a;
+		}
+		if (memcmp(have, f, blk->bytes)) {
+			*ok = 0;
+			fprintf(stderr, "check: block '%s' differs from the image\n", blk->name);
+		}
+	}
+	arena_free(a);
+	arena_free(f);
+	arena_img_close(img);
+	return rc;
+}
+
+int cmd_load(int argc, char **argv)
+{
+	enum { O_BACKEND = 256, O_DEVICE, O_CAP, O_PIN, O_THREADS, O_IO, O_CHECK, O_NOPROBE, O_JSON };
+	static const struct option opts[] = {
+		{"backend", required_argument, NULL, O_BACKEND}, {"device", required_argument, NULL, O_DEVICE},
+		{"vram-cap", required_argument, NULL, O_CAP},    {"pin-budget", required_argument, NULL, O_PIN},
+		{"threads", required_argument, NULL, O_THREADS}, {"io", required_argument, NULL, O_IO},
+		{"check", no_argument, NULL, O_CHECK},           {"no-probe", no_argument, NULL, O_NOPROBE},
+		{"json", no_argument, NULL, O_JSON},             {NULL, 0, NULL, 0},
+	};
+	const char *backend = NULL;
+	int device = 0, json = 0, check = 0, probe = 1, ch;
+	uint64_t cap = 0, pin_cap = 0;
+	arena_load_opts lo = {.io = ARENA_IO_AUTO, .cancel = &cancelled};
+	optind = 0;
+	opterr = 0;
+	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		char *end;
+		switch (ch) {
+		case O_BACKEND:
+			if (strcmp(optarg, "cuda") && strcmp(optarg, "sim"))
+				return cli_usage_error("load", "--backend '%s': use cuda or sim", optarg);
+			backend = optarg;
+			break;
+		case O_DEVICE:
+			device = (int)strtol(optarg, &end, 10);
+			if (*end || device < 0)
+				return cli_usage_error("load", "--device '%s' is not a device number", optarg);
+			break;
+		case O_CAP:
+			if (cli_parse_size(optarg, &cap) || !cap)
+				return cli_usage_error("load", "--vram-cap '%s' is not a size", optarg);
+			break;
+		case O_PIN:
+			if (cli_parse_size(optarg, &pin_cap))
+				return cli_usage_error("load", "--pin-budget '%s' is not a size", optarg);
+			if (!pin_cap)
+				pin_cap = 1; /* 0 means "pin nothing" */
+			break;
+		case O_THREADS: {
+			long n = strtol(optarg, &end, 10);
+			if (*end || n < 1 || n > 256)
+				return cli_usage_error("load", "--threads '%s' is not a number from 1 to 256", optarg);
+			lo.threads = (unsigned)n;
+			break;
+		}
+		case O_IO:
+			lo.io = !strcmp(optarg, "auto")       ? ARENA_IO_AUTO
+				: !strcmp(optarg, "direct")   ? ARENA_IO_DIRECT
+				: !strcmp(optarg, "buffered") ? ARENA_IO_BUFFERED
+							      : -2;
+			if (lo.io == -2)
+				return cli_usage_error("load", "--io '%s': use auto, direct or buffered", optarg);
+			break;
+		case O_CHECK:
+			check = 1;
+			break;
+		case O_NOPROBE:
+			probe = 0;
+			break;
+		case O_JSON:
+			json = 1;
+			break;
+		default:
+			return cli_usage_error("load", "unknown or incomplete option '%s'", argv[optind - 1]);
+		}
+	}
+	if (argc - optind != 1)
+		return cli_usage_error("load", "expected one PATH, got %d", argc - optind);
+	const char *path = argv[optind];
+
+	arena_backend *be = NULL;
+	arena_sim_opts so = {.capacity = cap ? cap : (16ull << 30)};
+	int rc;
+	if (!backend) {
+		rc = arena_backend_create("cuda", device, NULL, &be);
+		if (rc) {
+			if (!json)
+				fprintf(stderr, "note: %s; using the simulator (--backend sim)\n", arena_last_error());
+			rc = arena_backend_create("sim", 0, &so, &be);
+		}
+	} else {
+		rc = arena_backend_create(backend, device, &so, &be);
+	}
+	if (rc)
+		return cli_fail(rc);
+	arena_pin_budget budget;
+	arena_pin_budget_probe(&budget, pin_cap, ARENA_PIN_RESERVE_AUTO, "");
+	lo.backend = be;
+	lo.budget = &budget;
+	int is_image = arena_img_sniff(path);
+
+	/* A VRAM cap: say what would fit before allocating anything. */
+	if (cap) {
+		arena_image *img = NULL;
+		arena_ckpt *ck = NULL;
+		arena_layout *lay = NULL;
+		if (is_image)
+			rc = arena_img_open(path, &img);
+		else if (!(rc = arena_ckpt_open(path, &ck)))
+			rc = arena_plan_build(ck, NULL, &lay);
+		const arena_layout *l = img ? img->layout : lay;
+		if (!rc) {
+			uint64_t need = 0, fit = 0;
+			size_t nfit = 0;
+			for (size_t b = 0; b < l->n_blocks; b++) {
+				need += l->blocks[b].bytes;
+				if (need <= cap)
+					fit = need, nfit = b + 1;
+			}
+			if (need > cap) {
+				char a[32], c[32], d[32];
+				rc = arena_errorf(ARENA_E(BUDGET),
+						  "%s: the model needs %s of device memory, over the %s cap; the first %zu of %zu blocks (%s) would fit",
+						  path, cli_fmt_bytes(need, a, sizeof(a)), cli_fmt_bytes(cap, c, sizeof(c)), nfit,
+						  l->n_blocks, cli_fmt_bytes(fit, d, sizeof(d)));
+			}
+		}
+		arena_img_close(img);
+		arena_layout_free(lay);
+		arena_ckpt_close(ck);
+		if (rc) {
+			arena_backend_destroy(be);
+			return cli_fail(rc);
+		}
+	}
+
+	struct sigaction sa = {.sa_handler = on_signal};
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	arena_model *m = NULL;
+	arena_load_stats st;
+	rc = is_image ? arena_load_image(path, &lo, &m, &st) : arena_load_safetensors(&path, 1, NULL, &lo, &m, &st);
+	signal(SIGINT, SIG_DFL);
+	signal(SIGTERM, SIG_DFL);
+	if (rc) {
+		arena_backend_destroy(be);
+		return cli_fail(rc);
+	}
+	uint64_t rss = arena_peak_rss();
+	uint64_t payload = st.dev_bytes + st.host_bytes;
+	double gbps = st.seconds > 0 ? (double)payload / st.seconds / 1e9 : 0;
+	int ok = 1;
+	if (check && (rc = check_device(path, m, is_image, &ok))) {
+		arena_model_free(m);
+		arena_backend_destroy(be);
+		return cli_fail(rc);
+	}
+	uint64_t pinned = m->pinned_bytes;
+	arena_model_free(m);
+	double h2d = 0, rd = 0;
+	int direct_mode = st.direct_bytes * 2 > st.file_bytes;
+	if (probe) {
+		uint64_t room = budget.limit - atomic_load(&budget.used), pb = 1ull << 30;
+		pb = room < pb ? room / (64u << 20) * (64u << 20) : pb;
+		if (!pb || arena_probe_h2d(be, &budget, pb, 1.0, &h2d)) {
+			if (!json)
+				fprintf(stderr, "note: no pinned copy probe: %s\n",
+					pb ? arena_last_error() : "the pinned budget has no room for a 64 MiB buffer");
+			h2d = 0;
+		}
+		if (arena_probe_read(path, st.threads, direct_mode, 0, &rd))
+			rd = 0;
+	}
+	double bound = h2d > 0 && rd > 0 ? (h2d < rd ? h2d : rd) : (h2d > 0 ? h2d : rd);
+	int status = ok ? 0 : 1;
+	if (json) {
+		json_t *o = json_pack("{s:s,s:s,s:s,s:I,s:f,s:f,s:I,s:I,s:I,s:b,s:I,s:I,s:i,s:{s:I,s:I},s:I}", "path",
+				      path, "kind", is_image ? "arena-image" : "safetensors", "backend", be->ops->name,
+				      "bytes", (json_int_t)payload, "seconds", st.seconds, "gbps", gbps, "device_bytes",
+				      (json_int_t)st.dev_bytes, "host_bytes", (json_int_t)st.host_bytes, "ring_bytes",
+				      (json_int_t)st.ring_bytes, "ring_pinned", st.ring_pinned, "pinned_bytes",
+				      (json_int_t)pinned, "pin_budget", (json_int_t)(budget.limit > INT64_MAX ? -1 : (json_int_t)budget.limit),
+				      "threads", st.threads, "io", "direct_bytes", (json_int_t)st.direct_bytes,
+				      "buffered_bytes", (json_int_t)(st.file_bytes - st.direct_bytes), "peak_rss",
+				      (json_int_t)rss);
+		json_object_set_new(o, "check", check ? json_boolean(ok) : json_null());
+		json_object_set_new(o, "limits",
+				    probe ? json_pack("{s:f,s:f,s:s}", "h2d_gbps", h2d, "read_gbps", rd, "read_mode",
+						      direct_mode ? "direct" : "buffered")
+					  : json_null());
+		json_object_set_new(o, "fraction_of_bound", probe && bound > 0 ? json_real(gbps / bound) : json_null());
+		int pst = cli_print_json(o);
+		status = status ? status : pst;
+	} else {
+		char a[32], b2[32], c[32], d[32], e[32];
+		printf("loaded %s on %s: %s in %.3f s = %.2f GB/s (%u threads, %s read with O_DIRECT)\n", path,
+		       be->ops->name, cli_fmt_bytes(payload, a, sizeof(a)), st.seconds, gbps, st.threads,
+		       cli_fmt_bytes(st.direct_bytes, b2, sizeof(b2)));
+		printf("memory: %s on the device, %s in host slabs (%s pinned); ring %s %s; peak RSS %s\n",
+		       cli_fmt_bytes(st.dev_bytes, a, sizeof(a)), cli_fmt_bytes(st.host_bytes, b2, sizeof(b2)),
+		       cli_fmt_bytes(pinned, c, sizeof(c)), cli_fmt_bytes(st.ring_bytes, d, sizeof(d)),
+		       st.ring_pinned ? "pinned" : "pageable", cli_fmt_bytes(rss, e, sizeof(e)));
+		if (probe)
+			printf("limits: pinned host->device %.2f GB/s, parallel %s read %.2f GB/s; load reached %.0f%% of the lower\n",
+			       h2d, direct_mode ? "O_DIRECT" : "buffered", rd, bound > 0 ? 100 * gbps / bound : 0.0);
+		if (check)
+			printf("check: device bytes %s the image\n", ok ? "match" : "DIFFER FROM");
+	}
+	arena_backend_destroy(be);
+	return status;
+}

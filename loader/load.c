@@ -1,0 +1,598 @@
+/* load.c - the reader pipeline that fills a model from a file (see load.h). */
+#include "load.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
+
+#include "../common/alloc.h"
+#include "../common/err.h"
+#include "../common/io.h"
+#include "../formats/image.h"
+
+#define STEP (2u << 20)       /* buffered read size: hashed while in cache */
+#define DIRECT_ALIGN 4096u
+#define DEFAULT_SLOT (16u << 20)
+
+typedef struct lsrc {
+	const char *path; /* borrowed */
+	int fd, dfd;      /* buffered; O_DIRECT or -1 */
+	uint64_t size;
+	int own_fd;
+} lsrc;
+
+/* Bytes of a file that belong at (block, dst) in a slab. */
+typedef struct seg {
+	uint32_t file;
+	uint64_t foff, len;
+	uint32_t block;
+	uint64_t dst;
+} seg;
+
+typedef struct piece {
+	uint32_t file;
+	uint64_t off, len; /* the file range read */
+	uint64_t chunk0;   /* image: first chunk; pieces hold whole chunks */
+} piece;
+
+typedef struct loader {
+	const arena_load_opts *o;
+	arena_model *m;
+	const arena_image *img; /* NULL for safetensors */
+	lsrc *files;
+	size_t n_files;
+	seg *segs;
+	size_t n_segs;
+	piece *pieces;
+	size_t n_pieces;
+	uint8_t *ring;
+	uint64_t ring_len, slot;
+	unsigned spt, threads;
+	int ring_pinned;
+	atomic_size_t next;
+	atomic_int rc;
+	atomic_uint_fast64_t file_bytes, direct_bytes;
+	pthread_mutex_t lock;
+	char msg[1024];
+} loader;
+
+typedef struct worker {
+	loader *L;
+	unsigned id;
+	arena_stream *s;
+	arena_event **ev;
+} worker;
+
+static void fail(loader *L, int rc)
+{
+	pthread_mutex_lock(&L->lock);
+	int zero = 0;
+	if (atomic_compare_exchange_strong(&L->rc, &zero, rc))
+		snprintf(L->msg, sizeof(L->msg), "%s", arena_last_error());
+	pthread_mutex_unlock(&L->lock);
+}
+
+/* ---- reading -------------------------------------------------------------- */
+
+/* Read [off, off+n) of f into buf with fd; short only at end of file. Returns
+ * bytes read (>= 0) or a negative error. nowait: RWF_NOWAIT (page cache only). */
+static int64_t read_some(const lsrc *f, int fd, uint8_t *buf, uint64_t n, uint64_t off, int nowait)
+{
+	uint64_t want = off >= f->size ? 0 : (f->size - off < n ? f->size - off : n);
+	uint64_t got = 0;
+	while (got < want) {
+		struct iovec iov = {buf + got, (size_t)(n - got)};
+		ssize_t r = arena__read_fault() ? (errno = EIO, -1)
+						: preadv2(fd, &iov, 1, (off_t)(off + got), nowait ? RWF_NOWAIT : 0);
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			if (nowait && (errno == EAGAIN || errno == EOPNOTSUPP))
+				break;
+			return arena_syserrorf(ARENA_E_IO, errno, "%s: read failed at byte %" PRIu64, f->path, off + got);
+		}
+		if (r == 0) {
+			if (nowait)
+				break;
+			return arena_errorf(ARENA_E_IO, "%s: unexpected end of file at byte %" PRIu64 " (file changed?)",
+					    f->path, off + got);
+		}
+		got += (uint64_t)r;
+		if (nowait && got < want)
+			break; /* the rest is not cached */
+	}
+	return (int64_t)(got > want ? want : got);
+}
+
+/* ---- scatter: slot bytes to device or host slabs --------------------------- */
+
+static int scatter(loader *L, worker *w, const piece *p, const uint8_t *slot, uint64_t a, uint64_t z)
+{
+	/* First seg of this file ending after a. */
+	size_t lo = 0, hi = L->n_segs;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		const seg *s = &L->segs[mid];
+		if (s->file < p->file || (s->file == p->file && s->foff + s->len <= a))
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	arena_backend *be = L->m->backend;
+	for (size_t k = lo; k < L->n_segs && L->segs[k].file == p->file && L->segs[k].foff < z; k++) {
+		const seg *s = &L->segs[k];
+		uint64_t x = s->foff > a ? s->foff : a, y = s->foff + s->len < z ? s->foff + s->len : z;
+		if (y <= x)
+			continue;
+		const arena_block_mem *bm = &L->m->mem[s->block];
+		const uint8_t *src = slot + (x - p->off);
+		uint64_t d = s->dst + (x - s->foff);
+		if (bm->dev) {
+			int rc = be->ops->copy_h2d(be, (uint8_t *)bm->dev + d, src, y - x, w->s);
+			if (rc)
+				return rc;
+		} else {
+			memcpy(bm->host + d, src, y - x);
+		}
+	}
+	return 0;
+}
+
+/* ---- one piece --------------------------------------------------------------- */
+
+typedef struct hasher {
+	XXH3_state_t st;
+	uint64_t chunk;   /* current chunk index */
+	uint64_t in_chunk;
+} hasher;
+
+/* Feed piece bytes [a, z) (file offsets, in order) to the chunk checks and
+ * scatter each chunk once it checks out (or every range, without an image). */
+static int feed(loader *L, worker *w, const piece *p, const uint8_t *slot, hasher *h, uint64_t a, uint64_t z)
+{
+	if (!L->img)
+		return scatter(L, w, p, slot, a, z);
+	const arena_img_header *hd = &L->img->hdr;
+	while (a < z) {
+		const arena_img_chunk *c = &L->img->chunks[h->chunk];
+		uint64_t n = c->raw_length - h->in_chunk;
+		if (n > z - a)
+			n = z - a;
+		XXH3_64bits_update(&h->st, slot + (a - p->off), (size_t)n);
+		h->in_chunk += n;
+		a += n;
+		if (h->in_chunk == c->raw_length) {
+			uint64_t got = XXH3_64bits_digest(&h->st);
+			uint64_t c0 = hd->data_offset + c->offset;
+			if (got != c->xxh3) {
+				char what[512];
+				arena_img_chunk_describe(L->img, h->chunk, what, sizeof(what));
+				return arena_errorf(ARENA_E(IMG_CHUNK_CHECKSUM),
+						    "%s: chunk %" PRIu64 " (file bytes %" PRIu64 "..%" PRIu64
+						    ") checksum mismatch, caught while loading; it holds %s",
+						    L->img->path, h->chunk, c0, c0 + c->raw_length, what);
+			}
+			int rc = scatter(L, w, p, slot, c0, c0 + c->raw_length);
+			if (rc)
+				return rc;
+			h->chunk++;
+			h->in_chunk = 0;
+			XXH3_64bits_reset(&h->st);
+		}
+	}
+	return 0;
+}
+
+static int do_piece(loader *L, worker *w, const piece *p, uint8_t *slot)
+{
+	if (p->len > L->slot)
+		ARENA_BUG("load: a piece is larger than a ring slot");
+	const lsrc *f = &L->files[p->file];
+	int io = L->o->io;
+	int direct = io == ARENA_IO_DIRECT && f->dfd >= 0;
+	hasher h;
+	XXH3_64bits_reset(&h.st);
+	h.chunk = p->chunk0;
+	h.in_chunk = 0;
+	uint64_t pos = 0, end = p->off + p->len > f->size ? f->size - p->off : p->len;
+	while (pos < end) {
+		int64_t r;
+		if (direct) {
+			/* The rest of the piece in one aligned read. */
+			uint64_t n = arena_align_up(p->len - pos, DIRECT_ALIGN);
+			r = read_some(f, f->dfd, slot + pos, n, p->off + pos, 0);
+			if (r >= 0)
+				atomic_fetch_add(&L->direct_bytes, (uint64_t)r);
+		} else {
+			uint64_t n = end - pos < STEP ? end - pos : STEP;
+			int nowait = io == ARENA_IO_AUTO && f->dfd >= 0;
+			r = read_some(f, f->fd, slot + pos, n, p->off + pos, nowait);
+			if (r >= 0 && nowait && (uint64_t)r < n) {
+				/* Not all in the page cache: the rest goes O_DIRECT. */
+				r &= ~(int64_t)(DIRECT_ALIGN - 1);
+				direct = 1;
+			}
+		}
+		if (r < 0)
+			return (int)r;
+		if (r > 0) {
+			atomic_fetch_add(&L->file_bytes, (uint64_t)r);
+			int rc = feed(L, w, p, slot, &h, p->off + pos, p->off + pos + (uint64_t)r);
+			if (rc)
+				return rc;
+			pos += (uint64_t)r;
+		}
+	}
+	return 0;
+}
+
+static void *worker_main(void *arg)
+{
+	worker *w = arg;
+	loader *L = w->L;
+	arena_backend *be = L->m->backend;
+	for (unsigned k = 0; !atomic_load(&L->rc); k++) {
+		if (L->o->cancel && *L->o->cancel) {
+			arena_errorf(ARENA_E_CANCELLED, "load cancelled");
+			fail(L, ARENA_E_CANCELLED);
+			break;
+		}
+		size_t i = atomic_fetch_add(&L->next, 1);
+		if (i >= L->n_pieces)
+			break;
+		unsigned si = k % L->spt;
+		uint8_t *slot = L->ring + ((uint64_t)w->id * L->spt + si) * L->slot;
+		int rc = be->ops->event_sync(be, w->ev[si]);
+		if (!rc)
+			rc = do_piece(L, w, &L->pieces[i], slot);
+		if (!rc)
+			rc = be->ops->event_record(be, w->ev[si], w->s);
+		if (rc) {
+			fail(L, rc);
+			break;
+		}
+	}
+	/* Copies may still read the ring: wait for them whatever happened. */
+	int rc = be->ops->stream_sync(be, w->s);
+	if (rc)
+		fail(L, rc);
+	return NULL;
+}
+
+/* ---- setup ------------------------------------------------------------------- */
+
+static unsigned cpus(void)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	return n < 1 ? 1 : n > 32 ? 32 : (unsigned)n;
+}
+
+/* Size the ring within the pinned budget (see load.h). */
+static int ring_setup(loader *L, uint64_t min_slot)
+{
+	arena_pin_budget *b = L->o->budget;
+	uint64_t slot = L->slot;
+	unsigned spt = L->spt, thr = L->threads;
+	for (;;) {
+		uint64_t total = (uint64_t)thr * spt * slot;
+		if (!arena_pin_budget_take(b, total)) {
+			L->ring_pinned = 1;
+			break;
+		}
+		if (spt > 1)
+			spt--;
+		else if (slot / 2 >= min_slot && (slot / 2) % min_slot == 0)
+			slot /= 2;
+		else if (thr > 1)
+			thr = thr / 2;
+		else {
+			slot = L->slot, spt = L->spt, thr = L->threads; /* pageable ring at full size */
+			break;
+		}
+	}
+	arena_error_clear();
+	L->slot = slot, L->spt = spt, L->threads = thr;
+	L->ring_len = (uint64_t)thr * spt * slot;
+	void *p = mmap(NULL, L->ring_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+	if (p == MAP_FAILED) {
+		if (L->ring_pinned)
+			arena_pin_budget_give(b, L->ring_len);
+		L->ring_pinned = 0;
+		return arena_syserrorf(ARENA_E_NOMEM, errno, "cannot map a %" PRIu64 "-byte read ring", L->ring_len);
+	}
+	L->ring = p;
+	if (L->ring_pinned) {
+		arena_backend *be = L->o->backend;
+		if (be->ops->host_register(be, L->ring, L->ring_len)) {
+			arena_pin_budget_give(b, L->ring_len);
+			L->ring_pinned = 0; /* pageable: slower copies, still correct */
+			arena_error_clear();
+		}
+	}
+	return 0;
+}
+
+static void ring_free(loader *L)
+{
+	if (!L->ring)
+		return;
+	if (L->ring_pinned) {
+		L->o->backend->ops->host_unregister(L->o->backend, L->ring);
+		arena_pin_budget_give(L->o->budget, L->ring_len);
+	}
+	munmap(L->ring, L->ring_len);
+	L->ring = NULL;
+}
+
+static int open_direct(lsrc *f, int io)
+{
+	f->dfd = -1;
+	if (io == ARENA_IO_BUFFERED)
+		return 0;
+	f->dfd = open(f->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+	if (f->dfd < 0 && io == ARENA_IO_DIRECT && errno != EINVAL)
+		return arena_syserrorf(ARENA_E_IO, errno, "%s: cannot open for direct I/O", f->path);
+	return 0; /* EINVAL: the filesystem has no O_DIRECT (tmpfs): buffered */
+}
+
+static double now(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Run the pipeline over L's pieces; then commit or free the model. */
+static int run(loader *L, arena_model **out, arena_load_stats *st, double t0)
+{
+	const arena_load_opts *o = L->o;
+	arena_backend *be = L->m->backend;
+	int rc = 0;
+	worker *w = NULL;
+	pthread_t *tid = NULL;
+	unsigned started = 0;
+	pthread_mutex_init(&L->lock, NULL);
+	atomic_init(&L->next, 0);
+	atomic_init(&L->rc, 0);
+	atomic_init(&L->file_bytes, 0);
+	atomic_init(&L->direct_bytes, 0);
+	w = arena_calloc(L->threads, sizeof(*w));
+	tid = arena_calloc(L->threads, sizeof(*tid));
+	if (!w || !tid) {
+		rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
+		goto out;
+	}
+	for (unsigned i = 0; i < L->threads; i++) {
+		w[i].L = L;
+		w[i].id = i;
+		w[i].ev = arena_calloc(L->spt, sizeof(*w[i].ev));
+		if (!w[i].ev) {
+			rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
+			goto out;
+		}
+		if ((rc = be->ops->stream_create(be, &w[i].s)))
+			goto out;
+		for (unsigned k = 0; k < L->spt; k++)
+			if ((rc = be->ops->event_create(be, &w[i].ev[k])))
+				goto out;
+	}
+	for (; started < L->threads; started++)
+		if (pthread_create(&tid[started], NULL, worker_main, &w[started]))
+			break;
+	if (!started) {
+		rc = arena_errorf(ARENA_E_NOMEM, "cannot start reader threads");
+		goto out;
+	}
+	/* Threads that did not start: their pieces are taken by the others. */
+	for (unsigned i = 0; i < started; i++)
+		pthread_join(tid[i], NULL);
+	if ((rc = atomic_load(&L->rc))) {
+		arena_errorf(rc, "%s", L->msg);
+		goto out;
+	}
+	if (o->cancel && *o->cancel) {
+		rc = arena_errorf(ARENA_E_CANCELLED, "load cancelled");
+		goto out;
+	}
+	rc = arena_model_commit(L->m);
+out:
+	for (unsigned i = 0; w && i < L->threads; i++) {
+		for (unsigned k = 0; w[i].ev && k < L->spt; k++)
+			if (w[i].ev[k])
+				be->ops->event_destroy(be, w[i].ev[k]);
+		arena_free(w[i].ev);
+		if (w[i].s)
+			be->ops->stream_destroy(be, w[i].s);
+	}
+	arena_free(w);
+	arena_free(tid);
+	pthread_mutex_destroy(&L->lock);
+	if (st) {
+		memset(st, 0, sizeof(*st));
+		st->file_bytes = atomic_load(&L->file_bytes);
+		st->direct_bytes = atomic_load(&L->direct_bytes);
+		st->dev_bytes = L->m->dev_bytes;
+		st->host_bytes = L->m->host_bytes;
+		st->ring_bytes = L->ring_len;
+		st->ring_pinned = L->ring_pinned;
+		st->threads = L->threads;
+		st->seconds = now() - t0;
+	}
+	if (rc) {
+		arena_model_free(L->m);
+		L->m = NULL;
+		return rc;
+	}
+	*out = L->m;
+	return 0;
+}
+
+static void loader_init(loader *L, const arena_load_opts *o)
+{
+	memset(L, 0, sizeof(*L));
+	L->o = o;
+	L->threads = o->threads ? o->threads : cpus();
+	L->spt = o->slots_per_thread ? o->slots_per_thread : 2;
+	L->slot = o->slot_bytes ? o->slot_bytes : DEFAULT_SLOT;
+}
+
+static void loader_files_close(loader *L)
+{
+	ring_free(L);
+	for (size_t i = 0; L->files && i < L->n_files; i++) {
+		if (L->files[i].dfd >= 0)
+			close(L->files[i].dfd);
+		if (L->files[i].own_fd && L->files[i].fd >= 0)
+			close(L->files[i].fd);
+	}
+	arena_free(L->files);
+	arena_free(L->segs);
+	arena_free(L->pieces);
+}
+
+int arena_load_image(const char *path, const arena_load_opts *o, arena_model **out, arena_load_stats *st)
+{
+	*out = NULL;
+	double t0 = now();
+	loader L;
+	loader_init(&L, o);
+	arena_image *img = NULL;
+	int rc = arena_img_open(path, &img);
+	if (rc)
+		return rc;
+	L.img = img;
+	const arena_img_header *h = &img->hdr;
+	/* Slots hold whole chunks; the ring is sized (within the budget) first. */
+	L.slot = arena_align_up(L.slot, h->chunk_size);
+	if (L.threads > h->chunk_count)
+		L.threads = h->chunk_count ? (unsigned)h->chunk_count : 1;
+	if ((rc = ring_setup(&L, h->chunk_size)))
+		goto fail;
+	uint64_t per = L.slot / h->chunk_size;
+	L.n_pieces = (size_t)((h->chunk_count + per - 1) / per);
+	L.files = arena_calloc(1, sizeof(*L.files));
+	L.segs = arena_calloc(img->layout->n_blocks, sizeof(*L.segs));
+	L.pieces = arena_calloc(L.n_pieces, sizeof(*L.pieces));
+	if (!L.files || !L.segs || !L.pieces) {
+		rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
+		goto fail;
+	}
+	L.n_files = 1;
+	L.files[0] = (lsrc){.path = img->path, .fd = img->fd, .size = h->file_size};
+	if ((rc = open_direct(&L.files[0], o->io)))
+		goto fail;
+	for (size_t i = 0; i < L.n_pieces; i++) {
+		uint64_t c0 = i * per, c1 = c0 + per < h->chunk_count ? c0 + per : h->chunk_count;
+		uint64_t a = c0 * h->chunk_size, z = c1 * h->chunk_size < h->data_length ? c1 * h->chunk_size : h->data_length;
+		L.pieces[i] = (piece){0, h->data_offset + a, z - a, c0};
+	}
+	const arena_layout *lay = img->layout;
+	for (size_t b = 0; b < lay->n_blocks; b++)
+		if (lay->blocks[b].bytes)
+			L.segs[L.n_segs++] = (seg){0, h->data_offset + lay->blocks[b].offset, lay->blocks[b].bytes, (uint32_t)b, 0};
+	/* The model takes the layout; the image keeps its chunk table for checks. */
+	arena_layout *own = img->layout;
+	img->layout = NULL;
+	arena_model *m;
+	if ((rc = arena_model_prepare(own, o->backend, o->budget, o->on_device, &m)))
+		goto fail;
+	/* Chunk descriptions need the layout: lend the model's. */
+	img->layout = m->layout;
+	L.m = m;
+	rc = run(&L, out, st, t0);
+	img->layout = NULL;
+fail:
+	loader_files_close(&L);
+	arena_img_close(img);
+	return rc;
+}
+
+static int cmp_seg(const void *a, const void *b)
+{
+	const seg *x = a, *y = b;
+	if (x->file != y->file)
+		return x->file < y->file ? -1 : 1;
+	return x->foff < y->foff ? -1 : x->foff > y->foff;
+}
+
+int arena_load_safetensors(const char *const *inputs, size_t n, const arena_plan_opts *plan,
+			   const arena_load_opts *o, arena_model **out, arena_load_stats *st)
+{
+	*out = NULL;
+	double t0 = now();
+	loader L;
+	loader_init(&L, o);
+	L.slot = arena_align_up(L.slot, DIRECT_ALIGN);
+	arena_ckpt *ck = NULL;
+	arena_layout *lay = NULL;
+	int rc = arena_ckpt_open_many(inputs, n, &ck);
+	if (rc)
+		return rc;
+	if ((rc = arena_plan_build(ck, plan, &lay)))
+		goto fail;
+	for (size_t i = 0; i < lay->n_tensors; i++)
+		if (strcmp(lay->tensors[i].scheme, "none")) {
+			rc = arena_errorf(ARENA_E_USAGE, "tensor '%s': scheme '%s' is not loadable from safetensors yet",
+					  arena_q(lay->tensors[i].name), lay->tensors[i].scheme);
+			goto fail;
+		}
+	if ((rc = ring_setup(&L, 1u << 20)))
+		goto fail;
+	L.n_files = ck->n_files;
+	L.files = arena_calloc(ck->n_files, sizeof(*L.files));
+	L.segs = arena_calloc(lay->n_tensors, sizeof(*L.segs));
+	size_t np = 0;
+	for (size_t i = 0; i < ck->n_files; i++) {
+		uint64_t a = ck->files[i]->data_off / DIRECT_ALIGN * DIRECT_ALIGN;
+		np += (size_t)((ck->files[i]->size - a + L.slot - 1) / L.slot);
+	}
+	L.pieces = arena_calloc(np, sizeof(*L.pieces));
+	if (!L.files || !L.segs || !L.pieces) {
+		rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
+		goto fail;
+	}
+	for (size_t i = 0; i < ck->n_files; i++) {
+		const arena_st_file *f = ck->files[i];
+		L.files[i] = (lsrc){.path = f->path, .fd = f->fd, .size = f->size, .dfd = -1};
+		if ((rc = open_direct(&L.files[i], o->io)))
+			goto fail;
+		for (uint64_t a = f->data_off / DIRECT_ALIGN * DIRECT_ALIGN; a < f->size; a += L.slot)
+			L.pieces[L.n_pieces++] = (piece){(uint32_t)i, a, f->size - a < L.slot ? f->size - a : L.slot, 0};
+	}
+	for (size_t i = 0; i < lay->n_tensors; i++) {
+		const arena_tensor *t = &lay->tensors[i];
+		const arena_st_tensor *s = t->src;
+		uint32_t fi = 0;
+		while (ck->files[fi] != s->file)
+			fi++;
+		if (s->nbytes)
+			L.segs[L.n_segs++] = (seg){fi, s->file->data_off + s->begin, s->nbytes, t->block, t->comp[0].offset};
+	}
+	qsort(L.segs, L.n_segs, sizeof(*L.segs), cmp_seg);
+	arena_model *m;
+	rc = arena_model_prepare(lay, o->backend, o->budget, o->on_device, &m);
+	lay = NULL;
+	if (rc)
+		goto fail;
+	L.m = m;
+	rc = run(&L, out, st, t0);
+	if (!rc)
+		for (size_t i = 0; i < m->layout->n_tensors; i++)
+			m->layout->tensors[i].src = NULL; /* the checkpoint closes now */
+fail:
+	loader_files_close(&L);
+	arena_layout_free(lay);
+	arena_ckpt_close(ck);
+	return rc;
+}

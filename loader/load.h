@@ -1,0 +1,62 @@
+/* load.h - the fast loader: an image (or a safetensors checkpoint,
+ * destination-first) into device memory and host slabs.
+ *
+ * Pipeline: reader threads each own a backend stream and a few slots of a
+ * pinned ring. A thread takes the next piece of the file (whole checksum
+ * chunks for an image), reads it into a free slot (buffered when the bytes
+ * are in the page cache, O_DIRECT when they are not, per piece), checks each
+ * chunk's checksum as it arrives, then queues device copies from the slot
+ * (blocks that live on the device) or copies into host slabs (blocks that
+ * stay on the host), and records the slot's event; the slot is reused once
+ * its copies are done. Reading, checking and copying overlap across threads.
+ *
+ * Transactional: prepare (open and check the image, allocate device memory
+ * and host slabs, the ring) -> populate (the pipeline) -> commit (host slabs
+ * read-only and pinned within the budget). Any failure, at any point,
+ * releases everything and returns one error; nothing half built is visible.
+ *
+ * The ring is taken from the pinned budget; when the budget is smaller it
+ * shrinks (fewer slots, smaller slots) and, below one chunk, stays pageable:
+ * slower, never a failure. */
+#ifndef ARENA_LOADER_LOAD_H
+#define ARENA_LOADER_LOAD_H
+
+#include <signal.h>
+#include <stdint.h>
+
+#include "../arena/model.h"
+#include "plan.h"
+
+enum { ARENA_IO_AUTO = -1, ARENA_IO_BUFFERED = 0, ARENA_IO_DIRECT = 1 };
+
+typedef struct arena_load_opts {
+	arena_backend *backend;    /* required */
+	arena_pin_budget *budget;  /* required */
+	const uint8_t *on_device;  /* per block of the layout: 1 device, 0 host slab; NULL = all device */
+	unsigned threads;          /* reader threads; 0 = CPUs (at most 32) */
+	uint64_t slot_bytes;       /* ring slot size; 0 = 16 MiB (whole chunks for images) */
+	unsigned slots_per_thread; /* 0 = 2 */
+	int io;                    /* ARENA_IO_AUTO (default 0 means buffered: set it) */
+	volatile sig_atomic_t *cancel;
+} arena_load_opts;
+
+typedef struct arena_load_stats {
+	uint64_t file_bytes;      /* bytes read from files */
+	uint64_t direct_bytes;    /* of which with O_DIRECT */
+	uint64_t dev_bytes, host_bytes;
+	uint64_t ring_bytes;
+	int ring_pinned;
+	unsigned threads;
+	double seconds;           /* open to commit */
+} arena_load_stats;
+
+/* Load the image at `path`. On success *out owns the model. `st` may be NULL. */
+int arena_load_image(const char *path, const arena_load_opts *o, arena_model **out, arena_load_stats *st);
+
+/* Load a safetensors checkpoint (see arena_ckpt_open_many) destination-first:
+ * the plan's slabs are filled straight from the files (no image). `on_device`
+ * in `o` indexes the blocks of that plan (NULL = all). */
+int arena_load_safetensors(const char *const *inputs, size_t n, const arena_plan_opts *plan,
+			   const arena_load_opts *o, arena_model **out, arena_load_stats *st);
+
+#endif

@@ -1,0 +1,320 @@
+/* test_load.c - the loader on the sim backend: images and safetensors into
+ * device memory and host slabs, budgets, corruption caught in flight, and
+ * every failure releasing everything. */
+#include <criterion/criterion.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "arena.h"
+#include "../../arena/backend.h"
+#include "../../arena/budget.h"
+#include "../../common/alloc.h"
+#include "../../common/io.h"
+#include "../../formats/image.h"
+#include "../../loader/convert.h"
+#include "../../loader/load.h"
+
+static char dir[256], img_path[300];
+static arena_backend *be;
+static arena_pin_budget budget;
+
+static const char *ref(const char *name)
+{
+	static char b[512];
+	const char *d = getenv("ARENA_REFERENCE_DIR");
+	snprintf(b, sizeof(b), "%s/%s", d ? d : "../shared/fixtures/reference", name);
+	return b;
+}
+
+static void setup(void)
+{
+	snprintf(dir, sizeof(dir), "/tmp/arena-test-load-XXXXXX");
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(img_path, sizeof(img_path), "%s/f.arena", dir);
+	const char *in = ref("tiny_flux.safetensors");
+	arena_convert_opts co = {.chunk_size = 64 << 10, .threads = 1};
+	cr_assert_eq(arena_convert(&in, 1, img_path, &co, NULL), 0, "%s", arena_last_error());
+	arena_sim_opts so = {.capacity = 64 << 20};
+	cr_assert_eq(arena_backend_sim_create(&so, &be), 0);
+	arena_pin_budget_probe(&budget, 256 << 20, 0, "");
+}
+
+static void teardown(void)
+{
+	arena_backend_destroy(be);
+	unlink(img_path);
+	rmdir(dir);
+}
+
+TestSuite(load, .init = setup, .fini = teardown);
+
+static arena_load_opts opts(void)
+{
+	return (arena_load_opts){.backend = be, .budget = &budget, .threads = 2, .slot_bytes = 128 << 10,
+				 .io = ARENA_IO_AUTO};
+}
+
+/* Every block's bytes (device or host) equal the image's slab bytes. */
+static void expect_image_bytes(const arena_model *m)
+{
+	arena_image *img;
+	cr_assert_eq(arena_img_open(img_path, &img), 0);
+	for (size_t b = 0; b < m->layout->n_blocks; b++) {
+		const arena_block *blk = &m->layout->blocks[b];
+		uint8_t *want = malloc(blk->bytes), *got = malloc(blk->bytes);
+		cr_assert_eq(arena_pread_full(img->fd, want, blk->bytes, img->hdr.data_offset + blk->offset, "img"), 0);
+		if (m->mem[b].dev)
+			cr_assert_eq(be->ops->copy_d2h_sync(be, got, m->mem[b].dev, blk->bytes), 0);
+		else
+			memcpy(got, m->mem[b].host, blk->bytes);
+		cr_assert(memcmp(want, got, blk->bytes) == 0, "block %s differs", blk->name);
+		free(want);
+		free(got);
+	}
+	arena_img_close(img);
+}
+
+static uint64_t dev_free(void)
+{
+	uint64_t f, t;
+	cr_assert_eq(be->ops->mem_info(be, &f, &t), 0);
+	return f;
+}
+
+Test(load, image_all_on_device)
+{
+	arena_load_opts o = opts();
+	arena_model *m;
+	arena_load_stats st;
+	cr_assert_eq(arena_load_image(img_path, &o, &m, &st), 0, "%s", arena_last_error());
+	cr_assert(m->committed);
+	cr_assert_eq(st.host_bytes, 0);
+	cr_assert_gt(st.dev_bytes, 300000);
+	cr_assert(st.ring_pinned);
+	expect_image_bytes(m);
+	arena_model_free(m);
+	cr_assert_eq(dev_free(), 64 << 20, "device memory left allocated");
+	cr_assert_eq(atomic_load(&budget.used), 0, "pinned budget not given back");
+}
+
+Test(load, io_modes_give_the_same_bytes)
+{
+	int modes[] = {ARENA_IO_BUFFERED, ARENA_IO_DIRECT, ARENA_IO_AUTO};
+	for (int k = 0; k < 3; k++) {
+		arena_load_opts o = opts();
+		o.io = modes[k];
+		o.threads = (unsigned)k + 1;
+		arena_model *m;
+		cr_assert_eq(arena_load_image(img_path, &o, &m, NULL), 0, "%s", arena_last_error());
+		expect_image_bytes(m);
+		arena_model_free(m);
+	}
+}
+
+Test(load, some_blocks_in_host_slabs)
+{
+	arena_load_opts o = opts();
+	uint8_t on[6] = {1, 0, 1, 0, 0, 1};
+	o.on_device = on;
+	arena_model *m;
+	arena_load_stats st;
+	cr_assert_eq(arena_load_image(img_path, &o, &m, &st), 0, "%s", arena_last_error());
+	cr_assert_eq(m->layout->n_blocks, 6);
+	for (int b = 0; b < 6; b++) {
+		cr_assert_eq(m->mem[b].dev != NULL, on[b]);
+		cr_assert_eq(m->mem[b].host != NULL, !on[b]);
+		if (!on[b]) {
+			cr_assert(m->mem[b].pinned, "block %d should be pinned within the budget", b);
+			cr_assert_eq((uintptr_t)m->mem[b].host % 4096, 0);
+		}
+	}
+	cr_assert_gt(st.host_bytes, 0);
+	expect_image_bytes(m);
+	arena_model_free(m);
+	cr_assert_eq(atomic_load(&budget.used), 0);
+}
+
+Test(load, host_slabs_are_read_only_after_commit, .signal = SIGSEGV)
+{
+	arena_load_opts o = opts();
+	uint8_t on[6] = {0, 0, 0, 0, 0, 0};
+	o.on_device = on;
+	arena_model *m;
+	cr_assert_eq(arena_load_image(img_path, &o, &m, NULL), 0);
+	m->mem[1].host[0] ^= 1; /* must fault */
+}
+
+Test(load, pinned_budget_smaller_than_a_block)
+{
+	arena_pin_budget tiny;
+	arena_pin_budget_probe(&tiny, 4096, 0, "");
+	arena_load_opts o = opts();
+	o.budget = &tiny;
+	uint8_t on[6] = {1, 0, 0, 1, 1, 0};
+	o.on_device = on;
+	arena_model *m;
+	arena_load_stats st;
+	cr_assert_eq(arena_load_image(img_path, &o, &m, &st), 0, "%s", arena_last_error());
+	cr_assert_not(st.ring_pinned, "a 4 KiB budget cannot hold the ring");
+	for (int b = 0; b < 6; b++)
+		cr_assert_not(m->mem[b].pinned);
+	expect_image_bytes(m);
+	arena_model_free(m);
+	cr_assert_eq(atomic_load(&tiny.used), 0);
+}
+
+Test(load, device_too_small)
+{
+	arena_backend *small;
+	arena_sim_opts so = {.capacity = 100 << 10};
+	cr_assert_eq(arena_backend_sim_create(&so, &small), 0);
+	arena_load_opts o = opts();
+	o.backend = small;
+	arena_model *m = NULL;
+	int rc = arena_load_image(img_path, &o, &m, NULL);
+	cr_assert_eq(rc, ARENA_E(DEV_OOM), "%s", arena_last_error());
+	cr_assert(strstr(arena_last_error(), "needs"), "%s", arena_last_error());
+	cr_assert_null(m);
+	uint64_t f, t;
+	small->ops->mem_info(small, &f, &t);
+	cr_assert_eq(f, t);
+	arena_backend_destroy(small);
+	cr_assert_eq(atomic_load(&budget.used), 0);
+}
+
+Test(load, chunk_corrupted_after_verify_is_caught_in_flight)
+{
+	arena_image *img;
+	cr_assert_eq(arena_img_open(img_path, &img), 0);
+	cr_assert_eq(arena_img_verify_data(img, 1, NULL, NULL, NULL), 0);
+	uint64_t off = img->hdr.data_offset + img->layout->blocks[3].offset + 100;
+	arena_img_close(img);
+	int fd = open(img_path, O_RDWR);
+	uint8_t x = 0x5A;
+	cr_assert_eq(pwrite(fd, &x, 1, (off_t)off), 1);
+	close(fd);
+	arena_load_opts o = opts();
+	arena_model *m = NULL;
+	int rc = arena_load_image(img_path, &o, &m, NULL);
+	cr_assert_eq(rc, ARENA_E(IMG_CHUNK_CHECKSUM), "%s: %s", arena_err_name(rc), arena_last_error());
+	cr_assert(strstr(arena_last_error(), "caught while loading"), "%s", arena_last_error());
+	cr_assert(strstr(arena_last_error(), "single_transformer_blocks.0"), "%s", arena_last_error());
+	cr_assert_null(m);
+	cr_assert_eq(dev_free(), 64 << 20, "device memory left after a failed load");
+	cr_assert_eq(atomic_load(&budget.used), 0);
+}
+
+Test(load, truncated_image)
+{
+	cr_assert_eq(truncate(img_path, 200000), 0);
+	arena_load_opts o = opts();
+	arena_model *m = NULL;
+	cr_assert_eq(arena_load_image(img_path, &o, &m, NULL), ARENA_E(IMG_TRUNCATED));
+	cr_assert_null(m);
+}
+
+Test(load, cancelled)
+{
+	volatile sig_atomic_t stop = 1;
+	arena_load_opts o = opts();
+	o.cancel = &stop;
+	arena_model *m = NULL;
+	cr_assert_eq(arena_load_image(img_path, &o, &m, NULL), ARENA_E_CANCELLED);
+	cr_assert_null(m);
+	cr_assert_eq(dev_free(), 64 << 20);
+}
+
+Test(load, read_failures_at_each_step)
+{
+	arena_load_opts o = opts();
+	o.io = ARENA_IO_BUFFERED;
+	uint8_t on[6] = {1, 0, 1, 0, 1, 0};
+	o.on_device = on;
+	for (long n = 1; n < 200; n++) {
+		arena_model *m = NULL;
+		arena_fault_read(n);
+		int rc = arena_load_image(img_path, &o, &m, NULL);
+		arena_fault_read(0);
+		if (rc == 0) {
+			cr_assert_gt(n, 3);
+			expect_image_bytes(m);
+			arena_model_free(m);
+			break;
+		}
+		cr_assert_eq(rc, ARENA_E_IO, "n=%ld: %s", n, arena_last_error());
+		cr_assert_null(m);
+		cr_assert_eq(dev_free(), 64 << 20);
+		cr_assert_eq(atomic_load(&budget.used), 0);
+	}
+}
+
+Test(load, allocation_failures_at_each_step)
+{
+	arena_load_opts o = opts();
+	uint8_t on[6] = {1, 0, 1, 0, 1, 0};
+	o.on_device = on;
+	long n;
+	for (n = 1; n < 100000; n++) {
+		arena_model *m = NULL;
+		arena_fault_alloc(n);
+		int rc = arena_load_image(img_path, &o, &m, NULL);
+		int fired = arena_fault_alloc_fired();
+		arena_fault_alloc(0);
+		if (!fired) {
+			cr_assert_eq(rc, 0, "%s", arena_last_error());
+			arena_model_free(m);
+			break;
+		}
+		if (rc == 0) { /* a failure jansson survived */
+			arena_model_free(m);
+			continue;
+		}
+		cr_assert_eq(rc, ARENA_E_NOMEM, "n=%ld: %s: %s", n, arena_err_name(rc), arena_last_error());
+		cr_assert_null(m);
+		cr_assert_eq(dev_free(), 64 << 20, "n=%ld left device memory", n);
+		cr_assert_eq(atomic_load(&budget.used), 0, "n=%ld left pinned memory", n);
+	}
+	cr_assert_gt(n, 20);
+}
+
+Test(load, safetensors_destination_first)
+{
+	arena_load_opts o = opts();
+	uint8_t on[6] = {1, 1, 0, 1, 0, 1};
+	o.on_device = on;
+	const char *in = ref("tiny_flux.safetensors");
+	arena_model *m;
+	arena_load_stats st;
+	cr_assert_eq(arena_load_safetensors(&in, 1, NULL, &o, &m, &st), 0, "%s", arena_last_error());
+	arena_st_file *f;
+	cr_assert_eq(arena_st_open(in, &f), 0);
+	cr_assert_eq(m->layout->n_tensors, f->n_tensors);
+	for (size_t i = 0; i < m->layout->n_tensors; i++) {
+		const arena_tensor *t = &m->layout->tensors[i];
+		const arena_st_tensor *s = arena_st_find(f, t->name);
+		cr_assert_not_null(s);
+		uint8_t *got = malloc(s->nbytes + 1);
+		const arena_block_mem *bm = &m->mem[t->block];
+		if (bm->dev)
+			cr_assert_eq(be->ops->copy_d2h_sync(be, got, (uint8_t *)bm->dev + t->comp[0].offset, s->nbytes), 0);
+		else
+			memcpy(got, bm->host + t->comp[0].offset, s->nbytes);
+		cr_assert(memcmp(got, arena_st_data(s), s->nbytes) == 0, "tensor %s differs", t->name);
+		free(got);
+	}
+	arena_st_close(f);
+	/* Same blocks as the image, by name and order. */
+	arena_image *img;
+	cr_assert_eq(arena_img_open(img_path, &img), 0);
+	for (size_t b = 0; b < img->layout->n_blocks; b++)
+		cr_assert_str_eq(img->layout->blocks[b].name, m->layout->blocks[b].name);
+	arena_img_close(img);
+	arena_model_free(m);
+	cr_assert_eq(dev_free(), 64 << 20);
+}
