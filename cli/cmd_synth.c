@@ -19,7 +19,7 @@ const char cmd_synth_usage[] =
 	"\n"
 	"Write a safetensors checkpoint with a real model's tensor names and shapes and\n"
 	"random values (normal, mean 0, std 0.02), for benchmarks and tests. It is\n"
-	"written streaming: memory stays at 8 MiB per thread whatever the model's size.\n"
+	"written streaming: memory stays at 4 MiB per thread whatever the model's size.\n"
 	"The file appears whole when done, or not at all.\n"
 	"\n"
 	"layouts:\n"

@@ -2,6 +2,7 @@
 #include "st_write.h"
 
 #include <jansson.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +15,7 @@
 #define STW_BUF_SIZE (1u << 20)
 
 enum stw_state { STW_DECLARE, STW_WRITING, STW_BROKEN };
+enum stw_mode { STW_NONE, STW_APPEND, STW_POSITIONED }; /* how data is written */
 
 typedef struct stw_entry {
 	arena_stw_tensor t; /* name and shape point into owned allocations */
@@ -24,13 +26,15 @@ typedef struct stw_entry {
 struct arena_stw {
 	arena_outfile *out;
 	const char *path;  /* borrowed from out */
-	enum stw_state state;
+	_Atomic int state; /* enum stw_state; pwrite may break it from any thread */
+	_Atomic int mode;  /* enum stw_mode, fixed by the first data write */
 	char **meta;       /* key, value, key, value, ... in the order set */
 	size_t n_meta;
 	json_t *names;     /* object used as a set of declared names */
 	stw_entry *e;
 	size_t n, cap;
-	uint64_t data_size, data_off, written;
+	uint64_t data_size, data_off;
+	_Atomic uint64_t written; /* append: the position; positioned: the count */
 	uint8_t *buf;      /* gathers small writes */
 	size_t buf_len;
 };
@@ -86,7 +90,7 @@ int arena_stw_create(const char *path, arena_stw **out)
 
 static int check_declaring(arena_stw *w, const char *what)
 {
-	if (w->state != STW_DECLARE)
+	if (atomic_load(&w->state) != STW_DECLARE)
 		return arena_errorf(ARENA_E_USAGE, "%s: %s after the header was written", w->path, what);
 	return 0;
 }
@@ -280,7 +284,7 @@ int arena_stw_begin(arena_stw *w)
 	int rc = check_declaring(w, "header begun");
 	if (rc)
 		return rc;
-	w->state = STW_BROKEN; /* until it succeeds */
+	atomic_store(&w->state, STW_BROKEN); /* until it succeeds */
 	if (w->n > 1)
 		qsort(w->e, w->n, sizeof(*w->e), entry_cmp);
 	uint64_t off = 0;
@@ -317,7 +321,7 @@ int arena_stw_begin(arena_stw *w)
 	if (rc)
 		return rc;
 	w->data_off = 8 + padded;
-	w->state = STW_WRITING;
+	atomic_store(&w->state, STW_WRITING);
 	return 0;
 }
 
@@ -328,7 +332,7 @@ size_t arena_stw_count(const arena_stw *w)
 
 const arena_stw_tensor *arena_stw_get(const arena_stw *w, size_t i)
 {
-	return w->state == STW_WRITING && i < w->n ? &w->e[i].t : NULL;
+	return atomic_load(&w->state) == STW_WRITING && i < w->n ? &w->e[i].t : NULL;
 }
 
 uint64_t arena_stw_data_size(const arena_stw *w)
@@ -343,7 +347,7 @@ uint64_t arena_stw_data_offset(const arena_stw *w)
 
 uint64_t arena_stw_written(const arena_stw *w)
 {
-	return w->written;
+	return atomic_load(&w->written);
 }
 
 static int flush_buf(arena_stw *w)
@@ -355,17 +359,37 @@ static int flush_buf(arena_stw *w)
 	return rc;
 }
 
+/* Fix the data mode on first use; USAGE when the other one is in use. */
+static int claim_mode(arena_stw *w, int mode)
+{
+	int none = STW_NONE;
+	if (atomic_compare_exchange_strong(&w->mode, &none, mode) || none == mode)
+		return 0;
+	return arena_errorf(ARENA_E_USAGE, "%s: data written both in order and by position", w->path);
+}
+
+static int check_writing(arena_stw *w)
+{
+	int st = atomic_load(&w->state);
+	if (st != STW_WRITING)
+		return arena_errorf(ARENA_E_USAGE, "%s: data written %s", w->path,
+				    st == STW_DECLARE ? "before the header" : "after a failure");
+	return 0;
+}
+
 int arena_stw_write(arena_stw *w, const void *buf, size_t n)
 {
-	if (w->state != STW_WRITING)
-		return arena_errorf(ARENA_E_USAGE, "%s: data written %s", w->path,
-				    w->state == STW_DECLARE ? "before the header" : "after a failure");
-	if (n > w->data_size - w->written) {
-		w->state = STW_BROKEN;
+	int rc = check_writing(w);
+	if (!rc)
+		rc = claim_mode(w, STW_APPEND);
+	if (rc)
+		return rc;
+	uint64_t pos = atomic_load(&w->written);
+	if (n > w->data_size - pos) {
+		atomic_store(&w->state, STW_BROKEN);
 		return arena_errorf(ARENA_E_USAGE, "%s: %zu data bytes written past the end of the last tensor",
-				    w->path, n - (size_t)(w->data_size - w->written));
+				    w->path, n - (size_t)(w->data_size - pos));
 	}
-	int rc = 0;
 	if (n <= STW_BUF_SIZE - w->buf_len) {
 		memcpy(w->buf + w->buf_len, buf, n);
 		w->buf_len += n;
@@ -377,10 +401,31 @@ int arena_stw_write(arena_stw *w, const void *buf, size_t n)
 			rc = arena_outfile_write(w->out, buf, n);
 	}
 	if (rc) {
-		w->state = STW_BROKEN;
+		atomic_store(&w->state, STW_BROKEN);
 		return rc;
 	}
-	w->written += n;
+	atomic_store(&w->written, pos + n);
+	return 0;
+}
+
+int arena_stw_pwrite(arena_stw *w, uint64_t off, const void *buf, size_t n)
+{
+	int rc = check_writing(w);
+	if (!rc)
+		rc = claim_mode(w, STW_POSITIONED);
+	if (rc)
+		return rc;
+	if (n > w->data_size || off > w->data_size - n) {
+		atomic_store(&w->state, STW_BROKEN);
+		return arena_errorf(ARENA_E_USAGE, "%s: data bytes [%llu, %llu) written past the end of the last tensor",
+				    w->path, (unsigned long long)off, (unsigned long long)off + n);
+	}
+	rc = arena_outfile_pwrite(w->out, buf, n, w->data_off + off);
+	if (rc) {
+		atomic_store(&w->state, STW_BROKEN);
+		return rc;
+	}
+	atomic_fetch_add(&w->written, n);
 	return 0;
 }
 
@@ -402,16 +447,20 @@ static void stw_free(arena_stw *w)
 int arena_stw_commit(arena_stw *w)
 {
 	int rc = 0;
-	if (w->state == STW_DECLARE)
+	if (atomic_load(&w->state) == STW_DECLARE)
 		rc = arena_stw_begin(w);
-	if (!rc && w->state != STW_WRITING)
+	if (!rc && atomic_load(&w->state) != STW_WRITING)
 		rc = arena_errorf(ARENA_E_USAGE, "%s: commit after a failure", w->path);
-	if (!rc && w->written != w->data_size) {
+	uint64_t written = atomic_load(&w->written);
+	if (!rc && written != w->data_size && atomic_load(&w->mode) == STW_POSITIONED) {
+		rc = arena_errorf(ARENA_E_USAGE, "%s: incomplete: %llu of %llu data bytes written", w->path,
+				  (unsigned long long)written, (unsigned long long)w->data_size);
+	} else if (!rc && written != w->data_size) {
 		size_t i = 0;
-		while (i + 1 < w->n && w->e[i].t.end <= w->written)
+		while (i + 1 < w->n && w->e[i].t.end <= written)
 			i++;
 		rc = arena_errorf(ARENA_E_USAGE, "%s: tensor '%s' incomplete: %llu of %llu data bytes written",
-				  w->path, arena_q(w->e[i].name), (unsigned long long)w->written,
+				  w->path, arena_q(w->e[i].name), (unsigned long long)written,
 				  (unsigned long long)w->data_size);
 	}
 	if (!rc)

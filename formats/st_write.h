@@ -27,11 +27,13 @@
  *   arena_stw_create ──► arena_stw_meta / arena_stw_add (any number, any order)
  *        ──► arena_stw_begin (header computed and written; order fixed)
  *        ──► arena_stw_write (data bytes in data order, in pieces of any size)
+ *            or arena_stw_pwrite (data bytes at data offsets, from any thread)
  *        ──► arena_stw_commit (all bytes written? fsync, rename; frees)
  *   arena_stw_abort at any point: unlink the temporary, free everything.
  *
  * Output goes through common/outfile: nothing appears under the target name
- * until commit succeeds. A writer is used by one thread at a time.
+ * until commit succeeds. A writer is used by one thread at a time, except
+ * that several threads may call arena_stw_pwrite at once.
  */
 #ifndef ARENA_FORMATS_ST_WRITE_H
 #define ARENA_FORMATS_ST_WRITE_H
@@ -84,13 +86,20 @@ const arena_stw_tensor *arena_stw_get(const arena_stw *w, size_t i);
 uint64_t arena_stw_data_size(const arena_stw *w);
 /* File offset of the data section (8 + N); valid after begin. */
 uint64_t arena_stw_data_offset(const arena_stw *w);
-/* Data bytes written so far. */
+/* Data bytes written so far (thread-safe). */
 uint64_t arena_stw_written(const arena_stw *w);
 
 /* Append n bytes of data in data order; a piece may span tensors. Small
  * pieces are gathered in a 1 MiB buffer, large ones go straight to the file.
  * Errors: USAGE (before begin, or more bytes than the tensors hold), IO. */
 int arena_stw_write(arena_stw *w, const void *buf, size_t n);
+
+/* Write n data bytes at data offset `off` (relative to the data section; a
+ * tensor's bytes go at its `begin`). Safe to call from several threads at
+ * once; ranges must not overlap (commit checks only the total). Not to be
+ * mixed with arena_stw_write on one writer (USAGE).
+ * Errors: USAGE (before begin, past the end, after a failure), IO. */
+int arena_stw_pwrite(arena_stw *w, uint64_t off, const void *buf, size_t n);
 
 /* Check that exactly data_size bytes were written (USAGE otherwise, naming
  * the first tensor left short), flush, fsync and rename over the target.

@@ -6,7 +6,9 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdatomic.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -496,9 +498,11 @@ int arena_synth_fill(void *dst, arena_dtype dtype, uint64_t key, uint64_t first,
 }
 
 /* ------------------------------------------------------------------------ */
-/* The writer: fill threads and one writing thread (the caller)             */
+/* The writer: threads fill 4 MiB pieces of the data section and write each  */
+/* at its place (arena_stw_pwrite); the caller's thread reports progress.     */
 
 #define PIECE_SIZE (4u << 20)
+#define PROGRESS_NS 100000000L /* progress every 0.1 s */
 
 typedef struct synth_run {
 	arena_stw *w;
@@ -509,15 +513,21 @@ typedef struct synth_run {
 	unsigned esize;
 	uint64_t total;
 	size_t npieces;
-	unsigned nslots;
-	uint8_t **slot;
-	size_t *slot_piece; /* the piece a slot holds ready, or SIZE_MAX */
-	pthread_mutex_t mu;
-	pthread_cond_t ready, freed;
-	size_t next;    /* next piece to claim */
-	size_t written; /* pieces written */
-	int stop;
+	uint8_t **buf;              /* one piece per thread */
+	_Atomic size_t next;        /* next piece to claim */
+	_Atomic uint64_t done;      /* data bytes written */
+	_Atomic int stop;
+	pthread_mutex_t mu;         /* guards what follows */
+	pthread_cond_t cv;
+	unsigned running;
+	int rc;                     /* first failure of a thread, its message in msg */
+	char msg[1024];
 } synth_run;
+
+typedef struct synth_worker {
+	synth_run *r;
+	uint8_t *buf;
+} synth_worker;
 
 /* First tensor whose data ends after byte `off`. */
 static size_t tensor_at(const synth_run *r, uint64_t off)
@@ -533,38 +543,46 @@ static size_t tensor_at(const synth_run *r, uint64_t off)
 	return lo;
 }
 
-static void fill_piece(const synth_run *r, size_t piece, uint8_t *dst)
+/* Fill data bytes [off, end) into dst. */
+static void fill_range(const synth_run *r, uint64_t off, uint64_t end, uint8_t *dst)
 {
-	uint64_t off = (uint64_t)piece * PIECE_SIZE;
-	uint64_t end = off + PIECE_SIZE < r->total ? off + PIECE_SIZE : r->total;
+	uint64_t base = off;
 	for (size_t i = tensor_at(r, off); i < r->n && off < end; i++) {
 		const arena_stw_tensor *t = r->t[i];
 		uint64_t a = off > t->begin ? off : t->begin;
 		uint64_t b = t->end < end ? t->end : end;
 		if (a >= b)
 			continue;
-		arena_synth_fill(dst + (a - (uint64_t)piece * PIECE_SIZE), r->dtype, r->keys[i],
-				 (a - t->begin) / r->esize, (size_t)((b - a) / r->esize));
+		arena_synth_fill(dst + (a - base), r->dtype, r->keys[i], (a - t->begin) / r->esize,
+				 (size_t)((b - a) / r->esize));
 		off = b;
 	}
 }
 
 static void *fill_thread(void *arg)
 {
-	synth_run *r = arg;
-	pthread_mutex_lock(&r->mu);
-	while (!r->stop && r->next < r->npieces) {
-		size_t k = r->next++;
-		while (!r->stop && k >= r->written + r->nslots)
-			pthread_cond_wait(&r->freed, &r->mu);
-		if (r->stop)
+	synth_worker *wk = arg;
+	synth_run *r = wk->r;
+	int rc = 0;
+	while (!rc && !atomic_load(&r->stop)) {
+		size_t k = atomic_fetch_add(&r->next, 1);
+		if (k >= r->npieces)
 			break;
-		pthread_mutex_unlock(&r->mu);
-		fill_piece(r, k, r->slot[k % r->nslots]);
-		pthread_mutex_lock(&r->mu);
-		r->slot_piece[k % r->nslots] = k;
-		pthread_cond_broadcast(&r->ready);
+		uint64_t off = (uint64_t)k * PIECE_SIZE;
+		uint64_t len = r->total - off < PIECE_SIZE ? r->total - off : PIECE_SIZE;
+		fill_range(r, off, off + len, wk->buf);
+		rc = arena_stw_pwrite(r->w, off, wk->buf, (size_t)len);
+		if (!rc)
+			atomic_fetch_add(&r->done, len);
 	}
+	pthread_mutex_lock(&r->mu);
+	if (rc && !r->rc) {
+		r->rc = rc;
+		snprintf(r->msg, sizeof(r->msg), "%s", arena_last_error()); /* this thread's message */
+		atomic_store(&r->stop, 1);
+	}
+	r->running--;
+	pthread_cond_broadcast(&r->cv);
 	pthread_mutex_unlock(&r->mu);
 	return NULL;
 }
@@ -575,46 +593,57 @@ static unsigned default_threads(void)
 	return n < 1 ? 1 : n > 64 ? 64 : (unsigned)n;
 }
 
-/* Write every piece in order while the threads fill them. */
-static int write_pieces(synth_run *r, unsigned nthreads, const arena_synth_opts *o)
+/* Run the threads to the end (or the first failure or cancel), reporting
+ * progress from this thread. */
+static int run_threads(synth_run *r, unsigned nthreads, const arena_synth_opts *o)
 {
 	pthread_t *th = arena_calloc(nthreads, sizeof(*th));
-	if (!th)
+	synth_worker *wk = arena_calloc(nthreads, sizeof(*wk));
+	if (!th || !wk) {
+		arena_free(th);
+		arena_free(wk);
 		return arena_errorf(ARENA_E_NOMEM, "synth: out of memory");
-	unsigned started = 0;
+	}
 	int rc = 0;
+	unsigned started = 0;
+	pthread_mutex_lock(&r->mu);
 	for (; started < nthreads; started++) {
-		int e = pthread_create(&th[started], NULL, fill_thread, r);
+		wk[started] = (synth_worker){r, r->buf[started]};
+		int e = pthread_create(&th[started], NULL, fill_thread, &wk[started]);
 		if (e) { /* go on with fewer threads, if there is one */
 			if (!started)
 				rc = arena_syserrorf(ARENA_E_NOMEM, e, "synth: cannot start a fill thread");
 			break;
 		}
+		r->running++;
 	}
-	for (size_t k = 0; !rc && k < r->npieces; k++) {
-		unsigned s = (unsigned)(k % r->nslots);
-		pthread_mutex_lock(&r->mu);
-		while (r->slot_piece[s] != k)
-			pthread_cond_wait(&r->ready, &r->mu);
-		pthread_mutex_unlock(&r->mu);
-		uint64_t off = (uint64_t)k * PIECE_SIZE;
-		size_t len = (size_t)(r->total - off < PIECE_SIZE ? r->total - off : PIECE_SIZE);
-		rc = arena_stw_write(r->w, r->slot[s], len);
-		pthread_mutex_lock(&r->mu);
-		r->slot_piece[s] = SIZE_MAX;
-		r->written = k + 1;
-		pthread_cond_broadcast(&r->freed);
-		pthread_mutex_unlock(&r->mu);
-		if (!rc && o->progress)
-			rc = o->progress(o->progress_ctx, off + len, r->total);
+	while (r->running) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += PROGRESS_NS;
+		if (ts.tv_nsec >= 1000000000L)
+			ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+		pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+		if (!rc && o->progress && r->running) {
+			pthread_mutex_unlock(&r->mu);
+			rc = o->progress(o->progress_ctx, atomic_load(&r->done), r->total);
+			if (rc)
+				atomic_store(&r->stop, 1);
+			pthread_mutex_lock(&r->mu);
+		}
 	}
-	pthread_mutex_lock(&r->mu);
-	r->stop = 1;
-	pthread_cond_broadcast(&r->freed);
 	pthread_mutex_unlock(&r->mu);
 	for (unsigned i = 0; i < started; i++)
 		pthread_join(th[i], NULL);
 	arena_free(th);
+	arena_free(wk);
+	if (!rc && r->rc)
+		rc = arena_errorf(r->rc, "%s", r->msg);
+	if (!rc && atomic_load(&r->done) != r->total)
+		rc = arena_errorf(ARENA_E_INTERNAL, "synth: %llu of %llu bytes made",
+				  (unsigned long long)atomic_load(&r->done), (unsigned long long)r->total);
+	if (!rc && o->progress) /* the last call sees done == total and may still cancel */
+		rc = o->progress(o->progress_ctx, r->total, r->total);
 	return rc;
 }
 
@@ -628,6 +657,9 @@ int arena_synth_write(const char *path, const arena_synth_list *l, const arena_s
 	unsigned nthreads = o->threads ? o->threads : default_threads();
 	synth_run r;
 	memset(&r, 0, sizeof(r));
+	atomic_init(&r.next, 0);
+	atomic_init(&r.done, 0);
+	atomic_init(&r.stop, 0);
 	r.dtype = dt;
 	r.esize = arena_dtype_bits(dt) / 8;
 	int rc = arena_stw_create(path, &r.w);
@@ -646,19 +678,15 @@ int arena_synth_write(const char *path, const arena_synth_list *l, const arena_s
 		r.npieces = (size_t)((r.total + PIECE_SIZE - 1) / PIECE_SIZE);
 		if (nthreads > r.npieces)
 			nthreads = r.npieces ? (unsigned)r.npieces : 1;
-		r.nslots = 2 * nthreads;
 		r.t = arena_calloc(r.n, sizeof(*r.t));
 		r.keys = arena_calloc(r.n, sizeof(*r.keys));
-		r.slot = arena_calloc(r.nslots, sizeof(*r.slot));
-		r.slot_piece = arena_calloc(r.nslots, sizeof(*r.slot_piece));
-		if (!r.t || !r.keys || !r.slot || !r.slot_piece)
+		r.buf = arena_calloc(nthreads, sizeof(*r.buf));
+		if (!r.t || !r.keys || !r.buf)
 			rc = arena_errorf(ARENA_E_NOMEM, "%s: out of memory", path);
-		for (unsigned s = 0; !rc && s < r.nslots; s++) {
-			r.slot_piece[s] = SIZE_MAX;
-			if (!(r.slot[s] = arena_malloc(PIECE_SIZE)))
+		for (unsigned s = 0; !rc && s < nthreads; s++)
+			if (!(r.buf[s] = arena_malloc(PIECE_SIZE)))
 				rc = arena_errorf(ARENA_E_NOMEM, "%s: out of memory for %u buffers of %u MiB", path,
-						  r.nslots, PIECE_SIZE >> 20);
-		}
+						  nthreads, PIECE_SIZE >> 20);
 		for (size_t i = 0; !rc && i < r.n; i++) {
 			r.t[i] = arena_stw_get(r.w, i);
 			r.keys[i] = arena_synth_key(o->seed, r.t[i]->name);
@@ -666,25 +694,21 @@ int arena_synth_write(const char *path, const arena_synth_list *l, const arena_s
 	}
 	if (!rc) {
 		pthread_mutex_init(&r.mu, NULL);
-		pthread_cond_init(&r.ready, NULL);
-		pthread_cond_init(&r.freed, NULL);
+		pthread_cond_init(&r.cv, NULL);
 		locks = 1;
-		rc = write_pieces(&r, nthreads, o);
+		rc = run_threads(&r, nthreads, o);
 	}
-	if (!rc) {
+	if (!rc)
 		rc = arena_stw_commit(r.w);
-	} else {
+	else
 		arena_stw_abort(r.w);
-	}
 	if (locks) {
-		pthread_cond_destroy(&r.freed);
-		pthread_cond_destroy(&r.ready);
+		pthread_cond_destroy(&r.cv);
 		pthread_mutex_destroy(&r.mu);
 	}
-	for (unsigned s = 0; r.slot && s < r.nslots; s++)
-		arena_free(r.slot[s]);
-	arena_free(r.slot);
-	arena_free(r.slot_piece);
+	for (unsigned s = 0; r.buf && s < nthreads; s++)
+		arena_free(r.buf[s]);
+	arena_free(r.buf);
 	arena_free(r.keys);
 	arena_free(r.t);
 	return rc;

@@ -121,9 +121,10 @@ int arena_synth_fill(void *dst, arena_dtype dtype, uint64_t key, uint64_t first,
 uint16_t arena_f32_to_f16(float f);
 uint16_t arena_f32_to_bf16(float f);
 
-/* Called after each piece is written with the data bytes done and the total;
- * a non-zero return cancels the write (that value is returned, the output is
- * removed). */
+/* Called from the thread that called arena_synth_write, about every 0.1 s
+ * while the fill threads work and once more at the end (done == total, before
+ * the commit's fsync), with the data bytes written and the total. A non-zero
+ * return cancels the write: that value is returned and nothing is left. */
 typedef int (*arena_synth_progress_fn)(void *ctx, uint64_t done, uint64_t total);
 
 typedef struct arena_synth_opts {
@@ -137,8 +138,10 @@ typedef struct arena_synth_opts {
 
 /* Write the tensors of `l` with synthetic values to `path` as safetensors
  * (formats/st_write.h: data order by name), metadata {"format": "pt",
- * "generator": "arena synth", "layout": opts->layout}. Memory is bounded:
- * 2 pieces of 4 MiB per thread, whatever the model's size. The file appears
+ * "generator": "arena synth", "layout": opts->layout}. Each fill thread
+ * takes the next 4 MiB piece of the data section, fills it and writes it at
+ * its place (arena_stw_pwrite), so the page-cache copies run in parallel too;
+ * memory is one piece per thread whatever the model's size. The file appears
  * whole at commit or not at all. Errors: USAGE (bad dtype or list), NOMEM,
  * NOT_FOUND / IO (output), DUPLICATE_TENSOR, or the progress callback's code. */
 int arena_synth_write(const char *path, const arena_synth_list *l, const arena_synth_opts *opts);

@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -197,6 +198,73 @@ Test(st_write, escapes_match_reference)
 	cr_assert_eq(b[1], 1);
 	cr_assert_eq(memcmp(b + 8, want, 256), 0, "header:\n%.256s\nwant:\n%.256s", (const char *)b + 8, want);
 	free(b);
+}
+
+/* Positioned writes, from 4 threads, tensors in reverse order: the same file
+ * as the reference. */
+typedef struct pw_job {
+	arena_stw *w;
+	const arena_st_file *in;
+	unsigned id;
+	int rc;
+} pw_job;
+
+static void *pw_thread(void *arg)
+{
+	pw_job *j = arg;
+	for (size_t i = arena_stw_count(j->w); i-- > 0;) {
+		if (i % 4 != j->id)
+			continue;
+		const arena_stw_tensor *s = arena_stw_get(j->w, i);
+		const arena_st_tensor *t = arena_st_find(j->in, s->name);
+		if ((j->rc = arena_stw_pwrite(j->w, s->begin, arena_st_data(t), (size_t)t->nbytes)))
+			break;
+	}
+	return NULL;
+}
+
+Test(st_write, positioned_writes_from_threads)
+{
+	arena_st_file *in;
+	cr_assert_eq(arena_st_open(ref_path("tiny_flux.safetensors"), &in), 0);
+	arena_stw *w;
+	cr_assert_eq(arena_stw_create(tmp_file("p.st"), &w), 0);
+	for (size_t i = 0; i < in->n_meta; i++)
+		cr_assert_eq(arena_stw_meta(w, in->meta_keys[i], in->meta_vals[i]), 0);
+	for (size_t i = 0; i < in->n_tensors; i++)
+		cr_assert_eq(arena_stw_add(w, in->tensors[i].name, in->tensors[i].dtype, in->tensors[i].rank,
+					   in->tensors[i].shape), 0);
+	cr_assert_eq(arena_stw_begin(w), 0);
+	pthread_t th[4];
+	pw_job jobs[4];
+	for (unsigned k = 0; k < 4; k++) {
+		jobs[k] = (pw_job){w, in, k, 0};
+		cr_assert_eq(pthread_create(&th[k], NULL, pw_thread, &jobs[k]), 0);
+	}
+	for (unsigned k = 0; k < 4; k++) {
+		pthread_join(th[k], NULL);
+		cr_assert_eq(jobs[k].rc, 0);
+	}
+	cr_assert_eq(arena_stw_written(w), arena_stw_data_size(w));
+	uint8_t b[4] = {0};
+	cr_assert_eq(arena_stw_write(w, b, 0), ARENA_E_USAGE); /* no mixing with appends */
+	cr_assert_eq(arena_stw_commit(w), 0, "%s", arena_last_error());
+	assert_same_file(ref_path("tiny_flux.safetensors"), tmp_file("p.st"));
+	arena_st_close(in);
+
+	uint64_t s2[] = {2};
+	cr_assert_eq(arena_stw_create(tmp_file("q.st"), &w), 0);
+	cr_assert_eq(arena_stw_add(w, "x", ARENA_DTYPE_F32, 1, s2), 0);
+	cr_assert_eq(arena_stw_begin(w), 0);
+	cr_assert_eq(arena_stw_pwrite(w, 4, b, 4), 0);
+	cr_assert_eq(arena_stw_commit(w), ARENA_E_USAGE); /* 4 of 8 */
+	cr_assert(strstr(arena_last_error(), "incomplete: 4 of 8"), "%s", arena_last_error());
+	cr_assert_eq(arena_stw_create(tmp_file("q.st"), &w), 0);
+	cr_assert_eq(arena_stw_add(w, "x", ARENA_DTYPE_F32, 1, s2), 0);
+	cr_assert_eq(arena_stw_begin(w), 0);
+	cr_assert_eq(arena_stw_pwrite(w, 6, b, 4), ARENA_E_USAGE); /* past the end */
+	arena_stw_abort(w);
+	cr_assert_eq(count_entries(tmp_dir), 1); /* p.st */
 }
 
 Test(st_write, empty_file_matches_reference)
@@ -614,11 +682,23 @@ Test(synth, same_bytes_whatever_the_thread_count)
 	arena_synth_list_release(&l);
 }
 
-static int cancel_after_two(void *ctx, uint64_t done, uint64_t total)
+/* Cancels at its first call (there is always one, at the end). */
+static int cancel_at_once(void *ctx, uint64_t done, uint64_t total)
 {
 	int *calls = ctx;
 	cr_assert_leq(done, total);
-	return ++*calls == 2 ? arena_errorf(ARENA_E_CANCELLED, "cancelled") : 0;
+	++*calls;
+	return arena_errorf(ARENA_E_CANCELLED, "cancelled");
+}
+
+static int count_calls(void *ctx, uint64_t done, uint64_t total)
+{
+	uint64_t *last = ctx;
+	cr_assert_leq(done, total);
+	cr_assert_geq(done, last[0]);
+	last[0] = done;
+	last[1] = total;
+	return 0;
 }
 
 Test(synth, cancel_and_write_failure_leave_nothing)
@@ -627,10 +707,17 @@ Test(synth, cancel_and_write_failure_leave_nothing)
 	odd_list(&l);
 	int calls = 0;
 	arena_synth_opts o = {.layout = "odd", .dtype = ARENA_DTYPE_F32, .threads = 3,
-			      .progress = cancel_after_two, .progress_ctx = &calls};
+			      .progress = cancel_at_once, .progress_ctx = &calls};
 	cr_assert_eq(arena_synth_write(tmp_file("c.st"), &l, &o), ARENA_E_CANCELLED);
-	cr_assert_eq(calls, 2);
+	cr_assert_eq(calls, 1);
 	cr_assert_eq(count_entries(tmp_dir), 0);
+	uint64_t last[2] = {0, 1};
+	o.progress = count_calls;
+	o.progress_ctx = last;
+	cr_assert_eq(arena_synth_write(tmp_file("c.st"), &l, &o), 0, "%s", arena_last_error());
+	cr_assert(last[0] == last[1] && last[1] > 3 * (4u << 20), "last progress %llu of %llu",
+		  (unsigned long long)last[0], (unsigned long long)last[1]);
+	unlink(tmp_file("c.st"));
 	o.progress = NULL;
 	arena_fault_write(3);
 	cr_assert_eq(arena_synth_write(tmp_file("c.st"), &l, &o), ARENA_E_IO);
