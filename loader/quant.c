@@ -25,7 +25,7 @@
 #define E(name) ARENA_E(name)
 
 #define BLK 1024                    /* elements per kernel block */
-#define PIECE ((uint64_t)64 * 1024) /* least elements worth a thread */
+#define PIECE ((uint64_t)1 << 20) /* least elements worth a thread (~0.3 ms of work) */
 #define MAX_THREADS 64
 
 #if defined(__GNUC__)

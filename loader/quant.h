@@ -69,7 +69,7 @@
  *
  * Threads: every function is safe to call from several threads at once (no
  * global state). `threads` = 0 means one per available core; a call never
- * uses more threads than its tensor has 64 Ki-element pieces, so small tensors
+ * uses more threads than its tensor has 1 Mi-element pieces, so small tensors
  * run on the calling thread (convert many small tensors concurrently instead).
  * Results never depend on the thread count. No function allocates memory
  * (beyond the stacks of the threads it starts); if a thread cannot be started

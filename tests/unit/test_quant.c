@@ -532,8 +532,8 @@ Test(quant, unaligned_pointers)
 
 Test(quant, thread_count_does_not_change_results, .timeout = 60)
 {
-	/* big enough for 7 threads (64 Ki elements each at least) */
-	const uint64_t w[] = {61, 9001};
+	/* big enough for 7 threads (1 Mi elements each at least) */
+	const uint64_t w[] = {997, 8009};
 	const uint64_t n = w[0] * w[1];
 	float *f = xmalloc(n * 4);
 	for (uint64_t i = 0; i < n; i++)
