@@ -100,9 +100,10 @@ static int parse_u64(const char *s, uint64_t max, uint64_t *out)
 {
 	char *end;
 	errno = 0;
-	if (!*s || *s == '-')
+	if (!*s || *s == '-' || *s == '+' || *s == ' ')
 		return -1;
-	unsigned long long v = strtoull(s, &end, 0);
+	int hex = s[0] == '0' && (s[1] == 'x' || s[1] == 'X'); /* decimal or 0x hex, never octal */
+	unsigned long long v = strtoull(s, &end, hex ? 16 : 10);
 	if (errno || *end || v > max)
 		return -1;
 	*out = v;
