@@ -2,7 +2,9 @@
 #include "st_write.h"
 
 #include <jansson.h>
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,6 +39,9 @@ struct arena_stw {
 	_Atomic uint64_t written; /* append: the position; positioned: the count */
 	uint8_t *buf;      /* gathers small writes */
 	size_t buf_len;
+	pthread_mutex_t fail_mu; /* guards the first data-write failure: */
+	int fail_rc;             /* its code (0: none) */
+	char fail_msg[512];      /* and its message */
 };
 
 /* The reference library's dtype order, ascending (safetensors `Dtype` enum). */
@@ -72,13 +77,16 @@ int arena_stw_create(const char *path, arena_stw **out)
 	arena_stw *w = arena_calloc(1, sizeof(*w));
 	if (!w)
 		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", path);
+	pthread_mutex_init(&w->fail_mu, NULL);
 	w->names = json_object();
 	if (!w->names) {
+		pthread_mutex_destroy(&w->fail_mu);
 		arena_free(w);
 		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", path);
 	}
 	int rc = arena_outfile_open(path, &w->out);
 	if (rc) {
+		pthread_mutex_destroy(&w->fail_mu);
 		json_decref(w->names);
 		arena_free(w);
 		return rc;
@@ -368,13 +376,34 @@ static int claim_mode(arena_stw *w, int mode)
 	return arena_errorf(ARENA_E_USAGE, "%s: data written both in order and by position", w->path);
 }
 
+/* A data write failed with rc (its message set on this thread): break the
+ * writer, keeping the first failure so that calls on other threads report
+ * it rather than a consequence of it. Returns rc. */
+static int data_failed(arena_stw *w, int rc)
+{
+	pthread_mutex_lock(&w->fail_mu);
+	if (!w->fail_rc) {
+		w->fail_rc = rc;
+		snprintf(w->fail_msg, sizeof(w->fail_msg), "%s", arena_last_error());
+	}
+	pthread_mutex_unlock(&w->fail_mu);
+	atomic_store(&w->state, STW_BROKEN);
+	return rc;
+}
+
 static int check_writing(arena_stw *w)
 {
 	int st = atomic_load(&w->state);
-	if (st != STW_WRITING)
-		return arena_errorf(ARENA_E_USAGE, "%s: data written %s", w->path,
-				    st == STW_DECLARE ? "before the header" : "after a failure");
-	return 0;
+	if (st == STW_WRITING)
+		return 0;
+	if (st == STW_DECLARE)
+		return arena_errorf(ARENA_E_USAGE, "%s: data written before the header", w->path);
+	pthread_mutex_lock(&w->fail_mu);
+	int rc = w->fail_rc;
+	if (rc)
+		arena_errorf(rc, "%s", w->fail_msg);
+	pthread_mutex_unlock(&w->fail_mu);
+	return rc ? rc : arena_errorf(ARENA_E_USAGE, "%s: data written after a failure", w->path);
 }
 
 int arena_stw_write(arena_stw *w, const void *buf, size_t n)
@@ -385,11 +414,10 @@ int arena_stw_write(arena_stw *w, const void *buf, size_t n)
 	if (rc)
 		return rc;
 	uint64_t pos = atomic_load(&w->written);
-	if (n > w->data_size - pos) {
-		atomic_store(&w->state, STW_BROKEN);
-		return arena_errorf(ARENA_E_USAGE, "%s: %zu data bytes written past the end of the last tensor",
-				    w->path, n - (size_t)(w->data_size - pos));
-	}
+	if (n > w->data_size - pos)
+		return data_failed(w, arena_errorf(ARENA_E_USAGE,
+						   "%s: %zu data bytes written past the end of the last tensor",
+						   w->path, n - (size_t)(w->data_size - pos)));
 	if (n <= STW_BUF_SIZE - w->buf_len) {
 		memcpy(w->buf + w->buf_len, buf, n);
 		w->buf_len += n;
@@ -400,10 +428,8 @@ int arena_stw_write(arena_stw *w, const void *buf, size_t n)
 		if (!rc)
 			rc = arena_outfile_write(w->out, buf, n);
 	}
-	if (rc) {
-		atomic_store(&w->state, STW_BROKEN);
-		return rc;
-	}
+	if (rc)
+		return data_failed(w, rc);
 	atomic_store(&w->written, pos + n);
 	return 0;
 }
@@ -415,16 +441,13 @@ int arena_stw_pwrite(arena_stw *w, uint64_t off, const void *buf, size_t n)
 		rc = claim_mode(w, STW_POSITIONED);
 	if (rc)
 		return rc;
-	if (n > w->data_size || off > w->data_size - n) {
-		atomic_store(&w->state, STW_BROKEN);
-		return arena_errorf(ARENA_E_USAGE, "%s: data bytes [%llu, %llu) written past the end of the last tensor",
-				    w->path, (unsigned long long)off, (unsigned long long)off + n);
-	}
+	if (n > w->data_size || off > w->data_size - n)
+		return data_failed(w, arena_errorf(ARENA_E_USAGE,
+						   "%s: data bytes [%llu, %llu) written past the end of the last tensor",
+						   w->path, (unsigned long long)off, (unsigned long long)off + n));
 	rc = arena_outfile_pwrite(w->out, buf, n, w->data_off + off);
-	if (rc) {
-		atomic_store(&w->state, STW_BROKEN);
-		return rc;
-	}
+	if (rc)
+		return data_failed(w, rc);
 	atomic_fetch_add(&w->written, n);
 	return 0;
 }
@@ -441,6 +464,7 @@ static void stw_free(arena_stw *w)
 		arena_free(w->meta[i]);
 	arena_free(w->meta);
 	json_decref(w->names);
+	pthread_mutex_destroy(&w->fail_mu);
 	arena_free(w);
 }
 

@@ -22,7 +22,8 @@
  *
  * Life cycle (each step returns 0 or a negative ARENA_E code; a failed meta
  * or add leaves the writer as it was; after a failed begin or write, commit
- * fails and abort is what is left):
+ * fails and abort is what is left; a data write after a failed one returns
+ * the first failure's code and message, whichever thread it was on):
  *
  *   arena_stw_create ──► arena_stw_meta / arena_stw_add (any number, any order)
  *        ──► arena_stw_begin (header computed and written; order fixed)
