@@ -137,8 +137,12 @@ $(BUILD)/bench/%: bench/%.c $(BUILD)/libarena.a
 
 unit: $(BUILD)/tests/unit $(BUILD)/arena $(FUZZ_TARGETS:%=$(BUILD)/tests/replay_%)
 
+ifeq ($(SAN),1)
+RUNCHECK := sh scripts/sancheck.sh
+endif
+
 test-unit: unit
-	$(Q)cd $(CURDIR) && $(BUILD)/tests/unit --jobs 2
+	$(Q)$(RUNCHECK) $(BUILD)/tests/unit --jobs 2
 
 test-cli: cli
 	$(Q)sh tests/cli/run.sh $(BUILD)/arena
@@ -149,7 +153,7 @@ test-python: cli
 test-fuzz: unit
 	$(Q)for t in $(FUZZ_TARGETS); do \
 		echo "replaying tests/fuzz/corpus/$$t"; \
-		$(BUILD)/tests/replay_$$t tests/fuzz/corpus/$$t || exit 1; done
+		$(RUNCHECK) $(BUILD)/tests/replay_$$t tests/fuzz/corpus/$$t || exit 1; done
 
 test-asan:
 	$(Q)$(MAKE) --no-print-directory BUILD=$(BUILD)/asan SAN=1 CUDA=0 test-unit test-fuzz

@@ -31,6 +31,15 @@ const char cmd_convert_usage[] =
 	"                          built-in patterns (see README.md, 'Blocks')\n"
 	"  --block-order A,B,...   containers in execution order, e.g.\n"
 	"                          transformer_blocks,single_transformer_blocks\n"
+	"  --quant SCHEME          store selected weights quantized: fp8-e4m3-row,\n"
+	"                          fp8-e4m3-tensor, fp8-e4m3, fp8-e5m2, int8-row, bf16\n"
+	"                          (none = as stored). Selected by default: 2-D float\n"
+	"                          '*.weight' tensors inside blocks, not norms or\n"
+	"                          embeddings. Bit-exact with torch (README.md)\n"
+	"  --quant-include GLOB    also quantize tensors whose name matches (repeatable)\n"
+	"  --quant-exclude GLOB    never quantize tensors whose name matches (repeatable)\n"
+	"                          Already-quantized inputs (compressed-tensors: F8_E4M3\n"
+	"                          '<name>' + '<name>_scale') are kept, never re-quantized.\n"
 	"  --chunk-size SIZE       checksum chunk size, power of two, 64K..1G (default 4M)\n"
 	"  --threads N             worker threads (default: number of CPUs)\n"
 	"  -q, --quiet             no progress line and no summary\n"
@@ -90,19 +99,25 @@ static int split_list(char *s, const char ***out, size_t *n)
 
 int cmd_convert(int argc, char **argv)
 {
-	enum { O_PATTERN = 256, O_ORDER, O_CHUNK, O_THREADS };
+	enum { O_PATTERN = 256, O_ORDER, O_CHUNK, O_THREADS, O_QUANT, O_QINC, O_QEXC };
 	static const struct option opts[] = {
 		{"output", required_argument, NULL, 'o'},      {"block-pattern", required_argument, NULL, O_PATTERN},
 		{"block-order", required_argument, NULL, O_ORDER}, {"chunk-size", required_argument, NULL, O_CHUNK},
 		{"threads", required_argument, NULL, O_THREADS}, {"quiet", no_argument, NULL, 'q'},
+		{"quant", required_argument, NULL, O_QUANT},     {"quant-include", required_argument, NULL, O_QINC},
+		{"quant-exclude", required_argument, NULL, O_QEXC},
 		{NULL, 0, NULL, 0},
 	};
 	const char *out = NULL;
 	int quiet = 0, st = 0;
 	arena_convert_opts co = {0};
 	const char **patterns = arena_calloc((size_t)argc, sizeof(char *));
+	const char **qinc = arena_calloc((size_t)argc, sizeof(char *));
+	const char **qexc = arena_calloc((size_t)argc, sizeof(char *));
 	const char **order = NULL;
-	if (!patterns)
+	co.quant.include = qinc;
+	co.quant.exclude = qexc;
+	if (!patterns || !qinc || !qexc)
 		return cli_fail(arena_errorf(ARENA_E_NOMEM, "out of memory"));
 	int ch;
 	optind = 0;
@@ -117,6 +132,15 @@ int cmd_convert(int argc, char **argv)
 			break;
 		case O_PATTERN:
 			patterns[co.plan.n_patterns++] = optarg;
+			break;
+		case O_QUANT:
+			co.quant.scheme = optarg;
+			break;
+		case O_QINC:
+			qinc[co.quant.n_include++] = optarg;
+			break;
+		case O_QEXC:
+			qexc[co.quant.n_exclude++] = optarg;
 			break;
 		case O_ORDER:
 			arena_free(order);
@@ -183,6 +207,8 @@ int cmd_convert(int argc, char **argv)
 	}
 done:
 	arena_free(patterns);
+	arena_free(qinc);
+	arena_free(qexc);
 	arena_free(order);
 	return st;
 }

@@ -250,7 +250,7 @@ static int print_image_text(const char *path, const arena_image *img)
 {
 	const arena_layout *l = img->layout;
 	const arena_img_header *h = &img->hdr;
-	char a[32], b2[32];
+	char a[32], b2[32], b3[32];
 	printf("image:      %s (format %u.%u)\n", path, h->major, h->minor);
 	printf("file:       %s (%llu bytes); data %llu bytes at %llu\n", cli_fmt_bytes(h->file_size, a, sizeof(a)),
 	       (unsigned long long)h->file_size, (unsigned long long)h->data_length, (unsigned long long)h->data_offset);
@@ -295,7 +295,7 @@ static int print_image_text(const char *path, const arena_image *img)
 	if (nq)
 		printf("; %llu quantized tensors take %s instead of %s (saved %s)", (unsigned long long)nq,
 		       cli_fmt_bytes(qstored, a, sizeof(a)), cli_fmt_bytes(qlogical, b2, sizeof(b2)),
-		       cli_fmt_bytes(qlogical > qstored ? qlogical - qstored : 0, a, sizeof(a)));
+		       cli_fmt_bytes(qlogical > qstored ? qlogical - qstored : 0, b3, sizeof(b3)));
 	printf("\n");
 	(void)logical;
 	return 0;

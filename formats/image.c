@@ -184,7 +184,8 @@ static json_t *shape_json(uint32_t rank, const uint64_t *shape)
 /* json_object_set_new that remembers failure. */
 static void jset(json_t *o, const char *k, json_t *v, int *fail)
 {
-	if (!v || !o || json_object_set_new(o, k, v))
+	/* json_object_set_new releases v when it fails, also when o is NULL. */
+	if (!v || json_object_set_new(o, k, v) || !o)
 		*fail = 1;
 }
 
@@ -246,6 +247,16 @@ int arena_img_manifest_build(const arena_layout *l, const void *sources, const v
 	}
 	jset(root, "tensors", tensors, &fail);
 	char *text = fail ? NULL : json_dumps(root, JSON_COMPACT);
+	/* jansson 2.14 can drop a key when an allocation fails inside the dump
+	 * and still return text: read it back before trusting it. */
+	if (text) {
+		json_t *back = json_loads(text, JSON_REJECT_DUPLICATES, NULL);
+		if (!back || !json_equal(back, root)) {
+			arena_free(text);
+			text = NULL;
+		}
+		json_decref(back);
+	}
 	json_decref(root);
 	if (!text)
 		return arena_errorf(ARENA_E_NOMEM, "out of memory building the manifest");

@@ -26,6 +26,7 @@ typedef struct extent {
 
 typedef struct job {
 	const arena_layout *l;
+	arena_quant_state *qs;
 	const arena_convert_opts *o;
 	arena_img_header *h;
 	arena_outfile *out;
@@ -79,11 +80,8 @@ static int fill_chunk(job *j, uint64_t c0, uint64_t len, uint8_t *buf)
 		if (!strcmp(e->t->scheme, "none")) {
 			const arena_st_tensor *s = e->t->src;
 			rc = arena_pread_full(s->file->fd, dst, z - a, s->file->data_off + s->begin + off, s->file->path);
-		} else if (j->o->fill) {
-			rc = j->o->fill(j->o->fill_ctx, e->t, e->comp, off, z - a, dst);
 		} else {
-			rc = arena_errorf(ARENA_E_INTERNAL, "tensor '%s': scheme '%s' without a filler",
-					  arena_q(e->t->name), e->t->scheme);
+			rc = arena_quant_state_fill(j->qs, j->l, e->t, e->comp, off, z - a, dst);
 		}
 		if (rc)
 			return rc;
@@ -183,11 +181,23 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 	arena_outfile *of = NULL;
 	pthread_t *tid = NULL;
 	job j = {0};
+	arena_quant_state qs = {0};
+	arena_quant_ctx qc = {0};
+	arena_plan_opts po = o->plan;
 	pthread_mutex_init(&j.lock, NULL);
 	int rc;
-	if ((rc = arena_plan_build(ck, &o->plan, &l)) || (rc = build_sources(ck, &sources, &meta)) ||
+	if ((rc = arena_quant_select_init(&qc, &o->quant, &po)))
+		goto out;
+	rc = arena_plan_build(ck, &po, &l);
+	if (rc) {
+		arena_quant_select_free(&qc);
+		goto out;
+	}
+	if ((rc = arena_quant_select_finish(&qc)) || (rc = arena_quant_state_init(&qs, l, ck)) ||
+	    (rc = build_sources(ck, &sources, &meta)) ||
 	    (rc = arena_img_manifest_build(l, sources, meta, cs, &manifest, &mlen)))
 		goto out;
+	j.qs = &qs;
 	arena_img_header h;
 	arena_img_header_plan(&h, mlen, l->data_length, cs);
 
@@ -284,6 +294,8 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 	}
 out:
 	arena_outfile_abort(of);
+	arena_quant_state_free(&qs);
+	arena_quant_select_free(&qc);
 	pthread_mutex_destroy(&j.lock);
 	arena_free(tid);
 	arena_free(j.chunks);

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "plan.h"
+#include "quant_select.h"
 
 typedef struct arena_convert_opts {
 	arena_plan_opts plan;
@@ -22,10 +23,9 @@ typedef struct arena_convert_opts {
 	void (*progress)(void *ctx, uint64_t done, uint64_t total);
 	void *progress_ctx;
 	volatile sig_atomic_t *cancel; /* non-zero: stop with CANCELLED */
-	/* Fill a non-"none" component's bytes [off, off+len) into dst (quantized
-	 * schemes); NULL when the plan has only "none" tensors. */
-	int (*fill)(void *ctx, const arena_tensor *t, uint32_t comp, uint64_t off, uint64_t len, uint8_t *dst);
-	void *fill_ctx;
+	/* Quantization (loader/quant_select.h). Compressed-tensors pairs in the
+	 * input are recognized whatever this says. plan.choose must be NULL. */
+	arena_quant_opts quant;
 } arena_convert_opts;
 
 /* Summary of a finished conversion. */

@@ -128,6 +128,17 @@ static int match_user(const regex_t *re, size_t n, const char *name, size_t *cle
 	return 0;
 }
 
+void arena_plan_plain(const arena_st_tensor *src, arena_tensor *t)
+{
+	strcpy(t->scheme, "none");
+	t->n_comp = 1;
+	strcpy(t->comp[0].name, "data");
+	t->comp[0].dtype = src->dtype;
+	t->comp[0].rank = src->rank;
+	memcpy(t->comp[0].shape, src->shape, src->rank * sizeof(uint64_t));
+	t->comp[0].bytes = src->nbytes;
+}
+
 static char *block_name(const key *k)
 {
 	if (!k->container)
@@ -248,17 +259,11 @@ int arena_plan_build(const arena_ckpt *ck, const arena_plan_opts *opts, arena_la
 		t->src = src;
 		int skip = 0;
 		if (o->choose) {
-			rc = o->choose(o->choose_ctx, src, ck, t, &skip);
+			rc = o->choose(o->choose_ctx, src, ck, &l->blocks[b], t, &skip);
 			if (rc)
 				goto out;
 		} else {
-			strcpy(t->scheme, "none");
-			t->n_comp = 1;
-			strcpy(t->comp[0].name, "data");
-			t->comp[0].dtype = src->dtype;
-			t->comp[0].rank = src->rank;
-			memcpy(t->comp[0].shape, src->shape, src->rank * sizeof(uint64_t));
-			t->comp[0].bytes = src->nbytes;
+			arena_plan_plain(src, t);
 		}
 		if (skip) { /* folded into another tensor (e.g. a compressed-tensors scale) */
 			arena_free(t->name);

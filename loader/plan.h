@@ -30,9 +30,12 @@ typedef struct arena_plan_opts {
 	const char *const *order;    /* container names in execution order */
 	size_t n_order;
 	/* Storage scheme chooser (quantization). NULL = every tensor "none".
-	 * Called once per tensor; returns 0 and fills t's scheme and components
-	 * (bytes set, offsets left to placement), or a negative error. */
-	int (*choose)(void *ctx, const arena_st_tensor *src, const arena_ckpt *ck, arena_tensor *t, int *skip);
+	 * Called once per tensor with its block (container NULL = globals);
+	 * returns 0 and fills t's scheme and components (bytes set, offsets left
+	 * to placement), or sets *skip when the tensor is folded into another
+	 * (a compressed-tensors scale), or returns a negative error. */
+	int (*choose)(void *ctx, const arena_st_tensor *src, const arena_ckpt *ck, const arena_block *blk,
+		      arena_tensor *t, int *skip);
 	void *choose_ctx;
 } arena_plan_opts;
 
@@ -40,6 +43,9 @@ typedef struct arena_plan_opts {
  * tensors point at their sources (t->src) in `ck`, which must outlive it.
  * Errors: PLAN_BAD_PATTERN, PLAN_BAD_ORDER, PLAN_EMPTY, NOMEM. */
 int arena_plan_build(const arena_ckpt *ck, const arena_plan_opts *opts, arena_layout **out);
+
+/* Describe src stored as it is: scheme "none", one component "data". */
+void arena_plan_plain(const arena_st_tensor *src, arena_tensor *t);
 
 /* The block a tensor name falls in under the built-in patterns: writes the
  * container (length *clen from name's start) and index (-1 for a single

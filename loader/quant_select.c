@@ -1,0 +1,170 @@
+/* quant_select.c - tensor selection for --quant and the convert glue (see quant_select.h). */
+#include "quant_select.h"
+
+#include <fnmatch.h>
+#include <string.h>
+
+#include "../common/alloc.h"
+#include "../common/err.h"
+
+int arena_quant_default_selects(const char *name, arena_dtype dt, uint32_t rank, int in_block)
+{
+	size_t n = strlen(name);
+	if (!in_block || rank != 2 || !arena_dtype_is_float(dt) || n < 8 || strcmp(name + n - 7, ".weight"))
+		return 0;
+	/* The module segment just before ".weight". */
+	const char *end = name + n - 7, *seg = end;
+	while (seg > name && seg[-1] != '.')
+		seg--;
+	char mod[128];
+	size_t len = (size_t)(end - seg) < sizeof(mod) - 1 ? (size_t)(end - seg) : sizeof(mod) - 1;
+	memcpy(mod, seg, len);
+	mod[len] = '\0';
+	return !strstr(mod, "norm") && !strstr(mod, "embed");
+}
+
+static int glob_hit(const char *const *globs, size_t n, const char *name, unsigned char *used, size_t *which)
+{
+	int hit = 0;
+	for (size_t i = 0; i < n; i++)
+		if (fnmatch(globs[i], name, 0) == 0) {
+			if (!hit)
+				*which = i;
+			hit = 1;
+			used[i] = 1;
+		}
+	return hit;
+}
+
+static int choose(void *arg, const arena_st_tensor *src, const arena_ckpt *ck, const arena_block *blk,
+		  arena_tensor *t, int *skip)
+{
+	arena_quant_ctx *c = arg;
+	const arena_quant_opts *o = c->o;
+	arena_quant_plan p;
+	int rc;
+	if (arena_quant_ct_is_scale(ck, src->name)) {
+		*skip = 1;
+		return 0;
+	}
+	const arena_st_tensor *scale = NULL;
+	arena_quant_scheme pre = arena_quant_ct_match(ck, src->name, &scale, NULL);
+	if (pre != ARENA_QUANT_NONE) {
+		if ((rc = arena_quant_plan_prequant(&p, pre, src->rank, src->shape, src->name)))
+			return rc;
+		return arena_quant_describe(&p, t);
+	}
+	size_t inc = 0, exc = 0;
+	int in = glob_hit(o->include, o->n_include, src->name, c->inc_used, &inc);
+	int ex = glob_hit(o->exclude, o->n_exclude, src->name, c->exc_used, &exc);
+	if (in && ex)
+		return arena_errorf(ARENA_E_USAGE, "tensor '%s' matches --quant-include '%s' and --quant-exclude '%s'",
+				    arena_q(src->name), arena_q(o->include[inc]), arena_q(o->exclude[exc]));
+	int sel = c->scheme != ARENA_QUANT_NONE &&
+		  (in || (!ex && arena_quant_default_selects(src->name, src->dtype, src->rank, blk->container != NULL)));
+	if (!sel) {
+		arena_plan_plain(src, t);
+		return 0;
+	}
+	if ((rc = arena_quant_plan_init(&p, c->scheme, src->dtype, src->rank, src->shape, src->name)))
+		return rc;
+	return arena_quant_describe(&p, t);
+}
+
+int arena_quant_select_init(arena_quant_ctx *c, const arena_quant_opts *qo, arena_plan_opts *po)
+{
+	memset(c, 0, sizeof(*c));
+	c->o = qo;
+	c->scheme = ARENA_QUANT_NONE;
+	if (qo->scheme) {
+		int rc = arena_quant_from_name(qo->scheme, &c->scheme);
+		if (rc)
+			return rc;
+	}
+	if (c->scheme == ARENA_QUANT_NONE && qo->n_include)
+		return arena_errorf(ARENA_E_USAGE, "--quant-include '%s' needs --quant SCHEME", arena_q(qo->include[0]));
+	for (size_t i = 0; i < qo->n_include; i++)
+		for (size_t k = 0; k < qo->n_exclude; k++)
+			if (!strcmp(qo->include[i], qo->exclude[k]))
+				return arena_errorf(ARENA_E_USAGE, "'%s' is both --quant-include and --quant-exclude",
+						    arena_q(qo->include[i]));
+	c->inc_used = arena_calloc(qo->n_include + 1, 1);
+	c->exc_used = arena_calloc(qo->n_exclude + 1, 1);
+	if (!c->inc_used || !c->exc_used) {
+		arena_quant_select_free(c);
+		return arena_errorf(ARENA_E_NOMEM, "out of memory");
+	}
+	po->choose = choose;
+	po->choose_ctx = c;
+	return 0;
+}
+
+int arena_quant_select_finish(arena_quant_ctx *c)
+{
+	int rc = 0;
+	for (size_t i = 0; !rc && i < c->o->n_include; i++)
+		if (!c->inc_used[i])
+			rc = arena_errorf(ARENA_E_USAGE, "--quant-include '%s' matches no tensor", arena_q(c->o->include[i]));
+	for (size_t i = 0; !rc && i < c->o->n_exclude; i++)
+		if (!c->exc_used[i])
+			rc = arena_errorf(ARENA_E_USAGE, "--quant-exclude '%s' matches no tensor", arena_q(c->o->exclude[i]));
+	arena_quant_select_free(c);
+	return rc;
+}
+
+void arena_quant_select_free(arena_quant_ctx *c)
+{
+	arena_free(c->inc_used);
+	arena_free(c->exc_used);
+	c->inc_used = c->exc_used = NULL;
+}
+
+int arena_quant_state_init(arena_quant_state *qs, const arena_layout *l, const arena_ckpt *ck)
+{
+	memset(qs, 0, sizeof(*qs));
+	qs->n = l->n_tensors;
+	qs->plans = arena_calloc(l->n_tensors, sizeof(*qs->plans));
+	qs->in = arena_calloc(l->n_tensors, sizeof(*qs->in));
+	if (!qs->plans || !qs->in) {
+		arena_quant_state_free(qs);
+		return arena_errorf(ARENA_E_NOMEM, "out of memory");
+	}
+	for (size_t i = 0; i < l->n_tensors; i++) {
+		const arena_tensor *t = &l->tensors[i];
+		if (!strcmp(t->scheme, "none"))
+			continue;
+		const arena_st_tensor *src = t->src;
+		int rc = arena_quant_plan_from_tensor(t, &qs->plans[i]);
+		if (!rc && qs->plans[i].prequantized) {
+			const arena_st_tensor *scale = NULL;
+			arena_quant_ct_match(ck, src->name, &scale, NULL);
+			if (!scale)
+				rc = arena_errorf(ARENA_E_INTERNAL, "tensor '%s': lost its scale", arena_q(t->name));
+			else
+				qs->in[i].scale = arena_st_data(scale), qs->in[i].scale_dtype = scale->dtype;
+		}
+		qs->in[i].data = arena_st_data(src);
+		if (!rc)
+			rc = arena_quant_scan(&qs->plans[i], &qs->in[i], 0);
+		if (rc) {
+			arena_quant_state_free(qs);
+			return rc;
+		}
+	}
+	return 0;
+}
+
+void arena_quant_state_free(arena_quant_state *qs)
+{
+	arena_free(qs->plans);
+	arena_free(qs->in);
+	qs->plans = NULL;
+	qs->in = NULL;
+}
+
+int arena_quant_state_fill(arena_quant_state *qs, const arena_layout *l, const arena_tensor *t, uint32_t comp,
+			   uint64_t off, uint64_t len, uint8_t *dst)
+{
+	size_t i = (size_t)(t - l->tensors);
+	return arena_quant_fill(&qs->plans[i], &qs->in[i], comp, off, len, dst);
+}
