@@ -30,8 +30,14 @@ set -e
 "$A" export -q "$T/llama.arena" -o "$T/llama.safetensors"
 "$A" convert -q "$REF/dtypes.safetensors" -o "$T/dtypes.arena"
 "$A" export -q "$T/dtypes.arena" -o "$T/dtypes.safetensors"
+"$A" convert -q "$REF/tiny_flux.safetensors" --quant fp8-e4m3-row -o "$T/flux-q.arena"
+"$A" verify "$T/flux-q.arena" >/dev/null
+"$A" export -q "$T/flux-q.arena" -o "$T/flux-q.safetensors"
 set +e
+"$V/bin/python" tests/python/check_quant.py "$REF/tiny_flux.safetensors" "$T/flux-q.safetensors" 40
+q=$?
 "$V/bin/python" tests/python/check_export.py \
 	"$REF/tiny_flux.safetensors" "$T/flux.safetensors" \
 	"$REF/tiny_llama_sharded" "$T/llama.safetensors" \
 	"$REF/dtypes.safetensors" "$T/dtypes.safetensors"
+[ $? = 0 ] && [ $q = 0 ]
