@@ -12,8 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
-#include <xxhash.h>
+#include "../common/hash.h"
 
 #include "../common/alloc.h"
 #include "../common/err.h"
@@ -86,7 +85,7 @@ void arena_img_header_encode(const arena_img_header *h, uint8_t page[ARENA_IMG_H
 	put64(page + 80, h->data_length);
 	put64(page + 88, h->chunk_size);
 	put64(page + 96, h->chunk_count);
-	put64(page + HDR_HASH_AT, XXH3_64bits(page, HDR_HASH_AT));
+	put64(page + HDR_HASH_AT, arena_xxh3(page, HDR_HASH_AT));
 }
 
 void arena_img_chunk_encode(const arena_img_chunk *c, uint8_t out[ARENA_IMG_CHUNK_ENTRY])
@@ -108,7 +107,7 @@ int arena_img_header_decode(const uint8_t page[ARENA_IMG_HEADER_SIZE], uint64_t 
 				    label, (unsigned long long)real_size);
 	if (memcmp(page, ARENA_IMG_MAGIC, 8) != 0)
 		return arena_errorf(E(IMG_MAGIC), "%s: not an arena image (magic is not \"ARENAIMG\")", label);
-	uint64_t want = get64(page + HDR_HASH_AT), got = XXH3_64bits(page, HDR_HASH_AT);
+	uint64_t want = get64(page + HDR_HASH_AT), got = arena_xxh3(page, HDR_HASH_AT);
 	if (want != got)
 		return arena_errorf(E(IMG_HEADER_CHECKSUM), "%s: header checksum is %016llx, header says %016llx",
 				    label, (unsigned long long)got, (unsigned long long)want);
@@ -521,7 +520,7 @@ static int read_chunk_table(arena_image *img)
 	}
 	if ((rc = arena_pread_full(img->fd, buf, h->chunk_table_length, h->chunk_table_offset, img->path)))
 		goto out;
-	uint64_t got = XXH3_64bits(buf, h->chunk_table_length);
+	uint64_t got = arena_xxh3(buf, h->chunk_table_length);
 	if (got != h->chunk_table_xxh3) {
 		rc = arena_errorf(E(IMG_CHUNK_TABLE_CHECKSUM), "%s: chunk table checksum is %016llx, header says %016llx",
 				  img->path, (unsigned long long)got, (unsigned long long)h->chunk_table_xxh3);
@@ -616,7 +615,7 @@ int arena_img_open(const char *path, arena_image **out)
 	}
 	if ((rc = arena_pread_full(img->fd, mtext, img->hdr.manifest_length, img->hdr.manifest_offset, path)))
 		goto out;
-	uint64_t got = XXH3_64bits(mtext, img->hdr.manifest_length);
+	uint64_t got = arena_xxh3(mtext, img->hdr.manifest_length);
 	if (got != img->hdr.manifest_xxh3) {
 		rc = arena_errorf(E(IMG_MANIFEST_CHECKSUM), "%s: manifest checksum is %016llx, header says %016llx", path,
 				  (unsigned long long)got, (unsigned long long)img->hdr.manifest_xxh3);
@@ -680,13 +679,13 @@ static void *verify_worker(void *arg)
 			break;
 		const arena_img_chunk *c = &j->img->chunks[i];
 		/* Read and hash in L2-sized pieces so the hash reads cached bytes. */
-		XXH3_state_t st;
-		XXH3_64bits_reset(&st);
+		arena_hash st;
+		arena_hash_reset(&st);
 		int rc = 0;
 		for (uint64_t done = 0; done < c->stored_length && !rc;) {
 			uint64_t n = c->stored_length - done < VERIFY_PIECE ? c->stored_length - done : VERIFY_PIECE;
 			rc = arena_pread_full(j->img->fd, buf, n, h->data_offset + c->offset + done, j->img->path);
-			XXH3_64bits_update(&st, buf, n);
+			arena_hash_update(&st, buf, n);
 			done += n;
 		}
 		if (rc) {
@@ -697,7 +696,7 @@ static void *verify_worker(void *arg)
 			pthread_mutex_unlock(&j->lock);
 			break;
 		}
-		j->got[i] = XXH3_64bits_digest(&st);
+		j->got[i] = arena_hash_digest(&st);
 		j->bad[i] = j->got[i] != c->xxh3;
 	}
 	arena_free(buf);

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-#include <xxhash.h>
+#include "../common/hash.h"
 
 #include "../common/alloc.h"
 #include "../common/err.h"
@@ -114,7 +114,7 @@ static void *worker(void *arg)
 			j->chunks[i] = (arena_img_chunk){.offset = c0,
 							 .stored_length = (uint32_t)len,
 							 .raw_length = (uint32_t)len,
-							 .xxh3 = XXH3_64bits(buf, len)};
+							 .xxh3 = arena_xxh3(buf, len)};
 			rc = arena_outfile_pwrite(j->out, buf, len, h->data_offset + c0);
 		}
 		if (rc) {
@@ -268,8 +268,8 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 	}
 	for (uint64_t i = 0; i < h.chunk_count; i++)
 		arena_img_chunk_encode(&j.chunks[i], table + i * ARENA_IMG_CHUNK_ENTRY);
-	h.chunk_table_xxh3 = XXH3_64bits(table, h.chunk_table_length);
-	h.manifest_xxh3 = XXH3_64bits(manifest, mlen);
+	h.chunk_table_xxh3 = arena_xxh3(table, h.chunk_table_length);
+	h.manifest_xxh3 = arena_xxh3(manifest, mlen);
 	rc = arena_outfile_pwrite(of, table, h.chunk_table_length, h.chunk_table_offset);
 	arena_free(table);
 	if (rc || (rc = arena_outfile_pwrite(of, manifest, mlen, h.manifest_offset)))

@@ -13,8 +13,7 @@
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
-#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
-#include <xxhash.h>
+#include "../common/hash.h"
 
 #include "../common/alloc.h"
 #include "../common/err.h"
@@ -152,7 +151,7 @@ static int scatter(loader *L, worker *w, const piece *p, const uint8_t *slot, ui
 /* ---- one piece --------------------------------------------------------------- */
 
 typedef struct hasher {
-	XXH3_state_t st;
+	arena_hash st;
 	uint64_t chunk;   /* current chunk index */
 	uint64_t in_chunk;
 } hasher;
@@ -169,11 +168,11 @@ static int feed(loader *L, worker *w, const piece *p, const uint8_t *slot, hashe
 		uint64_t n = c->raw_length - h->in_chunk;
 		if (n > z - a)
 			n = z - a;
-		XXH3_64bits_update(&h->st, slot + (a - p->off), (size_t)n);
+		arena_hash_update(&h->st, slot + (a - p->off), (size_t)n);
 		h->in_chunk += n;
 		a += n;
 		if (h->in_chunk == c->raw_length) {
-			uint64_t got = XXH3_64bits_digest(&h->st);
+			uint64_t got = arena_hash_digest(&h->st);
 			uint64_t c0 = hd->data_offset + c->offset;
 			if (got != c->xxh3) {
 				char what[512];
@@ -188,7 +187,7 @@ static int feed(loader *L, worker *w, const piece *p, const uint8_t *slot, hashe
 				return rc;
 			h->chunk++;
 			h->in_chunk = 0;
-			XXH3_64bits_reset(&h->st);
+			arena_hash_reset(&h->st);
 		}
 	}
 	return 0;
@@ -202,7 +201,7 @@ static int do_piece(loader *L, worker *w, const piece *p, uint8_t *slot)
 	int io = L->o->io;
 	int direct = io == ARENA_IO_DIRECT && f->dfd >= 0;
 	hasher h;
-	XXH3_64bits_reset(&h.st);
+	arena_hash_reset(&h.st);
 	h.chunk = p->chunk0;
 	h.in_chunk = 0;
 	uint64_t pos = 0, end = p->off + p->len > f->size ? f->size - p->off : p->len;
