@@ -1,0 +1,67 @@
+#!/bin/sh
+# gpu_load.sh - issue 5's measurements on the GPU machine, one run each, all
+# limits measured in the same run. Writes JSON and a log under OUT.
+# usage: OUT=dir A=path/to/arena sh bench/gpu_load.sh [WORKDIR]
+# Needs: a CUDA device, python3 with torch + safetensors (for the side-by-side),
+# ~50 GB free in WORKDIR, root for the cold-cache run (drop_caches).
+set -u
+A=${A:-build/arena}
+OUT=${OUT:-/tmp/arena-bench-out}
+W=${1:-/tmp/arena-bench}
+mkdir -p "$W" "$OUT"
+log() { echo "== $*" | tee -a "$OUT/log.txt"; }
+run() { log "$*"; "$@" 2>&1 | tee -a "$OUT/log.txt"; }
+log "$(date -u) $(nproc) cores; $(free -g | awk '/Mem/{print $2" GiB RAM"}'); $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null)"
+df -h "$W" | tee -a "$OUT/log.txt"
+ST=$W/flux-dev.safetensors
+IMG=$W/flux-dev.arena
+[ -f "$ST" ] || run "$A" synth --layout flux-dev -o "$ST"
+[ -f "$IMG" ] || { log convert; /usr/bin/time -f "convert %e s" "$A" convert "$ST" -o "$IMG" 2>&1 | tee -a "$OUT/log.txt"; }
+
+# Warm page cache: both files read once.
+cat "$IMG" >/dev/null
+for i in 1 2 3; do
+	log "warm load $i"
+	"$A" load "$IMG" --backend cuda --json >"$OUT/load_warm_$i.json" 2>>"$OUT/log.txt"
+	cat "$OUT/load_warm_$i.json" >>"$OUT/log.txt"
+done
+cat "$ST" >/dev/null
+log "python safetensors load_file(device=cuda), warm"
+python3 - "$ST" >"$OUT/python_warm.json" 2>>"$OUT/log.txt" <<'PY'
+import json, sys, time
+import torch
+from safetensors.torch import load_file
+torch.cuda.init(); torch.zeros(1, device="cuda"); torch.cuda.synchronize()
+times = []
+for _ in range(2):
+    t = time.perf_counter(); d = load_file(sys.argv[1], device="cuda"); torch.cuda.synchronize()
+    times.append(time.perf_counter() - t)
+    n = sum(v.numel() * v.element_size() for v in d.values()); del d; torch.cuda.empty_cache()
+print(json.dumps({"seconds": times, "bytes": n, "gbps": [n / s / 1e9 for s in times]}))
+PY
+cat "$OUT/python_warm.json" | tee -a "$OUT/log.txt"
+cat "$ST" >/dev/null
+for i in 1 2; do
+	log "warm safetensors destination-first $i"
+	"$A" load "$ST" --backend cuda --json >"$OUT/load_st_warm_$i.json" 2>>"$OUT/log.txt"
+	cat "$OUT/load_st_warm_$i.json" >>"$OUT/log.txt"
+done
+
+# Cold cache.
+sync
+if echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; then
+	log "cold load (caches dropped)"
+	"$A" load "$IMG" --backend cuda --json >"$OUT/load_cold.json" 2>>"$OUT/log.txt"
+	cat "$OUT/load_cold.json" >>"$OUT/log.txt"
+else
+	log "cannot drop caches: no cold run"
+fi
+
+# Differential: cuda and sim give the image's bytes.
+SM=$W/flux-small.arena
+"$A" synth --layout flux-dev --blocks 2 -o "$W/flux-small.safetensors" >/dev/null 2>&1
+"$A" convert -q "$W/flux-small.safetensors" -o "$SM" --chunk-size 1M
+run "$A" load "$SM" --backend cuda --check --no-probe
+run "$A" load "$SM" --backend sim --vram-cap 8G --check --no-probe
+run "$A" load "$SM" --backend cuda --check --no-probe --pin-budget 16M
+log done
