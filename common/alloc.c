@@ -11,6 +11,7 @@ static atomic_long fault_at;    /* 0 = disarmed */
 static atomic_long alloc_count; /* allocations since arming */
 static atomic_int fault_fired;
 static _Thread_local unsigned long failed_here;
+static atomic_long live; /* allocations not yet freed */
 
 static int should_fail(void)
 {
@@ -24,11 +25,19 @@ static int should_fail(void)
 	return 0;
 }
 
+/* Count a new block, or a failure. */
 static void *note(void *p)
 {
 	if (!p)
 		failed_here++;
+	else
+		atomic_fetch_add_explicit(&live, 1, memory_order_relaxed);
 	return p;
+}
+
+long arena_alloc_live(void)
+{
+	return atomic_load(&live);
 }
 
 unsigned long arena_alloc_failures(void)
@@ -54,7 +63,13 @@ void *arena_realloc(void *p, size_t n)
 {
 	if (should_fail())
 		return NULL;
-	return note(realloc(p, n ? n : 1));
+	if (p) {
+		void *q = realloc(p, n ? n : 1);
+		if (!q)
+			failed_here++;
+		return q;
+	}
+	return note(realloc(NULL, n ? n : 1));
 }
 
 char *arena_strdup(const char *s)
@@ -68,6 +83,8 @@ char *arena_strdup(const char *s)
 
 void arena_free(void *p)
 {
+	if (p)
+		atomic_fetch_sub_explicit(&live, 1, memory_order_relaxed);
 	free(p);
 }
 

@@ -36,6 +36,11 @@ unsigned long arena_json_parse_begin(void);
 /* Nonzero if an allocation failed (real or injected) since `mark`. */
 int arena_json_parse_end(unsigned long mark);
 
+/* Blocks allocated through these functions (and jansson's, after
+ * arena_alloc_init) and not yet freed, all threads together. Tests compare
+ * it before and after an operation to find leaks without a leak checker. */
+long arena_alloc_live(void);
+
 /* Route jansson's allocations through arena_malloc/arena_free. Idempotent,
  * thread-safe; called by every entry point that parses JSON. */
 void arena_alloc_init(void);

@@ -22,6 +22,24 @@
 
 #define MAX_ALLOCS 1000000L
 
+/* Leaks: after every N the library's count of live blocks must be back
+ * where it was (this names the N that leaks, with or without ASan); under
+ * ASan, LeakSanitizer also looks once at the end of each loop (Criterion
+ * does not fail a test for what LeakSanitizer reports at the process's exit). */
+#if defined(__SANITIZE_ADDRESS__)
+#define HAVE_LSAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define HAVE_LSAN 1
+#endif
+#endif
+#ifdef HAVE_LSAN
+#include <sanitizer/lsan_interface.h>
+#define leaked() __lsan_do_recoverable_leak_check()
+#else
+#define leaked() 0
+#endif
+
 static void disarm(void)
 {
 	arena_fault_alloc(0);
@@ -86,6 +104,7 @@ static int ckpt_open_close(const void *arg)
 static long fault_loop(const char *what, open_fn fn, const void *arg, int clean_rc)
 {
 	int fds = open_fds();
+	long live = arena_alloc_live();
 	for (long n = 1; n < MAX_ALLOCS; n++) {
 		arena_fault_alloc(n);
 		int rc = fn(arg);
@@ -93,7 +112,10 @@ static long fault_loop(const char *what, open_fn fn, const void *arg, int clean_
 		long count = arena_fault_alloc_count();
 		arena_fault_alloc(0);
 		cr_assert_eq(open_fds(), fds, "%s: allocation %ld failing leaks a file descriptor", what, n);
+		cr_assert_eq(arena_alloc_live(), live, "%s: allocation %ld failing leaks %ld blocks", what, n,
+			     arena_alloc_live() - live);
 		if (!fired) {
+			cr_assert(!leaked(), "%s: memory leaked (LeakSanitizer report above)", what);
 			cr_assert_eq(rc, clean_rc, "%s: clean run gave %s (%s), want %s", what, arena_err_name(rc),
 				     arena_last_error(), arena_err_name(clean_rc));
 			cr_assert_lt(count, n, "%s: %ld allocations but the fault at %ld did not fire", what, count,
@@ -284,6 +306,7 @@ static int write_out_arg(const void *arg)
 
 Test(fault_out, alloc_fault)
 {
+	long live = arena_alloc_live();
 	for (long n = 1; n < 1000; n++) {
 		arena_fault_alloc(n);
 		int rc = write_out_arg(NULL);
@@ -292,9 +315,13 @@ Test(fault_out, alloc_fault)
 		if (!fired) {
 			cr_assert_eq(rc, 0, "%s", arena_last_error());
 			cr_assert_eq(count_entries(tmp), 1);
+			cr_assert_eq(arena_alloc_live(), live);
+			cr_assert(!leaked(), "memory leaked (LeakSanitizer report above)");
 			return;
 		}
 		cr_assert_eq(rc, ARENA_E_NOMEM, "allocation %ld failing gave %s", n, arena_err_name(rc));
+		cr_assert_eq(arena_alloc_live(), live, "allocation %ld failing leaks %ld blocks", n,
+			     arena_alloc_live() - live);
 		cr_assert_eq(count_entries(tmp), 0, "allocation %ld failing left a file behind", n);
 	}
 	cr_assert_fail("too many allocations");
