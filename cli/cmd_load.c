@@ -7,12 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#define XXH_STATIC_LINKING_ONLY
-#include <xxhash.h>
 
 #include "../arena/probe.h"
 #include "../common/alloc.h"
 #include "../common/err.h"
+#include "../common/hash.h"
 #include "../common/io.h"
 #include "../formats/image.h"
 #include "../loader/load.h"
@@ -272,6 +271,10 @@ int cmd_load(int argc, char **argv)
 				      "buffered_bytes", (json_int_t)(st.file_bytes - st.direct_bytes), "peak_rss",
 				      (json_int_t)rss);
 		json_object_set_new(o, "check", check ? json_boolean(ok) : json_null());
+		json_object_set_new(o, "phases",
+				    json_pack("{s:f,s:f,s:f,s:f,s:f}", "open", st.t_open, "ring", st.t_ring, "prepare",
+					      st.t_prepare, "populate", st.t_populate, "commit", st.t_commit));
+		json_object_set_new(o, "hash_isa", json_string(arena_hash_isa()));
 		json_object_set_new(o, "limits",
 				    probe ? json_pack("{s:f,s:f,s:s}", "h2d_gbps", h2d, "read_gbps", rd, "read_mode",
 						      direct_mode ? "direct" : "buffered")

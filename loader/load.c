@@ -59,6 +59,7 @@ typedef struct loader {
 	uint64_t ring_len, slot;
 	unsigned spt, threads;
 	int ring_pinned;
+	double t_open, t_ring, t_prepare, t_populate, t_commit, t_mark;
 	atomic_size_t next;
 	atomic_int rc;
 	atomic_uint_fast64_t file_bytes, direct_bytes;
@@ -303,7 +304,16 @@ static int ring_setup(loader *L, uint64_t min_slot)
 	arena_error_clear();
 	L->slot = slot, L->spt = spt, L->threads = thr;
 	L->ring_len = (uint64_t)thr * spt * slot;
-	void *p = mmap(NULL, L->ring_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+	void *p = mmap(NULL, L->ring_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p != MAP_FAILED) {
+		/* Huge pages where the kernel allows them: fewer TLB misses for
+		 * the readers' copies; then fault everything in before pinning. */
+		madvise(p, L->ring_len, MADV_HUGEPAGE);
+#ifdef MADV_POPULATE_WRITE
+		if (madvise(p, L->ring_len, MADV_POPULATE_WRITE))
+#endif
+			memset(p, 0, L->ring_len);
+	}
 	if (p == MAP_FAILED) {
 		if (L->ring_pinned)
 			arena_pin_budget_give(b, L->ring_len);
@@ -386,6 +396,8 @@ static int run(loader *L, arena_model **out, arena_load_stats *st, double t0)
 			if ((rc = be->ops->event_create(be, &w[i].ev[k])))
 				goto out;
 	}
+	L->t_prepare = now() - L->t_mark;
+	L->t_mark = now();
 	for (; started < L->threads; started++)
 		if (pthread_create(&tid[started], NULL, worker_main, &w[started]))
 			break;
@@ -404,7 +416,10 @@ static int run(loader *L, arena_model **out, arena_load_stats *st, double t0)
 		rc = arena_errorf(ARENA_E_CANCELLED, "load cancelled");
 		goto out;
 	}
+	L->t_populate = now() - L->t_mark;
+	L->t_mark = now();
 	rc = arena_model_commit(L->m);
+	L->t_commit = now() - L->t_mark;
 out:
 	for (unsigned i = 0; w && i < L->threads; i++) {
 		for (unsigned k = 0; w[i].ev && k < L->spt; k++)
@@ -427,6 +442,11 @@ out:
 		st->ring_pinned = L->ring_pinned;
 		st->threads = L->threads;
 		st->seconds = now() - t0;
+		st->t_open = L->t_open;
+		st->t_ring = L->t_ring;
+		st->t_prepare = L->t_prepare;
+		st->t_populate = L->t_populate;
+		st->t_commit = L->t_commit;
 	}
 	if (rc) {
 		arena_model_free(L->m);
@@ -471,6 +491,8 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 	if (rc)
 		return rc;
 	L.img = img;
+	L.t_open = now() - t0;
+	L.t_mark = now();
 	const arena_img_header *h = &img->hdr;
 	/* Slots hold whole chunks; the ring is sized (within the budget) first. */
 	L.slot = arena_align_up(L.slot, h->chunk_size);
@@ -478,6 +500,8 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 		L.threads = h->chunk_count ? (unsigned)h->chunk_count : 1;
 	if ((rc = ring_setup(&L, h->chunk_size)))
 		goto fail;
+	L.t_ring = now() - L.t_mark;
+	L.t_mark = now();
 	uint64_t per = L.slot / h->chunk_size;
 	L.n_pieces = (size_t)((h->chunk_count + per - 1) / per);
 	L.files = arena_calloc(1, sizeof(*L.files));
@@ -540,6 +564,8 @@ int arena_load_safetensors(const char *const *inputs, size_t n, const arena_plan
 		return rc;
 	if ((rc = arena_plan_build(ck, plan, &lay)))
 		goto fail;
+	L.t_open = now() - t0;
+	L.t_mark = now();
 	for (size_t i = 0; i < lay->n_tensors; i++)
 		if (strcmp(lay->tensors[i].scheme, "none")) {
 			rc = arena_errorf(ARENA_E_USAGE, "tensor '%s': scheme '%s' is not loadable from safetensors yet",
@@ -548,6 +574,8 @@ int arena_load_safetensors(const char *const *inputs, size_t n, const arena_plan
 		}
 	if ((rc = ring_setup(&L, 1u << 20)))
 		goto fail;
+	L.t_ring = now() - L.t_mark;
+	L.t_mark = now();
 	L.n_files = ck->n_files;
 	L.files = arena_calloc(ck->n_files, sizeof(*L.files));
 	L.segs = arena_calloc(lay->n_tensors, sizeof(*L.segs));

@@ -48,6 +48,9 @@ typedef struct arena_load_stats {
 	int ring_pinned;
 	unsigned threads;
 	double seconds;           /* open to commit */
+	/* Where the time went: open and check the file, size and pin the ring,
+	 * allocate device memory and host slabs, read+check+copy, commit. */
+	double t_open, t_ring, t_prepare, t_populate, t_commit;
 } arena_load_stats;
 
 /* Load the image at `path`. On success *out owns the model. `st` may be NULL. */

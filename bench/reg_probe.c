@@ -1,0 +1,105 @@
+/* reg_probe.c - can the GPU copy straight from the page cache? Registers
+ * pieces of a read-only file mapping with cudaHostRegister(ReadOnly) from T
+ * threads, copies each to the device while the CPU hashes it, unregisters.
+ * Prints one JSON line per thread count: registration rate, end-to-end rate.
+ * usage: reg_probe FILE [PIECE_MIB]  (run on the GPU machine, warm cache) */
+#include <cuda_runtime_api.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../common/hash.h"
+
+static double now(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+typedef struct job {
+	uint8_t *map;
+	uint64_t size, piece;
+	uint8_t *dev;
+	atomic_uint_fast64_t next;
+	_Atomic double reg_s;
+	atomic_int err;
+	int hash;
+} job;
+
+static void *worker(void *arg)
+{
+	job *j = arg;
+	cudaStream_t s;
+	cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+	double reg = 0;
+	uint64_t sum = 0;
+	for (;;) {
+		uint64_t off = atomic_fetch_add(&j->next, j->piece);
+		if (off >= j->size)
+			break;
+		uint64_t n = j->size - off < j->piece ? j->size - off : j->piece;
+		double t0 = now();
+		cudaError_t e = cudaHostRegister(j->map + off, n, cudaHostRegisterReadOnly);
+		reg += now() - t0;
+		if (e != cudaSuccess) {
+			fprintf(stderr, "register: %s\n", cudaGetErrorString(e));
+			atomic_store(&j->err, 1);
+			break;
+		}
+		cudaMemcpyAsync(j->dev + off, j->map + off, n, cudaMemcpyHostToDevice, s);
+		if (j->hash)
+			sum += arena_xxh3(j->map + off, n);
+		cudaStreamSynchronize(s);
+		cudaHostUnregister(j->map + off);
+	}
+	(void)sum;
+	double cur = atomic_load(&j->reg_s);
+	while (!atomic_compare_exchange_weak(&j->reg_s, &cur, cur + reg))
+		;
+	cudaStreamDestroy(s);
+	return NULL;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2)
+		return 2;
+	int fd = open(argv[1], O_RDONLY);
+	struct stat st;
+	fstat(fd, &st);
+	uint64_t size = (uint64_t)st.st_size & ~(uint64_t)4095;
+	uint64_t piece = (argc > 2 ? strtoull(argv[2], NULL, 10) : 64) << 20;
+	uint8_t *dev;
+	if (cudaMalloc((void **)&dev, size) != cudaSuccess) {
+		fprintf(stderr, "cudaMalloc failed\n");
+		return 3;
+	}
+	int threads[] = {1, 4, 8, 16, 16};
+	for (int k = 0; k < 5; k++) {
+		uint8_t *map = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+		job j = {.map = map, .size = size, .piece = piece, .dev = dev, .hash = k == 4};
+		pthread_t tid[16];
+		double t0 = now();
+		for (int i = 0; i < threads[k]; i++)
+			pthread_create(&tid[i], NULL, worker, &j);
+		for (int i = 0; i < threads[k]; i++)
+			pthread_join(tid[i], NULL);
+		double t = now() - t0;
+		printf("{\"threads\": %d, \"piece_mib\": %llu, \"hash\": %d, \"ok\": %d, \"seconds\": %.3f, \"gbps\": %.2f, \"register_thread_seconds\": %.3f}\n",
+		       threads[k], (unsigned long long)(piece >> 20), j.hash, !atomic_load(&j.err), t, (double)size / t / 1e9,
+		       atomic_load(&j.reg_s));
+		fflush(stdout);
+		munmap(map, size);
+		if (atomic_load(&j.err))
+			break;
+	}
+	return 0;
+}
