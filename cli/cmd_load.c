@@ -36,6 +36,8 @@ const char cmd_load_usage[] =
 	"  --pin-budget SIZE   cap on pinned host memory (default: what the OS allows:\n"
 	"                      RLIMIT_MEMLOCK, MemAvailable, cgroup memory.max, minus a reserve)\n"
 	"  --threads N         reader threads (default: CPUs, at most 32)\n"
+	"  --slot-size SIZE    ring slot (read piece) size (default 16M; whole chunks)\n"
+	"  --slots N           ring slots per reader thread (default 2)\n"
 	"  --io auto|direct|buffered\n"
 	"                      auto (default): page-cache reads when the bytes are\n"
 	"                      cached, O_DIRECT when they are not\n"
@@ -96,13 +98,14 @@ static int check_device(const char *path, const arena_model *m, int is_image, in
 
 int cmd_load(int argc, char **argv)
 {
-	enum { O_BACKEND = 256, O_DEVICE, O_CAP, O_PIN, O_THREADS, O_IO, O_CHECK, O_NOPROBE, O_JSON };
+	enum { O_BACKEND = 256, O_DEVICE, O_CAP, O_PIN, O_THREADS, O_IO, O_CHECK, O_NOPROBE, O_JSON, O_SLOT, O_SLOTS };
 	static const struct option opts[] = {
 		{"backend", required_argument, NULL, O_BACKEND}, {"device", required_argument, NULL, O_DEVICE},
 		{"vram-cap", required_argument, NULL, O_CAP},    {"pin-budget", required_argument, NULL, O_PIN},
 		{"threads", required_argument, NULL, O_THREADS}, {"io", required_argument, NULL, O_IO},
 		{"check", no_argument, NULL, O_CHECK},           {"no-probe", no_argument, NULL, O_NOPROBE},
-		{"json", no_argument, NULL, O_JSON},             {NULL, 0, NULL, 0},
+		{"json", no_argument, NULL, O_JSON},             {"slot-size", required_argument, NULL, O_SLOT},
+		{"slots", required_argument, NULL, O_SLOTS},     {NULL, 0, NULL, 0},
 	};
 	const char *backend = NULL;
 	int device = 0, json = 0, check = 0, probe = 1, ch;
@@ -148,6 +151,17 @@ int cmd_load(int argc, char **argv)
 			if (lo.io == -2)
 				return cli_usage_error("load", "--io '%s': use auto, direct or buffered", optarg);
 			break;
+		case O_SLOT:
+			if (cli_parse_size(optarg, &lo.slot_bytes) || lo.slot_bytes < 4096)
+				return cli_usage_error("load", "--slot-size '%s' is not a size of 4K or more", optarg);
+			break;
+		case O_SLOTS: {
+			long n = strtol(optarg, &end, 10);
+			if (*end || n < 1 || n > 64)
+				return cli_usage_error("load", "--slots '%s' is not a number from 1 to 64", optarg);
+			lo.slots_per_thread = (unsigned)n;
+			break;
+		}
 		case O_CHECK:
 			check = 1;
 			break;

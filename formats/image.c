@@ -425,14 +425,18 @@ static int parse_manifest(arena_image *img, const char *text, size_t len)
 {
 	mctx m = {.label = img->path, .where = ""};
 	json_error_t jerr;
-	unsigned long oom = arena_alloc_failures();
+	unsigned long mark = arena_json_parse_begin();
 	json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+	int oom = arena_json_parse_end(mark);
 	if (!root) {
-		if (json_error_code(&jerr) == json_error_out_of_memory || arena_alloc_failures() != oom)
+		if (json_error_code(&jerr) == json_error_out_of_memory || oom)
 			return arena_errorf(ARENA_E_NOMEM, "%s: out of memory reading the manifest", img->path);
 		return mbad(&m, "not valid JSON at byte %d: %s", jerr.position, arena_q(jerr.text));
 	}
 	img->manifest = root;
+	/* A parse can also succeed, on altered text, after an allocation failed. */
+	if (oom)
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory reading the manifest", img->path);
 	json_t *fmt = json_object_get(root, "format"), *ver = json_object_get(root, "version");
 	if (!json_is_object(root) || !json_is_string(fmt) || strcmp(json_string_value(fmt), "arena-image"))
 		return mbad(&m, "\"format\" is not \"arena-image\"");

@@ -1,7 +1,8 @@
 #!/bin/sh
 # demo.sh - the main job on a bundled example: synth a small Flux-shaped
 # checkpoint, convert it to an arena image, verify it, inspect it, and export
-# it back to safetensors (identical bytes).
+# it back to safetensors (identical bytes), and load it into device memory
+# (the GPU when one is usable, else the low-VRAM simulator).
 # usage: sh scripts/demo.sh BUILD
 set -eu
 B=${1:-build}
@@ -15,6 +16,7 @@ step "$A" verify "$D/flux-tiny.arena"
 "$A" inspect "$D/flux-tiny.arena" > "$D/inspect.txt"
 printf '\n\033[1m$ %s\033[0m\n' "$A inspect $D/flux-tiny.arena | head -22"
 head -22 "$D/inspect.txt"
+step "$A" load "$D/flux-tiny.arena" --check --no-probe
 step "$A" export "$D/flux-tiny.arena" -o "$D/flux-tiny.roundtrip.safetensors"
 step cmp "$D/flux-tiny.safetensors" "$D/flux-tiny.roundtrip.safetensors"
 echo "demo: the round trip is byte-identical; files are in $D/"
