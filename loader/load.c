@@ -20,9 +20,10 @@
 #include "../common/io.h"
 #include "../formats/image.h"
 
-#define STEP (2u << 20)       /* buffered read size: hashed while in cache */
 #define DIRECT_ALIGN 4096u
-#define DEFAULT_SLOT (16u << 20)
+#define DEFAULT_SLOT (1u << 20)  /* a read: hashed while in cache, copied while in the LLC */
+#define DEFAULT_SPT 8u
+#define PIECE (16u << 20)        /* a unit of work (whole chunks for images) */
 
 typedef struct lsrc {
 	const char *path; /* borrowed */
@@ -58,7 +59,8 @@ typedef struct loader {
 	uint8_t *ring;
 	uint64_t ring_len, slot;
 	unsigned spt, threads;
-	int ring_pinned;
+	int ring_pinned;     /* the ring's bytes are taken from the pinned budget */
+	int ring_pinned_all; /* and every worker's share was registered */
 	double t_open, t_ring, t_prepare, t_populate, t_commit, t_mark;
 	atomic_size_t next;
 	atomic_int rc;
@@ -70,6 +72,9 @@ typedef struct loader {
 typedef struct worker {
 	loader *L;
 	unsigned id;
+	unsigned k;       /* slots used so far */
+	int registered;   /* its ring share is pinned */
+	int registered_once;
 	arena_stream *s;
 	arena_event **ev;
 } worker;
@@ -117,8 +122,10 @@ static int64_t read_some(const lsrc *f, int fd, uint8_t *buf, uint64_t n, uint64
 
 /* ---- scatter: slot bytes to device or host slabs --------------------------- */
 
-static int scatter(loader *L, worker *w, const piece *p, const uint8_t *slot, uint64_t a, uint64_t z)
+/* Bytes [a, z) of p's file are at buf: send each part to its slab. */
+static int scatter(loader *L, worker *w, const piece *p, const uint8_t *buf, uint64_t a, uint64_t z)
 {
+	const uint64_t a0 = a;
 	/* First seg of this file ending after a. */
 	size_t lo = 0, hi = L->n_segs;
 	while (lo < hi) {
@@ -136,7 +143,7 @@ static int scatter(loader *L, worker *w, const piece *p, const uint8_t *slot, ui
 		if (y <= x)
 			continue;
 		const arena_block_mem *bm = &L->m->mem[s->block];
-		const uint8_t *src = slot + (x - p->off);
+		const uint8_t *src = buf + (x - a0);
 		uint64_t d = s->dst + (x - s->foff);
 		if (bm->dev) {
 			int rc = be->ops->copy_h2d(be, (uint8_t *)bm->dev + d, src, y - x, w->s);
@@ -157,21 +164,22 @@ typedef struct hasher {
 	uint64_t in_chunk;
 } hasher;
 
-/* Feed piece bytes [a, z) (file offsets, in order) to the chunk checks and
- * scatter each chunk once it checks out (or every range, without an image). */
-static int feed(loader *L, worker *w, const piece *p, const uint8_t *slot, hasher *h, uint64_t a, uint64_t z)
+/* Feed file bytes [a, z) (in order, at buf) to the chunk checks. A chunk is
+ * checked when its last byte has been fed; its bytes may already be on their
+ * way to the device: a bad chunk fails the load, and nothing is committed. */
+static int check(loader *L, const uint8_t *buf, hasher *h, uint64_t a, uint64_t z)
 {
-	if (!L->img)
-		return scatter(L, w, p, slot, a, z);
 	const arena_img_header *hd = &L->img->hdr;
+	const uint8_t *q = buf;
 	while (a < z) {
 		const arena_img_chunk *c = &L->img->chunks[h->chunk];
 		uint64_t n = c->raw_length - h->in_chunk;
 		if (n > z - a)
 			n = z - a;
-		arena_hash_update(&h->st, slot + (a - p->off), (size_t)n);
+		arena_hash_update(&h->st, q, (size_t)n);
 		h->in_chunk += n;
 		a += n;
+		q += n;
 		if (h->in_chunk == c->raw_length) {
 			uint64_t got = arena_hash_digest(&h->st);
 			uint64_t c0 = hd->data_offset + c->offset;
@@ -183,9 +191,6 @@ static int feed(loader *L, worker *w, const piece *p, const uint8_t *slot, hashe
 						    ") checksum mismatch, caught while loading; it holds %s",
 						    L->img->path, h->chunk, c0, c0 + c->raw_length, what);
 			}
-			int rc = scatter(L, w, p, slot, c0, c0 + c->raw_length);
-			if (rc)
-				return rc;
 			h->chunk++;
 			h->in_chunk = 0;
 			arena_hash_reset(&h->st);
@@ -194,11 +199,21 @@ static int feed(loader *L, worker *w, const piece *p, const uint8_t *slot, hashe
 	return 0;
 }
 
-static int do_piece(loader *L, worker *w, const piece *p, uint8_t *slot)
+/* The worker's next ring slot, once the copies from its last use are done. */
+static int next_slot(loader *L, worker *w, uint8_t **buf, unsigned *si)
 {
-	if (p->len > L->slot)
-		ARENA_BUG("load: a piece is larger than a ring slot");
+	*si = w->k++ % L->spt;
+	*buf = L->ring + ((uint64_t)w->id * L->spt + *si) * L->slot;
+	return L->m->backend->ops->event_sync(L->m->backend, w->ev[*si]);
+}
+
+/* Read a piece slot by slot: each slot's bytes are read (from the page cache
+ * when they are there, O_DIRECT when not), checked while still in cache,
+ * copied on, and the slot's event recorded. */
+static int do_piece(loader *L, worker *w, const piece *p)
+{
 	const lsrc *f = &L->files[p->file];
+	arena_backend *be = L->m->backend;
 	int io = L->o->io;
 	int direct = io == ARENA_IO_DIRECT && f->dfd >= 0;
 	hasher h;
@@ -207,32 +222,60 @@ static int do_piece(loader *L, worker *w, const piece *p, uint8_t *slot)
 	h.in_chunk = 0;
 	uint64_t pos = 0, end = p->off + p->len > f->size ? f->size - p->off : p->len;
 	while (pos < end) {
-		int64_t r;
-		if (direct) {
-			/* The rest of the piece in one aligned read. */
-			uint64_t n = arena_align_up(p->len - pos, DIRECT_ALIGN);
-			r = read_some(f, f->dfd, slot + pos, n, p->off + pos, 0);
-			if (r >= 0)
-				atomic_fetch_add(&L->direct_bytes, (uint64_t)r);
-		} else {
-			uint64_t n = end - pos < STEP ? end - pos : STEP;
-			int nowait = io == ARENA_IO_AUTO && f->dfd >= 0;
-			r = read_some(f, f->fd, slot + pos, n, p->off + pos, nowait);
-			if (r >= 0 && nowait && (uint64_t)r < n) {
-				/* Not all in the page cache: the rest goes O_DIRECT. */
-				r &= ~(int64_t)(DIRECT_ALIGN - 1);
-				direct = 1;
+		uint8_t *buf;
+		unsigned si;
+		int rc = next_slot(L, w, &buf, &si);
+		if (rc)
+			return rc;
+		uint64_t n = end - pos < L->slot ? end - pos : L->slot, got = 0;
+		while (got < n) {
+			int64_t r;
+			if (direct) {
+				r = read_some(f, f->dfd, buf + got, arena_align_up(n - got, DIRECT_ALIGN), p->off + pos + got, 0);
+				if (r >= 0)
+					atomic_fetch_add(&L->direct_bytes, (uint64_t)r);
+			} else {
+				int nowait = io == ARENA_IO_AUTO && f->dfd >= 0;
+				r = read_some(f, f->fd, buf + got, n - got, p->off + pos + got, nowait);
+				if (r >= 0 && nowait && (uint64_t)r < n - got) {
+					/* Not all in the page cache: the rest goes O_DIRECT. */
+					r &= ~(int64_t)(DIRECT_ALIGN - 1);
+					direct = 1;
+				}
 			}
+			if (r < 0)
+				return (int)r;
+			if (r == 0 && !direct)
+				return arena_errorf(ARENA_E_IO, "%s: no progress reading at byte %" PRIu64, f->path,
+						    p->off + pos + got);
+			got += (uint64_t)r;
 		}
-		if (r < 0)
-			return (int)r;
-		if (r > 0) {
-			atomic_fetch_add(&L->file_bytes, (uint64_t)r);
-			int rc = feed(L, w, p, slot, &h, p->off + pos, p->off + pos + (uint64_t)r);
-			if (rc)
-				return rc;
-			pos += (uint64_t)r;
-		}
+		uint64_t a = p->off + pos;
+		atomic_fetch_add(&L->file_bytes, n);
+		if ((L->img && (rc = check(L, buf, &h, a, a + n))) || (rc = scatter(L, w, p, buf, a, a + n)) ||
+		    (rc = be->ops->event_record(be, w->ev[si], w->s)))
+			return rc;
+		pos += n;
+	}
+	return 0;
+}
+
+/* Fault in and pin this worker's share of the ring (workers do it at once:
+ * the page clearing runs in parallel, registration overlaps others' reads). */
+static int worker_ring(loader *L, worker *w)
+{
+	uint64_t len = (uint64_t)L->spt * L->slot;
+	uint8_t *mine = L->ring + (uint64_t)w->id * len;
+#ifdef MADV_POPULATE_WRITE
+	if (madvise(mine, len, MADV_POPULATE_WRITE))
+#endif
+		memset(mine, 0, len);
+	if (L->ring_pinned) {
+		arena_backend *be = L->o->backend;
+		if (be->ops->host_register(be, mine, len) == 0)
+			w->registered = w->registered_once = 1;
+		else
+			arena_error_clear(); /* pageable: slower copies, still correct */
 	}
 	return 0;
 }
@@ -242,7 +285,8 @@ static void *worker_main(void *arg)
 	worker *w = arg;
 	loader *L = w->L;
 	arena_backend *be = L->m->backend;
-	for (unsigned k = 0; !atomic_load(&L->rc); k++) {
+	worker_ring(L, w);
+	while (!atomic_load(&L->rc)) {
 		if (L->o->cancel && *L->o->cancel) {
 			arena_errorf(ARENA_E_CANCELLED, "load cancelled");
 			fail(L, ARENA_E_CANCELLED);
@@ -251,13 +295,7 @@ static void *worker_main(void *arg)
 		size_t i = atomic_fetch_add(&L->next, 1);
 		if (i >= L->n_pieces)
 			break;
-		unsigned si = k % L->spt;
-		uint8_t *slot = L->ring + ((uint64_t)w->id * L->spt + si) * L->slot;
-		int rc = be->ops->event_sync(be, w->ev[si]);
-		if (!rc)
-			rc = do_piece(L, w, &L->pieces[i], slot);
-		if (!rc)
-			rc = be->ops->event_record(be, w->ev[si], w->s);
+		int rc = do_piece(L, w, &L->pieces[i]);
 		if (rc) {
 			fail(L, rc);
 			break;
@@ -267,6 +305,10 @@ static void *worker_main(void *arg)
 	int rc = be->ops->stream_sync(be, w->s);
 	if (rc)
 		fail(L, rc);
+	if (w->registered) {
+		be->ops->host_unregister(be, L->ring + (uint64_t)w->id * L->spt * L->slot);
+		w->registered = 0;
+	}
 	return NULL;
 }
 
@@ -279,7 +321,7 @@ static unsigned cpus(void)
 }
 
 /* Size the ring within the pinned budget (see load.h). */
-static int ring_setup(loader *L, uint64_t min_slot)
+static int ring_setup(loader *L)
 {
 	arena_pin_budget *b = L->o->budget;
 	uint64_t slot = L->slot;
@@ -290,9 +332,9 @@ static int ring_setup(loader *L, uint64_t min_slot)
 			L->ring_pinned = 1;
 			break;
 		}
-		if (spt > 1)
+		if (spt > 2)
 			spt--;
-		else if (slot / 2 >= min_slot && (slot / 2) % min_slot == 0)
+		else if (slot / 2 >= (64u << 10))
 			slot /= 2;
 		else if (thr > 1)
 			thr = thr / 2;
@@ -304,31 +346,16 @@ static int ring_setup(loader *L, uint64_t min_slot)
 	arena_error_clear();
 	L->slot = slot, L->spt = spt, L->threads = thr;
 	L->ring_len = (uint64_t)thr * spt * slot;
+	/* Mapped here; each worker faults in and pins its own share. */
 	void *p = mmap(NULL, L->ring_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (p != MAP_FAILED) {
-		/* Huge pages where the kernel allows them: fewer TLB misses for
-		 * the readers' copies; then fault everything in before pinning. */
-		madvise(p, L->ring_len, MADV_HUGEPAGE);
-#ifdef MADV_POPULATE_WRITE
-		if (madvise(p, L->ring_len, MADV_POPULATE_WRITE))
-#endif
-			memset(p, 0, L->ring_len);
-	}
 	if (p == MAP_FAILED) {
 		if (L->ring_pinned)
 			arena_pin_budget_give(b, L->ring_len);
 		L->ring_pinned = 0;
 		return arena_syserrorf(ARENA_E_NOMEM, errno, "cannot map a %" PRIu64 "-byte read ring", L->ring_len);
 	}
+	madvise(p, L->ring_len, MADV_HUGEPAGE); /* fewer TLB misses for the readers' copies */
 	L->ring = p;
-	if (L->ring_pinned) {
-		arena_backend *be = L->o->backend;
-		if (be->ops->host_register(be, L->ring, L->ring_len)) {
-			arena_pin_budget_give(b, L->ring_len);
-			L->ring_pinned = 0; /* pageable: slower copies, still correct */
-			arena_error_clear();
-		}
-	}
 	return 0;
 }
 
@@ -336,10 +363,8 @@ static void ring_free(loader *L)
 {
 	if (!L->ring)
 		return;
-	if (L->ring_pinned) {
-		L->o->backend->ops->host_unregister(L->o->backend, L->ring);
+	if (L->ring_pinned)
 		arena_pin_budget_give(L->o->budget, L->ring_len);
-	}
 	munmap(L->ring, L->ring_len);
 	L->ring = NULL;
 }
@@ -371,6 +396,7 @@ static int run(loader *L, arena_model **out, arena_load_stats *st, double t0)
 	worker *w = NULL;
 	pthread_t *tid = NULL;
 	unsigned started = 0;
+	L->ring_pinned_all = 1;
 	pthread_mutex_init(&L->lock, NULL);
 	atomic_init(&L->next, 0);
 	atomic_init(&L->rc, 0);
@@ -416,6 +442,9 @@ static int run(loader *L, arena_model **out, arena_load_stats *st, double t0)
 		rc = arena_errorf(ARENA_E_CANCELLED, "load cancelled");
 		goto out;
 	}
+	for (unsigned i = 0; i < started; i++)
+		if (!w[i].registered_once)
+			L->ring_pinned_all = 0;
 	L->t_populate = now() - L->t_mark;
 	L->t_mark = now();
 	rc = arena_model_commit(L->m);
@@ -439,7 +468,7 @@ out:
 		st->dev_bytes = L->m->dev_bytes;
 		st->host_bytes = L->m->host_bytes;
 		st->ring_bytes = L->ring_len;
-		st->ring_pinned = L->ring_pinned;
+		st->ring_pinned = L->ring_pinned && L->ring_pinned_all;
 		st->threads = L->threads;
 		st->seconds = now() - t0;
 		st->t_open = L->t_open;
@@ -462,8 +491,8 @@ static void loader_init(loader *L, const arena_load_opts *o)
 	memset(L, 0, sizeof(*L));
 	L->o = o;
 	L->threads = o->threads ? o->threads : cpus();
-	L->spt = o->slots_per_thread ? o->slots_per_thread : 2;
-	L->slot = o->slot_bytes ? o->slot_bytes : DEFAULT_SLOT;
+	L->spt = o->slots_per_thread ? o->slots_per_thread : DEFAULT_SPT;
+	L->slot = arena_align_up(o->slot_bytes ? o->slot_bytes : DEFAULT_SLOT, DIRECT_ALIGN);
 }
 
 static void loader_files_close(loader *L)
@@ -494,16 +523,15 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 	L.t_open = now() - t0;
 	L.t_mark = now();
 	const arena_img_header *h = &img->hdr;
-	/* Slots hold whole chunks; the ring is sized (within the budget) first. */
-	L.slot = arena_align_up(L.slot, h->chunk_size);
-	if (L.threads > h->chunk_count)
-		L.threads = h->chunk_count ? (unsigned)h->chunk_count : 1;
-	if ((rc = ring_setup(&L, h->chunk_size)))
+	/* Pieces of whole chunks; the ring is sized (within the budget) first. */
+	uint64_t per = PIECE / h->chunk_size ? PIECE / h->chunk_size : 1;
+	L.n_pieces = (size_t)((h->chunk_count + per - 1) / per);
+	if (L.threads > L.n_pieces)
+		L.threads = L.n_pieces ? (unsigned)L.n_pieces : 1;
+	if ((rc = ring_setup(&L)))
 		goto fail;
 	L.t_ring = now() - L.t_mark;
 	L.t_mark = now();
-	uint64_t per = L.slot / h->chunk_size;
-	L.n_pieces = (size_t)((h->chunk_count + per - 1) / per);
 	L.files = arena_calloc(1, sizeof(*L.files));
 	L.segs = arena_calloc(img->layout->n_blocks, sizeof(*L.segs));
 	L.pieces = arena_calloc(L.n_pieces, sizeof(*L.pieces));
@@ -556,7 +584,6 @@ int arena_load_safetensors(const char *const *inputs, size_t n, const arena_plan
 	double t0 = now();
 	loader L;
 	loader_init(&L, o);
-	L.slot = arena_align_up(L.slot, DIRECT_ALIGN);
 	arena_ckpt *ck = NULL;
 	arena_layout *lay = NULL;
 	int rc = arena_ckpt_open_many(inputs, n, &ck);
@@ -572,7 +599,7 @@ int arena_load_safetensors(const char *const *inputs, size_t n, const arena_plan
 					  arena_q(lay->tensors[i].name), lay->tensors[i].scheme);
 			goto fail;
 		}
-	if ((rc = ring_setup(&L, 1u << 20)))
+	if ((rc = ring_setup(&L)))
 		goto fail;
 	L.t_ring = now() - L.t_mark;
 	L.t_mark = now();
@@ -582,7 +609,7 @@ int arena_load_safetensors(const char *const *inputs, size_t n, const arena_plan
 	size_t np = 0;
 	for (size_t i = 0; i < ck->n_files; i++) {
 		uint64_t a = ck->files[i]->data_off / DIRECT_ALIGN * DIRECT_ALIGN;
-		np += (size_t)((ck->files[i]->size - a + L.slot - 1) / L.slot);
+		np += (size_t)((ck->files[i]->size - a + PIECE - 1) / PIECE);
 	}
 	L.pieces = arena_calloc(np, sizeof(*L.pieces));
 	if (!L.files || !L.segs || !L.pieces) {
@@ -594,8 +621,8 @@ int arena_load_safetensors(const char *const *inputs, size_t n, const arena_plan
 		L.files[i] = (lsrc){.path = f->path, .fd = f->fd, .size = f->size, .dfd = -1};
 		if ((rc = open_direct(&L.files[i], o->io)))
 			goto fail;
-		for (uint64_t a = f->data_off / DIRECT_ALIGN * DIRECT_ALIGN; a < f->size; a += L.slot)
-			L.pieces[L.n_pieces++] = (piece){(uint32_t)i, a, f->size - a < L.slot ? f->size - a : L.slot, 0};
+		for (uint64_t a = f->data_off / DIRECT_ALIGN * DIRECT_ALIGN; a < f->size; a += PIECE)
+			L.pieces[L.n_pieces++] = (piece){(uint32_t)i, a, f->size - a < PIECE ? f->size - a : PIECE, 0};
 	}
 	for (size_t i = 0; i < lay->n_tensors; i++) {
 		const arena_tensor *t = &lay->tensors[i];

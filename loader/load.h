@@ -1,14 +1,16 @@
 /* load.h - the fast loader: an image (or a safetensors checkpoint,
  * destination-first) into device memory and host slabs.
  *
- * Pipeline: reader threads each own a backend stream and a few slots of a
- * pinned ring. A thread takes the next piece of the file (whole checksum
- * chunks for an image), reads it into a free slot (buffered when the bytes
- * are in the page cache, O_DIRECT when they are not, per piece), checks each
- * chunk's checksum as it arrives, then queues device copies from the slot
- * (blocks that live on the device) or copies into host slabs (blocks that
- * stay on the host), and records the slot's event; the slot is reused once
- * its copies are done. Reading, checking and copying overlap across threads.
+ * Pipeline: reader threads each own a backend stream and a few small slots
+ * of a pinned ring (default 8 x 1 MiB each). A thread takes the next piece of
+ * the file (16 MiB, whole checksum chunks for an image) and goes through it a
+ * slot at a time: read into the slot (from the page cache when the bytes are
+ * there, O_DIRECT when they are not), hash while the bytes are in the CPU's
+ * cache, queue the device copies from the slot (blocks that live on the
+ * device) or copy into host slabs, record the slot's event. A slot is reused
+ * once its copies are done. A chunk is checked when its last byte has been
+ * hashed; a bad one fails the load before anything is committed. Each thread
+ * faults in and pins its own share of the ring as it starts.
  *
  * Transactional: prepare (open and check the image, allocate device memory
  * and host slabs, the ring) -> populate (the pipeline) -> commit (host slabs
@@ -34,8 +36,8 @@ typedef struct arena_load_opts {
 	arena_pin_budget *budget;  /* required */
 	const uint8_t *on_device;  /* per block of the layout: 1 device, 0 host slab; NULL = all device */
 	unsigned threads;          /* reader threads; 0 = CPUs (at most 32) */
-	uint64_t slot_bytes;       /* ring slot size; 0 = 16 MiB (whole chunks for images) */
-	unsigned slots_per_thread; /* 0 = 2 */
+	uint64_t slot_bytes;       /* ring slot (one read) size; 0 = 1 MiB */
+	unsigned slots_per_thread; /* 0 = 8 */
 	int io;                    /* ARENA_IO_AUTO (default 0 means buffered: set it) */
 	volatile sig_atomic_t *cancel;
 } arena_load_opts;
