@@ -37,7 +37,7 @@ const char cmd_load_usage[] =
 	"                      RLIMIT_MEMLOCK, MemAvailable, cgroup memory.max, minus a reserve)\n"
 	"  --threads N         reader threads (default: CPUs, at most 32)\n"
 	"  --slot-size SIZE    ring slot (one read) size (default 1M)\n"
-	"  --slots N           ring slots per reader thread (default 8)\n"
+	"  --slots N           ring slots per reader thread (default 4)\n"
 	"  --io auto|direct|buffered\n"
 	"                      auto (default): page-cache reads when the bytes are\n"
 	"                      cached, O_DIRECT when they are not\n"

@@ -22,7 +22,7 @@
 
 #define DIRECT_ALIGN 4096u
 #define DEFAULT_SLOT (1u << 20)  /* a read: hashed while in cache, copied while in the LLC */
-#define DEFAULT_SPT 8u
+#define DEFAULT_SPT 4u
 #define PIECE (16u << 20)        /* a unit of work (whole chunks for images) */
 
 typedef struct lsrc {

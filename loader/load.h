@@ -2,7 +2,7 @@
  * destination-first) into device memory and host slabs.
  *
  * Pipeline: reader threads each own a backend stream and a few small slots
- * of a pinned ring (default 8 x 1 MiB each). A thread takes the next piece of
+ * of a pinned ring (default 4 x 1 MiB each). A thread takes the next piece of
  * the file (16 MiB, whole checksum chunks for an image) and goes through it a
  * slot at a time: read into the slot (from the page cache when the bytes are
  * there, O_DIRECT when they are not), hash while the bytes are in the CPU's
@@ -37,7 +37,7 @@ typedef struct arena_load_opts {
 	const uint8_t *on_device;  /* per block of the layout: 1 device, 0 host slab; NULL = all device */
 	unsigned threads;          /* reader threads; 0 = CPUs (at most 32) */
 	uint64_t slot_bytes;       /* ring slot (one read) size; 0 = 1 MiB */
-	unsigned slots_per_thread; /* 0 = 8 */
+	unsigned slots_per_thread; /* 0 = 4 */
 	int io;                    /* ARENA_IO_AUTO (default 0 means buffered: set it) */
 	volatile sig_atomic_t *cancel;
 } arena_load_opts;
