@@ -15,6 +15,7 @@
 #include "../common/io.h"
 #include "../formats/image.h"
 #include "../loader/load.h"
+#include "../loader/quant_select.h"
 #include "arena.h"
 #include "cli.h"
 
@@ -41,6 +42,9 @@ const char cmd_load_usage[] =
 	"  --io auto|direct|buffered\n"
 	"                      auto (default): page-cache reads when the bytes are\n"
 	"                      cached, O_DIRECT when they are not\n"
+	"  --quant SCHEME      safetensors only: store 2-D block weights quantized\n"
+	"                      (schemes and selection as 'arena convert --quant'),\n"
+	"                      converted on their way from the file into place\n"
 	"  --check             read every device block back and compare with the file\n"
 	"  --no-probe          skip the limit measurements\n"
 	"  --json              machine-readable report (schema in README.md)\n"
@@ -98,18 +102,20 @@ static int check_device(const char *path, const arena_model *m, int is_image, in
 
 int cmd_load(int argc, char **argv)
 {
-	enum { O_BACKEND = 256, O_DEVICE, O_CAP, O_PIN, O_THREADS, O_IO, O_CHECK, O_NOPROBE, O_JSON, O_SLOT, O_SLOTS };
+	enum { O_BACKEND = 256, O_DEVICE, O_CAP, O_PIN, O_THREADS, O_IO, O_CHECK, O_NOPROBE, O_JSON, O_SLOT, O_SLOTS, O_QUANT };
 	static const struct option opts[] = {
 		{"backend", required_argument, NULL, O_BACKEND}, {"device", required_argument, NULL, O_DEVICE},
 		{"vram-cap", required_argument, NULL, O_CAP},    {"pin-budget", required_argument, NULL, O_PIN},
 		{"threads", required_argument, NULL, O_THREADS}, {"io", required_argument, NULL, O_IO},
 		{"check", no_argument, NULL, O_CHECK},           {"no-probe", no_argument, NULL, O_NOPROBE},
 		{"json", no_argument, NULL, O_JSON},             {"slot-size", required_argument, NULL, O_SLOT},
-		{"slots", required_argument, NULL, O_SLOTS},     {NULL, 0, NULL, 0},
+		{"slots", required_argument, NULL, O_SLOTS},     {"quant", required_argument, NULL, O_QUANT},
+		{NULL, 0, NULL, 0},
 	};
 	const char *backend = NULL;
 	int device = 0, json = 0, check = 0, probe = 1, ch;
 	uint64_t cap = 0, pin_cap = 0;
+	arena_quant_opts quant = {0};
 	arena_load_opts lo = {.io = ARENA_IO_AUTO, .cancel = &cancelled};
 	optind = 0;
 	opterr = 0;
@@ -162,6 +168,10 @@ int cmd_load(int argc, char **argv)
 			lo.slots_per_thread = (unsigned)n;
 			break;
 		}
+		case O_QUANT:
+			quant.scheme = optarg;
+			lo.quant = &quant;
+			break;
 		case O_CHECK:
 			check = 1;
 			break;
@@ -199,6 +209,10 @@ int cmd_load(int argc, char **argv)
 	lo.backend = be;
 	lo.budget = &budget;
 	int is_image = arena_img_sniff(path);
+	if (is_image && lo.quant) {
+		arena_backend_destroy(be);
+		return cli_usage_error("load", "--quant applies to safetensors inputs; an image keeps the layout it was converted with");
+	}
 
 	/* A VRAM cap: say what would fit before allocating anything. */
 	if (cap) {

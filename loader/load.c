@@ -19,6 +19,7 @@
 #include "../common/err.h"
 #include "../common/io.h"
 #include "../formats/image.h"
+#include "quant_select.h"
 
 #define DIRECT_ALIGN 4096u
 #define DEFAULT_SLOT (1u << 20)  /* a read: hashed while in cache, copied while in the LLC */
@@ -46,8 +47,17 @@ typedef struct piece {
 	uint64_t chunk0;   /* image: first chunk; pieces hold whole chunks */
 } piece;
 
+/* A byte range of a quantized component, made by loader/quant from the mapped source. */
+typedef struct qpiece {
+	uint32_t tensor, comp;
+	uint64_t off, len;
+} qpiece;
+
 typedef struct loader {
 	const arena_load_opts *o;
+	arena_quant_state *qs; /* safetensors with a quant scheme, else NULL */
+	qpiece *qp;
+	size_t n_qp;
 	arena_model *m;
 	const arena_image *img; /* NULL for safetensors */
 	lsrc *files;
@@ -260,6 +270,29 @@ static int do_piece(loader *L, worker *w, const piece *p)
 	return 0;
 }
 
+/* A range of a quantized component: converted from the mapped source
+ * straight into its host slab, or into a ring slot and on to the device. */
+static int do_qpiece(loader *L, worker *w, const qpiece *q)
+{
+	const arena_layout *l = L->m->layout;
+	const arena_tensor *t = &l->tensors[q->tensor];
+	const arena_block_mem *bm = &L->m->mem[t->block];
+	uint64_t at = t->comp[q->comp].offset + q->off;
+	if (!bm->dev)
+		return arena_quant_state_fill(L->qs, l, t, q->comp, q->off, q->len, bm->host + at);
+	uint8_t *buf;
+	unsigned si;
+	arena_backend *be = L->m->backend;
+	int rc = next_slot(L, w, &buf, &si);
+	if (!rc)
+		rc = arena_quant_state_fill(L->qs, l, t, q->comp, q->off, q->len, buf);
+	if (!rc)
+		rc = be->ops->copy_h2d(be, (uint8_t *)bm->dev + at, buf, q->len, w->s);
+	if (!rc)
+		rc = be->ops->event_record(be, w->ev[si], w->s);
+	return rc;
+}
+
 /* Fault in and pin this worker's share of the ring (workers do it at once:
  * the page clearing runs in parallel, registration overlaps others' reads). */
 static int worker_ring(loader *L, worker *w)
@@ -293,9 +326,9 @@ static void *worker_main(void *arg)
 			break;
 		}
 		size_t i = atomic_fetch_add(&L->next, 1);
-		if (i >= L->n_pieces)
+		if (i >= L->n_pieces + L->n_qp)
 			break;
-		int rc = do_piece(L, w, &L->pieces[i]);
+		int rc = i < L->n_pieces ? do_piece(L, w, &L->pieces[i]) : do_qpiece(L, w, &L->qp[i - L->n_pieces]);
 		if (rc) {
 			fail(L, rc);
 			break;
@@ -507,6 +540,7 @@ static void loader_files_close(loader *L)
 	arena_free(L->files);
 	arena_free(L->segs);
 	arena_free(L->pieces);
+	arena_free(L->qp);
 }
 
 int arena_load_image(const char *path, const arena_load_opts *o, arena_model **out, arena_load_stats *st)
@@ -577,6 +611,64 @@ static int cmp_seg(const void *a, const void *b)
 	return x->foff < y->foff ? -1 : x->foff > y->foff;
 }
 
+/* File pieces over the bytes of plain tensors only (segs sorted), aligned for
+ * O_DIRECT; neighbouring ranges closer than a piece are read as one. */
+static int plan_pieces(loader *L)
+{
+	size_t cap = 16;
+	L->pieces = arena_calloc(cap, sizeof(*L->pieces));
+	if (!L->pieces)
+		return arena_errorf(ARENA_E_NOMEM, "out of memory");
+	for (size_t k = 0; k < L->n_segs;) {
+		uint32_t f = L->segs[k].file;
+		uint64_t a = L->segs[k].foff / DIRECT_ALIGN * DIRECT_ALIGN, z = L->segs[k].foff + L->segs[k].len;
+		for (k++; k < L->n_segs && L->segs[k].file == f && L->segs[k].foff <= z + PIECE; k++)
+			z = L->segs[k].foff + L->segs[k].len > z ? L->segs[k].foff + L->segs[k].len : z;
+		for (uint64_t x = a; x < z; x += PIECE) {
+			if (L->n_pieces == cap) {
+				piece *np = arena_realloc(L->pieces, 2 * cap * sizeof(*np));
+				if (!np)
+					return arena_errorf(ARENA_E_NOMEM, "out of memory");
+				L->pieces = np;
+				cap *= 2;
+			}
+			uint64_t end = arena_align_up(x + PIECE < z ? x + PIECE : z, DIRECT_ALIGN);
+			if (end > L->files[f].size)
+				end = L->files[f].size;
+			L->pieces[L->n_pieces++] = (piece){f, x, end - x, 0};
+		}
+	}
+	return 0;
+}
+
+static int plan_qpieces(loader *L, const arena_layout *l)
+{
+	size_t n = 0;
+	for (int pass = 0; pass < 2; pass++) {
+		for (size_t i = 0; i < l->n_tensors; i++) {
+			const arena_tensor *t = &l->tensors[i];
+			if (!strcmp(t->scheme, "none"))
+				continue;
+			for (uint32_t c = 0; c < t->n_comp; c++)
+				for (uint64_t off = 0; off < t->comp[c].bytes; off += L->slot, n++)
+					if (pass)
+						L->qp[n] = (qpiece){(uint32_t)i, c, off,
+								    t->comp[c].bytes - off < L->slot ? t->comp[c].bytes - off
+												     : L->slot};
+		}
+		if (!pass) {
+			if (!n)
+				return 0;
+			L->qp = arena_calloc(n, sizeof(*L->qp));
+			if (!L->qp)
+				return arena_errorf(ARENA_E_NOMEM, "out of memory");
+			L->n_qp = n;
+			n = 0;
+		}
+	}
+	return 0;
+}
+
 int arena_load_safetensors(const char *const *inputs, size_t n, const arena_plan_opts *plan,
 			   const arena_load_opts *o, arena_model **out, arena_load_stats *st)
 {
@@ -586,19 +678,24 @@ int arena_load_safetensors(const char *const *inputs, size_t n, const arena_plan
 	loader_init(&L, o);
 	arena_ckpt *ck = NULL;
 	arena_layout *lay = NULL;
+	arena_quant_state qs = {0};
+	arena_quant_ctx qc = {0};
+	static const arena_plan_opts no_plan = {0};
+	static const arena_quant_opts no_quant = {0};
+	arena_plan_opts po = plan ? *plan : no_plan;
 	int rc = arena_ckpt_open_many(inputs, n, &ck);
 	if (rc)
 		return rc;
-	if ((rc = arena_plan_build(ck, plan, &lay)))
+	if ((rc = arena_quant_select_init(&qc, o->quant ? o->quant : &no_quant, &po)))
 		goto fail;
+	rc = arena_plan_build(ck, &po, &lay);
+	if (!rc)
+		rc = arena_quant_select_finish(&qc);
+	if (rc || (rc = arena_quant_state_init(&qs, lay, ck)))
+		goto fail;
+	L.qs = &qs;
 	L.t_open = now() - t0;
 	L.t_mark = now();
-	for (size_t i = 0; i < lay->n_tensors; i++)
-		if (strcmp(lay->tensors[i].scheme, "none")) {
-			rc = arena_errorf(ARENA_E_USAGE, "tensor '%s': scheme '%s' is not loadable from safetensors yet",
-					  arena_q(lay->tensors[i].name), lay->tensors[i].scheme);
-			goto fail;
-		}
 	if ((rc = ring_setup(&L)))
 		goto fail;
 	L.t_ring = now() - L.t_mark;
@@ -606,13 +703,7 @@ int arena_load_safetensors(const char *const *inputs, size_t n, const arena_plan
 	L.n_files = ck->n_files;
 	L.files = arena_calloc(ck->n_files, sizeof(*L.files));
 	L.segs = arena_calloc(lay->n_tensors, sizeof(*L.segs));
-	size_t np = 0;
-	for (size_t i = 0; i < ck->n_files; i++) {
-		uint64_t a = ck->files[i]->data_off / DIRECT_ALIGN * DIRECT_ALIGN;
-		np += (size_t)((ck->files[i]->size - a + PIECE - 1) / PIECE);
-	}
-	L.pieces = arena_calloc(np, sizeof(*L.pieces));
-	if (!L.files || !L.segs || !L.pieces) {
+	if (!L.files || !L.segs) {
 		rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
 		goto fail;
 	}
@@ -621,8 +712,6 @@ int arena_load_safetensors(const char *const *inputs, size_t n, const arena_plan
 		L.files[i] = (lsrc){.path = f->path, .fd = f->fd, .size = f->size, .dfd = -1};
 		if ((rc = open_direct(&L.files[i], o->io)))
 			goto fail;
-		for (uint64_t a = f->data_off / DIRECT_ALIGN * DIRECT_ALIGN; a < f->size; a += PIECE)
-			L.pieces[L.n_pieces++] = (piece){(uint32_t)i, a, f->size - a < PIECE ? f->size - a : PIECE, 0};
 	}
 	for (size_t i = 0; i < lay->n_tensors; i++) {
 		const arena_tensor *t = &lay->tensors[i];
@@ -630,10 +719,14 @@ int arena_load_safetensors(const char *const *inputs, size_t n, const arena_plan
 		uint32_t fi = 0;
 		while (ck->files[fi] != s->file)
 			fi++;
-		if (s->nbytes)
+		if (s->nbytes && !strcmp(t->scheme, "none"))
 			L.segs[L.n_segs++] = (seg){fi, s->file->data_off + s->begin, s->nbytes, t->block, t->comp[0].offset};
 	}
 	qsort(L.segs, L.n_segs, sizeof(*L.segs), cmp_seg);
+	if ((rc = plan_pieces(&L)) || (rc = plan_qpieces(&L, lay)))
+		goto fail;
+	if (L.threads > L.n_pieces + L.n_qp)
+		L.threads = L.n_pieces + L.n_qp ? (unsigned)(L.n_pieces + L.n_qp) : 1;
 	arena_model *m;
 	rc = arena_model_prepare(lay, o->backend, o->budget, o->on_device, &m);
 	lay = NULL;
@@ -646,6 +739,8 @@ int arena_load_safetensors(const char *const *inputs, size_t n, const arena_plan
 			m->layout->tensors[i].src = NULL; /* the checkpoint closes now */
 fail:
 	loader_files_close(&L);
+	arena_quant_state_free(&qs);
+	arena_quant_select_free(&qc);
 	arena_layout_free(lay);
 	arena_ckpt_close(ck);
 	return rc;

@@ -39,6 +39,10 @@ typedef struct arena_load_opts {
 	uint64_t slot_bytes;       /* ring slot (one read) size; 0 = 1 MiB */
 	unsigned slots_per_thread; /* 0 = 4 */
 	int io;                    /* ARENA_IO_AUTO (default 0 means buffered: set it) */
+	/* Safetensors only: store selected tensors quantized (loader/quant_select.h),
+	 * converted on their way from the mapped file into the slab (or a ring
+	 * slot, for blocks on the device); NULL = as stored. */
+	const struct arena_quant_opts *quant;
 	volatile sig_atomic_t *cancel;
 } arena_load_opts;
 

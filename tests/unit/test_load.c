@@ -19,6 +19,7 @@
 #include "../../formats/image.h"
 #include "../../loader/convert.h"
 #include "../../loader/load.h"
+#include "../../loader/quant_select.h"
 
 static char dir[256], img_path[300];
 static arena_backend *be;
@@ -340,4 +341,54 @@ Test(load, safetensors_destination_first)
 	arena_img_close(img);
 	arena_model_free(m);
 	cr_assert_eq(dev_free(), 64 << 20);
+}
+
+/* Quantized while loading: the component bytes equal those of an image
+ * converted with the same scheme, on the device and in host slabs. */
+Test(load, safetensors_quantized_on_the_way)
+{
+	const char *in = ref("tiny_flux.safetensors");
+	char qimg[320];
+	snprintf(qimg, sizeof(qimg), "%s/q.arena", dir);
+	arena_convert_opts co = {.threads = 1, .quant = {.scheme = "fp8-e4m3-row"}};
+	cr_assert_eq(arena_convert(&in, 1, qimg, &co, NULL), 0, "%s", arena_last_error());
+	arena_quant_opts q = {.scheme = "fp8-e4m3-row"};
+	arena_load_opts o = opts();
+	o.quant = &q;
+	o.slot_bytes = 4096; /* components span several slots */
+	uint8_t on[6] = {1, 0, 1, 0, 1, 0};
+	o.on_device = on;
+	arena_model *m;
+	cr_assert_eq(arena_load_safetensors(&in, 1, NULL, &o, &m, NULL), 0, "%s", arena_last_error());
+	arena_image *img;
+	cr_assert_eq(arena_img_open(qimg, &img), 0);
+	cr_assert_eq(img->layout->n_tensors, m->layout->n_tensors);
+	size_t nq = 0;
+	for (size_t i = 0; i < m->layout->n_tensors; i++) {
+		const arena_tensor *t = &m->layout->tensors[i], *it = &img->layout->tensors[i];
+		cr_assert_str_eq(t->name, it->name);
+		cr_assert_str_eq(t->scheme, it->scheme);
+		nq += strcmp(t->scheme, "none") != 0;
+		const arena_block_mem *bm = &m->mem[t->block];
+		for (uint32_t c = 0; c < t->n_comp; c++) {
+			uint64_t len = t->comp[c].bytes;
+			uint8_t *got = malloc(len + 1), *want = malloc(len + 1);
+			if (bm->dev)
+				cr_assert_eq(be->ops->copy_d2h_sync(be, got, (uint8_t *)bm->dev + t->comp[c].offset, len), 0);
+			else
+				memcpy(got, bm->host + t->comp[c].offset, len);
+			cr_assert_eq(arena_pread_full(img->fd, want, len,
+						      img->hdr.data_offset + img->layout->blocks[it->block].offset + it->comp[c].offset,
+						      "img"),
+				     0);
+			cr_assert(memcmp(got, want, len) == 0, "tensor %s component %s differs", t->name, t->comp[c].name);
+			free(got);
+			free(want);
+		}
+	}
+	cr_assert_gt(nq, 40);
+	arena_img_close(img);
+	arena_model_free(m);
+	cr_assert_eq(dev_free(), 64 << 20);
+	cr_assert_eq(atomic_load(&budget.used), 0);
 }

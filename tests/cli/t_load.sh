@@ -1,0 +1,70 @@
+# t_load.sh - arena load on the simulator (CI has no GPU). Sourced by run.sh.
+
+load_help() {
+	run load --help
+	expect_rc 0
+	expect_out "usage: arena load"
+	expect_out "--pin-budget"
+}
+
+load_usage_errors() {
+	run load
+	expect_rc 2
+	expect_error_line
+	run load "$REF/tiny_flux.safetensors" --backend tpu
+	expect_rc 2
+	expect_error_line
+	run load "$REF/tiny_flux.safetensors" --io sideways
+	expect_rc 2
+	run load "$T/none.arena" --backend sim
+	expect_rc 2
+	expect_error_line
+}
+
+load_sim_image_checked() {
+	"$ARENA" convert -q "$REF/tiny_flux.safetensors" -o "$T/f.arena"
+	run load "$T/f.arena" --backend sim --check --json
+	expect_rc 0
+	python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["backend"] == "sim" and d["check"] is True and d["device_bytes"] > 300000, d
+assert set(d["phases"]) == {"open", "ring", "prepare", "populate", "commit"}, d
+assert d["limits"] is not None' <"$T/out" || fail "load --json"
+	run load "$T/f.arena" --backend sim --pin-budget 4K --no-probe
+	expect_rc 0
+	expect_out "pageable"
+}
+
+load_vram_cap_says_what_fits() {
+	"$ARENA" convert -q "$REF/tiny_flux.safetensors" -o "$T/f.arena"
+	run load "$T/f.arena" --backend sim --vram-cap 100K
+	expect_rc 2
+	expect_error_line
+	expect_err "would fit"
+}
+
+load_corrupt_image() {
+	"$ARENA" convert -q "$REF/tiny_flux.safetensors" -o "$T/f.arena"
+	printf '\377' | dd of="$T/f.arena" bs=1 seek=200000 conv=notrunc 2>/dev/null
+	run load "$T/f.arena" --backend sim
+	expect_rc 1
+	expect_error_line
+	expect_err "caught while loading"
+}
+
+load_safetensors_quantized() {
+	run load "$REF/tiny_flux.safetensors" --backend sim --quant fp8-e4m3-row --no-probe
+	expect_rc 0
+	expect_out "loaded"
+	"$ARENA" convert -q "$REF/tiny_flux.safetensors" -o "$T/f.arena"
+	run load "$T/f.arena" --backend sim --quant fp8-e4m3-row
+	expect_rc 2
+	expect_error_line
+	run load "$REF/tiny_flux.safetensors" --backend sim --quant fp7
+	expect_rc 2
+	expect_error_line
+}
+
+cases load_help load_usage_errors load_sim_image_checked load_vram_cap_says_what_fits load_corrupt_image \
+	load_safetensors_quantized
