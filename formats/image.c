@@ -16,6 +16,7 @@
 
 #include "../common/alloc.h"
 #include "../common/err.h"
+#include "../common/firsterr.h"
 #include "../common/io.h"
 
 #define E(name) ARENA_E(name)
@@ -660,9 +661,7 @@ typedef struct verify_job {
 	atomic_uint_fast64_t next;
 	uint64_t *got;   /* per chunk: computed hash */
 	uint8_t *bad;    /* per chunk: 1 if mismatched */
-	atomic_int rc;
-	pthread_mutex_t lock;
-	char msg[1024];  /* first I/O error message */
+	arena_first_error err;
 } verify_job;
 
 static void *verify_worker(void *arg)
@@ -671,12 +670,12 @@ static void *verify_worker(void *arg)
 	const arena_img_header *h = &j->img->hdr;
 	uint8_t *buf = arena_malloc(VERIFY_PIECE);
 	if (!buf) {
-		int zero = 0;
-		atomic_compare_exchange_strong(&j->rc, &zero, ARENA_E_NOMEM);
+		arena_errorf(ARENA_E_NOMEM, "%s: out of memory for read buffers", j->img->path);
+		arena_first_error_set(&j->err, ARENA_E_NOMEM);
 		return NULL;
 	}
 	for (;;) {
-		if (atomic_load(&j->rc))
+		if (arena_first_error_get(&j->err))
 			break;
 		uint64_t i = atomic_fetch_add(&j->next, 1);
 		if (i >= h->chunk_count)
@@ -693,11 +692,7 @@ static void *verify_worker(void *arg)
 			done += n;
 		}
 		if (rc) {
-			pthread_mutex_lock(&j->lock);
-			int zero = 0;
-			if (atomic_compare_exchange_strong(&j->rc, &zero, rc))
-				snprintf(j->msg, sizeof(j->msg), "%s", arena_last_error());
-			pthread_mutex_unlock(&j->lock);
+			arena_first_error_set(&j->err, rc);
 			break;
 		}
 		j->got[i] = arena_hash_digest(&st);
@@ -720,8 +715,7 @@ int arena_img_verify_data(arena_image *img, unsigned threads, arena_img_bad_fn b
 		threads = h->chunk_count ? (unsigned)h->chunk_count : 1;
 	verify_job j = {.img = img};
 	atomic_init(&j.next, 0);
-	atomic_init(&j.rc, 0);
-	pthread_mutex_init(&j.lock, NULL);
+	arena_first_error_init(&j.err);
 	j.got = arena_calloc(h->chunk_count, sizeof(uint64_t));
 	j.bad = arena_calloc(h->chunk_count, 1);
 	pthread_t *tid = arena_calloc(threads, sizeof(*tid));
@@ -738,14 +732,8 @@ int arena_img_verify_data(arena_image *img, unsigned threads, arena_img_bad_fn b
 		verify_worker(&j);
 	for (unsigned i = 0; i < started; i++)
 		pthread_join(tid[i], NULL);
-	rc = atomic_load(&j.rc);
-	if (rc) {
-		if (rc == ARENA_E_NOMEM && !j.msg[0])
-			arena_errorf(rc, "%s: out of memory for read buffers", img->path);
-		else
-			arena_errorf(rc, "%s", j.msg);
+	if ((rc = arena_first_error_raise(&j.err)))
 		goto out;
-	}
 	uint64_t nb = 0, first = 0;
 	for (uint64_t i = 0; i < h->chunk_count; i++) {
 		if (!j.bad[i])
@@ -768,7 +756,7 @@ int arena_img_verify_data(arena_image *img, unsigned threads, arena_img_bad_fn b
 				  nb > 1 ? " (and more chunks)" : "", what);
 	}
 out:
-	pthread_mutex_destroy(&j.lock);
+	arena_first_error_destroy(&j.err);
 	arena_free(j.got);
 	arena_free(j.bad);
 	arena_free(tid);

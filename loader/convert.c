@@ -13,6 +13,7 @@
 
 #include "../common/alloc.h"
 #include "../common/err.h"
+#include "../common/firsterr.h"
 #include "../common/io.h"
 #include "../common/outfile.h"
 #include "../formats/image.h"
@@ -34,25 +35,14 @@ typedef struct job {
 	size_t n_ext;
 	arena_img_chunk *chunks;
 	atomic_uint_fast64_t next, done_bytes;
-	atomic_int rc;
+	arena_first_error err;
 	atomic_uint running;
-	pthread_mutex_t lock;
-	char msg[1024];
 } job;
 
 static int cmp_extent(const void *a, const void *b)
 {
 	const extent *x = a, *y = b;
 	return x->begin < y->begin ? -1 : x->begin > y->begin;
-}
-
-static void job_fail(job *j, int rc)
-{
-	pthread_mutex_lock(&j->lock);
-	int zero = 0;
-	if (atomic_compare_exchange_strong(&j->rc, &zero, rc))
-		snprintf(j->msg, sizeof(j->msg), "%s", arena_last_error());
-	pthread_mutex_unlock(&j->lock);
 }
 
 /* Fill buf with data bytes [c0, c0+len). */
@@ -96,12 +86,12 @@ static void *worker(void *arg)
 	uint8_t *buf = arena_malloc(h->chunk_size);
 	if (!buf) {
 		arena_errorf(ARENA_E_NOMEM, "out of memory for a %llu-byte chunk buffer", (unsigned long long)h->chunk_size);
-		job_fail(j, ARENA_E_NOMEM);
+		arena_first_error_set(&j->err, ARENA_E_NOMEM);
 	}
-	while (buf && !atomic_load(&j->rc)) {
+	while (buf && !arena_first_error_get(&j->err)) {
 		if (j->o->cancel && *j->o->cancel) {
 			arena_errorf(ARENA_E_CANCELLED, "%s: cancelled", j->out->path);
-			job_fail(j, ARENA_E_CANCELLED);
+			arena_first_error_set(&j->err, ARENA_E_CANCELLED);
 			break;
 		}
 		uint64_t i = atomic_fetch_add(&j->next, 1);
@@ -118,7 +108,7 @@ static void *worker(void *arg)
 			rc = arena_outfile_pwrite(j->out, buf, len, h->data_offset + c0);
 		}
 		if (rc) {
-			job_fail(j, rc);
+			arena_first_error_set(&j->err, rc);
 			break;
 		}
 		atomic_fetch_add(&j->done_bytes, len);
@@ -184,7 +174,7 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 	arena_quant_state qs = {0};
 	arena_quant_ctx qc = {0};
 	arena_plan_opts po = o->plan;
-	pthread_mutex_init(&j.lock, NULL);
+	arena_first_error_init(&j.err);
 	int rc;
 	if ((rc = arena_quant_select_init(&qc, &o->quant, &po)))
 		goto out;
@@ -233,7 +223,6 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 	j.n_ext = n_ext;
 	atomic_init(&j.next, 0);
 	atomic_init(&j.done_bytes, 0);
-	atomic_init(&j.rc, 0);
 	atomic_init(&j.running, threads);
 	unsigned started = 0;
 	for (; started < threads; started++)
@@ -252,10 +241,8 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 	}
 	for (unsigned i = 0; i < started; i++)
 		pthread_join(tid[i], NULL);
-	if ((rc = atomic_load(&j.rc))) {
-		arena_errorf(rc, "%s", j.msg);
+	if ((rc = arena_first_error_raise(&j.err)))
 		goto out;
-	}
 	if (o->cancel && *o->cancel) {
 		rc = arena_errorf(ARENA_E_CANCELLED, "%s: cancelled", out);
 		goto out;
@@ -296,7 +283,7 @@ out:
 	arena_outfile_abort(of);
 	arena_quant_state_free(&qs);
 	arena_quant_select_free(&qc);
-	pthread_mutex_destroy(&j.lock);
+	arena_first_error_destroy(&j.err);
 	arena_free(tid);
 	arena_free(j.chunks);
 	arena_free(ext);

@@ -17,6 +17,7 @@
 
 #include "../common/alloc.h"
 #include "../common/err.h"
+#include "../common/firsterr.h"
 #include "../common/io.h"
 #include "../formats/image.h"
 #include "quant_select.h"
@@ -73,10 +74,8 @@ typedef struct loader {
 	int ring_pinned_all; /* and every worker's share was registered */
 	double t_open, t_ring, t_prepare, t_populate, t_commit, t_mark;
 	atomic_size_t next;
-	atomic_int rc;
+	arena_first_error err;
 	atomic_uint_fast64_t file_bytes, direct_bytes;
-	pthread_mutex_t lock;
-	char msg[1024];
 } loader;
 
 typedef struct worker {
@@ -91,11 +90,7 @@ typedef struct worker {
 
 static void fail(loader *L, int rc)
 {
-	pthread_mutex_lock(&L->lock);
-	int zero = 0;
-	if (atomic_compare_exchange_strong(&L->rc, &zero, rc))
-		snprintf(L->msg, sizeof(L->msg), "%s", arena_last_error());
-	pthread_mutex_unlock(&L->lock);
+	arena_first_error_set(&L->err, rc);
 }
 
 /* ---- reading -------------------------------------------------------------- */
@@ -319,7 +314,7 @@ static void *worker_main(void *arg)
 	loader *L = w->L;
 	arena_backend *be = L->m->backend;
 	worker_ring(L, w);
-	while (!atomic_load(&L->rc)) {
+	while (!arena_first_error_get(&L->err)) {
 		if (L->o->cancel && *L->o->cancel) {
 			arena_errorf(ARENA_E_CANCELLED, "load cancelled");
 			fail(L, ARENA_E_CANCELLED);
@@ -430,9 +425,8 @@ static int run(loader *L, arena_model **out, arena_load_stats *st, double t0)
 	pthread_t *tid = NULL;
 	unsigned started = 0;
 	L->ring_pinned_all = 1;
-	pthread_mutex_init(&L->lock, NULL);
+	arena_first_error_init(&L->err);
 	atomic_init(&L->next, 0);
-	atomic_init(&L->rc, 0);
 	atomic_init(&L->file_bytes, 0);
 	atomic_init(&L->direct_bytes, 0);
 	w = arena_calloc(L->threads, sizeof(*w));
@@ -467,10 +461,8 @@ static int run(loader *L, arena_model **out, arena_load_stats *st, double t0)
 	/* Threads that did not start: their pieces are taken by the others. */
 	for (unsigned i = 0; i < started; i++)
 		pthread_join(tid[i], NULL);
-	if ((rc = atomic_load(&L->rc))) {
-		arena_errorf(rc, "%s", L->msg);
+	if ((rc = arena_first_error_raise(&L->err)))
 		goto out;
-	}
 	if (o->cancel && *o->cancel) {
 		rc = arena_errorf(ARENA_E_CANCELLED, "load cancelled");
 		goto out;
@@ -493,7 +485,7 @@ out:
 	}
 	arena_free(w);
 	arena_free(tid);
-	pthread_mutex_destroy(&L->lock);
+	arena_first_error_destroy(&L->err);
 	if (st) {
 		memset(st, 0, sizeof(*st));
 		st->file_bytes = atomic_load(&L->file_bytes);
