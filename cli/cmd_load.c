@@ -15,6 +15,7 @@
 #include "../common/io.h"
 #include "../formats/image.h"
 #include "../loader/load.h"
+#include "../loader/open.h"
 #include "../loader/quant_select.h"
 #include "arena.h"
 #include "cli.h"
@@ -189,95 +190,41 @@ int cmd_load(int argc, char **argv)
 		return cli_usage_error("load", "expected one PATH, got %d", argc - optind);
 	const char *path = argv[optind];
 
-	arena_backend *be = NULL;
-	arena_sim_opts so = {.capacity = cap ? cap : (16ull << 30)};
-	int rc;
-	if (!backend) {
-		rc = arena_backend_create("cuda", device, NULL, &be);
-		if (rc) {
-			if (!json)
-				fprintf(stderr, "note: %s; using the simulator (--backend sim)\n", arena_last_error());
-			rc = arena_backend_create("sim", 0, &so, &be);
-		}
-	} else {
-		rc = arena_backend_create(backend, device, &so, &be);
-	}
-	if (rc)
-		return cli_fail(rc);
-	arena_pin_budget budget;
-	arena_pin_budget_probe(&budget, pin_cap, ARENA_PIN_RESERVE_AUTO, "");
-	lo.backend = be;
-	lo.budget = &budget;
-	int is_image = arena_img_sniff(path);
-	if (is_image && lo.quant) {
-		arena_backend_destroy(be);
-		return cli_usage_error("load", "--quant applies to safetensors inputs; an image keeps the layout it was converted with");
-	}
-
-	/* A VRAM cap: say what would fit before allocating anything. */
-	if (cap) {
-		arena_image *img = NULL;
-		arena_ckpt *ck = NULL;
-		arena_layout *lay = NULL;
-		if (is_image)
-			rc = arena_img_open(path, &img);
-		else if (!(rc = arena_ckpt_open(path, &ck)))
-			rc = arena_plan_build(ck, NULL, &lay);
-		const arena_layout *l = img ? img->layout : lay;
-		if (!rc) {
-			uint64_t need = 0, fit = 0;
-			size_t nfit = 0;
-			for (size_t b = 0; b < l->n_blocks; b++) {
-				need += l->blocks[b].bytes;
-				if (need <= cap)
-					fit = need, nfit = b + 1;
-			}
-			if (need > cap) {
-				char a[32], c[32], d[32];
-				rc = arena_errorf(ARENA_E(BUDGET),
-						  "%s: the model needs %s of device memory, over the %s cap; the first %zu of %zu blocks (%s) would fit",
-						  path, cli_fmt_bytes(need, a, sizeof(a)), cli_fmt_bytes(cap, c, sizeof(c)), nfit,
-						  l->n_blocks, cli_fmt_bytes(fit, d, sizeof(d)));
-			}
-		}
-		arena_img_close(img);
-		arena_layout_free(lay);
-		arena_ckpt_close(ck);
-		if (rc) {
-			arena_backend_destroy(be);
-			return cli_fail(rc);
-		}
-	}
-
+	arena_open_options ao = {.backend = backend, .device = device, .vram_cap = cap, .pin_budget = pin_cap,
+				 .threads = lo.threads, .quant = quant.scheme};
 	struct sigaction sa = {.sa_handler = on_signal};
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
-	arena_model *m = NULL;
+	arena *a = NULL;
 	arena_load_stats st;
-	rc = is_image ? arena_load_image(path, &lo, &m, &st) : arena_load_safetensors(&path, 1, NULL, &lo, &m, &st);
+	int rc = arena__open_tuned(path, &ao, &lo, &a, &st, &cancelled);
 	signal(SIGINT, SIG_DFL);
 	signal(SIGTERM, SIG_DFL);
-	if (rc) {
-		arena_backend_destroy(be);
+	if (rc)
 		return cli_fail(rc);
-	}
+	if (!backend && !json && !strcmp(arena_backend_name(a), "sim"))
+		fprintf(stderr, "note: no usable CUDA device; loaded on the simulator (--backend sim)\n");
+	arena_backend *be = a->be;
+	arena_model *m = a->m;
+	int is_image = a->is_image;
 	uint64_t rss = arena_peak_rss();
 	uint64_t payload = st.dev_bytes + st.host_bytes;
 	double gbps = st.seconds > 0 ? (double)payload / st.seconds / 1e9 : 0;
 	int ok = 1;
 	if (check && (rc = check_device(path, m, is_image, &ok))) {
-		arena_model_free(m);
-		arena_backend_destroy(be);
+		arena_close(a);
 		return cli_fail(rc);
 	}
 	uint64_t pinned = m->pinned_bytes;
 	arena_model_free(m);
+	a->m = NULL; /* free the device memory before the probes */
+	arena_pin_budget *budget = &a->budget;
 	double h2d = 0, rd = 0;
 	int direct_mode = st.direct_bytes * 2 > st.file_bytes;
 	if (probe) {
-		uint64_t room = budget.limit - atomic_load(&budget.used), pb = 1ull << 30;
+		uint64_t room = budget->limit - atomic_load(&budget->used), pb = 1ull << 30;
 		pb = room < pb ? room / (64u << 20) * (64u << 20) : pb;
-		if (!pb || arena_probe_h2d(be, &budget, pb, 1.0, &h2d)) {
+		if (!pb || arena_probe_h2d(be, budget, pb, 1.0, &h2d)) {
 			if (!json)
 				fprintf(stderr, "note: no pinned copy probe: %s\n",
 					pb ? arena_last_error() : "the pinned budget has no room for a 64 MiB buffer");
@@ -294,7 +241,7 @@ int cmd_load(int argc, char **argv)
 				      "bytes", (json_int_t)payload, "seconds", st.seconds, "gbps", gbps, "device_bytes",
 				      (json_int_t)st.dev_bytes, "host_bytes", (json_int_t)st.host_bytes, "ring_bytes",
 				      (json_int_t)st.ring_bytes, "ring_pinned", st.ring_pinned, "pinned_bytes",
-				      (json_int_t)pinned, "pin_budget", (json_int_t)(budget.limit > INT64_MAX ? -1 : (json_int_t)budget.limit),
+				      (json_int_t)pinned, "pin_budget", (json_int_t)(budget->limit > INT64_MAX ? -1 : (json_int_t)budget->limit),
 				      "threads", st.threads, "io", "direct_bytes", (json_int_t)st.direct_bytes,
 				      "buffered_bytes", (json_int_t)(st.file_bytes - st.direct_bytes), "peak_rss",
 				      (json_int_t)rss);
@@ -311,12 +258,12 @@ int cmd_load(int argc, char **argv)
 		int pst = cli_print_json(o);
 		status = status ? status : pst;
 	} else {
-		char a[32], b2[32], c[32], d[32], e[32];
+		char b1[32], b2[32], c[32], d[32], e[32];
 		printf("loaded %s on %s: %s in %.3f s = %.2f GB/s (%u threads, %s read with O_DIRECT)\n", path,
-		       be->ops->name, cli_fmt_bytes(payload, a, sizeof(a)), st.seconds, gbps, st.threads,
+		       be->ops->name, cli_fmt_bytes(payload, b1, sizeof(b1)), st.seconds, gbps, st.threads,
 		       cli_fmt_bytes(st.direct_bytes, b2, sizeof(b2)));
 		printf("memory: %s on the device, %s in host slabs (%s pinned); ring %s %s; peak RSS %s\n",
-		       cli_fmt_bytes(st.dev_bytes, a, sizeof(a)), cli_fmt_bytes(st.host_bytes, b2, sizeof(b2)),
+		       cli_fmt_bytes(st.dev_bytes, b1, sizeof(b1)), cli_fmt_bytes(st.host_bytes, b2, sizeof(b2)),
 		       cli_fmt_bytes(pinned, c, sizeof(c)), cli_fmt_bytes(st.ring_bytes, d, sizeof(d)),
 		       st.ring_pinned ? "pinned" : "pageable", cli_fmt_bytes(rss, e, sizeof(e)));
 		if (probe)
@@ -325,6 +272,6 @@ int cmd_load(int argc, char **argv)
 		if (check)
 			printf("check: device bytes %s the image\n", ok ? "match" : "DIFFER FROM");
 	}
-	arena_backend_destroy(be);
+	arena_close(a);
 	return status;
 }

@@ -137,6 +137,67 @@ const char *arena_last_error(void);
 /* Library version string, e.g. "0.1.0". */
 const char *arena_version(void);
 
+/* ---- arenas: a model's weights loaded into device memory --------------------
+ *
+ * An arena is opened from an arena image (checksums verified as the bytes
+ * arrive) or a safetensors checkpoint (a file, an index.json or a folder;
+ * read destination-first, optionally quantized on the way). Opening is
+ * transactional: it returns a whole arena or an error and leaves nothing
+ * behind. Every block goes to the device here; the residency engine (which
+ * keeps only part of a model on the device) builds on the same objects. */
+
+typedef struct arena arena;
+
+typedef struct arena_open_options {
+	const char *backend;   /* "cuda", "sim", or NULL: cuda when a GPU is usable, else sim */
+	int device;            /* CUDA device number */
+	uint64_t vram_cap;     /* device bytes arena may use; 0 = what is free (sim: 16 GiB) */
+	uint64_t pin_budget;   /* cap on pinned host bytes; 0 = what the OS allows */
+	unsigned threads;      /* reader threads; 0 = CPUs */
+	const char *quant;     /* safetensors only: storage scheme for block weights, or NULL */
+} arena_open_options;
+
+/* Open `path` with `opt` (NULL = defaults). On success *out owns the arena;
+ * on failure *out is NULL and arena_last_error() says why. Errors: NOT_FOUND,
+ * any IMG_* / ST_* / IDX_* error of the input, DEV_OOM or BUDGET when the
+ * model does not fit the device, NO_DEVICE, NOMEM, IO. */
+int arena_open(const char *path, const arena_open_options *opt, arena **out);
+/* Free device memory, host slabs and the backend. Accepts NULL. */
+void arena_close(arena *a);
+
+/* The backend in use: "cuda" or "sim". */
+const char *arena_backend_name(const arena *a);
+
+typedef struct arena_tensor_info {
+	const char *name;       /* borrowed: valid until arena_close */
+	const char *dtype;      /* original dtype ("BF16") */
+	uint32_t rank;
+	const uint64_t *shape;  /* original shape, rank dims */
+	const char *scheme;     /* "none" or a storage scheme (docs/QUANT.md) */
+	uint32_t block;         /* index of its block */
+	uint32_t n_components;
+	struct {
+		const char *name;   /* "data", "qdata", "scale" */
+		const char *dtype;
+		uint32_t rank;
+		const uint64_t *shape;
+		uint64_t bytes;
+		void *device;       /* device address (CUDA pointer on cuda) */
+	} component[4];
+} arena_tensor_info;
+
+size_t arena_block_count(const arena *a);
+/* Block i's name ("transformer_blocks.7"), its slab's device address and size. */
+const char *arena_block_name(const arena *a, size_t i);
+void *arena_block_device(const arena *a, size_t i);
+uint64_t arena_block_bytes(const arena *a, size_t i);
+
+size_t arena_tensor_count(const arena *a);
+/* Tensor i (sorted by name): 0, or USAGE when i is out of range. */
+int arena_tensor_get(const arena *a, size_t i, arena_tensor_info *out);
+/* The index of the tensor called `name`: 0, or NOT_FOUND. */
+int arena_tensor_find(const arena *a, const char *name, size_t *index);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,93 @@
+/* test_api.c - the public API of include/arena.h: open, inspect, close, on sim. */
+#include <criterion/criterion.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arena.h"
+#include "../../common/alloc.h"
+
+static const char *ref(const char *name)
+{
+	static char b[512];
+	const char *d = getenv("ARENA_REFERENCE_DIR");
+	snprintf(b, sizeof(b), "%s/%s", d ? d : "../shared/fixtures/reference", name);
+	return b;
+}
+
+Test(api, open_safetensors_on_sim)
+{
+	arena_open_options o = {.backend = "sim", .vram_cap = 64 << 20};
+	arena *a;
+	cr_assert_eq(arena_open(ref("tiny_flux.safetensors"), &o, &a), 0, "%s", arena_last_error());
+	cr_assert_str_eq(arena_backend_name(a), "sim");
+	cr_assert_eq(arena_block_count(a), 6);
+	cr_assert_str_eq(arena_block_name(a, 1), "transformer_blocks.0");
+	cr_assert_not_null(arena_block_device(a, 1));
+	cr_assert_gt(arena_block_bytes(a, 1), 0);
+	cr_assert_null(arena_block_name(a, 6));
+	cr_assert_eq(arena_tensor_count(a), 126);
+	size_t i;
+	cr_assert_eq(arena_tensor_find(a, "transformer_blocks.1.attn.to_q.weight", &i), 0);
+	arena_tensor_info t;
+	cr_assert_eq(arena_tensor_get(a, i, &t), 0);
+	cr_assert_str_eq(t.name, "transformer_blocks.1.attn.to_q.weight");
+	cr_assert_str_eq(t.dtype, "BF16");
+	cr_assert_eq(t.rank, 2);
+	cr_assert_eq(t.shape[0], 32);
+	cr_assert_str_eq(t.scheme, "none");
+	cr_assert_eq(t.n_components, 1);
+	cr_assert_eq(t.component[0].bytes, 2048);
+	cr_assert_eq((uint8_t *)t.component[0].device - (uint8_t *)arena_block_device(a, t.block) >= 0, 1);
+	cr_assert_eq(arena_tensor_find(a, "nope", &i), ARENA_E_NOT_FOUND);
+	cr_assert_eq(arena_tensor_get(a, 999, &t), ARENA_E_USAGE);
+	arena_close(a);
+	arena_close(NULL);
+}
+
+Test(api, open_quantized_and_errors)
+{
+	arena_open_options o = {.backend = "sim", .vram_cap = 64 << 20, .quant = "fp8-e4m3-row"};
+	arena *a = (arena *)1;
+	cr_assert_eq(arena_open(ref("tiny_flux.safetensors"), &o, &a), 0, "%s", arena_last_error());
+	size_t i;
+	arena_tensor_info t;
+	cr_assert_eq(arena_tensor_find(a, "single_transformer_blocks.0.proj_out.weight", &i), 0);
+	cr_assert_eq(arena_tensor_get(a, i, &t), 0);
+	cr_assert_str_eq(t.scheme, "fp8-e4m3-row");
+	cr_assert_eq(t.n_components, 2);
+	cr_assert_str_eq(t.component[0].dtype, "F8_E4M3");
+	cr_assert_str_eq(t.component[1].name, "scale");
+	arena_close(a);
+
+	arena_open_options small = {.backend = "sim", .vram_cap = 100 << 10};
+	a = (arena *)1;
+	cr_assert_eq(arena_open(ref("tiny_flux.safetensors"), &small, &a), ARENA_E(BUDGET));
+	cr_assert_null(a);
+	cr_assert(strstr(arena_last_error(), "would fit"), "%s", arena_last_error());
+	cr_assert_eq(arena_open("/nonexistent.arena", &o, &a), ARENA_E_NOT_FOUND);
+	arena_open_options bad = {.backend = "tpu"};
+	cr_assert_neq(arena_open(ref("tiny_flux.safetensors"), &bad, &a), 0);
+	cr_assert_null(a);
+}
+
+Test(api, allocation_failures)
+{
+	arena_open_options o = {.backend = "sim", .vram_cap = 64 << 20};
+	long n;
+	for (n = 1; n < 100000; n += 7) {
+		arena *a = NULL;
+		arena_fault_alloc(n);
+		int rc = arena_open(ref("tiny_flux.safetensors"), &o, &a);
+		int fired = arena_fault_alloc_fired();
+		arena_fault_alloc(0);
+		arena_close(a);
+		if (!fired) {
+			cr_assert_eq(rc, 0, "%s", arena_last_error());
+			break;
+		}
+		cr_assert(rc == ARENA_E_NOMEM || rc == 0, "n=%ld: %s: %s", n, arena_err_name(rc), arena_last_error());
+	}
+	cr_assert_gt(n, 50);
+}
