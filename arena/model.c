@@ -111,10 +111,64 @@ void arena_model_free(arena_model *m)
 		}
 		if (bm->dev)
 			m->backend->ops->dev_free(m->backend, bm->dev);
+		if (bm->own_host)
+			munmap(bm->host, arena_align_up(m->layout->blocks[b].bytes, ARENA_SLAB_ALIGN));
 	}
 	if (m->host_base)
 		munmap(m->host_base, m->host_len);
 	arena_free(m->mem);
 	arena_layout_free(m->layout);
 	arena_free(m);
+}
+
+int arena_model_host_add(arena_model *m, uint32_t b, uint8_t **slab)
+{
+	*slab = NULL;
+	uint64_t len = arena_align_up(m->layout->blocks[b].bytes, ARENA_SLAB_ALIGN);
+	if (m->mem[b].host || !len)
+		return arena_errorf(ARENA_E_INTERNAL, "block '%s' already has a host slab or is empty",
+				    m->layout->blocks[b].name);
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return arena_syserrorf(ARENA_E_NOMEM, errno, "block '%s': cannot map %" PRIu64 " bytes for a host slab",
+				       m->layout->blocks[b].name, len);
+	m->mem[b].host = p;
+	m->mem[b].own_host = 1;
+	m->host_bytes += m->layout->blocks[b].bytes;
+	*slab = p;
+	return 0;
+}
+
+void arena_model_host_seal(arena_model *m, uint32_t b)
+{
+	arena_block_mem *bm = &m->mem[b];
+	uint64_t len = arena_align_up(m->layout->blocks[b].bytes, ARENA_SLAB_ALIGN);
+	mprotect(bm->host, len, PROT_READ); /* best effort: the bytes are right either way */
+	if (arena_pin_budget_take(m->budget, len))
+		return;
+	if (m->backend->ops->host_register(m->backend, bm->host, len)) {
+		arena_pin_budget_give(m->budget, len);
+		arena_error_clear();
+		return;
+	}
+	bm->pinned = 1;
+	m->pinned_bytes += len;
+}
+
+void arena_model_host_discard(arena_model *m, uint32_t b)
+{
+	arena_block_mem *bm = &m->mem[b];
+	if (!bm->own_host)
+		return;
+	uint64_t len = arena_align_up(m->layout->blocks[b].bytes, ARENA_SLAB_ALIGN);
+	if (bm->pinned) {
+		m->backend->ops->host_unregister(m->backend, bm->host);
+		arena_pin_budget_give(m->budget, len);
+		m->pinned_bytes -= len;
+		bm->pinned = 0;
+	}
+	munmap(bm->host, len);
+	bm->host = NULL;
+	bm->own_host = 0;
+	m->host_bytes -= m->layout->blocks[b].bytes;
 }

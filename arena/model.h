@@ -27,6 +27,7 @@ typedef struct arena_block_mem {
 	void *dev;        /* device copy of the slab, or NULL */
 	uint8_t *host;    /* host slab (4 KiB aligned), or NULL */
 	int pinned;       /* host slab registered with the backend */
+	int own_host;     /* host slab is a mapping of its own (arena_model_host_add) */
 } arena_block_mem;
 
 typedef struct arena_model {
@@ -52,6 +53,16 @@ int arena_model_prepare(arena_layout *layout, arena_backend *be, arena_pin_budge
 int arena_model_commit(arena_model *m);
 
 void arena_model_free(arena_model *m);
+
+/* Give block b, which has no host slab, one of its own after commit (the
+ * engine does this before dropping a device-only block's device copy):
+ * host_add maps a writable slab (*slab) for the caller to fill; host_seal
+ * makes it read-only and pins it within the budget (pageable when not);
+ * host_discard drops a slab that could not be filled. The model owns the
+ * slab and frees it with the rest. */
+int arena_model_host_add(arena_model *m, uint32_t b, uint8_t **slab);
+void arena_model_host_seal(arena_model *m, uint32_t b);
+void arena_model_host_discard(arena_model *m, uint32_t b);
 
 /* Bytes of block b's slab. */
 static inline uint64_t arena_model_slab_bytes(const arena_model *m, uint32_t b)

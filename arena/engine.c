@@ -1,0 +1,998 @@
+/* engine.c - residency planner and prefetch engine (see engine.h). */
+#include "engine.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "../common/alloc.h"
+#include "../common/err.h"
+
+#define MAX_DEPTH 64u
+#define MAX_KEEP 64u
+
+enum { ST_IDLE, ST_STEP, ST_FAILED };
+
+/* --- helpers --------------------------------------------------------------- */
+
+static double now_s(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* "12.34 GiB" into one of 4 rotating buffers. */
+static const char *fmtb(uint64_t n)
+{
+	static _Thread_local char buf[4][32];
+	static _Thread_local unsigned k;
+	char *b = buf[k++ & 3];
+	if (n >= (1ull << 30))
+		snprintf(b, 32, "%.2f GiB", (double)n / (double)(1ull << 30));
+	else if (n >= (1ull << 20))
+		snprintf(b, 32, "%.2f MiB", (double)n / (double)(1ull << 20));
+	else
+		snprintf(b, 32, "%" PRIu64 " bytes", n);
+	return b;
+}
+
+int arena_block_is_globals(const arena_layout *l, uint32_t b)
+{
+	return l->blocks[b].container == NULL;
+}
+
+static unsigned opt_depth(const arena_engine_opts *o)
+{
+	return o->depth ? o->depth : ARENA_ENGINE_DEFAULT_DEPTH;
+}
+
+static unsigned ring_slots(const arena_engine_opts *o)
+{
+	return opt_depth(o) + 1 + (o->mode == ARENA_MODE_TRAIN ? o->keep_last : 0);
+}
+
+void arena_residency_budget(uint64_t total, uint64_t free_bytes, const arena_engine_opts *o, uint64_t *budget,
+			    uint64_t *headroom, uint64_t *reserve)
+{
+	uint64_t avail = free_bytes;
+	if (o->cap && o->cap < avail)
+		avail = o->cap;
+	uint64_t h = o->headroom, w = o->reserve;
+	if (h == ARENA_ENGINE_AUTO) {
+		uint64_t base = o->cap && o->cap < total ? o->cap : total;
+		h = base / 50;
+		if (h > (512ull << 20))
+			h = 512ull << 20;
+	}
+	uint64_t left = avail > h ? avail - h : 0;
+	if (w == ARENA_ENGINE_AUTO) {
+		w = o->mode == ARENA_MODE_TRAIN ? (4ull << 30) : (1ull << 30);
+		if (w > left / 4)
+			w = left / 4;
+	}
+	*headroom = h;
+	*reserve = w;
+	*budget = left > w ? left - w : 0;
+}
+
+/* --- ring slot choice (shared by the run and the planner's dry run) ------- */
+
+typedef struct ring_slot {
+	int64_t block;     /* -1: empty */
+	unsigned pending;  /* fetched entries not yet released */
+	uint64_t last_use; /* release stamp; 0: never released */
+} ring_slot;
+
+/* The slot entry for block b goes to: *reuse = 1 if it already holds b.
+ * -1 when every slot is in use. */
+static int ring_pick(const ring_slot *r, unsigned n, uint32_t b, int *reuse)
+{
+	int best = -1;
+	*reuse = 0;
+	for (unsigned i = 0; i < n; i++)
+		if (r[i].block == (int64_t)b) {
+			*reuse = 1;
+			return (int)i;
+		}
+	for (unsigned i = 0; i < n; i++)
+		if (!r[i].pending && (best < 0 || r[i].last_use < r[best].last_use))
+			best = (int)i;
+	return best;
+}
+
+/* Dry run of `steps` steps of seq through n slots; bytes and copies of the last. */
+static void dry_run(const arena_layout *l, const uint32_t *seq, size_t len, ring_slot *r, unsigned n,
+		    unsigned depth, int *slot_of, uint64_t *bytes, uint64_t *copies)
+{
+	uint64_t stamp = 0;
+	for (unsigned i = 0; i < n; i++)
+		r[i] = (ring_slot){-1, 0, 0};
+	for (int step = 0; step < 2; step++) {
+		size_t fetched = 0;
+		*bytes = 0;
+		*copies = 0;
+		for (size_t cur = 0; cur <= len; cur++) {
+			/* after acquire cur-1 and its release: fetch below cur + depth */
+			while (fetched < len && fetched < cur + depth) {
+				int reuse, s = ring_pick(r, n, seq[fetched], &reuse);
+				if (s < 0)
+					break;
+				if (!reuse) {
+					*bytes += l->blocks[seq[fetched]].bytes;
+					++*copies;
+					r[s].block = seq[fetched];
+				}
+				r[s].pending++;
+				slot_of[fetched++] = s;
+			}
+			if (cur == len)
+				break;
+			if (fetched <= cur) { /* cannot happen with n >= depth + 1 */
+				int reuse, s = ring_pick(r, n, seq[cur], &reuse);
+				if (s < 0)
+					return;
+				if (!reuse) {
+					*bytes += l->blocks[seq[cur]].bytes;
+					++*copies;
+					r[s].block = seq[cur];
+				}
+				r[s].pending++;
+				slot_of[fetched++] = s;
+			}
+			r[slot_of[cur]].pending--;
+			r[slot_of[cur]].last_use = ++stamp;
+		}
+	}
+}
+
+/* --- planner ----------------------------------------------------------------- */
+
+void arena_residency_plan_release(arena_residency_plan *p)
+{
+	if (!p)
+		return;
+	arena_free(p->resident);
+	arena_free(p->sched);
+	memset(p, 0, sizeof(*p));
+}
+
+/* Recompute a plan's derived fields from p->resident (p->sched, slots and
+ * depth set). `seq`, `r`, `slot_of` are scratch of n_sched, slots, n_sched. */
+static void plan_derive(const arena_layout *l, arena_residency_plan *p, uint32_t *seq, ring_slot *r, int *slot_of)
+{
+	p->resident_bytes = p->globals_bytes;
+	p->streamed_block_bytes = 0;
+	p->slot_bytes = 0;
+	p->n_resident = p->n_streamed = 0;
+	for (size_t b = 0; b < l->n_blocks; b++) {
+		if (arena_block_is_globals(l, (uint32_t)b))
+			continue;
+		if (p->resident[b]) {
+			p->resident_bytes += l->blocks[b].bytes;
+			p->n_resident++;
+		} else {
+			p->streamed_block_bytes += l->blocks[b].bytes;
+			p->n_streamed++;
+			if (l->blocks[b].bytes > p->slot_bytes)
+				p->slot_bytes = l->blocks[b].bytes;
+		}
+	}
+	size_t len = 0;
+	for (size_t i = 0; i < p->n_sched; i++)
+		if (!p->resident[p->sched[i]])
+			seq[len++] = p->sched[i];
+	p->stream_bytes_per_step = p->copies_per_step = 0;
+	unsigned slots = p->n_streamed ? p->slots : 0;
+	p->need_bytes = p->resident_bytes + (uint64_t)slots * p->slot_bytes;
+	if (len)
+		dry_run(l, seq, len, r, p->slots, p->depth, slot_of, &p->stream_bytes_per_step, &p->copies_per_step);
+}
+
+int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o, uint64_t budget,
+			      arena_residency_plan *p)
+{
+	memset(p, 0, sizeof(*p));
+	int rc = 0;
+	size_t n = l->n_blocks, k = 0;
+	uint8_t *cand = NULL;
+	uint32_t *seq = NULL;
+	int *slot_of = NULL;
+	ring_slot *r = NULL;
+	if (o->mode != ARENA_MODE_SAMPLE && o->mode != ARENA_MODE_TRAIN)
+		return arena_errorf(ARENA_E_USAGE, "engine: mode %d is neither sample nor train", o->mode);
+	if (opt_depth(o) > MAX_DEPTH || o->keep_last > MAX_KEEP)
+		return arena_errorf(ARENA_E_USAGE, "engine: depth %u or keep_last %u over %u", opt_depth(o),
+				    o->keep_last, MAX_DEPTH);
+	for (size_t b = 0; b < n; b++)
+		k += !arena_block_is_globals(l, (uint32_t)b);
+	p->n_blocks = n;
+	p->n_sched = o->mode == ARENA_MODE_TRAIN ? 2 * k : k;
+	p->budget = budget;
+	p->depth = opt_depth(o);
+	p->slots = ring_slots(o);
+	p->resident = arena_calloc(n ? n : 1, 1);
+	p->sched = arena_calloc(p->n_sched ? p->n_sched : 1, sizeof(*p->sched));
+	cand = arena_calloc(n ? n : 1, 1);
+	seq = arena_calloc(p->n_sched ? p->n_sched : 1, sizeof(*seq));
+	slot_of = arena_calloc(p->n_sched ? p->n_sched : 1, sizeof(*slot_of));
+	r = arena_calloc(p->slots, sizeof(*r));
+	if (!p->resident || !p->sched || !cand || !seq || !slot_of || !r) {
+		rc = arena_errorf(ARENA_E_NOMEM, "engine: out of memory for a plan");
+		goto out;
+	}
+	size_t j = 0;
+	uint64_t all = 0, maxb = 0;
+	for (size_t b = 0; b < n; b++) {
+		uint64_t sz = l->blocks[b].bytes;
+		if (arena_block_is_globals(l, (uint32_t)b)) {
+			p->resident[b] = 1;
+			p->globals_bytes += sz;
+			continue;
+		}
+		p->sched[j++] = (uint32_t)b;
+		all += sz;
+		maxb = sz > maxb ? sz : maxb;
+	}
+	for (size_t i = 0; i < k && p->n_sched == 2 * k; i++)
+		p->sched[k + i] = p->sched[k - 1 - i];
+	p->min_need_bytes = p->globals_bytes + (uint64_t)p->slots * maxb;
+	if (p->globals_bytes + all <= budget) {
+		for (size_t b = 0; b < n; b++)
+			p->resident[b] = 1;
+		plan_derive(l, p, seq, r, slot_of);
+		goto out;
+	}
+	if (p->min_need_bytes > budget) {
+		rc = arena_errorf(ARENA_E(BUDGET),
+				  "the smallest plan needs %s for weights (globals %s + a ring of %u slots x %s, the "
+				  "largest block), the budget for weights is %s",
+				  fmtb(p->min_need_bytes), fmtb(p->globals_bytes), p->slots, fmtb(maxb), fmtb(budget));
+		goto out;
+	}
+	/* Each distinct block size is a candidate slot size; largest first. */
+	uint64_t best_res = 0, S = UINT64_MAX;
+	int have = 0;
+	for (;;) {
+		uint64_t next = 0;
+		for (size_t i = 0; i < k; i++) {
+			uint64_t sz = l->blocks[p->sched[i]].bytes;
+			if (sz < S && sz > next)
+				next = sz;
+		}
+		if (!next)
+			break;
+		S = next;
+		uint64_t need = p->globals_bytes + (uint64_t)p->slots * S, elig = 0;
+		for (size_t b = 0; b < n; b++) {
+			cand[b] = arena_block_is_globals(l, (uint32_t)b) || l->blocks[b].bytes > S;
+			if (arena_block_is_globals(l, (uint32_t)b))
+				continue;
+			if (l->blocks[b].bytes > S)
+				need += l->blocks[b].bytes;
+			else
+				elig += l->blocks[b].bytes;
+		}
+		if (need > budget)
+			continue;
+		uint64_t room = budget - need;
+		double f = elig ? (double)room / (double)elig : 0, acc = 0;
+		f = f > 1 ? 1 : f;
+		/* Spread: error diffusion over the forward order. */
+		for (size_t i = 0; i < k; i++) {
+			uint32_t b = p->sched[i];
+			uint64_t sz = l->blocks[b].bytes;
+			if (cand[b])
+				continue;
+			acc += f * (double)sz;
+			if (acc + 0.5 >= (double)sz && sz <= room) {
+				cand[b] = 1;
+				room -= sz;
+				acc -= (double)sz;
+			}
+		}
+		/* Fill what is left, largest first. */
+		for (;;) {
+			int64_t pick = -1;
+			for (size_t i = 0; i < k; i++) {
+				uint32_t b = p->sched[i];
+				if (!cand[b] && l->blocks[b].bytes <= room &&
+				    (pick < 0 || l->blocks[b].bytes > l->blocks[pick].bytes))
+					pick = b;
+			}
+			if (pick < 0)
+				break;
+			cand[pick] = 1;
+			room -= l->blocks[pick].bytes;
+		}
+		uint64_t res = budget - room;
+		if (!have || res > best_res) {
+			have = 1;
+			best_res = res;
+			memcpy(p->resident, cand, n);
+		}
+	}
+	if (!have) { /* cannot happen: S = maxb fits (min_need <= budget) */
+		rc = arena_errorf(ARENA_E_INTERNAL, "engine: no plan for a budget of %s", fmtb(budget));
+		goto out;
+	}
+	plan_derive(l, p, seq, r, slot_of);
+out:
+	arena_free(cand);
+	arena_free(seq);
+	arena_free(slot_of);
+	arena_free(r);
+	if (rc)
+		arena_residency_plan_release(p);
+	return rc;
+}
+
+/* --- engine ------------------------------------------------------------------- */
+
+typedef struct eslot {
+	ring_slot r;
+	void *dptr;
+	arena_event *ev_copy; /* recorded on the copy stream after its fill */
+	arena_event *ev_free; /* recorded on the caller's stream at release */
+	double watch_t;       /* a stalled acquire waits on it since; 0 none */
+} eslot;
+
+struct arena_engine {
+	arena_model *m;
+	arena_backend *be;
+	const arena_layout *l;
+	arena_engine_opts o;
+	arena_residency_plan plan;
+	int state, failed_rc;
+	arena_stream *cs; /* copy stream */
+	/* ring */
+	unsigned n_slots; /* ring_slots(o): the array; used when something is streamed */
+	eslot *slots;
+	uint64_t slot_bytes; /* of the allocated slots; 0 none */
+	uint64_t stamp;
+	/* streamed schedule of the step */
+	uint32_t *seq;
+	size_t n_seq, cur, fetched;
+	int *slot_of;
+	uint8_t *copied;
+	ring_slot *scratch;    /* for plan_derive */
+	int *scratch_slot_of;
+	size_t *held; /* entries acquired and not released, oldest first */
+	size_t n_held;
+	/* per block */
+	arena_event **ev_use;  /* last release of a resident block */
+	arena_event **ev_fill; /* copy that made it resident */
+	unsigned *res_held;
+	/* records */
+	arena_engine_step rec;
+	arena_engine_step *hist;
+	uint64_t steps;
+	unsigned room_steps;
+	int begun; /* first copies of the coming step issued */
+};
+
+static int fail_engine(arena_engine *e, int rc)
+{
+	if (rc && rc != ARENA_E_USAGE) {
+		e->state = ST_FAILED;
+		e->failed_rc = rc;
+	}
+	return rc;
+}
+
+static uint64_t dev_used(const arena_engine *e)
+{
+	return e->plan.resident_bytes + (uint64_t)(e->plan.n_streamed ? e->n_slots : 0) * e->plan.slot_bytes;
+}
+
+static void refresh(arena_engine *e)
+{
+	plan_derive(e->l, &e->plan, e->seq, e->scratch, e->scratch_slot_of);
+	e->n_seq = 0;
+	for (size_t i = 0; i < e->plan.n_sched; i++)
+		if (!e->plan.resident[e->plan.sched[i]])
+			e->seq[e->n_seq++] = e->plan.sched[i];
+}
+
+/* Wait for everything the ring's slots are part of, then free them. */
+static int ring_free(arena_engine *e)
+{
+	int rc = 0;
+	arena_backend *be = e->be;
+	if (e->cs && (rc = be->ops->stream_sync(be, e->cs)))
+		return rc;
+	for (unsigned i = 0; i < e->n_slots; i++) {
+		eslot *s = &e->slots[i];
+		if (!rc && s->ev_free)
+			rc = be->ops->event_sync(be, s->ev_free);
+		if (s->dptr)
+			be->ops->dev_free(be, s->dptr);
+		s->dptr = NULL;
+		s->r = (ring_slot){-1, 0, 0};
+		s->watch_t = 0;
+	}
+	e->slot_bytes = 0;
+	return rc;
+}
+
+/* Slots of `bytes` each (0: none). DEV_OOM leaves no slot allocated. */
+static int ring_alloc(arena_engine *e, uint64_t bytes)
+{
+	int rc;
+	if (bytes == e->slot_bytes)
+		return 0;
+	if ((rc = ring_free(e)) || !bytes)
+		return rc;
+	for (unsigned i = 0; i < e->n_slots; i++)
+		if ((rc = e->be->ops->dev_alloc(e->be, bytes, &e->slots[i].dptr))) {
+			ring_free(e);
+			return rc;
+		}
+	e->slot_bytes = bytes;
+	return 0;
+}
+
+/* Give block b a host slab (re-read from its source) if it has none. */
+static int ensure_host(arena_engine *e, uint32_t b)
+{
+	arena_model *m = e->m;
+	uint8_t *slab;
+	if (m->mem[b].host || !e->l->blocks[b].bytes)
+		return 0;
+	if (!e->o.reread)
+		return arena_errorf(ARENA_E_INTERNAL, "block '%s' has no host copy and no source to re-read",
+				    e->l->blocks[b].name);
+	int rc = arena_model_host_add(m, b, &slab);
+	if (!rc && (rc = e->o.reread(e->o.reread_ctx, b, slab, e->l->blocks[b].bytes)))
+		arena_model_host_discard(m, b);
+	if (!rc)
+		arena_model_host_seal(m, b);
+	if (rc)
+		arena_error_prefix(e->l->blocks[b].name);
+	return rc;
+}
+
+static int demotable(const arena_engine *e, uint32_t b)
+{
+	return !arena_block_is_globals(e->l, b) && e->plan.resident[b] && e->l->blocks[b].bytes &&
+	       (e->m->mem[b].host || e->o.reread);
+}
+
+/* Drop block b's device copy (between steps; invariant 3). */
+static int demote(arena_engine *e, uint32_t b)
+{
+	arena_model *m = e->m;
+	int rc = ensure_host(e, b);
+	if (!rc && m->mem[b].dev && (rc = e->be->ops->event_sync(e->be, e->ev_use[b])) == 0)
+		rc = e->be->ops->event_sync(e->be, e->ev_fill[b]);
+	if (rc)
+		return rc;
+	if (m->mem[b].dev) {
+		e->be->ops->dev_free(e->be, m->mem[b].dev);
+		m->mem[b].dev = NULL;
+		m->dev_bytes -= e->l->blocks[b].bytes;
+	}
+	e->plan.resident[b] = 0;
+	e->rec.demotions++;
+	return 0;
+}
+
+/* Saving of demoting b with the ring as it would be. */
+static int64_t saving(const arena_engine *e, uint32_t b)
+{
+	uint64_t sz = e->l->blocks[b].bytes, S = e->plan.n_streamed ? e->plan.slot_bytes : 0;
+	uint64_t grow = sz > S ? (uint64_t)e->n_slots * (sz - S) : 0;
+	return (int64_t)sz - (int64_t)grow;
+}
+
+/* Demote the resident block that saves most; 0, 1 if none could go, or an error. */
+static int demote_best(arena_engine *e)
+{
+	int64_t pick = -1, best = 0;
+	for (uint32_t b = 0; b < e->l->n_blocks; b++)
+		if (demotable(e, b) && saving(e, b) > best)
+			best = saving(e, b), pick = b;
+	if (pick < 0)
+		return 1;
+	int rc = demote(e, (uint32_t)pick);
+	if (!rc)
+		refresh(e);
+	return rc;
+}
+
+/* Put block b on the device: allocate and copy from its host slab. */
+static int promote(arena_engine *e, uint32_t b)
+{
+	arena_model *m = e->m;
+	arena_backend *be = e->be;
+	uint64_t sz = e->l->blocks[b].bytes;
+	int rc = 0;
+	if (!m->mem[b].dev && sz) {
+		if ((rc = be->ops->dev_alloc(be, sz, &m->mem[b].dev)))
+			return rc;
+		m->dev_bytes += sz;
+		if ((rc = be->ops->copy_h2d(be, m->mem[b].dev, m->mem[b].host, sz, e->cs)) ||
+		    (rc = be->ops->event_record(be, e->ev_fill[b], e->cs))) {
+			be->ops->stream_sync(be, e->cs);
+			be->ops->dev_free(be, m->mem[b].dev);
+			m->mem[b].dev = NULL;
+			m->dev_bytes -= sz;
+			return rc;
+		}
+		e->rec.promoted_bytes += sz;
+	}
+	e->plan.resident[b] = 1;
+	return 0;
+}
+
+/* Make the ring fit the plan; a device allocation failure demotes and retries. */
+static int fit_ring(arena_engine *e)
+{
+	for (;;) {
+		uint64_t want = e->plan.n_streamed ? e->plan.slot_bytes : 0;
+		int rc = ring_alloc(e, want);
+		if (rc != ARENA_E(DEV_OOM))
+			return rc;
+		e->rec.alloc_retries++;
+		int d = demote_best(e);
+		if (d < 0)
+			return d;
+		if (d > 0)
+			return rc; /* nothing left to demote: the DEV_OOM stands */
+	}
+}
+
+/* Issue the fetch of streamed entry j; 0 issued, 1 no slot free, or an error. */
+static int fetch_one(arena_engine *e, size_t j)
+{
+	arena_backend *be = e->be;
+	uint32_t b = e->seq[j];
+	int reuse = 0, si = -1, rc;
+	/* ring_pick's rule on the eslots (each embeds its ring_slot). */
+	for (unsigned i = 0; i < e->n_slots && si < 0; i++)
+		if (e->slots[i].r.block == (int64_t)b)
+			si = (int)i, reuse = 1;
+	for (unsigned i = 0; i < e->n_slots && !reuse; i++)
+		if (!e->slots[i].r.pending && (si < 0 || e->slots[i].r.last_use < e->slots[si].r.last_use))
+			si = (int)i;
+	if (si < 0)
+		return 1;
+	eslot *s = &e->slots[si];
+	if (!reuse) {
+		uint64_t sz = e->l->blocks[b].bytes;
+		s->r.block = -1;
+		if ((rc = be->ops->stream_wait(be, e->cs, s->ev_free)) ||
+		    (rc = be->ops->copy_h2d(be, s->dptr, e->m->mem[b].host, sz, e->cs)) ||
+		    (rc = be->ops->event_record(be, s->ev_copy, e->cs)))
+			return rc;
+		s->r.block = b;
+	}
+	s->r.pending++;
+	e->slot_of[j] = si;
+	e->copied[j] = (uint8_t)!reuse;
+	return 0;
+}
+
+/* Fetch streamed entries below cur + depth while slots are free. */
+static int prefetch(arena_engine *e)
+{
+	while (e->fetched < e->n_seq && e->fetched < e->cur + e->plan.depth) {
+		int rc = fetch_one(e, e->fetched);
+		if (rc < 0)
+			return rc;
+		if (rc > 0)
+			break;
+		e->fetched++;
+	}
+	return 0;
+}
+
+/* Account stalled acquires whose copies are done (sync: wait for them). */
+static int poll_stalls(arena_engine *e, int sync)
+{
+	for (unsigned i = 0; i < e->n_slots; i++) {
+		eslot *s = &e->slots[i];
+		if (!s->watch_t)
+			continue;
+		int q = sync ? e->be->ops->event_sync(e->be, s->ev_copy) == 0 : e->be->ops->event_query(e->be, s->ev_copy);
+		if (q < 0)
+			return q;
+		if (q > 0) {
+			e->rec.stall_s += now_s() - s->watch_t;
+			s->watch_t = 0;
+		}
+	}
+	return 0;
+}
+
+void arena_engine_free(arena_engine *e)
+{
+	if (!e)
+		return;
+	arena_backend *be = e->be;
+	if (e->slots) {
+		ring_free(e);
+		for (unsigned i = 0; i < e->n_slots; i++) {
+			be->ops->event_destroy(be, e->slots[i].ev_copy);
+			be->ops->event_destroy(be, e->slots[i].ev_free);
+		}
+	}
+	if (e->cs)
+		be->ops->stream_sync(be, e->cs);
+	for (size_t b = 0; b < e->l->n_blocks; b++) {
+		if (e->ev_use && e->ev_use[b]) {
+			be->ops->event_sync(be, e->ev_use[b]);
+			be->ops->event_destroy(be, e->ev_use[b]);
+		}
+		if (e->ev_fill && e->ev_fill[b])
+			be->ops->event_destroy(be, e->ev_fill[b]);
+	}
+	if (e->cs)
+		be->ops->stream_destroy(be, e->cs);
+	arena_free(e->slots);
+	arena_free(e->seq);
+	arena_free(e->slot_of);
+	arena_free(e->copied);
+	arena_free(e->scratch);
+	arena_free(e->scratch_slot_of);
+	arena_free(e->held);
+	arena_free(e->ev_use);
+	arena_free(e->ev_fill);
+	arena_free(e->res_held);
+	arena_free(e->hist);
+	arena_residency_plan_release(&e->plan);
+	arena_free(e);
+}
+
+int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine **out)
+{
+	*out = NULL;
+	arena_backend *be = m->backend;
+	const arena_layout *l = m->layout;
+	uint64_t free_b = 0, total = 0, budget, headroom, reserve;
+	int rc = be->ops->mem_info(be, &free_b, &total);
+	if (rc)
+		return rc;
+	arena_residency_budget(total, free_b + m->dev_bytes, o, &budget, &headroom, &reserve);
+	arena_engine *e = arena_calloc(1, sizeof(*e));
+	if (!e)
+		return arena_errorf(ARENA_E_NOMEM, "engine: out of memory");
+	e->m = m;
+	e->be = be;
+	e->l = l;
+	e->o = *o;
+	if ((rc = arena_residency_plan_make(l, o, budget, &e->plan))) {
+		if (rc == ARENA_E(BUDGET)) {
+			char msg[1024];
+			snprintf(msg, sizeof(msg), "%s", arena_last_error());
+			uint64_t avail = free_b + m->dev_bytes;
+			if (o->cap && o->cap < avail)
+				avail = o->cap;
+			arena_errorf(rc,
+				     "%s: does not fit: %s; with a working reserve of %s and headroom of %s it needs %s of "
+				     "device memory, %s is available%s",
+				     be->ops->name, msg, fmtb(reserve), fmtb(headroom),
+				     fmtb(e->plan.min_need_bytes + reserve + headroom), fmtb(avail),
+				     o->cap ? " under the cap" : "");
+		}
+		goto fail;
+	}
+	e->plan.headroom = headroom;
+	e->plan.reserve = reserve;
+	size_t n = l->n_blocks, ns = e->plan.n_sched ? e->plan.n_sched : 1;
+	e->n_slots = ring_slots(o);
+	e->slots = arena_calloc(e->n_slots, sizeof(*e->slots));
+	e->seq = arena_calloc(ns, sizeof(*e->seq));
+	e->slot_of = arena_calloc(ns, sizeof(*e->slot_of));
+	e->copied = arena_calloc(ns, 1);
+	e->scratch = arena_calloc(e->n_slots, sizeof(*e->scratch));
+	e->scratch_slot_of = arena_calloc(ns, sizeof(*e->scratch_slot_of));
+	e->held = arena_calloc(e->n_slots, sizeof(*e->held));
+	e->ev_use = arena_calloc(n ? n : 1, sizeof(*e->ev_use));
+	e->ev_fill = arena_calloc(n ? n : 1, sizeof(*e->ev_fill));
+	e->res_held = arena_calloc(n ? n : 1, sizeof(*e->res_held));
+	e->hist = arena_calloc(ARENA_ENGINE_HISTORY, sizeof(*e->hist));
+	if (!e->slots || !e->seq || !e->slot_of || !e->copied || !e->scratch || !e->scratch_slot_of || !e->held ||
+	    !e->ev_use || !e->ev_fill || !e->res_held || !e->hist) {
+		rc = arena_errorf(ARENA_E_NOMEM, "engine: out of memory");
+		goto fail;
+	}
+	for (unsigned i = 0; i < e->n_slots; i++)
+		e->slots[i].r = (ring_slot){-1, 0, 0};
+	if ((rc = be->ops->stream_create(be, &e->cs)))
+		goto fail;
+	for (unsigned i = 0; i < e->n_slots; i++)
+		if ((rc = be->ops->event_create(be, &e->slots[i].ev_copy)) ||
+		    (rc = be->ops->event_create(be, &e->slots[i].ev_free)))
+			goto fail;
+	for (size_t b = 0; b < n; b++)
+		if ((rc = be->ops->event_create(be, &e->ev_use[b])) || (rc = be->ops->event_create(be, &e->ev_fill[b])))
+			goto fail;
+	/* Every block must be somewhere it can come back from. */
+	for (uint32_t b = 0; b < n; b++)
+		if (!m->mem[b].dev && !m->mem[b].host && l->blocks[b].bytes) {
+			rc = arena_errorf(ARENA_E_USAGE, "engine: block '%s' is neither on the device nor in a host slab",
+					  l->blocks[b].name);
+			goto fail;
+		}
+	/* Device-only blocks that cannot be re-read stay resident. */
+	uint8_t *want = e->plan.resident;
+	for (uint32_t b = 0; b < n; b++)
+		if (!want[b] && m->mem[b].dev && !m->mem[b].host && !o->reread)
+			want[b] = 1;
+	/* Apply: free what goes first, then place what stays, then the ring. */
+	for (uint32_t b = 0; b < n; b++)
+		if (!want[b] && m->mem[b].dev) {
+			want[b] = 1; /* demote() expects a resident block */
+			if ((rc = demote(e, b)))
+				goto fail;
+		}
+	for (uint32_t b = 0; b < n; b++) {
+		if (!want[b] || m->mem[b].dev || !l->blocks[b].bytes)
+			continue;
+		rc = promote(e, b);
+		if (rc == ARENA_E(DEV_OOM) && !arena_block_is_globals(l, b)) {
+			e->plan.resident[b] = 0; /* demote and go on */
+			e->rec.alloc_retries++;
+			rc = 0;
+		}
+		if (rc)
+			goto fail;
+	}
+	refresh(e);
+	if ((rc = fit_ring(e)))
+		goto fail;
+	refresh(e);
+	if ((rc = be->ops->stream_sync(be, e->cs)))
+		goto fail;
+	e->rec.demotions = 0;
+	e->rec.promoted_bytes = 0;
+	*out = e;
+	return 0;
+fail:
+	arena_engine_free(e);
+	return rc;
+}
+
+int arena_engine_step_begin(arena_engine *e)
+{
+	if (e->state == ST_FAILED)
+		return e->failed_rc;
+	if (e->state != ST_IDLE)
+		return arena_errorf(ARENA_E_USAGE, "engine: step_begin inside a step");
+	e->state = ST_STEP;
+	if (!e->begun) {
+		e->cur = e->fetched = 0;
+		e->begun = 1;
+	}
+	return fail_engine(e, prefetch(e));
+}
+
+int arena_engine_acquire(arena_engine *e, uint32_t block, arena_stream *stream, void **dptr)
+{
+	arena_backend *be = e->be;
+	int rc;
+	*dptr = NULL;
+	if (e->state == ST_FAILED)
+		return e->failed_rc;
+	if (e->state != ST_STEP)
+		return arena_errorf(ARENA_E_USAGE, "engine: acquire outside a step");
+	if (block >= e->l->n_blocks)
+		return arena_errorf(ARENA_E_USAGE, "engine: no block %u", block);
+	if (e->plan.resident[block]) {
+		if ((rc = be->ops->stream_wait(be, stream, e->ev_fill[block])))
+			return fail_engine(e, rc);
+		e->res_held[block]++;
+		*dptr = e->m->mem[block].dev;
+		return 0;
+	}
+	if (e->cur >= e->n_seq || e->seq[e->cur] != block)
+		return arena_errorf(ARENA_E_USAGE, "engine: block '%s' acquired out of schedule order (next streamed: %s)",
+				    e->l->blocks[block].name,
+				    e->cur < e->n_seq ? e->l->blocks[e->seq[e->cur]].name : "none this step");
+	if (e->fetched <= e->cur) {
+		if ((rc = fetch_one(e, e->cur)) < 0)
+			return fail_engine(e, rc);
+		if (rc > 0)
+			return arena_errorf(ARENA_E_USAGE, "engine: %zu blocks held; the ring has %u slots", e->n_held,
+					    e->n_slots);
+		e->fetched++;
+	}
+	size_t j = e->cur;
+	eslot *s = &e->slots[e->slot_of[j]];
+	if ((rc = be->ops->stream_wait(be, stream, s->ev_copy)))
+		return fail_engine(e, rc);
+	int q = be->ops->event_query(be, s->ev_copy);
+	if (q < 0)
+		return fail_engine(e, q);
+	if (!q) {
+		e->rec.stalls++;
+		if (!s->watch_t)
+			s->watch_t = now_s();
+	}
+	if (e->copied[j]) {
+		e->rec.streamed_bytes += e->l->blocks[block].bytes;
+		e->rec.copies++;
+	}
+	e->held[e->n_held++] = j;
+	e->cur++;
+	*dptr = s->dptr;
+	if ((rc = poll_stalls(e, 0)) || (rc = prefetch(e)))
+		return fail_engine(e, rc);
+	return 0;
+}
+
+int arena_engine_release(arena_engine *e, uint32_t block, arena_stream *stream)
+{
+	arena_backend *be = e->be;
+	int rc;
+	if (e->state == ST_FAILED)
+		return e->failed_rc;
+	if (e->state != ST_STEP || block >= e->l->n_blocks)
+		return arena_errorf(ARENA_E_USAGE, "engine: release of block %u outside a step or out of range", block);
+	if (e->plan.resident[block]) {
+		if (!e->res_held[block])
+			return arena_errorf(ARENA_E_USAGE, "engine: release of block '%s' that is not acquired",
+					    e->l->blocks[block].name);
+		e->res_held[block]--;
+		return fail_engine(e, be->ops->event_record(be, e->ev_use[block], stream));
+	}
+	size_t h = 0;
+	while (h < e->n_held && e->seq[e->held[h]] != block)
+		h++;
+	if (h == e->n_held)
+		return arena_errorf(ARENA_E_USAGE, "engine: release of block '%s' that is not acquired",
+				    e->l->blocks[block].name);
+	eslot *s = &e->slots[e->slot_of[e->held[h]]];
+	memmove(&e->held[h], &e->held[h + 1], (e->n_held - h - 1) * sizeof(*e->held));
+	e->n_held--;
+	if ((rc = be->ops->event_record(be, s->ev_free, stream)))
+		return fail_engine(e, rc);
+	s->r.pending--;
+	s->r.last_use = ++e->stamp;
+	if ((rc = poll_stalls(e, 0)) || (rc = prefetch(e)))
+		return fail_engine(e, rc);
+	return 0;
+}
+
+/* Between steps: re-read free memory; demote under pressure, promote after
+ * hysteresis steps of room. */
+static int adapt(arena_engine *e)
+{
+	arena_backend *be = e->be;
+	uint64_t free_b, total, budget, h, w;
+	int rc = be->ops->mem_info(be, &free_b, &total), changed = 0;
+	if (rc)
+		return rc;
+	uint64_t used = dev_used(e);
+	arena_residency_budget(total, free_b + used, &e->o, &budget, &h, &w);
+	e->rec.budget = budget;
+	e->rec.free_bytes = free_b;
+	if (used > budget) {
+		e->room_steps = 0;
+		while (dev_used(e) > budget) {
+			int d = demote_best(e);
+			if (d < 0)
+				return d;
+			if (d > 0) {
+				e->rec.over_budget = 1;
+				break;
+			}
+			changed = 1;
+			/* The ring may have to grow for the demoted block: count it. */
+		}
+		if (changed && (rc = fit_ring(e)))
+			return rc;
+		if (e->rec.over_budget && e->o.strict)
+			return arena_errorf(ARENA_E(BUDGET),
+					    "engine: %s of device memory needed, over the budget of %s (%s free), and "
+					    "nothing left to demote",
+					    fmtb(dev_used(e)), fmtb(budget), fmtb(free_b));
+	} else {
+		uint64_t room = budget - used;
+		int any = 0;
+		for (uint32_t b = 0; b < e->l->n_blocks; b++)
+			if (!e->plan.resident[b] && e->l->blocks[b].bytes <= room)
+				any = 1;
+		e->room_steps = any ? e->room_steps + 1 : 0;
+		unsigned hyst = e->o.hysteresis ? e->o.hysteresis : ARENA_ENGINE_DEFAULT_HYSTERESIS;
+		if (any && e->room_steps >= hyst) {
+			e->room_steps = 0;
+			for (;;) {
+				/* The largest streamed block that fits, counting a ring that shrinks. */
+				int64_t pick = -1;
+				for (uint32_t b = 0; b < e->l->n_blocks; b++) {
+					if (e->plan.resident[b])
+						continue;
+					uint64_t sz = e->l->blocks[b].bytes;
+					if (dev_used(e) + sz > budget)
+						continue;
+					if (pick < 0 || sz > e->l->blocks[pick].bytes)
+						pick = b;
+				}
+				if (pick < 0)
+					break;
+				rc = promote(e, (uint32_t)pick);
+				if (rc == ARENA_E(DEV_OOM)) {
+					e->rec.alloc_retries++;
+					arena_error_clear();
+					break;
+				}
+				if (rc)
+					return rc;
+				e->rec.promotions++;
+				refresh(e);
+				changed = 1;
+			}
+			if (changed && (rc = fit_ring(e)))
+				return rc;
+		}
+	}
+	if (changed)
+		refresh(e);
+	return 0;
+}
+
+int arena_engine_step_end(arena_engine *e)
+{
+	int rc;
+	if (e->state == ST_FAILED)
+		return e->failed_rc;
+	if (e->state != ST_STEP)
+		return arena_errorf(ARENA_E_USAGE, "engine: step_end outside a step");
+	if (e->n_held)
+		return arena_errorf(ARENA_E_USAGE, "engine: step_end with %zu streamed blocks still acquired", e->n_held);
+	for (uint32_t b = 0; b < e->l->n_blocks; b++)
+		if (e->res_held[b])
+			return arena_errorf(ARENA_E_USAGE, "engine: step_end with block '%s' still acquired",
+					    e->l->blocks[b].name);
+	if (e->cur != e->n_seq)
+		return arena_errorf(ARENA_E_USAGE, "engine: step_end after %zu of %zu streamed blocks", e->cur,
+				    e->n_seq);
+	if ((rc = poll_stalls(e, 1)))
+		return fail_engine(e, rc);
+	rc = adapt(e);
+	e->rec.step = e->steps;
+	e->rec.resident_bytes = e->plan.resident_bytes;
+	e->rec.slot_bytes = e->plan.n_streamed ? e->plan.slot_bytes : 0;
+	e->rec.slots = e->plan.n_streamed ? e->n_slots : 0;
+	e->hist[e->steps % ARENA_ENGINE_HISTORY] = e->rec;
+	e->steps++;
+	memset(&e->rec, 0, sizeof(e->rec));
+	e->state = ST_IDLE;
+	if (rc)
+		return fail_engine(e, rc);
+	/* The next step's first copies run behind this step's last compute. */
+	e->cur = e->fetched = 0;
+	e->begun = 1;
+	return fail_engine(e, prefetch(e));
+}
+
+const arena_residency_plan *arena_engine_plan(const arena_engine *e)
+{
+	return &e->plan;
+}
+
+int arena_engine_step_record(const arena_engine *e, uint64_t step, arena_engine_step *out)
+{
+	if (step >= e->steps || e->steps - step > ARENA_ENGINE_HISTORY)
+		return arena_errorf(ARENA_E_NOT_FOUND, "engine: no record of step %" PRIu64, step);
+	*out = e->hist[step % ARENA_ENGINE_HISTORY];
+	return 0;
+}
+
+uint64_t arena_engine_steps(const arena_engine *e)
+{
+	return e->steps;
+}
+
+int arena_engine_is_resident(const arena_engine *e, uint32_t block)
+{
+	return block < e->l->n_blocks && e->plan.resident[block];
+}
+
+arena_stream *arena_engine_copy_stream(const arena_engine *e)
+{
+	return e->cs;
+}

@@ -1,0 +1,201 @@
+/* engine.h - the residency planner and the prefetch engine: a loaded model
+ * run on any amount of device memory, as much of it resident as fits, the
+ * rest streamed through a ring of device slots just in time.
+ *
+ * Plan (arena_residency_plan, a pure function; `arena plan` uses it without
+ * a device). Blocks in execution order; the globals block (container NULL)
+ * is always resident and is not part of the schedule. The schedule of one
+ * step is
+ *   sample: the other blocks in order (n entries);
+ *   train:  forward in order, then backward in reverse, each block needed
+ *           again once for recompute + backward (2n entries).
+ * The budget is the device memory the engine may use for weights:
+ *   min(cap, free + what the model already holds) - headroom - reserve
+ * headroom (physical slack) defaults to min(512 MiB, 2% of total); reserve
+ * (working memory for activations) to 1 GiB for sample and 4 GiB for train,
+ * at most a quarter of what is left after the headroom. If everything fits,
+ * everything is resident. Otherwise the streamed blocks go through a ring of
+ * `slots` device slots of the largest streamed block's size: depth + 1
+ * (depth copies ahead plus the block in use), plus keep_last in train (so
+ * the last forward blocks are still in their slots when backward needs them).
+ * For every candidate slot size (each distinct block size) the planner keeps
+ * blocks above it resident, then spreads the remaining room over the
+ * schedule (an error-diffusion walk: resident blocks evenly between the
+ * streamed ones, so copies hide behind the compute of resident blocks) and
+ * fills what is left largest first; the candidate with the most resident
+ * bytes wins. Predicted streamed bytes per step come from a dry run of the
+ * ring's slot choice (below) over two steps, so they include slot reuse
+ * (the last forward blocks reused by backward).
+ *
+ * Ring slot choice (run and dry run alike): entry j of the streamed schedule
+ * goes to the slot that already holds its block if any (no copy), else to
+ * the unused slot released longest ago. Entry j is fetched once entry
+ * j - depth has been acquired (and before any acquire, entries 0..depth-1).
+ *
+ * Engine state machine (single-threaded: one caller thread drives it):
+ *
+ *     create ──► IDLE ──step_begin──► STEP ──step_end──► IDLE
+ *                 │                   │  ▲                 │
+ *                 │                   └──┘ acquire/release │
+ *                 └──────────── free (any state) ◄─────────┘
+ *     any failing device op ──► FAILED (every later call returns the error;
+ *                                       free still releases everything)
+ *
+ *   | transition                         | performed by                     |
+ *   | plan, slots, resident copies       | arena_engine_create              |
+ *   | first prefetch of a step           | step_begin (or step_end before)  |
+ *   | prefetch of entries ahead          | acquire, release                 |
+ *   | adapt: demote / promote, new ring  | step_end                         |
+ *   | drop device copies, slots          | arena_engine_free                |
+ *
+ * Invariants (hold between calls):
+ *   1. Offload is forgetting the device copy: the engine never copies from
+ *      the device to the host (DESIGN.md invariant 3). A block leaves the
+ *      device only when it has a host slab; a block loaded straight to the
+ *      device gets one first (re-read from its image through `reread`,
+ *      checksums checked), so no block is ever lost.
+ *   2. A slot is refilled only after the copy stream has waited for the
+ *      event recorded at the release of its previous block; a block's device
+ *      address is handed out only after the caller's stream has been made to
+ *      wait for the copy that filled it.
+ *   3. A resident block's device memory is freed (demotion) only after the
+ *      event of its last release is done, and only between steps.
+ *   4. Device memory used = globals + resident blocks + slots x slot_bytes,
+ *      and after every step_end it is within the budget read at that step
+ *      unless nothing more can be demoted (then the step record says
+ *      over_budget; with `strict` step_end fails with BUDGET instead).
+ *   5. No allocation on the hot path: acquire and release use only arrays
+ *      sized at create (the backend may allocate inside its own ops).
+ *
+ * While an engine is attached, it owns the device side of the model's blocks
+ * (m->mem[b].dev, m->dev_bytes): it allocates, fills and frees them. When it
+ * is freed, each block is left on the device (resident ones) or in a host
+ * slab (streamed ones), and the model stays whole.
+ */
+#ifndef ARENA_ENGINE_H
+#define ARENA_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../formats/layout.h"
+#include "backend.h"
+#include "model.h"
+
+enum { ARENA_MODE_SAMPLE = 0, ARENA_MODE_TRAIN = 1 };
+
+#define ARENA_ENGINE_AUTO UINT64_MAX /* headroom / reserve: the default */
+#define ARENA_ENGINE_DEFAULT_DEPTH 2u
+#define ARENA_ENGINE_DEFAULT_HYSTERESIS 3u
+#define ARENA_ENGINE_HISTORY 256u /* step records kept */
+
+/* Fill `dst` (the block's slab bytes) from the block's source, checked.
+ * Used to give a device-only block a host copy before it leaves the device. */
+typedef int (*arena_reread_fn)(void *ctx, uint32_t block, uint8_t *dst, uint64_t bytes);
+
+typedef struct arena_engine_opts {
+	int mode;             /* ARENA_MODE_SAMPLE (default) or ARENA_MODE_TRAIN */
+	uint64_t cap;         /* device bytes arena may use at most; 0 = no cap */
+	uint64_t headroom;    /* ARENA_ENGINE_AUTO = min(512 MiB, 2% of total) */
+	uint64_t reserve;     /* ARENA_ENGINE_AUTO = 1 GiB sample / 4 GiB train, <= 1/4 */
+	unsigned depth;       /* copies ahead; 0 = ARENA_ENGINE_DEFAULT_DEPTH */
+	unsigned keep_last;   /* train: extra slots for the last forward blocks; default 0 */
+	unsigned hysteresis;  /* steps of room before a promotion; 0 = default */
+	int strict;           /* over the cap after demoting all it can: error, not a warning */
+	arena_reread_fn reread; /* NULL: device-only blocks stay resident */
+	void *reread_ctx;
+} arena_engine_opts;
+
+/* A plan. Arrays are owned; release with arena_residency_plan_release. */
+typedef struct arena_residency_plan {
+	size_t n_blocks;         /* of the layout */
+	uint8_t *resident;       /* per block: 1 resident (globals always), 0 streamed */
+	uint32_t *sched;         /* the step's schedule: block per entry */
+	size_t n_sched;
+	uint64_t budget;         /* bytes for weights the plan was made for */
+	uint64_t headroom, reserve;
+	uint64_t globals_bytes, resident_bytes, streamed_block_bytes; /* resident_bytes has globals */
+	uint64_t slot_bytes;     /* 0 when nothing is streamed */
+	unsigned slots, depth;
+	uint64_t need_bytes;     /* globals + resident + slots x slot_bytes */
+	uint64_t min_need_bytes; /* the least any plan needs: globals + slots x largest block */
+	uint64_t stream_bytes_per_step; /* predicted, steady state */
+	uint64_t copies_per_step;
+	size_t n_resident, n_streamed; /* among scheduled blocks */
+} arena_residency_plan;
+
+/* Work out where a budget comes from: total and free device bytes (free
+ * includes what the model already holds), cap 0 = none, headroom and reserve
+ * ARENA_ENGINE_AUTO or bytes. Writes the weights budget and what was used. */
+void arena_residency_budget(uint64_t total, uint64_t free_bytes, const arena_engine_opts *o, uint64_t *budget,
+			    uint64_t *headroom, uint64_t *reserve);
+
+/* Plan `l` for `budget` weight bytes. Errors: BUDGET (the smallest plan does
+ * not fit; the message says what it needs: globals, ring, reserve), USAGE
+ * (a layout with no block to schedule is fine: all resident), NOMEM. */
+int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o, uint64_t budget,
+			      arena_residency_plan *p);
+void arena_residency_plan_release(arena_residency_plan *p);
+
+/* One step's record: every decision the engine made. */
+typedef struct arena_engine_step {
+	uint64_t step;           /* 0, 1, ... */
+	uint64_t budget;         /* weight bytes allowed when the step ended */
+	uint64_t free_bytes;     /* mem_info free at step_end */
+	uint64_t resident_bytes; /* resident at the end of the step (with globals) */
+	uint64_t slot_bytes;
+	unsigned slots;
+	uint64_t streamed_bytes; /* copied into slots for this step's entries */
+	uint64_t copies;
+	uint64_t promoted_bytes; /* copied to the device by promotions */
+	unsigned stalls;         /* acquires whose copy was not yet done */
+	double stall_s;          /* from those acquires until their copies were done */
+	unsigned demotions, promotions, alloc_retries;
+	int over_budget;         /* nothing left to demote and still over */
+} arena_engine_step;
+
+typedef struct arena_engine arena_engine;
+
+/* Plan for `m` on its backend and set it up: resident blocks on the device
+ * (copied from host slabs where they were not loaded there), streamed ones
+ * off it (re-read through o->reread when they have no host slab), the
+ * ring's slots, a copy stream and events. BUDGET before anything is moved
+ * when the smallest plan does not fit. `m` is borrowed and must outlive the
+ * engine. On failure nothing is changed but which blocks are on the device
+ * (every block stays on the device or in a host slab). */
+int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine **out);
+/* Wait for the engine's work, free its slots and streams. Resident blocks
+ * stay on the device (the model frees them). Accepts NULL. */
+void arena_engine_free(arena_engine *e);
+
+/* Start a step (IDLE -> STEP): issues the first copies if not yet issued. */
+int arena_engine_step_begin(arena_engine *e);
+/* Make `stream` wait for block b's bytes and return their device address in
+ * *dptr, valid until the matching release. A streamed block must be acquired
+ * in schedule order (USAGE otherwise); resident blocks at any time. */
+int arena_engine_acquire(arena_engine *e, uint32_t block, arena_stream *stream, void **dptr);
+/* Record on `stream` when the caller's work with b ends; after it the block's
+ * slot may be refilled. Pairs with the oldest unreleased acquire of b. */
+int arena_engine_release(arena_engine *e, uint32_t block, arena_stream *stream);
+/* End the step (STEP -> IDLE): every acquire must have been released. Reads
+ * free memory again and adapts (demotes at once under pressure, promotes
+ * after `hysteresis` steps of room), then issues the next step's first
+ * copies. The step's record is then available. */
+int arena_engine_step_end(arena_engine *e);
+
+/* The current plan (borrowed; changes at step_end). */
+const arena_residency_plan *arena_engine_plan(const arena_engine *e);
+/* Record of step `step`: 0, or NOT_FOUND if it is not (or no longer) kept. */
+int arena_engine_step_record(const arena_engine *e, uint64_t step, arena_engine_step *out);
+/* Steps ended so far. */
+uint64_t arena_engine_steps(const arena_engine *e);
+/* Where block b is now: 1 resident, 0 streamed. */
+int arena_engine_is_resident(const arena_engine *e, uint32_t block);
+/* The engine's copy stream (tests: sync on it). */
+arena_stream *arena_engine_copy_stream(const arena_engine *e);
+
+/* Pure helpers exposed for tests and the CLI. */
+/* 1 if block b of l is the globals block (always resident, not scheduled). */
+int arena_block_is_globals(const arena_layout *l, uint32_t b);
+
+#endif

@@ -1,0 +1,29 @@
+/* reread.h - a block's slab read again from its image, checked: how the
+ * engine gives a block that was loaded straight to the device a host copy
+ * before it drops the device copy (arena/engine.h, invariant 1).
+ *
+ * The reader opens the image once (header, manifest and chunk table checked)
+ * and checks that its layout is the model's (same blocks, offsets, sizes).
+ * A read covers whole chunks: every chunk the slab touches is read and its
+ * xxh3 checked before any of its bytes are used. */
+#ifndef ARENA_LOADER_REREAD_H
+#define ARENA_LOADER_REREAD_H
+
+#include <stdint.h>
+
+#include "../formats/layout.h"
+
+typedef struct arena_slab_reader arena_slab_reader;
+
+/* Open `path` for re-reading the slabs of `l` (borrowed; must outlive the
+ * reader). Errors: those of arena_img_open, IMG_MANIFEST_BAD (the image's
+ * layout is not l's), NOMEM. */
+int arena_slab_reader_open(const char *path, const arena_layout *l, arena_slab_reader **out);
+void arena_slab_reader_close(arena_slab_reader *r);
+
+/* Read block b's slab (`bytes` = its length) into dst, chunks checked.
+ * Matches arena_reread_fn (ctx = the reader). Errors: IO,
+ * IMG_CHUNK_CHECKSUM, USAGE (wrong size), NOMEM. */
+int arena_slab_reader_read(void *reader, uint32_t b, uint8_t *dst, uint64_t bytes);
+
+#endif
