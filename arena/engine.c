@@ -223,7 +223,7 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 		goto out;
 	}
 	size_t j = 0;
-	uint64_t all = 0, maxb = 0;
+	uint64_t all = 0;
 	for (size_t b = 0; b < n; b++) {
 		uint64_t sz = l->blocks[b].bytes;
 		if (arena_block_is_globals(l, (uint32_t)b)) {
@@ -233,22 +233,14 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 		}
 		p->sched[j++] = (uint32_t)b;
 		all += sz;
-		maxb = sz > maxb ? sz : maxb;
 	}
 	for (size_t i = 0; i < k && p->n_sched == 2 * k; i++)
 		p->sched[k + i] = p->sched[k - 1 - i];
-	p->min_need_bytes = p->globals_bytes + (uint64_t)p->slots * maxb;
 	if (p->globals_bytes + all <= budget) {
 		for (size_t b = 0; b < n; b++)
 			p->resident[b] = 1;
+		p->min_need_bytes = p->globals_bytes + all;
 		plan_derive(l, p, seq, r, slot_of);
-		goto out;
-	}
-	if (p->min_need_bytes > budget) {
-		rc = arena_errorf(ARENA_E(BUDGET),
-				  "the smallest plan needs %s for weights (globals %s + a ring of %u slots x %s, the "
-				  "largest block), the budget for weights is %s",
-				  fmtb(p->min_need_bytes), fmtb(p->globals_bytes), p->slots, fmtb(maxb), fmtb(budget));
 		goto out;
 	}
 	/* Each distinct block size is a candidate slot size; largest first. */
@@ -274,6 +266,8 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 			else
 				elig += l->blocks[b].bytes;
 		}
+		if (!p->min_need_bytes || need < p->min_need_bytes)
+			p->min_need_bytes = need;
 		if (need > budget)
 			continue;
 		uint64_t room = budget - need;
@@ -313,8 +307,11 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 			memcpy(p->resident, cand, n);
 		}
 	}
-	if (!have) { /* cannot happen: S = maxb fits (min_need <= budget) */
-		rc = arena_errorf(ARENA_E_INTERNAL, "engine: no plan for a budget of %s", fmtb(budget));
+	if (!have) {
+		rc = arena_errorf(ARENA_E(BUDGET),
+				  "the smallest plan needs %s for weights (globals %s + a ring of %u slots + the blocks "
+				  "larger than a slot), the budget for weights is %s",
+				  fmtb(p->min_need_bytes), fmtb(p->globals_bytes), p->slots, fmtb(budget));
 		goto out;
 	}
 	plan_derive(l, p, seq, r, slot_of);
@@ -323,8 +320,11 @@ out:
 	arena_free(seq);
 	arena_free(slot_of);
 	arena_free(r);
-	if (rc)
+	if (rc) {
+		uint64_t min_need = p->min_need_bytes;
 		arena_residency_plan_release(p);
+		p->min_need_bytes = min_need; /* for the caller's message */
+	}
 	return rc;
 }
 
@@ -856,82 +856,88 @@ int arena_engine_release(arena_engine *e, uint32_t block, arena_stream *stream)
 	return 0;
 }
 
-/* Between steps: re-read free memory; demote under pressure, promote after
- * hysteresis steps of room. */
+/* Move to the resident set `want` (between steps): demote what goes, largest
+ * first, free the ring, promote what comes (a device allocation failure
+ * leaves that block streamed), then a ring for what is streamed now. */
+static int apply(arena_engine *e, const uint8_t *want)
+{
+	int rc;
+	for (;;) {
+		int64_t pick = -1;
+		for (uint32_t b = 0; b < e->l->n_blocks; b++)
+			if (!want[b] && demotable(e, b) && (pick < 0 || e->l->blocks[b].bytes > e->l->blocks[pick].bytes))
+				pick = b;
+		if (pick < 0)
+			break;
+		if ((rc = demote(e, (uint32_t)pick)))
+			return rc;
+	}
+	if ((rc = ring_free(e)))
+		return rc;
+	for (uint32_t b = 0; b < e->l->n_blocks; b++) {
+		if (!want[b] || e->plan.resident[b])
+			continue;
+		rc = promote(e, b);
+		if (rc == ARENA_E(DEV_OOM)) {
+			e->rec.alloc_retries++;
+			arena_error_clear();
+			continue;
+		}
+		if (rc)
+			return rc;
+		e->rec.promotions++;
+	}
+	refresh(e);
+	return fit_ring(e);
+}
+
+/* Between steps: re-read free memory; under pressure move to the plan for
+ * the new budget at once, with room after `hysteresis` steps of it. */
 static int adapt(arena_engine *e)
 {
 	arena_backend *be = e->be;
 	uint64_t free_b, total, budget, h, w;
-	int rc = be->ops->mem_info(be, &free_b, &total), changed = 0;
+	arena_residency_plan t;
+	int rc = be->ops->mem_info(be, &free_b, &total);
 	if (rc)
 		return rc;
 	uint64_t used = dev_used(e);
 	arena_residency_budget(total, free_b + used, &e->o, &budget, &h, &w);
 	e->rec.budget = budget;
 	e->rec.free_bytes = free_b;
+	rc = arena_residency_plan_make(e->l, &e->o, budget, &t);
+	if (rc == ARENA_E(BUDGET)) {
+		if (e->o.strict)
+			return arena_errorf(ARENA_E(BUDGET),
+					    "engine: the budget for weights fell to %s (%s free): %s; nothing left to demote",
+					    fmtb(budget), fmtb(free_b), arena_last_error());
+		arena_error_clear();
+		rc = arena_residency_plan_make(e->l, &e->o, t.min_need_bytes, &t); /* the smallest plan */
+	}
+	if (rc)
+		return rc;
+	unsigned hyst = e->o.hysteresis ? e->o.hysteresis : ARENA_ENGINE_DEFAULT_HYSTERESIS;
 	if (used > budget) {
 		e->room_steps = 0;
-		while (dev_used(e) > budget) {
-			int d = demote_best(e);
-			if (d < 0)
-				return d;
-			if (d > 0) {
-				e->rec.over_budget = 1;
-				break;
-			}
-			changed = 1;
-			/* The ring may have to grow for the demoted block: count it. */
-		}
-		if (changed && (rc = fit_ring(e)))
-			return rc;
-		if (e->rec.over_budget && e->o.strict)
-			return arena_errorf(ARENA_E(BUDGET),
-					    "engine: %s of device memory needed, over the budget of %s (%s free), and "
-					    "nothing left to demote",
-					    fmtb(dev_used(e)), fmtb(budget), fmtb(free_b));
-	} else {
-		uint64_t room = budget - used;
-		int any = 0;
-		for (uint32_t b = 0; b < e->l->n_blocks; b++)
-			if (!e->plan.resident[b] && e->l->blocks[b].bytes <= room)
-				any = 1;
-		e->room_steps = any ? e->room_steps + 1 : 0;
-		unsigned hyst = e->o.hysteresis ? e->o.hysteresis : ARENA_ENGINE_DEFAULT_HYSTERESIS;
-		if (any && e->room_steps >= hyst) {
+		rc = apply(e, t.resident);
+	} else if (t.resident_bytes > e->plan.resident_bytes) {
+		if (++e->room_steps >= hyst) {
 			e->room_steps = 0;
-			for (;;) {
-				/* The largest streamed block that fits, counting a ring that shrinks. */
-				int64_t pick = -1;
-				for (uint32_t b = 0; b < e->l->n_blocks; b++) {
-					if (e->plan.resident[b])
-						continue;
-					uint64_t sz = e->l->blocks[b].bytes;
-					if (dev_used(e) + sz > budget)
-						continue;
-					if (pick < 0 || sz > e->l->blocks[pick].bytes)
-						pick = b;
-				}
-				if (pick < 0)
-					break;
-				rc = promote(e, (uint32_t)pick);
-				if (rc == ARENA_E(DEV_OOM)) {
-					e->rec.alloc_retries++;
-					arena_error_clear();
-					break;
-				}
-				if (rc)
-					return rc;
-				e->rec.promotions++;
-				refresh(e);
-				changed = 1;
-			}
-			if (changed && (rc = fit_ring(e)))
-				return rc;
+			rc = apply(e, t.resident);
 		}
+	} else {
+		e->room_steps = 0;
 	}
-	if (changed)
-		refresh(e);
-	return 0;
+	arena_residency_plan_release(&t);
+	if (!rc && dev_used(e) > budget) {
+		e->rec.over_budget = 1;
+		if (e->o.strict)
+			rc = arena_errorf(ARENA_E(BUDGET),
+					  "engine: %s of device memory needed, over the budget of %s (%s free), and "
+					  "nothing left to demote",
+					  fmtb(dev_used(e)), fmtb(budget), fmtb(free_b));
+	}
+	return rc;
 }
 
 int arena_engine_step_end(arena_engine *e)

@@ -1,0 +1,646 @@
+/* test_engine.c - the residency planner and the prefetch engine on sim:
+ * plans for many budgets and block mixes, acquire/release order with device
+ * bytes checked against the image, train re-fetches, pressure at random
+ * steps, early budget errors, allocation failures on the set-up paths. */
+#include <criterion/criterion.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "arena.h"
+#include "../../arena/backend.h"
+#include "../../arena/budget.h"
+#include "../../arena/engine.h"
+#include "../../common/alloc.h"
+#include "../../common/io.h"
+#include "../../formats/image.h"
+#include "../../loader/convert.h"
+#include "../../loader/load.h"
+#include "../../loader/reread.h"
+
+/* --- planner on in-memory layouts ---------------------------------------- */
+
+static arena_layout *mk_layout(const uint64_t *sizes, size_t n, uint64_t globals)
+{
+	arena_layout *l;
+	cr_assert_eq(arena_layout_create(n + 1, 0, &l), 0);
+	uint64_t off = 0;
+	for (size_t b = 0; b <= n; b++) {
+		char name[64];
+		arena_block *blk = &l->blocks[b];
+		if (b == 0) {
+			blk->name = arena_strdup("globals");
+			blk->bytes = globals;
+		} else {
+			snprintf(name, sizeof(name), "blocks.%zu", b - 1);
+			blk->name = arena_strdup(name);
+			blk->container = arena_strdup("blocks");
+			blk->index = (int64_t)b - 1;
+			blk->bytes = sizes[b - 1];
+		}
+		blk->offset = off;
+		off = arena_align_up(off + blk->bytes, ARENA_SLAB_ALIGN);
+	}
+	l->data_length = off;
+	return l;
+}
+
+static arena_engine_opts base_opts(int mode)
+{
+	return (arena_engine_opts){.mode = mode, .headroom = 0, .reserve = 0};
+}
+
+/* Check a plan's invariants against l and budget. */
+static void check_plan(const arena_layout *l, const arena_residency_plan *p, uint64_t budget)
+{
+	uint64_t res = 0, maxs = 0, streamed = 0;
+	for (size_t b = 0; b < l->n_blocks; b++) {
+		if (p->resident[b])
+			res += l->blocks[b].bytes;
+		else {
+			streamed += l->blocks[b].bytes;
+			maxs = l->blocks[b].bytes > maxs ? l->blocks[b].bytes : maxs;
+		}
+		if (arena_block_is_globals(l, (uint32_t)b))
+			cr_assert(p->resident[b]);
+	}
+	cr_assert_eq(res, p->resident_bytes);
+	cr_assert_eq(maxs, p->slot_bytes);
+	cr_assert_leq(p->need_bytes, budget, "need %llu budget %llu", (unsigned long long)p->need_bytes,
+		      (unsigned long long)budget);
+	if (streamed)
+		cr_assert_eq(p->need_bytes, res + (uint64_t)p->slots * maxs);
+}
+
+Test(engine_plan, all_fit_exactly_and_one_less)
+{
+	uint64_t sizes[6] = {100000, 100000, 100000, 100000, 100000, 100000};
+	arena_layout *l = mk_layout(sizes, 6, 50000);
+	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	arena_residency_plan p;
+	cr_assert_eq(arena_residency_plan_make(l, &o, 650000, &p), 0);
+	cr_assert_eq(p.n_streamed, 0);
+	cr_assert_eq(p.stream_bytes_per_step, 0);
+	cr_assert_eq(p.need_bytes, 650000);
+	arena_residency_plan_release(&p);
+	/* One byte less: a ring of 3 x 100000 and 2 resident. */
+	cr_assert_eq(arena_residency_plan_make(l, &o, 649999, &p), 0);
+	check_plan(l, &p, 649999);
+	cr_assert_eq(p.n_resident, 2, "%zu resident", p.n_resident);
+	cr_assert_eq(p.stream_bytes_per_step, 400000);
+	arena_residency_plan_release(&p);
+	/* The smallest plan exactly, and one byte under it. */
+	cr_assert_eq(arena_residency_plan_make(l, &o, 350000, &p), 0);
+	cr_assert_eq(p.n_resident, 0);
+	cr_assert_eq(p.stream_bytes_per_step, 600000);
+	arena_residency_plan_release(&p);
+	cr_assert_eq(arena_residency_plan_make(l, &o, 349999, &p), ARENA_E(BUDGET));
+	cr_assert(strstr(arena_last_error(), "smallest plan needs"), "%s", arena_last_error());
+	arena_layout_free(l);
+}
+
+Test(engine_plan, spread_not_bunched)
+{
+	uint64_t sizes[20];
+	for (int i = 0; i < 20; i++)
+		sizes[i] = 1000;
+	arena_layout *l = mk_layout(sizes, 20, 0);
+	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	arena_residency_plan p;
+	/* ring 3000, 10 resident: alternate. */
+	cr_assert_eq(arena_residency_plan_make(l, &o, 13000, &p), 0);
+	check_plan(l, &p, 13000);
+	cr_assert_eq(p.n_resident, 10);
+	int run = 0, worst = 0;
+	for (size_t b = 1; b < l->n_blocks; b++) {
+		run = p.resident[b] ? 0 : run + 1;
+		worst = run > worst ? run : worst;
+	}
+	cr_assert_leq(worst, 1, "a run of %d streamed blocks", worst);
+	arena_residency_plan_release(&p);
+	arena_layout_free(l);
+}
+
+Test(engine_plan, one_block_larger_than_all)
+{
+	uint64_t sizes[8] = {1000, 1000, 1000, 50000, 1000, 1000, 1000, 1000};
+	arena_layout *l = mk_layout(sizes, 8, 0);
+	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	arena_residency_plan p;
+	/* With the big block resident the ring is 3 x 1000. */
+	cr_assert_eq(arena_residency_plan_make(l, &o, 50000 + 3000 + 2000, &p), 0);
+	check_plan(l, &p, 55000);
+	cr_assert(p.resident[4], "the large block stays resident");
+	cr_assert_eq(p.slot_bytes, 1000);
+	cr_assert_eq(p.n_resident, 3);
+	arena_residency_plan_release(&p);
+	/* Streaming it would need 3 x 50000: the smallest plan keeps it. */
+	cr_assert_eq(arena_residency_plan_make(l, &o, 53000, &p), 0);
+	check_plan(l, &p, 53000);
+	cr_assert_eq(p.slot_bytes, 1000);
+	arena_residency_plan_release(&p);
+	cr_assert_eq(arena_residency_plan_make(l, &o, 52999, &p), ARENA_E(BUDGET));
+	cr_assert_eq(p.min_need_bytes, 53000);
+	arena_layout_free(l);
+}
+
+Test(engine_plan, many_budgets_and_mixes)
+{
+	srand(7);
+	for (int mix = 0; mix < 30; mix++) {
+		uint64_t sizes[24];
+		size_t n = 3 + (size_t)(rand() % 22);
+		uint64_t total = 0;
+		for (size_t i = 0; i < n; i++) {
+			sizes[i] = 4096 * (1 + (uint64_t)(rand() % 40));
+			if (mix % 5 == 0 && i == n / 2)
+				sizes[i] *= 10;
+			total += sizes[i];
+		}
+		arena_layout *l = mk_layout(sizes, n, 4096 * (uint64_t)(rand() % 4));
+		for (int mode = 0; mode < 2; mode++) {
+			arena_engine_opts o = base_opts(mode);
+			o.keep_last = (unsigned)(rand() % 3);
+			uint64_t prev_res = 0;
+			for (uint64_t budget = 0; budget <= total + 65536; budget += 4096 * 7) {
+				arena_residency_plan p;
+				int rc = arena_residency_plan_make(l, &o, budget, &p);
+				if (rc) {
+					cr_assert_eq(rc, ARENA_E(BUDGET));
+					continue;
+				}
+				check_plan(l, &p, budget);
+				cr_assert_eq(p.n_sched, mode ? 2 * n : n);
+				/* More budget never means less resident. */
+				cr_assert_geq(p.resident_bytes + 4096 * 40 * 10, prev_res);
+				prev_res = p.resident_bytes;
+				uint64_t sb = 0;
+				for (size_t i = 0; i < p.n_sched; i++)
+					sb += p.resident[p.sched[i]] ? 0 : l->blocks[p.sched[i]].bytes;
+				cr_assert_leq(p.stream_bytes_per_step, sb);
+				if (mode == ARENA_MODE_SAMPLE)
+					cr_assert_eq(p.stream_bytes_per_step, p.n_streamed > p.slots ? sb : p.stream_bytes_per_step);
+				arena_residency_plan_release(&p);
+			}
+		}
+		arena_layout_free(l);
+	}
+}
+
+Test(engine_plan, budget_defaults)
+{
+	arena_engine_opts o = {.mode = ARENA_MODE_SAMPLE, .headroom = ARENA_ENGINE_AUTO, .reserve = ARENA_ENGINE_AUTO};
+	uint64_t b, h, w;
+	arena_residency_budget(140ull << 30, 140ull << 30, &o, &b, &h, &w);
+	cr_assert_eq(h, 512ull << 20);
+	cr_assert_eq(w, 1ull << 30);
+	o.mode = ARENA_MODE_TRAIN;
+	uint64_t bt;
+	arena_residency_budget(140ull << 30, 140ull << 30, &o, &bt, &h, &w);
+	cr_assert_eq(w, 4ull << 30);
+	cr_assert_lt(bt, b, "train keeps less for weights than sample");
+	o.cap = 8ull << 30;
+	arena_residency_budget(140ull << 30, 140ull << 30, &o, &b, &h, &w);
+	cr_assert_lt(b, 8ull << 30);
+	cr_assert_eq(h, (8ull << 30) / 50);
+}
+
+/* --- the engine on images ------------------------------------------------ */
+
+static char dir[256], st_path[300], img_path[300];
+static arena_backend *be;
+static arena_pin_budget pb;
+static uint8_t **ref_bytes; /* per block of the image */
+static size_t ref_n;
+static uint64_t G, MAXB; /* globals and largest block of the image */
+
+#define NB 10
+
+static void write_st(const uint64_t *sizes, size_t n, uint64_t globals, unsigned seed)
+{
+	char hdr[8192];
+	size_t len = 0;
+	uint64_t off = 0, total = globals;
+	for (size_t i = 0; i < n; i++)
+		total += sizes[i];
+	len += (size_t)snprintf(hdr + len, sizeof(hdr) - len, "{\"pos_embed.weight\":{\"dtype\":\"U8\",\"shape\":[%llu],\"data_offsets\":[0,%llu]}",
+				(unsigned long long)globals, (unsigned long long)globals);
+	off = globals;
+	for (size_t i = 0; i < n; i++) {
+		len += (size_t)snprintf(hdr + len, sizeof(hdr) - len,
+					",\"transformer_blocks.%zu.w\":{\"dtype\":\"U8\",\"shape\":[%llu],\"data_offsets\":[%llu,%llu]}", i,
+					(unsigned long long)sizes[i], (unsigned long long)off, (unsigned long long)(off + sizes[i]));
+		off += sizes[i];
+	}
+	len += (size_t)snprintf(hdr + len, sizeof(hdr) - len, "}");
+	while (len % 8)
+		hdr[len++] = ' ';
+	FILE *f = fopen(st_path, "wb");
+	cr_assert_not_null(f);
+	uint64_t hl = len;
+	fwrite(&hl, 8, 1, f);
+	fwrite(hdr, 1, len, f);
+	srand(seed);
+	for (uint64_t i = 0; i < total; i++)
+		fputc(rand() & 0xff, f);
+	fclose(f);
+}
+
+static void make_image(const uint64_t *sizes, size_t n, uint64_t globals)
+{
+	write_st(sizes, n, globals, 1234);
+	const char *in = st_path;
+	arena_convert_opts co = {.chunk_size = 64 << 10, .threads = 1};
+	cr_assert_eq(arena_convert(&in, 1, img_path, &co, NULL), 0, "%s", arena_last_error());
+	arena_image *img;
+	cr_assert_eq(arena_img_open(img_path, &img), 0);
+	ref_n = img->layout->n_blocks;
+	ref_bytes = calloc(ref_n, sizeof(*ref_bytes));
+	for (size_t b = 0; b < ref_n; b++) {
+		const arena_block *blk = &img->layout->blocks[b];
+		ref_bytes[b] = malloc(blk->bytes ? blk->bytes : 1);
+		cr_assert_eq(arena_pread_full(img->fd, ref_bytes[b], blk->bytes, img->hdr.data_offset + blk->offset, "img"), 0);
+		if (arena_block_is_globals(img->layout, (uint32_t)b))
+			G = blk->bytes;
+		else if (blk->bytes > MAXB)
+			MAXB = blk->bytes;
+	}
+	arena_img_close(img);
+}
+
+static void setup(void)
+{
+	snprintf(dir, sizeof(dir), "/tmp/arena-test-engine-XXXXXX");
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(st_path, sizeof(st_path), "%s/m.safetensors", dir);
+	snprintf(img_path, sizeof(img_path), "%s/m.arena", dir);
+	uint64_t sizes[NB] = {90000, 120000, 60000, 200000, 100000, 100000, 80000, 150000, 70000, 110000};
+	make_image(sizes, NB, 30000);
+	arena_sim_opts so = {.capacity = 64 << 20, .h2d_bytes_per_s = 4e9};
+	cr_assert_eq(arena_backend_sim_create(&so, &be), 0);
+	arena_pin_budget_probe(&pb, 256 << 20, 0, "");
+}
+
+static void teardown(void)
+{
+	arena_backend_destroy(be);
+	for (size_t b = 0; b < ref_n; b++)
+		free(ref_bytes[b]);
+	free(ref_bytes);
+	unlink(img_path);
+	unlink(st_path);
+	rmdir(dir);
+}
+
+TestSuite(engine, .init = setup, .fini = teardown);
+
+static arena_model *load(int all_device)
+{
+	arena_image *img;
+	cr_assert_eq(arena_img_open(img_path, &img), 0);
+	size_t n = img->layout->n_blocks;
+	uint8_t *on = calloc(n, 1);
+	for (size_t b = 0; b < n; b++)
+		on[b] = (uint8_t)(all_device || arena_block_is_globals(img->layout, (uint32_t)b));
+	arena_img_close(img);
+	arena_load_opts lo = {.backend = be, .budget = &pb, .on_device = on, .threads = 1, .io = ARENA_IO_BUFFERED};
+	arena_model *m;
+	cr_assert_eq(arena_load_image(img_path, &lo, &m, NULL), 0, "%s", arena_last_error());
+	free(on);
+	return m;
+}
+
+static void expect_dev(const arena_model *m, uint32_t b, const void *dptr)
+{
+	uint64_t n = m->layout->blocks[b].bytes;
+	uint8_t *got = malloc(n);
+	cr_assert_eq(be->ops->copy_d2h_sync(be, got, dptr, n), 0);
+	cr_assert(memcmp(got, ref_bytes[b], n) == 0, "block %s: device bytes differ from the image", m->layout->blocks[b].name);
+	free(got);
+}
+
+/* Every block where the engine says it is, with the image's bytes. */
+static void expect_whole(const arena_engine *e, const arena_model *m)
+{
+	cr_assert_eq(be->ops->stream_sync(be, arena_engine_copy_stream(e)), 0); /* promotions in flight */
+	for (uint32_t b = 0; b < m->layout->n_blocks; b++) {
+		uint64_t n = m->layout->blocks[b].bytes;
+		if (arena_engine_is_resident(e, b)) {
+			cr_assert_not_null(m->mem[b].dev, "resident block %u has no device copy", b);
+			expect_dev(m, b, m->mem[b].dev);
+		} else {
+			cr_assert_null(m->mem[b].dev);
+		}
+		if (m->mem[b].host)
+			cr_assert(memcmp(m->mem[b].host, ref_bytes[b], n) == 0, "block %u host bytes", b);
+		cr_assert(m->mem[b].dev || m->mem[b].host, "block %u lost", b);
+	}
+}
+
+static void expect_whole_after_free(const arena_model *m)
+{
+	for (uint32_t b = 0; b < m->layout->n_blocks; b++) {
+		uint64_t n = m->layout->blocks[b].bytes;
+		cr_assert(m->mem[b].dev || m->mem[b].host, "block %u lost", b);
+		if (m->mem[b].dev)
+			expect_dev(m, b, m->mem[b].dev);
+		else
+			cr_assert(memcmp(m->mem[b].host, ref_bytes[b], n) == 0);
+	}
+}
+
+/* One step of the engine's schedule on stream s; check = device bytes at
+ * acquire and again after compute, before release. */
+static void run_step(arena_engine *e, arena_model *m, arena_stream *s, int check, double compute_s)
+{
+	const arena_residency_plan *p = arena_engine_plan(e);
+	cr_assert_eq(arena_engine_step_begin(e), 0, "%s", arena_last_error());
+	void *g;
+	cr_assert_eq(arena_engine_acquire(e, 0, s, &g), 0, "%s", arena_last_error());
+	for (size_t i = 0; i < p->n_sched; i++) {
+		uint32_t b = p->sched[i];
+		void *d;
+		cr_assert_eq(arena_engine_acquire(e, b, s, &d), 0, "%s", arena_last_error());
+		if (check) {
+			cr_assert_eq(be->ops->stream_sync(be, s), 0);
+			expect_dev(m, b, d);
+		}
+		if (compute_s > 0)
+			cr_assert_eq(arena_backend_sim_compute(be, s, compute_s), 0);
+		if (check) {
+			cr_assert_eq(be->ops->stream_sync(be, s), 0);
+			expect_dev(m, b, d); /* the slot was not refilled under us */
+		}
+		cr_assert_eq(arena_engine_release(e, b, s), 0, "%s", arena_last_error());
+	}
+	cr_assert_eq(arena_engine_release(e, 0, s), 0);
+	cr_assert_eq(arena_engine_step_end(e), 0, "%s", arena_last_error());
+	cr_assert_eq(be->ops->stream_sync(be, s), 0);
+}
+
+static void engine_run(int mode, uint64_t cap, int all_device, unsigned keep_last)
+{
+	arena_model *m = load(all_device);
+	arena_slab_reader *rr = NULL;
+	cr_assert_eq(arena_slab_reader_open(img_path, m->layout, &rr), 0, "%s", arena_last_error());
+	arena_engine_opts o = base_opts(mode);
+	o.cap = cap;
+	o.keep_last = keep_last;
+	o.reread = arena_slab_reader_read;
+	o.reread_ctx = rr;
+	arena_engine *e;
+	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+	expect_whole(e, m);
+	arena_stream *s;
+	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	for (int step = 0; step < 3; step++) {
+		run_step(e, m, s, 1, 0.0002);
+		expect_whole(e, m);
+		arena_engine_step r;
+		cr_assert_eq(arena_engine_step_record(e, (uint64_t)step, &r), 0);
+		if (step > 0)
+			cr_assert_eq(r.streamed_bytes, arena_engine_plan(e)->stream_bytes_per_step,
+				     "step %d streamed %llu, predicted %llu", step, (unsigned long long)r.streamed_bytes,
+				     (unsigned long long)arena_engine_plan(e)->stream_bytes_per_step);
+		cr_assert_eq(r.demotions + r.promotions, 0);
+	}
+	be->ops->stream_destroy(be, s);
+	arena_engine_free(e);
+	arena_slab_reader_close(rr);
+	for (uint32_t b = 0; b < m->layout->n_blocks; b++)
+		cr_assert(m->mem[b].dev || m->mem[b].host);
+	arena_model_free(m);
+}
+
+Test(engine, sample_many_caps, .timeout = 60)
+{
+	uint64_t caps[] = {G + 3 * MAXB, G + 3 * MAXB + 250000, G + 3 * MAXB + 400000, 2000000, 0};
+	for (size_t i = 0; i < sizeof(caps) / sizeof(caps[0]); i++)
+		engine_run(ARENA_MODE_SAMPLE, caps[i], 0, 0);
+}
+
+Test(engine, train_refetches, .timeout = 60)
+{
+	engine_run(ARENA_MODE_TRAIN, G + 4 * MAXB, 0, 1);
+	engine_run(ARENA_MODE_TRAIN, G + 3 * MAXB + 100000, 0, 0);
+	/* Backward re-fetches: a train step streams more than a sample step. */
+	arena_layout *l;
+	arena_image *img;
+	cr_assert_eq(arena_img_open(img_path, &img), 0);
+	l = img->layout;
+	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	arena_residency_plan ps, pt;
+	cr_assert_eq(arena_residency_plan_make(l, &o, G + 3 * MAXB + 100000, &ps), 0);
+	o.mode = ARENA_MODE_TRAIN;
+	cr_assert_eq(arena_residency_plan_make(l, &o, G + 3 * MAXB + 100000, &pt), 0);
+	cr_assert_gt(pt.stream_bytes_per_step, ps.stream_bytes_per_step);
+	cr_assert_lt(pt.stream_bytes_per_step, 2 * ps.stream_bytes_per_step + 1, "the last forward blocks are reused");
+	arena_residency_plan_release(&ps);
+	arena_residency_plan_release(&pt);
+	arena_img_close(img);
+}
+
+Test(engine, device_only_blocks_reread, .timeout = 60)
+{
+	engine_run(ARENA_MODE_SAMPLE, G + 3 * MAXB + 100000, 1, 0);
+}
+
+Test(engine, too_small_is_early_error)
+{
+	arena_model *m = load(0);
+	arena_engine_opts o = base_opts(ARENA_MODE_TRAIN);
+	o.cap = 500000; /* globals + 3 x 200000 does not fit */
+	arena_engine *e = NULL;
+	long live = arena_alloc_live();
+	cr_assert_eq(arena_engine_create(m, &o, &e), ARENA_E(BUDGET));
+	cr_assert_null(e);
+	cr_assert(strstr(arena_last_error(), "needs"), "%s", arena_last_error());
+	cr_assert_null(strchr(arena_last_error(), '\n'));
+	cr_assert_eq(arena_alloc_live(), live);
+	arena_model_free(m);
+}
+
+Test(engine, usage_errors)
+{
+	arena_model *m = load(0);
+	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	o.cap = G + 3 * MAXB;
+	arena_engine *e;
+	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+	arena_stream *s;
+	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	void *d;
+	cr_assert_eq(arena_engine_acquire(e, 1, s, &d), ARENA_E_USAGE); /* outside a step */
+	cr_assert_eq(arena_engine_step_begin(e), 0);
+	const arena_residency_plan *p = arena_engine_plan(e);
+	uint32_t second = 0;
+	int seen = 0;
+	for (size_t i = 0; i < p->n_sched; i++)
+		if (!p->resident[p->sched[i]] && seen++ == 1)
+			second = p->sched[i];
+	cr_assert_eq(arena_engine_acquire(e, second, s, &d), ARENA_E_USAGE);
+	cr_assert(strstr(arena_last_error(), "out of schedule order"), "%s", arena_last_error());
+	cr_assert_eq(arena_engine_release(e, second, s), ARENA_E_USAGE);
+	cr_assert_eq(arena_engine_step_end(e), ARENA_E_USAGE);
+	/* The engine goes on after a usage error. */
+	for (size_t i = 0; i < p->n_sched; i++) {
+		cr_assert_eq(arena_engine_acquire(e, p->sched[i], s, &d), 0, "%s", arena_last_error());
+		cr_assert_eq(arena_engine_release(e, p->sched[i], s), 0);
+	}
+	cr_assert_eq(arena_engine_step_end(e), 0);
+	be->ops->stream_destroy(be, s);
+	arena_engine_free(e);
+	arena_model_free(m);
+}
+
+Test(engine, pressure_at_random_steps, .timeout = 90)
+{
+	arena_model *m = load(1); /* device-only blocks: demotion re-reads them */
+	arena_slab_reader *rr;
+	cr_assert_eq(arena_slab_reader_open(img_path, m->layout, &rr), 0);
+	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	o.headroom = 300000; /* free below it: demote */
+	o.reread = arena_slab_reader_read;
+	o.reread_ctx = rr;
+	o.hysteresis = 2;
+	arena_engine *e;
+	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_engine_plan(e)->n_streamed, 0);
+	arena_stream *s;
+	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	srand(99);
+	unsigned demotions = 0, promotions = 0;
+	uint64_t free_b, total;
+	for (int step = 0; step < 40; step++) {
+		if (rand() % 4 == 0) {
+			/* Another program takes all but a random part of what is free. */
+			be->ops->mem_info(be, &free_b, &total);
+			uint64_t leave = (uint64_t)(rand() % 600000);
+			cr_assert_eq(arena_backend_sim_pressure(be, free_b > leave ? free_b - leave : 0), 0);
+		} else if (rand() % 4 == 0) {
+			cr_assert_eq(arena_backend_sim_pressure(be, 0), 0);
+		}
+		run_step(e, m, s, step % 3 == 0, 0);
+		expect_whole(e, m);
+		arena_engine_step r;
+		cr_assert_eq(arena_engine_step_record(e, (uint64_t)step, &r), 0);
+		cr_assert_eq(r.over_budget, 0);
+		demotions += r.demotions;
+		promotions += r.promotions;
+	}
+	cr_assert_gt(demotions, 0);
+	cr_assert_gt(promotions, 0);
+	cr_assert_eq(arena_backend_sim_pressure(be, 0), 0);
+	be->ops->stream_destroy(be, s);
+	arena_engine_free(e);
+	arena_slab_reader_close(rr);
+	arena_model_free(m);
+}
+
+/* Pressure: demote within one step, promote back after the hysteresis. */
+Test(engine, demote_then_promote, .timeout = 60)
+{
+	arena_model *m = load(0);
+	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	o.headroom = 400000;
+	o.hysteresis = 3;
+	arena_engine *e;
+	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_engine_plan(e)->n_streamed, 0);
+	uint64_t free_b, total;
+	arena_stream *s;
+	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	run_step(e, m, s, 1, 0);
+	be->ops->mem_info(be, &free_b, &total);
+	cr_assert_eq(arena_backend_sim_pressure(be, free_b), 0);
+	run_step(e, m, s, 1, 0);
+	arena_engine_step r;
+	cr_assert_eq(arena_engine_step_record(e, 1, &r), 0);
+	cr_assert_gt(r.demotions, 0, "demoted within the step");
+	cr_assert_leq(arena_engine_plan(e)->need_bytes, r.budget);
+	expect_whole(e, m);
+	cr_assert_eq(arena_backend_sim_pressure(be, 0), 0);
+	unsigned promoted = 0;
+	for (int i = 0; i < 5; i++) {
+		run_step(e, m, s, 1, 0);
+		cr_assert_eq(arena_engine_step_record(e, arena_engine_steps(e) - 1, &r), 0);
+		if (i < 2)
+			cr_assert_eq(r.promotions, 0, "hysteresis: no promotion at step %d", i);
+		promoted += r.promotions;
+		expect_whole(e, m);
+	}
+	cr_assert_gt(promoted, 0);
+	cr_assert_eq(arena_engine_plan(e)->n_streamed, 0, "all back on the device");
+	be->ops->stream_destroy(be, s);
+	arena_engine_free(e);
+	arena_model_free(m);
+}
+
+Test(engine, strict_cap_is_an_error, .timeout = 30)
+{
+	arena_model *m = load(0);
+	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	o.strict = 1;
+	o.headroom = 900000; /* with nothing free, below the smallest plan */
+	arena_engine *e;
+	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+	arena_stream *s;
+	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	uint64_t free_b, total;
+	be->ops->mem_info(be, &free_b, &total);
+	cr_assert_eq(arena_backend_sim_pressure(be, free_b), 0);
+	cr_assert_eq(arena_engine_step_begin(e), 0);
+	const arena_residency_plan *p = arena_engine_plan(e);
+	void *d;
+	for (size_t i = 0; i < p->n_sched; i++) {
+		cr_assert_eq(arena_engine_acquire(e, p->sched[i], s, &d), 0);
+		cr_assert_eq(arena_engine_release(e, p->sched[i], s), 0);
+	}
+	cr_assert_eq(arena_engine_step_end(e), ARENA_E(BUDGET));
+	cr_assert(strstr(arena_last_error(), "nothing left to demote"), "%s", arena_last_error());
+	cr_assert_eq(arena_engine_step_begin(e), ARENA_E(BUDGET), "the engine stays failed");
+	arena_engine_free(e);
+	cr_assert_eq(arena_backend_sim_pressure(be, 0), 0);
+	be->ops->stream_destroy(be, s);
+	expect_whole_after_free(m);
+	arena_model_free(m);
+}
+
+Test(engine, alloc_failures_on_setup, .timeout = 120)
+{
+	arena_model *m = load(1);
+	arena_slab_reader *rr;
+	cr_assert_eq(arena_slab_reader_open(img_path, m->layout, &rr), 0);
+	arena_engine_opts o = base_opts(ARENA_MODE_TRAIN);
+	o.cap = G + 4 * MAXB;
+	o.keep_last = 1;
+	o.reread = arena_slab_reader_read;
+	o.reread_ctx = rr;
+	int ok = 0;
+	for (long n = 1; n < 2000 && !ok; n++) {
+		long live = arena_alloc_live();
+		arena_engine *e = NULL;
+		arena_fault_alloc(n);
+		int rc = arena_engine_create(m, &o, &e);
+		int fired = arena_fault_alloc_fired();
+		arena_fault_alloc(0);
+		if (!fired) {
+			cr_assert_eq(rc, 0, "%s", arena_last_error());
+			ok = 1;
+		} else {
+			cr_assert_neq(rc, 0, "allocation %ld failed and create succeeded", n);
+			cr_assert_null(e);
+		}
+		arena_engine_free(e);
+		for (uint32_t b = 0; b < m->layout->n_blocks; b++)
+			cr_assert(m->mem[b].dev || m->mem[b].host, "N=%ld: block %u lost", n, b);
+		if (!ok)
+			cr_assert_leq(arena_alloc_live(), live + (long)m->layout->n_blocks, "N=%ld leaks", n);
+	}
+	cr_assert(ok);
+	arena_slab_reader_close(rr);
+	arena_model_free(m);
+}
