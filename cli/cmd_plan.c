@@ -1,0 +1,168 @@
+/* cmd_plan.c - `arena plan`: the residency plan for an image and a VRAM size, without a GPU. */
+#include <getopt.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../arena/engine.h"
+#include "../common/err.h"
+#include "../formats/image.h"
+#include "arena.h"
+#include "cli.h"
+
+const char cmd_plan_usage[] =
+	"usage: arena plan IMAGE --vram SIZE [options]\n"
+	"\n"
+	"Show which blocks of IMAGE stay resident on a device with SIZE of memory and\n"
+	"which are streamed through a ring of slots, and the bytes streamed per step.\n"
+	"Reads only the image's manifest; needs no GPU.\n"
+	"\n"
+	"options:\n"
+	"  --vram SIZE         device memory (e.g. 8G, 24GiB); required\n"
+	"  --mode sample|train sample: forward in block order (default); train:\n"
+	"                      forward, then backward in reverse (recompute + backward)\n"
+	"  --depth N           copies issued ahead (default 2)\n"
+	"  --keep-last N       train: extra slots keeping the last forward blocks (default 1)\n"
+	"  --headroom SIZE     physical slack (default min(512M, 2% of SIZE))\n"
+	"  --reserve SIZE      working memory for activations (default 1G sample,\n"
+	"                      4G train, at most a quarter of what is left)\n"
+	"  --json              machine-readable plan (schema in README.md)\n"
+	"  -h, --help          this text\n"
+	"\n"
+	"Exit status: 0 a plan, 1 invalid image, 2 usage error or the model cannot\n"
+	"run in SIZE at all (the message says what it needs), 3 system error.\n";
+
+/* Parse the options shared with `arena bench stream`. 0, or a usage exit. */
+static int parse_count(const char *cmd, const char *opt, const char *s, unsigned max, unsigned *out)
+{
+	char *end;
+	long n = strtol(s, &end, 10);
+	if (*end || n < 0 || n > (long)max)
+		return cli_usage_error(cmd, "%s '%s' is not a number from 0 to %u", opt, s, max);
+	*out = (unsigned)n;
+	return 0;
+}
+
+int cmd_plan(int argc, char **argv)
+{
+	enum { O_VRAM = 256, O_MODE, O_DEPTH, O_KEEP, O_HEAD, O_RES, O_JSON };
+	static const struct option opts[] = {
+		{"vram", required_argument, NULL, O_VRAM},     {"mode", required_argument, NULL, O_MODE},
+		{"depth", required_argument, NULL, O_DEPTH},   {"keep-last", required_argument, NULL, O_KEEP},
+		{"headroom", required_argument, NULL, O_HEAD}, {"reserve", required_argument, NULL, O_RES},
+		{"json", no_argument, NULL, O_JSON},           {NULL, 0, NULL, 0},
+	};
+	arena_engine_opts o = {.headroom = ARENA_ENGINE_AUTO, .reserve = ARENA_ENGINE_AUTO, .keep_last = 1};
+	uint64_t vram = 0;
+	int json = 0, ch, rc;
+	optind = 0;
+	opterr = 0;
+	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (ch) {
+		case O_VRAM:
+			if (cli_parse_size(optarg, &vram) || !vram)
+				return cli_usage_error("plan", "--vram '%s' is not a size", optarg);
+			break;
+		case O_MODE:
+			if (strcmp(optarg, "sample") && strcmp(optarg, "train"))
+				return cli_usage_error("plan", "--mode '%s': use sample or train", optarg);
+			o.mode = !strcmp(optarg, "train") ? ARENA_MODE_TRAIN : ARENA_MODE_SAMPLE;
+			break;
+		case O_DEPTH:
+			if ((rc = parse_count("plan", "--depth", optarg, 64, &o.depth)))
+				return rc;
+			if (!o.depth)
+				return cli_usage_error("plan", "--depth must be 1 or more");
+			break;
+		case O_KEEP:
+			if ((rc = parse_count("plan", "--keep-last", optarg, 64, &o.keep_last)))
+				return rc;
+			break;
+		case O_HEAD:
+			if (cli_parse_size(optarg, &o.headroom))
+				return cli_usage_error("plan", "--headroom '%s' is not a size", optarg);
+			break;
+		case O_RES:
+			if (cli_parse_size(optarg, &o.reserve))
+				return cli_usage_error("plan", "--reserve '%s' is not a size", optarg);
+			break;
+		case O_JSON:
+			json = 1;
+			break;
+		default:
+			return cli_usage_error("plan", "unknown or incomplete option '%s'", argv[optind - 1]);
+		}
+	}
+	if (argc - optind != 1)
+		return cli_usage_error("plan", "expected one IMAGE, got %d", argc - optind);
+	if (!vram)
+		return cli_usage_error("plan", "--vram SIZE is required");
+	const char *path = argv[optind];
+	arena_image *img;
+	if ((rc = arena_img_open(path, &img)))
+		return cli_fail(rc);
+	const arena_layout *l = img->layout;
+	uint64_t budget, headroom, reserve;
+	arena_residency_budget(vram, vram, &o, &budget, &headroom, &reserve);
+	arena_residency_plan p;
+	if ((rc = arena_residency_plan_make(l, &o, budget, &p))) {
+		if (rc == ARENA_E(BUDGET)) {
+			char msg[1024], a[32], b[32], c[32], d[32];
+			snprintf(msg, sizeof(msg), "%s", arena_last_error());
+			arena_errorf(rc, "%s: does not fit in %s: %s; with a working reserve of %s and headroom of %s it needs %s",
+				     path, cli_fmt_bytes(vram, a, sizeof(a)), msg, cli_fmt_bytes(reserve, b, sizeof(b)),
+				     cli_fmt_bytes(headroom, c, sizeof(c)),
+				     cli_fmt_bytes(p.min_need_bytes + reserve + headroom, d, sizeof(d)));
+		}
+		arena_img_close(img);
+		return cli_fail(rc);
+	}
+	int status = 0;
+	const char *mode = o.mode == ARENA_MODE_TRAIN ? "train" : "sample";
+	if (json) {
+		json_t *blocks = json_array();
+		for (size_t b = 0; b < l->n_blocks; b++)
+			json_array_append_new(blocks, json_pack("{s:s,s:I,s:s}", "name", l->blocks[b].name, "bytes",
+								(json_int_t)l->blocks[b].bytes, "where",
+								arena_block_is_globals(l, (uint32_t)b) ? "globals"
+								: p.resident[b]                        ? "resident"
+													: "streamed"));
+		json_t *root = json_pack(
+			"{s:s,s:s,s:I,s:I,s:I,s:I,s:i,s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:i,s:i}", "path", path, "mode", mode,
+			"vram", (json_int_t)vram, "headroom", (json_int_t)headroom, "reserve", (json_int_t)reserve, "budget",
+			(json_int_t)budget, "depth", (int)p.depth, "slots", (int)(p.n_streamed ? p.slots : 0), "slot_bytes",
+			(json_int_t)p.slot_bytes, "globals_bytes", (json_int_t)p.globals_bytes, "resident_bytes",
+			(json_int_t)p.resident_bytes, "streamed_block_bytes", (json_int_t)p.streamed_block_bytes,
+			"need_bytes", (json_int_t)p.need_bytes, "stream_bytes_per_step",
+			(json_int_t)p.stream_bytes_per_step, "copies_per_step", (json_int_t)p.copies_per_step,
+			"schedule_entries", (json_int_t)p.n_sched, "resident_blocks", (int)p.n_resident, "streamed_blocks",
+			(int)p.n_streamed);
+		json_object_set_new(root, "blocks", blocks);
+		status = cli_print_json(root);
+	} else {
+		char a[32], b[32], c[32], d[32], e[32];
+		printf("plan for %s, %s, %s of device memory: %s for weights (headroom %s, working reserve %s)\n", path,
+		       mode, cli_fmt_bytes(vram, a, sizeof(a)), cli_fmt_bytes(budget, b, sizeof(b)),
+		       cli_fmt_bytes(headroom, c, sizeof(c)), cli_fmt_bytes(reserve, d, sizeof(d)));
+		printf("resident: %zu of %zu blocks, %s (globals %s)\n", p.n_resident, p.n_resident + p.n_streamed,
+		       cli_fmt_bytes(p.resident_bytes, a, sizeof(a)), cli_fmt_bytes(p.globals_bytes, b, sizeof(b)));
+		if (p.n_streamed)
+			printf("streamed: %zu blocks, %s through a ring of %u slots x %s (depth %u)\n", p.n_streamed,
+			       cli_fmt_bytes(p.streamed_block_bytes, a, sizeof(a)), p.slots,
+			       cli_fmt_bytes(p.slot_bytes, b, sizeof(b)), p.depth);
+		else
+			printf("streamed: nothing, everything is resident\n");
+		printf("device memory for weights: %s; streamed per step: %s in %llu copies\n",
+		       cli_fmt_bytes(p.need_bytes, c, sizeof(c)), cli_fmt_bytes(p.stream_bytes_per_step, d, sizeof(d)),
+		       (unsigned long long)p.copies_per_step);
+		printf("blocks (R resident, s streamed, G globals):\n  ");
+		for (size_t i = 0; i < l->n_blocks; i++)
+			putchar(arena_block_is_globals(l, (uint32_t)i) ? 'G' : p.resident[i] ? 'R' : 's');
+		putchar('\n');
+		(void)e;
+	}
+	arena_residency_plan_release(&p);
+	arena_img_close(img);
+	return status;
+}
