@@ -72,6 +72,16 @@ void *arena_realloc(void *p, size_t n)
 	return note(realloc(NULL, n ? n : 1));
 }
 
+void *arena_aligned_alloc(size_t align, size_t n)
+{
+	if (should_fail())
+		return NULL;
+	void *p = NULL;
+	if (posix_memalign(&p, align, n ? n : 1))
+		p = NULL;
+	return note(p);
+}
+
 char *arena_strdup(const char *s)
 {
 	size_t n = strlen(s) + 1;

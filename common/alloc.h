@@ -13,6 +13,9 @@ void *arena_malloc(size_t n);
 void *arena_calloc(size_t count, size_t size);
 void *arena_realloc(void *p, size_t n);
 char *arena_strdup(const char *s);
+/* n bytes aligned to `align` (a power of two, a multiple of sizeof(void *));
+ * released with arena_free. */
+void *arena_aligned_alloc(size_t align, size_t n);
 void arena_free(void *p); /* accepts NULL */
 
 /* Number of allocations that failed on this thread so far (real or

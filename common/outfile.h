@@ -17,6 +17,7 @@ typedef struct arena_outfile {
 	char *path;     /* target */
 	char *tmp_path; /* temporary, NULL once committed or aborted */
 	int fd;
+	int dfd;        /* the temporary opened with O_DIRECT, or -1 */
 	uint64_t size;  /* bytes appended with arena_outfile_write */
 } arena_outfile;
 
@@ -26,6 +27,16 @@ int arena_outfile_open(const char *path, arena_outfile **out);
 int arena_outfile_write(arena_outfile *f, const void *buf, size_t n);
 /* Write n bytes at offset (does not move the append position). */
 int arena_outfile_pwrite(arena_outfile *f, const void *buf, size_t n, uint64_t off);
+/* Reserve `size` bytes on disk for the file (fallocate): a full disk is
+ * reported now (IO, "No space left on device") rather than halfway through.
+ * Filesystems without fallocate are left alone. */
+int arena_outfile_reserve(arena_outfile *f, uint64_t size);
+/* Like arena_outfile_pwrite, but with O_DIRECT when buf, n and off are all
+ * 4096-aligned and the filesystem supports it: large writes from several
+ * threads then neither copy through the page cache nor queue on the file's
+ * lock. Falls back to arena_outfile_pwrite otherwise. */
+int arena_outfile_pwrite_direct(arena_outfile *f, const void *buf, size_t n, uint64_t off);
+
 /* fsync, rename over the target, fsync the folder; frees f in every case. */
 int arena_outfile_commit(arena_outfile *f);
 /* Unlink the temporary and free f. Accepts NULL. */

@@ -83,7 +83,7 @@ static void *worker(void *arg)
 {
 	job *j = arg;
 	const arena_img_header *h = j->h;
-	uint8_t *buf = arena_malloc(h->chunk_size);
+	uint8_t *buf = arena_aligned_alloc(4096, h->chunk_size); /* for O_DIRECT writes */
 	if (!buf) {
 		arena_errorf(ARENA_E_NOMEM, "out of memory for a %llu-byte chunk buffer", (unsigned long long)h->chunk_size);
 		arena_first_error_set(&j->err, ARENA_E_NOMEM);
@@ -105,7 +105,7 @@ static void *worker(void *arg)
 							 .stored_length = (uint32_t)len,
 							 .raw_length = (uint32_t)len,
 							 .xxh3 = arena_xxh3(buf, len)};
-			rc = arena_outfile_pwrite(j->out, buf, len, h->data_offset + c0);
+			rc = arena_outfile_pwrite_direct(j->out, buf, len, h->data_offset + c0);
 		}
 		if (rc) {
 			arena_first_error_set(&j->err, rc);
@@ -212,7 +212,7 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 				ext[n_ext++] = (extent){l->blocks[t->block].offset + t->comp[c].offset, t->comp[c].bytes, t, c};
 	}
 	qsort(ext, n_ext, sizeof(*ext), cmp_extent);
-	if ((rc = arena_outfile_open(out, &of)))
+	if ((rc = arena_outfile_open(out, &of)) || (rc = arena_outfile_reserve(of, h.file_size)))
 		goto out;
 
 	j.l = l;
