@@ -253,9 +253,14 @@ int cmd_bench(int argc, char **argv)
 	bench_compute comp = {sim_compute_run, &sc};
 	/* The host-to-device rate as measured in this run (the second, warm probe). */
 	double h2d = 0;
-	if (arena_probe_h2d(be, &budget, 256ull << 20, 0.2, &h2d) || arena_probe_h2d(be, &budget, 256ull << 20, 0.5, &h2d) ||
+	uint64_t fr = 0, tot = 0, pbytes;
+	be->ops->mem_info(be, &fr, &tot);
+	pbytes = fr / 4 < (256ull << 20) ? fr / 4 / 4096 * 4096 : (256ull << 20); /* the probe takes it twice */
+	if (!pbytes || arena_probe_h2d(be, &budget, pbytes, 0.2, &h2d) || arena_probe_h2d(be, &budget, pbytes, 0.5, &h2d) ||
 	    !(h2d > 0)) {
-		rc = arena_errorf(ARENA_E_IO, "cannot measure the host-to-device rate: %s", arena_last_error());
+		char why[512];
+		snprintf(why, sizeof(why), "%s", pbytes ? arena_last_error() : "no free device memory");
+		rc = arena_errorf(ARENA_E_IO, "cannot measure the host-to-device rate: %s", why);
 		goto done;
 	}
 	h2d *= 1e9;
@@ -265,7 +270,6 @@ int cmd_bench(int argc, char **argv)
 			globals = b;
 	for (long st = 0; st < steps; st++) {
 		if (st == pstep) {
-			uint64_t fr, tot;
 			be->ops->mem_info(be, &fr, &tot);
 			if ((rc = arena_backend_sim_pressure(be, psize < fr ? psize : fr)))
 				goto done;

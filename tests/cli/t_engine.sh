@@ -1,0 +1,103 @@
+# t_engine.sh - arena plan and arena bench stream (sim).
+# Sourced by run.sh; see there for the helpers.
+
+engine_image() {
+	"$ARENA" convert "$REF/tiny_flux.safetensors" -o "$T/f.arena" >/dev/null 2>&1 || fail "convert"
+}
+
+plan_help() {
+	run plan --help
+	expect_rc 0
+	expect_out "usage: arena plan"
+	run bench --help
+	expect_rc 0
+	expect_out "usage: arena bench stream"
+}
+
+plan_usage_errors() {
+	engine_image
+	run plan "$T/f.arena"
+	expect_rc 2
+	expect_error_line
+	expect_err "--vram"
+	run plan "$T/f.arena" --vram lots
+	expect_rc 2
+	expect_error_line
+	run plan "$T/f.arena" --vram 1G --mode infer
+	expect_rc 2
+	expect_error_line
+	run plan "$T/f.arena" --vram 1G --depth 0
+	expect_rc 2
+	expect_error_line
+	run plan "$T/f.arena" "$T/f.arena" --vram 1G
+	expect_rc 2
+	expect_error_line
+	run plan "$T/missing.arena" --vram 1G
+	expect_error_line
+}
+
+plan_text_and_json() {
+	engine_image
+	run plan "$T/f.arena" --vram 1G
+	expect_rc 0
+	expect_out "everything is resident"
+	run plan "$T/f.arena" --vram 290K --headroom 0 --reserve 0 --mode train --keep-last 0 --json
+	expect_rc 0
+	python3 - "$T/out" <<'PY' || fail "plan --json does not parse or is inconsistent"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["mode"] == "train"
+assert d["need_bytes"] <= d["budget"]
+assert d["streamed_blocks"] > 0 and d["slots"] == 3
+assert d["stream_bytes_per_step"] > 0
+assert sum(b["bytes"] for b in d["blocks"] if b["where"] != "streamed") == d["resident_bytes"]
+PY
+}
+
+plan_too_small() {
+	engine_image
+	run plan "$T/f.arena" --vram 100K --headroom 0 --reserve 0
+	expect_rc 2
+	expect_error_line
+	expect_err "needs"
+	expect_no_out
+}
+
+bench_usage_errors() {
+	engine_image
+	run bench "$T/f.arena"
+	expect_rc 2
+	expect_error_line
+	run bench stream "$T/f.arena" --backend cuda
+	expect_rc 2
+	expect_error_line
+	run bench stream "$T/f.arena" --pressure 1G
+	expect_rc 2
+	expect_error_line
+	run bench stream "$T/f.arena" --steps 0
+	expect_rc 2
+	expect_error_line
+	run bench stream "$T/f.arena" --vram-cap 200K --sim-capacity 1G
+	expect_rc 2
+	expect_error_line
+	expect_err "needs"
+}
+
+bench_json() {
+	engine_image
+	run bench stream "$T/f.arena" --vram-cap 600K --sim-capacity 1G --steps 8 --mode train --pressure 900M@2 --json
+	expect_rc 0
+	python3 - "$T/out" <<'PY' || fail "bench --json does not parse or is inconsistent"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["mode"] == "train" and len(d["steps"]) == 8
+for s in d["steps"]:
+    assert s["time_s"] > 0 and s["bound_s"] >= 0 and not s["over_budget"]
+assert d["summary"]["all_resident_step_s"] > 0
+PY
+	run bench stream "$T/f.arena" --vram-cap 400K --sim-capacity 1G --steps 2
+	expect_rc 0
+	expect_out "steady state"
+}
+
+cases plan_help plan_usage_errors plan_text_and_json plan_too_small bench_usage_errors bench_json
