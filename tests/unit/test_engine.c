@@ -415,14 +415,14 @@ static void engine_run(int mode, uint64_t cap, int all_device, unsigned keep_las
 	arena_model_free(m);
 }
 
-Test(engine, sample_many_caps, .timeout = 60)
+Test(engine, sample_many_caps)
 {
 	uint64_t caps[] = {G + 3 * MAXB, G + 3 * MAXB + 250000, G + 3 * MAXB + 400000, 2000000, 0};
 	for (size_t i = 0; i < sizeof(caps) / sizeof(caps[0]); i++)
 		engine_run(ARENA_MODE_SAMPLE, caps[i], 0, 0);
 }
 
-Test(engine, train_refetches, .timeout = 60)
+Test(engine, train_refetches)
 {
 	engine_run(ARENA_MODE_TRAIN, G + 4 * MAXB, 0, 1);
 	engine_run(ARENA_MODE_TRAIN, G + 3 * MAXB + 100000, 0, 0);
@@ -443,7 +443,7 @@ Test(engine, train_refetches, .timeout = 60)
 	arena_img_close(img);
 }
 
-Test(engine, device_only_blocks_reread, .timeout = 60)
+Test(engine, device_only_blocks_reread)
 {
 	engine_run(ARENA_MODE_SAMPLE, G + 3 * MAXB + 100000, 1, 0);
 }
@@ -496,7 +496,7 @@ Test(engine, usage_errors)
 	arena_model_free(m);
 }
 
-Test(engine, pressure_at_random_steps, .timeout = 90)
+Test(engine, pressure_at_random_steps)
 {
 	arena_model *m = load(1); /* device-only blocks: demotion re-reads them */
 	arena_slab_reader *rr;
@@ -541,7 +541,7 @@ Test(engine, pressure_at_random_steps, .timeout = 90)
 }
 
 /* Pressure: demote within one step, promote back after the hysteresis. */
-Test(engine, demote_then_promote, .timeout = 60)
+Test(engine, demote_then_promote)
 {
 	arena_model *m = load(0);
 	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
@@ -579,7 +579,7 @@ Test(engine, demote_then_promote, .timeout = 60)
 	arena_model_free(m);
 }
 
-Test(engine, strict_cap_is_an_error, .timeout = 30)
+Test(engine, strict_cap_is_an_error)
 {
 	arena_model *m = load(0);
 	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
@@ -609,7 +609,7 @@ Test(engine, strict_cap_is_an_error, .timeout = 30)
 	arena_model_free(m);
 }
 
-Test(engine, alloc_failures_on_setup, .timeout = 120)
+Test(engine, alloc_failures_on_setup)
 {
 	arena_model *m = load(1);
 	arena_slab_reader *rr;
