@@ -271,14 +271,14 @@ static void flip_every(const char *path, uint64_t stride)
 	cr_assert_eq(open_verify(path), 0);
 }
 
-Test(image, every_byte_flipped_small, .timeout = 300)
+Test(image, every_byte_flipped_small)
 {
 	write_small(tmp("s.safetensors"));
 	cr_assert_eq(convert1(tmp("s.safetensors"), tmp("s.arena")), 0);
 	flip_every(tmp("s.arena"), 1);
 }
 
-Test(image, bytes_flipped_tiny_flux, .timeout = 300)
+Test(image, bytes_flipped_tiny_flux)
 {
 	cr_assert_eq(convert1(ref("tiny_flux.safetensors"), tmp("f.arena")), 0);
 	flip_every(tmp("f.arena"), 509);
