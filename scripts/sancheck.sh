@@ -5,9 +5,6 @@
 # so the report itself must fail the run.
 # usage: sh scripts/sancheck.sh COMMAND [ARGS...]
 log=$(mktemp "${TMPDIR:-/tmp}/arena-san.XXXXXX") || exit 2
-# Leaks that Criterion's runner itself makes are suppressed (tests/lsan.supp).
-LSAN_OPTIONS="suppressions=$(cd "$(dirname "$0")/.." && pwd)/tests/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
-export LSAN_OPTIONS
 "$@" >"$log" 2>&1
 rc=$?
 cat "$log"
