@@ -530,7 +530,7 @@ Test(quant, unaligned_pointers)
 
 /* ---- threads and pieces ---------------------------------------------------------------- */
 
-Test(quant, thread_count_does_not_change_results, .timeout = 60)
+Test(quant, thread_count_does_not_change_results)
 {
 	/* big enough for 7 threads (1 Mi elements each at least) */
 	const uint64_t w[] = {997, 8009};

@@ -752,7 +752,7 @@ Test(synth, alloc_faults)
 /* flux-dev --blocks 0 (its 20 global tensors, 122 MiB) written and read
  * back: metadata, shapes, and the values of the largest tensor have mean 0
  * and std 0.02. (tests/cli/t_synth.sh writes --blocks 1, 1 GiB.) */
-Test(synth, flux_dev_globals_read_back, .timeout = 120)
+Test(synth, flux_dev_globals_read_back)
 {
 	arena_synth_list l = {0};
 	cr_assert_eq(arena_synth_layout_make("flux-dev", 0, &l), 0);
