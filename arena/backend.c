@@ -23,4 +23,12 @@ int arena_backend_cuda_create(int device, arena_backend **out)
 	*out = NULL;
 	return arena_errorf(ARENA_E_NO_DEVICE, "cuda: no CUDA device (arena was built without CUDA)");
 }
+
+int arena_backend_cuda_stream(arena_backend *b, arena_stream *s, void **native)
+{
+	(void)b;
+	(void)s;
+	*native = NULL;
+	return arena_errorf(ARENA_E_NO_DEVICE, "cuda: no CUDA device (arena was built without CUDA)");
+}
 #endif

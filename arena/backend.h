@@ -85,6 +85,12 @@ int arena_backend_sim_compute(arena_backend *b, arena_stream *s, double seconds)
  * reason. Without a CUDA build: NO_DEVICE ("built without CUDA"). */
 int arena_backend_cuda_create(int device, arena_backend **out);
 
+/* The CUDA stream behind `s` of the cuda backend `b`, for libraries that
+ * queue their own work on it (cuBLAS): writes the cudaStream_t to *native
+ * and makes b's device current on the calling thread. USAGE when b is not a
+ * cuda backend; NO_DEVICE in a build without CUDA. */
+int arena_backend_cuda_stream(arena_backend *b, arena_stream *s, void **native);
+
 /* By name: "cuda" or "sim" (sim options may be NULL for defaults). */
 int arena_backend_create(const char *name, int device, const arena_sim_opts *sim, arena_backend **out);
 

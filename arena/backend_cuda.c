@@ -241,6 +241,17 @@ static const arena_backend_ops cuda_ops = {
 	.destroy = cuda_destroy,
 };
 
+int arena_backend_cuda_stream(arena_backend *base, arena_stream *s, void **native)
+{
+	*native = NULL;
+	if (!base || base->ops != &cuda_ops || !s)
+		return arena_errorf(ARENA_E_USAGE, "cuda: not a stream of the cuda backend");
+	int rc = cuda_bind((cuda_backend *)base);
+	if (!rc)
+		*native = (void *)(cudaStream_t)s;
+	return rc;
+}
+
 int arena_backend_cuda_create(int device, arena_backend **out)
 {
 	int n = 0, rc = 0;
