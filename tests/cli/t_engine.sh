@@ -68,7 +68,13 @@ bench_usage_errors() {
 	run bench "$T/f.arena"
 	expect_rc 2
 	expect_error_line
-	run bench stream "$T/f.arena" --backend cuda
+	run bench stream "$T/f.arena" --backend tpu
+	expect_rc 2
+	expect_error_line
+	run bench stream "$T/f.arena" --backend cuda --sim-capacity 1G
+	expect_rc 2
+	expect_error_line
+	run bench stream "$T/f.arena" --device-free 1G
 	expect_rc 2
 	expect_error_line
 	run bench stream "$T/f.arena" --pressure 1G
@@ -81,6 +87,22 @@ bench_usage_errors() {
 	expect_rc 2
 	expect_error_line
 	expect_err "needs"
+}
+
+# cuda: on a machine without a GPU (or without cuBLAS) one clean line and
+# exit 3; with one, a report like sim's.
+bench_cuda() {
+	engine_image
+	run bench stream "$T/f.arena" --backend cuda --steps 2 --tokens 64 --json
+	if [ "$rc" = 0 ]; then
+		python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["backend"] == "cuda" and len(d["steps"]) == 2' \
+			"$T/out" || fail "bench --backend cuda --json does not parse"
+	else
+		expect_rc 3
+		expect_error_line
+		grep -qE "no CUDA device|cuBLAS not found" "$T/err" || fail "stderr names neither the device nor cuBLAS"
+		expect_no_out
+	fi
 }
 
 bench_json() {
@@ -100,4 +122,4 @@ PY
 	expect_out "steady state"
 }
 
-cases plan_help plan_usage_errors plan_text_and_json plan_too_small bench_usage_errors bench_json
+cases plan_help plan_usage_errors plan_text_and_json plan_too_small bench_usage_errors bench_cuda bench_json
