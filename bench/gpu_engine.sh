@@ -1,0 +1,66 @@
+#!/bin/sh
+# gpu_engine.sh - issue 6's speed measurements of the residency engine on the
+# GPU machine: `arena bench stream --backend cuda` (a cuBLAS bf16 GEMM with
+# T=4608 rows per block) on a flux-dev image, four runs:
+#   nocap     no cap (all resident): step <= 1.03 x the all-resident run
+#   cap8      --vram-cap 8G --mode sample: step <= 1.05 x bound
+#   cap12t    --vram-cap 12G --mode train: step <= 1.10 x bound
+#   pressure  --pressure 20G@3 (given back at step 8): no failure, demotion
+#             within one step, promotion after. Only free memory can be
+#             taken, and an H200 has ~115 GiB free beside the model, so this
+#             run holds all but $PRESSURE_DEVICE_FREE (default 24G, the sim's
+#             default card) from the start (--device-free) for 20G to bite.
+# Each run's JSON goes to $OUT/engine_<name>.json, then one summary line.
+# usage: A=path/to/arena OUT=dir sh bench/gpu_engine.sh WORKDIR
+set -u
+A=${A:-build/arena}
+OUT=${OUT:-.}
+W=$1
+STEPS=${STEPS:-10}
+mkdir -p "$W" "$OUT"
+# cuBLAS is loaded at run time: CUDA's lib64, else the pip wheel PyTorch uses.
+CB=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null)
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64${CB:+:$CB}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+ST=$W/f.safetensors
+IMG=$W/f.arena
+[ -f "$IMG" ] || {
+	[ -f "$ST" ] || "$A" synth --layout flux-dev -o "$ST" >/dev/null || exit 1
+	"$A" convert -q "$ST" -o "$IMG" || exit 1
+	rm -f "$ST"
+}
+cat "$IMG" >/dev/null
+
+summary() {
+	python3 - "$1" "$2" <<'PY'
+import json, sys
+name, path = sys.argv[1], sys.argv[2]
+d = json.load(open(path))
+s = d["summary"]
+st = d["steps"]
+dem = [x["step"] for x in st if x["demotions"]]
+pro = [x["step"] for x in st if x["promotions"]]
+print("%-8s step %.4f s  bound %.4f s  eff %.3f  all-resident %.4f s (x%.3f)  compute=%s  h2d %.1f GB/s"
+      "  pinned %.1f GiB  stalls %d  demoted@%s promoted@%s  over_budget %d"
+      % (name, s["step_s"], s["bound_s"], s["efficiency"], s["all_resident_step_s"], s["vs_all_resident"],
+         d["compute"], d["h2d_bytes_per_s"] / 1e9, d["host_pinned_bytes"] / 2**30,
+         sum(x["stalls"] for x in st), dem, pro, sum(x["over_budget"] for x in st)))
+PY
+}
+
+run() {
+	name=$1
+	shift
+	"$A" bench stream "$IMG" --backend cuda --tokens 4608 --json "$@" >"$OUT/engine_$name.json" \
+		2>"$OUT/engine_$name.err"
+	rc=$?
+	if [ $rc -ne 0 ]; then
+		echo "$name: exit $rc: $(cat "$OUT/engine_$name.err")"
+		return
+	fi
+	summary "$name" "$OUT/engine_$name.json"
+}
+
+run nocap --steps "$STEPS"
+run cap8 --steps "$STEPS" --vram-cap 8G --mode sample
+run cap12t --steps "$STEPS" --vram-cap 12G --mode train
+run pressure --steps 14 --device-free "${PRESSURE_DEVICE_FREE:-24G}" --pressure 20G@3
