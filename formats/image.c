@@ -450,8 +450,10 @@ static int parse_manifest(arena_image *img, const char *text, size_t len)
 		json_t *v;
 		if (!json_is_object(meta))
 			return mbad(&m, "\"metadata\" is not an object");
-		json_object_foreach(meta, k, v) if (!json_is_string(v)) return mbad(&m, "metadata '%s' is not a string",
-										     arena_q(k));
+		json_object_foreach(meta, k, v) {
+			if (!json_is_string(v))
+				return mbad(&m, "metadata '%s' is not a string", arena_q(k));
+		}
 	}
 	img->metadata = meta;
 	if (src && (!json_is_object(src) || !json_is_array(json_object_get(src, "files"))))

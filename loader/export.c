@@ -65,8 +65,10 @@ int arena_export(const char *image, const char *out, unsigned threads, arena_exp
 	const char *k;
 	json_t *v;
 	if (img->metadata)
-		json_object_foreach((json_t *)(uintptr_t)img->metadata, k, v) if ((rc = arena_stw_meta(w, k, json_string_value(v))))
-			goto out;
+		json_object_foreach((json_t *)(uintptr_t)img->metadata, k, v) {
+			if ((rc = arena_stw_meta(w, k, json_string_value(v))))
+				goto out;
+		}
 	for (size_t i = 0; i < l->n_tensors; i++) {
 		const arena_tensor *t = &l->tensors[i];
 		const arena_block *b = &l->blocks[t->block];
