@@ -48,7 +48,7 @@ static int cmp_extent(const void *a, const void *b)
 /* Fill buf with data bytes [c0, c0+len). */
 static int fill_chunk(job *j, uint64_t c0, uint64_t len, uint8_t *buf)
 {
-	memset(buf, 0, len);
+	uint64_t done = c0; /* bytes before this are written; gaps are zeroed as they come */
 	/* First extent ending after c0. */
 	size_t lo = 0, hi = j->n_ext;
 	while (lo < hi) {
@@ -67,6 +67,9 @@ static int fill_chunk(job *j, uint64_t c0, uint64_t len, uint8_t *buf)
 		uint64_t off = a - e->begin; /* within the component */
 		uint8_t *dst = buf + (a - c0);
 		int rc;
+		if (a > done)
+			memset(buf + (done - c0), 0, a - done); /* padding */
+		done = z;
 		if (!strcmp(e->t->scheme, "none")) {
 			const arena_st_tensor *s = e->t->src;
 			rc = arena_pread_full(s->file->fd, dst, z - a, s->file->data_off + s->begin + off, s->file->path);
@@ -76,6 +79,8 @@ static int fill_chunk(job *j, uint64_t c0, uint64_t len, uint8_t *buf)
 		if (rc)
 			return rc;
 	}
+	if (c0 + len > done)
+		memset(buf + (done - c0), 0, c0 + len - done);
 	return 0;
 }
 

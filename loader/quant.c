@@ -357,28 +357,55 @@ INLINE uint32_t amax32_n(const unsigned char *restrict s, size_t n)
 	return (uint32_t)m;
 }
 
-static uint32_t amax16(const unsigned char *s, uint64_t n)
-{
-	uint32_t m = 0, b;
-	uint64_t i = 0;
-	for (; i + BLK <= n; i += BLK) {
-		b = amax16_n(s + 2 * i, BLK);
-		m = b > m ? b : m;
+/* Built twice like the converters: baseline and, on x86-64, AVX2. */
+#define ARENA__QUANT_AMAX(name16, name32, attr)                          \
+	attr static uint32_t name16(const unsigned char *s, uint64_t n)  \
+	{                                                                \
+		uint32_t m = 0, b;                                       \
+		uint64_t i = 0;                                          \
+		for (; i + BLK <= n; i += BLK) {                         \
+			b = amax16_n(s + 2 * i, BLK);                    \
+			m = b > m ? b : m;                               \
+		}                                                        \
+		b = amax16_n(s + 2 * i, (size_t)(n - i));                \
+		return b > m ? b : m;                                    \
+	}                                                                \
+	attr static uint32_t name32(const unsigned char *s, uint64_t n)  \
+	{                                                                \
+		uint32_t m = 0, b;                                       \
+		uint64_t i = 0;                                          \
+		for (; i + BLK <= n; i += BLK) {                         \
+			b = amax32_n(s + 4 * i, BLK);                    \
+			m = b > m ? b : m;                               \
+		}                                                        \
+		b = amax32_n(s + 4 * i, (size_t)(n - i));                \
+		return b > m ? b : m;                                    \
 	}
-	b = amax16_n(s + 2 * i, (size_t)(n - i));
-	return b > m ? b : m;
+
+ARENA__QUANT_AMAX(amax16_base, amax32_base, )
+#ifdef HAVE_AVX2_KERNELS
+ARENA__QUANT_AMAX(amax16_avx2, amax32_avx2, __attribute__((target("avx2"))))
+#endif
+
+/* The amax kernels that go with the converters `cv` (pick_convert). */
+static uint32_t amax16(convert_fn cv, const unsigned char *s, uint64_t n)
+{
+#ifdef HAVE_AVX2_KERNELS
+	if (cv == convert_avx2)
+		return amax16_avx2(s, n);
+#endif
+	(void)cv;
+	return amax16_base(s, n);
 }
 
-static uint32_t amax32(const unsigned char *s, uint64_t n)
+static uint32_t amax32(convert_fn cv, const unsigned char *s, uint64_t n)
 {
-	uint32_t m = 0, b;
-	uint64_t i = 0;
-	for (; i + BLK <= n; i += BLK) {
-		b = amax32_n(s + 4 * i, BLK);
-		m = b > m ? b : m;
-	}
-	b = amax32_n(s + 4 * i, (size_t)(n - i));
-	return b > m ? b : m;
+#ifdef HAVE_AVX2_KERNELS
+	if (cv == convert_avx2)
+		return amax32_avx2(s, n);
+#endif
+	(void)cv;
+	return amax32_base(s, n);
 }
 
 #define F32_QNAN 0x7FC00000u
@@ -386,13 +413,13 @@ static uint32_t amax32(const unsigned char *s, uint64_t n)
 /* amax(|x|) of n values of kind sk (BF16, F16, F32) as f32; any NaN gives
  * the one quiet NaN 0x7FC00000, so that no result depends on which NaN
  * payload a piece saw (and so on the thread count). */
-static float amax_of(int sk, const void *src, uint64_t n)
+static float amax_of(convert_fn cv, int sk, const void *src, uint64_t n)
 {
 	float m;
 	if (sk == SK_F32) {
-		m = f32_of(amax32(src, n));
+		m = f32_of(amax32(cv, src, n));
 	} else {
-		uint32_t h = amax16(src, n);
+		uint32_t h = amax16(cv, src, n);
 		m = sk == SK_BF16 ? f32_of(h << 16) : f16_to_f32((uint16_t)h);
 	}
 	return m != m ? f32_of(F32_QNAN) : m;
@@ -511,7 +538,7 @@ static void task_convert(task *t, uint64_t first, uint64_t count, unsigned slot)
 
 static void task_amax(task *t, uint64_t first, uint64_t count, unsigned slot)
 {
-	t->partial[slot] = amax_of(t->sk, t->src + first * sk_size[t->sk], count);
+	t->partial[slot] = amax_of(t->cv, t->sk, t->src + first * sk_size[t->sk], count);
 }
 
 static void task_copy(task *t, uint64_t first, uint64_t count, unsigned slot)
@@ -527,7 +554,7 @@ static void task_rows(task *t, uint64_t first, uint64_t count, unsigned slot)
 	const uint64_t in_row = t->cols * sk_size[t->sk];
 	for (uint64_t r = first; r < first + count; r++) {
 		const unsigned char *s = t->src + r * in_row;
-		float scale = scale_of(amax_of(t->sk, s, t->cols), t->div);
+		float scale = scale_of(amax_of(t->cv, t->sk, s, t->cols), t->div);
 		memcpy(t->dst2 + 4 * r, &scale, 4);
 		t->cv(t->sk, t->op, t->dst + r * t->cols, s, t->cols, scale);
 	}
@@ -546,7 +573,7 @@ static void task_deq_rows(task *t, uint64_t first, uint64_t count, unsigned slot
 
 static float amax_parallel(int sk, const void *src, uint64_t n, unsigned threads)
 {
-	task t = {.fn = task_amax, .sk = sk, .src = src};
+	task t = {.fn = task_amax, .cv = pick_convert(), .sk = sk, .src = src};
 	unsigned used = parallel(&t, n, 1, threads);
 	float m = t.partial[0];
 	for (unsigned k = 1; k < used; k++)
@@ -962,10 +989,10 @@ static void fill_elems(convert_fn cv, int sk, int op, const unsigned char *src, 
 	}
 }
 
-static float row_scale(const arena_quant_plan *p, int sk, const unsigned char *src, uint64_t r)
+static float row_scale(convert_fn cv, const arena_quant_plan *p, int sk, const unsigned char *src, uint64_t r)
 {
 	const float div = p->scheme == ARENA_QUANT_INT8_ROW ? ARENA_QUANT_INT8_MAX : ARENA_QUANT_E4M3_MAX;
-	return scale_of(amax_of(sk, src + r * p->cols * sk_size[sk], p->cols), div);
+	return scale_of(amax_of(cv, sk, src + r * p->cols * sk_size[sk], p->cols), div);
 }
 
 /* Bytes [off, off + len) of a 4-byte-per-value array whose value v is get(v). */
@@ -1020,14 +1047,14 @@ int arena_quant_fill(const arena_quant_plan *p, const arena_quant_input *in, uin
 		return 0;
 	}
 	if (comp == 1) {
-		FILL_F32_VALUES(row_scale(p, sk, src, v_));
+		FILL_F32_VALUES(row_scale(cv, p, sk, src, v_));
 		return 0;
 	}
 	/* qdata: one byte per element; rows [off / cols, (off + len - 1) / cols] */
 	for (uint64_t r = off / p->cols; r * p->cols < off + len; r++) {
 		uint64_t a = r * p->cols > off ? r * p->cols : off;
 		uint64_t z = (r + 1) * p->cols < off + len ? (r + 1) * p->cols : off + len;
-		cv(sk, op, d + (a - off), src + a * sk_size[sk], z - a, row_scale(p, sk, src, r));
+		cv(sk, op, d + (a - off), src + a * sk_size[sk], z - a, row_scale(cv, p, sk, src, r));
 	}
 	return 0;
 }

@@ -145,6 +145,27 @@ static int open_verify(const char *path)
 
 TestSuite(image, .init = mk_tmpdir, .fini = rm_tmpdir);
 
+/* Every data byte outside the tensors' components is zero (docs/FORMAT.md). */
+static void expect_zero_padding(const char *path)
+{
+	arena_image *img;
+	cr_assert_eq(arena_img_open(path, &img), 0);
+	uint64_t n = img->hdr.data_length;
+	uint8_t *d = malloc(n), *used = calloc(n, 1);
+	cr_assert_eq(arena_pread_full(img->fd, d, n, img->hdr.data_offset, path), 0);
+	const arena_layout *l = img->layout;
+	for (size_t i = 0; i < l->n_tensors; i++)
+		for (uint32_t c = 0; c < l->tensors[i].n_comp; c++)
+			memset(used + l->blocks[l->tensors[i].block].offset + l->tensors[i].comp[c].offset, 1,
+			       l->tensors[i].comp[c].bytes);
+	for (uint64_t k = 0; k < n; k++)
+		if (!used[k])
+			cr_assert_eq(d[k], 0, "padding byte %llu of the data is %u", (unsigned long long)k, d[k]);
+	free(d);
+	free(used);
+	arena_img_close(img);
+}
+
 /* ---- round trips ------------------------------------------------------------ */
 
 Test(image, tiny_flux_round_trip)
@@ -221,8 +242,15 @@ Test(image, small_chunks_many_threads)
 	cr_assert_eq(arena_img_open(tmp("b.arena"), &img), 0);
 	cr_assert_gt(img->hdr.chunk_count, 4);
 	arena_img_close(img);
+	expect_zero_padding(tmp("b.arena"));
 	cr_assert_eq(arena_convert(&in, 1, tmp("c.arena"), &o, NULL), 0, "%s", arena_last_error());
 	cr_assert_eq(open_verify(tmp("c.arena")), 0);
+	expect_zero_padding(tmp("c.arena"));
+	/* Quantized components leave padding of their own in every slab. */
+	arena_convert_opts q = {.threads = 3, .chunk_size = 64 << 10, .quant = {.scheme = "fp8-e4m3-row"}};
+	cr_assert_eq(arena_convert(&(const char *){ref("tiny_flux.safetensors")}, 1, tmp("q.arena"), &q, NULL), 0,
+		     "%s", arena_last_error());
+	expect_zero_padding(tmp("q.arena"));
 }
 
 Test(image, bad_chunk_size_is_usage)
