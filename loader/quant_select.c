@@ -2,9 +2,6 @@
 #include "quant_select.h"
 
 #include <fnmatch.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <sys/mman.h>
 #include <string.h>
 
 #include "../common/alloc.h"
@@ -128,8 +125,7 @@ int arena_quant_state_init(arena_quant_state *qs, const arena_layout *l, const a
 	qs->n = l->n_tensors;
 	qs->plans = arena_calloc(l->n_tensors, sizeof(*qs->plans));
 	qs->in = arena_calloc(l->n_tensors, sizeof(*qs->in));
-	qs->mapped = arena_calloc(l->n_tensors, 1);
-	if (!qs->plans || !qs->in || !qs->mapped) {
+	if (!qs->plans || !qs->in) {
 		arena_quant_state_free(qs);
 		return arena_errorf(ARENA_E_NOMEM, "out of memory");
 	}
@@ -162,26 +158,13 @@ void arena_quant_state_free(arena_quant_state *qs)
 {
 	arena_free(qs->plans);
 	arena_free(qs->in);
-	arena_free(qs->mapped);
 	qs->plans = NULL;
 	qs->in = NULL;
-	qs->mapped = NULL;
 }
 
 int arena_quant_state_fill(arena_quant_state *qs, const arena_layout *l, const arena_tensor *t, uint32_t comp,
 			   uint64_t off, uint64_t len, uint8_t *dst)
 {
 	size_t i = (size_t)(t - l->tensors);
-	/* Map the source's pages in one call before the first use: many threads
-	 * faulting page by page into one mapping contend in the kernel. */
-	if (!__atomic_exchange_n(&qs->mapped[i], 1, __ATOMIC_RELAXED) && !getenv("ARENA_EXPERIMENT_NOPOPULATE")) {
-		uintptr_t a = (uintptr_t)qs->in[i].data & ~(uintptr_t)4095;
-		uintptr_t z = (uintptr_t)qs->in[i].data + qs->plans[i].src_nbytes;
-#ifdef MADV_POPULATE_READ
-		madvise((void *)a, z - a, MADV_POPULATE_READ); /* a hint: failure only costs speed */
-#else
-		madvise((void *)a, z - a, MADV_WILLNEED);
-#endif
-	}
 	return arena_quant_fill(&qs->plans[i], &qs->in[i], comp, off, len, dst);
 }

@@ -34,7 +34,6 @@ typedef struct arena_quant_state {
 	size_t n;                 /* = layout's n_tensors */
 	arena_quant_plan *plans;  /* indexed like layout->tensors; scheme NONE = plain */
 	arena_quant_input *in;
-	unsigned char *mapped;    /* per tensor: its source pages were populated */
 } arena_quant_state;
 
 /* Set up `po` (choose callback) for `qo`; `ctx` must outlive the plan build.
