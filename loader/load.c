@@ -82,8 +82,7 @@ typedef struct worker {
 	loader *L;
 	unsigned id;
 	unsigned k;       /* slots used so far */
-	int registered;   /* its ring share is pinned */
-	int registered_once;
+	int registered;   /* its ring share was pinned (and is unpinned as it exits) */
 	arena_stream *s;
 	arena_event **ev;
 } worker;
@@ -290,7 +289,7 @@ static int do_qpiece(loader *L, worker *w, const qpiece *q)
 
 /* Fault in and pin this worker's share of the ring (workers do it at once:
  * the page clearing runs in parallel, registration overlaps others' reads). */
-static int worker_ring(loader *L, worker *w)
+static void worker_ring(loader *L, worker *w)
 {
 	uint64_t len = (uint64_t)L->spt * L->slot;
 	uint8_t *mine = L->ring + (uint64_t)w->id * len;
@@ -301,11 +300,10 @@ static int worker_ring(loader *L, worker *w)
 	if (L->ring_pinned) {
 		arena_backend *be = L->o->backend;
 		if (be->ops->host_register(be, mine, len) == 0)
-			w->registered = w->registered_once = 1;
+			w->registered = 1;
 		else
 			arena_error_clear(); /* pageable: slower copies, still correct */
 	}
-	return 0;
 }
 
 static void *worker_main(void *arg)
@@ -333,10 +331,8 @@ static void *worker_main(void *arg)
 	int rc = be->ops->stream_sync(be, w->s);
 	if (rc)
 		fail(L, rc);
-	if (w->registered) {
+	if (w->registered)
 		be->ops->host_unregister(be, L->ring + (uint64_t)w->id * L->spt * L->slot);
-		w->registered = 0;
-	}
 	return NULL;
 }
 
@@ -468,7 +464,7 @@ static int run(loader *L, arena_model **out, arena_load_stats *st, double t0)
 		goto out;
 	}
 	for (unsigned i = 0; i < started; i++)
-		if (!w[i].registered_once)
+		if (!w[i].registered)
 			L->ring_pinned_all = 0;
 	L->t_populate = now() - L->t_mark;
 	L->t_mark = now();
