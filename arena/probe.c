@@ -90,7 +90,7 @@ typedef struct read_job {
 	int err;
 } read_job;
 
-#define READ_PIECE (16u << 20)
+#define READ_PIECE (1u << 20) /* the loader's read size: the same reads, nothing else */
 
 static void *read_worker(void *arg)
 {
