@@ -16,8 +16,7 @@ int arena_probe_h2d(arena_backend *be, arena_pin_budget *b, uint64_t bytes, doub
 
 /* Read up to `max_bytes` of `path` (0 = all) with `threads` threads in
  * 1 MiB pieces (the loader's read size) into private buffers, nothing else;
- * O_DIRECT when `direct`
- * (falls back to buffered where the filesystem has none). */
+ * O_DIRECT when `direct` (buffered where the filesystem has none). */
 int arena_probe_read(const char *path, unsigned threads, int direct, uint64_t max_bytes, double *gbps);
 
 /* Peak resident set size of this process so far, in bytes. */
