@@ -276,7 +276,7 @@ static int print_image_text(const char *path, const arena_image *img)
 		w = n > w ? n : w;
 	}
 	printf("\n%-*s  %-8s  %-16s %-16s %12s  %s\n", w, "name", "dtype", "shape", "scheme", "bytes", "block");
-	uint64_t stored = 0, logical = 0, nq = 0, qstored = 0, qlogical = 0;
+	uint64_t stored = 0, nq = 0, qstored = 0, qlogical = 0;
 	for (size_t i = 0; i < l->n_tensors; i++) {
 		const arena_tensor *t = &l->tensors[i];
 		char shape[128];
@@ -284,7 +284,6 @@ static int print_image_text(const char *path, const arena_image *img)
 		printf("%-*s  %-8s  %-16s %-16s %12llu  %s\n", w, arena_q(t->name), arena_dtype_name(t->dtype), shape,
 		       t->scheme, (unsigned long long)tensor_bytes(t), arena_q(l->blocks[t->block].name));
 		stored += tensor_bytes(t);
-		logical += logical_bytes(t);
 		if (strcmp(t->scheme, "none")) {
 			nq++;
 			qstored += tensor_bytes(t);
@@ -297,7 +296,6 @@ static int print_image_text(const char *path, const arena_image *img)
 		       cli_fmt_bytes(qstored, a, sizeof(a)), cli_fmt_bytes(qlogical, b2, sizeof(b2)),
 		       cli_fmt_bytes(qlogical > qstored ? qlogical - qstored : 0, b3, sizeof(b3)));
 	printf("\n");
-	(void)logical;
 	return 0;
 }
 
