@@ -32,8 +32,11 @@ uint64_t arena_peak_rss(void)
 
 int arena_probe_h2d(arena_backend *be, arena_pin_budget *b, uint64_t bytes, double seconds, double *gbps)
 {
-	const uint64_t piece = 64u << 20;
-	bytes = (bytes < piece ? piece : bytes + piece - 1) / piece * piece;
+	/* 64 MiB pieces; a small device (a tiny sim) gets one piece of what it asked. */
+	uint64_t piece = 64u << 20;
+	if (bytes < piece)
+		piece = bytes < 4096 ? 4096 : (bytes + 4095) / 4096 * 4096;
+	bytes = (bytes + piece - 1) / piece * piece;
 	*gbps = 0;
 	int rc, registered = 0, taken = 0;
 	void *dev = NULL;

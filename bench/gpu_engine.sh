@@ -10,6 +10,9 @@
 #             taken, and an H200 has ~115 GiB free beside the model, so this
 #             run holds all but $PRESSURE_DEVICE_FREE (default 24G, the sim's
 #             default card) from the start (--device-free) for 20G to bite.
+#   pressure43 the same on a 43G card: the model and ~20G free beside it, so
+#             the whole 20G is taken and what is left is under the engine's
+#             headroom + reserve.
 # Each run's JSON goes to $OUT/engine_<name>.json, then one summary line.
 # usage: A=path/to/arena OUT=dir sh bench/gpu_engine.sh WORKDIR
 set -u
@@ -40,10 +43,11 @@ st = d["steps"]
 dem = [x["step"] for x in st if x["demotions"]]
 pro = [x["step"] for x in st if x["promotions"]]
 print("%-8s step %.4f s  bound %.4f s  eff %.3f  all-resident %.4f s (x%.3f)  compute=%s  h2d %.1f GB/s"
-      "  pinned %.1f GiB  stalls %d  demoted@%s promoted@%s  over_budget %d"
+      "  pinned %.1f GiB  stalls %d  demoted@%s promoted@%s  over_budget %d  pressure GiB %s"
       % (name, s["step_s"], s["bound_s"], s["efficiency"], s["all_resident_step_s"], s["vs_all_resident"],
          d["compute"], d["h2d_bytes_per_s"] / 1e9, d["host_pinned_bytes"] / 2**30,
-         sum(x["stalls"] for x in st), dem, pro, sum(x["over_budget"] for x in st)))
+         sum(x["stalls"] for x in st), dem, pro, sum(x["over_budget"] for x in st),
+         [round(x.get("pressure_bytes", 0) / 2**30, 1) for x in st]))
 PY
 }
 
@@ -64,3 +68,4 @@ run nocap --steps "$STEPS"
 run cap8 --steps "$STEPS" --vram-cap 8G --mode sample
 run cap12t --steps "$STEPS" --vram-cap 12G --mode train
 run pressure --steps 14 --device-free "${PRESSURE_DEVICE_FREE:-24G}" --pressure 20G@3
+run pressure43 --steps 14 --device-free 43G --pressure 20G@3

@@ -92,15 +92,24 @@ static int gemm_compute_run(void *ctx, arena_stream *s, const void *dptr, uint64
 /* Take up to `want` bytes of device memory, as another program would: on
  * sim as injected pressure; on cuda allocated, 256 MiB less at a time while
  * the device refuses (a device never hands out all it calls free). */
-static int dev_take(arena_backend *be, int cuda, uint64_t want, void **held)
+static int dev_take(arena_backend *be, int cuda, uint64_t want, void **held, uint64_t *got)
 {
 	*held = NULL;
-	if (!cuda)
-		return arena_backend_sim_pressure(be, want);
+	*got = 0;
+	if (!cuda) {
+		uint64_t f0 = 0, f1 = 0, t = 0;
+		be->ops->mem_info(be, &f0, &t);
+		int rc = arena_backend_sim_pressure(be, want);
+		be->ops->mem_info(be, &f1, &t);
+		*got = f0 > f1 ? f0 - f1 : 0;
+		return rc;
+	}
 	while (want >= (256ull << 20)) {
 		int rc = be->ops->dev_alloc(be, want, held);
-		if (rc != ARENA_E(DEV_OOM))
+		if (rc != ARENA_E(DEV_OOM)) {
+			*got = rc ? 0 : want;
 			return rc;
+		}
 		arena_error_clear();
 		want -= 256ull << 20;
 	}
@@ -125,6 +134,7 @@ static double now_s(void)
 
 typedef struct step_out {
 	double time_s, compute_s, bound_s;
+	uint64_t pressure_bytes; /* held by --pressure during the step */
 	arena_engine_step rec;
 } step_out;
 
@@ -202,7 +212,7 @@ int cmd_bench(int argc, char **argv)
 	argc--;
 	argv++;
 	arena_engine_opts o = {.headroom = ARENA_ENGINE_AUTO, .reserve = ARENA_ENGINE_AUTO, .keep_last = 1};
-	uint64_t simcap = 0, psize = 0, devfree = 0;
+	uint64_t simcap = 0, psize = 0, devfree = 0, pheld = 0, bheld = 0;
 	double bw = 55e9, flops = 700e12, tokens = 4608;
 	long steps = 10, pstep = -1;
 	int json = 0, cuda = 0, simopt = 0, ch;
@@ -312,7 +322,7 @@ int cmd_bench(int argc, char **argv)
 		goto done;
 	uint64_t fr = 0, tot = 0, pbytes;
 	if (devfree && !(rc = be->ops->mem_info(be, &fr, &tot)) && fr > devfree)
-		rc = dev_take(be, cuda, fr - devfree, &ballast);
+		rc = dev_take(be, cuda, fr - devfree, &ballast, &bheld);
 	if (rc || (rc = be->ops->stream_create(be, &cs)))
 		goto done;
 	arena_pin_budget_probe(&budget, 0, ARENA_PIN_RESERVE_AUTO, "");
@@ -371,11 +381,13 @@ int cmd_bench(int argc, char **argv)
 	for (long st = 0; st < steps; st++) {
 		if (st == pstep) {
 			be->ops->mem_info(be, &fr, &tot);
-			if ((rc = dev_take(be, cuda, psize < fr ? psize : fr, &pressure)))
+			if ((rc = dev_take(be, cuda, psize < fr ? psize : fr, &pressure, &pheld)))
 				goto done;
 		} else if (pstep >= 0 && st == pstep + 5) {
 			dev_give(be, cuda, &pressure);
+			pheld = 0;
 		}
+		out[st].pressure_bytes = pheld;
 		const arena_residency_plan *p = arena_engine_plan(e);
 		for (size_t i = 0; i < p->n_sched; i++)
 			out[st].compute_s += entry_seconds(tokens, flops, params[p->sched[i]],
@@ -449,22 +461,23 @@ int cmd_bench(int argc, char **argv)
 		for (long st = 0; st < steps; st++) {
 			const arena_engine_step *r = &out[st].rec;
 			json_array_append_new(
-				arr, json_pack("{s:i,s:f,s:f,s:f,s:f,s:I,s:I,s:I,s:i,s:f,s:i,s:i,s:b}", "step", (int)st,
+				arr, json_pack("{s:i,s:f,s:f,s:f,s:f,s:I,s:I,s:I,s:i,s:f,s:i,s:i,s:b,s:I}", "step", (int)st,
 					       "time_s", out[st].time_s, "compute_s", out[st].compute_s, "bound_s",
 					       out[st].bound_s, "efficiency",
 					       out[st].time_s > 0 ? out[st].bound_s / out[st].time_s : 0.0, "streamed_bytes",
 					       (json_int_t)r->streamed_bytes, "resident_bytes", (json_int_t)r->resident_bytes,
 					       "budget", (json_int_t)r->budget, "stalls", (int)r->stalls, "stall_s",
 					       r->stall_s, "demotions", (int)r->demotions, "promotions", (int)r->promotions,
-					       "over_budget", r->over_budget));
+					       "over_budget", r->over_budget, "pressure_bytes",
+					       (json_int_t)out[st].pressure_bytes));
 		}
-		json_t *root = json_pack("{s:s,s:s,s:s,s:f,s:f,s:f,s:f,s:I,s:I,s:I,s:s,s:I,s:I}", "path", path, "backend",
+		json_t *root = json_pack("{s:s,s:s,s:s,s:f,s:f,s:f,s:f,s:I,s:I,s:I,s:s,s:I,s:I,s:I}", "path", path, "backend",
 					 be->ops->name, "mode", o.mode == ARENA_MODE_TRAIN ? "train" : "sample", "tokens",
 					 tokens, "flops", flops, "h2d_bytes_per_s", h2d, "sim_bandwidth", cuda ? 0.0 : bw,
 					 "vram_cap", (json_int_t)o.cap, "sim_capacity", (json_int_t)(cuda ? 0 : simcap),
 					 "predicted_stream_bytes_per_step", (json_int_t)p->stream_bytes_per_step,
 					 "compute", measured ? "all_resident" : "modelled", "device_free",
-					 (json_int_t)devfree, "host_pinned_bytes", (json_int_t)m->pinned_bytes);
+					 (json_int_t)devfree, "device_held_bytes", (json_int_t)bheld, "host_pinned_bytes", (json_int_t)m->pinned_bytes);
 		json_object_set_new(root, "steps", arr);
 		json_object_set_new(root, "summary",
 				    json_pack("{s:f,s:f,s:f,s:f,s:f}", "step_s", sum_t / (double)cnt, "bound_s",
@@ -487,10 +500,13 @@ int cmd_bench(int argc, char **argv)
 		       "streamed", "resident", "stalls", "stall_s", "dem", "pro");
 		for (long st = 0; st < steps; st++) {
 			const arena_engine_step *r = &out[st].rec;
-			printf("%5ld %9.4f %9.4f %9.4f %6.3f %12s %12s %6u %8.4f %4u %4u%s\n", st, out[st].time_s,
+			char pz[48] = "";
+			if (out[st].pressure_bytes)
+				snprintf(pz, sizeof(pz), " pressure %s", cli_fmt_bytes(out[st].pressure_bytes, c, sizeof(c)));
+			printf("%5ld %9.4f %9.4f %9.4f %6.3f %12s %12s %6u %8.4f %4u %4u%s%s\n", st, out[st].time_s,
 			       out[st].compute_s, out[st].bound_s, out[st].time_s > 0 ? out[st].bound_s / out[st].time_s : 0,
 			       cli_fmt_bytes(r->streamed_bytes, a, sizeof(a)), cli_fmt_bytes(r->resident_bytes, b2, sizeof(b2)),
-			       r->stalls, r->stall_s, r->demotions, r->promotions, r->over_budget ? " over budget" : "");
+			       r->stalls, r->stall_s, r->demotions, r->promotions, pz, r->over_budget ? " over budget" : "");
 		}
 		printf("steady state: %.4f s/step, bound %.4f s, efficiency %.3f; all resident %.4f s/step (%.3fx)\n",
 		       sum_t / (double)cnt, sum_b / (double)cnt, eff, res_step,

@@ -1,7 +1,12 @@
 /* test_engine.c - the residency planner and the prefetch engine on sim:
  * plans for many budgets and block mixes, acquire/release order with device
  * bytes checked against the image, train re-fetches, pressure at random
- * steps, early budget errors, allocation failures on the set-up paths. */
+ * steps, early budget errors, allocation failures on the set-up paths.
+ *
+ * ARENA_TEST_BACKEND=cuda runs the engine tests on device 0 instead (the GPU
+ * machine): the same byte checks against the image, with no modelled compute;
+ * the tests that inject outside pressure need sim's exact accounting and are
+ * skipped there (bench stream --pressure measures pressure on cuda). */
 #include <criterion/criterion.h>
 
 #include <stdint.h>
@@ -216,6 +221,14 @@ static arena_pin_budget pb;
 static uint8_t **ref_bytes; /* per block of the image */
 static size_t ref_n;
 static uint64_t G, MAXB; /* globals and largest block of the image */
+static int on_cuda;       /* ARENA_TEST_BACKEND=cuda */
+
+/* Tests that inject pressure through sim (exact to the byte) skip on cuda. */
+static void sim_only(void)
+{
+	if (on_cuda)
+		cr_skip_test("injects outside pressure: sim only");
+}
 
 #define NB 10
 
@@ -279,8 +292,14 @@ static void setup(void)
 	snprintf(img_path, sizeof(img_path), "%s/m.arena", dir);
 	uint64_t sizes[NB] = {90000, 120000, 60000, 200000, 100000, 100000, 80000, 150000, 70000, 110000};
 	make_image(sizes, NB, 30000);
-	arena_sim_opts so = {.capacity = 64 << 20, .h2d_bytes_per_s = 4e9};
-	cr_assert_eq(arena_backend_sim_create(&so, &be), 0);
+	const char *tb = getenv("ARENA_TEST_BACKEND");
+	on_cuda = tb && !strcmp(tb, "cuda");
+	if (on_cuda) {
+		cr_assert_eq(arena_backend_cuda_create(0, &be), 0, "ARENA_TEST_BACKEND=cuda: %s", arena_last_error());
+	} else {
+		arena_sim_opts so = {.capacity = 64 << 20, .h2d_bytes_per_s = 4e9};
+		cr_assert_eq(arena_backend_sim_create(&so, &be), 0);
+	}
 	arena_pin_budget_probe(&pb, 256 << 20, 0, "");
 }
 
@@ -368,7 +387,7 @@ static void run_step(arena_engine *e, arena_model *m, arena_stream *s, int check
 			cr_assert_eq(be->ops->stream_sync(be, s), 0);
 			expect_dev(m, b, d);
 		}
-		if (compute_s > 0)
+		if (compute_s > 0 && !on_cuda)
 			cr_assert_eq(arena_backend_sim_compute(be, s, compute_s), 0);
 		if (check) {
 			cr_assert_eq(be->ops->stream_sync(be, s), 0);
@@ -498,6 +517,7 @@ Test(engine, usage_errors)
 
 Test(engine, pressure_at_random_steps)
 {
+	sim_only();
 	arena_model *m = load(1); /* device-only blocks: demotion re-reads them */
 	arena_slab_reader *rr;
 	cr_assert_eq(arena_slab_reader_open(img_path, m->layout, &rr), 0);
@@ -543,6 +563,7 @@ Test(engine, pressure_at_random_steps)
 /* Pressure: demote within one step, promote back after the hysteresis. */
 Test(engine, demote_then_promote)
 {
+	sim_only();
 	arena_model *m = load(0);
 	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
 	o.headroom = 400000;
@@ -581,6 +602,7 @@ Test(engine, demote_then_promote)
 
 Test(engine, strict_cap_is_an_error)
 {
+	sim_only();
 	arena_model *m = load(0);
 	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
 	o.strict = 1;
