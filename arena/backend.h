@@ -35,7 +35,9 @@ typedef struct arena_backend_ops {
 	void (*dev_free)(arena_backend *b, void *dptr);
 
 	/* Pin `bytes` of existing host memory at p in place (page-locked, DMA
-	 * capable); unregister undoes it. For sim, a ledger-only no-op. */
+	 * capable); unregister undoes it. The memory must be writable when it
+	 * is registered (CUDA refuses read-only pages; mprotect afterwards is
+	 * fine). For sim, a ledger plus that writability check. */
 	int (*host_register)(arena_backend *b, void *p, uint64_t bytes);
 	void (*host_unregister)(arena_backend *b, void *p);
 

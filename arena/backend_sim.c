@@ -297,6 +297,33 @@ static void sim_dev_free(arena_backend *base, void *dptr)
 	pthread_mutex_unlock(&b->mu);
 }
 
+/* 1 if every page of [p, p + bytes) is mapped writable (/proc/self/maps),
+ * 0 if not or unknown. CUDA refuses to register read-only memory without
+ * cudaHostRegisterReadOnly, so the sim refuses it too. */
+static int range_writable(const void *p, uint64_t bytes)
+{
+	FILE *f = fopen("/proc/self/maps", "re");
+	if (!f)
+		return 1; /* cannot tell: do not invent a failure */
+	uintptr_t at = (uintptr_t)p, end = at + bytes;
+	char line[512];
+	int ok = 0;
+	while (at < end && fgets(line, sizeof(line), f)) {
+		unsigned long lo, hi;
+		char perms[8];
+		if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3)
+			break;
+		if (hi <= at)
+			continue;
+		if (lo > at || perms[1] != 'w')
+			break;
+		at = hi;
+	}
+	ok = at >= end;
+	fclose(f);
+	return ok;
+}
+
 static int sim_host_register(arena_backend *base, void *p, uint64_t bytes)
 {
 	sim_backend *b = (sim_backend *)base;
@@ -304,6 +331,10 @@ static int sim_host_register(arena_backend *base, void *p, uint64_t bytes)
 	int rc = 0;
 	if (!p || !bytes)
 		return arena_errorf(ARENA_E_USAGE, "sim: host_register of %s", p ? "0 bytes" : "a NULL pointer");
+	if (!range_writable(p, bytes))
+		return arena_errorf(ARENA_E(DEV_ERROR),
+				    "sim: host_register of %llu bytes at %p: not writable memory (CUDA refuses it)",
+				    (unsigned long long)bytes, p);
 	pthread_mutex_lock(&b->mu);
 	for (size_t i = 0; i < b->n_pins && !rc; i++) {
 		uintptr_t q = (uintptr_t)b->pins[i].p;

@@ -80,8 +80,7 @@ fail:
 
 int arena_model_commit(arena_model *m)
 {
-	if (m->host_len && mprotect(m->host_base, m->host_len, PROT_READ) < 0)
-		return arena_syserrorf(ARENA_E_IO, errno, "cannot make host slabs read-only");
+	/* Pin first: CUDA registers writable pages only; read-only comes after. */
 	for (size_t b = 0; b < m->layout->n_blocks; b++) {
 		arena_block_mem *bm = &m->mem[b];
 		uint64_t len = arena_align_up(m->layout->blocks[b].bytes, ARENA_SLAB_ALIGN);
@@ -95,6 +94,8 @@ int arena_model_commit(arena_model *m)
 		m->pinned_bytes += len;
 	}
 	arena_error_clear();
+	if (m->host_len && mprotect(m->host_base, m->host_len, PROT_READ) < 0)
+		return arena_syserrorf(ARENA_E_IO, errno, "cannot make host slabs read-only");
 	m->committed = 1;
 	return 0;
 }
@@ -143,16 +144,17 @@ void arena_model_host_seal(arena_model *m, uint32_t b)
 {
 	arena_block_mem *bm = &m->mem[b];
 	uint64_t len = arena_align_up(m->layout->blocks[b].bytes, ARENA_SLAB_ALIGN);
-	mprotect(bm->host, len, PROT_READ); /* best effort: the bytes are right either way */
-	if (arena_pin_budget_take(m->budget, len))
-		return;
-	if (m->backend->ops->host_register(m->backend, bm->host, len)) {
-		arena_pin_budget_give(m->budget, len);
-		arena_error_clear();
-		return;
+	/* Pin while writable (CUDA's rule), then read-only. */
+	if (!arena_pin_budget_take(m->budget, len)) {
+		if (m->backend->ops->host_register(m->backend, bm->host, len)) {
+			arena_pin_budget_give(m->budget, len);
+			arena_error_clear();
+		} else {
+			bm->pinned = 1;
+			m->pinned_bytes += len;
+		}
 	}
-	bm->pinned = 1;
-	m->pinned_bytes += len;
+	mprotect(bm->host, len, PROT_READ); /* best effort: the bytes are right either way */
 }
 
 void arena_model_host_discard(arena_model *m, uint32_t b)

@@ -8,10 +8,12 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "arena.h"
 #include "../../arena/backend.h"
+#include "../../common/err.h"
 #include "../../common/alloc.h"
 
 #define KiB (1024ull)
@@ -139,6 +141,24 @@ static void check_registered(arena_backend *b)
 	cr_assert_eq(b->ops->copy_d2h_sync(b, back, d, n), 0, "%s", arena_last_error());
 	cr_assert_eq(memcmp(back, src, n), 0);
 	b->ops->host_unregister(b, src);
+	/* Read-only pages cannot be registered (CUDA's rule, which sim follows);
+	 * pages registered while writable stay registered and copyable after
+	 * mprotect (arena_model_commit's order). */
+	uint8_t *ro = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	cr_assert_neq(ro, MAP_FAILED);
+	fill(ro, n, 5);
+	cr_assert_eq(mprotect(ro, n, PROT_READ), 0);
+	cr_assert_neq(b->ops->host_register(b, ro, n), 0, "read-only memory registered");
+	arena_error_clear();
+	cr_assert_eq(mprotect(ro, n, PROT_READ | PROT_WRITE), 0);
+	cr_assert_eq(b->ops->host_register(b, ro, n), 0, "%s", arena_last_error());
+	cr_assert_eq(mprotect(ro, n, PROT_READ), 0);
+	cr_assert_eq(b->ops->copy_h2d(b, d, ro, n, s), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->stream_sync(b, s), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->copy_d2h_sync(b, back, d, n), 0, "%s", arena_last_error());
+	cr_assert_eq(memcmp(back, ro, n), 0);
+	b->ops->host_unregister(b, ro);
+	munmap(ro, n);
 	b->ops->stream_destroy(b, s);
 	b->ops->dev_free(b, d);
 	free(src);

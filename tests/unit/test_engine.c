@@ -353,8 +353,11 @@ static void expect_whole(const arena_engine *e, const arena_model *m)
 		} else {
 			cr_assert_null(m->mem[b].dev);
 		}
-		if (m->mem[b].host)
+		if (m->mem[b].host) {
 			cr_assert(memcmp(m->mem[b].host, ref_bytes[b], n) == 0, "block %u host bytes", b);
+			/* The pin budget (256 MiB) holds every slab: all pinned, so copies are DMA. */
+			cr_assert(m->mem[b].pinned, "block %u: host slab not pinned", b);
+		}
 		cr_assert(m->mem[b].dev || m->mem[b].host, "block %u lost", b);
 	}
 }
