@@ -77,72 +77,142 @@ void arena_residency_budget(uint64_t total, uint64_t free_bytes, const arena_eng
 	*budget = left > w ? left - w : 0;
 }
 
-/* --- ring slot choice (shared by the run and the planner's dry run) ------- */
+/* --- the ring (shared by the run and the planner's dry run) ---------------- */
 
-typedef struct ring_slot {
-	int64_t block;     /* -1: empty */
-	unsigned pending;  /* fetched entries not yet released */
-	uint64_t last_use; /* release stamp; 0: never released */
-} ring_slot;
+/* The ring is one device buffer of `bytes` (slots x the largest streamed
+ * block) holding streamed blocks contiguously, placed first in, first out: a
+ * block goes at the head, or at 0 when it does not fit before the end, and
+ * evicts the blocks whose bytes it overlaps, none of which may be pending
+ * (fetched and not yet released). A block still in the ring when it is
+ * needed again is not copied again. Small blocks pack: a ring of 3 x 648 MiB
+ * holds seven 270 MiB blocks, so copies run further ahead where blocks are
+ * small. Per block (arrays of the layout's size): present, off, pending;
+ * `order` lists the present blocks, oldest first. */
+typedef struct ring_state {
+	uint64_t bytes, head;
+	uint8_t *present;
+	uint64_t *off;
+	unsigned *pending;
+	uint32_t *order;
+	size_t n_order;
+} ring_state;
 
-/* The slot entry for block b goes to: *reuse = 1 if it already holds b.
- * -1 when every slot is in use. */
-static int ring_pick(const ring_slot *r, unsigned n, uint32_t b, int *reuse)
+static void ring_state_release(ring_state *r)
 {
-	int best = -1;
-	*reuse = 0;
-	for (unsigned i = 0; i < n; i++)
-		if (r[i].block == (int64_t)b) {
-			*reuse = 1;
-			return (int)i;
-		}
-	for (unsigned i = 0; i < n; i++)
-		if (!r[i].pending && (best < 0 || r[i].last_use < r[best].last_use))
-			best = (int)i;
-	return best;
+	arena_free(r->present);
+	arena_free(r->off);
+	arena_free(r->pending);
+	arena_free(r->order);
+	memset(r, 0, sizeof(*r));
 }
 
-/* Dry run of `steps` steps of seq through n slots; bytes and copies of the last. */
-static void dry_run(const arena_layout *l, const uint32_t *seq, size_t len, ring_slot *r, unsigned n,
-		    unsigned depth, int *slot_of, uint64_t *bytes, uint64_t *copies)
+static int ring_state_init(ring_state *r, size_t n)
 {
-	uint64_t stamp = 0;
-	for (unsigned i = 0; i < n; i++)
-		r[i] = (ring_slot){-1, 0, 0};
+	memset(r, 0, sizeof(*r));
+	r->present = arena_calloc(n ? n : 1, 1);
+	r->off = arena_calloc(n ? n : 1, sizeof(*r->off));
+	r->pending = arena_calloc(n ? n : 1, sizeof(*r->pending));
+	r->order = arena_calloc(n ? n : 1, sizeof(*r->order));
+	if (r->present && r->off && r->pending && r->order)
+		return 0;
+	ring_state_release(r); /* all or nothing */
+	return -1;
+}
+
+static void ring_reset(ring_state *r, size_t n, uint64_t bytes)
+{
+	r->bytes = bytes;
+	r->head = 0;
+	r->n_order = 0;
+	memset(r->present, 0, n ? n : 1);
+	memset(r->pending, 0, (n ? n : 1) * sizeof(*r->pending));
+}
+
+/* Where block b would go: 0 with *at (*reuse = 1 if it is in the ring
+ * already), or 1 when it cannot go now (a block it would overwrite is
+ * pending, or it is larger than the ring). */
+static int ring_place(const ring_state *r, const arena_layout *l, uint32_t b, uint64_t *at, int *reuse)
+{
+	uint64_t sz = l->blocks[b].bytes;
+	*reuse = 0;
+	*at = 0;
+	if (r->present[b]) {
+		*reuse = 1;
+		*at = r->off[b];
+		return 0;
+	}
+	if (sz > r->bytes)
+		return 1;
+	uint64_t lo = r->head + sz <= r->bytes ? r->head : 0, hi = lo + sz;
+	for (size_t i = 0; i < r->n_order; i++) {
+		uint32_t q = r->order[i];
+		uint64_t a = r->off[q], z = a + l->blocks[q].bytes;
+		if (a < hi && lo < z && r->pending[q])
+			return 1;
+	}
+	*at = lo;
+	return 0;
+}
+
+/* Put block b at `at` (from ring_place): the blocks it overlaps leave the
+ * ring, each passed to evict(ctx, q) first (the run makes its copy wait for
+ * their last release). The first error of evict is returned; the ring's
+ * state is updated either way. */
+static int ring_take(ring_state *r, const arena_layout *l, uint32_t b, uint64_t at, int (*evict)(void *, uint32_t),
+		     void *ctx)
+{
+	uint64_t hi = at + l->blocks[b].bytes;
+	size_t k = 0;
+	int rc = 0;
+	for (size_t i = 0; i < r->n_order; i++) {
+		uint32_t q = r->order[i];
+		uint64_t a = r->off[q], z = a + l->blocks[q].bytes;
+		if (a < hi && at < z) {
+			if (evict && !rc)
+				rc = evict(ctx, q);
+			r->present[q] = 0;
+		} else {
+			r->order[k++] = q;
+		}
+	}
+	r->n_order = k;
+	r->present[b] = 1;
+	r->off[b] = at;
+	r->order[r->n_order++] = b;
+	r->head = hi;
+	return rc;
+}
+
+/* Dry run of two steps of seq through a ring of ring_bytes, fetching as far
+ * ahead as the ring allows (as the engine does); bytes and copies of the
+ * second step. */
+static void dry_run(const arena_layout *l, const uint32_t *seq, size_t len, ring_state *r, uint64_t ring_bytes,
+		    uint64_t *bytes, uint64_t *copies)
+{
+	ring_reset(r, l->n_blocks, ring_bytes);
 	for (int step = 0; step < 2; step++) {
 		size_t fetched = 0;
 		*bytes = 0;
 		*copies = 0;
-		for (size_t cur = 0; cur <= len; cur++) {
-			/* after acquire cur-1 and its release: fetch below cur + depth */
-			while (fetched < len && fetched < cur + depth) {
-				int reuse, s = ring_pick(r, n, seq[fetched], &reuse);
-				if (s < 0)
-					break;
-				if (!reuse) {
-					*bytes += l->blocks[seq[fetched]].bytes;
-					++*copies;
-					r[s].block = seq[fetched];
+		for (size_t cur = 0; cur < len; cur++) {
+			while (fetched < len) {
+				uint32_t b = seq[fetched];
+				uint64_t at;
+				int reuse;
+				if (ring_place(r, l, b, &at, &reuse)) {
+					if (fetched > cur)
+						break;
+					return; /* cannot happen: the ring holds two of the largest block */
 				}
-				r[s].pending++;
-				slot_of[fetched++] = s;
-			}
-			if (cur == len)
-				break;
-			if (fetched <= cur) { /* cannot happen with n >= depth + 1 */
-				int reuse, s = ring_pick(r, n, seq[cur], &reuse);
-				if (s < 0)
-					return;
 				if (!reuse) {
-					*bytes += l->blocks[seq[cur]].bytes;
+					*bytes += l->blocks[b].bytes;
 					++*copies;
-					r[s].block = seq[cur];
+					ring_take(r, l, b, at, NULL, NULL);
 				}
-				r[s].pending++;
-				slot_of[fetched++] = s;
+				r->pending[b]++;
+				fetched++;
 			}
-			r[slot_of[cur]].pending--;
-			r[slot_of[cur]].last_use = ++stamp;
+			r->pending[seq[cur]]--;
 		}
 	}
 }
@@ -159,8 +229,9 @@ void arena_residency_plan_release(arena_residency_plan *p)
 }
 
 /* Recompute a plan's derived fields from p->resident (p->sched, slots and
- * depth set). `seq`, `r`, `slot_of` are scratch of n_sched, slots, n_sched. */
-static void plan_derive(const arena_layout *l, arena_residency_plan *p, uint32_t *seq, ring_slot *r, int *slot_of)
+ * depth set). `seq` (n_sched entries) and `r` (of the layout's blocks) are
+ * scratch. */
+static void plan_derive(const arena_layout *l, arena_residency_plan *p, uint32_t *seq, ring_state *r)
 {
 	p->resident_bytes = p->globals_bytes;
 	p->streamed_block_bytes = 0;
@@ -187,7 +258,8 @@ static void plan_derive(const arena_layout *l, arena_residency_plan *p, uint32_t
 	unsigned slots = p->n_streamed ? p->slots : 0;
 	p->need_bytes = p->resident_bytes + (uint64_t)slots * p->slot_bytes;
 	if (len)
-		dry_run(l, seq, len, r, p->slots, p->depth, slot_of, &p->stream_bytes_per_step, &p->copies_per_step);
+		dry_run(l, seq, len, r, (uint64_t)p->slots * p->slot_bytes, &p->stream_bytes_per_step,
+			&p->copies_per_step);
 }
 
 int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o, uint64_t budget,
@@ -198,8 +270,7 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 	size_t n = l->n_blocks, k = 0;
 	uint8_t *cand = NULL;
 	uint32_t *seq = NULL;
-	int *slot_of = NULL;
-	ring_slot *r = NULL;
+	ring_state r = {0};
 	if (o->mode != ARENA_MODE_SAMPLE && o->mode != ARENA_MODE_TRAIN)
 		return arena_errorf(ARENA_E_USAGE, "engine: mode %d is neither sample nor train", o->mode);
 	if (opt_depth(o) > MAX_DEPTH || o->keep_last > MAX_KEEP)
@@ -216,9 +287,8 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 	p->sched = arena_calloc(p->n_sched ? p->n_sched : 1, sizeof(*p->sched));
 	cand = arena_calloc(n ? n : 1, 1);
 	seq = arena_calloc(p->n_sched ? p->n_sched : 1, sizeof(*seq));
-	slot_of = arena_calloc(p->n_sched ? p->n_sched : 1, sizeof(*slot_of));
-	r = arena_calloc(p->slots, sizeof(*r));
-	if (!p->resident || !p->sched || !cand || !seq || !slot_of || !r) {
+	int rok = ring_state_init(&r, n);
+	if (!p->resident || !p->sched || !cand || !seq || rok) {
 		rc = arena_errorf(ARENA_E_NOMEM, "engine: out of memory for a plan");
 		goto out;
 	}
@@ -240,7 +310,7 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 		for (size_t b = 0; b < n; b++)
 			p->resident[b] = 1;
 		p->min_need_bytes = p->globals_bytes + all;
-		plan_derive(l, p, seq, r, slot_of);
+		plan_derive(l, p, seq, &r);
 		goto out;
 	}
 	/* Each distinct block size is a candidate slot size; largest first. */
@@ -314,12 +384,11 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 				  fmtb(p->min_need_bytes), fmtb(p->globals_bytes), p->slots, fmtb(budget));
 		goto out;
 	}
-	plan_derive(l, p, seq, r, slot_of);
+	plan_derive(l, p, seq, &r);
 out:
 	arena_free(cand);
 	arena_free(seq);
-	arena_free(slot_of);
-	arena_free(r);
+	ring_state_release(&r);
 	if (rc) {
 		uint64_t min_need = p->min_need_bytes;
 		arena_residency_plan_release(p);
@@ -330,14 +399,6 @@ out:
 
 /* --- engine ------------------------------------------------------------------- */
 
-typedef struct eslot {
-	ring_slot r;
-	void *dptr;
-	arena_event *ev_copy; /* recorded on the copy stream after its fill */
-	arena_event *ev_free; /* recorded on the caller's stream at release */
-	double watch_t;       /* a stalled acquire waits on it since; 0 none */
-} eslot;
-
 struct arena_engine {
 	arena_model *m;
 	arena_backend *be;
@@ -346,24 +407,23 @@ struct arena_engine {
 	arena_residency_plan plan;
 	int state, failed_rc;
 	arena_stream *cs; /* copy stream */
-	/* ring */
-	unsigned n_slots; /* ring_slots(o): the array; used when something is streamed */
-	eslot *slots;
-	uint64_t slot_bytes; /* of the allocated slots; 0 none */
-	uint64_t stamp;
+	/* ring: one buffer of n_slots x slot_bytes when something is streamed */
+	unsigned n_slots;    /* ring_slots(o) */
+	void *ring_dptr;
+	uint64_t slot_bytes; /* of the allocated ring; 0 none */
+	ring_state ring;     /* what it holds */
 	/* streamed schedule of the step */
 	uint32_t *seq;
 	size_t n_seq, cur, fetched;
-	int *slot_of;
 	uint8_t *copied;
-	ring_slot *scratch;    /* for plan_derive */
-	int *scratch_slot_of;
-	size_t *held; /* entries acquired and not released, oldest first */
+	ring_state scratch; /* for plan_derive */
+	size_t *held;       /* entries acquired and not released, oldest first */
 	size_t n_held;
 	/* per block */
-	arena_event **ev_use;  /* last release of a resident block */
-	arena_event **ev_fill; /* copy that made it resident */
+	arena_event **ev_use;  /* its last release (resident or in the ring) */
+	arena_event **ev_fill; /* the copy that put it where it is */
 	unsigned *res_held;
+	double *watch_t; /* a stalled acquire waits on its copy since; 0 none */
 	/* records */
 	arena_engine_step rec;
 	arena_engine_step *hist;
@@ -388,35 +448,35 @@ static uint64_t dev_used(const arena_engine *e)
 
 static void refresh(arena_engine *e)
 {
-	plan_derive(e->l, &e->plan, e->seq, e->scratch, e->scratch_slot_of);
+	plan_derive(e->l, &e->plan, e->seq, &e->scratch);
 	e->n_seq = 0;
 	for (size_t i = 0; i < e->plan.n_sched; i++)
 		if (!e->plan.resident[e->plan.sched[i]])
 			e->seq[e->n_seq++] = e->plan.sched[i];
 }
 
-/* Wait for everything the ring's slots are part of, then free them. */
+/* Wait for everything the ring is part of, then free it. */
 static int ring_free(arena_engine *e)
 {
 	int rc = 0;
 	arena_backend *be = e->be;
 	if (e->cs && (rc = be->ops->stream_sync(be, e->cs)))
 		return rc;
-	for (unsigned i = 0; i < e->n_slots; i++) {
-		eslot *s = &e->slots[i];
-		if (!rc && s->ev_free)
-			rc = be->ops->event_sync(be, s->ev_free);
-		if (s->dptr)
-			be->ops->dev_free(be, s->dptr);
-		s->dptr = NULL;
-		s->r = (ring_slot){-1, 0, 0};
-		s->watch_t = 0;
+	for (size_t i = 0; i < e->ring.n_order; i++) {
+		uint32_t q = e->ring.order[i];
+		if (!rc)
+			rc = be->ops->event_sync(be, e->ev_use[q]);
+		e->watch_t[q] = 0;
 	}
+	if (e->ring_dptr)
+		be->ops->dev_free(be, e->ring_dptr);
+	e->ring_dptr = NULL;
+	ring_reset(&e->ring, e->l->n_blocks, 0);
 	e->slot_bytes = 0;
 	return rc;
 }
 
-/* Slots of `bytes` each (0: none). DEV_OOM leaves no slot allocated. */
+/* A ring of n_slots x `bytes` (0: none). DEV_OOM leaves no ring allocated. */
 static int ring_alloc(arena_engine *e, uint64_t bytes)
 {
 	int rc;
@@ -424,11 +484,9 @@ static int ring_alloc(arena_engine *e, uint64_t bytes)
 		return 0;
 	if ((rc = ring_free(e)) || !bytes)
 		return rc;
-	for (unsigned i = 0; i < e->n_slots; i++)
-		if ((rc = e->be->ops->dev_alloc(e->be, bytes, &e->slots[i].dptr))) {
-			ring_free(e);
-			return rc;
-		}
+	if ((rc = e->be->ops->dev_alloc(e->be, (uint64_t)e->n_slots * bytes, &e->ring_dptr)))
+		return rc;
+	ring_reset(&e->ring, e->l->n_blocks, (uint64_t)e->n_slots * bytes);
 	e->slot_bytes = bytes;
 	return 0;
 }
@@ -543,41 +601,38 @@ static int fit_ring(arena_engine *e)
 	}
 }
 
-/* Issue the fetch of streamed entry j; 0 issued, 1 no slot free, or an error. */
+/* The copy into the ring waits for the last release of each block it overwrites. */
+static int evict_wait(void *ctx, uint32_t q)
+{
+	arena_engine *e = ctx;
+	e->watch_t[q] = 0;
+	return e->be->ops->stream_wait(e->be, e->cs, e->ev_use[q]);
+}
+
+/* Issue the fetch of streamed entry j; 0 issued, 1 no room in the ring now, or an error. */
 static int fetch_one(arena_engine *e, size_t j)
 {
 	arena_backend *be = e->be;
 	uint32_t b = e->seq[j];
-	int reuse = 0, si = -1, rc;
-	/* ring_pick's rule on the eslots (each embeds its ring_slot). */
-	for (unsigned i = 0; i < e->n_slots && si < 0; i++)
-		if (e->slots[i].r.block == (int64_t)b)
-			si = (int)i, reuse = 1;
-	for (unsigned i = 0; i < e->n_slots && !reuse; i++)
-		if (!e->slots[i].r.pending && (si < 0 || e->slots[i].r.last_use < e->slots[si].r.last_use))
-			si = (int)i;
-	if (si < 0)
+	uint64_t at, sz = e->l->blocks[b].bytes;
+	int reuse, rc;
+	if (ring_place(&e->ring, e->l, b, &at, &reuse))
 		return 1;
-	eslot *s = &e->slots[si];
 	if (!reuse) {
-		uint64_t sz = e->l->blocks[b].bytes;
-		s->r.block = -1;
-		if ((rc = be->ops->stream_wait(be, e->cs, s->ev_free)) ||
-		    (rc = be->ops->copy_h2d(be, s->dptr, e->m->mem[b].host, sz, e->cs)) ||
-		    (rc = be->ops->event_record(be, s->ev_copy, e->cs)))
+		if ((rc = ring_take(&e->ring, e->l, b, at, evict_wait, e)) ||
+		    (sz && (rc = be->ops->copy_h2d(be, (uint8_t *)e->ring_dptr + at, e->m->mem[b].host, sz, e->cs))) ||
+		    (rc = be->ops->event_record(be, e->ev_fill[b], e->cs)))
 			return rc;
-		s->r.block = b;
 	}
-	s->r.pending++;
-	e->slot_of[j] = si;
+	e->ring.pending[b]++;
 	e->copied[j] = (uint8_t)!reuse;
 	return 0;
 }
 
-/* Fetch streamed entries below cur + depth while slots are free. */
+/* Fetch streamed entries ahead as far as the ring has room. */
 static int prefetch(arena_engine *e)
 {
-	while (e->fetched < e->n_seq && e->fetched < e->cur + e->plan.depth) {
+	while (e->fetched < e->n_seq) {
 		int rc = fetch_one(e, e->fetched);
 		if (rc < 0)
 			return rc;
@@ -591,16 +646,16 @@ static int prefetch(arena_engine *e)
 /* Account stalled acquires whose copies are done (sync: wait for them). */
 static int poll_stalls(arena_engine *e, int sync)
 {
-	for (unsigned i = 0; i < e->n_slots; i++) {
-		eslot *s = &e->slots[i];
-		if (!s->watch_t)
+	for (size_t i = 0; i < e->ring.n_order; i++) {
+		uint32_t q = e->ring.order[i];
+		if (!e->watch_t[q])
 			continue;
-		int q = sync ? e->be->ops->event_sync(e->be, s->ev_copy) == 0 : e->be->ops->event_query(e->be, s->ev_copy);
-		if (q < 0)
-			return q;
-		if (q > 0) {
-			e->rec.stall_s += now_s() - s->watch_t;
-			s->watch_t = 0;
+		int r = sync ? e->be->ops->event_sync(e->be, e->ev_fill[q]) == 0 : e->be->ops->event_query(e->be, e->ev_fill[q]);
+		if (r < 0)
+			return r;
+		if (r > 0) {
+			e->rec.stall_s += now_s() - e->watch_t[q];
+			e->watch_t[q] = 0;
 		}
 	}
 	return 0;
@@ -611,13 +666,8 @@ void arena_engine_free(arena_engine *e)
 	if (!e)
 		return;
 	arena_backend *be = e->be;
-	if (e->slots) {
+	if (e->ring.present && e->watch_t)
 		ring_free(e);
-		for (unsigned i = 0; i < e->n_slots; i++) {
-			be->ops->event_destroy(be, e->slots[i].ev_copy);
-			be->ops->event_destroy(be, e->slots[i].ev_free);
-		}
-	}
 	if (e->cs)
 		be->ops->stream_sync(be, e->cs);
 	for (size_t b = 0; b < e->l->n_blocks; b++) {
@@ -630,12 +680,11 @@ void arena_engine_free(arena_engine *e)
 	}
 	if (e->cs)
 		be->ops->stream_destroy(be, e->cs);
-	arena_free(e->slots);
+	ring_state_release(&e->ring);
+	ring_state_release(&e->scratch);
+	arena_free(e->watch_t);
 	arena_free(e->seq);
-	arena_free(e->slot_of);
 	arena_free(e->copied);
-	arena_free(e->scratch);
-	arena_free(e->scratch_slot_of);
 	arena_free(e->held);
 	arena_free(e->ev_use);
 	arena_free(e->ev_fill);
@@ -682,30 +731,22 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	e->plan.reserve = reserve;
 	size_t n = l->n_blocks, ns = e->plan.n_sched ? e->plan.n_sched : 1;
 	e->n_slots = ring_slots(o);
-	e->slots = arena_calloc(e->n_slots, sizeof(*e->slots));
+	int rr = ring_state_init(&e->ring, n), rs = ring_state_init(&e->scratch, n);
+	e->watch_t = arena_calloc(n ? n : 1, sizeof(*e->watch_t));
 	e->seq = arena_calloc(ns, sizeof(*e->seq));
-	e->slot_of = arena_calloc(ns, sizeof(*e->slot_of));
 	e->copied = arena_calloc(ns, 1);
-	e->scratch = arena_calloc(e->n_slots, sizeof(*e->scratch));
-	e->scratch_slot_of = arena_calloc(ns, sizeof(*e->scratch_slot_of));
-	e->held = arena_calloc(e->n_slots, sizeof(*e->held));
+	e->held = arena_calloc(ns, sizeof(*e->held));
 	e->ev_use = arena_calloc(n ? n : 1, sizeof(*e->ev_use));
 	e->ev_fill = arena_calloc(n ? n : 1, sizeof(*e->ev_fill));
 	e->res_held = arena_calloc(n ? n : 1, sizeof(*e->res_held));
 	e->hist = arena_calloc(ARENA_ENGINE_HISTORY, sizeof(*e->hist));
-	if (!e->slots || !e->seq || !e->slot_of || !e->copied || !e->scratch || !e->scratch_slot_of || !e->held ||
+	if (rr || rs || !e->watch_t || !e->seq || !e->copied || !e->held ||
 	    !e->ev_use || !e->ev_fill || !e->res_held || !e->hist) {
 		rc = arena_errorf(ARENA_E_NOMEM, "engine: out of memory");
 		goto fail;
 	}
-	for (unsigned i = 0; i < e->n_slots; i++)
-		e->slots[i].r = (ring_slot){-1, 0, 0};
 	if ((rc = be->ops->stream_create(be, &e->cs)))
 		goto fail;
-	for (unsigned i = 0; i < e->n_slots; i++)
-		if ((rc = be->ops->event_create(be, &e->slots[i].ev_copy)) ||
-		    (rc = be->ops->event_create(be, &e->slots[i].ev_free)))
-			goto fail;
 	for (size_t b = 0; b < n; b++)
 		if ((rc = be->ops->event_create(be, &e->ev_use[b])) || (rc = be->ops->event_create(be, &e->ev_fill[b])))
 			goto fail;
@@ -795,21 +836,21 @@ int arena_engine_acquire(arena_engine *e, uint32_t block, arena_stream *stream, 
 		if ((rc = fetch_one(e, e->cur)) < 0)
 			return fail_engine(e, rc);
 		if (rc > 0)
-			return arena_errorf(ARENA_E_USAGE, "engine: %zu blocks held; the ring has %u slots", e->n_held,
-					    e->n_slots);
+			return arena_errorf(ARENA_E_USAGE,
+					    "engine: %zu blocks held; the ring (%u x %s) has no room for block '%s'",
+					    e->n_held, e->n_slots, fmtb(e->slot_bytes), e->l->blocks[block].name);
 		e->fetched++;
 	}
 	size_t j = e->cur;
-	eslot *s = &e->slots[e->slot_of[j]];
-	if ((rc = be->ops->stream_wait(be, stream, s->ev_copy)))
+	if ((rc = be->ops->stream_wait(be, stream, e->ev_fill[block])))
 		return fail_engine(e, rc);
-	int q = be->ops->event_query(be, s->ev_copy);
+	int q = be->ops->event_query(be, e->ev_fill[block]);
 	if (q < 0)
 		return fail_engine(e, q);
 	if (!q) {
 		e->rec.stalls++;
-		if (!s->watch_t)
-			s->watch_t = now_s();
+		if (!e->watch_t[block])
+			e->watch_t[block] = now_s();
 	}
 	if (e->copied[j]) {
 		e->rec.streamed_bytes += e->l->blocks[block].bytes;
@@ -817,7 +858,7 @@ int arena_engine_acquire(arena_engine *e, uint32_t block, arena_stream *stream, 
 	}
 	e->held[e->n_held++] = j;
 	e->cur++;
-	*dptr = s->dptr;
+	*dptr = (uint8_t *)e->ring_dptr + e->ring.off[block];
 	if ((rc = poll_stalls(e, 0)) || (rc = prefetch(e)))
 		return fail_engine(e, rc);
 	return 0;
@@ -844,13 +885,11 @@ int arena_engine_release(arena_engine *e, uint32_t block, arena_stream *stream)
 	if (h == e->n_held)
 		return arena_errorf(ARENA_E_USAGE, "engine: release of block '%s' that is not acquired",
 				    e->l->blocks[block].name);
-	eslot *s = &e->slots[e->slot_of[e->held[h]]];
 	memmove(&e->held[h], &e->held[h + 1], (e->n_held - h - 1) * sizeof(*e->held));
 	e->n_held--;
-	if ((rc = be->ops->event_record(be, s->ev_free, stream)))
+	if ((rc = be->ops->event_record(be, e->ev_use[block], stream)))
 		return fail_engine(e, rc);
-	s->r.pending--;
-	s->r.last_use = ++e->stamp;
+	e->ring.pending[block]--;
 	if ((rc = poll_stalls(e, 0)) || (rc = prefetch(e)))
 		return fail_engine(e, rc);
 	return 0;

@@ -1,6 +1,6 @@
 /* engine.h - the residency planner and the prefetch engine: a loaded model
  * run on any amount of device memory, as much of it resident as fits, the
- * rest streamed through a ring of device slots just in time.
+ * rest streamed through a ring of device memory just in time.
  *
  * Plan (arena_residency_plan, a pure function; `arena plan` uses it without
  * a device). Blocks in execution order; the globals block (container NULL)
@@ -14,23 +14,29 @@
  * headroom (physical slack) defaults to min(512 MiB, 2% of total); reserve
  * (working memory for activations) to 1 GiB for sample and 4 GiB for train,
  * at most a quarter of what is left after the headroom. If everything fits,
- * everything is resident. Otherwise the streamed blocks go through a ring of
- * `slots` device slots of the largest streamed block's size: depth + 1
- * (depth copies ahead plus the block in use), plus keep_last in train (so
- * the last forward blocks are still in their slots when backward needs them).
+ * everything is resident. Otherwise the streamed blocks go through a ring:
+ * one device buffer of `slots` times the largest streamed block, slots =
+ * depth + 1 (depth blocks ahead plus the block in use), plus keep_last in
+ * train (so the last forward blocks are still there when backward needs
+ * them).
  * For every candidate slot size (each distinct block size) the planner keeps
  * blocks above it resident, then spreads the remaining room over the
  * schedule (an error-diffusion walk: resident blocks evenly between the
  * streamed ones, so copies hide behind the compute of resident blocks) and
  * fills what is left largest first; the candidate with the most resident
  * bytes wins. Predicted streamed bytes per step come from a dry run of the
- * ring's slot choice (below) over two steps, so they include slot reuse
- * (the last forward blocks reused by backward).
+ * ring (below) over two steps, so they include blocks still in the ring
+ * when they are needed again (the last forward blocks reused by backward).
  *
- * Ring slot choice (run and dry run alike): entry j of the streamed schedule
- * goes to the slot that already holds its block if any (no copy), else to
- * the unused slot released longest ago. Entry j is fetched once entry
- * j - depth has been acquired (and before any acquire, entries 0..depth-1).
+ * The ring (run and dry run alike): blocks are placed one after another,
+ * first in first out, at the head, or at the start when a block does not
+ * fit before the end; a placed block evicts those whose bytes it overlaps,
+ * and its copy waits (on the device) for their last release. A block still
+ * in the ring when its entry comes is not copied again. Entries are fetched
+ * as far ahead as the ring has room (a block fetched and not yet released
+ * is never overwritten), so where blocks are smaller than the largest, more
+ * of them are in flight: copies run further ahead of the compute than
+ * `depth` blocks.
  *
  * Engine state machine (single-threaded: one caller thread drives it):
  *
@@ -54,13 +60,15 @@
  *      device only when it has a host slab; a block loaded straight to the
  *      device gets one first (re-read from its image through `reread`,
  *      checksums checked), so no block is ever lost.
- *   2. A slot is refilled only after the copy stream has waited for the
- *      event recorded at the release of its previous block; a block's device
- *      address is handed out only after the caller's stream has been made to
- *      wait for the copy that filled it.
+ *   2. Ring bytes are overwritten only after the copy stream has waited for
+ *      the event recorded at the last release of each block they held, and
+ *      never while such a block is fetched and not yet released; a block's
+ *      device address is handed out only after the caller's stream has been
+ *      made to wait for the copy that filled it.
  *   3. A resident block's device memory is freed (demotion) only after the
  *      event of its last release is done, and only between steps.
- *   4. Device memory used = globals + resident blocks + slots x slot_bytes,
+ *   4. Device memory used = globals + resident blocks + the ring (slots x
+ *      slot_bytes),
  *      and after every step_end it is within the budget read at that step
  *      unless nothing more can be demoted (then the step record says
  *      over_budget; with `strict` step_end fails with BUDGET instead).
@@ -98,8 +106,9 @@ typedef struct arena_engine_opts {
 	uint64_t cap;         /* device bytes arena may use at most; 0 = no cap */
 	uint64_t headroom;    /* ARENA_ENGINE_AUTO = min(512 MiB, 2% of total) */
 	uint64_t reserve;     /* ARENA_ENGINE_AUTO = 1 GiB sample / 4 GiB train, <= 1/4 */
-	unsigned depth;       /* copies ahead; 0 = ARENA_ENGINE_DEFAULT_DEPTH */
-	unsigned keep_last;   /* train: extra slots for the last forward blocks; default 0 */
+	unsigned depth;       /* ring = (depth + 1 [+ keep_last]) x largest streamed block;
+			       * 0 = ARENA_ENGINE_DEFAULT_DEPTH */
+	unsigned keep_last;   /* train: extra ring slots for the last forward blocks; default 0 */
 	unsigned hysteresis;  /* steps of room before a promotion; 0 = default */
 	int strict;           /* over the cap after demoting all it can: error, not a warning */
 	arena_reread_fn reread; /* NULL: device-only blocks stay resident */
@@ -145,7 +154,7 @@ typedef struct arena_engine_step {
 	uint64_t resident_bytes; /* resident at the end of the step (with globals) */
 	uint64_t slot_bytes;
 	unsigned slots;
-	uint64_t streamed_bytes; /* copied into slots for this step's entries */
+	uint64_t streamed_bytes; /* copied into the ring for this step's entries */
 	uint64_t copies;
 	uint64_t promoted_bytes; /* copied to the device by promotions */
 	unsigned stalls;         /* acquires whose copy was not yet done */
@@ -175,7 +184,7 @@ int arena_engine_step_begin(arena_engine *e);
  * in schedule order (USAGE otherwise); resident blocks at any time. */
 int arena_engine_acquire(arena_engine *e, uint32_t block, arena_stream *stream, void **dptr);
 /* Record on `stream` when the caller's work with b ends; after it the block's
- * slot may be refilled. Pairs with the oldest unreleased acquire of b. */
+ * ring bytes may be reused. Pairs with the oldest unreleased acquire of b. */
 int arena_engine_release(arena_engine *e, uint32_t block, arena_stream *stream);
 /* End the step (STEP -> IDLE): every acquire must have been released. Reads
  * free memory again and adapts (demotes at once under pressure, promotes
