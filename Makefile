@@ -125,7 +125,7 @@ $(BUILD)/tests/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(BUILD)/libare
 # the GPU machine; needs CUDA. Prints "no CUDA device" and exits 3 without one.
 .PHONY: bench
 ifeq ($(HAVE_CUDA),1)
-bench: $(BUILD)/bench/gpu_probe $(BUILD)/bench/reg_probe $(BUILD)/bench/overlap_probe
+bench: $(BUILD)/bench/gpu_probe $(BUILD)/bench/reg_probe $(BUILD)/bench/overlap_probe $(BUILD)/bench/engine_trace
 else
 bench:
 	@echo "make bench: needs CUDA; $(CUDA_MSG)" >&2; exit 1

@@ -217,6 +217,127 @@ static void dry_run(const arena_layout *l, const uint32_t *seq, size_t len, ring
 	}
 }
 
+/* --- the timed dry run (with a compute profile) ----------------------------- */
+
+typedef struct timed_scratch {
+	ring_state r;
+	double *fill_t, *rel_t; /* per block: its copy is done, its last release */
+	double *gain;           /* per block: the greedy's gain per byte */
+	uint8_t *swappable;     /* per block: chosen by the greedy, may be swapped */
+	uint32_t *seq;          /* the streamed entries' blocks */
+} timed_scratch;
+
+static void timed_release(timed_scratch *t)
+{
+	ring_state_release(&t->r);
+	arena_free(t->fill_t);
+	arena_free(t->rel_t);
+	arena_free(t->gain);
+	arena_free(t->swappable);
+	arena_free(t->seq);
+	memset(t, 0, sizeof(*t));
+}
+
+static int timed_init(timed_scratch *t, size_t n, size_t n_sched)
+{
+	memset(t, 0, sizeof(*t));
+	int rc = ring_state_init(&t->r, n);
+	t->fill_t = arena_calloc(n ? n : 1, sizeof(*t->fill_t));
+	t->rel_t = arena_calloc(n ? n : 1, sizeof(*t->rel_t));
+	t->gain = arena_calloc(n ? n : 1, sizeof(*t->gain));
+	t->swappable = arena_calloc(n ? n : 1, 1);
+	t->seq = arena_calloc(n_sched ? n_sched : 1, sizeof(*t->seq));
+	if (!rc && t->fill_t && t->rel_t && t->gain && t->swappable && t->seq)
+		return 0;
+	timed_release(t);
+	return -1;
+}
+
+typedef struct timed_evict {
+	const double *rel_t;
+	double wait;
+} timed_evict;
+
+static int timed_on_evict(void *ctx, uint32_t q)
+{
+	timed_evict *w = ctx;
+	if (w->rel_t[q] > w->wait)
+		w->wait = w->rel_t[q];
+	return 0;
+}
+
+static double entry_cost(const arena_engine_opts *o, const uint32_t *sched, size_t n_sched, size_t i)
+{
+	double c = o->cost[sched[i]];
+	if (o->mode == ARENA_MODE_TRAIN && i >= n_sched / 2)
+		c *= o->backward_factor > 0 ? o->backward_factor : 3.0;
+	return c;
+}
+
+/* Predicted seconds of a steady step of `sched` with the blocks in `res`
+ * resident: the second of two steps of the ring's rules in time (copies in
+ * order at o->h2d_bytes_per_s, each after the release of what it
+ * overwrites; an entry computes once its block is there and the entry
+ * before it is done). Negative when a block cannot be placed. */
+static double timed_dry_run(const arena_layout *l, const arena_engine_opts *o, const uint32_t *sched, size_t n_sched,
+			    const uint8_t *res, unsigned slots, timed_scratch *t)
+{
+	uint64_t slot = 0;
+	size_t len = 0;
+	for (size_t i = 0; i < n_sched; i++)
+		if (!res[sched[i]]) {
+			t->seq[len++] = sched[i];
+			if (l->blocks[sched[i]].bytes > slot)
+				slot = l->blocks[sched[i]].bytes;
+		}
+	ring_reset(&t->r, l->n_blocks, (uint64_t)slots * slot);
+	memset(t->fill_t, 0, l->n_blocks * sizeof(*t->fill_t));
+	memset(t->rel_t, 0, l->n_blocks * sizeof(*t->rel_t));
+	double copy_free = 0, comp = 0, t0 = 0;
+	for (int step = 0; step < 2; step++) {
+		size_t fetched = 0, cur = 0;
+		t0 = comp;
+		for (size_t i = 0; i < n_sched; i++) {
+			uint32_t b = sched[i];
+			double c = entry_cost(o, sched, n_sched, i);
+			if (res[b]) {
+				comp += c;
+				continue;
+			}
+			while (fetched < len) {
+				uint32_t f = t->seq[fetched];
+				uint64_t at;
+				int reuse;
+				if (ring_place(&t->r, l, f, &at, &reuse)) {
+					if (fetched > cur)
+						break;
+					return -1;
+				}
+				if (!reuse) {
+					timed_evict w = {t->rel_t, 0};
+					ring_take(&t->r, l, f, at, timed_on_evict, &w);
+					double start = copy_free > w.wait ? copy_free : w.wait;
+					copy_free = start + (double)l->blocks[f].bytes / o->h2d_bytes_per_s;
+					t->fill_t[f] = copy_free;
+				}
+				t->r.pending[f]++;
+				fetched++;
+			}
+			double start = comp > t->fill_t[b] ? comp : t->fill_t[b];
+			comp = start + c;
+			t->rel_t[b] = comp;
+			t->r.pending[b]--;
+			cur++;
+		}
+	}
+	return comp - t0;
+}
+
+static int have_profile(const arena_engine_opts *o)
+{
+	return o->cost && o->h2d_bytes_per_s > 0;
+}
+
 /* --- planner ----------------------------------------------------------------- */
 
 void arena_residency_plan_release(arena_residency_plan *p)
@@ -262,6 +383,101 @@ static void plan_derive(const arena_layout *l, arena_residency_plan *p, uint32_t
 			&p->copies_per_step);
 }
 
+/* With a profile: from the resident set `cand` (room bytes left), make
+ * blocks resident one at a time, each the one that shortens the predicted
+ * step most per byte, or the largest that fits when none does; returns the
+ * predicted step of the result (negative: a block could not be placed). */
+static double greedy_timed(const arena_layout *l, const arena_engine_opts *o, const arena_residency_plan *p,
+			   uint8_t *cand, uint64_t *room, double *gain, timed_scratch *ts)
+{
+	uint8_t *swappable = ts->swappable; /* not resident by force (larger than a slot) */
+	for (size_t b = 0; b < l->n_blocks; b++)
+		swappable[b] = !cand[b];
+	double cur = timed_dry_run(l, o, p->sched, p->n_sched, cand, p->slots, ts);
+	size_t k = o->mode == ARENA_MODE_TRAIN ? p->n_sched / 2 : p->n_sched;
+	while (cur >= 0) {
+		int64_t pick = -1, big = -1;
+		double best = 0;
+		for (size_t i = 0; i < k; i++) {
+			uint32_t b = p->sched[i];
+			uint64_t sz = l->blocks[b].bytes;
+			gain[b] = 0;
+			if (cand[b] || sz > *room)
+				continue;
+			if (big < 0 || sz > l->blocks[big].bytes)
+				big = b;
+			cand[b] = 1;
+			double t = timed_dry_run(l, o, p->sched, p->n_sched, cand, p->slots, ts);
+			cand[b] = 0;
+			if (t < 0)
+				return t;
+			gain[b] = cur - t > cur * 1e-9 && sz ? (cur - t) / (double)sz : 0;
+			best = gain[b] > best ? gain[b] : best;
+		}
+		if (big < 0)
+			break;
+		/* Among the blocks within 2% of the best gain per byte, the largest:
+		 * while the copies dominate every block saves the same per byte, and
+		 * a large block then leaves the small ones for the compute to hide. */
+		for (size_t i = 0; best > 0 && i < k; i++) {
+			uint32_t b = p->sched[i];
+			if (!cand[b] && l->blocks[b].bytes <= *room && gain[b] >= best * 0.98 &&
+			    (pick < 0 || l->blocks[b].bytes > l->blocks[pick].bytes))
+				pick = b;
+		}
+		if (pick < 0)
+			pick = big;
+		cand[pick] = 1;
+		*room -= l->blocks[pick].bytes;
+		cur = timed_dry_run(l, o, p->sched, p->n_sched, cand, p->slots, ts);
+	}
+	/* Then swaps: a resident block for a streamed one that fits in its place
+	 * and the room, the best that shortens the step, while one does (the
+	 * greedy's ties bunch residents; the compute hides copies better when
+	 * they are spread). Bounded: at most 4 x blocks swaps. */
+	for (size_t it = 0; cur >= 0 && it < 4 * k; it++) {
+		int64_t ra = -1, sb = -1;
+		double best_t = cur * (1 - 1e-6);
+		for (size_t i = 0; i < k; i++) {
+			uint32_t r = p->sched[i];
+			if (!cand[r] || !swappable[r])
+				continue;
+			for (size_t j = 0; j < k; j++) {
+				uint32_t q = p->sched[j];
+				if (cand[q] || l->blocks[q].bytes > l->blocks[r].bytes + *room)
+					continue;
+				cand[r] = 0;
+				cand[q] = 1;
+				double t = timed_dry_run(l, o, p->sched, p->n_sched, cand, p->slots, ts);
+				cand[q] = 0;
+				cand[r] = 1;
+				if (t >= 0 && t < best_t) {
+					best_t = t;
+					ra = r;
+					sb = q;
+				}
+			}
+		}
+		if (ra < 0)
+			break;
+		cand[ra] = 0;
+		cand[sb] = 1;
+		*room = *room + l->blocks[ra].bytes - l->blocks[sb].bytes;
+		cur = best_t;
+	}
+	return cur;
+}
+
+double arena_residency_plan_predict(const arena_layout *l, const arena_engine_opts *o, const arena_residency_plan *p)
+{
+	timed_scratch ts;
+	if (!have_profile(o) || !p->resident || timed_init(&ts, l->n_blocks, p->n_sched))
+		return -1;
+	double t = timed_dry_run(l, o, p->sched, p->n_sched, p->resident, p->slots, &ts);
+	timed_release(&ts);
+	return t;
+}
+
 int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o, uint64_t budget,
 			      arena_residency_plan *p)
 {
@@ -271,8 +487,17 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 	uint8_t *cand = NULL;
 	uint32_t *seq = NULL;
 	ring_state r = {0};
+	timed_scratch ts = {0};
+	int prof = have_profile(o);
 	if (o->mode != ARENA_MODE_SAMPLE && o->mode != ARENA_MODE_TRAIN)
 		return arena_errorf(ARENA_E_USAGE, "engine: mode %d is neither sample nor train", o->mode);
+	if (o->cost && !(o->h2d_bytes_per_s >= 0 && o->h2d_bytes_per_s < 1e15 && o->backward_factor >= 0 &&
+			 o->backward_factor < 1e6))
+		return arena_errorf(ARENA_E_USAGE, "engine: the profile's rate or backward factor is not a finite number >= 0");
+	for (size_t b = 0; o->cost && b < l->n_blocks; b++)
+		if (!(o->cost[b] >= 0 && o->cost[b] < 1e9))
+			return arena_errorf(ARENA_E_USAGE, "engine: the cost of block '%s' is not a finite number >= 0",
+					    l->blocks[b].name);
 	if (opt_depth(o) > MAX_DEPTH || o->keep_last > MAX_KEEP)
 		return arena_errorf(ARENA_E_USAGE, "engine: depth %u or keep_last %u over %u", opt_depth(o),
 				    o->keep_last, MAX_DEPTH);
@@ -288,6 +513,8 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 	cand = arena_calloc(n ? n : 1, 1);
 	seq = arena_calloc(p->n_sched ? p->n_sched : 1, sizeof(*seq));
 	int rok = ring_state_init(&r, n);
+	if (!rok && prof)
+		rok = timed_init(&ts, n, p->n_sched);
 	if (!p->resident || !p->sched || !cand || !seq || rok) {
 		rc = arena_errorf(ARENA_E_NOMEM, "engine: out of memory for a plan");
 		goto out;
@@ -311,10 +538,13 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 			p->resident[b] = 1;
 		p->min_need_bytes = p->globals_bytes + all;
 		plan_derive(l, p, seq, &r);
+		if (prof)
+			p->step_s = timed_dry_run(l, o, p->sched, p->n_sched, p->resident, p->slots, &ts);
 		goto out;
 	}
 	/* Each distinct block size is a candidate slot size; largest first. */
 	uint64_t best_res = 0, S = UINT64_MAX;
+	double best_t = 0;
 	int have = 0;
 	for (;;) {
 		uint64_t next = 0;
@@ -341,6 +571,15 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 		if (need > budget)
 			continue;
 		uint64_t room = budget - need;
+		double t_cand = 0;
+		if (prof) {
+			t_cand = greedy_timed(l, o, p, cand, &room, ts.gain, &ts);
+			if (t_cand < 0) {
+				rc = arena_errorf(ARENA_E_INTERNAL, "engine: the timed dry run could not place a block");
+				goto out;
+			}
+			goto chosen;
+		}
 		double f = elig ? (double)room / (double)elig : 0, acc = 0;
 		f = f > 1 ? 1 : f;
 		/* Spread: error diffusion over the forward order. */
@@ -370,10 +609,16 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 			cand[pick] = 1;
 			room -= l->blocks[pick].bytes;
 		}
+	chosen:;
 		uint64_t res = budget - room;
-		if (!have || res > best_res) {
+		/* Without a profile the most resident bytes win; with one the
+		 * shortest predicted step (ties: the most resident bytes). */
+		int better = !have || (prof ? t_cand < best_t * (1 - 1e-9) || (t_cand <= best_t * (1 + 1e-9) && res > best_res)
+					   : res > best_res);
+		if (better) {
 			have = 1;
 			best_res = res;
+			best_t = t_cand;
 			memcpy(p->resident, cand, n);
 		}
 	}
@@ -385,10 +630,13 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 		goto out;
 	}
 	plan_derive(l, p, seq, &r);
+	if (prof)
+		p->step_s = timed_dry_run(l, o, p->sched, p->n_sched, p->resident, p->slots, &ts);
 out:
 	arena_free(cand);
 	arena_free(seq);
 	ring_state_release(&r);
+	timed_release(&ts);
 	if (rc) {
 		uint64_t min_need = p->min_need_bytes;
 		arena_residency_plan_release(p);
@@ -424,6 +672,7 @@ struct arena_engine {
 	arena_event **ev_fill; /* the copy that put it where it is */
 	unsigned *res_held;
 	double *watch_t; /* a stalled acquire waits on its copy since; 0 none */
+	double *cost;    /* the engine's copy of o->cost (o.cost points at it) */
 	/* records */
 	arena_engine_step rec;
 	arena_engine_step *hist;
@@ -690,6 +939,7 @@ void arena_engine_free(arena_engine *e)
 	arena_free(e->ev_fill);
 	arena_free(e->res_held);
 	arena_free(e->hist);
+	arena_free(e->cost);
 	arena_residency_plan_release(&e->plan);
 	arena_free(e);
 }
@@ -711,6 +961,16 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	e->be = be;
 	e->l = l;
 	e->o = *o;
+	if (o->cost) { /* the engine keeps its own copy of the profile */
+		double *c = arena_calloc(l->n_blocks ? l->n_blocks : 1, sizeof(*c));
+		if (!c) {
+			arena_free(e);
+			return arena_errorf(ARENA_E_NOMEM, "engine: out of memory");
+		}
+		memcpy(c, o->cost, l->n_blocks * sizeof(*c));
+		e->cost = c;
+		e->o.cost = c;
+	}
 	if ((rc = arena_residency_plan_make(l, o, budget, &e->plan))) {
 		if (rc == ARENA_E(BUDGET)) {
 			char msg[1024];

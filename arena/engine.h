@@ -28,6 +28,17 @@
  * ring (below) over two steps, so they include blocks still in the ring
  * when they are needed again (the last forward blocks reused by backward).
  *
+ * With a compute profile (opts cost and h2d_bytes_per_s) the resident blocks
+ * are chosen differently: the dry run is timed (copies one after another at
+ * the given rate, each waiting for the release of what it overwrites; each
+ * entry computing once its block is there and the previous entry is done)
+ * and, for every candidate slot size, blocks are made resident one at a time,
+ * each time the one that shortens the predicted step most per byte (the
+ * largest when none does), while they fit. Copies then sit where the compute
+ * can hide them: where blocks cost little compute for their bytes, more of
+ * them stay; the plan with the shortest predicted step wins (ties: most
+ * resident bytes).
+ *
  * The ring (run and dry run alike): blocks are placed one after another,
  * first in first out, at the head, or at the start when a block does not
  * fit before the end; a placed block evicts those whose bytes it overlaps,
@@ -111,6 +122,15 @@ typedef struct arena_engine_opts {
 	unsigned keep_last;   /* train: extra ring slots for the last forward blocks; default 0 */
 	unsigned hysteresis;  /* steps of room before a promotion; 0 = default */
 	int strict;           /* over the cap after demoting all it can: error, not a warning */
+	/* Optional compute profile: cost[b] = seconds of block b's forward work
+	 * per step (n_blocks entries, globals ignored), backward entries of train
+	 * cost backward_factor x that (0 = 3: recompute + backward), and the
+	 * host-to-device rate. With both cost and h2d_bytes_per_s, the planner
+	 * chooses resident blocks by a timed dry run (see above) instead of
+	 * spreading them by bytes. The array is copied. */
+	const double *cost;
+	double backward_factor;
+	double h2d_bytes_per_s;
 	arena_reread_fn reread; /* NULL: device-only blocks stay resident */
 	void *reread_ctx;
 } arena_engine_opts;
@@ -129,6 +149,7 @@ typedef struct arena_residency_plan {
 	uint64_t need_bytes;     /* globals + resident + slots x slot_bytes */
 	uint64_t min_need_bytes; /* the least any plan needs: globals + slots x largest block */
 	uint64_t stream_bytes_per_step; /* predicted, steady state */
+	double step_s;           /* predicted step seconds (timed dry run); 0 without a profile */
 	uint64_t copies_per_step;
 	size_t n_resident, n_streamed; /* among scheduled blocks */
 } arena_residency_plan;
@@ -145,6 +166,9 @@ void arena_residency_budget(uint64_t total, uint64_t free_bytes, const arena_eng
 int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o, uint64_t budget,
 			      arena_residency_plan *p);
 void arena_residency_plan_release(arena_residency_plan *p);
+/* Predicted seconds of a steady step of plan p under o's compute profile
+ * (the timed dry run), for any plan of l; -1 without a profile or memory. */
+double arena_residency_plan_predict(const arena_layout *l, const arena_engine_opts *o, const arena_residency_plan *p);
 
 /* One step's record: every decision the engine made. */
 typedef struct arena_engine_step {

@@ -51,6 +51,8 @@ const char cmd_bench_usage[] =
 	"  --pressure SIZE@STEP  at STEP take SIZE of device memory (what is free, at\n"
 	"                      most), give it back 5 steps later (cuda: allocated)\n"
 	"  --strict-vram-cap   over the cap after demoting all it can is an error\n"
+	"  --no-profile        plan by bytes alone: do not give the planner each block's\n"
+	"                      compute time (measured on cuda, modelled on sim)\n"
 	"  --json              machine-readable report (schema in README.md)\n"
 	"  -h, --help          this text\n"
 	"\n"
@@ -173,6 +175,51 @@ static int bench_step(const bench_run *r, arena_engine *e, double *t)
 	return rc;
 }
 
+/* Per block, the seconds of its forward compute (globals 0): sim, the model;
+ * cuda, its GEMM timed over its own bytes (copied to a scratch buffer; the
+ * mean of two runs after a warm-up). */
+static int bench_profile(const bench_run *r, const arena_model *m, int cuda, double *cost)
+{
+	const arena_layout *l = m->layout;
+	arena_backend *be = r->be;
+	void *scratch = NULL;
+	uint64_t maxb = 0;
+	int rc = 0;
+	for (size_t b = 0; b < l->n_blocks; b++)
+		if (!arena_block_is_globals(l, (uint32_t)b) && l->blocks[b].bytes > maxb)
+			maxb = l->blocks[b].bytes;
+	if (cuda && maxb && (rc = be->ops->dev_alloc(be, maxb, &scratch)))
+		return rc;
+	for (uint32_t b = 0; b < l->n_blocks && !rc; b++) {
+		uint64_t sz = l->blocks[b].bytes;
+		cost[b] = 0;
+		if (arena_block_is_globals(l, b) || !sz)
+			continue;
+		if (!cuda) {
+			const sim_compute_ctx *c = r->comp.ctx;
+			cost[b] = entry_seconds(c->tokens, c->flops, r->params[b], 0);
+			continue;
+		}
+		/* a host slab to the scratch buffer, or the block where it is on the device */
+		const void *w = m->mem[b].host ? scratch : m->mem[b].dev;
+		if (m->mem[b].host)
+			rc = be->ops->copy_h2d(be, scratch, m->mem[b].host, sz, r->cs);
+		if (!rc)
+			rc = r->comp.run(r->comp.ctx, r->cs, w, r->params[b], 0);
+		if (!rc)
+			rc = be->ops->stream_sync(be, r->cs);
+		double t0 = now_s();
+		for (int k = 0; k < 2 && !rc; k++)
+			rc = r->comp.run(r->comp.ctx, r->cs, w, r->params[b], 0);
+		if (!rc)
+			rc = be->ops->stream_sync(be, r->cs);
+		cost[b] = (now_s() - t0) / 2;
+	}
+	if (scratch)
+		be->ops->dev_free(be, scratch);
+	return rc;
+}
+
 /* Elements of block b's tensors (parameters). */
 static uint64_t block_params(const arena_layout *l, uint32_t b)
 {
@@ -191,7 +238,7 @@ static uint64_t block_params(const arena_layout *l, uint32_t b)
 int cmd_bench(int argc, char **argv)
 {
 	enum { O_BACKEND = 256, O_MODE, O_CAP, O_SIMCAP, O_SIMBW, O_DEVFREE, O_FLOPS, O_STEPS, O_TOKENS, O_DEPTH,
-	       O_PRESSURE, O_STRICT, O_JSON };
+	       O_PRESSURE, O_STRICT, O_NOPROFILE, O_JSON };
 	static const struct option opts[] = {
 		{"backend", required_argument, NULL, O_BACKEND},
 		{"mode", required_argument, NULL, O_MODE},
@@ -205,6 +252,7 @@ int cmd_bench(int argc, char **argv)
 		{"depth", required_argument, NULL, O_DEPTH},
 		{"pressure", required_argument, NULL, O_PRESSURE},
 		{"strict-vram-cap", no_argument, NULL, O_STRICT},
+		{"no-profile", no_argument, NULL, O_NOPROFILE},
 		{"json", no_argument, NULL, O_JSON},
 		{NULL, 0, NULL, 0},
 	};
@@ -216,7 +264,7 @@ int cmd_bench(int argc, char **argv)
 	uint64_t simcap = 0, psize = 0, devfree = 0, pheld = 0, bheld = 0;
 	double bw = 55e9, flops = 700e12, tokens = 4608;
 	long steps = 10, pstep = -1;
-	int json = 0, cuda = 0, simopt = 0, ch;
+	int json = 0, cuda = 0, simopt = 0, profile = 1, ch;
 	optind = 0;
 	opterr = 0;
 	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -288,6 +336,9 @@ int cmd_bench(int argc, char **argv)
 		case O_STRICT:
 			o.strict = 1;
 			break;
+		case O_NOPROFILE:
+			profile = 0;
+			break;
 		case O_JSON:
 			json = 1;
 			break;
@@ -316,6 +367,7 @@ int cmd_bench(int argc, char **argv)
 	uint8_t *on = NULL;
 	uint64_t *params = NULL;
 	step_out *out = NULL;
+	double *cost = NULL;
 	void *ballast = NULL, *pressure = NULL;
 	arena_pin_budget budget;
 	arena_sim_opts so = {.capacity = simcap, .h2d_bytes_per_s = bw};
@@ -359,8 +411,6 @@ int cmd_bench(int argc, char **argv)
 		goto done;
 	o.reread = arena_slab_reader_read;
 	o.reread_ctx = rr;
-	if ((rc = arena_engine_create(m, &o, &e)))
-		goto done;
 	sim_compute_ctx sc = {be, tokens, flops};
 	bench_run run = {.be = be, .cs = cs, .params = params, .globals = UINT32_MAX, .train = o.mode == ARENA_MODE_TRAIN};
 	run.comp = cuda ? (bench_compute){gemm_compute_run, gemm} : (bench_compute){sim_compute_run, &sc};
@@ -376,6 +426,21 @@ int cmd_bench(int argc, char **argv)
 		goto done;
 	}
 	h2d *= 1e9;
+	/* The compute profile the planner places resident blocks by: sim, the
+	 * modelled seconds; cuda, each block's GEMM timed once over its own
+	 * bytes in a scratch buffer. */
+	if (profile) {
+		if (!(cost = arena_calloc(n ? n : 1, sizeof(*cost)))) {
+			rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
+			goto done;
+		}
+		if ((rc = bench_profile(&run, m, cuda, cost)))
+			goto done;
+		o.cost = cost;
+		o.h2d_bytes_per_s = h2d;
+	}
+	if ((rc = arena_engine_create(m, &o, &e)))
+		goto done;
 	for (uint32_t b = 0; b < n; b++)
 		if (arena_block_is_globals(l, b) && l->blocks[b].bytes)
 			run.globals = b;
@@ -472,12 +537,14 @@ int cmd_bench(int argc, char **argv)
 					       "over_budget", r->over_budget, "pressure_bytes",
 					       (json_int_t)out[st].pressure_bytes));
 		}
-		json_t *root = json_pack("{s:s,s:s,s:s,s:f,s:f,s:f,s:f,s:I,s:I,s:I,s:s,s:I,s:I,s:I}", "path", path, "backend",
+		json_t *root = json_pack("{s:s,s:s,s:s,s:f,s:f,s:f,s:f,s:I,s:I,s:I,s:s,s:s,s:f,s:I,s:I,s:I}", "path", path, "backend",
 					 be->ops->name, "mode", o.mode == ARENA_MODE_TRAIN ? "train" : "sample", "tokens",
 					 tokens, "flops", flops, "h2d_bytes_per_s", h2d, "sim_bandwidth", cuda ? 0.0 : bw,
 					 "vram_cap", (json_int_t)o.cap, "sim_capacity", (json_int_t)(cuda ? 0 : simcap),
 					 "predicted_stream_bytes_per_step", (json_int_t)p->stream_bytes_per_step,
-					 "compute", measured ? "all_resident" : "modelled", "device_free",
+					 "compute", measured ? "all_resident" : "modelled", "profile",
+					 !profile ? "none" : cuda ? "measured" : "modelled", "predicted_step_s", p->step_s,
+					 "device_free",
 					 (json_int_t)devfree, "device_held_bytes", (json_int_t)bheld, "host_pinned_bytes", (json_int_t)m->pinned_bytes);
 		json_object_set_new(root, "steps", arr);
 		json_object_set_new(root, "summary",
@@ -497,6 +564,11 @@ int cmd_bench(int argc, char **argv)
 		       p->n_resident, cli_fmt_bytes(p->resident_bytes, a, sizeof(a)), p->n_streamed,
 		       p->n_streamed ? p->slots : 0, cli_fmt_bytes(p->slot_bytes, b2, sizeof(b2)),
 		       cli_fmt_bytes(p->stream_bytes_per_step, c, sizeof(c)));
+		if (p->step_s > 0)
+			printf("plan by the compute profile (%s): predicted %.4f s per step\n", cuda ? "measured" : "modelled",
+			       p->step_s);
+		else
+			printf("plan by bytes (no compute profile)\n");
 		printf("%5s %9s %9s %9s %6s %12s %12s %6s %8s %4s %4s\n", "step", "time_s", "compute", "bound", "eff",
 		       "streamed", "resident", "stalls", "stall_s", "dem", "pro");
 		for (long st = 0; st < steps; st++) {
@@ -529,5 +601,6 @@ done:
 	arena_free(on);
 	arena_free(params);
 	arena_free(out);
+	arena_free(cost);
 	return rc ? cli_fail(rc) : status;
 }

@@ -205,6 +205,53 @@ Test(engine_plan, many_budgets_and_mixes)
 	}
 }
 
+/* A Flux-like mix (19 large blocks, then 38 of 0.42 x their size) whose
+ * compute is the same per block, not per byte: the large blocks are
+ * copy-heavy, the small ones balanced. With the profile the planner keeps
+ * large blocks resident and predicts a shorter step than the plan by bytes;
+ * the prediction never beats the copies or the compute. */
+Test(engine_plan, profile_places_residents_where_copies_dominate)
+{
+	uint64_t sizes[57];
+	for (size_t i = 0; i < 57; i++)
+		sizes[i] = i < 19 ? 10620928 : 4427776;
+	arena_layout *l = mk_layout(sizes, 57, 2125824);
+	double cost[58];
+	cost[0] = 0;
+	for (size_t b = 1; b < 58; b++)
+		cost[b] = 4.9e-3;
+	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	o.h2d_bytes_per_s = 55e9 / 64; /* the sizes are Flux's / 64 */
+	arena_residency_plan bytes_plan, prof_plan;
+	uint64_t budget = 7344394077ull / 64;
+	cr_assert_eq(arena_residency_plan_make(l, &o, budget, &bytes_plan), 0);
+	o.cost = cost;
+	cr_assert_eq(arena_residency_plan_make(l, &o, budget, &prof_plan), 0, "%s", arena_last_error());
+	check_plan(l, &prof_plan, budget);
+	double tb = arena_residency_plan_predict(l, &o, &bytes_plan), tp = prof_plan.step_s;
+	cr_assert_gt(tb, 0);
+	cr_assert_float_eq(tp, arena_residency_plan_predict(l, &o, &prof_plan), 1e-12);
+	cr_assert_lt(tp, tb * 0.97, "profile %.4f s, by bytes %.4f s", tp, tb);
+	double copy = (double)prof_plan.stream_bytes_per_step / o.h2d_bytes_per_s, comp = 57 * 4.9e-3;
+	cr_assert_geq(tp, copy * 0.999);
+	cr_assert_geq(tp, comp * 0.999);
+	cr_assert_lt(tp, (copy > comp ? copy : comp) * 1.03, "within 3%% of max(copy, compute)");
+	unsigned big_res = 0;
+	for (size_t b = 1; b <= 19; b++)
+		big_res += prof_plan.resident[b];
+	cr_assert_gt(big_res, 4, "large blocks kept resident: %u", big_res);
+	/* No profile without a rate; a bad cost is a usage error. */
+	o.h2d_bytes_per_s = 0;
+	cr_assert_lt(arena_residency_plan_predict(l, &o, &prof_plan), 0);
+	o.h2d_bytes_per_s = 1e9;
+	cost[5] = -1;
+	arena_residency_plan bad;
+	cr_assert_eq(arena_residency_plan_make(l, &o, budget, &bad), ARENA_E_USAGE);
+	arena_residency_plan_release(&bytes_plan);
+	arena_residency_plan_release(&prof_plan);
+	arena_layout_free(l);
+}
+
 Test(engine_plan, budget_defaults)
 {
 	arena_engine_opts o = {.mode = ARENA_MODE_SAMPLE, .headroom = ARENA_ENGINE_AUTO, .reserve = ARENA_ENGINE_AUTO};
