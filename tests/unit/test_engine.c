@@ -460,6 +460,8 @@ static void run_step(arena_engine *e, arena_model *m, arena_stream *s, int check
 	cr_assert_eq(be->ops->stream_sync(be, s), 0);
 }
 
+static const double *run_cost; /* engine_run's compute profile; NULL none */
+
 static void engine_run(int mode, uint64_t cap, int all_device, unsigned keep_last)
 {
 	arena_model *m = load(all_device);
@@ -470,9 +472,15 @@ static void engine_run(int mode, uint64_t cap, int all_device, unsigned keep_las
 	o.keep_last = keep_last;
 	o.reread = arena_slab_reader_read;
 	o.reread_ctx = rr;
+	if (run_cost) {
+		o.cost = run_cost;
+		o.h2d_bytes_per_s = 4e9;
+	}
 	arena_engine *e;
 	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
 	expect_whole(e, m);
+	if (run_cost && arena_engine_plan(e)->n_streamed)
+		cr_assert_gt(arena_engine_plan(e)->step_s, 0, "planned by the profile");
 	arena_stream *s;
 	cr_assert_eq(be->ops->stream_create(be, &s), 0);
 	for (int step = 0; step < 3; step++) {
@@ -525,6 +533,22 @@ Test(engine, train_refetches)
 	arena_residency_plan_release(&ps);
 	arena_residency_plan_release(&pt);
 	arena_img_close(img);
+}
+
+/* The same checks with a compute profile (the planner's timed dry run):
+ * every block's bytes right at acquire, predicted bytes streamed. */
+Test(engine, with_a_compute_profile)
+{
+	double cost[NB + 1];
+	for (size_t b = 0; b <= NB; b++)
+		cost[b] = b % 3 ? 2e-5 : 1e-4; /* uneven, not by bytes */
+	run_cost = cost;
+	uint64_t caps[] = {G + 3 * MAXB, G + 3 * MAXB + 250000, 2000000};
+	for (size_t i = 0; i < sizeof(caps) / sizeof(caps[0]); i++) {
+		engine_run(ARENA_MODE_SAMPLE, caps[i], 0, 0);
+		engine_run(ARENA_MODE_TRAIN, caps[i] + MAXB, 0, 1);
+	}
+	run_cost = NULL;
 }
 
 Test(engine, device_only_blocks_reread)
@@ -706,6 +730,11 @@ Test(engine, alloc_failures_on_setup)
 	o.keep_last = 1;
 	o.reread = arena_slab_reader_read;
 	o.reread_ctx = rr;
+	double cost[NB + 1];
+	for (size_t b = 0; b <= NB; b++)
+		cost[b] = 1e-4;
+	o.cost = cost; /* the profile's copy and the timed dry run's scratch too */
+	o.h2d_bytes_per_s = 4e9;
 	int ok = 0;
 	for (long n = 1; n < 2000 && !ok; n++) {
 		long live = arena_alloc_live();
