@@ -63,6 +63,14 @@ typedef struct arena_backend_ops {
 	/* Make future work on s wait for e (without blocking the host). */
 	int (*stream_wait)(arena_backend *b, arena_stream *s, arena_event *e);
 
+	/* Timing. A timed event is an event that also knows when the work before
+	 * it was done (cuda: a timing event; sim: a marker its stream's worker
+	 * stamps). event_elapsed gives z's time minus a's, in seconds, once both
+	 * are done: 0, 1 when one is not done yet, or an error (USAGE for an
+	 * event never recorded or not timed). */
+	int (*event_create_timed)(arena_backend *b, arena_event **e);
+	int (*event_elapsed)(arena_backend *b, arena_event *a, arena_event *z, double *seconds);
+
 	void (*destroy)(arena_backend *b);
 } arena_backend_ops;
 

@@ -181,6 +181,34 @@ static int cuda_event_create(arena_backend *base, arena_event **out)
 	return rc;
 }
 
+static int cuda_event_create_timed(arena_backend *base, arena_event **out)
+{
+	cudaEvent_t ev = NULL;
+	cudaError_t e;
+	*out = NULL;
+	int rc = cuda_bind((cuda_backend *)base);
+	if (!rc && (e = cudaEventCreate(&ev)) != cudaSuccess)
+		rc = cuda_fail(e, "cudaEventCreate");
+	if (!rc)
+		*out = (arena_event *)ev;
+	return rc;
+}
+
+static int cuda_event_elapsed(arena_backend *base, arena_event *a, arena_event *z, double *seconds)
+{
+	float ms = 0;
+	*seconds = 0;
+	cudaError_t e = cudaEventElapsedTime(&ms, (cudaEvent_t)a, (cudaEvent_t)z);
+	if (e == cudaErrorNotReady) {
+		(void)cudaGetLastError();
+		return 1;
+	}
+	if (e != cudaSuccess)
+		return cuda_fail(e, "cudaEventElapsedTime");
+	*seconds = (double)ms * 1e-3;
+	return 0;
+}
+
 static void cuda_event_destroy(arena_backend *base, arena_event *e)
 {
 	if (e && cudaEventDestroy((cudaEvent_t)e) != cudaSuccess)
@@ -238,6 +266,8 @@ static const arena_backend_ops cuda_ops = {
 	.event_query = cuda_event_query,
 	.event_sync = cuda_event_sync,
 	.stream_wait = cuda_stream_wait,
+	.event_create_timed = cuda_event_create_timed,
+	.event_elapsed = cuda_event_elapsed,
 	.destroy = cuda_destroy,
 };
 

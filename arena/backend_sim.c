@@ -45,7 +45,7 @@
 #define SIM_ALIGN 256u
 #define SIM_DEFAULT_CAPACITY (8ull << 30)
 
-enum sim_op_kind { SIM_COPY, SIM_WAIT, SIM_COMPUTE };
+enum sim_op_kind { SIM_COPY, SIM_WAIT, SIM_COMPUTE, SIM_MARK };
 
 struct sim_op {
 	struct sim_op *next;
@@ -57,6 +57,7 @@ struct sim_op {
 	uint64_t wait_stream; /* SIM_WAIT: the event as recorded when the wait was queued */
 	uint64_t wait_seq;
 	double seconds; /* SIM_COMPUTE */
+	arena_event *ev; /* SIM_MARK: the timed event to stamp, if still recorded here */
 };
 
 typedef struct sim_backend sim_backend;
@@ -77,6 +78,9 @@ struct arena_event {
 	arena_event *prev, *next; /* on b->events */
 	uint64_t stream;          /* 0: never recorded */
 	uint64_t seq;
+	int timed;      /* record queues a SIM_MARK that stamps t */
+	double t;       /* monotonic time its mark ran */
+	unsigned marks; /* SIM_MARK ops queued for it and not yet run */
 };
 
 struct sim_alloc {
@@ -170,6 +174,10 @@ static void sim_run(sim_backend *b, arena_stream *s, const struct sim_op *op)
 	case SIM_COMPUTE:
 		sim_sleep_until(b, s, now_s() + op->seconds);
 		break;
+	case SIM_MARK:
+		if (op->ev->stream == s->id && op->ev->seq == op->seq) /* not recorded again since */
+			op->ev->t = now_s();
+		break;
 	}
 }
 
@@ -186,6 +194,8 @@ static void *sim_worker(void *arg)
 			break;
 		if (!b->cancel)
 			sim_run(b, s, op);
+		if (op->kind == SIM_MARK)
+			op->ev->marks--; /* run or cancelled: the event may go */
 		/* Ops may have been queued behind op while the lock was dropped. */
 		s->head = op->next;
 		if (!s->head)
@@ -503,12 +513,22 @@ static int sim_event_create(arena_backend *base, arena_event **out)
 	return 0;
 }
 
+static int sim_event_create_timed(arena_backend *base, arena_event **out)
+{
+	int rc = sim_event_create(base, out);
+	if (!rc)
+		(*out)->timed = 1;
+	return rc;
+}
+
 static void sim_event_destroy(arena_backend *base, arena_event *e)
 {
 	sim_backend *b = (sim_backend *)base;
 	if (!e)
 		return;
 	pthread_mutex_lock(&b->mu);
+	while (e->marks) /* a queued SIM_MARK still points at it */
+		pthread_cond_wait(&b->progress, &b->mu);
 	if (e->prev)
 		e->prev->next = e->next;
 	else
@@ -522,11 +542,37 @@ static void sim_event_destroy(arena_backend *base, arena_event *e)
 static int sim_event_record(arena_backend *base, arena_event *e, arena_stream *s)
 {
 	sim_backend *b = (sim_backend *)base;
+	struct sim_op *op = NULL;
+	if (e->timed && !(op = arena_calloc(1, sizeof(*op))))
+		return arena_errorf(ARENA_E_NOMEM, "sim: out of memory for an event");
 	pthread_mutex_lock(&b->mu);
+	if (op) {
+		*op = (struct sim_op){.kind = SIM_MARK, .ev = e};
+		sim_enqueue(s, op);
+		e->marks++;
+		e->t = 0;
+	}
 	e->stream = s->id;
 	e->seq = s->queued;
 	pthread_mutex_unlock(&b->mu);
 	return 0;
+}
+
+static int sim_event_elapsed(arena_backend *base, arena_event *a, arena_event *z, double *seconds)
+{
+	sim_backend *b = (sim_backend *)base;
+	int rc = 0;
+	*seconds = 0;
+	pthread_mutex_lock(&b->mu);
+	if (!a->timed || !z->timed || !a->stream || !z->stream)
+		rc = arena_errorf(ARENA_E_USAGE, "sim: event_elapsed of an event %s",
+				  !a->timed || !z->timed ? "that is not timed" : "never recorded");
+	else if (!sim_seq_done(b, a->stream, a->seq) || !sim_seq_done(b, z->stream, z->seq))
+		rc = 1;
+	else
+		*seconds = z->t - a->t;
+	pthread_mutex_unlock(&b->mu);
+	return rc;
 }
 
 static int sim_event_query(arena_backend *base, arena_event *e)
@@ -615,6 +661,8 @@ static const arena_backend_ops sim_ops = {
 	.event_query = sim_event_query,
 	.event_sync = sim_event_sync,
 	.stream_wait = sim_stream_wait,
+	.event_create_timed = sim_event_create_timed,
+	.event_elapsed = sim_event_elapsed,
 	.destroy = sim_destroy,
 };
 

@@ -478,6 +478,7 @@ double arena_residency_plan_predict(const arena_layout *l, const arena_engine_op
 	return t;
 }
 
+
 int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o, uint64_t budget,
 			      arena_residency_plan *p)
 {
@@ -665,6 +666,7 @@ struct arena_engine {
 	size_t n_seq, cur, fetched;
 	uint8_t *copied;
 	ring_state scratch; /* for plan_derive */
+	timed_scratch tscr; /* for engine_predict */
 	size_t *held;       /* entries acquired and not released, oldest first */
 	size_t n_held;
 	/* per block */
@@ -673,6 +675,18 @@ struct arena_engine {
 	unsigned *res_held;
 	double *watch_t; /* a stalled acquire waits on its copy since; 0 none */
 	double *cost;    /* the engine's copy of o->cost (o.cost points at it) */
+	/* device timing (be can time): per step parity, block, occurrence (2:
+	 * forward, backward) the events ready (before the wait), start, end */
+	int timed, user_profile, learned_applied;
+	arena_event **tm;
+	uint8_t *tm_rec;      /* same index without the event: 1 acquired, 3 released */
+	uint64_t tm_step[2];  /* the step each parity holds */
+	unsigned *acq_n, *rel_n; /* per block, this step */
+	arena_event **tc;     /* per block: before its ring copy (pairs with ev_fill) */
+	uint8_t *tc_rec;
+	double lc_bytes, lc_s; /* copies timed: bytes, seconds */
+	double *lcost;        /* learned forward seconds per block; < 0 not yet */
+	double lbwd_sum, lfwd_sum; /* train: backward and forward seconds seen together */
 	/* records */
 	arena_engine_step rec;
 	arena_engine_step *hist;
@@ -695,9 +709,20 @@ static uint64_t dev_used(const arena_engine *e)
 	return e->plan.resident_bytes + (uint64_t)(e->plan.n_streamed ? e->n_slots : 0) * e->plan.slot_bytes;
 }
 
+/* The same with the engine's own scratch (no allocation). */
+static double engine_predict(arena_engine *e)
+{
+	if (!have_profile(&e->o))
+		return -1;
+	return timed_dry_run(e->l, &e->o, e->plan.sched, e->plan.n_sched, e->plan.resident, e->plan.slots, &e->tscr);
+}
+
 static void refresh(arena_engine *e)
 {
 	plan_derive(e->l, &e->plan, e->seq, &e->scratch);
+	/* the predicted step by the profile (given or learned); 0 without one */
+	double t = engine_predict(e);
+	e->plan.step_s = t > 0 ? t : 0;
 	e->n_seq = 0;
 	for (size_t i = 0; i < e->plan.n_sched; i++)
 		if (!e->plan.resident[e->plan.sched[i]])
@@ -819,6 +844,8 @@ static int promote(arena_engine *e, uint32_t b)
 		if ((rc = be->ops->dev_alloc(be, sz, &m->mem[b].dev)))
 			return rc;
 		m->dev_bytes += sz;
+		if (e->tc_rec)
+			e->tc_rec[b] = 0; /* ev_fill now marks this copy, not a ring copy */
 		if ((rc = be->ops->copy_h2d(be, m->mem[b].dev, m->mem[b].host, sz, e->cs)) ||
 		    (rc = be->ops->event_record(be, e->ev_fill[b], e->cs))) {
 			be->ops->stream_sync(be, e->cs);
@@ -850,6 +877,86 @@ static int fit_ring(arena_engine *e)
 	}
 }
 
+/* --- device timing ------------------------------------------------------------ */
+
+static size_t tm_at(const arena_engine *e, unsigned par, uint32_t b, unsigned k)
+{
+	return ((size_t)par * e->l->n_blocks + b) * 2 + k;
+}
+
+/* Read what the device timed for parity `par` (non-blocking: nothing is
+ * taken unless all of it is done): the step record's gpu_* and, without a
+ * given profile, the learned costs. */
+static int harvest(arena_engine *e, unsigned par)
+{
+	arena_backend *be = e->be;
+	size_t n = e->l->n_blocks;
+	unsigned stalls = 0, any = 0;
+	double stall_s = 0, comp = 0, fwd = 0, bwd = 0;
+	for (int pass = 0; pass < 2; pass++) {
+		for (uint32_t b = 0; b < n; b++) {
+			for (unsigned k = 0; k < 2; k++) {
+				size_t i = tm_at(e, par, b, k);
+				if (e->tm_rec[i] != 3)
+					continue;
+				double st, c;
+				int rc = be->ops->event_elapsed(be, e->tm[3 * i], e->tm[3 * i + 1], &st);
+				if (!rc)
+					rc = be->ops->event_elapsed(be, e->tm[3 * i + 1], e->tm[3 * i + 2], &c);
+				if (rc < 0)
+					return rc;
+				if (rc > 0)
+					return 0; /* not done yet: later */
+				if (!pass)
+					continue;
+				any = 1;
+				comp += c;
+				if (st > 2e-5) {
+					stalls++;
+					stall_s += st;
+				}
+				if (k == 0) {
+					fwd += c;
+					e->lcost[b] = e->lcost[b] < 0 ? c : 0.5 * e->lcost[b] + 0.5 * c;
+				} else {
+					bwd += c;
+				}
+				e->tm_rec[i] = 0;
+			}
+		}
+	}
+	if (!any)
+		return 0;
+	if (bwd > 0) {
+		e->lbwd_sum += bwd;
+		e->lfwd_sum += fwd;
+	}
+	arena_engine_step *r = &e->hist[e->tm_step[par] % ARENA_ENGINE_HISTORY];
+	if (e->tm_step[par] < e->steps && r->step == e->tm_step[par]) {
+		r->gpu_timed = 1;
+		r->gpu_stalls = stalls;
+		r->gpu_stall_s = stall_s;
+		r->compute_s = comp;
+	}
+	/* copies: each block's last ring copy, if done */
+	for (uint32_t b = 0; b < n; b++) {
+		if (!e->tc_rec[b])
+			continue;
+		double c;
+		int rc = be->ops->event_elapsed(be, e->tc[b], e->ev_fill[b], &c);
+		if (rc < 0)
+			return rc;
+		if (rc == 0) {
+			e->tc_rec[b] = 0;
+			if (c > 0) {
+				e->lc_bytes += (double)e->l->blocks[b].bytes;
+				e->lc_s += c;
+			}
+		}
+	}
+	return 0;
+}
+
 /* The copy into the ring waits for the last release of each block it overwrites. */
 static int evict_wait(void *ctx, uint32_t q)
 {
@@ -869,9 +976,12 @@ static int fetch_one(arena_engine *e, size_t j)
 		return 1;
 	if (!reuse) {
 		if ((rc = ring_take(&e->ring, e->l, b, at, evict_wait, e)) ||
+		    (e->timed && sz && (rc = be->ops->event_record(be, e->tc[b], e->cs))) ||
 		    (sz && (rc = be->ops->copy_h2d(be, (uint8_t *)e->ring_dptr + at, e->m->mem[b].host, sz, e->cs))) ||
 		    (rc = be->ops->event_record(be, e->ev_fill[b], e->cs)))
 			return rc;
+		if (e->timed && sz)
+			e->tc_rec[b] = 1;
 	}
 	e->ring.pending[b]++;
 	e->copied[j] = (uint8_t)!reuse;
@@ -927,10 +1037,24 @@ void arena_engine_free(arena_engine *e)
 		if (e->ev_fill && e->ev_fill[b])
 			be->ops->event_destroy(be, e->ev_fill[b]);
 	}
+	for (size_t i = 0; e->tm && i < 3 * 2 * (e->l->n_blocks ? e->l->n_blocks : 1) * 2; i++)
+		if (e->tm[i])
+			be->ops->event_destroy(be, e->tm[i]);
+	for (size_t b = 0; e->tc && b < e->l->n_blocks; b++)
+		if (e->tc[b])
+			be->ops->event_destroy(be, e->tc[b]);
+	arena_free(e->tm);
+	arena_free(e->tm_rec);
+	arena_free(e->acq_n);
+	arena_free(e->rel_n);
+	arena_free(e->tc);
+	arena_free(e->tc_rec);
+	arena_free(e->lcost);
 	if (e->cs)
 		be->ops->stream_destroy(be, e->cs);
 	ring_state_release(&e->ring);
 	ring_state_release(&e->scratch);
+	timed_release(&e->tscr);
 	arena_free(e->watch_t);
 	arena_free(e->seq);
 	arena_free(e->copied);
@@ -992,6 +1116,8 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	size_t n = l->n_blocks, ns = e->plan.n_sched ? e->plan.n_sched : 1;
 	e->n_slots = ring_slots(o);
 	int rr = ring_state_init(&e->ring, n), rs = ring_state_init(&e->scratch, n);
+	if (!rs)
+		rs = timed_init(&e->tscr, n, ns);
 	e->watch_t = arena_calloc(n ? n : 1, sizeof(*e->watch_t));
 	e->seq = arena_calloc(ns, sizeof(*e->seq));
 	e->copied = arena_calloc(ns, 1);
@@ -1007,8 +1133,33 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	}
 	if ((rc = be->ops->stream_create(be, &e->cs)))
 		goto fail;
+	e->timed = be->ops->event_create_timed && be->ops->event_elapsed;
+	e->user_profile = o->cost != NULL;
+	if (e->timed) {
+		size_t nt = 2 * (n ? n : 1) * 2;
+		e->tm = arena_calloc(3 * nt, sizeof(*e->tm));
+		e->tm_rec = arena_calloc(nt, 1);
+		e->acq_n = arena_calloc(n ? n : 1, sizeof(*e->acq_n));
+		e->rel_n = arena_calloc(n ? n : 1, sizeof(*e->rel_n));
+		e->tc = arena_calloc(n ? n : 1, sizeof(*e->tc));
+		e->tc_rec = arena_calloc(n ? n : 1, 1);
+		e->lcost = arena_calloc(n ? n : 1, sizeof(*e->lcost));
+		if (!e->tm || !e->tm_rec || !e->acq_n || !e->rel_n || !e->tc || !e->tc_rec || !e->lcost) {
+			rc = arena_errorf(ARENA_E_NOMEM, "engine: out of memory");
+			goto fail;
+		}
+		for (size_t b = 0; b < n; b++)
+			e->lcost[b] = arena_block_is_globals(l, (uint32_t)b) ? 0 : -1;
+		for (size_t i = 0; i < 3 * nt; i++)
+			if (n && (rc = be->ops->event_create_timed(be, &e->tm[i])))
+				goto fail;
+		for (size_t b = 0; b < n; b++)
+			if ((rc = be->ops->event_create_timed(be, &e->tc[b])))
+				goto fail;
+	}
 	for (size_t b = 0; b < n; b++)
-		if ((rc = be->ops->event_create(be, &e->ev_use[b])) || (rc = be->ops->event_create(be, &e->ev_fill[b])))
+		if ((rc = be->ops->event_create(be, &e->ev_use[b])) ||
+		    (rc = e->timed ? be->ops->event_create_timed(be, &e->ev_fill[b]) : be->ops->event_create(be, &e->ev_fill[b])))
 			goto fail;
 	/* Every block must be somewhere it can come back from. */
 	for (uint32_t b = 0; b < n; b++)
@@ -1063,11 +1214,50 @@ int arena_engine_step_begin(arena_engine *e)
 	if (e->state != ST_IDLE)
 		return arena_errorf(ARENA_E_USAGE, "engine: step_begin inside a step");
 	e->state = ST_STEP;
+	if (e->timed) {
+		unsigned par = (unsigned)(e->steps & 1);
+		memset(e->acq_n, 0, e->l->n_blocks * sizeof(*e->acq_n));
+		memset(e->rel_n, 0, e->l->n_blocks * sizeof(*e->rel_n));
+		memset(e->tm_rec + tm_at(e, par, 0, 0), 0, e->l->n_blocks * 2); /* unread timing of 2 steps ago goes */
+		e->tm_step[par] = e->steps;
+	}
 	if (!e->begun) {
 		e->cur = e->fetched = 0;
 		e->begun = 1;
 	}
 	return fail_engine(e, prefetch(e));
+}
+
+/* Device timing of acquires and releases of scheduled blocks (the first two
+ * of each per step: forward and backward). */
+static int time_ready(arena_engine *e, uint32_t b, arena_stream *s, size_t *slot)
+{
+	*slot = SIZE_MAX;
+	if (!e->timed || arena_block_is_globals(e->l, b) || e->acq_n[b] >= 2)
+		return 0;
+	size_t i = tm_at(e, (unsigned)(e->steps & 1), b, e->acq_n[b]++);
+	*slot = i;
+	e->tm_rec[i] = 0;
+	return e->be->ops->event_record(e->be, e->tm[3 * i], s);
+}
+
+static int time_start(arena_engine *e, size_t slot, arena_stream *s)
+{
+	if (slot == SIZE_MAX)
+		return 0;
+	e->tm_rec[slot] = 1;
+	return e->be->ops->event_record(e->be, e->tm[3 * slot + 1], s);
+}
+
+static int time_end(arena_engine *e, uint32_t b, arena_stream *s)
+{
+	if (!e->timed || arena_block_is_globals(e->l, b) || e->rel_n[b] >= 2)
+		return 0;
+	size_t i = tm_at(e, (unsigned)(e->steps & 1), b, e->rel_n[b]++);
+	if (e->tm_rec[i] != 1)
+		return 0;
+	e->tm_rec[i] = 3;
+	return e->be->ops->event_record(e->be, e->tm[3 * i + 2], s);
 }
 
 int arena_engine_acquire(arena_engine *e, uint32_t block, arena_stream *stream, void **dptr)
@@ -1081,8 +1271,10 @@ int arena_engine_acquire(arena_engine *e, uint32_t block, arena_stream *stream, 
 		return arena_errorf(ARENA_E_USAGE, "engine: acquire outside a step");
 	if (block >= e->l->n_blocks)
 		return arena_errorf(ARENA_E_USAGE, "engine: no block %u", block);
+	size_t ts;
 	if (e->plan.resident[block]) {
-		if ((rc = be->ops->stream_wait(be, stream, e->ev_fill[block])))
+		if ((rc = time_ready(e, block, stream, &ts)) || (rc = be->ops->stream_wait(be, stream, e->ev_fill[block])) ||
+		    (rc = time_start(e, ts, stream)))
 			return fail_engine(e, rc);
 		e->res_held[block]++;
 		*dptr = e->m->mem[block].dev;
@@ -1102,7 +1294,8 @@ int arena_engine_acquire(arena_engine *e, uint32_t block, arena_stream *stream, 
 		e->fetched++;
 	}
 	size_t j = e->cur;
-	if ((rc = be->ops->stream_wait(be, stream, e->ev_fill[block])))
+	if ((rc = time_ready(e, block, stream, &ts)) || (rc = be->ops->stream_wait(be, stream, e->ev_fill[block])) ||
+	    (rc = time_start(e, ts, stream)))
 		return fail_engine(e, rc);
 	int q = be->ops->event_query(be, e->ev_fill[block]);
 	if (q < 0)
@@ -1137,6 +1330,8 @@ int arena_engine_release(arena_engine *e, uint32_t block, arena_stream *stream)
 			return arena_errorf(ARENA_E_USAGE, "engine: release of block '%s' that is not acquired",
 					    e->l->blocks[block].name);
 		e->res_held[block]--;
+		if ((rc = time_end(e, block, stream)))
+			return fail_engine(e, rc);
 		return fail_engine(e, be->ops->event_record(be, e->ev_use[block], stream));
 	}
 	size_t h = 0;
@@ -1147,7 +1342,7 @@ int arena_engine_release(arena_engine *e, uint32_t block, arena_stream *stream)
 				    e->l->blocks[block].name);
 	memmove(&e->held[h], &e->held[h + 1], (e->n_held - h - 1) * sizeof(*e->held));
 	e->n_held--;
-	if ((rc = be->ops->event_record(be, e->ev_use[block], stream)))
+	if ((rc = time_end(e, block, stream)) || (rc = be->ops->event_record(be, e->ev_use[block], stream)))
 		return fail_engine(e, rc);
 	e->ring.pending[block]--;
 	if ((rc = poll_stalls(e, 0)) || (rc = prefetch(e)))
@@ -1219,7 +1414,9 @@ static int adapt(arena_engine *e)
 	if (used > budget) {
 		e->room_steps = 0;
 		rc = apply(e, t.resident);
-	} else if (t.resident_bytes > e->plan.resident_bytes) {
+	} else if (have_profile(&e->o) ? t.step_s < engine_predict(e) * 0.98
+				       : t.resident_bytes > e->plan.resident_bytes) {
+		/* room: a plan with more resident (by the profile: predicted 2% faster) */
 		if (++e->room_steps >= hyst) {
 			e->room_steps = 0;
 			rc = apply(e, t.resident);
@@ -1236,6 +1433,38 @@ static int adapt(arena_engine *e)
 					  "nothing left to demote",
 					  fmtb(dev_used(e)), fmtb(budget), fmtb(free_b));
 	}
+	return rc;
+}
+
+/* Without a given profile: once every scheduled block has been timed and a
+ * copy seen, plan by the learned profile and move to that plan if it is
+ * predicted 2% faster (once; later replans under pressure use it too). */
+static int learn(arena_engine *e)
+{
+	if (!e->timed || e->user_profile || e->o.no_learn || e->learned_applied || !e->plan.n_streamed || !(e->lc_s > 0))
+		return 0;
+	for (size_t i = 0; i < e->plan.n_sched; i++)
+		if (e->lcost[e->plan.sched[i]] < 0)
+			return 0;
+	e->learned_applied = 1;
+	e->o.cost = e->lcost;
+	e->o.h2d_bytes_per_s = e->lc_bytes / e->lc_s;
+	e->o.backward_factor = e->lfwd_sum > 0 ? e->lbwd_sum / e->lfwd_sum : 0;
+	double now_t = engine_predict(e);
+	arena_residency_plan t;
+	int rc = arena_residency_plan_make(e->l, &e->o, e->rec.budget, &t);
+	if (rc == ARENA_E(BUDGET)) { /* adapt keeps the smallest plan: so do we */
+		arena_error_clear();
+		return 0;
+	}
+	if (rc)
+		return rc;
+	if (now_t > 0 && t.step_s > 0 && t.step_s < now_t * 0.98) {
+		e->rec.profile_learned = 1;
+		e->room_steps = 0;
+		rc = apply(e, t.resident);
+	}
+	arena_residency_plan_release(&t);
 	return rc;
 }
 
@@ -1258,6 +1487,8 @@ int arena_engine_step_end(arena_engine *e)
 	if ((rc = poll_stalls(e, 1)))
 		return fail_engine(e, rc);
 	rc = adapt(e);
+	if (!rc)
+		rc = learn(e);
 	e->rec.step = e->steps;
 	e->rec.resident_bytes = e->plan.resident_bytes;
 	e->rec.slot_bytes = e->plan.n_streamed ? e->plan.slot_bytes : 0;
@@ -1266,12 +1497,23 @@ int arena_engine_step_end(arena_engine *e)
 	e->steps++;
 	memset(&e->rec, 0, sizeof(e->rec));
 	e->state = ST_IDLE;
+	if (!rc)
+		rc = arena_engine_collect(e);
 	if (rc)
 		return fail_engine(e, rc);
 	/* The next step's first copies run behind this step's last compute. */
 	e->cur = e->fetched = 0;
 	e->begun = 1;
 	return fail_engine(e, prefetch(e));
+}
+
+int arena_engine_collect(arena_engine *e)
+{
+	int rc = 0;
+	if (e->timed && e->state != ST_STEP)
+		for (unsigned par = 0; par < 2 && !rc; par++)
+			rc = harvest(e, par);
+	return rc;
 }
 
 const arena_residency_plan *arena_engine_plan(const arena_engine *e)

@@ -63,6 +63,7 @@
  *   | first prefetch of a step           | step_begin (or step_end before)  |
  *   | prefetch of entries ahead          | acquire, release                 |
  *   | adapt: demote / promote, new ring  | step_end                         |
+ *   | device timing read; learned plan   | step_end, arena_engine_collect   |
  *   | drop device copies, slots          | arena_engine_free                |
  *
  * Invariants (hold between calls):
@@ -131,6 +132,12 @@ typedef struct arena_engine_opts {
 	const double *cost;
 	double backward_factor;
 	double h2d_bytes_per_s;
+	/* Without a given profile, the engine learns one on backends that can
+	 * time (each scheduled block's time between acquire and release, each
+	 * copy's rate) and, once every block has been timed and a copy seen,
+	 * moves to the plan that profile predicts faster (by 2% or more).
+	 * no_learn turns that off (the timing that fills gpu_* stays). */
+	int no_learn;
 	arena_reread_fn reread; /* NULL: device-only blocks stay resident */
 	void *reread_ctx;
 } arena_engine_opts;
@@ -181,8 +188,17 @@ typedef struct arena_engine_step {
 	uint64_t streamed_bytes; /* copied into the ring for this step's entries */
 	uint64_t copies;
 	uint64_t promoted_bytes; /* copied to the device by promotions */
-	unsigned stalls;         /* acquires whose copy was not yet done */
-	double stall_s;          /* from those acquires until their copies were done */
+	unsigned stalls;         /* acquires whose copy was not yet done when the host asked */
+	double stall_s;          /* host seconds from those acquires until their copies were seen done */
+	/* Measured on the device (backends that can time): filled in once the
+	 * step's work is done (at a later step_end, or when the record is read
+	 * after a sync); gpu_timed 0 until then. gpu_stalls counts acquires where
+	 * the caller's stream waited for a copy, gpu_stall_s the time it waited,
+	 * compute_s the time between acquires and releases of scheduled blocks. */
+	int gpu_timed;
+	unsigned gpu_stalls;
+	double gpu_stall_s, compute_s;
+	int profile_learned;     /* the plan was changed this step by the learned profile */
 	unsigned demotions, promotions, alloc_retries;
 	int over_budget;         /* nothing left to demote and still over */
 } arena_engine_step;
@@ -215,6 +231,12 @@ int arena_engine_release(arena_engine *e, uint32_t block, arena_stream *stream);
  * after `hysteresis` steps of room), then issues the next step's first
  * copies. The step's record is then available. */
 int arena_engine_step_end(arena_engine *e);
+
+/* Read what the device has timed so far, without waiting (step_end does it
+ * too): fills the gpu_* fields of records whose work is done, and the
+ * learned profile. Call it after synchronizing to complete the last steps'
+ * records. USAGE-free; errors only from the backend. Not inside a step. */
+int arena_engine_collect(arena_engine *e);
 
 /* The current plan (borrowed; changes at step_end). */
 const arena_residency_plan *arena_engine_plan(const arena_engine *e);

@@ -51,8 +51,12 @@ const char cmd_bench_usage[] =
 	"  --pressure SIZE@STEP  at STEP take SIZE of device memory (what is free, at\n"
 	"                      most), give it back 5 steps later (cuda: allocated)\n"
 	"  --strict-vram-cap   over the cap after demoting all it can is an error\n"
-	"  --no-profile        plan by bytes alone: do not give the planner each block's\n"
-	"                      compute time (measured on cuda, modelled on sim)\n"
+	"  --profile learn|given|none\n"
+	"                      the compute profile the planner places blocks by:\n"
+	"                      learn (default): the engine times each block on the\n"
+	"                      device during the first steps and re-plans by it;\n"
+	"                      given: each block's compute timed before the run (cuda)\n"
+	"                      or modelled (sim) and given to the engine; none: by bytes\n"
 	"  --json              machine-readable report (schema in README.md)\n"
 	"  -h, --help          this text\n"
 	"\n"
@@ -252,7 +256,7 @@ int cmd_bench(int argc, char **argv)
 		{"depth", required_argument, NULL, O_DEPTH},
 		{"pressure", required_argument, NULL, O_PRESSURE},
 		{"strict-vram-cap", no_argument, NULL, O_STRICT},
-		{"no-profile", no_argument, NULL, O_NOPROFILE},
+		{"profile", required_argument, NULL, O_NOPROFILE},
 		{"json", no_argument, NULL, O_JSON},
 		{NULL, 0, NULL, 0},
 	};
@@ -264,7 +268,7 @@ int cmd_bench(int argc, char **argv)
 	uint64_t simcap = 0, psize = 0, devfree = 0, pheld = 0, bheld = 0;
 	double bw = 55e9, flops = 700e12, tokens = 4608;
 	long steps = 10, pstep = -1;
-	int json = 0, cuda = 0, simopt = 0, profile = 1, ch;
+	int json = 0, cuda = 0, simopt = 0, profile = 2, ch; /* 0 none, 1 given, 2 learn */
 	optind = 0;
 	opterr = 0;
 	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -337,7 +341,14 @@ int cmd_bench(int argc, char **argv)
 			o.strict = 1;
 			break;
 		case O_NOPROFILE:
-			profile = 0;
+			if (!strcmp(optarg, "none"))
+				profile = 0;
+			else if (!strcmp(optarg, "given"))
+				profile = 1;
+			else if (!strcmp(optarg, "learn"))
+				profile = 2;
+			else
+				return cli_usage_error("bench", "--profile '%s': use learn, given or none", optarg);
 			break;
 		case O_JSON:
 			json = 1;
@@ -429,7 +440,8 @@ int cmd_bench(int argc, char **argv)
 	/* The compute profile the planner places resident blocks by: sim, the
 	 * modelled seconds; cuda, each block's GEMM timed once over its own
 	 * bytes in a scratch buffer. */
-	if (profile) {
+	o.no_learn = profile != 2;
+	if (profile == 1) {
 		if (!(cost = arena_calloc(n ? n : 1, sizeof(*cost)))) {
 			rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
 			goto done;
@@ -462,6 +474,12 @@ int cmd_bench(int argc, char **argv)
 			goto done;
 		arena_engine_step_record(e, (uint64_t)st, &out[st].rec);
 	}
+	/* The device's timing of the last steps, now that their work is done. */
+	if ((rc = arena_engine_collect(e)))
+		goto done;
+	for (long st = 0; st < steps; st++)
+		if (arena_engine_step_record(e, (uint64_t)st, &out[st].rec))
+			arena_error_clear(); /* older than the history kept: as read after its step */
 	/* The plan's figures for the report (its arrays are not used after the engine is freed). */
 	arena_residency_plan pl = *arena_engine_plan(e);
 	const arena_residency_plan *p = &pl;
@@ -516,12 +534,20 @@ int cmd_bench(int argc, char **argv)
 		double copy = (double)out[st].rec.streamed_bytes / h2d;
 		out[st].bound_s = out[st].compute_s > copy ? out[st].compute_s : copy;
 	}
-	/* Steady state: the steps after the first. */
+	/* Steady state: the steps after the first and after the last one that
+	 * changed the plan (a demotion, promotion or the learned profile): the
+	 * plan in force at the end; without such steps, those after the first. */
+	long from = steps > 1 ? 1 : 0;
+	for (long st = 0; st + 1 < steps; st++)
+		if (out[st].rec.demotions || out[st].rec.promotions || out[st].rec.profile_learned)
+			from = st + 2 > from ? st + 2 : from; /* the step after a change still refills */
+	if (from >= steps)
+		from = steps > 1 ? 1 : 0;
 	double sum_t = 0, sum_b = 0;
-	for (long st = steps > 1 ? 1 : 0; st < steps; st++)
+	for (long st = from; st < steps; st++)
 		sum_t += out[st].time_s, sum_b += out[st].bound_s;
 	double eff = sum_t > 0 ? sum_b / sum_t : 0;
-	long cnt = steps > 1 ? steps - 1 : 1;
+	long cnt = steps - from > 0 ? steps - from : 1;
 	if (json) {
 		json_t *arr = json_array();
 		for (long st = 0; st < steps; st++) {
@@ -536,6 +562,12 @@ int cmd_bench(int argc, char **argv)
 					       r->stall_s, "demotions", (int)r->demotions, "promotions", (int)r->promotions,
 					       "over_budget", r->over_budget, "pressure_bytes",
 					       (json_int_t)out[st].pressure_bytes));
+			json_t *last = json_array_get(arr, json_array_size(arr) - 1);
+			json_object_set_new(last, "gpu_timed", json_boolean(r->gpu_timed));
+			json_object_set_new(last, "gpu_stalls", json_integer(r->gpu_stalls));
+			json_object_set_new(last, "gpu_stall_s", json_real(r->gpu_stall_s));
+			json_object_set_new(last, "gpu_compute_s", json_real(r->compute_s));
+			json_object_set_new(last, "profile_learned", json_boolean(r->profile_learned));
 		}
 		json_t *root = json_pack("{s:s,s:s,s:s,s:f,s:f,s:f,s:f,s:I,s:I,s:I,s:s,s:s,s:f,s:I,s:I,s:I}", "path", path, "backend",
 					 be->ops->name, "mode", o.mode == ARENA_MODE_TRAIN ? "train" : "sample", "tokens",
@@ -543,12 +575,13 @@ int cmd_bench(int argc, char **argv)
 					 "vram_cap", (json_int_t)o.cap, "sim_capacity", (json_int_t)(cuda ? 0 : simcap),
 					 "predicted_stream_bytes_per_step", (json_int_t)p->stream_bytes_per_step,
 					 "compute", measured ? "all_resident" : "modelled", "profile",
-					 !profile ? "none" : cuda ? "measured" : "modelled", "predicted_step_s", p->step_s,
+					 profile == 0 ? "none" : profile == 2 ? "learn" : cuda ? "measured" : "modelled",
+					 "predicted_step_s", p->step_s,
 					 "device_free",
 					 (json_int_t)devfree, "device_held_bytes", (json_int_t)bheld, "host_pinned_bytes", (json_int_t)m->pinned_bytes);
 		json_object_set_new(root, "steps", arr);
 		json_object_set_new(root, "summary",
-				    json_pack("{s:f,s:f,s:f,s:f,s:f}", "step_s", sum_t / (double)cnt, "bound_s",
+				    json_pack("{s:i,s:f,s:f,s:f,s:f,s:f}", "steady_from", (int)from, "step_s", sum_t / (double)cnt, "bound_s",
 					      sum_b / (double)cnt, "efficiency", eff, "all_resident_step_s", res_step,
 					      "vs_all_resident", res_step > 0 ? sum_t / (double)cnt / res_step : 0.0));
 		status = cli_print_json(root);
@@ -565,10 +598,10 @@ int cmd_bench(int argc, char **argv)
 		       p->n_streamed ? p->slots : 0, cli_fmt_bytes(p->slot_bytes, b2, sizeof(b2)),
 		       cli_fmt_bytes(p->stream_bytes_per_step, c, sizeof(c)));
 		if (p->step_s > 0)
-			printf("plan by the compute profile (%s): predicted %.4f s per step\n", cuda ? "measured" : "modelled",
-			       p->step_s);
+			printf("plan by the compute profile (%s): predicted %.4f s per step\n",
+			       profile == 2 ? "learned" : cuda ? "measured" : "modelled", p->step_s);
 		else
-			printf("plan by bytes (no compute profile)\n");
+			printf("plan by bytes (no compute profile%s)\n", profile == 2 ? " learned yet" : "");
 		printf("%5s %9s %9s %9s %6s %12s %12s %6s %8s %4s %4s\n", "step", "time_s", "compute", "bound", "eff",
 		       "streamed", "resident", "stalls", "stall_s", "dem", "pro");
 		for (long st = 0; st < steps; st++) {
@@ -581,8 +614,8 @@ int cmd_bench(int argc, char **argv)
 			       cli_fmt_bytes(r->streamed_bytes, a, sizeof(a)), cli_fmt_bytes(r->resident_bytes, b2, sizeof(b2)),
 			       r->stalls, r->stall_s, r->demotions, r->promotions, pz, r->over_budget ? " over budget" : "");
 		}
-		printf("steady state: %.4f s/step, bound %.4f s, efficiency %.3f; all resident %.4f s/step (%.3fx)\n",
-		       sum_t / (double)cnt, sum_b / (double)cnt, eff, res_step,
+		printf("steady state (steps %ld..%ld): %.4f s/step, bound %.4f s, efficiency %.3f; all resident %.4f s/step (%.3fx)\n",
+		       from, steps - 1, sum_t / (double)cnt, sum_b / (double)cnt, eff, res_step,
 		       res_step > 0 ? sum_t / (double)cnt / res_step : 0.0);
 	}
 done:

@@ -669,6 +669,63 @@ static arena_backend *cuda_or_skip(void)
 	return b;
 }
 
+/* Timed events: elapsed is the time of the work between them, 1 before it
+ * is done, USAGE for an event never recorded or not timed. `work` queues
+ * about `seconds` of work on s. */
+static void check_timed(arena_backend *b, void (*work)(arena_backend *, arena_stream *, double), double seconds)
+{
+	arena_stream *s;
+	arena_event *a, *z, *plain;
+	double t = -1;
+	cr_assert_eq(b->ops->stream_create(b, &s), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->event_create_timed(b, &a), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->event_create_timed(b, &z), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->event_create(b, &plain), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->event_elapsed(b, a, z, &t), ARENA_E_USAGE, "never recorded");
+	arena_error_clear();
+	cr_assert_eq(b->ops->event_record(b, a, s), 0);
+	work(b, s, seconds);
+	cr_assert_eq(b->ops->event_record(b, z, s), 0);
+	int rc = b->ops->event_elapsed(b, a, z, &t);
+	cr_assert(rc == 0 || rc == 1, "%s", arena_last_error());
+	cr_assert_eq(b->ops->stream_sync(b, s), 0);
+	cr_assert_eq(b->ops->event_elapsed(b, a, z, &t), 0, "%s", arena_last_error());
+	cr_assert(t >= seconds * 0.8 && t < seconds * 5 + 0.05, "elapsed %.6f s for %.6f s of work", t, seconds);
+	cr_assert_eq(b->ops->event_elapsed(b, z, a, &t), 0);
+	cr_assert_lt(t, 0, "z before a is negative");
+	cr_assert_eq(b->ops->event_record(b, plain, s), 0);
+	cr_assert_neq(b->ops->event_elapsed(b, a, plain, &t), 0, "an untimed event");
+	arena_error_clear();
+	/* Destroying a timed event whose record is still queued is fine. */
+	work(b, s, seconds);
+	cr_assert_eq(b->ops->event_record(b, a, s), 0);
+	b->ops->event_destroy(b, a);
+	b->ops->event_destroy(b, z);
+	b->ops->event_destroy(b, plain);
+	b->ops->stream_destroy(b, s);
+}
+
+static void sim_work(arena_backend *b, arena_stream *s, double seconds)
+{
+	cr_assert_eq(arena_backend_sim_compute(b, s, seconds), 0, "%s", arena_last_error());
+}
+
+Test(backend_sim, timed_events)
+{
+	arena_backend *b = sim(MiB, 0);
+	check_timed(b, sim_work, 0.03);
+	arena_backend_destroy(b);
+}
+
+/* cuda: 256 MiB from pinned memory, at most a few tens of ms */
+static uint8_t *cuda_src;
+static void *cuda_dst;
+static void cuda_work(arena_backend *b, arena_stream *s, double seconds)
+{
+	(void)seconds;
+	cr_assert_eq(b->ops->copy_h2d(b, cuda_dst, cuda_src, 256 * MiB, s), 0, "%s", arena_last_error());
+}
+
 Test(backend_cuda, copies_land_byte_exact)
 {
 	arena_backend *b = cuda_or_skip();
@@ -678,6 +735,21 @@ Test(backend_cuda, copies_land_byte_exact)
 	check_copies(b);
 	check_registered(b);
 	check_event_order(b, NULL);
+	arena_backend_destroy(b);
+}
+
+Test(backend_cuda, timed_events)
+{
+	arena_backend *b = cuda_or_skip();
+	cuda_src = aligned_alloc(4096, 256 * MiB);
+	cr_assert_not_null(cuda_src);
+	memset(cuda_src, 1, 256 * MiB);
+	cr_assert_eq(b->ops->host_register(b, cuda_src, 256 * MiB), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->dev_alloc(b, 256 * MiB, &cuda_dst), 0, "%s", arena_last_error());
+	check_timed(b, cuda_work, 0.001); /* 256 MiB takes >= 1 ms at any PCIe rate */
+	b->ops->dev_free(b, cuda_dst);
+	b->ops->host_unregister(b, cuda_src);
+	free(cuda_src);
 	arena_backend_destroy(b);
 }
 

@@ -53,9 +53,11 @@ static arena_layout *mk_layout(const uint64_t *sizes, size_t n, uint64_t globals
 	return l;
 }
 
+/* Tests that check exact plans, demotions and promotions do not learn a
+ * profile on the way (engine_learn tests that). */
 static arena_engine_opts base_opts(int mode)
 {
-	return (arena_engine_opts){.mode = mode, .headroom = 0, .reserve = 0};
+	return (arena_engine_opts){.mode = mode, .headroom = 0, .reserve = 0, .no_learn = 1};
 }
 
 /* Check a plan's invariants against l and budget. */
@@ -341,23 +343,28 @@ static void make_image(const uint64_t *sizes, size_t n, uint64_t globals)
 	arena_img_close(img);
 }
 
-static void setup(void)
+static void setup_with(const uint64_t *sizes, size_t n, uint64_t globals, double sim_bw)
 {
 	snprintf(dir, sizeof(dir), "/tmp/arena-test-engine-XXXXXX");
 	cr_assert_not_null(mkdtemp(dir));
 	snprintf(st_path, sizeof(st_path), "%s/m.safetensors", dir);
 	snprintf(img_path, sizeof(img_path), "%s/m.arena", dir);
-	uint64_t sizes[NB] = {90000, 120000, 60000, 200000, 100000, 100000, 80000, 150000, 70000, 110000};
-	make_image(sizes, NB, 30000);
+	make_image(sizes, n, globals);
 	const char *tb = getenv("ARENA_TEST_BACKEND");
 	on_cuda = tb && !strcmp(tb, "cuda");
 	if (on_cuda) {
 		cr_assert_eq(arena_backend_cuda_create(0, &be), 0, "ARENA_TEST_BACKEND=cuda: %s", arena_last_error());
 	} else {
-		arena_sim_opts so = {.capacity = 64 << 20, .h2d_bytes_per_s = 4e9};
+		arena_sim_opts so = {.capacity = 64 << 20, .h2d_bytes_per_s = sim_bw};
 		cr_assert_eq(arena_backend_sim_create(&so, &be), 0);
 	}
 	arena_pin_budget_probe(&pb, 256 << 20, 0, "");
+}
+
+static void setup(void)
+{
+	uint64_t sizes[NB] = {90000, 120000, 60000, 200000, 100000, 100000, 80000, 150000, 70000, 110000};
+	setup_with(sizes, NB, 30000, 4e9);
 }
 
 static void teardown(void)
@@ -758,5 +765,89 @@ Test(engine, alloc_failures_on_setup)
 	}
 	cr_assert(ok);
 	arena_slab_reader_close(rr);
+	arena_model_free(m);
+}
+
+/* --- a profile learned on the device -------------------------------------------- */
+
+/* Flux's mix in small: 19 large blocks, then 38 of 0.42 x their size,
+ * every one the same compute (see the planner test above). Copies at 2e8
+ * B/s: a large block 2 ms, a small one 0.84 ms; compute 0.8 ms each. */
+#define NL 57
+static void setup_learn(void)
+{
+	uint64_t sizes[NL];
+	for (size_t i = 0; i < NL; i++)
+		sizes[i] = i < 19 ? 400000 : 168000;
+	setup_with(sizes, NL, 30000, 2e8);
+}
+
+TestSuite(engine_learn, .init = setup_learn, .fini = teardown);
+
+Test(engine_learn, times_blocks_and_moves_to_the_faster_plan)
+{
+	sim_only();
+	arena_model *m = load(0);
+	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	o.no_learn = 0;
+	o.cap = G + 11 * MAXB; /* the ring (3 x a large block) and room for 8 large blocks */
+	arena_engine *e;
+	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+	cr_assert_gt(arena_engine_plan(e)->n_streamed, 0);
+	cr_assert_eq(arena_engine_plan(e)->step_s, 0, "no profile yet");
+	arena_stream *s;
+	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	int learned_at = -1;
+	for (int step = 0; step < 9; step++) {
+		/* the last step checks every block's bytes at acquire (and its
+		 * timing then includes those checks: not asserted) */
+		int check = step == 8;
+		run_step(e, m, s, check, 0.0008);
+		expect_whole(e, m);
+		cr_assert_eq(arena_engine_collect(e), 0, "%s", arena_last_error());
+		arena_engine_step r;
+		cr_assert_eq(arena_engine_step_record(e, (uint64_t)step, &r), 0);
+		cr_assert(r.gpu_timed, "step %d timed once its work is done", step);
+		cr_assert(check || (r.compute_s > NL * 0.0008 * 0.9 && r.compute_s < NL * 0.0008 * 4), "step %d: compute %.4f s",
+			  step, r.compute_s);
+		cr_assert_leq(r.gpu_stall_s, 1.0);
+		if (r.profile_learned) {
+			cr_assert_eq(learned_at, -1, "learned once");
+			learned_at = step;
+		}
+	}
+	cr_assert_geq(learned_at, 1, "moved to the learned profile's plan");
+	cr_assert_gt(arena_engine_plan(e)->step_s, 0, "planned by the learned profile");
+	unsigned big = 0;
+	for (uint32_t b = 0; b < m->layout->n_blocks; b++)
+		big += arena_engine_is_resident(e, b) && m->layout->blocks[b].bytes == MAXB;
+	cr_assert_geq(big, 6, "the copy-heavy large blocks stay: %u", big);
+	be->ops->stream_destroy(be, s);
+	arena_engine_free(e);
+	arena_model_free(m);
+}
+
+Test(engine_learn, no_learn_keeps_the_plan_by_bytes)
+{
+	sim_only();
+	arena_model *m = load(0);
+	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	o.cap = G + 11 * MAXB;
+	o.no_learn = 1;
+	arena_engine *e;
+	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+	arena_stream *s;
+	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	for (int step = 0; step < 5; step++) {
+		run_step(e, m, s, 0, 0.001);
+		arena_engine_step r;
+		cr_assert_eq(arena_engine_collect(e), 0);
+		cr_assert_eq(arena_engine_step_record(e, (uint64_t)step, &r), 0);
+		cr_assert_eq(r.profile_learned + r.demotions + r.promotions, 0);
+		cr_assert(r.gpu_timed, "still timed");
+	}
+	cr_assert_eq(arena_engine_plan(e)->step_s, 0);
+	be->ops->stream_destroy(be, s);
+	arena_engine_free(e);
 	arena_model_free(m);
 }
