@@ -1385,6 +1385,18 @@ static int apply(arena_engine *e, const uint8_t *want)
 	return fit_ring(e);
 }
 
+/* Room: a plan t for the budget now is worth moving to when it keeps more
+ * resident and is not predicted slower (within 0.5%: fewer copies for the
+ * same time), or, with a profile, is predicted 2% faster. */
+static int room_better(arena_engine *e, const arena_residency_plan *t)
+{
+	double now_t = engine_predict(e);
+	int more = t->resident_bytes > e->plan.resident_bytes;
+	if (!(now_t > 0) || !(t->step_s > 0))
+		return more;
+	return (more && t->step_s <= now_t * 1.005) || t->step_s < now_t * 0.98;
+}
+
 /* Between steps: re-read free memory; under pressure move to the plan for
  * the new budget at once, with room after `hysteresis` steps of it. */
 static int adapt(arena_engine *e)
@@ -1414,9 +1426,7 @@ static int adapt(arena_engine *e)
 	if (used > budget) {
 		e->room_steps = 0;
 		rc = apply(e, t.resident);
-	} else if (have_profile(&e->o) ? t.step_s < engine_predict(e) * 0.98
-				       : t.resident_bytes > e->plan.resident_bytes) {
-		/* room: a plan with more resident (by the profile: predicted 2% faster) */
+	} else if (room_better(e, &t)) {
 		if (++e->room_steps >= hyst) {
 			e->room_steps = 0;
 			rc = apply(e, t.resident);

@@ -656,14 +656,18 @@ Test(engine, pressure_at_random_steps)
 	arena_model_free(m);
 }
 
-/* Pressure: demote within one step, promote back after the hysteresis. */
-Test(engine, demote_then_promote)
+/* Pressure: demote within one step, promote back after the hysteresis
+ * (with a compute profile too: streaming that the compute would hide is no
+ * reason to stay off the device once there is room). */
+static void demote_then_promote_with(const double *cost)
 {
 	sim_only();
 	arena_model *m = load(0);
 	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
 	o.headroom = 400000;
 	o.hysteresis = 3;
+	o.cost = cost;
+	o.h2d_bytes_per_s = cost ? 4e9 : 0;
 	arena_engine *e;
 	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
 	cr_assert_eq(arena_engine_plan(e)->n_streamed, 0);
@@ -694,6 +698,19 @@ Test(engine, demote_then_promote)
 	be->ops->stream_destroy(be, s);
 	arena_engine_free(e);
 	arena_model_free(m);
+}
+
+Test(engine, demote_then_promote)
+{
+	demote_then_promote_with(NULL);
+}
+
+Test(engine, demote_then_promote_with_a_profile)
+{
+	double cost[NB + 1];
+	for (size_t b = 0; b <= NB; b++)
+		cost[b] = 1e-3; /* compute hides every copy: promotion is still wanted */
+	demote_then_promote_with(cost);
 }
 
 Test(engine, strict_cap_is_an_error)
