@@ -602,17 +602,24 @@ int cmd_bench(int argc, char **argv)
 			       profile == 2 ? "learned" : cuda ? "measured" : "modelled", p->step_s);
 		else
 			printf("plan by bytes (no compute profile%s)\n", profile == 2 ? " learned yet" : "");
-		printf("%5s %9s %9s %9s %6s %12s %12s %6s %8s %4s %4s\n", "step", "time_s", "compute", "bound", "eff",
-		       "streamed", "resident", "stalls", "stall_s", "dem", "pro");
+		printf("%5s %9s %9s %9s %6s %12s %12s %6s %9s %4s %4s\n", "step", "time_s", "compute", "bound", "eff",
+		       "streamed", "resident", "stalls", "gpu_wait", "dem", "pro");
 		for (long st = 0; st < steps; st++) {
 			const arena_engine_step *r = &out[st].rec;
 			char pz[48] = "";
 			if (out[st].pressure_bytes)
 				snprintf(pz, sizeof(pz), " pressure %s", cli_fmt_bytes(out[st].pressure_bytes, c, sizeof(c)));
-			printf("%5ld %9.4f %9.4f %9.4f %6.3f %12s %12s %6u %8.4f %4u %4u%s%s\n", st, out[st].time_s,
+			/* stalls and their wait as the device timed them; "-" where it could not */
+			char gs[16] = "-", gw[16] = "-";
+			if (r->gpu_timed) {
+				snprintf(gs, sizeof(gs), "%u", r->gpu_stalls);
+				snprintf(gw, sizeof(gw), "%.4f", r->gpu_stall_s);
+			}
+			printf("%5ld %9.4f %9.4f %9.4f %6.3f %12s %12s %6s %9s %4u %4u%s%s%s\n", st, out[st].time_s,
 			       out[st].compute_s, out[st].bound_s, out[st].time_s > 0 ? out[st].bound_s / out[st].time_s : 0,
 			       cli_fmt_bytes(r->streamed_bytes, a, sizeof(a)), cli_fmt_bytes(r->resident_bytes, b2, sizeof(b2)),
-			       r->stalls, r->stall_s, r->demotions, r->promotions, pz, r->over_budget ? " over budget" : "");
+			       gs, gw, r->demotions, r->promotions, pz, r->profile_learned ? " learned profile" : "",
+			       r->over_budget ? " over budget" : "");
 		}
 		printf("steady state (steps %ld..%ld): %.4f s/step, bound %.4f s, efficiency %.3f; all resident %.4f s/step (%.3fx)\n",
 		       from, steps - 1, sum_t / (double)cnt, sum_b / (double)cnt, eff, res_step,
