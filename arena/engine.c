@@ -684,7 +684,8 @@ struct arena_engine {
 	unsigned *acq_n, *rel_n; /* per block, this step */
 	arena_event **tc;     /* per block: before its ring copy (pairs with ev_fill) */
 	uint8_t *tc_rec;
-	double lc_bytes, lc_s; /* copies timed: bytes, seconds */
+	double lc_rate[64];   /* the last copies' rates (bytes/s), a ring */
+	unsigned lc_n;        /* copies timed so far */
 	double *lcost;        /* learned forward seconds per block; < 0 not yet */
 	double lbwd_sum, lfwd_sum; /* train: backward and forward seconds seen together */
 	/* records */
@@ -948,10 +949,8 @@ static int harvest(arena_engine *e, unsigned par)
 			return rc;
 		if (rc == 0) {
 			e->tc_rec[b] = 0;
-			if (c > 0) {
-				e->lc_bytes += (double)e->l->blocks[b].bytes;
-				e->lc_s += c;
-			}
+			if (c > 0)
+				e->lc_rate[e->lc_n++ % 64] = (double)e->l->blocks[b].bytes / c;
 		}
 	}
 	return 0;
@@ -1446,19 +1445,37 @@ static int adapt(arena_engine *e)
 	return rc;
 }
 
+/* The learned copy rate: the median of the last copies timed (one copy held
+ * up by something else does not move it); 0 before any. */
+static double learned_h2d(const arena_engine *e)
+{
+	unsigned n = e->lc_n < 64 ? e->lc_n : 64;
+	double v[64];
+	if (!n)
+		return 0;
+	memcpy(v, e->lc_rate, n * sizeof(*v));
+	for (unsigned i = 1; i < n; i++) /* insertion sort: 64 at most */
+		for (unsigned j = i; j > 0 && v[j - 1] > v[j]; j--) {
+			double t = v[j];
+			v[j] = v[j - 1];
+			v[j - 1] = t;
+		}
+	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 /* Without a given profile: once every scheduled block has been timed and a
  * copy seen, plan by the learned profile and move to that plan if it is
  * predicted 2% faster (once; later replans under pressure use it too). */
 static int learn(arena_engine *e)
 {
-	if (!e->timed || e->user_profile || e->o.no_learn || e->learned_applied || !e->plan.n_streamed || !(e->lc_s > 0))
+	if (!e->timed || e->user_profile || e->o.no_learn || e->learned_applied || !e->plan.n_streamed || !e->lc_n)
 		return 0;
 	for (size_t i = 0; i < e->plan.n_sched; i++)
 		if (e->lcost[e->plan.sched[i]] < 0)
 			return 0;
 	e->learned_applied = 1;
 	e->o.cost = e->lcost;
-	e->o.h2d_bytes_per_s = e->lc_bytes / e->lc_s;
+	e->o.h2d_bytes_per_s = learned_h2d(e);
 	e->o.backward_factor = e->lfwd_sum > 0 ? e->lbwd_sum / e->lfwd_sum : 0;
 	double now_t = engine_predict(e);
 	arena_residency_plan t;
@@ -1524,6 +1541,29 @@ int arena_engine_collect(arena_engine *e)
 		for (unsigned par = 0; par < 2 && !rc; par++)
 			rc = harvest(e, par);
 	return rc;
+}
+
+int arena_engine_profile(const arena_engine *e, double *cost, double *h2d, double *bwd)
+{
+	size_t n = e->l->n_blocks;
+	if (e->user_profile) {
+		memcpy(cost, e->cost, n * sizeof(*cost));
+		*h2d = e->o.h2d_bytes_per_s;
+		*bwd = e->o.backward_factor;
+		return 0;
+	}
+	if (!e->lcost)
+		return arena_errorf(ARENA_E_NOT_FOUND, "engine: no profile (none given, and %s cannot time)",
+				    e->be->ops->name);
+	for (size_t i = 0; i < e->plan.n_sched; i++)
+		if (e->lcost[e->plan.sched[i]] < 0)
+			return arena_errorf(ARENA_E_NOT_FOUND, "engine: block '%s' not timed yet",
+					    e->l->blocks[e->plan.sched[i]].name);
+	for (size_t b = 0; b < n; b++)
+		cost[b] = e->lcost[b] < 0 ? 0 : e->lcost[b];
+	*h2d = learned_h2d(e);
+	*bwd = e->lfwd_sum > 0 ? e->lbwd_sum / e->lfwd_sum : 0;
+	return 0;
 }
 
 const arena_residency_plan *arena_engine_plan(const arena_engine *e)

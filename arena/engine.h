@@ -238,6 +238,13 @@ int arena_engine_step_end(arena_engine *e);
  * records. USAGE-free; errors only from the backend. Not inside a step. */
 int arena_engine_collect(arena_engine *e);
 
+/* The compute profile the engine plans by, or has learned so far: cost (the
+ * layout's n_blocks entries: each block's forward seconds, globals 0), the
+ * host-to-device rate (0 while no copy has been timed) and the backward
+ * factor (0: none seen). 0, or NOT_FOUND while a scheduled block has not
+ * been timed yet (or the backend cannot time and none was given). */
+int arena_engine_profile(const arena_engine *e, double *cost, double *h2d_bytes_per_s, double *backward_factor);
+
 /* The current plan (borrowed; changes at step_end). */
 const arena_residency_plan *arena_engine_plan(const arena_engine *e);
 /* Record of step `step`: 0, or NOT_FOUND if it is not (or no longer) kept. */

@@ -13,6 +13,7 @@
 
 #include "../arena/engine.h"
 #include "../arena/gemm.h"
+#include "../arena/profile.h"
 #include "../arena/probe.h"
 #include "../common/alloc.h"
 #include "../common/err.h"
@@ -57,6 +58,9 @@ const char cmd_bench_usage[] =
 	"                      device during the first steps and re-plans by it;\n"
 	"                      given: each block's compute timed before the run (cuda)\n"
 	"                      or modelled (sim) and given to the engine; none: by bytes\n"
+	"  --save-profile FILE write the profile the engine ended with (learned or given;\n"
+	"                      the rate: the engine's, else this run's probe) for\n"
+	"                      `arena plan --profile` (format in arena/profile.h)\n"
 	"  --json              machine-readable report (schema in README.md)\n"
 	"  -h, --help          this text\n"
 	"\n"
@@ -242,7 +246,7 @@ static uint64_t block_params(const arena_layout *l, uint32_t b)
 int cmd_bench(int argc, char **argv)
 {
 	enum { O_BACKEND = 256, O_MODE, O_CAP, O_SIMCAP, O_SIMBW, O_DEVFREE, O_FLOPS, O_STEPS, O_TOKENS, O_DEPTH,
-	       O_PRESSURE, O_STRICT, O_NOPROFILE, O_JSON };
+	       O_PRESSURE, O_STRICT, O_NOPROFILE, O_SAVEPROF, O_JSON };
 	static const struct option opts[] = {
 		{"backend", required_argument, NULL, O_BACKEND},
 		{"mode", required_argument, NULL, O_MODE},
@@ -257,6 +261,7 @@ int cmd_bench(int argc, char **argv)
 		{"pressure", required_argument, NULL, O_PRESSURE},
 		{"strict-vram-cap", no_argument, NULL, O_STRICT},
 		{"profile", required_argument, NULL, O_NOPROFILE},
+		{"save-profile", required_argument, NULL, O_SAVEPROF},
 		{"json", no_argument, NULL, O_JSON},
 		{NULL, 0, NULL, 0},
 	};
@@ -269,6 +274,7 @@ int cmd_bench(int argc, char **argv)
 	double bw = 55e9, flops = 700e12, tokens = 4608;
 	long steps = 10, pstep = -1;
 	int json = 0, cuda = 0, simopt = 0, profile = 2, ch; /* 0 none, 1 given, 2 learn */
+	const char *save_profile = NULL;
 	optind = 0;
 	opterr = 0;
 	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -339,6 +345,9 @@ int cmd_bench(int argc, char **argv)
 		}
 		case O_STRICT:
 			o.strict = 1;
+			break;
+		case O_SAVEPROF:
+			save_profile = optarg;
 			break;
 		case O_NOPROFILE:
 			if (!strcmp(optarg, "none"))
@@ -477,6 +486,16 @@ int cmd_bench(int argc, char **argv)
 	/* The device's timing of the last steps, now that their work is done. */
 	if ((rc = arena_engine_collect(e)))
 		goto done;
+	if (save_profile) {
+		double *pc = arena_calloc(n ? n : 1, sizeof(*pc)), ph = 0, pbw = 0;
+		if (!pc)
+			rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
+		else if (!(rc = arena_engine_profile(e, pc, &ph, &pbw)))
+			rc = arena_profile_write(save_profile, l, pc, ph > 0 ? ph : h2d, pbw);
+		arena_free(pc);
+		if (rc)
+			goto done;
+	}
 	for (long st = 0; st < steps; st++)
 		if (arena_engine_step_record(e, (uint64_t)st, &out[st].rec))
 			arena_error_clear(); /* older than the history kept: as read after its step */

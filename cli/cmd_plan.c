@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "../arena/engine.h"
+#include "../arena/profile.h"
+#include "../common/alloc.h"
 #include "../common/err.h"
 #include "../formats/image.h"
 #include "arena.h"
@@ -28,6 +30,10 @@ const char cmd_plan_usage[] =
 	"  --headroom SIZE     physical slack (default min(512M, 2% of SIZE))\n"
 	"  --reserve SIZE      working memory for activations (default 1G sample,\n"
 	"                      4G train, at most a quarter of what is left)\n"
+	"  --profile FILE      plan by a compute profile (each block's seconds and the\n"
+	"                      copy rate, as `arena bench stream --save-profile` writes\n"
+	"                      it): resident blocks where they hide copies best, and\n"
+	"                      the predicted step time\n"
 	"  --json              machine-readable plan (schema in README.md)\n"
 	"  -h, --help          this text\n"
 	"\n"
@@ -47,16 +53,18 @@ static int parse_count(const char *cmd, const char *opt, const char *s, unsigned
 
 int cmd_plan(int argc, char **argv)
 {
-	enum { O_VRAM = 256, O_MODE, O_DEPTH, O_KEEP, O_HEAD, O_RES, O_JSON };
+	enum { O_VRAM = 256, O_MODE, O_DEPTH, O_KEEP, O_HEAD, O_RES, O_PROFILE, O_JSON };
 	static const struct option opts[] = {
 		{"vram", required_argument, NULL, O_VRAM},     {"mode", required_argument, NULL, O_MODE},
 		{"depth", required_argument, NULL, O_DEPTH},   {"keep-last", required_argument, NULL, O_KEEP},
 		{"headroom", required_argument, NULL, O_HEAD}, {"reserve", required_argument, NULL, O_RES},
-		{"json", no_argument, NULL, O_JSON},           {NULL, 0, NULL, 0},
+		{"profile", required_argument, NULL, O_PROFILE}, {"json", no_argument, NULL, O_JSON},
+		{NULL, 0, NULL, 0},
 	};
 	arena_engine_opts o = {.headroom = ARENA_ENGINE_AUTO, .reserve = ARENA_ENGINE_AUTO, .keep_last = 1};
 	uint64_t vram = 0;
 	int json = 0, ch, rc;
+	const char *profile = NULL;
 	optind = 0;
 	opterr = 0;
 	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -88,6 +96,9 @@ int cmd_plan(int argc, char **argv)
 			if (cli_parse_size(optarg, &o.reserve))
 				return cli_usage_error("plan", "--reserve '%s' is not a size", optarg);
 			break;
+		case O_PROFILE:
+			profile = optarg;
+			break;
 		case O_JSON:
 			json = 1;
 			break;
@@ -104,6 +115,19 @@ int cmd_plan(int argc, char **argv)
 	if ((rc = arena_img_open(path, &img)))
 		return cli_fail(rc);
 	const arena_layout *l = img->layout;
+	double *cost = NULL;
+	if (profile) {
+		if (!(cost = arena_calloc(l->n_blocks ? l->n_blocks : 1, sizeof(*cost))))
+			rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
+		else
+			rc = arena_profile_read(profile, l, cost, &o.h2d_bytes_per_s, &o.backward_factor);
+		if (rc) {
+			arena_free(cost);
+			arena_img_close(img);
+			return cli_fail(rc);
+		}
+		o.cost = cost;
+	}
 	uint64_t budget, headroom, reserve;
 	arena_residency_budget(vram, vram, &o, &budget, &headroom, &reserve);
 	arena_residency_plan p;
@@ -117,9 +141,14 @@ int cmd_plan(int argc, char **argv)
 				     cli_fmt_bytes(p.min_need_bytes + reserve + headroom, d, sizeof(d)));
 		}
 		arena_img_close(img);
+		arena_free(cost);
 		return cli_fail(rc);
 	}
 	int status = 0;
+	double comp = 0, copy = o.h2d_bytes_per_s > 0 ? (double)p.stream_bytes_per_step / o.h2d_bytes_per_s : 0;
+	for (size_t i = 0; cost && i < p.n_sched; i++)
+		comp += cost[p.sched[i]] *
+			(o.mode == ARENA_MODE_TRAIN && i >= p.n_sched / 2 ? (o.backward_factor > 0 ? o.backward_factor : 3.0) : 1.0);
 	const char *mode = o.mode == ARENA_MODE_TRAIN ? "train" : "sample";
 	if (json) {
 		json_t *blocks = json_array();
@@ -139,6 +168,11 @@ int cmd_plan(int argc, char **argv)
 			(json_int_t)p.stream_bytes_per_step, "copies_per_step", (json_int_t)p.copies_per_step,
 			"schedule_entries", (json_int_t)p.n_sched, "resident_blocks", (int)p.n_resident, "streamed_blocks",
 			(int)p.n_streamed);
+		if (cost) {
+			json_object_set_new(root, "predicted_step_s", json_real(p.step_s));
+			json_object_set_new(root, "predicted_compute_s", json_real(comp));
+			json_object_set_new(root, "predicted_copy_s", json_real(copy));
+		}
 		json_object_set_new(root, "blocks", blocks);
 		status = cli_print_json(root);
 	} else {
@@ -157,6 +191,9 @@ int cmd_plan(int argc, char **argv)
 		printf("device memory for weights: %s; streamed per step: %s in %llu copies\n",
 		       cli_fmt_bytes(p.need_bytes, c, sizeof(c)), cli_fmt_bytes(p.stream_bytes_per_step, d, sizeof(d)),
 		       (unsigned long long)p.copies_per_step);
+		if (cost)
+			printf("predicted step (profile %s): %.4f s; compute %.4f s, copies %.4f s at %.1f GB/s\n", profile,
+			       p.step_s, comp, copy, o.h2d_bytes_per_s / 1e9);
 		printf("blocks (R resident, s streamed, G globals):\n  ");
 		for (size_t i = 0; i < l->n_blocks; i++)
 			putchar(arena_block_is_globals(l, (uint32_t)i) ? 'G' : p.resident[i] ? 'R' : 's');
@@ -165,5 +202,6 @@ int cmd_plan(int argc, char **argv)
 	}
 	arena_residency_plan_release(&p);
 	arena_img_close(img);
+	arena_free(cost);
 	return status;
 }

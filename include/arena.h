@@ -102,6 +102,7 @@ enum {
 	X(DEV_OOM, SYSTEM, "out of device memory")                                        \
 	X(DEV_ERROR, SYSTEM, "device error")                                              \
 	X(BUDGET, USAGE, "does not fit the memory budget")                               \
+	X(PROFILE_BAD, INVALID, "compute profile file is malformed")                     \
 	/* quantization (loader/quant.h) */                                               \
 	X(QUANT_UNKNOWN_SCHEME, USAGE, "unknown quantization scheme")                     \
 	X(QUANT_NOT_APPLICABLE, USAGE, "quantization scheme does not apply to this tensor")

@@ -122,4 +122,63 @@ PY
 	expect_out "steady state"
 }
 
-cases plan_help plan_usage_errors plan_text_and_json plan_too_small bench_usage_errors bench_cuda bench_json
+# A profile saved by bench (what the engine learned on sim) and planned by.
+profile_round_trip() {
+	engine_image
+	run bench stream "$T/f.arena" --vram-cap 400K --sim-capacity 1G --steps 6 --save-profile "$T/p.json"
+	expect_rc 0
+	[ -f "$T/p.json" ] || fail "no profile written"
+	ls -a "$T" | grep -q '\.tmp-' && fail "a temporary file was left"
+	run plan "$T/f.arena" --vram 400K --profile "$T/p.json"
+	expect_rc 0
+	expect_out "predicted step"
+	run plan "$T/f.arena" --vram 400K --profile "$T/p.json" --json
+	expect_rc 0
+	python3 - "$T/out" "$T/p.json" <<'PY' || fail "plan --profile --json is inconsistent"
+import json, sys
+d = json.load(open(sys.argv[1]))
+p = json.load(open(sys.argv[2]))
+assert p["format"] == "arena-profile-1" and p["h2d_bytes_per_s"] > 0
+assert len(p["blocks"]) == len(d["blocks"]) - 1  # all but globals
+assert d["predicted_step_s"] >= max(d["predicted_compute_s"], d["predicted_copy_s"]) * 0.999
+PY
+}
+
+# Bad profiles: one line naming what is wrong, exit 1; a missing file, 2.
+profile_errors() {
+	engine_image
+	run bench stream "$T/f.arena" --vram-cap 400K --sim-capacity 1G --steps 4 --save-profile "$T/p.json"
+	expect_rc 0
+	bad() { # NAME PYTHON-EDIT TEXT
+		python3 - "$T/p.json" "$T/$1.json" "$2" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+exec(sys.argv[3])
+open(sys.argv[2], "w").write(json.dumps(d))
+PY
+		run plan "$T/f.arena" --vram 400K --profile "$T/$1.json"
+		expect_rc 1
+		expect_error_line
+		expect_err "$3"
+	}
+	bad missing 'del d["blocks"][sorted(d["blocks"])[0]]' "missing"
+	bad unknown 'd["blocks"]["blocks.99"] = 0.1' "not a block of this model"
+	bad negative 'd["blocks"][sorted(d["blocks"])[0]] = -1' "not a number >= 0"
+	bad format 'd["format"] = "other"' "format"
+	bad rate 'd["h2d_bytes_per_s"] = 0' "h2d_bytes_per_s"
+	bad extra 'd["more"] = 1' "unknown field"
+	printf '{"format": ' >"$T/trunc.json"
+	run plan "$T/f.arena" --vram 400K --profile "$T/trunc.json"
+	expect_rc 1
+	expect_error_line
+	expect_err "line 1"
+	run plan "$T/f.arena" --vram 400K --profile "$T/none.json"
+	expect_rc 2
+	expect_error_line
+	run bench stream "$T/f.arena" --vram-cap 400K --sim-capacity 1G --steps 2 --save-profile "$T/no/such/dir/p.json"
+	expect_error_line
+	[ "$rc" = 0 ] && fail "saving into a missing folder succeeded"
+}
+
+cases plan_help plan_usage_errors plan_text_and_json plan_too_small bench_usage_errors bench_cuda bench_json \
+	profile_round_trip profile_errors
