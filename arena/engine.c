@@ -1,4 +1,5 @@
-/* engine.c - residency planner and prefetch engine (see engine.h). */
+/* engine.c - the prefetch engine: a plan run on a device, adapted between
+ * steps, timed on the device (see engine.h; the planner is residency.c). */
 #include "engine.h"
 
 #include <inttypes.h>
@@ -8,642 +9,15 @@
 
 #include "../common/alloc.h"
 #include "../common/err.h"
-
-#define MAX_DEPTH 64u
-#define MAX_KEEP 64u
+#include "residency_int.h"
 
 enum { ST_IDLE, ST_STEP, ST_FAILED };
-
-/* --- helpers --------------------------------------------------------------- */
 
 static double now_s(void)
 {
 	struct timespec t;
 	clock_gettime(CLOCK_MONOTONIC, &t);
 	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-/* "12.34 GiB" into one of 4 rotating buffers. */
-static const char *fmtb(uint64_t n)
-{
-	static _Thread_local char buf[4][32];
-	static _Thread_local unsigned k;
-	char *b = buf[k++ & 3];
-	if (n >= (1ull << 30))
-		snprintf(b, 32, "%.2f GiB", (double)n / (double)(1ull << 30));
-	else if (n >= (1ull << 20))
-		snprintf(b, 32, "%.2f MiB", (double)n / (double)(1ull << 20));
-	else
-		snprintf(b, 32, "%" PRIu64 " bytes", n);
-	return b;
-}
-
-int arena_block_is_globals(const arena_layout *l, uint32_t b)
-{
-	return l->blocks[b].container == NULL;
-}
-
-static unsigned opt_depth(const arena_engine_opts *o)
-{
-	return o->depth ? o->depth : ARENA_ENGINE_DEFAULT_DEPTH;
-}
-
-static unsigned ring_slots(const arena_engine_opts *o)
-{
-	return opt_depth(o) + 1 + (o->mode == ARENA_MODE_TRAIN ? o->keep_last : 0);
-}
-
-void arena_residency_budget(uint64_t total, uint64_t free_bytes, const arena_engine_opts *o, uint64_t *budget,
-			    uint64_t *headroom, uint64_t *reserve)
-{
-	uint64_t avail = free_bytes;
-	if (o->cap && o->cap < avail)
-		avail = o->cap;
-	uint64_t h = o->headroom, w = o->reserve;
-	if (h == ARENA_ENGINE_AUTO) {
-		uint64_t base = o->cap && o->cap < total ? o->cap : total;
-		h = base / 50;
-		if (h > (512ull << 20))
-			h = 512ull << 20;
-	}
-	uint64_t left = avail > h ? avail - h : 0;
-	if (w == ARENA_ENGINE_AUTO) {
-		w = o->mode == ARENA_MODE_TRAIN ? (4ull << 30) : (1ull << 30);
-		if (w > left / 4)
-			w = left / 4;
-	}
-	*headroom = h;
-	*reserve = w;
-	*budget = left > w ? left - w : 0;
-}
-
-/* --- the ring (shared by the run and the planner's dry run) ---------------- */
-
-/* The ring is one device buffer of `bytes` (slots x the largest streamed
- * block) holding streamed blocks contiguously, placed first in, first out: a
- * block goes at the head, or at 0 when it does not fit before the end, and
- * evicts the blocks whose bytes it overlaps, none of which may be pending
- * (fetched and not yet released). A block still in the ring when it is
- * needed again is not copied again. Small blocks pack: a ring of 3 x 648 MiB
- * holds seven 270 MiB blocks, so copies run further ahead where blocks are
- * small. Per block (arrays of the layout's size): present, off, pending;
- * `order` lists the present blocks, oldest first. */
-typedef struct ring_state {
-	uint64_t bytes, head;
-	uint8_t *present;
-	uint64_t *off;
-	unsigned *pending;
-	uint32_t *order;
-	size_t n_order;
-} ring_state;
-
-static void ring_state_release(ring_state *r)
-{
-	arena_free(r->present);
-	arena_free(r->off);
-	arena_free(r->pending);
-	arena_free(r->order);
-	memset(r, 0, sizeof(*r));
-}
-
-static int ring_state_init(ring_state *r, size_t n)
-{
-	memset(r, 0, sizeof(*r));
-	r->present = arena_calloc(n ? n : 1, 1);
-	r->off = arena_calloc(n ? n : 1, sizeof(*r->off));
-	r->pending = arena_calloc(n ? n : 1, sizeof(*r->pending));
-	r->order = arena_calloc(n ? n : 1, sizeof(*r->order));
-	if (r->present && r->off && r->pending && r->order)
-		return 0;
-	ring_state_release(r); /* all or nothing */
-	return -1;
-}
-
-static void ring_reset(ring_state *r, size_t n, uint64_t bytes)
-{
-	r->bytes = bytes;
-	r->head = 0;
-	r->n_order = 0;
-	memset(r->present, 0, n ? n : 1);
-	memset(r->pending, 0, (n ? n : 1) * sizeof(*r->pending));
-}
-
-/* Where block b would go: 0 with *at (*reuse = 1 if it is in the ring
- * already), or 1 when it cannot go now (a block it would overwrite is
- * pending, or it is larger than the ring). */
-static int ring_place(const ring_state *r, const arena_layout *l, uint32_t b, uint64_t *at, int *reuse)
-{
-	uint64_t sz = l->blocks[b].bytes;
-	*reuse = 0;
-	*at = 0;
-	if (r->present[b]) {
-		*reuse = 1;
-		*at = r->off[b];
-		return 0;
-	}
-	if (sz > r->bytes)
-		return 1;
-	uint64_t lo = r->head + sz <= r->bytes ? r->head : 0, hi = lo + sz;
-	for (size_t i = 0; i < r->n_order; i++) {
-		uint32_t q = r->order[i];
-		uint64_t a = r->off[q], z = a + l->blocks[q].bytes;
-		if (a < hi && lo < z && r->pending[q])
-			return 1;
-	}
-	*at = lo;
-	return 0;
-}
-
-/* Put block b at `at` (from ring_place): the blocks it overlaps leave the
- * ring, each passed to evict(ctx, q) first (the run makes its copy wait for
- * their last release). The first error of evict is returned; the ring's
- * state is updated either way. */
-static int ring_take(ring_state *r, const arena_layout *l, uint32_t b, uint64_t at, int (*evict)(void *, uint32_t),
-		     void *ctx)
-{
-	uint64_t hi = at + l->blocks[b].bytes;
-	size_t k = 0;
-	int rc = 0;
-	for (size_t i = 0; i < r->n_order; i++) {
-		uint32_t q = r->order[i];
-		uint64_t a = r->off[q], z = a + l->blocks[q].bytes;
-		if (a < hi && at < z) {
-			if (evict && !rc)
-				rc = evict(ctx, q);
-			r->present[q] = 0;
-		} else {
-			r->order[k++] = q;
-		}
-	}
-	r->n_order = k;
-	r->present[b] = 1;
-	r->off[b] = at;
-	r->order[r->n_order++] = b;
-	r->head = hi;
-	return rc;
-}
-
-/* Dry run of two steps of seq through a ring of ring_bytes, fetching as far
- * ahead as the ring allows (as the engine does); bytes and copies of the
- * second step. */
-static void dry_run(const arena_layout *l, const uint32_t *seq, size_t len, ring_state *r, uint64_t ring_bytes,
-		    uint64_t *bytes, uint64_t *copies)
-{
-	ring_reset(r, l->n_blocks, ring_bytes);
-	for (int step = 0; step < 2; step++) {
-		size_t fetched = 0;
-		*bytes = 0;
-		*copies = 0;
-		for (size_t cur = 0; cur < len; cur++) {
-			while (fetched < len) {
-				uint32_t b = seq[fetched];
-				uint64_t at;
-				int reuse;
-				if (ring_place(r, l, b, &at, &reuse)) {
-					if (fetched > cur)
-						break;
-					return; /* cannot happen: the ring holds two of the largest block */
-				}
-				if (!reuse) {
-					*bytes += l->blocks[b].bytes;
-					++*copies;
-					ring_take(r, l, b, at, NULL, NULL);
-				}
-				r->pending[b]++;
-				fetched++;
-			}
-			r->pending[seq[cur]]--;
-		}
-	}
-}
-
-/* --- the timed dry run (with a compute profile) ----------------------------- */
-
-typedef struct timed_scratch {
-	ring_state r;
-	double *fill_t, *rel_t; /* per block: its copy is done, its last release */
-	double *gain;           /* per block: the greedy's gain per byte */
-	uint8_t *swappable;     /* per block: chosen by the greedy, may be swapped */
-	uint32_t *seq;          /* the streamed entries' blocks */
-} timed_scratch;
-
-static void timed_release(timed_scratch *t)
-{
-	ring_state_release(&t->r);
-	arena_free(t->fill_t);
-	arena_free(t->rel_t);
-	arena_free(t->gain);
-	arena_free(t->swappable);
-	arena_free(t->seq);
-	memset(t, 0, sizeof(*t));
-}
-
-static int timed_init(timed_scratch *t, size_t n, size_t n_sched)
-{
-	memset(t, 0, sizeof(*t));
-	int rc = ring_state_init(&t->r, n);
-	t->fill_t = arena_calloc(n ? n : 1, sizeof(*t->fill_t));
-	t->rel_t = arena_calloc(n ? n : 1, sizeof(*t->rel_t));
-	t->gain = arena_calloc(n ? n : 1, sizeof(*t->gain));
-	t->swappable = arena_calloc(n ? n : 1, 1);
-	t->seq = arena_calloc(n_sched ? n_sched : 1, sizeof(*t->seq));
-	if (!rc && t->fill_t && t->rel_t && t->gain && t->swappable && t->seq)
-		return 0;
-	timed_release(t);
-	return -1;
-}
-
-typedef struct timed_evict {
-	const double *rel_t;
-	double wait;
-} timed_evict;
-
-static int timed_on_evict(void *ctx, uint32_t q)
-{
-	timed_evict *w = ctx;
-	if (w->rel_t[q] > w->wait)
-		w->wait = w->rel_t[q];
-	return 0;
-}
-
-static double entry_cost(const arena_engine_opts *o, const uint32_t *sched, size_t n_sched, size_t i)
-{
-	double c = o->cost[sched[i]];
-	if (o->mode == ARENA_MODE_TRAIN && i >= n_sched / 2)
-		c *= o->backward_factor > 0 ? o->backward_factor : 3.0;
-	return c;
-}
-
-/* Predicted seconds of a steady step of `sched` with the blocks in `res`
- * resident: the second of two steps of the ring's rules in time (copies in
- * order at o->h2d_bytes_per_s, each after the release of what it
- * overwrites; an entry computes once its block is there and the entry
- * before it is done). Negative when a block cannot be placed. */
-static double timed_dry_run(const arena_layout *l, const arena_engine_opts *o, const uint32_t *sched, size_t n_sched,
-			    const uint8_t *res, unsigned slots, timed_scratch *t)
-{
-	uint64_t slot = 0;
-	size_t len = 0;
-	for (size_t i = 0; i < n_sched; i++)
-		if (!res[sched[i]]) {
-			t->seq[len++] = sched[i];
-			if (l->blocks[sched[i]].bytes > slot)
-				slot = l->blocks[sched[i]].bytes;
-		}
-	ring_reset(&t->r, l->n_blocks, (uint64_t)slots * slot);
-	memset(t->fill_t, 0, l->n_blocks * sizeof(*t->fill_t));
-	memset(t->rel_t, 0, l->n_blocks * sizeof(*t->rel_t));
-	double copy_free = 0, comp = 0, t0 = 0;
-	for (int step = 0; step < 2; step++) {
-		size_t fetched = 0, cur = 0;
-		t0 = comp;
-		for (size_t i = 0; i < n_sched; i++) {
-			uint32_t b = sched[i];
-			double c = entry_cost(o, sched, n_sched, i);
-			if (res[b]) {
-				comp += c;
-				continue;
-			}
-			while (fetched < len) {
-				uint32_t f = t->seq[fetched];
-				uint64_t at;
-				int reuse;
-				if (ring_place(&t->r, l, f, &at, &reuse)) {
-					if (fetched > cur)
-						break;
-					return -1;
-				}
-				if (!reuse) {
-					timed_evict w = {t->rel_t, 0};
-					ring_take(&t->r, l, f, at, timed_on_evict, &w);
-					double start = copy_free > w.wait ? copy_free : w.wait;
-					copy_free = start + (double)l->blocks[f].bytes / o->h2d_bytes_per_s;
-					t->fill_t[f] = copy_free;
-				}
-				t->r.pending[f]++;
-				fetched++;
-			}
-			double start = comp > t->fill_t[b] ? comp : t->fill_t[b];
-			comp = start + c;
-			t->rel_t[b] = comp;
-			t->r.pending[b]--;
-			cur++;
-		}
-	}
-	return comp - t0;
-}
-
-static int have_profile(const arena_engine_opts *o)
-{
-	return o->cost && o->h2d_bytes_per_s > 0;
-}
-
-/* --- planner ----------------------------------------------------------------- */
-
-void arena_residency_plan_release(arena_residency_plan *p)
-{
-	if (!p)
-		return;
-	arena_free(p->resident);
-	arena_free(p->sched);
-	memset(p, 0, sizeof(*p));
-}
-
-/* Recompute a plan's derived fields from p->resident (p->sched, slots and
- * depth set). `seq` (n_sched entries) and `r` (of the layout's blocks) are
- * scratch. */
-static void plan_derive(const arena_layout *l, arena_residency_plan *p, uint32_t *seq, ring_state *r)
-{
-	p->resident_bytes = p->globals_bytes;
-	p->streamed_block_bytes = 0;
-	p->slot_bytes = 0;
-	p->n_resident = p->n_streamed = 0;
-	for (size_t b = 0; b < l->n_blocks; b++) {
-		if (arena_block_is_globals(l, (uint32_t)b))
-			continue;
-		if (p->resident[b]) {
-			p->resident_bytes += l->blocks[b].bytes;
-			p->n_resident++;
-		} else {
-			p->streamed_block_bytes += l->blocks[b].bytes;
-			p->n_streamed++;
-			if (l->blocks[b].bytes > p->slot_bytes)
-				p->slot_bytes = l->blocks[b].bytes;
-		}
-	}
-	size_t len = 0;
-	for (size_t i = 0; i < p->n_sched; i++)
-		if (!p->resident[p->sched[i]])
-			seq[len++] = p->sched[i];
-	p->stream_bytes_per_step = p->copies_per_step = 0;
-	unsigned slots = p->n_streamed ? p->slots : 0;
-	p->need_bytes = p->resident_bytes + (uint64_t)slots * p->slot_bytes;
-	if (len)
-		dry_run(l, seq, len, r, (uint64_t)p->slots * p->slot_bytes, &p->stream_bytes_per_step,
-			&p->copies_per_step);
-}
-
-/* With a profile: from the resident set `cand` (room bytes left), make
- * blocks resident one at a time, each the one that shortens the predicted
- * step most per byte, or the largest that fits when none does; returns the
- * predicted step of the result (negative: a block could not be placed). */
-static double greedy_timed(const arena_layout *l, const arena_engine_opts *o, const arena_residency_plan *p,
-			   uint8_t *cand, uint64_t *room, double *gain, timed_scratch *ts)
-{
-	uint8_t *swappable = ts->swappable; /* not resident by force (larger than a slot) */
-	for (size_t b = 0; b < l->n_blocks; b++)
-		swappable[b] = !cand[b];
-	double cur = timed_dry_run(l, o, p->sched, p->n_sched, cand, p->slots, ts);
-	size_t k = o->mode == ARENA_MODE_TRAIN ? p->n_sched / 2 : p->n_sched;
-	while (cur >= 0) {
-		int64_t pick = -1, big = -1;
-		double best = 0;
-		for (size_t i = 0; i < k; i++) {
-			uint32_t b = p->sched[i];
-			uint64_t sz = l->blocks[b].bytes;
-			gain[b] = 0;
-			if (cand[b] || sz > *room)
-				continue;
-			if (big < 0 || sz > l->blocks[big].bytes)
-				big = b;
-			cand[b] = 1;
-			double t = timed_dry_run(l, o, p->sched, p->n_sched, cand, p->slots, ts);
-			cand[b] = 0;
-			if (t < 0)
-				return t;
-			gain[b] = cur - t > cur * 1e-9 && sz ? (cur - t) / (double)sz : 0;
-			best = gain[b] > best ? gain[b] : best;
-		}
-		if (big < 0)
-			break;
-		/* Among the blocks within 2% of the best gain per byte, the largest:
-		 * while the copies dominate every block saves the same per byte, and
-		 * a large block then leaves the small ones for the compute to hide. */
-		for (size_t i = 0; best > 0 && i < k; i++) {
-			uint32_t b = p->sched[i];
-			if (!cand[b] && l->blocks[b].bytes <= *room && gain[b] >= best * 0.98 &&
-			    (pick < 0 || l->blocks[b].bytes > l->blocks[pick].bytes))
-				pick = b;
-		}
-		if (pick < 0)
-			pick = big;
-		cand[pick] = 1;
-		*room -= l->blocks[pick].bytes;
-		cur = timed_dry_run(l, o, p->sched, p->n_sched, cand, p->slots, ts);
-	}
-	/* Then swaps: a resident block for a streamed one that fits in its place
-	 * and the room, the best that shortens the step, while one does (the
-	 * greedy's ties bunch residents; the compute hides copies better when
-	 * they are spread). Bounded: at most 4 x blocks swaps. */
-	for (size_t it = 0; cur >= 0 && it < 4 * k; it++) {
-		int64_t ra = -1, sb = -1;
-		double best_t = cur * (1 - 1e-6);
-		for (size_t i = 0; i < k; i++) {
-			uint32_t r = p->sched[i];
-			if (!cand[r] || !swappable[r])
-				continue;
-			for (size_t j = 0; j < k; j++) {
-				uint32_t q = p->sched[j];
-				if (cand[q] || l->blocks[q].bytes > l->blocks[r].bytes + *room)
-					continue;
-				cand[r] = 0;
-				cand[q] = 1;
-				double t = timed_dry_run(l, o, p->sched, p->n_sched, cand, p->slots, ts);
-				cand[q] = 0;
-				cand[r] = 1;
-				if (t >= 0 && t < best_t) {
-					best_t = t;
-					ra = r;
-					sb = q;
-				}
-			}
-		}
-		if (ra < 0)
-			break;
-		cand[ra] = 0;
-		cand[sb] = 1;
-		*room = *room + l->blocks[ra].bytes - l->blocks[sb].bytes;
-		cur = best_t;
-	}
-	return cur;
-}
-
-double arena_residency_plan_predict(const arena_layout *l, const arena_engine_opts *o, const arena_residency_plan *p)
-{
-	timed_scratch ts;
-	if (!have_profile(o) || !p->resident || timed_init(&ts, l->n_blocks, p->n_sched))
-		return -1;
-	double t = timed_dry_run(l, o, p->sched, p->n_sched, p->resident, p->slots, &ts);
-	timed_release(&ts);
-	return t;
-}
-
-
-int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o, uint64_t budget,
-			      arena_residency_plan *p)
-{
-	memset(p, 0, sizeof(*p));
-	int rc = 0;
-	size_t n = l->n_blocks, k = 0;
-	uint8_t *cand = NULL;
-	uint32_t *seq = NULL;
-	ring_state r = {0};
-	timed_scratch ts = {0};
-	int prof = have_profile(o);
-	if (o->mode != ARENA_MODE_SAMPLE && o->mode != ARENA_MODE_TRAIN)
-		return arena_errorf(ARENA_E_USAGE, "engine: mode %d is neither sample nor train", o->mode);
-	if (o->cost && !(o->h2d_bytes_per_s >= 0 && o->h2d_bytes_per_s < 1e15 && o->backward_factor >= 0 &&
-			 o->backward_factor < 1e6))
-		return arena_errorf(ARENA_E_USAGE, "engine: the profile's rate or backward factor is not a finite number >= 0");
-	for (size_t b = 0; o->cost && b < l->n_blocks; b++)
-		if (!(o->cost[b] >= 0 && o->cost[b] < 1e9))
-			return arena_errorf(ARENA_E_USAGE, "engine: the cost of block '%s' is not a finite number >= 0",
-					    l->blocks[b].name);
-	if (opt_depth(o) > MAX_DEPTH || o->keep_last > MAX_KEEP)
-		return arena_errorf(ARENA_E_USAGE, "engine: depth %u or keep_last %u over %u", opt_depth(o),
-				    o->keep_last, MAX_DEPTH);
-	for (size_t b = 0; b < n; b++)
-		k += !arena_block_is_globals(l, (uint32_t)b);
-	p->n_blocks = n;
-	p->n_sched = o->mode == ARENA_MODE_TRAIN ? 2 * k : k;
-	p->budget = budget;
-	p->depth = opt_depth(o);
-	p->slots = ring_slots(o);
-	p->resident = arena_calloc(n ? n : 1, 1);
-	p->sched = arena_calloc(p->n_sched ? p->n_sched : 1, sizeof(*p->sched));
-	cand = arena_calloc(n ? n : 1, 1);
-	seq = arena_calloc(p->n_sched ? p->n_sched : 1, sizeof(*seq));
-	int rok = ring_state_init(&r, n);
-	if (!rok && prof)
-		rok = timed_init(&ts, n, p->n_sched);
-	if (!p->resident || !p->sched || !cand || !seq || rok) {
-		rc = arena_errorf(ARENA_E_NOMEM, "engine: out of memory for a plan");
-		goto out;
-	}
-	size_t j = 0;
-	uint64_t all = 0;
-	for (size_t b = 0; b < n; b++) {
-		uint64_t sz = l->blocks[b].bytes;
-		if (arena_block_is_globals(l, (uint32_t)b)) {
-			p->resident[b] = 1;
-			p->globals_bytes += sz;
-			continue;
-		}
-		p->sched[j++] = (uint32_t)b;
-		all += sz;
-	}
-	for (size_t i = 0; i < k && p->n_sched == 2 * k; i++)
-		p->sched[k + i] = p->sched[k - 1 - i];
-	if (p->globals_bytes + all <= budget) {
-		for (size_t b = 0; b < n; b++)
-			p->resident[b] = 1;
-		p->min_need_bytes = p->globals_bytes + all;
-		plan_derive(l, p, seq, &r);
-		if (prof)
-			p->step_s = timed_dry_run(l, o, p->sched, p->n_sched, p->resident, p->slots, &ts);
-		goto out;
-	}
-	/* Each distinct block size is a candidate slot size; largest first. */
-	uint64_t best_res = 0, S = UINT64_MAX;
-	double best_t = 0;
-	int have = 0;
-	for (;;) {
-		uint64_t next = 0;
-		for (size_t i = 0; i < k; i++) {
-			uint64_t sz = l->blocks[p->sched[i]].bytes;
-			if (sz < S && sz > next)
-				next = sz;
-		}
-		if (!next)
-			break;
-		S = next;
-		uint64_t need = p->globals_bytes + (uint64_t)p->slots * S, elig = 0;
-		for (size_t b = 0; b < n; b++) {
-			cand[b] = arena_block_is_globals(l, (uint32_t)b) || l->blocks[b].bytes > S;
-			if (arena_block_is_globals(l, (uint32_t)b))
-				continue;
-			if (l->blocks[b].bytes > S)
-				need += l->blocks[b].bytes;
-			else
-				elig += l->blocks[b].bytes;
-		}
-		if (!p->min_need_bytes || need < p->min_need_bytes)
-			p->min_need_bytes = need;
-		if (need > budget)
-			continue;
-		uint64_t room = budget - need;
-		double t_cand = 0;
-		if (prof) {
-			t_cand = greedy_timed(l, o, p, cand, &room, ts.gain, &ts);
-			if (t_cand < 0) {
-				rc = arena_errorf(ARENA_E_INTERNAL, "engine: the timed dry run could not place a block");
-				goto out;
-			}
-			goto chosen;
-		}
-		double f = elig ? (double)room / (double)elig : 0, acc = 0;
-		f = f > 1 ? 1 : f;
-		/* Spread: error diffusion over the forward order. */
-		for (size_t i = 0; i < k; i++) {
-			uint32_t b = p->sched[i];
-			uint64_t sz = l->blocks[b].bytes;
-			if (cand[b])
-				continue;
-			acc += f * (double)sz;
-			if (acc + 0.5 >= (double)sz && sz <= room) {
-				cand[b] = 1;
-				room -= sz;
-				acc -= (double)sz;
-			}
-		}
-		/* Fill what is left, largest first. */
-		for (;;) {
-			int64_t pick = -1;
-			for (size_t i = 0; i < k; i++) {
-				uint32_t b = p->sched[i];
-				if (!cand[b] && l->blocks[b].bytes <= room &&
-				    (pick < 0 || l->blocks[b].bytes > l->blocks[pick].bytes))
-					pick = b;
-			}
-			if (pick < 0)
-				break;
-			cand[pick] = 1;
-			room -= l->blocks[pick].bytes;
-		}
-	chosen:;
-		uint64_t res = budget - room;
-		/* Without a profile the most resident bytes win; with one the
-		 * shortest predicted step (ties: the most resident bytes). */
-		int better = !have || (prof ? t_cand < best_t * (1 - 1e-9) || (t_cand <= best_t * (1 + 1e-9) && res > best_res)
-					   : res > best_res);
-		if (better) {
-			have = 1;
-			best_res = res;
-			best_t = t_cand;
-			memcpy(p->resident, cand, n);
-		}
-	}
-	if (!have) {
-		rc = arena_errorf(ARENA_E(BUDGET),
-				  "the smallest plan needs %s for weights (globals %s + a ring of %u slots + the blocks "
-				  "larger than a slot), the budget for weights is %s",
-				  fmtb(p->min_need_bytes), fmtb(p->globals_bytes), p->slots, fmtb(budget));
-		goto out;
-	}
-	plan_derive(l, p, seq, &r);
-	if (prof)
-		p->step_s = timed_dry_run(l, o, p->sched, p->n_sched, p->resident, p->slots, &ts);
-out:
-	arena_free(cand);
-	arena_free(seq);
-	ring_state_release(&r);
-	timed_release(&ts);
-	if (rc) {
-		uint64_t min_need = p->min_need_bytes;
-		arena_residency_plan_release(p);
-		p->min_need_bytes = min_need; /* for the caller's message */
-	}
-	return rc;
 }
 
 /* --- engine ------------------------------------------------------------------- */
@@ -657,16 +31,16 @@ struct arena_engine {
 	int state, failed_rc;
 	arena_stream *cs; /* copy stream */
 	/* ring: one buffer of n_slots x slot_bytes when something is streamed */
-	unsigned n_slots;    /* ring_slots(o) */
+	unsigned n_slots;    /* arena__ring_slots(o) */
 	void *ring_dptr;
 	uint64_t slot_bytes; /* of the allocated ring; 0 none */
-	ring_state ring;     /* what it holds */
+	arena__ring ring;     /* what it holds */
 	/* streamed schedule of the step */
 	uint32_t *seq;
 	size_t n_seq, cur, fetched;
 	uint8_t *copied;
-	ring_state scratch; /* for plan_derive */
-	timed_scratch tscr; /* for engine_predict */
+	arena__ring scratch; /* for arena__plan_derive */
+	arena__timed tscr; /* for engine_predict */
 	size_t *held;       /* entries acquired and not released, oldest first */
 	size_t n_held;
 	/* per block */
@@ -713,14 +87,14 @@ static uint64_t dev_used(const arena_engine *e)
 /* The same with the engine's own scratch (no allocation). */
 static double engine_predict(arena_engine *e)
 {
-	if (!have_profile(&e->o))
+	if (!arena__have_profile(&e->o))
 		return -1;
-	return timed_dry_run(e->l, &e->o, e->plan.sched, e->plan.n_sched, e->plan.resident, e->plan.slots, &e->tscr);
+	return arena__timed_run(e->l, &e->o, e->plan.sched, e->plan.n_sched, e->plan.resident, e->plan.slots, &e->tscr);
 }
 
 static void refresh(arena_engine *e)
 {
-	plan_derive(e->l, &e->plan, e->seq, &e->scratch);
+	arena__plan_derive(e->l, &e->plan, e->seq, &e->scratch);
 	/* the predicted step by the profile (given or learned); 0 without one */
 	double t = engine_predict(e);
 	e->plan.step_s = t > 0 ? t : 0;
@@ -746,7 +120,7 @@ static int ring_free(arena_engine *e)
 	if (e->ring_dptr)
 		be->ops->dev_free(be, e->ring_dptr);
 	e->ring_dptr = NULL;
-	ring_reset(&e->ring, e->l->n_blocks, 0);
+	arena__ring_reset(&e->ring, e->l->n_blocks, 0);
 	e->slot_bytes = 0;
 	return rc;
 }
@@ -761,7 +135,7 @@ static int ring_alloc(arena_engine *e, uint64_t bytes)
 		return rc;
 	if ((rc = e->be->ops->dev_alloc(e->be, (uint64_t)e->n_slots * bytes, &e->ring_dptr)))
 		return rc;
-	ring_reset(&e->ring, e->l->n_blocks, (uint64_t)e->n_slots * bytes);
+	arena__ring_reset(&e->ring, e->l->n_blocks, (uint64_t)e->n_slots * bytes);
 	e->slot_bytes = bytes;
 	return 0;
 }
@@ -971,10 +345,10 @@ static int fetch_one(arena_engine *e, size_t j)
 	uint32_t b = e->seq[j];
 	uint64_t at, sz = e->l->blocks[b].bytes;
 	int reuse, rc;
-	if (ring_place(&e->ring, e->l, b, &at, &reuse))
+	if (arena__ring_place(&e->ring, e->l, b, &at, &reuse))
 		return 1;
 	if (!reuse) {
-		if ((rc = ring_take(&e->ring, e->l, b, at, evict_wait, e)) ||
+		if ((rc = arena__ring_take(&e->ring, e->l, b, at, evict_wait, e)) ||
 		    (e->timed && sz && (rc = be->ops->event_record(be, e->tc[b], e->cs))) ||
 		    (sz && (rc = be->ops->copy_h2d(be, (uint8_t *)e->ring_dptr + at, e->m->mem[b].host, sz, e->cs))) ||
 		    (rc = be->ops->event_record(be, e->ev_fill[b], e->cs)))
@@ -1051,9 +425,9 @@ void arena_engine_free(arena_engine *e)
 	arena_free(e->lcost);
 	if (e->cs)
 		be->ops->stream_destroy(be, e->cs);
-	ring_state_release(&e->ring);
-	ring_state_release(&e->scratch);
-	timed_release(&e->tscr);
+	arena__ring_release(&e->ring);
+	arena__ring_release(&e->scratch);
+	arena__timed_release(&e->tscr);
 	arena_free(e->watch_t);
 	arena_free(e->seq);
 	arena_free(e->copied);
@@ -1104,8 +478,8 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 			arena_errorf(rc,
 				     "%s: does not fit: %s; with a working reserve of %s and headroom of %s it needs %s of "
 				     "device memory, %s is available%s",
-				     be->ops->name, msg, fmtb(reserve), fmtb(headroom),
-				     fmtb(e->plan.min_need_bytes + reserve + headroom), fmtb(avail),
+				     be->ops->name, msg, arena__fmtb(reserve), arena__fmtb(headroom),
+				     arena__fmtb(e->plan.min_need_bytes + reserve + headroom), arena__fmtb(avail),
 				     o->cap ? " under the cap" : "");
 		}
 		goto fail;
@@ -1113,10 +487,10 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	e->plan.headroom = headroom;
 	e->plan.reserve = reserve;
 	size_t n = l->n_blocks, ns = e->plan.n_sched ? e->plan.n_sched : 1;
-	e->n_slots = ring_slots(o);
-	int rr = ring_state_init(&e->ring, n), rs = ring_state_init(&e->scratch, n);
+	e->n_slots = arena__ring_slots(o);
+	int rr = arena__ring_init(&e->ring, n), rs = arena__ring_init(&e->scratch, n);
 	if (!rs)
-		rs = timed_init(&e->tscr, n, ns);
+		rs = arena__timed_init(&e->tscr, n, ns);
 	e->watch_t = arena_calloc(n ? n : 1, sizeof(*e->watch_t));
 	e->seq = arena_calloc(ns, sizeof(*e->seq));
 	e->copied = arena_calloc(ns, 1);
@@ -1289,7 +663,7 @@ int arena_engine_acquire(arena_engine *e, uint32_t block, arena_stream *stream, 
 		if (rc > 0)
 			return arena_errorf(ARENA_E_USAGE,
 					    "engine: %zu blocks held; the ring (%u x %s) has no room for block '%s'",
-					    e->n_held, e->n_slots, fmtb(e->slot_bytes), e->l->blocks[block].name);
+					    e->n_held, e->n_slots, arena__fmtb(e->slot_bytes), e->l->blocks[block].name);
 		e->fetched++;
 	}
 	size_t j = e->cur;
@@ -1415,7 +789,7 @@ static int adapt(arena_engine *e)
 		if (e->o.strict)
 			return arena_errorf(ARENA_E(BUDGET),
 					    "engine: the budget for weights fell to %s (%s free): %s; nothing left to demote",
-					    fmtb(budget), fmtb(free_b), arena_last_error());
+					    arena__fmtb(budget), arena__fmtb(free_b), arena_last_error());
 		arena_error_clear();
 		rc = arena_residency_plan_make(e->l, &e->o, t.min_need_bytes, &t); /* the smallest plan */
 	}
@@ -1440,7 +814,7 @@ static int adapt(arena_engine *e)
 			rc = arena_errorf(ARENA_E(BUDGET),
 					  "engine: %s of device memory needed, over the budget of %s (%s free), and "
 					  "nothing left to demote",
-					  fmtb(dev_used(e)), fmtb(budget), fmtb(free_b));
+					  arena__fmtb(dev_used(e)), arena__fmtb(budget), arena__fmtb(free_b));
 	}
 	return rc;
 }

@@ -1,0 +1,70 @@
+/* residency_int.h - what the planner (residency.c) and the engine
+ * (engine.c) share inside arena: the ring's state and rules, the timed dry
+ * run, plan derivation. Not installed; see engine.h for what they do. */
+#ifndef ARENA_RESIDENCY_INT_H
+#define ARENA_RESIDENCY_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+
+#define ARENA__MAX_DEPTH 64u
+#define ARENA__MAX_KEEP 64u
+
+/* "12.34 GiB" into one of 4 rotating buffers (per thread). */
+const char *arena__fmtb(uint64_t n);
+/* Slots of the ring for o: depth + 1 (+ keep_last in train). */
+unsigned arena__ring_slots(const arena_engine_opts *o);
+/* o carries a compute profile the planner can use (cost and a rate). */
+int arena__have_profile(const arena_engine_opts *o);
+
+/* The ring: one device buffer of `bytes` holding streamed blocks placed
+ * first in, first out (engine.h, "The ring"). Per block (arrays of the
+ * layout's size): present, off, pending; `order` lists the present blocks,
+ * oldest first. */
+typedef struct arena__ring {
+	uint64_t bytes, head;
+	uint8_t *present;
+	uint64_t *off;
+	unsigned *pending;
+	uint32_t *order;
+	size_t n_order;
+} arena__ring;
+
+/* 0, or -1 (nothing allocated) when out of memory. */
+int arena__ring_init(arena__ring *r, size_t n);
+void arena__ring_release(arena__ring *r);
+void arena__ring_reset(arena__ring *r, size_t n, uint64_t bytes);
+/* Where block b would go: 0 with *at (*reuse = 1 if it is in the ring
+ * already), or 1 when it cannot go now (a block it would overwrite is
+ * pending, or it is larger than the ring). */
+int arena__ring_place(const arena__ring *r, const arena_layout *l, uint32_t b, uint64_t *at, int *reuse);
+/* Put block b at `at` (from arena__ring_place): the blocks it overlaps leave
+ * the ring, each passed to evict(ctx, q) first; the first error of evict is
+ * returned, the ring's state is updated either way. */
+int arena__ring_take(arena__ring *r, const arena_layout *l, uint32_t b, uint64_t at, int (*evict)(void *, uint32_t),
+		     void *ctx);
+
+/* Scratch of the timed dry run (arrays sized at init). */
+typedef struct arena__timed {
+	arena__ring r;
+	double *fill_t, *rel_t; /* per block: its copy is done, its last release */
+	double *gain;           /* per block: the greedy's gain per byte */
+	uint8_t *swappable;     /* per block: chosen by the greedy, may be swapped */
+	uint32_t *seq;          /* the streamed entries' blocks */
+} arena__timed;
+
+int arena__timed_init(arena__timed *t, size_t n, size_t n_sched);
+void arena__timed_release(arena__timed *t);
+/* Predicted seconds of a steady step of `sched` with the blocks in `res`
+ * resident under o's profile; negative when a block cannot be placed. */
+double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const uint32_t *sched, size_t n_sched,
+			const uint8_t *res, unsigned slots, arena__timed *t);
+
+/* Recompute a plan's derived fields from p->resident (p->sched, slots and
+ * depth set). `seq` (n_sched entries) and `r` (of the layout's blocks) are
+ * scratch. */
+void arena__plan_derive(const arena_layout *l, arena_residency_plan *p, uint32_t *seq, arena__ring *r);
+
+#endif
