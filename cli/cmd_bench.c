@@ -438,6 +438,8 @@ int cmd_bench(int argc, char **argv)
 	double h2d = 0;
 	be->ops->mem_info(be, &fr, &tot);
 	pbytes = fr / 4 < (256ull << 20) ? fr / 4 / 4096 * 4096 : (256ull << 20); /* the probe takes it twice */
+	if (!cuda && pbytes > bw / 20) /* sim: a pass of at most ~50 ms at the modelled rate */
+		pbytes = bw / 20 < 4096 ? 4096 : (uint64_t)(bw / 20) / 4096 * 4096;
 	if (!pbytes || arena_probe_h2d(be, &budget, pbytes, 0.2, &h2d) || arena_probe_h2d(be, &budget, pbytes, 0.5, &h2d) ||
 	    !(h2d > 0)) {
 		char why[512];
