@@ -76,11 +76,17 @@ typedef struct arena_backend_ops {
 
 struct arena_backend {
 	const arena_backend_ops *ops;
+	/* Device allocations are rounded up to a multiple of this (what free
+	 * memory loses beyond the bytes asked for): the engine counts it as its
+	 * own use, not as another program's. cuda: 2 MiB; sim: its option. */
+	uint64_t alloc_granularity;
 };
 
 typedef struct arena_sim_opts {
 	uint64_t capacity;       /* device bytes (default 8 GiB) */
 	double h2d_bytes_per_s;  /* modelled copy rate; 0 = as fast as memcpy */
+	uint64_t alloc_granularity; /* allocations count rounded up to this (a power of
+				     * two; default and at least 256) */
 } arena_sim_opts;
 
 /* The simulator. */

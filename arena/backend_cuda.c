@@ -306,6 +306,7 @@ int arena_backend_cuda_create(int device, arena_backend **out)
 		rc = arena_errorf(ARENA_E_NOMEM, "cuda: out of memory");
 	} else {
 		b->base.ops = &cuda_ops;
+		b->base.alloc_granularity = 2ull << 20; /* cudaMalloc rounds large allocations to 2 MiB */
 		b->device = device;
 		*out = &b->base;
 	}

@@ -4,7 +4,8 @@
  * The model:
  *   - Device memory: 256-byte aligned host buffers counted against the
  *     capacity; free = capacity - allocated - pressure (pressure stands for
- *     another program's VRAM). Sizes are counted rounded up to 256 bytes.
+ *     another program's VRAM). Sizes are counted rounded up to the
+ *     granularity (256 bytes unless the options say more; cuda's is 2 MiB).
  *   - Streams: a FIFO of ops (copy, wait for an event, modelled compute) that
  *     the stream's own worker thread runs in order. The ops queued on a stream
  *     get sequence numbers 1, 2, ...; `done` is the number of the last one
@@ -269,7 +270,8 @@ static int sim_dev_alloc(arena_backend *base, uint64_t bytes, void **dptr)
 	*dptr = NULL;
 	if (!bytes)
 		return arena_errorf(ARENA_E_USAGE, "sim: cannot allocate 0 bytes");
-	uint64_t size = bytes > UINT64_MAX - SIM_ALIGN ? UINT64_MAX : (bytes + SIM_ALIGN - 1) & ~(uint64_t)(SIM_ALIGN - 1);
+	uint64_t g = b->base.alloc_granularity; /* a power of two >= SIM_ALIGN */
+	uint64_t size = bytes > UINT64_MAX - g ? UINT64_MAX : (bytes + g - 1) & ~(g - 1);
 	pthread_mutex_lock(&b->mu);
 	uint64_t avail = b->capacity - b->allocated - b->pressure;
 	if (size > avail)
@@ -675,6 +677,10 @@ int arena_backend_sim_create(const arena_sim_opts *o, arena_backend **out)
 	double rate = o ? o->h2d_bytes_per_s : 0;
 	if (!(rate >= 0) || isinf(rate))
 		return arena_errorf(ARENA_E_USAGE, "sim: h2d_bytes_per_s must be a finite number >= 0, not %g", rate);
+	uint64_t gran = o && o->alloc_granularity ? o->alloc_granularity : SIM_ALIGN;
+	if (gran < SIM_ALIGN || (gran & (gran - 1)) || gran > (1ull << 30))
+		return arena_errorf(ARENA_E_USAGE, "sim: alloc_granularity %llu is not a power of two from 256 to 1 GiB",
+				    (unsigned long long)gran);
 	sim_backend *b = arena_calloc(1, sizeof(*b));
 	if (!b)
 		return arena_errorf(ARENA_E_NOMEM, "sim: out of memory");
@@ -693,6 +699,7 @@ int arena_backend_sim_create(const arena_sim_opts *o, arena_backend **out)
 		return arena_syserrorf(ARENA_E_NOMEM, err, "sim: cannot create the backend");
 	}
 	b->base.ops = &sim_ops;
+	b->base.alloc_granularity = gran;
 	b->capacity = capacity;
 	b->rate = rate;
 	*out = &b->base;

@@ -79,6 +79,28 @@ static int fail_engine(arena_engine *e, int rc)
 	return rc;
 }
 
+/* What rounding device allocations to the backend's granularity adds to
+ * `bytes` (0 for none). */
+static uint64_t gran_loss(const arena_backend *be, uint64_t bytes)
+{
+	uint64_t g = be->alloc_granularity;
+	return g > 1 && bytes % g ? g - bytes % g : 0;
+}
+
+/* The rounding of every device allocation of the model's blocks (and of the
+ * ring when e is not NULL): memory that free does not show and that is ours,
+ * not another program's. */
+static uint64_t own_rounding(const arena_model *m, const arena_engine *e)
+{
+	uint64_t r = 0;
+	for (size_t b = 0; b < m->layout->n_blocks; b++)
+		if (m->mem[b].dev)
+			r += gran_loss(m->backend, m->layout->blocks[b].bytes);
+	if (e && e->ring_dptr)
+		r += gran_loss(m->backend, (uint64_t)e->n_slots * e->slot_bytes);
+	return r;
+}
+
 static uint64_t dev_used(const arena_engine *e)
 {
 	return e->plan.resident_bytes + (uint64_t)(e->plan.n_streamed ? e->n_slots : 0) * e->plan.slot_bytes;
@@ -450,7 +472,7 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	int rc = be->ops->mem_info(be, &free_b, &total);
 	if (rc)
 		return rc;
-	arena_residency_budget(total, free_b + m->dev_bytes, o, &budget, &headroom, &reserve);
+	arena_residency_budget(total, free_b + m->dev_bytes + own_rounding(m, NULL), o, &budget, &headroom, &reserve);
 	arena_engine *e = arena_calloc(1, sizeof(*e));
 	if (!e)
 		return arena_errorf(ARENA_E_NOMEM, "engine: out of memory");
@@ -472,7 +494,7 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 		if (rc == ARENA_E(BUDGET)) {
 			char msg[1024];
 			snprintf(msg, sizeof(msg), "%s", arena_last_error());
-			uint64_t avail = free_b + m->dev_bytes;
+			uint64_t avail = free_b + m->dev_bytes + own_rounding(m, NULL);
 			if (o->cap && o->cap < avail)
 				avail = o->cap;
 			arena_errorf(rc,
@@ -781,7 +803,7 @@ static int adapt(arena_engine *e)
 	if (rc)
 		return rc;
 	uint64_t used = dev_used(e);
-	arena_residency_budget(total, free_b + used, &e->o, &budget, &h, &w);
+	arena_residency_budget(total, free_b + used + own_rounding(e->m, e), &e->o, &budget, &h, &w);
 	e->rec.budget = budget;
 	e->rec.free_bytes = free_b;
 	rc = arena_residency_plan_make(e->l, &e->o, budget, &t);

@@ -243,7 +243,7 @@ static int fake_mem_info(arena_backend *b, uint64_t *f, uint64_t *t)
 Test(backend_sim, sim_only_calls_refuse_other_backends)
 {
 	static const arena_backend_ops fake_ops = {.name = "fake", .mem_info = fake_mem_info};
-	arena_backend fake = {&fake_ops};
+	arena_backend fake = {&fake_ops, 0};
 	cr_assert_eq(arena_backend_sim_pressure(&fake, 0), ARENA_E_USAGE);
 	cr_assert_eq(arena_backend_sim_compute(&fake, NULL, 0), ARENA_E_USAGE);
 	cr_assert_eq(arena_backend_sim_pressure(NULL, 0), ARENA_E_USAGE);
@@ -264,6 +264,21 @@ Test(backend_sim, options)
 	cr_assert_null(b);
 	o.h2d_bytes_per_s = 1.0 / 0.0;
 	cr_assert_eq(arena_backend_sim_create(&o, &b), ARENA_E_USAGE);
+	/* Allocation granularity: a power of two from 256; sizes count rounded up to it. */
+	o.h2d_bytes_per_s = 0;
+	o.alloc_granularity = 300;
+	cr_assert_eq(arena_backend_sim_create(&o, &b), ARENA_E_USAGE);
+	o.alloc_granularity = 128;
+	cr_assert_eq(arena_backend_sim_create(&o, &b), ARENA_E_USAGE);
+	o.alloc_granularity = 4096;
+	cr_assert_eq(arena_backend_sim_create(&o, &b), 0, "%s", arena_last_error());
+	cr_assert_eq(b->alloc_granularity, 4096);
+	void *d;
+	cr_assert_eq(b->ops->dev_alloc(b, 1, &d), 0);
+	cr_assert_eq(b->ops->mem_info(b, &f, &t), 0);
+	cr_assert_eq(t - f, 4096, "1 byte takes a granule");
+	b->ops->dev_free(b, d);
+	arena_backend_destroy(b);
 	arena_backend_destroy(NULL);
 }
 
