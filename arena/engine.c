@@ -886,6 +886,8 @@ static int learn(arena_engine *e)
 		e->rec.profile_learned = 1;
 		e->room_steps = 0;
 		rc = apply(e, t.resident);
+	} else if (now_t > 0) {
+		e->plan.step_s = now_t; /* the plan stays; the profile predicts it now */
 	}
 	arena_residency_plan_release(&t);
 	return rc;

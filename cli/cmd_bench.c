@@ -622,7 +622,8 @@ int cmd_bench(int argc, char **argv)
 			printf("plan by the compute profile (%s): predicted %.4f s per step\n",
 			       profile == 2 ? "learned" : cuda ? "measured" : "modelled", p->step_s);
 		else
-			printf("plan by bytes (no compute profile%s)\n", profile == 2 ? " learned yet" : "");
+			printf("plan by bytes (%s)\n", profile == 2 ? "no compute profile learned: nothing streamed, or too few steps"
+								  : "no compute profile");
 		printf("%5s %9s %9s %9s %6s %12s %12s %6s %9s %4s %4s\n", "step", "time_s", "compute", "bound", "eff",
 		       "streamed", "resident", "stalls", "gpu_wait", "dem", "pro");
 		for (long st = 0; st < steps; st++) {

@@ -1,8 +1,9 @@
 #!/bin/sh
 # demo.sh - the main job on a bundled example: synth a small Flux-shaped
 # checkpoint, convert it to an arena image, verify it, inspect it, and export
-# it back to safetensors (identical bytes), and load it into device memory
-# (the GPU when one is usable, else the low-VRAM simulator).
+# it back to safetensors (identical bytes), load it into device memory (the
+# GPU when one is usable, else the low-VRAM simulator), and run it streamed
+# on a simulated device smaller than the model.
 # usage: sh scripts/demo.sh BUILD
 set -eu
 B=${1:-build}
@@ -17,6 +18,11 @@ step "$A" verify "$D/flux-tiny.arena"
 printf '\n\033[1m$ %s\033[0m\n' "$A inspect $D/flux-tiny.arena | head -22"
 head -22 "$D/inspect.txt"
 step "$A" load "$D/flux-tiny.arena" --check --no-probe
+# Run it on a device with less memory than the model: the residency engine
+# streams blocks through a ring (on the simulator, slowed to a 20 MB/s link
+# and a 100 GFLOP/s device so that copies and compute are of a size).
+step "$A" plan "$D/flux-tiny.arena" --vram 400K
+step "$A" bench stream "$D/flux-tiny.arena" --vram-cap 400K --sim-capacity 1G --sim-bandwidth 2e7 --flops 1e11 --steps 6
 step "$A" export "$D/flux-tiny.arena" -o "$D/flux-tiny.roundtrip.safetensors"
 step cmp "$D/flux-tiny.safetensors" "$D/flux-tiny.roundtrip.safetensors"
 echo "demo: the round trip is byte-identical; files are in $D/"
