@@ -5,20 +5,12 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "../common/alloc.h"
 #include "../common/err.h"
 #include "residency_int.h"
 
 enum { ST_IDLE, ST_STEP, ST_FAILED };
-
-static double now_s(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 /* --- engine ------------------------------------------------------------------- */
 
@@ -47,7 +39,6 @@ struct arena_engine {
 	arena_event **ev_use;  /* its last release (resident or in the ring) */
 	arena_event **ev_fill; /* the copy that put it where it is */
 	unsigned *res_held;
-	double *watch_t; /* a stalled acquire waits on its copy since; 0 none */
 	double *cost;    /* the engine's copy of o->cost (o.cost points at it) */
 	/* device timing (be can time): per step parity, block, occurrence (2:
 	 * forward, backward) the events ready (before the wait), start, end */
@@ -137,7 +128,6 @@ static int ring_free(arena_engine *e)
 		uint32_t q = e->ring.order[i];
 		if (!rc)
 			rc = be->ops->event_sync(be, e->ev_use[q]);
-		e->watch_t[q] = 0;
 	}
 	if (e->ring_dptr)
 		be->ops->dev_free(be, e->ring_dptr);
@@ -331,8 +321,8 @@ static int harvest(arena_engine *e, unsigned par)
 	arena_engine_step *r = &e->hist[e->tm_step[par] % ARENA_ENGINE_HISTORY];
 	if (e->tm_step[par] < e->steps && r->step == e->tm_step[par]) {
 		r->gpu_timed = 1;
-		r->gpu_stalls = stalls;
-		r->gpu_stall_s = stall_s;
+		r->stalls = stalls;
+		r->stall_s = stall_s;
 		r->compute_s = comp;
 	}
 	/* copies: each block's last ring copy, if done */
@@ -356,7 +346,6 @@ static int harvest(arena_engine *e, unsigned par)
 static int evict_wait(void *ctx, uint32_t q)
 {
 	arena_engine *e = ctx;
-	e->watch_t[q] = 0;
 	return e->be->ops->stream_wait(e->be, e->cs, e->ev_use[q]);
 }
 
@@ -397,30 +386,12 @@ static int prefetch(arena_engine *e)
 	return 0;
 }
 
-/* Account stalled acquires whose copies are done (sync: wait for them). */
-static int poll_stalls(arena_engine *e, int sync)
-{
-	for (size_t i = 0; i < e->ring.n_order; i++) {
-		uint32_t q = e->ring.order[i];
-		if (!e->watch_t[q])
-			continue;
-		int r = sync ? e->be->ops->event_sync(e->be, e->ev_fill[q]) == 0 : e->be->ops->event_query(e->be, e->ev_fill[q]);
-		if (r < 0)
-			return r;
-		if (r > 0) {
-			e->rec.stall_s += now_s() - e->watch_t[q];
-			e->watch_t[q] = 0;
-		}
-	}
-	return 0;
-}
-
 void arena_engine_free(arena_engine *e)
 {
 	if (!e)
 		return;
 	arena_backend *be = e->be;
-	if (e->ring.present && e->watch_t)
+	if (e->ring.present)
 		ring_free(e);
 	if (e->cs)
 		be->ops->stream_sync(be, e->cs);
@@ -450,7 +421,6 @@ void arena_engine_free(arena_engine *e)
 	arena__ring_release(&e->ring);
 	arena__ring_release(&e->scratch);
 	arena__timed_release(&e->tscr);
-	arena_free(e->watch_t);
 	arena_free(e->seq);
 	arena_free(e->copied);
 	arena_free(e->held);
@@ -513,7 +483,6 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	int rr = arena__ring_init(&e->ring, n), rs = arena__ring_init(&e->scratch, n);
 	if (!rs)
 		rs = arena__timed_init(&e->tscr, n, ns);
-	e->watch_t = arena_calloc(n ? n : 1, sizeof(*e->watch_t));
 	e->seq = arena_calloc(ns, sizeof(*e->seq));
 	e->copied = arena_calloc(ns, 1);
 	e->held = arena_calloc(ns, sizeof(*e->held));
@@ -521,7 +490,7 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	e->ev_fill = arena_calloc(n ? n : 1, sizeof(*e->ev_fill));
 	e->res_held = arena_calloc(n ? n : 1, sizeof(*e->res_held));
 	e->hist = arena_calloc(ARENA_ENGINE_HISTORY, sizeof(*e->hist));
-	if (rr || rs || !e->watch_t || !e->seq || !e->copied || !e->held ||
+	if (rr || rs || !e->seq || !e->copied || !e->held ||
 	    !e->ev_use || !e->ev_fill || !e->res_held || !e->hist) {
 		rc = arena_errorf(ARENA_E_NOMEM, "engine: out of memory");
 		goto fail;
@@ -692,14 +661,6 @@ int arena_engine_acquire(arena_engine *e, uint32_t block, arena_stream *stream, 
 	if ((rc = time_ready(e, block, stream, &ts)) || (rc = be->ops->stream_wait(be, stream, e->ev_fill[block])) ||
 	    (rc = time_start(e, ts, stream)))
 		return fail_engine(e, rc);
-	int q = be->ops->event_query(be, e->ev_fill[block]);
-	if (q < 0)
-		return fail_engine(e, q);
-	if (!q) {
-		e->rec.stalls++;
-		if (!e->watch_t[block])
-			e->watch_t[block] = now_s();
-	}
 	if (e->copied[j]) {
 		e->rec.streamed_bytes += e->l->blocks[block].bytes;
 		e->rec.copies++;
@@ -707,7 +668,7 @@ int arena_engine_acquire(arena_engine *e, uint32_t block, arena_stream *stream, 
 	e->held[e->n_held++] = j;
 	e->cur++;
 	*dptr = (uint8_t *)e->ring_dptr + e->ring.off[block];
-	if ((rc = poll_stalls(e, 0)) || (rc = prefetch(e)))
+	if ((rc = prefetch(e)))
 		return fail_engine(e, rc);
 	return 0;
 }
@@ -740,7 +701,7 @@ int arena_engine_release(arena_engine *e, uint32_t block, arena_stream *stream)
 	if ((rc = time_end(e, block, stream)) || (rc = be->ops->event_record(be, e->ev_use[block], stream)))
 		return fail_engine(e, rc);
 	e->ring.pending[block]--;
-	if ((rc = poll_stalls(e, 0)) || (rc = prefetch(e)))
+	if ((rc = prefetch(e)))
 		return fail_engine(e, rc);
 	return 0;
 }
@@ -909,8 +870,6 @@ int arena_engine_step_end(arena_engine *e)
 	if (e->cur != e->n_seq)
 		return arena_errorf(ARENA_E_USAGE, "engine: step_end after %zu of %zu streamed blocks", e->cur,
 				    e->n_seq);
-	if ((rc = poll_stalls(e, 1)))
-		return fail_engine(e, rc);
 	rc = adapt(e);
 	if (!rc)
 		rc = learn(e);

@@ -188,16 +188,15 @@ typedef struct arena_engine_step {
 	uint64_t streamed_bytes; /* copied into the ring for this step's entries */
 	uint64_t copies;
 	uint64_t promoted_bytes; /* copied to the device by promotions */
-	unsigned stalls;         /* acquires whose copy was not yet done when the host asked */
-	double stall_s;          /* host seconds from those acquires until their copies were seen done */
-	/* Measured on the device (backends that can time): filled in once the
-	 * step's work is done (at a later step_end, or when the record is read
-	 * after a sync); gpu_timed 0 until then. gpu_stalls counts acquires where
-	 * the caller's stream waited for a copy, gpu_stall_s the time it waited,
-	 * compute_s the time between acquires and releases of scheduled blocks. */
+	/* Measured on the device (backends that can time), filled in once the
+	 * step's work is done (at a later step_end, or by arena_engine_collect
+	 * after a sync); gpu_timed is 0 until then and on backends that cannot
+	 * time. stalls counts acquires where the caller's stream waited for a
+	 * copy, stall_s the time it waited, compute_s the time between acquires
+	 * and releases of scheduled blocks. */
 	int gpu_timed;
-	unsigned gpu_stalls;
-	double gpu_stall_s, compute_s;
+	unsigned stalls;
+	double stall_s, compute_s;
 	int profile_learned;     /* the plan was changed this step by the learned profile */
 	unsigned demotions, promotions, alloc_retries;
 	int over_budget;         /* nothing left to demote and still over */

@@ -43,7 +43,7 @@ st = d["steps"]
 dem = [x["step"] for x in st if x["demotions"]]
 pro = [x["step"] for x in st if x["promotions"]]
 learned = [x["step"] for x in st if x.get("profile_learned")]
-gst = sum(x.get("gpu_stall_s", 0) for x in st[s.get("steady_from", 1):]) / max(1, len(st) - s.get("steady_from", 1))
+gst = sum(x.get("stall_s", 0) for x in st[s.get("steady_from", 1):]) / max(1, len(st) - s.get("steady_from", 1))
 print("%-8s steady from %d: learned@%s  gpu stall %.4f s/step" % (name, s.get("steady_from", 1), learned, gst))
 print("%-8s step %.4f s  bound %.4f s  eff %.3f  all-resident %.4f s (x%.3f)  compute=%s  h2d %.1f GB/s"
       "  pinned %.1f GiB  stalls %d  demoted@%s promoted@%s  over_budget %d  pressure GiB %s"

@@ -585,8 +585,6 @@ int cmd_bench(int argc, char **argv)
 					       (json_int_t)out[st].pressure_bytes));
 			json_t *last = json_array_get(arr, json_array_size(arr) - 1);
 			json_object_set_new(last, "gpu_timed", json_boolean(r->gpu_timed));
-			json_object_set_new(last, "gpu_stalls", json_integer(r->gpu_stalls));
-			json_object_set_new(last, "gpu_stall_s", json_real(r->gpu_stall_s));
 			json_object_set_new(last, "gpu_compute_s", json_real(r->compute_s));
 			json_object_set_new(last, "profile_learned", json_boolean(r->profile_learned));
 		}
@@ -634,8 +632,8 @@ int cmd_bench(int argc, char **argv)
 			/* stalls and their wait as the device timed them; "-" where it could not */
 			char gs[16] = "-", gw[16] = "-";
 			if (r->gpu_timed) {
-				snprintf(gs, sizeof(gs), "%u", r->gpu_stalls);
-				snprintf(gw, sizeof(gw), "%.4f", r->gpu_stall_s);
+				snprintf(gs, sizeof(gs), "%u", r->stalls);
+				snprintf(gw, sizeof(gw), "%.4f", r->stall_s);
 			}
 			printf("%5ld %9.4f %9.4f %9.4f %6.3f %12s %12s %6s %9s %4u %4u%s%s%s\n", st, out[st].time_s,
 			       out[st].compute_s, out[st].bound_s, out[st].time_s > 0 ? out[st].bound_s / out[st].time_s : 0,

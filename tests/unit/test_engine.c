@@ -871,7 +871,7 @@ Test(engine_learn, times_blocks_and_moves_to_the_faster_plan)
 		cr_assert(r.gpu_timed, "step %d timed once its work is done", step);
 		cr_assert(check || (r.compute_s > NL * 0.0008 * 0.9 && r.compute_s < NL * 0.0008 * 4), "step %d: compute %.4f s",
 			  step, r.compute_s);
-		cr_assert_leq(r.gpu_stall_s, 1.0);
+		cr_assert_leq(r.stall_s, 1.0);
 		if (r.profile_learned) {
 			cr_assert_eq(learned_at, -1, "learned once");
 			learned_at = step;
