@@ -41,6 +41,7 @@
 #include <time.h>
 
 #include "../common/alloc.h"
+#include "../common/clock.h"
 #include "../common/err.h"
 
 #define SIM_ALIGN 256u
@@ -115,20 +116,13 @@ struct sim_backend {
 
 static const arena_backend_ops sim_ops;
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* --- workers --------------------------------------------------------------- */
 
 /* Sleep on s->cv (b->mu held) until monotonic time `until` or cancel. */
 static void sim_sleep_until(sim_backend *b, arena_stream *s, double until)
 {
 	double t;
-	while (!b->cancel && (t = now_s()) < until) {
+	while (!b->cancel && (t = arena_now_s()) < until) {
 		struct timespec ts;
 		double whole = floor(until);
 		ts.tv_sec = (time_t)whole;
@@ -157,7 +151,7 @@ static void sim_run(sim_backend *b, arena_stream *s, const struct sim_op *op)
 	case SIM_COPY: {
 		double end = 0;
 		if (b->rate > 0) {
-			double t = now_s();
+			double t = arena_now_s();
 			double start = b->engine_idle_at > t ? b->engine_idle_at : t;
 			end = start + (double)op->bytes / b->rate;
 			b->engine_idle_at = end;
@@ -173,11 +167,11 @@ static void sim_run(sim_backend *b, arena_stream *s, const struct sim_op *op)
 			pthread_cond_wait(&b->progress, &b->mu);
 		break;
 	case SIM_COMPUTE:
-		sim_sleep_until(b, s, now_s() + op->seconds);
+		sim_sleep_until(b, s, arena_now_s() + op->seconds);
 		break;
 	case SIM_MARK:
 		if (op->ev->stream == s->id && op->ev->seq == op->seq) /* not recorded again since */
-			op->ev->t = now_s();
+			op->ev->t = arena_now_s();
 		break;
 	}
 }

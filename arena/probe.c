@@ -10,18 +10,11 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "../common/alloc.h"
+#include "../common/clock.h"
 #include "../common/err.h"
-
-static double now(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 uint64_t arena_peak_rss(void)
 {
@@ -58,7 +51,7 @@ int arena_probe_h2d(arena_backend *be, arena_pin_budget *b, uint64_t bytes, doub
 		rc = be->ops->copy_h2d(be, (uint8_t *)dev + o, host + o, piece, s[(o / piece) & 1]);
 	if (rc || (rc = be->ops->stream_sync(be, s[0])) || (rc = be->ops->stream_sync(be, s[1])))
 		goto out;
-	double t0 = now(), t = t0;
+	double t0 = arena_now_s(), t = t0;
 	uint64_t moved = 0;
 	while (t - t0 < seconds && !rc) {
 		for (uint64_t o = 0; o < bytes && !rc; o += piece)
@@ -66,7 +59,7 @@ int arena_probe_h2d(arena_backend *be, arena_pin_budget *b, uint64_t bytes, doub
 		if (!rc && !(rc = be->ops->stream_sync(be, s[0])))
 			rc = be->ops->stream_sync(be, s[1]);
 		moved += bytes;
-		t = now();
+		t = arena_now_s();
 	}
 	if (!rc)
 		*gbps = (double)moved / (t - t0) / 1e9;
@@ -145,7 +138,7 @@ int arena_probe_read(const char *path, unsigned threads, int direct, uint64_t ma
 		threads = 64;
 	pthread_t tid[64];
 	unsigned started = 0;
-	double t0 = now();
+	double t0 = arena_now_s();
 	for (; started < threads; started++)
 		if (pthread_create(&tid[started], NULL, read_worker, &j))
 			break;
@@ -153,7 +146,7 @@ int arena_probe_read(const char *path, unsigned threads, int direct, uint64_t ma
 		read_worker(&j);
 	for (unsigned i = 0; i < started; i++)
 		pthread_join(tid[i], NULL);
-	double t = now() - t0;
+	double t = arena_now_s() - t0;
 	close(fd);
 	int rc = atomic_load(&j.rc);
 	if (rc)

@@ -13,20 +13,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "arena.h"
 #include "../arena/backend.h"
+#include "../common/clock.h"
 
 #define MAX_REPS 100
 #define MAX_STREAMS 4
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 struct probe {
 	arena_backend *b;
@@ -42,14 +35,14 @@ struct probe {
 static int copy_once(struct probe *p, int ns, double *gbps)
 {
 	int rc = 0;
-	double t0 = now_s();
+	double t0 = arena_now_s();
 	for (size_t off = 0, i = 0; off < p->size && !rc; off += p->chunk, i++) {
 		size_t n = p->size - off < p->chunk ? p->size - off : p->chunk;
 		rc = p->b->ops->copy_h2d(p->b, (char *)p->dev + off, p->host + off, n, p->s[i % (size_t)ns]);
 	}
 	for (int i = 0; i < ns && !rc; i++)
 		rc = p->b->ops->stream_sync(p->b, p->s[i]);
-	*gbps = (double)p->size / (now_s() - t0) / 1e9;
+	*gbps = (double)p->size / (arena_now_s() - t0) / 1e9;
 	return rc;
 }
 
@@ -140,9 +133,9 @@ int main(int argc, char **argv)
 		rc = measure(&p, 1);
 	}
 	if (!rc) {
-		double t0 = now_s();
+		double t0 = arena_now_s();
 		rc = p.b->ops->host_register(p.b, p.host, p.size);
-		t_register = now_s() - t0;
+		t_register = arena_now_s() - t0;
 		registered = !rc;
 	}
 	if (!rc) {

@@ -12,17 +12,10 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "../common/clock.h"
 #include "../common/hash.h"
-
-static double now(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 typedef struct job {
 	uint8_t *map;
@@ -46,9 +39,9 @@ static void *worker(void *arg)
 		if (off >= j->size)
 			break;
 		uint64_t n = j->size - off < j->piece ? j->size - off : j->piece;
-		double t0 = now();
+		double t0 = arena_now_s();
 		cudaError_t e = cudaHostRegister(j->map + off, n, cudaHostRegisterReadOnly);
-		reg += now() - t0;
+		reg += arena_now_s() - t0;
 		if (e != cudaSuccess) {
 			fprintf(stderr, "register: %s\n", cudaGetErrorString(e));
 			atomic_store(&j->err, 1);
@@ -87,12 +80,12 @@ int main(int argc, char **argv)
 		uint8_t *map = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
 		job j = {.map = map, .size = size, .piece = piece, .dev = dev, .hash = k == 4};
 		pthread_t tid[16];
-		double t0 = now();
+		double t0 = arena_now_s();
 		for (int i = 0; i < threads[k]; i++)
 			pthread_create(&tid[i], NULL, worker, &j);
 		for (int i = 0; i < threads[k]; i++)
 			pthread_join(tid[i], NULL);
-		double t = now() - t0;
+		double t = arena_now_s() - t0;
 		printf("{\"threads\": %d, \"piece_mib\": %llu, \"hash\": %d, \"ok\": %d, \"seconds\": %.3f, \"gbps\": %.2f, \"register_thread_seconds\": %.3f}\n",
 		       threads[k], (unsigned long long)(piece >> 20), j.hash, !atomic_load(&j.err), t, (double)size / t / 1e9,
 		       atomic_load(&j.reg_s));

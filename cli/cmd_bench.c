@@ -9,13 +9,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "../arena/engine.h"
 #include "../arena/gemm.h"
 #include "../arena/profile.h"
 #include "../arena/probe.h"
 #include "../common/alloc.h"
+#include "../common/clock.h"
 #include "../common/err.h"
 #include "../formats/image.h"
 #include "../loader/load.h"
@@ -136,13 +136,6 @@ static void dev_give(arena_backend *be, int cuda, void **held)
 	*held = NULL;
 }
 
-static double now_s(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 typedef struct step_out {
 	double time_s, compute_s, bound_s;
 	uint64_t pressure_bytes; /* held by --pressure during the step */
@@ -164,7 +157,7 @@ typedef struct bench_run {
 static int bench_step(const bench_run *r, arena_engine *e, double *t)
 {
 	const arena_residency_plan *p = arena_engine_plan(e);
-	double t0 = now_s();
+	double t0 = arena_now_s();
 	void *d;
 	int rc = arena_engine_step_begin(e);
 	if (!rc && r->globals != UINT32_MAX)
@@ -179,7 +172,7 @@ static int bench_step(const bench_run *r, arena_engine *e, double *t)
 		rc = arena_engine_release(e, r->globals, r->cs);
 	if (!rc && !(rc = arena_engine_step_end(e)))
 		rc = r->be->ops->stream_sync(r->be, r->cs);
-	*t = now_s() - t0;
+	*t = arena_now_s() - t0;
 	return rc;
 }
 
@@ -216,12 +209,12 @@ static int bench_profile(const bench_run *r, const arena_model *m, int cuda, dou
 			rc = r->comp.run(r->comp.ctx, r->cs, w, r->params[b], 0);
 		if (!rc)
 			rc = be->ops->stream_sync(be, r->cs);
-		double t0 = now_s();
+		double t0 = arena_now_s();
 		for (int k = 0; k < 2 && !rc; k++)
 			rc = r->comp.run(r->comp.ctx, r->cs, w, r->params[b], 0);
 		if (!rc)
 			rc = be->ops->stream_sync(be, r->cs);
-		cost[b] = (now_s() - t0) / 2;
+		cost[b] = (arena_now_s() - t0) / 2;
 	}
 	if (scratch)
 		be->ops->dev_free(be, scratch);
@@ -511,7 +504,7 @@ int cmd_bench(int argc, char **argv)
 		/* sim: the same steps with every block resident: compute only. */
 		double res_total = 0;
 		for (long st = 0; st < res_steps; st++) {
-			double t0 = now_s();
+			double t0 = arena_now_s();
 			for (size_t i = 0; i < p->n_sched; i++) {
 				int bwd = i >= p->n_sched / 2 && run.train;
 				if ((rc = run.comp.run(run.comp.ctx, cs, NULL, params[p->sched[i]], bwd)))
@@ -519,7 +512,7 @@ int cmd_bench(int argc, char **argv)
 			}
 			if ((rc = be->ops->stream_sync(be, cs)))
 				goto done;
-			res_total += now_s() - t0;
+			res_total += arena_now_s() - t0;
 		}
 		res_step = res_total / (double)res_steps;
 	} else {

@@ -5,9 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "../common/clock.h"
 #include "../common/err.h"
 #include "../loader/synth.h"
 #include "arena.h"
@@ -67,13 +67,6 @@ typedef struct progress {
 	double start, last;
 } progress;
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static int on_progress(void *ctx, uint64_t done, uint64_t total)
 {
 	progress *p = ctx;
@@ -81,7 +74,7 @@ static int on_progress(void *ctx, uint64_t done, uint64_t total)
 		return arena_errorf(ARENA_E_CANCELLED, "%s: interrupted; nothing written", p->path);
 	if (!p->tty)
 		return 0;
-	double t = now_s();
+	double t = arena_now_s();
 	if (t - p->last < 0.25 && done < total)
 		return 0;
 	p->last = t;
@@ -193,10 +186,10 @@ int cmd_synth(int argc, char **argv)
 	sigaction(SIGINT, &sa, &old_int);
 	sigaction(SIGTERM, &sa, &old_term);
 
-	progress pg = {out, isatty(STDERR_FILENO), now_s(), 0};
+	progress pg = {out, isatty(STDERR_FILENO), arena_now_s(), 0};
 	arena_synth_opts o = {layout, dtype, seed, threads, on_progress, &pg};
 	rc = arena_synth_write(out, &list, &o);
-	double secs = now_s() - pg.start;
+	double secs = arena_now_s() - pg.start;
 
 	sigaction(SIGINT, &old_int, NULL);
 	sigaction(SIGTERM, &old_term, NULL);

@@ -11,13 +11,13 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
-#include <time.h>
 #include <unistd.h>
-#include "../common/hash.h"
 
 #include "../common/alloc.h"
+#include "../common/clock.h"
 #include "../common/err.h"
 #include "../common/firsterr.h"
+#include "../common/hash.h"
 #include "../common/io.h"
 #include "../formats/image.h"
 #include "quant_select.h"
@@ -404,13 +404,6 @@ static int open_direct(lsrc *f, int io)
 	return 0; /* EINVAL: the filesystem has no O_DIRECT (tmpfs): buffered */
 }
 
-static double now(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 /* Run the pipeline over L's pieces; then commit or free the model. */
 static int run(loader *L, arena_model **out, arena_load_stats *st, double t0)
 {
@@ -445,8 +438,8 @@ static int run(loader *L, arena_model **out, arena_load_stats *st, double t0)
 			if ((rc = be->ops->event_create(be, &w[i].ev[k])))
 				goto out;
 	}
-	L->t_prepare = now() - L->t_mark;
-	L->t_mark = now();
+	L->t_prepare = arena_now_s() - L->t_mark;
+	L->t_mark = arena_now_s();
 	for (; started < L->threads; started++)
 		if (pthread_create(&tid[started], NULL, worker_main, &w[started]))
 			break;
@@ -466,10 +459,10 @@ static int run(loader *L, arena_model **out, arena_load_stats *st, double t0)
 	for (unsigned i = 0; i < started; i++)
 		if (!w[i].registered)
 			L->ring_pinned_all = 0;
-	L->t_populate = now() - L->t_mark;
-	L->t_mark = now();
+	L->t_populate = arena_now_s() - L->t_mark;
+	L->t_mark = arena_now_s();
 	rc = arena_model_commit(L->m);
-	L->t_commit = now() - L->t_mark;
+	L->t_commit = arena_now_s() - L->t_mark;
 out:
 	for (unsigned i = 0; w && i < L->threads; i++) {
 		for (unsigned k = 0; w[i].ev && k < L->spt; k++)
@@ -491,7 +484,7 @@ out:
 		st->ring_bytes = L->ring_len;
 		st->ring_pinned = L->ring_pinned && L->ring_pinned_all;
 		st->threads = L->threads;
-		st->seconds = now() - t0;
+		st->seconds = arena_now_s() - t0;
 		st->t_open = L->t_open;
 		st->t_ring = L->t_ring;
 		st->t_prepare = L->t_prepare;
@@ -534,7 +527,7 @@ static void loader_files_close(loader *L)
 int arena_load_image(const char *path, const arena_load_opts *o, arena_model **out, arena_load_stats *st)
 {
 	*out = NULL;
-	double t0 = now();
+	double t0 = arena_now_s();
 	loader L;
 	loader_init(&L, o);
 	arena_image *img = NULL;
@@ -542,8 +535,8 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 	if (rc)
 		return rc;
 	L.img = img;
-	L.t_open = now() - t0;
-	L.t_mark = now();
+	L.t_open = arena_now_s() - t0;
+	L.t_mark = arena_now_s();
 	const arena_img_header *h = &img->hdr;
 	/* Pieces of whole chunks; the ring is sized (within the budget) first. */
 	uint64_t per = PIECE / h->chunk_size ? PIECE / h->chunk_size : 1;
@@ -552,8 +545,8 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 		L.threads = L.n_pieces ? (unsigned)L.n_pieces : 1;
 	if ((rc = ring_setup(&L)))
 		goto fail;
-	L.t_ring = now() - L.t_mark;
-	L.t_mark = now();
+	L.t_ring = arena_now_s() - L.t_mark;
+	L.t_mark = arena_now_s();
 	L.files = arena_calloc(1, sizeof(*L.files));
 	L.segs = arena_calloc(img->layout->n_blocks, sizeof(*L.segs));
 	L.pieces = arena_calloc(L.n_pieces, sizeof(*L.pieces));
@@ -661,7 +654,7 @@ int arena_load_safetensors(const char *const *inputs, size_t n, const arena_plan
 			   const arena_load_opts *o, arena_model **out, arena_load_stats *st)
 {
 	*out = NULL;
-	double t0 = now();
+	double t0 = arena_now_s();
 	loader L;
 	loader_init(&L, o);
 	arena_ckpt *ck = NULL;
@@ -682,12 +675,12 @@ int arena_load_safetensors(const char *const *inputs, size_t n, const arena_plan
 	if (rc || (rc = arena_quant_state_init(&qs, lay, ck)))
 		goto fail;
 	L.qs = &qs;
-	L.t_open = now() - t0;
-	L.t_mark = now();
+	L.t_open = arena_now_s() - t0;
+	L.t_mark = arena_now_s();
 	if ((rc = ring_setup(&L)))
 		goto fail;
-	L.t_ring = now() - L.t_mark;
-	L.t_mark = now();
+	L.t_ring = arena_now_s() - L.t_mark;
+	L.t_mark = arena_now_s();
 	L.n_files = ck->n_files;
 	L.files = arena_calloc(ck->n_files, sizeof(*L.files));
 	L.segs = arena_calloc(lay->n_tensors, sizeof(*L.segs));

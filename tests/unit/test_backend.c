@@ -9,23 +9,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 
 #include "arena.h"
 #include "../../arena/backend.h"
 #include "../../common/err.h"
 #include "../../common/alloc.h"
+#include "../../common/clock.h"
 
 #define KiB (1024ull)
 #define MiB (1024ull * 1024)
 #define GBPS 1e9
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static arena_backend *sim(uint64_t capacity, double rate)
 {
@@ -387,9 +380,9 @@ Test(backend_sim, stream_wait_orders_streams)
 Test(backend_sim, stream_wait_orders_modelled_copies)
 {
 	arena_backend *b = sim(64 * MiB, 1 * GBPS);
-	double t0 = now_s();
+	double t0 = arena_now_s();
 	check_event_order(b, NULL);
-	double dt = now_s() - t0;
+	double dt = arena_now_s() - t0;
 	cr_assert_geq(dt, 8.0 * MiB / GBPS * 0.95, "syncing b waited for a's copy: %.3f s", dt);
 	arena_backend_destroy(b);
 }
@@ -411,9 +404,9 @@ Test(backend_sim, event_query_before_and_after)
 	cr_assert_eq(b->ops->event_query(b, e), 1, "a record captures only the work before it");
 	cr_assert_eq(b->ops->event_record(b, e, s), 0);
 	cr_assert_eq(b->ops->event_query(b, e), 0);
-	double t0 = now_s();
+	double t0 = arena_now_s();
 	cr_assert_eq(b->ops->event_sync(b, e), 0);
-	cr_assert_geq(now_s() - t0, 0.04);
+	cr_assert_geq(arena_now_s() - t0, 0.04);
 	cr_assert_eq(b->ops->event_query(b, e), 1);
 	/* An event outlives the stream it was recorded on. */
 	cr_assert_eq(arena_backend_sim_compute(b, s, 0.02), 0);
@@ -439,9 +432,9 @@ Test(backend_sim, stream_destroy_waits_for_its_work)
 	cr_assert_eq(b->ops->stream_create(b, &s), 0);
 	cr_assert_eq(arena_backend_sim_compute(b, s, 0.03), 0);
 	cr_assert_eq(b->ops->copy_h2d(b, d, src, MiB, s), 0);
-	double t0 = now_s();
+	double t0 = arena_now_s();
 	b->ops->stream_destroy(b, s);
-	cr_assert_geq(now_s() - t0, 0.025);
+	cr_assert_geq(arena_now_s() - t0, 0.025);
 	cr_assert_eq(b->ops->copy_d2h_sync(b, back, d, MiB), 0);
 	cr_assert_eq(memcmp(back, src, MiB), 0);
 	arena_backend_destroy(b);
@@ -469,9 +462,9 @@ Test(backend_sim, destroy_with_work_queued_is_clean)
 	cr_assert_eq(b->ops->copy_h2d(b, d, src, sizeof(src), sb), 0);
 	cr_assert_eq(b->ops->copy_h2d(b, d, src, sizeof(src), sc), 0);
 	cr_assert_eq(b->ops->event_query(b, e), 0);
-	double t0 = now_s();
+	double t0 = arena_now_s();
 	arena_backend_destroy(b);
-	cr_assert_lt(now_s() - t0, 2.0, "destroy cancels queued work");
+	cr_assert_lt(arena_now_s() - t0, 2.0, "destroy cancels queued work");
 }
 
 /* --- sim: the timing model ---------------------------------------------------- */
@@ -500,10 +493,10 @@ Test(backend_sim, modelled_bandwidth)
 	arena_backend *b = timed_sim(&d, &src, n);
 	arena_stream *s = NULL;
 	cr_assert_eq(b->ops->stream_create(b, &s), 0);
-	double t0 = now_s();
+	double t0 = arena_now_s();
 	cr_assert_eq(b->ops->copy_h2d(b, d, src, n, s), 0);
 	cr_assert_eq(b->ops->stream_sync(b, s), 0);
-	double dt = now_s() - t0; /* 64 MiB at 1 GB/s = 67 ms */
+	double dt = arena_now_s() - t0; /* 64 MiB at 1 GB/s = 67 ms */
 	cr_assert(dt >= 0.050 && dt <= 0.200, "64 MiB at 1 GB/s took %.3f s", dt);
 	arena_backend_destroy(b);
 	free(src);
@@ -518,12 +511,12 @@ Test(backend_sim, streams_share_one_copy_engine)
 	arena_stream *s[4] = {0};
 	for (int i = 0; i < 4; i++)
 		cr_assert_eq(b->ops->stream_create(b, &s[i]), 0);
-	double t0 = now_s();
+	double t0 = arena_now_s();
 	for (int i = 0; i < 4; i++) /* 4 x 16 MiB, one stream each */
 		cr_assert_eq(b->ops->copy_h2d(b, (char *)d + i * (n / 4), src + i * (n / 4), n / 4, s[i]), 0);
 	for (int i = 0; i < 4; i++)
 		cr_assert_eq(b->ops->stream_sync(b, s[i]), 0);
-	double dt = now_s() - t0;
+	double dt = arena_now_s() - t0;
 	cr_assert(dt >= 0.95 * n / GBPS && dt <= 0.200, "4 streams x 16 MiB at 1 GB/s shared took %.3f s", dt);
 	uint8_t *back = malloc(n);
 	cr_assert_eq(b->ops->copy_d2h_sync(b, back, d, n), 0);
@@ -542,19 +535,19 @@ Test(backend_sim, compute_overlaps_copies)
 	arena_stream *copy = NULL, *compute = NULL;
 	cr_assert_eq(b->ops->stream_create(b, &copy), 0);
 	cr_assert_eq(b->ops->stream_create(b, &compute), 0);
-	double t0 = now_s();
+	double t0 = arena_now_s();
 	cr_assert_eq(arena_backend_sim_compute(b, compute, 0.1), 0);
 	cr_assert_eq(b->ops->copy_h2d(b, d, src, n, copy), 0);
 	cr_assert_eq(b->ops->stream_sync(b, copy), 0);
 	cr_assert_eq(b->ops->stream_sync(b, compute), 0);
-	double dt = now_s() - t0;
+	double dt = arena_now_s() - t0;
 	cr_assert(dt >= 0.095 && dt <= 0.170, "100 ms compute beside 100 ms of copy took %.3f s, not ~0.1", dt);
 	/* The same on one stream runs one after the other. */
-	t0 = now_s();
+	t0 = arena_now_s();
 	cr_assert_eq(arena_backend_sim_compute(b, copy, 0.1), 0);
 	cr_assert_eq(b->ops->copy_h2d(b, d, src, n, copy), 0);
 	cr_assert_eq(b->ops->stream_sync(b, copy), 0);
-	dt = now_s() - t0;
+	dt = arena_now_s() - t0;
 	cr_assert(dt >= 0.19, "one stream runs in order: %.3f s", dt);
 	arena_backend_destroy(b);
 	free(src);
