@@ -330,20 +330,16 @@ void arena_ckpt_close(arena_ckpt *c)
 	arena_free(c);
 }
 
+static int cmp_key_tensor_ptr(const void *key, const void *t)
+{
+	return strcmp(key, (*(const arena_st_tensor *const *)t)->name);
+}
+
 const arena_st_tensor *arena_ckpt_find(const arena_ckpt *c, const char *name)
 {
-	size_t lo = 0, hi = c->n_tensors;
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		int r = strcmp(c->tensors[mid]->name, name);
-		if (r == 0)
-			return c->tensors[mid];
-		if (r < 0)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return NULL;
+	const arena_st_tensor *const *t =
+		c->n_tensors ? bsearch(name, c->tensors, c->n_tensors, sizeof(*c->tensors), cmp_key_tensor_ptr) : NULL;
+	return t ? *t : NULL;
 }
 
 uint64_t arena_ckpt_bytes(const arena_ckpt *c)

@@ -195,20 +195,14 @@ int arena_layout_check(arena_layout *l, const char *label)
 	return rc;
 }
 
+static int cmp_key_name(const void *key, const void *t)
+{
+	return strcmp(key, ((const arena_tensor *)t)->name);
+}
+
 const arena_tensor *arena_layout_find(const arena_layout *l, const char *name)
 {
-	size_t lo = 0, hi = l->n_tensors;
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		int r = strcmp(l->tensors[mid].name, name);
-		if (r == 0)
-			return &l->tensors[mid];
-		if (r < 0)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return NULL;
+	return l->n_tensors ? bsearch(name, l->tensors, l->n_tensors, sizeof(*l->tensors), cmp_key_name) : NULL;
 }
 
 uint64_t arena_layout_payload(const arena_layout *l)

@@ -480,18 +480,12 @@ void arena_st_close(arena_st_file *f)
 	arena_free(f);
 }
 
+static int cmp_key_name(const void *key, const void *t)
+{
+	return strcmp(key, ((const arena_st_tensor *)t)->name);
+}
+
 const arena_st_tensor *arena_st_find(const arena_st_file *f, const char *name)
 {
-	size_t lo = 0, hi = f->n_tensors;
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		int c = strcmp(f->tensors[mid].name, name);
-		if (c == 0)
-			return &f->tensors[mid];
-		if (c < 0)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return NULL;
+	return f->n_tensors ? bsearch(name, f->tensors, f->n_tensors, sizeof(*f->tensors), cmp_key_name) : NULL;
 }
