@@ -81,26 +81,36 @@ int arena_outfile_open(const char *path, arena_outfile **out)
 	return 0;
 }
 
-int arena_outfile_pwrite(arena_outfile *f, const void *buf, size_t n, uint64_t off)
+/* Write all n bytes at off through fd: f->fd, or f->dfd (O_DIRECT), where a
+ * write the filesystem refuses (EINVAL) or cuts short goes on buffered. */
+static int pwrite_all(arena_outfile *f, int fd, const uint8_t *p, size_t n, uint64_t off)
 {
-	const uint8_t *p = buf;
 	while (n) {
 		ssize_t w;
 		if (write_should_fail()) {
 			errno = ENOSPC;
 			w = -1;
 		} else {
-			w = pwrite(f->fd, p, n, (off_t)off);
+			w = pwrite(fd, p, n, (off_t)off);
 		}
 		if (w < 0) {
 			if (errno == EINTR)
 				continue;
+			if (errno == EINVAL && fd == f->dfd) /* the filesystem refused this direct write */
+				return pwrite_all(f, f->fd, p, n, off);
 			return arena_syserrorf(ARENA_E_IO, errno, "%s: write failed at byte %llu", f->path,
 					       (unsigned long long)off);
 		}
+		if (fd == f->dfd && w % 4096) /* a short direct write: finish it buffered */
+			fd = f->fd;
 		p += w, n -= (size_t)w, off += (uint64_t)w;
 	}
 	return 0;
+}
+
+int arena_outfile_pwrite(arena_outfile *f, const void *buf, size_t n, uint64_t off)
+{
+	return pwrite_all(f, f->fd, buf, n, off);
 }
 
 int arena_outfile_reserve(arena_outfile *f, uint64_t size)
@@ -115,28 +125,7 @@ int arena_outfile_pwrite_direct(arena_outfile *f, const void *buf, size_t n, uin
 {
 	if (f->dfd < 0 || ((uintptr_t)buf | n | off) % 4096)
 		return arena_outfile_pwrite(f, buf, n, off);
-	const uint8_t *p = buf;
-	while (n) {
-		ssize_t w;
-		if (write_should_fail()) {
-			errno = ENOSPC;
-			w = -1;
-		} else {
-			w = pwrite(f->dfd, p, n, (off_t)off);
-		}
-		if (w < 0) {
-			if (errno == EINTR)
-				continue;
-			if (errno == EINVAL) /* the filesystem refused this direct write */
-				return arena_outfile_pwrite(f, p, n, off);
-			return arena_syserrorf(ARENA_E_IO, errno, "%s: write failed at byte %llu", f->path,
-					       (unsigned long long)off);
-		}
-		if (w % 4096) /* a short direct write: finish it buffered */
-			return arena_outfile_pwrite(f, p + w, n - (size_t)w, off + (uint64_t)w);
-		p += w, n -= (size_t)w, off += (uint64_t)w;
-	}
-	return 0;
+	return pwrite_all(f, f->dfd, buf, n, off);
 }
 
 int arena_outfile_write(arena_outfile *f, const void *buf, size_t n)
