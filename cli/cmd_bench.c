@@ -38,7 +38,6 @@ const char cmd_bench_usage[] =
 	"\n"
 	"options:\n"
 	"  --backend sim|cuda  device backend (default sim; cuda uses device 0)\n"
-	"  --mode sample|train schedule (default sample)\n"
 	"  --vram-cap SIZE     device memory arena may use (default: all of the device)\n"
 	"  --sim-capacity SIZE the simulated device (default 24G, or the cap if larger)\n"
 	"  --sim-bandwidth R   sim host-to-device bytes per second (default 55e9)\n"
@@ -47,8 +46,7 @@ const char cmd_bench_usage[] =
 	"  --flops R           modelled compute rate, FLOP/s (default 700e12)\n"
 	"  --steps N           steps (default 10)\n"
 	"  --tokens T          rows of the synthetic GEMM (default 4608: Flux at 1024x1024)\n"
-	"  --depth N           the ring holds N + 1 of the largest streamed block\n"
-	"                      (default 2); copies run ahead as far as it has room\n"
+	CLI_ENGINE_OPTIONS_HELP
 	"  --pressure SIZE@STEP  at STEP take SIZE of device memory (what is free, at\n"
 	"                      most), give it back 5 steps later (cuda: allocated)\n"
 	"  --strict-vram-cap   over the cap after demoting all it can is an error\n"
@@ -238,11 +236,11 @@ static uint64_t block_params(const arena_layout *l, uint32_t b)
 
 int cmd_bench(int argc, char **argv)
 {
-	enum { O_BACKEND = 256, O_MODE, O_CAP, O_SIMCAP, O_SIMBW, O_DEVFREE, O_FLOPS, O_STEPS, O_TOKENS, O_DEPTH,
-	       O_PRESSURE, O_STRICT, O_NOPROFILE, O_SAVEPROF, O_JSON };
+	enum { O_BACKEND = 256, O_CAP, O_SIMCAP, O_SIMBW, O_DEVFREE, O_FLOPS, O_STEPS, O_TOKENS, O_PRESSURE, O_STRICT,
+	       O_PROFILE, O_SAVEPROF, O_JSON };
 	static const struct option opts[] = {
 		{"backend", required_argument, NULL, O_BACKEND},
-		{"mode", required_argument, NULL, O_MODE},
+		CLI_ENGINE_OPTIONS,
 		{"vram-cap", required_argument, NULL, O_CAP},
 		{"sim-capacity", required_argument, NULL, O_SIMCAP},
 		{"sim-bandwidth", required_argument, NULL, O_SIMBW},
@@ -250,10 +248,9 @@ int cmd_bench(int argc, char **argv)
 		{"flops", required_argument, NULL, O_FLOPS},
 		{"steps", required_argument, NULL, O_STEPS},
 		{"tokens", required_argument, NULL, O_TOKENS},
-		{"depth", required_argument, NULL, O_DEPTH},
 		{"pressure", required_argument, NULL, O_PRESSURE},
 		{"strict-vram-cap", no_argument, NULL, O_STRICT},
-		{"profile", required_argument, NULL, O_NOPROFILE},
+		{"profile", required_argument, NULL, O_PROFILE},
 		{"save-profile", required_argument, NULL, O_SAVEPROF},
 		{"json", no_argument, NULL, O_JSON},
 		{NULL, 0, NULL, 0},
@@ -262,7 +259,8 @@ int cmd_bench(int argc, char **argv)
 		return cli_usage_error("bench", "expected 'stream' (arena bench stream IMAGE)");
 	argc--;
 	argv++;
-	arena_engine_opts o = {.headroom = ARENA_ENGINE_AUTO, .reserve = ARENA_ENGINE_AUTO, .keep_last = 1};
+	arena_engine_opts o;
+	cli_engine_defaults(&o);
 	uint64_t simcap = 0, psize = 0, devfree = 0, pheld = 0, bheld = 0;
 	double bw = 55e9, flops = 700e12, tokens = 4608;
 	long steps = 10, pstep = -1;
@@ -277,11 +275,6 @@ int cmd_bench(int argc, char **argv)
 			if (strcmp(optarg, "sim") && strcmp(optarg, "cuda"))
 				return cli_usage_error("bench", "--backend '%s': use sim or cuda", optarg);
 			cuda = !strcmp(optarg, "cuda");
-			break;
-		case O_MODE:
-			if (strcmp(optarg, "sample") && strcmp(optarg, "train"))
-				return cli_usage_error("bench", "--mode '%s': use sample or train", optarg);
-			o.mode = !strcmp(optarg, "train") ? ARENA_MODE_TRAIN : ARENA_MODE_SAMPLE;
 			break;
 		case O_CAP:
 			if (cli_parse_size(optarg, &o.cap) || !o.cap)
@@ -317,13 +310,6 @@ int cmd_bench(int argc, char **argv)
 			if (*end || tokens < 1 || tokens > 1e7)
 				return cli_usage_error("bench", "--tokens '%s' is not a number from 1 to 10000000", optarg);
 			break;
-		case O_DEPTH: {
-			long d = strtol(optarg, &end, 10);
-			if (*end || d < 1 || d > 64)
-				return cli_usage_error("bench", "--depth '%s' is not a number from 1 to 64", optarg);
-			o.depth = (unsigned)d;
-			break;
-		}
 		case O_PRESSURE: {
 			char buf[64];
 			const char *at = strchr(optarg, '@');
@@ -342,7 +328,7 @@ int cmd_bench(int argc, char **argv)
 		case O_SAVEPROF:
 			save_profile = optarg;
 			break;
-		case O_NOPROFILE:
+		case O_PROFILE:
 			if (!strcmp(optarg, "none"))
 				profile = 0;
 			else if (!strcmp(optarg, "given"))
@@ -355,8 +341,14 @@ int cmd_bench(int argc, char **argv)
 		case O_JSON:
 			json = 1;
 			break;
-		default:
-			return cli_usage_error("bench", "unknown or incomplete option '%s'", argv[optind - 1]);
+		default: {
+			int rc = cli_engine_option("bench", ch, optarg, &o);
+			if (rc > 0)
+				return rc;
+			if (rc < 0)
+				return cli_usage_error("bench", "unknown or incomplete option '%s'", argv[optind - 1]);
+			break;
+		}
 		}
 	}
 	if (argc - optind != 1)

@@ -22,14 +22,7 @@ const char cmd_plan_usage[] =
 	"\n"
 	"options:\n"
 	"  --vram SIZE         device memory (e.g. 8G, 24GiB); required\n"
-	"  --mode sample|train sample: forward in block order (default); train:\n"
-	"                      forward, then backward in reverse (recompute + backward)\n"
-	"  --depth N           the ring holds N + 1 of the largest streamed block\n"
-	"                      (default 2); copies run ahead as far as it has room\n"
-	"  --keep-last N       train: extra slots keeping the last forward blocks (default 1)\n"
-	"  --headroom SIZE     physical slack (default min(512M, 2% of SIZE))\n"
-	"  --reserve SIZE      working memory for activations (default 1G sample,\n"
-	"                      4G train, at most a quarter of what is left)\n"
+	CLI_ENGINE_OPTIONS_HELP
 	"  --profile FILE      plan by a compute profile (each block's seconds and the\n"
 	"                      copy rate, as `arena bench stream --save-profile` writes\n"
 	"                      it): resident blocks where they hide copies best, and\n"
@@ -40,28 +33,18 @@ const char cmd_plan_usage[] =
 	"Exit status: 0 a plan, 1 invalid image, 2 usage error or the model cannot\n"
 	"run in SIZE at all (the message says what it needs), 3 system error.\n";
 
-/* Parse the options shared with `arena bench stream`. 0, or a usage exit. */
-static int parse_count(const char *cmd, const char *opt, const char *s, unsigned max, unsigned *out)
-{
-	char *end;
-	long n = strtol(s, &end, 10);
-	if (*end || n < 0 || n > (long)max)
-		return cli_usage_error(cmd, "%s '%s' is not a number from 0 to %u", opt, s, max);
-	*out = (unsigned)n;
-	return 0;
-}
-
 int cmd_plan(int argc, char **argv)
 {
-	enum { O_VRAM = 256, O_MODE, O_DEPTH, O_KEEP, O_HEAD, O_RES, O_PROFILE, O_JSON };
+	enum { O_VRAM = 256, O_PROFILE, O_JSON };
 	static const struct option opts[] = {
-		{"vram", required_argument, NULL, O_VRAM},     {"mode", required_argument, NULL, O_MODE},
-		{"depth", required_argument, NULL, O_DEPTH},   {"keep-last", required_argument, NULL, O_KEEP},
-		{"headroom", required_argument, NULL, O_HEAD}, {"reserve", required_argument, NULL, O_RES},
-		{"profile", required_argument, NULL, O_PROFILE}, {"json", no_argument, NULL, O_JSON},
+		{"vram", required_argument, NULL, O_VRAM},
+		CLI_ENGINE_OPTIONS,
+		{"profile", required_argument, NULL, O_PROFILE},
+		{"json", no_argument, NULL, O_JSON},
 		{NULL, 0, NULL, 0},
 	};
-	arena_engine_opts o = {.headroom = ARENA_ENGINE_AUTO, .reserve = ARENA_ENGINE_AUTO, .keep_last = 1};
+	arena_engine_opts o;
+	cli_engine_defaults(&o);
 	uint64_t vram = 0;
 	int json = 0, ch, rc;
 	const char *profile = NULL;
@@ -73,29 +56,6 @@ int cmd_plan(int argc, char **argv)
 			if (cli_parse_size(optarg, &vram) || !vram)
 				return cli_usage_error("plan", "--vram '%s' is not a size", optarg);
 			break;
-		case O_MODE:
-			if (strcmp(optarg, "sample") && strcmp(optarg, "train"))
-				return cli_usage_error("plan", "--mode '%s': use sample or train", optarg);
-			o.mode = !strcmp(optarg, "train") ? ARENA_MODE_TRAIN : ARENA_MODE_SAMPLE;
-			break;
-		case O_DEPTH:
-			if ((rc = parse_count("plan", "--depth", optarg, 64, &o.depth)))
-				return rc;
-			if (!o.depth)
-				return cli_usage_error("plan", "--depth must be 1 or more");
-			break;
-		case O_KEEP:
-			if ((rc = parse_count("plan", "--keep-last", optarg, 64, &o.keep_last)))
-				return rc;
-			break;
-		case O_HEAD:
-			if (cli_parse_size(optarg, &o.headroom))
-				return cli_usage_error("plan", "--headroom '%s' is not a size", optarg);
-			break;
-		case O_RES:
-			if (cli_parse_size(optarg, &o.reserve))
-				return cli_usage_error("plan", "--reserve '%s' is not a size", optarg);
-			break;
 		case O_PROFILE:
 			profile = optarg;
 			break;
@@ -103,6 +63,11 @@ int cmd_plan(int argc, char **argv)
 			json = 1;
 			break;
 		default:
+			if ((rc = cli_engine_option("plan", ch, optarg, &o)) >= 0) {
+				if (rc)
+					return rc;
+				break;
+			}
 			return cli_usage_error("plan", "unknown or incomplete option '%s'", argv[optind - 1]);
 		}
 	}

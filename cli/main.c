@@ -6,6 +6,7 @@
 
 #include <jansson.h>
 
+#include "../arena/engine.h"
 #include "../common/alloc.h"
 #include "arena.h"
 #include "cli.h"
@@ -65,6 +66,40 @@ int cli_wants_help(const cli_cmd *cmd, int argc, char **argv)
 		}
 	}
 	return 0;
+}
+
+void cli_engine_defaults(arena_engine_opts *o)
+{
+	*o = (arena_engine_opts){.headroom = ARENA_ENGINE_AUTO, .reserve = ARENA_ENGINE_AUTO, .keep_last = 1};
+}
+
+int cli_engine_option(const char *cmd, int ch, const char *arg, arena_engine_opts *o)
+{
+	char *end;
+	long n;
+	switch (ch) {
+	case CLI_O_MODE:
+		if (strcmp(arg, "sample") && strcmp(arg, "train"))
+			return cli_usage_error(cmd, "--mode '%s': use sample or train", arg);
+		o->mode = !strcmp(arg, "train") ? ARENA_MODE_TRAIN : ARENA_MODE_SAMPLE;
+		return 0;
+	case CLI_O_DEPTH:
+	case CLI_O_KEEP:
+		n = strtol(arg, &end, 10);
+		if (*end || end == arg || n < (ch == CLI_O_DEPTH) || n > 64)
+			return cli_usage_error(cmd, "%s '%s' is not a number from %d to 64",
+					       ch == CLI_O_DEPTH ? "--depth" : "--keep-last", arg, ch == CLI_O_DEPTH);
+		*(ch == CLI_O_DEPTH ? &o->depth : &o->keep_last) = (unsigned)n;
+		return 0;
+	case CLI_O_HEAD:
+	case CLI_O_RES:
+		if (cli_parse_size(arg, ch == CLI_O_HEAD ? &o->headroom : &o->reserve))
+			return cli_usage_error(cmd, "%s '%s' is not a size", ch == CLI_O_HEAD ? "--headroom" : "--reserve",
+					       arg);
+		return 0;
+	default:
+		return -1;
+	}
 }
 
 int cli_parse_size(const char *s, uint64_t *out)

@@ -87,6 +87,28 @@ bench_usage_errors() {
 	expect_rc 2
 	expect_error_line
 	expect_err "needs"
+	run bench stream "$T/f.arena" --keep-last 65
+	expect_rc 2
+	expect_error_line
+	run bench stream "$T/f.arena" --reserve lots
+	expect_rc 2
+	expect_error_line
+}
+
+# bench stream takes plan's planner options: with no headroom or reserve the
+# model streams under a cap that leaves nothing else, as plan says it would.
+bench_planner_options() {
+	engine_image
+	run plan "$T/f.arena" --vram 290K --headroom 0 --reserve 0 --json
+	expect_rc 0
+	want=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["stream_bytes_per_step"])' "$T/out")
+	run bench stream "$T/f.arena" --vram-cap 290K --headroom 0 --reserve 0 --sim-capacity 1G --steps 3 --profile none --json
+	expect_rc 0
+	python3 - "$T/out" "$want" <<'PY' || fail "bench did not stream what plan predicted"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert int(sys.argv[2]) > 0 and d["predicted_stream_bytes_per_step"] == int(sys.argv[2])
+PY
 }
 
 # cuda: on a machine without a GPU (or without cuBLAS) one clean line and
@@ -180,5 +202,5 @@ PY
 	[ "$rc" = 0 ] && fail "saving into a missing folder succeeded"
 }
 
-cases plan_help plan_usage_errors plan_text_and_json plan_too_small bench_usage_errors bench_cuda bench_json \
+cases plan_help plan_usage_errors plan_text_and_json plan_too_small bench_usage_errors bench_planner_options bench_cuda bench_json \
 	profile_round_trip profile_errors
