@@ -39,10 +39,11 @@ struct arena_engine {
 	arena_event **ev_use;  /* its last release (resident or in the ring) */
 	arena_event **ev_fill; /* the copy that put it where it is */
 	unsigned *res_held;
-	double *cost;    /* the engine's copy of o->cost (o.cost points at it) */
+	double *cost;    /* the engine's copy of a given o->cost (o.cost points at it); NULL: none given */
 	/* device timing (be can time): per step parity, block, occurrence (2:
 	 * forward, backward) the events ready (before the wait), start, end */
-	int timed, user_profile, learned_applied;
+	int timed;
+	int profile_learned; /* o.cost is the learned profile (whether or not it changed the plan) */
 	arena_event **tm;
 	uint8_t *tm_rec;      /* same index without the event: 1 acquired, 3 released */
 	uint64_t tm_step[2];  /* the step each parity holds */
@@ -498,7 +499,6 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	if ((rc = be->ops->stream_create(be, &e->cs)))
 		goto fail;
 	e->timed = be->ops->event_create_timed && be->ops->event_elapsed;
-	e->user_profile = o->cost != NULL;
 	if (e->timed) {
 		size_t nt = 2 * (n ? n : 1) * 2;
 		e->tm = arena_calloc(3 * nt, sizeof(*e->tm));
@@ -825,12 +825,12 @@ static double learned_h2d(const arena_engine *e)
  * predicted 2% faster (once; later replans under pressure use it too). */
 static int learn(arena_engine *e)
 {
-	if (!e->timed || e->user_profile || e->o.no_learn || e->learned_applied || !e->plan.n_streamed || !e->lc_n)
+	if (!e->timed || e->cost || e->o.no_learn || e->profile_learned || !e->plan.n_streamed || !e->lc_n)
 		return 0;
 	for (size_t i = 0; i < e->plan.n_sched; i++)
 		if (e->lcost[e->plan.sched[i]] < 0)
 			return 0;
-	e->learned_applied = 1;
+	e->profile_learned = 1;
 	e->o.cost = e->lcost;
 	e->o.h2d_bytes_per_s = learned_h2d(e);
 	e->o.backward_factor = e->lfwd_sum > 0 ? e->lbwd_sum / e->lfwd_sum : 0;
@@ -903,7 +903,7 @@ int arena_engine_collect(arena_engine *e)
 int arena_engine_profile(const arena_engine *e, double *cost, double *h2d, double *bwd)
 {
 	size_t n = e->l->n_blocks;
-	if (e->user_profile) {
+	if (e->cost) { /* given */
 		memcpy(cost, e->cost, n * sizeof(*cost));
 		*h2d = e->o.h2d_bytes_per_s;
 		*bwd = e->o.backward_factor;
