@@ -23,6 +23,7 @@
 typedef struct arena_backend arena_backend;
 typedef struct arena_stream arena_stream;
 typedef struct arena_event arena_event;
+struct arena_hb4;
 
 typedef struct arena_backend_ops {
 	const char *name; /* "cuda" or "sim" */
@@ -70,6 +71,17 @@ typedef struct arena_backend_ops {
 	 * event never recorded or not timed). */
 	int (*event_create_timed)(arena_backend *b, arena_event **e);
 	int (*event_elapsed)(arena_backend *b, arena_event *a, arena_event *z, double *seconds);
+
+	/* Decode raw bytes [a, z) (even, z <= 2 * v->words) of an hb4 chunk
+	 * (formats/codec.h) into device memory at dst, queued on s. The chunk's
+	 * stored bytes are in device memory at src (copied there earlier on s);
+	 * v is the host's parse of the same bytes (arena_hb4_parse): the
+	 * backend takes the plane offsets, table and counts from it, and may
+	 * read v's host planes (the exception indices) while queueing, not
+	 * after this returns. cuda: a kernel; sim: the CPU decoder on the
+	 * stream's worker. */
+	int (*decode_hb4)(arena_backend *b, void *dst, const void *src, const struct arena_hb4 *v, uint64_t a, uint64_t z,
+			  arena_stream *s);
 
 	void (*destroy)(arena_backend *b);
 } arena_backend_ops;

@@ -1,0 +1,77 @@
+/* codec.h - chunk codecs of the arena image (docs/FORMAT.md, "Codecs").
+ *
+ * Codec 1, "hb4", is a fixed-rate lossless code for 16-bit little-endian
+ * words (bf16 and fp16 weights): each word's low byte is stored as is and
+ * its high byte (sign and exponent of a bf16) as a 4-bit code into a table
+ * of the chunk's 16 commonest high bytes; words whose high byte is not in
+ * the table are exceptions, listed after the planes. A bf16 weight then
+ * takes 12 bits instead of 16. Because the rate is fixed, any word range of
+ * a chunk decodes on its own: the GPU decodes straight into the slabs.
+ *
+ * Stored layout of an hb4 chunk of W = raw_length / 2 words, E exceptions:
+ *
+ *   0                 u32 E             exceptions
+ *   4                 u32 W             words (raw_length / 2)
+ *   8                 u8[16] table      high byte of codes 0..15
+ *   24                u8[8]             zero
+ *   32                nibbles           word i's code in byte i/2, low nibble for even i;
+ *                                       ceil(W/2) bytes, zero padded to a multiple of 16
+ *   32 + N            low bytes         W bytes, zero padded to a multiple of 16
+ *   32 + N + L        u32[E] index      exception word indices, strictly increasing, < W
+ *   32 + N + L + 4E   u8[E] high        exception high bytes
+ *
+ * where N = align16(ceil(W/2)) and L = align16(W); stored_length is exactly
+ * 32 + N + L + 5E. An exception's nibble is 0 (the decoder overwrites the
+ * word's high byte with the listed one). */
+#ifndef ARENA_FORMATS_CODEC_H
+#define ARENA_FORMATS_CODEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum { ARENA_CODEC_NONE = 0, ARENA_CODEC_HB4 = 1 };
+
+#define ARENA_HB4_HEADER 32u
+
+/* A parsed hb4 chunk: pointers into the stored bytes. */
+typedef struct arena_hb4 {
+	uint64_t words, n_exc;
+	uint8_t table[16];
+	const uint8_t *nib, *low, *exc_idx, *exc_hi;
+	uint64_t nib_off, low_off, idx_off, hi_off; /* offsets of the planes in the stored chunk */
+} arena_hb4;
+
+/* Offsets of the planes for W words (nib, low, idx) and the stored length
+ * for E exceptions. */
+uint64_t arena_hb4_nib_off(void);
+uint64_t arena_hb4_low_off(uint64_t words);
+uint64_t arena_hb4_idx_off(uint64_t words);
+uint64_t arena_hb4_stored_length(uint64_t raw_length, uint64_t n_exc);
+
+/* Can a chunk of raw_length bytes be stored in stored_length bytes with hb4?
+ * (raw_length even, stored_length = the formula for some E <= W.) 1 or 0. */
+int arena_hb4_lengths_ok(uint64_t raw_length, uint64_t stored_length);
+
+/* Encode raw (raw_length bytes, even) into out (room for raw_length bytes).
+ * Returns the stored length, or 0 when hb4 would not store it in fewer than
+ * raw_length bytes (then store the chunk as is). */
+uint64_t arena_hb4_encode(const uint8_t *raw, uint64_t raw_length, uint8_t *out);
+
+/* Check a stored hb4 chunk and describe it in *v: the header agrees with
+ * raw_length and stored_length, padding and reserved bytes are zero,
+ * exception indices strictly increase and are < W. Returns 0 or
+ * ARENA_E(IMG_CHUNK_BAD) with a message naming what is wrong (prefixed by
+ * `what`, e.g. "model.arena: chunk 7"). */
+int arena_hb4_parse(const uint8_t *stored, uint64_t stored_length, uint64_t raw_length, const char *what,
+		    arena_hb4 *v);
+
+/* Decode raw bytes [a, z) of a parsed chunk into dst (z - a bytes). a and z
+ * are even and z <= raw_length. */
+void arena_hb4_decode(const arena_hb4 *v, uint64_t a, uint64_t z, uint8_t *dst);
+
+/* The codec's name ("none", "hb4") or NULL for an unknown number; and back
+ * (-1 for an unknown name). */
+const char *arena_codec_name(unsigned codec);
+int arena_codec_from_name(const char *name);
+
+#endif

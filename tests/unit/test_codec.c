@@ -1,0 +1,168 @@
+/* test_codec.c - the hb4 chunk codec: round trips, ranges, what it refuses. */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../common/err.h"
+#include "../../formats/codec.h"
+
+/* bf16 words of normal-ish weights (what a real layer looks like), with a
+ * few outliers, zeros and infinities. */
+static uint8_t *weights(uint64_t words, unsigned seed)
+{
+	uint8_t *b = malloc(2 * words);
+	srand(seed);
+	for (uint64_t i = 0; i < words; i++) {
+		double u1 = (rand() + 1.0) / (RAND_MAX + 2.0), u2 = (rand() + 1.0) / (RAND_MAX + 2.0);
+		float f = (float)(0.02 * sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2));
+		if (i % 9973 == 5)
+			f = 1e30f;
+		if (i % 7919 == 3)
+			f = 0;
+		uint32_t x;
+		memcpy(&x, &f, 4);
+		b[2 * i] = (uint8_t)(x >> 16);
+		b[2 * i + 1] = (uint8_t)(x >> 24);
+	}
+	return b;
+}
+
+static void roundtrip(const uint8_t *raw, uint64_t len, int expect_coded)
+{
+	uint8_t *st = malloc(len + 64);
+	uint64_t n = arena_hb4_encode(raw, len, st);
+	cr_assert_eq(n != 0, expect_coded, "len %llu coded %llu", (unsigned long long)len, (unsigned long long)n);
+	if (!n) {
+		free(st);
+		return;
+	}
+	cr_assert_lt(n, len);
+	cr_assert(arena_hb4_lengths_ok(len, n));
+	arena_hb4 v;
+	cr_assert_eq(arena_hb4_parse(st, n, len, "t", &v), 0, "%s", arena_last_error());
+	uint8_t *out = malloc(len);
+	memset(out, 0xa5, len);
+	arena_hb4_decode(&v, 0, len, out);
+	cr_assert_eq(memcmp(out, raw, len), 0);
+	/* Any even sub-range decodes on its own. */
+	for (uint64_t a = 0; a < len; a += (len / 7 + 2) & ~1ull)
+		for (uint64_t z = a; z <= len; z += (len / 5 + 2) & ~1ull) {
+			memset(out, 0xa5, len);
+			arena_hb4_decode(&v, a, z, out);
+			cr_assert_eq(memcmp(out, raw + a, z - a), 0, "range %llu..%llu", (unsigned long long)a,
+				     (unsigned long long)z);
+		}
+	free(out);
+	free(st);
+}
+
+Test(codec, bf16_weights_take_three_quarters)
+{
+	uint64_t W = 1u << 20;
+	uint8_t *raw = weights(W, 1);
+	uint8_t *st = malloc(2 * W);
+	uint64_t n = arena_hb4_encode(raw, 2 * W, st);
+	cr_assert_gt(n, 0);
+	/* 12 bits a word plus a few exceptions. */
+	cr_assert_lt((double)n / (2.0 * W), 0.76, "ratio %f", (double)n / (2.0 * W));
+	free(st);
+	roundtrip(raw, 2 * W, 1);
+	roundtrip(raw, 2 * 4097, 1); /* odd word count */
+	roundtrip(raw, 2 * 513, 1);
+	free(raw);
+}
+
+Test(codec, incompressible_is_refused)
+{
+	uint64_t len = 1u << 16;
+	uint8_t *raw = malloc(len);
+	for (uint64_t i = 0; i < len; i++)
+		raw[i] = (uint8_t)(i * 2654435761u >> 13);
+	roundtrip(raw, len, 0);
+	cr_assert_eq(arena_hb4_encode(raw, 3, raw), 0); /* odd length */
+	cr_assert_eq(arena_hb4_encode(raw, 0, raw), 0);
+	/* All zero: no exceptions. */
+	memset(raw, 0, len);
+	roundtrip(raw, len, 1);
+	free(raw);
+}
+
+Test(codec, every_exception_position)
+{
+	/* 17 distinct high bytes: the rarest is an exception wherever it is. */
+	uint64_t W = 4096;
+	uint8_t *raw = calloc(2, W);
+	for (uint64_t i = 0; i < W; i++)
+		raw[2 * i + 1] = (uint8_t)(i % 16), raw[2 * i] = (uint8_t)i;
+	for (uint64_t k = 0; k < W; k += 97) {
+		raw[2 * k + 1] = 0x80;
+		roundtrip(raw, 2 * W, 1);
+	}
+	raw[1] = 0x80;
+	raw[2 * W - 1] = 0x80;
+	roundtrip(raw, 2 * W, 1);
+	free(raw);
+}
+
+static int parse_err(const uint8_t *st, uint64_t n, uint64_t raw)
+{
+	arena_hb4 v;
+	return arena_hb4_parse(st, n, raw, "c", &v);
+}
+
+Test(codec, malformed_chunks_are_named)
+{
+	uint64_t W = 8192, len = 2 * W;
+	uint8_t *raw = weights(W, 2);
+	for (uint64_t i = 0; i < W; i += 61)
+		raw[2 * i + 1] = (uint8_t)(0x10 + i % 20); /* many exceptions */
+	uint8_t *st = malloc(len), *bad = malloc(len);
+	uint64_t n = arena_hb4_encode(raw, len, st);
+	cr_assert_gt(n, 0);
+	arena_hb4 v;
+	cr_assert_eq(arena_hb4_parse(st, n, len, "c", &v), 0);
+	cr_assert_gt(v.n_exc, 2);
+	/* Lengths that no E gives, and an odd raw length. */
+	cr_assert_eq(parse_err(st, n - 1, len), ARENA_E(IMG_CHUNK_BAD));
+	cr_assert_eq(parse_err(st, n, len + 1), ARENA_E(IMG_CHUNK_BAD));
+	cr_assert(strstr(arena_last_error(), "c: "));
+	/* Header counts that disagree with the lengths. */
+	memcpy(bad, st, n);
+	bad[0] ^= 1;
+	cr_assert_eq(parse_err(bad, n, len), ARENA_E(IMG_CHUNK_BAD));
+	memcpy(bad, st, n);
+	bad[30] = 1;
+	cr_assert_eq(parse_err(bad, n, len), ARENA_E(IMG_CHUNK_BAD));
+	/* Padding. */
+	memcpy(bad, st, n);
+	cr_assert_eq(v.idx_off - v.low_off, W); /* W is a multiple of 16: no low padding */
+	/* Exception indices out of order and out of range. */
+	memcpy(bad, st, n);
+	memcpy(bad + v.idx_off, st + v.idx_off + 4, 4);
+	cr_assert_eq(parse_err(bad, n, len), ARENA_E(IMG_CHUNK_BAD));
+	memcpy(bad, st, n);
+	uint32_t big = (uint32_t)W;
+	memcpy(bad + v.idx_off + 4 * (v.n_exc - 1), &big, 4);
+	cr_assert_eq(parse_err(bad, n, len), ARENA_E(IMG_CHUNK_BAD));
+	cr_assert(strstr(arena_last_error(), "exception"), "%s", arena_last_error());
+	/* Odd W: the last nibble byte's high half is padding. */
+	uint64_t n2 = arena_hb4_encode(raw, 2 * 4095, st);
+	cr_assert_gt(n2, 0);
+	cr_assert_eq(arena_hb4_parse(st, n2, 2 * 4095, "c", &v), 0);
+	st[v.nib_off + 4095 / 2] |= 0x10;
+	cr_assert_eq(parse_err(st, n2, 2 * 4095), ARENA_E(IMG_CHUNK_BAD));
+	free(raw);
+	free(st);
+	free(bad);
+}
+
+Test(codec, names)
+{
+	cr_assert_str_eq(arena_codec_name(ARENA_CODEC_HB4), "hb4");
+	cr_assert_str_eq(arena_codec_name(ARENA_CODEC_NONE), "none");
+	cr_assert_null(arena_codec_name(7));
+	cr_assert_eq(arena_codec_from_name("hb4"), ARENA_CODEC_HB4);
+	cr_assert_eq(arena_codec_from_name("zstd"), -1);
+}
