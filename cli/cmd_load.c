@@ -76,13 +76,16 @@ static int check_device(const char *path, const arena_model *m, int is_image, in
 	for (size_t b = 0; b < m->layout->n_blocks; b++)
 		maxb = m->layout->blocks[b].bytes > maxb ? m->layout->blocks[b].bytes : maxb;
 	uint8_t *a = arena_malloc(maxb ? maxb : 1), *f = arena_malloc(maxb ? maxb : 1);
+	arena_img_reader rd = {0};
 	if (!a || !f)
 		rc = arena_errorf(ARENA_E_NOMEM, "out of memory for the check");
+	else
+		rc = arena_img_reader_init(&rd, img, 1);
 	for (size_t b = 0; !rc && b < m->layout->n_blocks; b++) {
 		const arena_block *blk = &m->layout->blocks[b];
 		if (!blk->bytes)
 			continue;
-		if ((rc = arena_pread_full(img->fd, f, blk->bytes, img->hdr.data_offset + blk->offset, path)))
+		if ((rc = arena_img_read_raw(&rd, blk->offset, blk->bytes, f)))
 			break;
 		const uint8_t *have = m->mem[b].host;
 		if (m->mem[b].dev) {
@@ -97,6 +100,7 @@ static int check_device(const char *path, const arena_model *m, int is_image, in
 	}
 	arena_free(a);
 	arena_free(f);
+	arena_img_reader_free(&rd);
 	arena_img_close(img);
 	return rc;
 }
@@ -234,6 +238,12 @@ int cmd_load(int argc, char **argv)
 			rd = 0;
 	}
 	double bound = h2d > 0 && rd > 0 ? (h2d < rd ? h2d : rd) : (h2d > 0 ? h2d : rd);
+	/* A coded image moves fewer bytes than it delivers: the limits, which are
+	 * rates of moved bytes, carry payload/file_bytes times as much payload. */
+	const int coded = st.gpu_decoded + st.cpu_decoded > 0;
+	const double carry = coded && st.file_bytes ? (double)payload / (double)st.file_bytes : 1.0;
+	const double raw_bound = bound;
+	bound *= carry;
 	int status = ok ? 0 : 1;
 	if (json) {
 		json_t *o = json_pack("{s:s,s:s,s:s,s:I,s:f,s:f,s:I,s:I,s:I,s:b,s:I,s:I,s:i,s:{s:I,s:I},s:I}", "path",
@@ -250,9 +260,15 @@ int cmd_load(int argc, char **argv)
 				    json_pack("{s:f,s:f,s:f,s:f,s:f}", "open", st.t_open, "ring", st.t_ring, "prepare",
 					      st.t_prepare, "populate", st.t_populate, "commit", st.t_commit));
 		json_object_set_new(o, "hash_isa", json_string(arena_hash_isa()));
+		json_object_set_new(o, "file_bytes", json_integer((json_int_t)st.file_bytes));
+		json_object_set_new(o, "decoded",
+				    coded ? json_pack("{s:I,s:I,s:f}", "gpu_bytes", (json_int_t)st.gpu_decoded, "cpu_bytes",
+						      (json_int_t)st.cpu_decoded, "payload_per_file_byte", carry)
+					  : json_null());
 		json_object_set_new(o, "limits",
-				    probe ? json_pack("{s:f,s:f,s:s}", "h2d_gbps", h2d, "read_gbps", rd, "read_mode",
-						      direct_mode ? "direct" : "buffered")
+				    probe ? json_pack("{s:f,s:f,s:s,s:f,s:f}", "h2d_gbps", h2d, "read_gbps", rd, "read_mode",
+						      direct_mode ? "direct" : "buffered", "moved_bound_gbps", raw_bound,
+						      "payload_bound_gbps", bound)
 					  : json_null());
 		json_object_set_new(o, "fraction_of_bound", probe && bound > 0 ? json_real(gbps / bound) : json_null());
 		int pst = cli_print_json(o);
@@ -266,7 +282,15 @@ int cmd_load(int argc, char **argv)
 		       cli_fmt_bytes(st.dev_bytes, b1, sizeof(b1)), cli_fmt_bytes(st.host_bytes, b2, sizeof(b2)),
 		       cli_fmt_bytes(pinned, c, sizeof(c)), cli_fmt_bytes(st.ring_bytes, d, sizeof(d)),
 		       st.ring_pinned ? "pinned" : "pageable", cli_fmt_bytes(rss, e, sizeof(e)));
-		if (probe)
+		if (coded)
+			printf("decoded: %s read for %s (%.2f payload bytes a byte moved); %s decoded by the device, %s by the CPU\n",
+			       cli_fmt_bytes(st.file_bytes, b1, sizeof(b1)), cli_fmt_bytes(payload, b2, sizeof(b2)), carry,
+			       cli_fmt_bytes(st.gpu_decoded, c, sizeof(c)), cli_fmt_bytes(st.cpu_decoded, d, sizeof(d)));
+		if (probe && coded)
+			printf("limits: pinned host->device %.2f GB/s, parallel %s read %.2f GB/s of moved bytes, so %.2f GB/s "
+			       "of payload; load reached %.0f%% of that\n",
+			       h2d, direct_mode ? "O_DIRECT" : "buffered", rd, bound, bound > 0 ? 100 * gbps / bound : 0.0);
+		else if (probe)
 			printf("limits: pinned host->device %.2f GB/s, parallel %s read %.2f GB/s; load reached %.0f%% of the lower\n",
 			       h2d, direct_mode ? "O_DIRECT" : "buffered", rd, bound > 0 ? 100 * gbps / bound : 0.0);
 		if (check)

@@ -48,7 +48,7 @@ int arena_hb4_lengths_ok(uint64_t raw_length, uint64_t stored_length)
 	if (raw_length % 2 || raw_length == 0 || raw_length > UINT32_MAX)
 		return 0;
 	uint64_t base = arena_hb4_stored_length(raw_length, 0);
-	return stored_length >= base && (stored_length - base) % 5 == 0 && (stored_length - base) / 5 <= raw_length / 2;
+	return stored_length >= base && stored_length < raw_length && (stored_length - base) % 5 == 0;
 }
 
 uint64_t arena_hb4_encode(const uint8_t *raw, uint64_t raw_length, uint8_t *out)

@@ -49,7 +49,8 @@ uint64_t arena_hb4_idx_off(uint64_t words);
 uint64_t arena_hb4_stored_length(uint64_t raw_length, uint64_t n_exc);
 
 /* Can a chunk of raw_length bytes be stored in stored_length bytes with hb4?
- * (raw_length even, stored_length = the formula for some E <= W.) 1 or 0. */
+ * (raw_length even, stored_length = the formula for some E, and fewer than
+ * raw_length: hb4 is only used where it saves bytes.) 1 or 0. */
 int arena_hb4_lengths_ok(uint64_t raw_length, uint64_t stored_length);
 
 /* Encode raw (raw_length bytes, even) into out (room for raw_length bytes).

@@ -18,6 +18,7 @@
 #include "../common/err.h"
 #include "../common/firsterr.h"
 #include "../common/io.h"
+#include "codec.h"
 
 #define E(name) ARENA_E(name)
 #define HDR_HASH_AT 4088u
@@ -56,7 +57,7 @@ void arena_img_header_plan(arena_img_header *h, uint64_t manifest_length, uint64
 {
 	memset(h, 0, sizeof(*h));
 	h->major = ARENA_IMG_MAJOR;
-	h->minor = ARENA_IMG_MINOR;
+	h->minor = 0;
 	h->manifest_offset = ARENA_IMG_HEADER_SIZE;
 	h->manifest_length = manifest_length;
 	h->chunk_size = chunk_size;
@@ -66,6 +67,18 @@ void arena_img_header_plan(arena_img_header *h, uint64_t manifest_length, uint64
 	h->data_offset = h->chunk_table_offset + h->chunk_table_length;
 	h->data_length = data_length;
 	h->file_size = h->data_offset + data_length;
+}
+
+void arena_img_header_set_coded(arena_img_header *h)
+{
+	h->flags |= ARENA_IMG_FLAG_CODED;
+	h->minor = 1;
+}
+
+void arena_img_header_set_stored(arena_img_header *h, uint64_t stored_length)
+{
+	h->stored_length = stored_length;
+	h->file_size = h->data_offset + stored_length;
 }
 
 void arena_img_header_encode(const arena_img_header *h, uint8_t page[ARENA_IMG_HEADER_SIZE])
@@ -86,6 +99,7 @@ void arena_img_header_encode(const arena_img_header *h, uint8_t page[ARENA_IMG_H
 	put64(page + 80, h->data_length);
 	put64(page + 88, h->chunk_size);
 	put64(page + 96, h->chunk_count);
+	put64(page + 104, h->stored_length);
 	put64(page + HDR_HASH_AT, arena_xxh3(page, HDR_HASH_AT));
 }
 
@@ -127,13 +141,15 @@ int arena_img_header_decode(const uint8_t page[ARENA_IMG_HEADER_SIZE], uint64_t 
 	h->data_length = get64(page + 80);
 	h->chunk_size = get64(page + 88);
 	h->chunk_count = get64(page + 96);
+	h->stored_length = get64(page + 104);
 	if (h->major != ARENA_IMG_MAJOR)
 		return arena_errorf(E(IMG_VERSION), "%s: image format version %u.%u; this reader reads %d.x", label,
 				    h->major, h->minor, ARENA_IMG_MAJOR);
-	if (h->flags & 0xFFFFu)
+	if (h->flags & 0xFFFFu & ~ARENA_IMG_FLAG_CODED)
 		return arena_errorf(E(IMG_FLAGS), "%s: image requires features 0x%04x this reader does not know",
-				    label, h->flags & 0xFFFFu);
-	for (unsigned i = 104; i < HDR_HASH_AT; i++)
+				    label, h->flags & 0xFFFFu & ~ARENA_IMG_FLAG_CODED);
+	const int coded = !!(h->flags & ARENA_IMG_FLAG_CODED);
+	for (unsigned i = 112; i < HDR_HASH_AT; i++)
 		if (page[i])
 			return arena_errorf(E(IMG_HEADER_BAD), "%s: header: reserved byte %u is not zero", label, i);
 	const char *why = NULL;
@@ -154,8 +170,15 @@ int arena_img_header_decode(const uint8_t page[ARENA_IMG_HEADER_SIZE], uint64_t 
 		why = "chunk_table_length does not match chunk_count";
 	else if (h->data_offset != h->chunk_table_offset + h->chunk_table_length)
 		why = "data does not follow the chunk table";
-	else if (h->data_length > UINT64_MAX - h->data_offset || h->file_size != h->data_offset + h->data_length)
+	else if (!coded && h->stored_length)
+		why = "stored_length is set but the coded-chunks flag is not";
+	else if (coded && (h->stored_length % 4096 || h->stored_length > h->data_length))
+		why = "stored_length is not a multiple of 4096 up to data_length";
+	else if (!coded && (h->data_length > UINT64_MAX - h->data_offset || h->file_size != h->data_offset + h->data_length))
 		why = "file_size is not data_offset + data_length";
+	else if (coded &&
+		 (h->stored_length > UINT64_MAX - h->data_offset || h->file_size != h->data_offset + h->stored_length))
+		why = "file_size is not data_offset + stored_length";
 	if (why)
 		return arena_errorf(E(IMG_HEADER_BAD), "%s: header: %s", label, why);
 	if (real_size < h->file_size)
@@ -190,14 +213,14 @@ static void jset(json_t *o, const char *k, json_t *v, int *fail)
 }
 
 int arena_img_manifest_build(const arena_layout *l, const void *sources, const void *metadata, uint64_t chunk_size,
-			     char **out, size_t *len)
+			     unsigned minor, char **out, size_t *len)
 {
 	arena_alloc_init();
 	*out = NULL;
 	int fail = 0;
 	json_t *root = json_object();
 	jset(root, "format", json_string("arena-image"), &fail);
-	jset(root, "version", json_pack("[ii]", ARENA_IMG_MAJOR, ARENA_IMG_MINOR), &fail);
+	jset(root, "version", json_pack("[ii]", ARENA_IMG_MAJOR, (int)minor), &fail);
 	jset(root, "source",
 	     sources ? json_pack("{s:O}", "files", (json_t *)(uintptr_t)sources) : json_pack("{s:[]}", "files"), &fail);
 	jset(root, "metadata", metadata ? json_copy((json_t *)(uintptr_t)metadata) : json_object(), &fail);
@@ -533,6 +556,8 @@ static int read_chunk_table(arena_image *img)
 				  img->path, (unsigned long long)got, (unsigned long long)h->chunk_table_xxh3);
 		goto out;
 	}
+	const int coded = !!(h->flags & ARENA_IMG_FLAG_CODED);
+	uint64_t at = 0; /* coded: where the next chunk must start */
 	for (uint64_t i = 0; i < h->chunk_count; i++) {
 		const uint8_t *e = buf + i * ARENA_IMG_CHUNK_ENTRY;
 		arena_img_chunk *c = &img->chunks[i];
@@ -544,10 +569,30 @@ static int read_chunk_table(arena_image *img)
 		c->flags = get16(e + 26);
 		uint64_t start = i * h->chunk_size;
 		uint64_t raw = h->data_length - start < h->chunk_size ? h->data_length - start : h->chunk_size;
-		if (c->codec != 0) {
-			rc = arena_errorf(E(IMG_CODEC), "%s: chunk %llu: unknown codec %u", img->path, (unsigned long long)i,
+		if (!arena_codec_name(c->codec) || (c->codec && !coded)) {
+			rc = arena_errorf(E(IMG_CODEC), "%s: chunk %llu: %s codec %u", img->path, (unsigned long long)i,
+					  arena_codec_name(c->codec) ? "an image without coded chunks names" : "unknown",
 					  c->codec);
 			goto out;
+		}
+		if (coded) {
+			/* Packed: each chunk 4096-aligned right after the one before. */
+			int len_ok = c->codec == ARENA_CODEC_HB4 ? arena_hb4_lengths_ok(raw, c->stored_length)
+								 : c->stored_length == raw;
+			if (c->offset != at || c->raw_length != raw || !len_ok || c->flags || get32(e + 28) ||
+			    c->offset + c->stored_length > h->stored_length) {
+				rc = arena_errorf(E(IMG_CHUNK_TABLE_BAD),
+						  "%s: chunk %llu: entry (offset %llu, %u stored bytes for %u, codec %s) does not "
+						  "follow the chunk before (offset %llu) or does not fit (%llu raw bytes, %llu "
+						  "stored in all)",
+						  img->path, (unsigned long long)i, (unsigned long long)c->offset,
+						  c->stored_length, c->raw_length, arena_codec_name(c->codec),
+						  (unsigned long long)at, (unsigned long long)raw,
+						  (unsigned long long)h->stored_length);
+				goto out;
+			}
+			at = arena_align_up(c->offset + c->stored_length, 4096);
+			continue;
 		}
 		if (c->offset != start || c->raw_length != raw || c->stored_length != raw || c->flags || get32(e + 28)) {
 			rc = arena_errorf(E(IMG_CHUNK_TABLE_BAD),
@@ -556,6 +601,11 @@ static int read_chunk_table(arena_image *img)
 					  c->stored_length, c->raw_length, (unsigned long long)start, (unsigned long long)raw);
 			goto out;
 		}
+	}
+	if (coded && at != h->stored_length) {
+		rc = arena_errorf(E(IMG_CHUNK_TABLE_BAD), "%s: the chunks end at stored byte %llu, the header says %llu",
+				  img->path, (unsigned long long)at, (unsigned long long)h->stored_length);
+		goto out;
 	}
 	for (uint64_t i = h->chunk_count * ARENA_IMG_CHUNK_ENTRY; i < h->chunk_table_length; i++)
 		if (buf[i]) {
@@ -670,7 +720,9 @@ static void *verify_worker(void *arg)
 {
 	verify_job *j = arg;
 	const arena_img_header *h = &j->img->hdr;
-	uint8_t *buf = arena_malloc(VERIFY_PIECE);
+	/* Coded chunks are read whole: their structure is checked too. */
+	const int coded = !!(h->flags & ARENA_IMG_FLAG_CODED);
+	uint8_t *buf = arena_malloc(coded ? h->chunk_size : VERIFY_PIECE);
 	if (!buf) {
 		arena_errorf(ARENA_E_NOMEM, "%s: out of memory for read buffers", j->img->path);
 		arena_first_error_set(&j->err, ARENA_E_NOMEM);
@@ -689,8 +741,9 @@ static void *verify_worker(void *arg)
 		int rc = 0;
 		for (uint64_t done = 0; done < c->stored_length && !rc;) {
 			uint64_t n = c->stored_length - done < VERIFY_PIECE ? c->stored_length - done : VERIFY_PIECE;
-			rc = arena_pread_full(j->img->fd, buf, n, h->data_offset + c->offset + done, j->img->path);
-			arena_hash_update(&st, buf, n);
+			uint8_t *at = coded ? buf + done : buf;
+			rc = arena_pread_full(j->img->fd, at, n, h->data_offset + c->offset + done, j->img->path);
+			arena_hash_update(&st, at, n);
 			done += n;
 		}
 		if (rc) {
@@ -699,6 +752,10 @@ static void *verify_worker(void *arg)
 		}
 		j->got[i] = arena_hash_digest(&st);
 		j->bad[i] = j->got[i] != c->xxh3;
+		if (!j->bad[i] && c->codec && (rc = arena_img_chunk_check(j->img, i, buf, j->got[i], "while verifying", NULL))) {
+			arena_first_error_set(&j->err, rc);
+			break;
+		}
 	}
 	arena_free(buf);
 	return NULL;
@@ -838,4 +895,97 @@ void arena_img_chunk_describe(const arena_image *img, uint64_t i, char *buf, siz
 	else
 		snprintf(buf, len, "block%s %s, tensor%s %s", d.nb > 1 ? "s" : "", d.blocks, d.nt > 1 ? "s" : "",
 			 d.tensors);
+}
+
+/* ---- checked reads of raw bytes -------------------------------------------- */
+
+int arena_img_chunk_check(const arena_image *img, uint64_t i, const uint8_t *buf, uint64_t got_hash, const char *why,
+			  arena_hb4 *v)
+{
+	const arena_img_chunk *c = &img->chunks[i];
+	const uint64_t at = img->hdr.data_offset + c->offset;
+	if (got_hash != c->xxh3) {
+		char what[512];
+		arena_img_chunk_describe(img, i, what, sizeof(what));
+		return arena_errorf(E(IMG_CHUNK_CHECKSUM),
+				    "%s: chunk %llu (file bytes %llu..%llu) checksum mismatch, caught %s; it holds %s", img->path,
+				    (unsigned long long)i, (unsigned long long)at, (unsigned long long)(at + c->stored_length),
+				    why, what);
+	}
+	if (c->codec == ARENA_CODEC_HB4) {
+		char label[256];
+		snprintf(label, sizeof(label), "%s: chunk %llu (file bytes %llu..%llu)", img->path, (unsigned long long)i,
+			 (unsigned long long)at, (unsigned long long)(at + c->stored_length));
+		arena_hb4 tmp;
+		return arena_hb4_parse(buf, c->stored_length, c->raw_length, label, v ? v : &tmp);
+	}
+	return 0;
+}
+
+int arena_img_reader_init(arena_img_reader *r, arena_image *img, int verify)
+{
+	memset(r, 0, sizeof(*r));
+	r->img = img;
+	r->verify = verify;
+	r->chunk = UINT64_MAX;
+	if (!verify && !(img->hdr.flags & ARENA_IMG_FLAG_CODED))
+		return 0;
+	r->stored = arena_malloc(img->hdr.chunk_size);
+	r->raw = arena_malloc(img->hdr.chunk_size);
+	if (!r->stored || !r->raw) {
+		arena_img_reader_free(r);
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory for a %llu-byte chunk", img->path,
+				    (unsigned long long)img->hdr.chunk_size);
+	}
+	return 0;
+}
+
+void arena_img_reader_free(arena_img_reader *r)
+{
+	arena_free(r->stored);
+	arena_free(r->raw);
+	r->stored = r->raw = NULL;
+}
+
+/* Chunk i's raw bytes into r->raw. */
+static int reader_load(arena_img_reader *r, uint64_t i)
+{
+	const arena_image *img = r->img;
+	const arena_img_chunk *c = &img->chunks[i];
+	r->chunk = UINT64_MAX;
+	uint8_t *dst = c->codec ? r->stored : r->raw;
+	int rc = arena_pread_full(img->fd, dst, c->stored_length, img->hdr.data_offset + c->offset, img->path);
+	if (rc)
+		return rc;
+	arena_hb4 v;
+	uint64_t got = r->verify ? arena_xxh3(dst, c->stored_length) : c->xxh3;
+	if ((rc = arena_img_chunk_check(img, i, dst, got, "while reading", &v)))
+		return rc;
+	if (c->codec == ARENA_CODEC_HB4)
+		arena_hb4_decode(&v, 0, c->raw_length, r->raw);
+	r->chunk = i;
+	return 0;
+}
+
+int arena_img_read_raw(arena_img_reader *r, uint64_t off, uint64_t len, uint8_t *dst)
+{
+	const arena_img_header *h = &r->img->hdr;
+	if (off > h->data_length || len > h->data_length - off)
+		return arena_errorf(ARENA_E_USAGE, "%s: raw bytes %llu..%llu lie outside the data (%llu bytes)", r->img->path,
+				    (unsigned long long)off, (unsigned long long)(off + len),
+				    (unsigned long long)h->data_length);
+	if (!r->raw)
+		return arena_pread_full(r->img->fd, dst, len, h->data_offset + off, r->img->path);
+	while (len) {
+		uint64_t i = off / h->chunk_size, in = off - i * h->chunk_size;
+		int rc;
+		if (r->chunk != i && (rc = reader_load(r, i)))
+			return rc;
+		uint64_t n = r->img->chunks[i].raw_length - in < len ? r->img->chunks[i].raw_length - in : len;
+		memcpy(dst, r->raw + in, n);
+		dst += n;
+		off += n;
+		len -= n;
+	}
+	return 0;
 }

@@ -12,7 +12,10 @@
 
 #define ARENA_IMG_MAGIC "ARENAIMG"
 #define ARENA_IMG_MAJOR 1
-#define ARENA_IMG_MINOR 0
+#define ARENA_IMG_MINOR 1 /* the newest minor this reader knows */
+/* Header flag bit 0 (required, 1.1): the data region holds coded chunks,
+ * packed (docs/FORMAT.md, "Coded images"). */
+#define ARENA_IMG_FLAG_CODED 1u
 #define ARENA_IMG_HEADER_SIZE 4096u
 #define ARENA_IMG_CHUNK_ENTRY 32u
 #define ARENA_IMG_DEFAULT_CHUNK (4u << 20)
@@ -28,6 +31,7 @@ typedef struct arena_img_header {
 	uint64_t chunk_table_offset, chunk_table_length, chunk_table_xxh3;
 	uint64_t data_offset, data_length;
 	uint64_t chunk_size, chunk_count;
+	uint64_t stored_length; /* coded images: bytes of the data region in the file; else 0 */
 } arena_img_header;
 
 typedef struct arena_img_chunk {
@@ -46,16 +50,25 @@ int arena_img_header_decode(const uint8_t page[ARENA_IMG_HEADER_SIZE], uint64_t 
 void arena_img_chunk_encode(const arena_img_chunk *c, uint8_t out[ARENA_IMG_CHUNK_ENTRY]);
 
 /* Fill in a header's region fields for a manifest of `manifest_length`
- * padded bytes, `data_length` data bytes and `chunk_size`. */
+ * padded bytes, `data_length` data bytes and `chunk_size`. A coded image
+ * (ARENA_IMG_FLAG_CODED, version 1.1) then sets stored_length and
+ * file_size with arena_img_header_set_stored once its chunks are written. */
 void arena_img_header_plan(arena_img_header *h, uint64_t manifest_length, uint64_t data_length,
 			   uint64_t chunk_size);
+void arena_img_header_set_coded(arena_img_header *h);
+void arena_img_header_set_stored(arena_img_header *h, uint64_t stored_length);
+/* Bytes of the data region as stored in the file. */
+static inline uint64_t arena_img_stored_data(const arena_img_header *h)
+{
+	return (h->flags & ARENA_IMG_FLAG_CODED) ? h->stored_length : h->data_length;
+}
 
 /* Build the manifest text for `l`: `sources` is a JSON array of
  * {"path","size","metadata"} and `metadata` a JSON object (both jansson
  * json_t*, borrowed). Returns the text padded with spaces to a multiple of
  * 4096 in *out (owned by the caller, arena_free) and its length. */
 int arena_img_manifest_build(const arena_layout *l, const void *sources, const void *metadata, uint64_t chunk_size,
-			     char **out, size_t *len);
+			     unsigned minor, char **out, size_t *len);
 
 /* An open image: header, manifest and chunk table read and checked. */
 typedef struct arena_image {
@@ -84,6 +97,28 @@ typedef void (*arena_img_bad_fn)(void *ctx, const arena_image *img, uint64_t chu
  * IMG_CHUNK_CHECKSUM with a message naming the first bad chunk and what it
  * covers, or IO/NOMEM. *n_bad (optional) gets the number of bad chunks. */
 int arena_img_verify_data(arena_image *img, unsigned threads, arena_img_bad_fn bad, void *ctx, uint64_t *n_bad);
+
+/* Read raw data bytes (the slabs' bytes, after decoding) from an image,
+ * chunk by chunk through a one-chunk cache. verify: check each chunk's
+ * checksum as it is read (IMG_CHUNK_CHECKSUM); coded chunks are always
+ * checked for structure (IMG_CHUNK_BAD). Uncoded images read without
+ * verify go straight to the file. */
+typedef struct arena_img_reader {
+	arena_image *img;
+	int verify;
+	uint8_t *stored, *raw; /* chunk_size each */
+	uint64_t chunk;        /* the chunk in raw, or UINT64_MAX */
+} arena_img_reader;
+int arena_img_reader_init(arena_img_reader *r, arena_image *img, int verify);
+int arena_img_read_raw(arena_img_reader *r, uint64_t off, uint64_t len, uint8_t *dst);
+void arena_img_reader_free(arena_img_reader *r);
+/* Chunk i's stored bytes (stored_length of them, read into buf) checked:
+ * its checksum, then for a coded chunk its structure (parsed into *v when v
+ * is not NULL). `why` says what the read was for in messages ("while
+ * loading"). */
+struct arena_hb4;
+int arena_img_chunk_check(const arena_image *img, uint64_t i, const uint8_t *buf, uint64_t got_hash, const char *why,
+			  struct arena_hb4 *v);
 
 /* Describe what chunk `i` covers: "blocks 'a', 'b'; tensors 'x', 'y' (+3 more)"
  * into buf. */

@@ -16,6 +16,7 @@
 #include "../common/firsterr.h"
 #include "../common/io.h"
 #include "../common/outfile.h"
+#include "../formats/codec.h"
 #include "../formats/image.h"
 
 /* One contiguous component in the data region. */
@@ -37,7 +38,39 @@ typedef struct job {
 	atomic_uint_fast64_t next, done_bytes;
 	arena_first_error err;
 	atomic_uint running;
+	/* Coded images: chunks take stored offsets in chunk order. */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	uint64_t next_place, stored_at;
+	atomic_uint_fast64_t coded;
 } job;
+
+/* Fail the job and wake the workers waiting for their place. */
+static void job_fail(job *j, int rc)
+{
+	arena_first_error_set(&j->err, rc);
+	pthread_mutex_lock(&j->mu);
+	pthread_cond_broadcast(&j->cv);
+	pthread_mutex_unlock(&j->mu);
+}
+
+/* Chunk i's stored offset, once chunk i-1 has taken its own; UINT64_MAX
+ * when the job failed meanwhile. */
+static uint64_t place(job *j, uint64_t i, uint64_t wlen)
+{
+	uint64_t off = UINT64_MAX;
+	pthread_mutex_lock(&j->mu);
+	while (j->next_place != i && !arena_first_error_get(&j->err))
+		pthread_cond_wait(&j->cv, &j->mu);
+	if (j->next_place == i) {
+		off = j->stored_at;
+		j->stored_at += wlen;
+		j->next_place++;
+		pthread_cond_broadcast(&j->cv);
+	}
+	pthread_mutex_unlock(&j->mu);
+	return off;
+}
 
 static int cmp_extent(const void *a, const void *b)
 {
@@ -88,15 +121,19 @@ static void *worker(void *arg)
 {
 	job *j = arg;
 	const arena_img_header *h = j->h;
+	const int coded = !!(h->flags & ARENA_IMG_FLAG_CODED);
 	uint8_t *buf = arena_aligned_alloc(4096, h->chunk_size); /* for O_DIRECT writes */
-	if (!buf) {
+	uint8_t *enc = coded ? arena_aligned_alloc(4096, h->chunk_size) : NULL;
+	if (!buf || (coded && !enc)) {
+		arena_free(buf);
+		buf = NULL;
 		arena_errorf(ARENA_E_NOMEM, "out of memory for a %llu-byte chunk buffer", (unsigned long long)h->chunk_size);
-		arena_first_error_set(&j->err, ARENA_E_NOMEM);
+		job_fail(j, ARENA_E_NOMEM);
 	}
 	while (buf && !arena_first_error_get(&j->err)) {
 		if (j->o->cancel && *j->o->cancel) {
 			arena_errorf(ARENA_E_CANCELLED, "%s: cancelled", j->out->path);
-			arena_first_error_set(&j->err, ARENA_E_CANCELLED);
+			job_fail(j, ARENA_E_CANCELLED);
 			break;
 		}
 		uint64_t i = atomic_fetch_add(&j->next, 1);
@@ -105,20 +142,37 @@ static void *worker(void *arg)
 		uint64_t c0 = i * h->chunk_size;
 		uint64_t len = h->data_length - c0 < h->chunk_size ? h->data_length - c0 : h->chunk_size;
 		int rc = fill_chunk(j, c0, len, buf);
-		if (!rc) {
+		if (!rc && !coded) {
 			j->chunks[i] = (arena_img_chunk){.offset = c0,
 							 .stored_length = (uint32_t)len,
 							 .raw_length = (uint32_t)len,
 							 .xxh3 = arena_xxh3(buf, len)};
 			rc = arena_outfile_pwrite_direct(j->out, buf, len, h->data_offset + c0);
+		} else if (!rc) {
+			uint64_t n = j->o->codec == ARENA_CODEC_HB4 ? arena_hb4_encode(buf, len, enc) : 0;
+			const uint8_t *out = n ? enc : buf;
+			uint64_t stored = n ? n : len, wlen = arena_align_up(stored, 4096);
+			memset(enc + stored, 0, wlen - stored); /* zero to the next page (when coded) */
+			uint64_t off = place(j, i, wlen);
+			if (off == UINT64_MAX)
+				break; /* another worker failed */
+			j->chunks[i] = (arena_img_chunk){.offset = off,
+							 .stored_length = (uint32_t)stored,
+							 .raw_length = (uint32_t)len,
+							 .xxh3 = arena_xxh3(out, stored),
+							 .codec = n ? ARENA_CODEC_HB4 : ARENA_CODEC_NONE};
+			if (n)
+				atomic_fetch_add(&j->coded, 1);
+			rc = arena_outfile_pwrite_direct(j->out, out, wlen, h->data_offset + off);
 		}
 		if (rc) {
-			arena_first_error_set(&j->err, rc);
+			job_fail(j, rc);
 			break;
 		}
 		atomic_fetch_add(&j->done_bytes, len);
 	}
 	arena_free(buf);
+	arena_free(enc);
 	atomic_fetch_sub(&j->running, 1);
 	return NULL;
 }
@@ -165,6 +219,8 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 	static const arena_convert_opts defaults = {0};
 	const arena_convert_opts *o = opts ? opts : &defaults;
 	uint64_t cs = o->chunk_size ? o->chunk_size : ARENA_IMG_DEFAULT_CHUNK;
+	if (!arena_codec_name(o->codec))
+		return arena_errorf(ARENA_E_USAGE, "unknown chunk codec %u", o->codec);
 	if (cs < ARENA_IMG_MIN_CHUNK || cs > ARENA_IMG_MAX_CHUNK || (cs & (cs - 1)))
 		return arena_errorf(ARENA_E_USAGE, "chunk size %llu is not a power of two from 64 KiB to 1 GiB",
 				    (unsigned long long)cs);
@@ -180,6 +236,8 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 	arena_quant_ctx qc = {0};
 	arena_plan_opts po = o->plan;
 	arena_first_error_init(&j.err);
+	pthread_mutex_init(&j.mu, NULL);
+	pthread_cond_init(&j.cv, NULL);
 	int rc;
 	if ((rc = arena_quant_select_init(&qc, &o->quant, &po)))
 		goto out;
@@ -190,11 +248,13 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 	}
 	if ((rc = arena_quant_select_finish(&qc)) || (rc = arena_quant_state_init(&qs, l, ck)) ||
 	    (rc = build_sources(ck, &sources, &meta)) ||
-	    (rc = arena_img_manifest_build(l, sources, meta, cs, &manifest, &mlen)))
+	    (rc = arena_img_manifest_build(l, sources, meta, cs, o->codec ? 1 : 0, &manifest, &mlen)))
 		goto out;
 	j.qs = &qs;
 	arena_img_header h;
 	arena_img_header_plan(&h, mlen, l->data_length, cs);
+	if (o->codec)
+		arena_img_header_set_coded(&h);
 
 	size_t n_ext = 0;
 	for (size_t i = 0; i < l->n_tensors; i++)
@@ -229,6 +289,7 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 	atomic_init(&j.next, 0);
 	atomic_init(&j.done_bytes, 0);
 	atomic_init(&j.running, threads);
+	atomic_init(&j.coded, 0);
 	unsigned started = 0;
 	for (; started < threads; started++)
 		if (pthread_create(&tid[started], NULL, worker, &j))
@@ -251,6 +312,12 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 	if (o->cancel && *o->cancel) {
 		rc = arena_errorf(ARENA_E_CANCELLED, "%s: cancelled", out);
 		goto out;
+	}
+	if (h.flags & ARENA_IMG_FLAG_CODED) {
+		/* The reserve was for raw chunks: cut the file to what was stored. */
+		arena_img_header_set_stored(&h, j.stored_at);
+		if ((rc = arena_outfile_truncate(of, h.file_size)))
+			goto out;
 	}
 	/* Chunk table, manifest, header; then rename into place. */
 	uint8_t *table = arena_calloc(1, h.chunk_table_length);
@@ -279,6 +346,8 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 	if (res) {
 		res->file_size = h.file_size;
 		res->data_bytes = h.data_length;
+		res->stored_bytes = arena_img_stored_data(&h);
+		res->coded_chunks = atomic_load(&j.coded);
 		res->payload_bytes = arena_layout_payload(l);
 		res->n_blocks = l->n_blocks;
 		res->n_tensors = l->n_tensors;
@@ -289,6 +358,8 @@ out:
 	arena_quant_state_free(&qs);
 	arena_quant_select_free(&qc);
 	arena_first_error_destroy(&j.err);
+	pthread_mutex_destroy(&j.mu);
+	pthread_cond_destroy(&j.cv);
 	arena_free(tid);
 	arena_free(j.chunks);
 	arena_free(ext);

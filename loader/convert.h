@@ -3,7 +3,8 @@
  * Memory stays bounded (threads x chunk_size plus the manifest) for any model
  * size. Worker threads each build whole data chunks: gather the bytes of the
  * components the chunk covers straight from the source files (pread),
- * checksum the chunk and write it at its final offset. The image goes to a
+ * code it (when asked), checksum it and write it at its final offset (for
+ * coded images, chunks take their offsets in chunk order as they finish). The image goes to a
  * temporary beside OUT and is renamed into place only when whole (see
  * common/outfile.h); any failure removes the temporary. */
 #ifndef ARENA_LOADER_CONVERT_H
@@ -26,11 +27,16 @@ typedef struct arena_convert_opts {
 	/* Quantization (loader/quant_select.h). Compressed-tensors pairs in the
 	 * input are recognized whatever this says. plan.choose must be NULL. */
 	arena_quant_opts quant;
+	/* Chunk codec (formats/codec.h): ARENA_CODEC_NONE (0, the default) or
+	 * ARENA_CODEC_HB4, which codes each chunk where that saves bytes and
+	 * packs the chunks (a coded image, format 1.1). */
+	unsigned codec;
 } arena_convert_opts;
 
 /* Summary of a finished conversion. */
 typedef struct arena_convert_result {
 	uint64_t file_size, data_bytes, payload_bytes;
+	uint64_t stored_bytes, coded_chunks; /* data bytes in the file; chunks stored with a codec */
 	size_t n_blocks, n_tensors;
 	uint64_t chunk_count;
 } arena_convert_result;

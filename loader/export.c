@@ -15,7 +15,7 @@
 
 typedef struct piece {
 	char *name;      /* exported name (owned) */
-	uint64_t offset; /* absolute file offset in the image */
+	uint64_t offset; /* raw data offset in the image */
 	uint64_t bytes;
 } piece;
 
@@ -43,12 +43,14 @@ int arena_export(const char *image, const char *out, unsigned threads, arena_exp
 	size_t n = 0;
 	uint8_t *buf = NULL;
 	const size_t BUF = 8u << 20;
+	arena_img_reader rd = {0};
 	if (!threads) {
 		long c = sysconf(_SC_NPROCESSORS_ONLN);
 		threads = c < 1 ? 1 : c > 8 ? 8 : (unsigned)c;
 	}
 	int rc = arena_img_open(image, &img);
-	if (rc || (rc = arena_img_verify_data(img, threads, NULL, NULL, NULL)))
+	/* Verified whole first: nothing is written from a bad image. */
+	if (rc || (rc = arena_img_verify_data(img, threads, NULL, NULL, NULL)) || (rc = arena_img_reader_init(&rd, img, 0)))
 		goto out;
 	const arena_layout *l = img->layout;
 	size_t total = 0;
@@ -81,7 +83,7 @@ int arena_export(const char *image, const char *out, unsigned threads, arena_exp
 				goto out;
 			}
 			n++;
-			p->offset = img->hdr.data_offset + b->offset + cp->offset;
+			p->offset = b->offset + cp->offset;
 			p->bytes = cp->bytes;
 			rc = plain ? arena_stw_add(w, p->name, t->dtype, t->rank, t->shape)
 				   : arena_stw_add(w, p->name, cp->dtype, cp->rank, cp->shape);
@@ -104,7 +106,7 @@ int arena_export(const char *image, const char *out, unsigned threads, arena_exp
 		}
 		for (uint64_t done = 0; done < p->bytes;) {
 			size_t len = p->bytes - done < BUF ? (size_t)(p->bytes - done) : BUF;
-			if ((rc = arena_pread_full(img->fd, buf, len, p->offset + done, img->path)) ||
+			if ((rc = arena_img_read_raw(&rd, p->offset + done, len, buf)) ||
 			    (rc = arena_stw_write(w, buf, len)))
 				goto out;
 			done += len;
@@ -123,6 +125,7 @@ out:
 		arena_free(pieces[i].name);
 	arena_free(pieces);
 	arena_free(buf);
+	arena_img_reader_free(&rd);
 	arena_img_close(img);
 	return rc;
 }

@@ -19,6 +19,7 @@
 #include "../common/firsterr.h"
 #include "../common/hash.h"
 #include "../common/io.h"
+#include "../formats/codec.h"
 #include "../formats/image.h"
 #include "quant_select.h"
 
@@ -61,6 +62,8 @@ typedef struct loader {
 	size_t n_qp;
 	arena_model *m;
 	const arena_image *img; /* NULL for safetensors */
+	int coded;              /* img holds coded chunks: read and decoded chunk by chunk */
+	uint64_t per;           /* image: chunks a piece */
 	lsrc *files;
 	size_t n_files;
 	seg *segs;
@@ -75,7 +78,7 @@ typedef struct loader {
 	double t_open, t_ring, t_prepare, t_populate, t_commit, t_mark;
 	atomic_size_t next;
 	arena_first_error err;
-	atomic_uint_fast64_t file_bytes, direct_bytes;
+	atomic_uint_fast64_t file_bytes, direct_bytes, gpu_decoded, cpu_decoded;
 } loader;
 
 typedef struct worker {
@@ -85,6 +88,8 @@ typedef struct worker {
 	int registered;   /* its ring share was pinned (and is unpinned as it exits) */
 	arena_stream *s;
 	arena_event **ev;
+	uint8_t *stage; /* coded images: spt device slots for stored chunks, or NULL */
+	uint8_t *raw;   /* coded images without stage: a chunk decoded on the CPU */
 } worker;
 
 static void fail(loader *L, int rc)
@@ -211,6 +216,36 @@ static int next_slot(loader *L, worker *w, uint8_t **buf, unsigned *si)
 	return L->m->backend->ops->event_sync(L->m->backend, w->ev[*si]);
 }
 
+/* Read file bytes [off, off+n) into buf: from the page cache while they are
+ * there, O_DIRECT from where they are not (*direct then stays set). */
+static int read_range(loader *L, const lsrc *f, uint8_t *buf, uint64_t n, uint64_t off, int *direct)
+{
+	const int io = L->o->io;
+	uint64_t got = 0;
+	while (got < n) {
+		int64_t r;
+		if (*direct) {
+			r = read_some(f, f->dfd, buf + got, arena_align_up(n - got, DIRECT_ALIGN), off + got, 0);
+			if (r >= 0)
+				atomic_fetch_add(&L->direct_bytes, (uint64_t)r);
+		} else {
+			int nowait = io == ARENA_IO_AUTO && f->dfd >= 0;
+			r = read_some(f, f->fd, buf + got, n - got, off + got, nowait);
+			if (r >= 0 && nowait && (uint64_t)r < n - got) {
+				/* Not all in the page cache: the rest goes O_DIRECT. */
+				r &= ~(int64_t)(DIRECT_ALIGN - 1);
+				*direct = 1;
+			}
+		}
+		if (r < 0)
+			return (int)r;
+		if (r == 0 && !*direct)
+			return arena_errorf(ARENA_E_IO, "%s: no progress reading at byte %" PRIu64, f->path, off + got);
+		got += (uint64_t)r;
+	}
+	return 0;
+}
+
 /* Read a piece slot by slot: each slot's bytes are read (from the page cache
  * when they are there, O_DIRECT when not), checked while still in cache,
  * copied on, and the slot's event recorded. */
@@ -218,8 +253,7 @@ static int do_piece(loader *L, worker *w, const piece *p)
 {
 	const lsrc *f = &L->files[p->file];
 	arena_backend *be = L->m->backend;
-	int io = L->o->io;
-	int direct = io == ARENA_IO_DIRECT && f->dfd >= 0;
+	int direct = L->o->io == ARENA_IO_DIRECT && f->dfd >= 0;
 	hasher h;
 	arena_hash_reset(&h.st);
 	h.chunk = p->chunk0;
@@ -231,35 +265,111 @@ static int do_piece(loader *L, worker *w, const piece *p)
 		int rc = next_slot(L, w, &buf, &si);
 		if (rc)
 			return rc;
-		uint64_t n = end - pos < L->slot ? end - pos : L->slot, got = 0;
-		while (got < n) {
-			int64_t r;
-			if (direct) {
-				r = read_some(f, f->dfd, buf + got, arena_align_up(n - got, DIRECT_ALIGN), p->off + pos + got, 0);
-				if (r >= 0)
-					atomic_fetch_add(&L->direct_bytes, (uint64_t)r);
-			} else {
-				int nowait = io == ARENA_IO_AUTO && f->dfd >= 0;
-				r = read_some(f, f->fd, buf + got, n - got, p->off + pos + got, nowait);
-				if (r >= 0 && nowait && (uint64_t)r < n - got) {
-					/* Not all in the page cache: the rest goes O_DIRECT. */
-					r &= ~(int64_t)(DIRECT_ALIGN - 1);
-					direct = 1;
-				}
-			}
-			if (r < 0)
-				return (int)r;
-			if (r == 0 && !direct)
-				return arena_errorf(ARENA_E_IO, "%s: no progress reading at byte %" PRIu64, f->path,
-						    p->off + pos + got);
-			got += (uint64_t)r;
-		}
+		uint64_t n = end - pos < L->slot ? end - pos : L->slot;
+		if ((rc = read_range(L, f, buf, n, p->off + pos, &direct)))
+			return rc;
 		uint64_t a = p->off + pos;
 		atomic_fetch_add(&L->file_bytes, n);
 		if ((L->img && (rc = check(L, buf, &h, a, a + n))) || (rc = scatter(L, w, p, buf, a, a + n)) ||
 		    (rc = be->ops->event_record(be, w->ev[si], w->s)))
 			return rc;
 		pos += n;
+	}
+	return 0;
+}
+
+/* ---- coded images ------------------------------------------------------------ */
+
+#define READ_PIECE (1u << 20) /* hashed while in cache */
+
+/* Raw bytes [a, z) (data_offset-based, like segs) of a parsed hb4 chunk whose
+ * stored bytes are at buf: decoded into their slabs. Device blocks: by the
+ * device from the stored bytes copied to the worker's stage slot, or (no
+ * stage) from a CPU-decoded copy of the chunk. */
+static int scatter_hb4(loader *L, worker *w, const arena_hb4 *v, const uint8_t *buf, uint64_t stored,
+		       unsigned si, uint64_t a, uint64_t z)
+{
+	arena_backend *be = L->m->backend;
+	size_t lo = 0, hi = L->n_segs;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (L->segs[mid].foff + L->segs[mid].len <= a)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	uint8_t *stage = NULL;
+	int raw_done = 0, rc = 0;
+	for (size_t k = lo; k < L->n_segs && L->segs[k].foff < z; k++) {
+		const seg *s = &L->segs[k];
+		uint64_t x = s->foff > a ? s->foff : a, y = s->foff + s->len < z ? s->foff + s->len : z;
+		if (y <= x)
+			continue;
+		const arena_block_mem *bm = &L->m->mem[s->block];
+		uint64_t d = s->dst + (x - s->foff);
+		if (!bm->dev) {
+			arena_hb4_decode(v, x - a, y - a, bm->host + d);
+			atomic_fetch_add(&L->cpu_decoded, y - x);
+		} else if (w->stage) {
+			if (!stage) {
+				stage = w->stage + (uint64_t)si * L->slot;
+				if ((rc = be->ops->copy_h2d(be, stage, buf, stored, w->s)))
+					return rc;
+			}
+			if ((rc = be->ops->decode_hb4(be, (uint8_t *)bm->dev + d, stage, v, x - a, y - a, w->s)))
+				return rc;
+			atomic_fetch_add(&L->gpu_decoded, y - x);
+		} else {
+			if (!raw_done) {
+				arena_hb4_decode(v, 0, z - a, w->raw);
+				raw_done = 1;
+			}
+			if ((rc = be->ops->copy_h2d(be, (uint8_t *)bm->dev + d, w->raw + (x - a), y - x, w->s)))
+				return rc;
+			atomic_fetch_add(&L->cpu_decoded, y - x);
+		}
+	}
+	/* w->raw is the worker's only copy: its copies finish before it is reused. */
+	return raw_done ? be->ops->stream_sync(be, w->s) : 0;
+}
+
+/* A piece of a coded image: chunk by chunk, each read whole into a slot
+ * (hashed a megabyte at a time while the bytes are in cache), checked, and
+ * sent on: as is for a plain chunk, decoded for an hb4 chunk. */
+static int do_cpiece(loader *L, worker *w, const piece *p)
+{
+	const arena_image *img = L->img;
+	const arena_img_header *h = &img->hdr;
+	const lsrc *f = &L->files[0];
+	arena_backend *be = L->m->backend;
+	int direct = L->o->io == ARENA_IO_DIRECT && f->dfd >= 0;
+	uint64_t c1 = p->chunk0 + L->per < h->chunk_count ? p->chunk0 + L->per : h->chunk_count;
+	for (uint64_t c = p->chunk0; c < c1; c++) {
+		const arena_img_chunk *ck = &img->chunks[c];
+		uint8_t *buf;
+		unsigned si;
+		int rc = next_slot(L, w, &buf, &si);
+		if (rc)
+			return rc;
+		arena_hash st;
+		arena_hash_reset(&st);
+		uint64_t off = h->data_offset + ck->offset, n = arena_align_up(ck->stored_length, DIRECT_ALIGN);
+		for (uint64_t pos = 0; pos < n; pos += READ_PIECE) {
+			uint64_t m = n - pos < READ_PIECE ? n - pos : READ_PIECE;
+			if ((rc = read_range(L, f, buf + pos, m, off + pos, &direct)))
+				return rc;
+			if (pos < ck->stored_length)
+				arena_hash_update(&st, buf + pos, ck->stored_length - pos < m ? ck->stored_length - pos : m);
+		}
+		atomic_fetch_add(&L->file_bytes, n);
+		arena_hb4 v;
+		if ((rc = arena_img_chunk_check(img, c, buf, arena_hash_digest(&st), "while loading", &v)))
+			return rc;
+		uint64_t a = h->data_offset + c * h->chunk_size, z = a + ck->raw_length;
+		rc = ck->codec == ARENA_CODEC_NONE ? scatter(L, w, p, buf, a, z)
+						   : scatter_hb4(L, w, &v, buf, ck->stored_length, si, a, z);
+		if (rc || (rc = be->ops->event_record(be, w->ev[si], w->s)))
+			return rc;
 	}
 	return 0;
 }
@@ -321,7 +431,9 @@ static void *worker_main(void *arg)
 		size_t i = atomic_fetch_add(&L->next, 1);
 		if (i >= L->n_pieces + L->n_qp)
 			break;
-		int rc = i < L->n_pieces ? do_piece(L, w, &L->pieces[i]) : do_qpiece(L, w, &L->qp[i - L->n_pieces]);
+		int rc = i >= L->n_pieces ? do_qpiece(L, w, &L->qp[i - L->n_pieces])
+			 : L->coded      ? do_cpiece(L, w, &L->pieces[i])
+					 : do_piece(L, w, &L->pieces[i]);
 		if (rc) {
 			fail(L, rc);
 			break;
@@ -358,7 +470,7 @@ static int ring_setup(loader *L)
 		}
 		if (spt > 2)
 			spt--;
-		else if (slot / 2 >= (64u << 10))
+		else if (slot / 2 >= (64u << 10) && !L->coded) /* a coded image's slot holds a chunk */
 			slot /= 2;
 		else if (thr > 1)
 			thr = thr / 2;
@@ -404,6 +516,32 @@ static int open_direct(lsrc *f, int io)
 	return 0; /* EINVAL: the filesystem has no O_DIRECT (tmpfs): buffered */
 }
 
+/* Coded images: each worker's device slots for stored chunks (spt of them),
+ * when some block lives on the device. Where device memory is short (the
+ * model fills it), a worker decodes on the CPU instead: slower, not a
+ * failure. */
+static int stage_setup(loader *L, worker *w)
+{
+	arena_backend *be = L->m->backend;
+	int any = 0;
+	for (size_t b = 0; b < L->m->layout->n_blocks && !any; b++)
+		any = L->m->mem[b].dev != NULL;
+	if (!any)
+		return 0;
+	for (unsigned i = 0; i < L->threads; i++) {
+		void *p = NULL;
+		if (be->ops->decode_hb4 && be->ops->dev_alloc(be, (uint64_t)L->spt * L->slot, &p) == 0) {
+			w[i].stage = p;
+			continue;
+		}
+		arena_error_clear();
+		if (!(w[i].raw = arena_malloc(L->img->hdr.chunk_size)))
+			return arena_errorf(ARENA_E_NOMEM, "out of memory for a %" PRIu64 "-byte decode buffer",
+					    L->img->hdr.chunk_size);
+	}
+	return 0;
+}
+
 /* Run the pipeline over L's pieces; then commit or free the model. */
 static int run(loader *L, arena_model **out, arena_load_stats *st, double t0)
 {
@@ -418,6 +556,8 @@ static int run(loader *L, arena_model **out, arena_load_stats *st, double t0)
 	atomic_init(&L->next, 0);
 	atomic_init(&L->file_bytes, 0);
 	atomic_init(&L->direct_bytes, 0);
+	atomic_init(&L->gpu_decoded, 0);
+	atomic_init(&L->cpu_decoded, 0);
 	w = arena_calloc(L->threads, sizeof(*w));
 	tid = arena_calloc(L->threads, sizeof(*tid));
 	if (!w || !tid) {
@@ -438,6 +578,8 @@ static int run(loader *L, arena_model **out, arena_load_stats *st, double t0)
 			if ((rc = be->ops->event_create(be, &w[i].ev[k])))
 				goto out;
 	}
+	if (L->coded && (rc = stage_setup(L, w)))
+		goto out;
 	L->t_prepare = arena_now_s() - L->t_mark;
 	L->t_mark = arena_now_s();
 	for (; started < L->threads; started++)
@@ -471,6 +613,9 @@ out:
 		arena_free(w[i].ev);
 		if (w[i].s)
 			be->ops->stream_destroy(be, w[i].s);
+		if (w[i].stage)
+			be->ops->dev_free(be, w[i].stage);
+		arena_free(w[i].raw);
 	}
 	arena_free(w);
 	arena_free(tid);
@@ -479,6 +624,8 @@ out:
 		memset(st, 0, sizeof(*st));
 		st->file_bytes = atomic_load(&L->file_bytes);
 		st->direct_bytes = atomic_load(&L->direct_bytes);
+		st->gpu_decoded = atomic_load(&L->gpu_decoded);
+		st->cpu_decoded = atomic_load(&L->cpu_decoded);
 		st->dev_bytes = L->m->dev_bytes;
 		st->host_bytes = L->m->host_bytes;
 		st->ring_bytes = L->ring_len;
@@ -538,8 +685,12 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 	L.t_open = arena_now_s() - t0;
 	L.t_mark = arena_now_s();
 	const arena_img_header *h = &img->hdr;
+	L.coded = !!(h->flags & ARENA_IMG_FLAG_CODED);
+	if (L.coded && L.slot < h->chunk_size)
+		L.slot = h->chunk_size; /* a slot holds a whole stored chunk */
 	/* Pieces of whole chunks; the ring is sized (within the budget) first. */
 	uint64_t per = PIECE / h->chunk_size ? PIECE / h->chunk_size : 1;
+	L.per = per;
 	L.n_pieces = (size_t)((h->chunk_count + per - 1) / per);
 	if (L.threads > L.n_pieces)
 		L.threads = L.n_pieces ? (unsigned)L.n_pieces : 1;
@@ -561,6 +712,9 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 	for (size_t i = 0; i < L.n_pieces; i++) {
 		uint64_t c0 = i * per, c1 = c0 + per < h->chunk_count ? c0 + per : h->chunk_count;
 		uint64_t a = c0 * h->chunk_size, z = c1 * h->chunk_size < h->data_length ? c1 * h->chunk_size : h->data_length;
+		if (L.coded) /* the stored bytes (do_cpiece reads them chunk by chunk) */
+			a = img->chunks[c0].offset,
+			z = arena_align_up(img->chunks[c1 - 1].offset + img->chunks[c1 - 1].stored_length, DIRECT_ALIGN);
 		L.pieces[i] = (piece){0, h->data_offset + a, z - a, c0};
 	}
 	const arena_layout *lay = img->layout;

@@ -49,6 +49,8 @@ typedef struct arena_load_opts {
 typedef struct arena_load_stats {
 	uint64_t file_bytes;      /* bytes read from files */
 	uint64_t direct_bytes;    /* of which with O_DIRECT */
+	uint64_t gpu_decoded;     /* coded images: raw bytes decoded by the device */
+	uint64_t cpu_decoded;     /* and by the CPU (host slabs; devices short of memory) */
 	uint64_t dev_bytes, host_bytes;
 	uint64_t ring_bytes;
 	int ring_pinned;

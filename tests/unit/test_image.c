@@ -18,6 +18,7 @@
 #include "../../common/alloc.h"
 #include "../../common/io.h"
 #include "../../common/outfile.h"
+#include "../../formats/codec.h"
 #include "../../formats/image.h"
 #include "../../formats/st_write.h"
 #include "../../loader/convert.h"
@@ -382,6 +383,10 @@ static void raw_write(raw_image *r, const char *manifest, const char *path, void
 	}
 	arena_img_header nh;
 	arena_img_header_plan(&nh, mlen, h.data_length, h.chunk_size);
+	if (h.flags & ARENA_IMG_FLAG_CODED) {
+		arena_img_header_set_coded(&nh);
+		arena_img_header_set_stored(&nh, h.stored_length);
+	}
 	nh.manifest_xxh3 = XXH3_64bits(m, mlen);
 	nh.chunk_table_xxh3 = XXH3_64bits(table, h.chunk_table_length);
 	if (edit)
@@ -392,7 +397,7 @@ static void raw_write(raw_image *r, const char *manifest, const char *path, void
 	fwrite(page, 1, 4096, f);
 	fwrite(m, 1, mlen, f);
 	fwrite(table, 1, h.chunk_table_length, f);
-	fwrite(data, 1, h.data_length, f);
+	fwrite(data, 1, arena_img_stored_data(&h), f);
 	fclose(f);
 	free(m);
 }
@@ -433,7 +438,7 @@ Test(image, resealed_unchanged_is_valid)
 
 static void major2(arena_img_header *h) { h->major = 2; }
 static void minor9(arena_img_header *h) { h->minor = 9; }
-static void req_flag(arena_img_header *h) { h->flags = 1; }
+static void req_flag(arena_img_header *h) { h->flags = 2; }
 static void opt_flag(arena_img_header *h) { h->flags = 1u << 20; }
 static void bad_chunk_size(arena_img_header *h) { h->chunk_size = 3000; }
 static void bad_manifest_off(arena_img_header *h) { h->manifest_offset = 8192; }
@@ -779,4 +784,252 @@ Test(plan, bad_patterns_and_orders)
 	cr_assert_null(plan_of(ref("tiny_flux.safetensors"), &o2, &rc));
 	expect_code(rc, PLAN_BAD_ORDER);
 	cr_assert(strstr(arena_last_error(), "transformer_blockz"), "%s", arena_last_error());
+}
+
+/* ---- coded images (--codec hb4) ------------------------------------------------ */
+
+static int convert_coded(const char *in, const char *out, uint64_t chunk)
+{
+	arena_convert_opts o = {.threads = 2, .chunk_size = chunk, .codec = ARENA_CODEC_HB4};
+	return arena_convert(&in, 1, out, &o, NULL);
+}
+
+/* Raw data bytes of an image through the checked reader. */
+static uint8_t *raw_data(const char *path, uint64_t *n)
+{
+	arena_image *img;
+	cr_assert_eq(arena_img_open(path, &img), 0, "%s", arena_last_error());
+	arena_img_reader rd;
+	cr_assert_eq(arena_img_reader_init(&rd, img, 1), 0);
+	*n = img->hdr.data_length;
+	uint8_t *b = malloc(*n);
+	cr_assert_eq(arena_img_read_raw(&rd, 0, *n, b), 0, "%s", arena_last_error());
+	arena_img_reader_free(&rd);
+	arena_img_close(img);
+	return b;
+}
+
+Test(image, coded_round_trip_is_lossless)
+{
+	const char *in = ref("tiny_flux.safetensors");
+	cr_assert_eq(convert1(in, tmp("p.arena")), 0);
+	arena_convert_result res;
+	arena_convert_opts o = {.threads = 3, .chunk_size = 64 << 10, .codec = ARENA_CODEC_HB4};
+	cr_assert_eq(arena_convert(&in, 1, tmp("c.arena"), &o, &res), 0, "%s", arena_last_error());
+	cr_assert_gt(res.coded_chunks, 0);
+	cr_assert_lt(res.stored_bytes, res.data_bytes * 9 / 10, "bf16 weights should code to about 75-80%%");
+	cr_assert_eq(open_verify(tmp("c.arena")), 0, "%s", arena_last_error());
+	arena_image *img;
+	cr_assert_eq(arena_img_open(tmp("c.arena"), &img), 0);
+	cr_assert_eq(img->hdr.minor, 1);
+	cr_assert(img->hdr.flags & ARENA_IMG_FLAG_CODED);
+	arena_img_close(img);
+	/* The same raw bytes as the plain image, and the same export. */
+	uint64_t n1, n2;
+	uint8_t *a = raw_data(tmp("p.arena"), &n1), *b = raw_data(tmp("c.arena"), &n2);
+	cr_assert_eq(n1, n2);
+	cr_assert_eq(memcmp(a, b, n1), 0);
+	free(a);
+	free(b);
+	cr_assert_eq(arena_export(tmp("c.arena"), tmp("c.safetensors"), 2, NULL), 0, "%s", arena_last_error());
+	size_t l1, l2;
+	uint8_t *x = slurp(in, &l1), *y = slurp(tmp("c.safetensors"), &l2);
+	cr_assert_eq(l1, l2);
+	cr_assert_eq(memcmp(x, y, l1), 0, "export of a coded image differs from the source");
+	free(x);
+	free(y);
+	/* A plain (uncoded) image stays format 1.0. */
+	cr_assert_eq(arena_img_open(tmp("p.arena"), &img), 0);
+	cr_assert_eq(img->hdr.minor, 0);
+	arena_img_close(img);
+}
+
+Test(image, coded_incompressible_chunks_stay_plain)
+{
+	/* Random bytes are not worth coding. Still a coded (packed) image, with
+	 * every chunk stored as is. */
+	arena_stw *w;
+	cr_assert_eq(arena_stw_create(tmp("n.safetensors"), &w), 0);
+	uint64_t shape[1] = {256 << 10};
+	cr_assert_eq(arena_stw_add(w, "blocks.0.w", ARENA_DTYPE_U8, 1, shape), 0);
+	cr_assert_eq(arena_stw_add(w, "blocks.1.w", ARENA_DTYPE_U8, 1, shape), 0);
+	cr_assert_eq(arena_stw_begin(w), 0);
+	uint8_t *noise = malloc(512 << 10);
+	uint64_t x = 88172645463325252ull;
+	for (size_t i = 0; i < (512u << 10); i++) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		noise[i] = (uint8_t)x;
+	}
+	cr_assert_eq(arena_stw_write(w, noise, 512 << 10), 0);
+	cr_assert_eq(arena_stw_commit(w), 0);
+	free(noise);
+	cr_assert_eq(convert_coded(tmp("n.safetensors"), tmp("c.arena"), 64 << 10), 0, "%s", arena_last_error());
+	cr_assert_eq(open_verify(tmp("c.arena")), 0);
+	arena_image *img;
+	cr_assert_eq(arena_img_open(tmp("c.arena"), &img), 0);
+	for (uint64_t i = 0; i < img->hdr.chunk_count; i++)
+		cr_assert_eq(img->chunks[i].codec, ARENA_CODEC_NONE);
+	arena_img_close(img);
+}
+
+static void coded_raw(raw_image *r)
+{
+	cr_assert_eq(convert_coded(ref("tiny_flux.safetensors"), tmp("c.arena"), 64 << 10), 0);
+	raw_load(r, tmp("c.arena"));
+}
+
+static void no_coded_flag(arena_img_header *h) { h->flags = 0; h->minor = 0; }
+static void stored_odd(arena_img_header *h) { h->stored_length += 7; }
+
+Test(image, coded_header_rules)
+{
+	raw_image r;
+	coded_raw(&r);
+	raw_write(&r, NULL, tmp("o.arena"), NULL);
+	cr_assert_eq(open_verify(tmp("o.arena")), 0, "%s", arena_last_error());
+	raw_write(&r, NULL, tmp("o.arena"), no_coded_flag);
+	expect_code(open_verify(tmp("o.arena")), IMG_HEADER_BAD);
+	raw_write(&r, NULL, tmp("o.arena"), stored_odd);
+	expect_code(open_verify(tmp("o.arena")), IMG_HEADER_BAD);
+	free(r.buf);
+}
+
+static void put32le(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+Test(image, coded_chunk_table_rules)
+{
+	raw_image r;
+	coded_raw(&r);
+	uint8_t *e1 = r.buf + r.h.chunk_table_offset + 32; /* chunk 1 */
+	uint8_t keep[32];
+	memcpy(keep, e1, 32);
+	e1[0] ^= 0x10; /* chunk 1 not right after chunk 0 */
+	raw_write(&r, NULL, tmp("o.arena"), NULL);
+	expect_code(open_verify(tmp("o.arena")), IMG_CHUNK_TABLE_BAD);
+	cr_assert(strstr(arena_last_error(), "chunk 1"), "%s", arena_last_error());
+	memcpy(e1, keep, 32);
+	put32le(e1 + 8, (uint32_t)(e1[12] | e1[13] << 8 | e1[14] << 16 | (uint32_t)e1[15] << 24)); /* stored = raw for hb4 */
+	raw_write(&r, NULL, tmp("o.arena"), NULL);
+	expect_code(open_verify(tmp("o.arena")), IMG_CHUNK_TABLE_BAD);
+	memcpy(e1, keep, 32);
+	e1[24] = 9;
+	raw_write(&r, NULL, tmp("o.arena"), NULL);
+	expect_code(open_verify(tmp("o.arena")), IMG_CODEC);
+	memcpy(e1, keep, 32);
+	free(r.buf);
+	/* hb4 in an image without the coded flag. */
+	small_raw(&r);
+	r.buf[r.h.chunk_table_offset + 24] = ARENA_CODEC_HB4;
+	raw_write(&r, NULL, tmp("o.arena"), NULL);
+	expect_code(open_verify(tmp("o.arena")), IMG_CODEC);
+	free(r.buf);
+}
+
+/* Rewrite chunk i's stored bytes with edit(), then reseal its checksum (so
+ * only the structure check can catch it). */
+static void reseal_chunk(raw_image *r, uint64_t i, void (*edit)(uint8_t *st, const arena_hb4 *v))
+{
+	uint8_t *e = r->buf + r->h.chunk_table_offset + i * 32;
+	uint64_t off = 0, stored = e[8] | e[9] << 8 | e[10] << 16 | (uint64_t)e[11] << 24;
+	uint64_t raw = e[12] | e[13] << 8 | e[14] << 16 | (uint64_t)e[15] << 24;
+	for (int k = 7; k >= 0; k--)
+		off = off << 8 | e[k];
+	uint8_t *st = r->buf + r->h.data_offset + off;
+	arena_hb4 v;
+	cr_assert_eq(arena_hb4_parse(st, stored, raw, "t", &v), 0);
+	edit(st, &v);
+	uint64_t hsh = XXH3_64bits(st, stored);
+	for (int k = 0; k < 8; k++)
+		e[16 + k] = (uint8_t)(hsh >> (8 * k));
+}
+
+static void exc_out_of_range(uint8_t *st, const arena_hb4 *v)
+{
+	cr_assert_gt(v->n_exc, 0, "the test needs a chunk with exceptions");
+	put32le(st + v->idx_off + 4 * (v->n_exc - 1), (uint32_t)v->words + 5);
+}
+
+static void header_words(uint8_t *st, const arena_hb4 *v)
+{
+	put32le(st + 4, (uint32_t)v->words - 1);
+}
+
+Test(image, coded_chunk_malformed_under_a_good_checksum)
+{
+	void (*edits[])(uint8_t *, const arena_hb4 *) = {exc_out_of_range, header_words};
+	for (size_t k = 0; k < 2; k++) {
+		raw_image r;
+		coded_raw(&r);
+		/* The chunk with the most exceptions. */
+		uint64_t best = 0, most = 0;
+		for (uint64_t i = 0; i < r.h.chunk_count; i++) {
+			uint8_t *e = r.buf + r.h.chunk_table_offset + i * 32;
+			uint64_t off = 0;
+			for (int b = 7; b >= 0; b--)
+				off = off << 8 | e[b];
+			uint32_t n = r.buf[r.h.data_offset + off] | r.buf[r.h.data_offset + off + 1] << 8;
+			if (e[24] == ARENA_CODEC_HB4 && n > most)
+				most = n, best = i;
+		}
+		reseal_chunk(&r, best, edits[k]);
+		raw_write(&r, NULL, tmp("o.arena"), NULL);
+		expect_code(open_verify(tmp("o.arena")), IMG_CHUNK_BAD);
+		char want[64];
+		snprintf(want, sizeof(want), "chunk %llu", (unsigned long long)best);
+		cr_assert(strstr(arena_last_error(), want), "%s", arena_last_error());
+		/* Export refuses it and writes nothing. */
+		cr_assert_neq(arena_export(tmp("o.arena"), tmp("o.safetensors"), 1, NULL), 0);
+		cr_assert_eq(access(tmp("o.safetensors"), F_OK), -1);
+		free(r.buf);
+	}
+}
+
+Test(image, coded_disk_full_and_allocation_failures_leave_nothing)
+{
+	const char *in = ref("tiny_flux.safetensors");
+	arena_convert_opts o = {.threads = 2, .chunk_size = 64 << 10, .codec = ARENA_CODEC_HB4};
+	int fired = 0;
+	for (long n = 1; n < 64; n++) {
+		arena_fault_write(n);
+		int rc = arena_convert(&in, 1, tmp("x.arena"), &o, NULL);
+		arena_fault_write(0);
+		if (rc == 0)
+			break;
+		fired++;
+		expect_code(rc, IO);
+		cr_assert_eq(tmp_entries(), 0, "a failed convert left a file behind (n=%ld)", n);
+	}
+	cr_assert_gt(fired, 3);
+	cr_assert_eq(open_verify(tmp("x.arena")), 0);
+	unlink(tmp("x.arena"));
+	long n;
+	for (n = 1; n < 1000000; n += 7) {
+		arena_fault_alloc(n);
+		int rc = arena_convert(&in, 1, tmp("x.arena"), &o, NULL);
+		int f = arena_fault_alloc_fired();
+		arena_fault_alloc(0);
+		if (!f) {
+			cr_assert_eq(rc, 0, "%s", arena_last_error());
+			break;
+		}
+		cr_assert(rc == ARENA_E_NOMEM || rc == 0, "n=%ld: %s: %s", n, arena_err_name(rc), arena_last_error());
+		cr_assert_eq(tmp_entries(), rc == 0, "n=%ld left a file", n);
+		unlink(tmp("x.arena"));
+	}
+	cr_assert_gt(n, 100);
+	unlink(tmp("x.arena"));
+	/* A read failure in the middle of a coded convert (workers waiting for
+	 * their place in the file must not hang). */
+	for (long k = 1; k < 12; k++) {
+		arena_fault_read(k);
+		int rc = arena_convert(&in, 1, tmp("x.arena"), &o, NULL);
+		arena_fault_read(0);
+		cr_assert(rc == ARENA_E_IO || rc == 0, "%s", arena_last_error());
+		cr_assert_eq(tmp_entries(), rc == 0, "k=%ld rc=%d entries %d", k, rc, tmp_entries());
+		unlink(tmp("x.arena"));
+	}
 }

@@ -10,12 +10,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/stat.h>
+#include <xxhash.h>
 
 #include "arena.h"
 #include "../../arena/backend.h"
 #include "../../arena/budget.h"
 #include "../../common/alloc.h"
 #include "../../common/io.h"
+#include "../../formats/codec.h"
 #include "../../formats/image.h"
 #include "../../loader/convert.h"
 #include "../../loader/load.h"
@@ -66,10 +69,12 @@ static void expect_image_bytes(const arena_model *m)
 {
 	arena_image *img;
 	cr_assert_eq(arena_img_open(img_path, &img), 0);
+	arena_img_reader rd;
+	cr_assert_eq(arena_img_reader_init(&rd, img, 1), 0);
 	for (size_t b = 0; b < m->layout->n_blocks; b++) {
 		const arena_block *blk = &m->layout->blocks[b];
 		uint8_t *want = malloc(blk->bytes), *got = malloc(blk->bytes);
-		cr_assert_eq(arena_pread_full(img->fd, want, blk->bytes, img->hdr.data_offset + blk->offset, "img"), 0);
+		cr_assert_eq(arena_img_read_raw(&rd, blk->offset, blk->bytes, want), 0, "%s", arena_last_error());
 		if (m->mem[b].dev)
 			cr_assert_eq(be->ops->copy_d2h_sync(be, got, m->mem[b].dev, blk->bytes), 0);
 		else
@@ -78,6 +83,7 @@ static void expect_image_bytes(const arena_model *m)
 		free(want);
 		free(got);
 	}
+	arena_img_reader_free(&rd);
 	arena_img_close(img);
 }
 
@@ -391,4 +397,278 @@ Test(load, safetensors_quantized_on_the_way)
 	arena_model_free(m);
 	cr_assert_eq(dev_free(), 64 << 20);
 	cr_assert_eq(atomic_load(&budget.used), 0);
+}
+
+/* ---- coded images (hb4): decoded by the device, or by the CPU ------------------ */
+
+static void setup_coded(void)
+{
+	snprintf(dir, sizeof(dir), "/tmp/arena-test-load-XXXXXX");
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(img_path, sizeof(img_path), "%s/c.arena", dir);
+	const char *in = ref("tiny_flux.safetensors");
+	arena_convert_opts co = {.chunk_size = 64 << 10, .threads = 2, .codec = ARENA_CODEC_HB4};
+	arena_convert_result res;
+	cr_assert_eq(arena_convert(&in, 1, img_path, &co, &res), 0, "%s", arena_last_error());
+	cr_assert_eq(res.coded_chunks, res.chunk_count, "tiny_flux's chunks should all be coded");
+	arena_sim_opts so = {.capacity = 64 << 20};
+	cr_assert_eq(arena_backend_sim_create(&so, &be), 0);
+	arena_pin_budget_probe(&budget, 256 << 20, 0, "");
+}
+
+TestSuite(load_coded, .init = setup_coded, .fini = teardown);
+
+Test(load_coded, decoded_by_the_device)
+{
+	arena_load_opts o = opts();
+	arena_model *m;
+	arena_load_stats st;
+	cr_assert_eq(arena_load_image(img_path, &o, &m, &st), 0, "%s", arena_last_error());
+	cr_assert_eq(st.host_bytes, 0);
+	cr_assert_gt(st.gpu_decoded, st.dev_bytes * 9 / 10, "%llu of %llu", (unsigned long long)st.gpu_decoded,
+		     (unsigned long long)st.dev_bytes);
+	cr_assert_eq(st.cpu_decoded, 0);
+	cr_assert_lt(st.file_bytes, st.dev_bytes, "a coded image reads fewer bytes than it delivers");
+	expect_image_bytes(m);
+	arena_model_free(m);
+	cr_assert_eq(dev_free(), 64 << 20, "device memory (stage slots) left allocated");
+	cr_assert_eq(atomic_load(&budget.used), 0);
+}
+
+Test(load_coded, io_modes_and_threads_give_the_same_bytes)
+{
+	int modes[] = {ARENA_IO_BUFFERED, ARENA_IO_DIRECT, ARENA_IO_AUTO};
+	for (int k = 0; k < 3; k++) {
+		arena_load_opts o = opts();
+		o.io = modes[k];
+		o.threads = (unsigned)k * 2 + 1;
+		o.slots_per_thread = (unsigned)k + 2;
+		arena_model *m;
+		cr_assert_eq(arena_load_image(img_path, &o, &m, NULL), 0, "%s", arena_last_error());
+		expect_image_bytes(m);
+		arena_model_free(m);
+	}
+}
+
+Test(load_coded, host_slabs_decoded_by_the_cpu)
+{
+	arena_load_opts o = opts();
+	uint8_t on[6] = {1, 0, 1, 0, 0, 1};
+	o.on_device = on;
+	arena_model *m;
+	arena_load_stats st;
+	cr_assert_eq(arena_load_image(img_path, &o, &m, &st), 0, "%s", arena_last_error());
+	cr_assert_gt(st.cpu_decoded, 0);
+	cr_assert_gt(st.gpu_decoded, 0);
+	cr_assert_eq(st.cpu_decoded + st.gpu_decoded, st.dev_bytes + st.host_bytes);
+	for (int b = 0; b < 6; b++)
+		if (!on[b]) {
+			char perm[5];
+			perms_of(m->mem[b].host, perm);
+			cr_assert_str_eq(perm, "r--p");
+		}
+	expect_image_bytes(m);
+	arena_model_free(m);
+	cr_assert_eq(atomic_load(&budget.used), 0);
+}
+
+Test(load_coded, no_device_room_for_stage_slots)
+{
+	/* A device the model fills exactly: no room for the stage slots, so the
+	 * CPU decodes and the raw bytes are copied. */
+	arena_load_opts o = opts();
+	arena_model *m;
+	cr_assert_eq(arena_load_image(img_path, &o, &m, NULL), 0);
+	uint64_t need = (64 << 20) - dev_free();
+	arena_model_free(m);
+	arena_backend *tight;
+	arena_sim_opts so = {.capacity = need};
+	cr_assert_eq(arena_backend_sim_create(&so, &tight), 0);
+	o.backend = tight;
+	arena_load_stats st;
+	cr_assert_eq(arena_load_image(img_path, &o, &m, &st), 0, "%s", arena_last_error());
+	cr_assert_eq(st.gpu_decoded, 0);
+	cr_assert_eq(st.cpu_decoded, st.dev_bytes);
+	arena_backend *keep = be;
+	be = tight; /* expect_image_bytes reads through be */
+	expect_image_bytes(m);
+	be = keep;
+	arena_model_free(m);
+	uint64_t f, t;
+	tight->ops->mem_info(tight, &f, &t);
+	cr_assert_eq(f, t);
+	arena_backend_destroy(tight);
+}
+
+Test(load_coded, pinned_budget_smaller_than_a_chunk)
+{
+	arena_pin_budget tiny;
+	arena_pin_budget_probe(&tiny, 4096, 0, "");
+	arena_load_opts o = opts();
+	o.budget = &tiny;
+	uint8_t on[6] = {1, 0, 0, 1, 1, 0};
+	o.on_device = on;
+	arena_model *m;
+	arena_load_stats st;
+	cr_assert_eq(arena_load_image(img_path, &o, &m, &st), 0, "%s", arena_last_error());
+	cr_assert_not(st.ring_pinned);
+	expect_image_bytes(m);
+	arena_model_free(m);
+	cr_assert_eq(atomic_load(&tiny.used), 0);
+}
+
+/* The stored offset of the first coded chunk with exceptions, its entry. */
+static void first_coded_chunk(uint64_t *entry_at, uint64_t *stored_at, arena_hb4 *v, uint8_t **stored)
+{
+	arena_image *img;
+	cr_assert_eq(arena_img_open(img_path, &img), 0);
+	for (uint64_t i = 0; i < img->hdr.chunk_count; i++) {
+		const arena_img_chunk *c = &img->chunks[i];
+		if (c->codec != ARENA_CODEC_HB4)
+			continue;
+		uint8_t *b = malloc(c->stored_length);
+		cr_assert_eq(arena_pread_full(img->fd, b, c->stored_length, img->hdr.data_offset + c->offset, "i"), 0);
+		cr_assert_eq(arena_hb4_parse(b, c->stored_length, c->raw_length, "t", v), 0);
+		if (!v->n_exc) {
+			free(b);
+			continue;
+		}
+		*entry_at = img->hdr.chunk_table_offset + i * 32;
+		*stored_at = img->hdr.data_offset + c->offset;
+		*stored = b;
+		arena_img_close(img);
+		return;
+	}
+	cr_assert_fail("no coded chunk with exceptions");
+}
+
+Test(load_coded, chunk_corrupted_after_verify_is_caught_in_flight)
+{
+	uint64_t entry, at;
+	arena_hb4 v;
+	uint8_t *b;
+	first_coded_chunk(&entry, &at, &v, &b);
+	free(b);
+	int fd = open(img_path, O_RDWR);
+	uint8_t x;
+	cr_assert_eq(pread(fd, &x, 1, (off_t)(at + 100)), 1);
+	x ^= 0x5A;
+	cr_assert_eq(pwrite(fd, &x, 1, (off_t)(at + 100)), 1);
+	close(fd);
+	arena_load_opts o = opts();
+	arena_model *m = NULL;
+	int rc = arena_load_image(img_path, &o, &m, NULL);
+	cr_assert_eq(rc, ARENA_E(IMG_CHUNK_CHECKSUM), "%s: %s", arena_err_name(rc), arena_last_error());
+	cr_assert(strstr(arena_last_error(), "caught while loading"), "%s", arena_last_error());
+	cr_assert_null(m);
+	cr_assert_eq(dev_free(), 64 << 20);
+	cr_assert_eq(atomic_load(&budget.used), 0);
+}
+
+static void put64le(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+Test(load_coded, malformed_chunk_under_a_good_checksum_is_refused)
+{
+	/* An exception index past the chunk, with every checksum resealed: a
+	 * decoder that trusted it would write outside the slab. */
+	uint64_t entry, at;
+	arena_hb4 v;
+	uint8_t *b;
+	first_coded_chunk(&entry, &at, &v, &b);
+	uint32_t bad = (uint32_t)(v.words + 1000);
+	memcpy(b + v.idx_off + 4 * (v.n_exc - 1), &bad, 4);
+	uint64_t stored = v.hi_off + v.n_exc;
+	int fd = open(img_path, O_RDWR);
+	cr_assert_eq(pwrite(fd, b, stored, (off_t)at), (ssize_t)stored);
+	/* Chunk checksum, chunk table checksum, header checksum. */
+	uint8_t e[32], page[4096];
+	cr_assert_eq(pread(fd, e, 32, (off_t)entry), 32);
+	put64le(e + 16, XXH3_64bits(b, stored));
+	cr_assert_eq(pwrite(fd, e, 32, (off_t)entry), 32);
+	cr_assert_eq(pread(fd, page, 4096, 0), 4096);
+	arena_img_header h;
+	struct stat sb;
+	fstat(fd, &sb);
+	cr_assert_eq(arena_img_header_decode(page, (uint64_t)sb.st_size, "t", &h), 0);
+	uint8_t *table = malloc(h.chunk_table_length);
+	cr_assert_eq(pread(fd, table, h.chunk_table_length, (off_t)h.chunk_table_offset), (ssize_t)h.chunk_table_length);
+	h.chunk_table_xxh3 = XXH3_64bits(table, h.chunk_table_length);
+	arena_img_header_encode(&h, page);
+	cr_assert_eq(pwrite(fd, page, 4096, 0), 4096);
+	close(fd);
+	free(table);
+	free(b);
+	arena_load_opts o = opts();
+	arena_model *m = NULL;
+	int rc = arena_load_image(img_path, &o, &m, NULL);
+	cr_assert_eq(rc, ARENA_E(IMG_CHUNK_BAD), "%s: %s", arena_err_name(rc), arena_last_error());
+	cr_assert(strstr(arena_last_error(), "exception"), "%s", arena_last_error());
+	cr_assert_null(m);
+	cr_assert_eq(dev_free(), 64 << 20);
+	cr_assert_eq(atomic_load(&budget.used), 0);
+}
+
+Test(load_coded, truncated_and_cancelled)
+{
+	arena_load_opts o = opts();
+	arena_model *m = NULL;
+	volatile sig_atomic_t stop = 1;
+	o.cancel = &stop;
+	cr_assert_eq(arena_load_image(img_path, &o, &m, NULL), ARENA_E_CANCELLED);
+	cr_assert_null(m);
+	cr_assert_eq(dev_free(), 64 << 20);
+	cr_assert_eq(truncate(img_path, 150000), 0);
+	o.cancel = NULL;
+	cr_assert_eq(arena_load_image(img_path, &o, &m, NULL), ARENA_E(IMG_TRUNCATED));
+	cr_assert_null(m);
+}
+
+Test(load_coded, read_and_allocation_failures_at_each_step)
+{
+	arena_load_opts o = opts();
+	o.io = ARENA_IO_BUFFERED;
+	uint8_t on[6] = {1, 0, 1, 0, 1, 0};
+	o.on_device = on;
+	long n;
+	for (n = 1; n < 200; n++) {
+		arena_model *m = NULL;
+		arena_fault_read(n);
+		int rc = arena_load_image(img_path, &o, &m, NULL);
+		arena_fault_read(0);
+		if (rc == 0) {
+			expect_image_bytes(m);
+			arena_model_free(m);
+			break;
+		}
+		cr_assert_eq(rc, ARENA_E_IO, "n=%ld: %s", n, arena_last_error());
+		cr_assert_null(m);
+		cr_assert_eq(dev_free(), 64 << 20);
+		cr_assert_eq(atomic_load(&budget.used), 0);
+	}
+	cr_assert_gt(n, 3);
+	for (n = 1; n < 100000; n++) {
+		arena_model *m = NULL;
+		arena_fault_alloc(n);
+		int rc = arena_load_image(img_path, &o, &m, NULL);
+		int fired = arena_fault_alloc_fired();
+		arena_fault_alloc(0);
+		if (!fired) {
+			cr_assert_eq(rc, 0, "%s", arena_last_error());
+			arena_model_free(m);
+			break;
+		}
+		if (rc == 0) {
+			arena_model_free(m);
+			continue;
+		}
+		cr_assert_eq(rc, ARENA_E_NOMEM, "n=%ld: %s: %s", n, arena_err_name(rc), arena_last_error());
+		cr_assert_null(m);
+		cr_assert_eq(dev_free(), 64 << 20, "n=%ld left device memory", n);
+		cr_assert_eq(atomic_load(&budget.used), 0, "n=%ld left pinned memory", n);
+	}
+	cr_assert_gt(n, 20);
 }
