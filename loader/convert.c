@@ -150,6 +150,8 @@ static void *worker(void *arg)
 			rc = arena_outfile_pwrite_direct(j->out, buf, len, h->data_offset + c0);
 		} else if (!rc) {
 			uint64_t n = j->o->codec == ARENA_CODEC_HB4 ? arena_hb4_encode(buf, len, enc) : 0;
+			if (arena_align_up(n, 4096) >= len)
+				n = 0; /* saves no page of the file: store it as is */
 			const uint8_t *out = n ? enc : buf;
 			uint64_t stored = n ? n : len, wlen = arena_align_up(stored, 4096);
 			memset(enc + stored, 0, wlen - stored); /* zero to the next page (when coded) */
