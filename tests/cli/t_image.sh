@@ -124,3 +124,50 @@ verify_not_an_image() {
 
 cases convert_help convert_usage_errors convert_verify_export_flux convert_sharded_folder \
 	convert_bad_input_leaves_nothing verify_corrupt verify_not_an_image
+
+convert_coded_round_trip() {
+	run convert "$REF/tiny_flux.safetensors" -o "$T/c.arena" --codec hb4 --chunk-size 64K
+	expect_rc 0
+	expect_out "coded 5 of 5 chunks with hb4"
+	run verify "$T/c.arena"
+	expect_rc 0
+	run inspect "$T/c.arena"
+	expect_rc 0
+	expect_out "format 1.1"
+	expect_out "5 chunks hb4"
+	run inspect --json "$T/c.arena"
+	expect_rc 0
+	python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+c = d["coding"]
+assert c["coded_image"] and c["hb4_chunks"] == 5 and c["stored_length"] < d["layout"]["data_length"], c' <"$T/out" ||
+		fail "inspect --json coding"
+	run export "$T/c.arena" -o "$T/c.safetensors"
+	expect_rc 0
+	cmp -s "$T/c.safetensors" "$REF/tiny_flux.safetensors" || fail "export of a coded image is not byte-identical"
+	run convert "$REF/tiny_flux.safetensors" -o "$T/x.arena" --codec zstd
+	expect_rc 2
+	expect_error_line
+	expect_err "--codec"
+	[ ! -e "$T/x.arena" ] || fail "a refused convert left a file"
+}
+
+verify_coded_corrupt() {
+	"$ARENA" convert -q "$REF/tiny_flux.safetensors" -o "$T/c.arena" --codec hb4 --chunk-size 64K
+	# A byte of the second chunk's stored data.
+	off=$(python3 -c '
+import struct, sys
+b = open(sys.argv[1], "rb").read(4096 * 64)
+cto, dof = struct.unpack_from("<Q", b, 48)[0], struct.unpack_from("<Q", b, 72)[0]
+print(dof + struct.unpack_from("<Q", b, cto + 32)[0] + 5000)' "$T/c.arena")
+	printf '\377' | dd of="$T/c.arena" bs=1 seek="$off" conv=notrunc 2>/dev/null
+	run verify "$T/c.arena"
+	expect_rc 1
+	expect_err "chunk 1"
+	run export "$T/c.arena" -o "$T/c.safetensors"
+	expect_rc 1
+	[ ! -e "$T/c.safetensors" ] || fail "export of a corrupt coded image wrote a file"
+}
+
+cases convert_coded_round_trip verify_coded_corrupt

@@ -68,3 +68,23 @@ load_safetensors_quantized() {
 
 cases load_help load_usage_errors load_sim_image_checked load_vram_cap_says_what_fits load_corrupt_image \
 	load_safetensors_quantized
+
+load_coded_image_checked() {
+	"$ARENA" convert -q "$REF/tiny_flux.safetensors" -o "$T/c.arena" --codec hb4 --chunk-size 64K
+	run load "$T/c.arena" --backend sim --check --json
+	expect_rc 0
+	python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["check"] is True, d
+dec = d["decoded"]
+assert dec["gpu_bytes"] == d["device_bytes"] and dec["cpu_bytes"] == 0, dec
+assert d["file_bytes"] < d["device_bytes"], d
+assert d["limits"]["payload_bound_gbps"] > d["limits"]["moved_bound_gbps"], d' <"$T/out" || fail "load --json of a coded image"
+	run load "$T/c.arena" --backend sim --check
+	expect_rc 0
+	expect_out "decoded by the device"
+	expect_out "match"
+}
+
+cases load_coded_image_checked
