@@ -2,7 +2,7 @@
 #
 # Variables: BUILD (build folder, default build), V=1 (show commands),
 # SAN=1 (AddressSanitizer + UBSan), WERROR=1 (warnings are errors),
-# CUDA_HOME (CUDA toolkit, default /usr/local/cuda; CUDA=0 disables),
+# CUDA_HOME (CUDA toolkit with nvcc, default /usr/local/cuda; CUDA=0 disables),
 # PREFIX (install prefix, default /usr/local), FUZZ_TIME (seconds, make fuzz).
 
 BUILD    ?= build
@@ -37,18 +37,30 @@ HAVE_CUDA :=
 ifneq ($(CUDA),0)
 ifneq ($(wildcard $(CUDA_HOME)/include/cuda_runtime.h),)
 ifneq ($(wildcard $(CUDA_HOME)/lib64/libcudart_static.a),)
+ifneq ($(wildcard $(CUDA_HOME)/bin/nvcc),)
 HAVE_CUDA := 1
+endif
 endif
 endif
 endif
 ifeq ($(HAVE_CUDA),1)
 # The runtime is linked statically: binaries need only the driver at run time
-# and say "no CUDA device" on a machine without one.
+# and say "no CUDA device" on a machine without one. The kernels' host code
+# is C++ (nvcc's launch stubs use thread-safe statics): -lstdc++.
 CPPFLAGS += -DARENA_HAVE_CUDA -isystem $(CUDA_HOME)/include
-LDLIBS   += $(CUDA_HOME)/lib64/libcudart_static.a -ldl -lrt
+LDLIBS   += $(CUDA_HOME)/lib64/libcudart_static.a -ldl -lrt -lstdc++
 CUDA_MSG := CUDA backend: built with $(CUDA_HOME) (static runtime)
+# Kernels (arena/*.cu): sm_90 (H100, H200) and sm_80 code, plus compute_80 PTX
+# that the driver compiles for newer GPUs.
+NVCC      := $(CUDA_HOME)/bin/nvcc
+NVCCFLAGS := -O2 -std=c++17 -Xcompiler -fPIC -Iinclude -MMD -MP \
+             -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=[sm_80,compute_80] \
+             -Xcompiler -Wall,-Wextra,-Wno-unused-parameter
+ifeq ($(WERROR),1)
+NVCCFLAGS += -Werror all-warnings -Xcompiler -Werror
+endif
 else
-CUDA_MSG := CUDA backend: not built (no $(CUDA_HOME)/include/cuda_runtime.h and lib64/libcudart_static.a; set CUDA_HOME)
+CUDA_MSG := CUDA backend: not built (no $(CUDA_HOME)/include/cuda_runtime.h, lib64/libcudart_static.a and bin/nvcc; set CUDA_HOME)
 endif
 ifeq ($(MAKELEVEL),0)
 ifeq ($(filter help clean deps,$(MAKECMDGOALS)),)
@@ -58,12 +70,15 @@ endif
 
 # --- sources ----------------------------------------------------------------
 LIB_SRC  := $(wildcard common/*.c formats/*.c loader/*.c arena/*.c)
-ifneq ($(HAVE_CUDA),1)
+CU_SRC   :=
+ifeq ($(HAVE_CUDA),1)
+CU_SRC   := $(wildcard arena/*.cu)
+else
 LIB_SRC  := $(filter-out %_cuda.c,$(LIB_SRC))
 endif
 CLI_SRC  := $(wildcard cli/*.c)
 UNIT_SRC := $(wildcard tests/unit/*.c)
-LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 UNIT_OBJ := $(UNIT_SRC:%.c=$(BUILD)/obj/%.o)
 FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
@@ -97,6 +112,11 @@ $(BUILD)/obj/%.o: %.c | $(DEPS_OK)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu | $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  NVCC    $<")
+	$(Q)$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 $(BUILD)/libarena.a: $(LIB_OBJ)
 	@$(if $(Q),echo "  AR      $@")

@@ -2,6 +2,7 @@
  *
  * Plain C against cuda_runtime_api.h; the runtime is linked statically, so a
  * binary needs only the driver and says NO_DEVICE on a machine without one.
+ * The kernels (the hb4 decoder) are in codec_cuda.cu, built by nvcc.
  *
  * Handles: an arena_stream * is the cudaStream_t itself and an arena_event *
  * the cudaEvent_t (neither is ever NULL when created), so no op allocates
@@ -22,6 +23,8 @@
 
 #include "../common/alloc.h"
 #include "../common/err.h"
+#include "../formats/codec.h"
+#include "codec_cuda.h"
 
 typedef struct cuda_backend {
 	arena_backend base;
@@ -243,6 +246,32 @@ static int cuda_stream_wait(arena_backend *base, arena_stream *s, arena_event *e
 	return e == cudaSuccess ? 0 : cuda_fail(e, "cudaStreamWaitEvent");
 }
 
+/* The kernels are in codec_cuda.cu. The arguments are checked here as sim
+ * checks them, except that device pointers are not checked (CUDA reports a
+ * bad one when the kernel runs, at the next sync). */
+static int cuda_decode_hb4(arena_backend *base, void *dst, const void *src, const struct arena_hb4 *v, uint64_t a,
+			   uint64_t z, arena_stream *s)
+{
+	if (!v || !dst || !src)
+		return arena_errorf(ARENA_E_USAGE, "cuda: decode_hb4 with a NULL %s",
+				    !v ? "chunk" : !dst ? "destination" : "source");
+	const uint64_t W = v->words, E = v->n_exc;
+	if (!W || W > UINT32_MAX / 2 || E > W || (E && !v->exc_idx) || v->nib_off != arena_hb4_nib_off() ||
+	    v->low_off != arena_hb4_low_off(W) || v->idx_off != arena_hb4_idx_off(W) || v->hi_off != v->idx_off + 4 * E)
+		return arena_errorf(ARENA_E_USAGE, "cuda: decode_hb4: the chunk is not an hb4 parse (%llu words, %llu exceptions)",
+				    (unsigned long long)W, (unsigned long long)E);
+	if (a % 2 || z % 2 || a > z || z > 2 * W)
+		return arena_errorf(ARENA_E_USAGE,
+				    "cuda: decode_hb4 of raw bytes [%llu, %llu): not an even range within the chunk's %llu bytes",
+				    (unsigned long long)a, (unsigned long long)z, (unsigned long long)(2 * W));
+	if (a == z)
+		return 0;
+	int rc = cuda_bind((cuda_backend *)base);
+	if (!rc)
+		rc = arena__hb4_decode_cuda(dst, src, v, a, z, (cudaStream_t)s);
+	return rc;
+}
+
 static void cuda_destroy(arena_backend *base)
 {
 	arena_free(base);
@@ -268,6 +297,7 @@ static const arena_backend_ops cuda_ops = {
 	.stream_wait = cuda_stream_wait,
 	.event_create_timed = cuda_event_create_timed,
 	.event_elapsed = cuda_event_elapsed,
+	.decode_hb4 = cuda_decode_hb4,
 	.destroy = cuda_destroy,
 };
 

@@ -16,6 +16,9 @@
  *     copies on several streams together never beat the modelled bandwidth,
  *     and copies overlap fully with compute on other streams. With rate 0 a
  *     copy is just its memcpy.
+ *   - Decode (decode_hb4): device-side work, so not booked on the copy
+ *     engine; the stream's worker runs the CPU decoder (formats/codec.c) on
+ *     the device copy of the chunk, at memcpy-like speed.
  *   - Events: record captures (stream id, sequence number of the last op
  *     queued); the event is done once that stream's `done` reaches it. A
  *     stream is destroyed only after its work is done, so an event whose
@@ -43,23 +46,26 @@
 #include "../common/alloc.h"
 #include "../common/clock.h"
 #include "../common/err.h"
+#include "../formats/codec.h"
 
 #define SIM_ALIGN 256u
 #define SIM_DEFAULT_CAPACITY (8ull << 30)
 
-enum sim_op_kind { SIM_COPY, SIM_WAIT, SIM_COMPUTE, SIM_MARK };
+enum sim_op_kind { SIM_COPY, SIM_WAIT, SIM_COMPUTE, SIM_MARK, SIM_DECODE };
 
 struct sim_op {
 	struct sim_op *next;
 	enum sim_op_kind kind;
 	uint64_t seq;
-	void *dst; /* SIM_COPY */
+	void *dst; /* SIM_COPY, SIM_DECODE */
 	const void *src;
-	uint64_t bytes;
+	uint64_t bytes; /* SIM_COPY; SIM_DECODE: the chunk's stored length */
 	uint64_t wait_stream; /* SIM_WAIT: the event as recorded when the wait was queued */
 	uint64_t wait_seq;
 	double seconds; /* SIM_COMPUTE */
 	arena_event *ev; /* SIM_MARK: the timed event to stamp, if still recorded here */
+	arena_hb4 hb4;   /* SIM_DECODE: the caller's parse, plane pointers cleared */
+	uint64_t a, z;   /* SIM_DECODE: the raw byte range */
 };
 
 typedef struct sim_backend sim_backend;
@@ -144,7 +150,29 @@ static int sim_seq_done(const sim_backend *b, uint64_t id, uint64_t seq)
 	return 1; /* destroyed, so finished */
 }
 
-/* Run the head op of s (b->mu held; dropped around the memcpy). */
+/* The decode of a SIM_DECODE op (b->mu not held): the view of the device
+ * copy of the chunk, checked first, because a caller that decodes before its
+ * copy has landed (or from another place) would otherwise have the decoder
+ * write wherever the garbage exception indices point in host memory. */
+static void sim_decode(const struct sim_op *op)
+{
+	const uint8_t *src = op->src;
+	const arena_hb4 *h = &op->hb4;
+	arena_hb4 view;
+	int bad = arena_hb4_parse(src, op->bytes, 2 * h->words, "sim: decode_hb4: the device bytes at src", &view);
+	if (bad || memcmp(view.table, h->table, sizeof(h->table))) {
+		fprintf(stderr, "%s\n", bad ? arena_last_error() : "sim: decode_hb4: the device chunk's table differs from v's");
+		ARENA_BUG("sim: decode_hb4: the device bytes at src are not the chunk v describes (decoded before its copy landed?)");
+	}
+	view = *h;
+	view.nib = src + h->nib_off;
+	view.low = src + h->low_off;
+	view.exc_idx = src + h->idx_off;
+	view.exc_hi = src + h->hi_off;
+	arena_hb4_decode(&view, op->a, op->z, op->dst);
+}
+
+/* Run the head op of s (b->mu held; dropped around the memcpy and the decode). */
 static void sim_run(sim_backend *b, arena_stream *s, const struct sim_op *op)
 {
 	switch (op->kind) {
@@ -172,6 +200,11 @@ static void sim_run(sim_backend *b, arena_stream *s, const struct sim_op *op)
 	case SIM_MARK:
 		if (op->ev->stream == s->id && op->ev->seq == op->seq) /* not recorded again since */
 			op->ev->t = arena_now_s();
+		break;
+	case SIM_DECODE:
+		pthread_mutex_unlock(&b->mu);
+		sim_decode(op);
+		pthread_mutex_lock(&b->mu);
 		break;
 	}
 }
@@ -492,6 +525,52 @@ static int sim_copy_d2h_sync(arena_backend *base, void *dst, const void *src, ui
 	return rc;
 }
 
+/* Contract (sim): the arguments are checked as cuda's are (an even range
+ * within the chunk, a parse whose offsets agree with its counts) and, as for
+ * copies, src must hold the whole stored chunk and dst the z - a bytes inside
+ * one device allocation each. The op copies v's counts, offsets and table;
+ * the worker decodes from the device copy (see sim_decode). */
+static int sim_decode_hb4(arena_backend *base, void *dst, const void *src, const struct arena_hb4 *v, uint64_t a,
+			  uint64_t z, arena_stream *s)
+{
+	sim_backend *b = (sim_backend *)base;
+	int rc = 0;
+	if (!v || !dst || !src)
+		return arena_errorf(ARENA_E_USAGE, "sim: decode_hb4 with a NULL %s",
+				    !v ? "chunk" : !dst ? "destination" : "source");
+	const uint64_t W = v->words, E = v->n_exc;
+	if (!W || W > UINT32_MAX / 2 || E > W || v->nib_off != arena_hb4_nib_off() || v->low_off != arena_hb4_low_off(W) ||
+	    v->idx_off != arena_hb4_idx_off(W) || v->hi_off != v->idx_off + 4 * E)
+		return arena_errorf(ARENA_E_USAGE, "sim: decode_hb4: the chunk is not an hb4 parse (%llu words, %llu exceptions)",
+				    (unsigned long long)W, (unsigned long long)E);
+	if (a % 2 || z % 2 || a > z || z > 2 * W)
+		return arena_errorf(ARENA_E_USAGE,
+				    "sim: decode_hb4 of raw bytes [%llu, %llu): not an even range within the chunk's %llu bytes",
+				    (unsigned long long)a, (unsigned long long)z, (unsigned long long)(2 * W));
+	if (a == z)
+		return 0;
+	const uint64_t stored = v->hi_off + E;
+	struct sim_op *op = arena_calloc(1, sizeof(*op));
+	if (!op)
+		return arena_errorf(ARENA_E_NOMEM, "sim: out of memory for a decode");
+	*op = (struct sim_op){.kind = SIM_DECODE, .dst = dst, .src = src, .bytes = stored, .hb4 = *v, .a = a, .z = z};
+	op->hb4.nib = op->hb4.low = op->hb4.exc_idx = op->hb4.exc_hi = NULL; /* the caller's host planes */
+	pthread_mutex_lock(&b->mu);
+	if (!sim_find(b, src, stored))
+		rc = arena_errorf(ARENA_E_USAGE,
+				  "sim: decode_hb4 from %p: the chunk's %llu stored bytes are not inside one device allocation",
+				  src, (unsigned long long)stored);
+	else if (!sim_find(b, dst, z - a))
+		rc = arena_errorf(ARENA_E_USAGE, "sim: decode_hb4 of %llu bytes to %p: not inside one device allocation",
+				  (unsigned long long)(z - a), dst);
+	else
+		sim_enqueue(s, op);
+	pthread_mutex_unlock(&b->mu);
+	if (rc)
+		arena_free(op);
+	return rc;
+}
+
 static int sim_event_create(arena_backend *base, arena_event **out)
 {
 	sim_backend *b = (sim_backend *)base;
@@ -659,6 +738,7 @@ static const arena_backend_ops sim_ops = {
 	.stream_wait = sim_stream_wait,
 	.event_create_timed = sim_event_create_timed,
 	.event_elapsed = sim_event_elapsed,
+	.decode_hb4 = sim_decode_hb4,
 	.destroy = sim_destroy,
 };
 

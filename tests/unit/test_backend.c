@@ -1,8 +1,13 @@
 /* test_backend.c - the device backends: the sim's memory, copy, event, stream
  * and timing model, its fault paths; the same byte checks on cuda when a
- * device is present (skipped otherwise). */
+ * device is present (skipped otherwise).
+ *
+ * The hb4 decode tests (suite `backend`) run on sim, or with
+ * ARENA_TEST_BACKEND=cuda on device 0 (the GPU machine), as test_engine.c's
+ * do; the few about the sim's own model always run on sim. */
 #include <criterion/criterion.h>
 
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -15,6 +20,7 @@
 #include "../../common/err.h"
 #include "../../common/alloc.h"
 #include "../../common/clock.h"
+#include "../../formats/codec.h"
 
 #define KiB (1024ull)
 #define MiB (1024ull * 1024)
@@ -773,4 +779,381 @@ Test(backend_cuda, oom_is_dev_oom)
 	cr_assert_eq(b->ops->dev_alloc(b, MiB, &d), 0, "%s", arena_last_error());
 	b->ops->dev_free(b, d);
 	arena_backend_destroy(b);
+}
+
+/* --- decode_hb4: sim, or cuda with ARENA_TEST_BACKEND=cuda ---------------------- */
+
+static int test_on_cuda(void)
+{
+	const char *tb = getenv("ARENA_TEST_BACKEND");
+	return tb && !strcmp(tb, "cuda");
+}
+
+/* The backend under test: device 0 with ARENA_TEST_BACKEND=cuda, else sim. */
+static arena_backend *test_backend(void)
+{
+	if (!test_on_cuda())
+		return sim(256 * MiB, 0);
+	arena_backend *b = NULL;
+	cr_assert_eq(arena_backend_cuda_create(0, &b), 0, "ARENA_TEST_BACKEND=cuda: %s", arena_last_error());
+	cr_assert_str_eq(b->ops->name, "cuda");
+	return b;
+}
+
+/* bf16 words of a layer's weights, N(0, 0.02), with what hb4 lists as
+ * exceptions: outliers scattered, a run of them, the first and the last word;
+ * zeros and tiny values (high bytes outside the 16 commonest) elsewhere. */
+static uint8_t *bf16_weights(uint64_t words, uint32_t seed)
+{
+	uint8_t *b = malloc(2 * words);
+	cr_assert_not_null(b);
+	uint32_t x = seed * 2654435761u + 1;
+	for (uint64_t i = 0; i < words; i++) {
+		double u[2];
+		for (int k = 0; k < 2; k++) {
+			x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+			u[k] = (x + 1.0) / 4294967297.0;
+		}
+		float f = (float)(0.02 * sqrt(-2 * log(u[0])) * cos(6.283185307179586 * u[1]));
+		if (i % 9973 == 5 || i == 0 || i == words - 1 || (i >= 1000 && i < 1037))
+			f = i % 2 ? -3e30f : 1e30f;
+		else if (i % 7919 == 3)
+			f = 0;
+		else if (i % 4999 == 7)
+			f = 1e-30f;
+		uint32_t w;
+		memcpy(&w, &f, 4);
+		b[2 * i] = (uint8_t)(w >> 16);
+		b[2 * i + 1] = (uint8_t)(w >> 24);
+	}
+	return b;
+}
+
+static uint64_t exc_at(const arena_hb4 *v, uint64_t e)
+{
+	const uint8_t *p = v->exc_idx + 4 * e;
+	return (uint64_t)p[0] | (uint64_t)p[1] << 8 | (uint64_t)p[2] << 16 | (uint64_t)p[3] << 24;
+}
+
+/* Exceptions with index in [w0, w1). */
+static uint64_t exc_in(const arena_hb4 *v, uint64_t w0, uint64_t w1)
+{
+	uint64_t n = 0;
+	for (uint64_t e = 0; e < v->n_exc; e++)
+		n += exc_at(v, e) >= w0 && exc_at(v, e) < w1;
+	return n;
+}
+
+#define MAX_RANGES 24
+struct word_range {
+	uint64_t w0, w1;
+};
+
+/* The word ranges to decode of a chunk: the whole, its ends, odd starts and
+ * ends, a stretch with no exception, ranges that start or end at an
+ * exception, an empty one. */
+static size_t hb4_ranges(const arena_hb4 *v, struct word_range *r)
+{
+	const uint64_t W = v->words;
+	size_t n = 0;
+	cr_assert_geq(v->n_exc, 40, "the weights have exceptions (%llu)", (unsigned long long)v->n_exc);
+	r[n++] = (struct word_range){0, W};
+	r[n++] = (struct word_range){0, 1};
+	r[n++] = (struct word_range){W - 1, W};
+	r[n++] = (struct word_range){W - 2, W};
+	r[n++] = (struct word_range){1, W};
+	r[n++] = (struct word_range){0, W - 1};
+	r[n++] = (struct word_range){3, 4100};
+	r[n++] = (struct word_range){W / 3 | 1, 2 * W / 3};
+	r[n++] = (struct word_range){W / 2, W / 2 + 1};
+	r[n++] = (struct word_range){W / 2 + 1, W / 2 + 2};
+	r[n++] = (struct word_range){999, 1038}; /* the run of exceptions and a word either side */
+	/* Inside the widest gap between exceptions, from an odd word. */
+	uint64_t g0 = 0, g1 = 0;
+	for (uint64_t e = 0; e + 1 < v->n_exc; e++)
+		if (exc_at(v, e + 1) - exc_at(v, e) > g1 - g0)
+			g0 = exc_at(v, e), g1 = exc_at(v, e + 1);
+	cr_assert_gt(g1 - g0, 100);
+	uint64_t q0 = (g0 + 2) | 1;
+	r[n++] = (struct word_range){q0, g1 - 1};
+	cr_assert_eq(exc_in(v, q0, g1 - 1), 0);
+	/* From an exception to one past another, and strictly between two. */
+	uint64_t k1 = exc_at(v, v->n_exc / 3), k2 = exc_at(v, 2 * v->n_exc / 3);
+	r[n++] = (struct word_range){k1, k2 + 1};
+	r[n++] = (struct word_range){k1 + 1, k2};
+	r[n++] = (struct word_range){k1, k1 + 1};
+	r[n++] = (struct word_range){k2, W};
+	r[n++] = (struct word_range){5, 5};
+	cr_assert_leq(n, MAX_RANGES);
+	return n;
+}
+
+/* Encode a chunk of W weights, copy it to the device at an odd offset, decode
+ * each range: one at a time into a buffer of guard bytes (at even and odd
+ * destinations; the guards must stay), then all of them queued back to back
+ * from a parse that is overwritten once they are queued (the contract: v is
+ * read while queueing, never after). */
+static void check_decode(arena_backend *b, uint64_t W, uint32_t seed)
+{
+	const uint64_t len = 2 * W, guard = 64;
+	uint8_t *raw = bf16_weights(W, seed), *st = malloc(len), *pat = malloc(len + 2 * guard);
+	uint8_t *back = malloc(len + 2 * guard);
+	cr_assert(st && pat && back);
+	const uint64_t n = arena_hb4_encode(raw, len, st);
+	cr_assert_gt(n, 0, "the weights are coded");
+	cr_assert_lt(n, len * 0.8);
+	arena_hb4 v;
+	cr_assert_eq(arena_hb4_parse(st, n, len, "t", &v), 0, "%s", arena_last_error());
+	struct word_range r[MAX_RANGES];
+	const size_t nr = hb4_ranges(&v, r);
+	memset(pat, 0xa5, len + 2 * guard);
+
+	void *dsrc = NULL, *ddst = NULL, *dall = NULL;
+	arena_stream *s = NULL;
+	cr_assert_eq(b->ops->stream_create(b, &s), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->dev_alloc(b, n + 3, &dsrc), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->dev_alloc(b, len + 2 * guard, &ddst), 0, "%s", arena_last_error());
+	uint8_t *src = (uint8_t *)dsrc + 3; /* the chunk at an odd device address */
+	/* No sync between the copy and the first decode: the stream orders them. */
+	cr_assert_eq(b->ops->copy_h2d(b, src, st, n, s), 0, "%s", arena_last_error());
+	for (size_t i = 0; i < nr; i++) {
+		const uint64_t a = 2 * r[i].w0, z = 2 * r[i].w1, at = guard - (i % 2); /* odd destinations too */
+		cr_assert_eq(b->ops->copy_h2d(b, ddst, pat, len + 2 * guard, s), 0, "%s", arena_last_error());
+		cr_assert_eq(b->ops->decode_hb4(b, (uint8_t *)ddst + at, src, &v, a, z, s), 0, "range [%llu, %llu): %s",
+			     (unsigned long long)a, (unsigned long long)z, arena_last_error());
+		cr_assert_eq(b->ops->stream_sync(b, s), 0, "%s", arena_last_error());
+		cr_assert_eq(b->ops->copy_d2h_sync(b, back, ddst, len + 2 * guard), 0, "%s", arena_last_error());
+		cr_assert_eq(memcmp(back + at, raw + a, z - a), 0, "W %llu: range [%llu, %llu) decodes wrong",
+			     (unsigned long long)W, (unsigned long long)a, (unsigned long long)z);
+		cr_assert_eq(memcmp(back, pat, at), 0, "range [%llu, %llu): written before dst", (unsigned long long)a,
+			     (unsigned long long)z);
+		cr_assert_eq(memcmp(back + at + (z - a), pat, len + 2 * guard - at - (z - a)), 0,
+			     "range [%llu, %llu): written past dst + z - a", (unsigned long long)a, (unsigned long long)z);
+	}
+
+	/* All queued, then one sync; the host parse and its bytes are gone by then. */
+	uint64_t total = 0;
+	for (size_t i = 0; i < nr; i++)
+		total += 2 * (r[i].w1 - r[i].w0) + 1;
+	cr_assert_eq(b->ops->dev_alloc(b, total, &dall), 0, "%s", arena_last_error());
+	uint8_t *st2 = malloc(n);
+	arena_hb4 *v2 = malloc(sizeof(*v2));
+	cr_assert(st2 && v2);
+	memcpy(st2, st, n);
+	cr_assert_eq(arena_hb4_parse(st2, n, len, "t", v2), 0, "%s", arena_last_error());
+	uint64_t off = 0;
+	for (size_t i = 0; i < nr; i++) {
+		cr_assert_eq(b->ops->decode_hb4(b, (uint8_t *)dall + off, src, v2, 2 * r[i].w0, 2 * r[i].w1, s), 0, "%s",
+			     arena_last_error());
+		off += 2 * (r[i].w1 - r[i].w0) + 1;
+	}
+	memset(st2, 0xff, n);
+	memset(v2, 0xff, sizeof(*v2));
+	free(st2);
+	free(v2);
+	cr_assert_eq(b->ops->stream_sync(b, s), 0, "%s", arena_last_error());
+	uint8_t *all = malloc(total);
+	cr_assert_not_null(all);
+	cr_assert_eq(b->ops->copy_d2h_sync(b, all, dall, total), 0, "%s", arena_last_error());
+	off = 0;
+	for (size_t i = 0; i < nr; i++) {
+		const uint64_t a = 2 * r[i].w0, z = 2 * r[i].w1;
+		cr_assert_eq(memcmp(all + off, raw + a, z - a), 0, "queued: range [%llu, %llu) decodes wrong",
+			     (unsigned long long)a, (unsigned long long)z);
+		off += z - a + 1;
+	}
+	free(all);
+	b->ops->dev_free(b, dall);
+	b->ops->dev_free(b, ddst);
+	b->ops->dev_free(b, dsrc);
+	b->ops->stream_destroy(b, s);
+	free(raw);
+	free(st);
+	free(pat);
+	free(back);
+}
+
+Test(backend, decode_hb4_ranges)
+{
+	arena_backend *b = test_backend();
+	check_decode(b, 196608, 1); /* 384 KiB */
+	check_decode(b, 65537, 2);  /* an odd word count: the last nibble byte is half used */
+	arena_backend_destroy(b);
+}
+
+/* Two streams decoding from one chunk at once, each after an event of the
+ * stream that copied it. */
+Test(backend, decode_hb4_after_event)
+{
+	arena_backend *b = test_backend();
+	const uint64_t W = 100001, len = 2 * W;
+	uint8_t *raw = bf16_weights(W, 3), *st = malloc(len), *back = malloc(len);
+	cr_assert(st && back);
+	const uint64_t n = arena_hb4_encode(raw, len, st);
+	arena_hb4 v;
+	cr_assert_eq(arena_hb4_parse(st, n, len, "t", &v), 0, "%s", arena_last_error());
+	void *dsrc = NULL, *ddst = NULL;
+	arena_stream *sc = NULL, *s1 = NULL, *s2 = NULL;
+	arena_event *e = NULL;
+	cr_assert_eq(b->ops->dev_alloc(b, n, &dsrc), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->dev_alloc(b, len, &ddst), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->stream_create(b, &sc), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->stream_create(b, &s1), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->stream_create(b, &s2), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->event_create(b, &e), 0, "%s", arena_last_error());
+	if (!test_on_cuda())
+		sim_slow(b, sc); /* a decode that did not wait would read nothing yet */
+	cr_assert_eq(b->ops->copy_h2d(b, dsrc, st, n, sc), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->event_record(b, e, sc), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->stream_wait(b, s1, e), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->stream_wait(b, s2, e), 0, "%s", arena_last_error());
+	const uint64_t mid = 2 * (W / 2 | 1);
+	cr_assert_eq(b->ops->decode_hb4(b, ddst, dsrc, &v, 0, mid, s1), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->decode_hb4(b, (uint8_t *)ddst + mid, dsrc, &v, mid, len, s2), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->stream_sync(b, s1), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->stream_sync(b, s2), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->copy_d2h_sync(b, back, ddst, len), 0, "%s", arena_last_error());
+	cr_assert_eq(memcmp(back, raw, len), 0);
+	b->ops->event_destroy(b, e);
+	b->ops->stream_destroy(b, sc);
+	b->ops->stream_destroy(b, s1);
+	b->ops->stream_destroy(b, s2);
+	b->ops->dev_free(b, dsrc);
+	b->ops->dev_free(b, ddst);
+	arena_backend_destroy(b);
+	free(raw);
+	free(st);
+	free(back);
+}
+
+#define CHECK_USAGE(call, what)                                                                                 \
+	do {                                                                                                     \
+		arena_error_clear();                                                                             \
+		int rc_ = (call);                                                                                \
+		cr_assert_eq(rc_, ARENA_E_USAGE, "%s: %s (%s)", what, arena_err_name(rc_), arena_last_error()); \
+		cr_assert(strstr(arena_last_error(), "decode_hb4"), "%s: message '%s'", what, arena_last_error()); \
+	} while (0)
+
+/* Bad arguments are USAGE with a message, queue nothing (on sim, device
+ * pointers outside its allocations too). */
+Test(backend, decode_hb4_bad_arguments)
+{
+	arena_backend *b = test_backend();
+	const uint64_t W = 4097, len = 2 * W;
+	uint8_t *raw = bf16_weights(W, 4), *st = malloc(len), *back = malloc(len);
+	cr_assert(st && back);
+	const uint64_t n = arena_hb4_encode(raw, len, st);
+	arena_hb4 v;
+	cr_assert_eq(arena_hb4_parse(st, n, len, "t", &v), 0, "%s", arena_last_error());
+	void *dsrc = NULL, *ddst = NULL;
+	arena_stream *s = NULL;
+	cr_assert_eq(b->ops->dev_alloc(b, n, &dsrc), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->dev_alloc(b, len, &ddst), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->stream_create(b, &s), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->copy_h2d(b, dsrc, st, n, s), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->copy_h2d(b, ddst, raw, len, s), 0, "%s", arena_last_error());
+
+	CHECK_USAGE(b->ops->decode_hb4(b, ddst, dsrc, &v, 1, 8, s), "odd a");
+	CHECK_USAGE(b->ops->decode_hb4(b, ddst, dsrc, &v, 0, 7, s), "odd z");
+	CHECK_USAGE(b->ops->decode_hb4(b, ddst, dsrc, &v, 8, 6, s), "a after z");
+	CHECK_USAGE(b->ops->decode_hb4(b, ddst, dsrc, &v, 0, len + 2, s), "z beyond the chunk");
+	CHECK_USAGE(b->ops->decode_hb4(b, ddst, dsrc, &v, len + 2, len + 2, s), "an empty range beyond the chunk");
+	CHECK_USAGE(b->ops->decode_hb4(b, ddst, dsrc, NULL, 0, 2, s), "no chunk");
+	CHECK_USAGE(b->ops->decode_hb4(b, NULL, dsrc, &v, 0, 2, s), "no destination");
+	CHECK_USAGE(b->ops->decode_hb4(b, ddst, NULL, &v, 0, 2, s), "no source");
+	arena_hb4 bad = v;
+	bad.low_off += 16;
+	CHECK_USAGE(b->ops->decode_hb4(b, ddst, dsrc, &bad, 0, 2, s), "offsets that are not the counts'");
+	bad = v;
+	bad.n_exc++;
+	CHECK_USAGE(b->ops->decode_hb4(b, ddst, dsrc, &bad, 0, 2, s), "exceptions that are not the offsets'");
+	bad = v;
+	bad.words = 0;
+	CHECK_USAGE(b->ops->decode_hb4(b, ddst, dsrc, &bad, 0, 0, s), "no words");
+	if (!test_on_cuda()) {
+		CHECK_USAGE(b->ops->decode_hb4(b, ddst, st, &v, 0, 2, s), "a source in host memory");
+		CHECK_USAGE(b->ops->decode_hb4(b, ddst, (uint8_t *)dsrc + 256, &v, 0, 2, s), /* past the rounding too */
+			    "a source whose chunk ends past its allocation");
+		CHECK_USAGE(b->ops->decode_hb4(b, back, dsrc, &v, 0, 2, s), "a destination in host memory");
+		CHECK_USAGE(b->ops->decode_hb4(b, (uint8_t *)ddst + 256, dsrc, &v, 0, len, s),
+			    "a destination that ends past its allocation");
+	}
+	/* An empty range is a no-op; a good call still works after the bad ones. */
+	cr_assert_eq(b->ops->decode_hb4(b, ddst, dsrc, &v, 6, 6, s), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->decode_hb4(b, (uint8_t *)ddst + 2, dsrc, &v, 2, len, s), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->stream_sync(b, s), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->copy_d2h_sync(b, back, ddst, len), 0, "%s", arena_last_error());
+	cr_assert_eq(memcmp(back, raw, len), 0, "nothing bad was queued");
+	b->ops->stream_destroy(b, s);
+	b->ops->dev_free(b, dsrc);
+	b->ops->dev_free(b, ddst);
+	arena_backend_destroy(b);
+	free(raw);
+	free(st);
+	free(back);
+}
+
+/* sim: the decode is device work, not booked on the copy engine: at 10 MB/s
+ * the 8 MB it writes would take 0.8 s as copies; it takes far less. */
+Test(backend, sim_decode_hb4_is_not_a_copy)
+{
+	arena_backend *b = sim(64 * MiB, 10e6);
+	const uint64_t W = 100000, len = 2 * W;
+	uint8_t *raw = bf16_weights(W, 5), *st = malloc(len), *back = malloc(len);
+	cr_assert(st && back);
+	const uint64_t n = arena_hb4_encode(raw, len, st);
+	arena_hb4 v;
+	cr_assert_eq(arena_hb4_parse(st, n, len, "t", &v), 0, "%s", arena_last_error());
+	void *dsrc = NULL, *ddst = NULL;
+	arena_stream *s = NULL;
+	arena_event *t0 = NULL, *t1 = NULL;
+	cr_assert_eq(b->ops->dev_alloc(b, n, &dsrc), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->dev_alloc(b, len, &ddst), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->stream_create(b, &s), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->event_create_timed(b, &t0), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->event_create_timed(b, &t1), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->copy_h2d(b, dsrc, st, n, s), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->event_record(b, t0, s), 0, "%s", arena_last_error());
+	for (int i = 0; i < 40; i++)
+		cr_assert_eq(b->ops->decode_hb4(b, ddst, dsrc, &v, 0, len, s), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->event_record(b, t1, s), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->stream_sync(b, s), 0, "%s", arena_last_error());
+	double t = -1;
+	cr_assert_eq(b->ops->event_elapsed(b, t0, t1, &t), 0, "%s", arena_last_error());
+	cr_assert_lt(t, 0.4, "40 decodes of %llu bytes took %.3f s", (unsigned long long)len, t);
+	cr_assert_eq(b->ops->copy_d2h_sync(b, back, ddst, len), 0, "%s", arena_last_error());
+	cr_assert_eq(memcmp(back, raw, len), 0);
+	b->ops->event_destroy(b, t0);
+	b->ops->event_destroy(b, t1);
+	b->ops->stream_destroy(b, s);
+	b->ops->dev_free(b, dsrc);
+	b->ops->dev_free(b, ddst);
+	arena_backend_destroy(b);
+	free(raw);
+	free(st);
+	free(back);
+}
+
+/* sim: a decode whose chunk never reached the device (no copy before it) is
+ * the caller's bug; the sim says so instead of following garbage exception
+ * indices through host memory. */
+Test(backend, sim_decode_hb4_before_its_copy_is_a_bug, .signal = SIGABRT)
+{
+	arena_backend *b = sim(64 * MiB, 0);
+	const uint64_t W = 4097, len = 2 * W;
+	uint8_t *raw = bf16_weights(W, 6), *st = malloc(len), *junk = malloc(len);
+	cr_assert(st && junk);
+	const uint64_t n = arena_hb4_encode(raw, len, st);
+	arena_hb4 v;
+	cr_assert_eq(arena_hb4_parse(st, n, len, "t", &v), 0, "%s", arena_last_error());
+	fill(junk, len, 9);
+	void *dsrc = NULL, *ddst = NULL;
+	arena_stream *s = NULL;
+	cr_assert_eq(b->ops->dev_alloc(b, n, &dsrc), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->dev_alloc(b, len, &ddst), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->stream_create(b, &s), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->copy_h2d(b, dsrc, junk, n, s), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->decode_hb4(b, ddst, dsrc, &v, 0, len, s), 0, "%s", arena_last_error());
+	b->ops->stream_sync(b, s);
+	cr_assert_fail("the decode of junk ran");
 }

@@ -1,0 +1,30 @@
+/* codec_cuda.h - the chunk codecs' CUDA kernels (arena/codec_cuda.cu), for
+ * the cuda backend (plain C; CUDA builds only). */
+#ifndef ARENA_CODEC_CUDA_H
+#define ARENA_CODEC_CUDA_H
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+struct arena_hb4;
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Queue on s the decode of raw bytes [a, z) of an hb4 chunk into dst (z - a
+ * bytes of device memory): the chunk's stored bytes are in device memory at
+ * src, v is the host's parse of them (formats/codec.h). The caller has
+ * checked the arguments (a, z even, a < z <= 2 * v->words, v's offsets
+ * those of its counts) and made the device of dst, src and s current. Reads
+ * v's host exception indices before it returns, never after. Returns 0 or
+ * ARENA_E(DEV_ERROR) with a message when a launch fails. */
+int arena__hb4_decode_cuda(void *dst, const void *src, const struct arena_hb4 *v, uint64_t a, uint64_t z,
+			   cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
