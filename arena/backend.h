@@ -75,10 +75,10 @@ typedef struct arena_backend_ops {
 	/* Decode raw bytes [a, z) (even, z <= 2 * v->words) of an hb4 chunk
 	 * (formats/codec.h) into device memory at dst, queued on s. The chunk's
 	 * stored bytes are in device memory at src (copied there earlier on s);
-	 * v is the host's parse of the same bytes (arena_hb4_parse): the
-	 * backend takes the plane offsets, table and counts from it, and may
-	 * read v's host planes (the exception indices) while queueing, not
-	 * after this returns. cuda: a kernel; sim: the CPU decoder on the
+	 * v is the host's check of the same bytes (arena_hb4_parse or the
+	 * streaming arena_hb4_check_end): the backend takes the plane
+	 * offsets, table and counts from it and never reads v's host planes
+	 * (they may be NULL). cuda: one kernel; sim: the CPU decoder on the
 	 * stream's worker. */
 	int (*decode_hb4)(arena_backend *b, void *dst, const void *src, const struct arena_hb4 *v, uint64_t a, uint64_t z,
 			  arena_stream *s);

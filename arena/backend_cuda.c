@@ -256,7 +256,7 @@ static int cuda_decode_hb4(arena_backend *base, void *dst, const void *src, cons
 		return arena_errorf(ARENA_E_USAGE, "cuda: decode_hb4 with a NULL %s",
 				    !v ? "chunk" : !dst ? "destination" : "source");
 	const uint64_t W = v->words, E = v->n_exc;
-	if (!W || W > UINT32_MAX / 2 || E > W || (E && !v->exc_idx) || v->nib_off != arena_hb4_nib_off() ||
+	if (!W || W > UINT32_MAX / 2 || E > W || v->nib_off != arena_hb4_nib_off() ||
 	    v->low_off != arena_hb4_low_off(W) || v->idx_off != arena_hb4_idx_off(W) || v->hi_off != v->idx_off + 4 * E)
 		return arena_errorf(ARENA_E_USAGE, "cuda: decode_hb4: the chunk is not an hb4 parse (%llu words, %llu exceptions)",
 				    (unsigned long long)W, (unsigned long long)E);

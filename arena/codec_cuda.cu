@@ -1,21 +1,19 @@
 /* codec_cuda.cu - the hb4 decoder on the GPU (formats/codec.h has the
  * layout; codec_cuda.h the contract).
  *
- * Two kernels on the caller's stream, in order:
- *   1. words: one thread per word i of the range (grid-stride): its code is
- *      nibble i of the nibble plane (byte i/2, low nibble for even i), the
- *      word is low[i] | table[code] << 8. The 16-byte table travels by value
- *      in the kernel's parameters, as four words a thread keeps in registers.
- *   2. exceptions, only when some fall in the range: the exceptions with
- *      index in [w0, w1) are a contiguous run [e0, e1) of the sorted list,
- *      found on the host by binary search over v's host copy of the indices;
- *      one thread per exception reads its index and high byte from the
- *      device copy and overwrites the word's high byte (kernel 1 wrote it
- *      from code 0 before, same stream).
- * Every write is inside [dst, dst + z - a): kernel 1 by its loop bound,
- * kernel 2 by checking each index it reads against [w0, w1) (the device
- * bytes may not be the chunk v describes if the caller got its order wrong;
- * then the output is wrong, but only the output).
+ * One kernel on the caller's stream. Each thread block owns a run of
+ * kWordsPerBlock words of the range: its threads write them (word i's code
+ * is nibble i of the nibble plane, byte i/2, low nibble for even i; the word
+ * is low[i] | table[code] << 8, the 16-byte table travelling by value in
+ * the kernel's parameters), then, after __syncthreads, the block finds the
+ * exceptions inside its run by binary search over the device copy of the
+ * sorted indices and overwrites those words' high bytes. One launch a range,
+ * and nothing is read from the host: the loader streams a chunk to the
+ * device and lets its host pieces go before the decode is queued.
+ *
+ * Every write is inside [dst, dst + z - a): words by the loop bound, and
+ * each exception's index is checked against the block's run (the host has
+ * checked the indices, but the device bytes are not trusted for safety).
  *
  * Speed: one byte of nibbles and one low byte read and two bytes written per
  * word, coalesced across a warp; far beyond the PCIe rate that feeds it. */
@@ -35,7 +33,7 @@ int arena_errorf(int code, const char *fmt, ...);
 namespace {
 
 const unsigned kThreads = 256;
-const unsigned kMaxBlocks = 8192; /* grid-stride beyond this */
+const uint64_t kWordsPerBlock = 4096;
 
 /* The table: code c's high byte is byte c % 4 of t[c / 4]. */
 struct hb4_table {
@@ -48,15 +46,37 @@ __device__ __forceinline__ unsigned hb4_high(uint32_t t0, uint32_t t1, uint32_t 
 	return (w >> (8 * (code & 3))) & 0xffu;
 }
 
-/* Words w0 .. w0 + n - 1 to dst (word w0 + j at dst + 2j); Aligned: dst is
- * 2-byte aligned, so a word is one 16-bit store. */
+__device__ __forceinline__ uint64_t idx_at(const uint8_t *idx, uint64_t e)
+{
+	const uint8_t *p = idx + 4 * e; /* little-endian u32, any alignment */
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* First exception with index >= w (indices sorted; bounded either way). */
+__device__ uint64_t exc_lower(const uint8_t *idx, uint64_t n_exc, uint64_t w)
+{
+	uint64_t lo = 0, hi = n_exc;
+	while (lo < hi) {
+		uint64_t mid = lo + (hi - lo) / 2;
+		if (idx_at(idx, mid) < w)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* Words w0 .. w0 + n - 1 of the chunk to dst (word w0 + j at dst + 2j).
+ * Aligned: dst is 2-byte aligned, so a word is one 16-bit store. */
 template <bool Aligned>
-__global__ void hb4_words(uint8_t *__restrict__ dst, const uint8_t *__restrict__ nib, const uint8_t *__restrict__ low,
-			  uint64_t w0, uint64_t n, hb4_table tb)
+__global__ void hb4_decode(uint8_t *__restrict__ dst, const uint8_t *__restrict__ nib, const uint8_t *__restrict__ low,
+			   const uint8_t *__restrict__ idx, const uint8_t *__restrict__ hi, uint64_t n_exc, uint64_t w0,
+			   uint64_t n, hb4_table tb)
 {
 	const uint32_t t0 = tb.t[0], t1 = tb.t[1], t2 = tb.t[2], t3 = tb.t[3];
-	const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
-	for (uint64_t j = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += stride) {
+	const uint64_t b0 = (uint64_t)blockIdx.x * kWordsPerBlock;
+	const uint64_t b1 = b0 + kWordsPerBlock < n ? b0 + kWordsPerBlock : n;
+	for (uint64_t j = b0 + threadIdx.x; j < b1; j += blockDim.x) {
 		const uint64_t i = w0 + j;
 		const unsigned code = (nib[i / 2] >> (4 * (unsigned)(i & 1))) & 15u;
 		const unsigned word = low[i] | hb4_high(t0, t1, t2, t3, code) << 8;
@@ -67,18 +87,17 @@ __global__ void hb4_words(uint8_t *__restrict__ dst, const uint8_t *__restrict__
 			dst[2 * j + 1] = (uint8_t)(word >> 8);
 		}
 	}
-}
-
-/* Exceptions e0 .. e0 + n - 1: the high byte of each word in [w0, w1). */
-__global__ void hb4_exceptions(uint8_t *__restrict__ dst, const uint8_t *__restrict__ idx,
-			       const uint8_t *__restrict__ hi, uint64_t e0, uint64_t n, uint64_t w0, uint64_t w1)
-{
-	const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
-	for (uint64_t t = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; t < n; t += stride) {
-		const uint64_t e = e0 + t;
-		const uint8_t *p = idx + 4 * e; /* little-endian u32, any alignment */
-		const uint64_t k = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-		if (k >= w0 && k < w1)
+	if (!n_exc)
+		return;
+	__shared__ uint64_t e_lo, e_hi;
+	if (threadIdx.x == 0) {
+		e_lo = exc_lower(idx, n_exc, w0 + b0);
+		e_hi = exc_lower(idx, n_exc, w0 + b1);
+	}
+	__syncthreads(); /* the block's words are written and e_lo/e_hi are set */
+	for (uint64_t e = e_lo + threadIdx.x; e < e_hi; e += blockDim.x) {
+		const uint64_t k = idx_at(idx, e);
+		if (k >= w0 + b0 && k < w0 + b1)
 			dst[2 * (k - w0) + 1] = hi[e];
 	}
 }
@@ -88,30 +107,10 @@ uint32_t get32(const uint8_t *p)
 	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-/* First exception of v (host indices) with index >= i. */
-uint64_t exc_lower(const arena_hb4 *v, uint64_t i)
-{
-	uint64_t lo = 0, hi = v->n_exc;
-	while (lo < hi) {
-		uint64_t mid = lo + (hi - lo) / 2;
-		if (get32(v->exc_idx + 4 * mid) < i)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return lo;
-}
-
-unsigned blocks_for(uint64_t n)
-{
-	uint64_t b = (n + kThreads - 1) / kThreads;
-	return b > kMaxBlocks ? kMaxBlocks : (unsigned)b;
-}
-
 /* DEV_ERROR for a failed launch; cudaGetLastError has cleared it. */
-int launch_fail(cudaError_t e, const char *kernel)
+int launch_fail(cudaError_t e)
 {
-	return arena_errorf(ARENA_E(DEV_ERROR), "cuda: decode_hb4: %s kernel launch: %s", kernel, cudaGetErrorString(e));
+	return arena_errorf(ARENA_E(DEV_ERROR), "cuda: decode_hb4: kernel launch: %s", cudaGetErrorString(e));
 }
 
 } // namespace
@@ -128,21 +127,15 @@ extern "C" int arena__hb4_decode_cuda(void *dst, const void *src, const struct a
 	for (int k = 0; k < 4; k++)
 		tb.t[k] = get32(v->table + 4 * k);
 
-	cudaError_t e;
-	const uint64_t n = w1 - w0;
+	const uint64_t n = w1 - w0, blocks = (n + kWordsPerBlock - 1) / kWordsPerBlock;
+	const uint8_t *nib = chunk + v->nib_off, *low = chunk + v->low_off, *idx = chunk + v->idx_off,
+		      *hi = chunk + v->hi_off;
 	if (reinterpret_cast<uintptr_t>(dst) % 2 == 0)
-		hb4_words<true><<<blocks_for(n), kThreads, 0, s>>>(out, chunk + v->nib_off, chunk + v->low_off, w0, n, tb);
+		hb4_decode<true><<<(unsigned)blocks, kThreads, 0, s>>>(out, nib, low, idx, hi, v->n_exc, w0, n, tb);
 	else
-		hb4_words<false><<<blocks_for(n), kThreads, 0, s>>>(out, chunk + v->nib_off, chunk + v->low_off, w0, n, tb);
-	if ((e = cudaGetLastError()) != cudaSuccess)
-		return launch_fail(e, "word");
-
-	const uint64_t e0 = exc_lower(v, w0), e1 = exc_lower(v, w1);
-	if (e0 < e1) {
-		hb4_exceptions<<<blocks_for(e1 - e0), kThreads, 0, s>>>(out, chunk + v->idx_off, chunk + v->hi_off, e0,
-									  e1 - e0, w0, w1);
-		if ((e = cudaGetLastError()) != cudaSuccess)
-			return launch_fail(e, "exception");
-	}
+		hb4_decode<false><<<(unsigned)blocks, kThreads, 0, s>>>(out, nib, low, idx, hi, v->n_exc, w0, n, tb);
+	cudaError_t e = cudaGetLastError();
+	if (e != cudaSuccess)
+		return launch_fail(e);
 	return 0;
 }

@@ -15,10 +15,10 @@ extern "C" {
 
 /* Queue on s the decode of raw bytes [a, z) of an hb4 chunk into dst (z - a
  * bytes of device memory): the chunk's stored bytes are in device memory at
- * src, v is the host's parse of them (formats/codec.h). The caller has
+ * src, v is the host's check of them (formats/codec.h). The caller has
  * checked the arguments (a, z even, a < z <= 2 * v->words, v's offsets
- * those of its counts) and made the device of dst, src and s current. Reads
- * v's host exception indices before it returns, never after. Returns 0 or
+ * those of its counts) and made the device of dst, src and s current. Never
+ * reads v's host planes (they may be NULL). Returns 0 or
  * ARENA_E(DEV_ERROR) with a message when a launch fails. */
 int arena__hb4_decode_cuda(void *dst, const void *src, const struct arena_hb4 *v, uint64_t a, uint64_t z,
 			   cudaStream_t s);

@@ -259,6 +259,9 @@ int cmd_load(int argc, char **argv)
 		json_object_set_new(o, "phases",
 				    json_pack("{s:f,s:f,s:f,s:f,s:f}", "open", st.t_open, "ring", st.t_ring, "prepare",
 					      st.t_prepare, "populate", st.t_populate, "commit", st.t_commit));
+		json_object_set_new(o, "reader_thread_s",
+				    json_pack("{s:f,s:f,s:f,s:f}", "all", st.w_all, "ring", st.w_ring, "wait", st.w_wait,
+					      "read", st.w_read));
 		json_object_set_new(o, "hash_isa", json_string(arena_hash_isa()));
 		json_object_set_new(o, "file_bytes", json_integer((json_int_t)st.file_bytes));
 		json_object_set_new(o, "decoded",

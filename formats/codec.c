@@ -120,52 +120,144 @@ uint64_t arena_hb4_encode(const uint8_t *raw, uint64_t raw_length, uint8_t *out)
 	return stored;
 }
 
-static int zero(const uint8_t *p, uint64_t n)
+void arena_hb4_check_begin(arena_hb4_check *c, uint64_t raw_length, uint64_t stored_length)
 {
-	for (uint64_t i = 0; i < n; i++)
-		if (p[i])
-			return 0;
-	return 1;
+	memset(c, 0, sizeof(*c));
+	c->raw = raw_length;
+	c->stored = stored_length;
+	c->lengths_ok = arena_hb4_lengths_ok(raw_length, stored_length);
+	if (!c->lengths_ok)
+		return;
+	c->words = raw_length / 2;
+	c->n_exc = (stored_length - arena_hb4_stored_length(raw_length, 0)) / 5;
+	c->low_off = arena_hb4_low_off(c->words);
+	c->idx_off = arena_hb4_idx_off(c->words);
+	c->hi_off = c->idx_off + 4 * c->n_exc;
+}
+
+static void check_bad(arena_hb4_check *c, const char *why)
+{
+	if (!c->why)
+		c->why = why;
+}
+
+/* Is stored byte `off` one that must be zero? (Reserved header bytes are
+ * checked at the end.) */
+static int must_be_zero(const arena_hb4_check *c, uint64_t off, uint64_t *zend)
+{
+	const uint64_t W = c->words, nib_end = ARENA_HB4_HEADER + (W + 1) / 2, low_end = c->low_off + W;
+	if (off >= nib_end && off < c->low_off)
+		return *zend = c->low_off, 1;
+	if (off >= low_end && off < c->idx_off)
+		return *zend = c->idx_off, 1;
+	return 0;
+}
+
+void arena_hb4_check_feed(arena_hb4_check *c, const uint8_t *p, uint64_t n)
+{
+	if (!c->lengths_ok || n > c->stored - c->at) {
+		c->at += n;
+		return;
+	}
+	uint64_t off = c->at, end = c->at + n;
+	c->at = end;
+	const uint64_t W = c->words;
+	/* Header. */
+	for (; off < end && off < ARENA_HB4_HEADER; off++, p++)
+		c->head[off] = *p;
+	/* The last nibble byte of an odd W: its high nibble is padding. */
+	const uint64_t last_nib = ARENA_HB4_HEADER + W / 2;
+	if (W % 2 && last_nib >= off && last_nib < end && (p[last_nib - off] & 0xf0))
+		check_bad(c, "hb4 plane padding is not zero");
+	/* Padding runs and the exception indices, skipping the planes. */
+	while (off < end) {
+		uint64_t zend;
+		if (must_be_zero(c, off, &zend)) {
+			uint64_t m = (zend < end ? zend : end) - off;
+			for (uint64_t k = 0; k < m; k++)
+				if (p[k])
+					check_bad(c, "hb4 plane padding is not zero");
+			off += m, p += m;
+		} else if (off >= c->idx_off && off < c->hi_off) {
+			uint64_t m = (c->hi_off < end ? c->hi_off : end) - off;
+			for (uint64_t k = 0; k < m; k++) {
+				uint64_t at = off + k - c->idx_off;
+				c->part[at % 4] = p[k];
+				if (at % 4 == 3) {
+					uint64_t i = get32(c->part);
+					if (!c->why && (i >= W || (c->e && i <= c->prev))) {
+						c->why = "exception";
+						c->why_e = c->e, c->why_i = i;
+					}
+					c->prev = i;
+					c->e++;
+				}
+			}
+			off += m, p += m;
+		} else {
+			/* Plane bytes: skip to the next region that is checked. */
+			uint64_t next = end;
+			const uint64_t marks[3] = {ARENA_HB4_HEADER + (W + 1) / 2, c->low_off + W, c->idx_off};
+			for (int k = 0; k < 3; k++)
+				if (marks[k] > off && marks[k] < next)
+					next = marks[k];
+			if (c->hi_off > off && c->hi_off < next)
+				next = c->hi_off;
+			if (off >= c->hi_off)
+				next = end; /* exception high bytes: any value */
+			p += next - off;
+			off = next;
+		}
+	}
+}
+
+int arena_hb4_check_end(arena_hb4_check *c, const char *what, arena_hb4 *v)
+{
+	memset(v, 0, sizeof(*v));
+	if (!c->lengths_ok)
+		return arena_errorf(E(IMG_CHUNK_BAD), "%s: %" PRIu64 " stored bytes cannot hold %" PRIu64 " bytes with codec hb4",
+				    what, c->stored, c->raw);
+	if (c->at != c->stored)
+		return arena_errorf(ARENA_E_INTERNAL, "%s: hb4 check fed %" PRIu64 " of %" PRIu64 " stored bytes", what, c->at,
+				    c->stored);
+	const uint64_t W = c->words, E = c->n_exc;
+	if (get32(c->head) != E || get32(c->head + 4) != W)
+		return arena_errorf(E(IMG_CHUNK_BAD),
+				    "%s: hb4 header says %" PRIu32 " words and %" PRIu32 " exceptions, the lengths give %" PRIu64
+				    " and %" PRIu64,
+				    what, get32(c->head + 4), get32(c->head), W, E);
+	for (int k = 24; k < 32; k++)
+		if (c->head[k])
+			return arena_errorf(E(IMG_CHUNK_BAD), "%s: hb4 header bytes 24..31 are not zero", what);
+	if (c->why && !strcmp(c->why, "exception"))
+		return arena_errorf(E(IMG_CHUNK_BAD),
+				    "%s: hb4 exception %" PRIu64 " names word %" PRIu64 " (words: %" PRIu64
+				    ", indices must increase)",
+				    what, c->why_e, c->why_i, W);
+	if (c->why)
+		return arena_errorf(E(IMG_CHUNK_BAD), "%s: %s", what, c->why);
+	v->words = W;
+	v->n_exc = E;
+	memcpy(v->table, c->head + 8, 16);
+	v->nib_off = arena_hb4_nib_off();
+	v->low_off = c->low_off;
+	v->idx_off = c->idx_off;
+	v->hi_off = c->hi_off;
+	return 0;
 }
 
 int arena_hb4_parse(const uint8_t *s, uint64_t stored_length, uint64_t raw_length, const char *what, arena_hb4 *v)
 {
-	memset(v, 0, sizeof(*v));
-	if (!arena_hb4_lengths_ok(raw_length, stored_length))
-		return arena_errorf(E(IMG_CHUNK_BAD), "%s: %" PRIu64 " stored bytes cannot hold %" PRIu64 " bytes with codec hb4",
-				    what, stored_length, raw_length);
-	const uint64_t W = raw_length / 2, E = (stored_length - arena_hb4_stored_length(raw_length, 0)) / 5;
-	if (get32(s) != E || get32(s + 4) != W)
-		return arena_errorf(E(IMG_CHUNK_BAD),
-				    "%s: hb4 header says %" PRIu32 " words and %" PRIu32 " exceptions, the lengths give %" PRIu64
-				    " and %" PRIu64,
-				    what, get32(s + 4), get32(s), W, E);
-	if (!zero(s + 24, 8))
-		return arena_errorf(E(IMG_CHUNK_BAD), "%s: hb4 header bytes 24..31 are not zero", what);
-	v->words = W;
-	v->n_exc = E;
-	memcpy(v->table, s + 8, 16);
-	v->nib_off = arena_hb4_nib_off();
-	v->low_off = arena_hb4_low_off(W);
-	v->idx_off = arena_hb4_idx_off(W);
-	v->hi_off = v->idx_off + 4 * E;
+	arena_hb4_check c;
+	arena_hb4_check_begin(&c, raw_length, stored_length);
+	arena_hb4_check_feed(&c, s, stored_length);
+	int rc = arena_hb4_check_end(&c, what, v);
+	if (rc)
+		return rc;
 	v->nib = s + v->nib_off;
 	v->low = s + v->low_off;
 	v->exc_idx = s + v->idx_off;
 	v->exc_hi = s + v->hi_off;
-	if ((W % 2 && (v->nib[W / 2] & 0xf0)) || !zero(v->nib + (W + 1) / 2, v->low_off - v->nib_off - (W + 1) / 2) ||
-	    !zero(v->low + W, v->idx_off - v->low_off - W))
-		return arena_errorf(E(IMG_CHUNK_BAD), "%s: hb4 plane padding is not zero", what);
-	uint64_t prev = 0;
-	for (uint64_t e = 0; e < E; e++) {
-		uint64_t i = get32(v->exc_idx + 4 * e);
-		if (i >= W || (e && i <= prev))
-			return arena_errorf(E(IMG_CHUNK_BAD),
-					    "%s: hb4 exception %" PRIu64 " names word %" PRIu64
-					    " (words: %" PRIu64 ", indices must increase)",
-					    what, e, i, W);
-		prev = i;
-	}
 	return 0;
 }
 

@@ -66,6 +66,26 @@ uint64_t arena_hb4_encode(const uint8_t *raw, uint64_t raw_length, uint8_t *out)
 int arena_hb4_parse(const uint8_t *stored, uint64_t stored_length, uint64_t raw_length, const char *what,
 		    arena_hb4 *v);
 
+/* The same checks on a chunk that arrives in pieces (the loader streams
+ * stored bytes to the device a megabyte at a time): begin with the lengths
+ * (from the chunk table), feed every stored byte once, in order, then end,
+ * which fills *v's counts, offsets and table (its plane pointers stay NULL)
+ * or returns the first problem as arena_hb4_parse would. */
+typedef struct arena_hb4_check {
+	uint64_t raw, stored, words, n_exc;
+	uint64_t low_off, idx_off, hi_off;
+	uint64_t at;              /* stored bytes fed so far */
+	uint8_t head[ARENA_HB4_HEADER];
+	uint8_t part[4];          /* an exception index split between pieces */
+	uint64_t prev, e;         /* last index seen, indices seen */
+	int lengths_ok;
+	const char *why;          /* first problem found, or NULL */
+	uint64_t why_e, why_i;
+} arena_hb4_check;
+void arena_hb4_check_begin(arena_hb4_check *c, uint64_t raw_length, uint64_t stored_length);
+void arena_hb4_check_feed(arena_hb4_check *c, const uint8_t *p, uint64_t n);
+int arena_hb4_check_end(arena_hb4_check *c, const char *what, arena_hb4 *v);
+
 /* Decode raw bytes [a, z) of a parsed chunk into dst (z - a bytes). a and z
  * are even and z <= raw_length. */
 void arena_hb4_decode(const arena_hb4 *v, uint64_t a, uint64_t z, uint8_t *dst);

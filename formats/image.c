@@ -912,7 +912,7 @@ int arena_img_chunk_check(const arena_image *img, uint64_t i, const uint8_t *buf
 				    (unsigned long long)i, (unsigned long long)at, (unsigned long long)(at + c->stored_length),
 				    why, what);
 	}
-	if (c->codec == ARENA_CODEC_HB4) {
+	if (c->codec == ARENA_CODEC_HB4 && buf) {
 		char label[256];
 		snprintf(label, sizeof(label), "%s: chunk %llu (file bytes %llu..%llu)", img->path, (unsigned long long)i,
 			 (unsigned long long)at, (unsigned long long)(at + c->stored_length));

@@ -114,8 +114,8 @@ int arena_img_read_raw(arena_img_reader *r, uint64_t off, uint64_t len, uint8_t 
 void arena_img_reader_free(arena_img_reader *r);
 /* Chunk i's stored bytes (stored_length of them, read into buf) checked:
  * its checksum, then for a coded chunk its structure (parsed into *v when v
- * is not NULL). `why` says what the read was for in messages ("while
- * loading"). */
+ * is not NULL; buf NULL: the checksum only). `why` says what the read was
+ * for in messages ("while loading"). */
 struct arena_hb4;
 int arena_img_chunk_check(const arena_image *img, uint64_t i, const uint8_t *buf, uint64_t got_hash, const char *why,
 			  struct arena_hb4 *v);

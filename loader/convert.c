@@ -279,7 +279,9 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 				ext[n_ext++] = (extent){l->blocks[t->block].offset + t->comp[c].offset, t->comp[c].bytes, t, c};
 	}
 	qsort(ext, n_ext, sizeof(*ext), cmp_extent);
-	if ((rc = arena_outfile_open(out, &of)) || (rc = arena_outfile_reserve(of, h.file_size)))
+	/* A full disk is reported before anything is written; a coded image's
+	 * size is not known in advance (it is reported when a write fails). */
+	if ((rc = arena_outfile_open(out, &of)) || (!o->codec && (rc = arena_outfile_reserve(of, h.file_size))))
 		goto out;
 
 	j.l = l;
@@ -316,7 +318,7 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 		goto out;
 	}
 	if (h.flags & ARENA_IMG_FLAG_CODED) {
-		/* The reserve was for raw chunks: cut the file to what was stored. */
+		/* The file ends where the last chunk's page does. */
 		arena_img_header_set_stored(&h, j.stored_at);
 		if ((rc = arena_outfile_truncate(of, h.file_size)))
 			goto out;

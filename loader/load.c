@@ -88,8 +88,10 @@ typedef struct worker {
 	int registered;   /* its ring share was pinned (and is unpinned as it exits) */
 	arena_stream *s;
 	arena_event **ev;
-	uint8_t *stage; /* coded images: spt device slots for stored chunks, or NULL */
-	uint8_t *raw;   /* coded images without stage: a chunk decoded on the CPU */
+	uint8_t *stage; /* coded images: a device chunk the stored bytes stream into, or NULL */
+	uint8_t *whole; /* coded images: a stored chunk read whole (CPU decode) */
+	uint8_t *raw;   /* and that chunk decoded, for device blocks */
+	double t_ring, t_wait, t_read, t_all; /* where its time went (load stats) */
 } worker;
 
 static void fail(loader *L, int rc)
@@ -213,14 +215,18 @@ static int next_slot(loader *L, worker *w, uint8_t **buf, unsigned *si)
 {
 	*si = w->k++ % L->spt;
 	*buf = L->ring + ((uint64_t)w->id * L->spt + *si) * L->slot;
-	return L->m->backend->ops->event_sync(L->m->backend, w->ev[*si]);
+	double t = arena_now_s();
+	int rc = L->m->backend->ops->event_sync(L->m->backend, w->ev[*si]);
+	w->t_wait += arena_now_s() - t;
+	return rc;
 }
 
 /* Read file bytes [off, off+n) into buf: from the page cache while they are
  * there, O_DIRECT from where they are not (*direct then stays set). */
-static int read_range(loader *L, const lsrc *f, uint8_t *buf, uint64_t n, uint64_t off, int *direct)
+static int read_range(loader *L, worker *w, const lsrc *f, uint8_t *buf, uint64_t n, uint64_t off, int *direct)
 {
 	const int io = L->o->io;
+	const double t0 = arena_now_s();
 	uint64_t got = 0;
 	while (got < n) {
 		int64_t r;
@@ -243,6 +249,7 @@ static int read_range(loader *L, const lsrc *f, uint8_t *buf, uint64_t n, uint64
 			return arena_errorf(ARENA_E_IO, "%s: no progress reading at byte %" PRIu64, f->path, off + got);
 		got += (uint64_t)r;
 	}
+	w->t_read += arena_now_s() - t0;
 	return 0;
 }
 
@@ -266,7 +273,7 @@ static int do_piece(loader *L, worker *w, const piece *p)
 		if (rc)
 			return rc;
 		uint64_t n = end - pos < L->slot ? end - pos : L->slot;
-		if ((rc = read_range(L, f, buf, n, p->off + pos, &direct)))
+		if ((rc = read_range(L, w, f, buf, n, p->off + pos, &direct)))
 			return rc;
 		uint64_t a = p->off + pos;
 		atomic_fetch_add(&L->file_bytes, n);
@@ -280,16 +287,10 @@ static int do_piece(loader *L, worker *w, const piece *p)
 
 /* ---- coded images ------------------------------------------------------------ */
 
-#define READ_PIECE (1u << 20) /* hashed while in cache */
-
-/* Raw bytes [a, z) (data_offset-based, like segs) of a parsed hb4 chunk whose
- * stored bytes are at buf: decoded into their slabs. Device blocks: by the
- * device from the stored bytes copied to the worker's stage slot, or (no
- * stage) from a CPU-decoded copy of the chunk. */
-static int scatter_hb4(loader *L, worker *w, const arena_hb4 *v, const uint8_t *buf, uint64_t stored,
-		       unsigned si, uint64_t a, uint64_t z)
+/* First seg ending after raw position a (segs of a coded image are in raw
+ * coordinates, data_offset-based, one file). */
+static size_t seg_after(const loader *L, uint64_t a)
 {
-	arena_backend *be = L->m->backend;
 	size_t lo = 0, hi = L->n_segs;
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
@@ -298,9 +299,42 @@ static int scatter_hb4(loader *L, worker *w, const arena_hb4 *v, const uint8_t *
 		else
 			hi = mid;
 	}
-	uint8_t *stage = NULL;
-	int raw_done = 0, rc = 0;
-	for (size_t k = lo; k < L->n_segs && L->segs[k].foff < z; k++) {
+	return lo;
+}
+
+/* Does raw range [a, z) reach a block that lives in a host slab? */
+static int reaches_host(const loader *L, uint64_t a, uint64_t z)
+{
+	for (size_t k = seg_after(L, a); k < L->n_segs && L->segs[k].foff < z; k++)
+		if (!L->m->mem[L->segs[k].block].dev)
+			return 1;
+	return 0;
+}
+
+/* An hb4 chunk decoded by the CPU: read whole into the worker's own buffer,
+ * checked, decoded into its host slabs, and for device blocks decoded into a
+ * raw buffer that is copied on (waited for: the worker has one). For chunks
+ * that reach host slabs, and workers without device stage room. */
+static int chunk_whole(loader *L, worker *w, uint64_t c)
+{
+	const arena_image *img = L->img;
+	const arena_img_chunk *ck = &img->chunks[c];
+	const uint64_t cs = img->hdr.chunk_size;
+	arena_backend *be = L->m->backend;
+	if (!w->whole && !(w->whole = arena_aligned_alloc(DIRECT_ALIGN, cs)))
+		return arena_errorf(ARENA_E_NOMEM, "out of memory for a %" PRIu64 "-byte chunk buffer", cs);
+	int direct = L->o->io == ARENA_IO_DIRECT && L->files[0].dfd >= 0;
+	uint64_t off = img->hdr.data_offset + ck->offset, n = arena_align_up(ck->stored_length, DIRECT_ALIGN);
+	int rc = read_range(L, w, &L->files[0], w->whole, n, off, &direct);
+	if (rc)
+		return rc;
+	atomic_fetch_add(&L->file_bytes, n);
+	arena_hb4 v;
+	if ((rc = arena_img_chunk_check(img, c, w->whole, arena_xxh3(w->whole, ck->stored_length), "while loading", &v)))
+		return rc;
+	const uint64_t a = img->hdr.data_offset + c * cs, z = a + ck->raw_length;
+	int raw_done = 0;
+	for (size_t k = seg_after(L, a); k < L->n_segs && L->segs[k].foff < z; k++) {
 		const seg *s = &L->segs[k];
 		uint64_t x = s->foff > a ? s->foff : a, y = s->foff + s->len < z ? s->foff + s->len : z;
 		if (y <= x)
@@ -308,67 +342,96 @@ static int scatter_hb4(loader *L, worker *w, const arena_hb4 *v, const uint8_t *
 		const arena_block_mem *bm = &L->m->mem[s->block];
 		uint64_t d = s->dst + (x - s->foff);
 		if (!bm->dev) {
-			arena_hb4_decode(v, x - a, y - a, bm->host + d);
-			atomic_fetch_add(&L->cpu_decoded, y - x);
-		} else if (w->stage) {
-			if (!stage) {
-				stage = w->stage + (uint64_t)si * L->slot;
-				if ((rc = be->ops->copy_h2d(be, stage, buf, stored, w->s)))
-					return rc;
-			}
-			if ((rc = be->ops->decode_hb4(be, (uint8_t *)bm->dev + d, stage, v, x - a, y - a, w->s)))
-				return rc;
-			atomic_fetch_add(&L->gpu_decoded, y - x);
+			arena_hb4_decode(&v, x - a, y - a, bm->host + d);
 		} else {
+			if (!w->raw && !(w->raw = arena_malloc(cs)))
+				return arena_errorf(ARENA_E_NOMEM, "out of memory for a %" PRIu64 "-byte decode buffer", cs);
 			if (!raw_done) {
-				arena_hb4_decode(v, 0, z - a, w->raw);
+				arena_hb4_decode(&v, 0, z - a, w->raw);
 				raw_done = 1;
 			}
 			if ((rc = be->ops->copy_h2d(be, (uint8_t *)bm->dev + d, w->raw + (x - a), y - x, w->s)))
 				return rc;
-			atomic_fetch_add(&L->cpu_decoded, y - x);
 		}
+		atomic_fetch_add(&L->cpu_decoded, y - x);
 	}
 	/* w->raw is the worker's only copy: its copies finish before it is reused. */
 	return raw_done ? be->ops->stream_sync(be, w->s) : 0;
 }
 
-/* A piece of a coded image: chunk by chunk, each read whole into a slot
- * (hashed a megabyte at a time while the bytes are in cache), checked, and
- * sent on: as is for a plain chunk, decoded for an hb4 chunk. */
-static int do_cpiece(loader *L, worker *w, const piece *p)
+/* A chunk streamed: read a slot at a time, each piece hashed while in cache
+ * and sent on at once (a plain chunk straight to its slabs, an hb4 chunk to
+ * the worker's device stage, its structure checked as it passes); once the
+ * whole chunk has checked out, an hb4 chunk is decoded by the device into
+ * its slabs. The stage is reused safely without a wait: the next chunk's
+ * copies queue on the same stream behind this decode. */
+static int chunk_stream(loader *L, worker *w, const piece *p, uint64_t c, int *direct)
 {
 	const arena_image *img = L->img;
-	const arena_img_header *h = &img->hdr;
-	const lsrc *f = &L->files[0];
+	const arena_img_chunk *ck = &img->chunks[c];
 	arena_backend *be = L->m->backend;
-	int direct = L->o->io == ARENA_IO_DIRECT && f->dfd >= 0;
-	uint64_t c1 = p->chunk0 + L->per < h->chunk_count ? p->chunk0 + L->per : h->chunk_count;
-	for (uint64_t c = p->chunk0; c < c1; c++) {
-		const arena_img_chunk *ck = &img->chunks[c];
+	const int coded = ck->codec == ARENA_CODEC_HB4;
+	const uint64_t a = img->hdr.data_offset + c * img->hdr.chunk_size, z = a + ck->raw_length;
+	const uint64_t off = img->hdr.data_offset + ck->offset, n = arena_align_up(ck->stored_length, DIRECT_ALIGN);
+	arena_hash st;
+	arena_hash_reset(&st);
+	arena_hb4_check chk;
+	if (coded)
+		arena_hb4_check_begin(&chk, ck->raw_length, ck->stored_length);
+	int rc = 0;
+	for (uint64_t pos = 0; pos < n && !rc; pos += L->slot) {
 		uint8_t *buf;
 		unsigned si;
-		int rc = next_slot(L, w, &buf, &si);
-		if (rc)
+		if ((rc = next_slot(L, w, &buf, &si)))
 			return rc;
-		arena_hash st;
-		arena_hash_reset(&st);
-		uint64_t off = h->data_offset + ck->offset, n = arena_align_up(ck->stored_length, DIRECT_ALIGN);
-		for (uint64_t pos = 0; pos < n; pos += READ_PIECE) {
-			uint64_t m = n - pos < READ_PIECE ? n - pos : READ_PIECE;
-			if ((rc = read_range(L, f, buf + pos, m, off + pos, &direct)))
-				return rc;
-			if (pos < ck->stored_length)
-				arena_hash_update(&st, buf + pos, ck->stored_length - pos < m ? ck->stored_length - pos : m);
+		uint64_t m = n - pos < L->slot ? n - pos : L->slot;
+		uint64_t valid = pos < ck->stored_length ? (ck->stored_length - pos < m ? ck->stored_length - pos : m) : 0;
+		if ((rc = read_range(L, w, &L->files[0], buf, m, off + pos, direct)))
+			return rc;
+		atomic_fetch_add(&L->file_bytes, m);
+		arena_hash_update(&st, buf, valid);
+		if (coded) {
+			arena_hb4_check_feed(&chk, buf, valid);
+			rc = valid ? be->ops->copy_h2d(be, w->stage + pos, buf, valid, w->s) : 0;
+		} else {
+			rc = scatter(L, w, p, buf, a + pos, a + pos + valid);
 		}
-		atomic_fetch_add(&L->file_bytes, n);
-		arena_hb4 v;
-		if ((rc = arena_img_chunk_check(img, c, buf, arena_hash_digest(&st), "while loading", &v)))
+		if (!rc)
+			rc = be->ops->event_record(be, w->ev[si], w->s);
+	}
+	if (rc || (rc = arena_img_chunk_check(img, c, NULL, arena_hash_digest(&st), "while loading", NULL)) || !coded)
+		return rc;
+	char what[512];
+	snprintf(what, sizeof(what), "%s: chunk %" PRIu64 " (file bytes %" PRIu64 "..%" PRIu64 ")", img->path, c, off,
+		 off + ck->stored_length);
+	arena_hb4 v;
+	if ((rc = arena_hb4_check_end(&chk, what, &v)))
+		return rc;
+	for (size_t k = seg_after(L, a); k < L->n_segs && L->segs[k].foff < z; k++) {
+		const seg *s = &L->segs[k];
+		uint64_t x = s->foff > a ? s->foff : a, y = s->foff + s->len < z ? s->foff + s->len : z;
+		if (y <= x)
+			continue;
+		uint8_t *dst = (uint8_t *)L->m->mem[s->block].dev + s->dst + (x - s->foff);
+		if ((rc = be->ops->decode_hb4(be, dst, w->stage, &v, x - a, y - a, w->s)))
 			return rc;
-		uint64_t a = h->data_offset + c * h->chunk_size, z = a + ck->raw_length;
-		rc = ck->codec == ARENA_CODEC_NONE ? scatter(L, w, p, buf, a, z)
-						   : scatter_hb4(L, w, &v, buf, ck->stored_length, si, a, z);
-		if (rc || (rc = be->ops->event_record(be, w->ev[si], w->s)))
+		atomic_fetch_add(&L->gpu_decoded, y - x);
+	}
+	return 0;
+}
+
+/* A piece of a coded image, chunk by chunk. */
+static int do_cpiece(loader *L, worker *w, const piece *p)
+{
+	const arena_img_header *h = &L->img->hdr;
+	int direct = L->o->io == ARENA_IO_DIRECT && L->files[0].dfd >= 0;
+	uint64_t c1 = p->chunk0 + L->per < h->chunk_count ? p->chunk0 + L->per : h->chunk_count;
+	for (uint64_t c = p->chunk0; c < c1; c++) {
+		const arena_img_chunk *ck = &L->img->chunks[c];
+		uint64_t a = h->data_offset + c * h->chunk_size;
+		int rc = ck->codec && (!w->stage || reaches_host(L, a, a + ck->raw_length)) ? chunk_whole(L, w, c)
+											    : chunk_stream(L, w, p, c, &direct);
+		if (rc)
 			return rc;
 	}
 	return 0;
@@ -421,7 +484,9 @@ static void *worker_main(void *arg)
 	worker *w = arg;
 	loader *L = w->L;
 	arena_backend *be = L->m->backend;
+	const double t0 = arena_now_s();
 	worker_ring(L, w);
+	w->t_ring = arena_now_s() - t0;
 	while (!arena_first_error_get(&L->err)) {
 		if (L->o->cancel && *L->o->cancel) {
 			arena_errorf(ARENA_E_CANCELLED, "load cancelled");
@@ -445,6 +510,7 @@ static void *worker_main(void *arg)
 		fail(L, rc);
 	if (w->registered)
 		be->ops->host_unregister(be, L->ring + (uint64_t)w->id * L->spt * L->slot);
+	w->t_all = arena_now_s() - t0;
 	return NULL;
 }
 
@@ -470,7 +536,7 @@ static int ring_setup(loader *L)
 		}
 		if (spt > 2)
 			spt--;
-		else if (slot / 2 >= (64u << 10) && !L->coded) /* a coded image's slot holds a chunk */
+		else if (slot / 2 >= (64u << 10))
 			slot /= 2;
 		else if (thr > 1)
 			thr = thr / 2;
@@ -516,10 +582,9 @@ static int open_direct(lsrc *f, int io)
 	return 0; /* EINVAL: the filesystem has no O_DIRECT (tmpfs): buffered */
 }
 
-/* Coded images: each worker's device slots for stored chunks (spt of them),
- * when some block lives on the device. Where device memory is short (the
- * model fills it), a worker decodes on the CPU instead: slower, not a
- * failure. */
+/* Coded images: each worker's device stage (one stored chunk), when some
+ * block lives on the device. Where device memory is short (the model fills
+ * it), a worker decodes on the CPU instead: slower, not a failure. */
 static int stage_setup(loader *L, worker *w)
 {
 	arena_backend *be = L->m->backend;
@@ -530,14 +595,10 @@ static int stage_setup(loader *L, worker *w)
 		return 0;
 	for (unsigned i = 0; i < L->threads; i++) {
 		void *p = NULL;
-		if (be->ops->decode_hb4 && be->ops->dev_alloc(be, (uint64_t)L->spt * L->slot, &p) == 0) {
+		if (be->ops->decode_hb4 && be->ops->dev_alloc(be, L->img->hdr.chunk_size, &p) == 0)
 			w[i].stage = p;
-			continue;
-		}
-		arena_error_clear();
-		if (!(w[i].raw = arena_malloc(L->img->hdr.chunk_size)))
-			return arena_errorf(ARENA_E_NOMEM, "out of memory for a %" PRIu64 "-byte decode buffer",
-					    L->img->hdr.chunk_size);
+		else
+			arena_error_clear();
 	}
 	return 0;
 }
@@ -605,7 +666,14 @@ static int run(loader *L, arena_model **out, arena_load_stats *st, double t0)
 	L->t_mark = arena_now_s();
 	rc = arena_model_commit(L->m);
 	L->t_commit = arena_now_s() - L->t_mark;
-out:
+out:;
+	double wt[4] = {0};
+	for (unsigned i = 0; w && i < started; i++) {
+		wt[0] += w[i].t_all / started;
+		wt[1] += w[i].t_ring / started;
+		wt[2] += w[i].t_wait / started;
+		wt[3] += w[i].t_read / started;
+	}
 	for (unsigned i = 0; w && i < L->threads; i++) {
 		for (unsigned k = 0; w[i].ev && k < L->spt; k++)
 			if (w[i].ev[k])
@@ -616,6 +684,7 @@ out:
 		if (w[i].stage)
 			be->ops->dev_free(be, w[i].stage);
 		arena_free(w[i].raw);
+		arena_free(w[i].whole);
 	}
 	arena_free(w);
 	arena_free(tid);
@@ -637,6 +706,7 @@ out:
 		st->t_prepare = L->t_prepare;
 		st->t_populate = L->t_populate;
 		st->t_commit = L->t_commit;
+		st->w_all = wt[0], st->w_ring = wt[1], st->w_wait = wt[2], st->w_read = wt[3];
 	}
 	if (rc) {
 		arena_model_free(L->m);
@@ -686,8 +756,6 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 	L.t_mark = arena_now_s();
 	const arena_img_header *h = &img->hdr;
 	L.coded = !!(h->flags & ARENA_IMG_FLAG_CODED);
-	if (L.coded && L.slot < h->chunk_size)
-		L.slot = h->chunk_size; /* a slot holds a whole stored chunk */
 	/* Pieces of whole chunks; the ring is sized (within the budget) first. */
 	uint64_t per = PIECE / h->chunk_size ? PIECE / h->chunk_size : 1;
 	L.per = per;

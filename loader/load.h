@@ -59,6 +59,11 @@ typedef struct arena_load_stats {
 	/* Where the time went: open and check the file, size and pin the ring,
 	 * allocate device memory and host slabs, read+check+copy, commit. */
 	double t_open, t_ring, t_prepare, t_populate, t_commit;
+	/* A reader thread's time, the mean over threads: in all; faulting in and
+	 * pinning its ring share; waiting for a slot's copies (the device is
+	 * behind); reading. The rest is checking, decoding on the CPU and
+	 * queueing copies. */
+	double w_all, w_ring, w_wait, w_read;
 } arena_load_stats;
 
 /* Load the image at `path`. On success *out owns the model. `st` may be NULL. */

@@ -166,3 +166,52 @@ Test(codec, names)
 	cr_assert_eq(arena_codec_from_name("hb4"), ARENA_CODEC_HB4);
 	cr_assert_eq(arena_codec_from_name("zstd"), -1);
 }
+
+/* Fed in pieces of any size, the streaming check agrees with parse. */
+static int check_pieces(const uint8_t *st, uint64_t n, uint64_t raw, uint64_t piece)
+{
+	arena_hb4_check c;
+	arena_hb4_check_begin(&c, raw, n);
+	for (uint64_t at = 0; at < n; at += piece)
+		arena_hb4_check_feed(&c, st + at, n - at < piece ? n - at : piece);
+	arena_hb4 v;
+	return arena_hb4_check_end(&c, "c", &v);
+}
+
+Test(codec, streaming_check_agrees_with_parse)
+{
+	uint64_t W = 6001, len = 2 * W;
+	uint8_t *raw = weights(W, 3);
+	for (uint64_t i = 0; i < W; i += 53)
+		raw[2 * i + 1] = (uint8_t)(0x10 + i % 23);
+	uint8_t *st = malloc(len);
+	uint64_t n = arena_hb4_encode(raw, len, st);
+	cr_assert_gt(n, 0);
+	arena_hb4 v;
+	cr_assert_eq(arena_hb4_parse(st, n, len, "c", &v), 0);
+	uint64_t pieces[] = {1, 3, 4, 7, 16, 33, 4096, n};
+	/* Good, then each kind of damage: header, reserved, nibble padding (odd
+	 * W's last high nibble), low padding, an index out of order, one too big. */
+	for (int k = 0; k < 7; k++) {
+		uint8_t *b = malloc(n);
+		memcpy(b, st, n);
+		uint32_t big = (uint32_t)W + 1;
+		switch (k) {
+		case 1: b[4] ^= 1; break;
+		case 2: b[27] = 9; break;
+		case 3: b[v.nib_off + W / 2] |= 0x20; break;
+		case 4: b[v.idx_off - 1] = 1; break;
+		case 5: memcpy(b + v.idx_off + 4, b + v.idx_off, 4); break;
+		case 6: memcpy(b + v.idx_off + 4 * (v.n_exc - 1), &big, 4); break;
+		}
+		arena_hb4 tmp;
+		int want = arena_hb4_parse(b, n, len, "c", &tmp);
+		cr_assert_eq(want != 0, k != 0, "case %d", k);
+		for (size_t p = 0; p < sizeof(pieces) / sizeof(pieces[0]); p++)
+			cr_assert_eq(check_pieces(b, n, len, pieces[p]), want, "case %d piece %llu", k,
+				     (unsigned long long)pieces[p]);
+		free(b);
+	}
+	free(st);
+	free(raw);
+}
