@@ -30,6 +30,10 @@ set -e
 "$A" export -q "$T/llama.arena" -o "$T/llama.safetensors"
 "$A" convert -q "$REF/dtypes.safetensors" -o "$T/dtypes.arena"
 "$A" export -q "$T/dtypes.arena" -o "$T/dtypes.safetensors"
+"$A" convert -q "$REF/tiny_flux.safetensors" --codec hb4 --chunk-size 64K -o "$T/flux-hb4.arena"
+"$A" export -q "$T/flux-hb4.arena" -o "$T/flux-hb4.safetensors"
+"$A" convert -q "$REF/tiny_llama_sharded" --codec hb4 --chunk-size 64K -o "$T/llama-hb4.arena"
+"$A" export -q "$T/llama-hb4.arena" -o "$T/llama-hb4.safetensors"
 "$A" convert -q "$REF/tiny_flux.safetensors" --quant fp8-e4m3-row -o "$T/flux-q.arena"
 "$A" verify "$T/flux-q.arena" >/dev/null
 "$A" export -q "$T/flux-q.arena" -o "$T/flux-q.safetensors"
@@ -39,5 +43,7 @@ q=$?
 "$V/bin/python" tests/python/check_export.py \
 	"$REF/tiny_flux.safetensors" "$T/flux.safetensors" \
 	"$REF/tiny_llama_sharded" "$T/llama.safetensors" \
-	"$REF/dtypes.safetensors" "$T/dtypes.safetensors"
+	"$REF/dtypes.safetensors" "$T/dtypes.safetensors" \
+	"$REF/tiny_flux.safetensors" "$T/flux-hb4.safetensors" \
+	"$REF/tiny_llama_sharded" "$T/llama-hb4.safetensors"
 [ $? = 0 ] && [ $q = 0 ]
