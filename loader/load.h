@@ -12,6 +12,14 @@
  * hashed; a bad one fails the load before anything is committed. Each thread
  * faults in and pins its own share of the ring as it starts.
  *
+ * Coded images (docs/FORMAT.md, hb4): each reader also has a device stage of
+ * one chunk. A chunk's stored bytes go slot by slot to the stage, hashed and
+ * structure-checked as they pass; once the chunk has checked out, the device
+ * decodes it into its slabs (queued behind the copies on the reader's
+ * stream, which also makes the stage free for the next chunk). Chunks that
+ * reach host slabs, and all chunks of a reader the device had no room to
+ * stage for, are read whole and decoded by the CPU.
+ *
  * Transactional: prepare (open and check the image, allocate device memory
  * and host slabs, the ring) -> populate (the pipeline) -> commit (host slabs
  * read-only and pinned within the budget). Any failure, at any point,
