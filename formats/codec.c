@@ -286,13 +286,14 @@ void arena_hb4_decode(const arena_hb4 *v, uint64_t a, uint64_t z, uint8_t *dst)
 		i++;
 	}
 	uint8_t *d = dst + 2 * (i - w0);
-	/* Two words per nibble byte. */
+	/* Two words per nibble byte: both high bytes from one lookup. */
+	uint32_t pair[256]; /* the two words' high bytes in place, little-endian */
+	for (int n = 0; n < 256; n++)
+		pair[n] = (uint32_t)t[n & 15] << 8 | (uint32_t)t[n >> 4] << 24;
 	for (; i + 1 < w1; i += 2, d += 4) {
-		uint8_t n = nib[i / 2];
-		d[0] = low[i];
-		d[1] = t[n & 15];
-		d[2] = low[i + 1];
-		d[3] = t[n >> 4];
+		uint32_t x = pair[nib[i / 2]] | (uint32_t)low[i] | (uint32_t)low[i + 1] << 16;
+		uint8_t b[4] = {(uint8_t)x, (uint8_t)(x >> 8), (uint8_t)(x >> 16), (uint8_t)(x >> 24)};
+		memcpy(d, b, 4);
 	}
 	if (i < w1) {
 		d[0] = low[i];
