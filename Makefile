@@ -59,6 +59,8 @@ NVCCFLAGS := -O2 -std=c++17 -Xcompiler -fPIC -Iinclude -MMD -MP \
 ifeq ($(WERROR),1)
 NVCCFLAGS += -Werror all-warnings -Xcompiler -Werror
 endif
+else ifeq ($(CUDA),0)
+CUDA_MSG := CUDA backend: not built (CUDA=0)
 else
 CUDA_MSG := CUDA backend: not built (no $(CUDA_HOME)/include/cuda_runtime.h, lib64/libcudart_static.a and bin/nvcc; set CUDA_HOME)
 endif
