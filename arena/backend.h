@@ -119,6 +119,11 @@ int arena_backend_cuda_create(int device, arena_backend **out);
  * cuda backend; NO_DEVICE in a build without CUDA. */
 int arena_backend_cuda_stream(arena_backend *b, arena_stream *s, void **native);
 
+/* For backends: decode_hb4's argument checks (USAGE with a message naming
+ * the backend), the same for all. */
+int arena__backend_hb4_args(const char *name, void *dst, const void *src, const struct arena_hb4 *v, uint64_t a,
+			    uint64_t z);
+
 /* By name: "cuda" or "sim" (sim options may be NULL for defaults). */
 int arena_backend_create(const char *name, int device, const arena_sim_opts *sim, arena_backend **out);
 

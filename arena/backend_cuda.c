@@ -252,21 +252,10 @@ static int cuda_stream_wait(arena_backend *base, arena_stream *s, arena_event *e
 static int cuda_decode_hb4(arena_backend *base, void *dst, const void *src, const struct arena_hb4 *v, uint64_t a,
 			   uint64_t z, arena_stream *s)
 {
-	if (!v || !dst || !src)
-		return arena_errorf(ARENA_E_USAGE, "cuda: decode_hb4 with a NULL %s",
-				    !v ? "chunk" : !dst ? "destination" : "source");
-	const uint64_t W = v->words, E = v->n_exc;
-	if (!W || W > UINT32_MAX / 2 || E > W || v->nib_off != arena_hb4_nib_off() ||
-	    v->low_off != arena_hb4_low_off(W) || v->idx_off != arena_hb4_idx_off(W) || v->hi_off != v->idx_off + 4 * E)
-		return arena_errorf(ARENA_E_USAGE, "cuda: decode_hb4: the chunk is not an hb4 parse (%llu words, %llu exceptions)",
-				    (unsigned long long)W, (unsigned long long)E);
-	if (a % 2 || z % 2 || a > z || z > 2 * W)
-		return arena_errorf(ARENA_E_USAGE,
-				    "cuda: decode_hb4 of raw bytes [%llu, %llu): not an even range within the chunk's %llu bytes",
-				    (unsigned long long)a, (unsigned long long)z, (unsigned long long)(2 * W));
-	if (a == z)
-		return 0;
-	int rc = cuda_bind((cuda_backend *)base);
+	int rc = arena__backend_hb4_args("cuda", dst, src, v, a, z);
+	if (rc || a == z)
+		return rc;
+	rc = cuda_bind((cuda_backend *)base);
 	if (!rc)
 		rc = arena__hb4_decode_cuda(dst, src, v, a, z, (cudaStream_t)s);
 	return rc;
