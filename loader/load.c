@@ -180,7 +180,6 @@ typedef struct hasher {
  * way to the device: a bad chunk fails the load, and nothing is committed. */
 static int check(loader *L, const uint8_t *buf, hasher *h, uint64_t a, uint64_t z)
 {
-	const arena_img_header *hd = &L->img->hdr;
 	const uint8_t *q = buf;
 	while (a < z) {
 		const arena_img_chunk *c = &L->img->chunks[h->chunk];
@@ -192,16 +191,9 @@ static int check(loader *L, const uint8_t *buf, hasher *h, uint64_t a, uint64_t 
 		a += n;
 		q += n;
 		if (h->in_chunk == c->raw_length) {
-			uint64_t got = arena_hash_digest(&h->st);
-			uint64_t c0 = hd->data_offset + c->offset;
-			if (got != c->xxh3) {
-				char what[512];
-				arena_img_chunk_describe(L->img, h->chunk, what, sizeof(what));
-				return arena_errorf(ARENA_E(IMG_CHUNK_CHECKSUM),
-						    "%s: chunk %" PRIu64 " (file bytes %" PRIu64 "..%" PRIu64
-						    ") checksum mismatch, caught while loading; it holds %s",
-						    L->img->path, h->chunk, c0, c0 + c->raw_length, what);
-			}
+			int rc = arena_img_chunk_check(L->img, h->chunk, NULL, arena_hash_digest(&h->st), "while loading", NULL);
+			if (rc)
+				return rc;
 			h->chunk++;
 			h->in_chunk = 0;
 			arena_hash_reset(&h->st);
@@ -315,7 +307,7 @@ static int reaches_host(const loader *L, uint64_t a, uint64_t z)
  * checked, decoded into its host slabs, and for device blocks decoded into a
  * raw buffer that is copied on (waited for: the worker has one). For chunks
  * that reach host slabs, and workers without device stage room. */
-static int chunk_whole(loader *L, worker *w, uint64_t c)
+static int chunk_whole(loader *L, worker *w, uint64_t c, int *direct)
 {
 	const arena_image *img = L->img;
 	const arena_img_chunk *ck = &img->chunks[c];
@@ -323,9 +315,8 @@ static int chunk_whole(loader *L, worker *w, uint64_t c)
 	arena_backend *be = L->m->backend;
 	if (!w->whole && !(w->whole = arena_aligned_alloc(DIRECT_ALIGN, cs)))
 		return arena_errorf(ARENA_E_NOMEM, "out of memory for a %" PRIu64 "-byte chunk buffer", cs);
-	int direct = L->o->io == ARENA_IO_DIRECT && L->files[0].dfd >= 0;
 	uint64_t off = img->hdr.data_offset + ck->offset, n = arena_align_up(ck->stored_length, DIRECT_ALIGN);
-	int rc = read_range(L, w, &L->files[0], w->whole, n, off, &direct);
+	int rc = read_range(L, w, &L->files[0], w->whole, n, off, direct);
 	if (rc)
 		return rc;
 	atomic_fetch_add(&L->file_bytes, n);
@@ -429,7 +420,7 @@ static int do_cpiece(loader *L, worker *w, const piece *p)
 	for (uint64_t c = p->chunk0; c < c1; c++) {
 		const arena_img_chunk *ck = &L->img->chunks[c];
 		uint64_t a = h->data_offset + c * h->chunk_size;
-		int rc = ck->codec && (!w->stage || reaches_host(L, a, a + ck->raw_length)) ? chunk_whole(L, w, c)
+		int rc = ck->codec && (!w->stage || reaches_host(L, a, a + ck->raw_length)) ? chunk_whole(L, w, c, &direct)
 											    : chunk_stream(L, w, p, c, &direct);
 		if (rc)
 			return rc;
