@@ -141,74 +141,46 @@ static void check_bad(arena_hb4_check *c, const char *why)
 		c->why = why;
 }
 
-/* Is stored byte `off` one that must be zero? (Reserved header bytes are
- * checked at the end.) */
-static int must_be_zero(const arena_hb4_check *c, uint64_t off, uint64_t *zend)
-{
-	const uint64_t W = c->words, nib_end = ARENA_HB4_HEADER + (W + 1) / 2, low_end = c->low_off + W;
-	if (off >= nib_end && off < c->low_off)
-		return *zend = c->low_off, 1;
-	if (off >= low_end && off < c->idx_off)
-		return *zend = c->idx_off, 1;
-	return 0;
-}
+/* The stored bytes the check looks at, in order; plane bytes are any value. */
+enum { R_HEADER, R_NIB_PAD, R_LOW_PAD, R_INDEX };
 
 void arena_hb4_check_feed(arena_hb4_check *c, const uint8_t *p, uint64_t n)
 {
-	if (!c->lengths_ok || n > c->stored - c->at) {
-		c->at += n;
-		return;
-	}
-	uint64_t off = c->at, end = c->at + n;
+	const uint64_t off = c->at, end = c->at + n;
 	c->at = end;
-	const uint64_t W = c->words;
-	/* Header. */
-	for (; off < end && off < ARENA_HB4_HEADER; off++, p++)
-		c->head[off] = *p;
-	/* The last nibble byte of an odd W: its high nibble is padding. */
-	const uint64_t last_nib = ARENA_HB4_HEADER + W / 2;
-	if (W % 2 && last_nib >= off && last_nib < end && (p[last_nib - off] & 0xf0))
-		check_bad(c, "hb4 plane padding is not zero");
-	/* Padding runs and the exception indices, skipping the planes. */
-	while (off < end) {
-		uint64_t zend;
-		if (must_be_zero(c, off, &zend)) {
-			uint64_t m = (zend < end ? zend : end) - off;
-			for (uint64_t k = 0; k < m; k++)
-				if (p[k])
+	if (!c->lengths_ok || end > c->stored)
+		return; /* check_end reports it */
+	const uint64_t W = c->words, nib_end = ARENA_HB4_HEADER + (W + 1) / 2;
+	const uint64_t r[4][2] = {{0, ARENA_HB4_HEADER}, {nib_end, c->low_off}, {c->low_off + W, c->idx_off},
+				  {c->idx_off, c->hi_off}};
+	for (int k = 0; k < 4; k++) {
+		const uint64_t x = r[k][0] > off ? r[k][0] : off, y = r[k][1] < end ? r[k][1] : end;
+		for (uint64_t at = x; at < y; at++) {
+			const uint8_t b = p[at - off];
+			if (k == R_HEADER) {
+				c->head[at] = b;
+			} else if (k != R_INDEX) {
+				if (b)
 					check_bad(c, "hb4 plane padding is not zero");
-			off += m, p += m;
-		} else if (off >= c->idx_off && off < c->hi_off) {
-			uint64_t m = (c->hi_off < end ? c->hi_off : end) - off;
-			for (uint64_t k = 0; k < m; k++) {
-				uint64_t at = off + k - c->idx_off;
-				c->part[at % 4] = p[k];
-				if (at % 4 == 3) {
-					uint64_t i = get32(c->part);
-					if (!c->why && (i >= W || (c->e && i <= c->prev))) {
-						c->why = "exception";
-						c->why_e = c->e, c->why_i = i;
-					}
-					c->prev = i;
-					c->e++;
+			} else {
+				const uint64_t q = at - c->idx_off;
+				c->part[q % 4] = b;
+				if (q % 4 != 3)
+					continue;
+				const uint64_t i = get32(c->part);
+				if (!c->why && (i >= W || (c->e && i <= c->prev))) {
+					c->why = "exception";
+					c->why_e = c->e, c->why_i = i;
 				}
+				c->prev = i;
+				c->e++;
 			}
-			off += m, p += m;
-		} else {
-			/* Plane bytes: skip to the next region that is checked. */
-			uint64_t next = end;
-			const uint64_t marks[3] = {ARENA_HB4_HEADER + (W + 1) / 2, c->low_off + W, c->idx_off};
-			for (int k = 0; k < 3; k++)
-				if (marks[k] > off && marks[k] < next)
-					next = marks[k];
-			if (c->hi_off > off && c->hi_off < next)
-				next = c->hi_off;
-			if (off >= c->hi_off)
-				next = end; /* exception high bytes: any value */
-			p += next - off;
-			off = next;
 		}
 	}
+	/* An odd W: the high nibble of the last nibble byte is padding. */
+	const uint64_t last = ARENA_HB4_HEADER + W / 2;
+	if (W % 2 && last >= off && last < end && (p[last - off] & 0xf0))
+		check_bad(c, "hb4 plane padding is not zero");
 }
 
 int arena_hb4_check_end(arena_hb4_check *c, const char *what, arena_hb4 *v)
