@@ -37,9 +37,6 @@ int arena_outfile_reserve(arena_outfile *f, uint64_t size);
  * lock. Falls back to arena_outfile_pwrite otherwise. */
 int arena_outfile_pwrite_direct(arena_outfile *f, const void *buf, size_t n, uint64_t off);
 
-/* Set the temporary's length (after a reserve larger than what was written). */
-int arena_outfile_truncate(arena_outfile *f, uint64_t size);
-
 /* fsync, rename over the target, fsync the folder; frees f in every case. */
 int arena_outfile_commit(arena_outfile *f);
 /* Unlink the temporary and free f. Accepts NULL. */

@@ -149,7 +149,7 @@ static void *worker(void *arg)
 							 .xxh3 = arena_xxh3(buf, len)};
 			rc = arena_outfile_pwrite_direct(j->out, buf, len, h->data_offset + c0);
 		} else if (!rc) {
-			uint64_t n = j->o->codec == ARENA_CODEC_HB4 ? arena_hb4_encode(buf, len, enc) : 0;
+			uint64_t n = arena_hb4_encode(buf, len, enc); /* the one codec */
 			if (arena_align_up(n, 4096) >= len)
 				n = 0; /* saves no page of the file: store it as is */
 			const uint8_t *out = n ? enc : buf;
@@ -317,12 +317,8 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 		rc = arena_errorf(ARENA_E_CANCELLED, "%s: cancelled", out);
 		goto out;
 	}
-	if (h.flags & ARENA_IMG_FLAG_CODED) {
-		/* The file ends where the last chunk's page does. */
+	if (h.flags & ARENA_IMG_FLAG_CODED) /* the file ends where the last chunk's page does */
 		arena_img_header_set_stored(&h, j.stored_at);
-		if ((rc = arena_outfile_truncate(of, h.file_size)))
-			goto out;
-	}
 	/* Chunk table, manifest, header; then rename into place. */
 	uint8_t *table = arena_calloc(1, h.chunk_table_length);
 	if (!table) {

@@ -1,12 +1,13 @@
 /* convert.h - safetensors checkpoint -> arena image, streaming.
  *
- * Memory stays bounded (threads x chunk_size plus the manifest) for any model
- * size. Worker threads each build whole data chunks: gather the bytes of the
- * components the chunk covers straight from the source files (pread),
- * code it (when asked), checksum it and write it at its final offset (for
- * coded images, chunks take their offsets in chunk order as they finish). The image goes to a
- * temporary beside OUT and is renamed into place only when whole (see
- * common/outfile.h); any failure removes the temporary. */
+ * Memory stays bounded (threads x chunk_size, twice that when coding, plus
+ * the manifest) for any model size. Worker threads each build whole data
+ * chunks: gather the bytes of the components the chunk covers straight from
+ * the source files (pread), code it (when asked), checksum it and write it
+ * at its final offset (in a coded image, chunks take their offsets in chunk
+ * order as they finish). The image goes to a temporary beside OUT and is
+ * renamed into place only when whole (see common/outfile.h); any failure
+ * removes the temporary. */
 #ifndef ARENA_LOADER_CONVERT_H
 #define ARENA_LOADER_CONVERT_H
 
