@@ -957,6 +957,8 @@ static int reader_load(arena_img_reader *r, uint64_t i)
 	int rc = arena_pread_full(img->fd, dst, c->stored_length, img->hdr.data_offset + c->offset, img->path);
 	if (rc)
 		return rc;
+	/* Without verify the checksum is taken as read (the expected value is
+	 * passed), but a coded chunk's structure is checked all the same. */
 	arena_hb4 v;
 	uint64_t got = r->verify ? arena_xxh3(dst, c->stored_length) : c->xxh3;
 	if ((rc = arena_img_chunk_check(img, i, dst, got, "while reading", &v)))
