@@ -63,6 +63,15 @@ typedef struct arena_backend_ops {
 	int (*event_sync)(arena_backend *b, arena_event *e);
 	/* Make future work on s wait for e (without blocking the host). */
 	int (*stream_wait)(arena_backend *b, arena_stream *s, arena_event *e);
+	/* The stream a caller of the public API names by its native handle
+	 * (borrowed: never destroy it). cuda: the cudaStream_t itself, NULL
+	 * being the default stream. sim: native must be NULL (USAGE otherwise)
+	 * and gives the backend's host stream, which stands for a caller
+	 * computing on the host: stream_wait on it blocks the calling thread
+	 * until the event is done, an event recorded on it is done at once
+	 * (timed: stamped now), stream_sync returns at once; copies, decodes
+	 * and modelled compute are refused there (USAGE). */
+	int (*stream_native)(arena_backend *b, void *native, arena_stream **s);
 
 	/* Timing. A timed event is an event that also knows when the work before
 	 * it was done (cuda: a timing event; sim: a marker its stream's worker

@@ -246,6 +246,14 @@ static int cuda_stream_wait(arena_backend *base, arena_stream *s, arena_event *e
 	return e == cudaSuccess ? 0 : cuda_fail(e, "cudaStreamWaitEvent");
 }
 
+/* A native handle is a cudaStream_t, and so is an arena_stream * here;
+ * NULL is the default stream. */
+static int cuda_stream_native(arena_backend *base, void *native, arena_stream **s)
+{
+	*s = (arena_stream *)native;
+	return 0;
+}
+
 /* The kernels are in codec_cuda.cu. The arguments are checked here as sim
  * checks them, except that device pointers are not checked (CUDA reports a
  * bad one when the kernel runs, at the next sync). */
@@ -284,6 +292,7 @@ static const arena_backend_ops cuda_ops = {
 	.event_query = cuda_event_query,
 	.event_sync = cuda_event_sync,
 	.stream_wait = cuda_stream_wait,
+	.stream_native = cuda_stream_native,
 	.event_create_timed = cuda_event_create_timed,
 	.event_elapsed = cuda_event_elapsed,
 	.decode_hb4 = cuda_decode_hb4,

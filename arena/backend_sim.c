@@ -80,6 +80,7 @@ struct arena_stream {
 	pthread_cond_t cv; /* new work, stop, cancel; the worker's sleeps wait on it */
 	pthread_t thread;
 	int stop; /* no more work will come: exit once the queue is empty */
+	int host; /* the host stream (stream_native): no worker, nothing queued */
 };
 
 struct arena_event {
@@ -117,6 +118,7 @@ struct sim_backend {
 	arena_stream *streams;
 	arena_event *events;
 	uint64_t last_stream_id;
+	arena_stream *host; /* the host stream, made by the first stream_native; not on `streams` */
 	int cancel;
 };
 
@@ -234,6 +236,15 @@ static void *sim_worker(void *arg)
 	}
 	pthread_mutex_unlock(&b->mu);
 	return NULL;
+}
+
+/* The host stream queues nothing: a USAGE error for `what` there, else 0. */
+static int sim_not_host(const arena_stream *s, const char *what)
+{
+	if (s && s->host)
+		return arena_errorf(ARENA_E_USAGE, "sim: %s on the host stream (it runs nothing; use a stream of its own)",
+				    what);
+	return 0;
 }
 
 /* Append op to s and wake its worker (b->mu held). */
@@ -465,6 +476,8 @@ static void sim_stream_destroy(arena_backend *base, arena_stream *s)
 	sim_backend *b = (sim_backend *)base;
 	if (!s)
 		return;
+	if (s->host)
+		ARENA_BUG("sim: stream_destroy of the host stream (stream_native's streams are borrowed)");
 	sim_stream_join(b, s);
 	pthread_mutex_lock(&b->mu);
 	arena_stream **pp = &b->streams;
@@ -490,9 +503,9 @@ static int sim_stream_sync(arena_backend *base, arena_stream *s)
 static int sim_copy_h2d(arena_backend *base, void *dst, const void *src, uint64_t bytes, arena_stream *s)
 {
 	sim_backend *b = (sim_backend *)base;
-	int rc = 0;
-	if (!bytes)
-		return 0;
+	int rc = sim_not_host(s, "copy_h2d");
+	if (rc || !bytes)
+		return rc;
 	struct sim_op *op = arena_calloc(1, sizeof(*op));
 	if (!op)
 		return arena_errorf(ARENA_E_NOMEM, "sim: out of memory for a copy");
@@ -535,6 +548,8 @@ static int sim_decode_hb4(arena_backend *base, void *dst, const void *src, const
 {
 	sim_backend *b = (sim_backend *)base;
 	int rc = arena__backend_hb4_args("sim", dst, src, v, a, z);
+	if (!rc)
+		rc = sim_not_host(s, "decode_hb4");
 	if (rc || a == z)
 		return rc;
 	const uint64_t E = v->n_exc;
@@ -607,6 +622,14 @@ static int sim_event_record(arena_backend *base, arena_event *e, arena_stream *s
 {
 	sim_backend *b = (sim_backend *)base;
 	struct sim_op *op = NULL;
+	if (s->host) { /* the caller's host work before this call is done: so is the event */
+		pthread_mutex_lock(&b->mu);
+		e->stream = s->id;
+		e->seq = 0;
+		e->t = arena_now_s();
+		pthread_mutex_unlock(&b->mu);
+		return 0;
+	}
 	if (e->timed && !(op = arena_calloc(1, sizeof(*op))))
 		return arena_errorf(ARENA_E_NOMEM, "sim: out of memory for an event");
 	pthread_mutex_lock(&b->mu);
@@ -662,6 +685,8 @@ static int sim_event_sync(arena_backend *base, arena_event *e)
 static int sim_stream_wait(arena_backend *base, arena_stream *s, arena_event *e)
 {
 	sim_backend *b = (sim_backend *)base;
+	if (s->host)
+		return base->ops->event_sync(base, e);
 	struct sim_op *op = arena_calloc(1, sizeof(*op));
 	if (!op)
 		return arena_errorf(ARENA_E_NOMEM, "sim: out of memory for a stream wait");
@@ -674,6 +699,32 @@ static int sim_stream_wait(arena_backend *base, arena_stream *s, arena_event *e)
 	}
 	pthread_mutex_unlock(&b->mu);
 	return 0;
+}
+
+static int sim_stream_native(arena_backend *base, void *native, arena_stream **out)
+{
+	sim_backend *b = (sim_backend *)base;
+	int rc = 0;
+	*out = NULL;
+	if (native)
+		return arena_errorf(ARENA_E_USAGE, "sim: a stream handle was given (%p); the simulator has none: pass NULL",
+				    native);
+	pthread_mutex_lock(&b->mu);
+	if (!b->host) {
+		arena_stream *s = arena_calloc(1, sizeof(*s));
+		if (!s || pthread_cond_init(&s->cv, NULL)) {
+			arena_free(s);
+			rc = arena_errorf(ARENA_E_NOMEM, "sim: out of memory for the host stream");
+		} else {
+			s->b = b;
+			s->host = 1;
+			s->id = ++b->last_stream_id;
+			b->host = s;
+		}
+	}
+	*out = b->host;
+	pthread_mutex_unlock(&b->mu);
+	return rc;
 }
 
 static void sim_destroy(arena_backend *base)
@@ -692,6 +743,10 @@ static void sim_destroy(arena_backend *base)
 		b->streams = s->next;
 		pthread_cond_destroy(&s->cv);
 		arena_free(s);
+	}
+	if (b->host) {
+		pthread_cond_destroy(&b->host->cv);
+		arena_free(b->host);
 	}
 	while (b->events) {
 		arena_event *e = b->events;
@@ -725,6 +780,7 @@ static const arena_backend_ops sim_ops = {
 	.event_query = sim_event_query,
 	.event_sync = sim_event_sync,
 	.stream_wait = sim_stream_wait,
+	.stream_native = sim_stream_native,
 	.event_create_timed = sim_event_create_timed,
 	.event_elapsed = sim_event_elapsed,
 	.decode_hb4 = sim_decode_hb4,
@@ -805,6 +861,11 @@ int arena_backend_sim_compute(arena_backend *base, arena_stream *s, double secon
 	struct sim_op *op = arena_calloc(1, sizeof(*op));
 	if (!op)
 		return arena_errorf(ARENA_E_NOMEM, "sim: out of memory for a compute op");
+	if (s->host) { /* the host computes: sleep here */
+		arena_free(op);
+		arena_sleep_s(seconds);
+		return 0;
+	}
 	*op = (struct sim_op){.kind = SIM_COMPUTE, .seconds = seconds};
 	pthread_mutex_lock(&b->mu);
 	sim_enqueue(s, op);

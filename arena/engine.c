@@ -27,14 +27,26 @@ struct arena_engine {
 	void *ring_dptr;
 	uint64_t slot_bytes; /* of the allocated ring; 0 none */
 	arena__ring ring;     /* what it holds */
-	/* streamed schedule of the step */
+	/* streamed schedule of the step: seq[0..n_seq), the entries of the plan's
+	 * schedule whose blocks are streamed; entries [cur, fetched) are fetched
+	 * ahead (each counted in ring.pending) and not yet acquired */
 	uint32_t *seq;
 	size_t n_seq, cur, fetched;
-	uint8_t *copied;
+	size_t max_sched;    /* capacity of seq, obs and a schedule: arena_residency_max_sched */
 	arena__ring scratch; /* for arena__plan_derive */
 	arena__timed tscr; /* for engine_predict */
-	size_t *held;       /* entries acquired and not released, oldest first */
-	size_t n_held;
+	struct hold {
+		uint32_t block;
+		size_t j; /* its entry in seq, or SIZE_MAX: fetched on its own */
+	} *held;           /* streamed blocks acquired and not released, oldest first */
+	size_t n_held, max_held;
+	/* what the caller did this step: the scheduled blocks acquired, in order */
+	uint32_t *obs;
+	size_t n_obs;
+	int obs_over; /* more than max_sched acquires: not learned from */
+	/* per mode: the schedule learned in it (NULL: the mode's default) */
+	uint32_t *msched[2];
+	size_t mn[2];
 	/* per block */
 	arena_event **ev_use;  /* its last release (resident or in the ring) */
 	arena_event **ev_fill; /* the copy that put it where it is */
@@ -47,6 +59,7 @@ struct arena_engine {
 	arena_event **tm;
 	uint8_t *tm_rec;      /* same index without the event: 1 acquired, 3 released */
 	uint64_t tm_step[2];  /* the step each parity holds */
+	int tm_mode[2];       /* and the mode it ran in */
 	unsigned *acq_n, *rel_n; /* per block, this step */
 	arena_event **tc;     /* per block: before its ring copy (pairs with ev_fill) */
 	uint8_t *tc_rec;
@@ -103,7 +116,8 @@ static double engine_predict(arena_engine *e)
 {
 	if (!arena__have_profile(&e->o))
 		return -1;
-	return arena__timed_run(e->l, &e->o, e->plan.sched, e->plan.n_sched, e->plan.resident, e->plan.slots, &e->tscr);
+	return arena__timed_run(e->l, &e->o, e->plan.sched, e->plan.bwd, e->plan.n_sched, e->plan.resident, e->plan.slots,
+				&e->tscr);
 }
 
 static void refresh(arena_engine *e)
@@ -142,7 +156,7 @@ static int ring_free(arena_engine *e)
 static int ring_alloc(arena_engine *e, uint64_t bytes)
 {
 	int rc;
-	if (bytes == e->slot_bytes)
+	if (bytes == e->slot_bytes && (!bytes || e->ring.bytes == (uint64_t)e->n_slots * bytes))
 		return 0;
 	if ((rc = ring_free(e)) || !bytes)
 		return rc;
@@ -303,7 +317,7 @@ static int harvest(arena_engine *e, unsigned par)
 					stalls++;
 					stall_s += st;
 				}
-				if (k == 0) {
+				if (k == 0 || e->tm_mode[par] != ARENA_MODE_TRAIN) { /* a forward (sample: a later pass too) */
 					fwd += c;
 					e->lcost[b] = e->lcost[b] < 0 ? c : 0.5 * e->lcost[b] + 0.5 * c;
 				} else {
@@ -350,11 +364,12 @@ static int evict_wait(void *ctx, uint32_t q)
 	return e->be->ops->stream_wait(e->be, e->cs, e->ev_use[q]);
 }
 
-/* Issue the fetch of streamed entry j; 0 issued, 1 no room in the ring now, or an error. */
-static int fetch_one(arena_engine *e, size_t j)
+/* Put block b in the ring for one more use: its copy is issued unless it
+ * is there already (the copy's bytes count in this step's record); 0, 1 no
+ * room in the ring now, or an error. */
+static int fetch_block(arena_engine *e, uint32_t b)
 {
 	arena_backend *be = e->be;
-	uint32_t b = e->seq[j];
 	uint64_t at, sz = e->l->blocks[b].bytes;
 	int reuse, rc;
 	if (arena__ring_place(&e->ring, e->l, b, &at, &reuse))
@@ -367,10 +382,25 @@ static int fetch_one(arena_engine *e, size_t j)
 			return rc;
 		if (e->timed && sz)
 			e->tc_rec[b] = 1;
+		e->rec.streamed_bytes += sz;
+		e->rec.copies++;
 	}
 	e->ring.pending[b]++;
-	e->copied[j] = (uint8_t)!reuse;
 	return 0;
+}
+
+static int fetch_one(arena_engine *e, size_t j)
+{
+	return fetch_block(e, e->seq[j]);
+}
+
+/* Forget the entries fetched ahead and not yet acquired (their copies stay
+ * issued; their bytes stay in the ring, reused if asked for while there). */
+static void drop_ahead(arena_engine *e)
+{
+	for (size_t j = e->cur; j < e->fetched; j++)
+		e->ring.pending[e->seq[j]]--;
+	e->fetched = e->cur;
 }
 
 /* Fetch streamed entries ahead as far as the ring has room. */
@@ -423,7 +453,9 @@ void arena_engine_free(arena_engine *e)
 	arena__ring_release(&e->scratch);
 	arena__timed_release(&e->tscr);
 	arena_free(e->seq);
-	arena_free(e->copied);
+	arena_free(e->obs);
+	arena_free(e->msched[0]);
+	arena_free(e->msched[1]);
 	arena_free(e->held);
 	arena_free(e->ev_use);
 	arena_free(e->ev_fill);
@@ -451,6 +483,8 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	e->be = be;
 	e->l = l;
 	e->o = *o;
+	e->o.sched = NULL; /* the engine's own copy is made below */
+	e->o.n_sched = 0;
 	if (o->cost) { /* the engine keeps its own copy of the profile */
 		double *c = arena_calloc(l->n_blocks ? l->n_blocks : 1, sizeof(*c));
 		if (!c) {
@@ -479,22 +513,36 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	}
 	e->plan.headroom = headroom;
 	e->plan.reserve = reserve;
-	size_t n = l->n_blocks, ns = e->plan.n_sched ? e->plan.n_sched : 1;
+	e->tm_mode[0] = e->tm_mode[1] = o->mode;
+	size_t n = l->n_blocks;
+	e->max_sched = arena_residency_max_sched(l);
+	size_t ns = e->max_sched > e->plan.n_sched ? e->max_sched : e->plan.n_sched;
+	ns = ns ? ns : 1;
+	e->max_held = ns + n;
 	e->n_slots = arena__ring_slots(o);
 	int rr = arena__ring_init(&e->ring, n), rs = arena__ring_init(&e->scratch, n);
 	if (!rs)
 		rs = arena__timed_init(&e->tscr, n, ns);
 	e->seq = arena_calloc(ns, sizeof(*e->seq));
-	e->copied = arena_calloc(ns, 1);
-	e->held = arena_calloc(ns, sizeof(*e->held));
+	e->obs = arena_calloc(ns, sizeof(*e->obs));
+	e->held = arena_calloc(e->max_held, sizeof(*e->held));
 	e->ev_use = arena_calloc(n ? n : 1, sizeof(*e->ev_use));
 	e->ev_fill = arena_calloc(n ? n : 1, sizeof(*e->ev_fill));
 	e->res_held = arena_calloc(n ? n : 1, sizeof(*e->res_held));
 	e->hist = arena_calloc(ARENA_ENGINE_HISTORY, sizeof(*e->hist));
-	if (rr || rs || !e->seq || !e->copied || !e->held ||
+	e->msched[0] = arena_calloc(ns, sizeof(uint32_t));
+	e->msched[1] = arena_calloc(ns, sizeof(uint32_t));
+	if (rr || rs || !e->seq || !e->obs || !e->held || !e->msched[0] || !e->msched[1] ||
 	    !e->ev_use || !e->ev_fill || !e->res_held || !e->hist) {
 		rc = arena_errorf(ARENA_E_NOMEM, "engine: out of memory");
 		goto fail;
+	}
+	if (o->sched && o->n_sched) { /* a given schedule is the mode's until another is learned */
+		int md = o->mode == ARENA_MODE_TRAIN;
+		memcpy(e->msched[md], o->sched, o->n_sched * sizeof(uint32_t));
+		e->mn[md] = o->n_sched;
+		e->o.sched = e->msched[md];
+		e->o.n_sched = o->n_sched;
 	}
 	if ((rc = be->ops->stream_create(be, &e->cs)))
 		goto fail;
@@ -584,7 +632,9 @@ int arena_engine_step_begin(arena_engine *e)
 		memset(e->rel_n, 0, e->l->n_blocks * sizeof(*e->rel_n));
 		memset(e->tm_rec + tm_at(e, par, 0, 0), 0, e->l->n_blocks * 2); /* unread timing of 2 steps ago goes */
 		e->tm_step[par] = e->steps;
+		e->tm_mode[par] = e->o.mode;
 	}
+	e->rec.mode = e->o.mode;
 	if (!e->begun) {
 		e->cur = e->fetched = 0;
 		e->begun = 1;
@@ -624,6 +674,40 @@ static int time_end(arena_engine *e, uint32_t b, arena_stream *s)
 	return e->be->ops->event_record(e->be, e->tm[3 * i + 2], s);
 }
 
+/* Log an acquire of a scheduled block (the order the caller really runs). */
+static void observe(arena_engine *e, uint32_t b)
+{
+	if (arena_block_is_globals(e->l, b))
+		return;
+	e->rec.acquires++;
+	if (e->n_obs < e->max_sched)
+		e->obs[e->n_obs++] = b;
+	else
+		e->obs_over = 1;
+}
+
+/* Where a streamed block acquired now sits in seq: the next entry if it is
+ * b; otherwise (a miss) the prefetches ahead are dropped and the position
+ * moves to b's next entry, or its first, or SIZE_MAX (none: b is fetched on
+ * its own). */
+static size_t locate(arena_engine *e, uint32_t b)
+{
+	if (e->cur < e->n_seq && e->seq[e->cur] == b)
+		return e->cur;
+	e->rec.misses++;
+	drop_ahead(e);
+	size_t j = SIZE_MAX;
+	for (size_t i = e->cur; i < e->n_seq && j == SIZE_MAX; i++)
+		if (e->seq[i] == b)
+			j = i;
+	for (size_t i = 0; i < e->cur && j == SIZE_MAX; i++)
+		if (e->seq[i] == b)
+			j = i;
+	if (j != SIZE_MAX)
+		e->cur = e->fetched = j;
+	return j;
+}
+
 int arena_engine_acquire(arena_engine *e, uint32_t block, arena_stream *stream, void **dptr)
 {
 	arena_backend *be = e->be;
@@ -632,41 +716,41 @@ int arena_engine_acquire(arena_engine *e, uint32_t block, arena_stream *stream, 
 	if (e->state == ST_FAILED)
 		return e->failed_rc;
 	if (e->state != ST_STEP)
-		return arena_errorf(ARENA_E_USAGE, "engine: acquire outside a step");
+		return arena_errorf(ARENA_E_USAGE, "engine: acquire outside a step (call step_begin first)");
 	if (block >= e->l->n_blocks)
-		return arena_errorf(ARENA_E_USAGE, "engine: no block %u", block);
+		return arena_errorf(ARENA_E_USAGE, "engine: no block %u (the model has %zu)", block, e->l->n_blocks);
 	size_t ts;
 	if (e->plan.resident[block]) {
 		if ((rc = time_ready(e, block, stream, &ts)) || (rc = be->ops->stream_wait(be, stream, e->ev_fill[block])) ||
 		    (rc = time_start(e, ts, stream)))
 			return fail_engine(e, rc);
 		e->res_held[block]++;
+		observe(e, block);
 		*dptr = e->m->mem[block].dev;
 		return 0;
 	}
-	if (e->cur >= e->n_seq || e->seq[e->cur] != block)
-		return arena_errorf(ARENA_E_USAGE, "engine: block '%s' acquired out of schedule order (next streamed: %s)",
-				    e->l->blocks[block].name,
-				    e->cur < e->n_seq ? e->l->blocks[e->seq[e->cur]].name : "none this step");
-	if (e->fetched <= e->cur) {
-		if ((rc = fetch_one(e, e->cur)) < 0)
+	if (e->n_held >= e->max_held)
+		return arena_errorf(ARENA_E_USAGE, "engine: %zu blocks held; release some before acquiring '%s'", e->n_held,
+				    e->l->blocks[block].name);
+	size_t j = locate(e, block);
+	if (j == SIZE_MAX || e->fetched <= j) {
+		if ((rc = j == SIZE_MAX ? fetch_block(e, block) : fetch_one(e, j)) < 0)
 			return fail_engine(e, rc);
 		if (rc > 0)
 			return arena_errorf(ARENA_E_USAGE,
-					    "engine: %zu blocks held; the ring (%u x %s) has no room for block '%s'",
+					    "engine: %zu blocks held fill the ring (%u x %s): no room for block '%s'; "
+					    "release blocks before acquiring more",
 					    e->n_held, e->n_slots, arena__fmtb(e->slot_bytes), e->l->blocks[block].name);
-		e->fetched++;
+		if (j != SIZE_MAX)
+			e->fetched = j + 1;
 	}
-	size_t j = e->cur;
 	if ((rc = time_ready(e, block, stream, &ts)) || (rc = be->ops->stream_wait(be, stream, e->ev_fill[block])) ||
 	    (rc = time_start(e, ts, stream)))
 		return fail_engine(e, rc);
-	if (e->copied[j]) {
-		e->rec.streamed_bytes += e->l->blocks[block].bytes;
-		e->rec.copies++;
-	}
-	e->held[e->n_held++] = j;
-	e->cur++;
+	e->held[e->n_held++] = (struct hold){block, j};
+	if (j != SIZE_MAX)
+		e->cur = j + 1;
+	observe(e, block);
 	*dptr = (uint8_t *)e->ring_dptr + e->ring.off[block];
 	if ((rc = prefetch(e)))
 		return fail_engine(e, rc);
@@ -679,8 +763,10 @@ int arena_engine_release(arena_engine *e, uint32_t block, arena_stream *stream)
 	int rc;
 	if (e->state == ST_FAILED)
 		return e->failed_rc;
-	if (e->state != ST_STEP || block >= e->l->n_blocks)
-		return arena_errorf(ARENA_E_USAGE, "engine: release of block %u outside a step or out of range", block);
+	if (e->state != ST_STEP)
+		return arena_errorf(ARENA_E_USAGE, "engine: release of block %u outside a step", block);
+	if (block >= e->l->n_blocks)
+		return arena_errorf(ARENA_E_USAGE, "engine: no block %u (the model has %zu)", block, e->l->n_blocks);
 	if (e->plan.resident[block]) {
 		if (!e->res_held[block])
 			return arena_errorf(ARENA_E_USAGE, "engine: release of block '%s' that is not acquired",
@@ -691,7 +777,7 @@ int arena_engine_release(arena_engine *e, uint32_t block, arena_stream *stream)
 		return fail_engine(e, be->ops->event_record(be, e->ev_use[block], stream));
 	}
 	size_t h = 0;
-	while (h < e->n_held && e->seq[e->held[h]] != block)
+	while (h < e->n_held && e->held[h].block != block)
 		h++;
 	if (h == e->n_held)
 		return arena_errorf(ARENA_E_USAGE, "engine: release of block '%s' that is not acquired",
@@ -711,7 +797,13 @@ int arena_engine_release(arena_engine *e, uint32_t block, arena_stream *stream)
  * leaves that block streamed), then a ring for what is streamed now. */
 static int apply(arena_engine *e, const uint8_t *want)
 {
-	int rc;
+	int rc, same = 1;
+	for (uint32_t b = 0; b < e->l->n_blocks && same; b++)
+		same = !want[b] == !e->plan.resident[b];
+	if (same) { /* nothing moves: the ring only, if its shape changed */
+		refresh(e);
+		return fit_ring(e);
+	}
 	for (;;) {
 		int64_t pick = -1;
 		for (uint32_t b = 0; b < e->l->n_blocks; b++)
@@ -753,31 +845,66 @@ static int room_better(arena_engine *e, const arena_residency_plan *t)
 	return (more && t->step_s <= now_t * 1.005) || t->step_s < now_t * 0.98;
 }
 
-/* Between steps: re-read free memory; under pressure move to the plan for
- * the new budget at once, with room after `hysteresis` steps of it. */
-static int adapt(arena_engine *e)
+/* Take t's schedule and ring shape into the engine's plan (t gets the old
+ * arrays, released with it); the caller refreshes. */
+static void take_sched(arena_engine *e, arena_residency_plan *t)
+{
+	uint32_t *sc = e->plan.sched;
+	uint8_t *bw = e->plan.bwd;
+	size_t n = e->plan.n_sched;
+	e->plan.sched = t->sched;
+	e->plan.bwd = t->bwd;
+	e->plan.n_sched = t->n_sched;
+	t->sched = sc;
+	t->bwd = bw;
+	t->n_sched = n;
+	e->plan.slots = t->slots;
+	e->plan.depth = t->depth;
+}
+
+/* The plan for the budget now under e->o: the weights budget and the plan
+ * (the smallest one when none fits, unless strict). */
+static int plan_now(arena_engine *e, uint64_t used, uint64_t *budget, uint64_t *free_out, arena_residency_plan *t)
 {
 	arena_backend *be = e->be;
-	uint64_t free_b, total, budget, h, w;
-	arena_residency_plan t;
+	uint64_t free_b, total, h, w;
 	int rc = be->ops->mem_info(be, &free_b, &total);
 	if (rc)
 		return rc;
-	uint64_t used = dev_used(e);
-	arena_residency_budget(total, free_b + used + own_rounding(e->m, e), &e->o, &budget, &h, &w);
-	e->rec.budget = budget;
-	e->rec.free_bytes = free_b;
-	rc = arena_residency_plan_make(e->l, &e->o, budget, &t);
+	arena_residency_budget(total, free_b + used + own_rounding(e->m, e), &e->o, budget, &h, &w);
+	*free_out = free_b;
+	rc = arena_residency_plan_make(e->l, &e->o, *budget, t);
 	if (rc == ARENA_E(BUDGET)) {
-		if (e->o.strict)
-			return arena_errorf(ARENA_E(BUDGET),
-					    "engine: the budget for weights fell to %s (%s free): %s; nothing left to demote",
-					    arena__fmtb(budget), arena__fmtb(free_b), arena_last_error());
+		if (e->o.strict) {
+			char why[512];
+			snprintf(why, sizeof(why), "%s", arena_last_error());
+			return arena_errorf(ARENA_E(BUDGET), "engine: the budget for weights fell to %s (%s free): %s",
+					    arena__fmtb(*budget), arena__fmtb(free_b), why);
+		}
 		arena_error_clear();
-		rc = arena_residency_plan_make(e->l, &e->o, t.min_need_bytes, &t); /* the smallest plan */
+		rc = arena_residency_plan_make(e->l, &e->o, t->min_need_bytes, t); /* the smallest plan */
 	}
+	return rc;
+}
+
+/* Between steps: re-read free memory; under pressure move to the plan for
+ * the new budget at once, with room after `hysteresis` steps of it. With a
+ * new schedule (learned), the plan takes it and keeps its resident blocks
+ * unless they no longer fit. */
+static int adapt(arena_engine *e, int new_sched)
+{
+	uint64_t free_b, budget;
+	arena_residency_plan t;
+	uint64_t used = dev_used(e);
+	int rc = plan_now(e, used, &budget, &free_b, &t);
 	if (rc)
 		return rc;
+	e->rec.budget = budget;
+	e->rec.free_bytes = free_b;
+	if (new_sched) {
+		take_sched(e, &t);
+		refresh(e);
+	}
 	unsigned hyst = e->o.hysteresis ? e->o.hysteresis : ARENA_ENGINE_DEFAULT_HYSTERESIS;
 	if (used > budget) {
 		e->room_steps = 0;
@@ -867,10 +994,24 @@ int arena_engine_step_end(arena_engine *e)
 		if (e->res_held[b])
 			return arena_errorf(ARENA_E_USAGE, "engine: step_end with block '%s' still acquired",
 					    e->l->blocks[b].name);
-	if (e->cur != e->n_seq)
-		return arena_errorf(ARENA_E_USAGE, "engine: step_end after %zu of %zu streamed blocks", e->cur,
-				    e->n_seq);
-	rc = adapt(e);
+	/* The order the caller ran: the schedule from the next step on, unless it
+	 * is the schedule, or a part of it cut short. */
+	int md = e->o.mode == ARENA_MODE_TRAIN, learned = 0;
+	const uint32_t *ps = e->plan.sched;
+	size_t pn = e->plan.n_sched, no = e->n_obs;
+	int prefix = no <= pn && (!no || !memcmp(e->obs, ps, no * sizeof(*ps)));
+	e->rec.stopped_early = prefix && no < pn;
+	if (!prefix && !e->obs_over && !e->o.fixed_schedule) {
+		memcpy(e->msched[md], e->obs, no * sizeof(*e->obs));
+		e->mn[md] = no;
+		e->o.sched = e->msched[md];
+		e->o.n_sched = no;
+		e->rec.schedule_learned = learned = 1;
+	}
+	e->n_obs = 0;
+	e->obs_over = 0;
+	drop_ahead(e);
+	rc = adapt(e, learned);
 	if (!rc)
 		rc = learn(e);
 	e->rec.step = e->steps;
@@ -889,6 +1030,51 @@ int arena_engine_step_end(arena_engine *e)
 	e->cur = e->fetched = 0;
 	e->begun = 1;
 	return fail_engine(e, prefetch(e));
+}
+
+int arena_engine_set_mode(arena_engine *e, int mode)
+{
+	int rc;
+	if (e->state == ST_FAILED)
+		return e->failed_rc;
+	if (e->state != ST_IDLE)
+		return arena_errorf(ARENA_E_USAGE, "engine: set_mode inside a step (end the step first)");
+	if (mode != ARENA_MODE_SAMPLE && mode != ARENA_MODE_TRAIN)
+		return arena_errorf(ARENA_E_USAGE, "engine: mode %d is neither sample nor train", mode);
+	if (mode == e->o.mode)
+		return 0;
+	/* The copies issued for the next step in the old mode are forgotten. */
+	e->cur = 0;
+	drop_ahead(e);
+	e->begun = 0;
+	uint64_t used = dev_used(e), budget, free_b;
+	int md = mode == ARENA_MODE_TRAIN;
+	arena_engine_opts old = e->o;
+	e->o.mode = mode;
+	e->o.sched = e->mn[md] ? e->msched[md] : NULL;
+	e->o.n_sched = e->mn[md];
+	arena_residency_plan t;
+	if ((rc = plan_now(e, used, &budget, &free_b, &t))) {
+		e->o = old;
+		return rc == ARENA_E_USAGE ? rc : fail_engine(e, rc);
+	}
+	e->n_slots = arena__ring_slots(&e->o);
+	take_sched(e, &t);
+	refresh(e); /* the resident blocks as they are, with the new schedule and ring */
+	if (e->plan.need_bytes > budget)
+		rc = apply(e, t.resident);
+	else
+		rc = fit_ring(e);
+	if (!rc)
+		refresh(e);
+	arena_residency_plan_release(&t);
+	e->room_steps = 0;
+	return fail_engine(e, rc);
+}
+
+int arena_engine_mode(const arena_engine *e)
+{
+	return e->o.mode;
 }
 
 int arena_engine_collect(arena_engine *e)

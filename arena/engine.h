@@ -5,10 +5,13 @@
  * Plan (arena_residency_plan, a pure function; `arena plan` uses it without
  * a device). Blocks in execution order; the globals block (container NULL)
  * is always resident and is not part of the schedule. The schedule of one
- * step is
+ * step is the one given (opts sched: the blocks in the order a caller
+ * acquires them, repeats allowed) or the mode's default:
  *   sample: the other blocks in order (n entries);
  *   train:  forward in order, then backward in reverse, each block needed
  *           again once for recompute + backward (2n entries).
+ * In train a block's entries after its first are backward entries (their
+ * compute costs backward_factor times the forward's).
  * The budget is the device memory the engine may use for weights:
  *   min(cap, free + what the model already holds) - headroom - reserve
  * headroom (physical slack) defaults to min(512 MiB, 2% of total); reserve
@@ -49,11 +52,23 @@
  * of them are in flight: copies run further ahead of the compute than
  * `depth` blocks.
  *
- * Engine state machine (single-threaded: one caller thread drives it):
+ * Callers need not follow the schedule. An acquire of a streamed block
+ * that is not the next one the schedule expects is a miss: the prefetches
+ * ahead are dropped (their bytes stay in the ring and are reused if still
+ * there when asked for), the engine moves to the schedule's next entry of
+ * that block (or its first, or none: then the block is fetched on its own)
+ * and fetches it at once, then prefetches from there. A step may end before
+ * the schedule does. Every step records the blocks acquired in order; when
+ * that differs from the schedule and is not a part of it cut short (a step
+ * stopped early), it becomes the schedule of the mode from the next step on
+ * (the plan is made again for it). So a caller need give no schedule: the
+ * first step may miss, later ones prefetch in the order observed.
+ *
+ * Engine state machine (not thread-safe: one thread at a time drives it):
  *
  *     create ──► IDLE ──step_begin──► STEP ──step_end──► IDLE
- *                 │                   │  ▲                 │
- *                 │                   └──┘ acquire/release │
+ *                 │  ▲                │  ▲                 │
+ *        set_mode └──┘                └──┘ acquire/release │
  *                 └──────────── free (any state) ◄─────────┘
  *     any failing device op ──► FAILED (every later call returns the error;
  *                                       free still releases everything)
@@ -63,6 +78,8 @@
  *   | first prefetch of a step           | step_begin (or step_end before)  |
  *   | prefetch of entries ahead          | acquire, release                 |
  *   | adapt: demote / promote, new ring  | step_end                         |
+ *   | adopt the observed schedule        | step_end                         |
+ *   | another mode's schedule and budget | arena_engine_set_mode            |
  *   | device timing read; learned plan   | step_end, arena_engine_collect   |
  *   | drop device copies, slots          | arena_engine_free                |
  *
@@ -120,7 +137,8 @@ typedef struct arena_engine_opts {
 	uint64_t reserve;     /* ARENA_ENGINE_AUTO = 1 GiB sample / 4 GiB train, <= 1/4 */
 	unsigned depth;       /* ring = (depth + 1 [+ keep_last]) x largest streamed block;
 			       * 0 = ARENA_ENGINE_DEFAULT_DEPTH */
-	unsigned keep_last;   /* train: extra ring slots for the last forward blocks; default 0 */
+	unsigned keep_last;   /* train: extra ring slots for the last forward blocks
+			       * (arena_engine_opts_default: 1) */
 	unsigned hysteresis;  /* steps of room before a promotion; 0 = default */
 	int strict;           /* over the cap after demoting all it can: error, not a warning */
 	/* Optional compute profile: cost[b] = seconds of block b's forward work
@@ -140,13 +158,28 @@ typedef struct arena_engine_opts {
 	int no_learn;
 	arena_reread_fn reread; /* NULL: device-only blocks stay resident */
 	void *reread_ctx;
+	/* The step's schedule (n_sched block indices, globals excluded), or
+	 * NULL for the mode's default. At most arena_residency_max_sched(l)
+	 * entries. The engine copies it; it then learns its own (above)
+	 * unless fixed_schedule is set. */
+	const uint32_t *sched;
+	size_t n_sched;
+	int fixed_schedule;
 } arena_engine_opts;
+
+/* The library's defaults (the CLI's too): sample mode, automatic headroom and
+ * reserve, depth 2, keep_last 1, the default hysteresis, learning on. */
+void arena_engine_opts_default(arena_engine_opts *o);
+
+/* The longest schedule a step may have: 8 entries per scheduled block. */
+size_t arena_residency_max_sched(const arena_layout *l);
 
 /* A plan. Arrays are owned; release with arena_residency_plan_release. */
 typedef struct arena_residency_plan {
 	size_t n_blocks;         /* of the layout */
 	uint8_t *resident;       /* per block: 1 resident (globals always), 0 streamed */
 	uint32_t *sched;         /* the step's schedule: block per entry */
+	uint8_t *bwd;            /* per entry: 1 a backward entry (train, not the block's first) */
 	size_t n_sched;
 	uint64_t budget;         /* bytes for weights the plan was made for */
 	uint64_t headroom, reserve;
@@ -198,6 +231,11 @@ typedef struct arena_engine_step {
 	unsigned stalls;
 	double stall_s, compute_s;
 	int profile_learned;     /* the plan was changed this step by the learned profile */
+	int mode;                /* the mode the step ran in */
+	uint64_t acquires;       /* acquires of scheduled blocks (globals not counted) */
+	unsigned misses;         /* acquires not in the order the schedule expected */
+	int schedule_learned;    /* the step's order became the schedule from the next step */
+	int stopped_early;       /* the step ended before its schedule did */
 	unsigned demotions, promotions, alloc_retries;
 	int over_budget;         /* nothing left to demote and still over */
 } arena_engine_step;
@@ -219,17 +257,30 @@ void arena_engine_free(arena_engine *e);
 /* Start a step (IDLE -> STEP): issues the first copies if not yet issued. */
 int arena_engine_step_begin(arena_engine *e);
 /* Make `stream` wait for block b's bytes and return their device address in
- * *dptr, valid until the matching release. A streamed block must be acquired
- * in schedule order (USAGE otherwise); resident blocks at any time. */
+ * *dptr, valid until the matching release. Any block at any time inside a
+ * step; a streamed block out of the schedule's order is a miss (above).
+ * USAGE: outside a step, b out of range, or no room in the ring because
+ * the blocks held fill it. */
 int arena_engine_acquire(arena_engine *e, uint32_t block, arena_stream *stream, void **dptr);
 /* Record on `stream` when the caller's work with b ends; after it the block's
  * ring bytes may be reused. Pairs with the oldest unreleased acquire of b. */
 int arena_engine_release(arena_engine *e, uint32_t block, arena_stream *stream);
-/* End the step (STEP -> IDLE): every acquire must have been released. Reads
- * free memory again and adapts (demotes at once under pressure, promotes
- * after `hysteresis` steps of room), then issues the next step's first
- * copies. The step's record is then available. */
+/* End the step (STEP -> IDLE): every acquire must have been released (USAGE
+ * otherwise, and the step goes on). Adopts the observed order as the
+ * schedule where it differs (above), reads free memory again and adapts
+ * (demotes at once under pressure, promotes after `hysteresis` steps of
+ * room), then issues the next step's first copies. The step's record is
+ * then available. */
 int arena_engine_step_end(arena_engine *e);
+
+/* Between steps: run in `mode` from the next step on, with that mode's
+ * schedule (the one learned in it before, else its default), reserve and
+ * ring. The resident blocks stay where the new budget allows (no copies
+ * for a switch and back); what does not fit is demoted at once. USAGE
+ * inside a step or for an unknown mode. */
+int arena_engine_set_mode(arena_engine *e, int mode);
+/* The mode the engine runs in. */
+int arena_engine_mode(const arena_engine *e);
 
 /* Read what the device has timed so far, without waiting (step_end does it
  * too): fills the gpu_* fields of records whose work is done, and the

@@ -31,6 +31,24 @@ int arena_block_is_globals(const arena_layout *l, uint32_t b)
 	return l->blocks[b].container == NULL;
 }
 
+void arena_engine_opts_default(arena_engine_opts *o)
+{
+	*o = (arena_engine_opts){.mode = ARENA_MODE_SAMPLE,
+				 .headroom = ARENA_ENGINE_AUTO,
+				 .reserve = ARENA_ENGINE_AUTO,
+				 .depth = ARENA_ENGINE_DEFAULT_DEPTH,
+				 .keep_last = 1,
+				 .hysteresis = ARENA_ENGINE_DEFAULT_HYSTERESIS};
+}
+
+size_t arena_residency_max_sched(const arena_layout *l)
+{
+	size_t k = 0;
+	for (size_t b = 0; b < l->n_blocks; b++)
+		k += !arena_block_is_globals(l, (uint32_t)b);
+	return 8 * k;
+}
+
 static unsigned opt_depth(const arena_engine_opts *o)
 {
 	return o->depth ? o->depth : ARENA_ENGINE_DEFAULT_DEPTH;
@@ -237,10 +255,10 @@ static int timed_on_evict(void *ctx, uint32_t q)
 	return 0;
 }
 
-static double entry_cost(const arena_engine_opts *o, const uint32_t *sched, size_t n_sched, size_t i)
+static double entry_cost(const arena_engine_opts *o, const uint32_t *sched, const uint8_t *bwd, size_t i)
 {
 	double c = o->cost[sched[i]];
-	if (o->mode == ARENA_MODE_TRAIN && i >= n_sched / 2)
+	if (bwd && bwd[i])
 		c *= o->backward_factor > 0 ? o->backward_factor : 3.0;
 	return c;
 }
@@ -250,8 +268,8 @@ static double entry_cost(const arena_engine_opts *o, const uint32_t *sched, size
  * order at o->h2d_bytes_per_s, each after the release of what it
  * overwrites; an entry computes once its block is there and the entry
  * before it is done). Negative when a block cannot be placed. */
-double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const uint32_t *sched, size_t n_sched,
-			    const uint8_t *res, unsigned slots, arena__timed *t)
+double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const uint32_t *sched, const uint8_t *bwd,
+			size_t n_sched, const uint8_t *res, unsigned slots, arena__timed *t)
 {
 	uint64_t slot = 0;
 	size_t len = 0;
@@ -270,7 +288,7 @@ double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const
 		t0 = comp;
 		for (size_t i = 0; i < n_sched; i++) {
 			uint32_t b = sched[i];
-			double c = entry_cost(o, sched, n_sched, i);
+			double c = entry_cost(o, sched, bwd, i);
 			if (res[b]) {
 				comp += c;
 				continue;
@@ -317,6 +335,7 @@ void arena_residency_plan_release(arena_residency_plan *p)
 		return;
 	arena_free(p->resident);
 	arena_free(p->sched);
+	arena_free(p->bwd);
 	memset(p, 0, sizeof(*p));
 }
 
@@ -359,18 +378,17 @@ void arena__plan_derive(const arena_layout *l, arena_residency_plan *p, uint32_t
  * step most per byte, or the largest that fits when none does; returns the
  * predicted step of the result (negative: a block could not be placed). */
 static double greedy_timed(const arena_layout *l, const arena_engine_opts *o, const arena_residency_plan *p,
-			   uint8_t *cand, uint64_t *room, double *gain, arena__timed *ts)
+			   const uint32_t *order, size_t k, uint8_t *cand, uint64_t *room, double *gain, arena__timed *ts)
 {
 	uint8_t *swappable = ts->swappable; /* not resident by force (larger than a slot) */
 	for (size_t b = 0; b < l->n_blocks; b++)
 		swappable[b] = !cand[b];
-	double cur = arena__timed_run(l, o, p->sched, p->n_sched, cand, p->slots, ts);
-	size_t k = o->mode == ARENA_MODE_TRAIN ? p->n_sched / 2 : p->n_sched;
+	double cur = arena__timed_run(l, o, p->sched, p->bwd, p->n_sched, cand, p->slots, ts);
 	while (cur >= 0) {
 		int64_t pick = -1, big = -1;
 		double best = 0;
 		for (size_t i = 0; i < k; i++) {
-			uint32_t b = p->sched[i];
+			uint32_t b = order[i];
 			uint64_t sz = l->blocks[b].bytes;
 			gain[b] = 0;
 			if (cand[b] || sz > *room)
@@ -378,7 +396,7 @@ static double greedy_timed(const arena_layout *l, const arena_engine_opts *o, co
 			if (big < 0 || sz > l->blocks[big].bytes)
 				big = b;
 			cand[b] = 1;
-			double t = arena__timed_run(l, o, p->sched, p->n_sched, cand, p->slots, ts);
+			double t = arena__timed_run(l, o, p->sched, p->bwd, p->n_sched, cand, p->slots, ts);
 			cand[b] = 0;
 			if (t < 0)
 				return t;
@@ -391,7 +409,7 @@ static double greedy_timed(const arena_layout *l, const arena_engine_opts *o, co
 		 * while the copies dominate every block saves the same per byte, and
 		 * a large block then leaves the small ones for the compute to hide. */
 		for (size_t i = 0; best > 0 && i < k; i++) {
-			uint32_t b = p->sched[i];
+			uint32_t b = order[i];
 			if (!cand[b] && l->blocks[b].bytes <= *room && gain[b] >= best * 0.98 &&
 			    (pick < 0 || l->blocks[b].bytes > l->blocks[pick].bytes))
 				pick = b;
@@ -400,7 +418,7 @@ static double greedy_timed(const arena_layout *l, const arena_engine_opts *o, co
 			pick = big;
 		cand[pick] = 1;
 		*room -= l->blocks[pick].bytes;
-		cur = arena__timed_run(l, o, p->sched, p->n_sched, cand, p->slots, ts);
+		cur = arena__timed_run(l, o, p->sched, p->bwd, p->n_sched, cand, p->slots, ts);
 	}
 	/* Then swaps: a resident block for a streamed one that fits in its place
 	 * and the room, the best that shortens the step, while one does (the
@@ -410,16 +428,16 @@ static double greedy_timed(const arena_layout *l, const arena_engine_opts *o, co
 		int64_t ra = -1, sb = -1;
 		double best_t = cur * (1 - 1e-6);
 		for (size_t i = 0; i < k; i++) {
-			uint32_t r = p->sched[i];
+			uint32_t r = order[i];
 			if (!cand[r] || !swappable[r])
 				continue;
 			for (size_t j = 0; j < k; j++) {
-				uint32_t q = p->sched[j];
+				uint32_t q = order[j];
 				if (cand[q] || l->blocks[q].bytes > l->blocks[r].bytes + *room)
 					continue;
 				cand[r] = 0;
 				cand[q] = 1;
-				double t = arena__timed_run(l, o, p->sched, p->n_sched, cand, p->slots, ts);
+				double t = arena__timed_run(l, o, p->sched, p->bwd, p->n_sched, cand, p->slots, ts);
 				cand[q] = 0;
 				cand[r] = 1;
 				if (t >= 0 && t < best_t) {
@@ -444,7 +462,7 @@ double arena_residency_plan_predict(const arena_layout *l, const arena_engine_op
 	arena__timed ts;
 	if (!arena__have_profile(o) || !p->resident || arena__timed_init(&ts, l->n_blocks, p->n_sched))
 		return -1;
-	double t = arena__timed_run(l, o, p->sched, p->n_sched, p->resident, p->slots, &ts);
+	double t = arena__timed_run(l, o, p->sched, p->bwd, p->n_sched, p->resident, p->slots, &ts);
 	arena__timed_release(&ts);
 	return t;
 }
@@ -457,7 +475,7 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 	int rc = 0;
 	size_t n = l->n_blocks, k = 0;
 	uint8_t *cand = NULL;
-	uint32_t *seq = NULL;
+	uint32_t *seq = NULL, *order = NULL;
 	arena__ring r = {0};
 	arena__timed ts = {0};
 	int prof = arena__have_profile(o);
@@ -475,23 +493,33 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 				    o->keep_last, ARENA__MAX_DEPTH);
 	for (size_t b = 0; b < n; b++)
 		k += !arena_block_is_globals(l, (uint32_t)b);
+	if (o->sched) {
+		if (o->n_sched > arena_residency_max_sched(l))
+			return arena_errorf(ARENA_E_USAGE, "engine: a schedule of %zu entries is over the %zu this model allows",
+					    o->n_sched, arena_residency_max_sched(l));
+		for (size_t i = 0; i < o->n_sched; i++)
+			if (o->sched[i] >= n || arena_block_is_globals(l, o->sched[i]))
+				return arena_errorf(ARENA_E_USAGE, "engine: schedule entry %zu is block %u, %s", i, o->sched[i],
+						    o->sched[i] >= n ? "out of range" : "the globals block (always resident)");
+	}
 	p->n_blocks = n;
-	p->n_sched = o->mode == ARENA_MODE_TRAIN ? 2 * k : k;
+	p->n_sched = o->sched ? o->n_sched : o->mode == ARENA_MODE_TRAIN ? 2 * k : k;
 	p->budget = budget;
 	p->depth = opt_depth(o);
 	p->slots = arena__ring_slots(o);
 	p->resident = arena_calloc(n ? n : 1, 1);
 	p->sched = arena_calloc(p->n_sched ? p->n_sched : 1, sizeof(*p->sched));
+	p->bwd = arena_calloc(p->n_sched ? p->n_sched : 1, 1);
 	cand = arena_calloc(n ? n : 1, 1);
 	seq = arena_calloc(p->n_sched ? p->n_sched : 1, sizeof(*seq));
+	order = arena_calloc(n ? n : 1, sizeof(*order));
 	int rok = arena__ring_init(&r, n);
 	if (!rok && prof)
 		rok = arena__timed_init(&ts, n, p->n_sched);
-	if (!p->resident || !p->sched || !cand || !seq || rok) {
+	if (!p->resident || !p->sched || !p->bwd || !cand || !seq || !order || rok) {
 		rc = arena_errorf(ARENA_E_NOMEM, "engine: out of memory for a plan");
 		goto out;
 	}
-	size_t j = 0;
 	uint64_t all = 0;
 	for (size_t b = 0; b < n; b++) {
 		uint64_t sz = l->blocks[b].bytes;
@@ -500,18 +528,40 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 			p->globals_bytes += sz;
 			continue;
 		}
-		p->sched[j++] = (uint32_t)b;
 		all += sz;
 	}
-	for (size_t i = 0; i < k && p->n_sched == 2 * k; i++)
-		p->sched[k + i] = p->sched[k - 1 - i];
+	if (o->sched) {
+		memcpy(p->sched, o->sched, p->n_sched * sizeof(*p->sched));
+	} else {
+		size_t j = 0;
+		for (size_t b = 0; b < n; b++)
+			if (!arena_block_is_globals(l, (uint32_t)b))
+				p->sched[j++] = (uint32_t)b;
+		for (size_t i = 0; i < k && p->n_sched == 2 * k; i++)
+			p->sched[k + i] = p->sched[k - 1 - i];
+	}
+	/* The blocks in the order the schedule first needs them, then those it
+	 * does not name (streamed unless room is left: they may still be
+	 * acquired); cand marks those seen. Train: a block's later entries are
+	 * backward (recompute + backward). */
+	size_t ko = 0;
+	for (size_t i = 0; i < p->n_sched; i++) {
+		uint32_t b = p->sched[i];
+		p->bwd[i] = (uint8_t)(o->mode == ARENA_MODE_TRAIN && cand[b]);
+		if (!cand[b])
+			order[ko++] = b;
+		cand[b] = 1;
+	}
+	for (size_t b = 0; b < n; b++)
+		if (!cand[b] && !arena_block_is_globals(l, (uint32_t)b))
+			order[ko++] = (uint32_t)b;
 	if (p->globals_bytes + all <= budget) {
 		for (size_t b = 0; b < n; b++)
 			p->resident[b] = 1;
 		p->min_need_bytes = p->globals_bytes + all;
 		arena__plan_derive(l, p, seq, &r);
 		if (prof)
-			p->step_s = arena__timed_run(l, o, p->sched, p->n_sched, p->resident, p->slots, &ts);
+			p->step_s = arena__timed_run(l, o, p->sched, p->bwd, p->n_sched, p->resident, p->slots, &ts);
 		goto out;
 	}
 	/* Each distinct block size is a candidate slot size; largest first. */
@@ -521,7 +571,7 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 	for (;;) {
 		uint64_t next = 0;
 		for (size_t i = 0; i < k; i++) {
-			uint64_t sz = l->blocks[p->sched[i]].bytes;
+			uint64_t sz = l->blocks[order[i]].bytes;
 			if (sz < S && sz > next)
 				next = sz;
 		}
@@ -545,7 +595,7 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 		uint64_t room = budget - need;
 		double t_cand = 0;
 		if (prof) {
-			t_cand = greedy_timed(l, o, p, cand, &room, ts.gain, &ts);
+			t_cand = greedy_timed(l, o, p, order, k, cand, &room, ts.gain, &ts);
 			if (t_cand < 0) {
 				rc = arena_errorf(ARENA_E_INTERNAL, "engine: the timed dry run could not place a block");
 				goto out;
@@ -556,7 +606,7 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 		f = f > 1 ? 1 : f;
 		/* Spread: error diffusion over the forward order. */
 		for (size_t i = 0; i < k; i++) {
-			uint32_t b = p->sched[i];
+			uint32_t b = order[i];
 			uint64_t sz = l->blocks[b].bytes;
 			if (cand[b])
 				continue;
@@ -571,7 +621,7 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 		for (;;) {
 			int64_t pick = -1;
 			for (size_t i = 0; i < k; i++) {
-				uint32_t b = p->sched[i];
+				uint32_t b = order[i];
 				if (!cand[b] && l->blocks[b].bytes <= room &&
 				    (pick < 0 || l->blocks[b].bytes > l->blocks[pick].bytes))
 					pick = b;
@@ -603,10 +653,11 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 	}
 	arena__plan_derive(l, p, seq, &r);
 	if (prof)
-		p->step_s = arena__timed_run(l, o, p->sched, p->n_sched, p->resident, p->slots, &ts);
+		p->step_s = arena__timed_run(l, o, p->sched, p->bwd, p->n_sched, p->resident, p->slots, &ts);
 out:
 	arena_free(cand);
 	arena_free(seq);
+	arena_free(order);
 	arena__ring_release(&r);
 	arena__timed_release(&ts);
 	if (rc) {

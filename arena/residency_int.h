@@ -59,8 +59,8 @@ int arena__timed_init(arena__timed *t, size_t n, size_t n_sched);
 void arena__timed_release(arena__timed *t);
 /* Predicted seconds of a steady step of `sched` with the blocks in `res`
  * resident under o's profile; negative when a block cannot be placed. */
-double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const uint32_t *sched, size_t n_sched,
-			const uint8_t *res, unsigned slots, arena__timed *t);
+double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const uint32_t *sched, const uint8_t *bwd,
+			size_t n_sched, const uint8_t *res, unsigned slots, arena__timed *t);
 
 /* Recompute a plan's derived fields from p->resident (p->sched, slots and
  * depth set). `seq` (n_sched entries) and `r` (of the layout's blocks) are

@@ -70,7 +70,7 @@ int cli_wants_help(const cli_cmd *cmd, int argc, char **argv)
 
 void cli_engine_defaults(arena_engine_opts *o)
 {
-	*o = (arena_engine_opts){.headroom = ARENA_ENGINE_AUTO, .reserve = ARENA_ENGINE_AUTO, .keep_last = 1};
+	arena_engine_opts_default(o);
 }
 
 int cli_engine_option(const char *cmd, int ch, const char *arg, arena_engine_opts *o)

@@ -591,15 +591,22 @@ Test(engine, usage_errors)
 	cr_assert_eq(arena_engine_acquire(e, 1, s, &d), ARENA_E_USAGE); /* outside a step */
 	cr_assert_eq(arena_engine_step_begin(e), 0);
 	const arena_residency_plan *p = arena_engine_plan(e);
-	uint32_t second = 0;
-	int seen = 0;
-	for (size_t i = 0; i < p->n_sched; i++)
-		if (!p->resident[p->sched[i]] && seen++ == 1)
-			second = p->sched[i];
-	cr_assert_eq(arena_engine_acquire(e, second, s, &d), ARENA_E_USAGE);
-	cr_assert(strstr(arena_last_error(), "out of schedule order"), "%s", arena_last_error());
-	cr_assert_eq(arena_engine_release(e, second, s), ARENA_E_USAGE);
-	cr_assert_eq(arena_engine_step_end(e), ARENA_E_USAGE);
+	uint32_t first = UINT32_MAX;
+	for (size_t i = 0; i < p->n_sched && first == UINT32_MAX; i++)
+		if (!p->resident[p->sched[i]])
+			first = p->sched[i];
+	cr_assert_neq(first, UINT32_MAX, "something is streamed");
+	cr_assert_eq(arena_engine_release(e, first, s), ARENA_E_USAGE); /* not acquired */
+	cr_assert(strstr(arena_last_error(), "that is not acquired"), "%s", arena_last_error());
+	cr_assert_eq(arena_engine_acquire(e, 999, s, &d), ARENA_E_USAGE); /* no such block */
+	cr_assert(strstr(arena_last_error(), "no block 999"), "%s", arena_last_error());
+	cr_assert_eq(arena_engine_acquire(e, first, s, &d), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_engine_step_end(e), ARENA_E_USAGE); /* still held */
+	cr_assert(strstr(arena_last_error(), "still acquired"), "%s", arena_last_error());
+	cr_assert_eq(arena_engine_set_mode(e, ARENA_MODE_TRAIN), ARENA_E_USAGE); /* inside a step */
+	cr_assert_eq(arena_engine_release(e, first, s), 0);
+	cr_assert_eq(arena_engine_release(e, first, s), ARENA_E_USAGE); /* released twice */
+	cr_assert_eq(arena_engine_set_mode(e, 7), ARENA_E_USAGE);
 	/* The engine goes on after a usage error. */
 	for (size_t i = 0; i < p->n_sched; i++) {
 		cr_assert_eq(arena_engine_acquire(e, p->sched[i], s, &d), 0, "%s", arena_last_error());
@@ -779,7 +786,12 @@ Test(engine, strict_cap_is_an_error)
 		cr_assert_eq(arena_engine_release(e, p->sched[i], s), 0);
 	}
 	cr_assert_eq(arena_engine_step_end(e), ARENA_E(BUDGET));
-	cr_assert(strstr(arena_last_error(), "nothing left to demote"), "%s", arena_last_error());
+	/* One message, said once (it was once built from itself and came out garbled). */
+	const char *msg = arena_last_error();
+	cr_assert(strstr(msg, "engine: the budget for weights fell to "), "%s", msg);
+	const char *sp = strstr(msg, "the smallest plan needs ");
+	cr_assert(sp && !strstr(sp + 1, "the smallest plan needs "), "%s", msg);
+	cr_assert(strstr(msg, "the budget for weights is "), "%s", msg);
 	cr_assert_eq(arena_engine_step_begin(e), ARENA_E(BUDGET), "the engine stays failed");
 	arena_engine_free(e);
 	cr_assert_eq(arena_backend_sim_pressure(be, 0), 0);
@@ -910,5 +922,249 @@ Test(engine_learn, no_learn_keeps_the_plan_by_bytes)
 	cr_assert_eq(arena_engine_plan(e)->step_s, 0);
 	be->ops->stream_destroy(be, s);
 	arena_engine_free(e);
+	arena_model_free(m);
+}
+
+/* --- callers that do not follow the schedule --------------------------------- */
+
+/* One step acquiring blocks in the order `seq` (globals first, held through
+ * the step), each checked on the device before and after its compute. */
+static void run_seq(arena_engine *e, arena_model *m, arena_stream *s, const uint32_t *seq, size_t n, arena_engine_step *r)
+{
+	cr_assert_eq(arena_engine_step_begin(e), 0, "%s", arena_last_error());
+	void *g, *d;
+	cr_assert_eq(arena_engine_acquire(e, 0, s, &g), 0, "%s", arena_last_error());
+	for (size_t i = 0; i < n; i++) {
+		cr_assert_eq(arena_engine_acquire(e, seq[i], s, &d), 0, "entry %zu (block %u): %s", i, seq[i], arena_last_error());
+		cr_assert_eq(be->ops->stream_sync(be, s), 0);
+		expect_dev(m, seq[i], d);
+		if (!on_cuda)
+			cr_assert_eq(arena_backend_sim_compute(be, s, 0.0001), 0);
+		cr_assert_eq(be->ops->stream_sync(be, s), 0);
+		expect_dev(m, seq[i], d);
+		cr_assert_eq(arena_engine_release(e, seq[i], s), 0, "%s", arena_last_error());
+	}
+	cr_assert_eq(arena_engine_release(e, 0, s), 0);
+	cr_assert_eq(arena_engine_step_end(e), 0, "%s", arena_last_error());
+	cr_assert_eq(be->ops->stream_sync(be, s), 0);
+	cr_assert_eq(arena_engine_step_record(e, arena_engine_steps(e) - 1, r), 0);
+}
+
+/* An engine over host slabs with room for the ring and a little more. */
+static arena_engine *mk_engine(arena_model *m, arena_slab_reader **rr, int mode, uint64_t cap)
+{
+	cr_assert_eq(arena_slab_reader_open(img_path, m->layout, rr), 0, "%s", arena_last_error());
+	arena_engine_opts o = base_opts(mode);
+	o.cap = cap;
+	o.reread = arena_slab_reader_read;
+	o.reread_ctx = *rr;
+	arena_engine *e;
+	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+	return e;
+}
+
+Test(engine, out_of_order_is_a_miss_then_learned)
+{
+	arena_model *m = load(0);
+	arena_slab_reader *rr;
+	arena_engine *e = mk_engine(m, &rr, ARENA_MODE_SAMPLE, G + 3 * MAXB + 150000);
+	arena_stream *s;
+	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	const arena_residency_plan *p = arena_engine_plan(e);
+	cr_assert_gt(p->n_streamed, 2);
+	size_t n = p->n_sched;
+	uint32_t rev[NB];
+	for (size_t i = 0; i < n; i++)
+		rev[i] = p->sched[n - 1 - i];
+	arena_engine_step r;
+	run_seq(e, m, s, rev, n, &r);
+	cr_assert_gt(r.misses, 0, "a reversed order misses");
+	cr_assert(r.schedule_learned);
+	cr_assert_eq(r.acquires, n);
+	p = arena_engine_plan(e);
+	cr_assert_eq(p->n_sched, n);
+	cr_assert(memcmp(p->sched, rev, n * sizeof(*rev)) == 0, "the reversed order is the schedule now");
+	for (int step = 1; step < 4; step++) {
+		run_seq(e, m, s, rev, n, &r);
+		cr_assert_eq(r.misses, 0, "step %d: prefetched in the order learned", step);
+		cr_assert(!r.schedule_learned);
+		if (step > 1)
+			cr_assert_eq(r.streamed_bytes, arena_engine_plan(e)->stream_bytes_per_step);
+	}
+	expect_whole(e, m);
+	be->ops->stream_destroy(be, s);
+	arena_engine_free(e);
+	arena_slab_reader_close(rr);
+	expect_whole_after_free(m);
+	arena_model_free(m);
+}
+
+Test(engine, two_passes_a_step)
+{
+	arena_model *m = load(0);
+	arena_slab_reader *rr;
+	arena_engine *e = mk_engine(m, &rr, ARENA_MODE_SAMPLE, G + 3 * MAXB + 150000);
+	arena_stream *s;
+	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	const arena_residency_plan *p = arena_engine_plan(e);
+	size_t n = p->n_sched;
+	uint32_t two[2 * NB];
+	for (size_t i = 0; i < n; i++)
+		two[i] = two[n + i] = p->sched[i];
+	arena_engine_step r;
+	run_seq(e, m, s, two, 2 * n, &r);
+	cr_assert_eq(r.misses, 1, "the second pass starts with a miss, then follows the schedule");
+	cr_assert(r.schedule_learned && !r.stopped_early);
+	cr_assert_eq(arena_engine_plan(e)->n_sched, 2 * n);
+	for (int step = 1; step < 4; step++) {
+		run_seq(e, m, s, two, 2 * n, &r);
+		cr_assert_eq(r.misses, 0);
+		if (step > 1)
+			cr_assert_eq(r.streamed_bytes, arena_engine_plan(e)->stream_bytes_per_step);
+	}
+	/* One pass now: a part of the schedule, cut short. It stays. */
+	run_seq(e, m, s, two, n, &r);
+	cr_assert(r.stopped_early && !r.schedule_learned && !r.misses);
+	cr_assert_eq(arena_engine_plan(e)->n_sched, 2 * n);
+	run_seq(e, m, s, two, 2 * n, &r);
+	cr_assert_eq(r.misses, 0);
+	expect_whole(e, m);
+	be->ops->stream_destroy(be, s);
+	arena_engine_free(e);
+	arena_slab_reader_close(rr);
+	arena_model_free(m);
+}
+
+Test(engine, block_outside_the_schedule)
+{
+	/* A schedule given without block 1: acquiring it is fetched on its own. */
+	arena_model *m = load(0);
+	arena_slab_reader *rr;
+	cr_assert_eq(arena_slab_reader_open(img_path, m->layout, &rr), 0);
+	uint32_t sched[NB - 1];
+	for (uint32_t i = 0; i < NB - 1; i++)
+		sched[i] = i + 2;
+	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	o.cap = G + 3 * MAXB;
+	o.reread = arena_slab_reader_read;
+	o.reread_ctx = rr;
+	o.sched = sched;
+	o.n_sched = NB - 1;
+	o.fixed_schedule = 1;
+	arena_engine *e;
+	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_engine_plan(e)->n_sched, NB - 1);
+	arena_stream *s;
+	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	uint32_t seq[NB];
+	seq[0] = 1;
+	memcpy(seq + 1, sched, sizeof(sched));
+	arena_engine_step r;
+	for (int step = 0; step < 3; step++) {
+		run_seq(e, m, s, seq, NB, &r);
+		cr_assert_eq(r.misses, arena_engine_is_resident(e, 1) ? 0 : 1);
+		cr_assert(!r.schedule_learned, "fixed_schedule: nothing is learned");
+	}
+	/* A schedule entry that is not a scheduled block is refused. */
+	arena_engine *e2;
+	uint32_t bad[2] = {1, 0};
+	o.sched = bad;
+	o.n_sched = 2;
+	cr_assert_eq(arena_engine_create(m, &o, &e2), ARENA_E_USAGE);
+	cr_assert(strstr(arena_last_error(), "globals"), "%s", arena_last_error());
+	be->ops->stream_destroy(be, s);
+	arena_engine_free(e);
+	arena_slab_reader_close(rr);
+	arena_model_free(m);
+}
+
+Test(engine, holds_that_fill_the_ring)
+{
+	arena_model *m = load(0);
+	arena_slab_reader *rr;
+	arena_engine *e = mk_engine(m, &rr, ARENA_MODE_SAMPLE, G + 3 * MAXB);
+	arena_stream *s;
+	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	const arena_residency_plan *p = arena_engine_plan(e);
+	cr_assert_eq(arena_engine_step_begin(e), 0);
+	uint32_t held[NB];
+	void *hd[NB];
+	size_t nh = 0;
+	int refused = 0;
+	void *d;
+	for (size_t i = 0; i < p->n_sched && !refused; i++) {
+		uint32_t b = p->sched[i];
+		if (p->resident[b])
+			continue;
+		int rc = arena_engine_acquire(e, b, s, &d);
+		if (rc) {
+			cr_assert_eq(rc, ARENA_E_USAGE);
+			cr_assert(strstr(arena_last_error(), "fill the ring"), "%s", arena_last_error());
+			refused = 1;
+		} else {
+			hd[nh] = d;
+			held[nh++] = b;
+		}
+	}
+	cr_assert(refused, "a 3-slot ring cannot hold every streamed block at once");
+	cr_assert_geq(nh, 2);
+	cr_assert_eq(be->ops->stream_sync(be, s), 0);
+	for (size_t i = 0; i < nh; i++)
+		expect_dev(m, held[i], hd[i]); /* held bytes stay put */
+	for (size_t i = 0; i < nh; i++)
+		cr_assert_eq(arena_engine_release(e, held[i], s), 0);
+	cr_assert_eq(arena_engine_step_end(e), 0, "an early end after a refusal is fine");
+	arena_engine_step r;
+	run_seq(e, m, s, p->sched, p->n_sched, &r);
+	be->ops->stream_destroy(be, s);
+	arena_engine_free(e);
+	arena_slab_reader_close(rr);
+	arena_model_free(m);
+}
+
+Test(engine, mode_switch_and_back)
+{
+	arena_model *m = load(1);
+	arena_slab_reader *rr;
+	cr_assert_eq(arena_slab_reader_open(img_path, m->layout, &rr), 0);
+	arena_engine_opts o = base_opts(ARENA_MODE_TRAIN);
+	o.cap = G + 4 * MAXB + 200000;
+	o.keep_last = 1;
+	o.reread = arena_slab_reader_read;
+	o.reread_ctx = rr;
+	arena_engine *e;
+	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+	arena_stream *s;
+	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	arena_engine_step r;
+	uint32_t sched[2 * NB];
+	for (int cycle = 0; cycle < 3; cycle++) {
+		for (int t = 0; t < 2; t++) {
+			const arena_residency_plan *p = arena_engine_plan(e);
+			cr_assert_eq(p->n_sched, 2 * (m->layout->n_blocks - 1), "the train schedule");
+			memcpy(sched, p->sched, p->n_sched * sizeof(*sched));
+			run_seq(e, m, s, sched, p->n_sched, &r);
+			cr_assert_eq(r.mode, ARENA_MODE_TRAIN);
+			cr_assert_eq(r.misses, 0);
+		}
+		uint64_t res = arena_engine_plan(e)->resident_bytes;
+		cr_assert_eq(arena_engine_set_mode(e, ARENA_MODE_SAMPLE), 0, "%s", arena_last_error());
+		cr_assert_eq(arena_engine_mode(e), ARENA_MODE_SAMPLE);
+		const arena_residency_plan *p = arena_engine_plan(e);
+		cr_assert_eq(p->n_sched, m->layout->n_blocks - 1, "the sample schedule");
+		cr_assert_eq(p->resident_bytes, res, "a switch moves no block when they fit");
+		memcpy(sched, p->sched, p->n_sched * sizeof(*sched));
+		run_seq(e, m, s, sched, p->n_sched, &r);
+		cr_assert_eq(r.mode, ARENA_MODE_SAMPLE);
+		cr_assert_eq(r.misses, 0);
+		cr_assert_eq(r.promotions + r.demotions, 0);
+		cr_assert_eq(arena_engine_set_mode(e, ARENA_MODE_TRAIN), 0, "%s", arena_last_error());
+		cr_assert_eq(arena_engine_plan(e)->resident_bytes, res);
+		expect_whole(e, m);
+	}
+	be->ops->stream_destroy(be, s);
+	arena_engine_free(e);
+	arena_slab_reader_close(rr);
+	expect_whole_after_free(m);
 	arena_model_free(m);
 }
