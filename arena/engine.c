@@ -1072,6 +1072,40 @@ int arena_engine_set_mode(arena_engine *e, int mode)
 	return fail_engine(e, rc);
 }
 
+int arena_engine_set_profile(arena_engine *e, const double *cost, double h2d_bytes_per_s, double backward_factor)
+{
+	size_t n = e->l->n_blocks;
+	if (e->state == ST_FAILED)
+		return e->failed_rc;
+	if (e->state != ST_IDLE)
+		return arena_errorf(ARENA_E_USAGE, "engine: set_profile inside a step (end the step first)");
+	if (!(h2d_bytes_per_s > 0 && h2d_bytes_per_s < 1e15) || !(backward_factor >= 0 && backward_factor < 1e6))
+		return arena_errorf(ARENA_E_USAGE, "engine: a profile's rate must be > 0 and its backward factor >= 0, finite");
+	for (size_t b = 0; b < n; b++)
+		if (!(cost[b] >= 0 && cost[b] < 1e9))
+			return arena_errorf(ARENA_E_USAGE, "engine: the cost of block '%s' is not a finite number >= 0",
+					    e->l->blocks[b].name);
+	if (!e->cost && !(e->cost = arena_calloc(n ? n : 1, sizeof(*e->cost))))
+		return arena_errorf(ARENA_E_NOMEM, "engine: out of memory");
+	memcpy(e->cost, cost, n * sizeof(*cost));
+	e->o.cost = e->cost;
+	e->o.h2d_bytes_per_s = h2d_bytes_per_s;
+	e->o.backward_factor = backward_factor;
+	e->profile_learned = 1; /* nothing more to learn */
+	uint64_t budget, free_b;
+	arena_residency_plan t;
+	int rc = plan_now(e, dev_used(e), &budget, &free_b, &t);
+	if (rc)
+		return rc == ARENA_E_USAGE ? rc : fail_engine(e, rc);
+	/* Move to the plan the profile prefers, now (the caller asked for it). */
+	e->cur = 0;
+	drop_ahead(e);
+	e->begun = 0;
+	rc = apply(e, t.resident);
+	arena_residency_plan_release(&t);
+	return fail_engine(e, rc);
+}
+
 int arena_engine_mode(const arena_engine *e)
 {
 	return e->o.mode;

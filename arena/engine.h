@@ -119,7 +119,7 @@
 #include "backend.h"
 #include "model.h"
 
-enum { ARENA_MODE_SAMPLE = 0, ARENA_MODE_TRAIN = 1 };
+#include "arena.h" /* ARENA_MODE_SAMPLE, ARENA_MODE_TRAIN */
 
 #define ARENA_ENGINE_AUTO UINT64_MAX /* headroom / reserve: the default */
 #define ARENA_ENGINE_DEFAULT_DEPTH 2u
@@ -279,6 +279,9 @@ int arena_engine_step_end(arena_engine *e);
  * for a switch and back); what does not fit is demoted at once. USAGE
  * inside a step or for an unknown mode. */
 int arena_engine_set_mode(arena_engine *e, int mode);
+/* Between steps: plan by this compute profile (cost: the layout's n_blocks
+ * entries; as opts cost/h2d/backward_factor) and move to that plan now. */
+int arena_engine_set_profile(arena_engine *e, const double *cost, double h2d_bytes_per_s, double backward_factor);
 /* The mode the engine runs in. */
 int arena_engine_mode(const arena_engine *e);
 

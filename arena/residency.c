@@ -21,6 +21,8 @@ const char *arena__fmtb(uint64_t n)
 		snprintf(b, 32, "%.2f GiB", (double)n / (double)(1ull << 30));
 	else if (n >= (1ull << 20))
 		snprintf(b, 32, "%.2f MiB", (double)n / (double)(1ull << 20));
+	else if (n >= (1ull << 10))
+		snprintf(b, 32, "%.1f KiB", (double)n / 1024.0);
 	else
 		snprintf(b, 32, "%" PRIu64 " bytes", n);
 	return b;

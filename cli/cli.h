@@ -66,7 +66,10 @@ enum { CLI_O_MODE = 1000, CLI_O_DEPTH, CLI_O_KEEP, CLI_O_HEAD, CLI_O_RES };
 	"  --reserve SIZE      working memory for activations (default 1G sample,\n"              \
 	"                      4G train, at most a quarter of what is left)\n"
 struct arena_engine_opts;
+struct arena_open_options;
 void cli_engine_defaults(struct arena_engine_opts *o);
+/* The same options for arena_open (defaults stay defaults). */
+void cli_open_engine_options(const struct arena_engine_opts *e, struct arena_open_options *o);
 int cli_engine_option(const char *cmd, int ch, const char *arg, struct arena_engine_opts *o);
 
 /* Print a jansson value to stdout (indented, keys in insertion order) and

@@ -32,9 +32,11 @@ const char cmd_load_usage[] =
 	"options:\n"
 	"  --backend cuda|sim  device backend (default: cuda when a GPU is usable, else sim)\n"
 	"  --device N          CUDA device (default 0)\n"
-	"  --vram-cap SIZE     device memory arena may use (sim: the simulated capacity,\n"
-	"                      default 16G); a model larger than the cap is an error\n"
-	"                      that says what would fit\n"
+	"  --vram-cap SIZE     device memory arena may use (default: what is free; sim:\n"
+	"                      a 16G device). What the residency plan keeps resident\n"
+	"                      goes to the device, the rest to host slabs (streamed by\n"
+	"                      the engine when used); a model that cannot run within\n"
+	"                      the cap at all is an error that says what it needs\n"
 	"  --pin-budget SIZE   cap on pinned host memory (default: what the OS allows:\n"
 	"                      RLIMIT_MEMLOCK, MemAvailable, cgroup memory.max, minus a reserve)\n"
 	"  --threads N         reader threads (default: CPUs, at most 32)\n"
@@ -46,7 +48,8 @@ const char cmd_load_usage[] =
 	"  --quant SCHEME      safetensors only: store 2-D block weights quantized\n"
 	"                      (schemes and selection as 'arena convert --quant'),\n"
 	"                      converted on their way from the file into place\n"
-	"  --check             read every device block back and compare with the file\n"
+	CLI_ENGINE_OPTIONS_HELP
+	"  --check             read every block back (device and host) and compare with the file\n"
 	"  --no-probe          skip the limit measurements\n"
 	"  --json              machine-readable report (schema in README.md)\n"
 	"  -h, --help          this text\n"
@@ -115,8 +118,11 @@ int cmd_load(int argc, char **argv)
 		{"check", no_argument, NULL, O_CHECK},           {"no-probe", no_argument, NULL, O_NOPROBE},
 		{"json", no_argument, NULL, O_JSON},             {"slot-size", required_argument, NULL, O_SLOT},
 		{"slots", required_argument, NULL, O_SLOTS},     {"quant", required_argument, NULL, O_QUANT},
+		CLI_ENGINE_OPTIONS,
 		{NULL, 0, NULL, 0},
 	};
+	arena_engine_opts eo;
+	cli_engine_defaults(&eo);
 	const char *backend = NULL;
 	int device = 0, json = 0, check = 0, probe = 1, ch;
 	uint64_t cap = 0, pin_cap = 0;
@@ -186,8 +192,14 @@ int cmd_load(int argc, char **argv)
 		case O_JSON:
 			json = 1;
 			break;
-		default:
-			return cli_usage_error("load", "unknown or incomplete option '%s'", argv[optind - 1]);
+		default: {
+			int r = cli_engine_option("load", ch, optarg, &eo);
+			if (r > 0)
+				return r;
+			if (r < 0)
+				return cli_usage_error("load", "unknown or incomplete option '%s'", argv[optind - 1]);
+			break;
+		}
 		}
 	}
 	if (argc - optind != 1)
@@ -196,6 +208,7 @@ int cmd_load(int argc, char **argv)
 
 	arena_open_options ao = {.backend = backend, .device = device, .vram_cap = cap, .pin_budget = pin_cap,
 				 .threads = lo.threads, .quant = quant.scheme};
+	cli_open_engine_options(&eo, &ao);
 	struct sigaction sa = {.sa_handler = on_signal};
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
@@ -220,8 +233,8 @@ int cmd_load(int argc, char **argv)
 		return cli_fail(rc);
 	}
 	uint64_t pinned = m->pinned_bytes;
-	arena_model_free(m);
-	a->m = NULL; /* free the device memory before the probes */
+	arena__drop_model(a); /* free the device memory before the probes */
+	m = NULL;
 	arena_pin_budget *budget = &a->budget;
 	double h2d = 0, rd = 0;
 	int direct_mode = st.direct_bytes * 2 > st.file_bytes;

@@ -73,6 +73,18 @@ void cli_engine_defaults(arena_engine_opts *o)
 	arena_engine_opts_default(o);
 }
 
+void cli_open_engine_options(const arena_engine_opts *e, arena_open_options *o)
+{
+	o->mode = e->mode;
+	o->headroom = e->headroom == ARENA_ENGINE_AUTO ? 0 : e->headroom ? e->headroom : ARENA_ZERO_BYTES;
+	o->reserve = e->reserve == ARENA_ENGINE_AUTO ? 0 : e->reserve ? e->reserve : ARENA_ZERO_BYTES;
+	o->depth = e->depth;
+	o->keep_last = e->keep_last ? e->keep_last : ARENA_ZERO_COUNT;
+	o->hysteresis = e->hysteresis;
+	o->flags = (e->strict ? ARENA_OPEN_STRICT : 0) | (e->no_learn ? ARENA_OPEN_NO_LEARN : 0) |
+		   (e->fixed_schedule ? ARENA_OPEN_FIXED_SCHEDULE : 0);
+}
+
 int cli_engine_option(const char *cmd, int ch, const char *arg, arena_engine_opts *o)
 {
 	char *end;

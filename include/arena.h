@@ -20,10 +20,17 @@
 extern "C" {
 #endif
 
+/* What libarena.so exports: the functions of this header, nothing else. */
+#if defined(__GNUC__)
+#define ARENA_API __attribute__((visibility("default")))
+#else
+#define ARENA_API
+#endif
+
 #define ARENA_VERSION_MAJOR 0
-#define ARENA_VERSION_MINOR 1
+#define ARENA_VERSION_MINOR 2
 #define ARENA_VERSION_PATCH 0
-#define ARENA_VERSION_STRING "0.1.0"
+#define ARENA_VERSION_STRING "0.2.0"
 
 /* Error classes; the CLI's exit code is the class of the error. */
 enum {
@@ -127,51 +134,164 @@ typedef enum arena_err {
 #define ARENA_E_CANCELLED ARENA_E(CANCELLED)
 
 /* Name of an error code ("ST_UNKNOWN_DTYPE"); "UNKNOWN" for codes not in the table. */
-const char *arena_err_name(int code);
+ARENA_API const char *arena_err_name(int code);
 /* Short description of an error code; never NULL. */
-const char *arena_strerror(int code);
+ARENA_API const char *arena_strerror(int code);
 /* Class of an error code (ARENA_CLASS_*); also the CLI's exit status. */
-int arena_err_class(int code);
+ARENA_API int arena_err_class(int code);
 /* One-line message of the last failure on this thread ("" if none). Borrowed:
  * valid until the next arena call on this thread. */
-const char *arena_last_error(void);
+ARENA_API const char *arena_last_error(void);
 
-/* Library version string, e.g. "0.1.0". */
-const char *arena_version(void);
+/* Library version string, e.g. "0.2.0". */
+ARENA_API const char *arena_version(void);
 
-/* ---- arenas: a model's weights loaded into device memory --------------------
+/* ---- arenas: a model's weights on a device, as much of them as fits ----------
  *
  * An arena is opened from an arena image (checksums verified as the bytes
  * arrive) or a safetensors checkpoint (a file, an index.json or a folder;
  * read destination-first, optionally quantized on the way). Opening is
  * transactional: it returns a whole arena or an error and leaves nothing
- * behind. Every block goes to the device here; the residency engine (which
- * keeps only part of a model on the device) builds on the same objects. */
+ * behind.
+ *
+ * Residency. The device budget is vram_cap (or what the device has free)
+ * minus a headroom and a working reserve for the caller's activations. When
+ * the whole model fits it all goes to the device. When it does not, the
+ * residency engine keeps what fits resident and streams the other blocks
+ * (a block: the weights of one repeated layer, `transformer_blocks.7`)
+ * through a ring of device memory just in time; their canonical copies stay
+ * in host memory (pinned where the OS allows). A model that cannot run at
+ * all (the globals block plus a ring of the largest blocks do not fit) is a
+ * BUDGET error from arena_open that says what it would need.
+ *
+ * A caller's loop (any number of steps, any order):
+ *
+ *     arena_step_begin(a);
+ *     for each layer it runs:
+ *         arena_block_acquire(a, block, stream, &dptr);   // bytes ready on `stream`
+ *         ... work on stream reading dptr ...
+ *         arena_block_release(a, block, stream);          // after that work
+ *     arena_step_end(a);
+ *
+ * `stream` is the native stream handle the work runs on: a cudaStream_t
+ * passed as void * on the cuda backend (NULL: the default stream); on the
+ * sim backend it must be NULL and the caller's work is host work (acquire
+ * returns once the bytes are there; release means the work is done).
+ * Resident blocks may be acquired too (the call is cheap) or used through
+ * their address from arena_block_get. The engine learns the order the
+ * caller really runs from the steps it has run: the first step may miss
+ * (a block fetched when asked for), later steps prefetch in the order
+ * observed. Several passes a step (classifier-free guidance), steps that
+ * stop early, and blocks acquired out of the usual order all work.
+ *
+ * Threads. Every call may come from any thread (autograd's backward runs on
+ * a thread of its own); calls on one arena are serialized by a lock inside
+ * it. The message of a failing call is arena_last_error() on the thread
+ * that made it.
+ *
+ * Lifetime. An arena is reference counted: arena_open returns one
+ * reference; arena_retain adds one (memory handed to another runtime, a
+ * DLPack tensor, holds one), arena_release drops one, and the last one
+ * frees everything. arena_close ends the opener's use: it waits for the
+ * engine's work, makes every later call through the handle a USAGE error
+ * ("closed") except retain/release/close, and drops the opener's
+ * reference; device and host memory stay valid while other references
+ * exist. Closing twice is harmless while references remain. A handle that
+ * was never an arena or whose last reference is gone is refused (USAGE
+ * "not an open arena") by every call that takes one, as far as the library
+ * can tell (it keeps a registry of live handles); do not rely on that for
+ * memory you freed yourself.
+ *
+ * Out-of-range input: functions returning int give USAGE (block or tensor
+ * index out of range, bad mode, NULL where a pointer is required) or
+ * NOT_FOUND (a name not in the model, a step record not kept); accessors
+ * that cannot fail return 0 / NULL for an index out of range, as each says. */
 
 typedef struct arena arena;
 
+enum { ARENA_MODE_SAMPLE = 0, ARENA_MODE_TRAIN = 1 };
+
+/* headroom and reserve: explicitly none (0 means the default). */
+#define ARENA_ZERO_BYTES UINT64_MAX
+/* keep_last: explicitly none (0 means the default). */
+#define ARENA_ZERO_COUNT UINT32_MAX
+
+/* flags */
+#define ARENA_OPEN_STRICT 1u         /* over the budget after demoting all it can: step_end fails with BUDGET */
+#define ARENA_OPEN_NO_LEARN 2u       /* learn no compute profile (plan by bytes, or by the profile given) */
+#define ARENA_OPEN_FIXED_SCHEDULE 4u /* keep the mode's default schedule; learn none from the steps run */
+
+/* Zero-initialize and set what you need; every 0 is the default (the CLI's
+ * defaults are these). NULL options = all defaults. */
 typedef struct arena_open_options {
 	const char *backend;   /* "cuda", "sim", or NULL: cuda when a GPU is usable, else sim */
 	int device;            /* CUDA device number */
-	uint64_t vram_cap;     /* device bytes arena may use; 0 = what is free (sim: 16 GiB) */
+	uint64_t vram_cap;     /* device bytes arena may use; 0 = what is free */
 	uint64_t pin_budget;   /* cap on pinned host bytes; 0 = what the OS allows */
 	unsigned threads;      /* reader threads; 0 = CPUs */
 	const char *quant;     /* safetensors only: storage scheme for block weights, or NULL */
+	/* residency */
+	int mode;              /* ARENA_MODE_SAMPLE (default) or ARENA_MODE_TRAIN: forward, then
+				* backward in reverse with each block needed again (checkpointing) */
+	uint64_t headroom;     /* physical slack; 0 = min(512 MiB, 2% of the device or cap) */
+	uint64_t reserve;      /* working memory for activations; 0 = 1 GiB sample, 4 GiB train,
+				* at most a quarter of what is left after the headroom */
+	unsigned depth;        /* the ring holds depth + 1 of the largest streamed block; 0 = 2 */
+	unsigned keep_last;    /* train: extra ring slots keeping the last forward blocks; 0 = 1 */
+	unsigned hysteresis;   /* steps of room before promoting blocks again; 0 = 3 */
+	unsigned flags;        /* ARENA_OPEN_* */
+	const char *profile;   /* compute profile file to plan by (`arena bench stream
+				* --save-profile` writes one), or NULL: learned on the device */
+	/* sim backend only */
+	uint64_t sim_capacity; /* the simulated device; 0 = 16 GiB, or vram_cap when larger */
+	double sim_bandwidth;  /* host-to-device bytes per second; 0 = as fast as memcpy */
 } arena_open_options;
 
-/* Open `path` with `opt` (NULL = defaults). On success *out owns the arena;
- * on failure *out is NULL and arena_last_error() says why. Errors: NOT_FOUND,
- * any IMG_* / ST_* / IDX_* error of the input, DEV_OOM or BUDGET when the
- * model does not fit the device, NO_DEVICE, NOMEM, IO. */
-int arena_open(const char *path, const arena_open_options *opt, arena **out);
-/* Free device memory, host slabs and the backend. Accepts NULL. */
-void arena_close(arena *a);
+/* Open `path` with `opt` (NULL = defaults). On success *out holds the one
+ * reference; on failure *out is NULL and arena_last_error() says why.
+ * Errors: NOT_FOUND, any IMG_* / ST_* / IDX_* error of the input, BUDGET
+ * (the model cannot run within the device budget: the message says what
+ * it needs), USAGE (bad options), DEV_OOM, NO_DEVICE, NOMEM, IO,
+ * PROFILE_BAD. */
+ARENA_API int arena_open(const char *path, const arena_open_options *opt, arena **out);
+/* End the opener's use and drop its reference (see Lifetime). Accepts NULL. */
+ARENA_API void arena_close(arena *a);
+/* One more reference: 0, or USAGE for a handle that is not a live arena. */
+ARENA_API int arena_retain(arena *a);
+/* Drop one reference; the last frees everything. Accepts NULL. */
+ARENA_API void arena_release(arena *a);
 
-/* The backend in use: "cuda" or "sim". */
-const char *arena_backend_name(const arena *a);
+/* The backend in use: "cuda" or "sim"; NULL for a handle that is not live. */
+ARENA_API const char *arena_backend_name(const arena *a);
+
+/* ---- blocks and tensors ---------------------------------------------------- */
+
+typedef struct arena_block_info {
+	const char *name;      /* "transformer_blocks.7", "globals"; borrowed */
+	const char *container; /* "transformer_blocks", or NULL for globals */
+	int64_t index;         /* in its container; -1 for globals */
+	uint64_t bytes;        /* its slab */
+	int resident;          /* 1: on the device now (device is its address, valid until
+				* the plan changes at a step_end or set_mode); 0: streamed */
+	void *device;          /* resident: the slab's device address; else NULL (acquire it) */
+	const void *host;      /* its canonical host copy (read-only, never changes), or NULL
+				* for a block that lives only on the device */
+} arena_block_info;
+
+/* Blocks in execution order; block 0 is globals when the model has any. */
+ARENA_API size_t arena_block_count(const arena *a);
+/* Block i: 0, or USAGE when i is out of range. */
+ARENA_API int arena_block_get(const arena *a, size_t i, arena_block_info *out);
+/* The index of the block called `name`: 0, or NOT_FOUND. */
+ARENA_API int arena_block_find(const arena *a, const char *name, size_t *index);
+/* Block i's name, device address (NULL when streamed) and size; NULL / 0
+ * for i out of range. */
+ARENA_API const char *arena_block_name(const arena *a, size_t i);
+ARENA_API void *arena_block_device(const arena *a, size_t i);
+ARENA_API uint64_t arena_block_bytes(const arena *a, size_t i);
 
 typedef struct arena_tensor_info {
-	const char *name;       /* borrowed: valid until arena_close */
+	const char *name;       /* borrowed: valid while the arena lives */
 	const char *dtype;      /* original dtype ("BF16") */
 	uint32_t rank;
 	const uint64_t *shape;  /* original shape, rank dims */
@@ -184,21 +304,128 @@ typedef struct arena_tensor_info {
 		uint32_t rank;
 		const uint64_t *shape;
 		uint64_t bytes;
-		void *device;       /* device address (CUDA pointer on cuda) */
+		uint64_t offset;    /* in its block's slab: the same offset in a streamed
+				     * block's acquired bytes (a view without asking again) */
+		void *device;       /* resident blocks: the device address; else NULL */
+		const void *host;   /* in the host copy of its block, or NULL */
 	} component[4];
 } arena_tensor_info;
 
-size_t arena_block_count(const arena *a);
-/* Block i's name ("transformer_blocks.7"), its slab's device address and size. */
-const char *arena_block_name(const arena *a, size_t i);
-void *arena_block_device(const arena *a, size_t i);
-uint64_t arena_block_bytes(const arena *a, size_t i);
-
-size_t arena_tensor_count(const arena *a);
+ARENA_API size_t arena_tensor_count(const arena *a);
 /* Tensor i (sorted by name): 0, or USAGE when i is out of range. */
-int arena_tensor_get(const arena *a, size_t i, arena_tensor_info *out);
+ARENA_API int arena_tensor_get(const arena *a, size_t i, arena_tensor_info *out);
 /* The index of the tensor called `name`: 0, or NOT_FOUND. */
-int arena_tensor_find(const arena *a, const char *name, size_t *index);
+ARENA_API int arena_tensor_find(const arena *a, const char *name, size_t *index);
+
+/* ---- steps: acquire and release blocks ------------------------------------- */
+
+/* Start a step. USAGE inside a step or after close. */
+ARENA_API int arena_step_begin(arena *a);
+/* Make `stream` wait for block `block`'s bytes and write their device
+ * address to *dptr, valid until the matching release (the same offsets as
+ * the slab: tensor i's component c is at *dptr + component[c].offset).
+ * A block may be acquired again while held (each acquire needs a release).
+ * Errors: USAGE (outside a step, index out of range, the blocks held fill
+ * the ring, a stream handle on sim), the engine's device errors (which
+ * leave the arena failed: every later call returns the error). */
+ARENA_API int arena_block_acquire(arena *a, size_t block, void *stream, void **dptr);
+/* The same by name, also writing the block's index (index may be NULL). NOT_FOUND for a name not in the model. */
+ARENA_API int arena_block_acquire_name(arena *a, const char *name, void *stream, void **dptr, size_t *index);
+/* The work queued on `stream` so far is the last use of one acquire of the
+ * block: after it the block's ring bytes may be reused. USAGE when the
+ * block is not acquired. */
+ARENA_API int arena_block_release(arena *a, size_t block, void *stream);
+/* End the step: every acquire must have been released (USAGE otherwise,
+ * naming a block still held; the step goes on). Adapts to device memory
+ * (demotes at once under pressure, promotes after `hysteresis` steps of
+ * room), learns the order run, and issues the next step's first copies. */
+ARENA_API int arena_step_end(arena *a);
+/* Between steps: run in `mode` from the next step on (a trainer drawing
+ * previews switches to sample and back). The blocks resident stay where the
+ * new mode's budget allows. USAGE inside a step or for an unknown mode. */
+ARENA_API int arena_set_mode(arena *a, int mode);
+/* The mode now, or -1 for a handle that is not live. */
+ARENA_API int arena_mode(const arena *a);
+/* Wait for the engine's copies and read the device's timing of the steps
+ * run (their records' gpu_* fields). Not inside a step (USAGE). */
+ARENA_API int arena_sync(arena *a);
+
+/* One step's record: every decision the engine made. */
+typedef struct arena_step_info {
+	uint64_t step;           /* 0, 1, ... */
+	int mode;                /* ARENA_MODE_* the step ran in */
+	uint64_t budget;         /* weight bytes allowed when it ended */
+	uint64_t free_bytes;     /* device memory free when it ended */
+	uint64_t resident_bytes; /* resident after it (globals included) */
+	uint64_t ring_bytes;     /* the ring's device memory */
+	uint64_t streamed_bytes; /* copied into the ring during the step */
+	uint64_t copies;
+	uint64_t promoted_bytes; /* copied to the device by promotions */
+	uint64_t acquires;       /* of blocks other than globals */
+	unsigned misses;         /* acquires out of the order expected (fetched when asked) */
+	unsigned demotions, promotions;
+	int over_budget;         /* nothing left to demote and still over */
+	int schedule_learned;    /* the order run became the schedule */
+	int stopped_early;       /* ended before its schedule did */
+	int profile_learned;     /* the plan changed by the compute profile learned */
+	/* Timed on the device once the step's work is done (0 until then, and on
+	 * backends that cannot time): acquires that waited for a copy, how long
+	 * they waited, the time between acquires and releases. */
+	int gpu_timed;
+	unsigned stalls;
+	double stall_s, compute_s;
+} arena_step_info;
+
+/* Steps ended so far. */
+ARENA_API uint64_t arena_step_count(const arena *a);
+/* The record of step `step`: 0, or NOT_FOUND when it is not (or no longer:
+ * the last 256 are kept) there. */
+ARENA_API int arena_step_get(const arena *a, uint64_t step, arena_step_info *out);
+
+/* The plan in force. */
+typedef struct arena_plan_info {
+	int mode;
+	uint64_t budget;         /* bytes for weights */
+	uint64_t headroom, reserve;
+	uint64_t globals_bytes, resident_bytes; /* resident_bytes includes globals */
+	uint64_t streamed_block_bytes;
+	uint64_t slot_bytes;     /* the largest streamed block; 0 when nothing streams */
+	unsigned slots, depth;
+	uint64_t need_bytes;     /* resident + slots x slot_bytes */
+	uint64_t min_need_bytes; /* what the smallest plan needs */
+	uint64_t stream_bytes_per_step; /* predicted */
+	uint64_t copies_per_step;
+	size_t n_resident, n_streamed; /* blocks other than globals */
+	size_t schedule_length;  /* entries of the schedule (arena_schedule_get) */
+	double predicted_step_s; /* by the compute profile; 0 without one */
+} arena_plan_info;
+
+ARENA_API int arena_plan_get(const arena *a, arena_plan_info *out);
+/* The schedule the engine prefetches by: up to `cap` block indices into
+ * `blocks`, the length into *n. */
+ARENA_API int arena_schedule_get(const arena *a, uint32_t *blocks, size_t cap, size_t *n);
+
+/* ---- compute profiles ---------------------------------------------------------
+ * A profile is each block's forward compute seconds, the host-to-device
+ * rate and the backward factor; with one, the engine places resident blocks
+ * where they hide copies best. */
+
+/* The profile in use or learned so far: `cost` has room for n =
+ * arena_block_count entries. NOT_FOUND while a scheduled block has not been
+ * timed (or the backend cannot time and none was given). */
+ARENA_API int arena_profile_get(const arena *a, double *cost, size_t n, double *h2d_bytes_per_s, double *backward_factor);
+/* Plan by this profile from the next step on (n = arena_block_count; globals' entry ignored;
+ * backward_factor 0 = 3). Between steps. */
+ARENA_API int arena_profile_set(arena *a, const double *cost, size_t n, double h2d_bytes_per_s, double backward_factor);
+/* Write the profile (given or learned; as arena_profile_get) to `path`, for
+ * `arena plan --profile`. The file appears whole or not at all. */
+ARENA_API int arena_profile_save(const arena *a, const char *path);
+
+/* ---- the simulator ----------------------------------------------------------- */
+
+/* sim only: take `bytes` of the simulated device, as another program would
+ * (0 gives it back). USAGE on other backends; DEV_OOM when it is not free. */
+ARENA_API int arena_sim_pressure(arena *a, uint64_t bytes);
 
 #ifdef __cplusplus
 }

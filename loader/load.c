@@ -57,6 +57,7 @@ typedef struct qpiece {
 
 typedef struct loader {
 	const arena_load_opts *o;
+	uint8_t *placed; /* o->place's choice of on_device, or NULL */
 	arena_quant_state *qs; /* safetensors with a quant scheme, else NULL */
 	qpiece *qp;
 	size_t n_qp;
@@ -717,8 +718,25 @@ static void loader_init(loader *L, const arena_load_opts *o)
 	L->slot = arena_align_up(o->slot_bytes ? o->slot_bytes : DEFAULT_SLOT, DIRECT_ALIGN);
 }
 
+/* Ask o->place (if any) where the blocks of l go, before anything is allocated. */
+static int place(loader *L, const arena_layout *l)
+{
+	if (!L->o->place)
+		return 0;
+	if (!(L->placed = arena_calloc(l->n_blocks ? l->n_blocks : 1, 1)))
+		return arena_errorf(ARENA_E_NOMEM, "out of memory");
+	return L->o->place(L->o->place_ctx, l, L->placed);
+}
+
+static const uint8_t *on_device(const loader *L)
+{
+	return L->placed ? L->placed : L->o->on_device;
+}
+
 static void loader_files_close(loader *L)
 {
+	arena_free(L->placed);
+	L->placed = NULL;
 	ring_free(L);
 	for (size_t i = 0; L->files && i < L->n_files; i++) {
 		if (L->files[i].dfd >= 0)
@@ -743,6 +761,11 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 	if (rc)
 		return rc;
 	L.img = img;
+	if ((rc = place(&L, img->layout))) {
+		loader_files_close(&L);
+		arena_img_close(img);
+		return rc;
+	}
 	L.t_open = arena_now_s() - t0;
 	L.t_mark = arena_now_s();
 	const arena_img_header *h = &img->hdr;
@@ -784,7 +807,7 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 	arena_layout *own = img->layout;
 	img->layout = NULL;
 	arena_model *m;
-	if ((rc = arena_model_prepare(own, o->backend, o->budget, o->on_device, &m)))
+	if ((rc = arena_model_prepare(own, o->backend, o->budget, on_device(&L), &m)))
 		goto fail;
 	/* Chunk descriptions need the layout: lend the model's. */
 	img->layout = m->layout;
@@ -885,7 +908,7 @@ int arena_load_safetensors(const char *const *inputs, size_t n, const arena_plan
 	rc = arena_plan_build(ck, &po, &lay);
 	if (!rc)
 		rc = arena_quant_select_finish(&qc);
-	if (rc || (rc = arena_quant_state_init(&qs, lay, ck)))
+	if (rc || (rc = arena_quant_state_init(&qs, lay, ck)) || (rc = place(&L, lay)))
 		goto fail;
 	L.qs = &qs;
 	L.t_open = arena_now_s() - t0;
@@ -922,7 +945,7 @@ int arena_load_safetensors(const char *const *inputs, size_t n, const arena_plan
 	if (L.threads > L.n_pieces + L.n_qp)
 		L.threads = L.n_pieces + L.n_qp ? (unsigned)(L.n_pieces + L.n_qp) : 1;
 	arena_model *m;
-	rc = arena_model_prepare(lay, o->backend, o->budget, o->on_device, &m);
+	rc = arena_model_prepare(lay, o->backend, o->budget, on_device(&L), &m);
 	lay = NULL;
 	if (rc)
 		goto fail;

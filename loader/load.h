@@ -52,6 +52,12 @@ typedef struct arena_load_opts {
 	 * slot, for blocks on the device); NULL = as stored. */
 	const struct arena_quant_opts *quant;
 	volatile sig_atomic_t *cancel;
+	/* Optional: where the blocks go, decided once the layout is known and
+	 * before anything is allocated: fill on_device (the layout's n_blocks
+	 * entries, 1 device, 0 host slab). Its error stops the load. Replaces
+	 * `on_device` when set. */
+	int (*place)(void *ctx, const arena_layout *l, uint8_t *on_device);
+	void *place_ctx;
 } arena_load_opts;
 
 typedef struct arena_load_stats {

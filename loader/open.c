@@ -1,51 +1,237 @@
-/* open.c - the public arena handle: pick a backend, size the budgets, load
- * (see include/arena.h). */
+/* open.c - the public arena handle (include/arena.h): open with a residency
+ * plan, the registry of live handles and their references, blocks and
+ * tensors. The step calls are in steps.c. */
 #include "open.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "../arena/profile.h"
 #include "../common/alloc.h"
 #include "../common/err.h"
 #include "../formats/image.h"
 #include "quant_select.h"
 
+/* --- the registry of live handles ---------------------------------------------
+ *
+ * Every live arena is in `reg`; refs are counted under reg_mu. A call takes
+ * a reference for its duration (arena__enter), so a handle cannot be freed
+ * under it by another thread's release. */
+
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static arena **reg;
+static size_t n_reg, cap_reg;
+
+static size_t reg_find(const arena *a)
+{
+	for (size_t i = 0; i < n_reg; i++)
+		if (reg[i] == a)
+			return i;
+	return SIZE_MAX;
+}
+
+static int reg_add(arena *a)
+{
+	int rc = 0;
+	pthread_mutex_lock(&reg_mu);
+	if (n_reg == cap_reg) {
+		size_t nc = cap_reg ? 2 * cap_reg : 16;
+		arena **t = arena_realloc(reg, nc * sizeof(*t));
+		if (!t)
+			rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
+		else
+			reg = t, cap_reg = nc;
+	}
+	if (!rc)
+		reg[n_reg++] = a;
+	pthread_mutex_unlock(&reg_mu);
+	return rc;
+}
+
+static void arena_free_all(arena *a)
+{
+	arena_engine_free(a->e);
+	arena_slab_reader_close(a->rr);
+	arena_model_free(a->m);
+	arena_backend_destroy(a->be);
+	arena_free(a->cost);
+	if (a->mu_init)
+		pthread_mutex_destroy(&a->mu);
+	arena_free(a);
+}
+
+void arena__drop_model(arena *a)
+{
+	pthread_mutex_lock(&a->mu);
+	arena_engine_free(a->e);
+	a->e = NULL;
+	a->closed = 1;
+	arena_slab_reader_close(a->rr);
+	a->rr = NULL;
+	arena_model_free(a->m);
+	a->m = NULL;
+	pthread_mutex_unlock(&a->mu);
+}
+
+/* Take a reference to a live handle for a call: 0, or USAGE. */
+int arena__enter(const arena *ca)
+{
+	arena *a = arena__mut(ca);
+	int live;
+	if (!a)
+		return arena_errorf(ARENA_E_USAGE, "arena: NULL handle");
+	pthread_mutex_lock(&reg_mu);
+	live = reg_find(a) != SIZE_MAX;
+	if (live)
+		a->refs++;
+	pthread_mutex_unlock(&reg_mu);
+	return live ? 0 : arena_errorf(ARENA_E_USAGE, "arena: not an open arena (closed and released, or never opened)");
+}
+
+/* Drop a reference; the last frees the arena. */
+void arena__leave(const arena *ca)
+{
+	arena *a = arena__mut(ca);
+	int last = 0;
+	pthread_mutex_lock(&reg_mu);
+	size_t i = reg_find(a);
+	if (i != SIZE_MAX && --a->refs == 0) {
+		reg[i] = reg[--n_reg];
+		last = 1;
+	}
+	pthread_mutex_unlock(&reg_mu);
+	if (last)
+		arena_free_all(a);
+}
+
+int arena_retain(arena *a)
+{
+	return arena__enter(a);
+}
+
+void arena_release(arena *a)
+{
+	if (!a)
+		return;
+	pthread_mutex_lock(&reg_mu);
+	int live = reg_find(a) != SIZE_MAX;
+	pthread_mutex_unlock(&reg_mu);
+	if (live)
+		arena__leave(a);
+}
+
+void arena_close(arena *a)
+{
+	if (!a || arena__enter(a)) {
+		arena_error_clear();
+		return;
+	}
+	pthread_mutex_lock(&a->mu);
+	int was = a->closed;
+	a->closed = 1;
+	if (!was) {
+		/* The engine's work ends here; resident blocks stay (the model owns them). */
+		arena_engine_free(a->e);
+		a->e = NULL;
+	}
+	pthread_mutex_unlock(&a->mu);
+	if (!was)
+		arena__leave(a); /* the opener's reference */
+	arena__leave(a);
+}
+
+/* --- open ------------------------------------------------------------------------ */
+
 static const char *human(uint64_t n, char *buf, size_t len)
 {
-	snprintf(buf, len, "%.2f GiB", (double)n / (1ull << 30));
+	if (n >= (1ull << 30))
+		snprintf(buf, len, "%.2f GiB", (double)n / (double)(1ull << 30));
+	else if (n >= (1ull << 20))
+		snprintf(buf, len, "%.2f MiB", (double)n / (double)(1ull << 20));
+	else if (n >= (1ull << 10))
+		snprintf(buf, len, "%.1f KiB", (double)n / 1024.0);
+	else
+		snprintf(buf, len, "%" PRIu64 " bytes", n);
 	return buf;
 }
 
-/* A cap smaller than the model: say how many blocks (in order) would fit. */
-static int check_cap(const char *path, int is_image, uint64_t cap)
+/* The engine's options from the public ones: every 0 the default. */
+static int engine_opts(const arena_open_options *o, arena_engine_opts *e)
 {
-	arena_image *img = NULL;
-	arena_ckpt *ck = NULL;
-	arena_layout *lay = NULL;
-	int rc = is_image ? arena_img_open(path, &img) : arena_ckpt_open(path, &ck);
-	if (!rc && !is_image)
-		rc = arena_plan_build(ck, NULL, &lay);
-	const arena_layout *l = img ? img->layout : lay;
-	if (!rc) {
-		uint64_t need = 0, fit = 0;
-		size_t nfit = 0;
-		for (size_t b = 0; b < l->n_blocks; b++) {
-			need += l->blocks[b].bytes;
-			if (need <= cap)
-				fit = need, nfit = b + 1;
-		}
-		char a[32], c[32], d[32];
-		if (need > cap)
-			rc = arena_errorf(ARENA_E(BUDGET),
-					  "%s: the model needs %s of device memory, over the %s cap; the first %zu of %zu blocks (%s) would fit",
-					  path, human(need, a, sizeof(a)), human(cap, c, sizeof(c)), nfit, l->n_blocks,
-					  human(fit, d, sizeof(d)));
+	arena_engine_opts_default(e);
+	if (o->mode != ARENA_MODE_SAMPLE && o->mode != ARENA_MODE_TRAIN)
+		return arena_errorf(ARENA_E_USAGE, "arena_open: mode %d is neither ARENA_MODE_SAMPLE nor ARENA_MODE_TRAIN",
+				    o->mode);
+	if (o->flags & ~(ARENA_OPEN_STRICT | ARENA_OPEN_NO_LEARN | ARENA_OPEN_FIXED_SCHEDULE))
+		return arena_errorf(ARENA_E_USAGE, "arena_open: unknown flags 0x%x", o->flags);
+	if (o->depth > 64 || (o->keep_last > 64 && o->keep_last != ARENA_ZERO_COUNT))
+		return arena_errorf(ARENA_E_USAGE, "arena_open: depth %u or keep_last %u over 64", o->depth, o->keep_last);
+	if (!(o->sim_bandwidth >= 0 && o->sim_bandwidth < 1e15))
+		return arena_errorf(ARENA_E_USAGE, "arena_open: sim_bandwidth %g is not a rate in bytes/s", o->sim_bandwidth);
+	e->mode = o->mode;
+	e->cap = o->vram_cap;
+	if (o->headroom)
+		e->headroom = o->headroom == ARENA_ZERO_BYTES ? 0 : o->headroom;
+	if (o->reserve)
+		e->reserve = o->reserve == ARENA_ZERO_BYTES ? 0 : o->reserve;
+	if (o->depth)
+		e->depth = o->depth;
+	if (o->keep_last)
+		e->keep_last = o->keep_last == ARENA_ZERO_COUNT ? 0 : o->keep_last;
+	if (o->hysteresis)
+		e->hysteresis = o->hysteresis;
+	e->strict = !!(o->flags & ARENA_OPEN_STRICT);
+	e->no_learn = !!(o->flags & ARENA_OPEN_NO_LEARN);
+	e->fixed_schedule = !!(o->flags & ARENA_OPEN_FIXED_SCHEDULE);
+	return 0;
+}
+
+/* What open's place callback needs. */
+typedef struct open_ctx {
+	arena *a;
+	const char *path;
+	const char *profile;
+} open_ctx;
+
+/* Once the layout is known, before anything is allocated: read the profile
+ * (if one is given), plan for the device as it is now, and put on the device
+ * what the plan keeps resident. A model that cannot run is BUDGET here. */
+static int place(void *ctx, const arena_layout *l, uint8_t *on_device)
+{
+	open_ctx *c = ctx;
+	arena *a = c->a;
+	arena_engine_opts *o = &a->eo;
+	int rc;
+	if (c->profile) {
+		if (!(a->cost = arena_calloc(l->n_blocks ? l->n_blocks : 1, sizeof(*a->cost))))
+			return arena_errorf(ARENA_E_NOMEM, "out of memory");
+		if ((rc = arena_profile_read(c->profile, l, a->cost, &o->h2d_bytes_per_s, &o->backward_factor)))
+			return rc;
+		o->cost = a->cost;
 	}
-	arena_img_close(img);
-	arena_layout_free(lay);
-	arena_ckpt_close(ck);
-	return rc;
+	uint64_t free_b = 0, total = 0, budget, headroom, reserve;
+	if ((rc = a->be->ops->mem_info(a->be, &free_b, &total)))
+		return rc;
+	arena_residency_budget(total, free_b, o, &budget, &headroom, &reserve);
+	arena_residency_plan p;
+	rc = arena_residency_plan_make(l, o, budget, &p);
+	if (rc == ARENA_E(BUDGET)) {
+		char why[512], s1[32], s2[32], s3[32], s4[32];
+		snprintf(why, sizeof(why), "%s", arena_last_error());
+		uint64_t avail = o->cap && o->cap < free_b ? o->cap : free_b;
+		return arena_errorf(rc,
+				    "%s: does not fit: %s; with a working reserve of %s and headroom of %s it needs %s of "
+				    "device memory, %s is %s",
+				    c->path, why, human(reserve, s1, sizeof(s1)), human(headroom, s2, sizeof(s2)),
+				    human(p.min_need_bytes + reserve + headroom, s3, sizeof(s3)), human(avail, s4, sizeof(s4)),
+				    o->cap && o->cap <= free_b ? "the cap" : "free");
+	}
+	if (rc)
+		return rc;
+	memcpy(on_device, p.resident, l->n_blocks);
+	arena_residency_plan_release(&p);
+	return 0;
 }
 
 int arena__open_tuned(const char *path, const arena_open_options *opt, const arena_load_opts *tune, arena **out,
@@ -54,11 +240,22 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 	static const arena_open_options defaults = {0};
 	const arena_open_options *o = opt ? opt : &defaults;
 	*out = NULL;
+	if (!path)
+		return arena_errorf(ARENA_E_USAGE, "arena_open: NULL path");
 	arena *a = arena_calloc(1, sizeof(*a));
 	if (!a)
 		return arena_errorf(ARENA_E_NOMEM, "out of memory");
-	arena_sim_opts so = {.capacity = o->vram_cap ? o->vram_cap : (16ull << 30)};
 	int rc;
+	if (pthread_mutex_init(&a->mu, NULL)) {
+		arena_free(a);
+		return arena_errorf(ARENA_E_NOMEM, "arena_open: cannot make a lock");
+	}
+	a->mu_init = 1;
+	a->refs = 1;
+	if ((rc = engine_opts(o, &a->eo)))
+		goto fail;
+	uint64_t simcap = o->sim_capacity ? o->sim_capacity : o->vram_cap > (16ull << 30) ? o->vram_cap : (16ull << 30);
+	arena_sim_opts so = {.capacity = simcap, .h2d_bytes_per_s = o->sim_bandwidth};
 	if (!o->backend) {
 		rc = arena_backend_create("cuda", o->device, NULL, &a->be);
 		if (rc == ARENA_E_NO_DEVICE)
@@ -74,77 +271,177 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 				  path);
 		goto fail;
 	}
-	if (o->vram_cap && (rc = check_cap(path, a->is_image, o->vram_cap)))
-		goto fail;
 	arena_pin_budget_probe(&a->budget, o->pin_budget, ARENA_PIN_RESERVE_AUTO, "");
 	arena_quant_opts q = {.scheme = o->quant};
 	arena_load_opts lo = {.threads = o->threads, .io = ARENA_IO_AUTO};
 	if (tune)
 		lo = *tune;
+	open_ctx pc = {a, path, o->profile};
 	lo.backend = a->be;
 	lo.budget = &a->budget;
 	lo.cancel = cancel;
 	lo.quant = o->quant ? &q : NULL;
 	lo.on_device = NULL;
+	lo.place = place;
+	lo.place_ctx = &pc;
 	rc = a->is_image ? arena_load_image(path, &lo, &a->m, st) : arena_load_safetensors(&path, 1, NULL, &lo, &a->m, st);
 	if (rc)
+		goto fail;
+	/* An image's blocks can be read again, so resident ones may leave the
+	 * device under pressure; a checkpoint's device blocks stay. */
+	if (a->is_image && (rc = arena_slab_reader_open(path, a->m->layout, &a->rr)))
+		goto fail;
+	a->eo.reread = a->rr ? arena_slab_reader_read : NULL;
+	a->eo.reread_ctx = a->rr;
+	if ((rc = arena_engine_create(a->m, &a->eo, &a->e)))
+		goto fail;
+	if ((rc = reg_add(a)))
 		goto fail;
 	*out = a;
 	return 0;
 fail:
-	arena_close(a);
+	arena_free_all(a);
 	return rc;
 }
 
 int arena_open(const char *path, const arena_open_options *opt, arena **out)
 {
+	if (!out)
+		return arena_errorf(ARENA_E_USAGE, "arena_open: NULL out");
 	return arena__open_tuned(path, opt, NULL, out, NULL, NULL);
 }
 
-void arena_close(arena *a)
-{
-	if (!a)
-		return;
-	arena_model_free(a->m);
-	arena_backend_destroy(a->be);
-	arena_free(a);
-}
+/* --- blocks and tensors ---------------------------------------------------------
+ * The layout never changes; where a block is does (step_end, set_mode), so
+ * those read under the arena's lock. */
 
 const char *arena_backend_name(const arena *a)
 {
-	return a->be->ops->name;
+	if (arena__enter(a))
+		return NULL;
+	const char *n = a->be->ops->name;
+	arena__leave(a);
+	return n;
 }
 
 size_t arena_block_count(const arena *a)
 {
-	return a->m->layout->n_blocks;
+	if (arena__enter(a))
+		return 0;
+	size_t n = a->m->layout->n_blocks;
+	arena__leave(a);
+	return n;
+}
+
+/* Is block b on the device for good now? (a->mu held) */
+static int resident(const arena *a, size_t b)
+{
+	return a->m->mem[b].dev && (!a->e || arena_engine_is_resident(a->e, (uint32_t)b));
+}
+
+int arena_block_get(const arena *ca, size_t i, arena_block_info *out)
+{
+	int rc = arena__enter(ca);
+	if (rc)
+		return rc;
+	arena *a = arena__mut(ca);
+	const arena_layout *l = a->m->layout;
+	if (!out)
+		rc = arena_errorf(ARENA_E_USAGE, "arena_block_get: NULL out");
+	else if (i >= l->n_blocks)
+		rc = arena_errorf(ARENA_E_USAGE, "block index %zu is out of range (%zu blocks)", i, l->n_blocks);
+	if (!rc) {
+		const arena_block *b = &l->blocks[i];
+		pthread_mutex_lock(&a->mu);
+		*out = (arena_block_info){.name = b->name,
+					  .container = b->container,
+					  .index = b->container ? b->index : -1,
+					  .bytes = b->bytes,
+					  .resident = resident(a, i),
+					  .host = a->m->mem[i].host};
+		out->device = out->resident ? a->m->mem[i].dev : NULL;
+		pthread_mutex_unlock(&a->mu);
+	}
+	arena__leave(a);
+	return rc;
+}
+
+int arena_block_find(const arena *a, const char *name, size_t *index)
+{
+	int rc = arena__enter(a);
+	if (rc)
+		return rc;
+	const arena_layout *l = a->m->layout;
+	rc = arena_errorf(ARENA_E_NOT_FOUND, "no block '%s' in this arena", arena_q(name ? name : "(null)"));
+	for (size_t b = 0; name && index && b < l->n_blocks; b++)
+		if (!strcmp(l->blocks[b].name, name)) {
+			*index = b;
+			arena_error_clear();
+			rc = 0;
+			break;
+		}
+	if (!index)
+		rc = arena_errorf(ARENA_E_USAGE, "arena_block_find: NULL index");
+	arena__leave(a);
+	return rc;
 }
 
 const char *arena_block_name(const arena *a, size_t i)
 {
-	return i < a->m->layout->n_blocks ? a->m->layout->blocks[i].name : NULL;
+	if (arena__enter(a))
+		return NULL;
+	const char *n = i < a->m->layout->n_blocks ? a->m->layout->blocks[i].name : NULL;
+	arena__leave(a);
+	return n;
 }
 
-void *arena_block_device(const arena *a, size_t i)
+void *arena_block_device(const arena *ca, size_t i)
 {
-	return i < a->m->layout->n_blocks ? a->m->mem[i].dev : NULL;
+	if (arena__enter(ca))
+		return NULL;
+	arena *a = arena__mut(ca);
+	void *d = NULL;
+	pthread_mutex_lock(&a->mu);
+	if (i < a->m->layout->n_blocks && resident(a, i))
+		d = a->m->mem[i].dev;
+	pthread_mutex_unlock(&a->mu);
+	arena__leave(a);
+	return d;
 }
 
 uint64_t arena_block_bytes(const arena *a, size_t i)
 {
-	return i < a->m->layout->n_blocks ? a->m->layout->blocks[i].bytes : 0;
+	if (arena__enter(a))
+		return 0;
+	uint64_t n = i < a->m->layout->n_blocks ? a->m->layout->blocks[i].bytes : 0;
+	arena__leave(a);
+	return n;
 }
 
 size_t arena_tensor_count(const arena *a)
 {
-	return a->m->layout->n_tensors;
+	if (arena__enter(a))
+		return 0;
+	size_t n = a->m->layout->n_tensors;
+	arena__leave(a);
+	return n;
 }
 
-int arena_tensor_get(const arena *a, size_t i, arena_tensor_info *out)
+int arena_tensor_get(const arena *ca, size_t i, arena_tensor_info *out)
 {
+	int rc = arena__enter(ca);
+	if (rc)
+		return rc;
+	arena *a = arena__mut(ca);
 	const arena_layout *l = a->m->layout;
-	if (i >= l->n_tensors)
-		return arena_errorf(ARENA_E_USAGE, "tensor index %zu is out of range (%zu tensors)", i, l->n_tensors);
+	if (!out)
+		rc = arena_errorf(ARENA_E_USAGE, "arena_tensor_get: NULL out");
+	else if (i >= l->n_tensors)
+		rc = arena_errorf(ARENA_E_USAGE, "tensor index %zu is out of range (%zu tensors)", i, l->n_tensors);
+	if (rc) {
+		arena__leave(a);
+		return rc;
+	}
 	const arena_tensor *t = &l->tensors[i];
 	memset(out, 0, sizeof(*out));
 	out->name = t->name;
@@ -154,23 +451,36 @@ int arena_tensor_get(const arena *a, size_t i, arena_tensor_info *out)
 	out->scheme = t->scheme;
 	out->block = t->block;
 	out->n_components = t->n_comp;
-	uint8_t *base = a->m->mem[t->block].dev;
+	pthread_mutex_lock(&a->mu);
+	uint8_t *base = resident(a, t->block) ? a->m->mem[t->block].dev : NULL;
+	const uint8_t *host = a->m->mem[t->block].host;
+	pthread_mutex_unlock(&a->mu);
 	for (uint32_t c = 0; c < t->n_comp && c < 4; c++) {
 		out->component[c].name = t->comp[c].name;
 		out->component[c].dtype = arena_dtype_name(t->comp[c].dtype);
 		out->component[c].rank = t->comp[c].rank;
 		out->component[c].shape = t->comp[c].shape;
 		out->component[c].bytes = t->comp[c].bytes;
+		out->component[c].offset = t->comp[c].offset;
 		out->component[c].device = base ? base + t->comp[c].offset : NULL;
+		out->component[c].host = host ? host + t->comp[c].offset : NULL;
 	}
+	arena__leave(a);
 	return 0;
 }
 
 int arena_tensor_find(const arena *a, const char *name, size_t *index)
 {
-	const arena_tensor *t = arena_layout_find(a->m->layout, name);
-	if (!t)
-		return arena_errorf(ARENA_E_NOT_FOUND, "no tensor '%s' in this arena", arena_q(name));
-	*index = (size_t)(t - a->m->layout->tensors);
-	return 0;
+	int rc = arena__enter(a);
+	if (rc)
+		return rc;
+	const arena_tensor *t = name ? arena_layout_find(a->m->layout, name) : NULL;
+	if (!index)
+		rc = arena_errorf(ARENA_E_USAGE, "arena_tensor_find: NULL index");
+	else if (!t)
+		rc = arena_errorf(ARENA_E_NOT_FOUND, "no tensor '%s' in this arena", arena_q(name ? name : "(null)"));
+	else
+		*index = (size_t)(t - a->m->layout->tensors);
+	arena__leave(a);
+	return rc;
 }

@@ -41,7 +41,17 @@ load_vram_cap_says_what_fits() {
 	run load "$T/f.arena" --backend sim --vram-cap 100K
 	expect_rc 2
 	expect_error_line
-	expect_err "would fit"
+	expect_err "does not fit: the smallest plan needs 280.5 KiB for weights"
+	expect_err "it needs 307.0 KiB of device memory, 100.0 KiB is the cap"
+	# Under the model's size but above what its smallest plan needs: what fits
+	# goes to the device, the rest to host slabs (the engine streams it).
+	run load "$T/f.arena" --backend sim --vram-cap 290K --headroom 0 --reserve 0 --json --check --no-probe
+	expect_rc 0
+	python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["host_bytes"] > 0 and d["device_bytes"] > 0, d
+assert d["check"] is True, d' <"$T/out" || fail "load under a cap smaller than the model"
 }
 
 load_corrupt_image() {

@@ -1,0 +1,264 @@
+/* steps.c - the public step calls (include/arena.h): acquire and release
+ * blocks, steps, modes, records, profiles; each under the arena's lock. */
+#include <stdio.h>
+#include <string.h>
+
+#include "../arena/profile.h"
+#include "../common/alloc.h"
+#include "../common/err.h"
+#include "open.h"
+
+/* Enter a and lock it for an engine call: 0, or USAGE (not live, closed). */
+static int lock(const arena *ca, const char *what)
+{
+	arena *a = arena__mut(ca);
+	int rc = arena__enter(a);
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&a->mu);
+	if (a->closed) {
+		pthread_mutex_unlock(&a->mu);
+		arena__leave(a);
+		return arena_errorf(ARENA_E_USAGE, "%s: the arena is closed", what);
+	}
+	return 0;
+}
+
+static int unlock(const arena *ca, int rc)
+{
+	arena *a = arena__mut(ca);
+	pthread_mutex_unlock(&a->mu);
+	arena__leave(a);
+	return rc;
+}
+
+/* The backend's stream for a native handle (a->mu held). */
+static int stream_of(arena *a, void *native, arena_stream **s)
+{
+	return a->be->ops->stream_native(a->be, native, s);
+}
+
+int arena_step_begin(arena *a)
+{
+	int rc = lock(a, "arena_step_begin");
+	return rc ? rc : unlock(a, arena_engine_step_begin(a->e));
+}
+
+int arena_block_acquire(arena *a, size_t block, void *stream, void **dptr)
+{
+	int rc = lock(a, "arena_block_acquire");
+	if (rc)
+		return rc;
+	arena_stream *s;
+	if (!dptr)
+		rc = arena_errorf(ARENA_E_USAGE, "arena_block_acquire: NULL dptr");
+	else if (block >= a->m->layout->n_blocks)
+		rc = arena_errorf(ARENA_E_USAGE, "arena_block_acquire: block index %zu is out of range (%zu blocks)", block,
+				  a->m->layout->n_blocks);
+	else if (!(rc = stream_of(a, stream, &s)))
+		rc = arena_engine_acquire(a->e, (uint32_t)block, s, dptr);
+	return unlock(a, rc);
+}
+
+int arena_block_acquire_name(arena *a, const char *name, void *stream, void **dptr, size_t *index)
+{
+	size_t i;
+	int rc = arena_block_find(a, name, &i);
+	if (!rc && index)
+		*index = i;
+	return rc ? rc : arena_block_acquire(a, i, stream, dptr);
+}
+
+int arena_block_release(arena *a, size_t block, void *stream)
+{
+	int rc = lock(a, "arena_block_release");
+	if (rc)
+		return rc;
+	arena_stream *s;
+	if (block >= a->m->layout->n_blocks)
+		rc = arena_errorf(ARENA_E_USAGE, "arena_block_release: block index %zu is out of range (%zu blocks)", block,
+				  a->m->layout->n_blocks);
+	else if (!(rc = stream_of(a, stream, &s)))
+		rc = arena_engine_release(a->e, (uint32_t)block, s);
+	return unlock(a, rc);
+}
+
+int arena_step_end(arena *a)
+{
+	int rc = lock(a, "arena_step_end");
+	return rc ? rc : unlock(a, arena_engine_step_end(a->e));
+}
+
+int arena_set_mode(arena *a, int mode)
+{
+	int rc = lock(a, "arena_set_mode");
+	return rc ? rc : unlock(a, arena_engine_set_mode(a->e, mode));
+}
+
+int arena_mode(const arena *a)
+{
+	if (lock(a, "arena_mode"))
+		return -1;
+	return unlock(a, arena_engine_mode(a->e));
+}
+
+int arena_sync(arena *a)
+{
+	int rc = lock(a, "arena_sync");
+	if (rc)
+		return rc;
+	rc = a->be->ops->stream_sync(a->be, arena_engine_copy_stream(a->e));
+	if (!rc)
+		rc = arena_engine_collect(a->e);
+	return unlock(a, rc);
+}
+
+uint64_t arena_step_count(const arena *a)
+{
+	if (lock(a, "arena_step_count"))
+		return 0;
+	uint64_t n = arena_engine_steps(a->e);
+	unlock(a, 0);
+	return n;
+}
+
+int arena_step_get(const arena *a, uint64_t step, arena_step_info *out)
+{
+	int rc = lock(a, "arena_step_get");
+	if (rc)
+		return rc;
+	arena_engine_step r;
+	if (!out)
+		rc = arena_errorf(ARENA_E_USAGE, "arena_step_get: NULL out");
+	else if (!(rc = arena_engine_step_record(a->e, step, &r)))
+		*out = (arena_step_info){.step = r.step,
+					 .mode = r.mode,
+					 .budget = r.budget,
+					 .free_bytes = r.free_bytes,
+					 .resident_bytes = r.resident_bytes,
+					 .ring_bytes = r.slot_bytes * r.slots,
+					 .streamed_bytes = r.streamed_bytes,
+					 .copies = r.copies,
+					 .promoted_bytes = r.promoted_bytes,
+					 .acquires = r.acquires,
+					 .misses = r.misses,
+					 .demotions = r.demotions,
+					 .promotions = r.promotions,
+					 .over_budget = r.over_budget,
+					 .schedule_learned = r.schedule_learned,
+					 .stopped_early = r.stopped_early,
+					 .profile_learned = r.profile_learned,
+					 .gpu_timed = r.gpu_timed,
+					 .stalls = r.stalls,
+					 .stall_s = r.stall_s,
+					 .compute_s = r.compute_s};
+	return unlock(a, rc);
+}
+
+int arena_plan_get(const arena *a, arena_plan_info *out)
+{
+	int rc = lock(a, "arena_plan_get");
+	if (rc)
+		return rc;
+	if (!out)
+		return unlock(a, arena_errorf(ARENA_E_USAGE, "arena_plan_get: NULL out"));
+	const arena_residency_plan *p = arena_engine_plan(a->e);
+	*out = (arena_plan_info){.mode = arena_engine_mode(a->e),
+				 .budget = p->budget,
+				 .headroom = p->headroom,
+				 .reserve = p->reserve,
+				 .globals_bytes = p->globals_bytes,
+				 .resident_bytes = p->resident_bytes,
+				 .streamed_block_bytes = p->streamed_block_bytes,
+				 .slot_bytes = p->n_streamed ? p->slot_bytes : 0,
+				 .slots = p->n_streamed ? p->slots : 0,
+				 .depth = p->depth,
+				 .need_bytes = p->need_bytes,
+				 .min_need_bytes = p->min_need_bytes,
+				 .stream_bytes_per_step = p->stream_bytes_per_step,
+				 .copies_per_step = p->copies_per_step,
+				 .n_resident = p->n_resident,
+				 .n_streamed = p->n_streamed,
+				 .schedule_length = p->n_sched,
+				 .predicted_step_s = p->step_s};
+	return unlock(a, 0);
+}
+
+int arena_schedule_get(const arena *a, uint32_t *blocks, size_t cap, size_t *n)
+{
+	int rc = lock(a, "arena_schedule_get");
+	if (rc)
+		return rc;
+	if (!n || (cap && !blocks))
+		return unlock(a, arena_errorf(ARENA_E_USAGE, "arena_schedule_get: NULL n or blocks"));
+	const arena_residency_plan *p = arena_engine_plan(a->e);
+	memcpy(blocks, p->sched, (cap < p->n_sched ? cap : p->n_sched) * sizeof(*blocks));
+	*n = p->n_sched;
+	return unlock(a, 0);
+}
+
+int arena_profile_get(const arena *a, double *cost, size_t n, double *h2d, double *bwd)
+{
+	int rc = lock(a, "arena_profile_get");
+	if (rc)
+		return rc;
+	size_t nb = a->m->layout->n_blocks;
+	double h = 0, w = 0;
+	if (!cost || n != nb)
+		rc = arena_errorf(ARENA_E_USAGE, "arena_profile_get: cost must have %zu entries (got %zu%s)", nb, n,
+				  cost ? "" : ", NULL");
+	else if (!(rc = arena_engine_profile(a->e, cost, &h, &w))) {
+		if (h2d)
+			*h2d = h;
+		if (bwd)
+			*bwd = w;
+	}
+	return unlock(a, rc);
+}
+
+int arena_profile_set(arena *a, const double *cost, size_t n, double h2d, double bwd)
+{
+	int rc = lock(a, "arena_profile_set");
+	if (rc)
+		return rc;
+	size_t nb = a->m->layout->n_blocks;
+	if (!cost || n != nb)
+		rc = arena_errorf(ARENA_E_USAGE, "arena_profile_set: cost must have %zu entries (got %zu%s)", nb, n,
+				  cost ? "" : ", NULL");
+	else
+		rc = arena_engine_set_profile(a->e, cost, h2d, bwd);
+	return unlock(a, rc);
+}
+
+int arena_profile_save(const arena *a, const char *path)
+{
+	int rc = lock(a, "arena_profile_save");
+	if (rc)
+		return rc;
+	size_t nb = a->m->layout->n_blocks;
+	double *c = arena_calloc(nb ? nb : 1, sizeof(*c)), h = 0, w = 0;
+	if (!path)
+		rc = arena_errorf(ARENA_E_USAGE, "arena_profile_save: NULL path");
+	else if (!c)
+		rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
+	else if (!(rc = arena_engine_profile(a->e, c, &h, &w))) {
+		if (!(h > 0))
+			rc = arena_errorf(ARENA_E_NOT_FOUND, "%s: no host-to-device rate yet (no copy timed)", path);
+		else
+			rc = arena_profile_write(path, a->m->layout, c, h, w);
+	}
+	arena_free(c);
+	return unlock(a, rc);
+}
+
+int arena_sim_pressure(arena *a, uint64_t bytes)
+{
+	int rc = lock(a, "arena_sim_pressure");
+	if (rc)
+		return rc;
+	if (strcmp(a->be->ops->name, "sim"))
+		rc = arena_errorf(ARENA_E_USAGE, "arena_sim_pressure: the backend is %s, not sim", a->be->ops->name);
+	else
+		rc = arena_backend_sim_pressure(a->be, bytes);
+	return unlock(a, rc);
+}
