@@ -6,6 +6,7 @@
 # PREFIX (install prefix, default /usr/local), FUZZ_TIME (seconds, make fuzz).
 
 BUILD    ?= build
+comma    := ,
 PREFIX   ?= /usr/local
 CC       ?= cc
 PYTHON   ?= python3
@@ -21,7 +22,8 @@ endif
 CFLAGS   ?= -O2 -g
 WARN     := -Wall -Wextra -Wshadow -Wpointer-arith -Wformat=2 -Wstrict-prototypes \
             -Wmissing-prototypes -Wundef -Wcast-qual -Wno-unused-parameter
-CFLAGS   += -std=c11 -fPIC -pthread $(WARN)
+# -fvisibility=hidden: libarena.so exports what include/arena.h marks ARENA_API, nothing else.
+CFLAGS   += -std=c11 -fPIC -pthread -fvisibility=hidden $(WARN)
 CPPFLAGS += -D_GNU_SOURCE -Iinclude -MMD -MP
 LDLIBS   := -ljansson -lxxhash -lzstd -lpthread -lm
 ifeq ($(WERROR),1)
@@ -53,7 +55,7 @@ CUDA_MSG := CUDA backend: built with $(CUDA_HOME) (static runtime)
 # Kernels (arena/*.cu): sm_90 (H100, H200) and sm_80 code, plus compute_80 PTX
 # that the driver compiles for newer GPUs.
 NVCC      := $(CUDA_HOME)/bin/nvcc
-NVCCFLAGS := -O2 -std=c++17 -Xcompiler -fPIC -Iinclude -MMD -MP \
+NVCCFLAGS := -O2 -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden -Iinclude -MMD -MP \
              -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=[sm_80,compute_80] \
              -Xcompiler -Wall,-Wextra,-Wno-unused-parameter
 ifeq ($(WERROR),1)
@@ -87,7 +89,7 @@ FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c)
 
 DEPS_OK  := $(BUILD)/.deps-ok
 
-.PHONY: all lib cli unit test test-unit test-cli test-python test-asan test-fuzz demo fuzz install clean help deps
+.PHONY: all lib cli unit test test-unit test-cli test-api test-python test-asan test-fuzz demo fuzz install clean help deps
 .DEFAULT_GOAL := all
 
 all: cli lib
@@ -126,7 +128,8 @@ $(BUILD)/libarena.a: $(LIB_OBJ)
 
 $(BUILD)/libarena.so: $(LIB_OBJ)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) -shared -Wl,-soname,libarena.so.0 $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) -shared -Wl,-soname,libarena.so.0 -Wl,--exclude-libs,ALL $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(Q)ln -sf libarena.so $(BUILD)/libarena.so.0
 
 $(BUILD)/arena: $(CLI_OBJ) $(BUILD)/libarena.a
 	@$(if $(Q),echo "  LD      $@")
@@ -169,6 +172,11 @@ test-unit: unit
 test-cli: cli
 	$(Q)sh tests/cli/run.sh $(BUILD)/arena
 
+# The public API alone: a program built against arena.h, linked to libarena.so only.
+test-api: cli lib
+	$(Q)mkdir -p $(BUILD)/tests
+	$(Q)CC="$(CC)" sh tests/api/run.sh $(BUILD) $(if $(filter 1,$(SAN)),-fsanitize=address$(comma)undefined -fno-omit-frame-pointer)
+
 test-python: cli
 	$(Q)sh tests/python/run.sh $(BUILD)
 
@@ -178,9 +186,9 @@ test-fuzz: unit
 		$(RUNCHECK) $(BUILD)/tests/replay_$$t tests/fuzz/corpus/$$t || exit 1; done
 
 test-asan:
-	$(Q)$(MAKE) --no-print-directory BUILD=$(BUILD)/asan SAN=1 CUDA=0 test-unit test-fuzz
+	$(Q)$(MAKE) --no-print-directory BUILD=$(BUILD)/asan SAN=1 CUDA=0 test-unit test-api test-fuzz
 
-test: test-unit test-cli test-python test-fuzz test-asan
+test: test-unit test-cli test-api test-python test-fuzz test-asan
 	@echo "make test: all passed"
 
 demo: cli

@@ -99,6 +99,11 @@ void arena__leave(const arena *ca)
 	if (i != SIZE_MAX && --a->refs == 0) {
 		reg[i] = reg[--n_reg];
 		last = 1;
+		if (!n_reg) { /* no arena left: nothing of the library stays allocated */
+			arena_free(reg);
+			reg = NULL;
+			cap_reg = 0;
+		}
 	}
 	pthread_mutex_unlock(&reg_mu);
 	if (last)

@@ -91,3 +91,64 @@ Test(api, allocation_failures)
 	}
 	cr_assert_gt(n, 50);
 }
+
+/* A streamed run: open on a device smaller than the model, steps in sample
+ * and train, a mode switch; returns the first error (0: all done). */
+static int streamed_run(arena **keep)
+{
+	arena_open_options o = {.backend = "sim",
+				.sim_capacity = 295 << 10,
+				.headroom = ARENA_ZERO_BYTES,
+				.reserve = ARENA_ZERO_BYTES,
+				.keep_last = ARENA_ZERO_COUNT};
+	arena *a = NULL;
+	int rc = arena_open(ref("tiny_flux.safetensors"), &o, &a);
+	*keep = a;
+	if (rc)
+		return rc;
+	size_t n = arena_block_count(a);
+	for (int s = 0; s < 6 && !rc; s++) {
+		if (s == 3 && (rc = arena_set_mode(a, ARENA_MODE_TRAIN)))
+			break;
+		if ((rc = arena_step_begin(a)))
+			break;
+		for (int pass = 0; pass < (s == 1 ? 2 : 1) && !rc; pass++) /* step 1: two passes (learned) */
+			for (size_t b = 0; b < n && !rc; b++) {
+				void *d;
+				size_t bb = s >= 3 && pass ? n - 1 - b : b;
+				if (!(rc = arena_block_acquire(a, bb, NULL, &d)))
+					rc = arena_block_release(a, bb, NULL);
+			}
+		int e = arena_step_end(a);
+		rc = rc ? rc : e;
+	}
+	return rc;
+}
+
+Test(api, streamed_run_under_allocation_failures)
+{
+	arena *a;
+	long live = arena_alloc_live();
+	cr_assert_eq(streamed_run(&a), 0, "%s", arena_last_error());
+	arena_plan_info p;
+	cr_assert_eq(arena_plan_get(a, &p), 0);
+	cr_assert_gt(p.n_streamed, 0, "the device is smaller than the model");
+	arena_close(a);
+	cr_assert_eq(arena_alloc_live(), live, "a clean run leaks nothing");
+	long n;
+	int fired = 1;
+	for (n = 1; fired && n < 20000; n++) {
+		arena_fault_alloc(n);
+		int rc = streamed_run(&a);
+		fired = arena_fault_alloc_fired();
+		arena_fault_alloc(0);
+		if (fired)
+			cr_assert(rc == ARENA_E_NOMEM || rc == 0, "n=%ld: %s: %s", n, arena_err_name(rc), arena_last_error());
+		else
+			cr_assert_eq(rc, 0, "n=%ld: %s", n, arena_last_error());
+		arena_close(a);
+		cr_assert_eq(arena_alloc_live(), live, "n=%ld: %ld allocations leaked", n, arena_alloc_live() - live);
+	}
+	cr_assert(!fired, "every allocation point was reached");
+	cr_assert_gt(n, 50);
+}
