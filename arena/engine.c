@@ -32,6 +32,9 @@ struct arena_engine {
 	 * ahead (each counted in ring.pending) and not yet acquired */
 	uint32_t *seq;
 	size_t n_seq, cur, fetched;
+	unsigned ring_epoch;  /* counts the ring's resets: pending counts start anew */
+	unsigned fetch_epoch; /* the ring_epoch [cur, fetched) were fetched in */
+	uint64_t next_bytes, next_copies; /* copied for the next step's entries */
 	size_t max_sched;    /* capacity of seq, obs and a schedule: arena_residency_max_sched */
 	arena__ring scratch; /* for arena__plan_derive */
 	arena__timed tscr; /* for engine_predict */
@@ -148,6 +151,7 @@ static int ring_free(arena_engine *e)
 		be->ops->dev_free(be, e->ring_dptr);
 	e->ring_dptr = NULL;
 	arena__ring_reset(&e->ring, e->l->n_blocks, 0);
+	e->ring_epoch++;
 	e->slot_bytes = 0;
 	return rc;
 }
@@ -163,6 +167,7 @@ static int ring_alloc(arena_engine *e, uint64_t bytes)
 	if ((rc = e->be->ops->dev_alloc(e->be, (uint64_t)e->n_slots * bytes, &e->ring_dptr)))
 		return rc;
 	arena__ring_reset(&e->ring, e->l->n_blocks, (uint64_t)e->n_slots * bytes);
+	e->ring_epoch++;
 	e->slot_bytes = bytes;
 	return 0;
 }
@@ -365,9 +370,10 @@ static int evict_wait(void *ctx, uint32_t q)
 }
 
 /* Put block b in the ring for one more use: its copy is issued unless it
- * is there already (the copy's bytes count in this step's record); 0, 1 no
- * room in the ring now, or an error. */
-static int fetch_block(arena_engine *e, uint32_t b)
+ * is there already (the copy counts in the record of the step whose entry
+ * it is for: this one, or the next when `next`); 0, 1 no room in the ring
+ * now, or an error. */
+static int fetch_block(arena_engine *e, uint32_t b, int next)
 {
 	arena_backend *be = e->be;
 	uint64_t at, sz = e->l->blocks[b].bytes;
@@ -382,31 +388,50 @@ static int fetch_block(arena_engine *e, uint32_t b)
 			return rc;
 		if (e->timed && sz)
 			e->tc_rec[b] = 1;
-		e->rec.streamed_bytes += sz;
-		e->rec.copies++;
+		if (next) {
+			e->next_bytes += sz;
+			e->next_copies++;
+		} else {
+			e->rec.streamed_bytes += sz;
+			e->rec.copies++;
+		}
 	}
 	e->ring.pending[b]++;
 	return 0;
 }
 
+/* Entry j of the streamed schedule; j >= n_seq is the next step's j - n_seq. */
+static uint32_t seq_at(const arena_engine *e, size_t j)
+{
+	return e->seq[j < e->n_seq ? j : j - e->n_seq];
+}
+
 static int fetch_one(arena_engine *e, size_t j)
 {
-	return fetch_block(e, e->seq[j]);
+	return fetch_block(e, seq_at(e, j), j >= e->n_seq);
 }
 
 /* Forget the entries fetched ahead and not yet acquired (their copies stay
  * issued; their bytes stay in the ring, reused if asked for while there). */
 static void drop_ahead(arena_engine *e)
 {
-	for (size_t j = e->cur; j < e->fetched; j++)
-		e->ring.pending[e->seq[j]]--;
+	if (e->ring_epoch == e->fetch_epoch)
+		for (size_t j = e->cur; j < e->fetched; j++)
+			e->ring.pending[seq_at(e, j)]--;
 	e->fetched = e->cur;
 }
 
-/* Fetch streamed entries ahead as far as the ring has room. */
+/* Fetch streamed entries ahead as far as the ring has room: past the end of
+ * the step into the next one's first entries too (at most a step ahead), so
+ * that a caller whose step ends with a wait for its work (a host sync) finds
+ * the next step's first blocks on their way. */
 static int prefetch(arena_engine *e)
 {
-	while (e->fetched < e->n_seq) {
+	if (e->fetch_epoch != e->ring_epoch) { /* the ring was made anew: nothing in it is ours */
+		e->fetch_epoch = e->ring_epoch;
+		e->fetched = e->cur;
+	}
+	while (e->fetched < e->cur + e->n_seq && e->fetched < 2 * e->n_seq) {
 		int rc = fetch_one(e, e->fetched);
 		if (rc < 0)
 			return rc;
@@ -734,7 +759,7 @@ int arena_engine_acquire(arena_engine *e, uint32_t block, arena_stream *stream, 
 				    e->l->blocks[block].name);
 	size_t j = locate(e, block);
 	if (j == SIZE_MAX || e->fetched <= j) {
-		if ((rc = j == SIZE_MAX ? fetch_block(e, block) : fetch_one(e, j)) < 0)
+		if ((rc = j == SIZE_MAX ? fetch_block(e, block, 0) : fetch_one(e, j)) < 0)
 			return fail_engine(e, rc);
 		if (rc > 0)
 			return arena_errorf(ARENA_E_USAGE,
@@ -1010,7 +1035,19 @@ int arena_engine_step_end(arena_engine *e)
 	}
 	e->n_obs = 0;
 	e->obs_over = 0;
+	/* What this step did not use goes; what was fetched for the next step
+	 * stays its first entries, unless the schedule changes or the ring is
+	 * made anew (prefetch sees the epoch). */
+	size_t carry = e->fetched > e->n_seq ? e->fetched - e->n_seq : 0;
+	e->fetched = e->fetched < e->n_seq ? e->fetched : e->n_seq;
 	drop_ahead(e);
+	e->cur = e->fetched = 0;
+	if (carry && learned) {
+		for (size_t j = 0; j < carry && e->fetch_epoch == e->ring_epoch; j++)
+			e->ring.pending[e->seq[j]]--;
+		carry = 0;
+	}
+	e->fetched = carry;
 	rc = adapt(e, learned);
 	if (!rc)
 		rc = learn(e);
@@ -1021,13 +1058,15 @@ int arena_engine_step_end(arena_engine *e)
 	e->hist[e->steps % ARENA_ENGINE_HISTORY] = e->rec;
 	e->steps++;
 	memset(&e->rec, 0, sizeof(e->rec));
+	e->rec.streamed_bytes = e->next_bytes; /* fetched during the step just ended */
+	e->rec.copies = e->next_copies;
+	e->next_bytes = e->next_copies = 0;
 	e->state = ST_IDLE;
 	if (!rc)
 		rc = arena_engine_collect(e);
 	if (rc)
 		return fail_engine(e, rc);
 	/* The next step's first copies run behind this step's last compute. */
-	e->cur = e->fetched = 0;
 	e->begun = 1;
 	return fail_engine(e, prefetch(e));
 }

@@ -182,38 +182,45 @@ int arena__ring_take(arena__ring *r, const arena_layout *l, uint32_t b, uint64_t
 	return rc;
 }
 
-/* Dry run of two steps of seq through a ring of ring_bytes, fetching as far
- * ahead as the ring allows (as the engine does); bytes and copies of the
- * second step. */
+/* Dry run of steps of seq through a ring of ring_bytes, fetching as far
+ * ahead as the ring allows and at most a step ahead, across step ends (as
+ * the engine does); the bytes and copies of the entries of the steps after
+ * the first, a step's mean (the ring's first-in-first-out placement need
+ * not repeat from one step to the next). */
 static void dry_run(const arena_layout *l, const uint32_t *seq, size_t len, arena__ring *r, uint64_t ring_bytes,
 		    uint64_t *bytes, uint64_t *copies)
 {
+	enum { STEPS = 9 };
+	uint64_t by[STEPS] = {0}, co[STEPS] = {0};
+	size_t fetched = 0;
 	arena__ring_reset(r, l->n_blocks, ring_bytes);
-	for (int step = 0; step < 2; step++) {
-		size_t fetched = 0;
-		*bytes = 0;
-		*copies = 0;
-		for (size_t cur = 0; cur < len; cur++) {
-			while (fetched < len) {
-				uint32_t b = seq[fetched];
-				uint64_t at;
-				int reuse;
-				if (arena__ring_place(r, l, b, &at, &reuse)) {
-					if (fetched > cur)
-						break;
-					return; /* cannot happen: the ring holds two of the largest block */
-				}
-				if (!reuse) {
-					*bytes += l->blocks[b].bytes;
-					++*copies;
-					arena__ring_take(r, l, b, at, NULL, NULL);
-				}
-				r->pending[b]++;
-				fetched++;
+	*bytes = *copies = 0;
+	for (size_t i = 0; i <= STEPS * len; i++) {
+		while (fetched < i + len && fetched < STEPS * len) {
+			size_t s = fetched / len; /* the step whose entry it is */
+			uint32_t b = seq[fetched % len];
+			uint64_t at;
+			int reuse;
+			if (arena__ring_place(r, l, b, &at, &reuse)) {
+				if (fetched > i)
+					break;
+				return; /* cannot happen: the ring holds two of the largest block */
 			}
-			r->pending[seq[cur]]--;
+			if (!reuse) {
+				by[s] += l->blocks[b].bytes;
+				co[s]++;
+				arena__ring_take(r, l, b, at, NULL, NULL);
+			}
+			r->pending[b]++;
+			fetched++;
 		}
+		if (i < STEPS * len)
+			r->pending[seq[i % len]]--;
 	}
+	for (int s = 1; s < STEPS; s++)
+		*bytes += by[s], *copies += co[s];
+	*bytes /= STEPS - 1;
+	*copies /= STEPS - 1;
 }
 
 /* --- the timed dry run (with a compute profile) ----------------------------- */
@@ -266,10 +273,11 @@ static double entry_cost(const arena_engine_opts *o, const uint32_t *sched, cons
 }
 
 /* Predicted seconds of a steady step of `sched` with the blocks in `res`
- * resident: the second of two steps of the ring's rules in time (copies in
+ * resident: the second of three steps of the ring's rules in time (copies in
  * order at o->h2d_bytes_per_s, each after the release of what it
- * overwrites; an entry computes once its block is there and the entry
- * before it is done). Negative when a block cannot be placed. */
+ * overwrites, fetched at most a step ahead across step ends; an entry
+ * computes once its block is there and the entry before it is done).
+ * Negative when a block cannot be placed. */
 double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const uint32_t *sched, const uint8_t *bwd,
 			size_t n_sched, const uint8_t *res, unsigned slots, arena__timed *t)
 {
@@ -284,10 +292,13 @@ double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const
 	arena__ring_reset(&t->r, l->n_blocks, (uint64_t)slots * slot);
 	memset(t->fill_t, 0, l->n_blocks * sizeof(*t->fill_t));
 	memset(t->rel_t, 0, l->n_blocks * sizeof(*t->rel_t));
-	double copy_free = 0, comp = 0, t0 = 0;
-	for (int step = 0; step < 2; step++) {
-		size_t fetched = 0, cur = 0;
-		t0 = comp;
+	double copy_free = 0, comp = 0, t0 = 0, t1 = 0;
+	size_t fetched = 0, cur = 0; /* streamed entries, counted across steps */
+	for (int step = 0; step < 3; step++) {
+		if (step == 1)
+			t0 = comp;
+		if (step == 2)
+			t1 = comp;
 		for (size_t i = 0; i < n_sched; i++) {
 			uint32_t b = sched[i];
 			double c = entry_cost(o, sched, bwd, i);
@@ -295,8 +306,8 @@ double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const
 				comp += c;
 				continue;
 			}
-			while (fetched < len) {
-				uint32_t f = t->seq[fetched];
+			while (fetched < cur + len && fetched < 3 * len) {
+				uint32_t f = t->seq[fetched % len];
 				uint64_t at;
 				int reuse;
 				if (arena__ring_place(&t->r, l, f, &at, &reuse)) {
@@ -321,7 +332,7 @@ double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const
 			cur++;
 		}
 	}
-	return comp - t0;
+	return t1 - t0;
 }
 
 int arena__have_profile(const arena_engine_opts *o)

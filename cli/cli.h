@@ -46,11 +46,12 @@ int cli_parse_size(const char *s, uint64_t *out);
 /* Format bytes as "22.17 GiB" into buf. */
 const char *cli_fmt_bytes(uint64_t n, char *buf, size_t len);
 
-/* The residency planner's options, shared by `arena plan` and `arena bench
- * stream`: getopt_long entries (put CLI_ENGINE_OPTIONS in the table), their
- * --help lines, and their parsing into an arena_engine_opts (defaults from
- * cli_engine_defaults). cli_engine_option returns -1 when ch is not one of
- * them, else 0 or the usage exit status. */
+/* The residency planner's options, shared by `arena plan`, `arena load` and
+ * `arena bench stream`: getopt_long entries (put CLI_ENGINE_OPTIONS in the
+ * table), their --help lines, and their parsing into the library's
+ * arena_open_options (whose zeros are the defaults: the CLI's defaults are
+ * the library's). cli_engine_option returns -1 when ch is not one of them,
+ * else 0 or the usage exit status. */
 enum { CLI_O_MODE = 1000, CLI_O_DEPTH, CLI_O_KEEP, CLI_O_HEAD, CLI_O_RES };
 #define CLI_ENGINE_OPTIONS                                                                                   \
 	{"mode", required_argument, NULL, CLI_O_MODE}, {"depth", required_argument, NULL, CLI_O_DEPTH},     \
@@ -65,12 +66,8 @@ enum { CLI_O_MODE = 1000, CLI_O_DEPTH, CLI_O_KEEP, CLI_O_HEAD, CLI_O_RES };
 	"  --headroom SIZE     physical slack (default min(512M, 2% of the device or cap))\n"     \
 	"  --reserve SIZE      working memory for activations (default 1G sample,\n"              \
 	"                      4G train, at most a quarter of what is left)\n"
-struct arena_engine_opts;
 struct arena_open_options;
-void cli_engine_defaults(struct arena_engine_opts *o);
-/* The same options for arena_open (defaults stay defaults). */
-void cli_open_engine_options(const struct arena_engine_opts *e, struct arena_open_options *o);
-int cli_engine_option(const char *cmd, int ch, const char *arg, struct arena_engine_opts *o);
+int cli_engine_option(const char *cmd, int ch, const char *arg, struct arena_open_options *o);
 
 /* Print a jansson value to stdout (indented, keys in insertion order) and
  * release it. Returns 0, or 3 if writing failed. */

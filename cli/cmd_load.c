@@ -121,8 +121,7 @@ int cmd_load(int argc, char **argv)
 		CLI_ENGINE_OPTIONS,
 		{NULL, 0, NULL, 0},
 	};
-	arena_engine_opts eo;
-	cli_engine_defaults(&eo);
+	arena_open_options ao = {0};
 	const char *backend = NULL;
 	int device = 0, json = 0, check = 0, probe = 1, ch;
 	uint64_t cap = 0, pin_cap = 0;
@@ -193,7 +192,7 @@ int cmd_load(int argc, char **argv)
 			json = 1;
 			break;
 		default: {
-			int r = cli_engine_option("load", ch, optarg, &eo);
+			int r = cli_engine_option("load", ch, optarg, &ao);
 			if (r > 0)
 				return r;
 			if (r < 0)
@@ -206,9 +205,12 @@ int cmd_load(int argc, char **argv)
 		return cli_usage_error("load", "expected one PATH, got %d", argc - optind);
 	const char *path = argv[optind];
 
-	arena_open_options ao = {.backend = backend, .device = device, .vram_cap = cap, .pin_budget = pin_cap,
-				 .threads = lo.threads, .quant = quant.scheme};
-	cli_open_engine_options(&eo, &ao);
+	ao.backend = backend;
+	ao.device = device;
+	ao.vram_cap = cap;
+	ao.pin_budget = pin_cap;
+	ao.threads = lo.threads;
+	ao.quant = quant.scheme;
 	struct sigaction sa = {.sa_handler = on_signal};
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);

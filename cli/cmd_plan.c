@@ -10,6 +10,7 @@
 #include "../common/alloc.h"
 #include "../common/err.h"
 #include "../formats/image.h"
+#include "../loader/open.h"
 #include "arena.h"
 #include "cli.h"
 
@@ -43,8 +44,8 @@ int cmd_plan(int argc, char **argv)
 		{"json", no_argument, NULL, O_JSON},
 		{NULL, 0, NULL, 0},
 	};
+	arena_open_options ao = {0};
 	arena_engine_opts o;
-	cli_engine_defaults(&o);
 	uint64_t vram = 0;
 	int json = 0, ch, rc;
 	const char *profile = NULL;
@@ -63,7 +64,7 @@ int cmd_plan(int argc, char **argv)
 			json = 1;
 			break;
 		default:
-			if ((rc = cli_engine_option("plan", ch, optarg, &o)) >= 0) {
+			if ((rc = cli_engine_option("plan", ch, optarg, &ao)) >= 0) {
 				if (rc)
 					return rc;
 				break;
@@ -76,6 +77,8 @@ int cmd_plan(int argc, char **argv)
 	if (!vram)
 		return cli_usage_error("plan", "--vram SIZE is required");
 	const char *path = argv[optind];
+	if ((rc = arena__engine_opts(&ao, &o)))
+		return cli_fail(rc);
 	arena_image *img;
 	if ((rc = arena_img_open(path, &img)))
 		return cli_fail(rc);

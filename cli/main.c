@@ -68,24 +68,7 @@ int cli_wants_help(const cli_cmd *cmd, int argc, char **argv)
 	return 0;
 }
 
-void cli_engine_defaults(arena_engine_opts *o)
-{
-	arena_engine_opts_default(o);
-}
-
-void cli_open_engine_options(const arena_engine_opts *e, arena_open_options *o)
-{
-	o->mode = e->mode;
-	o->headroom = e->headroom == ARENA_ENGINE_AUTO ? 0 : e->headroom ? e->headroom : ARENA_ZERO_BYTES;
-	o->reserve = e->reserve == ARENA_ENGINE_AUTO ? 0 : e->reserve ? e->reserve : ARENA_ZERO_BYTES;
-	o->depth = e->depth;
-	o->keep_last = e->keep_last ? e->keep_last : ARENA_ZERO_COUNT;
-	o->hysteresis = e->hysteresis;
-	o->flags = (e->strict ? ARENA_OPEN_STRICT : 0) | (e->no_learn ? ARENA_OPEN_NO_LEARN : 0) |
-		   (e->fixed_schedule ? ARENA_OPEN_FIXED_SCHEDULE : 0);
-}
-
-int cli_engine_option(const char *cmd, int ch, const char *arg, arena_engine_opts *o)
+int cli_engine_option(const char *cmd, int ch, const char *arg, arena_open_options *o)
 {
 	char *end;
 	long n;
@@ -101,14 +84,20 @@ int cli_engine_option(const char *cmd, int ch, const char *arg, arena_engine_opt
 		if (*end || end == arg || n < (ch == CLI_O_DEPTH) || n > 64)
 			return cli_usage_error(cmd, "%s '%s' is not a number from %d to 64",
 					       ch == CLI_O_DEPTH ? "--depth" : "--keep-last", arg, ch == CLI_O_DEPTH);
-		*(ch == CLI_O_DEPTH ? &o->depth : &o->keep_last) = (unsigned)n;
+		if (ch == CLI_O_DEPTH)
+			o->depth = (unsigned)n;
+		else
+			o->keep_last = n ? (unsigned)n : ARENA_ZERO_COUNT;
 		return 0;
 	case CLI_O_HEAD:
-	case CLI_O_RES:
-		if (cli_parse_size(arg, ch == CLI_O_HEAD ? &o->headroom : &o->reserve))
+	case CLI_O_RES: {
+		uint64_t v;
+		if (cli_parse_size(arg, &v))
 			return cli_usage_error(cmd, "%s '%s' is not a size", ch == CLI_O_HEAD ? "--headroom" : "--reserve",
 					       arg);
+		*(ch == CLI_O_HEAD ? &o->headroom : &o->reserve) = v ? v : ARENA_ZERO_BYTES;
 		return 0;
+	}
 	default:
 		return -1;
 	}

@@ -405,6 +405,10 @@ ARENA_API int arena_plan_get(const arena *a, arena_plan_info *out);
  * `blocks`, the length into *n. */
 ARENA_API int arena_schedule_get(const arena *a, uint32_t *blocks, size_t cap, size_t *n);
 
+/* The device's free and total memory now, as the backend sees it (sim: its
+ * capacity less what is allocated and held as pressure). */
+ARENA_API int arena_device_memory(const arena *a, uint64_t *free_bytes, uint64_t *total_bytes);
+
 /* ---- compute profiles ---------------------------------------------------------
  * A profile is each block's forward compute seconds, the host-to-device
  * rate and the backward factor; with one, the engine places resident blocks

@@ -74,19 +74,28 @@ void arena__drop_model(arena *a)
 	pthread_mutex_unlock(&a->mu);
 }
 
+/* One more reference to a if it is live: 1, else 0 (nothing said). */
+static int take_ref(arena *a)
+{
+	int live = 0;
+	if (a) {
+		pthread_mutex_lock(&reg_mu);
+		live = reg_find(a) != SIZE_MAX;
+		if (live)
+			a->refs++;
+		pthread_mutex_unlock(&reg_mu);
+	}
+	return live;
+}
+
 /* Take a reference to a live handle for a call: 0, or USAGE. */
 int arena__enter(const arena *ca)
 {
-	arena *a = arena__mut(ca);
-	int live;
-	if (!a)
+	if (!ca)
 		return arena_errorf(ARENA_E_USAGE, "arena: NULL handle");
-	pthread_mutex_lock(&reg_mu);
-	live = reg_find(a) != SIZE_MAX;
-	if (live)
-		a->refs++;
-	pthread_mutex_unlock(&reg_mu);
-	return live ? 0 : arena_errorf(ARENA_E_USAGE, "arena: not an open arena (closed and released, or never opened)");
+	if (!take_ref(arena__mut(ca)))
+		return arena_errorf(ARENA_E_USAGE, "arena: not an open arena (closed and released, or never opened)");
+	return 0;
 }
 
 /* Drop a reference; the last frees the arena. */
@@ -128,10 +137,8 @@ void arena_release(arena *a)
 
 void arena_close(arena *a)
 {
-	if (!a || arena__enter(a)) {
-		arena_error_clear();
+	if (!take_ref(a)) /* NULL, or gone: nothing to do (and the last error stays) */
 		return;
-	}
 	pthread_mutex_lock(&a->mu);
 	int was = a->closed;
 	a->closed = 1;
@@ -161,8 +168,7 @@ static const char *human(uint64_t n, char *buf, size_t len)
 	return buf;
 }
 
-/* The engine's options from the public ones: every 0 the default. */
-static int engine_opts(const arena_open_options *o, arena_engine_opts *e)
+int arena__engine_opts(const arena_open_options *o, arena_engine_opts *e)
 {
 	arena_engine_opts_default(e);
 	if (o->mode != ARENA_MODE_SAMPLE && o->mode != ARENA_MODE_TRAIN)
@@ -257,7 +263,7 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 	}
 	a->mu_init = 1;
 	a->refs = 1;
-	if ((rc = engine_opts(o, &a->eo)))
+	if ((rc = arena__engine_opts(o, &a->eo)))
 		goto fail;
 	uint64_t simcap = o->sim_capacity ? o->sim_capacity : o->vram_cap > (16ull << 30) ? o->vram_cap : (16ull << 30);
 	arena_sim_opts so = {.capacity = simcap, .h2d_bytes_per_s = o->sim_bandwidth};

@@ -45,6 +45,10 @@ static inline arena *arena__mut(const arena *a)
 	return (arena *)(uintptr_t)a;
 }
 
+/* The engine's options from the public ones (every 0 the default): 0 or
+ * USAGE (an unknown mode or flag, depth or keep_last over 64, a bad rate). */
+int arena__engine_opts(const arena_open_options *o, arena_engine_opts *e);
+
 /* Free the engine and the model now (the CLI's `load` measures limits after
  * the load with the device memory given back); the handle is closed for
  * everything but arena_backend_name and arena_close. */

@@ -251,6 +251,19 @@ int arena_profile_save(const arena *a, const char *path)
 	return unlock(a, rc);
 }
 
+int arena_device_memory(const arena *a, uint64_t *free_bytes, uint64_t *total_bytes)
+{
+	int rc = lock(a, "arena_device_memory");
+	if (rc)
+		return rc;
+	uint64_t f = 0, t = 0;
+	if (!free_bytes || !total_bytes)
+		rc = arena_errorf(ARENA_E_USAGE, "arena_device_memory: NULL out");
+	else if (!(rc = a->be->ops->mem_info(a->be, &f, &t)))
+		*free_bytes = f, *total_bytes = t;
+	return unlock(a, rc);
+}
+
 int arena_sim_pressure(arena *a, uint64_t bytes)
 {
 	int rc = lock(a, "arena_sim_pressure");
