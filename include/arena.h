@@ -145,6 +145,11 @@ ARENA_API const char *arena_last_error(void);
 
 /* Library version string, e.g. "0.2.0". */
 ARENA_API const char *arena_version(void);
+/* sizeof one of this header's structs by its name ("arena_open_options",
+ * "arena_tensor_info", "arena_block_info", "arena_step_info",
+ * "arena_plan_info"), for bindings that check their layouts; 0 for other
+ * names. */
+ARENA_API size_t arena_sizeof(const char *type_name);
 
 /* ---- arenas: a model's weights on a device, as much of them as fits ----------
  *

@@ -153,6 +153,22 @@ void arena_close(arena *a)
 	arena__leave(a);
 }
 
+size_t arena_sizeof(const char *n)
+{
+	static const struct {
+		const char *name;
+		size_t size;
+	} t[] = {
+		{"arena_open_options", sizeof(arena_open_options)}, {"arena_tensor_info", sizeof(arena_tensor_info)},
+		{"arena_block_info", sizeof(arena_block_info)},     {"arena_step_info", sizeof(arena_step_info)},
+		{"arena_plan_info", sizeof(arena_plan_info)},
+	};
+	for (size_t i = 0; n && i < sizeof(t) / sizeof(t[0]); i++)
+		if (!strcmp(t[i].name, n))
+			return t[i].size;
+	return 0;
+}
+
 /* --- open ------------------------------------------------------------------------ */
 
 static const char *human(uint64_t n, char *buf, size_t len)

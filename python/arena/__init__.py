@@ -1,0 +1,509 @@
+"""arena: model weights into device memory fast, and kept there as VRAM allows.
+
+Open an arena image (``arena convert``), a safetensors file or a sharded
+folder; the library puts what fits on the device and streams the rest
+through a ring of device memory when it is used (the residency engine)::
+
+    import arena
+    with arena.open("flux-dev.arena", vram="8G") as a:
+        sd = a.tensors()          # name -> torch.Tensor, zero copy
+        print(a.plan()["n_streamed"], "blocks streamed")
+
+Bind a PyTorch module to an arena with ``arena.torch.attach``. Errors from
+the C library are raised as :class:`arena.Error` with its one-line message
+and error name (``e.code``, e.g. ``"IMG_CHUNK_CHECKSUM"``).
+
+On a machine without a usable GPU the simulated device (``backend="sim"``)
+stands in: its "device" memory is host memory and tensors are CPU tensors.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import threading
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+from . import _dlpack, _native
+
+__all__ = [
+    "Error",
+    "Arena",
+    "Block",
+    "Component",
+    "TensorInfo",
+    "open",
+    "parse_size",
+    "library_version",
+    "__version__",
+]
+
+__version__ = "0.2.0"
+
+Size = Union[int, str, None]
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def library_version() -> str:
+    """The version of the libarena the package runs on."""
+    return _native.lib.arena_version().decode()
+
+
+class Error(Exception):
+    """An error of the arena library.
+
+    ``code`` is the library's error name (``"BUDGET"``, ``"IMG_CHUNK_CHECKSUM"``,
+    ``"USAGE"``...), ``errno`` its negative number, ``message`` the one-line
+    message (it names the file and object), ``error_class`` one of
+    ``"invalid"``, ``"usage"``, ``"system"``.
+    """
+
+    def __init__(self, code: str, message: str, errno: int = 0, error_class: str = "usage"):
+        super().__init__(f"{message} [{code}]" if message else code)
+        self.code = code
+        self.message = message
+        self.errno = errno
+        self.error_class = error_class
+
+    @classmethod
+    def from_code(cls, rc: int) -> "Error":
+        msg = _native.last_error() or _native.lib.arena_strerror(rc).decode()
+        klass = {1: "invalid", 2: "usage", 3: "system"}.get(_native.lib.arena_err_class(rc), "usage")
+        return cls(_native.err_name(rc), msg, rc, klass)
+
+
+def _check(rc: int) -> None:
+    if rc:
+        raise Error.from_code(rc)
+
+
+def parse_size(v: Size, what: str = "size") -> Optional[int]:
+    """Bytes from an int or a string like ``"8G"``, ``"512M"``, ``"1.5G"``, ``"4096"``
+    (K, M, G, T: powers of 1024, optionally followed by ``B`` or ``iB``).
+    ``None`` stays ``None``; anything else is a ``ValueError`` naming ``what``."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
+        raise TypeError(f"{what}: expected an int or a size string like '8G', got {type(v).__name__}")
+    if isinstance(v, int):
+        if v < 0:
+            raise ValueError(f"{what}: {v} is negative")
+        return v
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]?)(?:I?B)?", v.upper())
+    if not m or (not m.group(2) and v.upper().endswith("IB")):
+        raise ValueError(f"{what}: '{v}' is not a size (digits, an optional fraction, then K, M, G or T)")
+    n = float(m.group(1)) * _UNITS[m.group(2)]
+    if n >= 2**64:
+        raise ValueError(f"{what}: '{v}' is too large")
+    return int(n)
+
+
+@dataclass(frozen=True)
+class Component:
+    """One stored part of a tensor: ``data``, or ``qdata`` and ``scale`` of a quantized one."""
+
+    name: str
+    dtype: str
+    shape: Tuple[int, ...]
+    nbytes: int
+    offset: int  # in its block's slab
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str  # the original dtype, e.g. "BF16"
+    shape: Tuple[int, ...]
+    scheme: str  # "none" or a storage scheme such as "fp8-e4m3-row"
+    block: int
+    components: Tuple[Component, ...]
+
+
+@dataclass(frozen=True)
+class Block:
+    index: int
+    name: str
+    container: Optional[str]  # None for globals
+    container_index: int  # -1 for globals
+    nbytes: int
+
+
+_TORCH_DTYPES = {
+    "BF16": "bfloat16",
+    "F16": "float16",
+    "F32": "float32",
+    "F64": "float64",
+    "I8": "int8",
+    "U8": "uint8",
+    "I16": "int16",
+    "U16": "uint16",
+    "I32": "int32",
+    "U32": "uint32",
+    "I64": "int64",
+    "U64": "uint64",
+    "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "C64": "complex64",
+}
+
+
+def torch_dtype(name: str) -> Any:
+    """The torch dtype of an arena dtype name ("BF16" -> torch.bfloat16)."""
+    import torch
+
+    try:
+        return getattr(torch, _TORCH_DTYPES[name])
+    except (KeyError, AttributeError):
+        raise Error("USAGE", f"dtype {name} has no torch equivalent in this torch") from None
+
+
+def _numpy_dtype(name: str) -> Any:
+    import numpy as np
+
+    plain = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "I8": np.int8, "U8": np.uint8,
+             "I16": np.int16, "U16": np.uint16, "I32": np.int32, "U32": np.uint32, "I64": np.int64,
+             "U64": np.uint64, "BOOL": np.bool_, "C64": np.complex64}
+    if name in plain:
+        return np.dtype(plain[name])
+    try:
+        import ml_dtypes
+
+        return np.dtype({"BF16": ml_dtypes.bfloat16, "F8_E4M3": ml_dtypes.float8_e4m3fn,
+                         "F8_E5M2": ml_dtypes.float8_e5m2}[name])
+    except ImportError:
+        raise Error("USAGE", f"dtype {name} needs the ml_dtypes package for numpy") from None
+
+
+class Arena:
+    """An opened model: its blocks on the device as far as they fit, the rest streamed.
+
+    Use :func:`open`. Closing (``close()``, or leaving a ``with`` block) ends
+    the engine; tensors handed out before keep the memory they view alive
+    until they are freed. Every method may be called from any thread.
+    """
+
+    def __init__(self, handle: int, path: str):
+        self._h: Optional[int] = handle
+        self.path = path
+        self._lock = threading.Lock()
+        self.backend: str = _native.lib.arena_backend_name(handle).decode()
+        n = _native.lib.arena_block_count(handle)
+        self.blocks: List[Block] = []
+        for i in range(n):
+            bi = _native.BlockInfo()
+            _check(_native.lib.arena_block_get(handle, i, ctypes.byref(bi)))
+            self.blocks.append(Block(i, bi.name.decode(), bi.container.decode() if bi.container else None,
+                                     int(bi.index), int(bi.bytes)))
+        self._block_index = {b.name: b.index for b in self.blocks}
+        self._tensors: Dict[str, TensorInfo] = {}
+        for i in range(_native.lib.arena_tensor_count(handle)):
+            ti = _native.TensorInfo()
+            _check(_native.lib.arena_tensor_get(handle, i, ctypes.byref(ti)))
+            comps = tuple(
+                Component(c.name.decode(), c.dtype.decode(), tuple(c.shape[k] for k in range(c.rank)), int(c.bytes),
+                          int(c.offset))
+                for c in ti.component[: ti.n_components]
+            )
+            self._tensors[ti.name.decode()] = TensorInfo(ti.name.decode(), ti.dtype.decode(),
+                                                         tuple(ti.shape[k] for k in range(ti.rank)),
+                                                         ti.scheme.decode(), int(ti.block), comps)
+
+    # --- life -------------------------------------------------------------------
+    def _handle(self) -> int:
+        h = self._h
+        if h is None:
+            raise Error("USAGE", f"{self.path}: the arena is closed")
+        return h
+
+    @property
+    def closed(self) -> bool:
+        return self._h is None
+
+    def close(self) -> None:
+        """End the engine and drop this handle's reference. Idempotent. Tensors
+        made before stay valid (they hold references of their own)."""
+        with self._lock:
+            h, self._h = self._h, None
+        if h is not None:
+            _native.lib.arena_close(h)
+
+    def __enter__(self) -> "Arena":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else self.backend
+        return f"<arena.Arena {self.path!r} ({state}, {len(self.blocks)} blocks, {len(self._tensors)} tensors)>"
+
+    # --- where things are ---------------------------------------------------------
+    @property
+    def device(self) -> str:
+        """Where device tensors live, as torch names it: ``"cuda:N"`` or ``"cpu"`` (sim)."""
+        return "cpu" if self.backend == "sim" else f"cuda:{self._device_id}"
+
+    _device_id = 0
+
+    def _dl_device(self) -> Tuple[int, int]:
+        return (_dlpack.KDL_CPU, 0) if self.backend == "sim" else (_dlpack.KDL_CUDA, self._device_id)
+
+    def tensor_info(self, name: str) -> TensorInfo:
+        try:
+            return self._tensors[name]
+        except KeyError:
+            raise Error("NOT_FOUND", f"{self.path}: no tensor '{name}'") from None
+
+    def tensor_names(self) -> List[str]:
+        return sorted(self._tensors)
+
+    def block_index(self, name: str) -> int:
+        try:
+            return self._block_index[name]
+        except KeyError:
+            raise Error("NOT_FOUND", f"{self.path}: no block '{name}'") from None
+
+    def block_state(self, block: int) -> Tuple[bool, int, int]:
+        """(resident, device address or 0, host address or 0) of a block now."""
+        bi = _native.BlockInfo()
+        _check(_native.lib.arena_block_get(self._handle(), block, ctypes.byref(bi)))
+        return bool(bi.resident), int(bi.device or 0), int(bi.host or 0)
+
+    # --- tensors -------------------------------------------------------------------
+    def slab(self, block: int, address: int, where: str = "device") -> Any:
+        """A torch uint8 tensor over block ``block``'s slab at ``address`` (zero copy;
+        it holds a reference to the arena). ``where``: "device" or "host"."""
+        import torch
+
+        nbytes = self.blocks[block].nbytes
+        dev = self._dl_device() if where == "device" else (_dlpack.KDL_CPU, 0)
+        with torch.inference_mode(False):
+            return torch.from_dlpack(_dlpack.capsule(self._handle(), address, nbytes, *dev))
+
+    def views(self, slab: Any, block: int) -> Dict[str, Any]:
+        """Typed views of every tensor of ``block`` in a slab tensor (see :meth:`slab`):
+        name -> tensor for single-component tensors; quantized ones as their
+        components, ``name`` (qdata) and ``name + "_scale"``."""
+        out: Dict[str, Any] = {}
+        for t in self._tensors.values():
+            if t.block != block:
+                continue
+            for c in t.components:
+                key = t.name if c.name in ("data", "qdata") else f"{t.name}_{c.name}"
+                out[key] = _view(slab, c)
+        return out
+
+    def tensors(self) -> Dict[str, Any]:
+        """Every tensor as a torch tensor, zero copy: resident blocks' on the device,
+        streamed blocks' as (read-only) CPU views of their canonical host copy.
+        Quantized tensors appear as ``name`` (qdata) and ``name + "_scale"``."""
+        out: Dict[str, Any] = {}
+        for b in self.blocks:
+            resident, dev, host = self.block_state(b.index)
+            if not b.nbytes:
+                continue
+            slab = self.slab(b.index, dev, "device") if resident else self.slab(b.index, host, "host")
+            out.update(self.views(slab, b.index))
+        return out
+
+    state_dict = tensors
+
+    def arrays(self) -> Dict[str, Any]:
+        """Numpy arrays over the host copies of streamed blocks (read-only; on sim,
+        over every block). BF16/FP8 need ml_dtypes."""
+        import numpy as np
+
+        out: Dict[str, Any] = {}
+        for b in self.blocks:
+            resident, dev, host = self.block_state(b.index)
+            addr = host or (dev if self.backend == "sim" else 0)
+            if not addr or not b.nbytes:
+                continue
+            raw = np.from_dlpack(_dlpack.Exporter(self._handle(), addr, b.nbytes, _dlpack.KDL_CPU, 0))
+            raw.flags.writeable = False
+            for t in self._tensors.values():
+                if t.block != b.index:
+                    continue
+                for c in t.components:
+                    key = t.name if c.name in ("data", "qdata") else f"{t.name}_{c.name}"
+                    out[key] = raw[c.offset : c.offset + c.nbytes].view(_numpy_dtype(c.dtype)).reshape(c.shape)
+        return out
+
+    # --- steps ------------------------------------------------------------------------
+    def step_begin(self) -> None:
+        _check(_native.lib.arena_step_begin(self._handle()))
+
+    def step_end(self) -> None:
+        _check(_native.lib.arena_step_end(self._handle()))
+
+    def acquire(self, block: Union[int, str], stream: Optional[int] = None) -> int:
+        """Make ``stream`` (a native stream handle; None: the default stream, and on
+        sim the host) wait for the block's bytes; returns their address."""
+        i = self.block_index(block) if isinstance(block, str) else block
+        p = ctypes.c_void_p()
+        _check(_native.lib.arena_block_acquire(self._handle(), i, stream, ctypes.byref(p)))
+        return int(p.value or 0)
+
+    def release(self, block: Union[int, str], stream: Optional[int] = None) -> None:
+        i = self.block_index(block) if isinstance(block, str) else block
+        _check(_native.lib.arena_block_release(self._handle(), i, stream))
+
+    def set_mode(self, mode: str) -> None:
+        """"sample" or "train", between steps."""
+        _check(_native.lib.arena_set_mode(self._handle(), _mode(mode)))
+
+    @property
+    def mode(self) -> str:
+        m = _native.lib.arena_mode(self._handle())
+        if m < 0:
+            raise Error("USAGE", _native.last_error() or f"{self.path}: the arena is closed")
+        return "train" if m == _native.MODE_TRAIN else "sample"
+
+    def sync(self) -> None:
+        """Wait for the engine's copies and read the device's timing of the steps run."""
+        _check(_native.lib.arena_sync(self._handle()))
+
+    def stats(self) -> List[Dict[str, Any]]:
+        """The engine's per-step records (the last 256), oldest first."""
+        h = self._handle()
+        n = _native.lib.arena_step_count(h)
+        out = []
+        for s in range(max(0, n - 256), n):
+            r = _native.StepInfo()
+            if _native.lib.arena_step_get(h, s, ctypes.byref(r)):
+                continue
+            d = {k: getattr(r, k) for k, _ in _native.StepInfo._fields_}
+            d["mode"] = "train" if r.mode == _native.MODE_TRAIN else "sample"
+            for k in ("over_budget", "schedule_learned", "stopped_early", "profile_learned", "gpu_timed"):
+                d[k] = bool(d[k])
+            out.append(d)
+        return out
+
+    def plan(self) -> Dict[str, Any]:
+        """The residency plan in force: budget, resident and streamed bytes and blocks, the ring."""
+        p = _native.PlanInfo()
+        _check(_native.lib.arena_plan_get(self._handle(), ctypes.byref(p)))
+        d = {k: getattr(p, k) for k, _ in _native.PlanInfo._fields_}
+        d["mode"] = "train" if p.mode == _native.MODE_TRAIN else "sample"
+        return d
+
+    def device_memory(self) -> Tuple[int, int]:
+        """(free, total) bytes of the device now."""
+        f, t = ctypes.c_uint64(), ctypes.c_uint64()
+        _check(_native.lib.arena_device_memory(self._handle(), ctypes.byref(f), ctypes.byref(t)))
+        return int(f.value), int(t.value)
+
+    def save_profile(self, path: str) -> None:
+        """Write the compute profile the engine learned (for ``arena plan --profile``)."""
+        _check(_native.lib.arena_profile_save(self._handle(), os.fsencode(path)))
+
+    def sim_pressure(self, nbytes: Size) -> None:
+        """sim only: hold ``nbytes`` of the simulated device as another program would (0 frees)."""
+        _check(_native.lib.arena_sim_pressure(self._handle(), parse_size(nbytes, "sim_pressure") or 0))
+
+
+def _mode(mode: str) -> int:
+    if mode == "sample":
+        return _native.MODE_SAMPLE
+    if mode == "train":
+        return _native.MODE_TRAIN
+    raise Error("USAGE", f"mode '{mode}': use 'sample' or 'train'")
+
+
+def _view(slab: Any, c: Component) -> Any:
+    import torch
+
+    t = slab[c.offset : c.offset + c.nbytes]
+    dt = torch_dtype(c.dtype)
+    if dt is not torch.uint8:
+        t = t.view(dt)
+    return t.view(c.shape)
+
+
+def open(
+    path: Union[str, "os.PathLike[str]"],
+    *,
+    device: Union[str, int, None] = None,
+    vram: Size = None,
+    quant: Optional[str] = None,
+    mode: str = "sample",
+    headroom: Size = None,
+    reserve: Size = None,
+    depth: Optional[int] = None,
+    keep_last: Optional[int] = None,
+    pin_budget: Size = None,
+    threads: Optional[int] = None,
+    profile: Optional[str] = None,
+    strict: bool = False,
+    learn: bool = True,
+    sim_capacity: Size = None,
+    sim_bandwidth: Optional[float] = None,
+) -> Arena:
+    """Open an arena image, a safetensors file or a sharded checkpoint folder.
+
+    device: ``"cuda"``, ``"cuda:N"``, ``N``, ``"sim"`` (the simulator) or None (the
+      GPU when one is usable, else the simulator).
+    vram: device memory arena may use (bytes or "8G"); None = what is free. When
+      the model does not fit, what fits stays resident and the rest is streamed.
+    quant: safetensors inputs only: store block weights quantized
+      ("fp8-e4m3-row", "int8-row", ...; see docs/QUANT.md).
+    mode: "sample" (forward) or "train" (forward, then backward with recompute).
+    headroom, reserve: device slack and working memory for activations kept out
+      of the weights budget (None: the library's defaults; 0: none).
+    depth, keep_last: the ring's depth and train's extra slots (None: defaults).
+    profile: a compute profile file to plan by; learn: learn one on the device.
+    sim_capacity, sim_bandwidth: the simulated device's size and copy rate.
+
+    Raises :class:`Error` (``code`` "BUDGET" when the model cannot run within
+    ``vram`` at all; the message says what it needs).
+    """
+    o = _native.OpenOptions()
+    backend: Optional[str] = None
+    dev_id = 0
+    if device is not None:
+        if isinstance(device, int) and not isinstance(device, bool):
+            backend, dev_id = "cuda", device
+        elif isinstance(device, str) and device == "sim":
+            backend = "sim"
+        elif isinstance(device, str) and (device == "cuda" or device.startswith("cuda:")):
+            backend = "cuda"
+            if ":" in device:
+                try:
+                    dev_id = int(device.split(":", 1)[1])
+                except ValueError:
+                    raise ValueError(f"device '{device}': expected cuda:N") from None
+        else:
+            raise ValueError(f"device {device!r}: use 'cuda', 'cuda:N', N, 'sim' or None")
+    o.backend = backend.encode() if backend else None
+    o.device = dev_id
+    o.vram_cap = parse_size(vram, "vram") or 0
+    o.pin_budget = parse_size(pin_budget, "pin_budget") or 0
+    o.threads = threads or 0
+    o.quant = quant.encode() if quant else None
+    o.mode = _mode(mode)
+    h = parse_size(headroom, "headroom")
+    r = parse_size(reserve, "reserve")
+    o.headroom = 0 if h is None else (h or _native.ZERO_BYTES)
+    o.reserve = 0 if r is None else (r or _native.ZERO_BYTES)
+    o.depth = depth or 0
+    o.keep_last = 0 if keep_last is None else (keep_last or _native.ZERO_COUNT)
+    o.flags = (_native.OPEN_STRICT if strict else 0) | (0 if learn else _native.OPEN_NO_LEARN)
+    o.profile = os.fsencode(profile) if profile else None
+    o.sim_capacity = parse_size(sim_capacity, "sim_capacity") or 0
+    o.sim_bandwidth = float(sim_bandwidth or 0)
+    out = ctypes.c_void_p()
+    p = os.fspath(path)
+    _check(_native.lib.arena_open(os.fsencode(p), ctypes.byref(o), ctypes.byref(out)))
+    a = Arena(int(out.value), p)
+    a._device_id = dev_id
+    return a

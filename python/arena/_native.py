@@ -1,0 +1,219 @@
+"""ctypes declarations of libarena's public C API (include/arena.h).
+
+Private: the public Python surface is in ``arena`` and ``arena.torch``.
+Every struct's size is checked against the library's own ``arena_sizeof`` at
+import, so a binding and a library that disagree fail at once, not later.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from ctypes import (
+    POINTER,
+    Structure,
+    c_char_p,
+    c_double,
+    c_int,
+    c_int64,
+    c_size_t,
+    c_uint,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+)
+from pathlib import Path
+
+ZERO_BYTES = (1 << 64) - 1  # ARENA_ZERO_BYTES: headroom / reserve explicitly none
+ZERO_COUNT = (1 << 32) - 1  # ARENA_ZERO_COUNT: keep_last explicitly none
+MODE_SAMPLE = 0
+MODE_TRAIN = 1
+OPEN_STRICT = 1
+OPEN_NO_LEARN = 2
+OPEN_FIXED_SCHEDULE = 4
+
+
+class OpenOptions(Structure):
+    _fields_ = [
+        ("backend", c_char_p),
+        ("device", c_int),
+        ("vram_cap", c_uint64),
+        ("pin_budget", c_uint64),
+        ("threads", c_uint),
+        ("quant", c_char_p),
+        ("mode", c_int),
+        ("headroom", c_uint64),
+        ("reserve", c_uint64),
+        ("depth", c_uint),
+        ("keep_last", c_uint),
+        ("hysteresis", c_uint),
+        ("flags", c_uint),
+        ("profile", c_char_p),
+        ("sim_capacity", c_uint64),
+        ("sim_bandwidth", c_double),
+    ]
+
+
+class BlockInfo(Structure):
+    _fields_ = [
+        ("name", c_char_p),
+        ("container", c_char_p),
+        ("index", c_int64),
+        ("bytes", c_uint64),
+        ("resident", c_int),
+        ("device", c_void_p),
+        ("host", c_void_p),
+    ]
+
+
+class _Component(Structure):
+    _fields_ = [
+        ("name", c_char_p),
+        ("dtype", c_char_p),
+        ("rank", c_uint32),
+        ("shape", POINTER(c_uint64)),
+        ("bytes", c_uint64),
+        ("offset", c_uint64),
+        ("device", c_void_p),
+        ("host", c_void_p),
+    ]
+
+
+class TensorInfo(Structure):
+    _fields_ = [
+        ("name", c_char_p),
+        ("dtype", c_char_p),
+        ("rank", c_uint32),
+        ("shape", POINTER(c_uint64)),
+        ("scheme", c_char_p),
+        ("block", c_uint32),
+        ("n_components", c_uint32),
+        ("component", _Component * 4),
+    ]
+
+
+class StepInfo(Structure):
+    _fields_ = [
+        ("step", c_uint64),
+        ("mode", c_int),
+        ("budget", c_uint64),
+        ("free_bytes", c_uint64),
+        ("resident_bytes", c_uint64),
+        ("ring_bytes", c_uint64),
+        ("streamed_bytes", c_uint64),
+        ("copies", c_uint64),
+        ("promoted_bytes", c_uint64),
+        ("acquires", c_uint64),
+        ("misses", c_uint),
+        ("demotions", c_uint),
+        ("promotions", c_uint),
+        ("over_budget", c_int),
+        ("schedule_learned", c_int),
+        ("stopped_early", c_int),
+        ("profile_learned", c_int),
+        ("gpu_timed", c_int),
+        ("stalls", c_uint),
+        ("stall_s", c_double),
+        ("compute_s", c_double),
+    ]
+
+
+class PlanInfo(Structure):
+    _fields_ = [
+        ("mode", c_int),
+        ("budget", c_uint64),
+        ("headroom", c_uint64),
+        ("reserve", c_uint64),
+        ("globals_bytes", c_uint64),
+        ("resident_bytes", c_uint64),
+        ("streamed_block_bytes", c_uint64),
+        ("slot_bytes", c_uint64),
+        ("slots", c_uint),
+        ("depth", c_uint),
+        ("need_bytes", c_uint64),
+        ("min_need_bytes", c_uint64),
+        ("stream_bytes_per_step", c_uint64),
+        ("copies_per_step", c_uint64),
+        ("n_resident", c_size_t),
+        ("n_streamed", c_size_t),
+        ("schedule_length", c_size_t),
+        ("predicted_step_s", c_double),
+    ]
+
+
+def _find_library() -> str:
+    env = os.environ.get("ARENA_LIBRARY")
+    if env:
+        return env
+    here = Path(__file__).resolve().parent
+    for cand in (here / "libarena.so", here.parent.parent / "build" / "libarena.so"):
+        if cand.exists():
+            return str(cand)
+    raise ImportError(
+        "arena: libarena.so not found: not in the package (pip install builds it) nor in the "
+        "repository's build/ (make lib); set ARENA_LIBRARY to its path"
+    )
+
+
+lib = ctypes.CDLL(_find_library())
+
+_P = c_void_p  # arena *
+_SIGS = {
+    "arena_err_name": (c_char_p, [c_int]),
+    "arena_strerror": (c_char_p, [c_int]),
+    "arena_err_class": (c_int, [c_int]),
+    "arena_last_error": (c_char_p, []),
+    "arena_version": (c_char_p, []),
+    "arena_sizeof": (c_size_t, [c_char_p]),
+    "arena_open": (c_int, [c_char_p, POINTER(OpenOptions), POINTER(c_void_p)]),
+    "arena_close": (None, [_P]),
+    "arena_retain": (c_int, [_P]),
+    "arena_release": (None, [_P]),
+    "arena_backend_name": (c_char_p, [_P]),
+    "arena_block_count": (c_size_t, [_P]),
+    "arena_block_get": (c_int, [_P, c_size_t, POINTER(BlockInfo)]),
+    "arena_block_find": (c_int, [_P, c_char_p, POINTER(c_size_t)]),
+    "arena_tensor_count": (c_size_t, [_P]),
+    "arena_tensor_get": (c_int, [_P, c_size_t, POINTER(TensorInfo)]),
+    "arena_tensor_find": (c_int, [_P, c_char_p, POINTER(c_size_t)]),
+    "arena_step_begin": (c_int, [_P]),
+    "arena_block_acquire": (c_int, [_P, c_size_t, c_void_p, POINTER(c_void_p)]),
+    "arena_block_release": (c_int, [_P, c_size_t, c_void_p]),
+    "arena_step_end": (c_int, [_P]),
+    "arena_set_mode": (c_int, [_P, c_int]),
+    "arena_mode": (c_int, [_P]),
+    "arena_sync": (c_int, [_P]),
+    "arena_step_count": (c_uint64, [_P]),
+    "arena_step_get": (c_int, [_P, c_uint64, POINTER(StepInfo)]),
+    "arena_plan_get": (c_int, [_P, POINTER(PlanInfo)]),
+    "arena_schedule_get": (c_int, [_P, POINTER(c_uint32), c_size_t, POINTER(c_size_t)]),
+    "arena_device_memory": (c_int, [_P, POINTER(c_uint64), POINTER(c_uint64)]),
+    "arena_profile_save": (c_int, [_P, c_char_p]),
+    "arena_sim_pressure": (c_int, [_P, c_uint64]),
+}
+for _name, (_res, _args) in _SIGS.items():
+    _f = getattr(lib, _name)
+    _f.restype = _res
+    _f.argtypes = _args
+
+for _cls, _cname in (
+    (OpenOptions, b"arena_open_options"),
+    (TensorInfo, b"arena_tensor_info"),
+    (BlockInfo, b"arena_block_info"),
+    (StepInfo, b"arena_step_info"),
+    (PlanInfo, b"arena_plan_info"),
+):
+    _want = lib.arena_sizeof(_cname)
+    if _want != ctypes.sizeof(_cls):
+        raise ImportError(
+            f"arena: the binding's {_cname.decode()} is {ctypes.sizeof(_cls)} bytes, "
+            f"libarena's {_want}: the library and the package are from different versions"
+        )
+
+
+def last_error() -> str:
+    return (lib.arena_last_error() or b"").decode("utf-8", "replace")
+
+
+def err_name(code: int) -> str:
+    return lib.arena_err_name(code).decode()
