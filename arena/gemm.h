@@ -1,7 +1,7 @@
 /* gemm.h - a synthetic compute load on the device: a bf16 GEMM with T rows
  * over a block's weights, the stand-in for a block's compute in `arena bench
  * stream` (2 x T x parameters FLOPs, the cost of a transformer block's
- * forward over T tokens; see ../shared/BENCH.md).
+ * forward over T tokens).
  *
  * The block's bytes at w are read as `params` bf16 elements: a matrix W of
  * params / ARENA_GEMM_K rows of ARENA_GEMM_K elements, then a tail of

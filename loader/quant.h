@@ -26,7 +26,7 @@
  * its qdata is copied and its scale comes from a second tensor.
  *
  * Arithmetic, bit-identical to torch (checked against
- * ../shared/fixtures/reference/quant_reference.safetensors): sources are widened
+ * fixtures/quant_reference.safetensors, written by torch): sources are widened
  * exactly to f32, all arithmetic is f32 with round to nearest even.
  *   bf16:            RNE; NaN becomes 0x7FC0 (torch's c10 rule).
  *   fp8-e4m3:        cast(clamp(x, -448, 448)).

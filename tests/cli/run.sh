@@ -5,7 +5,7 @@
 # as shell functions and lists them with `cases NAME...`. A case runs in a
 # subshell of its own, in the project root, with:
 #   $ARENA   the arena binary (absolute path)
-#   $REF     the reference fixtures (ARENA_REFERENCE_DIR or ../shared/fixtures/reference)
+#   $REF     the test fixtures (ARENA_FIXTURES_DIR, or fixtures/ in the project root)
 #   $T       an empty temporary folder, removed afterwards
 # and these helpers (each failed check prints "FAIL <case>: <why>"):
 #   run ARGS...            run "$ARENA" ARGS; sets $rc, stdout in $T/out, stderr in $T/err
@@ -29,7 +29,7 @@ case $1 in
 /*) ARENA=$1 ;;
 *) ARENA=$(pwd)/$1 ;;
 esac
-REF=${ARENA_REFERENCE_DIR:-../shared/fixtures/reference}
+REF=${ARENA_FIXTURES_DIR:-fixtures}
 CLI_DIR=$(dirname "$0")
 export ARENA REF
 

@@ -122,7 +122,7 @@ def slice_of(path, n_tensors, max_elems):
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "tests/fuzz/corpus/safetensors"
     os.makedirs(out, exist_ok=True)
-    ref = os.environ.get("ARENA_REFERENCE_DIR", "../shared/fixtures/reference")
+    ref = os.environ.get("ARENA_FIXTURES_DIR") or "fixtures"
     for name, n_tensors in (("tiny_flux", 6), ("dtypes", 19)):
         path = os.path.join(ref, name + ".safetensors")
         if os.path.exists(path):

@@ -1,43 +1,57 @@
 #!/bin/sh
 # Python interop tests: files arena writes are read by the reference
-# safetensors library (installed from PyPI into BUILD/venv).
+# safetensors library (installed from PyPI into BUILD/venv), with the inputs in
+# fixtures/ (or $ARENA_FIXTURES_DIR).
 # usage: sh tests/python/run.sh BUILD
-# Without PyPI access the tests are skipped, except under CI (CI=true), where
-# that is a failure.
+# Exit status: 0 all passed, 1 a failure, 77 skipped. The tests are skipped only
+# when the reference packages cannot be installed (no PyPI access); the last
+# line then says "python tests: SKIPPED (...)", and BUILD/python-tests.skipped
+# holds the reason, for make test's summary. Under CI (CI=true) that is a
+# failure instead.
 set -u
 B=${1:-build}
 A=$B/arena
-REF=${ARENA_REFERENCE_DIR:-../shared/fixtures/reference}
+REF=${ARENA_FIXTURES_DIR:-fixtures}
 V=$B/venv
+PKGS="safetensors numpy ml_dtypes"
+SKIPPED=$B/python-tests.skipped
+rm -f "$SKIPPED"
+fail() {
+	echo "python tests: $*"
+	echo "0 passed, 1 failed"
+	exit 1
+}
+arena() {
+	"$A" "$@" || fail "arena $* (exit $?)"
+}
 if ! [ -x "$V/bin/python" ] || ! "$V/bin/python" -c "import safetensors, numpy, ml_dtypes" 2>/dev/null; then
-	echo "python tests: installing safetensors, numpy, ml_dtypes into $V"
-	if ! { python3 -m venv "$V" && "$V/bin/pip" install -q --disable-pip-version-check safetensors numpy ml_dtypes; }; then
+	echo "python tests: installing $PKGS into $V"
+	# shellcheck disable=SC2086
+	if ! { python3 -m venv "$V" && "$V/bin/pip" install -q --disable-pip-version-check $PKGS; }; then
 		if [ "${CI:-}" = true ]; then
-			echo "python tests: cannot install the reference library (PyPI unreachable?)"
-			echo "0 passed, 1 failed"
-			exit 1
+			fail "cannot install the reference packages ($PKGS; PyPI unreachable?)"
 		fi
-		echo "python tests: SKIPPED (cannot install the reference library; run with network access)"
-		exit 0
+		mkdir -p "$B" && echo "reference packages unavailable" >"$SKIPPED"
+		echo "python tests: SKIPPED (cannot install the reference packages $PKGS; run with network access)"
+		exit 77
 	fi
 fi
-T=$(mktemp -d "${TMPDIR:-/tmp}/arena-py.XXXXXX")
+[ -f "$REF/tiny_flux.safetensors" ] || fail "no fixtures in '$REF' (run from the project root, or set ARENA_FIXTURES_DIR)"
+T=$(mktemp -d "${TMPDIR:-/tmp}/arena-py.XXXXXX") || fail "mktemp"
 trap 'rm -rf "$T"' EXIT
-set -e
-"$A" convert -q "$REF/tiny_flux.safetensors" -o "$T/flux.arena"
-"$A" export -q "$T/flux.arena" -o "$T/flux.safetensors"
-"$A" convert -q "$REF/tiny_llama_sharded" -o "$T/llama.arena"
-"$A" export -q "$T/llama.arena" -o "$T/llama.safetensors"
-"$A" convert -q "$REF/dtypes.safetensors" -o "$T/dtypes.arena"
-"$A" export -q "$T/dtypes.arena" -o "$T/dtypes.safetensors"
-"$A" convert -q "$REF/tiny_flux.safetensors" --codec hb4 --chunk-size 64K -o "$T/flux-hb4.arena"
-"$A" export -q "$T/flux-hb4.arena" -o "$T/flux-hb4.safetensors"
-"$A" convert -q "$REF/tiny_llama_sharded" --codec hb4 --chunk-size 64K -o "$T/llama-hb4.arena"
-"$A" export -q "$T/llama-hb4.arena" -o "$T/llama-hb4.safetensors"
-"$A" convert -q "$REF/tiny_flux.safetensors" --quant fp8-e4m3-row -o "$T/flux-q.arena"
-"$A" verify "$T/flux-q.arena" >/dev/null
-"$A" export -q "$T/flux-q.arena" -o "$T/flux-q.safetensors"
-set +e
+arena convert -q "$REF/tiny_flux.safetensors" -o "$T/flux.arena"
+arena export -q "$T/flux.arena" -o "$T/flux.safetensors"
+arena convert -q "$REF/tiny_llama_sharded" -o "$T/llama.arena"
+arena export -q "$T/llama.arena" -o "$T/llama.safetensors"
+arena convert -q "$REF/dtypes.safetensors" -o "$T/dtypes.arena"
+arena export -q "$T/dtypes.arena" -o "$T/dtypes.safetensors"
+arena convert -q "$REF/tiny_flux.safetensors" --codec hb4 --chunk-size 64K -o "$T/flux-hb4.arena"
+arena export -q "$T/flux-hb4.arena" -o "$T/flux-hb4.safetensors"
+arena convert -q "$REF/tiny_llama_sharded" --codec hb4 --chunk-size 64K -o "$T/llama-hb4.arena"
+arena export -q "$T/llama-hb4.arena" -o "$T/llama-hb4.safetensors"
+arena convert -q "$REF/tiny_flux.safetensors" --quant fp8-e4m3-row -o "$T/flux-q.arena"
+arena verify "$T/flux-q.arena" >/dev/null
+arena export -q "$T/flux-q.arena" -o "$T/flux-q.safetensors"
 "$V/bin/python" tests/python/check_quant.py "$REF/tiny_flux.safetensors" "$T/flux-q.safetensors" 40
 q=$?
 "$V/bin/python" tests/python/check_export.py \

@@ -7,20 +7,13 @@
 
 #include "arena.h"
 #include "../../common/alloc.h"
-
-static const char *ref(const char *name)
-{
-	static char b[512];
-	const char *d = getenv("ARENA_REFERENCE_DIR");
-	snprintf(b, sizeof(b), "%s/%s", d ? d : "../shared/fixtures/reference", name);
-	return b;
-}
+#include "testutil.h"
 
 Test(api, open_safetensors_on_sim)
 {
 	arena_open_options o = {.backend = "sim", .vram_cap = 64 << 20};
 	arena *a;
-	cr_assert_eq(arena_open(ref("tiny_flux.safetensors"), &o, &a), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_open(fixture_path("tiny_flux.safetensors"), &o, &a), 0, "%s", arena_last_error());
 	cr_assert_str_eq(arena_backend_name(a), "sim");
 	cr_assert_eq(arena_block_count(a), 6);
 	cr_assert_str_eq(arena_block_name(a, 1), "transformer_blocks.0");
@@ -50,7 +43,7 @@ Test(api, open_quantized_and_errors)
 {
 	arena_open_options o = {.backend = "sim", .vram_cap = 64 << 20, .quant = "fp8-e4m3-row"};
 	arena *a = (arena *)1;
-	cr_assert_eq(arena_open(ref("tiny_flux.safetensors"), &o, &a), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_open(fixture_path("tiny_flux.safetensors"), &o, &a), 0, "%s", arena_last_error());
 	size_t i;
 	arena_tensor_info t;
 	cr_assert_eq(arena_tensor_find(a, "single_transformer_blocks.0.proj_out.weight", &i), 0);
@@ -63,12 +56,12 @@ Test(api, open_quantized_and_errors)
 
 	arena_open_options small = {.backend = "sim", .vram_cap = 100 << 10};
 	a = (arena *)1;
-	cr_assert_eq(arena_open(ref("tiny_flux.safetensors"), &small, &a), ARENA_E(BUDGET));
+	cr_assert_eq(arena_open(fixture_path("tiny_flux.safetensors"), &small, &a), ARENA_E(BUDGET));
 	cr_assert_null(a);
 	cr_assert(strstr(arena_last_error(), "does not fit") && strstr(arena_last_error(), "it needs"), "%s", arena_last_error());
 	cr_assert_eq(arena_open("/nonexistent.arena", &o, &a), ARENA_E_NOT_FOUND);
 	arena_open_options bad = {.backend = "tpu"};
-	cr_assert_neq(arena_open(ref("tiny_flux.safetensors"), &bad, &a), 0);
+	cr_assert_neq(arena_open(fixture_path("tiny_flux.safetensors"), &bad, &a), 0);
 	cr_assert_null(a);
 }
 
@@ -79,7 +72,7 @@ Test(api, allocation_failures)
 	for (n = 1; n < 100000; n += 7) {
 		arena *a = NULL;
 		arena_fault_alloc(n);
-		int rc = arena_open(ref("tiny_flux.safetensors"), &o, &a);
+		int rc = arena_open(fixture_path("tiny_flux.safetensors"), &o, &a);
 		int fired = arena_fault_alloc_fired();
 		arena_fault_alloc(0);
 		arena_close(a);
@@ -102,7 +95,7 @@ static int streamed_run(arena **keep)
 				.reserve = ARENA_ZERO_BYTES,
 				.keep_last = ARENA_ZERO_COUNT};
 	arena *a = NULL;
-	int rc = arena_open(ref("tiny_flux.safetensors"), &o, &a);
+	int rc = arena_open(fixture_path("tiny_flux.safetensors"), &o, &a);
 	*keep = a;
 	if (rc)
 		return rc;

@@ -10,6 +10,7 @@
 
 #include "arena.h"
 #include "../../arena/budget.h"
+#include "testutil.h"
 
 static char root[256];
 
@@ -27,16 +28,12 @@ static void put(const char *rel, const char *text)
 
 static void setup(void)
 {
-	snprintf(root, sizeof(root), "/tmp/arena-budget-XXXXXX");
-	cr_assert_not_null(mkdtemp(root));
+	tmpdir_make(root, sizeof(root), "budget");
 }
 
 static void teardown(void)
 {
-	char cmd[300];
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
-	if (system(cmd)) {
-	}
+	tmpdir_remove(root);
 }
 
 TestSuite(budget, .init = setup, .fini = teardown);

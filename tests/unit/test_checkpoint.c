@@ -2,7 +2,6 @@
  * cross-file error, on small files written to a fresh temporary folder. */
 #include <criterion/criterion.h>
 
-#include <ftw.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,26 +11,18 @@
 
 #include "arena.h"
 #include "../../formats/checkpoint.h"
+#include "testutil.h"
 
 static char tmp[1024];
 
 static void tmp_setup(void)
 {
-	const char *base = getenv("TMPDIR");
-	snprintf(tmp, sizeof(tmp), "%s/arena-ckpt-XXXXXX", base && *base ? base : "/tmp");
-	cr_assert_not_null(mkdtemp(tmp), "mkdtemp");
-}
-
-static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st, (void)flag, (void)ftw;
-	return remove(p);
+	tmpdir_make(tmp, sizeof(tmp), "ckpt");
 }
 
 static void tmp_teardown(void)
 {
-	if (tmp[0])
-		nftw(tmp, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+	tmpdir_remove(tmp);
 }
 
 TestSuite(ckpt, .init = tmp_setup, .fini = tmp_teardown);

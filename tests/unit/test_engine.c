@@ -25,6 +25,7 @@
 #include "../../loader/convert.h"
 #include "../../loader/load.h"
 #include "../../loader/reread.h"
+#include "testutil.h"
 
 /* --- planner on in-memory layouts ---------------------------------------- */
 
@@ -345,8 +346,7 @@ static void make_image(const uint64_t *sizes, size_t n, uint64_t globals)
 
 static void setup_with(const uint64_t *sizes, size_t n, uint64_t globals, double sim_bw)
 {
-	snprintf(dir, sizeof(dir), "/tmp/arena-test-engine-XXXXXX");
-	cr_assert_not_null(mkdtemp(dir));
+	tmpdir_make(dir, sizeof(dir), "test-engine");
 	snprintf(st_path, sizeof(st_path), "%s/m.safetensors", dir);
 	snprintf(img_path, sizeof(img_path), "%s/m.arena", dir);
 	make_image(sizes, n, globals);
@@ -373,9 +373,7 @@ static void teardown(void)
 	for (size_t b = 0; b < ref_n; b++)
 		free(ref_bytes[b]);
 	free(ref_bytes);
-	unlink(img_path);
-	unlink(st_path);
-	rmdir(dir);
+	tmpdir_remove(dir);
 }
 
 TestSuite(engine, .init = setup, .fini = teardown);

@@ -19,6 +19,7 @@
 #include "../../common/outfile.h"
 #include "../../formats/checkpoint.h"
 #include "../../formats/safetensors.h"
+#include "testutil.h"
 
 #define MAX_ALLOCS 1000000L
 
@@ -47,16 +48,6 @@ static void disarm(void)
 }
 
 TestSuite(fault, .fini = disarm);
-
-static const char *ref_path(const char *name)
-{
-	static char buf[4][4096];
-	static unsigned next;
-	const char *d = getenv("ARENA_REFERENCE_DIR");
-	char *p = buf[next++ % 4];
-	snprintf(p, sizeof(buf[0]), "%s/%s", d && *d ? d : "../shared/fixtures/reference", name);
-	return p;
-}
 
 /* Entries in a folder, "." and ".." aside. */
 static int count_entries(const char *dir)
@@ -132,7 +123,7 @@ static long fault_loop(const char *what, open_fn fn, const void *arg, int clean_
 
 Test(fault, tiny_flux)
 {
-	const char *p = ref_path("tiny_flux.safetensors");
+	const char *p = fixture_path("tiny_flux.safetensors");
 	long n = fault_loop("st_open tiny_flux", st_open_close, p, 0);
 	cr_assert_gt(n, 126, "only %ld allocations for 126 tensors?", n);
 	fault_loop("ckpt_open tiny_flux", ckpt_open_close, p, 0);
@@ -140,14 +131,14 @@ Test(fault, tiny_flux)
 
 Test(fault, tiny_llama_sharded)
 {
-	fault_loop("ckpt_open tiny_llama_sharded (folder)", ckpt_open_close, ref_path("tiny_llama_sharded"), 0);
+	fault_loop("ckpt_open tiny_llama_sharded (folder)", ckpt_open_close, fixture_path("tiny_llama_sharded"), 0);
 	fault_loop("ckpt_open tiny_llama_sharded (index)", ckpt_open_close,
-		   ref_path("tiny_llama_sharded/model.safetensors.index.json"), 0);
+		   fixture_path("tiny_llama_sharded/model.safetensors.index.json"), 0);
 }
 
 Test(fault, dtypes)
 {
-	fault_loop("st_open dtypes", st_open_close, ref_path("dtypes.safetensors"), 0);
+	fault_loop("st_open dtypes", st_open_close, fixture_path("dtypes.safetensors"), 0);
 }
 
 /* Invalid inputs too: before the error the same rule, after it no allocation.
@@ -203,22 +194,13 @@ static char tmp[1024];
 
 static void mk_tmp(void)
 {
-	const char *base = getenv("TMPDIR");
-	snprintf(tmp, sizeof(tmp), "%s/arena-fault-XXXXXX", base && *base ? base : "/tmp");
-	cr_assert_not_null(mkdtemp(tmp));
-}
-
-static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st, (void)flag, (void)ftw;
-	return remove(p);
+	tmpdir_make(tmp, sizeof(tmp), "fault");
 }
 
 static void rm_tmp(void)
 {
 	disarm();
-	if (tmp[0])
-		nftw(tmp, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+	tmpdir_remove(tmp);
 }
 
 TestSuite(fault_out, .init = mk_tmp, .fini = rm_tmp);

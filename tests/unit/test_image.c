@@ -24,28 +24,13 @@
 #include "../../loader/convert.h"
 #include "../../loader/export.h"
 #include "../../loader/plan.h"
-
-static const char *refdir(void)
-{
-	const char *d = getenv("ARENA_REFERENCE_DIR");
-	return d ? d : "../shared/fixtures/reference";
-}
-
-static char *ref(const char *name)
-{
-	static char buf[4][512];
-	static int k;
-	char *b = buf[k++ % 4];
-	snprintf(b, 512, "%s/%s", refdir(), name);
-	return b;
-}
+#include "testutil.h"
 
 static char tmpdir[256];
 
 static void mk_tmpdir(void)
 {
-	snprintf(tmpdir, sizeof(tmpdir), "/tmp/arena-test-image-XXXXXX");
-	cr_assert_not_null(mkdtemp(tmpdir));
+	tmpdir_make(tmpdir, sizeof(tmpdir), "test-image");
 }
 
 static char *tmp(const char *name)
@@ -59,15 +44,7 @@ static char *tmp(const char *name)
 
 static void rm_tmpdir(void)
 {
-	DIR *d = opendir(tmpdir);
-	if (!d)
-		return;
-	struct dirent *e;
-	while ((e = readdir(d)))
-		if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-			unlink(tmp(e->d_name));
-	closedir(d);
-	rmdir(tmpdir);
+	tmpdir_remove(tmpdir);
 }
 
 /* Number of entries in tmpdir other than . and .. */
@@ -171,7 +148,7 @@ static void expect_zero_padding(const char *path)
 
 Test(image, tiny_flux_round_trip)
 {
-	cr_assert_eq(convert1(ref("tiny_flux.safetensors"), tmp("f.arena")), 0, "%s", arena_last_error());
+	cr_assert_eq(convert1(fixture_path("tiny_flux.safetensors"), tmp("f.arena")), 0, "%s", arena_last_error());
 	cr_assert_eq(open_verify(tmp("f.arena")), 0, "%s", arena_last_error());
 	arena_image *img;
 	cr_assert_eq(arena_img_open(tmp("f.arena"), &img), 0);
@@ -192,7 +169,7 @@ Test(image, tiny_flux_round_trip)
 	arena_img_close(img);
 	cr_assert_eq(arena_export(tmp("f.arena"), tmp("f.safetensors"), 2, NULL), 0, "%s", arena_last_error());
 	size_t a, b;
-	uint8_t *x = slurp(ref("tiny_flux.safetensors"), &a), *y = slurp(tmp("f.safetensors"), &b);
+	uint8_t *x = slurp(fixture_path("tiny_flux.safetensors"), &a), *y = slurp(tmp("f.safetensors"), &b);
 	cr_assert_eq(a, b);
 	cr_assert(memcmp(x, y, a) == 0, "export differs from the reference file");
 	free(x);
@@ -201,7 +178,7 @@ Test(image, tiny_flux_round_trip)
 
 Test(image, sharded_llama_round_trip)
 {
-	cr_assert_eq(convert1(ref("tiny_llama_sharded"), tmp("l.arena")), 0, "%s", arena_last_error());
+	cr_assert_eq(convert1(fixture_path("tiny_llama_sharded"), tmp("l.arena")), 0, "%s", arena_last_error());
 	cr_assert_eq(open_verify(tmp("l.arena")), 0);
 	arena_image *img;
 	cr_assert_eq(arena_img_open(tmp("l.arena"), &img), 0);
@@ -214,7 +191,7 @@ Test(image, sharded_llama_round_trip)
 	arena_img_close(img);
 	cr_assert_eq(arena_export(tmp("l.arena"), tmp("l.safetensors"), 1, NULL), 0);
 	arena_ckpt *src, *dst;
-	cr_assert_eq(arena_ckpt_open(ref("tiny_llama_sharded"), &src), 0);
+	cr_assert_eq(arena_ckpt_open(fixture_path("tiny_llama_sharded"), &src), 0);
 	cr_assert_eq(arena_ckpt_open(tmp("l.safetensors"), &dst), 0);
 	cr_assert_eq(src->n_tensors, dst->n_tensors);
 	for (size_t i = 0; i < src->n_tensors; i++) {
@@ -236,8 +213,8 @@ Test(image, small_chunks_many_threads)
 	snprintf(in_path, sizeof(in_path), "%s", tmp("s.safetensors"));
 	const char *in = in_path;
 	arena_convert_opts o = {.threads = 3, .chunk_size = 64 << 10};
-	cr_assert_eq(convert1(ref("tiny_flux.safetensors"), tmp("a.arena")), 0);
-	cr_assert_eq(arena_convert(&(const char *){ref("tiny_flux.safetensors")}, 1, tmp("b.arena"), &o, NULL), 0);
+	cr_assert_eq(convert1(fixture_path("tiny_flux.safetensors"), tmp("a.arena")), 0);
+	cr_assert_eq(arena_convert(&(const char *){fixture_path("tiny_flux.safetensors")}, 1, tmp("b.arena"), &o, NULL), 0);
 	cr_assert_eq(open_verify(tmp("b.arena")), 0);
 	arena_image *img;
 	cr_assert_eq(arena_img_open(tmp("b.arena"), &img), 0);
@@ -249,7 +226,7 @@ Test(image, small_chunks_many_threads)
 	expect_zero_padding(tmp("c.arena"));
 	/* Quantized components leave padding of their own in every slab. */
 	arena_convert_opts q = {.threads = 3, .chunk_size = 64 << 10, .quant = {.scheme = "fp8-e4m3-row"}};
-	cr_assert_eq(arena_convert(&(const char *){ref("tiny_flux.safetensors")}, 1, tmp("q.arena"), &q, NULL), 0,
+	cr_assert_eq(arena_convert(&(const char *){fixture_path("tiny_flux.safetensors")}, 1, tmp("q.arena"), &q, NULL), 0,
 		     "%s", arena_last_error());
 	expect_zero_padding(tmp("q.arena"));
 }
@@ -257,7 +234,7 @@ Test(image, small_chunks_many_threads)
 Test(image, bad_chunk_size_is_usage)
 {
 	arena_convert_opts o = {.chunk_size = 1000};
-	const char *in = ref("tiny_flux.safetensors");
+	const char *in = fixture_path("tiny_flux.safetensors");
 	expect_code(arena_convert(&in, 1, tmp("x.arena"), &o, NULL), USAGE);
 	cr_assert_eq(tmp_entries(), 0);
 }
@@ -309,7 +286,7 @@ Test(image, every_byte_flipped_small)
 
 Test(image, bytes_flipped_tiny_flux)
 {
-	cr_assert_eq(convert1(ref("tiny_flux.safetensors"), tmp("f.arena")), 0);
+	cr_assert_eq(convert1(fixture_path("tiny_flux.safetensors"), tmp("f.arena")), 0);
 	flip_every(tmp("f.arena"), 509);
 }
 
@@ -453,7 +430,7 @@ Test(image, wrong_magic)
 	spit(tmp("o.arena"), (const uint8_t *)"hello", 5);
 	expect_code(open_verify(tmp("o.arena")), IMG_TRUNCATED);
 	/* A safetensors file is not an image. */
-	expect_code(open_verify(ref("tiny_flux.safetensors")), IMG_MAGIC);
+	expect_code(open_verify(fixture_path("tiny_flux.safetensors")), IMG_MAGIC);
 	free(r.buf);
 }
 
@@ -580,7 +557,7 @@ Test(image, unknown_codec)
 
 Test(image, disk_full_during_convert_leaves_nothing)
 {
-	const char *in = ref("tiny_flux.safetensors");
+	const char *in = fixture_path("tiny_flux.safetensors");
 	arena_convert_opts o = {.threads = 1, .chunk_size = 64 << 10};
 	int fired = 0;
 	for (long n = 1; n < 64; n++) {
@@ -602,7 +579,7 @@ Test(image, disk_full_during_convert_leaves_nothing)
 
 Test(image, read_failure_during_convert_leaves_nothing)
 {
-	const char *in = ref("tiny_flux.safetensors");
+	const char *in = fixture_path("tiny_flux.safetensors");
 	arena_convert_opts o = {.threads = 2, .chunk_size = 64 << 10};
 	arena_fault_read(3);
 	int rc = arena_convert(&in, 1, tmp("x.arena"), &o, NULL);
@@ -613,7 +590,7 @@ Test(image, read_failure_during_convert_leaves_nothing)
 
 Test(image, output_path_unwritable)
 {
-	const char *in = ref("tiny_flux.safetensors");
+	const char *in = fixture_path("tiny_flux.safetensors");
 	expect_code(arena_convert(&in, 1, "/nonexistent-dir/x.arena", NULL, NULL), NOT_FOUND);
 	spit(tmp("file"), (const uint8_t *)"x", 1);
 	expect_code(arena_convert(&in, 1, tmp("file/x.arena"), NULL, NULL), NOT_FOUND);
@@ -625,12 +602,12 @@ Test(image, output_path_unwritable)
 
 Test(image, two_inputs_same_tensor)
 {
-	const char *in[2] = {ref("tiny_flux.safetensors"), ref("tiny_flux.safetensors")};
+	const char *in[2] = {fixture_path("tiny_flux.safetensors"), fixture_path("tiny_flux.safetensors")};
 	expect_code(arena_convert(in, 2, tmp("x.arena"), NULL, NULL), DUPLICATE_TENSOR);
 	cr_assert(strstr(arena_last_error(), "context_embedder.bias"), "%s", arena_last_error());
 	cr_assert_eq(tmp_entries(), 0);
 	/* Two inputs without shared names form one model. */
-	const char *two[2] = {ref("tiny_flux.safetensors"), ref("tiny_llama_sharded")};
+	const char *two[2] = {fixture_path("tiny_flux.safetensors"), fixture_path("tiny_llama_sharded")};
 	cr_assert_eq(arena_convert(two, 2, tmp("y.arena"), NULL, NULL), 0, "%s", arena_last_error());
 	cr_assert_eq(open_verify(tmp("y.arena")), 0);
 }
@@ -682,7 +659,7 @@ Test(image, allocation_failures_convert_and_open)
 Test(image, allocation_failures_tiny_flux_strided)
 {
 	/* The real model, every 13th N (thousands of allocations in all). */
-	const char *in = ref("tiny_flux.safetensors");
+	const char *in = fixture_path("tiny_flux.safetensors");
 	arena_convert_opts o = {.threads = 2};
 	long n;
 	for (n = 1; n < 1000000; n += 13) {
@@ -751,7 +728,7 @@ Test(plan, user_pattern_and_order)
 	int rc;
 	const char *pat[] = {"^model\\.layers\\.([0-9]+)\\."};
 	arena_plan_opts o = {.patterns = pat, .n_patterns = 1};
-	arena_layout *l = plan_of(ref("tiny_llama_sharded"), &o, &rc);
+	arena_layout *l = plan_of(fixture_path("tiny_llama_sharded"), &o, &rc);
 	cr_assert_eq(rc, 0, "%s", arena_last_error());
 	cr_assert_eq(l->n_blocks, 4);
 	cr_assert_str_eq(l->blocks[2].name, "model.layers.1");
@@ -760,7 +737,7 @@ Test(plan, user_pattern_and_order)
 
 	const char *order[] = {"single_transformer_blocks", "transformer_blocks"};
 	arena_plan_opts o2 = {.order = order, .n_order = 2};
-	l = plan_of(ref("tiny_flux.safetensors"), &o2, &rc);
+	l = plan_of(fixture_path("tiny_flux.safetensors"), &o2, &rc);
 	cr_assert_eq(rc, 0);
 	cr_assert_str_eq(l->blocks[1].name, "single_transformer_blocks.0");
 	cr_assert_str_eq(l->blocks[4].name, "transformer_blocks.0");
@@ -772,16 +749,16 @@ Test(plan, bad_patterns_and_orders)
 	int rc;
 	const char *bad[] = {"layers\\.([0-9]+"};
 	arena_plan_opts o = {.patterns = bad, .n_patterns = 1};
-	cr_assert_null(plan_of(ref("tiny_flux.safetensors"), &o, &rc));
+	cr_assert_null(plan_of(fixture_path("tiny_flux.safetensors"), &o, &rc));
 	expect_code(rc, PLAN_BAD_PATTERN);
 	const char *nogroup[] = {"layers\\.[0-9]+"};
 	o.patterns = nogroup;
-	cr_assert_null(plan_of(ref("tiny_flux.safetensors"), &o, &rc));
+	cr_assert_null(plan_of(fixture_path("tiny_flux.safetensors"), &o, &rc));
 	expect_code(rc, PLAN_BAD_PATTERN);
 	cr_assert(strstr(arena_last_error(), "capture group"), "%s", arena_last_error());
 	const char *order[] = {"transformer_blockz"};
 	arena_plan_opts o2 = {.order = order, .n_order = 1};
-	cr_assert_null(plan_of(ref("tiny_flux.safetensors"), &o2, &rc));
+	cr_assert_null(plan_of(fixture_path("tiny_flux.safetensors"), &o2, &rc));
 	expect_code(rc, PLAN_BAD_ORDER);
 	cr_assert(strstr(arena_last_error(), "transformer_blockz"), "%s", arena_last_error());
 }
@@ -811,7 +788,7 @@ static uint8_t *raw_data(const char *path, uint64_t *n)
 
 Test(image, coded_round_trip_is_lossless)
 {
-	const char *in = ref("tiny_flux.safetensors");
+	const char *in = fixture_path("tiny_flux.safetensors");
 	cr_assert_eq(convert1(in, tmp("p.arena")), 0);
 	arena_convert_result res;
 	arena_convert_opts o = {.threads = 3, .chunk_size = 64 << 10, .codec = ARENA_CODEC_HB4};
@@ -874,7 +851,7 @@ Test(image, coded_incompressible_chunks_stay_plain)
 
 static void coded_raw(raw_image *r)
 {
-	cr_assert_eq(convert_coded(ref("tiny_flux.safetensors"), tmp("c.arena"), 64 << 10), 0);
+	cr_assert_eq(convert_coded(fixture_path("tiny_flux.safetensors"), tmp("c.arena"), 64 << 10), 0);
 	raw_load(r, tmp("c.arena"));
 }
 
@@ -990,7 +967,7 @@ Test(image, coded_chunk_malformed_under_a_good_checksum)
 
 Test(image, coded_disk_full_and_allocation_failures_leave_nothing)
 {
-	const char *in = ref("tiny_flux.safetensors");
+	const char *in = fixture_path("tiny_flux.safetensors");
 	arena_convert_opts o = {.threads = 2, .chunk_size = 64 << 10, .codec = ARENA_CODEC_HB4};
 	int fired = 0;
 	for (long n = 1; n < 64; n++) {

@@ -24,25 +24,17 @@
 #include "../../loader/convert.h"
 #include "../../loader/load.h"
 #include "../../loader/quant_select.h"
+#include "testutil.h"
 
 static char dir[256], img_path[300];
 static arena_backend *be;
 static arena_pin_budget budget;
 
-static const char *ref(const char *name)
-{
-	static char b[512];
-	const char *d = getenv("ARENA_REFERENCE_DIR");
-	snprintf(b, sizeof(b), "%s/%s", d ? d : "../shared/fixtures/reference", name);
-	return b;
-}
-
 static void setup(void)
 {
-	snprintf(dir, sizeof(dir), "/tmp/arena-test-load-XXXXXX");
-	cr_assert_not_null(mkdtemp(dir));
+	tmpdir_make(dir, sizeof(dir), "test-load");
 	snprintf(img_path, sizeof(img_path), "%s/f.arena", dir);
-	const char *in = ref("tiny_flux.safetensors");
+	const char *in = fixture_path("tiny_flux.safetensors");
 	arena_convert_opts co = {.chunk_size = 64 << 10, .threads = 1};
 	cr_assert_eq(arena_convert(&in, 1, img_path, &co, NULL), 0, "%s", arena_last_error());
 	arena_sim_opts so = {.capacity = 64 << 20};
@@ -53,8 +45,7 @@ static void setup(void)
 static void teardown(void)
 {
 	arena_backend_destroy(be);
-	unlink(img_path);
-	rmdir(dir);
+	tmpdir_remove(dir);
 }
 
 TestSuite(load, .init = setup, .fini = teardown);
@@ -319,7 +310,7 @@ Test(load, safetensors_destination_first)
 	arena_load_opts o = opts();
 	uint8_t on[6] = {1, 1, 0, 1, 0, 1};
 	o.on_device = on;
-	const char *in = ref("tiny_flux.safetensors");
+	const char *in = fixture_path("tiny_flux.safetensors");
 	arena_model *m;
 	arena_load_stats st;
 	cr_assert_eq(arena_load_safetensors(&in, 1, NULL, &o, &m, &st), 0, "%s", arena_last_error());
@@ -354,7 +345,7 @@ Test(load, safetensors_destination_first)
  * converted with the same scheme, on the device and in host slabs. */
 Test(load, safetensors_quantized_on_the_way)
 {
-	const char *in = ref("tiny_flux.safetensors");
+	const char *in = fixture_path("tiny_flux.safetensors");
 	char qimg[320];
 	snprintf(qimg, sizeof(qimg), "%s/q.arena", dir);
 	arena_convert_opts co = {.threads = 1, .quant = {.scheme = "fp8-e4m3-row"}};
@@ -405,10 +396,9 @@ Test(load, safetensors_quantized_on_the_way)
 
 static void setup_coded(void)
 {
-	snprintf(dir, sizeof(dir), "/tmp/arena-test-load-XXXXXX");
-	cr_assert_not_null(mkdtemp(dir));
+	tmpdir_make(dir, sizeof(dir), "test-load");
 	snprintf(img_path, sizeof(img_path), "%s/c.arena", dir);
-	const char *in = ref("tiny_flux.safetensors");
+	const char *in = fixture_path("tiny_flux.safetensors");
 	arena_convert_opts co = {.chunk_size = 64 << 10, .threads = 2, .codec = ARENA_CODEC_HB4};
 	arena_convert_result res;
 	cr_assert_eq(arena_convert(&in, 1, img_path, &co, &res), 0, "%s", arena_last_error());

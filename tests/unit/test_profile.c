@@ -13,14 +13,14 @@
 #include "../../common/alloc.h"
 #include "../../common/err.h"
 #include "../../common/outfile.h"
+#include "testutil.h"
 
-static char dir[64], path[128];
+static char dir[1024], path[1100];
 static arena_layout *L;
 
 static void setup(void)
 {
-	snprintf(dir, sizeof(dir), "/tmp/arena-test-profile-XXXXXX");
-	cr_assert_not_null(mkdtemp(dir));
+	tmpdir_make(dir, sizeof(dir), "test-profile");
 	snprintf(path, sizeof(path), "%s/p.json", dir);
 	cr_assert_eq(arena_layout_create(4, 0, &L), 0);
 	const char *names[4] = {"globals", "blocks.0", "blocks.1", "blocks.2"};
@@ -37,8 +37,7 @@ static void setup(void)
 static void teardown(void)
 {
 	arena_layout_free(L);
-	unlink(path);
-	rmdir(dir);
+	tmpdir_remove(dir);
 }
 
 TestSuite(profile, .init = setup, .fini = teardown);

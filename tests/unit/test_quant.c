@@ -4,7 +4,6 @@
  * slow, obviously correct reference implementations written here. */
 #include <criterion/criterion.h>
 
-#include <ftw.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -17,6 +16,7 @@
 #include "../../formats/layout.h"
 #include "../../formats/safetensors.h"
 #include "../../loader/quant.h"
+#include "testutil.h"
 
 /* ---- helpers ------------------------------------------------------------------ */
 
@@ -111,9 +111,7 @@ static arena_st_file *ref;
 
 static void ref_open(void)
 {
-	const char *d = getenv("ARENA_REFERENCE_DIR");
-	char path[4096];
-	snprintf(path, sizeof(path), "%s/quant_reference.safetensors", d && *d ? d : "../shared/fixtures/reference");
+	const char *path = fixture_path("quant_reference.safetensors");
 	int rc = arena_st_open(path, &ref);
 	cr_assert_eq(rc, 0, "%s: %s", path, arena_last_error());
 }
@@ -1196,21 +1194,12 @@ static char tmpdir[1024];
 
 static void tmp_setup(void)
 {
-	const char *base = getenv("TMPDIR");
-	snprintf(tmpdir, sizeof(tmpdir), "%s/arena-quant-XXXXXX", base && *base ? base : "/tmp");
-	cr_assert_not_null(mkdtemp(tmpdir), "mkdtemp");
-}
-
-static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st, (void)flag, (void)ftw;
-	return remove(p);
+	tmpdir_make(tmpdir, sizeof(tmpdir), "quant");
 }
 
 static void tmp_teardown(void)
 {
-	if (tmpdir[0])
-		nftw(tmpdir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+	tmpdir_remove(tmpdir);
 }
 
 typedef struct st_entry {

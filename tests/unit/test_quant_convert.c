@@ -14,16 +14,9 @@
 #include "../../formats/safetensors.h"
 #include "../../loader/convert.h"
 #include "../../loader/export.h"
+#include "testutil.h"
 
 static char dir[256];
-
-static const char *ref(const char *name)
-{
-	static char b[512];
-	const char *d = getenv("ARENA_REFERENCE_DIR");
-	snprintf(b, sizeof(b), "%s/%s", d ? d : "../shared/fixtures/reference", name);
-	return b;
-}
 
 static const char *tmp(const char *name)
 {
@@ -36,16 +29,12 @@ static const char *tmp(const char *name)
 
 static void setup(void)
 {
-	snprintf(dir, sizeof(dir), "/tmp/arena-test-qc-XXXXXX");
-	cr_assert_not_null(mkdtemp(dir));
+	tmpdir_make(dir, sizeof(dir), "test-qc");
 }
 
 static void teardown(void)
 {
-	char cmd[300];
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-	if (system(cmd)) {
-	}
+	tmpdir_remove(dir);
 }
 
 static int entries(void)
@@ -68,7 +57,7 @@ static arena_st_file *through(const char *scheme, const char *glob)
 	char img[512], out[512];
 	snprintf(img, sizeof(img), "%s", tmp("q.arena"));
 	snprintf(out, sizeof(out), "%s", tmp("q.safetensors"));
-	const char *in = ref("quant_reference.safetensors");
+	const char *in = fixture_path("quant_reference.safetensors");
 	arena_convert_opts o = {.threads = 2, .quant = {.scheme = scheme, .include = &glob, .n_include = 1}};
 	cr_assert_eq(arena_convert(&in, 1, img, &o, NULL), 0, "%s", arena_last_error());
 	cr_assert_eq(arena_export(img, out, 1, NULL), 0, "%s", arena_last_error());
@@ -97,7 +86,7 @@ static void same(const arena_st_file *got, const char *gname, const arena_st_fil
 static arena_st_file *reference(void)
 {
 	arena_st_file *r;
-	cr_assert_eq(arena_st_open(ref("quant_reference.safetensors"), &r), 0);
+	cr_assert_eq(arena_st_open(fixture_path("quant_reference.safetensors"), &r), 0);
 	return r;
 }
 
@@ -144,7 +133,7 @@ Test(qconvert, small_chunks_split_rows_and_tensors)
 {
 	/* Chunks of 64 KiB cut through quantized tensors: the filler makes any range. */
 	arena_st_file *r = reference();
-	const char *in = ref("quant_reference.safetensors"), *glob = "w_*";
+	const char *in = fixture_path("quant_reference.safetensors"), *glob = "w_*";
 	arena_convert_opts o = {.threads = 2, .chunk_size = 64 << 10, .quant = {.scheme = "fp8-e4m3-row", .include = &glob, .n_include = 1}};
 	cr_assert_eq(arena_convert(&in, 1, tmp("c.arena"), &o, NULL), 0, "%s", arena_last_error());
 	cr_assert_eq(arena_export(tmp("c.arena"), tmp("c.safetensors"), 1, NULL), 0, "%s", arena_last_error());
@@ -158,7 +147,7 @@ Test(qconvert, small_chunks_split_rows_and_tensors)
 
 Test(qconvert, tiny_flux_fp8_row_and_compressed_tensors_round_trip)
 {
-	const char *in = ref("tiny_flux.safetensors");
+	const char *in = fixture_path("tiny_flux.safetensors");
 	arena_convert_opts o = {.threads = 2, .quant = {.scheme = "fp8-e4m3-row"}};
 	arena_convert_result res;
 	cr_assert_eq(arena_convert(&in, 1, tmp("f.arena"), &o, &res), 0, "%s", arena_last_error());
@@ -213,7 +202,7 @@ Test(qconvert, tiny_flux_fp8_row_and_compressed_tensors_round_trip)
 
 Test(qconvert, bad_requests_write_nothing)
 {
-	const char *in = ref("tiny_flux.safetensors");
+	const char *in = fixture_path("tiny_flux.safetensors");
 	arena_convert_opts o = {.quant = {.scheme = "fp9"}};
 	cr_assert_eq(arena_convert(&in, 1, tmp("x.arena"), &o, NULL), ARENA_E(QUANT_UNKNOWN_SCHEME));
 	const char *bias = "x_embedder.bias";
@@ -231,7 +220,7 @@ Test(qconvert, bad_requests_write_nothing)
 	cr_assert_eq(arena_convert(&in, 1, tmp("x.arena"), &o5, NULL), ARENA_E_USAGE);
 	/* An integer tensor asked for explicitly. */
 	const char *i8 = "i8";
-	const char *din = ref("dtypes.safetensors");
+	const char *din = fixture_path("dtypes.safetensors");
 	arena_convert_opts o6 = {.quant = {.scheme = "fp8-e4m3", .include = &i8, .n_include = 1}};
 	cr_assert_eq(arena_convert(&din, 1, tmp("x.arena"), &o6, NULL), ARENA_E(QUANT_NOT_APPLICABLE));
 	cr_assert_eq(entries(), 0, "a refused request wrote something");

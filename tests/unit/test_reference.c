@@ -1,5 +1,5 @@
 /* test_reference.c - the reader against files written by the real safetensors
- * and PyTorch libraries (../shared/fixtures/reference, or $ARENA_REFERENCE_DIR):
+ * and PyTorch libraries (fixtures/, made by fixtures/make_fixtures.py):
  * every dtype, shape and value of dtypes.safetensors against
  * dtypes.expected.json, decoded here independently of the library; the tiny
  * Flux model; the sharded tiny Llama. */
@@ -16,21 +16,7 @@
 #include "arena.h"
 #include "../../formats/checkpoint.h"
 #include "../../formats/safetensors.h"
-
-static const char *ref_dir(void)
-{
-	const char *d = getenv("ARENA_REFERENCE_DIR");
-	return d && *d ? d : "../shared/fixtures/reference";
-}
-
-static char *ref_path(const char *name)
-{
-	static char buf[4][4096];
-	static unsigned next;
-	char *p = buf[next++ % 4];
-	snprintf(p, sizeof(buf[0]), "%s/%s", ref_dir(), name);
-	return p;
-}
+#include "testutil.h"
 
 static char *read_text(const char *path)
 {
@@ -411,9 +397,9 @@ Test(reference, decoders)
 Test(reference, dtypes_values)
 {
 	arena_st_file *f;
-	int rc = arena_st_open(ref_path("dtypes.safetensors"), &f);
+	int rc = arena_st_open(fixture_path("dtypes.safetensors"), &f);
 	cr_assert_eq(rc, 0, "%s", arena_last_error());
-	json_t *exp = load_json(ref_path("dtypes.expected.json"), 1);
+	json_t *exp = load_json(fixture_path("dtypes.expected.json"), 1);
 	size_t n_expected = 0;
 	const char *key;
 	json_t *v;
@@ -434,7 +420,7 @@ Test(reference, dtypes_values)
 Test(reference, dtypes_special_cases)
 {
 	arena_st_file *f;
-	cr_assert_eq(arena_st_open(ref_path("dtypes.safetensors"), &f), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_st_open(fixture_path("dtypes.safetensors"), &f), 0, "%s", arena_last_error());
 	const arena_st_tensor *s = arena_st_find(f, "scalar_f32");
 	cr_assert_not_null(s);
 	cr_assert_eq(s->rank, 0);
@@ -458,8 +444,8 @@ Test(reference, dtypes_special_cases)
 Test(reference, dtypes_metadata)
 {
 	arena_st_file *f;
-	cr_assert_eq(arena_st_open(ref_path("dtypes.safetensors"), &f), 0, "%s", arena_last_error());
-	json_t *exp = load_json(ref_path("dtypes.expected.json"), 1);
+	cr_assert_eq(arena_st_open(fixture_path("dtypes.safetensors"), &f), 0, "%s", arena_last_error());
+	json_t *exp = load_json(fixture_path("dtypes.expected.json"), 1);
 	json_t *meta = json_object_get(exp, "__metadata__");
 	cr_assert(json_is_object(meta));
 	cr_assert_eq(f->n_meta, json_object_size(meta));
@@ -493,7 +479,7 @@ static size_t count_prefix(const arena_st_file *f, const char *prefix)
 Test(reference, tiny_flux)
 {
 	arena_st_file *f;
-	int rc = arena_st_open(ref_path("tiny_flux.safetensors"), &f);
+	int rc = arena_st_open(fixture_path("tiny_flux.safetensors"), &f);
 	cr_assert_eq(rc, 0, "%s", arena_last_error());
 	cr_assert_eq(f->n_tensors, 126);
 	for (size_t i = 0; i < f->n_tensors; i++)
@@ -509,7 +495,7 @@ Test(reference, tiny_flux)
 	/* The same through the checkpoint layer (by file: its folder holds other
 	 * fixtures too, so the folder itself is ambiguous). */
 	arena_ckpt *c;
-	rc = arena_ckpt_open(ref_path("tiny_flux.safetensors"), &c);
+	rc = arena_ckpt_open(fixture_path("tiny_flux.safetensors"), &c);
 	cr_assert_eq(rc, 0, "%s", arena_last_error());
 	cr_assert_eq(c->n_tensors, 126);
 	cr_assert_eq(c->n_files, 1);
@@ -520,7 +506,7 @@ Test(reference, tiny_flux)
 Test(reference, quant_reference_opens)
 {
 	arena_st_file *f;
-	int rc = arena_st_open(ref_path("quant_reference.safetensors"), &f);
+	int rc = arena_st_open(fixture_path("quant_reference.safetensors"), &f);
 	cr_assert_eq(rc, 0, "%s", arena_last_error());
 	cr_assert_eq(f->n_tensors, 12);
 	cr_assert_gt(f->n_meta, 0);
@@ -554,7 +540,7 @@ static void check_llama(const char *path)
 	}
 
 	/* Every tensor the index names resolves to its shard. */
-	json_t *idx = load_json(ref_path("tiny_llama_sharded/model.safetensors.index.json"), 0);
+	json_t *idx = load_json(fixture_path("tiny_llama_sharded/model.safetensors.index.json"), 0);
 	json_t *wm = json_object_get(idx, "weight_map");
 	cr_assert_eq(json_object_size(wm), 30);
 	const char *key;
@@ -580,24 +566,24 @@ static void check_llama(const char *path)
 
 Test(reference, llama_sharded_through_folder)
 {
-	check_llama(ref_path("tiny_llama_sharded"));
+	check_llama(fixture_path("tiny_llama_sharded"));
 }
 
 Test(reference, llama_sharded_through_folder_with_slash)
 {
-	check_llama(ref_path("tiny_llama_sharded/"));
+	check_llama(fixture_path("tiny_llama_sharded/"));
 }
 
 Test(reference, llama_sharded_through_index)
 {
-	check_llama(ref_path("tiny_llama_sharded/model.safetensors.index.json"));
+	check_llama(fixture_path("tiny_llama_sharded/model.safetensors.index.json"));
 }
 
 Test(reference, llama_one_shard_alone)
 {
 	/* A shard opened on its own is a valid single file with its share of tensors. */
 	arena_ckpt *c;
-	int rc = arena_ckpt_open(ref_path("tiny_llama_sharded/model-00002-of-00002.safetensors"), &c);
+	int rc = arena_ckpt_open(fixture_path("tiny_llama_sharded/model-00002-of-00002.safetensors"), &c);
 	cr_assert_eq(rc, 0, "%s", arena_last_error());
 	cr_assert_eq(c->n_files, 1);
 	cr_assert_null(c->index_path);

@@ -11,6 +11,7 @@
 
 #include "arena.h"
 #include "../../formats/safetensors.h"
+#include "testutil.h"
 
 #define LABEL "mem.safetensors"
 
@@ -739,10 +740,9 @@ Test(st_valid, close_null)
 /* Write bytes to a new temporary file; returns its path (caller unlinks, frees). */
 static char *write_temp(const uint8_t *b, size_t len)
 {
-	const char *dir = getenv("TMPDIR");
 	char *path = malloc(4096);
 	cr_assert_not_null(path);
-	snprintf(path, 4096, "%s/arena-st-XXXXXX", dir && *dir ? dir : "/tmp");
+	snprintf(path, 4096, "%s/arena-st-XXXXXX", tmp_base());
 	int fd = mkstemp(path);
 	cr_assert_geq(fd, 0);
 	cr_assert_eq(write(fd, b, len), (ssize_t)len);

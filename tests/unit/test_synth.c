@@ -1,9 +1,9 @@
 /* test_synth.c - the safetensors writer (formats/st_write) and synthetic
  * checkpoints (loader/synth): byte-identical rewrites of the reference
  * fixtures, writer misuse and injected failures, layouts against the files
- * diffusers and transformers wrote (../shared/fixtures/reference or
- * $ARENA_REFERENCE_DIR), parameter counts of the full-size layouts, the
- * value stream's determinism and distribution, and reading the output back. */
+ * diffusers and transformers wrote (fixtures/), parameter counts of the
+ * full-size layouts, the value stream's determinism and distribution, and
+ * reading the output back. */
 #include <criterion/criterion.h>
 
 #include <dirent.h>
@@ -24,44 +24,21 @@
 #include "../../formats/safetensors.h"
 #include "../../formats/st_write.h"
 #include "../../loader/synth.h"
-
-static const char *ref_path(const char *name)
-{
-	static char buf[4][4096];
-	static unsigned next;
-	const char *d = getenv("ARENA_REFERENCE_DIR");
-	char *p = buf[next++ % 4];
-	snprintf(p, sizeof(buf[0]), "%s/%s", d && *d ? d : "../shared/fixtures/reference", name);
-	return p;
-}
+#include "testutil.h"
 
 /* A fresh folder per test (Criterion runs each test in its own process). */
-static char tmp_dir[64];
+static char tmp_dir[1024];
 
 static void make_tmp(void)
 {
-	snprintf(tmp_dir, sizeof(tmp_dir), "/tmp/arena-test-synth-XXXXXX");
-	cr_assert_not_null(mkdtemp(tmp_dir), "mkdtemp: %s", strerror(errno));
+	tmpdir_make(tmp_dir, sizeof(tmp_dir), "test-synth");
 }
 
 static void remove_tmp(void)
 {
 	arena_fault_alloc(0);
 	arena_fault_write(0);
-	if (!tmp_dir[0])
-		return;
-	DIR *d = opendir(tmp_dir);
-	struct dirent *e;
-	while (d && (e = readdir(d))) {
-		char p[4096];
-		if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-			snprintf(p, sizeof(p), "%s/%s", tmp_dir, e->d_name);
-			unlink(p);
-		}
-	}
-	if (d)
-		closedir(d);
-	rmdir(tmp_dir);
+	tmpdir_remove(tmp_dir);
 }
 
 static const char *tmp_file(const char *name)
@@ -154,10 +131,10 @@ Test(st_write, reference_fixtures_byte_identical)
 	const char *names[] = {"tiny_flux.safetensors", "dtypes.safetensors", "quant_reference.safetensors"};
 	for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++) {
 		arena_st_file *in;
-		cr_assert_eq(arena_st_open(ref_path(names[k]), &in), 0, "%s", arena_last_error());
+		cr_assert_eq(arena_st_open(fixture_path(names[k]), &in), 0, "%s", arena_last_error());
 		const char *out = tmp_file(names[k]);
 		cr_assert_eq(rewrite(in, out), 0, "%s: %s", names[k], arena_last_error());
-		assert_same_file(ref_path(names[k]), out);
+		assert_same_file(fixture_path(names[k]), out);
 		arena_st_close(in);
 	}
 }
@@ -226,7 +203,7 @@ static void *pw_thread(void *arg)
 Test(st_write, positioned_writes_from_threads)
 {
 	arena_st_file *in;
-	cr_assert_eq(arena_st_open(ref_path("tiny_flux.safetensors"), &in), 0);
+	cr_assert_eq(arena_st_open(fixture_path("tiny_flux.safetensors"), &in), 0);
 	arena_stw *w;
 	cr_assert_eq(arena_stw_create(tmp_file("p.st"), &w), 0);
 	for (size_t i = 0; i < in->n_meta; i++)
@@ -249,7 +226,7 @@ Test(st_write, positioned_writes_from_threads)
 	uint8_t b[4] = {0};
 	cr_assert_eq(arena_stw_write(w, b, 0), ARENA_E_USAGE); /* no mixing with appends */
 	cr_assert_eq(arena_stw_commit(w), 0, "%s", arena_last_error());
-	assert_same_file(ref_path("tiny_flux.safetensors"), tmp_file("p.st"));
+	assert_same_file(fixture_path("tiny_flux.safetensors"), tmp_file("p.st"));
 	arena_st_close(in);
 
 	uint64_t s2[] = {2};
@@ -375,12 +352,12 @@ static int check_alloc_fault(long n, int rc, const char *out, const char *want)
 Test(st_write, alloc_faults)
 {
 	arena_st_file *in;
-	cr_assert_eq(arena_st_open(ref_path("tiny_flux.safetensors"), &in), 0);
+	cr_assert_eq(arena_st_open(fixture_path("tiny_flux.safetensors"), &in), 0);
 	long n;
 	for (n = 1; n < 100000; n++) {
 		arena_fault_alloc(n);
 		int rc = rewrite(in, tmp_file("f.st"));
-		if (!check_alloc_fault(n, rc, tmp_file("f.st"), ref_path("tiny_flux.safetensors")))
+		if (!check_alloc_fault(n, rc, tmp_file("f.st"), fixture_path("tiny_flux.safetensors")))
 			break;
 	}
 	cr_assert_gt(n, 10);
@@ -390,7 +367,7 @@ Test(st_write, alloc_faults)
 Test(st_write, write_faults)
 {
 	arena_st_file *in;
-	cr_assert_eq(arena_st_open(ref_path("tiny_flux.safetensors"), &in), 0);
+	cr_assert_eq(arena_st_open(fixture_path("tiny_flux.safetensors"), &in), 0);
 	for (long n = 1; n <= 2; n++) { /* the header write, then the data */
 		arena_fault_write(n);
 		cr_assert_eq(rewrite(in, tmp_file("f.st")), ARENA_E_IO, "write %ld", n);
@@ -432,7 +409,7 @@ static void assert_list_matches(const arena_synth_list *l, const arena_st_tensor
 Test(synth, flux_tiny_matches_reference_fixture)
 {
 	arena_ckpt *c;
-	cr_assert_eq(arena_ckpt_open(ref_path("tiny_flux.safetensors"), &c), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_ckpt_open(fixture_path("tiny_flux.safetensors"), &c), 0, "%s", arena_last_error());
 	arena_synth_list l = {0};
 	cr_assert_eq(arena_synth_layout_make("flux-tiny", -1, &l), 0);
 	assert_list_matches(&l, c->tensors, c->n_tensors, "flux-tiny");
@@ -457,7 +434,7 @@ Test(synth, flux_tiny_matches_reference_fixture)
 Test(synth, llama_tiny_matches_reference_fixture)
 {
 	arena_ckpt *c;
-	cr_assert_eq(arena_ckpt_open(ref_path("tiny_llama_sharded"), &c), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_ckpt_open(fixture_path("tiny_llama_sharded"), &c), 0, "%s", arena_last_error());
 	arena_synth_list l = {0};
 	cr_assert_eq(arena_synth_layout_make("llama-tiny", -1, &l), 0);
 	assert_list_matches(&l, c->tensors, c->n_tensors, "llama-tiny");

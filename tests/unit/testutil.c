@@ -1,0 +1,49 @@
+/* testutil.c - helpers the unit tests share (testutil.h). */
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "testutil.h"
+
+#define FIXTURES_DEFAULT "fixtures"
+
+const char *fixture_path(const char *name)
+{
+	static char buf[8][4096];
+	static unsigned next;
+	const char *d = getenv("ARENA_FIXTURES_DIR");
+	char *p = buf[next++ % 8];
+	int n = snprintf(p, sizeof(buf[0]), "%s/%s", d && *d ? d : FIXTURES_DEFAULT, name);
+	cr_assert(n > 0 && (size_t)n < sizeof(buf[0]), "fixture path for '%s': too long", name);
+	return p;
+}
+
+const char *tmp_base(void)
+{
+	const char *b = getenv("TMPDIR");
+	return b && *b ? b : "/tmp";
+}
+
+void tmpdir_make(char *dir, size_t size, const char *tag)
+{
+	int n = snprintf(dir, size, "%s/arena-%s-XXXXXX", tmp_base(), tag);
+	cr_assert(n > 0 && (size_t)n < size, "temporary folder under '%s': path too long", tmp_base());
+	cr_assert_not_null(mkdtemp(dir), "mkdtemp '%s': %s", dir, strerror(errno));
+}
+
+static int remove_one(const char *p, const struct stat *st, int flag, struct FTW *ftw)
+{
+	(void)st, (void)flag, (void)ftw;
+	return remove(p);
+}
+
+void tmpdir_remove(const char *dir)
+{
+	if (dir && *dir)
+		nftw(dir, remove_one, 16, FTW_DEPTH | FTW_PHYS);
+}

@@ -1,0 +1,24 @@
+/* testutil.h - helpers the unit tests share: where the fixtures are, and a
+ * temporary folder per test. Each failure is a Criterion assertion. */
+#ifndef ARENA_TESTUTIL_H
+#define ARENA_TESTUTIL_H
+
+#include <stddef.h>
+
+/* The path of a fixture: $ARENA_FIXTURES_DIR/name, or fixtures/name relative
+ * to the folder the tests run in (the project root). The result is in one of
+ * 8 rotating buffers: valid until 8 more calls, not for use across threads. */
+const char *fixture_path(const char *name);
+
+/* The folder temporary files go under: $TMPDIR, or /tmp. */
+const char *tmp_base(void);
+
+/* Make a fresh folder tmp_base()/arena-TAG-XXXXXX; its path goes into dir
+ * (size bytes). */
+void tmpdir_make(char *dir, size_t size, const char *tag);
+
+/* Remove dir and everything under it (symbolic links are removed, not
+ * followed); nothing when dir is NULL or empty. */
+void tmpdir_remove(const char *dir);
+
+#endif
