@@ -1,0 +1,554 @@
+"""Bind a PyTorch module to an arena: the module's weights live in arena memory.
+
+``attach(module, path)`` matches the module's repeated blocks (children of a
+``ModuleList``: ``transformer_blocks.N``, ``single_transformer_blocks.N``,
+``model.layers.N``) to the image's blocks by name and every parameter to the
+image's tensor of the same name (peft's ``...base_layer.weight`` maps to
+``...weight``), checking shape and dtype; all mismatches are reported in one
+error before anything changes. Then:
+
+- the globals (tensors outside the blocks) are bound once, as views of their
+  device memory;
+- each block's parameters are views of the block's bytes where the engine
+  has them: when the block is called, it is acquired on torch's current
+  stream (prefetched ahead by the engine, resident or streamed through the
+  ring), its parameters are pointed at those bytes (``param.data = view``:
+  the same ``Parameter`` objects, so optimizer references, hooks and
+  ``torch.compile`` guards stay valid, no copy), the block runs, and the
+  block is released on the same stream;
+- a step is one call of the module's forward up to the next one (backward
+  and its recompute included): the engine learns the order of a step and
+  prefetches by it.
+
+Training: the bound weights are frozen (``requires_grad=False``); trainable
+parameters (peft LoRA layers, or those ``trainable`` names) stay ordinary
+torch parameters. A streamed block must run under gradient checkpointing
+(non-reentrant, as diffusers' ``enable_gradient_checkpointing``): its
+forward then saves no weights, and its recompute in backward acquires the
+block again and holds it until the next block's recompute (the backward
+kernels of a block are queued by then). Refused early, with a message
+saying what to do: a streamed block running with autograd outside
+checkpointing, training the bound weights themselves, merging adapters
+into them (``merge_adapter``), and converting them with ``module.to(dtype)``
+or moving them to another device (``module.to("cuda")`` onto the device
+they are on is fine, and moves the other parameters as usual).
+
+``torch.compile``: compile blocks regionally (diffusers'
+``compile_repeated_blocks()``, ``block.compile()``), or replace a block by
+``torch.compile(block)`` before attaching. The binding is outside the
+compiled code; parameters keep their identity, shape and dtype, so steps
+after the first recompile nothing.
+
+Between calls, a streamed block's parameters view ring memory that other
+blocks reuse: read weights through ``handle.arena.tensors()``, not through
+the module, outside a forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+import weakref
+from collections import OrderedDict
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple, Union
+
+import torch
+from torch import nn
+
+from . import Arena, Component, Error, Size, _view, torch_dtype
+from . import open as _open
+
+__all__ = ["attach", "Handle"]
+
+_STRIP = ("base_model.model.",)  # a peft PeftModel's prefix
+_cls_cache: Dict[type, type] = {}
+
+
+def _image_name(name: str) -> str:
+    for p in _STRIP:
+        if name.startswith(p):
+            name = name[len(p) :]
+    return name.replace(".base_layer.", ".").replace("._orig_mod.", ".").replace("_orig_mod.", "")
+
+
+def _in_backward() -> bool:
+    return torch._C._current_graph_task_id() != -1
+
+
+def _under_checkpoint() -> bool:
+    """Inside the forward of a non-reentrant torch.utils.checkpoint (its saved-tensor hooks are on top)."""
+    try:
+        hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    except Exception:  # pragma: no cover - a torch without it
+        return False
+    return bool(hooks) and "_checkpoint_hook" in getattr(hooks[0], "__qualname__", "")
+
+
+def _bound_cls(cls: type) -> type:
+    """A subclass of a block's class whose __call__ goes through its binding."""
+    if cls in _cls_cache:
+        return _cls_cache[cls]
+    base_call = cls.__call__
+
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        b = self.__dict__.get("_arena_binding")
+        if b is None:
+            return base_call(self, *args, **kwargs)
+        return b.run(base_call, self, args, kwargs)
+
+    new = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__, "_arena_base": cls})
+    _cls_cache[cls] = new
+    return new
+
+
+class _BlockBinding:
+    """A block module bound to an arena block: its parameters, the views at each address."""
+
+    def __init__(self, handle: "Handle", index: int, name: str, params: List[Tuple[nn.Parameter, Component]]):
+        self.handle = handle
+        self.index = index
+        self.name = name
+        self.params = params
+        self.addr = -1
+        self.cache: "OrderedDict[int, List[torch.Tensor]]" = OrderedDict()
+
+    def bind(self, addr: int, where: str = "device") -> None:
+        if addr == self.addr:
+            return
+        views = self.cache.get(addr)
+        if views is None:
+            slab = self.handle.arena.slab(self.index, addr, where)
+            with torch.inference_mode(False):
+                views = [_view(slab, c) for _, c in self.params]
+            self.cache[addr] = views
+            if len(self.cache) > 8:
+                self.cache.popitem(last=False)
+        else:
+            self.cache.move_to_end(addr)
+        with torch.no_grad():
+            for (p, _), v in zip(self.params, views):
+                p.data = v
+        self.addr = addr
+
+    def run(self, call: Callable[..., Any], mod: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        h = self.handle
+        a = h.arena
+        backward = _in_backward()
+        if not h._step_open:
+            h._begin_step()
+        if backward:
+            h._release_deferred()
+        stream = h._stream()
+        addr = a.acquire(self.index, stream)
+        try:
+            self.bind(addr)
+            if torch.is_grad_enabled() and not backward:
+                self._check_training(args, kwargs)
+            out = call(mod, *args, **kwargs)
+        except BaseException:
+            a.release(self.index, stream)
+            raise
+        if backward:  # the recompute's saved tensors view the block until its backward has run
+            h._deferred.append((self.index, stream))
+        else:
+            a.release(self.index, stream)
+        return out
+
+    def _check_training(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+        for p, _ in self.params:
+            if p.requires_grad:
+                raise Error(
+                    "USAGE",
+                    f"{self.name}: the weights arena holds are frozen; training them (full fine-tuning, "
+                    f"requires_grad on '{self.handle._pname(p)}') is not supported: train adapters "
+                    f"(peft LoRA) or parameters of your own instead",
+                )
+        resident, _, _ = self.handle.arena.block_state(self.index)
+        if resident or _under_checkpoint():
+            return
+        needs = any(isinstance(x, torch.Tensor) and x.requires_grad for x in list(args) + list(kwargs.values()))
+        needs = needs or any(p.requires_grad for p in self.handle._module_of[self.index].parameters())
+        if needs:
+            raise Error(
+                "USAGE",
+                f"{self.name} is streamed and runs with autograd outside gradient checkpointing: the "
+                f"weights its backward needs would be overwritten in the ring; enable non-reentrant "
+                f"checkpointing of every block (diffusers: module.enable_gradient_checkpointing()), or "
+                f"give arena more vram so that the block stays resident",
+            )
+
+
+class Handle:
+    """What ``attach`` returns: the binding of a module to an arena."""
+
+    def __init__(self) -> None:
+        self.arena: Arena
+        self.module: nn.Module
+        self._owns_arena = False
+        self._step_open = False
+        self._deferred: List[Tuple[int, Optional[int]]] = []
+        self._blocks: List[_BlockBinding] = []
+        self._module_of: Dict[int, nn.Module] = {}
+        self._restore: List[Callable[[], None]] = []
+        self._names: Dict[int, str] = {}
+        self._attached = False
+
+    # --- steps ---------------------------------------------------------------------
+    def _stream(self) -> Optional[int]:
+        if self.arena.backend == "sim":
+            return None
+        return torch.cuda.current_stream(self._device).cuda_stream
+
+    def _release_deferred(self) -> None:
+        while self._deferred:
+            i, s = self._deferred.pop(0)
+            self.arena.release(i, s)
+
+    def _begin_step(self) -> None:
+        self.arena.step_begin()
+        self._step_open = True
+
+    def _end_step(self) -> None:
+        if self._step_open:
+            self._release_deferred()
+            self._step_open = False
+            self.arena.step_end()
+
+    def _root_pre_hook(self, module: nn.Module, args: Any) -> None:
+        if _in_backward():
+            return
+        self._end_step()
+        self._begin_step()
+
+    def end_step(self) -> None:
+        """End the step in progress now (the next forward would otherwise do it)."""
+        self._end_step()
+
+    # --- public ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def sampling(self) -> Iterator["Handle"]:
+        """Run sample steps inside training (previews) and go back: ``with h.sampling(): pipe(...)``."""
+        self._end_step()
+        prev = self.arena.mode
+        self.arena.set_mode("sample")
+        try:
+            yield self
+        finally:
+            self._end_step()
+            self.arena.set_mode(prev)
+
+    def stats(self) -> List[Dict[str, Any]]:
+        """The engine's per-step records: resident/streamed bytes, misses, stalls, ..."""
+        return self.arena.stats()
+
+    def plan(self) -> Dict[str, Any]:
+        return self.arena.plan()
+
+    def detach(self) -> nn.Module:
+        """Return the module to a plain state: its classes, hooks and methods as they
+        were; its bound parameters become empty meta tensors of the same shape and
+        dtype (the weights were arena's); closes the arena if attach opened it."""
+        if not self._attached:
+            return self.module
+        try:
+            self._end_step()
+        finally:
+            for undo in reversed(self._restore):
+                undo()
+            self._restore.clear()
+            self._attached = False
+            if self._owns_arena:
+                self.arena.close()
+        return self.module
+
+    def _pname(self, p: torch.Tensor) -> str:
+        return self._names.get(id(p), "?")
+
+    def __enter__(self) -> "Handle":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.detach()
+
+
+def _is_adapter_param(name: str, tuners: Set[str]) -> bool:
+    for t in tuners:
+        if name.startswith(t + ".") and not name[len(t) + 1 :].startswith("base_layer."):
+            return True
+    return False
+
+
+def _peft_tuners(module: nn.Module) -> Dict[str, nn.Module]:
+    try:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except Exception:
+        return {}
+    return {n: m for n, m in module.named_modules() if isinstance(m, BaseTunerLayer)}
+
+
+def attach(
+    module: nn.Module,
+    path: Union[str, Arena],
+    mode: str = "sample",
+    vram: Size = None,
+    *,
+    device: Union[str, int, None] = None,
+    reserve: Size = None,
+    headroom: Size = None,
+    depth: Optional[int] = None,
+    keep_last: Optional[int] = None,
+    trainable: Union[Iterable[str], Callable[[str], bool], None] = None,
+    **open_kwargs: Any,
+) -> Handle:
+    """Bind ``module``'s weights to the arena at ``path`` (or an open :class:`arena.Arena`).
+
+    module: built on the meta device (``with torch.device("meta"): M(config)``:
+      torch allocates nothing) or already materialized (its weights are
+      released once bound); peft adapters may be added before or after.
+    mode: "sample" or "train" (checkpointed training: forward, backward in reverse).
+    vram: all device memory the process may use, arena's and torch's: arena
+      takes ``vram`` less ``reserve`` (torch's working memory: default 1 GiB
+      sample, 4 GiB train) and ``headroom``.
+    trainable: names (or a predicate on names) of parameters of your own that
+      stay torch parameters; peft adapter parameters are recognized.
+    Other keywords go to :func:`arena.open` (``sim_capacity``, ``profile``...).
+
+    Raises :class:`arena.Error`: ``BUDGET`` when the model cannot run in
+    ``vram``, ``USAGE`` listing every mismatch between module and image.
+    """
+    h = Handle()
+    h.module = module
+    if isinstance(path, Arena):
+        h.arena = path
+    else:
+        h.arena = _open(path, mode=mode, vram=vram, device=device, reserve=reserve, headroom=headroom,
+                        depth=depth, keep_last=keep_last, **open_kwargs)
+        h._owns_arena = True
+    try:
+        _bind(h, module, mode, trainable)
+    except BaseException:
+        for undo in reversed(h._restore):
+            undo()
+        h._restore.clear()
+        if h._owns_arena:
+            h.arena.close()
+        raise
+    h._attached = True
+    return h
+
+
+def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any) -> None:
+    a = h.arena
+    if h.arena.mode != mode:
+        a.set_mode(mode)
+    h._device = torch.device(a.device)
+    if getattr(module, "_arena_handle", None) is not None and module._arena_handle() is not None:
+        raise Error("USAGE", f"{type(module).__name__} is attached to an arena already: detach() it first")
+    is_trainable: Callable[[str], bool]
+    if trainable is None:
+        is_trainable = lambda n: False  # noqa: E731
+    elif callable(trainable):
+        is_trainable = trainable
+    else:
+        names = set(trainable)
+        is_trainable = names.__contains__
+    tuners = _peft_tuners(module)
+    image = {n: a.tensor_info(n) for n in a.tensor_names()}
+
+    # 1. Every parameter and persistent buffer against the image, all problems at once.
+    problems: List[str] = []
+    bound: Dict[str, Tuple[nn.Module, str, torch.Tensor, Any]] = {}  # image name -> (owner, leaf, tensor, info)
+    seen_ids: Set[int] = set()
+    for full, t in list(module.named_parameters(remove_duplicate=False)) + [
+        (n, b) for n, b in module.named_buffers(remove_duplicate=False) if _persistent(module, n)
+    ]:
+        if id(t) in seen_ids:
+            problems.append(f"'{full}' shares its tensor with another name (tied weights are not supported)")
+            continue
+        seen_ids.add(id(t))
+        iname = _image_name(full)
+        info = image.get(iname)
+        if info is None:
+            if _is_adapter_param(full, set(tuners)) or is_trainable(full):
+                continue
+            problems.append(f"'{full}' has no tensor '{iname}' in the image")
+            continue
+        if iname in bound:
+            problems.append(f"'{full}' and another parameter both map to '{iname}'")
+            continue
+        if info.scheme != "none" or len(info.components) != 1:
+            problems.append(f"'{iname}' is stored {info.scheme}; attach binds tensors stored as they are")
+            continue
+        try:
+            want = torch_dtype(info.dtype)
+        except Error as e:
+            problems.append(f"'{iname}': {e.message}")
+            continue
+        if tuple(t.shape) != info.shape or t.dtype != want:
+            problems.append(
+                f"'{full}' is {tuple(t.shape)} {t.dtype}, the image's '{iname}' is {info.shape} {info.dtype}"
+            )
+            continue
+        owner_name, _, leaf = full.rpartition(".")
+        owner = module.get_submodule(owner_name) if owner_name else module
+        bound[iname] = (owner, leaf, t, info)
+    missing = sorted(set(image) - set(bound))
+    for n in missing:
+        problems.append(f"the image's '{n}' has no parameter in the module")
+    # 2. The image's blocks are ModuleList children of the module.
+    prefix = next((p for p in _STRIP if any(n.startswith(p) for n, _ in module.named_modules())), "")
+    block_mod: Dict[int, nn.Module] = {}
+    for b in a.blocks:
+        if b.container is None:
+            continue
+        try:
+            m = module.get_submodule(prefix + b.name)
+        except AttributeError:
+            problems.append(f"the image's block '{b.name}' is not a submodule of the module")
+            continue
+        parent = module.get_submodule((prefix + b.container).rstrip("."))
+        if not isinstance(parent, nn.ModuleList):
+            problems.append(f"'{b.container}' is a {type(parent).__name__}, not a ModuleList of blocks")
+            continue
+        block_mod[b.index] = m
+    for iname, (owner, leaf, t, info) in bound.items():
+        if info.block in block_mod:
+            blk = a.blocks[info.block]
+            if not _is_within(module, owner, block_mod[info.block]):
+                problems.append(f"'{iname}' is in image block '{blk.name}' but not inside that submodule")
+    if problems:
+        head = f"cannot attach {type(module).__name__} to {a.path}: {len(problems)} problem(s): "
+        shown = "; ".join(problems[:40]) + ("; ..." if len(problems) > 40 else "")
+        raise Error("USAGE", head + shown)
+
+    # 3. Bind. Parameters become new frozen Parameters viewing arena memory;
+    # the module's own tensors are released.
+    per_block: Dict[int, List[Tuple[nn.Parameter, Component]]] = {}
+    owners: Dict[int, nn.Module] = {}
+    for iname, (owner, leaf, t, info) in bound.items():
+        resident, dev, host = a.block_state(info.block)
+        c = info.components[0]
+        is_buf = leaf in owner._buffers
+        old = owner._buffers[leaf] if is_buf else owner._parameters[leaf]
+        if info.block not in block_mod:  # globals: resident for good
+            view = _view(a.slab(info.block, dev, "device"), c)
+            _swap(h, owner, leaf, is_buf, view, old)
+            continue
+        addr, where = (dev, "device") if resident else (host, "host")
+        view = _view(a.slab(info.block, addr, where), c)
+        p = _swap(h, owner, leaf, is_buf, view, old)
+        per_block.setdefault(info.block, []).append((p, c))
+        owners[id(owner)] = owner
+    for idx, m in block_mod.items():
+        params = per_block.get(idx, [])
+        b = _BlockBinding(h, idx, a.blocks[idx].name, params)
+        resident, dev, host = a.block_state(idx)
+        b.addr = dev if resident else -1  # host views are placeholders: bind at the first call
+        h._blocks.append(b)
+        h._module_of[idx] = m
+        _wrap_block(h, m, b)
+    # 4. Guards: moves and conversions of bound weights, adapter merges, a second attach.
+    for owner in {id(o): o for o, _, _, _ in bound.values()}.values():
+        _guard_apply(h, owner, [leaf for o, leaf, _, _ in bound.values() if o is owner])
+    for name, tuner in _peft_tuners(module).items():
+        _guard_merge(h, name, tuner)
+    hook = module.register_forward_pre_hook(h._root_pre_hook)
+    h._restore.append(hook.remove)
+    module._arena_handle = weakref.ref(h)
+    h._restore.append(lambda: module.__dict__.pop("_arena_handle", None))
+
+
+def _persistent(module: nn.Module, name: str) -> bool:
+    owner_name, _, leaf = name.rpartition(".")
+    owner = module.get_submodule(owner_name) if owner_name else module
+    return leaf not in owner._non_persistent_buffers_set
+
+
+def _is_within(root: nn.Module, inner: nn.Module, outer: nn.Module) -> bool:
+    return any(m is inner for m in outer.modules())
+
+
+def _swap(h: Handle, owner: nn.Module, leaf: str, is_buf: bool, view: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    table = owner._buffers if is_buf else owner._parameters
+    if is_buf:
+        new: torch.Tensor = view
+    else:
+        new = nn.Parameter(view, requires_grad=False)
+    keys = list(table.keys())
+    table[leaf] = new
+    h._names[id(new)] = leaf
+    shape, dtype, rg = tuple(old.shape), old.dtype, bool(getattr(old, "requires_grad", False))
+
+    def undo() -> None:
+        ph = torch.empty(shape, dtype=dtype, device="meta")
+        table[leaf] = ph if is_buf else nn.Parameter(ph, requires_grad=rg)
+        _reorder(table, keys)
+
+    h._restore.append(undo)
+    return new
+
+
+def _reorder(table: Dict[str, Any], keys: List[str]) -> None:
+    items = [(k, table[k]) for k in keys if k in table] + [(k, v) for k, v in table.items() if k not in keys]
+    table.clear()
+    table.update(items)
+
+
+def _wrap_block(h: Handle, m: nn.Module, b: _BlockBinding) -> None:
+    cls = type(m)
+    m.__class__ = _bound_cls(cls)
+    m.__dict__["_arena_binding"] = b
+
+    def undo() -> None:
+        m.__dict__.pop("_arena_binding", None)
+        m.__class__ = cls
+
+    h._restore.append(undo)
+
+
+def _guard_apply(h: Handle, owner: nn.Module, leaves: List[str]) -> None:
+    """owner._apply (module.to, .cuda, .half, ...) leaves bound weights where arena put
+    them when the conversion would not change them, and refuses when it would."""
+    dev = h._device
+    base = type(owner)._apply
+    dtypes = {leaf: (owner._parameters.get(leaf) if leaf in owner._parameters else owner._buffers[leaf]).dtype
+              for leaf in leaves}
+
+    def _apply(self: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor], *args: Any, **kwargs: Any) -> nn.Module:
+        for leaf, dt in dtypes.items():
+            probe = torch.empty(0, dtype=dt, device=dev)
+            out = fn(probe)
+            if out.dtype != dt or out.device != probe.device:
+                raise Error(
+                    "USAGE",
+                    f"'{leaf}' of {type(self).__name__} is held by arena on {dev} as {dt}; converting or "
+                    f"moving it (to {out.device}, {out.dtype}) is refused: detach() first, or convert only "
+                    f"the parameters of your own",
+                )
+        saved = {}
+        keys_p, keys_b = list(self._parameters.keys()), list(self._buffers.keys())
+        for leaf in dtypes:
+            saved[leaf] = self._parameters.pop(leaf) if leaf in self._parameters else self._buffers.pop(leaf)
+        try:
+            return base(self, fn, *args, **kwargs)
+        finally:
+            for leaf, t in saved.items():
+                (self._parameters if leaf in keys_p else self._buffers)[leaf] = t
+            _reorder(self._parameters, keys_p)
+            _reorder(self._buffers, keys_b)
+
+    owner.__dict__["_apply"] = types.MethodType(_apply, owner)
+    h._restore.append(lambda: owner.__dict__.pop("_apply", None))
+
+
+def _guard_merge(h: Handle, name: str, tuner: nn.Module) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise Error(
+            "USAGE",
+            f"{name}: merging an adapter into the base weights writes into arena's weights, which are "
+            f"frozen and shared; keep adapters unmerged (they run as they are), or detach() and merge "
+            f"into a copy",
+        )
+
+    tuner.__dict__["merge"] = refuse
+    h._restore.append(lambda: tuner.__dict__.pop("merge", None))
