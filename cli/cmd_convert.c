@@ -44,7 +44,7 @@ const char cmd_convert_usage[] =
 	"  --chunk-size SIZE       checksum chunk size, power of two, 64K..1G (default 4M)\n"
 	"  --codec none|hb4        code chunks losslessly for a faster load (default none).\n"
 	"                          hb4 stores each 16-bit word's high byte in 4 bits\n"
-	"                          (bf16 weights: 75%% of the bytes), wherever that saves\n"
+	"                          (bf16 weights: 75% of the bytes), wherever that saves\n"
 	"                          bytes; the GPU decodes as it loads. The image is then\n"
 	"                          format 1.1, which older readers refuse (docs/FORMAT.md)\n"
 	"  --threads N             worker threads (default: number of CPUs)\n"
