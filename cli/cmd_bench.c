@@ -17,6 +17,7 @@
 #include "../common/alloc.h"
 #include "../common/clock.h"
 #include "../common/err.h"
+#include "../common/units.h"
 #include "../formats/image.h"
 #include "../loader/load.h"
 #include "../loader/reread.h"
@@ -61,6 +62,8 @@ const char cmd_bench_usage[] =
 	"                      `arena plan --profile` (format in arena/profile.h)\n"
 	"  --json              machine-readable report (schema in README.md)\n"
 	"  -h, --help          this text\n"
+	"\n"
+	CLI_SIZE_HELP
 	"\n"
 	"Exit status: 0 done, 1 invalid image, 2 usage error or the model cannot run\n"
 	"within the cap, 3 system error (no CUDA device, cuBLAS not found, ...).\n";
@@ -269,57 +272,59 @@ int cmd_bench(int argc, char **argv)
 	optind = 0;
 	opterr = 0;
 	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		char *end;
+		uint64_t n;
+		int rc;
 		switch (ch) {
 		case O_BACKEND:
 			if (strcmp(optarg, "sim") && strcmp(optarg, "cuda"))
-				return cli_usage_error("bench", "--backend '%s': use sim or cuda", optarg);
+				return cli_usage_error("bench", "--backend '%s': use sim or cuda", arena_q(optarg));
 			cuda = !strcmp(optarg, "cuda");
 			break;
 		case O_CAP:
-			if (cli_parse_size(optarg, &o.cap) || !o.cap)
-				return cli_usage_error("bench", "--vram-cap '%s' is not a size", optarg);
+			if ((rc = cli_size_arg("bench", "--vram-cap", optarg, 1, &o.cap)))
+				return rc;
 			break;
 		case O_SIMCAP:
-			if (cli_parse_size(optarg, &simcap) || !simcap)
-				return cli_usage_error("bench", "--sim-capacity '%s' is not a size", optarg);
+			if ((rc = cli_size_arg("bench", "--sim-capacity", optarg, 1, &simcap)))
+				return rc;
 			simopt = 1;
 			break;
 		case O_SIMBW:
-			bw = strtod(optarg, &end);
-			if (*end || !(bw > 0) || bw > 1e15)
-				return cli_usage_error("bench", "--sim-bandwidth '%s' is not a rate in bytes/s", optarg);
+			if ((rc = cli_rate_arg("bench", "--sim-bandwidth", optarg, 1e15, &bw)))
+				return rc;
 			simopt = 1;
 			break;
 		case O_DEVFREE:
-			if (cli_parse_size(optarg, &devfree) || !devfree)
-				return cli_usage_error("bench", "--device-free '%s' is not a size", optarg);
+			if ((rc = cli_size_arg("bench", "--device-free", optarg, 1, &devfree)))
+				return rc;
 			break;
 		case O_FLOPS:
-			flops = strtod(optarg, &end);
-			if (*end || !(flops > 0) || flops > 1e18)
-				return cli_usage_error("bench", "--flops '%s' is not a rate in FLOP/s", optarg);
+			if ((rc = cli_rate_arg("bench", "--flops", optarg, 1e18, &flops)))
+				return rc;
 			break;
 		case O_STEPS:
-			steps = strtol(optarg, &end, 10);
-			if (*end || steps < 1 || steps > 100000)
-				return cli_usage_error("bench", "--steps '%s' is not a number from 1 to 100000", optarg);
+			if ((rc = cli_count_arg("bench", "--steps", optarg, 1, 100000, &n)))
+				return rc;
+			steps = (long)n;
 			break;
 		case O_TOKENS:
-			tokens = (double)strtol(optarg, &end, 10);
-			if (*end || tokens < 1 || tokens > 1e7)
-				return cli_usage_error("bench", "--tokens '%s' is not a number from 1 to 10000000", optarg);
+			if ((rc = cli_count_arg("bench", "--tokens", optarg, 1, 10000000, &n)))
+				return rc;
+			tokens = (double)n;
 			break;
 		case O_PRESSURE: {
+			/* SIZE@STEP: the same SIZE as every size option, a whole STEP */
 			char buf[64];
 			const char *at = strchr(optarg, '@');
-			if (!at || (size_t)(at - optarg) >= sizeof(buf))
-				return cli_usage_error("bench", "--pressure '%s' is not SIZE@STEP", optarg);
+			if (!at || (size_t)(at - optarg) >= sizeof(buf) || arena_count_parse(at + 1, 0, 100000, &n))
+				return cli_usage_error("bench", "--pressure '%s' is not SIZE@STEP: a size as for --vram-cap, "
+								"then a step number from 0 to 100000", arena_q(optarg));
 			memcpy(buf, optarg, (size_t)(at - optarg));
 			buf[at - optarg] = 0;
-			pstep = strtol(at + 1, &end, 10);
-			if (cli_parse_size(buf, &psize) || !psize || *end || at[1] == 0 || pstep < 0)
-				return cli_usage_error("bench", "--pressure '%s' is not SIZE@STEP", optarg);
+			if (arena_size_parse(buf, &psize) || !psize)
+				return cli_usage_error("bench", "--pressure '%s' is not SIZE@STEP: a size above 0 as for "
+								"--vram-cap, then a step number from 0 to 100000", arena_q(optarg));
+			pstep = (long)n;
 			break;
 		}
 		case O_STRICT:
@@ -336,19 +341,18 @@ int cmd_bench(int argc, char **argv)
 			else if (!strcmp(optarg, "learn"))
 				profile = 2;
 			else
-				return cli_usage_error("bench", "--profile '%s': use learn, given or none", optarg);
+				return cli_usage_error("bench", "--profile '%s': use learn, given or none", arena_q(optarg));
 			break;
 		case O_JSON:
 			json = 1;
 			break;
-		default: {
-			int rc = cli_engine_option("bench", ch, optarg, &o);
+		default:
+			rc = cli_engine_option("bench", ch, optarg, &o);
 			if (rc > 0)
 				return rc;
 			if (rc < 0)
 				return cli_usage_error("bench", "unknown or incomplete option '%s'", argv[optind - 1]);
 			break;
-		}
 		}
 	}
 	if (argc - optind != 1)

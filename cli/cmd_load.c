@@ -51,6 +51,8 @@ const char cmd_load_usage[] =
 	"  --json              machine-readable report (schema in README.md)\n"
 	"  -h, --help          this text\n"
 	"\n"
+	CLI_SIZE_HELP
+	"\n"
 	"Ctrl-C cancels cleanly. Exit status: 0 loaded, 1 invalid or corrupt input,\n"
 	"2 usage error, 3 system error (I/O, memory, device, no CUDA device).\n";
 
@@ -125,54 +127,51 @@ int cmd_load(int argc, char **argv)
 	optind = 0;
 	opterr = 0;
 	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		char *end;
+		uint64_t n;
+		int rc;
 		switch (ch) {
 		case O_BACKEND:
 			if (strcmp(optarg, "cuda") && strcmp(optarg, "sim"))
-				return cli_usage_error("load", "--backend '%s': use cuda or sim", optarg);
+				return cli_usage_error("load", "--backend '%s': use cuda or sim", arena_q(optarg));
 			backend = optarg;
 			break;
 		case O_DEVICE:
-			device = (int)strtol(optarg, &end, 10);
-			if (*end || device < 0)
-				return cli_usage_error("load", "--device '%s' is not a device number", optarg);
+			if ((rc = cli_count_arg("load", "--device", optarg, 0, 1023, &n)))
+				return rc;
+			device = (int)n;
 			break;
 		case O_CAP:
-			if (cli_parse_size(optarg, &cap) || !cap)
-				return cli_usage_error("load", "--vram-cap '%s' is not a size", optarg);
+			if ((rc = cli_size_arg("load", "--vram-cap", optarg, 1, &cap)))
+				return rc;
 			break;
 		case O_PIN:
-			if (cli_parse_size(optarg, &pin_cap))
-				return cli_usage_error("load", "--pin-budget '%s' is not a size", optarg);
+			if ((rc = cli_size_arg("load", "--pin-budget", optarg, 0, &pin_cap)))
+				return rc;
 			if (!pin_cap)
 				pin_cap = 1; /* 0 means "pin nothing" */
 			break;
-		case O_THREADS: {
-			long n = strtol(optarg, &end, 10);
-			if (*end || n < 1 || n > 256)
-				return cli_usage_error("load", "--threads '%s' is not a number from 1 to 256", optarg);
+		case O_THREADS:
+			if ((rc = cli_count_arg("load", "--threads", optarg, 1, 256, &n)))
+				return rc;
 			lo.threads = (unsigned)n;
 			break;
-		}
 		case O_IO:
 			lo.io = !strcmp(optarg, "auto")       ? ARENA_IO_AUTO
 				: !strcmp(optarg, "direct")   ? ARENA_IO_DIRECT
 				: !strcmp(optarg, "buffered") ? ARENA_IO_BUFFERED
 							      : -2;
 			if (lo.io == -2)
-				return cli_usage_error("load", "--io '%s': use auto, direct or buffered", optarg);
+				return cli_usage_error("load", "--io '%s': use auto, direct or buffered", arena_q(optarg));
 			break;
 		case O_SLOT:
-			if (cli_parse_size(optarg, &lo.slot_bytes) || lo.slot_bytes < 4096)
-				return cli_usage_error("load", "--slot-size '%s' is not a size of 4K or more", optarg);
+			if ((rc = cli_size_arg("load", "--slot-size", optarg, 4096, &lo.slot_bytes)))
+				return rc;
 			break;
-		case O_SLOTS: {
-			long n = strtol(optarg, &end, 10);
-			if (*end || n < 1 || n > 64)
-				return cli_usage_error("load", "--slots '%s' is not a number from 1 to 64", optarg);
+		case O_SLOTS:
+			if ((rc = cli_count_arg("load", "--slots", optarg, 1, 64, &n)))
+				return rc;
 			lo.slots_per_thread = (unsigned)n;
 			break;
-		}
 		case O_QUANT:
 			quant.scheme = optarg;
 			lo.quant = &quant;

@@ -75,10 +75,11 @@ int cmd_verify(int argc, char **argv)
 		if (ch == 'j') {
 			json = 1;
 		} else if (ch == 't') {
-			char *end;
-			threads = strtol(optarg, &end, 10);
-			if (*end || threads < 1 || threads > 64)
-				return cli_usage_error("verify", "--threads '%s' is not a number from 1 to 64", optarg);
+			uint64_t n;
+			int rc = cli_count_arg("verify", "--threads", optarg, 1, 64, &n);
+			if (rc)
+				return rc;
+			threads = (long)n;
 		} else {
 			return cli_usage_error("verify", "unknown or incomplete option '%s'", argv[optind - 1]);
 		}
