@@ -8,14 +8,9 @@
 
 #include "../common/alloc.h"
 #include "../common/err.h"
+#include "../common/units.h"
 #include "../formats/image.h"
 #include "quant_select.h"
-
-static const char *human(uint64_t n, char *buf, size_t len)
-{
-	snprintf(buf, len, "%.2f GiB", (double)n / (1ull << 30));
-	return buf;
-}
 
 /* A cap smaller than the model: say how many blocks (in order) would fit. */
 static int check_cap(const char *path, int is_image, uint64_t cap)
@@ -36,11 +31,16 @@ static int check_cap(const char *path, int is_image, uint64_t cap)
 				fit = need, nfit = b + 1;
 		}
 		char a[32], c[32], d[32];
-		if (need > cap)
+		if (need > cap && nfit)
 			rc = arena_errorf(ARENA_E(BUDGET),
 					  "%s: the model needs %s of device memory, over the %s cap; the first %zu of %zu blocks (%s) would fit",
-					  path, human(need, a, sizeof(a)), human(cap, c, sizeof(c)), nfit, l->n_blocks,
-					  human(fit, d, sizeof(d)));
+					  path, arena_size_str(need, a, sizeof(a)), arena_size_str(cap, c, sizeof(c)), nfit,
+					  l->n_blocks, arena_size_str(fit, d, sizeof(d)));
+		else if (need > cap)
+			rc = arena_errorf(ARENA_E(BUDGET),
+					  "%s: the model needs %s of device memory, over the %s cap; not even the first of its %zu blocks (%s) would fit",
+					  path, arena_size_str(need, a, sizeof(a)), arena_size_str(cap, c, sizeof(c)),
+					  l->n_blocks, arena_size_str(l->blocks[0].bytes, d, sizeof(d)));
 	}
 	arena_img_close(img);
 	arena_layout_free(lay);
