@@ -17,4 +17,30 @@ messages_over_cap_in_units_that_fit() {
 	expect_err "KiB) would fit"
 }
 
-cases messages_over_cap_in_units_that_fit
+# verify: errors are one line, however many chunks are bad; --json lists them all.
+messages_verify_one_line() {
+	"$ARENA" convert -q "$REF/tiny_flux.safetensors" -o "$T/f.arena" --chunk-size 64K
+	python3 -c '
+import json, subprocess, sys
+d = json.loads(subprocess.run([sys.argv[1], "inspect", sys.argv[2], "--json"], capture_output=True, check=True).stdout)
+off = d["layout"]["data_offset"]
+f = open(sys.argv[2], "r+b")
+for k in (0, 2, 3):
+    f.seek(off + k * 65536 + 100)
+    b = f.read(1)
+    f.seek(off + k * 65536 + 100)
+    f.write(bytes([b[0] ^ 0xFF]))' "$ARENA" "$T/f.arena"
+	run verify "$T/f.arena"
+	expect_rc 1
+	expect_error_line
+	expect_err "chunk 0 "
+	expect_err "3 bad chunks in all"
+	run verify "$T/f.arena" --json
+	expect_rc 1
+	python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert [c["chunk"] for c in d["bad_chunks"]] == [0, 2, 3], d["bad_chunks"]' <"$T/out" || fail "verify --json"
+}
+
+cases messages_over_cap_in_units_that_fit messages_verify_one_line
