@@ -50,24 +50,28 @@ static int choose(void *arg, const arena_st_tensor *src, const arena_ckpt *ck, c
 	const arena_st_tensor *scale = NULL;
 	arena_quant_scheme pre = arena_quant_ct_match(ck, src->name, &scale, NULL);
 	if (pre != ARENA_QUANT_NONE) {
-		if ((rc = arena_quant_plan_prequant(&p, pre, src->rank, src->shape, src->name)))
+		if ((rc = arena_quant_plan_prequant(&p, pre, src->rank, src->shape, src->name))) {
+			arena_error_prefix(src->file->path);
 			return rc;
+		}
 		return arena_quant_describe(&p, t);
 	}
 	size_t inc = 0, exc = 0;
 	int in = glob_hit(o->include, o->n_include, src->name, c->inc_used, &inc);
 	int ex = glob_hit(o->exclude, o->n_exclude, src->name, c->exc_used, &exc);
 	if (in && ex)
-		return arena_errorf(ARENA_E_USAGE, "tensor '%s' matches --quant-include '%s' and --quant-exclude '%s'",
-				    arena_q(src->name), arena_q(o->include[inc]), arena_q(o->exclude[exc]));
+		return arena_errorf(ARENA_E_USAGE, "%s: tensor '%s' matches --quant-include '%s' and --quant-exclude '%s'",
+				    src->file->path, arena_q(src->name), arena_q(o->include[inc]), arena_q(o->exclude[exc]));
 	int sel = c->scheme != ARENA_QUANT_NONE &&
 		  (in || (!ex && arena_quant_default_selects(src->name, src->dtype, src->rank, blk->container != NULL)));
 	if (!sel) {
 		arena_plan_plain(src, t);
 		return 0;
 	}
-	if ((rc = arena_quant_plan_init(&p, c->scheme, src->dtype, src->rank, src->shape, src->name)))
+	if ((rc = arena_quant_plan_init(&p, c->scheme, src->dtype, src->rank, src->shape, src->name))) {
+		arena_error_prefix(src->file->path);
 		return rc;
+	}
 	return arena_quant_describe(&p, t);
 }
 

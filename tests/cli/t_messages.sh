@@ -3,6 +3,46 @@
 # inspect as from convert; quantized names that cannot be exported are
 # refused at convert. Sourced by run.sh.
 
+messages_name_the_file() {
+	make_st "$T/empty.safetensors" '{}' 0
+	run convert "$T/empty.safetensors" -o "$T/x.arena"
+	expect_rc 1
+	expect_error_line
+	expect_err "error: $T/empty.safetensors: "
+	run load "$T/empty.safetensors" --backend sim
+	expect_rc 1
+	expect_error_line
+	expect_err "error: $T/empty.safetensors: "
+	python3 -c '
+import json, struct, sys
+h = json.dumps({"x": {"dtype": "F32", "shape": [1] * 10001, "data_offsets": [0, 4]}}).encode()
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + bytes(4))' "$T/rank.safetensors"
+	run convert "$T/rank.safetensors" -o "$T/x.arena"
+	expect_rc 1
+	expect_error_line
+	expect_err "error: $T/rank.safetensors: tensor 'x': rank 10001"
+	[ ! -e "$T/x.arena" ] || fail "a refused convert wrote its output"
+}
+
+# inspect applies the rules convert does: the same error, exit 1.
+messages_inspect_same_rule_as_convert() {
+	python3 -c '
+import json, struct, sys
+h = json.dumps({"x": {"dtype": "F32", "shape": [1] * 9, "data_offsets": [0, 4]}}).encode()
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + bytes(4))' "$T/rank.safetensors"
+	run convert "$T/rank.safetensors" -o "$T/x.arena"
+	expect_rc 1
+	cp "$T/err" "$T/convert-err"
+	run inspect "$T/rank.safetensors"
+	expect_rc 1
+	expect_error_line
+	expect_no_out
+	cmp -s "$T/err" "$T/convert-err" || fail "inspect says '$(cat "$T/err")', convert '$(cat "$T/convert-err")'"
+	run inspect "$T/rank.safetensors" --json
+	expect_rc 1
+	expect_no_out
+}
+
 messages_over_cap_in_units_that_fit() {
 	"$ARENA" convert -q "$REF/tiny_flux.safetensors" -o "$T/f.arena"
 	run load "$T/f.arena" --backend sim --vram-cap 100K
@@ -43,4 +83,4 @@ d = json.load(sys.stdin)
 assert [c["chunk"] for c in d["bad_chunks"]] == [0, 2, 3], d["bad_chunks"]' <"$T/out" || fail "verify --json"
 }
 
-cases messages_over_cap_in_units_that_fit messages_verify_one_line
+cases messages_name_the_file messages_inspect_same_rule_as_convert messages_over_cap_in_units_that_fit messages_verify_one_line
