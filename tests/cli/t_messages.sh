@@ -83,4 +83,51 @@ d = json.load(sys.stdin)
 assert [c["chunk"] for c in d["bad_chunks"]] == [0, 2, 3], d["bad_chunks"]' <"$T/out" || fail "verify --json"
 }
 
-cases messages_name_the_file messages_inspect_same_rule_as_convert messages_over_cap_in_units_that_fit messages_verify_one_line
+# A weight and an unrelated tensor named like its scale: quantizing the weight
+# with a scaled scheme would give two tensors one name.
+messages_quant_name_clash() {
+	make_st "$T/c.safetensors" '{"transformer_blocks.0.attn.to_q.weight": {"dtype": "BF16", "shape": [4, 4], "data_offsets": [0, 32]}, "transformer_blocks.0.attn.to_q.weight_scale": {"dtype": "F32", "shape": [4], "data_offsets": [32, 48]}}' 48
+	for q in fp8-e4m3-row fp8-e4m3-tensor int8-row; do
+		run convert "$T/c.safetensors" -o "$T/c.arena" --quant $q
+		expect_rc 1
+		expect_error_line
+		expect_err "error: $T/c.safetensors: tensor 'transformer_blocks.0.attn.to_q.weight': "
+		expect_err "'transformer_blocks.0.attn.to_q.weight_scale'"
+		[ ! -e "$T/c.arena" ] || fail "--quant $q wrote an image that cannot be exported"
+	done
+	# unscaled schemes give no second name; bf16 keeps it no pair
+	for q in bf16 fp8-e5m2; do
+		run convert "$T/c.safetensors" -o "$T/c.arena" --quant $q
+		expect_rc 0
+		run export "$T/c.arena" -o "$T/c2.safetensors"
+		expect_rc 0
+		rm -f "$T/c.arena"
+	done
+	# fp8-e4m3 would make the two a compressed-tensors pair: exported and read
+	# again, the weight would be scaled by the other tensor
+	make_st "$T/p.safetensors" '{"transformer_blocks.0.attn.to_q.weight": {"dtype": "BF16", "shape": [4, 4], "data_offsets": [0, 32]}, "transformer_blocks.0.attn.to_q.weight_scale": {"dtype": "F32", "shape": [1], "data_offsets": [32, 36]}}' 36
+	run convert "$T/p.safetensors" -o "$T/p.arena" --quant fp8-e4m3
+	expect_rc 1
+	expect_error_line
+	expect_err "error: $T/p.safetensors: tensor 'transformer_blocks.0.attn.to_q.weight': "
+	expect_err "'transformer_blocks.0.attn.to_q.weight_scale'"
+	# excluded, it converts and exports
+	run convert "$T/c.safetensors" -o "$T/c.arena" --quant fp8-e4m3-row --quant-exclude '*.to_q.weight'
+	expect_rc 0
+	run export "$T/c.arena" -o "$T/c2.safetensors"
+	expect_rc 0
+	# a real compressed-tensors pair is kept and exports as it came
+	python3 -c '
+import json, struct, sys
+t = {"transformer_blocks.0.attn.to_q.weight": {"dtype": "F8_E4M3", "shape": [4, 4], "data_offsets": [0, 16]},
+     "transformer_blocks.0.attn.to_q.weight_scale": {"dtype": "F32", "shape": [4, 1], "data_offsets": [16, 32]},
+     "transformer_blocks.0.attn.to_k.weight": {"dtype": "BF16", "shape": [4, 4], "data_offsets": [32, 64]}}
+h = json.dumps(t).encode()
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + bytes(64))' "$T/ct.safetensors"
+	run convert "$T/ct.safetensors" -o "$T/ct.arena" --quant fp8-e4m3-row
+	expect_rc 0
+	run export "$T/ct.arena" -o "$T/ct2.safetensors"
+	expect_rc 0
+}
+
+cases messages_name_the_file messages_inspect_same_rule_as_convert messages_over_cap_in_units_that_fit messages_verify_one_line messages_quant_name_clash
