@@ -8,6 +8,7 @@
 
 #include "../common/alloc.h"
 #include "../common/err.h"
+#include "../common/units.h"
 
 /* --- helpers --------------------------------------------------------------- */
 
@@ -16,16 +17,7 @@ const char *arena__fmtb(uint64_t n)
 {
 	static _Thread_local char buf[4][32];
 	static _Thread_local unsigned k;
-	char *b = buf[k++ & 3];
-	if (n >= (1ull << 30))
-		snprintf(b, 32, "%.2f GiB", (double)n / (double)(1ull << 30));
-	else if (n >= (1ull << 20))
-		snprintf(b, 32, "%.2f MiB", (double)n / (double)(1ull << 20));
-	else if (n >= (1ull << 10))
-		snprintf(b, 32, "%.1f KiB", (double)n / 1024.0);
-	else
-		snprintf(b, 32, "%" PRIu64 " bytes", n);
-	return b;
+	return arena_size_str(n, buf[k++ & 3], sizeof(buf[0]));
 }
 
 int arena_block_is_globals(const arena_layout *l, uint32_t b)

@@ -41,9 +41,23 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format
 int cli_wants_help(const cli_cmd *cmd, int argc, char **argv);
 const cli_cmd *cli_find(const char *name);
 
-/* Parse "8G", "512M", "4096", "1.5GiB" (binary multiples) into bytes. 0 on success. */
-int cli_parse_size(const char *s, uint64_t *out);
-/* Format bytes as "22.17 GiB" into buf. */
+/* Option arguments, one grammar each (common/units.h). Each returns 0 with
+ * *out set, or prints a one-line usage error naming `cmd`, `opt` and `arg`
+ * and returns 2 (the usage exit status).
+ * cli_size_arg: a SIZE of at least `min` bytes ("8G", "512M", "1.5GiB").
+ * cli_count_arg: a whole number from min to max, decimal digits only.
+ * cli_rate_arg: a number above 0 and at most max, exponent allowed ("700e12"). */
+int cli_size_arg(const char *cmd, const char *opt, const char *arg, uint64_t min, uint64_t *out);
+int cli_count_arg(const char *cmd, const char *opt, const char *arg, uint64_t min, uint64_t max, uint64_t *out);
+int cli_rate_arg(const char *cmd, const char *opt, const char *arg, double max, double *out);
+/* SIZE@STEP (bench stream --pressure): a SIZE above 0 and a step from 0 to 100000. */
+int cli_pressure_arg(const char *cmd, const char *opt, const char *arg, uint64_t *size, uint64_t *step);
+/* What a SIZE is, for the --help of each command that takes one. */
+#define CLI_SIZE_HELP                                                                   \
+	"SIZE: a number of bytes, whole or with a fraction, with an optional unit K, M,\n" \
+	"G or T (powers of 1024; KiB or KB mean the same as K), e.g. 4096, 64K, 1.5G;\n"   \
+	"no sign, spaces, exponent or hex.\n"
+/* Bytes in the unit that fits them: "512 B", "331.50 KiB", "22.17 GiB". */
 const char *cli_fmt_bytes(uint64_t n, char *buf, size_t len);
 
 /* The residency planner's options, shared by `arena plan`, `arena load` and

@@ -63,6 +63,8 @@ const char cmd_bench_usage[] =
 	"  --json              machine-readable report (schema in README.md)\n"
 	"  -h, --help          this text\n"
 	"\n"
+	CLI_SIZE_HELP
+	"\n"
 	"Exit status: 0 done, 1 invalid image, 2 usage error or the model cannot run\n"
 	"within the cap, 3 system error (no CUDA device, cuBLAS not found, ...).\n";
 
@@ -208,7 +210,8 @@ int cmd_bench(int argc, char **argv)
 	optind = 0;
 	opterr = 0;
 	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		char *end;
+		uint64_t n;
+		int rc;
 		switch (ch) {
 		case O_BACKEND:
 			if (strcmp(optarg, "sim") && strcmp(optarg, "cuda"))
@@ -216,61 +219,52 @@ int cmd_bench(int argc, char **argv)
 			cuda = !strcmp(optarg, "cuda");
 			break;
 		case O_CAP:
-			if (cli_parse_size(optarg, &cap) || !cap)
-				return cli_usage_error("bench", "--vram-cap '%s' is not a size", optarg);
+			if ((rc = cli_size_arg("bench", "--vram-cap", optarg, 1, &cap)))
+				return rc;
 			break;
 		case O_SIMCAP:
-			if (cli_parse_size(optarg, &simcap) || !simcap)
-				return cli_usage_error("bench", "--sim-capacity '%s' is not a size", optarg);
+			if ((rc = cli_size_arg("bench", "--sim-capacity", optarg, 1, &simcap)))
+				return rc;
 			simopt = 1;
 			break;
 		case O_SIMBW:
-			bw = strtod(optarg, &end);
-			if (*end || !(bw > 0) || bw > 1e15)
-				return cli_usage_error("bench", "--sim-bandwidth '%s' is not a rate in bytes/s", optarg);
+			if ((rc = cli_rate_arg("bench", "--sim-bandwidth", optarg, 1e15, &bw)))
+				return rc;
 			simopt = 1;
 			break;
 		case O_DEVFREE:
-			if (cli_parse_size(optarg, &devfree) || !devfree)
-				return cli_usage_error("bench", "--device-free '%s' is not a size", optarg);
+			if ((rc = cli_size_arg("bench", "--device-free", optarg, 1, &devfree)))
+				return rc;
 			break;
 		case O_FLOPS:
-			flops = strtod(optarg, &end);
-			if (*end || !(flops > 0) || flops > 1e18)
-				return cli_usage_error("bench", "--flops '%s' is not a rate in FLOP/s", optarg);
+			if ((rc = cli_rate_arg("bench", "--flops", optarg, 1e18, &flops)))
+				return rc;
 			break;
 		case O_STEPS:
-			steps = strtol(optarg, &end, 10);
-			if (*end || steps < 1 || steps > 100000)
-				return cli_usage_error("bench", "--steps '%s' is not a number from 1 to 100000", optarg);
+			if ((rc = cli_count_arg("bench", "--steps", optarg, 1, 100000, &n)))
+				return rc;
+			steps = (long)n;
 			break;
 		case O_TOKENS:
-			tokens = (double)strtol(optarg, &end, 10);
-			if (*end || tokens < 1 || tokens > 1e7)
-				return cli_usage_error("bench", "--tokens '%s' is not a number from 1 to 10000000", optarg);
+			if ((rc = cli_count_arg("bench", "--tokens", optarg, 1, 10000000, &n)))
+				return rc;
+			tokens = (double)n;
 			break;
 		case O_PASSES:
-			passes = strtol(optarg, &end, 10);
-			if (*end || passes < 1 || passes > 4)
-				return cli_usage_error("bench", "--passes '%s' is not a number from 1 to 4", optarg);
+			if ((rc = cli_count_arg("bench", "--passes", optarg, 1, 4, &n)))
+				return rc;
+			passes = (long)n;
 			break;
 		case O_SAMPLE_EVERY:
-			every = strtol(optarg, &end, 10);
-			if (*end || every < 2 || every > 100000)
-				return cli_usage_error("bench", "--sample-every '%s' is not a number from 2 to 100000", optarg);
+			if ((rc = cli_count_arg("bench", "--sample-every", optarg, 2, 100000, &n)))
+				return rc;
+			every = (long)n;
 			break;
-		case O_PRESSURE: {
-			char buf[64];
-			const char *at = strchr(optarg, '@');
-			if (!at || (size_t)(at - optarg) >= sizeof(buf))
-				return cli_usage_error("bench", "--pressure '%s' is not SIZE@STEP", optarg);
-			memcpy(buf, optarg, (size_t)(at - optarg));
-			buf[at - optarg] = 0;
-			pstep = strtol(at + 1, &end, 10);
-			if (cli_parse_size(buf, &psize) || !psize || *end || at[1] == 0 || pstep < 0)
-				return cli_usage_error("bench", "--pressure '%s' is not SIZE@STEP", optarg);
+		case O_PRESSURE:
+			if ((rc = cli_pressure_arg("bench", "--pressure", optarg, &psize, &n)))
+				return rc;
+			pstep = (long)n;
 			break;
-		}
 		case O_STRICT:
 			strict = 1;
 			break;
@@ -290,14 +284,13 @@ int cmd_bench(int argc, char **argv)
 		case O_JSON:
 			json = 1;
 			break;
-		default: {
-			int rc = cli_engine_option("bench", ch, optarg, &ao);
+		default:
+			rc = cli_engine_option("bench", ch, optarg, &ao);
 			if (rc > 0)
 				return rc;
 			if (rc < 0)
 				return cli_usage_error("bench", "unknown or incomplete option '%s'", argv[optind - 1]);
 			break;
-		}
 		}
 	}
 	if (argc - optind != 1)

@@ -44,12 +44,14 @@ const char cmd_convert_usage[] =
 	"  --chunk-size SIZE       checksum chunk size, power of two, 64K..1G (default 4M)\n"
 	"  --codec none|hb4        code chunks losslessly for a faster load (default none).\n"
 	"                          hb4 stores each 16-bit word's high byte in 4 bits\n"
-	"                          (bf16 weights: 75%% of the bytes), wherever that saves\n"
+	"                          (bf16 weights: 75% of the bytes), wherever that saves\n"
 	"                          bytes; the GPU decodes as it loads. The image is then\n"
 	"                          format 1.1, which older readers refuse (docs/FORMAT.md)\n"
 	"  --threads N             worker threads (default: number of CPUs)\n"
 	"  -q, --quiet             no progress line and no summary\n"
 	"  -h, --help              this text\n"
+	"\n"
+	CLI_SIZE_HELP
 	"\n"
 	"exit status: 0 written, 1 invalid input, 2 usage error, 3 I/O or memory error\n";
 
@@ -157,27 +159,27 @@ int cmd_convert(int argc, char **argv)
 			}
 			break;
 		case O_CHUNK:
-			if (cli_parse_size(optarg, &co.chunk_size) || !co.chunk_size) {
-				st = cli_usage_error("convert", "--chunk-size '%s' is not a size", optarg);
+			if ((st = cli_size_arg("convert", "--chunk-size", optarg, 1, &co.chunk_size)))
+				goto done;
+			if (co.chunk_size < (64u << 10) || co.chunk_size > (1u << 30) || (co.chunk_size & (co.chunk_size - 1))) {
+				st = cli_usage_error("convert", "--chunk-size '%s' is not a power of two from 64K to 1G",
+						     arena_q(optarg));
 				goto done;
 			}
 			break;
 		case O_CODEC: {
 			int c = arena_codec_from_name(optarg);
 			if (c < 0) {
-				st = cli_usage_error("convert", "--codec '%s' is not none or hb4", optarg);
+				st = cli_usage_error("convert", "--codec '%s' is not none or hb4", arena_q(optarg));
 				goto done;
 			}
 			co.codec = (unsigned)c;
 			break;
 		}
 		case O_THREADS: {
-			char *end;
-			long n = strtol(optarg, &end, 10);
-			if (*end || n < 1 || n > 256) {
-				st = cli_usage_error("convert", "--threads '%s' is not a number from 1 to 256", optarg);
+			uint64_t n;
+			if ((st = cli_count_arg("convert", "--threads", optarg, 1, 256, &n)))
 				goto done;
-			}
 			co.threads = (unsigned)n;
 			break;
 		}

@@ -8,6 +8,7 @@
 #include "../formats/checkpoint.h"
 #include "../formats/codec.h"
 #include "../formats/image.h"
+#include "../loader/plan.h"
 #include "arena.h"
 #include "cli.h"
 
@@ -19,7 +20,8 @@ const char cmd_inspect_usage[] =
 	"checkpoint's index (model.safetensors.index.json), a folder holding either,\n"
 	"or an arena image (then also its blocks, chunk size and layout; the image's\n"
 	"header, manifest and chunk table are checked, its data is not: see verify).\n"
-	"The input is validated first; an invalid file is an error (exit 1).\n"
+	"The input is validated first, by the rules convert applies (a tensor's rank\n"
+	"at most 8, say); an invalid file is an error (exit 1).\n"
 	"\n"
 	"options:\n"
 	"  --json     machine-readable output (schema in README.md, 'arena inspect --json')\n"
@@ -345,6 +347,8 @@ int cmd_inspect(int argc, char **argv)
 	}
 	arena_ckpt *c;
 	int rc = arena_ckpt_open(path, &c);
+	if (!rc && (rc = arena_plan_check_ckpt(c)))
+		arena_ckpt_close(c); /* the rules convert applies, the same error */
 	if (rc)
 		return cli_fail(rc);
 	int st = json ? print_ckpt_json(path, c) : print_ckpt_text(path, c);

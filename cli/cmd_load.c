@@ -41,7 +41,9 @@ const char cmd_load_usage[] =
 	"                      RLIMIT_MEMLOCK, MemAvailable, cgroup memory.max, minus a reserve)\n"
 	"  --threads N         reader threads (default: CPUs, at most 32)\n"
 	"  --slot-size SIZE    ring slot (one read) size (default 1M)\n"
-	"  --slots N           ring slots per reader thread (default 4)\n"
+	"  --slots N           ring slots per reader thread (default 4); the ring is\n"
+	"                      lowered to the bytes to read and the pinned budget\n"
+	"                      (a note says so; --json: \"ring\")\n"
 	"  --io auto|direct|buffered\n"
 	"                      auto (default): page-cache reads when the bytes are\n"
 	"                      cached, O_DIRECT when they are not\n"
@@ -53,6 +55,8 @@ const char cmd_load_usage[] =
 	"  --no-probe          skip the limit measurements\n"
 	"  --json              machine-readable report (schema in README.md)\n"
 	"  -h, --help          this text\n"
+	"\n"
+	CLI_SIZE_HELP
 	"\n"
 	"Ctrl-C cancels cleanly. Exit status: 0 loaded, 1 invalid or corrupt input,\n"
 	"2 usage error, 3 system error (I/O, memory, device, no CUDA device).\n";
@@ -108,6 +112,44 @@ static int check_device(const char *path, const arena_model *m, int is_image, in
 	return rc;
 }
 
+/* "2 threads x 4 slots x 1.00 MiB = 8.00 MiB" */
+static const char *ring_str(const arena_ring_shape *r, char *buf, size_t len)
+{
+	char a[32], b[32];
+	snprintf(buf, len, "%u thread%s x %u slot%s x %s = %s", r->threads, r->threads == 1 ? "" : "s", r->slots,
+		 r->slots == 1 ? "" : "s", cli_fmt_bytes(r->slot, a, sizeof(a)),
+		 cli_fmt_bytes((uint64_t)r->threads * r->slots * r->slot, b, sizeof(b)));
+	return buf;
+}
+
+static void ring_note(const arena_load_stats *st, uint64_t pin_limit)
+{
+	char used[128], asked[128], need[32], lim[32];
+	fprintf(stderr, "note: read ring %s, lowered from %s:%s%s%s\n", ring_str(&st->ring, used, sizeof(used)),
+		ring_str(&st->ring_asked, asked, sizeof(asked)),
+		st->ring_lowered & ARENA_RING_BY_BYTES ? " no larger than the " : "",
+		st->ring_lowered & ARENA_RING_BY_BYTES ? cli_fmt_bytes(st->ring_need, need, sizeof(need)) : "",
+		st->ring_lowered & ARENA_RING_BY_BYTES ? " that go through it" : "");
+	if (st->ring_lowered & ARENA_RING_BY_BUDGET)
+		fprintf(stderr, "note: read ring lowered to fit the pinned budget of %s (--pin-budget)\n",
+			cli_fmt_bytes(pin_limit, lim, sizeof(lim)));
+}
+
+static json_t *ring_json(const arena_load_stats *st)
+{
+	json_t *why = json_array();
+	if (st->ring_lowered & ARENA_RING_BY_BYTES)
+		json_array_append_new(why, json_string("bytes_to_read"));
+	if (st->ring_lowered & ARENA_RING_BY_BUDGET)
+		json_array_append_new(why, json_string("pin_budget"));
+	const arena_ring_shape *r = &st->ring, *q = &st->ring_asked;
+	return json_pack("{s:I,s:b,s:i,s:i,s:I,s:I,s:I,s:{s:i,s:i,s:I},s:o}", "bytes", (json_int_t)st->ring_bytes, "pinned",
+			 st->ring_pinned, "threads", (int)r->threads, "slots_per_thread", (int)r->slots, "slot_bytes",
+			 (json_int_t)r->slot, "bytes_through", (json_int_t)st->ring_need, "requested_bytes",
+			 (json_int_t)((uint64_t)q->threads * q->slots * q->slot), "requested", "threads", (int)q->threads,
+			 "slots_per_thread", (int)q->slots, "slot_bytes", (json_int_t)q->slot, "lowered_by", why);
+}
+
 int cmd_load(int argc, char **argv)
 {
 	enum { O_BACKEND = 256, O_DEVICE, O_CAP, O_PIN, O_THREADS, O_IO, O_CHECK, O_NOPROBE, O_JSON, O_SLOT, O_SLOTS, O_QUANT };
@@ -123,61 +165,61 @@ int cmd_load(int argc, char **argv)
 	};
 	arena_open_options ao = {0};
 	const char *backend = NULL;
-	int device = 0, json = 0, check = 0, probe = 1, ch;
+	int device = 0, json = 0, check = 0, probe = 1, shaped = 0, ch;
 	uint64_t cap = 0, pin_cap = 0;
 	arena_quant_opts quant = {0};
 	arena_load_opts lo = {.io = ARENA_IO_AUTO, .cancel = &cancelled};
 	optind = 0;
 	opterr = 0;
 	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		char *end;
+		uint64_t n;
+		int rc;
 		switch (ch) {
 		case O_BACKEND:
 			if (strcmp(optarg, "cuda") && strcmp(optarg, "sim"))
-				return cli_usage_error("load", "--backend '%s': use cuda or sim", optarg);
+				return cli_usage_error("load", "--backend '%s': use cuda or sim", arena_q(optarg));
 			backend = optarg;
 			break;
 		case O_DEVICE:
-			device = (int)strtol(optarg, &end, 10);
-			if (*end || device < 0)
-				return cli_usage_error("load", "--device '%s' is not a device number", optarg);
+			if ((rc = cli_count_arg("load", "--device", optarg, 0, 1023, &n)))
+				return rc;
+			device = (int)n;
 			break;
 		case O_CAP:
-			if (cli_parse_size(optarg, &cap) || !cap)
-				return cli_usage_error("load", "--vram-cap '%s' is not a size", optarg);
+			if ((rc = cli_size_arg("load", "--vram-cap", optarg, 1, &cap)))
+				return rc;
 			break;
 		case O_PIN:
-			if (cli_parse_size(optarg, &pin_cap))
-				return cli_usage_error("load", "--pin-budget '%s' is not a size", optarg);
+			if ((rc = cli_size_arg("load", "--pin-budget", optarg, 0, &pin_cap)))
+				return rc;
 			if (!pin_cap)
 				pin_cap = 1; /* 0 means "pin nothing" */
 			break;
-		case O_THREADS: {
-			long n = strtol(optarg, &end, 10);
-			if (*end || n < 1 || n > 256)
-				return cli_usage_error("load", "--threads '%s' is not a number from 1 to 256", optarg);
+		case O_THREADS:
+			if ((rc = cli_count_arg("load", "--threads", optarg, 1, 256, &n)))
+				return rc;
 			lo.threads = (unsigned)n;
+			shaped = 1;
 			break;
-		}
 		case O_IO:
 			lo.io = !strcmp(optarg, "auto")       ? ARENA_IO_AUTO
 				: !strcmp(optarg, "direct")   ? ARENA_IO_DIRECT
 				: !strcmp(optarg, "buffered") ? ARENA_IO_BUFFERED
 							      : -2;
 			if (lo.io == -2)
-				return cli_usage_error("load", "--io '%s': use auto, direct or buffered", optarg);
+				return cli_usage_error("load", "--io '%s': use auto, direct or buffered", arena_q(optarg));
 			break;
 		case O_SLOT:
-			if (cli_parse_size(optarg, &lo.slot_bytes) || lo.slot_bytes < 4096)
-				return cli_usage_error("load", "--slot-size '%s' is not a size of 4K or more", optarg);
+			if ((rc = cli_size_arg("load", "--slot-size", optarg, 4096, &lo.slot_bytes)))
+				return rc;
+			shaped = 1;
 			break;
-		case O_SLOTS: {
-			long n = strtol(optarg, &end, 10);
-			if (*end || n < 1 || n > 64)
-				return cli_usage_error("load", "--slots '%s' is not a number from 1 to 64", optarg);
+		case O_SLOTS:
+			if ((rc = cli_count_arg("load", "--slots", optarg, 1, 64, &n)))
+				return rc;
 			lo.slots_per_thread = (unsigned)n;
+			shaped = 1;
 			break;
-		}
 		case O_QUANT:
 			quant.scheme = optarg;
 			lo.quant = &quant;
@@ -223,6 +265,10 @@ int cmd_load(int argc, char **argv)
 		return cli_fail(rc);
 	if (!backend && !json && !strcmp(arena_backend_name(a), "sim"))
 		fprintf(stderr, "note: no usable CUDA device; loaded on the simulator (--backend sim)\n");
+	/* A ring smaller than asked: say so where the asking was explicit (a
+	 * small model always takes less than the defaults), or the budget did it. */
+	if (st.ring_lowered && (shaped || (st.ring_lowered & ARENA_RING_BY_BUDGET)))
+		ring_note(&st, a->budget.limit);
 	arena_backend *be = a->be;
 	arena_model *m = a->m;
 	int is_image = a->is_image;
@@ -270,6 +316,7 @@ int cmd_load(int argc, char **argv)
 				      "threads", st.threads, "io", "direct_bytes", (json_int_t)st.direct_bytes,
 				      "buffered_bytes", (json_int_t)(st.file_bytes - st.direct_bytes), "peak_rss",
 				      (json_int_t)rss);
+		json_object_set_new(o, "ring", ring_json(&st));
 		json_object_set_new(o, "check", check ? json_boolean(ok) : json_null());
 		json_object_set_new(o, "phases",
 				    json_pack("{s:f,s:f,s:f,s:f,s:f}", "open", st.t_open, "ring", st.t_ring, "prepare",

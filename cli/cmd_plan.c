@@ -31,6 +31,8 @@ const char cmd_plan_usage[] =
 	"  --json              machine-readable plan (schema in README.md)\n"
 	"  -h, --help          this text\n"
 	"\n"
+	CLI_SIZE_HELP
+	"\n"
 	"Exit status: 0 a plan, 1 invalid image, 2 usage error or the model cannot\n"
 	"run in SIZE at all (the message says what it needs), 3 system error.\n";
 
@@ -54,8 +56,8 @@ int cmd_plan(int argc, char **argv)
 	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (ch) {
 		case O_VRAM:
-			if (cli_parse_size(optarg, &vram) || !vram)
-				return cli_usage_error("plan", "--vram '%s' is not a size", optarg);
+			if ((rc = cli_size_arg("plan", "--vram", optarg, 1, &vram)))
+				return rc;
 			break;
 		case O_PROFILE:
 			profile = optarg;

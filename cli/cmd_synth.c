@@ -40,9 +40,10 @@ const char cmd_synth_usage[] =
 	"                   (transformer_blocks, single_transformer_blocks, model.layers);\n"
 	"                   '--layout flux-dev --blocks 2' is a small but real-shaped model\n"
 	"  --dtype T        bf16 (default), f16 or f32\n"
-	"  --seed S         seed of the values (default 0); the same arguments give the\n"
-	"                   same bytes, whatever --threads, and a tensor has the same\n"
-	"                   values whatever --blocks\n"
+	"  --seed S         seed of the values (default 0; decimal, or hex after 0x);\n"
+	"                   the same arguments give the same bytes, whatever\n"
+	"                   --threads, and a tensor has the same values whatever\n"
+	"                   --blocks\n"
 	"  --threads N      fill threads (default: one per CPU)\n"
 	"  -o, --output F   the file to write\n"
 	"  -h, --help       this text\n"
@@ -116,7 +117,7 @@ int cmd_synth(int argc, char **argv)
 		{"threads", required_argument, NULL, 't'}, {"output", required_argument, NULL, 'o'},
 		{"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
 	};
-	int ch;
+	int ch, rc;
 	optind = 0;
 	opterr = 0;
 	while ((ch = getopt_long(argc, argv, ":o:h", opts, NULL)) != -1) {
@@ -125,9 +126,8 @@ int cmd_synth(int argc, char **argv)
 			layout = optarg;
 			break;
 		case 'b':
-			if (parse_u64(optarg, 1000000, &v))
-				return cli_usage_error("synth", "--blocks '%s' is not a whole number 0..1000000",
-						       arena_q(optarg));
+			if ((rc = cli_count_arg("synth", "--blocks", optarg, 0, 1000000, &v)))
+				return rc;
 			blocks = (long)v;
 			break;
 		case 'd':
@@ -147,8 +147,8 @@ int cmd_synth(int argc, char **argv)
 						       arena_q(optarg));
 			break;
 		case 't':
-			if (parse_u64(optarg, 256, &v) || v == 0)
-				return cli_usage_error("synth", "--threads '%s' is not a number 1..256", arena_q(optarg));
+			if ((rc = cli_count_arg("synth", "--threads", optarg, 1, 256, &v)))
+				return rc;
 			threads = (unsigned)v;
 			break;
 		case 'o':
@@ -171,7 +171,7 @@ int cmd_synth(int argc, char **argv)
 		return cli_usage_error("synth", "-o FILE is required");
 
 	arena_synth_list list = {0};
-	int rc = arena_synth_layout_make(layout, blocks, &list);
+	rc = arena_synth_layout_make(layout, blocks, &list);
 	if (rc) {
 		arena_synth_list_release(&list);
 		if (rc == ARENA_E_USAGE)

@@ -17,8 +17,9 @@ const char cmd_verify_usage[] =
 	"\n"
 	"Check an arena image completely: header, manifest and chunk table checksums\n"
 	"and structure, then every data chunk's checksum. Needs no GPU.\n"
-	"Exit 0 only if everything holds. On corruption exit 1 and name the first bad\n"
-	"chunk with the blocks and tensors it covers; --json lists every bad chunk.\n"
+	"Exit 0 only if everything holds. On corruption exit 1 and name, in one line,\n"
+	"the first bad chunk with the blocks and tensors it covers and how many chunks\n"
+	"are bad; --json lists every bad chunk.\n"
 	"\n"
 	"options:\n"
 	"  --json        machine-readable result (schema in README.md)\n"
@@ -75,10 +76,11 @@ int cmd_verify(int argc, char **argv)
 		if (ch == 'j') {
 			json = 1;
 		} else if (ch == 't') {
-			char *end;
-			threads = strtol(optarg, &end, 10);
-			if (*end || threads < 1 || threads > 64)
-				return cli_usage_error("verify", "--threads '%s' is not a number from 1 to 64", optarg);
+			uint64_t n;
+			int rc = cli_count_arg("verify", "--threads", optarg, 1, 64, &n);
+			if (rc)
+				return rc;
+			threads = (long)n;
 		} else {
 			return cli_usage_error("verify", "unknown or incomplete option '%s'", argv[optind - 1]);
 		}
@@ -111,11 +113,13 @@ int cmd_verify(int argc, char **argv)
 		st = cli_print_json(o);
 		if (rc)
 			st = arena_err_class(rc);
+	} else if (rc && n_bad > 1) {
+		/* one line: the first bad chunk, and how many there are */
+		fprintf(stderr, "error: %s; %llu bad chunks in all ('arena verify --json' lists them)\n", arena_last_error(),
+			(unsigned long long)n_bad);
+		st = arena_err_class(rc);
 	} else if (rc) {
 		st = cli_fail(rc);
-		if (n_bad > 1)
-			fprintf(stderr, "%llu bad chunks in all ('arena verify --json' lists them)\n",
-				(unsigned long long)n_bad);
 	} else {
 		char a[32];
 		printf("ok: %s: %llu chunks, %s verified in %.2f s (%.2f GB/s)\n", path,

@@ -8,6 +8,8 @@
 
 #include "../arena/engine.h"
 #include "../common/alloc.h"
+#include "../common/err.h"
+#include "../common/units.h"
 #include "arena.h"
 #include "cli.h"
 
@@ -70,78 +72,89 @@ int cli_wants_help(const cli_cmd *cmd, int argc, char **argv)
 
 int cli_engine_option(const char *cmd, int ch, const char *arg, arena_open_options *o)
 {
-	char *end;
-	long n;
+	uint64_t n;
+	int rc;
 	switch (ch) {
 	case CLI_O_MODE:
 		if (strcmp(arg, "sample") && strcmp(arg, "train"))
-			return cli_usage_error(cmd, "--mode '%s': use sample or train", arg);
+			return cli_usage_error(cmd, "--mode '%s': use sample or train", arena_q(arg));
 		o->mode = !strcmp(arg, "train") ? ARENA_MODE_TRAIN : ARENA_MODE_SAMPLE;
 		return 0;
 	case CLI_O_DEPTH:
+		if ((rc = cli_count_arg(cmd, "--depth", arg, 1, 64, &n)))
+			return rc;
+		o->depth = (unsigned)n;
+		return 0;
 	case CLI_O_KEEP:
-		n = strtol(arg, &end, 10);
-		if (*end || end == arg || n < (ch == CLI_O_DEPTH) || n > 64)
-			return cli_usage_error(cmd, "%s '%s' is not a number from %d to 64",
-					       ch == CLI_O_DEPTH ? "--depth" : "--keep-last", arg, ch == CLI_O_DEPTH);
-		if (ch == CLI_O_DEPTH)
-			o->depth = (unsigned)n;
-		else
-			o->keep_last = n ? (unsigned)n : ARENA_ZERO_COUNT;
+		if ((rc = cli_count_arg(cmd, "--keep-last", arg, 0, 64, &n)))
+			return rc;
+		o->keep_last = n ? (unsigned)n : ARENA_ZERO_COUNT;
 		return 0;
 	case CLI_O_HEAD:
-	case CLI_O_RES: {
-		uint64_t v;
-		if (cli_parse_size(arg, &v))
-			return cli_usage_error(cmd, "%s '%s' is not a size", ch == CLI_O_HEAD ? "--headroom" : "--reserve",
-					       arg);
-		*(ch == CLI_O_HEAD ? &o->headroom : &o->reserve) = v ? v : ARENA_ZERO_BYTES;
+	case CLI_O_RES:
+		if ((rc = cli_size_arg(cmd, ch == CLI_O_HEAD ? "--headroom" : "--reserve", arg, 0, &n)))
+			return rc;
+		*(ch == CLI_O_HEAD ? &o->headroom : &o->reserve) = n ? n : ARENA_ZERO_BYTES;
 		return 0;
-	}
 	default:
 		return -1;
 	}
 }
 
-int cli_parse_size(const char *s, uint64_t *out)
+int cli_size_arg(const char *cmd, const char *opt, const char *arg, uint64_t min, uint64_t *out)
 {
-	char *end;
-	double v = strtod(s, &end);
-	if (end == s || v < 0)
-		return -1;
-	double mul = 1;
-	switch (*end) {
-	case 'k': case 'K': mul = 1024.0; end++; break;
-	case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
-	case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
-	case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
-	default: break;
+	uint64_t v;
+	int rc = arena_size_parse(arg, &v);
+	if (rc == ARENA_PARSE_RANGE)
+		return cli_usage_error(cmd, "%s '%s' is 2^64 bytes or more", opt, arena_q(arg));
+	if (rc)
+		return cli_usage_error(cmd, "%s '%s' is not a size: a number of bytes with an optional unit K, M, G or T, e.g. 64K or 1.5G",
+				       opt, arena_q(arg));
+	if (v < min) {
+		char b[32];
+		if (min == 1)
+			return cli_usage_error(cmd, "%s '%s': the size must be more than 0", opt, arena_q(arg));
+		return cli_usage_error(cmd, "%s '%s': the size must be at least %s", opt, arena_q(arg),
+				       cli_fmt_bytes(min, b, sizeof(b)));
 	}
-	if (mul > 1 && (strcmp(end, "iB") == 0 || strcmp(end, "B") == 0))
-		end += strlen(end);
-	else if (mul == 1 && strcmp(end, "B") == 0)
-		end++;
-	if (*end)
-		return -1;
-	double b = v * mul;
-	if (b >= 18446744073709551615.0)
-		return -1;
-	*out = (uint64_t)b;
+	*out = v;
+	return 0;
+}
+
+int cli_pressure_arg(const char *cmd, const char *opt, const char *arg, uint64_t *size, uint64_t *step)
+{
+	char buf[64];
+	const char *at = strchr(arg, '@');
+	if (!at || (size_t)(at - arg) >= sizeof(buf) || arena_count_parse(at + 1, 0, 100000, step))
+		return cli_usage_error(cmd, "%s '%s' is not SIZE@STEP: a size as for --vram-cap, then a step number from 0 to 100000",
+				       opt, arena_q(arg));
+	memcpy(buf, arg, (size_t)(at - arg));
+	buf[at - arg] = 0;
+	if (arena_size_parse(buf, size) || !*size)
+		return cli_usage_error(cmd, "%s '%s' is not SIZE@STEP: a size above 0 as for --vram-cap, then a step number from 0 to 100000",
+				       opt, arena_q(arg));
+	return 0;
+}
+
+int cli_count_arg(const char *cmd, const char *opt, const char *arg, uint64_t min, uint64_t max, uint64_t *out)
+{
+	if (arena_count_parse(arg, min, max, out))
+		return cli_usage_error(cmd, "%s '%s' is not a whole number from %llu to %llu", opt, arena_q(arg),
+				       (unsigned long long)min, (unsigned long long)max);
+	return 0;
+}
+
+int cli_rate_arg(const char *cmd, const char *opt, const char *arg, double max, double *out)
+{
+	if (arena_rate_parse(arg, max, out))
+		return cli_usage_error(cmd, "%s '%s' is not a number above 0 and at most %g: digits, an optional fraction and exponent, e.g. 55e9",
+				       opt, arena_q(arg), max);
 	return 0;
 }
 
 const char *cli_fmt_bytes(uint64_t n, char *buf, size_t len)
 {
-	const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-	double v = (double)n;
-	int u = 0;
-	while (v >= 1024 && u < 4)
-		v /= 1024, u++;
-	if (u == 0)
-		snprintf(buf, len, "%llu B", (unsigned long long)n);
-	else
-		snprintf(buf, len, "%.2f %s", v, units[u]);
-	return buf;
+	return arena_size_str(n, buf, len);
 }
 
 int cli_print_json(void *json)

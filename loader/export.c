@@ -35,6 +35,31 @@ static char *export_name(const arena_tensor *t, const arena_component *c)
 	return s;
 }
 
+/* Every exported name is one tensor's (an image converted before convert
+ * refused clashes may hold a tensor named like another's scale). */
+static int check_names(const arena_image *img)
+{
+	const arena_layout *l = img->layout;
+	for (size_t i = 0; i < l->n_tensors; i++) {
+		const arena_tensor *t = &l->tensors[i];
+		for (uint32_t c = 0; c < t->n_comp; c++) {
+			char *nm = export_name(t, &t->comp[c]);
+			if (!nm)
+				return arena_errorf(ARENA_E_NOMEM, "out of memory");
+			const arena_tensor *o = strcmp(nm, t->name) ? arena_layout_find(l, nm) : NULL;
+			int rc = o ? arena_errorf(ARENA_E(DUPLICATE_TENSOR),
+						  "%s: tensor '%s': its %s would be exported as '%s', the name of another "
+						  "tensor; this image cannot be written as safetensors",
+						  img->path, arena_q(t->name), t->comp[c].name, arena_q(nm))
+				   : 0;
+			arena_free(nm);
+			if (rc)
+				return rc;
+		}
+	}
+	return 0;
+}
+
 int arena_export(const char *image, const char *out, unsigned threads, arena_export_result *res)
 {
 	arena_image *img = NULL;
@@ -53,6 +78,8 @@ int arena_export(const char *image, const char *out, unsigned threads, arena_exp
 	if (rc || (rc = arena_img_verify_data(img, threads, NULL, NULL, NULL)) || (rc = arena_img_reader_init(&rd, img, 0)))
 		goto out;
 	const arena_layout *l = img->layout;
+	if ((rc = check_names(img)))
+		goto out;
 	size_t total = 0;
 	for (size_t i = 0; i < l->n_tensors; i++)
 		total += l->tensors[i].n_comp;
@@ -87,10 +114,8 @@ int arena_export(const char *image, const char *out, unsigned threads, arena_exp
 			p->bytes = cp->bytes;
 			rc = plain ? arena_stw_add(w, p->name, t->dtype, t->rank, t->shape)
 				   : arena_stw_add(w, p->name, cp->dtype, cp->rank, cp->shape);
-			if (rc) {
-				arena_error_prefix(out);
+			if (rc) /* the message names `out` */
 				goto out;
-			}
 		}
 	}
 	qsort(pieces, n, sizeof(*pieces), cmp_piece);

@@ -74,6 +74,8 @@ typedef struct loader {
 	uint8_t *ring;
 	uint64_t ring_len, slot;
 	unsigned spt, threads;
+	uint64_t ask_slot, ring_need; /* the slot asked for; bytes through the ring */
+	unsigned ask_spt, ask_threads, ring_lowered;
 	int ring_pinned;     /* the ring's bytes are taken from the pinned budget */
 	int ring_pinned_all; /* and every worker's share was registered */
 	double t_open, t_ring, t_prepare, t_populate, t_commit, t_mark;
@@ -514,12 +516,36 @@ static unsigned cpus(void)
 	return n < 1 ? 1 : n > 32 ? 32 : (unsigned)n;
 }
 
-/* Size the ring within the pinned budget (see load.h). */
-static int ring_setup(loader *L)
+/* Size the ring (see load.h): no larger than the bytes that go through it
+ * (`need`; a slot no larger than the largest read, `max_read`; no more slots
+ * than reads fill, no more threads than slots or than `units` of work), then
+ * within the pinned budget; a budget too small for even the smallest ring
+ * leaves it pageable. */
+static int ring_setup(loader *L, uint64_t need, uint64_t max_read, uint64_t units)
 {
 	arena_pin_budget *b = L->o->budget;
+	L->ask_slot = L->slot, L->ask_spt = L->spt, L->ask_threads = L->threads;
+	L->ring_need = need;
 	uint64_t slot = L->slot;
 	unsigned spt = L->spt, thr = L->threads;
+	const uint64_t most = arena_align_up(max_read ? max_read : 1, DIRECT_ALIGN);
+	if (slot > most)
+		slot = most;
+	uint64_t reads = need ? (need + slot - 1) / slot : 1;
+	if (thr > reads)
+		thr = (unsigned)reads;
+	if (thr > units)
+		thr = units ? (unsigned)units : 1;
+	if (spt > (reads + thr - 1) / thr)
+		spt = (unsigned)((reads + thr - 1) / thr);
+	/* Slots more than the bytes fill: share the bytes out evenly. */
+	uint64_t even = arena_align_up((need + (uint64_t)thr * spt - 1) / ((uint64_t)thr * spt), DIRECT_ALIGN);
+	if (even < slot)
+		slot = even ? even : DIRECT_ALIGN;
+	if (slot != L->slot || spt != L->spt || thr != L->threads)
+		L->ring_lowered |= ARENA_RING_BY_BYTES;
+	const uint64_t full_slot = slot;
+	const unsigned full_spt = spt, full_thr = thr;
 	for (;;) {
 		uint64_t total = (uint64_t)thr * spt * slot;
 		if (!arena_pin_budget_take(b, total)) {
@@ -529,15 +555,17 @@ static int ring_setup(loader *L)
 		if (spt > 2)
 			spt--;
 		else if (slot / 2 >= (64u << 10))
-			slot /= 2;
+			slot = slot / 2 / DIRECT_ALIGN * DIRECT_ALIGN;
 		else if (thr > 1)
 			thr = thr / 2;
 		else {
-			slot = L->slot, spt = L->spt, thr = L->threads; /* pageable ring at full size */
+			slot = full_slot, spt = full_spt, thr = full_thr; /* pageable, as large as it is useful */
 			break;
 		}
 	}
 	arena_error_clear();
+	if (slot != full_slot || spt != full_spt || thr != full_thr)
+		L->ring_lowered |= ARENA_RING_BY_BUDGET;
 	L->slot = slot, L->spt = spt, L->threads = thr;
 	L->ring_len = (uint64_t)thr * spt * slot;
 	/* Mapped here; each worker faults in and pins its own share. */
@@ -692,6 +720,10 @@ out:;
 		st->ring_bytes = L->ring_len;
 		st->ring_pinned = L->ring_pinned && L->ring_pinned_all;
 		st->threads = L->threads;
+		st->ring = (arena_ring_shape){L->threads, L->spt, L->slot};
+		st->ring_asked = (arena_ring_shape){L->ask_threads, L->ask_spt, L->ask_slot};
+		st->ring_need = L->ring_need;
+		st->ring_lowered = L->ring_lowered;
 		st->seconds = arena_now_s() - t0;
 		st->t_open = L->t_open;
 		st->t_ring = L->t_ring;
@@ -770,27 +802,18 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 	L.t_mark = arena_now_s();
 	const arena_img_header *h = &img->hdr;
 	L.coded = !!(h->flags & ARENA_IMG_FLAG_CODED);
-	/* Pieces of whole chunks; the ring is sized (within the budget) first. */
+	/* Pieces of whole chunks. */
 	uint64_t per = PIECE / h->chunk_size ? PIECE / h->chunk_size : 1;
 	L.per = per;
 	L.n_pieces = (size_t)((h->chunk_count + per - 1) / per);
-	if (L.threads > L.n_pieces)
-		L.threads = L.n_pieces ? (unsigned)L.n_pieces : 1;
-	if ((rc = ring_setup(&L)))
-		goto fail;
-	L.t_ring = arena_now_s() - L.t_mark;
-	L.t_mark = arena_now_s();
 	L.files = arena_calloc(1, sizeof(*L.files));
 	L.segs = arena_calloc(img->layout->n_blocks, sizeof(*L.segs));
-	L.pieces = arena_calloc(L.n_pieces, sizeof(*L.pieces));
+	L.pieces = arena_calloc(L.n_pieces ? L.n_pieces : 1, sizeof(*L.pieces));
 	if (!L.files || !L.segs || !L.pieces) {
 		rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
 		goto fail;
 	}
-	L.n_files = 1;
-	L.files[0] = (lsrc){.path = img->path, .fd = img->fd, .size = h->file_size};
-	if ((rc = open_direct(&L.files[0], o->io)))
-		goto fail;
+	uint64_t need = 0, max_read = 0;
 	for (size_t i = 0; i < L.n_pieces; i++) {
 		uint64_t c0 = i * per, c1 = c0 + per < h->chunk_count ? c0 + per : h->chunk_count;
 		uint64_t a = c0 * h->chunk_size, z = c1 * h->chunk_size < h->data_length ? c1 * h->chunk_size : h->data_length;
@@ -798,7 +821,20 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 			a = img->chunks[c0].offset,
 			z = arena_align_up(img->chunks[c1 - 1].offset + img->chunks[c1 - 1].stored_length, DIRECT_ALIGN);
 		L.pieces[i] = (piece){0, h->data_offset + a, z - a, c0};
+		need += z - a;
+		max_read = z - a > max_read ? z - a : max_read;
 	}
+	if (L.coded && max_read > h->chunk_size) /* read a chunk at a time */
+		max_read = h->chunk_size;
+	/* The ring is sized (within the budget) before anything else is taken. */
+	if ((rc = ring_setup(&L, need, max_read, L.n_pieces)))
+		goto fail;
+	L.t_ring = arena_now_s() - L.t_mark;
+	L.t_mark = arena_now_s();
+	L.n_files = 1;
+	L.files[0] = (lsrc){.path = img->path, .fd = img->fd, .size = h->file_size};
+	if ((rc = open_direct(&L.files[0], o->io)))
+		goto fail;
 	const arena_layout *lay = img->layout;
 	for (size_t b = 0; b < lay->n_blocks; b++)
 		if (lay->blocks[b].bytes)
@@ -913,10 +949,6 @@ int arena_load_safetensors(const char *const *inputs, size_t n, const arena_plan
 	L.qs = &qs;
 	L.t_open = arena_now_s() - t0;
 	L.t_mark = arena_now_s();
-	if ((rc = ring_setup(&L)))
-		goto fail;
-	L.t_ring = arena_now_s() - L.t_mark;
-	L.t_mark = arena_now_s();
 	L.n_files = ck->n_files;
 	L.files = arena_calloc(ck->n_files, sizeof(*L.files));
 	L.segs = arena_calloc(lay->n_tensors, sizeof(*L.segs));
@@ -940,10 +972,33 @@ int arena_load_safetensors(const char *const *inputs, size_t n, const arena_plan
 			L.segs[L.n_segs++] = (seg){fi, s->file->data_off + s->begin, s->nbytes, t->block, t->comp[0].offset};
 	}
 	qsort(L.segs, L.n_segs, sizeof(*L.segs), cmp_seg);
-	if ((rc = plan_pieces(&L)) || (rc = plan_qpieces(&L, lay)))
+	if ((rc = plan_pieces(&L)))
 		goto fail;
-	if (L.threads > L.n_pieces + L.n_qp)
-		L.threads = L.n_pieces + L.n_qp ? (unsigned)(L.n_pieces + L.n_qp) : 1;
+	/* Through the ring: the pieces read, and the quantized components
+	 * (made in slot-sized pieces, which the ring's slot decides). */
+	uint64_t need = 0, max_read = 0, qbytes = 0, qmax = 0;
+	for (size_t i = 0; i < L.n_pieces; i++) {
+		need += L.pieces[i].len;
+		max_read = L.pieces[i].len > max_read ? L.pieces[i].len : max_read;
+	}
+	for (size_t i = 0; i < lay->n_tensors; i++)
+		for (uint32_t c = 0; strcmp(lay->tensors[i].scheme, "none") && c < lay->tensors[i].n_comp; c++) {
+			qbytes += lay->tensors[i].comp[c].bytes;
+			qmax = lay->tensors[i].comp[c].bytes > qmax ? lay->tensors[i].comp[c].bytes : qmax;
+		}
+	max_read = qmax > max_read ? qmax : max_read;
+	uint64_t qunits = 0, slot = L.slot < arena_align_up(max_read ? max_read : 1, DIRECT_ALIGN)
+					   ? L.slot
+					   : arena_align_up(max_read ? max_read : 1, DIRECT_ALIGN);
+	for (size_t i = 0; i < lay->n_tensors; i++)
+		for (uint32_t c = 0; strcmp(lay->tensors[i].scheme, "none") && c < lay->tensors[i].n_comp; c++)
+			qunits += (lay->tensors[i].comp[c].bytes + slot - 1) / slot;
+	if ((rc = ring_setup(&L, need + qbytes, max_read, L.n_pieces + qunits)))
+		goto fail;
+	L.t_ring = arena_now_s() - L.t_mark;
+	L.t_mark = arena_now_s();
+	if ((rc = plan_qpieces(&L, lay)))
+		goto fail;
 	arena_model *m;
 	rc = arena_model_prepare(lay, o->backend, o->budget, on_device(&L), &m);
 	lay = NULL;

@@ -25,9 +25,14 @@
  * read-only and pinned within the budget). Any failure, at any point,
  * releases everything and returns one error; nothing half built is visible.
  *
- * The ring is taken from the pinned budget; when the budget is smaller it
- * shrinks (fewer slots, smaller slots) and, below one chunk, stays pageable:
- * slower, never a failure. */
+ * The ring (threads x slots x slot size, as asked) is no larger than the
+ * bytes that go through it: a slot no larger than the largest read, no more
+ * slots than those bytes fill, no more threads than slots or pieces of work
+ * (a 300 KiB model asked for 256 x 64 x 1 GiB reads through about 300 KiB).
+ * It is taken from the pinned budget; when the budget is smaller it shrinks
+ * (fewer slots, smaller slots, fewer threads) and, when even the smallest
+ * does not fit, stays pageable: slower, never a failure. The stats say what
+ * was used, what was asked and why they differ. */
 #ifndef ARENA_LOADER_LOAD_H
 #define ARENA_LOADER_LOAD_H
 
@@ -60,15 +65,27 @@ typedef struct arena_load_opts {
 	void *place_ctx;
 } arena_load_opts;
 
+/* A read ring's shape: reader threads, slots per thread, bytes per slot. */
+typedef struct arena_ring_shape {
+	unsigned threads, slots;
+	uint64_t slot;
+} arena_ring_shape;
+
+/* Why a ring is smaller than asked (arena_load_stats.ring_lowered). */
+enum { ARENA_RING_BY_BYTES = 1, ARENA_RING_BY_BUDGET = 2 };
+
 typedef struct arena_load_stats {
 	uint64_t file_bytes;      /* bytes read from files */
 	uint64_t direct_bytes;    /* of which with O_DIRECT */
 	uint64_t gpu_decoded;     /* coded images: raw bytes decoded by the device */
 	uint64_t cpu_decoded;     /* and by the CPU (host slabs; devices short of memory) */
 	uint64_t dev_bytes, host_bytes;
-	uint64_t ring_bytes;
+	uint64_t ring_bytes;      /* the ring used: ring.threads x ring.slots x ring.slot */
 	int ring_pinned;
-	unsigned threads;
+	unsigned threads;         /* = ring.threads */
+	arena_ring_shape ring, ring_asked; /* used; asked for (defaults filled in) */
+	uint64_t ring_need;       /* bytes through the ring: read from files, quantized components */
+	unsigned ring_lowered;    /* ARENA_RING_BY_BYTES | ARENA_RING_BY_BUDGET: why ring < ring_asked */
 	double seconds;           /* open to commit */
 	/* Where the time went: open and check the file, size and pin the ring,
 	 * allocate device memory and host slabs, read+check+copy, commit. */

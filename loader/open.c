@@ -10,6 +10,7 @@
 #include "../arena/profile.h"
 #include "../common/alloc.h"
 #include "../common/err.h"
+#include "../common/units.h"
 #include "../formats/image.h"
 #include "quant_select.h"
 
@@ -171,18 +172,6 @@ size_t arena_sizeof(const char *n)
 
 /* --- open ------------------------------------------------------------------------ */
 
-static const char *human(uint64_t n, char *buf, size_t len)
-{
-	if (n >= (1ull << 30))
-		snprintf(buf, len, "%.2f GiB", (double)n / (double)(1ull << 30));
-	else if (n >= (1ull << 20))
-		snprintf(buf, len, "%.2f MiB", (double)n / (double)(1ull << 20));
-	else if (n >= (1ull << 10))
-		snprintf(buf, len, "%.1f KiB", (double)n / 1024.0);
-	else
-		snprintf(buf, len, "%" PRIu64 " bytes", n);
-	return buf;
-}
 
 int arena__engine_opts(const arena_open_options *o, arena_engine_opts *e)
 {
@@ -250,8 +239,8 @@ static int place(void *ctx, const arena_layout *l, uint8_t *on_device)
 		return arena_errorf(rc,
 				    "%s: does not fit: %s; with a working reserve of %s and headroom of %s it needs %s of "
 				    "device memory, %s is %s",
-				    c->path, why, human(reserve, s1, sizeof(s1)), human(headroom, s2, sizeof(s2)),
-				    human(p.min_need_bytes + reserve + headroom, s3, sizeof(s3)), human(avail, s4, sizeof(s4)),
+				    c->path, why, arena_size_str(reserve, s1, sizeof(s1)), arena_size_str(headroom, s2, sizeof(s2)),
+				    arena_size_str(p.min_need_bytes + reserve + headroom, s3, sizeof(s3)), arena_size_str(avail, s4, sizeof(s4)),
 				    o->cap && o->cap <= free_b ? "the cap" : "free");
 	}
 	if (rc)

@@ -152,14 +152,43 @@ static char *block_name(const key *k)
 	return s;
 }
 
+const char *arena_plan_ckpt_name(const arena_ckpt *ck, char *buf, size_t len)
+{
+	if (ck->index_path)
+		snprintf(buf, len, "%s", ck->index_path);
+	else if (ck->n_files == 1)
+		snprintf(buf, len, "%s", ck->files[0]->path);
+	else if (ck->n_files > 1)
+		snprintf(buf, len, "%s and %zu other file%s", ck->files[0]->path, ck->n_files - 1,
+			 ck->n_files == 2 ? "" : "s");
+	else
+		snprintf(buf, len, "checkpoint");
+	return buf;
+}
+
+int arena_plan_check_ckpt(const arena_ckpt *ck)
+{
+	for (size_t i = 0; i < ck->n_tensors; i++) {
+		const arena_st_tensor *t = ck->tensors[i];
+		if (t->rank > ARENA_MAX_RANK)
+			return arena_errorf(ARENA_E(ST_BAD_SHAPE), "%s: tensor '%s': rank %u is over arena's limit of %d",
+					    t->file->path, arena_q(t->name), t->rank, ARENA_MAX_RANK);
+	}
+	return 0;
+}
+
 int arena_plan_build(const arena_ckpt *ck, const arena_plan_opts *opts, arena_layout **out)
 {
 	static const arena_plan_opts none = {0};
 	const arena_plan_opts *o = opts ? opts : &none;
+	char who[1100];
 	*out = NULL;
 	if (ck->n_tensors == 0)
-		return arena_errorf(ARENA_E(PLAN_EMPTY), "checkpoint has no tensors");
-	int rc = 0;
+		return arena_errorf(ARENA_E(PLAN_EMPTY), "%s: checkpoint has no tensors",
+				    arena_plan_ckpt_name(ck, who, sizeof(who)));
+	int rc = arena_plan_check_ckpt(ck);
+	if (rc)
+		return rc;
 	regex_t *re = NULL;
 	size_t n_re = 0;
 	key *keys = NULL;
@@ -217,8 +246,8 @@ int arena_plan_build(const arena_ckpt *ck, const arena_plan_opts *opts, arena_la
 	}
 	for (size_t i = 0; i < o->n_order; i++)
 		if (!order_used[i]) {
-			rc = arena_errorf(ARENA_E(PLAN_BAD_ORDER), "block order: '%s' names no container of this model",
-					  arena_q(o->order[i]));
+			rc = arena_errorf(ARENA_E(PLAN_BAD_ORDER), "%s: block order: '%s' names no container of this model",
+					  arena_plan_ckpt_name(ck, who, sizeof(who)), arena_q(o->order[i]));
 			goto out;
 		}
 	qsort(keys, ck->n_tensors, sizeof(*keys), cmp_key);
@@ -242,11 +271,6 @@ int arena_plan_build(const arena_ckpt *ck, const arena_plan_opts *opts, arena_la
 		}
 		const arena_st_tensor *src = ck->tensors[keys[i].tensor];
 		arena_tensor *t = &l->tensors[nt];
-		if (src->rank > ARENA_MAX_RANK) {
-			rc = arena_errorf(ARENA_E(ST_BAD_SHAPE), "tensor '%s': rank %u is over arena's limit of %d",
-					  arena_q(src->name), src->rank, ARENA_MAX_RANK);
-			goto out;
-		}
 		t->name = arena_strdup(src->name);
 		if (!t->name) {
 			rc = arena_errorf(ARENA_E_NOMEM, "out of memory");

@@ -41,8 +41,18 @@ typedef struct arena_plan_opts {
 
 /* Build the layout of `ck`: blocks, order, components, offsets. The layout's
  * tensors point at their sources (t->src) in `ck`, which must outlive it.
- * Errors: PLAN_BAD_PATTERN, PLAN_BAD_ORDER, PLAN_EMPTY, NOMEM. */
+ * Errors: PLAN_BAD_PATTERN, PLAN_BAD_ORDER, PLAN_EMPTY, ST_BAD_SHAPE, NOMEM. */
 int arena_plan_build(const arena_ckpt *ck, const arena_plan_opts *opts, arena_layout **out);
+
+/* The rules a checkpoint must meet for arena beyond the safetensors format
+ * (convert, load and inspect apply them alike): no tensor of rank over
+ * ARENA_MAX_RANK (ST_BAD_SHAPE, naming the file and the tensor).
+ * arena_plan_build checks them too, and that there is a tensor at all. */
+int arena_plan_check_ckpt(const arena_ckpt *ck);
+
+/* The checkpoint's name for messages: its index, its file, or "a.safetensors
+ * and 2 other files". Returns buf. */
+const char *arena_plan_ckpt_name(const arena_ckpt *ck, char *buf, size_t len);
 
 /* Describe src stored as it is: scheme "none", one component "data". */
 void arena_plan_plain(const arena_st_tensor *src, arena_tensor *t);

@@ -2,6 +2,7 @@
 #include "quant_select.h"
 
 #include <fnmatch.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "../common/alloc.h"
@@ -36,6 +37,42 @@ static int glob_hit(const char *const *globs, size_t n, const char *name, unsign
 	return hit;
 }
 
+/* The names a quantized tensor takes once exported (loader/export.h: its own
+ * name for "data" and "qdata", "<name>_<component>" for the others) must not
+ * be another source tensor's; and quantized to F8_E4M3 without a scale of its
+ * own, it must not sit next to an unrelated "<name>_scale" that would then
+ * read as its scale (a compressed-tensors pair: export, convert again, and
+ * its values would be scaled). DUPLICATE_TENSOR naming both tensors. */
+static int check_export_names(const arena_ckpt *ck, const arena_st_tensor *src, const arena_quant_plan *p)
+{
+	const char *scheme = arena_quant_name(p->scheme);
+	char nm[1100];
+	for (size_t i = 0; i < p->n_comps; i++) {
+		const char *c = p->comps[i].name;
+		if (!strcmp(c, "data") || !strcmp(c, "qdata"))
+			continue;
+		snprintf(nm, sizeof(nm), "%s_%s", src->name, c);
+		const arena_st_tensor *o = arena_ckpt_find(ck, nm);
+		if (o)
+			return arena_errorf(ARENA_E(DUPLICATE_TENSOR),
+					    "%s: tensor '%s': quantized as %s it would be exported with its %s as '%s', the "
+					    "name of another tensor (in %s); leave one of them out (--quant-exclude)",
+					    src->file->path, arena_q(src->name), scheme, c, arena_q(nm), o->file->path);
+	}
+	if (p->n_comps == 1 && p->comps[0].dtype == ARENA_DTYPE_F8_E4M3 && src->dtype != ARENA_DTYPE_F8_E4M3) {
+		snprintf(nm, sizeof(nm), "%s_scale", src->name);
+		const arena_st_tensor *o = arena_ckpt_find(ck, nm);
+		if (o && arena_quant_ct_classify(ARENA_DTYPE_F8_E4M3, src->rank, src->shape, o->dtype, o->rank, o->shape,
+						 NULL) != ARENA_QUANT_NONE)
+			return arena_errorf(ARENA_E(DUPLICATE_TENSOR),
+					    "%s: tensor '%s': quantized as %s it would be F8_E4M3 next to the tensor '%s' (in %s), "
+					    "which would then read as its scale (compressed-tensors); leave one of them out "
+					    "(--quant-exclude)",
+					    src->file->path, arena_q(src->name), scheme, arena_q(nm), o->file->path);
+	}
+	return 0;
+}
+
 static int choose(void *arg, const arena_st_tensor *src, const arena_ckpt *ck, const arena_block *blk,
 		  arena_tensor *t, int *skip)
 {
@@ -50,23 +87,29 @@ static int choose(void *arg, const arena_st_tensor *src, const arena_ckpt *ck, c
 	const arena_st_tensor *scale = NULL;
 	arena_quant_scheme pre = arena_quant_ct_match(ck, src->name, &scale, NULL);
 	if (pre != ARENA_QUANT_NONE) {
-		if ((rc = arena_quant_plan_prequant(&p, pre, src->rank, src->shape, src->name)))
+		if ((rc = arena_quant_plan_prequant(&p, pre, src->rank, src->shape, src->name))) {
+			arena_error_prefix(src->file->path);
 			return rc;
+		}
 		return arena_quant_describe(&p, t);
 	}
 	size_t inc = 0, exc = 0;
 	int in = glob_hit(o->include, o->n_include, src->name, c->inc_used, &inc);
 	int ex = glob_hit(o->exclude, o->n_exclude, src->name, c->exc_used, &exc);
 	if (in && ex)
-		return arena_errorf(ARENA_E_USAGE, "tensor '%s' matches --quant-include '%s' and --quant-exclude '%s'",
-				    arena_q(src->name), arena_q(o->include[inc]), arena_q(o->exclude[exc]));
+		return arena_errorf(ARENA_E_USAGE, "%s: tensor '%s' matches --quant-include '%s' and --quant-exclude '%s'",
+				    src->file->path, arena_q(src->name), arena_q(o->include[inc]), arena_q(o->exclude[exc]));
 	int sel = c->scheme != ARENA_QUANT_NONE &&
 		  (in || (!ex && arena_quant_default_selects(src->name, src->dtype, src->rank, blk->container != NULL)));
 	if (!sel) {
 		arena_plan_plain(src, t);
 		return 0;
 	}
-	if ((rc = arena_quant_plan_init(&p, c->scheme, src->dtype, src->rank, src->shape, src->name)))
+	if ((rc = arena_quant_plan_init(&p, c->scheme, src->dtype, src->rank, src->shape, src->name))) {
+		arena_error_prefix(src->file->path);
+		return rc;
+	}
+	if ((rc = check_export_names(ck, src, &p)))
 		return rc;
 	return arena_quant_describe(&p, t);
 }

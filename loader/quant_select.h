@@ -10,7 +10,13 @@
  * (QUANT_NOT_APPLICABLE): all before anything is written.
  *
  * Already-quantized compressed-tensors pairs (`<name>` F8_E4M3 +
- * `<name>_scale`) are always kept as their scheme, never re-quantized. */
+ * `<name>_scale`) are always kept as their scheme, never re-quantized.
+ *
+ * A selected tensor whose exported names (export.h) would clash is refused
+ * (DUPLICATE_TENSOR, naming both tensors), before anything is written: a
+ * scale exported as `<name>_scale` where another tensor has that name, or an
+ * F8_E4M3 result next to an unrelated `<name>_scale` that would read back as
+ * its compressed-tensors scale. */
 #ifndef ARENA_LOADER_QUANT_SELECT_H
 #define ARENA_LOADER_QUANT_SELECT_H
 

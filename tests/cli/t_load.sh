@@ -41,8 +41,8 @@ load_vram_cap_says_what_fits() {
 	run load "$T/f.arena" --backend sim --vram-cap 100K
 	expect_rc 2
 	expect_error_line
-	expect_err "does not fit: the smallest plan needs 280.5 KiB for weights"
-	expect_err "it needs 307.0 KiB of device memory, 100.0 KiB is the cap"
+	expect_err "does not fit: the smallest plan needs 280.50 KiB for weights"
+	expect_err "it needs 307.00 KiB of device memory, 100.00 KiB is the cap"
 	# Under the model's size but above what its smallest plan needs: what fits
 	# goes to the device, the rest to host slabs (the engine streams it).
 	run load "$T/f.arena" --backend sim --vram-cap 290K --headroom 0 --reserve 0 --json --check --no-probe

@@ -727,3 +727,66 @@ Test(load_coded, device_and_host_blocks_in_one_model)
 	cr_assert_eq(dev_free(), 64 << 20);
 	cr_assert_eq(atomic_load(&budget.used), 0);
 }
+
+/* The ring is no larger than the bytes that go through it: a request of
+ * 256 threads x 64 slots x 1 GiB for a 300 KiB model takes about 300 KiB,
+ * for an image, a checkpoint, and a checkpoint quantized on the way. */
+Test(load, ring_no_larger_than_the_bytes_to_read)
+{
+	arena_load_opts o = opts();
+	o.threads = 256;
+	o.slots_per_thread = 64;
+	o.slot_bytes = 1ull << 30;
+	arena_model *m;
+	arena_load_stats st;
+	cr_assert_eq(arena_load_image(img_path, &o, &m, &st), 0, "%s", arena_last_error());
+	expect_image_bytes(m);
+	arena_model_free(m);
+	cr_assert_lt(st.ring_bytes, st.file_bytes + 4096 * st.threads, "a %llu-byte ring for %llu bytes",
+		     (unsigned long long)st.ring_bytes, (unsigned long long)st.file_bytes);
+	cr_assert(st.ring_pinned);
+	cr_assert_eq(st.ring_bytes, (uint64_t)st.ring.threads * st.ring.slots * st.ring.slot);
+	cr_assert_eq(st.ring.threads, st.threads);
+	cr_assert_eq(st.ring_asked.threads, 256);
+	cr_assert_eq(st.ring_asked.slots, 64);
+	cr_assert_eq(st.ring_asked.slot, 1ull << 30);
+	cr_assert_eq(st.ring_lowered, ARENA_RING_BY_BYTES);
+	cr_assert_eq(st.ring_need, st.file_bytes);
+	/* a request the bytes fill is kept as it is */
+	arena_load_opts k = opts();
+	k.threads = 1;
+	k.slots_per_thread = 2;
+	k.slot_bytes = 64 << 10;
+	cr_assert_eq(arena_load_image(img_path, &k, &m, &st), 0, "%s", arena_last_error());
+	arena_model_free(m);
+	cr_assert_eq(st.ring_lowered, 0);
+	cr_assert_eq(st.ring_bytes, 128 << 10);
+	/* the budget lowers it further */
+	arena_pin_budget small;
+	arena_pin_budget_probe(&small, 200 << 10, 0, "");
+	k.budget = &small;
+	k.slots_per_thread = 4;
+	cr_assert_eq(arena_load_image(img_path, &k, &m, &st), 0, "%s", arena_last_error());
+	arena_model_free(m);
+	if (st.ring_pinned) { /* where the OS lets it pin that much */
+		cr_assert_eq(st.ring_lowered, ARENA_RING_BY_BUDGET);
+		cr_assert_leq(st.ring_bytes, 200 << 10);
+	}
+	cr_assert_eq(atomic_load(&small.used), 0);
+	const char *in = fixture_path("tiny_flux.safetensors");
+	uint8_t on[6] = {1, 1, 0, 1, 0, 1};
+	o.on_device = on;
+	for (int q = 0; q < 2; q++) {
+		arena_quant_opts qo = {.scheme = "fp8-e4m3-row"};
+		o.quant = q ? &qo : NULL;
+		cr_assert_eq(arena_load_safetensors(&in, 1, NULL, &o, &m, &st), 0, "%s", arena_last_error());
+		uint64_t through = st.file_bytes; /* through the ring at most: the file's bytes read, quantized components */
+		for (size_t i = 0; i < m->layout->n_tensors; i++)
+			for (uint32_t c = 0; strcmp(m->layout->tensors[i].scheme, "none") && c < m->layout->tensors[i].n_comp; c++)
+				through += m->layout->tensors[i].comp[c].bytes;
+		arena_model_free(m);
+		cr_assert_lt(st.ring_bytes, through + 4096 * st.threads, "quant %d: a %llu-byte ring for %llu bytes", q,
+			     (unsigned long long)st.ring_bytes, (unsigned long long)through);
+	}
+	cr_assert_eq(atomic_load(&budget.used), 0, "pinned budget not given back");
+}

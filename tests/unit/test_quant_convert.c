@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "arena.h"
 #include "../../formats/image.h"
@@ -224,4 +225,155 @@ Test(qconvert, bad_requests_write_nothing)
 	arena_convert_opts o6 = {.quant = {.scheme = "fp8-e4m3", .include = &i8, .n_include = 1}};
 	cr_assert_eq(arena_convert(&din, 1, tmp("x.arena"), &o6, NULL), ARENA_E(QUANT_NOT_APPLICABLE));
 	cr_assert_eq(entries(), 0, "a refused request wrote something");
+}
+
+/* ---- quantized names that would clash once exported ---------------------- */
+
+/* A safetensors file of zeros: tensors "name:DTYPE:d0,d1,..." (nbytes each). */
+static void write_st(const char *path, const char *const *spec, size_t n)
+{
+	char hdr[4096];
+	size_t o = (size_t)snprintf(hdr, sizeof(hdr), "{");
+	uint64_t off = 0;
+	for (size_t i = 0; i < n; i++) {
+		char name[256], dt[16], dims[64];
+		cr_assert_eq(sscanf(spec[i], "%255[^:]:%15[^:]:%63s", name, dt, dims), 3);
+		uint64_t el = 1, bits = !strcmp(dt, "F32") ? 32 : !strcmp(dt, "BF16") ? 16 : 8;
+		for (char *p = dims; *p; p++)
+			if (p == dims || p[-1] == ',')
+				el *= strtoull(p, NULL, 10);
+		uint64_t nb = el * bits / 8;
+		o += (size_t)snprintf(hdr + o, sizeof(hdr) - o,
+				      "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%s],\"data_offsets\":[%llu,%llu]}", i ? "," : "",
+				      name, dt, dims, (unsigned long long)off, (unsigned long long)(off + nb));
+		off += nb;
+	}
+	o += (size_t)snprintf(hdr + o, sizeof(hdr) - o, "}");
+	FILE *f = fopen(path, "wb");
+	uint64_t hl = o;
+	fwrite(&hl, 8, 1, f);
+	fwrite(hdr, 1, o, f);
+	for (uint64_t i = 0; i < off; i++)
+		fputc(0, f);
+	fclose(f);
+}
+
+static int count(const char *hay, const char *needle)
+{
+	int n = 0;
+	for (const char *p = hay; (p = strstr(p, needle)); p++)
+		n++;
+	return n;
+}
+
+Test(qconvert, quantized_names_that_clash_are_refused)
+{
+	static const char *const clash[] = {"transformer_blocks.0.attn.to_q.weight:BF16:4,4",
+					    "transformer_blocks.0.attn.to_q.weight_scale:F32:4"};
+	write_st(tmp("c.safetensors"), clash, 2);
+	const char *in = tmp("c.safetensors");
+	char inpath[512];
+	snprintf(inpath, sizeof(inpath), "%s", in);
+	const char *in2 = inpath;
+	/* every scheme with a scale component exports it as '<name>_scale' */
+	static const char *const scaled[] = {"fp8-e4m3-row", "fp8-e4m3-tensor", "int8-row"};
+	for (size_t i = 0; i < 3; i++) {
+		arena_convert_opts o = {.threads = 1, .quant = {.scheme = scaled[i]}};
+		cr_assert_eq(arena_convert(&in2, 1, tmp("c.arena"), &o, NULL), ARENA_E(DUPLICATE_TENSOR), "%s: %s",
+			     scaled[i], arena_last_error());
+		const char *m = arena_last_error();
+		cr_expect(strstr(m, inpath) == m, "the file first: %s", m);
+		cr_expect(strstr(m, "tensor 'transformer_blocks.0.attn.to_q.weight'"), "%s", m);
+		cr_expect(strstr(m, "'transformer_blocks.0.attn.to_q.weight_scale'"), "%s", m);
+	}
+	/* schemes without a scale give no second name; bf16 and fp8-e5m2 make
+	 * no compressed-tensors pair either */
+	static const char *const plain[] = {"bf16", "fp8-e5m2"};
+	for (size_t i = 0; i < 2; i++) {
+		arena_convert_opts o = {.threads = 1, .quant = {.scheme = plain[i]}};
+		cr_assert_eq(arena_convert(&in2, 1, tmp("c.arena"), &o, NULL), 0, "%s: %s", plain[i], arena_last_error());
+		cr_assert_eq(arena_export(tmp("c.arena"), tmp("c2.safetensors"), 1, NULL), 0, "%s", arena_last_error());
+		unlink(tmp("c.arena"));
+		unlink(tmp("c2.safetensors"));
+	}
+	/* fp8-e4m3 would store the weight as F8_E4M3 next to a tensor that then
+	 * reads as its scale (per row here); one of another shape does not */
+	arena_convert_opts e4 = {.threads = 1, .quant = {.scheme = "fp8-e4m3"}};
+	cr_assert_eq(arena_convert(&in2, 1, tmp("c.arena"), &e4, NULL), ARENA_E(DUPLICATE_TENSOR), "%s",
+		     arena_last_error());
+	cr_expect(strstr(arena_last_error(), "'transformer_blocks.0.attn.to_q.weight_scale'"), "%s", arena_last_error());
+	static const char *const other[] = {"transformer_blocks.0.attn.to_q.weight:BF16:4,4",
+					    "transformer_blocks.0.attn.to_q.weight_scale:F32:4,2"};
+	write_st(tmp("o.safetensors"), other, 2);
+	const char *in3 = tmp("o.safetensors");
+	char in3p[512];
+	snprintf(in3p, sizeof(in3p), "%s", in3);
+	in3 = in3p;
+	cr_assert_eq(arena_convert(&in3, 1, tmp("o.arena"), &e4, NULL), 0, "%s", arena_last_error());
+	/* left out, it converts */
+	const char *exc = "*.to_q.weight";
+	arena_convert_opts ex = {.threads = 1, .quant = {.scheme = "fp8-e4m3-row", .exclude = &exc, .n_exclude = 1}};
+	cr_assert_eq(arena_convert(&in2, 1, tmp("c.arena"), &ex, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_export(tmp("c.arena"), tmp("c2.safetensors"), 1, NULL), 0, "%s", arena_last_error());
+	/* a real compressed-tensors pair is kept whatever the scheme */
+	static const char *const ct[] = {"transformer_blocks.0.attn.to_q.weight:F8_E4M3:4,4",
+					 "transformer_blocks.0.attn.to_q.weight_scale:F32:4,1",
+					 "transformer_blocks.0.attn.to_k.weight:BF16:4,4"};
+	write_st(tmp("ct.safetensors"), ct, 3);
+	char ctp[512];
+	snprintf(ctp, sizeof(ctp), "%s", tmp("ct.safetensors"));
+	const char *in4 = ctp;
+	for (size_t i = 0; i < 3; i++) {
+		arena_convert_opts o = {.threads = 1, .quant = {.scheme = scaled[i]}};
+		cr_assert_eq(arena_convert(&in4, 1, tmp("ct.arena"), &o, NULL), 0, "%s: %s", scaled[i], arena_last_error());
+		cr_assert_eq(arena_export(tmp("ct.arena"), tmp("ct2.safetensors"), 1, NULL), 0, "%s", arena_last_error());
+	}
+}
+
+/* An image that holds such a clash (from before convert refused it) fails
+ * export with one error that names the image and both tensors, each path once. */
+Test(qconvert, export_names_a_clash_once)
+{
+	static const char *const near[] = {"transformer_blocks.0.attn.to_q.weight:BF16:4,4",
+					   "transformer_blocks.0.attn.to_q.weight_scalf:F32:4"};
+	write_st(tmp("n.safetensors"), near, 2);
+	char inp[512], img[512], out[512];
+	snprintf(inp, sizeof(inp), "%s", tmp("n.safetensors"));
+	snprintf(img, sizeof(img), "%s", tmp("n.arena"));
+	snprintf(out, sizeof(out), "%s", tmp("n2.safetensors"));
+	const char *in = inp;
+	arena_convert_opts o = {.threads = 1, .quant = {.scheme = "fp8-e4m3-row"}};
+	cr_assert_eq(arena_convert(&in, 1, img, &o, NULL), 0, "%s", arena_last_error());
+	/* rename the second tensor in the manifest to '<weight>_scale', checksums redone */
+	FILE *f = fopen(img, "r+b");
+	cr_assert_not_null(f);
+	static uint8_t page[ARENA_IMG_HEADER_SIZE];
+	cr_assert_eq(fread(page, 1, sizeof(page), f), sizeof(page));
+	fseek(f, 0, SEEK_END);
+	arena_img_header h;
+	cr_assert_eq(arena_img_header_decode(page, (uint64_t)ftell(f), img, &h), 0, "%s", arena_last_error());
+	char *m = malloc(h.manifest_length + 1);
+	fseek(f, (long)h.manifest_offset, SEEK_SET);
+	cr_assert_eq(fread(m, 1, h.manifest_length, f), h.manifest_length);
+	m[h.manifest_length] = 0;
+	char *p = strstr(m, "weight_scalf");
+	cr_assert_not_null(p);
+	p[11] = 'e';
+	cr_assert_null(strstr(m, "weight_scalf"));
+	h.manifest_xxh3 = XXH3_64bits(m, h.manifest_length);
+	arena_img_header_encode(&h, page);
+	fseek(f, (long)h.manifest_offset, SEEK_SET);
+	fwrite(m, 1, h.manifest_length, f);
+	fseek(f, 0, SEEK_SET);
+	fwrite(page, 1, sizeof(page), f);
+	fclose(f);
+	free(m);
+	int rc = arena_export(img, out, 1, NULL);
+	cr_assert_eq(arena_err_class(rc), ARENA_CLASS_INVALID, "%d: %s", rc, arena_last_error());
+	const char *e = arena_last_error();
+	cr_expect_eq(count(e, img), 1, "the image named once: %s", e);
+	cr_expect_eq(count(e, out), 0, "the output is not at fault: %s", e);
+	cr_expect(strstr(e, "'transformer_blocks.0.attn.to_q.weight'"), "%s", e);
+	cr_expect(strstr(e, "'transformer_blocks.0.attn.to_q.weight_scale'"), "%s", e);
+	cr_expect(access(out, F_OK) != 0, "export left %s", out);
 }

@@ -1,0 +1,36 @@
+/* units.h - sizes and counts as people write them on a command line, and
+ * byte counts as people read them: one grammar and one format for every
+ * command and message.
+ *
+ * SIZE: digits with an optional fraction (".5", "1.5", "2."; at least one
+ * digit), then an optional unit K, M, G or T in either case (powers of
+ * 1024), which may be followed by "iB" or "B" with the same meaning (KB is
+ * KiB); or "B" alone. A fraction is cut to whole bytes. Nothing else is a
+ * size: no sign, no space anywhere, no exponent, no hex, no nan or inf.
+ * Examples: 4096, 4096B, 64K, 512M, 1.5G, 24GiB, 8GB. */
+#ifndef ARENA_COMMON_UNITS_H
+#define ARENA_COMMON_UNITS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum { ARENA_PARSE_BAD = -1, ARENA_PARSE_RANGE = -2 };
+
+/* Parse a SIZE into bytes. Returns 0, ARENA_PARSE_BAD (not a size) or
+ * ARENA_PARSE_RANGE (2^64 bytes or more); *out is set only on success. */
+int arena_size_parse(const char *s, uint64_t *out);
+
+/* Parse a whole number: decimal digits only (no sign, space, fraction or
+ * hex). Returns 0, ARENA_PARSE_BAD, or ARENA_PARSE_RANGE (outside [min, max]). */
+int arena_count_parse(const char *s, uint64_t min, uint64_t max, uint64_t *out);
+
+/* Parse a rate: digits with an optional fraction and an optional exponent
+ * ("700e12", "55e9", "1.5e9", "4096"), finite and above 0. Returns 0,
+ * ARENA_PARSE_BAD, or ARENA_PARSE_RANGE (0, or past max, or past a double). */
+int arena_rate_parse(const char *s, double max, double *out);
+
+/* n bytes in the unit that fits the number: "512 B", "1.50 KiB", "22.17 GiB"
+ * (B, KiB, MiB, GiB, TiB, PiB, EiB; two decimals from KiB on). Returns buf. */
+const char *arena_size_str(uint64_t n, char *buf, size_t len);
+
+#endif
