@@ -44,7 +44,10 @@
  *
  * The ring (run and dry run alike): blocks are placed one after another,
  * first in first out, at the head, or at the start when a block does not
- * fit before the end; a placed block evicts those whose bytes it overlaps,
+ * fit before the end (where that would overwrite a block fetched and not
+ * yet released, as when a caller holds two blocks at once in a backward:
+ * the first place that would not, at 0 or right after a block in the
+ * ring); a placed block evicts those whose bytes it overlaps,
  * and its copy waits (on the device) for their last release. A block still
  * in the ring when its entry comes is not copied again. Entries are fetched
  * as far ahead as the ring has room (a block fetched and not yet released

@@ -119,6 +119,18 @@ void arena__ring_reset(arena__ring *r, size_t n, uint64_t bytes)
 	memset(r->pending, 0, (n ? n : 1) * sizeof(*r->pending));
 }
 
+/* Does [lo, lo + sz) overlap a pending block of the ring? */
+static int overlaps_pending(const arena__ring *r, const arena_layout *l, uint64_t lo, uint64_t sz)
+{
+	for (size_t i = 0; i < r->n_order; i++) {
+		uint32_t q = r->order[i];
+		uint64_t a = r->off[q], z = a + l->blocks[q].bytes;
+		if (a < lo + sz && lo < z && r->pending[q])
+			return 1;
+	}
+	return 0;
+}
+
 /* Where block b would go: 0 with *at (*reuse = 1 if it is in the ring
  * already), or 1 when it cannot go now (a block it would overwrite is
  * pending, or it is larger than the ring). */
@@ -134,15 +146,28 @@ int arena__ring_place(const arena__ring *r, const arena_layout *l, uint32_t b, u
 	}
 	if (sz > r->bytes)
 		return 1;
-	uint64_t lo = r->head + sz <= r->bytes ? r->head : 0, hi = lo + sz;
+	/* First in, first out: at the head, or at 0 when the block does not fit
+	 * before the end. Where that overlaps a pending block (a caller holding
+	 * several blocks at once, as a backward does), the first other place that
+	 * does not: 0, then right after each block in the ring, oldest first. */
+	uint64_t lo = r->head + sz <= r->bytes ? r->head : 0;
+	if (!overlaps_pending(r, l, lo, sz)) {
+		*at = lo;
+		return 0;
+	}
+	if (lo && !overlaps_pending(r, l, 0, sz)) {
+		*at = 0;
+		return 0;
+	}
 	for (size_t i = 0; i < r->n_order; i++) {
 		uint32_t q = r->order[i];
-		uint64_t a = r->off[q], z = a + l->blocks[q].bytes;
-		if (a < hi && lo < z && r->pending[q])
-			return 1;
+		uint64_t a = r->off[q] + l->blocks[q].bytes;
+		if (a + sz <= r->bytes && !overlaps_pending(r, l, a, sz)) {
+			*at = a;
+			return 0;
+		}
 	}
-	*at = lo;
-	return 0;
+	return 1;
 }
 
 /* Put block b at `at` (from arena__ring_place): the blocks it overlaps leave the

@@ -136,25 +136,36 @@ class _BlockBinding:
         backward = _in_backward()
         if not h._step_open:
             h._begin_step()
-        if backward:
-            h._release_deferred()
         stream = h._stream()
         addr = a.acquire(self.index, stream)
+        grads: List[torch.Tensor] = []
         try:
             self.bind(addr)
             if torch.is_grad_enabled() and not backward:
-                self._check_training(args, kwargs)
+                grads = self._check_training(args, kwargs)
             out = call(mod, *args, **kwargs)
         except BaseException:
-            a.release(self.index, stream)
+            # A recompute may stop early on purpose (checkpoint raises once it has
+            # the tensors it needs): what it saved views the block until the
+            # block's backward has run, so the hold stays for the hook.
+            if backward:
+                h._deferred.append((self.index, stream))
+            else:
+                a.release(self.index, stream)
             raise
-        if backward:  # the recompute's saved tensors view the block until its backward has run
+        if backward:
+            # A recompute (checkpointing): its saved tensors view the block until
+            # the block's backward has run; the hook set at its forward releases it.
             h._deferred.append((self.index, stream))
         else:
             a.release(self.index, stream)
+            if grads:
+                h._watch_backward(self.index, grads)
         return out
 
-    def _check_training(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+    def _check_training(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[torch.Tensor]:
+        """Refuse what training cannot do with this block; return the tensors whose
+        gradients end its backward (inputs and its own parameters that need one)."""
         for p, _ in self.params:
             if p.requires_grad:
                 raise Error(
@@ -163,12 +174,12 @@ class _BlockBinding:
                     f"requires_grad on '{self.handle._pname(p)}') is not supported: train adapters "
                     f"(peft LoRA) or parameters of your own instead",
                 )
+        grads = [x for x in list(args) + list(kwargs.values()) if isinstance(x, torch.Tensor) and x.requires_grad]
+        grads += [p for p in self.handle._module_of[self.index].parameters() if p.requires_grad]
         resident, _, _ = self.handle.arena.block_state(self.index)
-        if resident or _under_checkpoint():
-            return
-        needs = any(isinstance(x, torch.Tensor) and x.requires_grad for x in list(args) + list(kwargs.values()))
-        needs = needs or any(p.requires_grad for p in self.handle._module_of[self.index].parameters())
-        if needs:
+        if resident or _under_checkpoint() or not grads:
+            return grads
+        else:
             raise Error(
                 "USAGE",
                 f"{self.name} is streamed and runs with autograd outside gradient checkpointing: the "
@@ -187,10 +198,14 @@ class Handle:
         self._owns_arena = False
         self._step_open = False
         self._deferred: List[Tuple[int, Optional[int]]] = []
+        self._hooks: List[Any] = []
         self._blocks: List[_BlockBinding] = []
         self._module_of: Dict[int, nn.Module] = {}
         self._restore: List[Callable[[], None]] = []
         self._names: Dict[int, str] = {}
+        self._zeros: Dict[torch.dtype, torch.Tensor] = {}
+        self._guarded: Set[int] = set()
+        self._n_modules = 0
         self._attached = False
 
     # --- steps ---------------------------------------------------------------------
@@ -203,6 +218,22 @@ class Handle:
         while self._deferred:
             i, s = self._deferred.pop(0)
             self.arena.release(i, s)
+        for hk in self._hooks:
+            hk.remove()
+        self._hooks.clear()
+
+    def _release_recomputed(self, block: int) -> None:
+        for k, (i, s) in enumerate(self._deferred):
+            if i == block:
+                del self._deferred[k]
+                self.arena.release(i, self._stream())
+                return
+
+    def _watch_backward(self, block: int, grads: List[torch.Tensor]) -> None:
+        # When every gradient the block's backward makes is made, its backward
+        # kernels are queued: a recompute's hold on the block can go.
+        hk = torch.autograd.graph.register_multi_grad_hook(grads, lambda _g: self._release_recomputed(block), mode="all")
+        self._hooks.append(hk)
 
     def _begin_step(self) -> None:
         self.arena.step_begin()
@@ -217,8 +248,18 @@ class Handle:
     def _root_pre_hook(self, module: nn.Module, args: Any) -> None:
         if _in_backward():
             return
+        self._guard_new_tuners()
         self._end_step()
         self._begin_step()
+
+    def _guard_new_tuners(self) -> None:
+        # Adapters added after attach get the same guard against merges.
+        n = sum(1 for _ in self.module.modules())
+        if n != self._n_modules:
+            self._n_modules = n
+            for name, tuner in _peft_tuners(self.module).items():
+                if id(tuner) not in self._guarded:
+                    _guard_merge(self, name, tuner)
 
     def end_step(self) -> None:
         """End the step in progress now (the next forward would otherwise do it)."""
@@ -434,8 +475,10 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any) -> None:
             view = _view(a.slab(info.block, dev, "device"), c)
             _swap(h, owner, leaf, is_buf, view, old)
             continue
-        addr, where = (dev, "device") if resident else (host, "host")
-        view = _view(a.slab(info.block, addr, where), c)
+        if resident:
+            view = _view(a.slab(info.block, dev, "device"), c)
+        else:  # no memory until the block is acquired: a placeholder of the right shape on the device
+            view = _placeholder(h, c)
         p = _swap(h, owner, leaf, is_buf, view, old)
         per_block.setdefault(info.block, []).append((p, c))
         owners[id(owner)] = owner
@@ -456,6 +499,18 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any) -> None:
     h._restore.append(hook.remove)
     module._arena_handle = weakref.ref(h)
     h._restore.append(lambda: module.__dict__.pop("_arena_handle", None))
+
+
+def _placeholder(h: Handle, c: Component) -> torch.Tensor:
+    """A tensor of c's shape and dtype on the arena's device that takes no memory
+    (one element, broadcast): what a streamed block's parameters are until it is
+    first acquired, so that code looking at their device and dtype (peft adding
+    adapters) sees the right ones."""
+    dt = torch_dtype(c.dtype)
+    one = h._zeros.get(dt)
+    if one is None:
+        one = h._zeros[dt] = torch.zeros(1, dtype=dt, device=h._device)
+    return one.expand(c.shape) if c.shape else one.view(())
 
 
 def _persistent(module: nn.Module, name: str) -> bool:
@@ -551,4 +606,10 @@ def _guard_merge(h: Handle, name: str, tuner: nn.Module) -> None:
         )
 
     tuner.__dict__["merge"] = refuse
-    h._restore.append(lambda: tuner.__dict__.pop("merge", None))
+    h._guarded.add(id(tuner))
+
+    def undo() -> None:
+        tuner.__dict__.pop("merge", None)
+        h._guarded.discard(id(tuner))
+
+    h._restore.append(undo)
