@@ -181,9 +181,13 @@ test-api: cli lib
 # installed) and leaves the reason in $(PY_SKIPPED), for the summary of 'test'.
 PY_SKIPPED := $(BUILD)/python-tests.skipped
 
+# tests/python/run_torch.sh likewise, for the package and the PyTorch adapter
+# (torch, diffusers and peft in $(BUILD)/venv-torch).
 test-python: cli
-	$(Q)sh tests/python/run.sh $(BUILD); rc=$$?; \
-	if [ $$rc = 77 ] && [ -s $(PY_SKIPPED) ]; then rc=0; else rm -f $(PY_SKIPPED); fi; exit $$rc
+	$(Q)rm -f $(PY_SKIPPED); rc=0; \
+	sh tests/python/run.sh $(BUILD) || { r=$$?; [ $$r = 77 ] && [ -s $(PY_SKIPPED) ] || rc=1; }; \
+	sh tests/python/run_torch.sh $(BUILD) || { r=$$?; [ $$r = 77 ] && [ -s $(PY_SKIPPED) ] || rc=1; }; \
+	exit $$rc
 
 test-fuzz: unit
 	$(Q)for t in $(FUZZ_TARGETS); do \

@@ -411,6 +411,9 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any) -> None:
         info = image.get(iname)
         if info is None:
             if _is_adapter_param(full, set(tuners)) or is_trainable(full):
+                if t.device.type == "meta":
+                    problems.append(f"'{full}' is on the meta device and arena holds no tensor for it: add "
+                                    f"adapters after attach (or to a module with real tensors), or materialize it")
                 continue
             problems.append(f"'{full}' has no tensor '{iname}' in the image")
             continue

@@ -1,0 +1,66 @@
+"""Build libarena.so with the repository's Makefile and put it in the package.
+
+`pip install ./python` (from the repository root) or `python -m build --wheel
+python` run `make lib` in the repository (BUILD=build/python; the CUDA
+backend is built when a CUDA toolkit is found, else the simulator only) and
+copy build/python/libarena.so into the package. Set ARENA_PREBUILT_LIBRARY to
+a libarena.so to package that one instead (no make). The wheel is tagged
+py3-none-<platform>: the package is ctypes over the C library, with nothing
+compiled against Python or torch.
+"""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+from setuptools.dist import Distribution
+
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # older setuptools
+    from wheel.bdist_wheel import bdist_wheel
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+class BuildWithLibrary(build_py):
+    def run(self):
+        super().run()
+        pre = os.environ.get("ARENA_PREBUILT_LIBRARY")
+        if pre:
+            lib = Path(pre)
+        else:
+            if not (ROOT / "Makefile").exists() or not (ROOT / "include" / "arena.h").exists():
+                raise SystemExit(
+                    "arena: the C sources are not beside this package (build from the repository: "
+                    "pip install ./python), or set ARENA_PREBUILT_LIBRARY to a libarena.so"
+                )
+            build = ROOT / "build" / "python"
+            jobs = str(os.cpu_count() or 2)
+            subprocess.check_call(["make", "-C", str(ROOT), "-j", jobs, f"BUILD={build}", "lib"])
+            lib = build / "libarena.so"
+        dst = Path(self.build_lib) / "arena"
+        dst.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(lib, dst / "libarena.so")
+
+
+class PlatformWheel(bdist_wheel):
+    def finalize_options(self):
+        super().finalize_options()
+        self.root_is_pure = False
+
+    def get_tag(self):
+        _, _, plat = super().get_tag()
+        return "py3", "none", plat
+
+
+class BinaryDistribution(Distribution):
+    def has_ext_modules(self):
+        return True
+
+
+setup(cmdclass={"build_py": BuildWithLibrary, "bdist_wheel": PlatformWheel}, distclass=BinaryDistribution)

@@ -1,0 +1,417 @@
+"""The Python package and the PyTorch adapter against the plain PyTorch model.
+
+Runs on CPU: the simulated device's memory is host memory, so an attached
+model's tensors are CPU tensors and every comparison is bit for bit. The
+model is diffusers' FluxTransformer2DModel at the tiny config of
+fixtures/tiny_flux.json, with the weights of fixtures/tiny_flux.safetensors
+(converted to an image once per run). Caps below its size make the engine
+stream blocks (the smallest plan needs 280.5 KiB for a 306 KiB model with no
+headroom and no reserve).
+
+usage: python -m unittest tests/python/test_torch.py   (from the repository
+root, in an environment with torch, diffusers, peft and the arena package;
+tests/python/run_torch.sh makes one)
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import unittest
+
+import torch
+from diffusers import FluxTransformer2DModel
+from peft import LoraConfig
+from safetensors.torch import load_file
+
+import arena
+import arena._dlpack
+import arena.torch as at
+
+FIX = os.environ.get("ARENA_FIXTURES_DIR", "fixtures")
+ARENA_BIN = os.environ.get("ARENA_BIN", "build/arena")
+CFG = json.load(open(os.path.join(FIX, "tiny_flux.json")))["config"]
+SD = load_file(os.path.join(FIX, "tiny_flux.safetensors"))
+TMP = tempfile.mkdtemp(prefix="arena-pytest-")
+IMG = os.path.join(TMP, "tiny_flux.arena")
+subprocess.run([ARENA_BIN, "convert", "-q", os.path.join(FIX, "tiny_flux.safetensors"), "-o", IMG], check=True)
+
+# Streaming on the simulator: a device smaller than the model.
+STREAM = dict(device="sim", sim_capacity="295K", headroom=0, reserve=0, keep_last=0)
+RESIDENT = dict(device="sim", sim_capacity="16G")
+
+
+def inputs(seed: int = 0, batch: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    T, Tt = 16, 8
+    return dict(
+        hidden_states=torch.randn(batch, T, 16, generator=g).to(torch.bfloat16),
+        encoder_hidden_states=torch.randn(batch, Tt, 32, generator=g).to(torch.bfloat16),
+        pooled_projections=torch.randn(batch, 16, generator=g).to(torch.bfloat16),
+        timestep=torch.tensor([0.5] * batch),
+        img_ids=torch.zeros(T, 3),
+        txt_ids=torch.zeros(Tt, 3),
+        guidance=torch.tensor([3.5] * batch),
+    )
+
+
+def model(meta: bool = True) -> FluxTransformer2DModel:
+    if meta:
+        with torch.device("meta"):
+            m = FluxTransformer2DModel(**CFG).to(torch.bfloat16)
+    else:
+        m = FluxTransformer2DModel(**CFG).to(torch.bfloat16)
+        m.load_state_dict(SD)
+    m.requires_grad_(False)
+    return m
+
+
+LORA = LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v", "to_out.0"], init_lora_weights="gaussian")
+
+
+def add_lora(m: FluxTransformer2DModel) -> None:
+    torch.manual_seed(1)
+    m.add_adapter(LORA)
+    torch.manual_seed(2)
+    for n, p in m.named_parameters():
+        if "lora_" in n:
+            p.data = p.data.to(torch.bfloat16)
+            if "lora_B" in n:
+                torch.nn.init.normal_(p, std=0.02)
+
+
+def lora_params(m):
+    return {n: p for n, p in m.named_parameters() if "lora_" in n}
+
+
+def train_steps(m, steps: int = 2):
+    """Checkpointed LoRA steps with AdamW; returns (losses, grads of the last step, lora params after)."""
+    m.enable_gradient_checkpointing()
+    m.train()
+    ps = lora_params(m)
+    opt = torch.optim.AdamW(ps.values(), lr=1e-3)
+    losses, grads = [], {}
+    for s in range(steps):
+        opt.zero_grad(set_to_none=True)
+        out = m(**inputs(s)).sample
+        loss = out.float().square().mean()
+        loss.backward()
+        losses.append(loss.item())
+        grads = {n: p.grad.clone() for n, p in ps.items()}
+        opt.step()
+    return losses, grads, {n: p.detach().clone() for n, p in ps.items()}
+
+
+def same(a: dict, b: dict) -> list:
+    assert a.keys() == b.keys(), (sorted(a)[:3], sorted(b)[:3])
+    return [k for k in a if not torch.equal(a[k], b[k])]
+
+
+class Package(unittest.TestCase):
+    def test_open_tensors_equal_the_file(self):
+        with arena.open(IMG, **STREAM) as a:
+            self.assertEqual(a.backend, "sim")
+            self.assertGreater(a.plan()["n_streamed"], 0)
+            t = a.tensors()
+            self.assertEqual(same(t, SD), [])
+            arr = a.arrays()
+            self.assertEqual(len(arr), len(SD))
+            k = "transformer_blocks.0.attn.to_q.weight"
+            self.assertTrue(torch.equal(torch.from_numpy(arr[k].view("uint16").copy()).view(torch.bfloat16), SD[k]))
+            self.assertFalse(arr[k].flags.writeable)
+
+    def test_tensor_outlives_arena(self):
+        a = arena.open(IMG, **RESIDENT)
+        t = a.tensors()["x_embedder.weight"]
+        want = SD["x_embedder.weight"].clone()
+        a.close()
+        a.close()  # twice: harmless
+        gc.collect()
+        self.assertTrue(torch.equal(t, want), "a tensor keeps its arena's memory after close")
+        with self.assertRaises(arena.Error) as cm:
+            a.tensors()
+        self.assertEqual(cm.exception.code, "USAGE")
+        self.assertGreater(arena._dlpack.live_capsules(), 0)
+        del t
+        gc.collect()
+        self.assertEqual(arena._dlpack.live_capsules(), 0, "the last tensor gone, the arena is freed")
+
+    def test_errors_carry_name_and_message(self):
+        with self.assertRaises(arena.Error) as cm:
+            arena.open(os.path.join(TMP, "missing.arena"))
+        self.assertEqual(cm.exception.code, "NOT_FOUND")
+        self.assertIn("missing.arena", cm.exception.message)
+        with self.assertRaises(arena.Error) as cm:
+            arena.open(IMG, device="sim", vram="100K")
+        self.assertEqual(cm.exception.code, "BUDGET")
+        self.assertIn("it needs", cm.exception.message)
+        bad = os.path.join(TMP, "bad.arena")
+        with open(IMG, "rb") as f:
+            data = bytearray(f.read())
+        data[-5000] ^= 0xFF
+        with open(bad, "wb") as f:
+            f.write(data)
+        with self.assertRaises(arena.Error) as cm:
+            arena.open(bad, device="sim")
+        self.assertEqual(cm.exception.code, "IMG_CHUNK_CHECKSUM")
+        self.assertEqual(cm.exception.error_class, "invalid")
+        with self.assertRaises(ValueError):
+            arena.open(IMG, device="tpu")
+
+    def test_parse_size(self):
+        self.assertEqual(arena.parse_size("8G"), 8 << 30)
+        self.assertEqual(arena.parse_size("1.5GiB"), 3 << 29)
+        self.assertEqual(arena.parse_size(4096), 4096)
+        self.assertIsNone(arena.parse_size(None))
+        for bad in ("nan", "-1G", " 8G", "0x10", "8 G", "", "1e9", "GiB"):
+            with self.assertRaises(ValueError, msg=bad):
+                arena.parse_size(bad)
+
+    def test_steps_from_python(self):
+        with arena.open(IMG, **STREAM) as a:
+            for _ in range(2):
+                a.step_begin()
+                for b in a.blocks:
+                    a.acquire(b.index)
+                    a.release(b.index)
+                a.step_end()
+            st = a.stats()
+            self.assertEqual(len(st), 2)
+            self.assertEqual(st[1]["misses"], 0)
+            with self.assertRaises(arena.Error) as cm:
+                a.release(1)
+            self.assertEqual(cm.exception.code, "USAGE")
+            self.assertIn("outside a step", cm.exception.message)
+
+
+class Sampling(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        with torch.no_grad():
+            cls.want = model(meta=False)(**inputs()).sample
+
+    def check(self, m, n_steps: int = 3):
+        with torch.no_grad():
+            for _ in range(n_steps):
+                self.assertTrue(torch.equal(m(**inputs()).sample, self.want))
+
+    def test_streamed_equals_plain(self):
+        m = model()
+        h = at.attach(m, IMG, **STREAM)
+        self.assertGreater(h.plan()["n_streamed"], 0)
+        self.check(m)
+        h.end_step()
+        st = h.stats()
+        self.assertEqual(st[-1]["misses"], 0)
+        self.assertGreater(st[-1]["streamed_bytes"], 0)
+        h.detach()
+
+    def test_resident_equals_plain(self):
+        m = model()
+        h = at.attach(m, IMG, **RESIDENT)
+        self.assertEqual(h.plan()["n_streamed"], 0)
+        self.check(m)
+        h.detach()
+
+    def test_materialized_module_is_accepted(self):
+        m = model(meta=False)
+        old = m.x_embedder.weight
+        h = at.attach(m, IMG, **STREAM)
+        self.assertIsNot(m.x_embedder.weight, old, "the module's own tensors are released once bound")
+        self.check(m, 2)
+        h.detach()
+
+    def test_detach_returns_a_plain_module(self):
+        m = model()
+        cls = type(m.transformer_blocks[0])
+        h = at.attach(m, IMG, **STREAM)
+        self.assertIsNot(type(m.transformer_blocks[0]), cls)
+        self.check(m, 1)
+        h.detach()
+        self.assertIs(type(m.transformer_blocks[0]), cls)
+        self.assertEqual({p.device.type for p in m.parameters()}, {"meta"})
+        self.assertEqual(m._forward_pre_hooks, {})
+        self.assertNotIn("_apply", m.x_embedder.__dict__)
+        # and it can be attached again
+        h = at.attach(m, IMG, **STREAM)
+        self.check(m, 1)
+        h.detach()
+
+
+class Training(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        m = model(meta=False)
+        add_lora(m)
+        cls.losses, cls.grads, cls.after = train_steps(m)
+
+    def run_attached(self, opts, lora_first: bool = False):
+        m = model(meta=not lora_first)  # adapters added first need a module with real tensors
+        if lora_first:
+            add_lora(m)
+        h = at.attach(m, IMG, mode="train", **opts)
+        if not lora_first:
+            add_lora(m)
+        res = train_steps(m)
+        h.end_step()
+        return h, res
+
+    def test_streamed_lora_equals_plain(self):
+        h, (losses, grads, after) = self.run_attached(STREAM)
+        self.assertGreater(h.plan()["n_streamed"], 0)
+        self.assertEqual(losses, self.losses)
+        self.assertEqual(same(grads, self.grads), [], "gradients equal the plain model's bit for bit")
+        self.assertEqual(same(after, self.after), [])
+        st = h.stats()
+        self.assertEqual([r["mode"] for r in st], ["train", "train"])
+        self.assertEqual(st[-1]["acquires"], 2 * (len(h.arena.blocks) - 1), "forward and recompute")
+        h.detach()
+
+    def test_resident_lora_equals_plain(self):
+        h, (losses, grads, after) = self.run_attached(RESIDENT)
+        self.assertEqual(same(grads, self.grads), [])
+        h.detach()
+
+    def test_lora_added_before_attach(self):
+        h, (losses, grads, after) = self.run_attached(STREAM, lora_first=True)
+        self.assertEqual(same(grads, self.grads), [], "peft's base_layer names map to the image's")
+        h.detach()
+
+    def test_meta_adapters_are_refused(self):
+        m = model()
+        add_lora(m)  # on a meta module, peft makes meta adapters: nothing to train
+        with self.assertRaises(arena.Error) as cm:
+            at.attach(m, IMG, mode="train", **STREAM)
+        self.assertIn("lora_A.default.weight' is on the meta device", cm.exception.message)
+
+    def test_sampling_inside_training(self):
+        m = model()
+        h = at.attach(m, IMG, mode="train", **STREAM)
+        add_lora(m)
+        train_steps(m, 1)
+        with h.sampling():
+            self.assertEqual(h.arena.mode, "sample")
+            with torch.no_grad():
+                out = m(**inputs()).sample
+            lora_now = {n: p.detach().clone() for n, p in lora_params(m).items()}
+        self.assertEqual(h.arena.mode, "train")
+        train_steps(m, 1)
+        h.end_step()
+        self.assertEqual([r["mode"] for r in h.stats()], ["train", "sample", "train"])
+        # the preview equals the plain model with the same adapters, bit for bit
+        plain = model(meta=False)
+        add_lora(plain)
+        plain.load_state_dict(lora_now, strict=False)
+        with torch.no_grad():
+            self.assertTrue(torch.equal(plain(**inputs()).sample, out))
+        h.detach()
+
+
+class Refusals(unittest.TestCase):
+    def expect(self, code: str, text: str, fn, *args, **kwargs):
+        with self.assertRaises(arena.Error) as cm:
+            fn(*args, **kwargs)
+        self.assertEqual(cm.exception.code, code, cm.exception.message)
+        self.assertIn(text, cm.exception.message)
+        return cm.exception
+
+    def test_streamed_block_without_checkpointing(self):
+        m = model()
+        h = at.attach(m, IMG, mode="train", **STREAM)
+        add_lora(m)
+        m.train()
+        self.expect("USAGE", "outside gradient checkpointing", m, **inputs())
+        m.enable_gradient_checkpointing()
+        train_steps(m, 1)  # and then it runs
+        h.detach()
+
+    def test_training_the_bound_weights(self):
+        m = model()
+        h = at.attach(m, IMG, mode="train", **RESIDENT)
+        m.requires_grad_(True)
+        m.enable_gradient_checkpointing()
+        self.expect("USAGE", "full fine-tuning", m, **inputs())
+        h.detach()
+
+    def test_merging_an_adapter(self):
+        m = model()
+        h = at.attach(m, IMG, **STREAM)
+        add_lora(m)
+        with torch.no_grad():
+            m(**inputs())  # adapters added after attach are guarded from the next call on
+        self.expect("USAGE", "merging an adapter", m.fuse_lora)
+        h.detach()
+
+    def test_converting_or_moving_bound_weights(self):
+        m = model()
+        h = at.attach(m, IMG, **STREAM)
+        self.expect("USAGE", "converting or moving it", m.to, torch.float32)
+        self.expect("USAGE", "converting or moving it", m.to, "meta")
+        m.to("cpu")  # where they are: fine
+        m.to(torch.bfloat16)
+        with torch.no_grad():
+            m(**inputs())
+        h.detach()
+
+    def test_mismatches_in_one_error(self):
+        cfg = dict(CFG, num_layers=3, joint_attention_dim=48)
+        with torch.device("meta"):
+            m = FluxTransformer2DModel(**cfg).to(torch.bfloat16)
+        e = self.expect("USAGE", "problem(s)", at.attach, m, IMG, **STREAM)
+        self.assertIn("context_embedder.weight' is (32, 48)", e.message)
+        self.assertIn("transformer_blocks.2.attn.to_q.weight' has no tensor", e.message)
+        self.assertNotIn("\n", e.message)
+        # a float32 module
+        with torch.device("meta"):
+            m = FluxTransformer2DModel(**CFG)
+        e = self.expect("USAGE", "torch.float32, the image's", at.attach, m, IMG, **STREAM)
+        # nothing of a failed attach stays: the module is as it was
+        self.assertEqual({p.device.type for p in m.parameters()}, {"meta"})
+
+    def test_second_attach(self):
+        m = model()
+        h = at.attach(m, IMG, **STREAM)
+        self.expect("USAGE", "attached to an arena already", at.attach, m, IMG, **STREAM)
+        h.detach()
+
+    def test_quantized_image(self):
+        q = os.path.join(TMP, "q.arena")
+        subprocess.run([ARENA_BIN, "convert", "-q", os.path.join(FIX, "tiny_flux.safetensors"), "-o", q,
+                        "--quant", "fp8-e4m3-row"], check=True)
+        self.expect("USAGE", "stored fp8-e4m3-row", at.attach, model(), q, **RESIDENT)
+
+
+class Compile(unittest.TestCase):
+    def test_regional_compile_no_recompiles(self):
+        from torch._dynamo.testing import CompileCounterWithBackend
+
+        torch._dynamo.reset()
+        cnt = CompileCounterWithBackend("aot_eager")
+        m = model()
+        h = at.attach(m, IMG, **STREAM)
+        for blocks in (m.transformer_blocks, m.single_transformer_blocks):
+            for b in blocks:
+                b.compile(backend=cnt, fullgraph=True)
+        want = model(meta=False)
+        with torch.no_grad():
+            ref = want(**inputs()).sample
+            self.assertTrue(torch.equal(m(**inputs()).sample, ref))
+            first = cnt.frame_count
+            self.assertGreater(first, 0)
+            for s in range(3):
+                self.assertTrue(torch.equal(m(**inputs()).sample, ref))
+        self.assertEqual(cnt.frame_count, first, "no recompiles after the first step")
+        h.end_step()
+        self.assertGreater(h.stats()[-1]["streamed_bytes"], 0)
+        h.detach()
+        torch._dynamo.reset()
+
+
+if __name__ == "__main__":
+    unittest.main()
