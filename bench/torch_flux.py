@@ -1,0 +1,230 @@
+"""torch_flux.py - the PyTorch adapter on the real diffusers Flux transformer (GPU).
+
+One run per process (peak host RSS and device memory are the process's own):
+
+  python bench/torch_flux.py RUN --image F.arena --safetensors F.safetensors [--vram 8G] ...
+
+RUN is one of
+  plain-sample     the plain model, weights loaded with safetensors to the GPU: the resident step
+  arena-sample     arena.torch.attach (--vram: streamed when the model does not fit)
+  diffusers-sample diffusers group offloading (block_level, use_stream) from CPU weights
+  plain-train      LoRA (rank 16, attention projections), AdamW, checkpointing, all resident
+  arena-train      the same through arena.torch.attach (--vram)
+and prints one JSON line: step times (each step timed to its end on the GPU),
+the set-up time, the peak device memory the process used (all of it:
+total - min free, read after every step; torch's and arena's), peak host
+RSS, and for arena runs the plan and the engine's records. Train runs save
+the LoRA gradients of their first step (--grads FILE) so that two runs can
+be compared. The model is the FLUX.1-dev config built on the meta device;
+1024x1024: 4096 image tokens and 512 text tokens, batch 1, bf16; flash
+attention (cuDNN's SDPA backward crashed on this torch, so it is off).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+import torch
+
+FLUX_DEV = dict(
+    in_channels=64,
+    num_layers=19,
+    num_single_layers=38,
+    attention_head_dim=128,
+    num_attention_heads=24,
+    joint_attention_dim=4096,
+    pooled_projection_dim=768,
+    guidance_embeds=True,
+    axes_dims_rope=(16, 56, 56),
+)
+
+
+def rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class DevPeak:
+    """The process's peak device memory: total - the least free seen."""
+
+    def __init__(self) -> None:
+        self.total = torch.cuda.mem_get_info()[1]
+        self.base = self.total - torch.cuda.mem_get_info()[0]  # the CUDA context before anything
+        self.min_free = self.total
+
+    def read(self) -> None:
+        f = torch.cuda.mem_get_info()[0]
+        self.min_free = min(self.min_free, f)
+
+    def used(self) -> int:
+        """Bytes the process took after the CUDA context (torch's and arena's)."""
+        return self.total - self.min_free - self.base
+
+
+def inputs(seed: int = 0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dev, dt = "cuda", torch.bfloat16
+    T, Tt = 4096, 512
+    return dict(
+        hidden_states=torch.randn(1, T, 64, generator=g, device=dev, dtype=dt),
+        encoder_hidden_states=torch.randn(1, Tt, 4096, generator=g, device=dev, dtype=dt),
+        pooled_projections=torch.randn(1, 768, generator=g, device=dev, dtype=dt),
+        timestep=torch.tensor([0.5], device=dev, dtype=dt),
+        img_ids=torch.zeros(T, 3, device=dev, dtype=dt),
+        txt_ids=torch.zeros(Tt, 3, device=dev, dtype=dt),
+        guidance=torch.tensor([3.5], device=dev, dtype=dt),
+    )
+
+
+BLOCKS = None  # --blocks N: the first N of each repeated container (arena synth --blocks N)
+
+
+def meta_model():
+    from diffusers import FluxTransformer2DModel
+
+    cfg = dict(FLUX_DEV)
+    if BLOCKS is not None:
+        cfg.update(num_layers=BLOCKS, num_single_layers=BLOCKS)
+    with torch.device("meta"):
+        m = FluxTransformer2DModel(**cfg).to(torch.bfloat16)
+    m.requires_grad_(False)
+    return m
+
+
+def add_lora(m) -> None:
+    from peft import LoraConfig
+
+    torch.manual_seed(1)
+    m.add_adapter(LoraConfig(r=16, lora_alpha=16, target_modules=["to_q", "to_k", "to_v", "to_out.0"],
+                             init_lora_weights="gaussian"))
+    torch.manual_seed(2)
+    for n, p in m.named_parameters():
+        if "lora_" in n:
+            p.data = p.data.to(device="cuda", dtype=torch.bfloat16)
+            if "lora_B" in n:
+                torch.nn.init.normal_(p, std=0.01)
+
+
+def time_steps(step, n: int, peak: DevPeak):
+    out = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        out.append(time.perf_counter() - t0)
+        peak.read()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("run")
+    ap.add_argument("--image")
+    ap.add_argument("--safetensors")
+    ap.add_argument("--vram", default=None)
+    ap.add_argument("--reserve", default=None)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--grads", default=None)
+    ap.add_argument("--blocks", type=int, default=None)
+    a = ap.parse_args()
+    global BLOCKS
+    BLOCKS = a.blocks
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    t_start = time.perf_counter()
+    torch.cuda.init()
+    peak = DevPeak()
+    res = {"run": a.run, "vram": a.vram, "reserve": a.reserve, "context_bytes": peak.base}
+    train = a.run.endswith("-train")
+    h = None
+    if a.run.startswith("plain"):
+        from safetensors.torch import load_file
+
+        m = meta_model()
+        t0 = time.perf_counter()
+        sd = load_file(a.safetensors, device="cuda")
+        m.load_state_dict(sd, assign=True)
+        del sd
+        m.requires_grad_(False)
+        res["setup_s"] = time.perf_counter() - t0
+    elif a.run.startswith("arena"):
+        import arena.torch as at
+
+        t0 = time.perf_counter()
+        m = meta_model()
+        h = at.attach(m, a.image, mode="train" if train else "sample", vram=a.vram, reserve=a.reserve, device="cuda")
+        res["setup_s"] = time.perf_counter() - t0
+        res["plan"] = h.plan()
+        if a.vram:
+            # torch may use what arena's plan leaves of --vram: all the process uses stays under it
+            import arena
+
+            left = arena.parse_size(a.vram) - res["plan"]["need_bytes"]
+            res["torch_limit_bytes"] = left
+            torch.cuda.set_per_process_memory_fraction(max(left, 0) / peak.total)
+    elif a.run == "diffusers-sample":
+        from diffusers import FluxTransformer2DModel
+        from safetensors.torch import load_file
+
+        t0 = time.perf_counter()
+        m = meta_model()
+        m.load_state_dict(load_file(a.safetensors, device="cpu"), assign=True)
+        m.enable_group_offload(onload_device=torch.device("cuda"), offload_device=torch.device("cpu"),
+                               offload_type="block_level", num_blocks_per_group=1, use_stream=True)
+        res["setup_s"] = time.perf_counter() - t0
+    else:
+        sys.exit(f"unknown run {a.run}")
+    peak.read()
+    x = inputs()
+    if train:
+        add_lora(m)
+        m.enable_gradient_checkpointing()
+        m.train()
+        ps = {n: p for n, p in m.named_parameters() if p.requires_grad}
+        res["lora_params"] = sum(p.numel() for p in ps.values())
+        opt = torch.optim.AdamW(ps.values(), lr=1e-4)
+        first = {}
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            loss = m(**x).sample.float().square().mean()
+            loss.backward()
+            if not first:
+                first.update({n: p.grad.detach().float().cpu() for n, p in ps.items()})
+            opt.step()
+    else:
+
+        def step():
+            with torch.no_grad():
+                m(**x)
+
+    t0 = time.perf_counter()
+    step()
+    torch.cuda.synchronize()
+    res["first_step_s"] = time.perf_counter() - t0
+    res["start_to_first_step_end_s"] = time.perf_counter() - t_start
+    peak.read()
+    res["steps_s"] = time_steps(step, a.steps, peak)
+    ss = sorted(res["steps_s"][1:])
+    res["step_s_median"] = ss[len(ss) // 2]
+    res["device_peak_bytes"] = peak.used()
+    res["torch_max_reserved"] = torch.cuda.max_memory_reserved()
+    res["host_peak_rss"] = rss()
+    if h is not None:
+        h.end_step()
+        h.arena.sync()
+        st = h.stats()
+        res["records"] = [{k: r[k] for k in ("mode", "streamed_bytes", "misses", "stalls", "stall_s", "resident_bytes",
+                                             "demotions", "promotions", "schedule_learned")} for r in st]
+        res["streamed_bytes_median"] = sorted(r["streamed_bytes"] for r in st[2:])[len(st[2:]) // 2] if len(st) > 2 else 0
+    if train and a.grads:
+        torch.save(first, a.grads)
+    print(json.dumps(res), flush=True)
+
+
+if __name__ == "__main__":
+    main()
