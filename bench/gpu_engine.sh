@@ -44,7 +44,8 @@ dem = [x["step"] for x in st if x["demotions"]]
 pro = [x["step"] for x in st if x["promotions"]]
 learned = [x["step"] for x in st if x.get("profile_learned")]
 gst = sum(x.get("stall_s", 0) for x in st[s.get("steady_from", 1):]) / max(1, len(st) - s.get("steady_from", 1))
-print("%-8s steady from %d: learned@%s  gpu stall %.4f s/step" % (name, s.get("steady_from", 1), learned, gst))
+print("%-8s steady from %d: learned@%s  gpu stall %.4f s/step  misses %s  eff by step %s" % (name, s.get("steady_from", 1), learned, gst,
+      [x.get("misses", 0) for x in st], [round(x["efficiency"], 3) for x in st]))
 print("%-8s step %.4f s  bound %.4f s  eff %.3f  all-resident %.4f s (x%.3f)  compute=%s  h2d %.1f GB/s"
       "  pinned %.1f GiB  stalls %d  demoted@%s promoted@%s  over_budget %d  pressure GiB %s"
       % (name, s["step_s"], s["bound_s"], s["efficiency"], s["all_resident_step_s"], s["vs_all_resident"],
@@ -67,8 +68,17 @@ run() {
 	summary "$name" "$OUT/engine_$name.json"
 }
 
-run nocap --steps "$STEPS"
-run cap8 --steps "$STEPS" --vram-cap 8G --mode sample
-run cap12t --steps "$STEPS" --vram-cap 12G --mode train
-run pressure --steps 14 --device-free "${PRESSURE_DEVICE_FREE:-24G}" --pressure 20G@3
-run pressure43 --steps 14 --device-free 43G --pressure 20G@3
+RUNS=${RUNS:-"nocap cap8 cap12t cfg8 mixed12 pressure43"}
+for r in $RUNS; do
+	case $r in
+	nocap) run nocap --steps "$STEPS" ;;
+	cap8) run cap8 --steps "$STEPS" --vram-cap 8G --mode sample ;;
+	cap12t) run cap12t --steps "$STEPS" --vram-cap 12G --mode train ;;
+	# callers off the default order: two passes a sample step (classifier-free
+	# guidance), and training that stops for a preview every 3 steps
+	cfg8) run cfg8 --steps "$STEPS" --vram-cap 8G --mode sample --passes 2 ;;
+	mixed12) run mixed12 --steps 12 --vram-cap 12G --mode train --sample-every 3 --passes 2 ;;
+	pressure) run pressure --steps 14 --device-free "${PRESSURE_DEVICE_FREE:-24G}" --pressure 20G@3 ;;
+	pressure43) run pressure43 --steps 14 --device-free 43G --pressure 20G@3 ;;
+	esac
+done

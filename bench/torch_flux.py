@@ -156,6 +156,8 @@ def main() -> None:
 
         t0 = time.perf_counter()
         m = meta_model()
+        res["model_build_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
         h = at.attach(m, a.image, mode="train" if train else "sample", vram=a.vram, reserve=a.reserve, device="cuda")
         res["setup_s"] = time.perf_counter() - t0
         res["plan"] = h.plan()
@@ -167,11 +169,10 @@ def main() -> None:
             res["torch_limit_bytes"] = left
             torch.cuda.set_per_process_memory_fraction(max(left, 0) / peak.total)
     elif a.run == "diffusers-sample":
-        from diffusers import FluxTransformer2DModel
         from safetensors.torch import load_file
 
-        t0 = time.perf_counter()
         m = meta_model()
+        t0 = time.perf_counter()
         m.load_state_dict(load_file(a.safetensors, device="cpu"), assign=True)
         m.enable_group_offload(onload_device=torch.device("cuda"), offload_device=torch.device("cpu"),
                                offload_type="block_level", num_blocks_per_group=1, use_stream=True)

@@ -1,0 +1,36 @@
+#!/bin/sh
+# gpu_torch.sh - the PyTorch adapter on the GPU machine (bench/torch_flux.py),
+# side by side in one run: the plain diffusers Flux (FLUX.1-dev config, weights
+# from `arena synth --layout flux-dev`) resident, diffusers' group offloading
+# (block_level, use_stream), and arena.torch.attach at several vram sizes,
+# sampling and LoRA training; then the engine alone (`arena bench stream`)
+# for the host-to-device rate of the same run. One JSON line a run in
+# $OUT/torch.jsonl, the bench stream reports in $OUT/engine_*.json.
+# usage: A=build/arena OUT=dir sh bench/gpu_torch.sh WORKDIR [RUN...]
+set -u
+A=${A:-build/arena}
+OUT=${OUT:-.}
+W=$1
+shift
+mkdir -p "$W" "$OUT"
+ST=$W/f.safetensors
+IMG=$W/f.arena
+[ -f "$ST" ] || "$A" synth --layout flux-dev -o "$ST" >/dev/null || exit 1
+[ -f "$IMG" ] || "$A" convert -q "$ST" -o "$IMG" || exit 1
+cat "$IMG" "$ST" >/dev/null
+P="python3 bench/torch_flux.py"
+one() {
+	echo "== $*" >&2
+	timeout 300 $P "$@" --image "$IMG" --safetensors "$ST" 2>"$OUT/last.err" | tail -n 1 >>"$OUT/torch.jsonl" ||
+		{ echo "failed: $*" >&2; tail -n 3 "$OUT/last.err" >&2; }
+}
+RUNS=${*:-"plain-sample arena-sample arena-sample:8G diffusers-sample arena-sample:4G plain-train arena-train:8G arena-train:6G"}
+for r in $RUNS; do
+	name=${r%%:*}
+	v=${r#*:}
+	case $name in
+	*-train) g="--grads $W/grads-$name-${v}.pt" ;;
+	*) g= ;;
+	esac
+	if [ "$v" = "$r" ]; then one "$name" $g; else one "$name" --vram "$v" $g; fi
+done
