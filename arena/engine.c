@@ -11,6 +11,7 @@
 #include "residency_int.h"
 
 enum { ST_IDLE, ST_STEP, ST_FAILED };
+enum { ENGINE_COPY_PAIRS = 32 };
 
 /* --- engine ------------------------------------------------------------------- */
 
@@ -64,8 +65,12 @@ struct arena_engine {
 	uint64_t tm_step[2];  /* the step each parity holds */
 	int tm_mode[2];       /* and the mode it ran in */
 	unsigned *acq_n, *rel_n; /* per block, this step */
-	arena_event **tc;     /* per block: before its ring copy (pairs with ev_fill) */
-	uint8_t *tc_rec;
+	/* copy timing: pairs of timed events around ring copies, used round robin
+	 * (a block copied again before its last copy was read loses nothing) */
+	arena_event *cp_a[ENGINE_COPY_PAIRS], *cp_z[ENGINE_COPY_PAIRS];
+	uint64_t cp_bytes[ENGINE_COPY_PAIRS];
+	uint8_t cp_rec[ENGINE_COPY_PAIRS];
+	unsigned cp_next;
 	double lc_rate[64];   /* the last copies' rates (bytes/s), a ring */
 	unsigned lc_n;        /* copies timed so far */
 	double *lcost;        /* learned forward seconds per block; < 0 not yet */
@@ -251,8 +256,6 @@ static int promote(arena_engine *e, uint32_t b)
 		if ((rc = be->ops->dev_alloc(be, sz, &m->mem[b].dev)))
 			return rc;
 		m->dev_bytes += sz;
-		if (e->tc_rec)
-			e->tc_rec[b] = 0; /* ev_fill now marks this copy, not a ring copy */
 		if ((rc = be->ops->copy_h2d(be, m->mem[b].dev, m->mem[b].host, sz, e->cs)) ||
 		    (rc = be->ops->event_record(be, e->ev_fill[b], e->cs))) {
 			be->ops->stream_sync(be, e->cs);
@@ -289,6 +292,32 @@ static int fit_ring(arena_engine *e)
 static size_t tm_at(const arena_engine *e, unsigned par, uint32_t b, unsigned k)
 {
 	return ((size_t)par * e->l->n_blocks + b) * 2 + k;
+}
+
+/* Read copy pair k if its copy is done: 0 (read, or not recorded), 1 not
+ * done yet, or an error. */
+static int read_copy(arena_engine *e, unsigned k)
+{
+	double c;
+	if (!e->cp_rec[k])
+		return 0;
+	int rc = e->be->ops->event_elapsed(e->be, e->cp_a[k], e->cp_z[k], &c);
+	if (rc)
+		return rc;
+	e->cp_rec[k] = 0;
+	if (c > 0)
+		e->lc_rate[e->lc_n++ % 64] = (double)e->cp_bytes[k] / c;
+	return 0;
+}
+
+static int harvest_copies(arena_engine *e)
+{
+	for (unsigned k = 0; k < ENGINE_COPY_PAIRS; k++) {
+		int rc = read_copy(e, k);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
 }
 
 /* Read what the device timed for parity `par` (non-blocking: nothing is
@@ -345,20 +374,6 @@ static int harvest(arena_engine *e, unsigned par)
 		r->stall_s = stall_s;
 		r->compute_s = comp;
 	}
-	/* copies: each block's last ring copy, if done */
-	for (uint32_t b = 0; b < n; b++) {
-		if (!e->tc_rec[b])
-			continue;
-		double c;
-		int rc = be->ops->event_elapsed(be, e->tc[b], e->ev_fill[b], &c);
-		if (rc < 0)
-			return rc;
-		if (rc == 0) {
-			e->tc_rec[b] = 0;
-			if (c > 0)
-				e->lc_rate[e->lc_n++ % 64] = (double)e->l->blocks[b].bytes / c;
-		}
-	}
 	return 0;
 }
 
@@ -381,13 +396,24 @@ static int fetch_block(arena_engine *e, uint32_t b, int next)
 	if (arena__ring_place(&e->ring, e->l, b, &at, &reuse))
 		return 1;
 	if (!reuse) {
+		unsigned k = e->cp_next % ENGINE_COPY_PAIRS;
+		int timing = e->timed && sz;
+		if (timing) { /* the pair's last copy, read if done, else dropped */
+			if ((rc = read_copy(e, k)) < 0)
+				return rc;
+			e->cp_rec[k] = 0;
+			e->cp_next++;
+		}
 		if ((rc = arena__ring_take(&e->ring, e->l, b, at, evict_wait, e)) ||
-		    (e->timed && sz && (rc = be->ops->event_record(be, e->tc[b], e->cs))) ||
+		    (timing && (rc = be->ops->event_record(be, e->cp_a[k], e->cs))) ||
 		    (sz && (rc = be->ops->copy_h2d(be, (uint8_t *)e->ring_dptr + at, e->m->mem[b].host, sz, e->cs))) ||
+		    (timing && (rc = be->ops->event_record(be, e->cp_z[k], e->cs))) ||
 		    (rc = be->ops->event_record(be, e->ev_fill[b], e->cs)))
 			return rc;
-		if (e->timed && sz)
-			e->tc_rec[b] = 1;
+		if (timing) {
+			e->cp_rec[k] = 1;
+			e->cp_bytes[k] = sz;
+		}
 		if (next) {
 			e->next_bytes += sz;
 			e->next_copies++;
@@ -462,15 +488,16 @@ void arena_engine_free(arena_engine *e)
 	for (size_t i = 0; e->tm && i < 3 * 2 * (e->l->n_blocks ? e->l->n_blocks : 1) * 2; i++)
 		if (e->tm[i])
 			be->ops->event_destroy(be, e->tm[i]);
-	for (size_t b = 0; e->tc && b < e->l->n_blocks; b++)
-		if (e->tc[b])
-			be->ops->event_destroy(be, e->tc[b]);
+	for (unsigned k = 0; k < ENGINE_COPY_PAIRS; k++) {
+		if (e->cp_a[k])
+			be->ops->event_destroy(be, e->cp_a[k]);
+		if (e->cp_z[k])
+			be->ops->event_destroy(be, e->cp_z[k]);
+	}
 	arena_free(e->tm);
 	arena_free(e->tm_rec);
 	arena_free(e->acq_n);
 	arena_free(e->rel_n);
-	arena_free(e->tc);
-	arena_free(e->tc_rec);
 	arena_free(e->lcost);
 	if (e->cs)
 		be->ops->stream_destroy(be, e->cs);
@@ -578,10 +605,8 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 		e->tm_rec = arena_calloc(nt, 1);
 		e->acq_n = arena_calloc(n ? n : 1, sizeof(*e->acq_n));
 		e->rel_n = arena_calloc(n ? n : 1, sizeof(*e->rel_n));
-		e->tc = arena_calloc(n ? n : 1, sizeof(*e->tc));
-		e->tc_rec = arena_calloc(n ? n : 1, 1);
 		e->lcost = arena_calloc(n ? n : 1, sizeof(*e->lcost));
-		if (!e->tm || !e->tm_rec || !e->acq_n || !e->rel_n || !e->tc || !e->tc_rec || !e->lcost) {
+		if (!e->tm || !e->tm_rec || !e->acq_n || !e->rel_n || !e->lcost) {
 			rc = arena_errorf(ARENA_E_NOMEM, "engine: out of memory");
 			goto fail;
 		}
@@ -590,8 +615,9 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 		for (size_t i = 0; i < 3 * nt; i++)
 			if (n && (rc = be->ops->event_create_timed(be, &e->tm[i])))
 				goto fail;
-		for (size_t b = 0; b < n; b++)
-			if ((rc = be->ops->event_create_timed(be, &e->tc[b])))
+		for (unsigned k = 0; k < ENGINE_COPY_PAIRS; k++)
+			if ((rc = be->ops->event_create_timed(be, &e->cp_a[k])) ||
+			    (rc = be->ops->event_create_timed(be, &e->cp_z[k])))
 				goto fail;
 	}
 	for (size_t b = 0; b < n; b++)
@@ -995,7 +1021,13 @@ static int learn(arena_engine *e)
 	}
 	if (rc)
 		return rc;
-	if (now_t > 0 && t.step_s > 0 && t.step_s < now_t * 0.98) {
+	/* A block loaded straight to the device has no host copy: demoting it
+	 * means reading it again from its image (host memory and seconds), which
+	 * a predicted few percent do not pay for. */
+	int rereads = 0;
+	for (uint32_t b = 0; b < e->l->n_blocks; b++)
+		rereads |= e->plan.resident[b] && !t.resident[b] && !e->m->mem[b].host && e->l->blocks[b].bytes;
+	if (!rereads && now_t > 0 && t.step_s > 0 && t.step_s < now_t * 0.98) {
 		e->rec.profile_learned = 1;
 		e->room_steps = 0;
 		rc = apply(e, t.resident);
@@ -1153,9 +1185,12 @@ int arena_engine_mode(const arena_engine *e)
 int arena_engine_collect(arena_engine *e)
 {
 	int rc = 0;
-	if (e->timed && e->state != ST_STEP)
+	if (e->timed && e->state != ST_STEP) {
 		for (unsigned par = 0; par < 2 && !rc; par++)
 			rc = harvest(e, par);
+		if (!rc)
+			rc = harvest_copies(e);
+	}
 	return rc;
 }
 

@@ -47,9 +47,9 @@ gst = sum(x.get("stall_s", 0) for x in st[s.get("steady_from", 1):]) / max(1, le
 print("%-8s steady from %d: learned@%s  gpu stall %.4f s/step  misses %s  eff by step %s" % (name, s.get("steady_from", 1), learned, gst,
       [x.get("misses", 0) for x in st], [round(x["efficiency"], 3) for x in st]))
 print("%-8s step %.4f s  bound %.4f s  eff %.3f  all-resident %.4f s (x%.3f)  compute=%s  h2d %.1f GB/s"
-      "  pinned %.1f GiB  stalls %d  demoted@%s promoted@%s  over_budget %d  pressure GiB %s"
+      "  stalls %d  demoted@%s promoted@%s  over_budget %d  pressure GiB %s"
       % (name, s["step_s"], s["bound_s"], s["efficiency"], s["all_resident_step_s"], s["vs_all_resident"],
-         d["compute"], d["h2d_bytes_per_s"] / 1e9, d["host_pinned_bytes"] / 2**30,
+         d["compute"], d["h2d_bytes_per_s"] / 1e9,
          sum(x["stalls"] for x in st), dem, pro, sum(x["over_budget"] for x in st),
          [round(x.get("pressure_bytes", 0) / 2**30, 1) for x in st]))
 PY
@@ -65,6 +65,7 @@ run() {
 		echo "$name: exit $rc: $(cat "$OUT/engine_$name.err")"
 		return
 	fi
+	[ -s "$OUT/engine_$name.err" ] || rm -f "$OUT/engine_$name.err"
 	summary "$name" "$OUT/engine_$name.json"
 }
 

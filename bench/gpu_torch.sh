@@ -24,13 +24,17 @@ one() {
 	timeout 300 $P "$@" --image "$IMG" --safetensors "$ST" 2>"$OUT/last.err" | tail -n 1 >>"$OUT/torch.jsonl" ||
 		{ echo "failed: $*" >&2; tail -n 3 "$OUT/last.err" >&2; }
 }
-RUNS=${*:-"plain-sample arena-sample arena-sample:8G diffusers-sample arena-sample:4G plain-train arena-train:8G arena-train:6G"}
+# RUN[:VRAM[:RESERVE]]
+RUNS=${*:-"plain-sample arena-sample arena-sample:8G diffusers-sample arena-sample:4G plain-train arena-train:8G:3G arena-train:6G:3G"}
 for r in $RUNS; do
-	name=${r%%:*}
-	v=${r#*:}
+	IFS=: read -r name v res <<EOR
+$r
+EOR
+	set --
+	[ -n "$v" ] && set -- --vram "$v"
+	[ -n "$res" ] && set -- "$@" --reserve "$res"
 	case $name in
-	*-train) g="--grads $W/grads-$name-${v}.pt" ;;
-	*) g= ;;
+	*-train) set -- "$@" --grads "$W/grads-$name-${v:-all}.pt" ;;
 	esac
-	if [ "$v" = "$r" ]; then one "$name" $g; else one "$name" --vram "$v" $g; fi
+	one "$name" "$@"
 done

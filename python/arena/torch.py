@@ -136,6 +136,11 @@ class _BlockBinding:
         backward = _in_backward()
         if not h._step_open:
             h._begin_step()
+        if h._all_resident:  # nothing streams this step: the blocks stay where they are
+            self.bind(h._resident_at[self.index])
+            if torch.is_grad_enabled() and not backward:
+                self._check_training(args, kwargs)
+            return call(mod, *args, **kwargs)
         stream = h._stream()
         addr = a.acquire(self.index, stream)
         grads: List[torch.Tensor] = []
@@ -204,6 +209,8 @@ class Handle:
         self._restore: List[Callable[[], None]] = []
         self._names: Dict[int, str] = {}
         self._zeros: Dict[torch.dtype, torch.Tensor] = {}
+        self._all_resident = False
+        self._resident_at: Dict[int, int] = {}
         self._guarded: Set[int] = set()
         self._n_modules = 0
         self._attached = False
@@ -238,6 +245,11 @@ class Handle:
     def _begin_step(self) -> None:
         self.arena.step_begin()
         self._step_open = True
+        # When the plan streams nothing (everything fits), blocks need no
+        # acquire: their device addresses hold until a step end changes the plan.
+        self._all_resident = self.arena.plan()["n_streamed"] == 0
+        if self._all_resident:
+            self._resident_at = {b.index: self.arena.block_state(b.index)[1] for b in self._blocks}
 
     def _end_step(self) -> None:
         if self._step_open:
