@@ -21,8 +21,8 @@ cat "$IMG" "$ST" >/dev/null
 P="python3 bench/torch_flux.py"
 one() {
 	echo "== $*" >&2
-	timeout 300 $P "$@" --image "$IMG" --safetensors "$ST" 2>"$OUT/last.err" | tail -n 1 >>"$OUT/torch.jsonl" ||
-		{ echo "failed: $*" >&2; tail -n 3 "$OUT/last.err" >&2; }
+	timeout 300 $P "$@" --image "$IMG" --safetensors "$ST" 2>"$W/last.err" | tail -n 1 >>"$OUT/torch.jsonl" ||
+		{ echo "failed: $*" >&2; tail -n 3 "$W/last.err" >&2; }
 }
 # RUN[:VRAM[:RESERVE]]
 RUNS=${*:-"plain-sample arena-sample arena-sample:8G diffusers-sample arena-sample:4G plain-train arena-train:8G:3G arena-train:6G:3G"}
