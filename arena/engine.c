@@ -1021,13 +1021,7 @@ static int learn(arena_engine *e)
 	}
 	if (rc)
 		return rc;
-	/* A block loaded straight to the device has no host copy: demoting it
-	 * means reading it again from its image (host memory and seconds), which
-	 * a predicted few percent do not pay for. */
-	int rereads = 0;
-	for (uint32_t b = 0; b < e->l->n_blocks; b++)
-		rereads |= e->plan.resident[b] && !t.resident[b] && !e->m->mem[b].host && e->l->blocks[b].bytes;
-	if (!rereads && now_t > 0 && t.step_s > 0 && t.step_s < now_t * 0.98) {
+	if (now_t > 0 && t.step_s > 0 && t.step_s < now_t * 0.98) {
 		e->rec.profile_learned = 1;
 		e->room_steps = 0;
 		rc = apply(e, t.resident);
