@@ -1077,8 +1077,8 @@ int arena_engine_step_end(arena_engine *e)
 	rc = adapt(e, learned);
 	/* What the device has timed so far, before learning from it (the step
 	 * before this one is done in a caller that waits for its steps). */
-	for (unsigned par = 0; par < 2 && !rc && e->timed; par++)
-		rc = harvest(e, par);
+	if (!rc && e->timed && e->steps) /* the previous step's record is in the history */
+		rc = harvest(e, (unsigned)((e->steps - 1) & 1));
 	if (!rc && e->timed)
 		rc = harvest_copies(e);
 	if (!rc)
