@@ -19,6 +19,7 @@
 #include "../common/firsterr.h"
 #include "../common/io.h"
 #include "codec.h"
+#include "scheme.h"
 
 #define E(name) ARENA_E(name)
 #define HDR_HASH_AT 4088u
@@ -432,12 +433,6 @@ static int parse_tensors(const mctx *m0, json_t *arr, arena_layout *l)
 				return rc;
 			strcpy(cp->name, cname);
 		}
-		if (!strcmp(t->scheme, "none")) {
-			const arena_component *cp = &t->comp[0];
-			if (t->n_comp != 1 || cp->dtype != t->dtype || cp->rank != t->rank ||
-			    memcmp(cp->shape, t->shape, t->rank * sizeof(uint64_t)))
-				return mbad(&m, "scheme \"none\" needs one component with the tensor's dtype and shape");
-		}
 		t->name = arena_strdup(name);
 		if (!t->name)
 			return arena_errorf(ARENA_E_NOMEM, "%s: out of memory reading the manifest", m.label);
@@ -521,6 +516,16 @@ static int parse_manifest(arena_image *img, const char *text, size_t len)
 					  img->path, arena_q(img->layout->blocks[b].name), declared[b],
 					  img->layout->blocks[b].n_tensors);
 	arena_free(declared);
+	/* Each entry against its scheme's component table (formats/scheme.h):
+	 * readers trust component names, dtypes and shapes from here on. */
+	for (size_t i = 0; !rc && i < img->layout->n_tensors; i++) {
+		arena_quant_plan p;
+		if ((rc = arena_quant_plan_from_tensor(&img->layout->tensors[i], &p))) {
+			char where[512];
+			snprintf(where, sizeof(where), "%s: manifest", img->path);
+			arena_error_prefix(where);
+		}
+	}
 	return rc;
 }
 

@@ -543,6 +543,153 @@ Test(image, tensor_outside_its_slab_or_overlapping)
 	free(r.buf);
 }
 
+/* ---- schemes: each manifest entry against its scheme's component table ------ */
+
+/* write_small converted with blocks.1.w stored as fp8-e4m3-tensor (components
+ * qdata F8_E4M3 [8, 16] and scale F32 [1]); the other tensors as they are. */
+static void quant_raw(raw_image *r)
+{
+	write_small(tmp("s.safetensors"));
+	const char *in = tmp("s.safetensors"), *glob = "blocks.1.w";
+	arena_convert_opts o = {.threads = 2, .quant = {.scheme = "fp8-e4m3-tensor", .include = &glob, .n_include = 1}};
+	cr_assert_eq(arena_convert(&in, 1, tmp("q.arena"), &o, NULL), 0, "%s", arena_last_error());
+	raw_load(r, tmp("q.arena"));
+}
+
+static json_t *mtensor(json_t *j, const char *name)
+{
+	json_t *ts = json_object_get(j, "tensors");
+	for (size_t i = 0; i < json_array_size(ts); i++)
+		if (!strcmp(json_string_value(json_object_get(json_array_get(ts, i), "name")), name))
+			return json_array_get(ts, i);
+	cr_assert_fail("no tensor %s in the manifest", name);
+	return NULL;
+}
+
+static json_t *mcomps(json_t *j, const char *name)
+{
+	return json_object_get(mtensor(j, name), "components");
+}
+
+/* Every reader refuses the image at path when it is opened, before any data
+ * is read: verify, export (which then writes nothing) and load; the message
+ * names the file, the tensor and the rule. */
+static void expect_manifest_bad(const char *path, const char *tensor, const char *rule)
+{
+	expect_code(open_verify(path), IMG_MANIFEST_BAD);
+	const char *msg = arena_last_error();
+	cr_assert(strstr(msg, path) && strstr(msg, tensor) && strstr(msg, rule), "want %s, '%s' and '%s' in: %s", path,
+		  tensor, rule, msg);
+	expect_code(arena_export(path, tmp("e.safetensors"), 1, NULL), IMG_MANIFEST_BAD);
+	cr_assert_eq(access(tmp("e.safetensors"), F_OK), -1, "export wrote a file from a bad manifest");
+	arena_open_options o = {.backend = "sim", .vram_cap = 64 << 20};
+	arena *a = NULL;
+	expect_code(arena_open(path, &o, &a), IMG_MANIFEST_BAD);
+	cr_assert_null(a);
+}
+
+Test(image, scheme_resealed_quantized_is_valid)
+{
+	raw_image r;
+	quant_raw(&r);
+	with_manifest(&r, raw_manifest(&r), tmp("o.arena"));
+	cr_assert_eq(open_verify(tmp("o.arena")), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_export(tmp("o.arena"), tmp("e.safetensors"), 1, NULL), 0, "%s", arena_last_error());
+	free(r.buf);
+}
+
+Test(image, scheme_unknown)
+{
+	raw_image r;
+	quant_raw(&r);
+	json_t *j = raw_manifest(&r);
+	json_object_set_new(mtensor(j, "blocks.1.w"), "scheme", json_string("fp9-e4m3"));
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_manifest_bad(tmp("o.arena"), "'blocks.1.w'", "unknown storage scheme 'fp9-e4m3'");
+	free(r.buf);
+}
+
+Test(image, scheme_row_on_one_bf16_component)
+{
+	raw_image r;
+	quant_raw(&r);
+	json_t *j = raw_manifest(&r);
+	json_object_set_new(mtensor(j, "blocks.0.w"), "scheme", json_string("fp8-e4m3-row"));
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_manifest_bad(tmp("o.arena"), "'blocks.0.w'", "scheme fp8-e4m3-row has 2 components, the manifest 1");
+	free(r.buf);
+}
+
+Test(image, scheme_scale_missing)
+{
+	raw_image r;
+	quant_raw(&r);
+	json_t *j = raw_manifest(&r);
+	json_array_remove(mcomps(j, "blocks.1.w"), 1);
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_manifest_bad(tmp("o.arena"), "'blocks.1.w'", "scheme fp8-e4m3-tensor has 2 components, the manifest 1");
+	free(r.buf);
+}
+
+Test(image, scheme_qdata_missing)
+{
+	raw_image r;
+	quant_raw(&r);
+	json_t *j = raw_manifest(&r);
+	json_array_remove(mcomps(j, "blocks.1.w"), 0);
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_manifest_bad(tmp("o.arena"), "'blocks.1.w'", "scheme fp8-e4m3-tensor has 2 components, the manifest 1");
+	free(r.buf);
+}
+
+Test(image, scheme_components_swapped)
+{
+	raw_image r;
+	quant_raw(&r);
+	json_t *j = raw_manifest(&r);
+	json_t *c = mcomps(j, "blocks.1.w"), *q = json_incref(json_array_get(c, 0));
+	json_array_remove(c, 0);
+	json_array_append_new(c, q);
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_manifest_bad(tmp("o.arena"), "'blocks.1.w'", "component 0 is 'scale'");
+	free(r.buf);
+}
+
+Test(image, scheme_component_renamed)
+{
+	raw_image r;
+	quant_raw(&r);
+	/* Export would write it as "blocks.0.b_zzz". */
+	json_t *j = raw_manifest(&r);
+	json_object_set_new(json_array_get(mcomps(j, "blocks.0.b"), 0), "name", json_string("zzz"));
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_manifest_bad(tmp("o.arena"), "'blocks.0.b'", "component 0 is 'zzz'");
+	/* And a quantized tensor's scale. */
+	j = raw_manifest(&r);
+	json_object_set_new(json_array_get(mcomps(j, "blocks.1.w"), 1), "name", json_string("scales"));
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_manifest_bad(tmp("o.arena"), "'blocks.1.w'", "component 1 is 'scales'");
+	free(r.buf);
+}
+
+Test(image, scheme_original_dtype_changed)
+{
+	raw_image r;
+	quant_raw(&r);
+	json_t *j = raw_manifest(&r);
+	json_object_set_new(mtensor(j, "blocks.1.w"), "dtype", json_string("I32"));
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_manifest_bad(tmp("o.arena"), "'blocks.1.w'", "does not apply to dtype I32");
+	/* A component's shape that is not the tensor's. */
+	j = raw_manifest(&r);
+	json_t *sh = json_object_get(json_array_get(mcomps(j, "blocks.1.w"), 0), "shape");
+	json_array_set_new(sh, 0, json_integer(16));
+	json_array_set_new(sh, 1, json_integer(8));
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_manifest_bad(tmp("o.arena"), "'blocks.1.w'", "component 0 is 'qdata' F8_E4M3 [16, 8]");
+	free(r.buf);
+}
+
 Test(image, unknown_codec)
 {
 	raw_image r;
