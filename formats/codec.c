@@ -279,6 +279,36 @@ void arena_hb4_decode(const arena_hb4 *v, uint64_t a, uint64_t z, uint8_t *dst)
 	}
 }
 
+uint64_t arena_hb4_first_nonzero(const arena_hb4 *v, uint64_t a, uint64_t z)
+{
+	const uint64_t w1 = (z + 1) / 2;
+	uint64_t e = exc_lower(v, a / 2);
+	uint64_t next = e < v->n_exc ? get32(v->exc_idx + 4 * e) : UINT64_MAX;
+	for (uint64_t w = a / 2; w < w1; w++) {
+		uint8_t hi;
+		if (w == next) {
+			hi = v->exc_hi[e++];
+			next = e < v->n_exc ? get32(v->exc_idx + 4 * e) : UINT64_MAX;
+		} else {
+			hi = v->table[(v->nib[w / 2] >> (4 * (w % 2))) & 15];
+		}
+		if (2 * w >= a && v->low[w])
+			return 2 * w;
+		if (2 * w + 1 >= a && 2 * w + 1 < z && hi)
+			return 2 * w + 1;
+	}
+	return z;
+}
+
+void arena_hb4_reads(uint64_t words, uint64_t a, uint64_t z, uint64_t nib[2], uint64_t low[2])
+{
+	const uint64_t w0 = a / 2, w1 = (z + 1) / 2;
+	nib[0] = arena_hb4_nib_off() + w0 / 2;
+	nib[1] = w1 > w0 ? arena_hb4_nib_off() + (w1 - 1) / 2 + 1 : nib[0];
+	low[0] = arena_hb4_low_off(words) + w0;
+	low[1] = arena_hb4_low_off(words) + (w1 > w0 ? w1 : w0);
+}
+
 const char *arena_codec_name(unsigned codec)
 {
 	return codec == ARENA_CODEC_NONE ? "none" : codec == ARENA_CODEC_HB4 ? "hb4" : NULL;

@@ -90,6 +90,17 @@ int arena_hb4_check_end(arena_hb4_check *c, const char *what, arena_hb4 *v);
  * are even and z <= raw_length. */
 void arena_hb4_decode(const arena_hb4 *v, uint64_t a, uint64_t z, uint8_t *dst);
 
+/* The first raw byte in [a, z) of a parsed chunk that does not decode to
+ * zero, or z when they all do (a <= z <= raw_length; a and z need not be
+ * even). Reads only the stored bytes that decoding [a, z) reads: those
+ * arena_hb4_reads names and the exception lists. */
+uint64_t arena_hb4_first_nonzero(const arena_hb4 *v, uint64_t a, uint64_t z);
+
+/* The stored bytes, besides the exception lists [idx_off, stored_length),
+ * that decoding raw bytes [a, z) of a chunk of `words` words reads: nibbles
+ * [nib[0], nib[1]) and low bytes [low[0], low[1]). */
+void arena_hb4_reads(uint64_t words, uint64_t a, uint64_t z, uint64_t nib[2], uint64_t low[2]);
+
 /* The codec's name ("none", "hb4") or NULL for an unknown number; and back
  * (-1 for an unknown name). */
 const char *arena_codec_name(unsigned codec);

@@ -19,6 +19,7 @@
 #include "../common/firsterr.h"
 #include "../common/io.h"
 #include "codec.h"
+#include "scheme.h"
 
 #define E(name) ARENA_E(name)
 #define HDR_HASH_AT 4088u
@@ -432,16 +433,51 @@ static int parse_tensors(const mctx *m0, json_t *arr, arena_layout *l)
 				return rc;
 			strcpy(cp->name, cname);
 		}
-		if (!strcmp(t->scheme, "none")) {
-			const arena_component *cp = &t->comp[0];
-			if (t->n_comp != 1 || cp->dtype != t->dtype || cp->rank != t->rank ||
-			    memcmp(cp->shape, t->shape, t->rank * sizeof(uint64_t)))
-				return mbad(&m, "scheme \"none\" needs one component with the tensor's dtype and shape");
-		}
 		t->name = arena_strdup(name);
 		if (!t->name)
 			return arena_errorf(ARENA_E_NOMEM, "%s: out of memory reading the manifest", m.label);
 	}
+	return 0;
+}
+
+static int cmp_span(const void *x, const void *y)
+{
+	const arena_img_span *a = x, *b = y;
+	return a->a < b->a ? -1 : a->a > b->a;
+}
+
+/* img->used: the raw bytes of every component (the layout is checked: they
+ * lie in their slabs and do not overlap), sorted, touching ones merged. */
+static int build_used(arena_image *img)
+{
+	const arena_layout *l = img->layout;
+	size_t n = 0;
+	for (size_t i = 0; i < l->n_tensors; i++)
+		for (uint32_t c = 0; c < l->tensors[i].n_comp; c++)
+			n += l->tensors[i].comp[c].bytes > 0;
+	img->used = arena_malloc((n ? n : 1) * sizeof(*img->used));
+	if (!img->used)
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory reading the manifest", img->path);
+	n = 0;
+	for (size_t i = 0; i < l->n_tensors; i++) {
+		const arena_tensor *t = &l->tensors[i];
+		for (uint32_t c = 0; c < t->n_comp; c++)
+			if (t->comp[c].bytes) {
+				uint64_t a = l->blocks[t->block].offset + t->comp[c].offset;
+				img->used[n++] = (arena_img_span){a, a + t->comp[c].bytes};
+			}
+	}
+	qsort(img->used, n, sizeof(*img->used), cmp_span);
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (k && img->used[i].a <= img->used[k - 1].z) {
+			if (img->used[i].z > img->used[k - 1].z)
+				img->used[k - 1].z = img->used[i].z;
+		} else {
+			img->used[k++] = img->used[i];
+		}
+	}
+	img->n_used = k;
 	return 0;
 }
 
@@ -521,7 +557,17 @@ static int parse_manifest(arena_image *img, const char *text, size_t len)
 					  img->path, arena_q(img->layout->blocks[b].name), declared[b],
 					  img->layout->blocks[b].n_tensors);
 	arena_free(declared);
-	return rc;
+	/* Each entry against its scheme's component table (formats/scheme.h):
+	 * readers trust component names, dtypes and shapes from here on. */
+	for (size_t i = 0; !rc && i < img->layout->n_tensors; i++) {
+		arena_quant_plan p;
+		if ((rc = arena_quant_plan_from_tensor(&img->layout->tensors[i], &p))) {
+			char where[512];
+			snprintf(where, sizeof(where), "%s: manifest", img->path);
+			arena_error_prefix(where);
+		}
+	}
+	return rc ? rc : build_used(img);
 }
 
 /* ---- opening -------------------------------------------------------------- */
@@ -699,6 +745,7 @@ void arena_img_close(arena_image *img)
 		close(img->fd);
 	arena_layout_free(img->layout);
 	arena_free(img->chunks);
+	arena_free(img->used);
 	json_decref((json_t *)img->manifest);
 	arena_free(img->path);
 	arena_free(img);
@@ -735,24 +782,36 @@ static void *verify_worker(void *arg)
 		if (i >= h->chunk_count)
 			break;
 		const arena_img_chunk *c = &j->img->chunks[i];
-		/* Read and hash in L2-sized pieces so the hash reads cached bytes. */
+		/* Read and hash in L2-sized pieces so the hash reads cached bytes;
+		 * a plain chunk's raw padding is looked at while it is cached too. */
 		arena_hash st;
 		arena_hash_reset(&st);
 		int rc = 0;
+		uint64_t pad_bad = UINT64_MAX;
 		for (uint64_t done = 0; done < c->stored_length && !rc;) {
 			uint64_t n = c->stored_length - done < VERIFY_PIECE ? c->stored_length - done : VERIFY_PIECE;
 			uint8_t *at = coded ? buf + done : buf;
 			rc = arena_pread_full(j->img->fd, at, n, h->data_offset + c->offset + done, j->img->path);
 			arena_hash_update(&st, at, n);
+			if (!coded && pad_bad == UINT64_MAX)
+				pad_bad = arena_img_padding_scan(j->img, c->offset + done, at, n);
 			done += n;
 		}
+		/* A coded chunk's stored padding (no checksum covers it). */
+		const uint64_t padded = arena_img_chunk_padded(j->img, i);
+		if (!rc && padded > c->stored_length)
+			rc = arena_pread_full(j->img->fd, buf + c->stored_length, padded - c->stored_length,
+					      h->data_offset + c->offset + c->stored_length, j->img->path);
 		if (rc) {
 			arena_first_error_set(&j->err, rc);
 			break;
 		}
 		j->got[i] = arena_hash_digest(&st);
 		j->bad[i] = j->got[i] != c->xxh3;
-		if (!j->bad[i] && c->codec && (rc = arena_img_chunk_check(j->img, i, buf, j->got[i], "while verifying", NULL))) {
+		if (!j->bad[i]) /* the structure and padding of a chunk whose checksum holds */
+			rc = coded ? arena_img_chunk_check(j->img, i, buf, j->got[i], "while verifying", NULL)
+			     : pad_bad != UINT64_MAX ? arena_img_padding_error(j->img, i, pad_bad) : 0;
+		if (rc) {
 			arena_first_error_set(&j->err, rc);
 			break;
 		}
@@ -897,6 +956,120 @@ void arena_img_chunk_describe(const arena_image *img, uint64_t i, char *buf, siz
 			 d.tensors);
 }
 
+/* ---- padding ----------------------------------------------------------------- */
+
+uint64_t arena_img_chunk_padded(const arena_image *img, uint64_t i)
+{
+	const arena_img_chunk *c = &img->chunks[i];
+	/* Coded chunks start 4096-aligned; a plain chunk's length is a multiple of 4096. */
+	return (img->hdr.flags & ARENA_IMG_FLAG_CODED) ? arena_align_up(c->stored_length, 4096) : c->stored_length;
+}
+
+int arena_img_stored_padding_check(const arena_image *img, uint64_t i, const uint8_t *p, uint64_t n)
+{
+	const arena_img_chunk *c = &img->chunks[i];
+	for (uint64_t k = 0; k < n; k++)
+		if (p[k]) {
+			const uint64_t at = img->hdr.data_offset + c->offset;
+			return arena_errorf(E(IMG_PADDING),
+					    "%s: chunk %llu: file byte %llu is padding after the chunk's stored bytes (file bytes "
+					    "%llu..%llu) and is not zero",
+					    img->path, (unsigned long long)i, (unsigned long long)(at + c->stored_length + k),
+					    (unsigned long long)at, (unsigned long long)(at + c->stored_length));
+		}
+	return 0;
+}
+
+int arena_img_padding(const arena_image *img, uint64_t a, uint64_t z, int (*fn)(void *ctx, uint64_t x, uint64_t y),
+		      void *ctx)
+{
+	const arena_img_span *u = img->used;
+	size_t lo = 0, hi = img->n_used;
+	while (lo < hi) { /* the first span ending after a */
+		size_t mid = lo + (hi - lo) / 2;
+		if (u[mid].z <= a)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	for (size_t k = lo; a < z; k++) {
+		const uint64_t s = k < img->n_used && u[k].a < z ? u[k].a : z;
+		if (s > a) {
+			int rc = fn(ctx, a, s);
+			if (rc)
+				return rc;
+		}
+		if (s == z)
+			break;
+		if (u[k].z > a)
+			a = u[k].z;
+	}
+	return 0;
+}
+
+typedef struct scan_ctx {
+	uint64_t a;          /* raw offset of p[0] (plain), or of the chunk (hb4) */
+	const uint8_t *p;
+	const arena_hb4 *v;
+	uint64_t bad;
+} scan_ctx;
+
+static int scan_plain(void *arg, uint64_t x, uint64_t y)
+{
+	scan_ctx *s = arg;
+	for (uint64_t k = x; k < y; k++)
+		if (s->p[k - s->a]) {
+			s->bad = k;
+			return 1;
+		}
+	return 0;
+}
+
+static int scan_hb4(void *arg, uint64_t x, uint64_t y)
+{
+	scan_ctx *s = arg;
+	uint64_t k = arena_hb4_first_nonzero(s->v, x - s->a, y - s->a);
+	if (k == y - s->a)
+		return 0;
+	s->bad = s->a + k;
+	return 1;
+}
+
+uint64_t arena_img_padding_scan(const arena_image *img, uint64_t a, const uint8_t *p, uint64_t n)
+{
+	scan_ctx s = {.a = a, .p = p, .bad = UINT64_MAX};
+	arena_img_padding(img, a, a + n, scan_plain, &s);
+	return s.bad;
+}
+
+uint64_t arena_img_padding_scan_hb4(const arena_image *img, uint64_t i, const arena_hb4 *v)
+{
+	scan_ctx s = {.a = i * img->hdr.chunk_size, .v = v, .bad = UINT64_MAX};
+	arena_img_padding(img, s.a, s.a + img->chunks[i].raw_length, scan_hb4, &s);
+	return s.bad;
+}
+
+int arena_img_padding_error(const arena_image *img, uint64_t i, uint64_t at)
+{
+	char file[48] = "", where[320] = "after the last slab";
+	if (!(img->hdr.flags & ARENA_IMG_FLAG_CODED))
+		snprintf(file, sizeof(file), " (file byte %llu)", (unsigned long long)(img->hdr.data_offset + at));
+	const arena_layout *l = img->layout;
+	for (size_t b = 0; l && b < l->n_blocks; b++) {
+		const arena_block *blk = &l->blocks[b];
+		if (at < blk->offset) {
+			snprintf(where, sizeof(where), "between slabs");
+			break;
+		}
+		if (at < blk->offset + blk->bytes) {
+			snprintf(where, sizeof(where), "in block '%s' outside its tensors", arena_q(blk->name));
+			break;
+		}
+	}
+	return arena_errorf(E(IMG_PADDING), "%s: chunk %llu: data byte %llu%s is padding %s and is not zero", img->path,
+			    (unsigned long long)i, (unsigned long long)at, file, where);
+}
+
 /* ---- checked reads of raw bytes -------------------------------------------- */
 
 int arena_img_chunk_check(const arena_image *img, uint64_t i, const uint8_t *buf, uint64_t got_hash, const char *why,
@@ -912,14 +1085,25 @@ int arena_img_chunk_check(const arena_image *img, uint64_t i, const uint8_t *buf
 				    (unsigned long long)i, (unsigned long long)at, (unsigned long long)(at + c->stored_length),
 				    why, what);
 	}
-	if (c->codec == ARENA_CODEC_HB4 && buf) {
+	if (!buf)
+		return 0;
+	arena_hb4 tmp;
+	if (!v)
+		v = &tmp;
+	int rc;
+	if (c->codec == ARENA_CODEC_HB4) {
 		char label[256];
 		snprintf(label, sizeof(label), "%s: chunk %llu (file bytes %llu..%llu)", img->path, (unsigned long long)i,
 			 (unsigned long long)at, (unsigned long long)(at + c->stored_length));
-		arena_hb4 tmp;
-		return arena_hb4_parse(buf, c->stored_length, c->raw_length, label, v ? v : &tmp);
+		if ((rc = arena_hb4_parse(buf, c->stored_length, c->raw_length, label, v)))
+			return rc;
 	}
-	return 0;
+	if ((rc = arena_img_stored_padding_check(img, i, buf + c->stored_length,
+						 arena_img_chunk_padded(img, i) - c->stored_length)))
+		return rc;
+	uint64_t bad = c->codec == ARENA_CODEC_HB4 ? arena_img_padding_scan_hb4(img, i, v)
+						  : arena_img_padding_scan(img, i * img->hdr.chunk_size, buf, c->raw_length);
+	return bad == UINT64_MAX ? 0 : arena_img_padding_error(img, i, bad);
 }
 
 int arena_img_reader_init(arena_img_reader *r, arena_image *img, int verify)
@@ -954,11 +1138,13 @@ static int reader_load(arena_img_reader *r, uint64_t i)
 	const arena_img_chunk *c = &img->chunks[i];
 	r->chunk = UINT64_MAX;
 	uint8_t *dst = c->codec ? r->stored : r->raw;
-	int rc = arena_pread_full(img->fd, dst, c->stored_length, img->hdr.data_offset + c->offset, img->path);
+	int rc = arena_pread_full(img->fd, dst, arena_img_chunk_padded(img, i), img->hdr.data_offset + c->offset,
+				  img->path);
 	if (rc)
 		return rc;
 	/* Without verify the checksum is taken as read (the expected value is
-	 * passed), but a coded chunk's structure is checked all the same. */
+	 * passed), but a coded chunk's structure and every chunk's padding are
+	 * checked all the same. */
 	arena_hb4 v;
 	uint64_t got = r->verify ? arena_xxh3(dst, c->stored_length) : c->xxh3;
 	if ((rc = arena_img_chunk_check(img, i, dst, got, "while reading", &v)))

@@ -70,6 +70,11 @@ static inline uint64_t arena_img_stored_data(const arena_img_header *h)
 int arena_img_manifest_build(const arena_layout *l, const void *sources, const void *metadata, uint64_t chunk_size,
 			     unsigned minor, char **out, size_t *len);
 
+/* Raw data bytes [a, z) (offsets relative to data_offset). */
+typedef struct arena_img_span {
+	uint64_t a, z;
+} arena_img_span;
+
 /* An open image: header, manifest and chunk table read and checked. */
 typedef struct arena_image {
 	char *path;
@@ -80,6 +85,8 @@ typedef struct arena_image {
 	void *manifest;           /* json_t root */
 	const void *metadata;     /* json_t object (borrowed from manifest) */
 	const void *sources;      /* json_t array (borrowed from manifest) */
+	arena_img_span *used;     /* the components' bytes, sorted and merged; the rest is padding */
+	size_t n_used;
 } arena_image;
 
 /* Does the file at `path` start with the image magic? 1 yes, 0 no (including unreadable). */
@@ -95,14 +102,18 @@ typedef void (*arena_img_bad_fn)(void *ctx, const arena_image *img, uint64_t chu
 /* Read every data chunk with `threads` readers and check its checksum.
  * Calls bad() for each bad chunk (may be NULL). Returns 0, or
  * IMG_CHUNK_CHECKSUM with a message naming the first bad chunk and what it
- * covers, or IO/NOMEM. *n_bad (optional) gets the number of bad chunks. */
+ * covers, or IO/NOMEM. A chunk whose checksum holds is checked further, as
+ * arena_img_chunk_check does (IMG_CHUNK_BAD, IMG_PADDING: the first such
+ * error stops the walk and is returned). *n_bad (optional) gets the number
+ * of bad chunks. */
 int arena_img_verify_data(arena_image *img, unsigned threads, arena_img_bad_fn bad, void *ctx, uint64_t *n_bad);
 
 /* Read raw data bytes (the slabs' bytes, after decoding) from an image,
  * chunk by chunk through a one-chunk cache. verify: check each chunk's
- * checksum as it is read (IMG_CHUNK_CHECKSUM); coded chunks are always
- * checked for structure (IMG_CHUNK_BAD). Uncoded images read without
- * verify go straight to the file. */
+ * checksum as it is read (IMG_CHUNK_CHECKSUM); every chunk read through the
+ * cache is checked for structure (coded chunks: IMG_CHUNK_BAD) and padding
+ * (IMG_PADDING), also without verify. Uncoded images read without verify go
+ * straight to the file. */
 typedef struct arena_img_reader {
 	arena_image *img;
 	int verify;
@@ -112,13 +123,46 @@ typedef struct arena_img_reader {
 int arena_img_reader_init(arena_img_reader *r, arena_image *img, int verify);
 int arena_img_read_raw(arena_img_reader *r, uint64_t off, uint64_t len, uint8_t *dst);
 void arena_img_reader_free(arena_img_reader *r);
-/* Chunk i's stored bytes (stored_length of them, read into buf) checked:
- * its checksum, then for a coded chunk its structure (parsed into *v when v
- * is not NULL; buf NULL: the checksum only). `why` says what the read was
- * for in messages ("while loading"). */
+/* Chunk i checked, in this order: its checksum (got_hash, the hash of its
+ * stored bytes, IMG_CHUNK_CHECKSUM); then, when buf holds its stored bytes
+ * followed by its stored padding (arena_img_chunk_padded bytes in all): a
+ * coded chunk's structure (IMG_CHUNK_BAD; parsed into *v when v is not
+ * NULL), its stored padding and its raw padding (IMG_PADDING). buf NULL: the
+ * checksum only. `why` says what the read was for in messages ("while
+ * loading"). */
 struct arena_hb4;
 int arena_img_chunk_check(const arena_image *img, uint64_t i, const uint8_t *buf, uint64_t got_hash, const char *why,
 			  struct arena_hb4 *v);
+
+/* ---- padding (docs/FORMAT.md): every byte no checksum covers is zero ----
+ *
+ * Stored padding: in a coded image, the bytes after a chunk's stored bytes up
+ * to the next 4096-aligned chunk (none in a plain image). Raw padding: the
+ * data bytes outside every tensor component (between slabs, between and after
+ * the components of a slab, after the last slab); the chunk checksums cover
+ * them, and readers check that they are zero too. Every reader that reads a
+ * chunk checks both (IMG_PADDING, naming the file, the chunk and the byte). */
+
+/* Bytes of chunk i in the file: its stored bytes and its stored padding. */
+uint64_t arena_img_chunk_padded(const arena_image *img, uint64_t i);
+/* The n bytes at p follow chunk i's stored bytes in the file (part or all of
+ * its stored padding): 0 when they are zero, else IMG_PADDING naming the
+ * first that is not. */
+int arena_img_stored_padding_check(const arena_image *img, uint64_t i, const uint8_t *p, uint64_t n);
+/* Visit the raw padding within raw bytes [a, z): fn(ctx, x, y) for each
+ * stretch [x, y) of it, in order; a non-zero return stops the walk and is
+ * returned. */
+int arena_img_padding(const arena_image *img, uint64_t a, uint64_t z, int (*fn)(void *ctx, uint64_t x, uint64_t y),
+		      void *ctx);
+/* The first raw padding byte among the n raw bytes at p (raw bytes [a, a+n))
+ * that is not zero, or UINT64_MAX. */
+uint64_t arena_img_padding_scan(const arena_image *img, uint64_t a, const uint8_t *p, uint64_t n);
+/* The same for chunk i decoded from its parse v (whose plane pointers need
+ * to hold only what arena_hb4_reads names for the padding, and the exception
+ * lists). */
+uint64_t arena_img_padding_scan_hb4(const arena_image *img, uint64_t i, const struct arena_hb4 *v);
+/* IMG_PADDING for raw byte `at` of chunk i, which is padding and not zero. */
+int arena_img_padding_error(const arena_image *img, uint64_t i, uint64_t at);
 
 /* Describe what chunk `i` covers: "blocks 'a', 'b'; tensors 'x', 'y' (+3 more)"
  * into buf. */

@@ -176,11 +176,14 @@ typedef struct hasher {
 	arena_hash st;
 	uint64_t chunk;   /* current chunk index */
 	uint64_t in_chunk;
+	uint64_t pad_bad; /* the chunk's first raw padding byte that is not zero, or UINT64_MAX */
 } hasher;
 
-/* Feed file bytes [a, z) (in order, at buf) to the chunk checks. A chunk is
- * checked when its last byte has been fed; its bytes may already be on their
- * way to the device: a bad chunk fails the load, and nothing is committed. */
+/* Feed file bytes [a, z) (in order, at buf) of a plain image to the chunk
+ * checks: each chunk's checksum, then its raw padding (looked at while the
+ * bytes are cached). A chunk is checked when its last byte has been fed; its
+ * bytes may already be on their way to the device: a bad chunk fails the
+ * load, and nothing is committed. */
 static int check(loader *L, const uint8_t *buf, hasher *h, uint64_t a, uint64_t z)
 {
 	const uint8_t *q = buf;
@@ -190,15 +193,20 @@ static int check(loader *L, const uint8_t *buf, hasher *h, uint64_t a, uint64_t 
 		if (n > z - a)
 			n = z - a;
 		arena_hash_update(&h->st, q, (size_t)n);
+		if (h->pad_bad == UINT64_MAX)
+			h->pad_bad = arena_img_padding_scan(L->img, a - L->img->hdr.data_offset, q, n);
 		h->in_chunk += n;
 		a += n;
 		q += n;
 		if (h->in_chunk == c->raw_length) {
 			int rc = arena_img_chunk_check(L->img, h->chunk, NULL, arena_hash_digest(&h->st), "while loading", NULL);
+			if (!rc && h->pad_bad != UINT64_MAX)
+				rc = arena_img_padding_error(L->img, h->chunk, h->pad_bad);
 			if (rc)
 				return rc;
 			h->chunk++;
 			h->in_chunk = 0;
+			h->pad_bad = UINT64_MAX;
 			arena_hash_reset(&h->st);
 		}
 	}
@@ -260,6 +268,7 @@ static int do_piece(loader *L, worker *w, const piece *p)
 	arena_hash_reset(&h.st);
 	h.chunk = p->chunk0;
 	h.in_chunk = 0;
+	h.pad_bad = UINT64_MAX;
 	uint64_t pos = 0, end = p->off + p->len > f->size ? f->size - p->off : p->len;
 	while (pos < end) {
 		uint8_t *buf;
@@ -353,25 +362,59 @@ static int chunk_whole(loader *L, worker *w, uint64_t c, int *direct)
 	return raw_done ? be->ops->stream_sync(be, w->s) : 0;
 }
 
+/* An hb4 chunk streamed: the stored bytes its raw padding check decodes
+ * (the padding words' nibbles and low bytes, and the exception lists) kept,
+ * at their own offsets, from a slot that holds stored bytes [pos, pos+valid). */
+typedef struct capture {
+	uint8_t *dst;
+	const uint8_t *src;
+	uint64_t pos, valid, words, c0;
+} capture;
+
+static void capture_part(const capture *k, uint64_t s, uint64_t e)
+{
+	uint64_t x = s > k->pos ? s : k->pos, y = e < k->pos + k->valid ? e : k->pos + k->valid;
+	if (x < y)
+		memcpy(k->dst + x, k->src + (x - k->pos), y - x);
+}
+
+static int capture_fn(void *arg, uint64_t x, uint64_t y)
+{
+	const capture *k = arg;
+	uint64_t nib[2], low[2];
+	arena_hb4_reads(k->words, x - k->c0, y - k->c0, nib, low);
+	capture_part(k, nib[0], nib[1]);
+	capture_part(k, low[0], low[1]);
+	return 0;
+}
+
 /* A chunk streamed: read a slot at a time, each piece hashed while in cache
  * and sent on at once (a plain chunk straight to its slabs, an hb4 chunk to
  * the worker's device stage, its structure checked as it passes); once the
- * whole chunk has checked out, an hb4 chunk is decoded by the device into
- * its slabs. The stage is reused safely without a wait: the next chunk's
- * copies queue on the same stream behind this decode. */
+ * whole chunk has checked out (checksum, structure, stored padding, raw
+ * padding: a plain chunk's looked at as it passes, an hb4 chunk's decoded
+ * by the CPU from the few stored bytes kept for it), an hb4 chunk is decoded
+ * by the device into its slabs. The stage is reused safely without a wait:
+ * the next chunk's copies queue on the same stream behind this decode. */
 static int chunk_stream(loader *L, worker *w, const piece *p, uint64_t c, int *direct)
 {
 	const arena_image *img = L->img;
 	const arena_img_chunk *ck = &img->chunks[c];
 	arena_backend *be = L->m->backend;
 	const int coded = ck->codec == ARENA_CODEC_HB4;
-	const uint64_t a = img->hdr.data_offset + c * img->hdr.chunk_size, z = a + ck->raw_length;
+	const uint64_t cs = img->hdr.chunk_size, c0 = c * cs;
+	const uint64_t a = img->hdr.data_offset + c0, z = a + ck->raw_length;
 	const uint64_t off = img->hdr.data_offset + ck->offset, n = arena_align_up(ck->stored_length, DIRECT_ALIGN);
 	arena_hash st;
 	arena_hash_reset(&st);
 	arena_hb4_check chk;
-	if (coded)
+	if (coded) {
 		arena_hb4_check_begin(&chk, ck->raw_length, ck->stored_length);
+		if (!w->whole && !(w->whole = arena_aligned_alloc(DIRECT_ALIGN, cs)))
+			return arena_errorf(ARENA_E_NOMEM, "out of memory for a %" PRIu64 "-byte chunk buffer", cs);
+	}
+	uint8_t pad[DIRECT_ALIGN]; /* the stored padding: less than a page, in the last slot */
+	uint64_t n_pad = 0, pad_bad = UINT64_MAX;
 	int rc = 0;
 	for (uint64_t pos = 0; pos < n && !rc; pos += L->slot) {
 		uint8_t *buf;
@@ -384,23 +427,48 @@ static int chunk_stream(loader *L, worker *w, const piece *p, uint64_t c, int *d
 			return rc;
 		atomic_fetch_add(&L->file_bytes, m);
 		arena_hash_update(&st, buf, valid);
+		if (m > valid) {
+			n_pad = m - valid;
+			memcpy(pad, buf + valid, n_pad);
+		}
 		if (coded) {
 			arena_hb4_check_feed(&chk, buf, valid);
+			if (chk.lengths_ok) {
+				capture k = {w->whole, buf, pos, valid, chk.words, c0};
+				arena_img_padding(img, c0, c0 + ck->raw_length, capture_fn, &k);
+				capture_part(&k, chk.idx_off, ck->stored_length);
+			}
 			rc = valid ? be->ops->copy_h2d(be, w->stage + pos, buf, valid, w->s) : 0;
 		} else {
+			if (pad_bad == UINT64_MAX)
+				pad_bad = arena_img_padding_scan(img, c0 + pos, buf, valid);
 			rc = scatter(L, w, p, buf, a + pos, a + pos + valid);
 		}
 		if (!rc)
 			rc = be->ops->event_record(be, w->ev[si], w->s);
 	}
-	if (rc || (rc = arena_img_chunk_check(img, c, NULL, arena_hash_digest(&st), "while loading", NULL)) || !coded)
+	if (rc || (rc = arena_img_chunk_check(img, c, NULL, arena_hash_digest(&st), "while loading", NULL)))
 		return rc;
-	char what[512];
-	snprintf(what, sizeof(what), "%s: chunk %" PRIu64 " (file bytes %" PRIu64 "..%" PRIu64 ")", img->path, c, off,
-		 off + ck->stored_length);
 	arena_hb4 v;
-	if ((rc = arena_hb4_check_end(&chk, what, &v)))
+	if (coded) {
+		char what[512];
+		snprintf(what, sizeof(what), "%s: chunk %" PRIu64 " (file bytes %" PRIu64 "..%" PRIu64 ")", img->path, c,
+			 off, off + ck->stored_length);
+		if ((rc = arena_hb4_check_end(&chk, what, &v)))
+			return rc;
+		arena_hb4 kept = v;
+		kept.nib = w->whole + v.nib_off;
+		kept.low = w->whole + v.low_off;
+		kept.exc_idx = w->whole + v.idx_off;
+		kept.exc_hi = w->whole + v.hi_off;
+		pad_bad = arena_img_padding_scan_hb4(img, c, &kept);
+	}
+	if ((rc = arena_img_stored_padding_check(img, c, pad, n_pad)))
 		return rc;
+	if (pad_bad != UINT64_MAX)
+		return arena_img_padding_error(img, c, pad_bad);
+	if (!coded)
+		return 0;
 	for (size_t k = seg_after(L, a); k < L->n_segs && L->segs[k].foff < z; k++) {
 		const seg *s = &L->segs[k];
 		uint64_t x = s->foff > a ? s->foff : a, y = s->foff + s->len < z ? s->foff + s->len : z;

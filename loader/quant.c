@@ -595,52 +595,7 @@ static void convert_parallel(int sk, int op, void *dst, const void *src, uint64_
 	parallel(&t, n, 1, threads);
 }
 
-/* ---- names ------------------------------------------------------------------- */
-
-static const char *const scheme_names[] = {
-#define ARENA__QS_NAME(e, n) n,
-	ARENA_QUANT_SCHEMES(ARENA__QS_NAME)
-#undef ARENA__QS_NAME
-};
-
-const char *arena_quant_name(arena_quant_scheme s)
-{
-	return (unsigned)s < ARENA_QUANT_COUNT ? scheme_names[s] : "?";
-}
-
-int arena_quant_from_name(const char *name, arena_quant_scheme *out)
-{
-	if (!name || !out)
-		return arena_errorf(E(USAGE), "quantization scheme: no name given");
-	for (unsigned i = 0; i < ARENA_QUANT_COUNT; i++) {
-		if (strcmp(name, scheme_names[i]) == 0) {
-			*out = (arena_quant_scheme)i;
-			return 0;
-		}
-	}
-	char list[256];
-	size_t o = 0;
-	for (unsigned i = 0; i < ARENA_QUANT_COUNT; i++) {
-		int w = snprintf(list + o, sizeof(list) - o, "%s%s", i ? ", " : "", scheme_names[i]);
-		if (w < 0 || (size_t)w >= sizeof(list) - o)
-			break;
-		o += (size_t)w;
-	}
-	return arena_errorf(E(QUANT_UNKNOWN_SCHEME), "unknown quantization scheme '%s' (known: %s)", arena_q(name),
-			    list);
-}
-
-/* ---- plans ------------------------------------------------------------------- */
-
-static int is_scaled(arena_quant_scheme s)
-{
-	return s == ARENA_QUANT_FP8_E4M3_TENSOR || s == ARENA_QUANT_FP8_E4M3_ROW || s == ARENA_QUANT_INT8_ROW;
-}
-
-static int is_row(arena_quant_scheme s)
-{
-	return s == ARENA_QUANT_FP8_E4M3_ROW || s == ARENA_QUANT_INT8_ROW;
-}
+/* ---- dtypes (plans are formats/scheme.c's) -------------------------------------- */
 
 static int is_wide_float(arena_dtype dt)
 {
@@ -665,174 +620,6 @@ static int kind_of(arena_dtype dt)
 	default:
 		return -1;
 	}
-}
-
-/* "[64, 256]" into buf. */
-static const char *shape_str(char *buf, size_t size, uint32_t rank, const uint64_t *shape)
-{
-	size_t o = 0;
-	buf[o++] = '[';
-	for (uint32_t k = 0; k < rank && o + 24 < size; k++)
-		o += (size_t)snprintf(buf + o, size - o, "%s%llu", k ? ", " : "", (unsigned long long)shape[k]);
-	snprintf(buf + o, size - o, "]");
-	return buf;
-}
-
-static void set_comp(arena_quant_component *c, const char *name, arena_dtype dt, uint32_t rank,
-		     const uint64_t *shape, uint64_t nelem)
-{
-	memset(c, 0, sizeof(*c));
-	c->name = name;
-	c->dtype = dt;
-	c->rank = rank;
-	for (uint32_t k = 0; k < rank; k++)
-		c->shape[k] = shape[k];
-	c->nelem = nelem;
-	c->nbytes = nelem * arena_dtype_bits(dt) / 8; /* callers checked that it fits */
-}
-
-static int plan(arena_quant_plan *out, arena_quant_scheme scheme, arena_dtype src, uint32_t rank,
-		const uint64_t *shape, const char *label, int prequant)
-{
-	char sb[256];
-	char who[300]; /* "tensor 'x.weight'" or "tensor" */
-	if (label)
-		snprintf(who, sizeof(who), "tensor '%s'", arena_q(label));
-	else
-		snprintf(who, sizeof(who), "tensor");
-	const char *lbl = who;
-	if (!out || (rank && !shape))
-		return arena_errorf(E(USAGE), "%s: quantization plan: NULL argument", lbl);
-	if ((unsigned)scheme >= ARENA_QUANT_COUNT)
-		return arena_errorf(E(QUANT_UNKNOWN_SCHEME), "%s: unknown quantization scheme %d", lbl,
-				    (int)scheme);
-	const char *sname = scheme_names[scheme];
-	if (rank > ARENA_QUANT_MAX_RANK)
-		return arena_errorf(E(QUANT_NOT_APPLICABLE), "%s: rank %u is over the limit of %d", lbl,
-				    rank, ARENA_QUANT_MAX_RANK);
-	unsigned bits = arena_dtype_bits(src);
-	if (!bits)
-		return arena_errorf(E(QUANT_NOT_APPLICABLE), "%s: invalid source dtype %d", lbl, (int)src);
-
-	/* which sources the scheme takes */
-	const char *takes = NULL;
-	int ok;
-	if (prequant) {
-		ok = scheme == ARENA_QUANT_FP8_E4M3_TENSOR || scheme == ARENA_QUANT_FP8_E4M3_ROW;
-		if (!ok)
-			return arena_errorf(E(QUANT_NOT_APPLICABLE),
-					    "%s: scheme %s cannot hold an already-quantized F8_E4M3 tensor "
-					    "(only fp8-e4m3-tensor and fp8-e4m3-row)",
-					    lbl, sname);
-		src = ARENA_DTYPE_F8_E4M3;
-		bits = 8;
-	} else {
-		switch (scheme) {
-		case ARENA_QUANT_NONE:
-			ok = 1;
-			break;
-		case ARENA_QUANT_BF16:
-			ok = is_wide_float(src);
-			takes = "BF16, F16 or F32";
-			break;
-		case ARENA_QUANT_FP8_E4M3:
-			ok = is_wide_float(src) || src == ARENA_DTYPE_F8_E4M3;
-			takes = "BF16, F16, F32 or F8_E4M3";
-			break;
-		case ARENA_QUANT_FP8_E5M2:
-			ok = is_wide_float(src) || src == ARENA_DTYPE_F8_E5M2;
-			takes = "BF16, F16, F32 or F8_E5M2";
-			break;
-		default:
-			ok = is_wide_float(src);
-			takes = src == ARENA_DTYPE_F8_E4M3 ? "BF16, F16 or F32; F8_E4M3 data needs its scale tensor"
-							   : "BF16, F16 or F32";
-			break;
-		}
-		if (!ok)
-			return arena_errorf(E(QUANT_NOT_APPLICABLE), "%s: scheme %s does not apply to dtype %s (it takes %s)",
-					    lbl, sname, arena_dtype_name(src), takes);
-	}
-
-	uint64_t nelem = 1;
-	for (uint32_t k = 0; k < rank; k++) {
-		if (shape[k] && nelem > UINT64_MAX / shape[k])
-			return arena_errorf(E(QUANT_NOT_APPLICABLE), "%s: shape %s: element count overflows",
-					    lbl, shape_str(sb, sizeof(sb), rank, shape));
-		nelem *= shape[k];
-	}
-	if (nelem > UINT64_MAX / 32 || (nelem * bits) % 8)
-		return arena_errorf(E(QUANT_NOT_APPLICABLE), "%s: shape %s of %s is not a whole number of bytes",
-				    lbl, shape_str(sb, sizeof(sb), rank, shape), arena_dtype_name(src));
-	uint64_t rows = 1, cols = nelem;
-	if (is_row(scheme)) {
-		if (rank < 2)
-			return arena_errorf(E(QUANT_NOT_APPLICABLE),
-					    "%s: scheme %s needs a tensor of rank 2 or more (one scale per row), got %s",
-					    lbl, sname, shape_str(sb, sizeof(sb), rank, shape));
-		rows = shape[0];
-		cols = rows ? nelem / rows : 0;
-	}
-	if (is_scaled(scheme) && nelem == 0)
-		return arena_errorf(E(QUANT_NOT_APPLICABLE), "%s: scheme %s needs values to scale, shape %s is empty",
-				    lbl, sname, shape_str(sb, sizeof(sb), rank, shape));
-
-	arena_quant_plan p;
-	memset(&p, 0, sizeof(p));
-	p.scheme = scheme;
-	p.src_dtype = src;
-	p.rank = rank;
-	for (uint32_t k = 0; k < rank; k++)
-		p.shape[k] = shape[k];
-	p.nelem = nelem;
-	p.src_nbytes = nelem * bits / 8;
-	p.rows = rows;
-	p.cols = cols;
-	p.prequantized = prequant;
-	switch (scheme) {
-	case ARENA_QUANT_NONE:
-		set_comp(&p.comps[0], "data", src, rank, shape, nelem);
-		break;
-	case ARENA_QUANT_BF16:
-		set_comp(&p.comps[0], "data", ARENA_DTYPE_BF16, rank, shape, nelem);
-		break;
-	case ARENA_QUANT_FP8_E5M2:
-		set_comp(&p.comps[0], "qdata", ARENA_DTYPE_F8_E5M2, rank, shape, nelem);
-		break;
-	case ARENA_QUANT_INT8_ROW:
-		set_comp(&p.comps[0], "qdata", ARENA_DTYPE_I8, rank, shape, nelem);
-		break;
-	default:
-		set_comp(&p.comps[0], "qdata", ARENA_DTYPE_F8_E4M3, rank, shape, nelem);
-		break;
-	}
-	p.n_comps = 1;
-	if (scheme == ARENA_QUANT_FP8_E4M3_TENSOR) {
-		const uint64_t one = 1;
-		set_comp(&p.comps[1], "scale", ARENA_DTYPE_F32, 1, &one, 1);
-		p.n_comps = 2;
-	} else if (is_row(scheme)) {
-		uint64_t ss[ARENA_QUANT_MAX_RANK];
-		ss[0] = rows;
-		for (uint32_t k = 1; k < rank; k++)
-			ss[k] = 1;
-		set_comp(&p.comps[1], "scale", ARENA_DTYPE_F32, rank, ss, rows);
-		p.n_comps = 2;
-	}
-	*out = p;
-	return 0;
-}
-
-int arena_quant_plan_init(arena_quant_plan *out, arena_quant_scheme scheme, arena_dtype src, uint32_t rank,
-			  const uint64_t *shape, const char *label)
-{
-	return plan(out, scheme, src, rank, shape, label, 0);
-}
-
-int arena_quant_plan_prequant(arena_quant_plan *out, arena_quant_scheme scheme, uint32_t rank,
-			      const uint64_t *shape, const char *label)
-{
-	return plan(out, scheme, ARENA_DTYPE_F8_E4M3, rank, shape, label, 1);
 }
 
 /* ---- runs -------------------------------------------------------------------- */
@@ -869,7 +656,7 @@ int arena_quant_run_part(const arena_quant_plan *p, const void *src, uint64_t fi
 		return arena_errorf(E(USAGE), "quantization run: no plan");
 	if (p->prequantized)
 		return arena_errorf(E(USAGE), "quantization run: already-quantized plan needs arena_quant_run_scaled");
-	const int row = is_row(p->scheme);
+	const int row = arena_quant_is_row(p->scheme);
 	const uint64_t units = row ? p->rows : p->nelem;
 	if (first > units || count > units - first)
 		return arena_errorf(E(USAGE), "quantization run: units [%llu, +%llu) outside [0, %llu)",
@@ -923,7 +710,7 @@ int arena_quant_run(const arena_quant_plan *p, const void *src, void *const dst[
 			return arena_errorf(E(USAGE), "quantization run: NULL source");
 		scale = arena_quant_tensor_scale(amax_parallel(kind_of(p->src_dtype), src, p->nelem, threads));
 	}
-	return arena_quant_run_part(p, src, 0, is_row(p->scheme) ? p->rows : p->nelem, scale, dst, threads);
+	return arena_quant_run_part(p, src, 0, arena_quant_is_row(p->scheme) ? p->rows : p->nelem, scale, dst, threads);
 }
 
 int arena_quant_amax(arena_dtype dt, const void *src, uint64_t n, unsigned threads, float *out)
@@ -1042,7 +829,7 @@ int arena_quant_fill(const arena_quant_plan *p, const arena_quant_input *in, uin
 			fill_elems(cv, sk, op, src, off, len, d, in->tensor_scale);
 		return 0;
 	}
-	if (!is_row(p->scheme)) {
+	if (!arena_quant_is_row(p->scheme)) {
 		fill_elems(cv, sk, op, src, off, len, d, 0.0f);
 		return 0;
 	}
@@ -1060,71 +847,6 @@ int arena_quant_fill(const arena_quant_plan *p, const arena_quant_input *in, uin
 }
 #undef FILL_F32_VALUES
 
-/* ---- layouts ------------------------------------------------------------------------- */
-
-int arena_quant_describe(const arena_quant_plan *p, arena_tensor *t)
-{
-	if (!p || !t || p->n_comps > ARENA_MAX_COMPONENTS)
-		return arena_errorf(E(USAGE), "quantization describe: NULL argument");
-	snprintf(t->scheme, sizeof(t->scheme), "%s", arena_quant_name(p->scheme));
-	t->n_comp = (uint32_t)p->n_comps;
-	for (size_t i = 0; i < p->n_comps; i++) {
-		const arena_quant_component *c = &p->comps[i];
-		arena_component *o = &t->comp[i];
-		memset(o, 0, sizeof(*o));
-		snprintf(o->name, sizeof(o->name), "%s", c->name);
-		o->dtype = c->dtype;
-		o->rank = c->rank;
-		for (uint32_t k = 0; k < c->rank; k++)
-			o->shape[k] = c->shape[k];
-		o->bytes = c->nbytes;
-	}
-	return 0;
-}
-
-int arena_quant_plan_from_tensor(const arena_tensor *t, arena_quant_plan *out)
-{
-	if (!t || !out)
-		return arena_errorf(E(USAGE), "quantization plan: NULL argument");
-	const char *name = t->name ? t->name : "?";
-	arena_quant_scheme s;
-	if (arena_quant_from_name(t->scheme, &s))
-		return arena_errorf(E(IMG_MANIFEST_BAD), "tensor '%s': unknown storage scheme '%s'", arena_q(name),
-				    arena_q(t->scheme));
-	arena_quant_plan p;
-	int rc;
-	if (t->dtype == ARENA_DTYPE_F8_E4M3 && (s == ARENA_QUANT_FP8_E4M3_TENSOR || s == ARENA_QUANT_FP8_E4M3_ROW))
-		rc = arena_quant_plan_prequant(&p, s, t->rank, t->shape, name);
-	else
-		rc = arena_quant_plan_init(&p, s, t->dtype, t->rank, t->shape, name);
-	if (rc) {
-		arena_error_prefix("image manifest");
-		return E(IMG_MANIFEST_BAD);
-	}
-	if (t->n_comp != p.n_comps)
-		return arena_errorf(E(IMG_MANIFEST_BAD), "tensor '%s': scheme %s has %zu components, the manifest %u",
-				    arena_q(name), arena_quant_name(s), p.n_comps, t->n_comp);
-	for (size_t i = 0; i < p.n_comps; i++) {
-		const arena_quant_component *c = &p.comps[i];
-		const arena_component *o = &t->comp[i];
-		int same = strcmp(o->name, c->name) == 0 && o->dtype == c->dtype && o->rank == c->rank &&
-			   o->bytes == c->nbytes;
-		for (uint32_t k = 0; same && k < c->rank; k++)
-			same = o->shape[k] == c->shape[k];
-		if (!same) {
-			char want[256], got[256];
-			return arena_errorf(E(IMG_MANIFEST_BAD),
-					    "tensor '%s': scheme %s: component %zu is '%s' %s %s, %llu bytes; expected '%s' %s %s, %llu bytes",
-					    arena_q(name), arena_quant_name(s), i, arena_q(o->name), arena_dtype_name(o->dtype),
-					    shape_str(got, sizeof(got), o->rank > ARENA_MAX_RANK ? ARENA_MAX_RANK : o->rank, o->shape),
-					    (unsigned long long)o->bytes, c->name, arena_dtype_name(c->dtype),
-					    shape_str(want, sizeof(want), c->rank, c->shape), (unsigned long long)c->nbytes);
-		}
-	}
-	*out = p;
-	return 0;
-}
-
 /* ---- dequantization and casts -------------------------------------------------- */
 
 int arena_quant_dequant_f32(const arena_quant_plan *p, const void *const src[], float *dst, unsigned threads)
@@ -1140,7 +862,7 @@ int arena_quant_dequant_f32(const arena_quant_plan *p, const void *const src[], 
 			return arena_errorf(E(USAGE), "dequantize: NULL component %zu", i);
 	const arena_quant_component *q = &p->comps[0];
 	const int sk = kind_of(q->dtype);
-	if (!is_scaled(p->scheme)) {
+	if (!arena_quant_is_scaled(p->scheme)) {
 		if (sk < 0 || sk == SK_I8)
 			return arena_errorf(E(QUANT_NOT_APPLICABLE), "dequantize: dtype %s has no f32 values",
 					    arena_dtype_name(q->dtype));

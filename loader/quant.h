@@ -1,4 +1,6 @@
 /* quant.h - storage schemes: how a tensor's values are laid out in a slab.
+ * The schemes' names, plans and components (the table below) are
+ * formats/scheme.h's, a rule of the image format; this is their arithmetic.
  *
  * A scheme turns a source tensor (dtype + shape) into one or two components,
  * each an ordinary dtype + shape + bytes that the image and the movers treat
@@ -87,88 +89,14 @@
 #include "../formats/checkpoint.h"
 #include "../formats/dtype.h"
 #include "../formats/layout.h"
+#include "../formats/scheme.h"
 
-/* X(ENUM, "name"); the enum values are not stored anywhere (manifests use
- * the names), but append new schemes at the end anyway. */
-#define ARENA_QUANT_SCHEMES(X)                    \
-	X(NONE, "none")                           \
-	X(BF16, "bf16")                           \
-	X(FP8_E4M3, "fp8-e4m3")                   \
-	X(FP8_E4M3_TENSOR, "fp8-e4m3-tensor")     \
-	X(FP8_E4M3_ROW, "fp8-e4m3-row")           \
-	X(INT8_ROW, "int8-row")                   \
-	X(FP8_E5M2, "fp8-e5m2")
-
-typedef enum arena_quant_scheme {
-#define ARENA__QS_ENUM(e, n) ARENA_QUANT_##e,
-	ARENA_QUANT_SCHEMES(ARENA__QS_ENUM)
-#undef ARENA__QS_ENUM
-	ARENA_QUANT_COUNT
-} arena_quant_scheme;
-
-#define ARENA_QUANT_MAX_RANK 8
-#define ARENA_QUANT_MAX_COMPONENTS 2
 #define ARENA_QUANT_E4M3_MAX 448.0f
 #define ARENA_QUANT_E5M2_MAX 57344.0f
 #define ARENA_QUANT_INT8_MAX 127.0f
 #define ARENA_QUANT_MIN_SCALE 1e-12f
 
-/* Find the scheme called `name` ("fp8-e4m3-row"): 0, or QUANT_UNKNOWN_SCHEME
- * with a message listing the known names. `name` NULL is USAGE. */
-int arena_quant_from_name(const char *name, arena_quant_scheme *out);
-/* "fp8-e4m3-row"; "?" for a value outside the enum. */
-const char *arena_quant_name(arena_quant_scheme s);
-
-typedef struct arena_quant_component {
-	const char *name;  /* "data", "qdata" or "scale"; static storage */
-	arena_dtype dtype;
-	uint32_t rank;
-	uint64_t shape[ARENA_QUANT_MAX_RANK];
-	uint64_t nelem;
-	uint64_t nbytes;
-} arena_quant_component;
-
-/* What arena_quant_plan_init decided; plain data, no resources: copy it,
- * keep it, no release needed. */
-typedef struct arena_quant_plan {
-	arena_quant_scheme scheme;
-	arena_dtype src_dtype;   /* the original (logical) dtype and shape */
-	uint32_t rank;
-	uint64_t shape[ARENA_QUANT_MAX_RANK];
-	uint64_t nelem;
-	uint64_t src_nbytes;     /* bytes the source holds */
-	uint64_t rows, cols;     /* row schemes: shape[0] and nelem / rows; else 1, nelem */
-	int prequantized;        /* from arena_quant_plan_prequant: use run_scaled */
-	size_t n_comps;
-	arena_quant_component comps[ARENA_QUANT_MAX_COMPONENTS];
-} arena_quant_plan;
-
-/* Decide how a tensor of dtype `src`, rank `rank` and dims `shape` (may be
- * NULL when rank is 0) is stored under `scheme`, and describe its components.
- * `label` (the tensor's name; may be NULL) starts the error message.
- * Returns 0, or (nothing written to *out then):
- *   QUANT_UNKNOWN_SCHEME  `scheme` outside the enum;
- *   QUANT_NOT_APPLICABLE  the source dtype is not one the scheme takes (table
- *                         above: integer, F64, F8_E4M3 for a scaled scheme
- *                         (it needs its scale: arena_quant_plan_prequant),
- *                         other FP8, sub-byte ...), a row
- *                         scheme on rank < 2, a scaled scheme on an empty
- *                         tensor (0 rows or 0 columns: there is no amax), rank
- *                         over ARENA_QUANT_MAX_RANK, or a byte count that
- *                         overflows 64 bits or is not whole;
- *   USAGE                 `out` NULL, or `shape` NULL with rank > 0.
- * An empty tensor is fine for the unscaled schemes (components of 0 bytes). */
-int arena_quant_plan_init(arena_quant_plan *out, arena_quant_scheme scheme, arena_dtype src,
-			  uint32_t rank, const uint64_t *shape, const char *label);
-
-/* Plan an already-quantized tensor: F8_E4M3 data of rank `rank` and dims
- * `shape` whose scale is a separate tensor (compressed-tensors). `scheme` is
- * FP8_E4M3_TENSOR or FP8_E4M3_ROW (as arena_quant_ct_classify says); the
- * components are the same as arena_quant_plan_init's for a BF16 source, and
- * src_dtype is F8_E4M3. Errors as arena_quant_plan_init (another scheme is
- * QUANT_NOT_APPLICABLE). */
-int arena_quant_plan_prequant(arena_quant_plan *out, arena_quant_scheme scheme, uint32_t rank,
-			      const uint64_t *shape, const char *label);
+/* Schemes, their names, plans and components: formats/scheme.h. */
 
 /* Convert the source bytes `src` (p->src_nbytes of them: a mapped
  * safetensors tensor, say) straight into the component buffers dst[0 ..
@@ -218,21 +146,6 @@ int arena_quant_scan(const arena_quant_plan *p, arena_quant_input *in, unsigned 
  * in->scale or with another scale dtype). */
 int arena_quant_fill(const arena_quant_plan *p, const arena_quant_input *in, uint32_t comp, uint64_t off,
 		     uint64_t len, void *dst);
-
-/* ---- layouts (formats/layout.h) -------------------------------------------- */
-
-/* Set t->scheme and t->n_comp / t->comp[] (name, dtype, rank, shape, bytes;
- * offsets are left to placement) from the plan. t's own name, dtype and shape
- * are not touched (they are the original ones, as in the plan). Returns 0, or
- * USAGE (NULL). */
-int arena_quant_describe(const arena_quant_plan *p, arena_tensor *t);
-
-/* The plan of a tensor read from an image's manifest: re-plans t->scheme for
- * t->dtype and t->shape (F8_E4M3 with a scaled scheme: a prequantized plan)
- * and checks that t's components are exactly the plan's (count, names,
- * dtypes, shapes, bytes). Returns 0, or IMG_MANIFEST_BAD naming the tensor
- * and the first disagreement (an unknown scheme name included). */
-int arena_quant_plan_from_tensor(const arena_tensor *t, arena_quant_plan *out);
 
 /* amax(|x|) of n values of dtype `dt` (BF16, F16, F32) at `src`, as f32; the
  * quiet NaN 0x7FC00000 if any is NaN (whatever its payload). Combine pieces

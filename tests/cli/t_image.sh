@@ -170,4 +170,30 @@ print(dof + struct.unpack_from("<Q", b, cto + 32)[0] + 5000)' "$T/c.arena")
 	[ ! -e "$T/c.safetensors" ] || fail "export of a corrupt coded image wrote a file"
 }
 
-cases convert_coded_round_trip verify_coded_corrupt
+verify_coded_padding() {
+	# A byte in the padding after the first chunk's stored bytes: no checksum
+	# covers it, so every reader checks that it is zero.
+	"$ARENA" convert -q "$REF/tiny_flux.safetensors" -o "$T/c.arena" --codec hb4 --chunk-size 64K
+	off=$(python3 -c '
+import struct, sys
+b = open(sys.argv[1], "rb").read(4096 * 64)
+cto, dof, cc = (struct.unpack_from("<Q", b, o)[0] for o in (48, 72, 96))
+for i in range(cc):
+    off, stored = struct.unpack_from("<QI", b, cto + 32 * i)
+    if stored % 4096:
+        print(dof + off + stored + 100)
+        break' "$T/c.arena")
+	printf '\001' | dd of="$T/c.arena" bs=1 seek="$off" conv=notrunc 2>/dev/null
+	for c in verify "load --backend sim"; do
+		run $c "$T/c.arena"
+		expect_rc 1
+		expect_error_line
+		expect_err "file byte $off is padding"
+	done
+	run export "$T/c.arena" -o "$T/c.safetensors"
+	expect_rc 1
+	expect_err "file byte $off is padding"
+	[ ! -e "$T/c.safetensors" ] || fail "export of an image with bad padding wrote a file"
+}
+
+cases convert_coded_round_trip verify_coded_corrupt verify_coded_padding

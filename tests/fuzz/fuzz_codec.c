@@ -4,6 +4,9 @@
  * - even: the rest is a stored chunk; bytes 1..4 give raw_length. It is
  *   parsed, and when the parse accepts it, decoded whole and in pieces into
  *   buffers exactly as long as asked (ASan catches any write past them).
+ *   The first non-zero byte of a range (odd ends too) must be the decoded
+ *   bytes' first non-zero byte, also from a copy of the chunk that holds only
+ *   the bytes arena_hb4_reads names and the exception lists.
  * - odd: the rest is raw data; it is encoded, and when hb4 takes it, the
  *   result must parse and decode back to the same bytes. */
 #include <stdint.h>
@@ -43,6 +46,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 							abort();
 						free(part);
 					}
+				}
+				uint64_t fa = raw / 3, fz = raw - raw / 7, want = fa;
+				while (want < fz && !out[want])
+					want++;
+				uint64_t nib[2], low[2];
+				arena_hb4_reads(v.words, fa, fz, nib, low);
+				uint8_t *sparse = malloc(n ? n : 1);
+				if (sparse) {
+					memset(sparse, 0xEE, n);
+					memcpy(sparse + nib[0], copy + nib[0], nib[1] - nib[0]);
+					memcpy(sparse + low[0], copy + low[0], low[1] - low[0]);
+					memcpy(sparse + v.idx_off, copy + v.idx_off, n - v.idx_off);
+					arena_hb4 sv = v;
+					sv.nib = sparse + v.nib_off, sv.low = sparse + v.low_off;
+					sv.exc_idx = sparse + v.idx_off, sv.exc_hi = sparse + v.hi_off;
+					if (arena_hb4_first_nonzero(&v, fa, fz) != want ||
+					    arena_hb4_first_nonzero(&sv, fa, fz) != want)
+						abort();
+					free(sparse);
 				}
 				free(out);
 			}

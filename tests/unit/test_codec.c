@@ -215,3 +215,58 @@ Test(codec, streaming_check_agrees_with_parse)
 	free(st);
 	free(raw);
 }
+
+/* arena_hb4_first_nonzero against the raw bytes, on a copy of the chunk that
+ * holds only what arena_hb4_reads names and the exception lists (the rest
+ * 0xEE): the loader checks padding from such a copy. */
+static void check_first_nonzero(const uint8_t *raw, uint64_t len)
+{
+	uint8_t *st = malloc(len), *sparse = malloc(len);
+	uint64_t n = arena_hb4_encode(raw, len, st);
+	cr_assert_neq(n, 0);
+	arena_hb4 v;
+	cr_assert_eq(arena_hb4_parse(st, n, len, "t", &v), 0, "%s", arena_last_error());
+	for (uint64_t a = 0; a <= len; a += len / 23 + 1)
+		for (uint64_t z = a; z <= len; z += len / 17 + 3) {
+			uint64_t want = a;
+			while (want < z && !raw[want])
+				want++;
+			uint64_t nib[2], low[2];
+			arena_hb4_reads(v.words, a, z, nib, low);
+			cr_assert(nib[0] <= nib[1] && nib[1] <= v.low_off && low[0] <= low[1] && low[1] <= v.idx_off);
+			memset(sparse, 0xEE, len);
+			memcpy(sparse + nib[0], st + nib[0], nib[1] - nib[0]);
+			memcpy(sparse + low[0], st + low[0], low[1] - low[0]);
+			memcpy(sparse + v.idx_off, st + v.idx_off, n - v.idx_off);
+			arena_hb4 s = v;
+			s.nib = sparse + v.nib_off, s.low = sparse + v.low_off;
+			s.exc_idx = sparse + v.idx_off, s.exc_hi = sparse + v.hi_off;
+			cr_assert_eq(arena_hb4_first_nonzero(&v, a, z), want, "[%llu, %llu)", (unsigned long long)a,
+				     (unsigned long long)z);
+			cr_assert_eq(arena_hb4_first_nonzero(&s, a, z), want, "sparse [%llu, %llu)", (unsigned long long)a,
+				     (unsigned long long)z);
+		}
+	free(st);
+	free(sparse);
+}
+
+Test(codec, first_nonzero_reads_only_what_it_names)
+{
+	/* Weights with zero runs of odd lengths at odd places: zero words coded
+	 * through the table (0x00 is among the 16 commonest high bytes). */
+	uint64_t words = 8000;
+	uint8_t *b = weights(words, 7);
+	for (uint64_t k = 0; k < 40; k++)
+		memset(b + 301 * k + 17 * (k % 5), 0, 3 + 37 * (k % 7));
+	check_first_nonzero(b, 2 * words);
+	/* High bytes that avoid 0x00 but for a few zero words and a few
+	 * non-zero ones with a zero high byte: those are exceptions. */
+	for (uint64_t i = 0; i < words; i++)
+		b[2 * i + 1] = (uint8_t)(0x30 + i % 16), b[2 * i] = (uint8_t)(i * 7 + 1);
+	for (uint64_t k = 0; k < 12; k++) {
+		memset(b + 401 * k + 3, 0, 1 + 2 * k);
+		b[2 * (307 * k + 5) + 1] = 0;
+	}
+	check_first_nonzero(b, 2 * words);
+	free(b);
+}

@@ -24,6 +24,7 @@
 #include "../../loader/convert.h"
 #include "../../loader/export.h"
 #include "../../loader/plan.h"
+#include "../../loader/reread.h"
 #include "testutil.h"
 
 static char tmpdir[256];
@@ -543,6 +544,153 @@ Test(image, tensor_outside_its_slab_or_overlapping)
 	free(r.buf);
 }
 
+/* ---- schemes: each manifest entry against its scheme's component table ------ */
+
+/* write_small converted with blocks.1.w stored as fp8-e4m3-tensor (components
+ * qdata F8_E4M3 [8, 16] and scale F32 [1]); the other tensors as they are. */
+static void quant_raw(raw_image *r)
+{
+	write_small(tmp("s.safetensors"));
+	const char *in = tmp("s.safetensors"), *glob = "blocks.1.w";
+	arena_convert_opts o = {.threads = 2, .quant = {.scheme = "fp8-e4m3-tensor", .include = &glob, .n_include = 1}};
+	cr_assert_eq(arena_convert(&in, 1, tmp("q.arena"), &o, NULL), 0, "%s", arena_last_error());
+	raw_load(r, tmp("q.arena"));
+}
+
+static json_t *mtensor(json_t *j, const char *name)
+{
+	json_t *ts = json_object_get(j, "tensors");
+	for (size_t i = 0; i < json_array_size(ts); i++)
+		if (!strcmp(json_string_value(json_object_get(json_array_get(ts, i), "name")), name))
+			return json_array_get(ts, i);
+	cr_assert_fail("no tensor %s in the manifest", name);
+	return NULL;
+}
+
+static json_t *mcomps(json_t *j, const char *name)
+{
+	return json_object_get(mtensor(j, name), "components");
+}
+
+/* Every reader refuses the image at path when it is opened, before any data
+ * is read: verify, export (which then writes nothing) and load; the message
+ * names the file, the tensor and the rule. */
+static void expect_manifest_bad(const char *path, const char *tensor, const char *rule)
+{
+	expect_code(open_verify(path), IMG_MANIFEST_BAD);
+	const char *msg = arena_last_error();
+	cr_assert(strstr(msg, path) && strstr(msg, tensor) && strstr(msg, rule), "want %s, '%s' and '%s' in: %s", path,
+		  tensor, rule, msg);
+	expect_code(arena_export(path, tmp("e.safetensors"), 1, NULL), IMG_MANIFEST_BAD);
+	cr_assert_eq(access(tmp("e.safetensors"), F_OK), -1, "export wrote a file from a bad manifest");
+	arena_open_options o = {.backend = "sim", .vram_cap = 64 << 20};
+	arena *a = NULL;
+	expect_code(arena_open(path, &o, &a), IMG_MANIFEST_BAD);
+	cr_assert_null(a);
+}
+
+Test(image, scheme_resealed_quantized_is_valid)
+{
+	raw_image r;
+	quant_raw(&r);
+	with_manifest(&r, raw_manifest(&r), tmp("o.arena"));
+	cr_assert_eq(open_verify(tmp("o.arena")), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_export(tmp("o.arena"), tmp("e.safetensors"), 1, NULL), 0, "%s", arena_last_error());
+	free(r.buf);
+}
+
+Test(image, scheme_unknown)
+{
+	raw_image r;
+	quant_raw(&r);
+	json_t *j = raw_manifest(&r);
+	json_object_set_new(mtensor(j, "blocks.1.w"), "scheme", json_string("fp9-e4m3"));
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_manifest_bad(tmp("o.arena"), "'blocks.1.w'", "unknown storage scheme 'fp9-e4m3'");
+	free(r.buf);
+}
+
+Test(image, scheme_row_on_one_bf16_component)
+{
+	raw_image r;
+	quant_raw(&r);
+	json_t *j = raw_manifest(&r);
+	json_object_set_new(mtensor(j, "blocks.0.w"), "scheme", json_string("fp8-e4m3-row"));
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_manifest_bad(tmp("o.arena"), "'blocks.0.w'", "scheme fp8-e4m3-row has 2 components, the manifest 1");
+	free(r.buf);
+}
+
+Test(image, scheme_scale_missing)
+{
+	raw_image r;
+	quant_raw(&r);
+	json_t *j = raw_manifest(&r);
+	json_array_remove(mcomps(j, "blocks.1.w"), 1);
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_manifest_bad(tmp("o.arena"), "'blocks.1.w'", "scheme fp8-e4m3-tensor has 2 components, the manifest 1");
+	free(r.buf);
+}
+
+Test(image, scheme_qdata_missing)
+{
+	raw_image r;
+	quant_raw(&r);
+	json_t *j = raw_manifest(&r);
+	json_array_remove(mcomps(j, "blocks.1.w"), 0);
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_manifest_bad(tmp("o.arena"), "'blocks.1.w'", "scheme fp8-e4m3-tensor has 2 components, the manifest 1");
+	free(r.buf);
+}
+
+Test(image, scheme_components_swapped)
+{
+	raw_image r;
+	quant_raw(&r);
+	json_t *j = raw_manifest(&r);
+	json_t *c = mcomps(j, "blocks.1.w"), *q = json_incref(json_array_get(c, 0));
+	json_array_remove(c, 0);
+	json_array_append_new(c, q);
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_manifest_bad(tmp("o.arena"), "'blocks.1.w'", "component 0 is 'scale'");
+	free(r.buf);
+}
+
+Test(image, scheme_component_renamed)
+{
+	raw_image r;
+	quant_raw(&r);
+	/* Export would write it as "blocks.0.b_zzz". */
+	json_t *j = raw_manifest(&r);
+	json_object_set_new(json_array_get(mcomps(j, "blocks.0.b"), 0), "name", json_string("zzz"));
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_manifest_bad(tmp("o.arena"), "'blocks.0.b'", "component 0 is 'zzz'");
+	/* And a quantized tensor's scale. */
+	j = raw_manifest(&r);
+	json_object_set_new(json_array_get(mcomps(j, "blocks.1.w"), 1), "name", json_string("scales"));
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_manifest_bad(tmp("o.arena"), "'blocks.1.w'", "component 1 is 'scales'");
+	free(r.buf);
+}
+
+Test(image, scheme_original_dtype_changed)
+{
+	raw_image r;
+	quant_raw(&r);
+	json_t *j = raw_manifest(&r);
+	json_object_set_new(mtensor(j, "blocks.1.w"), "dtype", json_string("I32"));
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_manifest_bad(tmp("o.arena"), "'blocks.1.w'", "does not apply to dtype I32");
+	/* A component's shape that is not the tensor's. */
+	j = raw_manifest(&r);
+	json_t *sh = json_object_get(json_array_get(mcomps(j, "blocks.1.w"), 0), "shape");
+	json_array_set_new(sh, 0, json_integer(16));
+	json_array_set_new(sh, 1, json_integer(8));
+	with_manifest(&r, j, tmp("o.arena"));
+	expect_manifest_bad(tmp("o.arena"), "'blocks.1.w'", "component 0 is 'qdata' F8_E4M3 [16, 8]");
+	free(r.buf);
+}
+
 Test(image, unknown_codec)
 {
 	raw_image r;
@@ -963,6 +1111,229 @@ Test(image, coded_chunk_malformed_under_a_good_checksum)
 		cr_assert_eq(access(tmp("o.safetensors"), F_OK), -1);
 		free(r.buf);
 	}
+}
+
+/* ---- padding: every byte no checksum covers is checked to be zero ------------- */
+
+/* Every reader of data refuses the image at path with `code`, and the message
+ * names the file and holds `what` (the chunk and the offset): verify, export
+ * (which then writes nothing), the checked reader (load --check), the slab
+ * re-reader (the engine) and load. */
+static void every_reader_refuses(const char *path, int code, const char *what)
+{
+	int rc = open_verify(path);
+	cr_assert_eq(rc, code, "verify: %s: %s", arena_err_name(rc), arena_last_error());
+	cr_assert(strstr(arena_last_error(), path) && strstr(arena_last_error(), what), "want %s and '%s' in: %s",
+		  path, what, arena_last_error());
+	rc = arena_export(path, tmp("e.safetensors"), 1, NULL);
+	cr_assert_eq(rc, code, "export: %s: %s", arena_err_name(rc), arena_last_error());
+	cr_assert_eq(access(tmp("e.safetensors"), F_OK), -1, "export wrote a file");
+	arena_image *img;
+	cr_assert_eq(arena_img_open(path, &img), 0, "%s", arena_last_error());
+	arena_img_reader rd;
+	cr_assert_eq(arena_img_reader_init(&rd, img, 1), 0);
+	uint8_t *raw = malloc(img->hdr.data_length);
+	rc = arena_img_read_raw(&rd, 0, img->hdr.data_length, raw);
+	cr_assert_eq(rc, code, "reader: %s: %s", arena_err_name(rc), arena_last_error());
+	cr_assert(strstr(arena_last_error(), what), "reader: want '%s' in: %s", what, arena_last_error());
+	arena_img_reader_free(&rd);
+	arena_slab_reader *sr;
+	cr_assert_eq(arena_slab_reader_open(path, img->layout, &sr), 0, "%s", arena_last_error());
+	int refused = 0;
+	for (size_t b = 0; b < img->layout->n_blocks; b++) {
+		rc = arena_slab_reader_read(sr, (uint32_t)b, raw, img->layout->blocks[b].bytes);
+		cr_assert(rc == 0 || rc == code, "reread: %s: %s", arena_err_name(rc), arena_last_error());
+		refused += rc == code;
+	}
+	arena_slab_reader_close(sr);
+	free(raw);
+	arena_img_close(img);
+	cr_assert_gt(refused, 0, "no slab re-read was refused (the bad byte's chunk holds slab bytes in these tests)");
+	arena_open_options o = {.backend = "sim", .vram_cap = 64 << 20};
+	arena *a = NULL;
+	rc = arena_open(path, &o, &a);
+	cr_assert_eq(rc, code, "load: %s: %s", arena_err_name(rc), arena_last_error());
+	cr_assert(strstr(arena_last_error(), what), "load: want '%s' in: %s", what, arena_last_error());
+	cr_assert_null(a);
+}
+
+/* Chunk i's entry in a raw image. */
+static void entry_of(const raw_image *r, uint64_t i, uint64_t *off, uint64_t *stored, uint64_t *raw, int *codec)
+{
+	const uint8_t *e = r->buf + r->h.chunk_table_offset + i * 32;
+	*off = 0;
+	for (int k = 7; k >= 0; k--)
+		*off = *off << 8 | e[k];
+	*stored = e[8] | e[9] << 8 | e[10] << 16 | (uint64_t)e[11] << 24;
+	*raw = e[12] | e[13] << 8 | e[14] << 16 | (uint64_t)e[15] << 24;
+	*codec = e[24] | e[25] << 8;
+}
+
+static void reseal_entry(raw_image *r, uint64_t i)
+{
+	uint64_t off, stored, raw;
+	int codec;
+	entry_of(r, i, &off, &stored, &raw, &codec);
+	uint64_t hsh = XXH3_64bits(r->buf + r->h.data_offset + off, stored);
+	for (int k = 0; k < 8; k++)
+		r->buf[r->h.chunk_table_offset + i * 32 + 16 + k] = (uint8_t)(hsh >> (8 * k));
+}
+
+Test(image, coded_stored_padding_flipped)
+{
+	/* The bytes after a coded chunk's stored bytes, up to the next chunk's
+	 * 4096-aligned start, are in no checksum: every reader checks them. */
+	raw_image r;
+	coded_raw(&r);
+	uint64_t tried = 0;
+	for (uint64_t i = 0; i < r.h.chunk_count; i++) {
+		uint64_t off, stored, raw;
+		int codec;
+		entry_of(&r, i, &off, &stored, &raw, &codec);
+		uint64_t end = (off + stored + 4095) / 4096 * 4096;
+		if (end == off + stored || (i && i + 1 < r.h.chunk_count && tried))
+			continue; /* the first chunk with padding and the last */
+		uint64_t at[3] = {off + stored, (off + stored + end) / 2, end - 1};
+		for (int k = 0; k < 3; k++) {
+			uint64_t f = r.h.data_offset + at[k];
+			r.buf[f] = 0x01;
+			spit(tmp("o.arena"), r.buf, r.len);
+			char what[128];
+			snprintf(what, sizeof(what), "chunk %llu: file byte %llu", (unsigned long long)i, (unsigned long long)f);
+			every_reader_refuses(tmp("o.arena"), ARENA_E(IMG_PADDING), what);
+			r.buf[f] = 0;
+		}
+		tried++;
+	}
+	cr_assert_eq(tried, 2, "the test needs chunks with padding");
+	spit(tmp("o.arena"), r.buf, r.len);
+	cr_assert_eq(open_verify(tmp("o.arena")), 0, "%s", arena_last_error());
+	free(r.buf);
+}
+
+Test(image, every_byte_flipped_coded)
+{
+	/* Every byte of a coded image is in a checksum or checked to be zero:
+	 * every 11th byte of the stored padding after each chunk, fewer elsewhere. */
+	cr_assert_eq(convert_coded(fixture_path("tiny_flux.safetensors"), tmp("c.arena"), 64 << 10), 0);
+	arena_image *img;
+	cr_assert_eq(arena_img_open(tmp("c.arena"), &img), 0);
+	arena_img_header h = img->hdr;
+	uint64_t n = h.chunk_count, *end = calloc(n, sizeof(*end)), pad = 0;
+	for (uint64_t i = 0; i < n; i++) {
+		end[i] = h.data_offset + img->chunks[i].offset + img->chunks[i].stored_length;
+		pad += arena_img_chunk_padded(img, i) - img->chunks[i].stored_length;
+	}
+	arena_img_close(img);
+	cr_assert_gt(pad, 4096, "the test needs stored padding");
+	int fd = open(tmp("c.arena"), O_RDWR);
+	for (uint64_t i = 0, k = 0; i < h.file_size;) {
+		uint8_t c, x;
+		cr_assert_eq(pread(fd, &c, 1, (off_t)i), 1);
+		x = c ^ 0x04;
+		cr_assert_eq(pwrite(fd, &x, 1, (off_t)i), 1);
+		while (k + 1 < n && i >= (end[k] + 4095) / 4096 * 4096)
+			k++;
+		int in_pad = i >= h.data_offset && i >= end[k] && i < (end[k] + 4095) / 4096 * 4096;
+		int want = in_pad ? ARENA_E(IMG_PADDING) : region_code(&h, i), rc = open_verify(tmp("c.arena"));
+		cr_assert_eq(rc, want, "byte %llu flipped: got %s (%s)", (unsigned long long)i, arena_err_name(rc),
+			     arena_last_error());
+		cr_assert_eq(pwrite(fd, &c, 1, (off_t)i), 1);
+		i += i < h.data_offset ? 61 : in_pad ? 11 : 127;
+	}
+	close(fd);
+	free(end);
+	cr_assert_eq(open_verify(tmp("c.arena")), 0);
+}
+
+/* Raw data bytes that are padding (in no component) of an image: the first
+ * inside a slab (between or after its components), the first between two
+ * slabs, and the last byte of the data; UINT64_MAX where there is none.
+ * even: only even offsets (a low byte of an hb4 word). */
+static void padding_bytes(const char *path, int even, uint64_t *in_slab, uint64_t *between, uint64_t *last)
+{
+	arena_image *img;
+	cr_assert_eq(arena_img_open(path, &img), 0);
+	const arena_layout *l = img->layout;
+	uint64_t n = img->hdr.data_length;
+	uint8_t *used = calloc(n, 1), *slab = calloc(n, 1);
+	for (size_t b = 0; b < l->n_blocks; b++)
+		memset(slab + l->blocks[b].offset, 1, l->blocks[b].bytes);
+	for (size_t i = 0; i < l->n_tensors; i++)
+		for (uint32_t c = 0; c < l->tensors[i].n_comp; c++)
+			memset(used + l->blocks[l->tensors[i].block].offset + l->tensors[i].comp[c].offset, 1,
+			       l->tensors[i].comp[c].bytes);
+	*in_slab = *between = *last = UINT64_MAX;
+	for (uint64_t k = 0; k < n; k++) {
+		if (used[k] || (even && k % 2))
+			continue;
+		if (slab[k] && *in_slab == UINT64_MAX)
+			*in_slab = k;
+		if (!slab[k] && *between == UINT64_MAX)
+			*between = k;
+		*last = k;
+	}
+	free(used);
+	free(slab);
+	arena_img_close(img);
+}
+
+Test(image, raw_padding_not_zero_plain)
+{
+	/* Under a good checksum: between components, between slabs, the tail. */
+	raw_image r;
+	small_raw(&r);
+	uint64_t at[3];
+	padding_bytes(tmp("s.arena"), 0, &at[0], &at[1], &at[2]);
+	for (int k = 0; k < 3; k++) {
+		cr_assert_neq(at[k], UINT64_MAX);
+		r.buf[r.h.data_offset + at[k]] = 0x80;
+		reseal_entry(&r, at[k] / r.h.chunk_size);
+		raw_write(&r, NULL, tmp("o.arena"), NULL);
+		char what[128];
+		snprintf(what, sizeof(what), "chunk %llu: data byte %llu", (unsigned long long)(at[k] / r.h.chunk_size),
+			 (unsigned long long)at[k]);
+		every_reader_refuses(tmp("o.arena"), ARENA_E(IMG_PADDING), what);
+		r.buf[r.h.data_offset + at[k]] = 0;
+		reseal_entry(&r, at[k] / r.h.chunk_size);
+	}
+	raw_write(&r, NULL, tmp("o.arena"), NULL);
+	cr_assert_eq(open_verify(tmp("o.arena")), 0, "%s", arena_last_error());
+	free(r.buf);
+}
+
+Test(image, raw_padding_not_zero_coded)
+{
+	/* A padding word's low byte made non-zero in the stored planes of an hb4
+	 * chunk, chunk checksum resealed: the checksum holds, the raw bytes the
+	 * chunk decodes to do not. */
+	raw_image r;
+	coded_raw(&r);
+	uint64_t at[3];
+	padding_bytes(tmp("c.arena"), 1, &at[0], &at[1], &at[2]);
+	for (int k = 0; k < 3; k++) {
+		cr_assert_neq(at[k], UINT64_MAX);
+		uint64_t i = at[k] / r.h.chunk_size, off, stored, raw;
+		int codec;
+		entry_of(&r, i, &off, &stored, &raw, &codec);
+		cr_assert_eq(codec, ARENA_CODEC_HB4, "the test needs padding in coded chunks");
+		uint8_t *st = r.buf + r.h.data_offset + off;
+		arena_hb4 v;
+		cr_assert_eq(arena_hb4_parse(st, stored, raw, "t", &v), 0);
+		uint8_t *low = st + v.low_off + (at[k] - i * r.h.chunk_size) / 2;
+		cr_assert_eq(*low, 0);
+		*low = 0x80;
+		reseal_entry(&r, i);
+		raw_write(&r, NULL, tmp("o.arena"), NULL);
+		char what[128];
+		snprintf(what, sizeof(what), "chunk %llu: data byte %llu", (unsigned long long)i, (unsigned long long)at[k]);
+		every_reader_refuses(tmp("o.arena"), ARENA_E(IMG_PADDING), what);
+		*low = 0;
+		reseal_entry(&r, i);
+	}
+	raw_write(&r, NULL, tmp("o.arena"), NULL);
+	cr_assert_eq(open_verify(tmp("o.arena")), 0, "%s", arena_last_error());
+	free(r.buf);
 }
 
 Test(image, coded_disk_full_and_allocation_failures_leave_nothing)

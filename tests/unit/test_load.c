@@ -79,6 +79,12 @@ static void expect_image_bytes(const arena_model *m)
 	arena_img_close(img);
 }
 
+static void put64le(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
 static uint64_t dev_free(void)
 {
 	uint64_t f, t;
@@ -230,6 +236,100 @@ Test(load, chunk_corrupted_after_verify_is_caught_in_flight)
 	cr_assert_null(m);
 	cr_assert_eq(dev_free(), 64 << 20, "device memory left after a failed load");
 	cr_assert_eq(atomic_load(&budget.used), 0);
+}
+
+/* ---- padding: bytes no checksum covers, and padding under a good checksum --------- */
+
+/* The first raw data byte of the image that is padding (in no component),
+ * inside a slab or between slabs as asked, at an even offset when `even`;
+ * and its chunk. */
+static uint64_t padding_at(int in_slab, int even, uint64_t *chunk)
+{
+	arena_image *img;
+	cr_assert_eq(arena_img_open(img_path, &img), 0);
+	const arena_layout *l = img->layout;
+	uint64_t n = img->hdr.data_length, at = UINT64_MAX;
+	uint8_t *used = calloc(n, 1), *slab = calloc(n, 1);
+	for (size_t b = 0; b < l->n_blocks; b++)
+		memset(slab + l->blocks[b].offset, 1, l->blocks[b].bytes);
+	for (size_t i = 0; i < l->n_tensors; i++)
+		for (uint32_t c = 0; c < l->tensors[i].n_comp; c++)
+			memset(used + l->blocks[l->tensors[i].block].offset + l->tensors[i].comp[c].offset, 1,
+			       l->tensors[i].comp[c].bytes);
+	for (uint64_t k = 0; k < n && at == UINT64_MAX; k++)
+		if (!used[k] && slab[k] == in_slab && (!even || k % 2 == 0))
+			at = k;
+	cr_assert_neq(at, UINT64_MAX);
+	*chunk = at / img->hdr.chunk_size;
+	free(used);
+	free(slab);
+	arena_img_close(img);
+	return at;
+}
+
+/* Rewrite chunk i's checksum in the chunk table as the hash of its stored
+ * bytes, then the chunk table's and the header's checksums. */
+static void reseal(uint64_t i)
+{
+	int fd = open(img_path, O_RDWR);
+	uint8_t page[4096];
+	cr_assert_eq(pread(fd, page, 4096, 0), 4096);
+	arena_img_header h;
+	struct stat sb;
+	fstat(fd, &sb);
+	cr_assert_eq(arena_img_header_decode(page, (uint64_t)sb.st_size, "t", &h), 0);
+	uint8_t *table = malloc(h.chunk_table_length);
+	cr_assert_eq(pread(fd, table, h.chunk_table_length, (off_t)h.chunk_table_offset), (ssize_t)h.chunk_table_length);
+	uint8_t *e = table + i * 32;
+	uint64_t off = 0, stored = e[8] | e[9] << 8 | e[10] << 16 | (uint64_t)e[11] << 24;
+	for (int k = 7; k >= 0; k--)
+		off = off << 8 | e[k];
+	uint8_t *b = malloc(stored);
+	cr_assert_eq(pread(fd, b, stored, (off_t)(h.data_offset + off)), (ssize_t)stored);
+	put64le(e + 16, XXH3_64bits(b, stored));
+	h.chunk_table_xxh3 = XXH3_64bits(table, h.chunk_table_length);
+	arena_img_header_encode(&h, page);
+	cr_assert_eq(pwrite(fd, table, h.chunk_table_length, (off_t)h.chunk_table_offset), (ssize_t)h.chunk_table_length);
+	cr_assert_eq(pwrite(fd, page, 4096, 0), 4096);
+	close(fd);
+	free(b);
+	free(table);
+}
+
+/* The load fails with IMG_PADDING naming `what`, and leaves nothing behind. */
+static void expect_padding_refused(arena_load_opts *o, const char *what)
+{
+	arena_model *m = NULL;
+	int rc = arena_load_image(img_path, o, &m, NULL);
+	cr_assert_eq(rc, ARENA_E(IMG_PADDING), "%s: %s", arena_err_name(rc), arena_last_error());
+	cr_assert(strstr(arena_last_error(), img_path) && strstr(arena_last_error(), what), "want '%s' in: %s", what,
+		  arena_last_error());
+	cr_assert_null(m);
+	cr_assert_eq(dev_free(), 64 << 20);
+	cr_assert_eq(atomic_load(&budget.used), 0);
+}
+
+Test(load, raw_padding_not_zero_is_refused)
+{
+	/* Padding between two components of a slab, under a good checksum. */
+	uint64_t chunk, at = padding_at(1, 0, &chunk);
+	arena_image *img;
+	cr_assert_eq(arena_img_open(img_path, &img), 0);
+	uint64_t f = img->hdr.data_offset + at;
+	arena_img_close(img);
+	int fd = open(img_path, O_RDWR);
+	uint8_t x = 0x5A;
+	cr_assert_eq(pwrite(fd, &x, 1, (off_t)f), 1);
+	close(fd);
+	reseal(chunk);
+	char what[96];
+	snprintf(what, sizeof(what), "chunk %llu: data byte %llu", (unsigned long long)chunk, (unsigned long long)at);
+	int modes[] = {ARENA_IO_BUFFERED, ARENA_IO_DIRECT};
+	for (int k = 0; k < 2; k++) {
+		arena_load_opts o = opts();
+		o.io = modes[k];
+		expect_padding_refused(&o, what);
+	}
 }
 
 Test(load, truncated_image)
@@ -558,12 +658,6 @@ Test(load_coded, chunk_corrupted_after_verify_is_caught_in_flight)
 	cr_assert_eq(atomic_load(&budget.used), 0);
 }
 
-static void put64le(uint8_t *p, uint64_t v)
-{
-	for (int i = 0; i < 8; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
 Test(load_coded, malformed_chunk_under_a_good_checksum_is_refused)
 {
 	/* An exception index past the chunk, with every checksum resealed: a
@@ -603,6 +697,69 @@ Test(load_coded, malformed_chunk_under_a_good_checksum_is_refused)
 	cr_assert_null(m);
 	cr_assert_eq(dev_free(), 64 << 20);
 	cr_assert_eq(atomic_load(&budget.used), 0);
+}
+
+/* Each way a coded chunk is read: streamed to the device stage and decoded
+ * there (all blocks on the device), or read whole and decoded by the CPU
+ * (chunks that reach a host slab; a device without room for the stage). */
+static void every_coded_path_refuses(const char *what)
+{
+	arena_load_opts o = opts();
+	expect_padding_refused(&o, what);
+	o.io = ARENA_IO_DIRECT;
+	o.slot_bytes = 4096; /* a chunk in many slots, its stored padding in the last */
+	expect_padding_refused(&o, what);
+	o = opts();
+	uint8_t on[6] = {1, 0, 1, 0, 0, 1};
+	o.on_device = on;
+	expect_padding_refused(&o, what);
+}
+
+Test(load_coded, stored_padding_flipped_is_refused)
+{
+	/* The bytes after a chunk's stored bytes are in no checksum. */
+	arena_image *img;
+	cr_assert_eq(arena_img_open(img_path, &img), 0);
+	uint64_t c = 0;
+	while (c < img->hdr.chunk_count && img->chunks[c].stored_length % 4096 == 0)
+		c++;
+	cr_assert_lt(c, img->hdr.chunk_count);
+	uint64_t f = img->hdr.data_offset + img->chunks[c].offset + img->chunks[c].stored_length + 7;
+	arena_img_close(img);
+	int fd = open(img_path, O_RDWR);
+	uint8_t x = 0x01;
+	cr_assert_eq(pwrite(fd, &x, 1, (off_t)f), 1);
+	close(fd);
+	char what[96];
+	snprintf(what, sizeof(what), "chunk %llu: file byte %llu", (unsigned long long)c, (unsigned long long)f);
+	every_coded_path_refuses(what);
+}
+
+Test(load_coded, raw_padding_not_zero_is_refused)
+{
+	/* A padding word between two slabs made non-zero in the stored planes of
+	 * its hb4 chunk, the chunk's checksum resealed. */
+	uint64_t chunk, at = padding_at(0, 1, &chunk);
+	arena_image *img;
+	cr_assert_eq(arena_img_open(img_path, &img), 0);
+	const arena_img_chunk *c = &img->chunks[chunk];
+	cr_assert_eq(c->codec, ARENA_CODEC_HB4);
+	uint8_t *b = malloc(c->stored_length);
+	uint64_t st = img->hdr.data_offset + c->offset;
+	cr_assert_eq(arena_pread_full(img->fd, b, c->stored_length, st, "t"), 0);
+	arena_hb4 v;
+	cr_assert_eq(arena_hb4_parse(b, c->stored_length, c->raw_length, "t", &v), 0);
+	uint64_t low = st + v.low_off + (at - chunk * img->hdr.chunk_size) / 2;
+	arena_img_close(img);
+	free(b);
+	int fd = open(img_path, O_RDWR);
+	uint8_t x = 0x5A;
+	cr_assert_eq(pwrite(fd, &x, 1, (off_t)low), 1);
+	close(fd);
+	reseal(chunk);
+	char what[96];
+	snprintf(what, sizeof(what), "chunk %llu: data byte %llu", (unsigned long long)chunk, (unsigned long long)at);
+	every_coded_path_refuses(what);
 }
 
 Test(load_coded, truncated_and_cancelled)
