@@ -8,9 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "../common/alloc.h"
 #include "../common/err.h"
+#include "../common/io.h"
 
 #define E(name) ARENA_E(name)
 
@@ -107,14 +109,19 @@ static int open_index(arena_ckpt *c, const char *index_path)
 	c->index_path = arena_strdup(index_path);
 	if (!c->index_path)
 		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", index_path);
+	int fd;
+	int rc = arena_open_input(index_path, 0, &fd, NULL);
+	if (rc)
+		return rc;
 	json_error_t jerr;
 	unsigned long mark = arena_json_parse_begin();
-	json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
+	json_t *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &jerr);
 	int err = errno, oom = arena_json_parse_end(mark);
+	close(fd);
 	if (!root) {
 		enum json_error_code code = json_error_code(&jerr);
 		if (code == json_error_cannot_open_file)
-			return arena_syserrorf(ARENA_E_IO, err, "%s: cannot open", index_path);
+			return arena_syserrorf(ARENA_E_IO, err, "%s: cannot read", index_path);
 		if (code == json_error_out_of_memory || oom)
 			return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", index_path);
 		return arena_errorf(E(IDX_JSON), "%s: line %d column %d: %s", index_path, jerr.line, jerr.column,
@@ -137,7 +144,6 @@ static int open_index(arena_ckpt *c, const char *index_path)
 	const char **shards = arena_calloc(nw, sizeof(*shards));
 	char *dir = dir_of(index_path);
 	char *p = NULL;
-	int rc = 0;
 	if (!shards || !dir) {
 		rc = arena_errorf(ARENA_E_NOMEM, "%s: out of memory", index_path);
 		goto out;
@@ -209,7 +215,7 @@ static int open_dir(arena_ckpt *c, const char *dir)
 {
 	DIR *d = opendir(dir);
 	if (!d)
-		return arena_syserrorf(ARENA_E_IO, errno, "%s: cannot open folder", dir);
+		return arena_input_syserror(dir, errno);
 	char *index = NULL, *single = NULL;
 	int n_st = 0, n_idx = 0, rc = 0;
 	struct dirent *e;
@@ -248,6 +254,8 @@ static int open_dir(arena_ckpt *c, const char *dir)
 			rc = arena_errorf(ARENA_E_NOMEM, "%s: out of memory", dir);
 		else
 			rc = n_idx ? open_index(c, p) : add_file(c, p);
+		if (rc == ARENA_E_NOT_FOUND) /* listed but gone (a dangling symlink): the folder's fault */
+			rc = ARENA_E(INPUT_NOT_READABLE);
 		arena_free(p);
 	}
 out:
@@ -261,7 +269,7 @@ static int open_one(arena_ckpt *c, const char *path)
 {
 	struct stat st;
 	if (stat(path, &st) < 0)
-		return arena_syserrorf(ARENA_E_IO, errno, "%s: cannot open", path);
+		return arena_input_syserror(path, errno);
 	if (S_ISDIR(st.st_mode))
 		return open_dir(c, path);
 	if (ends_with(path, ".json"))

@@ -113,7 +113,9 @@ enum {
 	/* quantization (loader/quant.h) */                                               \
 	X(QUANT_UNKNOWN_SCHEME, USAGE, "unknown quantization scheme")                     \
 	X(QUANT_NOT_APPLICABLE, USAGE, "quantization scheme does not apply to this tensor") \
-	X(IMG_CHUNK_BAD, INVALID, "coded data chunk is malformed")
+	X(IMG_CHUNK_BAD, INVALID, "coded data chunk is malformed")                        \
+	/* paths (common/io.h) */                                                         \
+	X(INPUT_NOT_READABLE, INVALID, "input is not a readable regular file")
 
 typedef enum arena_err {
 #define ARENA__ERR_ENUM(name, cls, desc) ARENA__ERRNUM_##name,
