@@ -42,6 +42,11 @@ static char *dir_part(const char *path)
 	return d;
 }
 
+static const char *kind(mode_t m)
+{
+	return S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) || S_ISBLK(m) ? "a device" : S_ISSOCK(m) ? "a socket" : "something";
+}
+
 int arena_outfile_open(const char *path, arena_outfile **out)
 {
 	*out = NULL;
@@ -57,12 +62,19 @@ int arena_outfile_open(const char *path, arena_outfile **out)
 		}
 		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", path);
 	}
-	if (!*base) {
+	/* Only a regular file is replaced: a folder, FIFO or device is a usage error. */
+	struct stat st;
+	int exists = *base && stat(path, &st) == 0, rc = 0;
+	if (!*base || (exists && S_ISDIR(st.st_mode)))
+		rc = arena_errorf(ARENA_E_USAGE, "%s: output path names a folder, not a file", path);
+	else if (exists && !S_ISREG(st.st_mode))
+		rc = arena_errorf(ARENA_E_USAGE, "%s: output path names %s, not a regular file", path, kind(st.st_mode));
+	if (rc) {
 		arena_free(dir);
 		arena_free(f->tmp_path);
 		arena_free(f->path);
 		arena_free(f);
-		return arena_errorf(ARENA_E_USAGE, "%s: output path names a folder, not a file", path);
+		return rc;
 	}
 	f->dfd = -1;
 	sprintf(f->tmp_path, "%s/.%s.tmp-XXXXXX", dir, base);

@@ -21,7 +21,9 @@ typedef struct arena_outfile {
 	uint64_t size;  /* bytes appended with arena_outfile_write */
 } arena_outfile;
 
-/* Create the temporary for `path`. Errors: NOT_FOUND (no such folder), IO. */
+/* Create the temporary for `path`. Errors: USAGE (path names a folder or
+ * something that is not a regular file: it would not be replaced),
+ * NOT_FOUND (no such folder), IO. */
 int arena_outfile_open(const char *path, arena_outfile **out);
 /* Append n bytes (the whole of them, retrying short writes). */
 int arena_outfile_write(arena_outfile *f, const void *buf, size_t n);

@@ -1,5 +1,6 @@
 # t_files.sh - what every command does with paths that are not plain files:
-# FIFOs, devices, folders, symlink loops, unreadable files (inputs).
+# FIFOs, devices, folders, symlink loops, unreadable files (inputs), folders
+# and FIFOs named as the output.
 # Sourced by run.sh; see there for the helpers.
 
 # run, with a time limit: a command that blocks (on a FIFO) fails the case.
@@ -67,4 +68,91 @@ files_fifo_input() {
 	[ ! -e "$T/x.arena" ] || fail "a refused convert wrote $T/x.arena"
 }
 
-cases files_fifo_input
+# One class per kind of bad path, whatever the cause (README, "Exit status").
+files_exit_codes() {
+	make_sharded
+	mv "$S2" "$T/s2"
+	# a shard that is missing, a symlink loop, a folder, a device, a FIFO
+	run inspect "$T/sh"
+	expect_not_file "is missing"
+	ln -s loop-b "$T/loop-a"
+	ln -s loop-a "$T/loop-b"
+	ln -s "$T/loop-a" "$S2"
+	run inspect "$T/sh"
+	expect_not_file "$S2: "
+	run convert "$T/sh" -o "$T/x.arena"
+	expect_not_file "$S2: "
+	rm "$S2"
+	mkdir "$S2"
+	run inspect "$T/sh"
+	expect_not_file "$S2: not a regular file"
+	rmdir "$S2"
+	ln -s /dev/null "$S2"
+	run inspect "$T/sh"
+	expect_not_file "$S2: not a regular file"
+	rm "$S2"
+	mkfifo "$S2"
+	run_t inspect "$T/sh"
+	expect_not_file "$S2: not a regular file"
+	rm "$S2"
+	# the same named on the command line
+	run inspect "$T/loop-a"
+	expect_not_file "$T/loop-a: "
+	run verify "$T/loop-a"
+	expect_not_file "$T/loop-a: "
+	run verify "$T/sh"
+	expect_not_file "$T/sh: not a regular file"
+	run export "$T/sh" -o "$T/x.safetensors"
+	expect_not_file "$T/sh: not a regular file"
+	run verify /dev/null
+	expect_not_file "/dev/null: not a regular file"
+	run inspect /dev/null
+	expect_not_file "/dev/null: not a regular file"
+	# a named input that does not exist is a usage error
+	run inspect "$T/none.safetensors"
+	expect_rc 2
+	expect_error_line
+	run verify "$T/none.arena"
+	expect_rc 2
+	# unreadable (as root: as nobody, where setpriv can run arena)
+	cp "$T/s2" "$S2"
+	chmod 000 "$S2"
+	if [ "$(id -u)" != 0 ]; then
+		run inspect "$T/sh"
+		expect_not_file "$S2: "
+	elif command -v setpriv >/dev/null &&
+		chmod o+x "$(dirname "$T")" && chmod -R o+rX "$T" && chmod 000 "$S2" &&
+		setpriv --reuid=65534 --regid=65534 --clear-groups "$ARENA" version >/dev/null 2>&1; then
+		LAST_CMD="arena inspect $T/sh (as nobody)"
+		setpriv --reuid=65534 --regid=65534 --clear-groups "$ARENA" inspect "$T/sh" >"$T/out" 2>"$T/err"
+		rc=$?
+		expect_not_file "$S2: "
+		LAST_CMD="arena verify $S2 (as nobody)"
+		setpriv --reuid=65534 --regid=65534 --clear-groups "$ARENA" verify "$S2" >"$T/out" 2>"$T/err"
+		rc=$?
+		expect_not_file "$S2: "
+	else
+		echo "note $CASE: an unreadable file is not tried (root, and setpriv cannot run arena as nobody)"
+	fi
+	chmod 644 "$S2"
+	# outputs: a folder (with or without the slash), a missing folder, a FIFO
+	mkdir "$T/od"
+	mkfifo "$T/fo"
+	for o in "$T/od" "$T/od/" "$T/nodir/x.arena" "$T/fo"; do
+		run convert "$REF/tiny_flux.safetensors" -o "$o"
+		expect_rc 2
+		expect_error_line
+	done
+	"$ARENA" convert -q "$REF/tiny_flux.safetensors" -o "$T/x.arena"
+	for o in "$T/od" "$T/od/" "$T/nodir/x.safetensors" "$T/fo"; do
+		run export "$T/x.arena" -o "$o"
+		expect_rc 2
+		expect_error_line
+	done
+	[ -p "$T/fo" ] || fail "the FIFO named as output was replaced"
+	[ -z "$(ls -A "$T/od")" ] || fail "something was written in $T/od"
+	left=$(ls -A "$T" | grep '^\.')
+	[ -z "$left" ] || fail "temporaries left: $left"
+}
+
+cases files_fifo_input files_exit_codes

@@ -2,9 +2,11 @@
  *
  * input: every reader refuses what is not a regular file (FIFO, device,
  * folder, symlink loop) at once, with a class-INVALID error naming the path,
- * and never blocks on a FIFO. */
+ * and never blocks on a FIFO.
+ * outfile: an output that is a folder or not a regular file is refused. */
 #include <criterion/criterion.h>
 
+#include <dirent.h>
 #include <ftw.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -14,6 +16,7 @@
 #include <unistd.h>
 
 #include "arena.h"
+#include "../../common/outfile.h"
 #include "../../formats/checkpoint.h"
 #include "../../formats/image.h"
 #include "../../formats/safetensors.h"
@@ -112,4 +115,42 @@ Test(input, missing_is_not_found)
 	cr_assert_eq(arena_st_open(p, &f), ARENA_E_NOT_FOUND);
 	cr_assert_eq(arena_img_open(p, &img), ARENA_E_NOT_FOUND);
 	cr_assert_eq(arena_ckpt_open(p, &c), ARENA_E_NOT_FOUND);
+}
+
+/* Entries in a folder, "." and ".." aside. */
+static int count_entries(const char *dir)
+{
+	DIR *d = opendir(dir);
+	cr_assert_not_null(d, "%s", dir);
+	int n = 0;
+	struct dirent *e;
+	while ((e = readdir(d)))
+		n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+	closedir(d);
+	return n;
+}
+
+/* --- output files -------------------------------------------------------------- */
+
+TestSuite(outfile, .init = mk_tmp, .fini = rm_tmp, .timeout = 60);
+
+Test(outfile, output_not_a_regular_file)
+{
+	arena_outfile *f = (arena_outfile *)1;
+	const char *d = in_tmp("od"), *p = in_tmp("fifo");
+	cr_assert_eq(mkdir(d, 0755), 0);
+	cr_assert_eq(mkfifo(p, 0644), 0);
+	const char *outs[] = {d, in_tmp("od/"), p, "/dev/null"};
+	for (size_t i = 0; i < sizeof(outs) / sizeof(*outs); i++) {
+		int rc = arena_outfile_open(outs[i], &f);
+		cr_assert_eq(arena_err_class(rc), ARENA_CLASS_USAGE, "%s gave %s (%s)", outs[i], arena_err_name(rc),
+			     arena_last_error());
+		cr_assert_null(f);
+		cr_assert(strstr(arena_last_error(), outs[i]), "%s", arena_last_error());
+	}
+	struct stat st;
+	cr_assert_eq(stat(p, &st), 0);
+	cr_assert(S_ISFIFO(st.st_mode));
+	cr_assert_eq(count_entries(tmp), 2);
+	cr_assert_eq(count_entries(d), 0);
 }
