@@ -22,7 +22,7 @@ const char cmd_convert_usage[] =
 	".safetensors file, a sharded checkpoint's index.json, or a folder holding\n"
 	"either; several INPUTs form one model (a tensor defined twice is an error).\n"
 	"OUT is written to a temporary beside it and renamed when whole: a failed or\n"
-	"interrupted convert never leaves a file at OUT.\n"
+	"interrupted convert never leaves a file at OUT. OUT may not be an input.\n"
 	"\n"
 	"options:\n"
 	"  -o, --output FILE       the image to write (required)\n"

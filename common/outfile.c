@@ -199,3 +199,20 @@ void arena_outfile_abort(arena_outfile *f)
 		unlink(f->tmp_path);
 	outfile_free(f);
 }
+
+int arena_outfile_check_input_id(const char *path, uint64_t dev, uint64_t ino, const char *input)
+{
+	struct stat st;
+	if (stat(path, &st) == 0 && (uint64_t)st.st_dev == dev && (uint64_t)st.st_ino == ino)
+		return arena_errorf(ARENA_E(OUTPUT_IS_INPUT), "%s: is an input (the same file as %s); name another output",
+				    path, input);
+	return 0;
+}
+
+int arena_outfile_check_input(const char *path, int input_fd, const char *input)
+{
+	struct stat st;
+	if (input_fd < 0 || fstat(input_fd, &st) < 0)
+		return 0;
+	return arena_outfile_check_input_id(path, (uint64_t)st.st_dev, (uint64_t)st.st_ino, input);
+}

@@ -44,6 +44,14 @@ int arena_outfile_commit(arena_outfile *f);
 /* Unlink the temporary and free f. Accepts NULL. */
 void arena_outfile_abort(arena_outfile *f);
 
+/* An output must not be one of the inputs: OUTPUT_IS_INPUT (class USAGE),
+ * with a message naming both, when `path` is (through symlinks or hard
+ * links) the file that `input_fd` has open; `input` names it. 0 otherwise,
+ * also when path does not exist. Call before anything is written. */
+int arena_outfile_check_input(const char *path, int input_fd, const char *input);
+/* The same for an input known by its st_dev and st_ino. */
+int arena_outfile_check_input_id(const char *path, uint64_t dev, uint64_t ino, const char *input);
+
 /* Fault injection (tests only): the nth write from now fails with ENOSPC;
  * 0 disarms. */
 void arena_fault_write(long n);

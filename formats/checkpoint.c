@@ -110,9 +110,20 @@ static int open_index(arena_ckpt *c, const char *index_path)
 	if (!c->index_path)
 		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", index_path);
 	int fd;
-	int rc = arena_open_input(index_path, 0, &fd, NULL);
+	struct stat st;
+	int rc = arena_open_input(index_path, 0, &fd, &st);
 	if (rc)
 		return rc;
+	/* Known by its identity once closed: an output must not replace it. */
+	char *ip = arena_strdup(index_path);
+	arena_ckpt_file_id *ids = ip ? arena_realloc(c->indexes, (c->n_indexes + 1) * sizeof(*ids)) : NULL;
+	if (!ids) {
+		arena_free(ip);
+		close(fd);
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", index_path);
+	}
+	c->indexes = ids;
+	ids[c->n_indexes++] = (arena_ckpt_file_id){ip, (uint64_t)st.st_dev, (uint64_t)st.st_ino};
 	json_error_t jerr;
 	unsigned long mark = arena_json_parse_begin();
 	json_t *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &jerr);
@@ -307,6 +318,18 @@ int arena_ckpt_open_many(const char *const *paths, size_t n, arena_ckpt **out)
 			for (size_t k = 0; k < sub->n_files; k++)
 				c->files[c->n_files++] = sub->files[k];
 			sub->n_files = 0;
+			arena_ckpt_file_id *ids =
+				sub->n_indexes ? arena_realloc(c->indexes, (c->n_indexes + sub->n_indexes) * sizeof(*ids))
+					       : c->indexes;
+			if (sub->n_indexes && !ids) {
+				arena_ckpt_close(sub);
+				rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
+				break;
+			}
+			c->indexes = ids;
+			for (size_t k = 0; k < sub->n_indexes; k++)
+				c->indexes[c->n_indexes++] = sub->indexes[k];
+			sub->n_indexes = 0;
 			arena_ckpt_close(sub);
 		}
 		if (!rc)
@@ -334,6 +357,9 @@ void arena_ckpt_close(arena_ckpt *c)
 	arena_free(c->files);
 	arena_free(c->tensors);
 	arena_free(c->index_path);
+	for (size_t i = 0; i < c->n_indexes; i++)
+		arena_free(c->indexes[i].path);
+	arena_free(c->indexes);
 	json_decref((json_t *)c->index_json);
 	arena_free(c);
 }

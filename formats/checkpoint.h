@@ -16,8 +16,16 @@
 
 #include "safetensors.h"
 
+/* A file that was read and closed: its path (owned), st_dev and st_ino. */
+typedef struct arena_ckpt_file_id {
+	char *path;
+	uint64_t dev, ino;
+} arena_ckpt_file_id;
+
 typedef struct arena_ckpt {
 	char *index_path;         /* owned; NULL without an index */
+	size_t n_indexes;
+	arena_ckpt_file_id *indexes; /* every index read (one per sharded input) */
 	void *index_json;         /* json_t root of the index (private) */
 	const void *index_meta;   /* json_t: the index's "metadata" object, or NULL */
 	size_t n_files;

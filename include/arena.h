@@ -114,8 +114,9 @@ enum {
 	X(QUANT_UNKNOWN_SCHEME, USAGE, "unknown quantization scheme")                     \
 	X(QUANT_NOT_APPLICABLE, USAGE, "quantization scheme does not apply to this tensor") \
 	X(IMG_CHUNK_BAD, INVALID, "coded data chunk is malformed")                        \
-	/* paths (common/io.h) */                                                         \
-	X(INPUT_NOT_READABLE, INVALID, "input is not a readable regular file")
+	/* paths (common/io.h, common/outfile.h) */                                       \
+	X(INPUT_NOT_READABLE, INVALID, "input is not a readable regular file")           \
+	X(OUTPUT_IS_INPUT, USAGE, "output is the same file as an input")
 
 typedef enum arena_err {
 #define ARENA__ERR_ENUM(name, cls, desc) ARENA__ERRNUM_##name,

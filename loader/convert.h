@@ -7,7 +7,9 @@
  * at its final offset (in a coded image, chunks take their offsets in chunk
  * order as they finish). The image goes to a temporary beside OUT and is
  * renamed into place only when whole (see common/outfile.h); any failure
- * removes the temporary. */
+ * removes the temporary. An OUT that is one of the inputs (a file of the
+ * checkpoint or an index it read, by any name) is OUTPUT_IS_INPUT, before
+ * anything is written. */
 #ifndef ARENA_LOADER_CONVERT_H
 #define ARENA_LOADER_CONVERT_H
 

@@ -1,7 +1,6 @@
 # t_files.sh - what every command does with paths that are not plain files:
 # FIFOs, devices, folders, symlink loops, unreadable files (inputs), folders
-# and FIFOs named as the output.
-# Sourced by run.sh; see there for the helpers.
+# and inputs named as the output. Sourced by run.sh; see there for the helpers.
 
 # run, with a time limit: a command that blocks (on a FIFO) fails the case.
 run_t() {
@@ -66,6 +65,57 @@ files_fifo_input() {
 	run_t convert "$T/d" -o "$T/x.arena"
 	expect_not_file "$T/d/only.safetensors: not a regular file"
 	[ ! -e "$T/x.arena" ] || fail "a refused convert wrote $T/x.arena"
+}
+
+# convert / export must not write over one of their inputs, by any name.
+files_output_is_input() {
+	cp "$REF/tiny_flux.safetensors" "$T/t.safetensors"
+	ln -s t.safetensors "$T/l.safetensors"
+	ln "$T/t.safetensors" "$T/h.safetensors"
+	for o in t l h; do
+		run convert "$T/t.safetensors" -o "$T/$o.safetensors"
+		expect_rc 2
+		expect_error_line
+		expect_err "$T/$o.safetensors: is an input"
+	done
+	run convert "$T/l.safetensors" -o "$T/t.safetensors"
+	expect_rc 2
+	expect_err "is an input"
+	cmp -s "$T/t.safetensors" "$REF/tiny_flux.safetensors" || fail "convert wrote over its input"
+	[ -L "$T/l.safetensors" ] || fail "convert replaced the symlink"
+	# every file of a sharded or multi-file input, and the index
+	make_sharded
+	for o in "$S2" "$T/sh/model.safetensors.index.json"; do
+		run convert "$T/sh" -o "$o"
+		expect_rc 2
+		expect_err "is an input"
+		run convert "$T/sh/model.safetensors.index.json" -o "$o"
+		expect_rc 2
+		expect_err "is an input"
+	done
+	run convert "$T/sh/model-00001-of-00002.safetensors" "$S2" -o "$S2"
+	expect_rc 2
+	expect_err "is an input"
+	run convert "$T/t.safetensors" "$T/sh" -o "$T/sh/model.safetensors.index.json"
+	expect_rc 2
+	expect_err "is an input"
+	cmp -s "$S2" "$REF/tiny_llama_sharded/model-00002-of-00002.safetensors" || fail "convert wrote over a shard"
+	cmp -s "$T/sh/model.safetensors.index.json" "$REF/tiny_llama_sharded/model.safetensors.index.json" ||
+		fail "convert wrote over the index"
+	# export
+	"$ARENA" convert -q "$T/t.safetensors" -o "$T/x.arena"
+	ln -s x.arena "$T/xl.arena"
+	ln "$T/x.arena" "$T/xh.arena"
+	for o in x xl xh; do
+		run export "$T/x.arena" -o "$T/$o.arena"
+		expect_rc 2
+		expect_error_line
+		expect_err "$T/$o.arena: is an input"
+	done
+	run verify "$T/x.arena"
+	expect_rc 0
+	left=$(ls -A "$T" | grep '^\.')
+	[ -z "$left" ] || fail "temporaries left: $left"
 }
 
 # One class per kind of bad path, whatever the cause (README, "Exit status").
@@ -155,4 +205,4 @@ files_exit_codes() {
 	[ -z "$left" ] || fail "temporaries left: $left"
 }
 
-cases files_fifo_input files_exit_codes
+cases files_fifo_input files_output_is_input files_exit_codes
