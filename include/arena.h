@@ -430,7 +430,8 @@ ARENA_API int arena_profile_get(const arena *a, double *cost, size_t n, double *
  * backward_factor 0 = 3). Between steps. */
 ARENA_API int arena_profile_set(arena *a, const double *cost, size_t n, double h2d_bytes_per_s, double backward_factor);
 /* Write the profile (given or learned; as arena_profile_get) to `path`, for
- * `arena plan --profile`. The file appears whole or not at all. */
+ * `arena plan --profile`. The file appears whole or not at all; a path that
+ * is the image the arena was opened from is OUTPUT_IS_INPUT. */
 ARENA_API int arena_profile_save(const arena *a, const char *path);
 
 /* ---- the simulator ----------------------------------------------------------- */

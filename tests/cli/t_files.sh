@@ -112,6 +112,13 @@ files_output_is_input() {
 		expect_error_line
 		expect_err "$T/$o.arena: is an input"
 	done
+	# a profile saved over the image it was measured on
+	for o in x xl xh; do
+		run bench stream "$T/x.arena" --vram-cap 400K --sim-capacity 1G --steps 2 --save-profile "$T/$o.arena"
+		expect_rc 2
+		expect_error_line
+		expect_err "$T/$o.arena' is the image"
+	done
 	run verify "$T/x.arena"
 	expect_rc 0
 	left=$(ls -A "$T" | grep '^\.')

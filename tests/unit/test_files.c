@@ -6,13 +6,13 @@
  * outfile: a writer killed with SIGKILL mid-write leaves no temporary once
  * the next writer of the same output has run (O_TMPFILE: none ever has a
  * name; named temporaries: the next open removes those whose lock is free);
- * an output that is a folder or not a regular file is refused. */
+ * an output that is a folder or not a regular file is refused, and so is a
+ * profile saved over the image it was measured on. */
 #include <criterion/criterion.h>
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -27,20 +27,14 @@
 #include "../../formats/checkpoint.h"
 #include "../../formats/image.h"
 #include "../../formats/safetensors.h"
+#include "../../loader/convert.h"
+#include "testutil.h"
 
 static char tmp[1024];
 
 static void mk_tmp(void)
 {
-	const char *base = getenv("TMPDIR");
-	snprintf(tmp, sizeof(tmp), "%s/arena-files-XXXXXX", base && *base ? base : "/tmp");
-	cr_assert_not_null(mkdtemp(tmp));
-}
-
-static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st, (void)flag, (void)ftw;
-	return remove(p);
+	tmpdir_make(tmp, sizeof(tmp), "files");
 }
 
 static pid_t writers[4]; /* started, not yet killed: killed at the end */
@@ -53,8 +47,7 @@ static void rm_tmp(void)
 			waitpid(writers[i], NULL, 0);
 		}
 	arena__outfile_force_named(0);
-	if (tmp[0])
-		nftw(tmp, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+	tmpdir_remove(tmp);
 }
 
 static const char *in_tmp(const char *name)
@@ -307,4 +300,32 @@ Test(outfile, output_not_a_regular_file)
 	cr_assert(S_ISFIFO(st.st_mode));
 	cr_assert_eq(count_entries(tmp), 2);
 	cr_assert_eq(count_entries(d), 0);
+}
+
+/* arena_profile_save (what bench stream --save-profile calls) does not
+ * write over the image the arena was opened from, by any name. */
+Test(outfile, profile_save_not_over_its_image)
+{
+	const char *in = fixture_path("tiny_flux.safetensors"), *img = in_tmp("f.arena");
+	cr_assert_eq(arena_convert(&in, 1, img, NULL, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(symlink("f.arena", in_tmp("l.arena")), 0);
+	struct stat before, after;
+	cr_assert_eq(stat(img, &before), 0);
+	arena_open_options o = {.backend = "sim", .vram_cap = 64 << 20};
+	arena *a;
+	cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
+	double cost[6] = {0, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3};
+	cr_assert_eq(arena_block_count(a), 6);
+	cr_assert_eq(arena_profile_set(a, cost, 6, 1e9, 0), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_profile_save(a, in_tmp("p.json")), 0, "%s", arena_last_error());
+	const char *outs[] = {img, in_tmp("l.arena")};
+	for (size_t i = 0; i < 2; i++) {
+		int rc = arena_profile_save(a, outs[i]);
+		cr_assert_eq(rc, ARENA_E(OUTPUT_IS_INPUT), "%s gave %s (%s)", outs[i], arena_err_name(rc),
+			     arena_last_error());
+		cr_assert(strstr(arena_last_error(), "is an input"), "%s", arena_last_error());
+	}
+	arena_close(a);
+	cr_assert_eq(stat(img, &after), 0);
+	cr_assert(before.st_ino == after.st_ino && before.st_size == after.st_size, "the image was replaced");
 }
