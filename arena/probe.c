@@ -15,6 +15,7 @@
 #include "../common/alloc.h"
 #include "../common/clock.h"
 #include "../common/err.h"
+#include "../common/io.h"
 
 uint64_t arena_peak_rss(void)
 {
@@ -120,13 +121,13 @@ static void *read_worker(void *arg)
 int arena_probe_read(const char *path, unsigned threads, int direct, uint64_t max_bytes, double *gbps)
 {
 	*gbps = 0;
-	int fd = direct ? open(path, O_RDONLY | O_DIRECT | O_CLOEXEC) : -1;
-	if (fd < 0)
-		fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return arena_syserrorf(ARENA_E_IO, errno, "%s: cannot open", path);
+	int fd = -1;
 	struct stat st;
-	fstat(fd, &st);
+	if (!direct || arena_open_input(path, O_DIRECT, &fd, &st)) {
+		int rc = arena_open_input(path, 0, &fd, &st);
+		if (rc)
+			return rc;
+	}
 	read_job j = {.fd = fd, .size = (uint64_t)st.st_size};
 	if (max_bytes && max_bytes < j.size)
 		j.size = max_bytes;

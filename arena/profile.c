@@ -5,9 +5,11 @@
 #include <jansson.h>
 #include <math.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../common/alloc.h"
 #include "../common/err.h"
+#include "../common/io.h"
 #include "../common/outfile.h"
 #include "engine.h"
 
@@ -63,15 +65,20 @@ static int bad(const char *path, const char *what)
 
 int arena_profile_read(const char *path, const arena_layout *l, double *cost, double *h2d, double *bwd)
 {
+	int fd;
+	int rc = arena_open_input(path, 0, &fd, NULL);
+	if (rc)
+		return rc;
 	json_error_t jerr;
 	unsigned long mark = arena_json_parse_begin();
-	json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-	int err = errno, oom = arena_json_parse_end(mark), rc = 0;
+	json_t *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &jerr);
+	int err = errno, oom = arena_json_parse_end(mark);
+	close(fd);
 	char msg[512];
 	if (!root) {
 		enum json_error_code code = json_error_code(&jerr);
 		if (code == json_error_cannot_open_file)
-			return arena_syserrorf(err == ENOENT ? ARENA_E_NOT_FOUND : ARENA_E_IO, err, "%s: cannot open", path);
+			return arena_syserrorf(ARENA_E_IO, err, "%s: cannot read", path);
 		if (code == json_error_out_of_memory || oom)
 			return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", path);
 		return arena_errorf(ARENA_E(PROFILE_BAD), "%s: line %d column %d: %s", path, jerr.line, jerr.column,

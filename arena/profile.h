@@ -26,7 +26,8 @@ int arena_profile_write(const char *path, const arena_layout *l, const double *c
 /* Read a profile for l: cost[b] for every block (globals 0), the rate and
  * the backward factor. Errors: PROFILE_BAD with what is wrong and where
  * (not JSON, a missing or unknown field, a block of l missing, a name l has
- * not, a value out of range), IO (cannot open), NOMEM. */
+ * not, a value out of range), NOT_FOUND, INPUT_NOT_READABLE (see
+ * arena_open_input), IO, NOMEM. */
 int arena_profile_read(const char *path, const arena_layout *l, double *cost, double *h2d_bytes_per_s,
 		       double *backward_factor);
 

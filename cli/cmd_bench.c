@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <time.h>
 
@@ -304,6 +305,11 @@ int cmd_bench(int argc, char **argv)
 		return cli_usage_error("bench", "--sample-every is for --mode train");
 	if (passes > 1 && ao.mode == ARENA_MODE_TRAIN && !every)
 		return cli_usage_error("bench", "--passes is for sample steps (--mode sample, or --sample-every)");
+	/* The library refuses it too, but only once the run is over. */
+	struct stat sp, si;
+	if (save_profile && stat(save_profile, &sp) == 0 && stat(path, &si) == 0 && sp.st_dev == si.st_dev &&
+	    sp.st_ino == si.st_ino)
+		return cli_usage_error("bench", "--save-profile '%s' is the image; name another file", save_profile);
 	if (!simcap)
 		simcap = cap > (24ull << 30) ? cap : (24ull << 30);
 

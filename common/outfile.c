@@ -1,24 +1,35 @@
-/* outfile.c - write to a temporary, fsync, rename: whole files or none. */
+/* outfile.c - whole files or none: an unnamed file (O_TMPFILE) linked in
+ * when whole, else a locked named temporary renamed into place (outfile.h). */
 #include "outfile.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "alloc.h"
 #include "err.h"
 
 static atomic_long write_fault_at, write_count;
+static atomic_int force_named;
 
 void arena_fault_write(long n)
 {
 	atomic_store(&write_count, 0);
 	atomic_store(&write_fault_at, n);
+}
+
+void arena__outfile_force_named(int on)
+{
+	atomic_store(&force_named, on);
 }
 
 static int write_should_fail(void)
@@ -42,12 +53,159 @@ static char *dir_part(const char *path)
 	return d;
 }
 
+static const char *base_part(const char *path)
+{
+	const char *s = strrchr(path, '/');
+	return s ? s + 1 : path;
+}
+
+/* Temporaries are "." base ".tmp-" and 6 letters or digits (mkostemp's). */
+#define TMP_MID ".tmp-"
+#define TMP_RANDOM 6
+
+static int is_temp_of(const char *name, const char *base)
+{
+	size_t b = strlen(base), m = strlen(TMP_MID), i = 0;
+	if (name[0] != '.' || strncmp(name + 1, base, b) || strncmp(name + 1 + b, TMP_MID, m))
+		return 0;
+	for (const char *r = name + 1 + b + m; r[i]; i++)
+		if (!((r[i] >= '0' && r[i] <= '9') || (r[i] >= 'a' && r[i] <= 'z') || (r[i] >= 'A' && r[i] <= 'Z')))
+			return 0;
+	return i == TMP_RANDOM;
+}
+
+/* A fresh temporary name for f in f->tmp_path (linkat needs a name of its
+ * own; it fails, and is retried, when the name is taken). */
+static void temp_name(arena_outfile *f)
+{
+	static const char az[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+	static atomic_uint counter;
+	unsigned char r[TMP_RANDOM];
+	if (getrandom(r, sizeof(r), GRND_NONBLOCK) != (ssize_t)sizeof(r)) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		unsigned long long x = (unsigned long long)ts.tv_nsec ^ ((unsigned long long)getpid() << 20) ^
+				       ((unsigned long long)atomic_fetch_add(&counter, 1) << 40);
+		for (size_t i = 0; i < sizeof(r); i++, x >>= 8)
+			r[i] = (unsigned char)x;
+	}
+	char *p = f->tmp_path + sprintf(f->tmp_path, "%s/.%s" TMP_MID, f->dir, base_part(f->path));
+	for (size_t i = 0; i < sizeof(r); i++)
+		p[i] = az[r[i] % (sizeof(az) - 1)];
+	p[sizeof(r)] = '\0';
+}
+
+/* The writer holds an exclusive lock on its temporary while the file is
+ * open. Where the filesystem has no locks, it goes unprotected, and no
+ * sweep can take a lock on it either: it is never removed by one. */
+static void lock_temp(int fd)
+{
+	while (flock(fd, LOCK_EX) < 0 && errno == EINTR)
+		;
+}
+
+/* Remove the temporaries of `base` in `dir` whose writer is gone: each
+ * writer holds its lock until its temporary is renamed or removed, so a
+ * temporary whose lock can be taken belongs to a dead process (or to an
+ * arena from before the locks). Best effort: nothing here fails an open. */
+static void sweep(const char *dir, const char *base)
+{
+	DIR *d = opendir(dir);
+	if (!d)
+		return;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (!is_temp_of(e->d_name, base))
+			continue;
+		/* O_RDWR: NFS emulates flock with byte-range locks, which need it */
+		const int fl = O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC;
+		int fd = openat(dirfd(d), e->d_name, O_RDWR | fl);
+		if (fd < 0 && errno == EACCES)
+			fd = openat(dirfd(d), e->d_name, O_RDONLY | fl);
+		if (fd < 0)
+			continue;
+		struct stat a, b;
+		if (fstat(fd, &a) == 0 && S_ISREG(a.st_mode) && flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+		    fstatat(dirfd(d), e->d_name, &b, AT_SYMLINK_NOFOLLOW) == 0 && a.st_dev == b.st_dev &&
+		    a.st_ino == b.st_ino)
+			unlinkat(dirfd(d), e->d_name, 0);
+		close(fd);
+	}
+	closedir(d);
+}
+
+/* An unnamed file in f->dir (O_TMPFILE), locked. 1 when made, 0 when the
+ * filesystem or kernel has none or /proc (to link it in) is missing, or an
+ * error. */
+static int create_unnamed(arena_outfile *f)
+{
+	int fd = open(f->dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
+	if (fd < 0) {
+		int e = errno;
+		if (e == EOPNOTSUPP || e == EISDIR || e == EINVAL)
+			return 0;
+		return arena_syserrorf(ARENA_E_IO, e, "%s: cannot create output file", f->path);
+	}
+	char proc[64];
+	struct stat st;
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+	if (stat(proc, &st) < 0) {
+		close(fd);
+		return 0;
+	}
+	lock_temp(fd);
+	f->fd = fd;
+	return 1;
+}
+
+/* A named temporary in f->tmp_path, locked. */
+static int create_named(arena_outfile *f)
+{
+	for (int tries = 0;; tries++) {
+		sprintf(f->tmp_path, "%s/.%s" TMP_MID "XXXXXX", f->dir, base_part(f->path));
+		int fd = mkostemp(f->tmp_path, O_CLOEXEC);
+		if (fd < 0)
+			return arena_syserrorf(ARENA_E_IO, errno, "%s: cannot create output file", f->path);
+		lock_temp(fd);
+		/* A sweep between mkostemp and the lock may have taken the name. */
+		struct stat a, b;
+		if (tries < 100 && fstat(fd, &a) == 0 &&
+		    (stat(f->tmp_path, &b) < 0 || a.st_dev != b.st_dev || a.st_ino != b.st_ino)) {
+			close(fd);
+			continue;
+		}
+		f->fd = fd;
+		f->named = 1;
+		return 0;
+	}
+}
+
+static const char *kind(mode_t m)
+{
+	return S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) || S_ISBLK(m) ? "a device" : S_ISSOCK(m) ? "a socket" : "something";
+}
+
+static void outfile_free(arena_outfile *f)
+{
+	if (f->named)
+		unlink(f->tmp_path);
+	/* Closed after the unlink or rename: the lock guards the name until it is gone. */
+	if (f->dfd >= 0)
+		close(f->dfd);
+	if (f->fd >= 0)
+		close(f->fd);
+	arena_free(f->tmp_path);
+	arena_free(f->dir);
+	arena_free(f->path);
+	arena_free(f);
+}
+
 int arena_outfile_open(const char *path, arena_outfile **out)
 {
 	*out = NULL;
 	arena_outfile *f = arena_calloc(1, sizeof(*f));
 	char *dir = dir_part(path);
-	const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+	const char *base = base_part(path);
 	if (!f || !dir || !(f->path = arena_strdup(path)) ||
 	    !(f->tmp_path = arena_malloc(strlen(dir) + strlen(base) + 24))) {
 		arena_free(dir);
@@ -57,26 +215,33 @@ int arena_outfile_open(const char *path, arena_outfile **out)
 		}
 		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", path);
 	}
-	if (!*base) {
-		arena_free(dir);
-		arena_free(f->tmp_path);
-		arena_free(f->path);
-		arena_free(f);
-		return arena_errorf(ARENA_E_USAGE, "%s: output path names a folder, not a file", path);
+	f->dir = dir;
+	f->fd = f->dfd = -1;
+	int rc = 0;
+	struct stat st;
+	int exists = *base && stat(path, &st) == 0;
+	if (!*base || (exists && S_ISDIR(st.st_mode)))
+		rc = arena_errorf(ARENA_E_USAGE, "%s: output path names a folder, not a file", path);
+	else if (exists && !S_ISREG(st.st_mode))
+		rc = arena_errorf(ARENA_E_USAGE, "%s: output path names %s, not a regular file", path, kind(st.st_mode));
+	if (rc) {
+		outfile_free(f);
+		return rc;
 	}
-	f->dfd = -1;
-	sprintf(f->tmp_path, "%s/.%s.tmp-XXXXXX", dir, base);
-	arena_free(dir);
-	f->fd = mkostemp(f->tmp_path, O_CLOEXEC);
-	if (f->fd < 0) {
-		int e = errno;
-		arena_free(f->tmp_path);
-		arena_free(f->path);
-		arena_free(f);
-		return arena_syserrorf(ARENA_E_IO, e, "%s: cannot create output file", path);
+	sweep(dir, base);
+	rc = atomic_load(&force_named) ? 0 : create_unnamed(f);
+	if (rc == 0)
+		rc = create_named(f);
+	else if (rc == 1)
+		rc = 0;
+	if (rc) {
+		outfile_free(f);
+		return rc;
 	}
 	fchmod(f->fd, 0644);
-	f->dfd = open(f->tmp_path, O_WRONLY | O_DIRECT | O_CLOEXEC); /* -1: no direct I/O here */
+	char proc[64];
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", f->fd);
+	f->dfd = open(f->named ? f->tmp_path : proc, O_WRONLY | O_DIRECT | O_CLOEXEC); /* -1: no direct I/O here */
 	*out = f;
 	return 0;
 }
@@ -136,54 +301,72 @@ int arena_outfile_write(arena_outfile *f, const void *buf, size_t n)
 	return rc;
 }
 
-static void outfile_free(arena_outfile *f)
+/* Name the unnamed file: the target itself where there is none (*placed),
+ * else a fresh temporary, to be renamed over it. */
+static int link_unnamed(arena_outfile *f, int *placed)
 {
-	if (f->dfd >= 0)
-		close(f->dfd);
-	if (f->fd >= 0)
-		close(f->fd);
-	arena_free(f->tmp_path);
-	arena_free(f->path);
-	arena_free(f);
+	char proc[64];
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", f->fd);
+	if (linkat(AT_FDCWD, proc, AT_FDCWD, f->path, AT_SYMLINK_FOLLOW) == 0) {
+		*placed = 1;
+		return 0;
+	}
+	int e = errno;
+	for (int tries = 0; e == EEXIST && tries < 100; tries++) {
+		temp_name(f);
+		if (linkat(AT_FDCWD, proc, AT_FDCWD, f->tmp_path, AT_SYMLINK_FOLLOW) == 0) {
+			f->named = 1;
+			return 0;
+		}
+		e = errno;
+	}
+	return arena_syserrorf(ARENA_E_IO, e, "%s: cannot link the output into place", f->path);
 }
 
 int arena_outfile_commit(arena_outfile *f)
 {
-	int rc = 0;
-	/* Everything that can fail for want of memory happens before the rename:
-	 * a commit that returns an error never leaves the target in place. */
-	char *dir = dir_part(f->path);
-	if (!dir)
-		rc = arena_errorf(ARENA_E_NOMEM, "%s: out of memory", f->path);
-	else if (fsync(f->fd) < 0)
+	/* Nothing here allocates: a commit that returns an error never leaves
+	 * the target changed. The descriptors are closed after the rename (the
+	 * lock guards the temporary's name till then); fsync has left close
+	 * nothing to write. */
+	int rc = 0, placed = 0;
+	if (fsync(f->fd) < 0)
 		rc = arena_syserrorf(ARENA_E_IO, errno, "%s: fsync failed", f->path);
-	if (!rc) {
-		int cr = close(f->fd);
-		f->fd = -1; /* released even when close fails */
-		if (cr < 0)
-			rc = arena_syserrorf(ARENA_E_IO, errno, "%s: close failed", f->path);
-	}
-	if (!rc && rename(f->tmp_path, f->path) < 0)
+	if (!rc && !f->named)
+		rc = link_unnamed(f, &placed);
+	if (!rc && !placed && rename(f->tmp_path, f->path) < 0)
 		rc = arena_syserrorf(ARENA_E_IO, errno, "%s: cannot rename the temporary into place", f->path);
-	if (rc) {
-		unlink(f->tmp_path);
-	} else {
-		int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (!rc) {
+		f->named = 0; /* renamed: the target's now */
+		int dfd = open(f->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 		if (dfd >= 0) {
 			fsync(dfd);
 			close(dfd);
 		}
 	}
-	arena_free(dir);
 	outfile_free(f);
 	return rc;
 }
 
 void arena_outfile_abort(arena_outfile *f)
 {
-	if (!f)
-		return;
-	if (f->tmp_path)
-		unlink(f->tmp_path);
-	outfile_free(f);
+	if (f)
+		outfile_free(f);
+}
+
+int arena_outfile_check_input_id(const char *path, uint64_t dev, uint64_t ino, const char *input)
+{
+	struct stat st;
+	if (stat(path, &st) == 0 && (uint64_t)st.st_dev == dev && (uint64_t)st.st_ino == ino)
+		return arena_errorf(ARENA_E(OUTPUT_IS_INPUT), "%s: is an input (the same file as %s); name another output",
+				    path, input);
+	return 0;
+}
+
+int arena_outfile_check_input(const char *path, int input_fd, const char *input)
+{
+	struct stat st;
+	if (input_fd < 0 || fstat(input_fd, &st) < 0)
+		return 0;
+	return arena_outfile_check_input_id(path, (uint64_t)st.st_dev, (uint64_t)st.st_ino, input);
 }

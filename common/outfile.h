@@ -1,9 +1,19 @@
 /* outfile.h - output files that appear whole or not at all.
  *
- * Data goes to a temporary ".NAME.tmp-XXXXXX" beside the target; commit
- * fsyncs it, renames it over the target and fsyncs the folder. abort (or a
- * failed commit) unlinks the temporary. A crash can leave a temporary behind
- * but never a partial file under the target name.
+ * Data goes to a file without a name (O_TMPFILE) in the target's folder;
+ * commit fsyncs it, links it in under the target name (straight there when
+ * the target does not exist, else under a temporary name renamed over it)
+ * and fsyncs the folder. abort (or a failed commit) closes it, and the
+ * system frees its blocks. Nothing is ever named until it is whole, so a
+ * writer that is killed (SIGKILL, power loss) leaves nothing behind.
+ *
+ * Where the filesystem has no O_TMPFILE (NFS, some FUSE filesystems), data
+ * goes to a named temporary ".NAME.tmp-XXXXXX" beside the target, renamed
+ * over it by commit and unlinked by abort. Its writer holds an exclusive
+ * flock on it until then; each open of a target first removes the
+ * temporaries of that target whose lock can be taken, which only a dead
+ * writer's can. So a killed writer's temporary lasts until the next writer
+ * of the same target, never longer.
  *
  * Writes can be made to fail by injection (tests): arena_fault_write(n) makes
  * the nth write call from now fail with ENOSPC. */
@@ -15,13 +25,17 @@
 
 typedef struct arena_outfile {
 	char *path;     /* target */
-	char *tmp_path; /* temporary, NULL once committed or aborted */
+	char *dir;      /* the target's folder */
+	char *tmp_path; /* the temporary's name (room for it, while named is 0) */
+	int named;      /* tmp_path exists and is this file */
 	int fd;
 	int dfd;        /* the temporary opened with O_DIRECT, or -1 */
 	uint64_t size;  /* bytes appended with arena_outfile_write */
 } arena_outfile;
 
-/* Create the temporary for `path`. Errors: NOT_FOUND (no such folder), IO. */
+/* Create the temporary for `path`. Errors: USAGE (path names a folder or
+ * something that is not a regular file: it would not be replaced),
+ * NOT_FOUND (no such folder), IO. */
 int arena_outfile_open(const char *path, arena_outfile **out);
 /* Append n bytes (the whole of them, retrying short writes). */
 int arena_outfile_write(arena_outfile *f, const void *buf, size_t n);
@@ -37,13 +51,25 @@ int arena_outfile_reserve(arena_outfile *f, uint64_t size);
  * lock. Falls back to arena_outfile_pwrite otherwise. */
 int arena_outfile_pwrite_direct(arena_outfile *f, const void *buf, size_t n, uint64_t off);
 
-/* fsync, rename over the target, fsync the folder; frees f in every case. */
+/* fsync, put in place under the target name, fsync the folder; frees f in
+ * every case. An error leaves the target as it was. */
 int arena_outfile_commit(arena_outfile *f);
-/* Unlink the temporary and free f. Accepts NULL. */
+/* Drop the temporary and free f. Accepts NULL. */
 void arena_outfile_abort(arena_outfile *f);
+
+/* An output must not be one of the inputs: OUTPUT_IS_INPUT (class USAGE),
+ * with a message naming both, when `path` is (through symlinks or hard
+ * links) the file that `input_fd` has open; `input` names it. 0 otherwise,
+ * also when path does not exist. Call before anything is written. */
+int arena_outfile_check_input(const char *path, int input_fd, const char *input);
+/* The same for an input known by its st_dev and st_ino. */
+int arena_outfile_check_input_id(const char *path, uint64_t dev, uint64_t ino, const char *input);
 
 /* Fault injection (tests only): the nth write from now fails with ENOSPC;
  * 0 disarms. */
 void arena_fault_write(long n);
+/* Tests only: 1 makes every output use a named temporary, as where the
+ * filesystem has no O_TMPFILE; 0 goes back. */
+void arena__outfile_force_named(int on);
 
 #endif

@@ -8,9 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "../common/alloc.h"
 #include "../common/err.h"
+#include "../common/io.h"
 
 #define E(name) ARENA_E(name)
 
@@ -107,14 +109,30 @@ static int open_index(arena_ckpt *c, const char *index_path)
 	c->index_path = arena_strdup(index_path);
 	if (!c->index_path)
 		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", index_path);
+	int fd;
+	struct stat st;
+	int rc = arena_open_input(index_path, 0, &fd, &st);
+	if (rc)
+		return rc;
+	/* Known by its identity once closed: an output must not replace it. */
+	char *ip = arena_strdup(index_path);
+	arena_ckpt_file_id *ids = ip ? arena_realloc(c->indexes, (c->n_indexes + 1) * sizeof(*ids)) : NULL;
+	if (!ids) {
+		arena_free(ip);
+		close(fd);
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", index_path);
+	}
+	c->indexes = ids;
+	ids[c->n_indexes++] = (arena_ckpt_file_id){ip, (uint64_t)st.st_dev, (uint64_t)st.st_ino};
 	json_error_t jerr;
 	unsigned long mark = arena_json_parse_begin();
-	json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
+	json_t *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &jerr);
 	int err = errno, oom = arena_json_parse_end(mark);
+	close(fd);
 	if (!root) {
 		enum json_error_code code = json_error_code(&jerr);
 		if (code == json_error_cannot_open_file)
-			return arena_syserrorf(ARENA_E_IO, err, "%s: cannot open", index_path);
+			return arena_syserrorf(ARENA_E_IO, err, "%s: cannot read", index_path);
 		if (code == json_error_out_of_memory || oom)
 			return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", index_path);
 		return arena_errorf(E(IDX_JSON), "%s: line %d column %d: %s", index_path, jerr.line, jerr.column,
@@ -137,7 +155,6 @@ static int open_index(arena_ckpt *c, const char *index_path)
 	const char **shards = arena_calloc(nw, sizeof(*shards));
 	char *dir = dir_of(index_path);
 	char *p = NULL;
-	int rc = 0;
 	if (!shards || !dir) {
 		rc = arena_errorf(ARENA_E_NOMEM, "%s: out of memory", index_path);
 		goto out;
@@ -209,7 +226,7 @@ static int open_dir(arena_ckpt *c, const char *dir)
 {
 	DIR *d = opendir(dir);
 	if (!d)
-		return arena_syserrorf(ARENA_E_IO, errno, "%s: cannot open folder", dir);
+		return arena_input_syserror(dir, errno);
 	char *index = NULL, *single = NULL;
 	int n_st = 0, n_idx = 0, rc = 0;
 	struct dirent *e;
@@ -248,6 +265,8 @@ static int open_dir(arena_ckpt *c, const char *dir)
 			rc = arena_errorf(ARENA_E_NOMEM, "%s: out of memory", dir);
 		else
 			rc = n_idx ? open_index(c, p) : add_file(c, p);
+		if (rc == ARENA_E_NOT_FOUND) /* listed but gone (a dangling symlink): the folder's fault */
+			rc = ARENA_E(INPUT_NOT_READABLE);
 		arena_free(p);
 	}
 out:
@@ -261,7 +280,7 @@ static int open_one(arena_ckpt *c, const char *path)
 {
 	struct stat st;
 	if (stat(path, &st) < 0)
-		return arena_syserrorf(ARENA_E_IO, errno, "%s: cannot open", path);
+		return arena_input_syserror(path, errno);
 	if (S_ISDIR(st.st_mode))
 		return open_dir(c, path);
 	if (ends_with(path, ".json"))
@@ -299,6 +318,18 @@ int arena_ckpt_open_many(const char *const *paths, size_t n, arena_ckpt **out)
 			for (size_t k = 0; k < sub->n_files; k++)
 				c->files[c->n_files++] = sub->files[k];
 			sub->n_files = 0;
+			arena_ckpt_file_id *ids =
+				sub->n_indexes ? arena_realloc(c->indexes, (c->n_indexes + sub->n_indexes) * sizeof(*ids))
+					       : c->indexes;
+			if (sub->n_indexes && !ids) {
+				arena_ckpt_close(sub);
+				rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
+				break;
+			}
+			c->indexes = ids;
+			for (size_t k = 0; k < sub->n_indexes; k++)
+				c->indexes[c->n_indexes++] = sub->indexes[k];
+			sub->n_indexes = 0;
 			arena_ckpt_close(sub);
 		}
 		if (!rc)
@@ -326,6 +357,9 @@ void arena_ckpt_close(arena_ckpt *c)
 	arena_free(c->files);
 	arena_free(c->tensors);
 	arena_free(c->index_path);
+	for (size_t i = 0; i < c->n_indexes; i++)
+		arena_free(c->indexes[i].path);
+	arena_free(c->indexes);
 	json_decref((json_t *)c->index_json);
 	arena_free(c);
 }

@@ -5,14 +5,27 @@
  * defined twice is DUPLICATE_TENSOR; with an index, a shard it names that is
  * missing is IDX_SHARD_MISSING, a tensor it names that its shard lacks is
  * IDX_TENSOR_MISSING, and a tensor a shard holds that it does not name is
- * IDX_TENSOR_UNLISTED. */
+ * IDX_TENSOR_UNLISTED.
+ *
+ * Paths: one named here that does not exist is NOT_FOUND (a usage error);
+ * any file read that is not a readable regular file (a shard or index that
+ * is a folder, FIFO, device, symlink loop, unreadable; see arena_open_input)
+ * is INPUT_NOT_READABLE, like a bad input. A folder named here is searched. */
 #ifndef ARENA_FORMATS_CHECKPOINT_H
 #define ARENA_FORMATS_CHECKPOINT_H
 
 #include "safetensors.h"
 
+/* A file that was read and closed: its path (owned), st_dev and st_ino. */
+typedef struct arena_ckpt_file_id {
+	char *path;
+	uint64_t dev, ino;
+} arena_ckpt_file_id;
+
 typedef struct arena_ckpt {
 	char *index_path;         /* owned; NULL without an index */
+	size_t n_indexes;
+	arena_ckpt_file_id *indexes; /* every index read (one per sharded input) */
 	void *index_json;         /* json_t root of the index (private) */
 	const void *index_meta;   /* json_t: the index's "metadata" object, or NULL */
 	size_t n_files;

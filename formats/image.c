@@ -575,8 +575,8 @@ static int parse_manifest(arena_image *img, const char *text, size_t len)
 int arena_img_sniff(const char *path)
 {
 	char magic[8];
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
+	int fd;
+	if (arena_open_input(path, 0, &fd, NULL))
 		return 0;
 	ssize_t n = pread(fd, magic, 8, 0);
 	close(fd);
@@ -676,20 +676,9 @@ int arena_img_open(const char *path, arena_image **out)
 	img->fd = -1;
 	int rc = 0;
 	char *mtext = NULL;
-	img->fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (img->fd < 0) {
-		rc = arena_syserrorf(ARENA_E_IO, errno, "%s: cannot open", path);
-		goto out;
-	}
 	struct stat st;
-	if (fstat(img->fd, &st) < 0) {
-		rc = arena_syserrorf(ARENA_E_IO, errno, "%s: cannot stat", path);
+	if ((rc = arena_open_input(path, 0, &img->fd, &st)))
 		goto out;
-	}
-	if (!S_ISREG(st.st_mode)) {
-		rc = arena_errorf(ARENA_E_USAGE, "%s: not a regular file", path);
-		goto out;
-	}
 	uint8_t page[ARENA_IMG_HEADER_SIZE];
 	uint64_t size = (uint64_t)st.st_size;
 	if (size >= ARENA_IMG_HEADER_SIZE && (rc = arena_pread_full(img->fd, page, sizeof(page), 0, path)))

@@ -92,7 +92,8 @@ typedef struct arena_image {
 /* Does the file at `path` start with the image magic? 1 yes, 0 no (including unreadable). */
 int arena_img_sniff(const char *path);
 
-/* Open and check everything but the data chunks (docs/FORMAT.md order). */
+/* Open and check everything but the data chunks (docs/FORMAT.md order).
+ * Errors: NOT_FOUND, INPUT_NOT_READABLE (see arena_open_input), IO, NOMEM, IMG_*. */
 int arena_img_open(const char *path, arena_image **out);
 void arena_img_close(arena_image *img);
 

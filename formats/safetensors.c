@@ -2,7 +2,6 @@
 #include "safetensors.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +11,7 @@
 
 #include "../common/alloc.h"
 #include "../common/err.h"
+#include "../common/io.h"
 #include "utf8.h"
 
 #define E(name) ARENA_E(name)
@@ -420,21 +420,13 @@ int arena_st_parse(const uint8_t *buf, uint64_t size, const char *label, arena_s
 int arena_st_open(const char *path, arena_st_file **out)
 {
 	*out = NULL;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return arena_syserrorf(ARENA_E_IO, errno, "%s: cannot open", path);
+	int fd;
 	struct stat st;
-	if (fstat(fd, &st) < 0) {
-		int e = errno;
-		close(fd);
-		return arena_syserrorf(ARENA_E_IO, e, "%s: cannot stat", path);
-	}
-	if (!S_ISREG(st.st_mode)) {
-		close(fd);
-		return arena_errorf(ARENA_E_USAGE, "%s: not a regular file", path);
-	}
+	int rc = arena_open_input(path, 0, &fd, &st);
+	if (rc)
+		return rc;
 	arena_st_file *f;
-	int rc = st_new(path, &f);
+	rc = st_new(path, &f);
 	if (rc) {
 		close(fd);
 		return rc;

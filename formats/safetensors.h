@@ -62,7 +62,8 @@ struct arena_st_file {
 };
 
 /* Map and validate the file at `path`. On success *out owns the mapping.
- * Errors: NOT_FOUND / IO / NOMEM, or an ST_* error naming the rule broken. */
+ * Errors: NOT_FOUND, INPUT_NOT_READABLE (not a readable regular file: see
+ * arena_open_input), IO, NOMEM, or an ST_* error naming the rule broken. */
 int arena_st_open(const char *path, arena_st_file **out);
 
 /* Validate `size` bytes at `buf` (borrowed: must outlive *out). `label` names

@@ -113,8 +113,11 @@ enum {
 	/* quantization (loader/quant.h) */                                               \
 	X(QUANT_UNKNOWN_SCHEME, USAGE, "unknown quantization scheme")                     \
 	X(QUANT_NOT_APPLICABLE, USAGE, "quantization scheme does not apply to this tensor") \
-	X(IMG_CHUNK_BAD, INVALID, "coded data chunk is malformed")                   \
-	X(IMG_PADDING, INVALID, "image padding byte is not zero")
+	X(IMG_CHUNK_BAD, INVALID, "coded data chunk is malformed")                        \
+	X(IMG_PADDING, INVALID, "image padding byte is not zero")                         \
+	/* paths (common/io.h, common/outfile.h) */                                       \
+	X(INPUT_NOT_READABLE, INVALID, "input is not a readable regular file")           \
+	X(OUTPUT_IS_INPUT, USAGE, "output is the same file as an input")
 
 typedef enum arena_err {
 #define ARENA__ERR_ENUM(name, cls, desc) ARENA__ERRNUM_##name,
@@ -428,7 +431,8 @@ ARENA_API int arena_profile_get(const arena *a, double *cost, size_t n, double *
  * backward_factor 0 = 3). Between steps. */
 ARENA_API int arena_profile_set(arena *a, const double *cost, size_t n, double h2d_bytes_per_s, double backward_factor);
 /* Write the profile (given or learned; as arena_profile_get) to `path`, for
- * `arena plan --profile`. The file appears whole or not at all. */
+ * `arena plan --profile`. The file appears whole or not at all; a path that
+ * is the image the arena was opened from is OUTPUT_IS_INPUT. */
 ARENA_API int arena_profile_save(const arena *a, const char *path);
 
 /* ---- the simulator ----------------------------------------------------------- */

@@ -215,6 +215,17 @@ static int build_sources(const arena_ckpt *ck, json_t **sources, json_t **meta)
 	return 0;
 }
 
+/* The output is none of the inputs: no file of the checkpoint, no index. */
+static int check_not_input(const arena_ckpt *ck, const char *out)
+{
+	int rc = 0;
+	for (size_t i = 0; !rc && i < ck->n_indexes; i++)
+		rc = arena_outfile_check_input_id(out, ck->indexes[i].dev, ck->indexes[i].ino, ck->indexes[i].path);
+	for (size_t i = 0; !rc && i < ck->n_files; i++)
+		rc = arena_outfile_check_input(out, ck->files[i]->fd, ck->files[i]->path);
+	return rc;
+}
+
 int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_convert_opts *opts,
 		       arena_convert_result *res)
 {
@@ -226,6 +237,8 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 	if (cs < ARENA_IMG_MIN_CHUNK || cs > ARENA_IMG_MAX_CHUNK || (cs & (cs - 1)))
 		return arena_errorf(ARENA_E_USAGE, "chunk size %llu is not a power of two from 64 KiB to 1 GiB",
 				    (unsigned long long)cs);
+	if (check_not_input(ck, out))
+		return ARENA_E(OUTPUT_IS_INPUT);
 	arena_layout *l = NULL;
 	json_t *sources = NULL, *meta = NULL;
 	char *manifest = NULL;

@@ -5,9 +5,10 @@
  * chunks: gather the bytes of the components the chunk covers straight from
  * the source files (pread), code it (when asked), checksum it and write it
  * at its final offset (in a coded image, chunks take their offsets in chunk
- * order as they finish). The image goes to a temporary beside OUT and is
- * renamed into place only when whole (see common/outfile.h); any failure
- * removes the temporary. */
+ * order as they finish). The image goes through common/outfile.h and appears
+ * at OUT only when whole; any failure (or a kill) leaves nothing. An OUT that
+ * is one of the inputs (a file of the checkpoint or an index it read, by any
+ * name) is OUTPUT_IS_INPUT, before anything is written. */
 #ifndef ARENA_LOADER_CONVERT_H
 #define ARENA_LOADER_CONVERT_H
 

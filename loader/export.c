@@ -10,6 +10,7 @@
 #include "../common/alloc.h"
 #include "../common/err.h"
 #include "../common/io.h"
+#include "../common/outfile.h"
 #include "../formats/image.h"
 #include "../formats/st_write.h"
 
@@ -74,8 +75,8 @@ int arena_export(const char *image, const char *out, unsigned threads, arena_exp
 		threads = c < 1 ? 1 : c > 8 ? 8 : (unsigned)c;
 	}
 	int rc = arena_img_open(image, &img);
-	/* Verified whole first: nothing is written from a bad image. */
-	if (rc || (rc = arena_img_verify_data(img, threads, NULL, NULL, NULL)) || (rc = arena_img_reader_init(&rd, img, 0)))
+	/* Verified whole first: nothing is written from a bad image, nor over it. */
+	if (rc || (rc = arena_outfile_check_input(out, img->fd, image)) || (rc = arena_img_verify_data(img, threads, NULL, NULL, NULL)) || (rc = arena_img_reader_init(&rd, img, 0)))
 		goto out;
 	const arena_layout *l = img->layout;
 	if ((rc = check_names(img)))

@@ -6,7 +6,7 @@
  * "qdata") under the tensor's name, every other component under
  * "<name>_<component>" (so "x.weight" + "x.weight_scale"). The image's data
  * is verified before anything is written; the output appears whole or not at
- * all. */
+ * all, and may not be the image (OUTPUT_IS_INPUT). */
 #ifndef ARENA_LOADER_EXPORT_H
 #define ARENA_LOADER_EXPORT_H
 

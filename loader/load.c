@@ -664,10 +664,12 @@ static int open_direct(lsrc *f, int io)
 	f->dfd = -1;
 	if (io == ARENA_IO_BUFFERED)
 		return 0;
-	f->dfd = open(f->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
-	if (f->dfd < 0 && io == ARENA_IO_DIRECT && errno != EINVAL)
-		return arena_syserrorf(ARENA_E_IO, errno, "%s: cannot open for direct I/O", f->path);
-	return 0; /* EINVAL: the filesystem has no O_DIRECT (tmpfs): buffered */
+	int rc = arena_open_input(f->path, O_DIRECT, &f->dfd, NULL);
+	if (rc && (io != ARENA_IO_DIRECT || errno == EINVAL)) {
+		arena_error_clear(); /* EINVAL: the filesystem has no O_DIRECT (tmpfs): buffered */
+		rc = 0;
+	}
+	return rc;
 }
 
 /* Coded images: each worker's device stage (one stored chunk), when some

@@ -9,6 +9,7 @@
 #include "../common/err.h"
 #include "../common/hash.h"
 #include "../common/io.h"
+#include "../common/outfile.h"
 #include "../formats/image.h"
 
 struct arena_slab_reader {
@@ -65,4 +66,9 @@ int arena_slab_reader_read(void *reader, uint32_t b, uint8_t *dst, uint64_t byte
 		arena_error_prefix(what);
 	}
 	return rc;
+}
+
+int arena_slab_reader_check_output(const arena_slab_reader *r, const char *path)
+{
+	return arena_outfile_check_input(path, r->img->fd, r->img->path);
 }

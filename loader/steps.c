@@ -241,7 +241,8 @@ int arena_profile_save(const arena *a, const char *path)
 		rc = arena_errorf(ARENA_E_USAGE, "arena_profile_save: NULL path");
 	else if (!c)
 		rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
-	else if (!(rc = arena_engine_profile(a->e, c, &h, &w))) {
+	else if (!(rc = a->rr ? arena_slab_reader_check_output(a->rr, path) : 0) && /* not over the image */
+		 !(rc = arena_engine_profile(a->e, c, &h, &w))) {
 		if (!(h > 0))
 			rc = arena_errorf(ARENA_E_NOT_FOUND, "%s: no host-to-device rate yet (no copy timed)", path);
 		else

@@ -52,10 +52,10 @@ synth_no_such_folder() {
 }
 
 synth_unwritable() {
-	# The target is a folder: the rename fails after all the data was written.
+	# The target is a folder: refused (a usage error) before anything is written.
 	mkdir -p "$T/o/dir"
 	run synth --layout flux-tiny -o "$T/o/dir"
-	expect_rc 3
+	expect_rc 2
 	expect_no_out
 	expect_error_line
 	expect_err "$T/o/dir"
