@@ -112,12 +112,21 @@ deps $(DEPS_OK): scripts/deps.sh
 	$(Q)CC="$(CC)" sh scripts/deps.sh
 	$(Q)mkdir -p $(BUILD) && touch $(DEPS_OK)
 
-$(BUILD)/obj/%.o: %.c | $(DEPS_OK)
+# Objects are rebuilt when the compiler or its flags change (SAN=1, WERROR=1,
+# CUDA=0 ... into the same BUILD): the command line is kept in a stamp.
+FLAGS_STAMP := $(BUILD)/.flags
+FLAGS_LINE := $(CC) $(CPPFLAGS) $(CFLAGS) | $(NVCC) $(NVCCFLAGS)
+.PHONY: FORCE
+$(FLAGS_STAMP): FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(FLAGS_LINE)' | cmp -s - $@ || echo '$(FLAGS_LINE)' > $@
+
+$(BUILD)/obj/%.o: %.c $(FLAGS_STAMP) | $(DEPS_OK)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/%.o: %.cu | $(DEPS_OK)
+$(BUILD)/obj/%.o: %.cu $(FLAGS_STAMP) | $(DEPS_OK)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  NVCC    $<")
 	$(Q)$(NVCC) $(NVCCFLAGS) -c $< -o $@
@@ -147,7 +156,7 @@ $(BUILD)/tests/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(BUILD)/libare
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # GPU probe (bench/gpu_probe.c): raw pinned and pageable H2D rates as JSON, for
-# the GPU machine; needs CUDA. Prints "no CUDA device" and exits 3 without one.
+# a machine with a GPU; needs CUDA. Prints "no CUDA device" and exits 3 without one.
 .PHONY: bench
 ifeq ($(HAVE_CUDA),1)
 bench: $(BUILD)/bench/gpu_probe $(BUILD)/bench/reg_probe $(BUILD)/bench/overlap_probe $(BUILD)/bench/engine_trace

@@ -1,6 +1,6 @@
 #!/bin/sh
 # gpu_convert.sh - convert (plain and --quant fp8-e4m3-row, alternated) next to
-# cp+sync, and verify next to cat, of flux-dev on the GPU machine.
+# cp+sync, and verify next to cat, of flux-dev on a machine with an NVIDIA GPU (measured on one H200).
 # usage: A=path/to/arena sh bench/gpu_convert.sh WORKDIR
 set -u
 A=${A:-build/arena}

@@ -1,6 +1,6 @@
 #!/bin/sh
-# gpu_engine.sh - issue 6's speed measurements of the residency engine on the
-# GPU machine: `arena bench stream --backend cuda` (a cuBLAS bf16 GEMM with
+# gpu_engine.sh - speed measurements of the residency engine on a
+# machine with an NVIDIA GPU: `arena bench stream --backend cuda` (a cuBLAS bf16 GEMM with
 # T=4608 rows per block) on a flux-dev image, four runs:
 #   nocap     no cap (all resident): step <= 1.03 x the all-resident run
 #   cap8      --vram-cap 8G --mode sample: step <= 1.05 x bound

@@ -1,5 +1,5 @@
 #!/bin/sh
-# gpu_load.sh - issue 5's measurements on the GPU machine, one run each, all
+# gpu_load.sh - measurements on a machine with an NVIDIA GPU (measured on one H200), one run each, all
 # limits measured in the same run. Writes JSON and a log under OUT.
 # usage: OUT=dir A=path/to/arena sh bench/gpu_load.sh [WORKDIR]
 # Needs: a CUDA device, python3 with torch + safetensors (for the side-by-side),

@@ -1,5 +1,5 @@
 #!/bin/sh
-# gpu_torch.sh - the PyTorch adapter on the GPU machine (bench/torch_flux.py),
+# gpu_torch.sh - the PyTorch adapter on a machine with an NVIDIA GPU (measured on one H200) (bench/torch_flux.py),
 # side by side in one run: the plain diffusers Flux (FLUX.1-dev config, weights
 # from `arena synth --layout flux-dev`) resident, diffusers' group offloading
 # (block_level, use_stream), and arena.torch.attach at several vram sizes,

@@ -1,6 +1,6 @@
 #!/bin/sh
 # gpu_tune.sh - convert/verify/quant speed side by side with cp/cat, and the
-# loader's ring shapes, on the GPU machine (warm cache). One line per figure.
+# loader's ring shapes, on a machine with an NVIDIA GPU (measured on one H200) (warm cache). One line per figure.
 # usage: A=path/to/arena sh bench/gpu_tune.sh [WORKDIR]
 set -u
 A=${A:-build/arena}

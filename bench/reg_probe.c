@@ -2,7 +2,7 @@
  * pieces of a read-only file mapping with cudaHostRegister(ReadOnly) from T
  * threads, copies each to the device while the CPU hashes it, unregisters.
  * Prints one JSON line per thread count: registration rate, end-to-end rate.
- * usage: reg_probe FILE [PIECE_MIB]  (run on the GPU machine, warm cache) */
+ * usage: reg_probe FILE [PIECE_MIB]  (run on a machine with an NVIDIA GPU (measured on one H200), warm cache) */
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
 #include <pthread.h>

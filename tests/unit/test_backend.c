@@ -3,7 +3,7 @@
  * device is present (skipped otherwise).
  *
  * The hb4 decode tests (suite `backend`) run on sim, or with
- * ARENA_TEST_BACKEND=cuda on device 0 (the GPU machine), as test_engine.c's
+ * ARENA_TEST_BACKEND=cuda on device 0 (a machine with a GPU), as test_engine.c's
  * do; the few about the sim's own model always run on sim. */
 #include <criterion/criterion.h>
 
