@@ -49,22 +49,9 @@ static void disarm(void)
 
 TestSuite(fault, .fini = disarm);
 
-/* Entries in a folder, "." and ".." aside. */
-static int count_entries(const char *dir)
-{
-	DIR *d = opendir(dir);
-	cr_assert_not_null(d, "%s", dir);
-	int n = 0;
-	struct dirent *e;
-	while ((e = readdir(d)))
-		n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-	closedir(d);
-	return n;
-}
-
 static int open_fds(void)
 {
-	return count_entries("/proc/self/fd");
+	return dir_entries("/proc/self/fd");
 }
 
 typedef int (*open_fn)(const void *arg);
@@ -241,7 +228,7 @@ static int write_out(int chunks)
 Test(fault_out, write_ok)
 {
 	cr_assert_eq(write_out(4), 0, "%s", arena_last_error());
-	cr_assert_eq(count_entries(tmp), 1, "only the target remains");
+	cr_assert_eq(dir_entries(tmp), 1, "only the target remains");
 	struct stat st;
 	cr_assert_eq(stat(out_path(), &st), 0);
 	cr_assert_eq(st.st_size, 4000);
@@ -258,14 +245,14 @@ Test(fault_out, write_fault_every_call)
 		cr_assert_eq(rc, ARENA_E_IO, "write %ld failing gave %s (%s)", n, arena_err_name(rc),
 			     arena_last_error());
 		cr_assert(strstr(arena_last_error(), "out.bin"), "%s", arena_last_error());
-		cr_assert_eq(count_entries(tmp), 0, "write %ld failing left a file behind", n);
+		cr_assert_eq(dir_entries(tmp), 0, "write %ld failing left a file behind", n);
 		cr_assert_eq(open_fds(), fds, "write %ld failing leaks a file descriptor", n);
 	}
 	/* Past the last write: it succeeds. */
 	arena_fault_write(6);
 	cr_assert_eq(write_out(4), 0, "%s", arena_last_error());
 	arena_fault_write(0);
-	cr_assert_eq(count_entries(tmp), 1);
+	cr_assert_eq(dir_entries(tmp), 1);
 }
 
 Test(fault_out, write_fault_keeps_existing_target)
@@ -277,7 +264,7 @@ Test(fault_out, write_fault_keeps_existing_target)
 	struct stat st;
 	cr_assert_eq(stat(out_path(), &st), 0);
 	cr_assert_eq(st.st_size, 2000, "the old file is untouched");
-	cr_assert_eq(count_entries(tmp), 1, "no temporary left");
+	cr_assert_eq(dir_entries(tmp), 1, "no temporary left");
 }
 
 static int write_out_arg(const void *arg)
@@ -296,7 +283,7 @@ Test(fault_out, alloc_fault)
 		arena_fault_alloc(0);
 		if (!fired) {
 			cr_assert_eq(rc, 0, "%s", arena_last_error());
-			cr_assert_eq(count_entries(tmp), 1);
+			cr_assert_eq(dir_entries(tmp), 1);
 			cr_assert_eq(arena_alloc_live(), live);
 			cr_assert(!leaked(), "memory leaked (LeakSanitizer report above)");
 			return;
@@ -304,7 +291,7 @@ Test(fault_out, alloc_fault)
 		cr_assert_eq(rc, ARENA_E_NOMEM, "allocation %ld failing gave %s", n, arena_err_name(rc));
 		cr_assert_eq(arena_alloc_live(), live, "allocation %ld failing leaks %ld blocks", n,
 			     arena_alloc_live() - live);
-		cr_assert_eq(count_entries(tmp), 0, "allocation %ld failing left a file behind", n);
+		cr_assert_eq(dir_entries(tmp), 0, "allocation %ld failing left a file behind", n);
 	}
 	cr_assert_fail("too many allocations");
 }

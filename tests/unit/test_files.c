@@ -50,28 +50,6 @@ static void rm_tmp(void)
 	tmpdir_remove(tmp);
 }
 
-static const char *in_tmp(const char *name)
-{
-	static char buf[4][2048];
-	static unsigned next;
-	char *p = buf[next++ % 4];
-	snprintf(p, sizeof(buf[0]), "%s/%s", tmp, name);
-	return p;
-}
-
-/* Entries in a folder, "." and ".." aside. */
-static int count_entries(const char *dir)
-{
-	DIR *d = opendir(dir);
-	cr_assert_not_null(d, "%s", dir);
-	int n = 0;
-	struct dirent *e;
-	while ((e = readdir(d)))
-		n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-	closedir(d);
-	return n;
-}
-
 /* --- inputs ------------------------------------------------------------------ */
 
 TestSuite(input, .init = mk_tmp, .fini = rm_tmp, .timeout = 20);
@@ -103,13 +81,13 @@ static void try_all_readers(const char *path, const char *rule)
 
 Test(input, fifo)
 {
-	const char *p = in_tmp("f.safetensors");
+	const char *p = tmpdir_file(tmp, "f.safetensors");
 	cr_assert_eq(mkfifo(p, 0644), 0);
 	try_all_readers(p, "not a regular file");
 	arena_ckpt *c = (arena_ckpt *)1;
 	expect_not_file(arena_ckpt_open(p, &c), p, "arena_ckpt_open");
 	cr_assert_null(c);
-	const char *ix = in_tmp("model.safetensors.index.json");
+	const char *ix = tmpdir_file(tmp, "model.safetensors.index.json");
 	cr_assert_eq(mkfifo(ix, 0644), 0);
 	expect_not_file(arena_ckpt_open(ix, &c), ix, "arena_ckpt_open (index)");
 	expect_not_file(arena_ckpt_open(tmp, &c), ix, "arena_ckpt_open (folder)");
@@ -119,7 +97,7 @@ Test(input, device_folder_loop)
 {
 	try_all_readers("/dev/null", "not a regular file");
 	try_all_readers(tmp, "not a regular file");
-	const char *a = in_tmp("a"), *b = in_tmp("b");
+	const char *a = tmpdir_file(tmp, "a"), *b = tmpdir_file(tmp, "b");
 	cr_assert_eq(symlink("b", a), 0);
 	cr_assert_eq(symlink("a", b), 0);
 	try_all_readers(a, NULL);
@@ -132,7 +110,7 @@ Test(input, missing_is_not_found)
 	arena_st_file *f;
 	arena_image *img;
 	arena_ckpt *c;
-	const char *p = in_tmp("none.safetensors");
+	const char *p = tmpdir_file(tmp, "none.safetensors");
 	cr_assert_eq(arena_st_open(p, &f), ARENA_E_NOT_FOUND);
 	cr_assert_eq(arena_img_open(p, &img), ARENA_E_NOT_FOUND);
 	cr_assert_eq(arena_ckpt_open(p, &c), ARENA_E_NOT_FOUND);
@@ -144,7 +122,7 @@ TestSuite(outfile, .init = mk_tmp, .fini = rm_tmp, .timeout = 60);
 
 static const char *target(void)
 {
-	return in_tmp("out.bin");
+	return tmpdir_file(tmp, "out.bin");
 }
 
 /* Write and commit a small file at `path`. */
@@ -214,14 +192,14 @@ Test(outfile, killed_writer_leaves_no_temporary)
 	int fd = open(tmp, O_TMPFILE | O_RDWR, 0600);
 	if (fd >= 0) { /* the filesystem has O_TMPFILE: the file never had a name */
 		close(fd);
-		cr_assert_eq(count_entries(tmp), 0, "the killed writer's file has a name");
+		cr_assert_eq(dir_entries(tmp), 0, "the killed writer's file has a name");
 	}
 	cr_assert_eq(write_small(target()), 0, "%s", arena_last_error());
-	cr_assert_eq(count_entries(tmp), 1, "a temporary of the killed writer is left beside the target");
+	cr_assert_eq(dir_entries(tmp), 1, "a temporary of the killed writer is left beside the target");
 	/* and again, over an existing target */
 	kill_writer(start_writer(target()));
 	cr_assert_eq(write_small(target()), 0, "%s", arena_last_error());
-	cr_assert_eq(count_entries(tmp), 1, "a temporary of the killed writer is left beside the target");
+	cr_assert_eq(dir_entries(tmp), 1, "a temporary of the killed writer is left beside the target");
 }
 
 /* Where temporaries have names (no O_TMPFILE): the next writer removes the
@@ -237,26 +215,26 @@ Test(outfile, killed_named_writer_swept)
 		if (e->d_name[0] == '.' && strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
 			snprintf(dead, sizeof(dead), "%s", e->d_name);
 	closedir(d);
-	cr_assert_eq(count_entries(tmp), 1, "the killed writer left no named temporary");
+	cr_assert_eq(dir_entries(tmp), 1, "the killed writer left no named temporary");
 	cr_assert(*dead);
 	/* the next writer removes it; its own (a live writer's) is kept */
 	pid_t live = start_writer(target());
 	struct stat st;
-	cr_assert_eq(lstat(in_tmp(dead), &st), -1, "the dead writer's temporary is still there");
-	cr_assert_eq(count_entries(tmp), 1);
+	cr_assert_eq(lstat(tmpdir_file(tmp, dead), &st), -1, "the dead writer's temporary is still there");
+	cr_assert_eq(dir_entries(tmp), 1);
 	/* and so are other files: another target's temporary, names not ours */
 	const char *keep[] = {".other.bin.tmp-abcdef", ".out.bin.tmp-abcdefg", "out.bin.tmp-abcdef", ".out.bin.tmp-"};
 	for (size_t i = 0; i < sizeof(keep) / sizeof(*keep); i++) {
-		FILE *x = fopen(in_tmp(keep[i]), "w");
+		FILE *x = fopen(tmpdir_file(tmp, keep[i]), "w");
 		cr_assert_not_null(x, "%s", keep[i]);
 		fclose(x);
 	}
-	cr_assert_eq(count_entries(tmp), 5);
+	cr_assert_eq(dir_entries(tmp), 5);
 	cr_assert_eq(write_small(target()), 0, "%s", arena_last_error());
-	cr_assert_eq(count_entries(tmp), 6, "the target, the live writer's temporary and the 4 others");
+	cr_assert_eq(dir_entries(tmp), 6, "the target, the live writer's temporary and the 4 others");
 	kill_writer(live);
 	cr_assert_eq(write_small(target()), 0, "%s", arena_last_error());
-	cr_assert_eq(count_entries(tmp), 5, "the dead writer's temporary is still there");
+	cr_assert_eq(dir_entries(tmp), 5, "the dead writer's temporary is still there");
 	cr_assert_eq(stat(target(), &st), 0);
 	cr_assert_eq(st.st_size, 5);
 }
@@ -277,17 +255,17 @@ Test(outfile, two_writers_one_target)
 		struct stat st;
 		cr_assert_eq(stat(target(), &st), 0);
 		cr_assert_eq(st.st_size, 2);
-		cr_assert_eq(count_entries(tmp), 1);
+		cr_assert_eq(dir_entries(tmp), 1);
 	}
 }
 
 Test(outfile, output_not_a_regular_file)
 {
 	arena_outfile *f = (arena_outfile *)1;
-	const char *d = in_tmp("od"), *p = in_tmp("fifo");
+	const char *d = tmpdir_file(tmp, "od"), *p = tmpdir_file(tmp, "fifo");
 	cr_assert_eq(mkdir(d, 0755), 0);
 	cr_assert_eq(mkfifo(p, 0644), 0);
-	const char *outs[] = {d, in_tmp("od/"), p, "/dev/null"};
+	const char *outs[] = {d, tmpdir_file(tmp, "od/"), p, "/dev/null"};
 	for (size_t i = 0; i < sizeof(outs) / sizeof(*outs); i++) {
 		int rc = arena_outfile_open(outs[i], &f);
 		cr_assert_eq(arena_err_class(rc), ARENA_CLASS_USAGE, "%s gave %s (%s)", outs[i], arena_err_name(rc),
@@ -298,17 +276,17 @@ Test(outfile, output_not_a_regular_file)
 	struct stat st;
 	cr_assert_eq(stat(p, &st), 0);
 	cr_assert(S_ISFIFO(st.st_mode));
-	cr_assert_eq(count_entries(tmp), 2);
-	cr_assert_eq(count_entries(d), 0);
+	cr_assert_eq(dir_entries(tmp), 2);
+	cr_assert_eq(dir_entries(d), 0);
 }
 
 /* arena_profile_save (what bench stream --save-profile calls) does not
  * write over the image the arena was opened from, by any name. */
 Test(outfile, profile_save_not_over_its_image)
 {
-	const char *in = fixture_path("tiny_flux.safetensors"), *img = in_tmp("f.arena");
+	const char *in = fixture_path("tiny_flux.safetensors"), *img = tmpdir_file(tmp, "f.arena");
 	cr_assert_eq(arena_convert(&in, 1, img, NULL, NULL), 0, "%s", arena_last_error());
-	cr_assert_eq(symlink("f.arena", in_tmp("l.arena")), 0);
+	cr_assert_eq(symlink("f.arena", tmpdir_file(tmp, "l.arena")), 0);
 	struct stat before, after;
 	cr_assert_eq(stat(img, &before), 0);
 	arena_open_options o = {.backend = "sim", .vram_cap = 64 << 20};
@@ -317,8 +295,8 @@ Test(outfile, profile_save_not_over_its_image)
 	double cost[6] = {0, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3};
 	cr_assert_eq(arena_block_count(a), 6);
 	cr_assert_eq(arena_profile_set(a, cost, 6, 1e9, 0), 0, "%s", arena_last_error());
-	cr_assert_eq(arena_profile_save(a, in_tmp("p.json")), 0, "%s", arena_last_error());
-	const char *outs[] = {img, in_tmp("l.arena")};
+	cr_assert_eq(arena_profile_save(a, tmpdir_file(tmp, "p.json")), 0, "%s", arena_last_error());
+	const char *outs[] = {img, tmpdir_file(tmp, "l.arena")};
 	for (size_t i = 0; i < 2; i++) {
 		int rc = arena_profile_save(a, outs[i]);
 		cr_assert_eq(rc, ARENA_E(OUTPUT_IS_INPUT), "%s gave %s (%s)", outs[i], arena_err_name(rc),

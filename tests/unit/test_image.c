@@ -34,30 +34,14 @@ static void mk_tmpdir(void)
 	tmpdir_make(tmpdir, sizeof(tmpdir), "test-image");
 }
 
-static char *tmp(const char *name)
+static const char *tmp(const char *name)
 {
-	static char buf[4][512];
-	static int k;
-	char *b = buf[k++ % 4];
-	snprintf(b, 512, "%s/%s", tmpdir, name);
-	return b;
+	return tmpdir_file(tmpdir, name);
 }
 
 static void rm_tmpdir(void)
 {
 	tmpdir_remove(tmpdir);
-}
-
-/* Number of entries in tmpdir other than . and .. */
-static int tmp_entries(void)
-{
-	DIR *d = opendir(tmpdir);
-	int n = 0;
-	struct dirent *e;
-	while ((e = readdir(d)))
-		n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-	closedir(d);
-	return n;
 }
 
 static uint8_t *slurp(const char *path, size_t *len)
@@ -237,7 +221,7 @@ Test(image, bad_chunk_size_is_usage)
 	arena_convert_opts o = {.chunk_size = 1000};
 	const char *in = fixture_path("tiny_flux.safetensors");
 	expect_code(arena_convert(&in, 1, tmp("x.arena"), &o, NULL), USAGE);
-	cr_assert_eq(tmp_entries(), 0);
+	cr_assert_eq(dir_entries(tmpdir), 0);
 }
 
 /* ---- corruption ------------------------------------------------------------- */
@@ -719,7 +703,7 @@ Test(image, disk_full_during_convert_leaves_nothing)
 		fired++;
 		expect_code(rc, IO);
 		cr_assert(strstr(arena_last_error(), "No space left"), "%s", arena_last_error());
-		cr_assert_eq(tmp_entries(), 0, "a failed convert left a file behind (n=%ld)", n);
+		cr_assert_eq(dir_entries(tmpdir), 0, "a failed convert left a file behind (n=%ld)", n);
 	}
 	cr_assert_gt(fired, 3);
 	cr_assert_eq(open_verify(tmp("x.arena")), 0);
@@ -733,7 +717,7 @@ Test(image, read_failure_during_convert_leaves_nothing)
 	int rc = arena_convert(&in, 1, tmp("x.arena"), &o, NULL);
 	arena_fault_read(0);
 	expect_code(rc, IO);
-	cr_assert_eq(tmp_entries(), 0);
+	cr_assert_eq(dir_entries(tmpdir), 0);
 }
 
 Test(image, output_path_unwritable)
@@ -742,10 +726,10 @@ Test(image, output_path_unwritable)
 	expect_code(arena_convert(&in, 1, "/nonexistent-dir/x.arena", NULL, NULL), NOT_FOUND);
 	spit(tmp("file"), (const uint8_t *)"x", 1);
 	expect_code(arena_convert(&in, 1, tmp("file/x.arena"), NULL, NULL), NOT_FOUND);
-	cr_assert_eq(tmp_entries(), 1);
+	cr_assert_eq(dir_entries(tmpdir), 1);
 	int rc = arena_convert(&in, 1, tmpdir, NULL, NULL); /* a folder: cannot rename over it */
 	cr_assert_neq(rc, 0);
-	cr_assert_eq(tmp_entries(), 1);
+	cr_assert_eq(dir_entries(tmpdir), 1);
 }
 
 Test(image, two_inputs_same_tensor)
@@ -753,7 +737,7 @@ Test(image, two_inputs_same_tensor)
 	const char *in[2] = {fixture_path("tiny_flux.safetensors"), fixture_path("tiny_flux.safetensors")};
 	expect_code(arena_convert(in, 2, tmp("x.arena"), NULL, NULL), DUPLICATE_TENSOR);
 	cr_assert(strstr(arena_last_error(), "context_embedder.bias"), "%s", arena_last_error());
-	cr_assert_eq(tmp_entries(), 0);
+	cr_assert_eq(dir_entries(tmpdir), 0);
 	/* Two inputs without shared names form one model. */
 	const char *two[2] = {fixture_path("tiny_flux.safetensors"), fixture_path("tiny_llama_sharded")};
 	cr_assert_eq(arena_convert(two, 2, tmp("y.arena"), NULL, NULL), 0, "%s", arena_last_error());
@@ -780,12 +764,12 @@ Test(image, allocation_failures_convert_and_open)
 		}
 		/* jansson survives some failed allocations (the result is then whole). */
 		cr_assert(rc == ARENA_E_NOMEM || rc == 0, "n=%ld: %s: %s", n, arena_err_name(rc), arena_last_error());
-		cr_assert_eq(tmp_entries(), 1 + (rc == 0), "n=%ld left a file", n);
+		cr_assert_eq(dir_entries(tmpdir), 1 + (rc == 0), "n=%ld left a file", n);
 		unlink(tmp("x.arena"));
 	}
 	cr_assert_gt(n, 10);
 	cr_assert_eq(convert1(in, tmp("x.arena")), 0);
-	cr_assert_eq(tmp_entries(), 2);
+	cr_assert_eq(dir_entries(tmpdir), 2);
 	for (n = 1; n < 100000; n++) {
 		arena_image *img = NULL;
 		arena_fault_alloc(n);
@@ -820,7 +804,7 @@ Test(image, allocation_failures_tiny_flux_strided)
 			break;
 		}
 		cr_assert(rc == ARENA_E_NOMEM || rc == 0, "n=%ld: %s: %s", n, arena_err_name(rc), arena_last_error());
-		cr_assert_eq(tmp_entries(), rc == 0, "n=%ld left a file", n);
+		cr_assert_eq(dir_entries(tmpdir), rc == 0, "n=%ld left a file", n);
 		unlink(tmp("x.arena"));
 	}
 	cr_assert_gt(n, 500);
@@ -1349,7 +1333,7 @@ Test(image, coded_disk_full_and_allocation_failures_leave_nothing)
 			break;
 		fired++;
 		expect_code(rc, IO);
-		cr_assert_eq(tmp_entries(), 0, "a failed convert left a file behind (n=%ld)", n);
+		cr_assert_eq(dir_entries(tmpdir), 0, "a failed convert left a file behind (n=%ld)", n);
 	}
 	cr_assert_gt(fired, 3);
 	cr_assert_eq(open_verify(tmp("x.arena")), 0);
@@ -1365,7 +1349,7 @@ Test(image, coded_disk_full_and_allocation_failures_leave_nothing)
 			break;
 		}
 		cr_assert(rc == ARENA_E_NOMEM || rc == 0, "n=%ld: %s: %s", n, arena_err_name(rc), arena_last_error());
-		cr_assert_eq(tmp_entries(), rc == 0, "n=%ld left a file", n);
+		cr_assert_eq(dir_entries(tmpdir), rc == 0, "n=%ld left a file", n);
 		unlink(tmp("x.arena"));
 	}
 	cr_assert_gt(n, 100);
@@ -1377,7 +1361,7 @@ Test(image, coded_disk_full_and_allocation_failures_leave_nothing)
 		int rc = arena_convert(&in, 1, tmp("x.arena"), &o, NULL);
 		arena_fault_read(0);
 		cr_assert(rc == ARENA_E_IO || rc == 0, "%s", arena_last_error());
-		cr_assert_eq(tmp_entries(), rc == 0, "k=%ld rc=%d entries %d", k, rc, tmp_entries());
+		cr_assert_eq(dir_entries(tmpdir), rc == 0, "k=%ld rc=%d entries %d", k, rc, dir_entries(tmpdir));
 		unlink(tmp("x.arena"));
 	}
 }

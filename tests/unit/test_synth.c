@@ -41,27 +41,6 @@ static void remove_tmp(void)
 	tmpdir_remove(tmp_dir);
 }
 
-static const char *tmp_file(const char *name)
-{
-	static char buf[4][4096];
-	static unsigned next;
-	char *p = buf[next++ % 4];
-	snprintf(p, sizeof(buf[0]), "%s/%s", tmp_dir, name);
-	return p;
-}
-
-static int count_entries(const char *dir)
-{
-	DIR *d = opendir(dir);
-	cr_assert_not_null(d, "%s", dir);
-	int n = 0;
-	struct dirent *e;
-	while ((e = readdir(d)))
-		n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-	closedir(d);
-	return n;
-}
-
 static uint8_t *read_all(const char *path, size_t *len)
 {
 	FILE *fp = fopen(path, "rb");
@@ -132,7 +111,7 @@ Test(st_write, reference_fixtures_byte_identical)
 	for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++) {
 		arena_st_file *in;
 		cr_assert_eq(arena_st_open(fixture_path(names[k]), &in), 0, "%s", arena_last_error());
-		const char *out = tmp_file(names[k]);
+		const char *out = tmpdir_file(tmp_dir, names[k]);
 		cr_assert_eq(rewrite(in, out), 0, "%s: %s", names[k], arena_last_error());
 		assert_same_file(fixture_path(names[k]), out);
 		arena_st_close(in);
@@ -158,7 +137,7 @@ Test(st_write, escapes_match_reference)
 	const char *names[] = {"q\"b\\s\n\x01\x1f\x7f\xc3\xbc/\t\r\b\f", "plain", "\xe2\x9c\x93 ok"};
 	arena_stw *w;
 	uint64_t s3[] = {3};
-	cr_assert_eq(arena_stw_create(tmp_file("esc.st"), &w), 0);
+	cr_assert_eq(arena_stw_create(tmpdir_file(tmp_dir, "esc.st"), &w), 0);
 	cr_assert_eq(arena_stw_meta(w, "a", "b"), 0);
 	cr_assert_eq(arena_stw_meta(w, "k\"\n\x02", "v\\\xc3\xa9\x7f"), 0);
 	for (int i = 0; i < 3; i++)
@@ -169,7 +148,7 @@ Test(st_write, escapes_match_reference)
 	cr_assert_eq(arena_stw_write(w, v, sizeof(v)), 0);
 	cr_assert_eq(arena_stw_commit(w), 0);
 	size_t n;
-	uint8_t *b = read_all(tmp_file("esc.st"), &n);
+	uint8_t *b = read_all(tmpdir_file(tmp_dir, "esc.st"), &n);
 	cr_assert_eq(n, 8 + 256 + 36);
 	cr_assert_eq(b[0], 0);
 	cr_assert_eq(b[1], 1);
@@ -205,7 +184,7 @@ Test(st_write, positioned_writes_from_threads)
 	arena_st_file *in;
 	cr_assert_eq(arena_st_open(fixture_path("tiny_flux.safetensors"), &in), 0);
 	arena_stw *w;
-	cr_assert_eq(arena_stw_create(tmp_file("p.st"), &w), 0);
+	cr_assert_eq(arena_stw_create(tmpdir_file(tmp_dir, "p.st"), &w), 0);
 	for (size_t i = 0; i < in->n_meta; i++)
 		cr_assert_eq(arena_stw_meta(w, in->meta_keys[i], in->meta_vals[i]), 0);
 	for (size_t i = 0; i < in->n_tensors; i++)
@@ -226,32 +205,32 @@ Test(st_write, positioned_writes_from_threads)
 	uint8_t b[4] = {0};
 	cr_assert_eq(arena_stw_write(w, b, 0), ARENA_E_USAGE); /* no mixing with appends */
 	cr_assert_eq(arena_stw_commit(w), 0, "%s", arena_last_error());
-	assert_same_file(fixture_path("tiny_flux.safetensors"), tmp_file("p.st"));
+	assert_same_file(fixture_path("tiny_flux.safetensors"), tmpdir_file(tmp_dir, "p.st"));
 	arena_st_close(in);
 
 	uint64_t s2[] = {2};
-	cr_assert_eq(arena_stw_create(tmp_file("q.st"), &w), 0);
+	cr_assert_eq(arena_stw_create(tmpdir_file(tmp_dir, "q.st"), &w), 0);
 	cr_assert_eq(arena_stw_add(w, "x", ARENA_DTYPE_F32, 1, s2), 0);
 	cr_assert_eq(arena_stw_begin(w), 0);
 	cr_assert_eq(arena_stw_pwrite(w, 4, b, 4), 0);
 	cr_assert_eq(arena_stw_commit(w), ARENA_E_USAGE); /* 4 of 8 */
 	cr_assert(strstr(arena_last_error(), "incomplete: 4 of 8"), "%s", arena_last_error());
-	cr_assert_eq(arena_stw_create(tmp_file("q.st"), &w), 0);
+	cr_assert_eq(arena_stw_create(tmpdir_file(tmp_dir, "q.st"), &w), 0);
 	cr_assert_eq(arena_stw_add(w, "x", ARENA_DTYPE_F32, 1, s2), 0);
 	cr_assert_eq(arena_stw_begin(w), 0);
 	cr_assert_eq(arena_stw_pwrite(w, 6, b, 4), ARENA_E_USAGE); /* past the end */
 	arena_stw_abort(w);
-	cr_assert_eq(count_entries(tmp_dir), 1); /* p.st */
+	cr_assert_eq(dir_entries(tmp_dir), 1); /* p.st */
 }
 
 Test(st_write, empty_file_matches_reference)
 {
 	/* safetensors serialize({}) is "{}" padded to 8: [8, 0 x7] "{}      " */
 	arena_stw *w;
-	cr_assert_eq(arena_stw_create(tmp_file("e.st"), &w), 0);
+	cr_assert_eq(arena_stw_create(tmpdir_file(tmp_dir, "e.st"), &w), 0);
 	cr_assert_eq(arena_stw_commit(w), 0, "%s", arena_last_error());
 	size_t n;
-	uint8_t *b = read_all(tmp_file("e.st"), &n);
+	uint8_t *b = read_all(tmpdir_file(tmp_dir, "e.st"), &n);
 	cr_assert_eq(n, 16);
 	cr_assert_eq(memcmp(b, "\x08\0\0\0\0\0\0\0{}      ", 16), 0);
 	free(b);
@@ -260,7 +239,7 @@ Test(st_write, empty_file_matches_reference)
 Test(st_write, data_order_is_dtype_alignment_then_name)
 {
 	arena_stw *w;
-	cr_assert_eq(arena_stw_create(tmp_file("o.st"), &w), 0);
+	cr_assert_eq(arena_stw_create(tmpdir_file(tmp_dir, "o.st"), &w), 0);
 	uint64_t s3[] = {3}, s16[] = {16};
 	cr_assert_eq(arena_stw_add(w, "a_u8", ARENA_DTYPE_U8, 1, s3), 0);
 	cr_assert_eq(arena_stw_add(w, "b_f32", ARENA_DTYPE_F32, 1, s3), 0);
@@ -284,7 +263,7 @@ Test(st_write, data_order_is_dtype_alignment_then_name)
 	cr_assert_eq(arena_stw_written(w), 49);
 	cr_assert_eq(arena_stw_commit(w), 0, "%s", arena_last_error());
 	arena_st_file *f;
-	cr_assert_eq(arena_st_open(tmp_file("o.st"), &f), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_st_open(tmpdir_file(tmp_dir, "o.st"), &f), 0, "%s", arena_last_error());
 	cr_assert_eq(f->n_tensors, 6);
 	cr_assert_eq(arena_st_find(f, "c_f4")->nbytes, 8);
 	cr_assert_eq(arena_st_find(f, "scalar")->rank, 0);
@@ -296,7 +275,7 @@ Test(st_write, misuse_is_an_error_and_leaves_nothing)
 	arena_stw *w;
 	uint64_t s2[] = {2}, s3[] = {3}, huge[] = {1ull << 40, 1ull << 40};
 	uint8_t b[16] = {0};
-	cr_assert_eq(arena_stw_create(tmp_file("m.st"), &w), 0);
+	cr_assert_eq(arena_stw_create(tmpdir_file(tmp_dir, "m.st"), &w), 0);
 	cr_assert_eq(arena_stw_add(w, "x", ARENA_DTYPE_F32, 1, s2), 0);
 	cr_assert_eq(arena_stw_add(w, "x", ARENA_DTYPE_F16, 1, s2), ARENA_E(DUPLICATE_TENSOR));
 	cr_assert(strstr(arena_last_error(), "'x' declared twice"), "%s", arena_last_error());
@@ -312,20 +291,20 @@ Test(st_write, misuse_is_an_error_and_leaves_nothing)
 	cr_assert_eq(arena_stw_write(w, b, 4), 0);
 	cr_assert_eq(arena_stw_commit(w), ARENA_E_USAGE); /* 4 of 8 bytes */
 	cr_assert(strstr(arena_last_error(), "tensor 'x' incomplete: 4 of 8"), "%s", arena_last_error());
-	cr_assert_eq(count_entries(tmp_dir), 0);
+	cr_assert_eq(dir_entries(tmp_dir), 0);
 
-	cr_assert_eq(arena_stw_create(tmp_file("m.st"), &w), 0);
+	cr_assert_eq(arena_stw_create(tmpdir_file(tmp_dir, "m.st"), &w), 0);
 	cr_assert_eq(arena_stw_add(w, "x", ARENA_DTYPE_F32, 1, s2), 0);
 	cr_assert_eq(arena_stw_begin(w), 0);
 	cr_assert_eq(arena_stw_write(w, b, 9), ARENA_E_USAGE); /* past the end */
 	cr_assert_eq(arena_stw_write(w, b, 1), ARENA_E_USAGE); /* broken since */
 	cr_assert_eq(arena_stw_commit(w), ARENA_E_USAGE);
-	cr_assert_eq(count_entries(tmp_dir), 0);
+	cr_assert_eq(dir_entries(tmp_dir), 0);
 
-	cr_assert_eq(arena_stw_create(tmp_file("m.st"), &w), 0);
+	cr_assert_eq(arena_stw_create(tmpdir_file(tmp_dir, "m.st"), &w), 0);
 	arena_stw_abort(w);
 	arena_stw_abort(NULL);
-	cr_assert_eq(count_entries(tmp_dir), 0);
+	cr_assert_eq(dir_entries(tmp_dir), 0);
 	cr_assert_eq(arena_stw_create("/nonexistent-folder/x.st", &w), ARENA_E_NOT_FOUND);
 	cr_assert_null(w);
 }
@@ -344,7 +323,7 @@ static int check_alloc_fault(long n, int rc, const char *out, const char *want)
 		cr_assert(fired, "rc %d without an injected failure: %s", rc, arena_last_error());
 		cr_assert_eq(rc, ARENA_E_NOMEM, "allocation %ld: rc %d: %s", n, rc, arena_last_error());
 	}
-	cr_assert_eq(count_entries(tmp_dir), 0, "allocation %ld left a file", n);
+	cr_assert_eq(dir_entries(tmp_dir), 0, "allocation %ld left a file", n);
 	return fired;
 }
 
@@ -356,8 +335,8 @@ Test(st_write, alloc_faults)
 	long n;
 	for (n = 1; n < 100000; n++) {
 		arena_fault_alloc(n);
-		int rc = rewrite(in, tmp_file("f.st"));
-		if (!check_alloc_fault(n, rc, tmp_file("f.st"), fixture_path("tiny_flux.safetensors")))
+		int rc = rewrite(in, tmpdir_file(tmp_dir, "f.st"));
+		if (!check_alloc_fault(n, rc, tmpdir_file(tmp_dir, "f.st"), fixture_path("tiny_flux.safetensors")))
 			break;
 	}
 	cr_assert_gt(n, 10);
@@ -370,9 +349,9 @@ Test(st_write, write_faults)
 	cr_assert_eq(arena_st_open(fixture_path("tiny_flux.safetensors"), &in), 0);
 	for (long n = 1; n <= 2; n++) { /* the header write, then the data */
 		arena_fault_write(n);
-		cr_assert_eq(rewrite(in, tmp_file("f.st")), ARENA_E_IO, "write %ld", n);
+		cr_assert_eq(rewrite(in, tmpdir_file(tmp_dir, "f.st")), ARENA_E_IO, "write %ld", n);
 		cr_assert(strstr(arena_last_error(), "No space left"), "%s", arena_last_error());
-		cr_assert_eq(count_entries(tmp_dir), 0);
+		cr_assert_eq(dir_entries(tmp_dir), 0);
 	}
 	arena_fault_write(0);
 	arena_st_close(in);
@@ -416,9 +395,9 @@ Test(synth, flux_tiny_matches_reference_fixture)
 
 	/* And the file written: same names, dtypes (BF16), shapes, data size. */
 	arena_synth_opts o = {.layout = "flux-tiny", .dtype = ARENA_DTYPE_BF16, .seed = 1, .threads = 2};
-	cr_assert_eq(arena_synth_write(tmp_file("t.st"), &l, &o), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_synth_write(tmpdir_file(tmp_dir, "t.st"), &l, &o), 0, "%s", arena_last_error());
 	arena_ckpt *s;
-	cr_assert_eq(arena_ckpt_open(tmp_file("t.st"), &s), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_ckpt_open(tmpdir_file(tmp_dir, "t.st"), &s), 0, "%s", arena_last_error());
 	cr_assert_eq(s->n_tensors, c->n_tensors);
 	for (size_t i = 0; i < c->n_tensors; i++) {
 		cr_assert_str_eq(s->tensors[i]->name, c->tensors[i]->name);
@@ -628,13 +607,13 @@ Test(synth, same_bytes_whatever_the_thread_count)
 			arena_synth_opts o = {.layout = "odd", .dtype = dt, .seed = 42, .threads = threads[k]};
 			char name[32];
 			snprintf(name, sizeof(name), "t%u.st", threads[k]);
-			cr_assert_eq(arena_synth_write(tmp_file(name), &l, &o), 0, "%s", arena_last_error());
+			cr_assert_eq(arena_synth_write(tmpdir_file(tmp_dir, name), &l, &o), 0, "%s", arena_last_error());
 			if (k)
-				assert_same_file(tmp_file("t1.st"), tmp_file(name));
+				assert_same_file(tmpdir_file(tmp_dir, "t1.st"), tmpdir_file(tmp_dir, name));
 		}
 		/* Every tensor holds its own stream, computed here element by element. */
 		arena_st_file *f;
-		cr_assert_eq(arena_st_open(tmp_file("t1.st"), &f), 0, "%s", arena_last_error());
+		cr_assert_eq(arena_st_open(tmpdir_file(tmp_dir, "t1.st"), &f), 0, "%s", arena_last_error());
 		cr_assert_gt(f->size, 3 * (4u << 20));
 		for (size_t i = 0; i < f->n_tensors; i++) {
 			const arena_st_tensor *t = &f->tensors[i];
@@ -685,24 +664,24 @@ Test(synth, cancel_and_write_failure_leave_nothing)
 	int calls = 0;
 	arena_synth_opts o = {.layout = "odd", .dtype = ARENA_DTYPE_F32, .threads = 3,
 			      .progress = cancel_at_once, .progress_ctx = &calls};
-	cr_assert_eq(arena_synth_write(tmp_file("c.st"), &l, &o), ARENA_E_CANCELLED);
+	cr_assert_eq(arena_synth_write(tmpdir_file(tmp_dir, "c.st"), &l, &o), ARENA_E_CANCELLED);
 	cr_assert_eq(calls, 1);
-	cr_assert_eq(count_entries(tmp_dir), 0);
+	cr_assert_eq(dir_entries(tmp_dir), 0);
 	uint64_t last[2] = {0, 1};
 	o.progress = count_calls;
 	o.progress_ctx = last;
-	cr_assert_eq(arena_synth_write(tmp_file("c.st"), &l, &o), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_synth_write(tmpdir_file(tmp_dir, "c.st"), &l, &o), 0, "%s", arena_last_error());
 	cr_assert(last[0] == last[1] && last[1] > 3 * (4u << 20), "last progress %llu of %llu",
 		  (unsigned long long)last[0], (unsigned long long)last[1]);
-	unlink(tmp_file("c.st"));
+	unlink(tmpdir_file(tmp_dir, "c.st"));
 	o.progress = NULL;
 	arena_fault_write(3);
-	cr_assert_eq(arena_synth_write(tmp_file("c.st"), &l, &o), ARENA_E_IO);
+	cr_assert_eq(arena_synth_write(tmpdir_file(tmp_dir, "c.st"), &l, &o), ARENA_E_IO);
 	arena_fault_write(0);
-	cr_assert_eq(count_entries(tmp_dir), 0);
+	cr_assert_eq(dir_entries(tmp_dir), 0);
 	o.dtype = ARENA_DTYPE_I32;
-	cr_assert_eq(arena_synth_write(tmp_file("c.st"), &l, &o), ARENA_E_USAGE);
-	cr_assert_eq(count_entries(tmp_dir), 0);
+	cr_assert_eq(arena_synth_write(tmpdir_file(tmp_dir, "c.st"), &l, &o), ARENA_E_USAGE);
+	cr_assert_eq(dir_entries(tmp_dir), 0);
 	arena_synth_list_release(&l);
 }
 
@@ -717,8 +696,8 @@ Test(synth, alloc_faults)
 	long n;
 	for (n = 1; n < 100000; n++) {
 		arena_fault_alloc(n);
-		int rc = arena_synth_write(tmp_file("a.st"), &l, &o);
-		if (!check_alloc_fault(n, rc, tmp_file("a.st"), want))
+		int rc = arena_synth_write(tmpdir_file(tmp_dir, "a.st"), &l, &o);
+		if (!check_alloc_fault(n, rc, tmpdir_file(tmp_dir, "a.st"), want))
 			break;
 	}
 	unlink(want);
@@ -734,9 +713,9 @@ Test(synth, flux_dev_globals_read_back)
 	arena_synth_list l = {0};
 	cr_assert_eq(arena_synth_layout_make("flux-dev", 0, &l), 0);
 	arena_synth_opts o = {.layout = "flux-dev", .dtype = ARENA_DTYPE_BF16, .seed = 3};
-	cr_assert_eq(arena_synth_write(tmp_file("fd.st"), &l, &o), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_synth_write(tmpdir_file(tmp_dir, "fd.st"), &l, &o), 0, "%s", arena_last_error());
 	arena_st_file *f;
-	cr_assert_eq(arena_st_open(tmp_file("fd.st"), &f), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_st_open(tmpdir_file(tmp_dir, "fd.st"), &f), 0, "%s", arena_last_error());
 	cr_assert_eq(f->n_tensors, l.n);
 	cr_assert_eq(f->n_meta, 3);
 	cr_assert_str_eq(f->meta_keys[0], "format");

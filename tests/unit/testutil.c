@@ -1,6 +1,7 @@
 /* testutil.c - helpers the unit tests share (testutil.h). */
 #include <criterion/criterion.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
 #include <stdio.h>
@@ -34,6 +35,28 @@ void tmpdir_make(char *dir, size_t size, const char *tag)
 	int n = snprintf(dir, size, "%s/arena-%s-XXXXXX", tmp_base(), tag);
 	cr_assert(n > 0 && (size_t)n < size, "temporary folder under '%s': path too long", tmp_base());
 	cr_assert_not_null(mkdtemp(dir), "mkdtemp '%s': %s", dir, strerror(errno));
+}
+
+const char *tmpdir_file(const char *dir, const char *name)
+{
+	static char buf[8][4096];
+	static unsigned next;
+	char *p = buf[next++ % 8];
+	int n = snprintf(p, sizeof(buf[0]), "%s/%s", dir, name);
+	cr_assert(n > 0 && (size_t)n < sizeof(buf[0]), "path of '%s' under '%s': too long", name, dir);
+	return p;
+}
+
+int dir_entries(const char *dir)
+{
+	DIR *d = opendir(dir);
+	cr_assert_not_null(d, "opendir '%s': %s", dir, strerror(errno));
+	int n = 0;
+	struct dirent *e;
+	while ((e = readdir(d)))
+		n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+	closedir(d);
+	return n;
 }
 
 static int remove_one(const char *p, const struct stat *st, int flag, struct FTW *ftw)

@@ -17,6 +17,13 @@ const char *tmp_base(void);
  * (size bytes). */
 void tmpdir_make(char *dir, size_t size, const char *tag);
 
+/* dir/name, in one of 8 rotating buffers (as fixture_path). */
+const char *tmpdir_file(const char *dir, const char *name);
+
+/* Entries in a folder, "." and ".." aside (an assertion fails when it cannot
+ * be opened). */
+int dir_entries(const char *dir);
+
 /* Remove dir and everything under it (symbolic links are removed, not
  * followed); nothing when dir is NULL or empty. */
 void tmpdir_remove(const char *dir);
