@@ -3,7 +3,17 @@
 
 #include <inttypes.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+/* ZSTD_customMem and the _advanced constructors: zstd's memory comes from
+ * arena_malloc like every other allocation of the library (exported by
+ * libzstd.so, unchanged since zstd 1.0). */
+#define ZSTD_STATIC_LINKING_ONLY
+#include <zstd.h>
+#include <zstd_errors.h>
 
+#include "../common/alloc.h"
 #include "../common/err.h"
 
 #define E(name) ARENA_E(name)
@@ -311,10 +321,325 @@ void arena_hb4_reads(uint64_t words, uint64_t a, uint64_t z, uint64_t nib[2], ui
 
 const char *arena_codec_name(unsigned codec)
 {
-	return codec == ARENA_CODEC_NONE ? "none" : codec == ARENA_CODEC_HB4 ? "hb4" : NULL;
+	return codec == ARENA_CODEC_NONE ? "none"
+	       : codec == ARENA_CODEC_HB4 ? "hb4"
+	       : codec == ARENA_CODEC_ZSTD ? "zstd"
+					   : NULL;
 }
 
 int arena_codec_from_name(const char *name)
 {
-	return !strcmp(name, "none") ? ARENA_CODEC_NONE : !strcmp(name, "hb4") ? ARENA_CODEC_HB4 : -1;
+	return !strcmp(name, "none")   ? ARENA_CODEC_NONE
+	       : !strcmp(name, "hb4")  ? ARENA_CODEC_HB4
+	       : !strcmp(name, "zstd") ? ARENA_CODEC_ZSTD
+				       : -1;
+}
+
+/* ---- zstd ------------------------------------------------------------------------ */
+
+static void *zalloc(void *opaque, size_t n)
+{
+	(void)opaque;
+	return arena_malloc(n);
+}
+
+static void zfree(void *opaque, void *p)
+{
+	(void)opaque;
+	arena_free(p);
+}
+
+static const ZSTD_customMem zmem = {zalloc, zfree, NULL};
+
+void arena_zstd_work_free(arena_zstd_work *w)
+{
+	ZSTD_freeCCtx(w->cctx);
+	ZSTD_freeDCtx(w->dctx);
+	arena_free(w->buf);
+	memset(w, 0, sizeof(*w));
+}
+
+static int work_buf(arena_zstd_work *w, uint64_t n)
+{
+	if (w->cap >= n)
+		return 0;
+	arena_free(w->buf);
+	w->cap = 0;
+	if (!(w->buf = arena_malloc(n)))
+		return arena_errorf(ARENA_E_NOMEM, "out of memory for a %" PRIu64 "-byte zstd stream buffer", n);
+	w->cap = n;
+	return 0;
+}
+
+static int valid_width(unsigned g)
+{
+	return g == 1 || g == 2 || g == 4 || g == 8;
+}
+
+uint64_t arena_zstd_header(unsigned width)
+{
+	return 8 + 4 * (uint64_t)width;
+}
+
+int arena_zstd_lengths_ok(uint64_t raw_length, uint64_t stored_length)
+{
+	return raw_length <= UINT32_MAX && stored_length >= arena_zstd_header(1) && stored_length < raw_length;
+}
+
+unsigned arena_zstd_width_for_bits(unsigned bits)
+{
+	return bits == 16 ? 2 : bits == 32 ? 4 : bits == 64 ? 8 : 1;
+}
+
+/* raw (n elements of g bytes) into g streams of n bytes at planes. */
+static void split(const uint8_t *raw, uint64_t n, unsigned g, uint8_t *planes)
+{
+	uint64_t e = 0;
+#ifdef __SSE2__
+	if (g == 2) {
+		const __m128i m = _mm_set1_epi16(0xff);
+		for (; e + 16 <= n; e += 16) {
+			__m128i a = _mm_loadu_si128((const __m128i *)(const void *)(raw + 2 * e));
+			__m128i b = _mm_loadu_si128((const __m128i *)(const void *)(raw + 2 * e + 16));
+			_mm_storeu_si128((__m128i *)(void *)(planes + e),
+					 _mm_packus_epi16(_mm_and_si128(a, m), _mm_and_si128(b, m)));
+			_mm_storeu_si128((__m128i *)(void *)(planes + n + e),
+					 _mm_packus_epi16(_mm_srli_epi16(a, 8), _mm_srli_epi16(b, 8)));
+		}
+	}
+#endif
+	for (; e < n; e++)
+		for (unsigned k = 0; k < g; k++)
+			planes[k * n + e] = raw[g * e + k];
+}
+
+int arena_zstd_encode(arena_zstd_work *w, const uint8_t *raw, uint64_t raw_length, unsigned width, int level,
+		      uint8_t *out, uint64_t *stored)
+{
+	*stored = 0;
+	if (!valid_width(width))
+		return arena_errorf(ARENA_E_USAGE, "zstd element width %u is not 1, 2, 4 or 8", width);
+	if (!level)
+		level = ARENA_ZSTD_DEFAULT_LEVEL;
+	if (level < 1 || level > ZSTD_maxCLevel())
+		return arena_errorf(ARENA_E_USAGE, "zstd level %d is not from 1 to %d", level, ZSTD_maxCLevel());
+	const uint64_t H = arena_zstd_header(width), n = raw_length / width;
+	if (!raw_length || raw_length % width || raw_length > UINT32_MAX || H >= raw_length)
+		return 0;
+	if (!w->cctx && !(w->cctx = ZSTD_createCCtx_advanced(zmem)))
+		return arena_errorf(ARENA_E_NOMEM, "out of memory for a zstd compression context");
+	if (w->clevel != level) {
+		size_t r = ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_compressionLevel, level);
+		if (!ZSTD_isError(r))
+			r = ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_contentSizeFlag, 1);
+		if (!ZSTD_isError(r))
+			r = ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_checksumFlag, 0); /* the chunk's xxh3 covers it */
+		if (!ZSTD_isError(r))
+			r = ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_dictIDFlag, 0);
+		if (ZSTD_isError(r))
+			return arena_errorf(ARENA_E_INTERNAL, "zstd: cannot set level %d: %s", level, ZSTD_getErrorName(r));
+		w->clevel = level;
+	}
+	const uint8_t *plane[ARENA_ZSTD_MAX_STREAMS] = {raw};
+	if (width > 1) {
+		int rc = work_buf(w, raw_length);
+		if (rc)
+			return rc;
+		split(raw, n, width, w->buf);
+		for (unsigned k = 0; k < width; k++)
+			plane[k] = w->buf + k * n;
+	}
+	memset(out, 0, H);
+	uint64_t pos = H;
+	unsigned packed = 0;
+	for (unsigned k = 0; k < width; k++) {
+		/* Everything must end before raw_length: a stream gets what is left. */
+		if (pos >= raw_length)
+			return 0;
+		const uint64_t room = raw_length - 1 - pos, cap = n - 1 < room ? n - 1 : room;
+		size_t r = 0;
+		if (cap) {
+			r = ZSTD_compress2(w->cctx, out + pos, cap, plane[k], n);
+			if (ZSTD_isError(r) && ZSTD_getErrorCode(r) == ZSTD_error_memory_allocation)
+				return arena_errorf(ARENA_E_NOMEM, "out of memory compressing a chunk with zstd");
+		}
+		uint64_t len;
+		if (cap && !ZSTD_isError(r)) {
+			packed |= 1u << k;
+			len = r;
+		} else { /* no smaller (dstSize_tooSmall): as is */
+			if (n > room)
+				return 0;
+			memcpy(out + pos, plane[k], n);
+			len = n;
+		}
+		put32(out + 8 + 4 * k, (uint32_t)len);
+		pos += len;
+	}
+	out[0] = (uint8_t)width;
+	out[1] = (uint8_t)packed;
+	put32(out + 4, (uint32_t)raw_length);
+	*stored = pos;
+	return 0;
+}
+
+#define ZBAD(...) arena_errorf(E(IMG_CHUNK_BAD), __VA_ARGS__)
+
+int arena_zstd_parse(const uint8_t *s, uint64_t stored_length, uint64_t raw_length, const char *what, arena_zstd *v)
+{
+	memset(v, 0, sizeof(*v));
+	if (!arena_zstd_lengths_ok(raw_length, stored_length))
+		return ZBAD("%s: %" PRIu64 " stored bytes cannot hold %" PRIu64 " bytes with codec zstd", what, stored_length,
+			    raw_length);
+	const unsigned G = s[0], packed = s[1];
+	if (!valid_width(G))
+		return ZBAD("%s: zstd header: element width %u is not 1, 2, 4 or 8", what, G);
+	const uint64_t H = arena_zstd_header(G);
+	if (stored_length < H)
+		return ZBAD("%s: zstd header of %" PRIu64 " bytes does not fit in %" PRIu64 " stored bytes", what, H,
+			    stored_length);
+	if (packed >> G)
+		return ZBAD("%s: zstd header: packed flags 0x%02x name streams past the %u there are", what, packed, G);
+	if (s[2] || s[3])
+		return ZBAD("%s: zstd header bytes 2..3 are not zero", what);
+	if (get32(s + 4) != raw_length)
+		return ZBAD("%s: zstd header says %" PRIu32 " raw bytes, the chunk table %" PRIu64, what, get32(s + 4),
+			    raw_length);
+	if (raw_length % G)
+		return ZBAD("%s: %" PRIu64 " raw bytes are not whole %u-byte elements", what, raw_length, G);
+	const uint64_t n = raw_length / G;
+	uint64_t pos = H;
+	for (unsigned k = 0; k < G; k++) {
+		const uint64_t len = get32(s + 8 + 4 * k);
+		const uint8_t *f = s + pos;
+		if (len > stored_length - pos)
+			return ZBAD("%s: zstd stream %u of %" PRIu64 " bytes at stored byte %" PRIu64
+				    " runs past the %" PRIu64 " stored bytes",
+				    what, k, len, pos, stored_length);
+		if (!(packed >> k & 1)) {
+			if (len != n)
+				return ZBAD("%s: zstd stream %u is stored as is in %" PRIu64 " bytes, not %" PRIu64, what,
+					    k, len, n);
+			v->plane[k] = f;
+		} else {
+			if (len >= n)
+				return ZBAD("%s: zstd stream %u: a %" PRIu64 "-byte frame for %" PRIu64
+					    " bytes (a frame must be smaller than its stream)",
+					    what, k, len, n);
+			if (len < 4 || get32(f) != ZSTD_MAGICNUMBER)
+				return ZBAD("%s: zstd stream %u is not a zstd frame", what, k);
+			const size_t fs = ZSTD_findFrameCompressedSize(f, len);
+			if (ZSTD_isError(fs) || fs != len)
+				return ZBAD("%s: zstd stream %u: %s%s (the stream is %" PRIu64 " bytes)", what, k,
+					    ZSTD_isError(fs) ? "the frame is malformed: " : "the frame ends early",
+					    ZSTD_isError(fs) ? ZSTD_getErrorName(fs) : "", len);
+			const unsigned long long cs = ZSTD_getFrameContentSize(f, len);
+			if (cs != n)
+				return ZBAD("%s: zstd stream %u: the frame declares %s%llu content bytes, the stream is %" PRIu64,
+					    what, k, cs == ZSTD_CONTENTSIZE_UNKNOWN || cs == ZSTD_CONTENTSIZE_ERROR ? "no size: " : "",
+					    cs == ZSTD_CONTENTSIZE_UNKNOWN || cs == ZSTD_CONTENTSIZE_ERROR ? 0ull : cs, n);
+			if (ZSTD_getDictID_fromFrame(f, len))
+				return ZBAD("%s: zstd stream %u: the frame names dictionary %u (none may be used)", what, k,
+					    ZSTD_getDictID_fromFrame(f, len));
+		}
+		v->off[k] = pos;
+		v->len[k] = len;
+		pos += len;
+	}
+	if (pos != stored_length)
+		return ZBAD("%s: zstd streams end at stored byte %" PRIu64 " of %" PRIu64, what, pos, stored_length);
+	v->raw = raw_length;
+	v->n = n;
+	v->width = G;
+	v->packed = packed;
+	return 0;
+}
+
+int arena_zstd_decode(arena_zstd_work *w, arena_zstd *v, const uint8_t *stored, const char *what)
+{
+	unsigned m = 0;
+	for (unsigned k = 0; k < v->width; k++)
+		m += v->packed >> k & 1;
+	if (!m)
+		return 0;
+	int rc = work_buf(w, m * v->n);
+	if (rc)
+		return rc;
+	if (!w->dctx && !(w->dctx = ZSTD_createDCtx_advanced(zmem)))
+		return arena_errorf(ARENA_E_NOMEM, "out of memory for a zstd decompression context");
+	uint8_t *dst = w->buf;
+	for (unsigned k = 0; k < v->width; k++) {
+		if (!(v->packed >> k & 1))
+			continue;
+		/* Bounded: room for the stream's n bytes and not one more. */
+		const size_t r = ZSTD_decompressDCtx(w->dctx, dst, v->n, stored + v->off[k], v->len[k]);
+		if (ZSTD_isError(r) && ZSTD_getErrorCode(r) == ZSTD_error_memory_allocation)
+			return arena_errorf(ARENA_E_NOMEM, "out of memory decompressing a zstd stream");
+		if (ZSTD_isError(r))
+			return ZBAD("%s: zstd stream %u does not decode to its %" PRIu64 " bytes: %s", what, k, v->n,
+				    ZSTD_getErrorName(r));
+		if (r != v->n)
+			return ZBAD("%s: zstd stream %u decodes to %zu bytes, not %" PRIu64, what, k, r, v->n);
+		v->plane[k] = dst;
+		dst += v->n;
+	}
+	return 0;
+}
+
+/* Whole elements [e0, e1) of a decoded chunk into dst. */
+static void interleave(const arena_zstd *v, uint64_t e0, uint64_t e1, uint8_t *dst)
+{
+	const unsigned g = v->width;
+	uint64_t e = e0;
+	uint8_t *d = dst;
+	if (g == 2) {
+		const uint8_t *p0 = v->plane[0], *p1 = v->plane[1];
+#ifdef __SSE2__
+		for (; e + 16 <= e1; e += 16, d += 32) {
+			__m128i lo = _mm_loadu_si128((const __m128i *)(const void *)(p0 + e));
+			__m128i hi = _mm_loadu_si128((const __m128i *)(const void *)(p1 + e));
+			_mm_storeu_si128((__m128i *)(void *)d, _mm_unpacklo_epi8(lo, hi));
+			_mm_storeu_si128((__m128i *)(void *)(d + 16), _mm_unpackhi_epi8(lo, hi));
+		}
+#endif
+		for (; e < e1; e++, d += 2)
+			d[0] = p0[e], d[1] = p1[e];
+		return;
+	}
+	for (; e < e1; e++, d += g)
+		for (unsigned k = 0; k < g; k++)
+			d[k] = v->plane[k][e];
+}
+
+void arena_zstd_gather(const arena_zstd *v, uint64_t a, uint64_t z, uint8_t *dst)
+{
+	const unsigned g = v->width;
+	if (g == 1) {
+		memcpy(dst, v->plane[0] + a, z - a);
+		return;
+	}
+	for (; a < z && a % g; a++)
+		*dst++ = v->plane[a % g][a / g];
+	if (a >= z)
+		return;
+	const uint64_t e0 = a / g, e1 = z / g;
+	interleave(v, e0, e1, dst);
+	dst += (e1 - e0) * g;
+	for (a = e1 * g; a < z; a++)
+		*dst++ = v->plane[a % g][a / g];
+}
+
+uint64_t arena_zstd_first_nonzero(const arena_zstd *v, uint64_t a, uint64_t z)
+{
+	const unsigned g = v->width;
+	uint64_t best = z;
+	for (unsigned k = 0; k < g; k++) {
+		/* Plane k holds raw bytes e*g + k: from the first at or after a. */
+		for (uint64_t e = a > k ? (a - k + g - 1) / g : 0; e * g + k < best; e++)
+			if (v->plane[k][e]) {
+				best = e * g + k;
+				break;
+			}
+	}
+	return best;
 }
