@@ -421,8 +421,8 @@ int arena_zstd_encode(arena_zstd_work *w, const uint8_t *raw, uint64_t raw_lengt
 		return arena_errorf(ARENA_E_USAGE, "zstd element width %u is not 1, 2, 4 or 8", width);
 	if (!level)
 		level = ARENA_ZSTD_DEFAULT_LEVEL;
-	if (level < 1 || level > ZSTD_maxCLevel())
-		return arena_errorf(ARENA_E_USAGE, "zstd level %d is not from 1 to %d", level, ZSTD_maxCLevel());
+	if (level < 1 || level > ARENA_ZSTD_MAX_LEVEL)
+		return arena_errorf(ARENA_E_USAGE, "zstd level %d is not from 1 to %d", level, ARENA_ZSTD_MAX_LEVEL);
 	const uint64_t H = arena_zstd_header(width), n = raw_length / width;
 	if (!raw_length || raw_length % width || raw_length > UINT32_MAX || H >= raw_length)
 		return 0;

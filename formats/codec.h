@@ -135,7 +135,8 @@ int arena_codec_from_name(const char *name);
  * never more, whatever its bytes say. */
 
 #define ARENA_ZSTD_MAX_STREAMS 8
-#define ARENA_ZSTD_DEFAULT_LEVEL 1 /* levels 1..19; see bench/RESULTS.md for the choice */
+#define ARENA_ZSTD_DEFAULT_LEVEL 1 /* measured: bench/RESULTS.md */
+#define ARENA_ZSTD_MAX_LEVEL 19
 
 /* A thread's zstd state: contexts and a buffer for streams, made on first
  * use through arena_malloc (so allocation failures are injectable). All

@@ -76,6 +76,12 @@ void arena_img_header_set_coded(arena_img_header *h)
 	h->minor = 1;
 }
 
+void arena_img_header_set_zstd(arena_img_header *h)
+{
+	h->flags |= ARENA_IMG_FLAG_CODED | ARENA_IMG_FLAG_ZSTD;
+	h->minor = 2;
+}
+
 void arena_img_header_set_stored(arena_img_header *h, uint64_t stored_length)
 {
 	h->stored_length = stored_length;
@@ -146,9 +152,9 @@ int arena_img_header_decode(const uint8_t page[ARENA_IMG_HEADER_SIZE], uint64_t 
 	if (h->major != ARENA_IMG_MAJOR)
 		return arena_errorf(E(IMG_VERSION), "%s: image format version %u.%u; this reader reads %d.x", label,
 				    h->major, h->minor, ARENA_IMG_MAJOR);
-	if (h->flags & 0xFFFFu & ~ARENA_IMG_FLAG_CODED)
+	if (h->flags & 0xFFFFu & ~ARENA_IMG_KNOWN_FLAGS)
 		return arena_errorf(E(IMG_FLAGS), "%s: image requires features 0x%04x this reader does not know",
-				    label, h->flags & 0xFFFFu & ~ARENA_IMG_FLAG_CODED);
+				    label, h->flags & 0xFFFFu & ~ARENA_IMG_KNOWN_FLAGS);
 	const int coded = !!(h->flags & ARENA_IMG_FLAG_CODED);
 	for (unsigned i = 112; i < HDR_HASH_AT; i++)
 		if (page[i])
@@ -171,6 +177,8 @@ int arena_img_header_decode(const uint8_t page[ARENA_IMG_HEADER_SIZE], uint64_t 
 		why = "chunk_table_length does not match chunk_count";
 	else if (h->data_offset != h->chunk_table_offset + h->chunk_table_length)
 		why = "data does not follow the chunk table";
+	else if ((h->flags & ARENA_IMG_FLAG_ZSTD) && !coded)
+		why = "the zstd flag is set without the coded flag";
 	else if (!coded && h->stored_length)
 		why = "stored_length is set but the coded-chunks flag is not";
 	else if (coded && (h->stored_length % 4096 || h->stored_length > h->data_length))
@@ -615,16 +623,20 @@ static int read_chunk_table(arena_image *img)
 		c->flags = get16(e + 26);
 		uint64_t start = i * h->chunk_size;
 		uint64_t raw = h->data_length - start < h->chunk_size ? h->data_length - start : h->chunk_size;
-		if (!arena_codec_name(c->codec) || (c->codec && !coded)) {
+		if (!arena_codec_name(c->codec) || (c->codec && !coded) ||
+		    (c->codec == ARENA_CODEC_ZSTD && !(h->flags & ARENA_IMG_FLAG_ZSTD))) {
 			rc = arena_errorf(E(IMG_CODEC), "%s: chunk %llu: %s codec %u", img->path, (unsigned long long)i,
-					  arena_codec_name(c->codec) ? "an image without coded chunks names" : "unknown",
+					  !arena_codec_name(c->codec) ? "unknown"
+					  : !coded ? "an image without coded chunks names"
+						   : "an image without the zstd flag names",
 					  c->codec);
 			goto out;
 		}
 		if (coded) {
 			/* Packed: each chunk 4096-aligned right after the one before. */
-			int len_ok = c->codec == ARENA_CODEC_HB4 ? arena_hb4_lengths_ok(raw, c->stored_length)
-								 : c->stored_length == raw;
+			int len_ok = c->codec == ARENA_CODEC_HB4    ? arena_hb4_lengths_ok(raw, c->stored_length)
+				     : c->codec == ARENA_CODEC_ZSTD ? arena_zstd_lengths_ok(raw, c->stored_length)
+								    : c->stored_length == raw;
 			if (c->offset != at || c->raw_length != raw || !len_ok || c->flags || get32(e + 28) ||
 			    c->offset + c->stored_length > h->stored_length) {
 				rc = arena_errorf(E(IMG_CHUNK_TABLE_BAD),
@@ -759,6 +771,7 @@ static void *verify_worker(void *arg)
 	/* Coded chunks are read whole: their structure is checked too. */
 	const int coded = !!(h->flags & ARENA_IMG_FLAG_CODED);
 	uint8_t *buf = arena_malloc(coded ? h->chunk_size : VERIFY_PIECE);
+	arena_img_dec dec = {0};
 	if (!buf) {
 		arena_errorf(ARENA_E_NOMEM, "%s: out of memory for read buffers", j->img->path);
 		arena_first_error_set(&j->err, ARENA_E_NOMEM);
@@ -798,7 +811,7 @@ static void *verify_worker(void *arg)
 		j->got[i] = arena_hash_digest(&st);
 		j->bad[i] = j->got[i] != c->xxh3;
 		if (!j->bad[i]) /* the structure and padding of a chunk whose checksum holds */
-			rc = coded ? arena_img_chunk_check(j->img, i, buf, j->got[i], "while verifying", NULL)
+			rc = coded ? arena_img_chunk_check(j->img, i, buf, j->got[i], "while verifying", &dec)
 			     : pad_bad != UINT64_MAX ? arena_img_padding_error(j->img, i, pad_bad) : 0;
 		if (rc) {
 			arena_first_error_set(&j->err, rc);
@@ -806,6 +819,7 @@ static void *verify_worker(void *arg)
 		}
 	}
 	arena_free(buf);
+	arena_img_dec_free(&dec);
 	return NULL;
 }
 
@@ -997,9 +1011,10 @@ int arena_img_padding(const arena_image *img, uint64_t a, uint64_t z, int (*fn)(
 }
 
 typedef struct scan_ctx {
-	uint64_t a;          /* raw offset of p[0] (plain), or of the chunk (hb4) */
+	uint64_t a;          /* raw offset of p[0] (plain), or of the chunk (coded) */
 	const uint8_t *p;
 	const arena_hb4 *v;
+	const arena_zstd *z;
 	uint64_t bad;
 } scan_ctx;
 
@@ -1022,6 +1037,23 @@ static int scan_hb4(void *arg, uint64_t x, uint64_t y)
 		return 0;
 	s->bad = s->a + k;
 	return 1;
+}
+
+static int scan_zstd(void *arg, uint64_t x, uint64_t y)
+{
+	scan_ctx *s = arg;
+	uint64_t k = arena_zstd_first_nonzero(s->z, x - s->a, y - s->a);
+	if (k == y - s->a)
+		return 0;
+	s->bad = s->a + k;
+	return 1;
+}
+
+uint64_t arena_img_padding_scan_zstd(const arena_image *img, uint64_t i, const arena_zstd *v)
+{
+	scan_ctx s = {.a = i * img->hdr.chunk_size, .z = v, .bad = UINT64_MAX};
+	arena_img_padding(img, s.a, s.a + img->chunks[i].raw_length, scan_zstd, &s);
+	return s.bad;
 }
 
 uint64_t arena_img_padding_scan(const arena_image *img, uint64_t a, const uint8_t *p, uint64_t n)
@@ -1061,8 +1093,22 @@ int arena_img_padding_error(const arena_image *img, uint64_t i, uint64_t at)
 
 /* ---- checked reads of raw bytes -------------------------------------------- */
 
+void arena_img_dec_free(arena_img_dec *d)
+{
+	arena_zstd_work_free(&d->work);
+	memset(d, 0, sizeof(*d));
+}
+
+void arena_img_dec_raw(const arena_img_dec *d, unsigned codec, uint64_t a, uint64_t z, uint8_t *dst)
+{
+	if (codec == ARENA_CODEC_HB4)
+		arena_hb4_decode(&d->hb4, a, z, dst);
+	else
+		arena_zstd_gather(&d->zstd, a, z, dst);
+}
+
 int arena_img_chunk_check(const arena_image *img, uint64_t i, const uint8_t *buf, uint64_t got_hash, const char *why,
-			  arena_hb4 *v)
+			  arena_img_dec *d)
 {
 	const arena_img_chunk *c = &img->chunks[i];
 	const uint64_t at = img->hdr.data_offset + c->offset;
@@ -1076,23 +1122,31 @@ int arena_img_chunk_check(const arena_image *img, uint64_t i, const uint8_t *buf
 	}
 	if (!buf)
 		return 0;
-	arena_hb4 tmp;
-	if (!v)
-		v = &tmp;
-	int rc;
-	if (c->codec == ARENA_CODEC_HB4) {
-		char label[256];
-		snprintf(label, sizeof(label), "%s: chunk %llu (file bytes %llu..%llu)", img->path, (unsigned long long)i,
-			 (unsigned long long)at, (unsigned long long)(at + c->stored_length));
-		if ((rc = arena_hb4_parse(buf, c->stored_length, c->raw_length, label, v)))
-			return rc;
+	arena_img_dec tmp = {0};
+	if (!d)
+		d = &tmp;
+	int rc = 0;
+	char label[256];
+	snprintf(label, sizeof(label), "%s: chunk %llu (file bytes %llu..%llu)", img->path, (unsigned long long)i,
+		 (unsigned long long)at, (unsigned long long)(at + c->stored_length));
+	/* Only what the checksum covered is decoded, and only once its structure holds. */
+	if (c->codec == ARENA_CODEC_HB4)
+		rc = arena_hb4_parse(buf, c->stored_length, c->raw_length, label, &d->hb4);
+	else if (c->codec == ARENA_CODEC_ZSTD && !(rc = arena_zstd_parse(buf, c->stored_length, c->raw_length, label,
+									    &d->zstd)))
+		rc = arena_zstd_decode(&d->work, &d->zstd, buf, label);
+	if (!rc)
+		rc = arena_img_stored_padding_check(img, i, buf + c->stored_length,
+						    arena_img_chunk_padded(img, i) - c->stored_length);
+	if (!rc) {
+		uint64_t bad = c->codec == ARENA_CODEC_HB4    ? arena_img_padding_scan_hb4(img, i, &d->hb4)
+			       : c->codec == ARENA_CODEC_ZSTD ? arena_img_padding_scan_zstd(img, i, &d->zstd)
+							      : arena_img_padding_scan(img, i * img->hdr.chunk_size, buf,
+										       c->raw_length);
+		rc = bad == UINT64_MAX ? 0 : arena_img_padding_error(img, i, bad);
 	}
-	if ((rc = arena_img_stored_padding_check(img, i, buf + c->stored_length,
-						 arena_img_chunk_padded(img, i) - c->stored_length)))
-		return rc;
-	uint64_t bad = c->codec == ARENA_CODEC_HB4 ? arena_img_padding_scan_hb4(img, i, v)
-						  : arena_img_padding_scan(img, i * img->hdr.chunk_size, buf, c->raw_length);
-	return bad == UINT64_MAX ? 0 : arena_img_padding_error(img, i, bad);
+	arena_img_dec_free(&tmp);
+	return rc;
 }
 
 int arena_img_reader_init(arena_img_reader *r, arena_image *img, int verify)
@@ -1118,6 +1172,7 @@ void arena_img_reader_free(arena_img_reader *r)
 	arena_free(r->stored);
 	arena_free(r->raw);
 	r->stored = r->raw = NULL;
+	arena_img_dec_free(&r->dec);
 }
 
 /* Chunk i's raw bytes into r->raw. */
@@ -1134,12 +1189,11 @@ static int reader_load(arena_img_reader *r, uint64_t i)
 	/* Without verify the checksum is taken as read (the expected value is
 	 * passed), but a coded chunk's structure and every chunk's padding are
 	 * checked all the same. */
-	arena_hb4 v;
 	uint64_t got = r->verify ? arena_xxh3(dst, c->stored_length) : c->xxh3;
-	if ((rc = arena_img_chunk_check(img, i, dst, got, "while reading", &v)))
+	if ((rc = arena_img_chunk_check(img, i, dst, got, "while reading", &r->dec)))
 		return rc;
-	if (c->codec == ARENA_CODEC_HB4)
-		arena_hb4_decode(&v, 0, c->raw_length, r->raw);
+	if (c->codec)
+		arena_img_dec_raw(&r->dec, c->codec, 0, c->raw_length, r->raw);
 	r->chunk = i;
 	return 0;
 }

@@ -8,14 +8,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "codec.h"
 #include "layout.h"
 
 #define ARENA_IMG_MAGIC "ARENAIMG"
 #define ARENA_IMG_MAJOR 1
-#define ARENA_IMG_MINOR 1 /* the newest minor this reader knows */
+#define ARENA_IMG_MINOR 2 /* the newest minor this reader knows */
 /* Header flag bit 0 (required, 1.1): the data region holds coded chunks,
  * packed (docs/FORMAT.md, "Coded images"). */
 #define ARENA_IMG_FLAG_CODED 1u
+/* Header flag bit 1 (required, 1.2): chunks may be stored with codec 2,
+ * zstd; set only with bit 0. */
+#define ARENA_IMG_FLAG_ZSTD 2u
+#define ARENA_IMG_KNOWN_FLAGS (ARENA_IMG_FLAG_CODED | ARENA_IMG_FLAG_ZSTD)
 #define ARENA_IMG_HEADER_SIZE 4096u
 #define ARENA_IMG_CHUNK_ENTRY 32u
 #define ARENA_IMG_DEFAULT_CHUNK (4u << 20)
@@ -56,6 +61,8 @@ void arena_img_chunk_encode(const arena_img_chunk *c, uint8_t out[ARENA_IMG_CHUN
 void arena_img_header_plan(arena_img_header *h, uint64_t manifest_length, uint64_t data_length,
 			   uint64_t chunk_size);
 void arena_img_header_set_coded(arena_img_header *h);
+/* A coded image whose chunks may be zstd (version 1.2). */
+void arena_img_header_set_zstd(arena_img_header *h);
 void arena_img_header_set_stored(arena_img_header *h, uint64_t stored_length);
 /* Bytes of the data region as stored in the file. */
 static inline uint64_t arena_img_stored_data(const arena_img_header *h)
@@ -109,6 +116,19 @@ typedef void (*arena_img_bad_fn)(void *ctx, const arena_image *img, uint64_t chu
  * of bad chunks. */
 int arena_img_verify_data(arena_image *img, unsigned threads, arena_img_bad_fn bad, void *ctx, uint64_t *n_bad);
 
+/* A thread's state for checking and decoding coded chunks: the parse of the
+ * chunk last checked (hb4), or its streams decoded (zstd, into work's
+ * buffer). All zero to start; arena_img_dec_free releases it. */
+typedef struct arena_img_dec {
+	arena_hb4 hb4;
+	arena_zstd zstd;
+	arena_zstd_work work;
+} arena_img_dec;
+void arena_img_dec_free(arena_img_dec *d);
+/* Raw bytes [a, z) of the coded chunk (codec 1 or 2) that d last checked
+ * into dst; for hb4 a and z are even. */
+void arena_img_dec_raw(const arena_img_dec *d, unsigned codec, uint64_t a, uint64_t z, uint8_t *dst);
+
 /* Read raw data bytes (the slabs' bytes, after decoding) from an image,
  * chunk by chunk through a one-chunk cache. verify: check each chunk's
  * checksum as it is read (IMG_CHUNK_CHECKSUM); every chunk read through the
@@ -120,6 +140,7 @@ typedef struct arena_img_reader {
 	int verify;
 	uint8_t *stored, *raw; /* chunk_size each */
 	uint64_t chunk;        /* the chunk in raw, or UINT64_MAX */
+	arena_img_dec dec;
 } arena_img_reader;
 int arena_img_reader_init(arena_img_reader *r, arena_image *img, int verify);
 int arena_img_read_raw(arena_img_reader *r, uint64_t off, uint64_t len, uint8_t *dst);
@@ -127,13 +148,14 @@ void arena_img_reader_free(arena_img_reader *r);
 /* Chunk i checked, in this order: its checksum (got_hash, the hash of its
  * stored bytes, IMG_CHUNK_CHECKSUM); then, when buf holds its stored bytes
  * followed by its stored padding (arena_img_chunk_padded bytes in all): a
- * coded chunk's structure (IMG_CHUNK_BAD; parsed into *v when v is not
- * NULL), its stored padding and its raw padding (IMG_PADDING). buf NULL: the
- * checksum only. `why` says what the read was for in messages ("while
- * loading"). */
-struct arena_hb4;
+ * coded chunk's structure (IMG_CHUNK_BAD: hb4 parsed; zstd parsed and its
+ * streams decoded, bounded, each to exactly its size), its stored padding
+ * and its raw padding (IMG_PADDING). The parse and decoded streams are left
+ * in *d (a temporary one when d is NULL), from where arena_img_dec_raw
+ * gives the raw bytes. buf NULL: the checksum only. `why` says what the read
+ * was for in messages ("while loading"). Errors also NOMEM (zstd). */
 int arena_img_chunk_check(const arena_image *img, uint64_t i, const uint8_t *buf, uint64_t got_hash, const char *why,
-			  struct arena_hb4 *v);
+			  arena_img_dec *d);
 
 /* ---- padding (docs/FORMAT.md): every byte no checksum covers is zero ----
  *
@@ -161,7 +183,9 @@ uint64_t arena_img_padding_scan(const arena_image *img, uint64_t a, const uint8_
 /* The same for chunk i decoded from its parse v (whose plane pointers need
  * to hold only what arena_hb4_reads names for the padding, and the exception
  * lists). */
-uint64_t arena_img_padding_scan_hb4(const arena_image *img, uint64_t i, const struct arena_hb4 *v);
+uint64_t arena_img_padding_scan_hb4(const arena_image *img, uint64_t i, const arena_hb4 *v);
+/* The same for a zstd chunk i, its streams decoded. */
+uint64_t arena_img_padding_scan_zstd(const arena_image *img, uint64_t i, const arena_zstd *v);
 /* IMG_PADDING for raw byte `at` of chunk i, which is padding and not zero. */
 int arena_img_padding_error(const arena_image *img, uint64_t i, uint64_t at);
 

@@ -117,6 +117,35 @@ static int fill_chunk(job *j, uint64_t c0, uint64_t len, uint8_t *buf)
 	return 0;
 }
 
+/* The element width of data bytes [c0, c0+len) for zstd: the width of the
+ * dtype most of its component bytes have (padding alone: 1). */
+static unsigned chunk_width(const job *j, uint64_t c0, uint64_t len)
+{
+	uint64_t by[9] = {0};
+	size_t lo = 0, hi = j->n_ext;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (j->ext[mid].begin + j->ext[mid].bytes <= c0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	for (size_t k = lo; k < j->n_ext && j->ext[k].begin < c0 + len; k++) {
+		const extent *e = &j->ext[k];
+		uint64_t a = e->begin > c0 ? e->begin : c0;
+		uint64_t z = e->begin + e->bytes < c0 + len ? e->begin + e->bytes : c0 + len;
+		arena_dtype dt = e->t->comp[e->comp].dtype;
+		unsigned bits = dt == ARENA_DTYPE_C64 ? 32 : arena_dtype_bits(dt); /* complex64: two f32 */
+		if (z > a)
+			by[arena_zstd_width_for_bits(bits)] += z - a;
+	}
+	unsigned best = 1;
+	for (unsigned w = 2; w <= 8; w *= 2)
+		if (by[w] > by[best])
+			best = w;
+	return best;
+}
+
 static void *worker(void *arg)
 {
 	job *j = arg;
@@ -124,6 +153,7 @@ static void *worker(void *arg)
 	const int coded = !!(h->flags & ARENA_IMG_FLAG_CODED);
 	uint8_t *buf = arena_aligned_alloc(4096, h->chunk_size); /* for O_DIRECT writes */
 	uint8_t *enc = coded ? arena_aligned_alloc(4096, h->chunk_size) : NULL;
+	arena_zstd_work zw = {0};
 	if (!buf || (coded && !enc)) {
 		arena_free(buf);
 		buf = NULL;
@@ -149,7 +179,15 @@ static void *worker(void *arg)
 							 .xxh3 = arena_xxh3(buf, len)};
 			rc = arena_outfile_pwrite_direct(j->out, buf, len, h->data_offset + c0);
 		} else if (!rc) {
-			uint64_t n = arena_hb4_encode(buf, len, enc); /* the one codec */
+			uint64_t n = 0;
+			if (j->o->codec == ARENA_CODEC_HB4)
+				n = arena_hb4_encode(buf, len, enc);
+			else
+				rc = arena_zstd_encode(&zw, buf, len, chunk_width(j, c0, len), j->o->zstd_level, enc, &n);
+			if (rc) {
+				job_fail(j, rc);
+				break;
+			}
 			if (arena_align_up(n, 4096) >= len)
 				n = 0; /* saves no page of the file: store it as is */
 			const uint8_t *out = n ? enc : buf;
@@ -162,7 +200,7 @@ static void *worker(void *arg)
 							 .stored_length = (uint32_t)stored,
 							 .raw_length = (uint32_t)len,
 							 .xxh3 = arena_xxh3(out, stored),
-							 .codec = n ? ARENA_CODEC_HB4 : ARENA_CODEC_NONE};
+							 .codec = n ? (uint16_t)j->o->codec : ARENA_CODEC_NONE};
 			if (n)
 				atomic_fetch_add(&j->coded, 1);
 			rc = arena_outfile_pwrite_direct(j->out, out, wlen, h->data_offset + off);
@@ -175,6 +213,7 @@ static void *worker(void *arg)
 	}
 	arena_free(buf);
 	arena_free(enc);
+	arena_zstd_work_free(&zw);
 	atomic_fetch_sub(&j->running, 1);
 	return NULL;
 }
@@ -234,6 +273,8 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 	uint64_t cs = o->chunk_size ? o->chunk_size : ARENA_IMG_DEFAULT_CHUNK;
 	if (!arena_codec_name(o->codec))
 		return arena_errorf(ARENA_E_USAGE, "unknown chunk codec %u", o->codec);
+	if (o->zstd_level < 0 || o->zstd_level > ARENA_ZSTD_MAX_LEVEL)
+		return arena_errorf(ARENA_E_USAGE, "zstd level %d is not from 1 to %d", o->zstd_level, ARENA_ZSTD_MAX_LEVEL);
 	if (cs < ARENA_IMG_MIN_CHUNK || cs > ARENA_IMG_MAX_CHUNK || (cs & (cs - 1)))
 		return arena_errorf(ARENA_E_USAGE, "chunk size %llu is not a power of two from 64 KiB to 1 GiB",
 				    (unsigned long long)cs);
@@ -263,13 +304,16 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 	}
 	if ((rc = arena_quant_select_finish(&qc)) || (rc = arena_quant_state_init(&qs, l, ck)) ||
 	    (rc = build_sources(ck, &sources, &meta)) ||
-	    (rc = arena_img_manifest_build(l, sources, meta, cs, o->codec ? 1 : 0, &manifest, &mlen)))
+	    (rc = arena_img_manifest_build(l, sources, meta, cs, o->codec == ARENA_CODEC_ZSTD ? 2 : o->codec ? 1 : 0,
+					    &manifest, &mlen)))
 		goto out;
 	j.qs = &qs;
 	arena_img_header h;
 	arena_img_header_plan(&h, mlen, l->data_length, cs);
-	if (o->codec)
+	if (o->codec == ARENA_CODEC_HB4)
 		arena_img_header_set_coded(&h);
+	else if (o->codec == ARENA_CODEC_ZSTD)
+		arena_img_header_set_zstd(&h);
 
 	size_t n_ext = 0;
 	for (size_t i = 0; i < l->n_tensors; i++)

@@ -1,7 +1,8 @@
 /* convert.h - safetensors checkpoint -> arena image, streaming.
  *
- * Memory stays bounded (threads x chunk_size, twice that when coding, plus
- * the manifest) for any model size. Worker threads each build whole data
+ * Memory stays bounded (threads x chunk_size, twice that when coding, three
+ * times with zstd and its compression context, plus the manifest) for any
+ * model size. Worker threads each build whole data
  * chunks: gather the bytes of the components the chunk covers straight from
  * the source files (pread), code it (when asked), checksum it and write it
  * at its final offset (in a coded image, chunks take their offsets in chunk
@@ -29,10 +30,12 @@ typedef struct arena_convert_opts {
 	/* Quantization (loader/quant_select.h). Compressed-tensors pairs in the
 	 * input are recognized whatever this says. plan.choose must be NULL. */
 	arena_quant_opts quant;
-	/* Chunk codec (formats/codec.h): ARENA_CODEC_NONE (0, the default) or
-	 * ARENA_CODEC_HB4, which codes each chunk where that saves bytes and
-	 * packs the chunks (a coded image, format 1.1). */
+	/* Chunk codec (formats/codec.h): ARENA_CODEC_NONE (0, the default),
+	 * ARENA_CODEC_HB4 or ARENA_CODEC_ZSTD, which code each chunk where that
+	 * saves a page of the file and pack the chunks (a coded image, format
+	 * 1.1 for hb4, 1.2 for zstd). */
 	unsigned codec;
+	int zstd_level; /* 1..ARENA_ZSTD_MAX_LEVEL; 0 = ARENA_ZSTD_DEFAULT_LEVEL */
 } arena_convert_opts;
 
 /* Summary of a finished conversion. */

@@ -64,6 +64,7 @@ typedef struct loader {
 	arena_model *m;
 	const arena_image *img; /* NULL for safetensors */
 	int coded;              /* img holds coded chunks: read and decoded chunk by chunk */
+	int hb4;                /* and some are hb4 (a device stage is worth having) */
 	uint64_t per;           /* image: chunks a piece */
 	lsrc *files;
 	size_t n_files;
@@ -93,8 +94,8 @@ typedef struct worker {
 	arena_event **ev;
 	uint8_t *stage; /* coded images: a device chunk the stored bytes stream into, or NULL */
 	uint8_t *whole; /* coded images: a stored chunk read whole (CPU decode) */
-	uint8_t *raw;   /* and that chunk decoded, for device blocks */
-	double t_ring, t_wait, t_read, t_all; /* where its time went (load stats) */
+	arena_img_dec dec; /* and its parse or decoded streams */
+	double t_ring, t_wait, t_read, t_decode, t_all; /* where its time went (load stats) */
 } worker;
 
 static void fail(loader *L, int rc)
@@ -315,10 +316,13 @@ static int reaches_host(const loader *L, uint64_t a, uint64_t z)
 	return 0;
 }
 
-/* An hb4 chunk decoded by the CPU: read whole into the worker's own buffer,
- * checked, decoded into its host slabs, and for device blocks decoded into a
- * raw buffer that is copied on (waited for: the worker has one). For chunks
- * that reach host slabs, and workers without device stage room. */
+/* A coded chunk decoded by the CPU: read whole into the worker's own
+ * buffer, checked (checksum, then structure: an hb4 chunk parsed, a zstd
+ * chunk's streams decoded, bounded; then padding), then its raw bytes made
+ * straight into their host slabs, and for device blocks into the worker's
+ * pinned ring slots, a slot at a time, each copied on as it is filled. For
+ * every zstd chunk; for hb4 chunks that reach host slabs, and on workers
+ * without device stage room. */
 static int chunk_whole(loader *L, worker *w, uint64_t c, int *direct)
 {
 	const arena_image *img = L->img;
@@ -332,11 +336,13 @@ static int chunk_whole(loader *L, worker *w, uint64_t c, int *direct)
 	if (rc)
 		return rc;
 	atomic_fetch_add(&L->file_bytes, n);
-	arena_hb4 v;
-	if ((rc = arena_img_chunk_check(img, c, w->whole, arena_xxh3(w->whole, ck->stored_length), "while loading", &v)))
+	const uint64_t hash = arena_xxh3(w->whole, ck->stored_length);
+	double t = arena_now_s();
+	rc = arena_img_chunk_check(img, c, w->whole, hash, "while loading", &w->dec);
+	w->t_decode += arena_now_s() - t;
+	if (rc)
 		return rc;
 	const uint64_t a = img->hdr.data_offset + c * cs, z = a + ck->raw_length;
-	int raw_done = 0;
 	for (size_t k = seg_after(L, a); k < L->n_segs && L->segs[k].foff < z; k++) {
 		const seg *s = &L->segs[k];
 		uint64_t x = s->foff > a ? s->foff : a, y = s->foff + s->len < z ? s->foff + s->len : z;
@@ -345,21 +351,27 @@ static int chunk_whole(loader *L, worker *w, uint64_t c, int *direct)
 		const arena_block_mem *bm = &L->m->mem[s->block];
 		uint64_t d = s->dst + (x - s->foff);
 		if (!bm->dev) {
-			arena_hb4_decode(&v, x - a, y - a, bm->host + d);
-		} else {
-			if (!w->raw && !(w->raw = arena_malloc(cs)))
-				return arena_errorf(ARENA_E_NOMEM, "out of memory for a %" PRIu64 "-byte decode buffer", cs);
-			if (!raw_done) {
-				arena_hb4_decode(&v, 0, z - a, w->raw);
-				raw_done = 1;
-			}
-			if ((rc = be->ops->copy_h2d(be, (uint8_t *)bm->dev + d, w->raw + (x - a), y - x, w->s)))
+			t = arena_now_s();
+			arena_img_dec_raw(&w->dec, ck->codec, x - a, y - a, bm->host + d);
+			w->t_decode += arena_now_s() - t;
+		}
+		for (uint64_t u = x; bm->dev && u < y;) {
+			uint8_t *buf;
+			unsigned si;
+			const uint64_t v = y - u < L->slot ? y : u + L->slot;
+			if ((rc = next_slot(L, w, &buf, &si)))
 				return rc;
+			t = arena_now_s();
+			arena_img_dec_raw(&w->dec, ck->codec, u - a, v - a, buf);
+			w->t_decode += arena_now_s() - t;
+			if ((rc = be->ops->copy_h2d(be, (uint8_t *)bm->dev + d + (u - x), buf, v - u, w->s)) ||
+			    (rc = be->ops->event_record(be, w->ev[si], w->s)))
+				return rc;
+			u = v;
 		}
 		atomic_fetch_add(&L->cpu_decoded, y - x);
 	}
-	/* w->raw is the worker's only copy: its copies finish before it is reused. */
-	return raw_done ? be->ops->stream_sync(be, w->s) : 0;
+	return 0;
 }
 
 /* An hb4 chunk streamed: the stored bytes its raw padding check decodes
@@ -491,8 +503,9 @@ static int do_cpiece(loader *L, worker *w, const piece *p)
 	for (uint64_t c = p->chunk0; c < c1; c++) {
 		const arena_img_chunk *ck = &L->img->chunks[c];
 		uint64_t a = h->data_offset + c * h->chunk_size;
-		int rc = ck->codec && (!w->stage || reaches_host(L, a, a + ck->raw_length)) ? chunk_whole(L, w, c, &direct)
-											    : chunk_stream(L, w, p, c, &direct);
+		const int cpu = ck->codec == ARENA_CODEC_ZSTD ||
+				(ck->codec && (!w->stage || reaches_host(L, a, a + ck->raw_length)));
+		int rc = cpu ? chunk_whole(L, w, c, &direct) : chunk_stream(L, w, p, c, &direct);
 		if (rc)
 			return rc;
 	}
@@ -681,7 +694,7 @@ static int stage_setup(loader *L, worker *w)
 	int any = 0;
 	for (size_t b = 0; b < L->m->layout->n_blocks && !any; b++)
 		any = L->m->mem[b].dev != NULL;
-	if (!any)
+	if (!any || !L->hb4)
 		return 0;
 	for (unsigned i = 0; i < L->threads; i++) {
 		void *p = NULL;
@@ -757,8 +770,10 @@ static int run(loader *L, arena_model **out, arena_load_stats *st, double t0)
 	rc = arena_model_commit(L->m);
 	L->t_commit = arena_now_s() - L->t_mark;
 out:;
-	double wt[4] = {0};
+	double wt[5] = {0}, decode = 0;
 	for (unsigned i = 0; w && i < started; i++) {
+		wt[4] += w[i].t_decode / started;
+		decode += w[i].t_decode;
 		wt[0] += w[i].t_all / started;
 		wt[1] += w[i].t_ring / started;
 		wt[2] += w[i].t_wait / started;
@@ -773,7 +788,7 @@ out:;
 			be->ops->stream_destroy(be, w[i].s);
 		if (w[i].stage)
 			be->ops->dev_free(be, w[i].stage);
-		arena_free(w[i].raw);
+		arena_img_dec_free(&w[i].dec);
 		arena_free(w[i].whole);
 	}
 	arena_free(w);
@@ -800,7 +815,8 @@ out:;
 		st->t_prepare = L->t_prepare;
 		st->t_populate = L->t_populate;
 		st->t_commit = L->t_commit;
-		st->w_all = wt[0], st->w_ring = wt[1], st->w_wait = wt[2], st->w_read = wt[3];
+		st->w_all = wt[0], st->w_ring = wt[1], st->w_wait = wt[2], st->w_read = wt[3], st->w_decode = wt[4];
+		st->cpu_decode_s = decode;
 	}
 	if (rc) {
 		arena_model_free(L->m);
@@ -872,6 +888,8 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 	L.t_mark = arena_now_s();
 	const arena_img_header *h = &img->hdr;
 	L.coded = !!(h->flags & ARENA_IMG_FLAG_CODED);
+	for (uint64_t c = 0; c < h->chunk_count && !L.hb4; c++)
+		L.hb4 = img->chunks[c].codec == ARENA_CODEC_HB4;
 	/* Pieces of whole chunks. */
 	uint64_t per = PIECE / h->chunk_size ? PIECE / h->chunk_size : 1;
 	L.per = per;
@@ -892,6 +910,10 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 			z = arena_align_up(img->chunks[c1 - 1].offset + img->chunks[c1 - 1].stored_length, DIRECT_ALIGN);
 		L.pieces[i] = (piece){0, h->data_offset + a, z - a, c0};
 		need += z - a;
+		/* A zstd chunk is read whole outside the ring; its raw bytes go through it. */
+		for (uint64_t c = c0; L.coded && c < c1; c++)
+			if (img->chunks[c].codec == ARENA_CODEC_ZSTD)
+				need += img->chunks[c].raw_length - arena_align_up(img->chunks[c].stored_length, DIRECT_ALIGN);
 		max_read = z - a > max_read ? z - a : max_read;
 	}
 	if (L.coded && max_read > h->chunk_size) /* read a chunk at a time */

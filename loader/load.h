@@ -12,13 +12,18 @@
  * hashed; a bad one fails the load before anything is committed. Each thread
  * faults in and pins its own share of the ring as it starts.
  *
- * Coded images (docs/FORMAT.md, hb4): each reader also has a device stage of
- * one chunk. A chunk's stored bytes go slot by slot to the stage, hashed and
- * structure-checked as they pass; once the chunk has checked out, the device
- * decodes it into its slabs (queued behind the copies on the reader's
- * stream, which also makes the stage free for the next chunk). Chunks that
- * reach host slabs, and all chunks of a reader the device had no room to
- * stage for, are read whole and decoded by the CPU.
+ * Coded images (docs/FORMAT.md): hb4 chunks stream to a device stage of
+ * one chunk each reader has: a chunk's stored bytes go slot by slot to the
+ * stage, hashed and structure-checked as they pass; once the chunk has
+ * checked out, the device decodes it into its slabs (queued behind the
+ * copies on the reader's stream, which also makes the stage free for the
+ * next chunk). zstd chunks, hb4 chunks that reach host slabs, and all hb4
+ * chunks of a reader the device had no room to stage for are read whole
+ * (O_DIRECT when not cached) and decoded by the reader thread on the CPU,
+ * after their checksum and structure hold: straight into host slabs, or a
+ * slot at a time into the pinned ring and copied on. Readers decode while
+ * others read, so a cold load of a zstd image moves fewer bytes from the
+ * disk at the cost of CPU time (cpu_decode_s).
  *
  * Transactional: prepare (open and check the image, allocate device memory
  * and host slabs, the ring) -> populate (the pipeline) -> commit (host slabs
@@ -92,9 +97,10 @@ typedef struct arena_load_stats {
 	double t_open, t_ring, t_prepare, t_populate, t_commit;
 	/* A reader thread's time, the mean over threads: in all; faulting in and
 	 * pinning its ring share; waiting for a slot's copies (the device is
-	 * behind); reading. The rest is checking, decoding on the CPU and
-	 * queueing copies. */
-	double w_all, w_ring, w_wait, w_read;
+	 * behind); reading; checking and decoding coded chunks on the CPU. The
+	 * rest is hashing, other checks and queueing copies. */
+	double w_all, w_ring, w_wait, w_read, w_decode;
+	double cpu_decode_s;      /* CPU seconds checking and decoding coded chunks, all threads */
 } arena_load_stats;
 
 /* Load the image at `path`. On success *out owns the model. `st` may be NULL. */

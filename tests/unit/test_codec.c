@@ -390,7 +390,7 @@ Test(codec_zstd, bad_arguments)
 	uint64_t n = 7;
 	cr_assert_eq(arena_zstd_encode(&w, raw, sizeof(raw), 3, 1, st, &n), ARENA_E_USAGE);
 	cr_assert_eq(n, 0);
-	cr_assert_eq(arena_zstd_encode(&w, raw, sizeof(raw), 2, ZSTD_maxCLevel() + 1, st, &n), ARENA_E_USAGE);
+	cr_assert_eq(arena_zstd_encode(&w, raw, sizeof(raw), 2, ARENA_ZSTD_MAX_LEVEL + 1, st, &n), ARENA_E_USAGE);
 	cr_assert_eq(arena_zstd_encode(&w, raw, sizeof(raw), 2, -1, st, &n), ARENA_E_USAGE);
 	cr_assert_eq(arena_zstd_encode(&w, raw, 0, 2, 1, st, &n), 0);
 	cr_assert_eq(n, 0);

@@ -347,6 +347,8 @@ static void raw_write(raw_image *r, const char *manifest, const char *path, void
 	arena_img_header_plan(&nh, mlen, h.data_length, h.chunk_size);
 	if (h.flags & ARENA_IMG_FLAG_CODED) {
 		arena_img_header_set_coded(&nh);
+		if (h.flags & ARENA_IMG_FLAG_ZSTD)
+			arena_img_header_set_zstd(&nh);
 		arena_img_header_set_stored(&nh, h.stored_length);
 	}
 	nh.manifest_xxh3 = XXH3_64bits(m, mlen);
@@ -400,7 +402,8 @@ Test(image, resealed_unchanged_is_valid)
 
 static void major2(arena_img_header *h) { h->major = 2; }
 static void minor9(arena_img_header *h) { h->minor = 9; }
-static void req_flag(arena_img_header *h) { h->flags = 2; }
+static void req_flag(arena_img_header *h) { h->flags = 4; }
+static void zstd_flag_alone(arena_img_header *h) { h->flags = ARENA_IMG_FLAG_ZSTD; }
 static void opt_flag(arena_img_header *h) { h->flags = 1u << 20; }
 static void bad_chunk_size(arena_img_header *h) { h->chunk_size = 3000; }
 static void bad_manifest_off(arena_img_header *h) { h->manifest_offset = 8192; }
@@ -429,6 +432,8 @@ Test(image, versions_and_flags)
 	cr_assert_eq(open_verify(tmp("o.arena")), 0, "a newer minor version must be read: %s", arena_last_error());
 	raw_write(&r, NULL, tmp("o.arena"), req_flag);
 	expect_code(open_verify(tmp("o.arena")), IMG_FLAGS);
+	raw_write(&r, NULL, tmp("o.arena"), zstd_flag_alone);
+	expect_code(open_verify(tmp("o.arena")), IMG_HEADER_BAD);
 	raw_write(&r, NULL, tmp("o.arena"), opt_flag);
 	cr_assert_eq(open_verify(tmp("o.arena")), 0, "unknown optional flags are ignored: %s", arena_last_error());
 	raw_write(&r, NULL, tmp("o.arena"), bad_chunk_size);
@@ -1320,10 +1325,12 @@ Test(image, raw_padding_not_zero_coded)
 	free(r.buf);
 }
 
-Test(image, coded_disk_full_and_allocation_failures_leave_nothing)
+/* Write failures (disk full), allocation failures and read failures at each
+ * point of a coded convert: an error, and nothing left behind. */
+static void coded_faults_leave_nothing(unsigned codec)
 {
 	const char *in = fixture_path("tiny_flux.safetensors");
-	arena_convert_opts o = {.threads = 2, .chunk_size = 64 << 10, .codec = ARENA_CODEC_HB4};
+	arena_convert_opts o = {.threads = 2, .chunk_size = 64 << 10, .codec = codec};
 	int fired = 0;
 	for (long n = 1; n < 64; n++) {
 		arena_fault_write(n);
@@ -1364,4 +1371,365 @@ Test(image, coded_disk_full_and_allocation_failures_leave_nothing)
 		cr_assert_eq(dir_entries(tmpdir), rc == 0, "k=%ld rc=%d entries %d", k, rc, dir_entries(tmpdir));
 		unlink(tmp("x.arena"));
 	}
+}
+
+Test(image, coded_disk_full_and_allocation_failures_leave_nothing)
+{
+	coded_faults_leave_nothing(ARENA_CODEC_HB4);
+}
+
+/* ---- zstd images (format 1.2) ------------------------------------------------- */
+
+static int convert_zstd(const char *in, const char *out, uint64_t chunk, int level)
+{
+	arena_convert_opts o = {.threads = 2, .chunk_size = chunk, .codec = ARENA_CODEC_ZSTD, .zstd_level = level};
+	return arena_convert(&in, 1, out, &o, NULL);
+}
+
+static void zstd_raw(raw_image *r)
+{
+	cr_assert_eq(convert_zstd(fixture_path("tiny_flux.safetensors"), tmp("z.arena"), 64 << 10, 0), 0, "%s",
+		     arena_last_error());
+	raw_load(r, tmp("z.arena"));
+}
+
+static void write_weights(const char *path, size_t n, const char *const *names, const arena_dtype *dt,
+			  const uint64_t (*shape)[2]);
+
+/* A zstd image of bf16 blocks whose low bytes are noise (stored as is) and
+ * whose tensors leave padding inside and between slabs; z.arena. */
+static void zstd_weights_raw(raw_image *r)
+{
+	const char *names[] = {"blocks.0.w", "blocks.0.b", "blocks.1.w", "blocks.1.b", "blocks.2.w", "embed"};
+	const arena_dtype dt[] = {ARENA_DTYPE_BF16, ARENA_DTYPE_F32, ARENA_DTYPE_BF16,
+				  ARENA_DTYPE_F32, ARENA_DTYPE_BF16, ARENA_DTYPE_BF16};
+	const uint64_t shape[6][2] = {{600, 130}, {130, 0}, {600, 130}, {130, 0}, {600, 130}, {77, 64}};
+	write_weights(tmp("zw.safetensors"), 6, names, dt, shape);
+	cr_assert_eq(convert_zstd(tmp("zw.safetensors"), tmp("z.arena"), 64 << 10, 0), 0, "%s", arena_last_error());
+	raw_load(r, tmp("z.arena"));
+}
+
+Test(image, zstd_round_trip_is_lossless)
+{
+	const char *in = fixture_path("tiny_flux.safetensors");
+	cr_assert_eq(convert1(in, tmp("p.arena")), 0);
+	for (int level = 0; level <= 19; level += level < 3 ? 1 : 8) {
+		arena_convert_result res;
+		arena_convert_opts o = {.threads = 3, .chunk_size = 64 << 10, .codec = ARENA_CODEC_ZSTD, .zstd_level = level};
+		cr_assert_eq(arena_convert(&in, 1, tmp("z.arena"), &o, &res), 0, "%s", arena_last_error());
+		cr_assert_eq(res.coded_chunks, res.chunk_count);
+		cr_assert_lt(res.stored_bytes, res.data_bytes * 3 / 4, "level %d: %llu of %llu", level,
+			     (unsigned long long)res.stored_bytes, (unsigned long long)res.data_bytes);
+		cr_assert_eq(open_verify(tmp("z.arena")), 0, "%s", arena_last_error());
+		arena_image *img;
+		cr_assert_eq(arena_img_open(tmp("z.arena"), &img), 0);
+		cr_assert_eq(img->hdr.minor, 2);
+		cr_assert_eq(img->hdr.flags, ARENA_IMG_FLAG_CODED | ARENA_IMG_FLAG_ZSTD);
+		json_t *ver = json_object_get(img->manifest, "version");
+		cr_assert_eq(json_integer_value(json_array_get(ver, 1)), 2);
+		for (uint64_t i = 0; i < img->hdr.chunk_count; i++)
+			cr_assert_eq(img->chunks[i].codec, ARENA_CODEC_ZSTD);
+		arena_img_close(img);
+		uint64_t n1, n2;
+		uint8_t *a = raw_data(tmp("p.arena"), &n1), *b = raw_data(tmp("z.arena"), &n2);
+		cr_assert_eq(n1, n2);
+		cr_assert_eq(memcmp(a, b, n1), 0, "level %d", level);
+		free(a);
+		free(b);
+	}
+	cr_assert_eq(arena_export(tmp("z.arena"), tmp("z.safetensors"), 2, NULL), 0, "%s", arena_last_error());
+	size_t l1, l2;
+	uint8_t *x = slurp(in, &l1), *y = slurp(tmp("z.safetensors"), &l2);
+	cr_assert_eq(l1, l2);
+	cr_assert_eq(memcmp(x, y, l1), 0, "export of a zstd image differs from the source");
+	free(x);
+	free(y);
+	arena_convert_opts bad = {.codec = ARENA_CODEC_ZSTD, .zstd_level = 20};
+	expect_code(arena_convert(&in, 1, tmp("b.arena"), &bad, NULL), USAGE);
+	cr_assert_eq(access(tmp("b.arena"), F_OK), -1);
+}
+
+/* Weights-like bytes for a tensor of `dtype`: random low bytes, and in each
+ * element's top byte (and an f64's next) few values, as in real weights. */
+static void weight_bytes(arena_dtype dtype, uint8_t *b, uint64_t n, uint64_t *x)
+{
+	const unsigned size = arena_dtype_bits(dtype) / 8;
+	for (uint64_t i = 0; i < n; i++) {
+		*x ^= *x << 13, *x ^= *x >> 7, *x ^= *x << 17;
+		b[i] = (uint8_t)*x;
+	}
+	for (uint64_t e = 0; e < n / size; e++) {
+		uint8_t *el = b + e * size;
+		el[size - 1] = (uint8_t)((0x3c + (el[0] & 3)) | (el[1 % size] & 0x80));
+		if (size == 8)
+			el[6] = (uint8_t)(0xf0 + (el[0] >> 6));
+	}
+}
+
+/* A checkpoint of the tensors named, shaped and typed as given (rank 1 or
+ * 2), each filled with weight_bytes. */
+static void write_weights(const char *path, size_t n, const char *const *names, const arena_dtype *dt,
+			  const uint64_t (*shape)[2])
+{
+	arena_stw *w;
+	cr_assert_eq(arena_stw_create(path, &w), 0);
+	for (size_t k = 0; k < n; k++)
+		cr_assert_eq(arena_stw_add(w, names[k], dt[k], shape[k][1] ? 2 : 1, shape[k]), 0);
+	cr_assert_eq(arena_stw_begin(w), 0);
+	uint64_t x = 0x9E3779B97F4A7C15ull;
+	for (size_t i = 0; i < arena_stw_count(w); i++) { /* in the file's order */
+		const arena_stw_tensor *t = arena_stw_get(w, i);
+		uint8_t *b = malloc(t->nbytes);
+		weight_bytes(t->dtype, b, t->nbytes, &x);
+		cr_assert_eq(arena_stw_write(w, b, t->nbytes), 0);
+		free(b);
+	}
+	cr_assert_eq(arena_stw_commit(w), 0);
+}
+
+/* One block of 320 KiB for each element width: chunks of 64 KiB, each of
+ * one width. */
+Test(image, zstd_every_element_width)
+{
+	const char *names[] = {"blocks.0.w", "blocks.1.w", "blocks.2.w", "blocks.3.w"};
+	const arena_dtype dt[] = {ARENA_DTYPE_F8_E4M3, ARENA_DTYPE_BF16, ARENA_DTYPE_F32, ARENA_DTYPE_F64};
+	const uint64_t shape[4][2] = {{320 << 10, 0}, {160 << 10, 0}, {80 << 10, 0}, {40 << 10, 0}};
+	const unsigned size[] = {1, 2, 4, 8};
+	write_weights(tmp("w.safetensors"), 4, names, dt, shape);
+	cr_assert_eq(convert_zstd(tmp("w.safetensors"), tmp("w.arena"), 64 << 10, 0), 0, "%s", arena_last_error());
+	cr_assert_eq(convert1(tmp("w.safetensors"), tmp("p.arena")), 0);
+	arena_image *img;
+	cr_assert_eq(arena_img_open(tmp("w.arena"), &img), 0);
+	unsigned seen = 0;
+	for (uint64_t i = 0; i < img->hdr.chunk_count; i++) {
+		const arena_img_chunk *c = &img->chunks[i];
+		cr_assert_eq(c->codec, ARENA_CODEC_ZSTD, "chunk %llu", (unsigned long long)i);
+		uint8_t g;
+		cr_assert_eq(arena_pread_full(img->fd, &g, 1, img->hdr.data_offset + c->offset, "t"), 0);
+		/* Chunk i lies in block i / 5: the width of its dtype. */
+		cr_assert_eq(g, size[i / 5], "chunk %llu has width %u", (unsigned long long)i, g);
+		seen |= g;
+	}
+	cr_assert_eq(seen, 1 | 2 | 4 | 8);
+	arena_img_close(img);
+	uint64_t n1, n2;
+	uint8_t *p = raw_data(tmp("p.arena"), &n1), *z = raw_data(tmp("w.arena"), &n2);
+	cr_assert_eq(n1, n2);
+	cr_assert_eq(memcmp(p, z, n1), 0);
+	free(p);
+	free(z);
+	cr_assert_eq(arena_export(tmp("w.arena"), tmp("w2.safetensors"), 2, NULL), 0, "%s", arena_last_error());
+	size_t l1, l2;
+	uint8_t *s1 = slurp(tmp("w.safetensors"), &l1), *s2 = slurp(tmp("w2.safetensors"), &l2);
+	cr_assert(l1 == l2 && !memcmp(s1, s2, l1));
+	free(s1);
+	free(s2);
+}
+
+static void zstd_without_its_flag(arena_img_header *h) { h->flags = ARENA_IMG_FLAG_CODED; h->minor = 1; }
+
+Test(image, zstd_header_and_chunk_table_rules)
+{
+	raw_image r;
+	zstd_raw(&r);
+	raw_write(&r, NULL, tmp("o.arena"), NULL);
+	cr_assert_eq(open_verify(tmp("o.arena")), 0, "%s", arena_last_error());
+	/* zstd chunks in an image without the zstd flag (a 1.1 image). */
+	raw_write(&r, NULL, tmp("o.arena"), zstd_without_its_flag);
+	expect_code(open_verify(tmp("o.arena")), IMG_CODEC);
+	cr_assert(strstr(arena_last_error(), "without the zstd flag"), "%s", arena_last_error());
+	/* A zstd chunk whose entry says it is no smaller than raw. */
+	uint8_t *e1 = r.buf + r.h.chunk_table_offset + 32, keep[32];
+	memcpy(keep, e1, 32);
+	put32le(e1 + 8, (uint32_t)(e1[12] | e1[13] << 8 | e1[14] << 16 | (uint32_t)e1[15] << 24));
+	raw_write(&r, NULL, tmp("o.arena"), NULL);
+	expect_code(open_verify(tmp("o.arena")), IMG_CHUNK_TABLE_BAD);
+	memcpy(e1, keep, 32);
+	e1[24] = 3;
+	raw_write(&r, NULL, tmp("o.arena"), NULL);
+	expect_code(open_verify(tmp("o.arena")), IMG_CODEC);
+	memcpy(e1, keep, 32);
+	free(r.buf);
+	/* zstd in a plain image, and in an hb4 image. */
+	small_raw(&r);
+	r.buf[r.h.chunk_table_offset + 24] = ARENA_CODEC_ZSTD;
+	raw_write(&r, NULL, tmp("o.arena"), NULL);
+	expect_code(open_verify(tmp("o.arena")), IMG_CODEC);
+	free(r.buf);
+	coded_raw(&r);
+	r.buf[r.h.chunk_table_offset + 24] = ARENA_CODEC_ZSTD;
+	raw_write(&r, NULL, tmp("o.arena"), NULL);
+	expect_code(open_verify(tmp("o.arena")), IMG_CODEC);
+	free(r.buf);
+}
+
+/* Chunk i's stored bytes in a raw image, parsed as zstd. */
+static uint8_t *zstd_chunk(raw_image *r, uint64_t i, arena_zstd *v, uint64_t *stored, uint64_t *raw)
+{
+	uint64_t off;
+	int codec;
+	entry_of(r, i, &off, stored, raw, &codec);
+	cr_assert_eq(codec, ARENA_CODEC_ZSTD);
+	uint8_t *st = r->buf + r->h.data_offset + off;
+	cr_assert_eq(arena_zstd_parse(st, *stored, *raw, "t", v), 0, "%s", arena_last_error());
+	return st;
+}
+
+Test(image, zstd_chunk_malformed_under_a_good_checksum)
+{
+	/* Damage under a resealed checksum, so that only the structure check
+	 * (header, frame headers, then the bounded decode) can catch it; every
+	 * reader names the chunk and writes nothing. */
+	for (int k = 0; k < 5; k++) {
+		raw_image r;
+		zstd_weights_raw(&r);
+		arena_zstd v;
+		uint64_t stored, raw, i = 0;
+		uint8_t *st;
+		do /* a chunk whose high bytes are packed, its low bytes (noise) stored as is */
+			st = zstd_chunk(&r, i, &v, &stored, &raw);
+		while (v.packed != 2 && ++i < r.h.chunk_count);
+		cr_assert_lt(i, r.h.chunk_count, "no chunk with only its high bytes packed");
+		const char *says = NULL;
+		switch (k) {
+		case 0: st[4] ^= 1, says = "raw bytes, the chunk table"; break;          /* header raw length */
+		case 1: st[1] = 3, says = "zstd stream 0: a "; break;                     /* low stream said packed */
+		case 2: st[v.off[1]] ^= 0xff, says = "not a zstd frame"; break;          /* frame magic */
+		case 3: st[v.off[1] + v.len[1] / 2] ^= 0x5a, says = "zstd stream 1"; break; /* a block */
+		case 4: st[v.off[1] + v.len[1] - 1] ^= 0x80, says = "zstd stream 1"; break; /* the last block */
+		}
+		reseal_entry(&r, i);
+		raw_write(&r, NULL, tmp("o.arena"), NULL);
+		int rc = open_verify(tmp("o.arena"));
+		if (k >= 3 && rc == 0) { /* zstd decoded the damaged block to the same size: the bytes differ */
+			uint64_t n;
+			uint8_t *b = raw_data(tmp("o.arena"), &n), *p = raw_data(tmp("z.arena"), &n);
+			cr_assert_neq(memcmp(b, p, n), 0);
+			free(b), free(p), free(r.buf);
+			continue;
+		}
+		char want[64];
+		snprintf(want, sizeof(want), "chunk %llu (file bytes", (unsigned long long)i);
+		every_reader_refuses(tmp("o.arena"), ARENA_E(IMG_CHUNK_BAD), want);
+		cr_assert(strstr(arena_last_error(), says), "case %d: want '%s' in: %s", k, says, arena_last_error());
+		free(r.buf);
+	}
+}
+
+Test(image, zstd_stored_padding_flipped)
+{
+	raw_image r;
+	zstd_raw(&r);
+	uint64_t tried = 0;
+	for (uint64_t i = 0; i < r.h.chunk_count && tried < 2; i++) {
+		uint64_t off, stored, raw;
+		int codec;
+		entry_of(&r, i, &off, &stored, &raw, &codec);
+		uint64_t end = (off + stored + 4095) / 4096 * 4096;
+		if (end == off + stored)
+			continue;
+		uint64_t f = r.h.data_offset + (tried ? end - 1 : off + stored);
+		r.buf[f] = 0x01;
+		spit(tmp("o.arena"), r.buf, r.len);
+		char what[128];
+		snprintf(what, sizeof(what), "chunk %llu: file byte %llu", (unsigned long long)i, (unsigned long long)f);
+		every_reader_refuses(tmp("o.arena"), ARENA_E(IMG_PADDING), what);
+		r.buf[f] = 0;
+		tried++;
+	}
+	cr_assert_eq(tried, 2);
+	free(r.buf);
+}
+
+/* Chunk i of a raw zstd image coded again from its raw bytes with one byte
+ * set to x (at raw offset `at` of the chunk), in the same pages, its
+ * entry's stored length and checksum updated. */
+static void recode_zstd_chunk(raw_image *r, uint64_t i, uint64_t at, uint8_t x)
+{
+	arena_zstd v;
+	uint64_t stored, raw, off, s2, r2;
+	int codec;
+	uint8_t *st = zstd_chunk(r, i, &v, &stored, &raw);
+	arena_zstd_work w = {0};
+	cr_assert_eq(arena_zstd_decode(&w, &v, st, "t"), 0);
+	uint8_t *b = malloc(raw), *enc = malloc(raw);
+	arena_zstd_gather(&v, 0, raw, b);
+	b[at] = x;
+	uint64_t n;
+	cr_assert_eq(arena_zstd_encode(&w, b, raw, v.width, 0, enc, &n), 0);
+	cr_assert_eq((n + 4095) / 4096, (stored + 4095) / 4096, "the chunk no longer fits its pages");
+	memset(st, 0, (stored + 4095) / 4096 * 4096);
+	memcpy(st, enc, n);
+	put32le(r->buf + r->h.chunk_table_offset + i * 32 + 8, (uint32_t)n);
+	entry_of(r, i, &off, &s2, &r2, &codec);
+	cr_assert_eq(s2, n);
+	reseal_entry(r, i);
+	arena_zstd_work_free(&w);
+	free(b);
+	free(enc);
+}
+
+Test(image, zstd_raw_padding_not_zero)
+{
+	/* Padding bytes made non-zero in the raw bytes a zstd chunk decodes to,
+	 * the chunk coded again and its checksum resealed: the checksum holds,
+	 * the raw bytes do not. Inside a slab, between slabs, the data's last. */
+	raw_image r;
+	zstd_weights_raw(&r);
+	uint64_t at[3];
+	padding_bytes(tmp("z.arena"), 0, &at[0], &at[1], &at[2]);
+	for (int k = 0; k < 3; k++) {
+		cr_assert_neq(at[k], UINT64_MAX);
+		uint64_t i = at[k] / r.h.chunk_size, c0 = i * r.h.chunk_size;
+		uint8_t *keep = malloc(r.len);
+		memcpy(keep, r.buf, r.len);
+		recode_zstd_chunk(&r, i, at[k] - c0, 0x80);
+		raw_write(&r, NULL, tmp("o.arena"), NULL);
+		char what[128];
+		snprintf(what, sizeof(what), "chunk %llu: data byte %llu", (unsigned long long)i, (unsigned long long)at[k]);
+		every_reader_refuses(tmp("o.arena"), ARENA_E(IMG_PADDING), what);
+		memcpy(r.buf, keep, r.len);
+		free(keep);
+	}
+	/* The same recoding with the byte left zero is a valid image. */
+	recode_zstd_chunk(&r, at[0] / r.h.chunk_size, at[0] % r.h.chunk_size, 0);
+	raw_write(&r, NULL, tmp("o.arena"), NULL);
+	cr_assert_eq(open_verify(tmp("o.arena")), 0, "%s", arena_last_error());
+	free(r.buf);
+}
+
+Test(image, every_byte_flipped_zstd)
+{
+	/* Every byte of a zstd image is in a checksum or checked to be zero. */
+	cr_assert_eq(convert_zstd(fixture_path("tiny_flux.safetensors"), tmp("z.arena"), 64 << 10, 0), 0);
+	arena_image *img;
+	cr_assert_eq(arena_img_open(tmp("z.arena"), &img), 0);
+	arena_img_header h = img->hdr;
+	uint64_t n = h.chunk_count, *end = calloc(n, sizeof(*end));
+	for (uint64_t i = 0; i < n; i++)
+		end[i] = h.data_offset + img->chunks[i].offset + img->chunks[i].stored_length;
+	arena_img_close(img);
+	int fd = open(tmp("z.arena"), O_RDWR);
+	for (uint64_t i = 0, k = 0; i < h.file_size;) {
+		uint8_t c, x;
+		cr_assert_eq(pread(fd, &c, 1, (off_t)i), 1);
+		x = c ^ 0x04;
+		cr_assert_eq(pwrite(fd, &x, 1, (off_t)i), 1);
+		while (k + 1 < n && i >= (end[k] + 4095) / 4096 * 4096)
+			k++;
+		int in_pad = i >= h.data_offset && i >= end[k] && i < (end[k] + 4095) / 4096 * 4096;
+		int want = in_pad ? ARENA_E(IMG_PADDING) : region_code(&h, i), rc = open_verify(tmp("z.arena"));
+		cr_assert_eq(rc, want, "byte %llu flipped: got %s (%s)", (unsigned long long)i, arena_err_name(rc),
+			     arena_last_error());
+		cr_assert_eq(pwrite(fd, &c, 1, (off_t)i), 1);
+		i += i < h.data_offset ? 61 : in_pad ? 11 : 97;
+	}
+	close(fd);
+	free(end);
+	cr_assert_eq(open_verify(tmp("z.arena")), 0);
+}
+
+Test(image, zstd_disk_full_and_allocation_failures_leave_nothing)
+{
+	coded_faults_leave_nothing(ARENA_CODEC_ZSTD);
 }

@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <sys/stat.h>
 #include <xxhash.h>
+#include <zstd.h>
 
 #include "arena.h"
 #include "../../arena/backend.h"
@@ -877,6 +878,303 @@ Test(load_coded, device_and_host_blocks_in_one_model)
 		o.threads = t;
 		cr_assert_eq(arena_load_image(img_path, &o, &m, &st), 0, "%s", arena_last_error());
 		cr_assert_eq(st.cpu_decoded, 0);
+		expect_image_bytes(m);
+		arena_model_free(m);
+	}
+	unlink(st_path);
+	cr_assert_eq(dev_free(), 64 << 20);
+	cr_assert_eq(atomic_load(&budget.used), 0);
+}
+
+/* ---- zstd images: decoded by the reader threads, on the CPU ---------------------- */
+
+static void setup_zstd(void)
+{
+	tmpdir_make(dir, sizeof(dir), "test-load");
+	snprintf(img_path, sizeof(img_path), "%s/z.arena", dir);
+	const char *in = fixture_path("tiny_flux.safetensors");
+	arena_convert_opts co = {.chunk_size = 64 << 10, .threads = 2, .codec = ARENA_CODEC_ZSTD};
+	arena_convert_result res;
+	cr_assert_eq(arena_convert(&in, 1, img_path, &co, &res), 0, "%s", arena_last_error());
+	cr_assert_eq(res.coded_chunks, res.chunk_count, "tiny_flux's chunks should all be coded");
+	arena_sim_opts so = {.capacity = 64 << 20};
+	cr_assert_eq(arena_backend_sim_create(&so, &be), 0);
+	arena_pin_budget_probe(&budget, 256 << 20, 0, "");
+}
+
+TestSuite(load_zstd, .init = setup_zstd, .fini = teardown);
+
+Test(load_zstd, decoded_by_the_readers_through_the_ring)
+{
+	arena_load_opts o = opts();
+	o.slot_bytes = 16 << 10; /* a chunk's raw bytes in four slots */
+	arena_model *m;
+	arena_load_stats st;
+	cr_assert_eq(arena_load_image(img_path, &o, &m, &st), 0, "%s", arena_last_error());
+	cr_assert_eq(st.host_bytes, 0);
+	cr_assert_eq(st.gpu_decoded, 0, "zstd is decoded by the CPU");
+	cr_assert_eq(st.cpu_decoded, st.dev_bytes);
+	cr_assert_lt(st.file_bytes, st.dev_bytes * 3 / 4, "a zstd image reads fewer bytes than it delivers");
+	cr_assert_gt(st.cpu_decode_s, 0);
+	cr_assert_geq(st.cpu_decode_s, st.w_decode * 0.999);
+	cr_assert(st.ring_pinned);
+	expect_image_bytes(m);
+	arena_model_free(m);
+	cr_assert_eq(dev_free(), 64 << 20, "device memory left allocated");
+	cr_assert_eq(atomic_load(&budget.used), 0);
+}
+
+Test(load_zstd, io_modes_threads_and_slots_give_the_same_bytes)
+{
+	int modes[] = {ARENA_IO_BUFFERED, ARENA_IO_DIRECT, ARENA_IO_AUTO};
+	for (int k = 0; k < 3; k++)
+		for (uint64_t slot = 4096; slot <= (1u << 20); slot *= 16) {
+			arena_load_opts o = opts();
+			o.io = modes[k];
+			o.threads = (unsigned)k * 2 + 1;
+			o.slots_per_thread = (unsigned)k + 2;
+			o.slot_bytes = slot;
+			arena_model *m;
+			cr_assert_eq(arena_load_image(img_path, &o, &m, NULL), 0, "%s", arena_last_error());
+			expect_image_bytes(m);
+			arena_model_free(m);
+		}
+	cr_assert_eq(dev_free(), 64 << 20);
+}
+
+Test(load_zstd, host_slabs_and_device_blocks)
+{
+	arena_load_opts o = opts();
+	uint8_t on[6] = {1, 0, 1, 0, 0, 1};
+	o.on_device = on;
+	arena_model *m;
+	arena_load_stats st;
+	cr_assert_eq(arena_load_image(img_path, &o, &m, &st), 0, "%s", arena_last_error());
+	cr_assert_gt(st.host_bytes, 0);
+	cr_assert_eq(st.cpu_decoded, st.dev_bytes + st.host_bytes);
+	for (int b = 0; b < 6; b++)
+		if (!on[b]) {
+			char perm[5];
+			perms_of(m->mem[b].host, perm);
+			cr_assert_str_eq(perm, "r--p");
+		}
+	expect_image_bytes(m);
+	arena_model_free(m);
+	cr_assert_eq(dev_free(), 64 << 20);
+	cr_assert_eq(atomic_load(&budget.used), 0);
+}
+
+Test(load_zstd, a_device_the_model_fills_and_a_tiny_pinned_budget)
+{
+	/* No device memory is taken for decoding: a device exactly the model's
+	 * size loads it; a pinned budget smaller than a chunk leaves the ring
+	 * pageable. */
+	arena_load_opts o = opts();
+	arena_model *m;
+	cr_assert_eq(arena_load_image(img_path, &o, &m, NULL), 0);
+	uint64_t need = (64 << 20) - dev_free();
+	arena_model_free(m);
+	arena_backend *tight;
+	arena_sim_opts so = {.capacity = need};
+	cr_assert_eq(arena_backend_sim_create(&so, &tight), 0);
+	arena_pin_budget tiny;
+	arena_pin_budget_probe(&tiny, 4096, 0, "");
+	o.backend = tight;
+	o.budget = &tiny;
+	arena_load_stats st;
+	cr_assert_eq(arena_load_image(img_path, &o, &m, &st), 0, "%s", arena_last_error());
+	cr_assert_not(st.ring_pinned);
+	cr_assert_eq(st.cpu_decoded, st.dev_bytes);
+	arena_backend *keep = be;
+	be = tight;
+	expect_image_bytes(m);
+	be = keep;
+	arena_model_free(m);
+	arena_backend_destroy(tight);
+	cr_assert_eq(atomic_load(&tiny.used), 0);
+}
+
+/* Chunk c's entry and stored bytes, parsed as zstd. */
+static uint8_t *zstd_chunk_at(uint64_t c, arena_zstd *v, uint64_t *stored_at)
+{
+	arena_image *img;
+	cr_assert_eq(arena_img_open(img_path, &img), 0);
+	const arena_img_chunk *ck = &img->chunks[c];
+	cr_assert_eq(ck->codec, ARENA_CODEC_ZSTD);
+	uint8_t *b = malloc(ck->stored_length);
+	*stored_at = img->hdr.data_offset + ck->offset;
+	cr_assert_eq(arena_pread_full(img->fd, b, ck->stored_length, *stored_at, "t"), 0);
+	cr_assert_eq(arena_zstd_parse(b, ck->stored_length, ck->raw_length, "t", v), 0, "%s", arena_last_error());
+	arena_img_close(img);
+	return b;
+}
+
+Test(load_zstd, chunk_corrupted_after_verify_is_caught_in_flight)
+{
+	arena_zstd v;
+	uint64_t at;
+	free(zstd_chunk_at(1, &v, &at));
+	int fd = open(img_path, O_RDWR);
+	uint8_t x;
+	cr_assert_eq(pread(fd, &x, 1, (off_t)(at + 100)), 1);
+	x ^= 0x5A;
+	cr_assert_eq(pwrite(fd, &x, 1, (off_t)(at + 100)), 1);
+	close(fd);
+	arena_load_opts o = opts();
+	arena_model *m = NULL;
+	int rc = arena_load_image(img_path, &o, &m, NULL);
+	cr_assert_eq(rc, ARENA_E(IMG_CHUNK_CHECKSUM), "%s: %s", arena_err_name(rc), arena_last_error());
+	cr_assert(strstr(arena_last_error(), "chunk 1 ") && strstr(arena_last_error(), "caught while loading"), "%s",
+		  arena_last_error());
+	cr_assert_null(m);
+	cr_assert_eq(dev_free(), 64 << 20);
+	cr_assert_eq(atomic_load(&budget.used), 0);
+}
+
+Test(load_zstd, malformed_chunk_under_a_good_checksum_is_refused)
+{
+	/* A packed stream replaced by a frame that declares the stream's size but
+	 * holds a quarter of it, zeros after it, checksums resealed: refused
+	 * before a byte reaches the device (the bounded decode of such frames in
+	 * exactly their own bytes: codec_zstd/lying_frame_headers_decode_bounded). */
+	arena_zstd v;
+	uint64_t at;
+	uint8_t *b = zstd_chunk_at(2, &v, &at);
+	unsigned k = v.packed & 2 ? 1 : 0;
+	cr_assert(v.packed >> k & 1, "the test needs a packed stream");
+	uint8_t *plane = malloc(v.n), *frame = malloc(ZSTD_compressBound(v.n));
+	memset(plane, 0x3c, v.n);
+	size_t fl = ZSTD_compress(frame, ZSTD_compressBound(v.n), plane, v.n / 4, 1);
+	cr_assert(!ZSTD_isError(fl) && fl <= v.len[k]);
+	/* The 2-byte content size field after a single-segment header byte. */
+	cr_assert_eq(frame[4] >> 5, 3, "a frame with a 2-byte content size and no window byte");
+	frame[5] = (uint8_t)(v.n - 256), frame[6] = (uint8_t)((v.n - 256) >> 8);
+	memset(b + v.off[k], 0, v.len[k]);
+	memcpy(b + v.off[k], frame, fl);
+	int fd = open(img_path, O_RDWR);
+	cr_assert_eq(pwrite(fd, b + v.off[k], v.len[k], (off_t)(at + v.off[k])), (ssize_t)v.len[k]);
+	close(fd);
+	reseal(2);
+	arena_load_opts o = opts();
+	arena_model *m = NULL;
+	int rc = arena_load_image(img_path, &o, &m, NULL);
+	cr_assert_eq(rc, ARENA_E(IMG_CHUNK_BAD), "%s: %s", arena_err_name(rc), arena_last_error());
+	cr_assert(strstr(arena_last_error(), "chunk 2 (file bytes"), "%s", arena_last_error());
+	cr_assert_null(m);
+	cr_assert_eq(dev_free(), 64 << 20);
+	cr_assert_eq(atomic_load(&budget.used), 0);
+	free(plane);
+	free(frame);
+	free(b);
+}
+
+Test(load_zstd, truncated_and_cancelled)
+{
+	arena_load_opts o = opts();
+	arena_model *m = NULL;
+	volatile sig_atomic_t stop = 1;
+	o.cancel = &stop;
+	cr_assert_eq(arena_load_image(img_path, &o, &m, NULL), ARENA_E_CANCELLED);
+	cr_assert_null(m);
+	cr_assert_eq(dev_free(), 64 << 20);
+	cr_assert_eq(truncate(img_path, 100000), 0);
+	o.cancel = NULL;
+	cr_assert_eq(arena_load_image(img_path, &o, &m, NULL), ARENA_E(IMG_TRUNCATED));
+	cr_assert_null(m);
+}
+
+Test(load_zstd, read_and_allocation_failures_at_each_step)
+{
+	arena_load_opts o = opts();
+	o.io = ARENA_IO_BUFFERED;
+	uint8_t on[6] = {1, 0, 1, 0, 1, 0};
+	o.on_device = on;
+	long n;
+	for (n = 1; n < 200; n++) {
+		arena_model *m = NULL;
+		arena_fault_read(n);
+		int rc = arena_load_image(img_path, &o, &m, NULL);
+		arena_fault_read(0);
+		if (rc == 0) {
+			expect_image_bytes(m);
+			arena_model_free(m);
+			break;
+		}
+		cr_assert_eq(rc, ARENA_E_IO, "n=%ld: %s", n, arena_last_error());
+		cr_assert_null(m);
+		cr_assert_eq(dev_free(), 64 << 20);
+		cr_assert_eq(atomic_load(&budget.used), 0);
+	}
+	cr_assert_gt(n, 3);
+	long live = arena_alloc_live();
+	for (n = 1; n < 100000; n++) {
+		arena_model *m = NULL;
+		arena_fault_alloc(n);
+		int rc = arena_load_image(img_path, &o, &m, NULL);
+		int fired = arena_fault_alloc_fired();
+		arena_fault_alloc(0);
+		if (!fired) {
+			cr_assert_eq(rc, 0, "%s", arena_last_error());
+			arena_model_free(m);
+			break;
+		}
+		if (rc == 0) {
+			arena_model_free(m);
+			continue;
+		}
+		cr_assert_eq(rc, ARENA_E_NOMEM, "n=%ld: %s: %s", n, arena_err_name(rc), arena_last_error());
+		cr_assert_null(m);
+		cr_assert_eq(dev_free(), 64 << 20, "n=%ld left device memory", n);
+		cr_assert_eq(atomic_load(&budget.used), 0, "n=%ld left pinned memory", n);
+		cr_assert_eq(arena_alloc_live(), live, "n=%ld leaked", n);
+	}
+	cr_assert_gt(n, 20);
+}
+
+/* Four 320 KiB bf16 blocks, coded with zstd in 64 KiB chunks, two of them
+ * on the device: the same bytes for any number of threads. */
+Test(load_zstd, device_and_host_blocks_of_a_larger_model)
+{
+	char st_path[300], z_path[300];
+	snprintf(st_path, sizeof(st_path), "%s/m.safetensors", dir);
+	snprintf(z_path, sizeof(z_path), "%s/m.arena", dir);
+	arena_stw *w;
+	cr_assert_eq(arena_stw_create(st_path, &w), 0);
+	uint64_t shape[2] = {320, 512};
+	char name[64];
+	for (int b = 0; b < 4; b++) {
+		snprintf(name, sizeof(name), "blocks.%d.w", b);
+		cr_assert_eq(arena_stw_add(w, name, ARENA_DTYPE_BF16, 2, shape), 0);
+	}
+	cr_assert_eq(arena_stw_begin(w), 0);
+	uint64_t n = 4 * 320 * 512;
+	uint16_t *v = malloc(2 * n);
+	uint64_t x = 0x9E3779B97F4A7C15ull;
+	for (uint64_t i = 0; i < n; i++) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		uint16_t e = (uint16_t)(0x3c - (x >> 40) % 4 + (x % 5000 == 0 ? 40 : 0));
+		v[i] = (uint16_t)((x >> 63) << 15 | e << 7 | (x >> 20) % 128);
+	}
+	cr_assert_eq(arena_stw_write(w, v, 2 * n), 0);
+	cr_assert_eq(arena_stw_commit(w), 0);
+	free(v);
+	const char *in = st_path;
+	arena_convert_opts co = {.chunk_size = 64 << 10, .threads = 2, .codec = ARENA_CODEC_ZSTD};
+	arena_convert_result res;
+	cr_assert_eq(arena_convert(&in, 1, z_path, &co, &res), 0, "%s", arena_last_error());
+	cr_assert_eq(res.coded_chunks, res.chunk_count);
+	cr_assert_lt(res.stored_bytes, res.data_bytes * 72 / 100);
+	unlink(img_path);
+	snprintf(img_path, sizeof(img_path), "%s", z_path);
+	for (unsigned t = 1; t <= 4; t++) {
+		arena_load_opts o = opts();
+		uint8_t on[4] = {1, 0, 1, 0};
+		o.on_device = t % 2 ? on : NULL;
+		o.threads = t;
+		arena_model *m;
+		arena_load_stats st;
+		cr_assert_eq(arena_load_image(img_path, &o, &m, &st), 0, "%s", arena_last_error());
+		cr_assert_eq(st.cpu_decoded, st.dev_bytes + st.host_bytes);
 		expect_image_bytes(m);
 		arena_model_free(m);
 	}
