@@ -42,11 +42,18 @@ const char cmd_convert_usage[] =
 	"                          Already-quantized inputs (compressed-tensors: F8_E4M3\n"
 	"                          '<name>' + '<name>_scale') are kept, never re-quantized.\n"
 	"  --chunk-size SIZE       checksum chunk size, power of two, 64K..1G (default 4M)\n"
-	"  --codec none|hb4        code chunks losslessly for a faster load (default none).\n"
-	"                          hb4 stores each 16-bit word's high byte in 4 bits\n"
-	"                          (bf16 weights: 75% of the bytes), wherever that saves\n"
-	"                          bytes; the GPU decodes as it loads. The image is then\n"
-	"                          format 1.1, which older readers refuse (docs/FORMAT.md)\n"
+	"  --codec none|hb4|zstd   code chunks losslessly (default none), wherever that\n"
+	"                          saves bytes. hb4 stores each 16-bit word's high byte\n"
+	"                          in 4 bits (bf16 weights: 75% of the bytes) and the GPU\n"
+	"                          decodes as it loads: the fastest load from the page\n"
+	"                          cache (format 1.1). zstd stores each byte of the\n"
+	"                          chunk's elements as a stream, zstd-compressed where\n"
+	"                          that is smaller (bf16 weights: about 69%); the CPU\n"
+	"                          decodes as it loads: for cold loads from slow disks\n"
+	"                          and for copying images (format 1.2). Older readers\n"
+	"                          refuse both (docs/FORMAT.md; README.md, 'Storage forms')\n"
+	"  --zstd-level N          zstd's level, 1..19 (default 1: faster levels lose\n"
+	"                          little, bench/RESULTS.md); with --codec zstd\n"
 	"  --threads N             worker threads (default: number of CPUs)\n"
 	"  -q, --quiet             no progress line and no summary\n"
 	"  -h, --help              this text\n"
@@ -107,13 +114,14 @@ static int split_list(char *s, const char ***out, size_t *n)
 
 int cmd_convert(int argc, char **argv)
 {
-	enum { O_PATTERN = 256, O_ORDER, O_CHUNK, O_THREADS, O_QUANT, O_QINC, O_QEXC, O_CODEC };
+	enum { O_PATTERN = 256, O_ORDER, O_CHUNK, O_THREADS, O_QUANT, O_QINC, O_QEXC, O_CODEC, O_LEVEL };
 	static const struct option opts[] = {
 		{"output", required_argument, NULL, 'o'},      {"block-pattern", required_argument, NULL, O_PATTERN},
 		{"block-order", required_argument, NULL, O_ORDER}, {"chunk-size", required_argument, NULL, O_CHUNK},
 		{"threads", required_argument, NULL, O_THREADS}, {"quiet", no_argument, NULL, 'q'},
 		{"quant", required_argument, NULL, O_QUANT},     {"quant-include", required_argument, NULL, O_QINC},
 		{"quant-exclude", required_argument, NULL, O_QEXC}, {"codec", required_argument, NULL, O_CODEC},
+		{"zstd-level", required_argument, NULL, O_LEVEL},
 		{NULL, 0, NULL, 0},
 	};
 	const char *out = NULL;
@@ -170,10 +178,17 @@ int cmd_convert(int argc, char **argv)
 		case O_CODEC: {
 			int c = arena_codec_from_name(optarg);
 			if (c < 0) {
-				st = cli_usage_error("convert", "--codec '%s' is not none or hb4", arena_q(optarg));
+				st = cli_usage_error("convert", "--codec '%s' is not none, hb4 or zstd", arena_q(optarg));
 				goto done;
 			}
 			co.codec = (unsigned)c;
+			break;
+		}
+		case O_LEVEL: {
+			uint64_t n;
+			if ((st = cli_count_arg("convert", "--zstd-level", optarg, 1, ARENA_ZSTD_MAX_LEVEL, &n)))
+				goto done;
+			co.zstd_level = (int)n;
 			break;
 		}
 		case O_THREADS: {
@@ -194,6 +209,10 @@ int cmd_convert(int argc, char **argv)
 	}
 	if (optind >= argc) {
 		st = cli_usage_error("convert", "no INPUT given");
+		goto done;
+	}
+	if (co.zstd_level && co.codec != ARENA_CODEC_ZSTD) {
+		st = cli_usage_error("convert", "--zstd-level is for --codec zstd");
 		goto done;
 	}
 	co.plan.patterns = patterns;

@@ -207,15 +207,16 @@ static int print_image_json(const char *path, const arena_image *img)
 				      (json_int_t)h->chunk_count, "data_offset", (json_int_t)h->data_offset, "data_length",
 				      (json_int_t)h->data_length, "slab_alignment", ARENA_SLAB_ALIGN, "tensor_alignment",
 				      ARENA_TENSOR_ALIGN));
-	uint64_t coded = 0;
+	uint64_t by[3] = {0};
 	for (uint64_t i = 0; i < h->chunk_count; i++)
-		coded += img->chunks[i].codec != ARENA_CODEC_NONE;
+		by[img->chunks[i].codec]++; /* the reader knows no other codec */
 	/* Offsets below are data_offset + the raw offset: for a coded image, where
 	 * the bytes would be if its chunks were stored as is. */
 	json_object_set_new(o, "coding",
-			    json_pack("{s:b,s:I,s:I,s:I}", "coded_image", !!(h->flags & ARENA_IMG_FLAG_CODED),
-				      "stored_length", (json_int_t)arena_img_stored_data(h), "hb4_chunks", (json_int_t)coded,
-				      "plain_chunks", (json_int_t)(h->chunk_count - coded)));
+			    json_pack("{s:b,s:I,s:I,s:I,s:I}", "coded_image", !!(h->flags & ARENA_IMG_FLAG_CODED),
+				      "stored_length", (json_int_t)arena_img_stored_data(h), "hb4_chunks",
+				      (json_int_t)by[ARENA_CODEC_HB4], "zstd_chunks", (json_int_t)by[ARENA_CODEC_ZSTD],
+				      "plain_chunks", (json_int_t)by[ARENA_CODEC_NONE]));
 	json_object_set_new(o, "metadata", img->metadata ? json_deep_copy(img->metadata) : json_object());
 	json_object_set_new(o, "sources", img->sources ? json_deep_copy(img->sources) : json_array());
 	json_t *blocks = json_array();
@@ -269,11 +270,16 @@ static int print_image_text(const char *path, const arena_image *img)
 	printf("chunks:     %llu of %s, xxh3-64\n", (unsigned long long)h->chunk_count,
 	       cli_fmt_bytes(h->chunk_size, a, sizeof(a)));
 	if (h->flags & ARENA_IMG_FLAG_CODED) {
-		uint64_t coded = 0;
+		uint64_t by[3] = {0};
 		for (uint64_t i = 0; i < h->chunk_count; i++)
-			coded += img->chunks[i].codec != ARENA_CODEC_NONE;
-		printf("coding:     %llu chunks hb4, %llu as is; %s stored for %s (%.1f%%); offsets below are raw\n",
-		       (unsigned long long)coded, (unsigned long long)(h->chunk_count - coded),
+			by[img->chunks[i].codec]++;
+		const unsigned codec = by[ARENA_CODEC_ZSTD] ? ARENA_CODEC_ZSTD : ARENA_CODEC_HB4;
+		char both[64] = "";
+		if (by[ARENA_CODEC_ZSTD] && by[ARENA_CODEC_HB4])
+			snprintf(both, sizeof(both), ", %llu hb4", (unsigned long long)by[ARENA_CODEC_HB4]);
+		printf("coding:     %llu chunks %s%s, %llu as is; %s stored for %s (%.1f%%); offsets below are raw\n",
+		       (unsigned long long)by[codec], arena_codec_name(codec), both,
+		       (unsigned long long)by[ARENA_CODEC_NONE],
 		       cli_fmt_bytes(h->stored_length, a, sizeof(a)), cli_fmt_bytes(h->data_length, b2, sizeof(b2)),
 		       h->data_length ? 100.0 * (double)h->stored_length / (double)h->data_length : 100.0);
 	}

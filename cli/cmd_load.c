@@ -322,13 +322,14 @@ int cmd_load(int argc, char **argv)
 				    json_pack("{s:f,s:f,s:f,s:f,s:f}", "open", st.t_open, "ring", st.t_ring, "prepare",
 					      st.t_prepare, "populate", st.t_populate, "commit", st.t_commit));
 		json_object_set_new(o, "reader_thread_s",
-				    json_pack("{s:f,s:f,s:f,s:f}", "all", st.w_all, "ring", st.w_ring, "wait", st.w_wait,
-					      "read", st.w_read));
+				    json_pack("{s:f,s:f,s:f,s:f,s:f}", "all", st.w_all, "ring", st.w_ring, "wait", st.w_wait,
+					      "read", st.w_read, "decode", st.w_decode));
 		json_object_set_new(o, "hash_isa", json_string(arena_hash_isa()));
 		json_object_set_new(o, "file_bytes", json_integer((json_int_t)st.file_bytes));
 		json_object_set_new(o, "decoded",
-				    coded ? json_pack("{s:I,s:I,s:f}", "gpu_bytes", (json_int_t)st.gpu_decoded, "cpu_bytes",
-						      (json_int_t)st.cpu_decoded, "payload_per_file_byte", carry)
+				    coded ? json_pack("{s:I,s:I,s:f,s:f}", "gpu_bytes", (json_int_t)st.gpu_decoded, "cpu_bytes",
+						      (json_int_t)st.cpu_decoded, "cpu_seconds", st.cpu_decode_s,
+						      "payload_per_file_byte", carry)
 					  : json_null());
 		json_object_set_new(o, "limits",
 				    probe ? json_pack("{s:f,s:f,s:s,s:f,s:f}", "h2d_gbps", h2d, "read_gbps", rd, "read_mode",
@@ -348,9 +349,11 @@ int cmd_load(int argc, char **argv)
 		       cli_fmt_bytes(pinned, c, sizeof(c)), cli_fmt_bytes(st.ring_bytes, d, sizeof(d)),
 		       st.ring_pinned ? "pinned" : "pageable", cli_fmt_bytes(rss, e, sizeof(e)));
 		if (coded)
-			printf("decoded: %s read for %s (%.2f payload bytes a byte moved); %s decoded by the device, %s by the CPU\n",
+			printf("decoded: %s read for %s (%.2f payload bytes a byte moved); %s decoded by the device, %s by the "
+			       "CPU (%.3f CPU s)\n",
 			       cli_fmt_bytes(st.file_bytes, b1, sizeof(b1)), cli_fmt_bytes(payload, b2, sizeof(b2)), carry,
-			       cli_fmt_bytes(st.gpu_decoded, c, sizeof(c)), cli_fmt_bytes(st.cpu_decoded, d, sizeof(d)));
+			       cli_fmt_bytes(st.gpu_decoded, c, sizeof(c)), cli_fmt_bytes(st.cpu_decoded, d, sizeof(d)),
+			       st.cpu_decode_s);
 		if (probe && coded)
 			printf("limits: pinned host->device %.2f GB/s, parallel %s read %.2f GB/s of moved bytes, so %.2f GB/s "
 			       "of payload; load reached %.0f%% of that\n",

@@ -146,10 +146,10 @@ assert c["coded_image"] and c["hb4_chunks"] == 5 and c["stored_length"] < d["lay
 	run export "$T/c.arena" -o "$T/c.safetensors"
 	expect_rc 0
 	cmp -s "$T/c.safetensors" "$REF/tiny_flux.safetensors" || fail "export of a coded image is not byte-identical"
-	run convert "$REF/tiny_flux.safetensors" -o "$T/x.arena" --codec zstd
+	run convert "$REF/tiny_flux.safetensors" -o "$T/x.arena" --codec lz4
 	expect_rc 2
 	expect_error_line
-	expect_err "--codec"
+	expect_err "--codec 'lz4' is not none, hb4 or zstd"
 	[ ! -e "$T/x.arena" ] || fail "a refused convert left a file"
 }
 
@@ -197,3 +197,113 @@ for i in range(cc):
 }
 
 cases convert_coded_round_trip verify_coded_corrupt verify_coded_padding
+
+# The zstd codec (format 1.2): convert, verify, inspect, export byte for
+# byte, load --check; levels; and what is refused.
+convert_zstd_round_trip() {
+	run convert "$REF/tiny_flux.safetensors" -o "$T/z.arena" --codec zstd --chunk-size 64K
+	expect_rc 0
+	expect_out "coded 5 of 5 chunks with zstd"
+	run verify "$T/z.arena"
+	expect_rc 0
+	run inspect "$T/z.arena"
+	expect_rc 0
+	expect_out "format 1.2"
+	expect_out "5 chunks zstd, 0 as is"
+	run inspect --json "$T/z.arena"
+	expect_rc 0
+	python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+c = d["coding"]
+assert d["version"] == "1.2", d["version"]
+assert c["coded_image"] and c["zstd_chunks"] == 5 and c["hb4_chunks"] == 0 and c["plain_chunks"] == 0, c
+assert c["stored_length"] < d["layout"]["data_length"] * 3 // 4, c' <"$T/out" || fail "inspect --json coding (zstd)"
+	run export "$T/z.arena" -o "$T/z.safetensors"
+	expect_rc 0
+	cmp -s "$T/z.safetensors" "$REF/tiny_flux.safetensors" || fail "export of a zstd image is not byte-identical"
+	run load "$T/z.arena" --backend sim --check --no-probe --json
+	expect_rc 0
+	python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["check"] is True, d
+dec = d["decoded"]
+assert dec["cpu_bytes"] == d["device_bytes"] and dec["gpu_bytes"] == 0 and dec["cpu_seconds"] >= 0, dec
+assert d["file_bytes"] < d["device_bytes"], d
+assert d["reader_thread_s"]["decode"] >= 0, d' <"$T/out" || fail "load --json of a zstd image"
+	run load "$T/z.arena" --backend sim --check --no-probe --vram-cap 400K
+	expect_rc 0
+	expect_out "by the CPU"
+	expect_out "match"
+	# Levels: each a valid image of the same bytes; higher levels no larger here.
+	for l in 1 3 19; do
+		run convert "$REF/tiny_llama_sharded" -o "$T/l$l.arena" --codec zstd --zstd-level "$l" --chunk-size 64K -q
+		expect_rc 0
+		run export "$T/l$l.arena" -o "$T/l$l.safetensors"
+		expect_rc 0
+	done
+	cmp -s "$T/l1.safetensors" "$T/l19.safetensors" || fail "levels 1 and 19 export different bytes"
+	[ "$(wc -c <"$T/l19.arena")" -le "$(wc -c <"$T/l1.arena")" ] || fail "level 19 larger than level 1"
+	for bad in 0 20 -1 x 1.5; do
+		run convert "$REF/tiny_flux.safetensors" -o "$T/x.arena" --codec zstd --zstd-level "$bad"
+		expect_rc 2
+		expect_error_line
+		expect_err "--zstd-level '$bad'"
+	done
+	run convert "$REF/tiny_flux.safetensors" -o "$T/x.arena" --codec hb4 --zstd-level 3
+	expect_rc 2
+	expect_error_line
+	expect_err "--zstd-level is for --codec zstd"
+	[ ! -e "$T/x.arena" ] || fail "a refused convert left a file"
+	run convert --help
+	expect_out "--zstd-level N"
+}
+
+# A stored byte flipped: every reader refuses before decoding, export writes
+# nothing. (Damage under a resealed checksum: tests/unit, image/zstd_*.)
+verify_zstd_corrupt() {
+	"$ARENA" convert -q "$REF/tiny_flux.safetensors" -o "$T/z.arena" --codec zstd --chunk-size 64K
+	off=$(python3 -c '
+import struct, sys
+b = open(sys.argv[1], "rb").read(4096 * 64)
+cto, dof = struct.unpack_from("<Q", b, 48)[0], struct.unpack_from("<Q", b, 72)[0]
+print(dof + struct.unpack_from("<Q", b, cto + 32)[0] + 5000)' "$T/z.arena")
+	printf '\377' | dd of="$T/z.arena" bs=1 seek="$off" conv=notrunc 2>/dev/null
+	for c in verify "load --backend sim --no-probe"; do
+		run $c "$T/z.arena"
+		expect_rc 1
+		expect_error_line
+		expect_err "chunk 1"
+		expect_err "checksum mismatch"
+	done
+	run export "$T/z.arena" -o "$T/z.safetensors"
+	expect_rc 1
+	[ ! -e "$T/z.safetensors" ] || fail "export of a corrupt zstd image wrote a file"
+}
+
+verify_zstd_padding() {
+	"$ARENA" convert -q "$REF/tiny_flux.safetensors" -o "$T/z.arena" --codec zstd --chunk-size 64K
+	off=$(python3 -c '
+import struct, sys
+b = open(sys.argv[1], "rb").read(4096 * 64)
+cto, dof, cc = (struct.unpack_from("<Q", b, o)[0] for o in (48, 72, 96))
+for i in range(cc):
+    off, stored = struct.unpack_from("<QI", b, cto + 32 * i)
+    if stored % 4096:
+        print(dof + off + stored + 100)
+        break' "$T/z.arena")
+	printf '\001' | dd of="$T/z.arena" bs=1 seek="$off" conv=notrunc 2>/dev/null
+	for c in verify "load --backend sim --no-probe" "load --backend sim --no-probe --check"; do
+		run $c "$T/z.arena"
+		expect_rc 1
+		expect_error_line
+		expect_err "file byte $off is padding"
+	done
+	run export "$T/z.arena" -o "$T/z.safetensors"
+	expect_rc 1
+	expect_err "file byte $off is padding"
+	[ ! -e "$T/z.safetensors" ] || fail "export of an image with bad padding wrote a file"
+}
+
+cases convert_zstd_round_trip verify_zstd_corrupt verify_zstd_padding
