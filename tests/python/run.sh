@@ -49,6 +49,10 @@ arena convert -q "$REF/tiny_flux.safetensors" --codec hb4 --chunk-size 64K -o "$
 arena export -q "$T/flux-hb4.arena" -o "$T/flux-hb4.safetensors"
 arena convert -q "$REF/tiny_llama_sharded" --codec hb4 --chunk-size 64K -o "$T/llama-hb4.arena"
 arena export -q "$T/llama-hb4.arena" -o "$T/llama-hb4.safetensors"
+arena convert -q "$REF/tiny_flux.safetensors" --codec zstd --chunk-size 64K -o "$T/flux-zstd.arena"
+arena export -q "$T/flux-zstd.arena" -o "$T/flux-zstd.safetensors"
+arena convert -q "$REF/dtypes.safetensors" --codec zstd --zstd-level 3 --chunk-size 64K -o "$T/dtypes-zstd.arena"
+arena export -q "$T/dtypes-zstd.arena" -o "$T/dtypes-zstd.safetensors"
 arena convert -q "$REF/tiny_flux.safetensors" --quant fp8-e4m3-row -o "$T/flux-q.arena"
 arena verify "$T/flux-q.arena" >/dev/null
 arena export -q "$T/flux-q.arena" -o "$T/flux-q.safetensors"
@@ -59,5 +63,7 @@ q=$?
 	"$REF/tiny_llama_sharded" "$T/llama.safetensors" \
 	"$REF/dtypes.safetensors" "$T/dtypes.safetensors" \
 	"$REF/tiny_flux.safetensors" "$T/flux-hb4.safetensors" \
-	"$REF/tiny_llama_sharded" "$T/llama-hb4.safetensors"
+	"$REF/tiny_llama_sharded" "$T/llama-hb4.safetensors" \
+	"$REF/tiny_flux.safetensors" "$T/flux-zstd.safetensors" \
+	"$REF/dtypes.safetensors" "$T/dtypes-zstd.safetensors"
 [ $? = 0 ] && [ $q = 0 ]
