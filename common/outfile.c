@@ -286,6 +286,14 @@ int arena_outfile_reserve(arena_outfile *f, uint64_t size)
 	return arena_syserrorf(ARENA_E_IO, e, "%s: cannot reserve %llu bytes", f->path, (unsigned long long)size);
 }
 
+int arena_outfile_truncate(arena_outfile *f, uint64_t size)
+{
+	if (ftruncate(f->fd, (off_t)size) < 0)
+		return arena_syserrorf(ARENA_E_IO, errno, "%s: cannot set the length to %llu bytes", f->path,
+				       (unsigned long long)size);
+	return 0;
+}
+
 int arena_outfile_pwrite_direct(arena_outfile *f, const void *buf, size_t n, uint64_t off)
 {
 	if (f->dfd < 0 || ((uintptr_t)buf | n | off) % 4096)

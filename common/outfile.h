@@ -51,6 +51,8 @@ int arena_outfile_reserve(arena_outfile *f, uint64_t size);
  * lock. Falls back to arena_outfile_pwrite otherwise. */
 int arena_outfile_pwrite_direct(arena_outfile *f, const void *buf, size_t n, uint64_t off);
 
+/* Set the file's length (after a reserve larger than what was written). */
+int arena_outfile_truncate(arena_outfile *f, uint64_t size);
 /* fsync, put in place under the target name, fsync the folder; frees f in
  * every case. An error leaves the target as it was. */
 int arena_outfile_commit(arena_outfile *f);

@@ -336,9 +336,21 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 				ext[n_ext++] = (extent){l->blocks[t->block].offset + t->comp[c].offset, t->comp[c].bytes, t, c};
 	}
 	qsort(ext, n_ext, sizeof(*ext), cmp_extent);
-	/* A full disk is reported before anything is written; a coded image's
-	 * size is not known in advance (it is reported when a write fails). */
-	if ((rc = arena_outfile_open(out, &of)) || (!o->codec && (rc = arena_outfile_reserve(of, h.file_size))))
+	/* A full disk is reported before anything is written. A coded image's
+	 * size is not known in advance: the raw size (its most) is reserved
+	 * where the disk has room for it, so that the workers' O_DIRECT writes
+	 * land inside the file, not past its end (a write that extends a file
+	 * takes the inode's lock alone and waits for its I/O on ext4, which
+	 * would put one write in flight at a time), and the file is cut to its
+	 * length at the end; a disk without that room is reported when a write
+	 * fails. */
+	if ((rc = arena_outfile_open(out, &of)))
+		goto out;
+	if (!o->codec)
+		rc = arena_outfile_reserve(of, h.file_size);
+	else if (arena_outfile_reserve(of, h.data_offset + h.data_length))
+		arena_error_clear();
+	if (rc)
 		goto out;
 
 	j.l = l;
@@ -374,8 +386,11 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 		rc = arena_errorf(ARENA_E_CANCELLED, "%s: cancelled", out);
 		goto out;
 	}
-	if (h.flags & ARENA_IMG_FLAG_CODED) /* the file ends where the last chunk's page does */
+	if (h.flags & ARENA_IMG_FLAG_CODED) { /* the file ends where the last chunk's page does */
 		arena_img_header_set_stored(&h, j.stored_at);
+		if ((rc = arena_outfile_truncate(of, h.file_size)))
+			goto out;
+	}
 	/* Chunk table, manifest, header; then rename into place. */
 	uint8_t *table = arena_calloc(1, h.chunk_table_length);
 	if (!table) {
