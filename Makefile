@@ -103,6 +103,7 @@ help:
 	@echo "  make test       unit, CLI and Python interop tests, fuzz corpus replay, then"
 	@echo "                  unit tests and fuzz corpus again under ASan/UBSan"
 	@echo "  make fuzz       run the libFuzzer targets for FUZZ_TIME seconds each (clang)"
+	@echo "  make bench      the GPU probes in bench/ (CUDA); make bench-cpu: the CPU probes"
 	@echo "  make install    install CLI, library, header, pkg-config file under PREFIX"
 	@echo "  make deps       install missing Debian build dependencies (as root)"
 	@echo "  make clean      remove build folders"
@@ -157,12 +158,15 @@ $(BUILD)/tests/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(BUILD)/libare
 
 # GPU probe (bench/gpu_probe.c): raw pinned and pageable H2D rates as JSON, for
 # a machine with a GPU; needs CUDA. Prints "no CUDA device" and exits 3 without one.
-.PHONY: bench
+# CPU probes (bench/codec_bench.c, bench/dio_probe.c): the chunk codecs on an
+# image's data, one thread; O_DIRECT writes into a reserved or a growing file.
+.PHONY: bench bench-cpu
+bench-cpu: $(BUILD)/bench/codec_bench $(BUILD)/bench/dio_probe
 ifeq ($(HAVE_CUDA),1)
-bench: $(BUILD)/bench/gpu_probe $(BUILD)/bench/reg_probe $(BUILD)/bench/overlap_probe $(BUILD)/bench/engine_trace
+bench: bench-cpu $(BUILD)/bench/gpu_probe $(BUILD)/bench/reg_probe $(BUILD)/bench/overlap_probe $(BUILD)/bench/engine_trace
 else
 bench:
-	@echo "make bench: needs CUDA; $(CUDA_MSG)" >&2; exit 1
+	@echo "make bench: needs CUDA; $(CUDA_MSG) ('make bench-cpu' builds the CPU probes)" >&2; exit 1
 endif
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libarena.a
 	@mkdir -p $(dir $@)

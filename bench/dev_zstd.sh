@@ -1,0 +1,59 @@
+#!/bin/sh
+# dev_zstd.sh - the storage forms side by side on a machine without a GPU
+# (ratios only: run on the 2-core dev machine): the codecs on the image's own
+# data (bench/codec_bench, one thread), convert time and size of plain, hb4
+# and zstd at levels 1..5 against cp, warm and cold loads on the simulator.
+# usage: OUT=dir A=build/arena B=build sh bench/dev_zstd.sh [WORKDIR]
+# Needs: `make build/bench/codec_bench`, ~8 GB free in WORKDIR; root for the
+# cold loads (drop_caches), which are skipped otherwise.
+set -u
+A=${A:-build/arena}
+B=${B:-build}
+OUT=${OUT:-/tmp/arena-dev-zstd}
+W=${1:-/tmp/arena-dev-zstd-work}
+REPS=${REPS:-3}
+mkdir -p "$W" "$OUT"
+log() { echo "== $*" | tee -a "$OUT/log.txt"; }
+log "$(date -u) $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
+ST=$W/flux2.safetensors
+[ -f "$ST" ] || "$A" synth --layout flux-dev --blocks 2 --seed 7 -o "$ST" | tee -a "$OUT/log.txt"
+"$A" convert -q "$ST" -o "$W/p.arena"
+
+log "codecs on the image's data, one thread (levels 1..5: 512 MiB; 9 and 19: 64 MiB)"
+"$B/bench/codec_bench" "$W/p.arena" --levels 1,2,3,4,5 --max-bytes 512 --repeat 3 | tee "$OUT/codec_bench.json"
+"$B/bench/codec_bench" "$W/p.arena" --levels 1,9,19 --max-bytes 64 --repeat 1 | tee "$OUT/codec_bench_high.json"
+
+log "convert (fsync included) and cp + sync, $REPS rounds, alternated"
+cat "$ST" >/dev/null
+for r in $(seq "$REPS"); do
+	for c in none hb4 zstd:1 zstd:2 zstd:3 zstd:4 zstd:5; do
+		codec=${c%%:*}
+		lv=
+		[ "$codec" = zstd ] && lv="--zstd-level ${c#*:}"
+		rm -f "$W/o.arena"
+		sync
+		# shellcheck disable=SC2086
+		/usr/bin/time -f "$r $c %e %U %S" -a -o "$OUT/convert.txt" "$A" convert -q "$ST" -o "$W/o.arena" --codec "$codec" $lv
+		echo "$r $c size $(stat -c %s "$W/o.arena")" >>"$OUT/convert_size.txt"
+	done
+	rm -f "$W/c.st"
+	sync
+	/usr/bin/time -f "$r cp %e %U %S" -a -o "$OUT/convert.txt" sh -c "cp '$ST' '$W/c.st' && sync"
+	rm -f "$W/c.st"
+done
+cat "$OUT/convert.txt" "$OUT/convert_size.txt" >>"$OUT/log.txt"
+
+"$A" convert -q "$ST" -o "$W/h.arena" --codec hb4
+"$A" convert -q "$ST" -o "$W/z.arena" --codec zstd
+rm -f "$W/o.arena"
+log "loads on sim, warm then cold"
+for r in $(seq "$REPS"); do
+	for f in p h z; do
+		cat "$W/$f.arena" >/dev/null
+		"$A" load "$W/$f.arena" --backend sim --json >"$OUT/load_warm_${f}_$r.json" 2>>"$OUT/log.txt"
+		if sync && echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; then
+			"$A" load "$W/$f.arena" --backend sim --json >"$OUT/load_cold_${f}_$r.json" 2>>"$OUT/log.txt"
+		fi
+	done
+done
+log "done $(date -u); load $(cut -d' ' -f1-3 /proc/loadavg)"
