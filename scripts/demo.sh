@@ -3,7 +3,7 @@
 # checkpoint, convert it to an arena image, verify it, inspect it, and export
 # it back to safetensors (identical bytes), load it into device memory (the
 # GPU when one is usable, else the low-VRAM simulator), plain and coded
-# (--codec hb4), and run it streamed
+# (--codec hb4, --codec zstd), and run it streamed
 # on a simulated device smaller than the model.
 # usage: sh scripts/demo.sh BUILD
 set -eu
@@ -23,6 +23,10 @@ step "$A" load "$D/flux-tiny.arena" --check --no-probe
 # copy, decoded by the device as it loads; the bytes are the same.
 step "$A" convert -q "$D/flux-tiny.safetensors" -o "$D/flux-tiny-hb4.arena" --codec hb4 --chunk-size 64K
 step "$A" load "$D/flux-tiny-hb4.arena" --check --no-probe
+# Or byte-grouped and zstd-compressed (bf16 weights in about 69% of their
+# bytes), decoded by the reader threads: for cold loads and for copying.
+step "$A" convert -q "$D/flux-tiny.safetensors" -o "$D/flux-tiny-zstd.arena" --codec zstd --chunk-size 64K
+step "$A" load "$D/flux-tiny-zstd.arena" --check --no-probe
 # Run it on a device with less memory than the model: the residency engine
 # streams blocks through a ring (on the simulator, slowed to a 20 MB/s link
 # and a 100 GFLOP/s device so that copies and compute are of a size).
