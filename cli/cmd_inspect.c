@@ -207,9 +207,10 @@ static int print_image_json(const char *path, const arena_image *img)
 				      (json_int_t)h->chunk_count, "data_offset", (json_int_t)h->data_offset, "data_length",
 				      (json_int_t)h->data_length, "slab_alignment", ARENA_SLAB_ALIGN, "tensor_alignment",
 				      ARENA_TENSOR_ALIGN));
-	uint64_t by[3] = {0};
+	uint64_t by[ARENA_CODEC_ZSTD + 1] = {0};
 	for (uint64_t i = 0; i < h->chunk_count; i++)
-		by[img->chunks[i].codec]++; /* the reader knows no other codec */
+		if (img->chunks[i].codec <= ARENA_CODEC_ZSTD) /* the reader takes no other */
+			by[img->chunks[i].codec]++;
 	/* Offsets below are data_offset + the raw offset: for a coded image, where
 	 * the bytes would be if its chunks were stored as is. */
 	json_object_set_new(o, "coding",
@@ -270,9 +271,10 @@ static int print_image_text(const char *path, const arena_image *img)
 	printf("chunks:     %llu of %s, xxh3-64\n", (unsigned long long)h->chunk_count,
 	       cli_fmt_bytes(h->chunk_size, a, sizeof(a)));
 	if (h->flags & ARENA_IMG_FLAG_CODED) {
-		uint64_t by[3] = {0};
+		uint64_t by[ARENA_CODEC_ZSTD + 1] = {0};
 		for (uint64_t i = 0; i < h->chunk_count; i++)
-			by[img->chunks[i].codec]++;
+			if (img->chunks[i].codec <= ARENA_CODEC_ZSTD)
+				by[img->chunks[i].codec]++;
 		const unsigned codec = by[ARENA_CODEC_ZSTD] ? ARENA_CODEC_ZSTD : ARENA_CODEC_HB4;
 		char both[64] = "";
 		if (by[ARENA_CODEC_ZSTD] && by[ARENA_CODEC_HB4])
