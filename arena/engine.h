@@ -53,7 +53,10 @@
  * as far ahead as the ring has room (a block fetched and not yet released
  * is never overwritten), so where blocks are smaller than the largest, more
  * of them are in flight: copies run further ahead of the compute than
- * `depth` blocks.
+ * `depth` blocks. Fetching goes on past the end of a step into the next
+ * step's first entries (at most one step ahead), so a caller that waits for
+ * its work between steps finds them on their way; they stay fetched for the
+ * next step unless its schedule changes or the ring is made anew.
  *
  * Callers need not follow the schedule. An acquire of a streamed block
  * that is not the next one the schedule expects is a miss: the prefetches
@@ -221,7 +224,8 @@ typedef struct arena_engine_step {
 	uint64_t resident_bytes; /* resident at the end of the step (with globals) */
 	uint64_t slot_bytes;
 	unsigned slots;
-	uint64_t streamed_bytes; /* copied into the ring for this step's entries */
+	uint64_t streamed_bytes; /* copied into the ring for this step's entries (some of
+				  * them during the step before: see "The ring") */
 	uint64_t copies;
 	uint64_t promoted_bytes; /* copied to the device by promotions */
 	/* Measured on the device (backends that can time), filled in once the
