@@ -202,5 +202,44 @@ PY
 	[ "$rc" = 0 ] && fail "saving into a missing folder succeeded"
 }
 
+# bench --trace: the trace-event JSON of the run, every acquire and copy in
+# it; a trace over the image or into a missing folder is refused at once.
+bench_trace() {
+	engine_image
+	run bench stream "$T/f.arena" --vram-cap 290K --headroom 0 --reserve 0 --sim-capacity 1G --sim-bandwidth 1e8 \
+		--steps 4 --profile none --json --trace "$T/t.json"
+	expect_rc 0
+	expect_err "wrote the trace"
+	python3 - "$T/out" "$T/t.json" <<'PY' || fail "the trace is not the run's"
+import json, sys
+d = json.load(open(sys.argv[1]))
+t = json.load(open(sys.argv[2]))
+assert t["displayTimeUnit"] == "ms" and not t["otherData"]["overflowed"]
+ev = t["traceEvents"]
+for e in ev:
+    assert isinstance(e["name"], str) and e["ph"] in "XiCM" and isinstance(e["pid"], int) and isinstance(e["tid"], int)
+    if e["ph"] != "M":
+        assert isinstance(e["ts"], (int, float))
+    if e["ph"] == "X":
+        assert e["dur"] >= 0
+comp = [e for e in ev if e.get("cat") == "compute"]
+copies = [e for e in ev if e.get("cat") == "copy"]
+assert len(comp) == 4 * 6, len(comp)  # globals and 5 blocks a step
+assert {e["tid"] for e in copies} == {2} and all(e["tid"] >= 3 for e in comp)
+assert sum(e["args"]["bytes"] for e in copies) >= sum(s["streamed_bytes"] for s in d["steps"]) > 0
+assert sum(s["stalls"] for s in d["steps"]) > 0 and any(e.get("cat") == "stall" for e in ev)
+assert len([e for e in ev if e.get("cat") == "step" and not e["name"].endswith("end")]) == 4
+PY
+	run bench stream "$T/f.arena" --vram-cap 290K --headroom 0 --reserve 0 --sim-capacity 1G --steps 2 --trace "$T/f.arena"
+	expect_rc 2
+	expect_error_line
+	run bench stream "$T/f.arena" --vram-cap 290K --headroom 0 --reserve 0 --sim-capacity 1G --steps 2 \
+		--trace "$T/no/t.json"
+	expect_rc 2
+	expect_error_line
+	expect_no_out
+}
+
+cases bench_trace
 cases plan_help plan_usage_errors plan_text_and_json plan_too_small bench_usage_errors bench_planner_options bench_cuda bench_json \
 	profile_round_trip profile_errors
