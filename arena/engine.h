@@ -214,6 +214,23 @@ void arena_residency_plan_release(arena_residency_plan *p);
  * (the timed dry run), for any plan of l; -1 without a profile or memory. */
 double arena_residency_plan_predict(const arena_layout *l, const arena_engine_opts *o, const arena_residency_plan *p);
 
+/* One thing a step does, laid out in time by the timed dry run. */
+typedef struct arena_plan_span {
+	uint32_t block;
+	uint32_t entry; /* the schedule entry computing; UINT32_MAX for a copy */
+	int copy;       /* 1 a copy into the ring, 0 an entry's compute */
+	int bwd;        /* a backward entry (train) */
+	double t0, t1;  /* seconds from the start of the step */
+} arena_plan_span;
+
+/* The steady step of plan p under o's compute profile, in time (the dry run
+ * that gives step_s): every entry's compute and the copies that run during
+ * it, clipped to it, in the order the dry run made them. *spans is
+ * allocated (arena_free); *step_s the step's seconds. USAGE without a
+ * profile, NOMEM. */
+int arena_residency_plan_timeline(const arena_layout *l, const arena_engine_opts *o, const arena_residency_plan *p,
+				  arena_plan_span **spans, size_t *n, double *step_s);
+
 /* One step's record: every decision the engine made. */
 typedef struct arena_engine_step {
 	uint64_t step;           /* 0, 1, ... */
