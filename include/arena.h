@@ -461,7 +461,8 @@ ARENA_API int arena_trace_begin(arena *a, const char *path, size_t max_events);
 /* Wait for the device's times of the work traced and write the file: it
  * appears whole or not at all. USAGE inside a step or when no trace is
  * being recorded; IO when it cannot be written. arena_close writes a trace
- * not ended (an error there is lost: end it to see one). */
+ * not ended (an error there is lost: end it to see one), unless a step is
+ * in progress: then it is dropped. */
 ARENA_API int arena_trace_end(arena *a);
 
 /* ---- the simulator ----------------------------------------------------------- */
