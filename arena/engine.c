@@ -9,6 +9,7 @@
 #include "../common/alloc.h"
 #include "../common/err.h"
 #include "residency_int.h"
+#include "trace.h"
 
 enum { ST_IDLE, ST_STEP, ST_FAILED };
 enum { ENGINE_COPY_PAIRS = 32 };
@@ -81,6 +82,7 @@ struct arena_engine {
 	uint64_t steps;
 	unsigned room_steps;
 	int begun; /* first copies of the coming step issued */
+	arena_trace *tr; /* a trace being recorded, or NULL */
 };
 
 static int fail_engine(arena_engine *e, int rc)
@@ -219,6 +221,8 @@ static int demote(arena_engine *e, uint32_t b)
 	}
 	e->plan.resident[b] = 0;
 	e->rec.demotions++;
+	if (e->tr)
+		arena_trace_instant(e->tr, ARENA_TRACE_DEMOTE, b, e->steps, e->l->blocks[b].bytes);
 	return 0;
 }
 
@@ -256,7 +260,10 @@ static int promote(arena_engine *e, uint32_t b)
 		if ((rc = be->ops->dev_alloc(be, sz, &m->mem[b].dev)))
 			return rc;
 		m->dev_bytes += sz;
-		if ((rc = be->ops->copy_h2d(be, m->mem[b].dev, m->mem[b].host, sz, e->cs)) ||
+		int k = -1;
+		if ((e->tr && (rc = arena_trace_copy_begin(e->tr, e->cs, b, sz, ARENA_TRACE_PROMOTE_COPY, e->steps, &k))) ||
+		    (rc = be->ops->copy_h2d(be, m->mem[b].dev, m->mem[b].host, sz, e->cs)) ||
+		    (e->tr && (rc = arena_trace_copy_end(e->tr, k, e->cs))) ||
 		    (rc = be->ops->event_record(be, e->ev_fill[b], e->cs))) {
 			be->ops->stream_sync(be, e->cs);
 			be->ops->dev_free(be, m->mem[b].dev);
@@ -265,6 +272,8 @@ static int promote(arena_engine *e, uint32_t b)
 			return rc;
 		}
 		e->rec.promoted_bytes += sz;
+		if (e->tr)
+			arena_trace_instant(e->tr, ARENA_TRACE_PROMOTE, b, e->steps, sz);
 	}
 	e->plan.resident[b] = 1;
 	return 0;
@@ -397,6 +406,7 @@ static int fetch_block(arena_engine *e, uint32_t b, int next)
 		return 1;
 	if (!reuse) {
 		unsigned k = e->cp_next % ENGINE_COPY_PAIRS;
+		int tk = -1;
 		int timing = e->timed && sz;
 		if (timing) { /* the pair's last copy, read if done, else dropped */
 			if ((rc = read_copy(e, k)) < 0)
@@ -406,7 +416,10 @@ static int fetch_block(arena_engine *e, uint32_t b, int next)
 		}
 		if ((rc = arena__ring_take(&e->ring, e->l, b, at, evict_wait, e)) ||
 		    (timing && (rc = be->ops->event_record(be, e->cp_a[k], e->cs))) ||
+		    (e->tr && sz &&
+		     (rc = arena_trace_copy_begin(e->tr, e->cs, b, sz, ARENA_TRACE_FETCH, e->steps + (next ? 1 : 0), &tk))) ||
 		    (sz && (rc = be->ops->copy_h2d(be, (uint8_t *)e->ring_dptr + at, e->m->mem[b].host, sz, e->cs))) ||
+		    (e->tr && (rc = arena_trace_copy_end(e->tr, tk, e->cs))) ||
 		    (timing && (rc = be->ops->event_record(be, e->cp_z[k], e->cs))) ||
 		    (rc = be->ops->event_record(be, e->ev_fill[b], e->cs)))
 			return rc;
@@ -473,6 +486,8 @@ void arena_engine_free(arena_engine *e)
 	if (!e)
 		return;
 	arena_backend *be = e->be;
+	/* A trace not ended is written now (an error here has no one to go to). */
+	arena_trace_close(e->tr, e->state != ST_FAILED && e->state != ST_STEP);
 	if (e->ring.present)
 		ring_free(e);
 	if (e->cs)
@@ -686,6 +701,8 @@ int arena_engine_step_begin(arena_engine *e)
 		e->tm_mode[par] = e->o.mode;
 	}
 	e->rec.mode = e->o.mode;
+	if (e->tr)
+		arena_trace_instant(e->tr, ARENA_TRACE_STEP_BEGIN, 0, e->steps, 0);
 	if (!e->begun) {
 		e->cur = e->fetched = 0;
 		e->begun = 1;
@@ -725,6 +742,26 @@ static int time_end(arena_engine *e, uint32_t b, arena_stream *s)
 	return e->be->ops->event_record(e->be, e->tm[3 * i + 2], s);
 }
 
+/* Make `s` wait for block b's bytes, timed (the step's records, a trace). */
+static int wait_fill(arena_engine *e, uint32_t b, arena_stream *s)
+{
+	size_t ts;
+	int k = -1, rc;
+	if ((rc = time_ready(e, b, s, &ts)) || (e->tr && (rc = arena_trace_acquire_ready(e->tr, s, b, e->steps, &k))) ||
+	    (rc = e->be->ops->stream_wait(e->be, s, e->ev_fill[b])) || (rc = time_start(e, ts, s)))
+		return rc;
+	return e->tr ? arena_trace_acquire_start(e->tr, k, s) : 0;
+}
+
+/* The caller's work with b ends on s: timed, then b's last use. */
+static int mark_release(arena_engine *e, uint32_t b, arena_stream *s)
+{
+	int rc;
+	if ((rc = time_end(e, b, s)) || (e->tr && (rc = arena_trace_release(e->tr, b, s))))
+		return rc;
+	return e->be->ops->event_record(e->be, e->ev_use[b], s);
+}
+
 /* Log an acquire of a scheduled block (the order the caller really runs). */
 static void observe(arena_engine *e, uint32_t b)
 {
@@ -761,7 +798,6 @@ static size_t locate(arena_engine *e, uint32_t b)
 
 int arena_engine_acquire(arena_engine *e, uint32_t block, arena_stream *stream, void **dptr)
 {
-	arena_backend *be = e->be;
 	int rc;
 	*dptr = NULL;
 	if (e->state == ST_FAILED)
@@ -770,10 +806,8 @@ int arena_engine_acquire(arena_engine *e, uint32_t block, arena_stream *stream, 
 		return arena_errorf(ARENA_E_USAGE, "engine: acquire outside a step (call step_begin first)");
 	if (block >= e->l->n_blocks)
 		return arena_errorf(ARENA_E_USAGE, "engine: no block %u (the model has %zu)", block, e->l->n_blocks);
-	size_t ts;
 	if (e->plan.resident[block]) {
-		if ((rc = time_ready(e, block, stream, &ts)) || (rc = be->ops->stream_wait(be, stream, e->ev_fill[block])) ||
-		    (rc = time_start(e, ts, stream)))
+		if ((rc = wait_fill(e, block, stream)))
 			return fail_engine(e, rc);
 		e->res_held[block]++;
 		observe(e, block);
@@ -795,8 +829,7 @@ int arena_engine_acquire(arena_engine *e, uint32_t block, arena_stream *stream, 
 		if (j != SIZE_MAX)
 			e->fetched = j + 1;
 	}
-	if ((rc = time_ready(e, block, stream, &ts)) || (rc = be->ops->stream_wait(be, stream, e->ev_fill[block])) ||
-	    (rc = time_start(e, ts, stream)))
+	if ((rc = wait_fill(e, block, stream)))
 		return fail_engine(e, rc);
 	e->held[e->n_held++] = (struct hold){block, j};
 	if (j != SIZE_MAX)
@@ -810,7 +843,6 @@ int arena_engine_acquire(arena_engine *e, uint32_t block, arena_stream *stream, 
 
 int arena_engine_release(arena_engine *e, uint32_t block, arena_stream *stream)
 {
-	arena_backend *be = e->be;
 	int rc;
 	if (e->state == ST_FAILED)
 		return e->failed_rc;
@@ -823,9 +855,7 @@ int arena_engine_release(arena_engine *e, uint32_t block, arena_stream *stream)
 			return arena_errorf(ARENA_E_USAGE, "engine: release of block '%s' that is not acquired",
 					    e->l->blocks[block].name);
 		e->res_held[block]--;
-		if ((rc = time_end(e, block, stream)))
-			return fail_engine(e, rc);
-		return fail_engine(e, be->ops->event_record(be, e->ev_use[block], stream));
+		return fail_engine(e, mark_release(e, block, stream));
 	}
 	size_t h = 0;
 	while (h < e->n_held && e->held[h].block != block)
@@ -835,7 +865,7 @@ int arena_engine_release(arena_engine *e, uint32_t block, arena_stream *stream)
 				    e->l->blocks[block].name);
 	memmove(&e->held[h], &e->held[h + 1], (e->n_held - h - 1) * sizeof(*e->held));
 	e->n_held--;
-	if ((rc = time_end(e, block, stream)) || (rc = be->ops->event_record(be, e->ev_use[block], stream)))
+	if ((rc = mark_release(e, block, stream)))
 		return fail_engine(e, rc);
 	e->ring.pending[block]--;
 	if ((rc = prefetch(e)))
@@ -1032,6 +1062,18 @@ static int learn(arena_engine *e)
 	return rc;
 }
 
+/* A trace's memory counters now, and what the device has timed so far. */
+static int trace_memory(arena_engine *e)
+{
+	uint64_t free_b = 0, total = 0;
+	int rc = e->be->ops->mem_info(e->be, &free_b, &total);
+	if (rc)
+		return rc;
+	arena_trace_counter(e->tr, e->plan.resident_bytes, e->ring_dptr ? (uint64_t)e->n_slots * e->slot_bytes : 0,
+			    free_b);
+	return arena_trace_poll(e->tr);
+}
+
 int arena_engine_step_end(arena_engine *e)
 {
 	int rc;
@@ -1045,6 +1087,8 @@ int arena_engine_step_end(arena_engine *e)
 		if (e->res_held[b])
 			return arena_errorf(ARENA_E_USAGE, "engine: step_end with block '%s' still acquired",
 					    e->l->blocks[b].name);
+	if (e->tr)
+		arena_trace_instant(e->tr, ARENA_TRACE_STEP_END, 0, e->steps, 0);
 	/* The order the caller ran: the schedule from the next step on, unless it
 	 * is the schedule, or a part of it cut short. */
 	int md = e->o.mode == ARENA_MODE_TRAIN, learned = 0;
@@ -1096,11 +1140,49 @@ int arena_engine_step_end(arena_engine *e)
 	e->state = ST_IDLE;
 	if (!rc)
 		rc = arena_engine_collect(e);
+	if (!rc && e->tr)
+		rc = trace_memory(e);
 	if (rc)
 		return fail_engine(e, rc);
 	/* The next step's first copies run behind this step's last compute. */
 	e->begun = 1;
 	return fail_engine(e, prefetch(e));
+}
+
+int arena_engine_trace_begin(arena_engine *e, const char *path, const char *label, size_t max_records)
+{
+	if (e->state == ST_FAILED)
+		return e->failed_rc;
+	if (e->state != ST_IDLE)
+		return arena_errorf(ARENA_E_USAGE, "%s: a trace starts between steps (end the step first)", path);
+	if (e->tr)
+		return arena_errorf(ARENA_E_USAGE, "%s: a trace is being recorded already (end it first)", path);
+	int rc = arena_trace_open(e->be, e->l, path, label, max_records, &e->tr);
+	if (!rc && (rc = trace_memory(e))) {
+		arena_trace_close(e->tr, 0);
+		e->tr = NULL;
+	}
+	return rc;
+}
+
+int arena_engine_trace_end(arena_engine *e)
+{
+	if (!e->tr)
+		return arena_errorf(ARENA_E_USAGE, "engine: no trace is being recorded");
+	if (e->state == ST_STEP)
+		return arena_errorf(ARENA_E_USAGE, "engine: a trace ends between steps (end the step first)");
+	arena_trace *t = e->tr;
+	e->tr = NULL;
+	if (e->state == ST_FAILED) { /* the device's times may be lost with it: nothing is written */
+		arena_trace_close(t, 0);
+		return e->failed_rc;
+	}
+	return arena_trace_close(t, 1);
+}
+
+int arena_engine_tracing(const arena_engine *e)
+{
+	return e->tr != NULL;
 }
 
 int arena_engine_set_mode(arena_engine *e, int mode)
@@ -1114,6 +1196,8 @@ int arena_engine_set_mode(arena_engine *e, int mode)
 		return arena_errorf(ARENA_E_USAGE, "engine: mode %d is neither sample nor train", mode);
 	if (mode == e->o.mode)
 		return 0;
+	if (e->tr)
+		arena_trace_instant(e->tr, ARENA_TRACE_MODE, 0, e->steps, (uint64_t)mode);
 	/* The copies issued for the next step in the old mode are forgotten. */
 	e->cur = 0;
 	drop_ahead(e);

@@ -53,7 +53,10 @@
  * as far ahead as the ring has room (a block fetched and not yet released
  * is never overwritten), so where blocks are smaller than the largest, more
  * of them are in flight: copies run further ahead of the compute than
- * `depth` blocks.
+ * `depth` blocks. Fetching goes on past the end of a step into the next
+ * step's first entries (at most one step ahead), so a caller that waits for
+ * its work between steps finds them on their way; they stay fetched for the
+ * next step unless its schedule changes or the ring is made anew.
  *
  * Callers need not follow the schedule. An acquire of a streamed block
  * that is not the next one the schedule expects is a miss: the prefetches
@@ -105,7 +108,8 @@
  *      unless nothing more can be demoted (then the step record says
  *      over_budget; with `strict` step_end fails with BUDGET instead).
  *   5. No allocation on the hot path: acquire and release use only arrays
- *      sized at create (the backend may allocate inside its own ops).
+ *      sized at create, and a trace only buffers sized at its start (the
+ *      backend may allocate inside its own ops).
  *
  * While an engine is attached, it owns the device side of the model's blocks
  * (m->mem[b].dev, m->dev_bytes): it allocates, fills and frees them. When it
@@ -213,6 +217,23 @@ void arena_residency_plan_release(arena_residency_plan *p);
  * (the timed dry run), for any plan of l; -1 without a profile or memory. */
 double arena_residency_plan_predict(const arena_layout *l, const arena_engine_opts *o, const arena_residency_plan *p);
 
+/* One thing a step does, laid out in time by the timed dry run. */
+typedef struct arena_plan_span {
+	uint32_t block;
+	uint32_t entry; /* the schedule entry computing; UINT32_MAX for a copy */
+	int copy;       /* 1 a copy into the ring, 0 an entry's compute */
+	int bwd;        /* a backward entry (train) */
+	double t0, t1;  /* seconds from the start of the step */
+} arena_plan_span;
+
+/* The steady step of plan p under o's compute profile, in time (the dry run
+ * that gives step_s): every entry's compute and the copies that run during
+ * it, clipped to it, in the order the dry run made them. *spans is
+ * allocated (arena_free); *step_s the step's seconds. USAGE without a
+ * profile, NOMEM. */
+int arena_residency_plan_timeline(const arena_layout *l, const arena_engine_opts *o, const arena_residency_plan *p,
+				  arena_plan_span **spans, size_t *n, double *step_s);
+
 /* One step's record: every decision the engine made. */
 typedef struct arena_engine_step {
 	uint64_t step;           /* 0, 1, ... */
@@ -221,7 +242,8 @@ typedef struct arena_engine_step {
 	uint64_t resident_bytes; /* resident at the end of the step (with globals) */
 	uint64_t slot_bytes;
 	unsigned slots;
-	uint64_t streamed_bytes; /* copied into the ring for this step's entries */
+	uint64_t streamed_bytes; /* copied into the ring for this step's entries (some of
+				  * them during the step before: see "The ring") */
 	uint64_t copies;
 	uint64_t promoted_bytes; /* copied to the device by promotions */
 	/* Measured on the device (backends that can time), filled in once the
@@ -300,6 +322,23 @@ int arena_engine_collect(arena_engine *e);
  * factor (0: none seen). 0, or NOT_FOUND while a scheduled block has not
  * been timed yet (or the backend cannot time and none was given). */
 int arena_engine_profile(const arena_engine *e, double *cost, double *h2d_bytes_per_s, double *backward_factor);
+
+/* A trace of the engine's work (arena/trace.h: copies, acquires and
+ * releases timed on the device, stalls, step boundaries, demotions,
+ * promotions, memory counters) to `path`, from now until trace_end, which
+ * writes it (whole or not at all). Between steps only (USAGE inside a step
+ * or while another trace runs); the copies issued before it began (the next
+ * step's first, prefetched at the last step_end) are not in it. `label`
+ * names the model in the file (may be NULL); max_records as
+ * arena_trace_open. arena_engine_free writes a trace not ended, unless the
+ * engine failed or is inside a step. */
+int arena_engine_trace_begin(arena_engine *e, const char *path, const char *label, size_t max_records);
+/* Wait for the device's times of what was traced and write the file.
+ * USAGE inside a step or without a trace; the engine's error (nothing
+ * written) when it has failed. */
+int arena_engine_trace_end(arena_engine *e);
+/* 1 while a trace is being recorded. */
+int arena_engine_tracing(const arena_engine *e);
 
 /* The current plan (borrowed; changes at step_end). */
 const arena_residency_plan *arena_engine_plan(const arena_engine *e);

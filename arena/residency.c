@@ -320,6 +320,9 @@ double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const
 			uint32_t b = sched[i];
 			double c = entry_cost(o, sched, bwd, i);
 			if (res[b]) {
+				if (t->spans)
+					t->spans[t->n_spans++] =
+						(arena_plan_span){b, (uint32_t)i, 0, bwd && bwd[i], comp, comp + c};
 				comp += c;
 				continue;
 			}
@@ -338,12 +341,17 @@ double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const
 					double start = copy_free > w.wait ? copy_free : w.wait;
 					copy_free = start + (double)l->blocks[f].bytes / o->h2d_bytes_per_s;
 					t->fill_t[f] = copy_free;
+					if (t->spans)
+						t->spans[t->n_spans++] =
+							(arena_plan_span){f, UINT32_MAX, 1, 0, start, copy_free};
 				}
 				t->r.pending[f]++;
 				fetched++;
 			}
 			double start = comp > t->fill_t[b] ? comp : t->fill_t[b];
 			comp = start + c;
+			if (t->spans)
+				t->spans[t->n_spans++] = (arena_plan_span){b, (uint32_t)i, 0, bwd && bwd[i], start, comp};
 			t->rel_t[b] = comp;
 			t->r.pending[b]--;
 			cur++;
@@ -497,6 +505,56 @@ double arena_residency_plan_predict(const arena_layout *l, const arena_engine_op
 	return t;
 }
 
+
+int arena_residency_plan_timeline(const arena_layout *l, const arena_engine_opts *o, const arena_residency_plan *p,
+				  arena_plan_span **spans, size_t *n, double *step_s)
+{
+	*spans = NULL;
+	*n = 0;
+	*step_s = 0;
+	if (!arena__have_profile(o))
+		return arena_errorf(ARENA_E_USAGE, "plan timeline: no compute profile");
+	arena__timed ts;
+	if (arena__timed_init(&ts, l->n_blocks, p->n_sched))
+		return arena_errorf(ARENA_E_NOMEM, "plan timeline: out of memory");
+	/* three steps of copies and entries at most */
+	if (!(ts.spans = arena_calloc(3 * 2 * (p->n_sched ? p->n_sched : 1), sizeof(*ts.spans)))) {
+		arena__timed_release(&ts);
+		return arena_errorf(ARENA_E_NOMEM, "plan timeline: out of memory");
+	}
+	arena_plan_span *all = ts.spans;
+	double t = arena__timed_run(l, o, p->sched, p->bwd, p->n_sched, p->resident, p->slots, &ts);
+	size_t got = ts.n_spans;
+	ts.spans = NULL;
+	arena__timed_release(&ts);
+	if (t < 0) {
+		arena_free(all);
+		return arena_errorf(ARENA_E_USAGE, "plan timeline: a block does not fit the ring");
+	}
+	/* The steady step: the second, from the end of the first's last entry
+	 * (its own first entry may wait for a copy from then on). */
+	double t0 = 0;
+	size_t seen = 0;
+	for (size_t i = 0; i < got && p->n_sched; i++)
+		if (!all[i].copy && ++seen == p->n_sched)
+			t0 = all[i].t1;
+	double t1 = t0 + t;
+	size_t k = 0;
+	seen = 0;
+	for (size_t i = 0; i < got; i++) {
+		arena_plan_span sp = all[i];
+		size_t nth = sp.copy ? 0 : seen++;
+		if (sp.copy ? sp.t1 <= t0 || sp.t0 >= t1 : nth < p->n_sched || nth >= 2 * p->n_sched)
+			continue; /* the second step's entries, and the copies while it runs */
+		sp.t0 = (sp.t0 < t0 ? t0 : sp.t0) - t0;
+		sp.t1 = (sp.t1 > t1 ? t1 : sp.t1) - t0;
+		all[k++] = sp;
+	}
+	*spans = all;
+	*n = k;
+	*step_s = t;
+	return 0;
+}
 
 int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o, uint64_t budget,
 			      arena_residency_plan *p)

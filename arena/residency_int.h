@@ -53,6 +53,8 @@ typedef struct arena__timed {
 	double *gain;           /* per block: the greedy's gain per byte */
 	uint8_t *swappable;     /* per block: chosen by the greedy, may be swapped */
 	uint32_t *seq;          /* the streamed entries' blocks */
+	arena_plan_span *spans; /* when not NULL: every copy and entry of the run, in time */
+	size_t n_spans;
 } arena__timed;
 
 int arena__timed_init(arena__timed *t, size_t n, size_t n_sched);

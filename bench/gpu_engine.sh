@@ -14,6 +14,8 @@
 #             the whole 20G is taken and what is left is under the engine's
 #             headroom + reserve.
 # Each run's JSON goes to $OUT/engine_<name>.json, then one summary line.
+# cap8 also writes its steps' trace, $OUT/engine_cap8.trace.json (open it in
+# https://ui.perfetto.dev; README.md "Traces"), summed up in one more line.
 # usage: A=path/to/arena OUT=dir sh bench/gpu_engine.sh WORKDIR
 set -u
 A=${A:-build/arena}
@@ -55,6 +57,27 @@ print("%-8s step %.4f s  bound %.4f s  eff %.3f  all-resident %.4f s (x%.3f)  co
 PY
 }
 
+# Per track: events, busy time per step; stalls; copy rates (median).
+trace_summary() {
+	[ -f "$2" ] || return
+	python3 - "$1" "$2" <<'PY'
+import json, statistics, sys
+name, path = sys.argv[1], sys.argv[2]
+d = json.load(open(path))
+ev = d["traceEvents"]
+steps = max(1, len([e for e in ev if e.get("cat") == "step" and not e["name"].endswith("end")]))
+cp = [e for e in ev if e.get("cat") == "copy"]
+co = [e for e in ev if e.get("cat") == "compute" and e["name"] != "globals"]
+st = [e for e in ev if e.get("cat") == "stall"]
+print("%-8s trace: %d steps, %d copies (%.1f ms/step busy, median %.1f GB/s), %d acquire-releases (%.1f ms/step), "
+      "%d stalls (%.2f ms/step), dropped %d"
+      % (name, steps, len(cp), sum(e["dur"] for e in cp) / 1e3 / steps,
+         statistics.median([e["args"]["GB/s"] for e in cp]) if cp else 0, len(co),
+         sum(e["dur"] for e in co) / 1e3 / steps, len(st), sum(e["dur"] for e in st) / 1e3 / steps,
+         d["otherData"]["dropped_records"]))
+PY
+}
+
 run() {
 	name=$1
 	shift
@@ -73,7 +96,10 @@ RUNS=${RUNS:-"nocap cap8 cap12t cfg8 mixed12 pressure43"}
 for r in $RUNS; do
 	case $r in
 	nocap) run nocap --steps "$STEPS" ;;
-	cap8) run cap8 --steps "$STEPS" --vram-cap 8G --mode sample ;;
+	cap8)
+		run cap8 --steps "$STEPS" --vram-cap 8G --mode sample --trace "$OUT/engine_cap8.trace.json"
+		trace_summary cap8 "$OUT/engine_cap8.trace.json"
+		;;
 	cap12t) run cap12t --steps "$STEPS" --vram-cap 12G --mode train ;;
 	# callers off the default order: two passes a sample step (classifier-free
 	# guidance), and training that stops for a preview every 3 steps

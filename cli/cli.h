@@ -3,6 +3,7 @@
 #ifndef ARENA_CLI_H
 #define ARENA_CLI_H
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -82,6 +83,24 @@ enum { CLI_O_MODE = 1000, CLI_O_DEPTH, CLI_O_KEEP, CLI_O_HEAD, CLI_O_RES };
 	"                      4G train, at most a quarter of what is left)\n"
 struct arena_open_options;
 int cli_engine_option(const char *cmd, int ch, const char *arg, struct arena_open_options *o);
+
+/* A progress line for a command that can take more than a second: on
+ * stderr, redrawn in place ("LABEL: 3.20 GiB / 22.17 GiB (14%), 2.10 GB/s,
+ * 9 s left"), at most ten times a second and always at the end; nothing
+ * when stderr is not a terminal or the command is --quiet. update has the
+ * library's progress callback signature (ctx = the cli_progress) and may be
+ * called from any thread; end finishes the line (before a summary or an
+ * error line). */
+typedef struct cli_progress {
+	const char *label;
+	int on, shown, final;
+	double start, last;
+	uint64_t done;
+	pthread_mutex_t mu;
+} cli_progress;
+void cli_progress_start(cli_progress *p, const char *label, int quiet);
+void cli_progress_update(void *ctx, uint64_t done, uint64_t total);
+void cli_progress_end(cli_progress *p);
 
 /* Print a jansson value to stdout (indented, keys in insertion order) and
  * release it. Returns 0, or 3 if writing failed. */

@@ -61,6 +61,10 @@ const char cmd_bench_usage[] =
 	"                      or modelled (sim) and given to the engine; none: by bytes\n"
 	"  --save-profile FILE write the profile the engine ended with (learned or given)\n"
 	"                      for `arena plan --profile` (format in arena/profile.h)\n"
+	"  --trace FILE        write a timeline of the run's steps (the device's timing of\n"
+	"                      every copy, acquire and release, stalls, demotions,\n"
+	"                      promotions, memory) as Chrome trace-event JSON: open it\n"
+	"                      in https://ui.perfetto.dev (tracks in README.md)\n"
 	"  --json              machine-readable report (schema in README.md)\n"
 	"  -h, --help          this text\n"
 	"\n"
@@ -178,7 +182,7 @@ static int given_profile(bench_loop *L, int cuda, double *cost)
 int cmd_bench(int argc, char **argv)
 {
 	enum { O_BACKEND = 256, O_CAP, O_SIMCAP, O_SIMBW, O_DEVFREE, O_FLOPS, O_STEPS, O_TOKENS, O_PRESSURE, O_STRICT,
-	       O_PROFILE, O_SAVEPROF, O_JSON, O_PASSES, O_SAMPLE_EVERY };
+	       O_PROFILE, O_SAVEPROF, O_JSON, O_PASSES, O_SAMPLE_EVERY, O_TRACE };
 	static const struct option opts[] = {
 		{"backend", required_argument, NULL, O_BACKEND},
 		CLI_ENGINE_OPTIONS,
@@ -196,6 +200,7 @@ int cmd_bench(int argc, char **argv)
 		{"profile", required_argument, NULL, O_PROFILE},
 		{"save-profile", required_argument, NULL, O_SAVEPROF},
 		{"json", no_argument, NULL, O_JSON},
+		{"trace", required_argument, NULL, O_TRACE},
 		{NULL, 0, NULL, 0},
 	};
 	if (argc < 2 || strcmp(argv[1], "stream"))
@@ -207,7 +212,7 @@ int cmd_bench(int argc, char **argv)
 	double bw = 55e9, flops = 700e12, tokens = 4608;
 	long steps = 10, pstep = -1, passes = 1, every = 0;
 	int json = 0, cuda = 0, simopt = 0, strict = 0, profile = 2, ch; /* 0 none, 1 given, 2 learn */
-	const char *save_profile = NULL;
+	const char *save_profile = NULL, *trace = NULL;
 	optind = 0;
 	opterr = 0;
 	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -284,6 +289,9 @@ int cmd_bench(int argc, char **argv)
 			break;
 		case O_JSON:
 			json = 1;
+			break;
+		case O_TRACE:
+			trace = optarg;
 			break;
 		default:
 			rc = cli_engine_option("bench", ch, optarg, &ao);
@@ -365,6 +373,8 @@ int cmd_bench(int argc, char **argv)
 			goto done;
 		first = arena_step_count(a); /* the timing step */
 	}
+	if (trace && (rc = arena_trace_begin(a, trace, 0)))
+		goto done;
 	for (long st = 0; st < steps; st++) {
 		int mode = every && st % every == every - 1 ? ARENA_MODE_SAMPLE : ao.mode;
 		if (st == pstep) {
@@ -386,6 +396,11 @@ int cmd_bench(int argc, char **argv)
 			o->compute_s += bench_work_model_s(w, params[L.order[i]], L.bwd[i]);
 		if ((rc = loop_step(&L, k, &o->time_s)) || (rc = arena_step_get(a, first + (uint64_t)st, &o->rec)))
 			goto done;
+	}
+	if (trace) {
+		if ((rc = arena_trace_end(a)))
+			goto done;
+		fprintf(stderr, "note: wrote the trace %s (open it in https://ui.perfetto.dev)\n", trace);
 	}
 	/* The device's timing of the last steps, now that their work is done. */
 	if ((rc = arena_sync(a)))

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "../common/alloc.h"
+#include "../common/clock.h"
 #include "../common/err.h"
 #include "../formats/codec.h"
 #include "../loader/convert.h"
@@ -68,32 +69,6 @@ static void on_signal(int sig)
 {
 	(void)sig;
 	cancelled = 1;
-}
-
-typedef struct progress {
-	struct timespec t0;
-	int tty;
-} progress;
-
-static double since(const struct timespec *t0)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) * 1e-9;
-}
-
-static void show_progress(void *ctx, uint64_t done, uint64_t total)
-{
-	progress *p = ctx;
-	if (!p->tty)
-		return;
-	double s = since(&p->t0), rate = s > 0 ? (double)done / s : 0;
-	double eta = rate > 0 ? (double)(total - done) / rate : 0;
-	char a[32], b[32];
-	fprintf(stderr, "\r  %s / %s  %.2f GB/s  ETA %.0fs   ", cli_fmt_bytes(done, a, sizeof(a)),
-		cli_fmt_bytes(total, b, sizeof(b)), rate / 1e9, eta);
-	if (done >= total)
-		fputc('\n', stderr);
 }
 
 /* Split "a,b,c" into a NULL-free array (owned; the strings point into s). */
@@ -217,9 +192,9 @@ int cmd_convert(int argc, char **argv)
 	}
 	co.plan.patterns = patterns;
 	co.plan.order = order;
-	progress p = {.tty = !quiet && isatty(2)};
-	clock_gettime(CLOCK_MONOTONIC, &p.t0);
-	co.progress = show_progress;
+	cli_progress p;
+	cli_progress_start(&p, "convert", quiet);
+	co.progress = cli_progress_update;
 	co.progress_ctx = &p;
 	co.cancel = &cancelled;
 	struct sigaction sa = {.sa_handler = on_signal};
@@ -229,14 +204,13 @@ int cmd_convert(int argc, char **argv)
 	int rc = arena_convert((const char *const *)argv + optind, (size_t)(argc - optind), out, &co, &res);
 	signal(SIGINT, SIG_DFL);
 	signal(SIGTERM, SIG_DFL);
+	cli_progress_end(&p);
 	if (rc) {
-		if (p.tty)
-			fputc('\n', stderr);
 		st = cli_fail(rc);
 		goto done;
 	}
 	if (!quiet) {
-		double s = since(&p.t0);
+		double s = arena_now_s() - p.start;
 		char a[32];
 		printf("wrote %s: %zu blocks, %zu tensors, %s in %.2f s (%.2f GB/s)\n", out, res.n_blocks, res.n_tensors,
 		       cli_fmt_bytes(res.file_size, a, sizeof(a)), s, s > 0 ? (double)res.data_bytes / s / 1e9 : 0.0);

@@ -18,7 +18,8 @@ const char cmd_export_usage[] =
 	"\n"
 	"options:\n"
 	"  -o, --output FILE   the safetensors file to write (required)\n"
-	"  -q, --quiet         no summary line\n"
+	"  -q, --quiet         no progress line and no summary line (the progress line\n"
+	"                      goes to stderr when it is a terminal)\n"
 	"  -h, --help          this text\n";
 
 int cmd_export(int argc, char **argv)
@@ -42,7 +43,10 @@ int cmd_export(int argc, char **argv)
 	if (argc - optind != 1)
 		return cli_usage_error("export", "expected one IMAGE, got %d", argc - optind);
 	arena_export_result res;
-	int rc = arena_export(argv[optind], out, 0, &res);
+	cli_progress pg;
+	cli_progress_start(&pg, "export", quiet);
+	int rc = arena_export_progress(argv[optind], out, 0, &res, cli_progress_update, &pg);
+	cli_progress_end(&pg);
 	if (rc)
 		return cli_fail(rc);
 	if (!quiet)

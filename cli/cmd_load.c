@@ -53,6 +53,8 @@ const char cmd_load_usage[] =
 	CLI_ENGINE_OPTIONS_HELP
 	"  --check             read every block back (device and host) and compare with the file\n"
 	"  --no-probe          skip the limit measurements\n"
+	"  -q, --quiet         no progress line (one goes to stderr while loading when\n"
+	"                      it is a terminal)\n"
 	"  --json              machine-readable report (schema in README.md)\n"
 	"  -h, --help          this text\n"
 	"\n"
@@ -160,21 +162,25 @@ int cmd_load(int argc, char **argv)
 		{"check", no_argument, NULL, O_CHECK},           {"no-probe", no_argument, NULL, O_NOPROBE},
 		{"json", no_argument, NULL, O_JSON},             {"slot-size", required_argument, NULL, O_SLOT},
 		{"slots", required_argument, NULL, O_SLOTS},     {"quant", required_argument, NULL, O_QUANT},
+		{"quiet", no_argument, NULL, 'q'},
 		CLI_ENGINE_OPTIONS,
 		{NULL, 0, NULL, 0},
 	};
 	arena_open_options ao = {0};
 	const char *backend = NULL;
-	int device = 0, json = 0, check = 0, probe = 1, shaped = 0, ch;
+	int device = 0, json = 0, check = 0, probe = 1, shaped = 0, quiet = 0, ch;
 	uint64_t cap = 0, pin_cap = 0;
 	arena_quant_opts quant = {0};
 	arena_load_opts lo = {.io = ARENA_IO_AUTO, .cancel = &cancelled};
 	optind = 0;
 	opterr = 0;
-	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+	while ((ch = getopt_long(argc, argv, "q", opts, NULL)) != -1) {
 		uint64_t n;
 		int rc;
 		switch (ch) {
+		case 'q':
+			quiet = 1;
+			break;
 		case O_BACKEND:
 			if (strcmp(optarg, "cuda") && strcmp(optarg, "sim"))
 				return cli_usage_error("load", "--backend '%s': use cuda or sim", arena_q(optarg));
@@ -258,7 +264,12 @@ int cmd_load(int argc, char **argv)
 	sigaction(SIGTERM, &sa, NULL);
 	arena *a = NULL;
 	arena_load_stats st;
+	cli_progress pg;
+	cli_progress_start(&pg, "load", quiet);
+	lo.progress = cli_progress_update;
+	lo.progress_ctx = &pg;
 	int rc = arena__open_tuned(path, &ao, &lo, &a, &st, &cancelled);
+	cli_progress_end(&pg);
 	signal(SIGINT, SIG_DFL);
 	signal(SIGTERM, SIG_DFL);
 	if (rc)

@@ -13,6 +13,7 @@
 #include "../loader/open.h"
 #include "arena.h"
 #include "cli.h"
+#include "plan_svg.h"
 
 const char cmd_plan_usage[] =
 	"usage: arena plan IMAGE --vram SIZE [options]\n"
@@ -28,6 +29,10 @@ const char cmd_plan_usage[] =
 	"                      copy rate, as `arena bench stream --save-profile` writes\n"
 	"                      it): resident blocks where they hide copies best, and\n"
 	"                      the predicted step time\n"
+	"  --svg FILE          draw the plan: the blocks in execution order (resident,\n"
+	"                      streamed, globals) as wide as their bytes, the device\n"
+	"                      memory with the ring's slots, and with --profile one\n"
+	"                      step's predicted copies and compute in time (SVG)\n"
 	"  --json              machine-readable plan (schema in README.md)\n"
 	"  -h, --help          this text\n"
 	"\n"
@@ -38,19 +43,20 @@ const char cmd_plan_usage[] =
 
 int cmd_plan(int argc, char **argv)
 {
-	enum { O_VRAM = 256, O_PROFILE, O_JSON };
+	enum { O_VRAM = 256, O_PROFILE, O_JSON, O_SVG };
 	static const struct option opts[] = {
 		{"vram", required_argument, NULL, O_VRAM},
 		CLI_ENGINE_OPTIONS,
 		{"profile", required_argument, NULL, O_PROFILE},
 		{"json", no_argument, NULL, O_JSON},
+		{"svg", required_argument, NULL, O_SVG},
 		{NULL, 0, NULL, 0},
 	};
 	arena_open_options ao = {0};
 	arena_engine_opts o;
 	uint64_t vram = 0;
 	int json = 0, ch, rc;
-	const char *profile = NULL;
+	const char *profile = NULL, *svg = NULL;
 	optind = 0;
 	opterr = 0;
 	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -64,6 +70,9 @@ int cmd_plan(int argc, char **argv)
 			break;
 		case O_JSON:
 			json = 1;
+			break;
+		case O_SVG:
+			svg = optarg;
 			break;
 		default:
 			if ((rc = cli_engine_option("plan", ch, optarg, &ao)) >= 0) {
@@ -114,6 +123,16 @@ int cmd_plan(int argc, char **argv)
 		arena_free(cost);
 		return cli_fail(rc);
 	}
+	if (svg) {
+		plan_svg_in in = {.image = path, .l = l, .o = &o, .p = &p, .profile = profile, .vram = vram,
+				  .budget = budget, .headroom = headroom, .reserve = reserve, .image_fd = img->fd};
+		if ((rc = plan_svg_write(svg, &in))) {
+			arena_residency_plan_release(&p);
+			arena_img_close(img);
+			arena_free(cost);
+			return cli_fail(rc);
+		}
+	}
 	int status = 0;
 	double comp = 0, copy = o.h2d_bytes_per_s > 0 ? (double)p.stream_bytes_per_step / o.h2d_bytes_per_s : 0;
 	for (size_t i = 0; cost && i < p.n_sched; i++)
@@ -162,8 +181,9 @@ int cmd_plan(int argc, char **argv)
 		       cli_fmt_bytes(p.need_bytes, c, sizeof(c)), cli_fmt_bytes(p.stream_bytes_per_step, d, sizeof(d)),
 		       (unsigned long long)p.copies_per_step);
 		if (cost)
-			printf("predicted step (profile %s): %.4f s; compute %.4f s, copies %.4f s at %.1f GB/s\n", profile,
-			       p.step_s, comp, copy, o.h2d_bytes_per_s / 1e9);
+			printf("predicted step (profile %s): %.4f s; compute %.4f s, copies %.4f s at %.3g %s\n", profile,
+			       p.step_s, comp, copy, o.h2d_bytes_per_s >= 1e9 ? o.h2d_bytes_per_s / 1e9 : o.h2d_bytes_per_s / 1e6,
+			       o.h2d_bytes_per_s >= 1e9 ? "GB/s" : "MB/s");
 		printf("blocks (R resident, s streamed, G globals):\n  ");
 		for (size_t i = 0; i < l->n_blocks; i++)
 			putchar(arena_block_is_globals(l, (uint32_t)i) ? 'G' : p.resident[i] ? 'R' : 's');

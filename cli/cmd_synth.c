@@ -15,7 +15,7 @@
 
 const char cmd_synth_usage[] =
 	"usage: arena synth --layout NAME [--blocks N] [--dtype bf16|f16|f32] [--seed S]\n"
-	"                   [--threads N] -o FILE.safetensors\n"
+	"                   [--threads N] [--quiet] -o FILE.safetensors\n"
 	"\n"
 	"Write a safetensors checkpoint with a real model's tensor names and shapes and\n"
 	"random values (normal, mean 0, std 0.02), for benchmarks and tests. It is\n"
@@ -46,11 +46,12 @@ const char cmd_synth_usage[] =
 	"                   --blocks\n"
 	"  --threads N      fill threads (default: one per CPU)\n"
 	"  -o, --output F   the file to write\n"
+	"  -q, --quiet      no progress line and no summary\n"
 	"  -h, --help       this text\n"
 	"\n"
 	"Metadata: {\"format\": \"pt\", \"generator\": \"arena synth\", \"layout\": NAME}.\n"
 	"A progress line (bytes, rate, time left) goes to stderr when it is a terminal;\n"
-	"a summary line goes to stdout.\n"
+	"a summary line goes to stdout (neither with --quiet).\n"
 	"exit status: 0 written, 2 usage error (unknown layout, bad option, no such\n"
 	"folder), 3 system error (cannot write, out of memory, interrupted).\n";
 
@@ -64,8 +65,7 @@ static void on_signal(int sig)
 
 typedef struct progress {
 	const char *path;
-	int tty;
-	double start, last;
+	cli_progress line;
 } progress;
 
 static int on_progress(void *ctx, uint64_t done, uint64_t total)
@@ -73,20 +73,7 @@ static int on_progress(void *ctx, uint64_t done, uint64_t total)
 	progress *p = ctx;
 	if (interrupted)
 		return arena_errorf(ARENA_E_CANCELLED, "%s: interrupted; nothing written", p->path);
-	if (!p->tty)
-		return 0;
-	double t = arena_now_s();
-	if (t - p->last < 0.25 && done < total)
-		return 0;
-	p->last = t;
-	double el = t - p->start, rate = el > 0 ? (double)done / el : 0;
-	char b1[32], b2[32];
-	fprintf(stderr, "\r%s / %s  %.2f GB/s  ", cli_fmt_bytes(done, b1, sizeof(b1)), cli_fmt_bytes(total, b2, sizeof(b2)),
-		rate / 1e9);
-	if (done < total)
-		fprintf(stderr, "ETA %.0f s\033[K", rate > 0 ? (double)(total - done) / rate : 0);
-	else
-		fprintf(stderr, "syncing to disk\033[K"); /* the newline comes after the commit */
+	cli_progress_update(&p->line, done, total);
 	return 0;
 }
 
@@ -115,12 +102,14 @@ int cmd_synth(int argc, char **argv)
 		{"layout", required_argument, NULL, 'l'}, {"blocks", required_argument, NULL, 'b'},
 		{"dtype", required_argument, NULL, 'd'},  {"seed", required_argument, NULL, 's'},
 		{"threads", required_argument, NULL, 't'}, {"output", required_argument, NULL, 'o'},
-		{"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
+		{"quiet", no_argument, NULL, 'q'},        {"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
 	};
 	int ch, rc;
 	optind = 0;
 	opterr = 0;
-	while ((ch = getopt_long(argc, argv, ":o:h", opts, NULL)) != -1) {
+	int quiet = 0;
+	while ((ch = getopt_long(argc, argv, ":o:hq", opts, NULL)) != -1) {
 		switch (ch) {
 		case 'l':
 			layout = optarg;
@@ -154,6 +143,9 @@ int cmd_synth(int argc, char **argv)
 		case 'o':
 			out = optarg;
 			break;
+		case 'q':
+			quiet = 1;
+			break;
 		case 'h':
 			fputs(cmd_synth_usage, stdout);
 			return 0;
@@ -186,18 +178,22 @@ int cmd_synth(int argc, char **argv)
 	sigaction(SIGINT, &sa, &old_int);
 	sigaction(SIGTERM, &sa, &old_term);
 
-	progress pg = {out, isatty(STDERR_FILENO), arena_now_s(), 0};
+	progress pg = {.path = out};
+	cli_progress_start(&pg.line, "synth", quiet);
 	arena_synth_opts o = {layout, dtype, seed, threads, on_progress, &pg};
 	rc = arena_synth_write(out, &list, &o);
-	double secs = arena_now_s() - pg.start;
+	double secs = arena_now_s() - pg.line.start;
 
 	sigaction(SIGINT, &old_int, NULL);
 	sigaction(SIGTERM, &old_term, NULL);
-	if (pg.tty && pg.last > 0)
-		fputc('\n', stderr);
+	cli_progress_end(&pg.line);
 	if (rc) {
 		arena_synth_list_release(&list);
 		return cli_fail(rc);
+	}
+	if (quiet) {
+		arena_synth_list_release(&list);
+		return 0;
 	}
 	uint64_t params = arena_synth_params(&list);
 	uint64_t bytes = params * (arena_dtype_bits(dtype) / 8);

@@ -13,7 +13,7 @@
 #include "cli.h"
 
 const char cmd_verify_usage[] =
-	"usage: arena verify IMAGE [--json] [--threads N]\n"
+	"usage: arena verify IMAGE [--json] [--threads N] [--quiet]\n"
 	"\n"
 	"Check an arena image completely: header, manifest and chunk table checksums\n"
 	"and structure, then every data chunk's checksum. Needs no GPU.\n"
@@ -24,6 +24,7 @@ const char cmd_verify_usage[] =
 	"options:\n"
 	"  --json        machine-readable result (schema in README.md)\n"
 	"  --threads N   reader threads (default: number of CPUs, at most 8)\n"
+	"  -q, --quiet   no progress line (one goes to stderr when it is a terminal)\n"
 	"  -h, --help    this text\n";
 
 typedef struct bad_list {
@@ -66,15 +67,18 @@ static void on_bad(void *ctx, const arena_image *img, uint64_t chunk, uint64_t e
 int cmd_verify(int argc, char **argv)
 {
 	static const struct option opts[] = {
-		{"json", no_argument, NULL, 'j'}, {"threads", required_argument, NULL, 't'}, {NULL, 0, NULL, 0}};
-	int json = 0, ch;
+		{"json", no_argument, NULL, 'j'}, {"threads", required_argument, NULL, 't'},
+		{"quiet", no_argument, NULL, 'q'}, {NULL, 0, NULL, 0}};
+	int json = 0, quiet = 0, ch;
 	long threads = sysconf(_SC_NPROCESSORS_ONLN);
 	threads = threads < 1 ? 1 : threads > 8 ? 8 : threads;
 	optind = 0;
 	opterr = 0;
-	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+	while ((ch = getopt_long(argc, argv, "q", opts, NULL)) != -1) {
 		if (ch == 'j') {
 			json = 1;
+		} else if (ch == 'q') {
+			quiet = 1;
 		} else if (ch == 't') {
 			uint64_t n;
 			int rc = cli_count_arg("verify", "--threads", optarg, 1, 64, &n);
@@ -94,8 +98,11 @@ int cmd_verify(int argc, char **argv)
 	bad_list bl = {.arr = json ? json_array() : NULL};
 	uint64_t n_bad = 0;
 	int rc = arena_img_open(path, &img);
+	cli_progress pg;
+	cli_progress_start(&pg, "verify", quiet);
 	if (!rc)
-		rc = arena_img_verify_data(img, (unsigned)threads, on_bad, &bl, &n_bad);
+		rc = arena_img_verify_data_progress(img, (unsigned)threads, on_bad, &bl, &n_bad, cli_progress_update, &pg);
+	cli_progress_end(&pg);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
 	int st;

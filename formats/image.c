@@ -762,6 +762,10 @@ typedef struct verify_job {
 	uint64_t *got;   /* per chunk: computed hash */
 	uint8_t *bad;    /* per chunk: 1 if mismatched */
 	arena_first_error err;
+	arena_img_progress_fn progress; /* stored bytes checked, of total */
+	void *pctx;
+	atomic_uint_fast64_t done;
+	uint64_t total;
 } verify_job;
 
 static void *verify_worker(void *arg)
@@ -817,6 +821,8 @@ static void *verify_worker(void *arg)
 			arena_first_error_set(&j->err, rc);
 			break;
 		}
+		if (j->progress)
+			j->progress(j->pctx, atomic_fetch_add(&j->done, c->stored_length) + c->stored_length, j->total);
 	}
 	arena_free(buf);
 	arena_img_dec_free(&dec);
@@ -824,6 +830,12 @@ static void *verify_worker(void *arg)
 }
 
 int arena_img_verify_data(arena_image *img, unsigned threads, arena_img_bad_fn bad, void *ctx, uint64_t *n_bad)
+{
+	return arena_img_verify_data_progress(img, threads, bad, ctx, n_bad, NULL, NULL);
+}
+
+int arena_img_verify_data_progress(arena_image *img, unsigned threads, arena_img_bad_fn bad, void *ctx,
+				   uint64_t *n_bad, arena_img_progress_fn progress, void *pctx)
 {
 	const arena_img_header *h = &img->hdr;
 	if (n_bad)
@@ -834,8 +846,11 @@ int arena_img_verify_data(arena_image *img, unsigned threads, arena_img_bad_fn b
 		threads = 64;
 	if (threads > h->chunk_count)
 		threads = h->chunk_count ? (unsigned)h->chunk_count : 1;
-	verify_job j = {.img = img};
+	verify_job j = {.img = img, .progress = progress, .pctx = pctx};
 	atomic_init(&j.next, 0);
+	atomic_init(&j.done, 0);
+	for (uint64_t i = 0; i < h->chunk_count; i++)
+		j.total += img->chunks[i].stored_length;
 	arena_first_error_init(&j.err);
 	j.got = arena_calloc(h->chunk_count, sizeof(uint64_t));
 	j.bad = arena_calloc(h->chunk_count, 1);

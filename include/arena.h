@@ -435,6 +435,36 @@ ARENA_API int arena_profile_set(arena *a, const double *cost, size_t n, double h
  * is the image the arena was opened from is OUTPUT_IS_INPUT. */
 ARENA_API int arena_profile_save(const arena *a, const char *path);
 
+/* ---- traces: what the device did, step by step ---------------------------------
+ * A trace is a timeline of the engine's work in Chrome's trace-event JSON
+ * format: open it in https://ui.perfetto.dev (or chrome://tracing). Tracks:
+ * the copy stream (each host-to-device copy: block, bytes, GB/s), the
+ * caller's stream (each block's work from the moment its bytes were there
+ * to its release, with the stall before it where the stream waited for a
+ * copy), and the engine's host decisions (step boundaries, demotions,
+ * promotions, mode switches) with counters of resident, ring and free
+ * device bytes. Copies and the caller's work are timed by the device
+ * (cuda events; sim markers), so the picture is what the GPU did. The
+ * tracks and fields are described in README.md. */
+
+/* Start recording a trace, to be written to `path` by arena_trace_end.
+ * Between steps. max_events: records kept (a copy, an acquire-release, an
+ * instant, a counter sample); 0 = 65536, at most 16777216; what does not
+ * fit is dropped and the file says how many (otherData.dropped_records).
+ * Recording allocates nothing per call. The copies already issued for the
+ * next step when the trace begins are not in it. Errors: USAGE (NULL path,
+ * inside a step, a trace already running, max_events too large, a path
+ * that is a folder, a backend that cannot time), NOT_FOUND (no such
+ * folder), OUTPUT_IS_INPUT (the image the arena was opened from), IO,
+ * NOMEM, DEV_ERROR. */
+ARENA_API int arena_trace_begin(arena *a, const char *path, size_t max_events);
+/* Wait for the device's times of the work traced and write the file: it
+ * appears whole or not at all. USAGE inside a step or when no trace is
+ * being recorded; IO when it cannot be written. arena_close writes a trace
+ * not ended (an error there is lost: end it to see one), unless a step is
+ * in progress: then it is dropped. */
+ARENA_API int arena_trace_end(arena *a);
+
 /* ---- the simulator ----------------------------------------------------------- */
 
 /* sim only: take `bytes` of the simulated device, as another program would

@@ -61,8 +61,30 @@ static int check_names(const arena_image *img)
 	return 0;
 }
 
+/* Progress over both passes: the verification's stored bytes, then the
+ * bytes written. */
+typedef struct xprog {
+	arena_export_progress_fn fn;
+	void *ctx;
+	uint64_t verify, total;
+} xprog;
+
+static void verify_progress(void *c, uint64_t done, uint64_t total)
+{
+	xprog *x = c;
+	(void)total;
+	x->fn(x->ctx, done, x->total);
+}
+
 int arena_export(const char *image, const char *out, unsigned threads, arena_export_result *res)
 {
+	return arena_export_progress(image, out, threads, res, NULL, NULL);
+}
+
+int arena_export_progress(const char *image, const char *out, unsigned threads, arena_export_result *res,
+			  arena_export_progress_fn progress, void *pctx)
+{
+	xprog x = {progress, pctx, 0, 0};
 	arena_image *img = NULL;
 	arena_stw *w = NULL;
 	piece *pieces = NULL;
@@ -75,9 +97,20 @@ int arena_export(const char *image, const char *out, unsigned threads, arena_exp
 		threads = c < 1 ? 1 : c > 8 ? 8 : (unsigned)c;
 	}
 	int rc = arena_img_open(image, &img);
+	if (!rc && progress) {
+		for (uint64_t i = 0; i < img->hdr.chunk_count; i++)
+			x.verify += img->chunks[i].stored_length;
+		x.total = x.verify;
+		for (size_t i = 0; i < img->layout->n_tensors; i++)
+			for (uint32_t c = 0; c < img->layout->tensors[i].n_comp; c++)
+				x.total += img->layout->tensors[i].comp[c].bytes;
+	}
 	/* Verified whole first: nothing is written from a bad image, nor over it. */
-	if (rc || (rc = arena_outfile_check_input(out, img->fd, image)) || (rc = arena_img_verify_data(img, threads, NULL, NULL, NULL)) || (rc = arena_img_reader_init(&rd, img, 0)))
+	if (rc || (rc = arena_outfile_check_input(out, img->fd, image)) ||
+	    (rc = arena_img_verify_data_progress(img, threads, NULL, NULL, NULL, progress ? verify_progress : NULL, &x)) ||
+	    (rc = arena_img_reader_init(&rd, img, 0)))
 		goto out;
+	uint64_t written = 0;
 	const arena_layout *l = img->layout;
 	if ((rc = check_names(img)))
 		goto out;
@@ -136,6 +169,9 @@ int arena_export(const char *image, const char *out, unsigned threads, arena_exp
 			    (rc = arena_stw_write(w, buf, len)))
 				goto out;
 			done += len;
+			written += len;
+			if (progress)
+				progress(pctx, x.verify + written, x.total);
 		}
 	}
 	if (res) {

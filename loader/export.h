@@ -10,11 +10,19 @@
 #ifndef ARENA_LOADER_EXPORT_H
 #define ARENA_LOADER_EXPORT_H
 
+#include <stdint.h>
+
 typedef struct arena_export_result {
 	unsigned long long tensors, data_bytes, file_size;
 } arena_export_result;
 
 /* Export `image` to `out`. `threads` for verification (0 = CPUs). `res` may be NULL. */
 int arena_export(const char *image, const char *out, unsigned threads, arena_export_result *res);
+/* The same, reporting progress over both passes (verifying the image's
+ * stored bytes, then writing the tensors' bytes): done of total, from the
+ * verifying threads, then from the calling thread. */
+typedef void (*arena_export_progress_fn)(void *ctx, uint64_t done, uint64_t total);
+int arena_export_progress(const char *image, const char *out, unsigned threads, arena_export_result *res,
+			  arena_export_progress_fn progress, void *pctx);
 
 #endif

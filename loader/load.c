@@ -83,6 +83,8 @@ typedef struct loader {
 	atomic_size_t next;
 	arena_first_error err;
 	atomic_uint_fast64_t file_bytes, direct_bytes, gpu_decoded, cpu_decoded;
+	atomic_uint_fast64_t prog_done; /* o->progress: bytes of the pieces done, of prog_total */
+	uint64_t prog_total;
 } loader;
 
 typedef struct worker {
@@ -578,6 +580,10 @@ static void *worker_main(void *arg)
 			fail(L, rc);
 			break;
 		}
+		if (L->o->progress) {
+			uint64_t n = i >= L->n_pieces ? L->qp[i - L->n_pieces].len : L->pieces[i].len;
+			L->o->progress(L->o->progress_ctx, atomic_fetch_add(&L->prog_done, n) + n, L->prog_total);
+		}
 	}
 	/* Copies may still read the ring: wait for them whatever happened. */
 	int rc = be->ops->stream_sync(be, w->s);
@@ -722,6 +728,12 @@ static int run(loader *L, arena_model **out, arena_load_stats *st, double t0)
 	atomic_init(&L->direct_bytes, 0);
 	atomic_init(&L->gpu_decoded, 0);
 	atomic_init(&L->cpu_decoded, 0);
+	atomic_init(&L->prog_done, 0);
+	L->prog_total = 0;
+	for (size_t i = 0; i < L->n_pieces; i++)
+		L->prog_total += L->pieces[i].len;
+	for (size_t i = 0; i < L->n_qp; i++)
+		L->prog_total += L->qp[i].len;
 	w = arena_calloc(L->threads, sizeof(*w));
 	tid = arena_calloc(L->threads, sizeof(*tid));
 	if (!w || !tid) {

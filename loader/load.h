@@ -68,6 +68,10 @@ typedef struct arena_load_opts {
 	 * `on_device` when set. */
 	int (*place)(void *ctx, const arena_layout *l, uint8_t *on_device);
 	void *place_ctx;
+	/* Optional: bytes done of those to do (read from files, and quantized
+	 * components), after each piece of work, from the reader threads. */
+	void (*progress)(void *ctx, uint64_t done, uint64_t total);
+	void *progress_ctx;
 } arena_load_opts;
 
 /* A read ring's shape: reader threads, slots per thread, bytes per slot. */

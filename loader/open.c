@@ -57,6 +57,7 @@ static void arena_free_all(arena *a)
 	arena_model_free(a->m);
 	arena_backend_destroy(a->be);
 	arena_free(a->cost);
+	arena_free(a->path);
 	if (a->mu_init)
 		pthread_mutex_destroy(&a->mu);
 	arena_free(a);
@@ -268,6 +269,10 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 	}
 	a->mu_init = 1;
 	a->refs = 1;
+	if (!(a->path = arena_strdup(path))) {
+		rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
+		goto fail;
+	}
 	if ((rc = arena__engine_opts(o, &a->eo)))
 		goto fail;
 	uint64_t simcap = o->sim_capacity ? o->sim_capacity : o->vram_cap > (16ull << 30) ? o->vram_cap : (16ull << 30);

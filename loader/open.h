@@ -25,6 +25,7 @@ struct arena {
 	arena_slab_reader *rr;    /* images: re-reads blocks the engine demotes */
 	arena_engine_opts eo;     /* the engine's options (profile: cost) */
 	double *cost;             /* a profile read from a file */
+	char *path;               /* what it was opened from (traces name it) */
 	int is_image;
 	pthread_mutex_t mu;
 	int mu_init;

@@ -252,6 +252,24 @@ int arena_profile_save(const arena *a, const char *path)
 	return unlock(a, rc);
 }
 
+int arena_trace_begin(arena *a, const char *path, size_t max_events)
+{
+	int rc = lock(a, "arena_trace_begin");
+	if (rc)
+		return rc;
+	if (!path)
+		rc = arena_errorf(ARENA_E_USAGE, "arena_trace_begin: NULL path");
+	else if (!(rc = a->rr ? arena_slab_reader_check_output(a->rr, path) : 0)) /* not over the image */
+		rc = arena_engine_trace_begin(a->e, path, a->path, max_events);
+	return unlock(a, rc);
+}
+
+int arena_trace_end(arena *a)
+{
+	int rc = lock(a, "arena_trace_end");
+	return rc ? rc : unlock(a, arena_engine_trace_end(a->e));
+}
+
 int arena_device_memory(const arena *a, uint64_t *free_bytes, uint64_t *total_bytes)
 {
 	int rc = lock(a, "arena_device_memory");

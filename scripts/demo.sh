@@ -4,7 +4,8 @@
 # it back to safetensors (identical bytes), load it into device memory (the
 # GPU when one is usable, else the low-VRAM simulator), plain and coded
 # (--codec hb4, --codec zstd), and run it streamed
-# on a simulated device smaller than the model.
+# on a simulated device smaller than the model, with a trace of the run and
+# a picture of the plan.
 # usage: sh scripts/demo.sh BUILD
 set -eu
 B=${1:-build}
@@ -31,7 +32,15 @@ step "$A" load "$D/flux-tiny-zstd.arena" --check --no-probe
 # streams blocks through a ring (on the simulator, slowed to a 20 MB/s link
 # and a 100 GFLOP/s device so that copies and compute are of a size).
 step "$A" plan "$D/flux-tiny.arena" --vram 400K
-step "$A" bench stream "$D/flux-tiny.arena" --vram-cap 400K --sim-capacity 1G --sim-bandwidth 2e7 --flops 1e11 --steps 6
+# The run's timeline as the device timed it (open trace.json in
+# https://ui.perfetto.dev), and the compute profile the engine learned.
+step "$A" bench stream "$D/flux-tiny.arena" --vram-cap 400K --sim-capacity 1G --sim-bandwidth 2e7 --flops 1e11 --steps 6 \
+	--trace "$D/trace.json" --save-profile "$D/profile.json"
+# The plan as a picture, with one step's copies and compute as that profile
+# predicts them, on a device where some blocks stay resident (the README's
+# docs/plan-demo.svg is this picture).
+step "$A" plan "$D/flux-tiny.arena" --vram 280K --headroom 0 --reserve 0 --depth 1 --profile "$D/profile.json" \
+	--svg "$D/plan.svg"
 step "$A" export "$D/flux-tiny.arena" -o "$D/flux-tiny.roundtrip.safetensors"
 step cmp "$D/flux-tiny.safetensors" "$D/flux-tiny.roundtrip.safetensors"
 echo "demo: the round trip is byte-identical; files are in $D/"

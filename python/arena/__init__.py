@@ -407,6 +407,16 @@ class Arena:
         """Write the compute profile the engine learned (for ``arena plan --profile``)."""
         _check(_native.lib.arena_profile_save(self._handle(), os.fsencode(path)))
 
+    def trace_begin(self, path: Union[str, "os.PathLike[str]"], max_events: int = 0) -> None:
+        """Start recording a trace of the engine's work (between steps), written to ``path``
+        by :meth:`trace_end`: Chrome trace-event JSON, for https://ui.perfetto.dev.
+        ``max_events``: records kept (0: 65536); what does not fit is dropped and counted."""
+        _check(_native.lib.arena_trace_begin(self._handle(), os.fsencode(os.fspath(path)), int(max_events)))
+
+    def trace_end(self) -> None:
+        """Wait for the device's times of the work traced and write the trace (whole or not at all)."""
+        _check(_native.lib.arena_trace_end(self._handle()))
+
     def sim_pressure(self, nbytes: Size) -> None:
         """sim only: hold ``nbytes`` of the simulated device as another program would (0 frees)."""
         _check(_native.lib.arena_sim_pressure(self._handle(), parse_size(nbytes, "sim_pressure") or 0))

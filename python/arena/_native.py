@@ -189,6 +189,8 @@ _SIGS = {
     "arena_schedule_get": (c_int, [_P, POINTER(c_uint32), c_size_t, POINTER(c_size_t)]),
     "arena_device_memory": (c_int, [_P, POINTER(c_uint64), POINTER(c_uint64)]),
     "arena_profile_save": (c_int, [_P, c_char_p]),
+    "arena_trace_begin": (c_int, [_P, c_char_p, c_size_t]),
+    "arena_trace_end": (c_int, [_P]),
     "arena_sim_pressure": (c_int, [_P, c_uint64]),
 }
 for _name, (_res, _args) in _SIGS.items():

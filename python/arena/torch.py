@@ -58,7 +58,7 @@ from torch import nn
 from . import Arena, Component, Error, Size, _view, torch_dtype
 from . import open as _open
 
-__all__ = ["attach", "Handle"]
+__all__ = ["attach", "Handle", "Trace"]
 
 _STRIP = ("base_model.model.",)  # a peft PeftModel's prefix
 _cls_cache: Dict[type, type] = {}
@@ -214,6 +214,8 @@ class Handle:
         self._guarded: Set[int] = set()
         self._n_modules = 0
         self._attached = False
+        self._tracing = False
+        self._trace_left: Optional[int] = None
 
     # --- steps ---------------------------------------------------------------------
     def _stream(self) -> Optional[int]:
@@ -256,6 +258,15 @@ class Handle:
             self._release_deferred()
             self._step_open = False
             self.arena.step_end()
+            if self._tracing and self._trace_left is not None:
+                self._trace_left -= 1
+                if self._trace_left <= 0:
+                    self._trace_stop()
+
+    def _trace_stop(self) -> None:
+        if self._tracing:
+            self._tracing = False
+            self.arena.trace_end()
 
     def _root_pre_hook(self, module: nn.Module, args: Any) -> None:
         if _in_backward():
@@ -290,6 +301,27 @@ class Handle:
             self._end_step()
             self.arena.set_mode(prev)
 
+    def trace(self, path: str, steps: Optional[int] = None, max_events: int = 0) -> "Trace":
+        """Record what the device does, step by step, into ``path``: a Chrome trace-event
+        JSON file (open it in https://ui.perfetto.dev; tracks in README.md): every
+        block's copy and its work on torch's stream, stalls, step boundaries.
+
+        The trace starts between steps (a step in progress is ended first) and is
+        written when ``steps`` steps have ended (a step ends when the next forward
+        starts, or at ``end_step()``), when ``stop()`` is called, or at the end of a
+        ``with h.trace(path):`` block. ``max_events``: records kept (0: 65536).
+        When the whole model is resident the adapter acquires no blocks, so the
+        trace holds the steps only."""
+        if self._tracing:
+            raise Error("USAGE", f"{path}: a trace is being recorded already: stop() it first")
+        if steps is not None and steps < 1:
+            raise ValueError(f"steps: {steps}: at least 1")
+        self._end_step()
+        self.arena.trace_begin(path, max_events)
+        self._tracing = True
+        self._trace_left = steps
+        return Trace(self, path)
+
     def stats(self) -> List[Dict[str, Any]]:
         """The engine's per-step records: resident/streamed bytes, misses, stalls, ..."""
         return self.arena.stats()
@@ -305,6 +337,7 @@ class Handle:
             return self.module
         try:
             self._end_step()
+            self._trace_stop()
         finally:
             for undo in reversed(self._restore):
                 undo()
@@ -322,6 +355,31 @@ class Handle:
 
     def __exit__(self, *exc: Any) -> None:
         self.detach()
+
+
+class Trace:
+    """A trace being recorded (``Handle.trace``): ``stop()`` writes it; as a context
+    manager, the end of the block ends the step in progress and writes it."""
+
+    def __init__(self, handle: Handle, path: str):
+        self.handle = handle
+        self.path = path
+
+    @property
+    def active(self) -> bool:
+        return self.handle._tracing
+
+    def stop(self) -> None:
+        """End the step in progress and write the trace (nothing when it was written already)."""
+        if self.handle._tracing:
+            self.handle._end_step()
+            self.handle._trace_stop()
+
+    def __enter__(self) -> "Trace":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
 
 
 def _is_adapter_param(name: str, tuners: Set[str]) -> bool:

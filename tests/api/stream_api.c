@@ -230,11 +230,31 @@ static void run(const char *image)
 		rev[i] = train[NBLK + i] = NBLK - i;
 	}
 	arena_step_info r;
-	/* Sample steps in the planned order: no misses. */
+	/* Sample steps in the planned order: no misses; traced (the file is
+	 * written by trace_end, not before; never over the image). */
+	char trace[4096];
+	snprintf(trace, sizeof(trace), "%s.trace.json", image);
+	remove(trace);
+	FAILS(arena_trace_end(a), ARENA_E_USAGE, "no trace");
+	FAILS(arena_trace_begin(a, image, 0), ARENA_E(OUTPUT_IS_INPUT), "");
+	FAILS(arena_trace_begin(a, NULL, 0), ARENA_E_USAGE, "NULL path");
+	OK(arena_trace_begin(a, trace, 0));
+	FAILS(arena_trace_begin(a, trace, 0), ARENA_E_USAGE, "already");
 	for (int s = 0; s < 3; s++) {
 		step(a, fwd, NBLK, &r);
 		CHECK(r.misses == 0 && r.mode == ARENA_MODE_SAMPLE && r.acquires == NBLK, "step %d: %u misses", s, r.misses);
 	}
+	FILE *tf = fopen(trace, "r");
+	CHECK(tf == NULL, "the trace appears at its end only");
+	OK(arena_trace_end(a));
+	tf = fopen(trace, "r");
+	CHECK(tf != NULL, "the trace is written");
+	if (tf) {
+		char head[32] = "";
+		CHECK(fread(head, 1, 20, tf) == 20 && !strncmp(head, "{\"displayTimeUnit\":", 18), "the trace is JSON: %.20s", head);
+		fclose(tf);
+	}
+	remove(trace);
 	/* Two passes a step (classifier-free guidance): one miss, then learned. */
 	step(a, two, 2 * NBLK, &r);
 	CHECK(r.misses == 1 && r.schedule_learned, "two passes: %u misses, learned %d", r.misses, r.schedule_learned);

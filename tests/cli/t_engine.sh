@@ -202,5 +202,103 @@ PY
 	[ "$rc" = 0 ] && fail "saving into a missing folder succeeded"
 }
 
+# bench --trace: the trace-event JSON of the run, every acquire and copy in
+# it; a trace over the image or into a missing folder is refused at once.
+bench_trace() {
+	engine_image
+	run bench stream "$T/f.arena" --vram-cap 290K --headroom 0 --reserve 0 --sim-capacity 1G --sim-bandwidth 1e8 \
+		--steps 4 --profile none --json --trace "$T/t.json"
+	expect_rc 0
+	expect_err "wrote the trace"
+	python3 - "$T/out" "$T/t.json" <<'PY' || fail "the trace is not the run's"
+import json, sys
+d = json.load(open(sys.argv[1]))
+t = json.load(open(sys.argv[2]))
+assert t["displayTimeUnit"] == "ms" and not t["otherData"]["overflowed"]
+ev = t["traceEvents"]
+for e in ev:
+    assert isinstance(e["name"], str) and e["ph"] in "XiCM" and isinstance(e["pid"], int) and isinstance(e["tid"], int)
+    if e["ph"] != "M":
+        assert isinstance(e["ts"], (int, float))
+    if e["ph"] == "X":
+        assert e["dur"] >= 0
+comp = [e for e in ev if e.get("cat") == "compute"]
+copies = [e for e in ev if e.get("cat") == "copy"]
+assert len(comp) == 4 * 6, len(comp)  # globals and 5 blocks a step
+assert {e["tid"] for e in copies} == {2} and all(e["tid"] >= 3 for e in comp)
+assert sum(e["args"]["bytes"] for e in copies) >= sum(s["streamed_bytes"] for s in d["steps"]) > 0
+assert sum(s["stalls"] for s in d["steps"]) > 0 and any(e.get("cat") == "stall" for e in ev)
+assert len([e for e in ev if e.get("cat") == "step" and not e["name"].endswith("end")]) == 4
+PY
+	run bench stream "$T/f.arena" --vram-cap 290K --headroom 0 --reserve 0 --sim-capacity 1G --steps 2 --trace "$T/f.arena"
+	expect_rc 2
+	expect_error_line
+	run bench stream "$T/f.arena" --vram-cap 290K --headroom 0 --reserve 0 --sim-capacity 1G --steps 2 \
+		--trace "$T/no/t.json"
+	expect_rc 2
+	expect_error_line
+	expect_no_out
+}
+
+cases bench_trace
+
+# plan --svg: valid XML, one rect per block in execution order saying where it
+# is, one per ring slot; with a profile one per schedule entry's compute and
+# the copies. Refused: a missing folder, the image itself.
+plan_svg() {
+	engine_image
+	run plan "$T/f.arena" --vram 280K --headroom 0 --reserve 0 --depth 1 --json --svg "$T/p.svg"
+	expect_rc 0
+	cp "$T/out" "$T/plan.json"
+	run bench stream "$T/f.arena" --vram-cap 290K --headroom 0 --reserve 0 --sim-capacity 1G --steps 4 \
+		--sim-bandwidth 1e8 --save-profile "$T/prof.json"
+	expect_rc 0
+	run plan "$T/f.arena" --vram 280K --headroom 0 --reserve 0 --depth 1 --profile "$T/prof.json" --json --svg "$T/pp.svg"
+	expect_rc 0
+	python3 - "$T/plan.json" "$T/p.svg" "$T/out" "$T/pp.svg" <<'PY' || fail "the pictures do not show the plans"
+import json, sys
+import xml.etree.ElementTree as ET
+NS = "{http://www.w3.org/2000/svg}"
+def check(plan, svg, profile):
+    d = json.load(open(plan))
+    root = ET.parse(svg).getroot()
+    assert root.tag == NS + "svg"
+    vw, vh = (float(v) for v in root.get("viewBox").split()[2:])
+    rects = list(root.iter(NS + "rect"))
+    for r in rects:
+        x, w = float(r.get("x", 0)), float(r.get("width", "0").rstrip("%"))
+        assert x >= 0 and (r.get("width", "").endswith("%") or x + w <= vw + 0.01), r.attrib
+    cls = lambda r: (r.get("class") or "").split()
+    blocks = [r for r in rects if "block" in cls(r)]
+    assert [(r.get("data-block"), cls(r)[1], int(r.get("data-bytes"))) for r in blocks] == \
+        [(b["name"], b["where"], b["bytes"]) for b in d["blocks"]], "one rect per block, in order"
+    assert all(r.find(NS + "title") is not None for r in blocks)
+    assert len([r for r in rects if "slot" in cls(r)]) == d["slots"]
+    comp = [r for r in rects if "compute" in cls(r)]
+    copies = [r for r in rects if "copy" in cls(r)]
+    if profile:
+        assert len(comp) == d["schedule_entries"], (len(comp), d["schedule_entries"])
+        assert len(copies) > 0 and d["streamed_blocks"] > 0 and d["resident_blocks"] > 0
+        where = {b["name"]: b["where"] for b in d["blocks"]}
+        for r in comp:
+            name = r.find(NS + "title").text.split(":")[0]
+            assert cls(r)[1] == where[name]
+    else:
+        assert not comp and not copies
+check(sys.argv[1], sys.argv[2], False)
+check(sys.argv[3], sys.argv[4], True)
+PY
+	ls -a "$T" | grep -q '\.tmp-' && fail "a temporary file was left"
+	run plan "$T/f.arena" --vram 280K --svg "$T/no/p.svg"
+	expect_rc 2
+	expect_error_line
+	run plan "$T/f.arena" --vram 280K --svg "$T/f.arena"
+	expect_rc 2
+	expect_error_line
+	run verify "$T/f.arena"
+	expect_rc 0
+}
+
+cases plan_svg
 cases plan_help plan_usage_errors plan_text_and_json plan_too_small bench_usage_errors bench_planner_options bench_cuda bench_json \
 	profile_round_trip profile_errors

@@ -387,6 +387,64 @@ class Refusals(unittest.TestCase):
         self.expect("USAGE", "stored fp8-e4m3-row", at.attach, model(), q, **RESIDENT)
 
 
+class Traces(unittest.TestCase):
+    """h.trace(path): Chrome trace-event JSON of a few steps of the tiny Flux, streamed."""
+
+    def check(self, path: str, steps: int, blocks: list) -> dict:
+        with open(path) as f:
+            d = json.load(f)
+        self.assertEqual(d["displayTimeUnit"], "ms")
+        self.assertFalse(d["otherData"]["overflowed"])
+        ev = d["traceEvents"]
+        last = -1.0
+        for e in ev:
+            self.assertIsInstance(e["name"], str)
+            self.assertIn(e["ph"], ("X", "i", "C", "M"))
+            self.assertIsInstance(e["pid"], int)
+            self.assertIsInstance(e["tid"], int)
+            if e["ph"] != "M":
+                self.assertGreaterEqual(e["ts"], last, "in time order")
+                last = e["ts"]
+            if e["ph"] == "X":
+                self.assertGreaterEqual(e["dur"], 0)
+        comp = [e["name"] for e in ev if e.get("cat") == "compute"]
+        self.assertEqual(comp, blocks * steps, "every block's acquire-release once a step, in the order run")
+        self.assertGreater(len([e for e in ev if e.get("cat") == "copy"]), 0)
+        self.assertEqual(len([e for e in ev if e.get("cat") == "step" and not e["name"].endswith("end")]), steps)
+        return d
+
+    def test_a_few_steps(self):
+        m = model()
+        h = at.attach(m, IMG, **STREAM)
+        blocks = [b.name for b in h.arena.blocks if b.container is not None]
+        path = os.path.join(TMP, "steps.trace.json")
+        with torch.no_grad():
+            m(**inputs(0))  # not traced
+            t = h.trace(path, steps=2)
+            with self.assertRaises(arena.Error) as cm:
+                h.trace(path)
+            self.assertEqual(cm.exception.code, "USAGE")
+            m(**inputs(1))
+            m(**inputs(2))
+            self.assertTrue(t.active, "the second traced step ends at the next forward")
+            self.assertFalse(os.path.exists(path))
+            m(**inputs(3))
+        self.assertFalse(t.active)
+        self.check(path, 2, blocks)
+        h.detach()
+
+    def test_context_manager(self):
+        m = model()
+        h = at.attach(m, IMG, **STREAM)
+        blocks = [b.name for b in h.arena.blocks if b.container is not None]
+        path = os.path.join(TMP, "with.trace.json")
+        with torch.no_grad(), h.trace(path):
+            m(**inputs(0))
+            m(**inputs(1))
+        self.check(path, 2, blocks)
+        h.detach()
+
+
 class Compile(unittest.TestCase):
     def test_regional_compile_no_recompiles(self):
         from torch._dynamo.testing import CompileCounterWithBackend

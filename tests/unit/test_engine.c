@@ -255,6 +255,65 @@ Test(engine_plan, profile_places_residents_where_copies_dominate)
 	arena_layout_free(l);
 }
 
+/* The steady step laid out in time: every entry once, in schedule order,
+ * one after another; copies one after another; all within the step, whose
+ * length is the prediction; compute waits only for copies of streamed
+ * blocks. */
+Test(engine_plan, timeline_of_a_step)
+{
+	uint64_t sizes[57];
+	for (size_t i = 0; i < 57; i++)
+		sizes[i] = i < 19 ? 10620928 : 4427776;
+	arena_layout *l = mk_layout(sizes, 57, 2125824);
+	double cost[58] = {0};
+	for (size_t b = 1; b < 58; b++)
+		cost[b] = 4.9e-3;
+	for (int mode = 0; mode < 2; mode++) {
+		arena_engine_opts o = base_opts(mode);
+		o.h2d_bytes_per_s = 55e9 / 64;
+		arena_residency_plan p;
+		arena_plan_span *sp;
+		size_t n;
+		double step;
+		cr_assert_eq(arena_residency_plan_make(l, &o, 7344394077ull / 64, &p), 0);
+		cr_assert_eq(arena_residency_plan_timeline(l, &o, &p, &sp, &n, &step), ARENA_E_USAGE, "no profile");
+		o.cost = cost;
+		arena_residency_plan_release(&p);
+		cr_assert_eq(arena_residency_plan_make(l, &o, 7344394077ull / 64, &p), 0);
+		cr_assert_gt(p.n_streamed, 0);
+		cr_assert_eq(arena_residency_plan_timeline(l, &o, &p, &sp, &n, &step), 0, "%s", arena_last_error());
+		cr_assert_float_eq(step, p.step_s, 1e-12);
+		size_t e = 0, copies = 0;
+		double comp_end = 0, copy_end = 0;
+		for (size_t i = 0; i < n; i++) {
+			cr_assert_leq(sp[i].t0, sp[i].t1);
+			cr_assert_geq(sp[i].t0, 0);
+			cr_assert_leq(sp[i].t1, step * (1 + 1e-9));
+			if (sp[i].copy) {
+				cr_assert(!p.resident[sp[i].block], "a copy of a streamed block");
+				cr_assert_geq(sp[i].t0, copy_end - 1e-12, "copies one after another");
+				copy_end = sp[i].t1;
+				copies++;
+				continue;
+			}
+			cr_assert_eq(sp[i].entry, e, "entry %zu in order", e);
+			cr_assert_eq(sp[i].block, p.sched[e]);
+			cr_assert_eq(sp[i].bwd, p.bwd ? p.bwd[e] : 0);
+			cr_assert_geq(sp[i].t0, comp_end - 1e-12);
+			if (p.resident[sp[i].block])
+				cr_assert_float_eq(sp[i].t0, comp_end, 1e-12, "a resident block's entry waits for nothing");
+			comp_end = sp[i].t1;
+			e++;
+		}
+		cr_assert_eq(e, p.n_sched);
+		cr_assert_gt(copies, 0);
+		cr_assert_float_eq(comp_end, step, 1e-9, "the step ends with its last entry");
+		arena_free(sp);
+		arena_residency_plan_release(&p);
+	}
+	arena_layout_free(l);
+}
+
 Test(engine_plan, budget_defaults)
 {
 	arena_engine_opts o = {.mode = ARENA_MODE_SAMPLE, .headroom = ARENA_ENGINE_AUTO, .reserve = ARENA_ENGINE_AUTO};
