@@ -6,6 +6,7 @@
 # sampling and LoRA training; then the engine alone (`arena bench stream`)
 # for the host-to-device rate of the same run. One JSON line a run in
 # $OUT/torch.jsonl, the bench stream reports in $OUT/engine_*.json.
+# TRACE=1: arena runs also write $OUT/trace-RUN-VRAM.json (3 steps after the timed ones).
 # usage: A=build/arena OUT=dir sh bench/gpu_torch.sh WORKDIR [RUN...]
 set -u
 A=${A:-build/arena}
@@ -35,6 +36,9 @@ EOR
 	[ -n "$res" ] && set -- "$@" --reserve "$res"
 	case $name in
 	*-train) set -- "$@" --grads "$W/grads-$name-${v:-all}.pt" ;;
+	esac
+	case $name in
+	arena-*) [ -n "${TRACE:-}" ] && set -- "$@" --trace "$OUT/trace-$name-${v:-all}.json" ;;
 	esac
 	one "$name" "$@"
 done

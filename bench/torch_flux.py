@@ -3,6 +3,7 @@
 One run per process (peak host RSS and device memory are the process's own):
 
   python bench/torch_flux.py RUN --image F.arena --safetensors F.safetensors [--vram 8G] ...
+                            [--trace T.json]   (arena runs: 3 more steps traced)
 
 RUN is one of
   plain-sample     the plain model, weights loaded with safetensors to the GPU: the resident step
@@ -131,6 +132,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--grads", default=None)
     ap.add_argument("--blocks", type=int, default=None)
+    ap.add_argument("--trace", default=None, help="arena runs: after the timed steps, trace 3 more into this file")
     a = ap.parse_args()
     global BLOCKS
     BLOCKS = a.blocks
@@ -215,6 +217,9 @@ def main() -> None:
     res["device_peak_bytes"] = peak.used()
     res["torch_max_reserved"] = torch.cuda.max_memory_reserved()
     res["host_peak_rss"] = rss()
+    if h is not None and a.trace:
+        with h.trace(a.trace):
+            res["traced_steps_s"] = time_steps(step, 3, peak)
     if h is not None:
         h.end_step()
         h.arena.sync()
