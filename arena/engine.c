@@ -12,7 +12,7 @@
 #include "trace.h"
 
 enum { ST_IDLE, ST_STEP, ST_FAILED };
-enum { ENGINE_COPY_PAIRS = 32 };
+enum { ENGINE_COPY_PAIRS = 32, ENGINE_MEMO_STEPS = 64 };
 
 /* --- engine ------------------------------------------------------------------- */
 
@@ -76,11 +76,24 @@ struct arena_engine {
 	unsigned lc_n;        /* copies timed so far */
 	double *lcost;        /* learned forward seconds per block; < 0 not yet */
 	double lbwd_sum, lfwd_sum; /* train: backward and forward seconds seen together */
+	double gap_sum;            /* step gaps timed (time_gap), and how many */
+	unsigned gap_n;
 	/* records */
 	arena_engine_step rec;
 	arena_engine_step *hist;
 	uint64_t steps;
 	unsigned room_steps;
+	/* The last plan adapt() made, kept for the steps after it: planning with
+	 * a profile (the timed greedy) costs milliseconds, and between steps the
+	 * device waits for it in a caller that waits for its steps. Made anew
+	 * when the budget moves out of [need, budget + slack], when the options
+	 * change (plan_gen), and every ENGINE_MEMO_STEPS steps (learned costs
+	 * drift). */
+	arena_residency_plan memo;
+	int memo_ok;
+	uint64_t memo_budget, memo_slack, memo_gen, plan_gen;
+	unsigned memo_age;
+	uint64_t plans_made; /* by arena_residency_plan_make, for tests */
 	int begun; /* first copies of the coming step issued */
 	arena_trace *tr; /* a trace being recorded, or NULL */
 };
@@ -386,6 +399,32 @@ static int harvest(arena_engine *e, unsigned par)
 	return 0;
 }
 
+/* Without a given profile: the device's time between the last entry of
+ * the step before this one and this step's first (opts.step_gap_s), when
+ * both were timed and are done (a caller that waits for its steps; one
+ * that runs ahead gives no gap, and its device has none). */
+static int time_gap(arena_engine *e)
+{
+	if (e->cost || e->o.no_learn || !e->plan.n_sched)
+		return 0;
+	const size_t n = e->plan.n_sched;
+	const uint32_t last = e->plan.sched[n - 1], first = e->plan.sched[0];
+	size_t a = tm_at(e, (unsigned)((e->steps - 1) & 1), last, e->plan.bwd && e->plan.bwd[n - 1]);
+	size_t z = tm_at(e, (unsigned)(e->steps & 1), first, 0);
+	if (e->tm_rec[a] != 3 || e->tm_rec[z] < 1 || e->tm_step[(e->steps - 1) & 1] != e->steps - 1)
+		return 0;
+	double g;
+	int rc = e->be->ops->event_elapsed(e->be, e->tm[3 * a + 2], e->tm[3 * z], &g);
+	if (rc < 0)
+		return rc;
+	if (rc > 0 || !(g >= 0 && g < 10))
+		return 0;
+	e->gap_sum += g;
+	e->gap_n++;
+	e->o.step_gap_s = e->gap_sum / e->gap_n;
+	return 0;
+}
+
 /* The copy into the ring waits for the last release of each block it overwrites. */
 static int evict_wait(void *ctx, uint32_t q)
 {
@@ -518,6 +557,7 @@ void arena_engine_free(arena_engine *e)
 		be->ops->stream_destroy(be, e->cs);
 	arena__ring_release(&e->ring);
 	arena__ring_release(&e->scratch);
+	arena_residency_plan_release(&e->memo);
 	arena__timed_release(&e->tscr);
 	arena_free(e->seq);
 	arena_free(e->obs);
@@ -943,9 +983,47 @@ static void take_sched(arena_engine *e, arena_residency_plan *t)
 	e->plan.depth = t->depth;
 }
 
+/* The options the plan depends on changed: the next adapt() plans anew. */
+static void plan_changed(arena_engine *e)
+{
+	e->plan_gen++;
+}
+
+/* arena_residency_plan_make, counted. */
+static int make_plan(arena_engine *e, uint64_t budget, arena_residency_plan *t)
+{
+	e->plans_made++;
+	return arena_residency_plan_make(e->l, &e->o, budget, t);
+}
+
+/* Keep t as the memo for `budget` (an allocation failure only loses the memo). */
+static void memo_keep(arena_engine *e, const arena_residency_plan *t, uint64_t budget)
+{
+	arena_residency_plan_release(&e->memo);
+	e->memo_ok = 0;
+	if (arena_residency_plan_copy(t, &e->memo)) {
+		arena_error_clear();
+		return;
+	}
+	/* Room less than the smallest streamed block makes no block resident. */
+	uint64_t slack = UINT64_MAX;
+	for (size_t i = 0; i < t->n_sched; i++) {
+		uint32_t b = t->sched[i];
+		if (!t->resident[b] && e->l->blocks[b].bytes < slack)
+			slack = e->l->blocks[b].bytes;
+	}
+	e->memo_slack = slack == UINT64_MAX ? 0 : slack;
+	e->memo_budget = budget;
+	e->memo_gen = e->plan_gen;
+	e->memo_age = 0;
+	e->memo_ok = 1;
+}
+
 /* The plan for the budget now under e->o: the weights budget and the plan
- * (the smallest one when none fits, unless strict). */
-static int plan_now(arena_engine *e, uint64_t used, uint64_t *budget, uint64_t *free_out, arena_residency_plan *t)
+ * (the smallest one when none fits, unless strict). With `memo`, the last
+ * plan made this way when it still holds (see struct arena_engine). */
+static int plan_now(arena_engine *e, uint64_t used, uint64_t *budget, uint64_t *free_out, arena_residency_plan *t,
+		    int memo)
 {
 	arena_backend *be = e->be;
 	uint64_t free_b, total, h, w;
@@ -954,7 +1032,13 @@ static int plan_now(arena_engine *e, uint64_t used, uint64_t *budget, uint64_t *
 		return rc;
 	arena_residency_budget(total, free_b + used + own_rounding(e->m, e), &e->o, budget, &h, &w);
 	*free_out = free_b;
-	rc = arena_residency_plan_make(e->l, &e->o, *budget, t);
+	if (memo && e->memo_ok && e->memo_gen == e->plan_gen && e->memo_age < ENGINE_MEMO_STEPS &&
+	    *budget >= e->memo.need_bytes && *budget <= e->memo_budget + e->memo_slack) {
+		if ((rc = arena_residency_plan_copy(&e->memo, t)) == 0)
+			e->memo_age++;
+		return rc;
+	}
+	rc = make_plan(e, *budget, t);
 	if (rc == ARENA_E(BUDGET)) {
 		if (e->o.strict) {
 			char why[512];
@@ -963,7 +1047,9 @@ static int plan_now(arena_engine *e, uint64_t used, uint64_t *budget, uint64_t *
 					    arena__fmtb(*budget), arena__fmtb(free_b), why);
 		}
 		arena_error_clear();
-		rc = arena_residency_plan_make(e->l, &e->o, t->min_need_bytes, t); /* the smallest plan */
+		rc = make_plan(e, t->min_need_bytes, t); /* the smallest plan */
+	} else if (!rc && memo) {
+		memo_keep(e, t, *budget);
 	}
 	return rc;
 }
@@ -977,7 +1063,7 @@ static int adapt(arena_engine *e, int new_sched)
 	uint64_t free_b, budget;
 	arena_residency_plan t;
 	uint64_t used = dev_used(e);
-	int rc = plan_now(e, used, &budget, &free_b, &t);
+	int rc = plan_now(e, used, &budget, &free_b, &t, 1);
 	if (rc)
 		return rc;
 	e->rec.budget = budget;
@@ -1044,7 +1130,8 @@ static int learn(arena_engine *e)
 	e->o.backward_factor = e->lfwd_sum > 0 ? e->lbwd_sum / e->lfwd_sum : 0;
 	double now_t = engine_predict(e);
 	arena_residency_plan t;
-	int rc = arena_residency_plan_make(e->l, &e->o, e->rec.budget, &t);
+	plan_changed(e);
+	int rc = make_plan(e, e->rec.budget, &t);
 	if (rc == ARENA_E(BUDGET)) { /* adapt keeps the smallest plan: so do we */
 		arena_error_clear();
 		return 0;
@@ -1102,6 +1189,7 @@ int arena_engine_step_end(arena_engine *e)
 		e->o.sched = e->msched[md];
 		e->o.n_sched = no;
 		e->rec.schedule_learned = learned = 1;
+		plan_changed(e);
 	}
 	e->n_obs = 0;
 	e->obs_over = 0;
@@ -1119,6 +1207,8 @@ int arena_engine_step_end(arena_engine *e)
 	}
 	e->fetched = carry;
 	rc = adapt(e, learned);
+	if (!rc && e->timed && e->steps)
+		rc = time_gap(e);
 	/* What the device has timed so far, before learning from it (the step
 	 * before this one is done in a caller that waits for its steps). */
 	if (!rc && e->timed && e->steps) /* the previous step's record is in the history */
@@ -1209,7 +1299,8 @@ int arena_engine_set_mode(arena_engine *e, int mode)
 	e->o.sched = e->mn[md] ? e->msched[md] : NULL;
 	e->o.n_sched = e->mn[md];
 	arena_residency_plan t;
-	if ((rc = plan_now(e, used, &budget, &free_b, &t))) {
+	plan_changed(e);
+	if ((rc = plan_now(e, used, &budget, &free_b, &t, 0))) {
 		e->o = old;
 		return rc == ARENA_E_USAGE ? rc : fail_engine(e, rc);
 	}
@@ -1249,7 +1340,8 @@ int arena_engine_set_profile(arena_engine *e, const double *cost, double h2d_byt
 	e->profile_learned = 1; /* nothing more to learn */
 	uint64_t budget, free_b;
 	arena_residency_plan t;
-	int rc = plan_now(e, dev_used(e), &budget, &free_b, &t);
+	plan_changed(e);
+	int rc = plan_now(e, dev_used(e), &budget, &free_b, &t, 0);
 	if (rc)
 		return rc == ARENA_E_USAGE ? rc : fail_engine(e, rc);
 	/* Move to the plan the profile prefers, now (the caller asked for it). */
@@ -1312,6 +1404,11 @@ int arena_engine_step_record(const arena_engine *e, uint64_t step, arena_engine_
 		return arena_errorf(ARENA_E_NOT_FOUND, "engine: no record of step %" PRIu64, step);
 	*out = e->hist[step % ARENA_ENGINE_HISTORY];
 	return 0;
+}
+
+uint64_t arena_engine_plans_made(const arena_engine *e)
+{
+	return e->plans_made;
 }
 
 uint64_t arena_engine_steps(const arena_engine *e)

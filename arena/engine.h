@@ -157,6 +157,13 @@ typedef struct arena_engine_opts {
 	const double *cost;
 	double backward_factor;
 	double h2d_bytes_per_s;
+	/* Device seconds between two steps outside the blocks: from the end of
+	 * a step's last block to the first block of the next (the caller's own
+	 * work there, and the device waiting for its host). The timed dry run
+	 * adds it at each step's start: copies for the next step run through
+	 * it, and a ring full of them idles. Learned with the profile (the
+	 * mean of the gaps timed) when none is given; 0 = none. */
+	double step_gap_s;
 	/* Without a given profile, the engine learns one on backends that can
 	 * time (each scheduled block's time between acquire and release, each
 	 * copy's rate) and, once every block has been timed and a copy seen,
@@ -213,6 +220,8 @@ void arena_residency_budget(uint64_t total, uint64_t free_bytes, const arena_eng
 int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o, uint64_t budget,
 			      arena_residency_plan *p);
 void arena_residency_plan_release(arena_residency_plan *p);
+/* A deep copy of src into dst (NOMEM: dst holds nothing to release). */
+int arena_residency_plan_copy(const arena_residency_plan *src, arena_residency_plan *dst);
 /* Predicted seconds of a steady step of plan p under o's compute profile
  * (the timed dry run), for any plan of l; -1 without a profile or memory. */
 double arena_residency_plan_predict(const arena_layout *l, const arena_engine_opts *o, const arena_residency_plan *p);
@@ -346,6 +355,9 @@ const arena_residency_plan *arena_engine_plan(const arena_engine *e);
 int arena_engine_step_record(const arena_engine *e, uint64_t step, arena_engine_step *out);
 /* Steps ended so far. */
 uint64_t arena_engine_steps(const arena_engine *e);
+/* Plans made so far (the planner's runs: at create, when the budget, mode,
+ * schedule or profile change, and every 64 steps; not every step). */
+uint64_t arena_engine_plans_made(const arena_engine *e);
 /* Where block b is now: 1 resident, 0 streamed. */
 int arena_engine_is_resident(const arena_engine *e, uint32_t block);
 /* The engine's copy stream (tests: sync on it). */

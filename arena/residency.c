@@ -316,6 +316,7 @@ double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const
 			t0 = comp;
 		if (step == 2)
 			t1 = comp;
+		comp += o->step_gap_s > 0 ? o->step_gap_s : 0;
 		for (size_t i = 0; i < n_sched; i++) {
 			uint32_t b = sched[i];
 			double c = entry_cost(o, sched, bwd, i);
@@ -375,6 +376,28 @@ void arena_residency_plan_release(arena_residency_plan *p)
 	arena_free(p->sched);
 	arena_free(p->bwd);
 	memset(p, 0, sizeof(*p));
+}
+
+int arena_residency_plan_copy(const arena_residency_plan *src, arena_residency_plan *dst)
+{
+	*dst = *src;
+	dst->resident = NULL;
+	dst->sched = NULL;
+	dst->bwd = NULL;
+	size_t nb = src->n_blocks ? src->n_blocks : 1, ns = src->n_sched ? src->n_sched : 1;
+	if ((src->resident && !(dst->resident = arena_malloc(nb))) ||
+	    (src->sched && !(dst->sched = arena_malloc(ns * sizeof(*dst->sched)))) ||
+	    (src->bwd && !(dst->bwd = arena_malloc(ns)))) {
+		arena_residency_plan_release(dst);
+		return arena_errorf(ARENA_E_NOMEM, "engine: out of memory for a plan");
+	}
+	if (src->resident)
+		memcpy(dst->resident, src->resident, src->n_blocks);
+	if (src->sched)
+		memcpy(dst->sched, src->sched, src->n_sched * sizeof(*dst->sched));
+	if (src->bwd)
+		memcpy(dst->bwd, src->bwd, src->n_sched);
+	return 0;
 }
 
 /* Recompute a plan's derived fields from p->resident (p->sched, slots and

@@ -6,7 +6,8 @@
 # sampling and LoRA training; then the engine alone (`arena bench stream`)
 # for the host-to-device rate of the same run. One JSON line a run in
 # $OUT/torch.jsonl, the bench stream reports in $OUT/engine_*.json.
-# TRACE=1: arena runs also write $OUT/trace-RUN-VRAM.json (3 steps after the timed ones).
+# TORCH_ARGS: more arguments for every run (--sync: the old timing, a device-wide
+# synchronize after each step). TRACE=1: arena runs also write $OUT/trace-RUN-VRAM.json (3 steps after the timed ones).
 # usage: A=build/arena OUT=dir sh bench/gpu_torch.sh WORKDIR [RUN...]
 set -u
 A=${A:-build/arena}
@@ -22,7 +23,7 @@ cat "$IMG" "$ST" >/dev/null
 P="python3 bench/torch_flux.py"
 one() {
 	echo "== $*" >&2
-	timeout 300 $P "$@" --image "$IMG" --safetensors "$ST" 2>"$W/last.err" | tail -n 1 >>"$OUT/torch.jsonl" ||
+	timeout 300 $P "$@" ${TORCH_ARGS:-} --image "$IMG" --safetensors "$ST" 2>"$W/last.err" | tail -n 1 >>"$OUT/torch.jsonl" ||
 		{ echo "failed: $*" >&2; tail -n 3 "$W/last.err" >&2; }
 }
 # RUN[:VRAM[:RESERVE]]

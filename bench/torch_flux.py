@@ -11,8 +11,9 @@ RUN is one of
   diffusers-sample diffusers group offloading (block_level, use_stream) from CPU weights
   plain-train      LoRA (rank 16, attention projections), AdamW, checkpointing, all resident
   arena-train      the same through arena.torch.attach (--vram)
-and prints one JSON line: step times (each step timed to its end on the GPU),
-the set-up time, the peak device memory the process used (all of it:
+and prints one JSON line: step times (CUDA events on torch's stream between steps, the host not
+waiting between them; --sync: a device-wide synchronize after each step, see time_steps),
+the set-up time, the wall time per step, the peak device memory the process used (all of it:
 total - min free, read after every step; torch's and arena's), peak host
 RSS, and for arena runs the plan and the engine's records. Train runs save
 the LoRA gradients of their first step (--grads FILE) so that two runs can
@@ -110,16 +111,39 @@ def add_lora(m) -> None:
                 torch.nn.init.normal_(p, std=0.01)
 
 
-def time_steps(step, n: int, peak: DevPeak):
+SYNC = False  # --sync: a device-wide synchronize after every step (see time_steps)
+
+
+def time_steps(step, n: int, peak: DevPeak, res: dict | None = None):
+    """Seconds of each of n steps on the device: between CUDA events recorded on
+    torch's stream after each step, the host never waiting in between (as a
+    sampling or training loop runs: .item() waits for torch's stream only). With
+    --sync, the old way: torch.cuda.synchronize() after each step, which also waits
+    for arena's copy stream, already copying the next step's first blocks (that
+    time then counts in this step, and the next starts with the copies idle).
+    res gets the wall seconds of all n steps / n."""
     out = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
+    if SYNC:
+        for _ in range(n):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            out.append(time.perf_counter() - t0)
+            peak.read()
+        return out
+    torch.cuda.synchronize()
+    w0 = time.perf_counter()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+    ev[0].record()
+    for i in range(n):
         step()
-        torch.cuda.synchronize()
-        out.append(time.perf_counter() - t0)
+        ev[i + 1].record()
         peak.read()
-    return out
+    torch.cuda.synchronize()
+    if res is not None:
+        res["wall_per_step_s"] = (time.perf_counter() - w0) / n
+    return [ev[i].elapsed_time(ev[i + 1]) / 1e3 for i in range(n)]
 
 
 def main() -> None:
@@ -132,10 +156,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--grads", default=None)
     ap.add_argument("--blocks", type=int, default=None)
+    ap.add_argument("--sync", action="store_true", help="time each step with a device-wide synchronize (see time_steps)")
     ap.add_argument("--trace", default=None, help="arena runs: after the timed steps, trace 3 more into this file")
     a = ap.parse_args()
-    global BLOCKS
+    global BLOCKS, SYNC
     BLOCKS = a.blocks
+    SYNC = a.sync
     torch.backends.cuda.enable_cudnn_sdp(False)
     t_start = time.perf_counter()
     torch.cuda.init()
@@ -211,7 +237,8 @@ def main() -> None:
     res["first_step_s"] = time.perf_counter() - t0
     res["start_to_first_step_end_s"] = time.perf_counter() - t_start
     peak.read()
-    res["steps_s"] = time_steps(step, a.steps, peak)
+    res["sync"] = SYNC
+    res["steps_s"] = time_steps(step, a.steps, peak, res)
     ss = sorted(res["steps_s"][1:])
     res["step_s_median"] = ss[len(ss) // 2]
     res["device_peak_bytes"] = peak.used()

@@ -255,6 +255,46 @@ Test(engine_plan, profile_places_residents_where_copies_dominate)
 	arena_layout_free(l);
 }
 
+/* A caller whose device waits between steps (its own work before the first
+ * block, a host that waits for each step): copies for the next step fill
+ * the ring during the gap, and then idle while resident blocks compute.
+ * The flux-dev sizes and the diffusers Flux blocks' times on an H200 (/64),
+ * a 20 ms gap: the prediction counts the gap (a step is longer with it),
+ * and the plan made knowing it is no slower under it than the plan made
+ * without. */
+Test(engine_plan, a_gap_between_steps)
+{
+	uint64_t sizes[57];
+	for (size_t i = 0; i < 57; i++)
+		sizes[i] = i < 19 ? 10620928 : 4427776;
+	arena_layout *l = mk_layout(sizes, 57, 2125824);
+	double cost[58];
+	cost[0] = 0;
+	for (size_t b = 1; b < 58; b++)
+		cost[b] = b <= 19 ? 3.5e-3 : 3.3e-3;
+	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	o.h2d_bytes_per_s = 55e9 / 64;
+	o.cost = cost;
+	uint64_t budget = 7344394077ull / 64;
+	arena_residency_plan p0, p1;
+	cr_assert_eq(arena_residency_plan_make(l, &o, budget, &p0), 0, "%s", arena_last_error());
+	double t00 = p0.step_s;
+	o.step_gap_s = 20e-3;
+	cr_assert_eq(arena_residency_plan_make(l, &o, budget, &p1), 0, "%s", arena_last_error());
+	check_plan(l, &p1, budget);
+	double t01 = arena_residency_plan_predict(l, &o, &p0), t11 = p1.step_s;
+	double copy = (double)p1.stream_bytes_per_step / o.h2d_bytes_per_s;
+	char r0[64] = {0}, r1[64] = {0};
+	for (size_t b = 0; b < 58; b++)
+		r0[b] = p0.resident[b] ? 'R' : 's', r1[b] = p1.resident[b] ? 'R' : 's';
+	cr_log_info("no gap: %.4f s; its plan under the gap %.4f s %s; planned with it %.4f s %s; copies %.4f s", t00, t01, r0, t11, r1, copy);
+	cr_assert_gt(t01, t00);
+	cr_assert_leq(t11, t01);
+	arena_residency_plan_release(&p0);
+	arena_residency_plan_release(&p1);
+	arena_layout_free(l);
+}
+
 /* The steady step laid out in time: every entry once, in schedule order,
  * one after another; copies one after another; all within the step, whose
  * length is the prediction; compute waits only for copies of streamed
@@ -777,6 +817,71 @@ Test(engine, demote_then_promote_with_a_profile)
 	for (size_t b = 0; b <= NB; b++)
 		cost[b] = 1e-3; /* compute hides every copy: promotion is still wanted */
 	demote_then_promote_with(cost);
+}
+
+/* Planning between steps: with a profile the planner's timed greedy takes
+ * milliseconds a step on a Flux-sized model, time the device waits for in a
+ * caller that waits for its steps. A steady engine does not plan again; a
+ * budget change (pressure) plans at once and demotes within the step, and
+ * the plan is made anew every 64 steps. */
+Test(engine, steady_steps_do_not_plan_again)
+{
+	sim_only();
+	double cost[NB + 1];
+	for (size_t b = 0; b <= NB; b++)
+		cost[b] = b % 2 ? 3e-5 : 1e-4;
+	arena_model *m = load(0);
+	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	o.cost = cost;
+	o.h2d_bytes_per_s = 4e9;
+	o.hysteresis = 2;
+	o.headroom = 400000;                  /* free below it: demote */
+	o.cap = G + 3 * MAXB + 700000; /* some streamed, some resident */
+	arena_engine *e;
+	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+	cr_assert_gt(arena_engine_plan(e)->n_streamed, 0);
+	cr_assert_gt(arena_engine_plan(e)->n_resident, 1);
+	arena_stream *s;
+	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	run_step(e, m, s, 1, 0);
+	uint64_t made = arena_engine_plans_made(e);
+	for (int i = 0; i < 20; i++)
+		run_step(e, m, s, 1, 0);
+	cr_assert_eq(arena_engine_plans_made(e), made, "20 steady steps planned %llu times",
+		     (unsigned long long)(arena_engine_plans_made(e) - made));
+	expect_whole(e, m);
+	/* Pressure: planned at once, demoted within the step, within budget. */
+	uint64_t free_b, total;
+	be->ops->mem_info(be, &free_b, &total);
+	cr_assert_gt(free_b, 300000);
+	cr_assert_eq(arena_backend_sim_pressure(be, free_b - 300000), 0); /* 100000 under the headroom */
+	run_step(e, m, s, 1, 0);
+	arena_engine_step r;
+	cr_assert_eq(arena_engine_step_record(e, arena_engine_steps(e) - 1, &r), 0);
+	cr_assert_gt(arena_engine_plans_made(e), made);
+	cr_assert_gt(r.demotions, 0, "demoted within the step");
+	cr_assert_eq(r.over_budget, 0);
+	cr_assert_leq(arena_engine_plan(e)->need_bytes, r.budget);
+	expect_whole(e, m);
+	/* Given back: promoted after the hysteresis, then steady again. */
+	cr_assert_eq(arena_backend_sim_pressure(be, 0), 0);
+	unsigned promoted = 0;
+	for (int i = 0; i < 4; i++) {
+		run_step(e, m, s, 1, 0);
+		cr_assert_eq(arena_engine_step_record(e, arena_engine_steps(e) - 1, &r), 0);
+		promoted += r.promotions;
+	}
+	cr_assert_gt(promoted, 0);
+	expect_whole(e, m);
+	made = arena_engine_plans_made(e);
+	for (int i = 0; i < 70; i++)
+		run_step(e, m, s, 1, 0);
+	cr_assert_geq(arena_engine_plans_made(e), made + 1, "made anew every 64 steps");
+	cr_assert_leq(arena_engine_plans_made(e), made + 2);
+	expect_whole(e, m);
+	be->ops->stream_destroy(be, s);
+	arena_engine_free(e);
+	arena_model_free(m);
 }
 
 /* Rounding: cuda rounds allocations up (to 2 MiB), and so does sim with a
