@@ -8,7 +8,7 @@
 # $OUT/torch.jsonl, the bench stream reports in $OUT/engine_*.json.
 # TORCH_ARGS: more arguments for every run (--sync: the old timing, a device-wide
 # synchronize after each step). TRACE=1: arena runs also write $OUT/trace-RUN-VRAM.json (3 steps after the timed ones).
-# usage: A=build/arena OUT=dir sh bench/gpu_torch.sh WORKDIR [RUN...]
+# usage: A=build/arena OUT=dir sh bench/gpu_torch.sh WORKDIR [RUN[:VRAM[:RESERVE[:DEPTH]]]...]
 set -u
 A=${A:-build/arena}
 OUT=${OUT:-.}
@@ -26,15 +26,16 @@ one() {
 	timeout 300 $P "$@" ${TORCH_ARGS:-} --image "$IMG" --safetensors "$ST" 2>"$W/last.err" | tail -n 1 >>"$OUT/torch.jsonl" ||
 		{ echo "failed: $*" >&2; tail -n 3 "$W/last.err" >&2; }
 }
-# RUN[:VRAM[:RESERVE]]
+# RUN[:VRAM[:RESERVE[:DEPTH]]] (an empty field: the default)
 RUNS=${*:-"plain-sample arena-sample arena-sample:8G diffusers-sample arena-sample:4G plain-train arena-train:8G:3G arena-train:6G:3G"}
 for r in $RUNS; do
-	IFS=: read -r name v res <<EOR
+	IFS=: read -r name v res depth <<EOR
 $r
 EOR
 	set --
 	[ -n "$v" ] && set -- --vram "$v"
 	[ -n "$res" ] && set -- "$@" --reserve "$res"
+	[ -n "$depth" ] && set -- "$@" --depth "$depth"
 	case $name in
 	*-train) set -- "$@" --grads "$W/grads-$name-${v:-all}.pt" ;;
 	esac

@@ -153,6 +153,7 @@ def main() -> None:
     ap.add_argument("--safetensors")
     ap.add_argument("--vram", default=None)
     ap.add_argument("--reserve", default=None)
+    ap.add_argument("--depth", type=int, default=None, help="arena runs: copies in flight ahead (ring = depth + 1 slots)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--grads", default=None)
     ap.add_argument("--blocks", type=int, default=None)
@@ -166,7 +167,7 @@ def main() -> None:
     t_start = time.perf_counter()
     torch.cuda.init()
     peak = DevPeak()
-    res = {"run": a.run, "vram": a.vram, "reserve": a.reserve, "context_bytes": peak.base}
+    res = {"run": a.run, "vram": a.vram, "reserve": a.reserve, "depth": a.depth, "context_bytes": peak.base}
     train = a.run.endswith("-train")
     h = None
     if a.run.startswith("plain"):
@@ -186,7 +187,8 @@ def main() -> None:
         m = meta_model()
         res["model_build_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        h = at.attach(m, a.image, mode="train" if train else "sample", vram=a.vram, reserve=a.reserve, device="cuda")
+        h = at.attach(m, a.image, mode="train" if train else "sample", vram=a.vram, reserve=a.reserve, depth=a.depth,
+                      device="cuda")
         res["setup_s"] = time.perf_counter() - t0
         res["plan"] = h.plan()
         if a.vram:
