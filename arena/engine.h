@@ -214,6 +214,14 @@ typedef struct arena_residency_plan {
 void arena_residency_budget(uint64_t total, uint64_t free_bytes, const arena_engine_opts *o, uint64_t *budget,
 			    uint64_t *headroom, uint64_t *reserve);
 
+/* The floor: the least device memory (`vram`, as a cap on a device of that
+ * size: headroom and reserve from o as arena_residency_budget takes them)
+ * at which `l` has a plan in o->mode with o's ring options, and the weights'
+ * bytes of that smallest plan (globals + the ring + blocks larger than a
+ * slot). A profile does not change it. Errors: USAGE (bad options), BUDGET
+ * (no size is enough: a fixed reserve past any device), NOMEM. */
+int arena_residency_floor(const arena_layout *l, const arena_engine_opts *o, uint64_t *vram, uint64_t *weights);
+
 /* Plan `l` for `budget` weight bytes. Errors: BUDGET (the smallest plan does
  * not fit; the message says what it needs: globals, ring, reserve), USAGE
  * (a layout with no block to schedule is fine: all resident), NOMEM. */

@@ -77,6 +77,55 @@ void arena_residency_budget(uint64_t total, uint64_t free_bytes, const arena_eng
 	*budget = left > w ? left - w : 0;
 }
 
+int arena_residency_floor(const arena_layout *l, const arena_engine_opts *o, uint64_t *vram, uint64_t *weights)
+{
+	*vram = *weights = 0;
+	arena_engine_opts q = *o;
+	q.cost = NULL; /* the floor is the least memory; a profile only chooses within it */
+	q.h2d_bytes_per_s = 0;
+	q.cap = 0;
+	arena_residency_plan p;
+	int rc = arena_residency_plan_make(l, &q, 0, &p);
+	uint64_t need;
+	if (rc == ARENA_E(BUDGET)) {
+		arena_error_clear();
+		need = p.min_need_bytes;
+	} else if (rc) {
+		return rc;
+	} else { /* nothing to place */
+		need = p.need_bytes;
+		arena_residency_plan_release(&p);
+	}
+	uint64_t b, h, w, lo = need, hi = need ? need : 1;
+	for (;;) { /* the budget grows with the device: double until it holds need */
+		arena_residency_budget(hi, hi, &q, &b, &h, &w);
+		if (b >= need)
+			break;
+		if (hi > (UINT64_MAX >> 2))
+			return arena_errorf(ARENA_E(BUDGET), "no device is large enough for %s of weights with these options",
+					    arena__fmtb(need));
+		lo = hi;
+		hi *= 2;
+	}
+	while (lo < hi) { /* the least hi whose budget holds need */
+		uint64_t mid = lo + (hi - lo) / 2;
+		arena_residency_budget(mid, mid, &q, &b, &h, &w);
+		if (b >= need)
+			hi = mid;
+		else
+			lo = mid + 1;
+	}
+	arena_residency_budget(hi, hi, &q, &b, &h, &w);
+	if ((rc = arena_residency_plan_make(l, &q, b, &p)))
+		return rc == ARENA_E(BUDGET) ? arena_errorf(ARENA_E_INTERNAL, "engine: no plan at the floor found (%s)",
+							    arena__fmtb(hi))
+					     : rc;
+	arena_residency_plan_release(&p);
+	*vram = hi;
+	*weights = need;
+	return 0;
+}
+
 /* --- the ring (shared by the run and the planner's dry run) ---------------- */
 
 /* The ring is one device buffer of `bytes` (slots x the largest streamed
@@ -675,6 +724,9 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 			p->step_s = arena__timed_run(l, o, p->sched, p->bwd, p->n_sched, p->resident, p->slots, &ts);
 		goto out;
 	}
+	/* The least any plan needs: all resident, unless a streaming plan below
+	 * needs less. */
+	p->min_need_bytes = p->globals_bytes + all;
 	/* Each distinct block size is a candidate slot size; largest first. */
 	uint64_t best_res = 0, S = UINT64_MAX;
 	double best_t = 0;

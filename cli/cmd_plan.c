@@ -114,10 +114,17 @@ int cmd_plan(int argc, char **argv)
 		if (rc == ARENA_E(BUDGET)) {
 			char msg[1024], a[32], b[32], c[32], d[32];
 			snprintf(msg, sizeof(msg), "%s", arena_last_error());
-			arena_errorf(rc, "%s: does not fit in %s: %s; with a working reserve of %s and headroom of %s it needs %s",
-				     path, cli_fmt_bytes(vram, a, sizeof(a)), msg, cli_fmt_bytes(reserve, b, sizeof(b)),
-				     cli_fmt_bytes(headroom, c, sizeof(c)),
-				     cli_fmt_bytes(p.min_need_bytes + reserve + headroom, d, sizeof(d)));
+			uint64_t fv, fw, fb, fh, fr;
+			if (arena_residency_floor(l, &o, &fv, &fw) == 0) {
+				arena_residency_budget(fv, fv, &o, &fb, &fh, &fr);
+				arena_errorf(rc,
+					     "%s: does not fit in %s: %s; with these options it needs %s or more (working "
+					     "reserve %s and headroom %s at that size)",
+					     path, cli_fmt_bytes(vram, a, sizeof(a)), msg, cli_fmt_bytes(fv, b, sizeof(b)),
+					     cli_fmt_bytes(fr, c, sizeof(c)), cli_fmt_bytes(fh, d, sizeof(d)));
+			} else {
+				arena_errorf(rc, "%s: does not fit in %s: %s", path, cli_fmt_bytes(vram, a, sizeof(a)), msg);
+			}
 		}
 		arena_img_close(img);
 		arena_free(cost);
@@ -127,6 +134,18 @@ int cmd_plan(int argc, char **argv)
 		plan_svg_in in = {.image = path, .l = l, .o = &o, .p = &p, .profile = profile, .vram = vram,
 				  .budget = budget, .headroom = headroom, .reserve = reserve, .image_fd = img->fd};
 		if ((rc = plan_svg_write(svg, &in))) {
+			arena_residency_plan_release(&p);
+			arena_img_close(img);
+			arena_free(cost);
+			return cli_fail(rc);
+		}
+	}
+	/* The floor of each mode with these options. */
+	uint64_t floor_v[2], floor_w[2];
+	for (int md = 0; md < 2; md++) {
+		arena_engine_opts q = o;
+		q.mode = md ? ARENA_MODE_TRAIN : ARENA_MODE_SAMPLE;
+		if ((rc = arena_residency_floor(l, &q, &floor_v[md], &floor_w[md]))) {
 			arena_residency_plan_release(&p);
 			arena_img_close(img);
 			arena_free(cost);
@@ -162,6 +181,10 @@ int cmd_plan(int argc, char **argv)
 			json_object_set_new(root, "predicted_compute_s", json_real(comp));
 			json_object_set_new(root, "predicted_copy_s", json_real(copy));
 		}
+		json_object_set_new(root, "floor",
+				    json_pack("{s:{s:I,s:I},s:{s:I,s:I}}", "sample", "vram", (json_int_t)floor_v[0], "weights",
+					      (json_int_t)floor_w[0], "train", "vram", (json_int_t)floor_v[1], "weights",
+					      (json_int_t)floor_w[1]));
 		json_object_set_new(root, "blocks", blocks);
 		status = cli_print_json(root);
 	} else {
@@ -184,6 +207,9 @@ int cmd_plan(int argc, char **argv)
 			printf("predicted step (profile %s): %.4f s; compute %.4f s, copies %.4f s at %.3g %s\n", profile,
 			       p.step_s, comp, copy, o.h2d_bytes_per_s >= 1e9 ? o.h2d_bytes_per_s / 1e9 : o.h2d_bytes_per_s / 1e6,
 			       o.h2d_bytes_per_s >= 1e9 ? "GB/s" : "MB/s");
+		printf("floor: sample %s (%s for weights), train %s (%s): the least --vram these options run in\n",
+		       cli_fmt_bytes(floor_v[0], a, sizeof(a)), cli_fmt_bytes(floor_w[0], b, sizeof(b)),
+		       cli_fmt_bytes(floor_v[1], c, sizeof(c)), cli_fmt_bytes(floor_w[1], d, sizeof(d)));
 		printf("blocks (R resident, s streamed, G globals):\n  ");
 		for (size_t i = 0; i < l->n_blocks; i++)
 			putchar(arena_block_is_globals(l, (uint32_t)i) ? 'G' : p.resident[i] ? 'R' : 's');

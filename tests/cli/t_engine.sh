@@ -63,6 +63,36 @@ plan_too_small() {
 	expect_no_out
 }
 
+# The floor plan prints (and --json gives) is the least --vram that runs:
+# a plan there fits, one byte less does not, and its error names the floor.
+plan_floor() {
+	engine_image
+	for mode in sample train; do
+		run plan "$T/f.arena" --vram 1G --mode $mode --depth 1 --json
+		expect_rc 0
+		v=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["floor"][sys.argv[2]]["vram"])' "$T/out" $mode) ||
+			fail "plan --json has no floor"
+		run plan "$T/f.arena" --vram "$v" --mode $mode --depth 1 --json
+		expect_rc 0
+		python3 - "$T/out" $mode "$v" <<'PY' || fail "at its floor the plan is not the smallest"
+import json, sys
+d = json.load(open(sys.argv[1]))
+f = d["floor"][sys.argv[2]]
+assert d["vram"] == int(sys.argv[3]) == f["vram"], (d["vram"], f)
+assert d["need_bytes"] <= d["budget"] and d["need_bytes"] == f["weights"], (d["need_bytes"], d["budget"], f)
+assert d["floor"]["train"]["vram"] > d["floor"]["sample"]["vram"]
+PY
+		run plan "$T/f.arena" --vram 1G --mode $mode --depth 1
+		expect_rc 0
+		say=$(sed -n "s/^floor: .*$mode \([^(]*\) (.*/\1/p" "$T/out")
+		[ -n "$say" ] || fail "plan prints no floor for $mode"
+		run plan "$T/f.arena" --vram $((v - 1)) --mode $mode --depth 1
+		expect_rc 2
+		expect_error_line
+		expect_err "it needs $say or more"
+	done
+}
+
 bench_usage_errors() {
 	engine_image
 	run bench "$T/f.arena"
@@ -300,5 +330,5 @@ PY
 }
 
 cases plan_svg
-cases plan_help plan_usage_errors plan_text_and_json plan_too_small bench_usage_errors bench_planner_options bench_cuda bench_json \
+cases plan_help plan_usage_errors plan_text_and_json plan_too_small plan_floor bench_usage_errors bench_planner_options bench_cuda bench_json \
 	profile_round_trip profile_errors

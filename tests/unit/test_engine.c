@@ -20,6 +20,7 @@
 #include "../../arena/budget.h"
 #include "../../arena/engine.h"
 #include "../../common/alloc.h"
+#include "../../common/err.h"
 #include "../../common/io.h"
 #include "../../formats/image.h"
 #include "../../loader/convert.h"
@@ -206,6 +207,52 @@ Test(engine_plan, many_budgets_and_mixes)
 		}
 		arena_layout_free(l);
 	}
+}
+
+/* The floor (arena_residency_floor): at that much device memory a plan
+ * fits, one byte less it does not; its weights are the smallest plan's, the
+ * same whatever the budget; train needs more than sample. Many mixes, both
+ * modes, ring depths, automatic and given headroom and reserve. */
+Test(engine_plan, floor_is_the_least_that_runs)
+{
+	srand(11);
+	for (int mix = 0; mix < 40; mix++) {
+		uint64_t sizes[24];
+		size_t n = 2 + (size_t)(rand() % 22);
+		for (size_t i = 0; i < n; i++)
+			sizes[i] = 4096 * (1 + (uint64_t)(rand() % 4000));
+		arena_layout *l = mk_layout(sizes, n, 4096 * (uint64_t)(rand() % 64));
+		uint64_t fv[2], fw[2];
+		arena_engine_opts o;
+		for (int mode = 0; mode < 2; mode++) {
+			o = base_opts(mode);
+			o.depth = 1 + (unsigned)(mix % 3);
+			o.keep_last = (unsigned)(mix % 2);
+			o.headroom = mix % 4 == 0 ? ARENA_ENGINE_AUTO : (uint64_t)(rand() % 100000);
+			o.reserve = mix % 3 == 0 ? ARENA_ENGINE_AUTO : (uint64_t)(rand() % 1000000);
+			cr_assert_eq(arena_residency_floor(l, &o, &fv[mode], &fw[mode]), 0, "%s", arena_last_error());
+			uint64_t b, h, w;
+			arena_residency_plan p;
+			arena_residency_budget(fv[mode], fv[mode], &o, &b, &h, &w);
+			cr_assert_eq(arena_residency_plan_make(l, &o, b, &p), 0, "mix %d mode %d: no plan at the floor", mix, mode);
+			cr_assert_eq(p.need_bytes <= fw[mode] || p.n_streamed == 0, 1);
+			arena_residency_plan_release(&p);
+			arena_residency_budget(fv[mode] - 1, fv[mode] - 1, &o, &b, &h, &w);
+			cr_assert_eq(arena_residency_plan_make(l, &o, b, &p), ARENA_E(BUDGET),
+				     "mix %d mode %d: a plan one byte under the floor", mix, mode);
+			cr_assert_eq(p.min_need_bytes, fw[mode]);
+			arena_error_clear();
+		}
+		cr_assert_geq(fw[1], fw[0]);
+		arena_layout_free(l);
+	}
+	/* A reserve larger than any device: no floor. */
+	uint64_t sizes[2] = {4096, 8192}, v, wt;
+	arena_layout *l = mk_layout(sizes, 2, 4096);
+	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	o.reserve = UINT64_MAX - 4096;
+	cr_assert_eq(arena_residency_floor(l, &o, &v, &wt), ARENA_E(BUDGET));
+	arena_layout_free(l);
 }
 
 /* A Flux-like mix (19 large blocks, then 38 of 0.42 x their size) whose
