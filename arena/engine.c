@@ -78,6 +78,10 @@ struct arena_engine {
 	double lbwd_sum, lfwd_sum; /* train: backward and forward seconds seen together */
 	double gap_sum;            /* step gaps timed (time_gap), and how many */
 	unsigned gap_n;
+	arena_event *gap_a[2], *gap_b[2]; /* per step parity: its end, its first scheduled acquire */
+	uint64_t gap_a_step[2], gap_b_step[2]; /* the step each was recorded for; UINT64_MAX none */
+	uint64_t gap_taken;   /* the last step whose gap was read; UINT64_MAX none */
+	arena_stream *last_s; /* the stream of the last release */
 	/* records */
 	arena_engine_step rec;
 	arena_engine_step *hist;
@@ -399,29 +403,48 @@ static int harvest(arena_engine *e, unsigned par)
 	return 0;
 }
 
-/* Without a given profile: the device's time between the last entry of
- * the step before this one and this step's first (opts.step_gap_s), when
- * both were timed and are done (a caller that waits for its steps; one
- * that runs ahead gives no gap, and its device has none). */
-static int time_gap(arena_engine *e)
+/* The gap before step t, when both its events are done: from the device
+ * reaching step t-1's end (arena_step_end, on the stream of its last
+ * release) to step t's first scheduled acquire. */
+static int gap_try(arena_engine *e, uint64_t t)
 {
-	if (e->cost || e->o.no_learn || !e->plan.n_sched)
+	if (t < 1 || (e->gap_taken != UINT64_MAX && e->gap_taken >= t))
 		return 0;
-	const size_t n = e->plan.n_sched;
-	const uint32_t last = e->plan.sched[n - 1], first = e->plan.sched[0];
-	size_t a = tm_at(e, (unsigned)((e->steps - 1) & 1), last, e->plan.bwd && e->plan.bwd[n - 1]);
-	size_t z = tm_at(e, (unsigned)(e->steps & 1), first, 0);
-	if (e->tm_rec[a] != 3 || e->tm_rec[z] < 1 || e->tm_step[(e->steps - 1) & 1] != e->steps - 1)
+	unsigned pa = (unsigned)((t - 1) & 1), pb = (unsigned)(t & 1);
+	if (e->gap_a_step[pa] != t - 1 || e->gap_b_step[pb] != t)
 		return 0;
 	double g;
-	int rc = e->be->ops->event_elapsed(e->be, e->tm[3 * a + 2], e->tm[3 * z], &g);
+	int rc = e->be->ops->event_elapsed(e->be, e->gap_a[pa], e->gap_b[pb], &g);
 	if (rc < 0)
 		return rc;
-	if (rc > 0 || !(g >= 0 && g < 10))
+	if (rc > 0)
+		return 0; /* not done yet: at the next step's end */
+	e->gap_taken = t;
+	if (g >= 0 && g < 10) {
+		e->gap_sum += g;
+		e->gap_n++;
+		e->o.step_gap_s = e->gap_sum / e->gap_n;
+	}
+	return 0;
+}
+
+/* At a step's end, without a given profile: read the gaps before this step
+ * and the one before (opts.step_gap_s is their mean), then mark this
+ * step's end. A caller that runs more than a step ahead of its device
+ * gives no gap; its device then has none worth the name. */
+static int time_gap(arena_engine *e)
+{
+	if (!e->timed || e->cost || e->o.no_learn)
 		return 0;
-	e->gap_sum += g;
-	e->gap_n++;
-	e->o.step_gap_s = e->gap_sum / e->gap_n;
+	int rc;
+	if ((e->steps && (rc = gap_try(e, e->steps - 1))) || (rc = gap_try(e, e->steps)))
+		return rc;
+	if (!e->last_s)
+		return 0;
+	unsigned p = (unsigned)(e->steps & 1);
+	if ((rc = e->be->ops->event_record(e->be, e->gap_a[p], e->last_s)))
+		return rc;
+	e->gap_a_step[p] = e->steps;
 	return 0;
 }
 
@@ -547,6 +570,12 @@ void arena_engine_free(arena_engine *e)
 			be->ops->event_destroy(be, e->cp_a[k]);
 		if (e->cp_z[k])
 			be->ops->event_destroy(be, e->cp_z[k]);
+	}
+	for (unsigned k = 0; k < 2; k++) {
+		if (e->gap_a[k])
+			be->ops->event_destroy(be, e->gap_a[k]);
+		if (e->gap_b[k])
+			be->ops->event_destroy(be, e->gap_b[k]);
 	}
 	arena_free(e->tm);
 	arena_free(e->tm_rec);
@@ -674,7 +703,12 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 			if ((rc = be->ops->event_create_timed(be, &e->cp_a[k])) ||
 			    (rc = be->ops->event_create_timed(be, &e->cp_z[k])))
 				goto fail;
+		for (unsigned k = 0; k < 2; k++)
+			if ((rc = be->ops->event_create_timed(be, &e->gap_a[k])) ||
+			    (rc = be->ops->event_create_timed(be, &e->gap_b[k])))
+				goto fail;
 	}
+	e->gap_a_step[0] = e->gap_a_step[1] = e->gap_b_step[0] = e->gap_b_step[1] = e->gap_taken = UINT64_MAX;
 	for (size_t b = 0; b < n; b++)
 		if ((rc = be->ops->event_create(be, &e->ev_use[b])) ||
 		    (rc = e->timed ? be->ops->event_create_timed(be, &e->ev_fill[b]) : be->ops->event_create(be, &e->ev_fill[b])))
@@ -757,9 +791,16 @@ static int time_ready(arena_engine *e, uint32_t b, arena_stream *s, size_t *slot
 	*slot = SIZE_MAX;
 	if (!e->timed || arena_block_is_globals(e->l, b) || e->acq_n[b] >= 2)
 		return 0;
-	size_t i = tm_at(e, (unsigned)(e->steps & 1), b, e->acq_n[b]++);
+	unsigned par = (unsigned)(e->steps & 1);
+	size_t i = tm_at(e, par, b, e->acq_n[b]++);
 	*slot = i;
 	e->tm_rec[i] = 0;
+	if (e->gap_b_step[par] != e->steps) { /* the step's first scheduled acquire */
+		int rc = e->be->ops->event_record(e->be, e->gap_b[par], s);
+		if (rc)
+			return rc;
+		e->gap_b_step[par] = e->steps;
+	}
 	return e->be->ops->event_record(e->be, e->tm[3 * i], s);
 }
 
@@ -799,6 +840,7 @@ static int mark_release(arena_engine *e, uint32_t b, arena_stream *s)
 	int rc;
 	if ((rc = time_end(e, b, s)) || (e->tr && (rc = arena_trace_release(e->tr, b, s))))
 		return rc;
+	e->last_s = s;
 	return e->be->ops->event_record(e->be, e->ev_use[b], s);
 }
 
@@ -1207,7 +1249,7 @@ int arena_engine_step_end(arena_engine *e)
 	}
 	e->fetched = carry;
 	rc = adapt(e, learned);
-	if (!rc && e->timed && e->steps)
+	if (!rc)
 		rc = time_gap(e);
 	/* What the device has timed so far, before learning from it (the step
 	 * before this one is done in a caller that waits for its steps). */
@@ -1404,6 +1446,11 @@ int arena_engine_step_record(const arena_engine *e, uint64_t step, arena_engine_
 		return arena_errorf(ARENA_E_NOT_FOUND, "engine: no record of step %" PRIu64, step);
 	*out = e->hist[step % ARENA_ENGINE_HISTORY];
 	return 0;
+}
+
+double arena_engine_step_gap(const arena_engine *e)
+{
+	return e->o.step_gap_s;
 }
 
 uint64_t arena_engine_plans_made(const arena_engine *e)

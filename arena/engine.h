@@ -157,12 +157,14 @@ typedef struct arena_engine_opts {
 	const double *cost;
 	double backward_factor;
 	double h2d_bytes_per_s;
-	/* Device seconds between two steps outside the blocks: from the end of
-	 * a step's last block to the first block of the next (the caller's own
-	 * work there, and the device waiting for its host). The timed dry run
-	 * adds it at each step's start: copies for the next step run through
-	 * it, and a ring full of them idles. Learned with the profile (the
-	 * mean of the gaps timed) when none is given; 0 = none. */
+	/* Device seconds between two steps outside the blocks: from the device
+	 * reaching a step's end (arena_engine_step_end, on the stream of its
+	 * last release) to the next step's first scheduled acquire (the
+	 * caller's own work there, and the device waiting for its host). The
+	 * timed dry run adds it at each step's start: copies for the next step
+	 * run through it, and a ring full of them idles. Learned with the
+	 * profile (the mean of the gaps timed; each is read at the end of its
+	 * step or of the next, when done) when none is given; 0 = none. */
 	double step_gap_s;
 	/* Without a given profile, the engine learns one on backends that can
 	 * time (each scheduled block's time between acquire and release, each
@@ -366,6 +368,8 @@ uint64_t arena_engine_steps(const arena_engine *e);
 /* Plans made so far (the planner's runs: at create, when the budget, mode,
  * schedule or profile change, and every 64 steps; not every step). */
 uint64_t arena_engine_plans_made(const arena_engine *e);
+/* The gap between steps the engine learned (opts.step_gap_s; 0 none). */
+double arena_engine_step_gap(const arena_engine *e);
 /* Where block b is now: 1 resident, 0 streamed. */
 int arena_engine_is_resident(const arena_engine *e, uint32_t block);
 /* The engine's copy stream (tests: sync on it). */

@@ -1111,6 +1111,42 @@ Test(engine_learn, times_blocks_and_moves_to_the_faster_plan)
 	arena_model_free(m);
 }
 
+/* A caller that works on its stream between steps (its own layers before
+ * the first block, a host that waits): the engine learns that gap from the
+ * device's times (from the device reaching arena_step_end to the next
+ * step's first acquire) and its prediction counts it. 4 ms of work between
+ * steps lengthen the gap it learns by about that. */
+Test(engine_learn, the_gap_between_steps)
+{
+	sim_only();
+	double gap[2];
+	for (int with = 0; with < 2; with++) {
+		arena_model *m = load(0);
+		arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+		o.no_learn = 0;
+		o.cap = G + 11 * MAXB;
+		arena_engine *e;
+		cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+		cr_assert_eq(arena_engine_step_gap(e), 0, "nothing learned yet");
+		arena_stream *s;
+		cr_assert_eq(be->ops->stream_create(be, &s), 0);
+		for (int step = 0; step < 6; step++) {
+			run_step(e, m, s, 0, 0.0008);
+			if (with)
+				cr_assert_eq(arena_backend_sim_compute(be, s, 0.004), 0);
+		}
+		gap[with] = arena_engine_step_gap(e);
+		double t = arena_engine_plan(e)->step_s;
+		cr_assert_gt(t, 0, "planned by the learned profile");
+		cr_assert_geq(t, gap[with], "the prediction counts the gap: %.6f s, gap %.6f s", t, gap[with]);
+		be->ops->stream_destroy(be, s);
+		arena_engine_free(e);
+		arena_model_free(m);
+	}
+	cr_assert(gap[1] >= 0.0039 && gap[1] < 0.1, "learned gap %.6f s, 0.004 s of work between steps", gap[1]);
+	cr_assert_geq(gap[1] - gap[0], 0.003, "with the work %.6f s, without %.6f s", gap[1], gap[0]);
+}
+
 Test(engine_learn, no_learn_keeps_the_plan_by_bytes)
 {
 	sim_only();
