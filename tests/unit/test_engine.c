@@ -1114,8 +1114,9 @@ Test(engine_learn, times_blocks_and_moves_to_the_faster_plan)
 /* A caller that works on its stream between steps (its own layers before
  * the first block, a host that waits): the engine learns that gap from the
  * device's times (from the device reaching arena_step_end to the next
- * step's first acquire) and its prediction counts it. 4 ms of work between
- * steps lengthen the gap it learns by about that. */
+ * step's first acquire) and its prediction counts it. 30 ms of work between
+ * steps lengthen the gap it learns by about that (the rest is the host's
+ * time between the steps, noisy on a loaded machine). */
 Test(engine_learn, the_gap_between_steps)
 {
 	sim_only();
@@ -1133,7 +1134,7 @@ Test(engine_learn, the_gap_between_steps)
 		for (int step = 0; step < 6; step++) {
 			run_step(e, m, s, 0, 0.0008);
 			if (with)
-				cr_assert_eq(arena_backend_sim_compute(be, s, 0.004), 0);
+				cr_assert_eq(arena_backend_sim_compute(be, s, 0.03), 0);
 		}
 		gap[with] = arena_engine_step_gap(e);
 		double t = arena_engine_plan(e)->step_s;
@@ -1143,8 +1144,8 @@ Test(engine_learn, the_gap_between_steps)
 		arena_engine_free(e);
 		arena_model_free(m);
 	}
-	cr_assert(gap[1] >= 0.0039 && gap[1] < 0.1, "learned gap %.6f s, 0.004 s of work between steps", gap[1]);
-	cr_assert_geq(gap[1] - gap[0], 0.003, "with the work %.6f s, without %.6f s", gap[1], gap[0]);
+	cr_assert(gap[1] >= 0.0299 && gap[1] < 1, "learned gap %.6f s, 0.03 s of work between steps", gap[1]);
+	cr_assert_geq(gap[1] - gap[0], 0.015, "with the work %.6f s, without %.6f s", gap[1], gap[0]);
 }
 
 Test(engine_learn, no_learn_keeps_the_plan_by_bytes)
