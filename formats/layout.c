@@ -1,6 +1,7 @@
 /* layout.c - placing blocks and tensors into slabs, and checking a placed layout. */
 #include "layout.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -212,4 +213,154 @@ uint64_t arena_layout_payload(const arena_layout *l)
 		for (uint32_t c = 0; c < l->tensors[i].n_comp; c++)
 			s += l->tensors[i].comp[c].bytes;
 	return s;
+}
+
+/* --- pieces ------------------------------------------------------------------ */
+
+typedef struct atom {
+	uint64_t begin, end;
+} atom;
+
+static int cmp_atom(const void *a, const void *b)
+{
+	const atom *x = a, *y = b;
+	return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+/* Where block b's pieces start (cuts[0] = 0), at most `piece` bytes each
+ * unless one tensor is larger; returns how many (>= 1), or 0 on NOMEM.
+ * cuts has room for n_tensors + 1 entries. */
+static size_t cut_block(const arena_layout *l, size_t b, uint64_t piece, atom *at, uint64_t *cuts)
+{
+	const arena_block *blk = &l->blocks[b];
+	size_t n = 0;
+	for (uint32_t k = 0; k < blk->n_tensors; k++) {
+		const arena_tensor *t = &l->tensors[l->order[blk->first + k]];
+		uint64_t lo = UINT64_MAX, hi = 0;
+		for (uint32_t c = 0; c < t->n_comp; c++) {
+			if (t->comp[c].offset < lo)
+				lo = t->comp[c].offset;
+			if (t->comp[c].offset + t->comp[c].bytes > hi)
+				hi = t->comp[c].offset + t->comp[c].bytes;
+		}
+		if (t->n_comp)
+			at[n++] = (atom){lo, hi};
+	}
+	qsort(at, n, sizeof(*at), cmp_atom);
+	/* A tensor's components (and tensors whose spans overlap) stay together. */
+	size_t m = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (m && at[i].begin < at[m - 1].end) {
+			if (at[i].end > at[m - 1].end)
+				at[m - 1].end = at[i].end;
+		} else {
+			at[m++] = at[i];
+		}
+	}
+	size_t k = 0;
+	uint64_t start = 0;
+	cuts[k++] = 0;
+	if (!blk->container || blk->bytes <= piece) /* globals (no container) stay whole */
+		return k;
+	for (size_t i = 0; i < m; i++)
+		if (at[i].end - start > piece && at[i].begin > start) {
+			cuts[k++] = at[i].begin;
+			start = at[i].begin;
+		}
+	return k;
+}
+
+int arena_layout_pieces(const arena_layout *l, uint64_t piece, arena_layout **out, uint32_t **parent)
+{
+	*out = NULL;
+	if (parent)
+		*parent = NULL;
+	if (!piece)
+		return arena_errorf(ARENA_E_USAGE, "pieces: a piece size of 0 bytes");
+	size_t nt = l->n_tensors ? l->n_tensors : 1;
+	atom *at = arena_calloc(nt, sizeof(*at));
+	uint64_t *cuts = arena_calloc(nt + 1, sizeof(*cuts));
+	size_t *np = arena_calloc(l->n_blocks ? l->n_blocks : 1, sizeof(*np));
+	arena_layout *o = NULL;
+	uint32_t *par = NULL;
+	int rc = 0;
+	if (!at || !cuts || !np) {
+		rc = arena_errorf(ARENA_E_NOMEM, "pieces: out of memory");
+		goto out;
+	}
+	size_t total = 0;
+	for (size_t b = 0; b < l->n_blocks; b++)
+		total += np[b] = cut_block(l, b, piece, at, cuts);
+	if ((rc = arena_layout_create(total, l->n_tensors, &o)))
+		goto out;
+	if (!(par = arena_calloc(total ? total : 1, sizeof(*par)))) {
+		rc = arena_errorf(ARENA_E_NOMEM, "pieces: out of memory");
+		goto out;
+	}
+	o->data_length = l->data_length;
+	size_t j = 0;
+	for (size_t b = 0; b < l->n_blocks; b++) {
+		const arena_block *blk = &l->blocks[b];
+		size_t k = cut_block(l, b, piece, at, cuts);
+		for (size_t q = 0; q < k; q++, j++) {
+			arena_block *nb = &o->blocks[j];
+			uint64_t a = cuts[q], z = q + 1 < k ? cuts[q + 1] : blk->bytes;
+			par[j] = (uint32_t)b;
+			if (k == 1) {
+				nb->name = arena_strdup(blk->name);
+			} else {
+				size_t len = strlen(blk->name) + 24;
+				if ((nb->name = arena_malloc(len)))
+					snprintf(nb->name, len, "%s#%zu", blk->name, q);
+			}
+			nb->container = blk->container ? arena_strdup(blk->container) : NULL;
+			if (!nb->name || (blk->container && !nb->container)) {
+				rc = arena_errorf(ARENA_E_NOMEM, "pieces: out of memory");
+				goto out;
+			}
+			nb->index = blk->index;
+			nb->offset = blk->offset + a;
+			nb->bytes = z - a;
+		}
+		/* Each tensor of b to the piece holding its first byte. */
+		for (uint32_t t = 0; t < blk->n_tensors; t++) {
+			uint32_t ti = l->order[blk->first + t];
+			const arena_tensor *src = &l->tensors[ti];
+			uint64_t lo = UINT64_MAX;
+			for (uint32_t c = 0; c < src->n_comp; c++)
+				lo = src->comp[c].offset < lo ? src->comp[c].offset : lo;
+			size_t q = 0;
+			while (src->n_comp && q + 1 < k && cuts[q + 1] <= lo)
+				q++;
+			arena_tensor *dt = &o->tensors[ti];
+			*dt = *src;
+			dt->name = NULL;
+			dt->block = (uint32_t)(j - k + q);
+			for (uint32_t c = 0; c < dt->n_comp; c++)
+				dt->comp[c].offset -= cuts[q];
+		}
+	}
+	for (size_t i = 0; i < l->n_tensors; i++) {
+		if (!(o->tensors[i].name = arena_strdup(l->tensors[i].name))) {
+			rc = arena_errorf(ARENA_E_NOMEM, "pieces: out of memory");
+			goto out;
+		}
+		o->tensors[i].src = NULL;
+	}
+	group_by_block(o);
+out:
+	arena_free(at);
+	arena_free(cuts);
+	arena_free(np);
+	if (rc) {
+		arena_layout_free(o);
+		arena_free(par);
+		return rc;
+	}
+	*out = o;
+	if (parent)
+		*parent = par;
+	else
+		arena_free(par);
+	return 0;
 }

@@ -89,6 +89,19 @@ const arena_tensor *arena_layout_find(const arena_layout *l, const char *name);
 /* Total bytes of the tensors' components (what a loader moves). */
 uint64_t arena_layout_payload(const arena_layout *l);
 
+/* The layout with every block larger than `piece` bytes (globals excepted)
+ * split into pieces, for streaming in smaller units: consecutive ranges of
+ * the block's slab that tile it, each starting where a tensor starts, at
+ * most `piece` bytes unless one tensor (its components together) is larger.
+ * Piece k of block "transformer_blocks.3" is a block "transformer_blocks.3#k"
+ * with the container and index of its block; blocks not split keep their
+ * names. Tensors move to the piece holding them, offsets relative to it.
+ * Pieces are offset within their block's slab: not ARENA_SLAB_ALIGN
+ * aligned (arena_layout_check does not hold; the data region is the same).
+ * *parent (when not NULL) gets each new block's block in l (arena_free).
+ * Errors: USAGE (piece 0), NOMEM. */
+int arena_layout_pieces(const arena_layout *l, uint64_t piece, arena_layout **out, uint32_t **parent);
+
 static inline uint64_t arena_align_up(uint64_t v, uint64_t a)
 {
 	return (v + a - 1) / a * a;

@@ -1,0 +1,151 @@
+/* test_pieces.c - blocks split into pieces (arena_layout_pieces): pieces
+ * tile their block's slab, start where tensors start, stay within the piece
+ * size unless one tensor is larger; every tensor keeps its bytes' place in
+ * the data region; globals and blocks no larger than a piece stay as they
+ * are. On the tiny Flux fixture and on a quantized layout (components of a
+ * tensor apart). */
+#include <criterion/criterion.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arena.h"
+#include "../../common/alloc.h"
+#include "../../common/err.h"
+#include "../../formats/image.h"
+#include "../../formats/layout.h"
+#include "../../loader/convert.h"
+#include "testutil.h"
+
+static char dir[256];
+
+static arena_image *image_of(const char *fixture, const char *quant)
+{
+	const char *in = fixture_path(fixture);
+	const char *out = tmpdir_file(dir, quant ? "q.arena" : "p.arena");
+	arena_convert_opts co = {.chunk_size = 64 << 10, .threads = 1, .quant = {.scheme = quant}};
+	cr_assert_eq(arena_convert(&in, 1, out, &co, NULL), 0, "%s", arena_last_error());
+	arena_image *img;
+	cr_assert_eq(arena_img_open(out, &img), 0, "%s", arena_last_error());
+	return img;
+}
+
+/* The span of tensor t's components, [lo, hi) within its block. */
+static void span(const arena_tensor *t, uint64_t *lo, uint64_t *hi)
+{
+	*lo = UINT64_MAX;
+	*hi = 0;
+	for (uint32_t c = 0; c < t->n_comp; c++) {
+		*lo = t->comp[c].offset < *lo ? t->comp[c].offset : *lo;
+		*hi = t->comp[c].offset + t->comp[c].bytes > *hi ? t->comp[c].offset + t->comp[c].bytes : *hi;
+	}
+}
+
+static void check_pieces(const arena_layout *l, uint64_t piece)
+{
+	arena_layout *p;
+	uint32_t *par;
+	cr_assert_eq(arena_layout_pieces(l, piece, &p, &par), 0, "%s", arena_last_error());
+	cr_assert_eq(p->n_tensors, l->n_tensors);
+	cr_assert_eq(p->data_length, l->data_length);
+	uint64_t largest = 0; /* the largest tensor span */
+	for (size_t i = 0; i < l->n_tensors; i++) {
+		uint64_t lo, hi;
+		span(&l->tensors[i], &lo, &hi);
+		largest = hi - lo > largest ? hi - lo : largest;
+	}
+	/* Pieces of each block tile its slab, in order. */
+	size_t j = 0;
+	for (size_t b = 0; b < l->n_blocks; b++) {
+		const arena_block *blk = &l->blocks[b];
+		uint64_t at = blk->offset;
+		size_t k = 0;
+		for (; j < p->n_blocks && par[j] == b; j++, k++) {
+			const arena_block *q = &p->blocks[j];
+			cr_assert_eq(q->offset, at, "block %s piece %zu starts at %llu, want %llu", blk->name, k,
+				     (unsigned long long)q->offset, (unsigned long long)at);
+			at += q->bytes;
+			cr_assert_gt(q->bytes, 0);
+			cr_assert_eq(q->index, blk->index);
+			cr_assert((q->container == NULL) == (blk->container == NULL));
+			if (piece >= largest && blk->container) /* globals stay whole */
+				cr_assert(q->bytes <= piece || q->bytes - piece <= 256, "%s: %llu bytes, pieces of %llu", q->name,
+					      (unsigned long long)q->bytes, (unsigned long long)piece);
+		}
+		cr_assert_eq(at, blk->offset + blk->bytes, "block %s: pieces end at %llu, its slab at %llu", blk->name,
+			     (unsigned long long)at, (unsigned long long)(blk->offset + blk->bytes));
+		if (!blk->container || blk->bytes <= piece) {
+			cr_assert_eq(k, 1, "block %s (%llu bytes) split with pieces of %llu", blk->name,
+				     (unsigned long long)blk->bytes, (unsigned long long)piece);
+			cr_assert_str_eq(p->blocks[j - 1].name, blk->name);
+		} else {
+			char want[256];
+			snprintf(want, sizeof(want), "%s#0", blk->name);
+			cr_assert_str_eq(p->blocks[j - k].name, want);
+		}
+	}
+	cr_assert_eq(j, p->n_blocks);
+	/* Every tensor: same name, same bytes in the data region, inside its piece. */
+	for (size_t i = 0; i < l->n_tensors; i++) {
+		const arena_tensor *a = &l->tensors[i], *t = &p->tensors[i];
+		cr_assert_str_eq(t->name, a->name);
+		cr_assert_eq(par[t->block], a->block);
+		cr_assert_eq(t->n_comp, a->n_comp);
+		for (uint32_t c = 0; c < t->n_comp; c++) {
+			cr_assert_eq(p->blocks[t->block].offset + t->comp[c].offset,
+				     l->blocks[a->block].offset + a->comp[c].offset, "%s: moved", t->name);
+			cr_assert_leq(t->comp[c].offset + t->comp[c].bytes, p->blocks[t->block].bytes, "%s: outside its piece",
+				      t->name);
+			cr_assert_eq(t->comp[c].offset % ARENA_TENSOR_ALIGN, 0);
+		}
+		cr_assert_eq(arena_layout_find(p, a->name), t);
+	}
+	/* order[] groups each piece's tensors. */
+	for (size_t q = 0; q < p->n_blocks; q++)
+		for (uint32_t k = 0; k < p->blocks[q].n_tensors; k++)
+			cr_assert_eq(p->tensors[p->order[p->blocks[q].first + k]].block, q);
+	arena_free(par);
+	arena_layout_free(p);
+}
+
+static void sizes(const arena_layout *l)
+{
+	uint64_t ps[] = {1, 256, 4096, 10000, 65536, 300000, 1 << 20, UINT64_MAX};
+	for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++)
+		check_pieces(l, ps[i]);
+	uint64_t maxb = 0;
+	for (size_t b = 0; b < l->n_blocks; b++)
+		maxb = l->blocks[b].bytes > maxb ? l->blocks[b].bytes : maxb;
+	for (uint64_t q = maxb / 8; q <= maxb; q += maxb / 8 ? maxb / 8 : 1)
+		check_pieces(l, q);
+}
+
+Test(pieces, tile_blocks_and_keep_every_tensor)
+{
+	tmpdir_make(dir, sizeof(dir), "test-pieces");
+	arena_image *img = image_of("tiny_flux.safetensors", NULL);
+	sizes(img->layout);
+	/* No split at all: the same blocks. */
+	arena_layout *p;
+	cr_assert_eq(arena_layout_pieces(img->layout, UINT64_MAX, &p, NULL), 0);
+	cr_assert_eq(p->n_blocks, img->layout->n_blocks);
+	arena_layout_free(p);
+	/* Small pieces: more blocks than before, none but the tensors' own larger. */
+	cr_assert_eq(arena_layout_pieces(img->layout, 4096, &p, NULL), 0);
+	cr_assert_gt(p->n_blocks, img->layout->n_blocks);
+	arena_layout_free(p);
+	cr_assert_eq(arena_layout_pieces(img->layout, 0, &p, NULL), ARENA_E_USAGE);
+	cr_assert_null(p);
+	arena_img_close(img);
+	tmpdir_remove(dir);
+}
+
+Test(pieces, quantized_components_stay_together)
+{
+	tmpdir_make(dir, sizeof(dir), "test-pieces-q");
+	arena_image *img = image_of("tiny_flux.safetensors", "fp8-e4m3-row");
+	sizes(img->layout);
+	arena_img_close(img);
+	tmpdir_remove(dir);
+}
