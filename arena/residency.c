@@ -483,8 +483,13 @@ void arena__plan_derive(const arena_layout *l, arena_residency_plan *p, uint32_t
 			&p->copies_per_step);
 }
 
+/* Past this many blocks (pieces), the timed greedy adds k / 128 more a
+ * round, skips the swaps, and tries fewer slot sizes: each try is a timed
+ * run of the whole schedule per candidate, and 457 pieces took 26 s. */
+#define GREEDY_SWAP_MAX 128
+
 /* With a profile: from the resident set `cand` (room bytes left), make
- * blocks resident one at a time, each the one that shortens the predicted
+ * blocks resident one at a time (a few at a time past GREEDY_SWAP_MAX), each the one that shortens the predicted
  * step most per byte, or the largest that fits when none does; returns the
  * predicted step of the result (negative: a block could not be placed). */
 static double greedy_timed(const arena_layout *l, const arena_engine_opts *o, const arena_residency_plan *p,
@@ -528,13 +533,26 @@ static double greedy_timed(const arena_layout *l, const arena_engine_opts *o, co
 			pick = big;
 		cand[pick] = 1;
 		*room -= l->blocks[pick].bytes;
+		/* Many blocks: the next best by their gains this round, too. */
+		for (size_t more = k > GREEDY_SWAP_MAX ? k / 128 : 0; more > 0 && best > 0; more--) {
+			int64_t nx = -1;
+			for (size_t i = 0; i < k; i++) {
+				uint32_t b = order[i];
+				if (!cand[b] && gain[b] > 0 && l->blocks[b].bytes <= *room && (nx < 0 || gain[b] > gain[nx]))
+					nx = b;
+			}
+			if (nx < 0)
+				break;
+			cand[nx] = 1;
+			*room -= l->blocks[nx].bytes;
+		}
 		cur = arena__timed_run(l, o, p->sched, p->bwd, p->n_sched, cand, p->slots, ts);
 	}
 	/* Then swaps: a resident block for a streamed one that fits in its place
 	 * and the room, the best that shortens the step, while one does (the
 	 * greedy's ties bunch residents; the compute hides copies better when
 	 * they are spread). Bounded: at most 4 x blocks swaps. */
-	for (size_t it = 0; cur >= 0 && it < 4 * k; it++) {
+	for (size_t it = 0; cur >= 0 && k <= GREEDY_SWAP_MAX && it < 4 * k; it++) {
 		int64_t ra = -1, sb = -1;
 		double best_t = cur * (1 - 1e-6);
 		for (size_t i = 0; i < k; i++) {
@@ -728,7 +746,7 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 	 * needs less. */
 	p->min_need_bytes = p->globals_bytes + all;
 	/* Each distinct block size is a candidate slot size; largest first. */
-	uint64_t best_res = 0, S = UINT64_MAX;
+	uint64_t best_res = 0, S = UINT64_MAX, tried = UINT64_MAX;
 	double best_t = 0;
 	int have = 0;
 	for (;;) {
@@ -740,7 +758,12 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 		}
 		if (!next)
 			break;
-		S = next;
+		/* Many blocks (pieces), many sizes: try sizes a quarter apart. */
+		if (prof && k > GREEDY_SWAP_MAX && have && next > tried * 3 / 4) {
+			S = next;
+			continue;
+		}
+		S = tried = next;
 		uint64_t need = p->globals_bytes + (uint64_t)p->slots * S, elig = 0;
 		for (size_t b = 0; b < n; b++) {
 			cand[b] = arena_block_is_globals(l, (uint32_t)b) || l->blocks[b].bytes > S;

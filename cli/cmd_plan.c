@@ -33,6 +33,12 @@ const char cmd_plan_usage[] =
 	"                      streamed, globals) as wide as their bytes, the device\n"
 	"                      memory with the ring's slots, and with --profile one\n"
 	"                      step's predicted copies and compute in time (SVG)\n"
+	"  --piece-size SIZE   stream blocks larger than SIZE in pieces (each cut where\n"
+	"                      a tensor starts, at most SIZE unless one tensor is\n"
+	"                      larger): the ring holds pieces, so the model runs in\n"
+	"                      less memory (see the floor); the profile's block times\n"
+	"                      are shared among a block's pieces by bytes. A what-if\n"
+	"                      for now: open, load and bench stream stream whole blocks\n"
 	"  --json              machine-readable plan (schema in README.md)\n"
 	"  -h, --help          this text\n"
 	"\n"
@@ -43,18 +49,19 @@ const char cmd_plan_usage[] =
 
 int cmd_plan(int argc, char **argv)
 {
-	enum { O_VRAM = 256, O_PROFILE, O_JSON, O_SVG };
+	enum { O_VRAM = 256, O_PROFILE, O_JSON, O_SVG, O_PIECE };
 	static const struct option opts[] = {
 		{"vram", required_argument, NULL, O_VRAM},
 		CLI_ENGINE_OPTIONS,
 		{"profile", required_argument, NULL, O_PROFILE},
 		{"json", no_argument, NULL, O_JSON},
 		{"svg", required_argument, NULL, O_SVG},
+		{"piece-size", required_argument, NULL, O_PIECE},
 		{NULL, 0, NULL, 0},
 	};
 	arena_open_options ao = {0};
 	arena_engine_opts o;
-	uint64_t vram = 0;
+	uint64_t vram = 0, piece = 0;
 	int json = 0, ch, rc;
 	const char *profile = NULL, *svg = NULL;
 	optind = 0;
@@ -73,6 +80,10 @@ int cmd_plan(int argc, char **argv)
 			break;
 		case O_SVG:
 			svg = optarg;
+			break;
+		case O_PIECE:
+			if ((rc = cli_size_arg("plan", "--piece-size", optarg, 1, &piece)))
+				return rc;
 			break;
 		default:
 			if ((rc = cli_engine_option("plan", ch, optarg, &ao)) >= 0) {
@@ -94,19 +105,42 @@ int cmd_plan(int argc, char **argv)
 	if ((rc = arena_img_open(path, &img)))
 		return cli_fail(rc);
 	const arena_layout *l = img->layout;
+	arena_layout *pl = NULL; /* with --piece-size: the blocks in pieces */
+	uint32_t *par = NULL;    /* each piece's block */
 	double *cost = NULL;
+	if (piece && (rc = arena_layout_pieces(img->layout, piece, &pl, &par))) {
+		arena_img_close(img);
+		return cli_fail(rc);
+	}
 	if (profile) {
-		if (!(cost = arena_calloc(l->n_blocks ? l->n_blocks : 1, sizeof(*cost))))
+		const arena_layout *il = img->layout;
+		double *bc = arena_calloc(il->n_blocks ? il->n_blocks : 1, sizeof(*bc));
+		if (!bc || (pl && !(cost = arena_calloc(pl->n_blocks ? pl->n_blocks : 1, sizeof(*cost)))))
 			rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
 		else
-			rc = arena_profile_read(profile, l, cost, &o.h2d_bytes_per_s, &o.backward_factor);
+			rc = arena_profile_read(profile, il, bc, &o.h2d_bytes_per_s, &o.backward_factor);
+		if (!rc && pl) { /* a block's time shared among its pieces by bytes */
+			for (size_t q = 0; q < pl->n_blocks; q++) {
+				uint64_t pb = il->blocks[par[q]].bytes;
+				cost[q] = pb ? bc[par[q]] * (double)pl->blocks[q].bytes / (double)pb : 0;
+			}
+			arena_free(bc);
+		} else if (!rc) {
+			cost = bc;
+		} else {
+			arena_free(bc);
+		}
 		if (rc) {
 			arena_free(cost);
+			arena_layout_free(pl);
+			arena_free(par);
 			arena_img_close(img);
 			return cli_fail(rc);
 		}
 		o.cost = cost;
 	}
+	if (pl)
+		l = pl;
 	uint64_t budget, headroom, reserve;
 	arena_residency_budget(vram, vram, &o, &budget, &headroom, &reserve);
 	arena_residency_plan p;
@@ -127,6 +161,8 @@ int cmd_plan(int argc, char **argv)
 			}
 		}
 		arena_img_close(img);
+		arena_layout_free(pl);
+		arena_free(par);
 		arena_free(cost);
 		return cli_fail(rc);
 	}
@@ -136,6 +172,8 @@ int cmd_plan(int argc, char **argv)
 		if ((rc = plan_svg_write(svg, &in))) {
 			arena_residency_plan_release(&p);
 			arena_img_close(img);
+			arena_layout_free(pl);
+			arena_free(par);
 			arena_free(cost);
 			return cli_fail(rc);
 		}
@@ -148,6 +186,8 @@ int cmd_plan(int argc, char **argv)
 		if ((rc = arena_residency_floor(l, &q, &floor_v[md], &floor_w[md]))) {
 			arena_residency_plan_release(&p);
 			arena_img_close(img);
+			arena_layout_free(pl);
+			arena_free(par);
 			arena_free(cost);
 			return cli_fail(rc);
 		}
@@ -181,6 +221,7 @@ int cmd_plan(int argc, char **argv)
 			json_object_set_new(root, "predicted_compute_s", json_real(comp));
 			json_object_set_new(root, "predicted_copy_s", json_real(copy));
 		}
+		json_object_set_new(root, "piece_size", piece ? json_integer((json_int_t)piece) : json_null());
 		json_object_set_new(root, "floor",
 				    json_pack("{s:{s:I,s:I},s:{s:I,s:I}}", "sample", "vram", (json_int_t)floor_v[0], "weights",
 					      (json_int_t)floor_w[0], "train", "vram", (json_int_t)floor_v[1], "weights",
@@ -192,6 +233,10 @@ int cmd_plan(int argc, char **argv)
 		printf("plan for %s, %s, %s of device memory: %s for weights (headroom %s, working reserve %s)\n", path,
 		       mode, cli_fmt_bytes(vram, a, sizeof(a)), cli_fmt_bytes(budget, b, sizeof(b)),
 		       cli_fmt_bytes(headroom, c, sizeof(c)), cli_fmt_bytes(reserve, d, sizeof(d)));
+		if (pl)
+			printf("pieces: %zu streaming units of at most %s from %zu blocks (a tensor larger than that is a piece "
+			       "of its own)\n",
+			       pl->n_blocks, cli_fmt_bytes(piece, e, sizeof(e)), img->layout->n_blocks);
 		printf("resident: %zu of %zu blocks, %s (globals %s)\n", p.n_resident, p.n_resident + p.n_streamed,
 		       cli_fmt_bytes(p.resident_bytes, a, sizeof(a)), cli_fmt_bytes(p.globals_bytes, b, sizeof(b)));
 		if (p.n_streamed)
@@ -218,6 +263,8 @@ int cmd_plan(int argc, char **argv)
 	}
 	arena_residency_plan_release(&p);
 	arena_img_close(img);
+	arena_layout_free(pl);
+	arena_free(par);
 	arena_free(cost);
 	return status;
 }

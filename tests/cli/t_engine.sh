@@ -93,6 +93,43 @@ PY
 	done
 }
 
+# --piece-size: the floor drops, every block still planned (pieces), the
+# profile's times shared among pieces, bad sizes refused.
+plan_pieces() {
+	engine_image
+	run plan "$T/f.arena" --vram 1G --json
+	expect_rc 0
+	cp "$T/out" "$T/whole.json"
+	run plan "$T/f.arena" --vram 1G --json --piece-size 16K
+	expect_rc 0
+	python3 - "$T/whole.json" "$T/out" <<'PY' || fail "plan --piece-size: floor not lower or pieces wrong"
+import json, sys
+w, p = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert p["piece_size"] == 16384 and w["piece_size"] is None
+assert len(p["blocks"]) > len(w["blocks"])
+assert sum(b["bytes"] for b in p["blocks"]) == sum(b["bytes"] for b in w["blocks"])
+assert all(b["bytes"] <= 16384 + 256 or b["where"] == "globals" or "#" not in b["name"] for b in p["blocks"])
+for m in ("sample", "train"):
+    assert p["floor"][m]["vram"] < w["floor"][m]["vram"], (m, p["floor"], w["floor"])
+PY
+	v=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["floor"]["sample"]["vram"])' "$T/out")
+	run plan "$T/f.arena" --vram "$v" --piece-size 16K
+	expect_rc 0
+	expect_out "pieces: "
+	run bench stream "$T/f.arena" --vram-cap 400K --sim-capacity 1G --steps 6 --save-profile "$T/pp.json"
+	expect_rc 0
+	run plan "$T/f.arena" --vram "$v" --piece-size 16K --profile "$T/pp.json" --json
+	expect_rc 0
+	python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["predicted_step_s"] > 0' "$T/out" ||
+		fail "plan --piece-size --profile: no prediction"
+	run plan "$T/f.arena" --vram 1G --piece-size 0
+	expect_rc 2
+	expect_error_line
+	run plan "$T/f.arena" --vram 1G --piece-size lots
+	expect_rc 2
+	expect_error_line
+}
+
 bench_usage_errors() {
 	engine_image
 	run bench "$T/f.arena"
@@ -330,5 +367,5 @@ PY
 }
 
 cases plan_svg
-cases plan_help plan_usage_errors plan_text_and_json plan_too_small plan_floor bench_usage_errors bench_planner_options bench_cuda bench_json \
+cases plan_help plan_usage_errors plan_text_and_json plan_too_small plan_floor plan_pieces bench_usage_errors bench_planner_options bench_cuda bench_json \
 	profile_round_trip profile_errors

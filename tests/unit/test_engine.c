@@ -302,6 +302,49 @@ Test(engine_plan, profile_places_residents_where_copies_dominate)
 	arena_layout_free(l);
 }
 
+/* Many blocks (a model in pieces: more than GREEDY_SWAP_MAX) with a
+ * profile: the planner's faster search (a few blocks a round, no swaps,
+ * fewer slot sizes) still gives valid plans, never predicted faster than
+ * the copies or the compute, and faster than the plan by bytes. */
+Test(engine_plan, many_pieces_with_a_profile)
+{
+	enum { N = 160 };
+	uint64_t sizes[N];
+	double cost[N + 1];
+	cost[0] = 0;
+	srand(5);
+	for (size_t i = 0; i < N; i++) {
+		sizes[i] = 4096 * (8 + (uint64_t)(rand() % 40));
+		cost[i + 1] = (i % 3 ? 2e-4 : 6e-4) * (0.5 + (double)(rand() % 100) / 100);
+	}
+	arena_layout *l = mk_layout(sizes, N, 65536);
+	uint64_t total = 0;
+	for (size_t i = 0; i < N; i++)
+		total += sizes[i];
+	for (int mode = 0; mode < 2; mode++)
+		for (uint64_t budget = total / 4; budget < total; budget += total / 3) {
+			arena_engine_opts o = base_opts(mode);
+			o.h2d_bytes_per_s = 2e9;
+			arena_residency_plan bp, pp;
+			cr_assert_eq(arena_residency_plan_make(l, &o, budget, &bp), 0, "%s", arena_last_error());
+			o.cost = cost;
+			cr_assert_eq(arena_residency_plan_make(l, &o, budget, &pp), 0, "%s", arena_last_error());
+			check_plan(l, &pp, budget);
+			double comp = 0;
+			for (size_t i = 0; i < pp.n_sched; i++)
+				comp += cost[pp.sched[i]] * (pp.bwd && pp.bwd[i] ? 3.0 : 1.0);
+			double copy = (double)pp.stream_bytes_per_step / o.h2d_bytes_per_s;
+			cr_assert_geq(pp.step_s, copy * 0.999);
+			cr_assert_geq(pp.step_s, comp * 0.999);
+			double tb = arena_residency_plan_predict(l, &o, &bp);
+			cr_assert_leq(pp.step_s, tb * 1.0001, "mode %d budget %llu: profile %.5f s, by bytes %.5f s", mode,
+				      (unsigned long long)budget, pp.step_s, tb);
+			arena_residency_plan_release(&bp);
+			arena_residency_plan_release(&pp);
+		}
+	arena_layout_free(l);
+}
+
 /* A caller whose device waits between steps (its own work before the first
  * block, a host that waits for each step): copies for the next step fill
  * the ring during the gap, and then idle while resident blocks compute.
