@@ -67,11 +67,12 @@ const char *cli_fmt_bytes(uint64_t n, char *buf, size_t len);
  * arena_open_options (whose zeros are the defaults: the CLI's defaults are
  * the library's). cli_engine_option returns -1 when ch is not one of them,
  * else 0 or the usage exit status. */
-enum { CLI_O_MODE = 1000, CLI_O_DEPTH, CLI_O_KEEP, CLI_O_HEAD, CLI_O_RES };
+enum { CLI_O_MODE = 1000, CLI_O_DEPTH, CLI_O_KEEP, CLI_O_HEAD, CLI_O_RES, CLI_O_PIECE };
 #define CLI_ENGINE_OPTIONS                                                                                   \
 	{"mode", required_argument, NULL, CLI_O_MODE}, {"depth", required_argument, NULL, CLI_O_DEPTH},     \
 		{"keep-last", required_argument, NULL, CLI_O_KEEP},                                         \
-		{"headroom", required_argument, NULL, CLI_O_HEAD}, {"reserve", required_argument, NULL, CLI_O_RES}
+		{"headroom", required_argument, NULL, CLI_O_HEAD}, {"reserve", required_argument, NULL, CLI_O_RES}, \
+		{"piece-size", required_argument, NULL, CLI_O_PIECE}
 #define CLI_ENGINE_OPTIONS_HELP                                                                   \
 	"  --mode sample|train sample: forward in block order (default); train:\n"                \
 	"                      forward, then backward in reverse (recompute + backward)\n"          \
@@ -80,7 +81,11 @@ enum { CLI_O_MODE = 1000, CLI_O_DEPTH, CLI_O_KEEP, CLI_O_HEAD, CLI_O_RES };
 	"  --keep-last N       train: extra slots keeping the last forward blocks (default 1)\n"    \
 	"  --headroom SIZE     physical slack (default min(512M, 2% of the device or cap))\n"     \
 	"  --reserve SIZE      working memory for activations (default 1G sample,\n"              \
-	"                      4G train, at most a quarter of what is left)\n"
+	"                      4G train, at most a quarter of what is left)\n"                     \
+	"  --piece-size SIZE   images: stream blocks larger than SIZE in pieces, each cut\n"       \
+	"                      where a tensor starts, at most SIZE unless one tensor is\n"        \
+	"                      larger: the ring holds pieces, the model runs in less\n"           \
+	"                      memory (plan shows the floor); default whole blocks\n"
 struct arena_open_options;
 int cli_engine_option(const char *cmd, int ch, const char *arg, struct arena_open_options *o);
 

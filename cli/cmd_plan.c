@@ -28,17 +28,12 @@ const char cmd_plan_usage[] =
 	"  --profile FILE      plan by a compute profile (each block's seconds and the\n"
 	"                      copy rate, as `arena bench stream --save-profile` writes\n"
 	"                      it): resident blocks where they hide copies best, and\n"
-	"                      the predicted step time\n"
+	"                      the predicted step time (with --piece-size, a profile of\n"
+	"                      whole blocks is shared among their pieces by bytes)\n"
 	"  --svg FILE          draw the plan: the blocks in execution order (resident,\n"
 	"                      streamed, globals) as wide as their bytes, the device\n"
 	"                      memory with the ring's slots, and with --profile one\n"
 	"                      step's predicted copies and compute in time (SVG)\n"
-	"  --piece-size SIZE   stream blocks larger than SIZE in pieces (each cut where\n"
-	"                      a tensor starts, at most SIZE unless one tensor is\n"
-	"                      larger): the ring holds pieces, so the model runs in\n"
-	"                      less memory (see the floor); the profile's block times\n"
-	"                      are shared among a block's pieces by bytes. A what-if\n"
-	"                      for now: open, load and bench stream stream whole blocks\n"
 	"  --json              machine-readable plan (schema in README.md)\n"
 	"  -h, --help          this text\n"
 	"\n"
@@ -49,14 +44,13 @@ const char cmd_plan_usage[] =
 
 int cmd_plan(int argc, char **argv)
 {
-	enum { O_VRAM = 256, O_PROFILE, O_JSON, O_SVG, O_PIECE };
+	enum { O_VRAM = 256, O_PROFILE, O_JSON, O_SVG };
 	static const struct option opts[] = {
 		{"vram", required_argument, NULL, O_VRAM},
 		CLI_ENGINE_OPTIONS,
 		{"profile", required_argument, NULL, O_PROFILE},
 		{"json", no_argument, NULL, O_JSON},
 		{"svg", required_argument, NULL, O_SVG},
-		{"piece-size", required_argument, NULL, O_PIECE},
 		{NULL, 0, NULL, 0},
 	};
 	arena_open_options ao = {0};
@@ -81,10 +75,6 @@ int cmd_plan(int argc, char **argv)
 		case O_SVG:
 			svg = optarg;
 			break;
-		case O_PIECE:
-			if ((rc = cli_size_arg("plan", "--piece-size", optarg, 1, &piece)))
-				return rc;
-			break;
 		default:
 			if ((rc = cli_engine_option("plan", ch, optarg, &ao)) >= 0) {
 				if (rc)
@@ -99,6 +89,7 @@ int cmd_plan(int argc, char **argv)
 	if (!vram)
 		return cli_usage_error("plan", "--vram SIZE is required");
 	const char *path = argv[optind];
+	piece = ao.piece_size;
 	if ((rc = arena__engine_opts(&ao, &o)))
 		return cli_fail(rc);
 	arena_image *img;

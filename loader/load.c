@@ -890,6 +890,15 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 	int rc = arena_img_open(path, &img);
 	if (rc)
 		return rc;
+	if (o->piece_bytes) { /* the model's blocks are the pieces from here on */
+		arena_layout *pl;
+		if ((rc = arena_layout_pieces(img->layout, o->piece_bytes, &pl, NULL))) {
+			arena_img_close(img);
+			return rc;
+		}
+		arena_layout_free(img->layout);
+		img->layout = pl;
+	}
 	L.img = img;
 	if ((rc = place(&L, img->layout))) {
 		loader_files_close(&L);
@@ -1030,6 +1039,8 @@ int arena_load_safetensors(const char *const *inputs, size_t n, const arena_plan
 			   const arena_load_opts *o, arena_model **out, arena_load_stats *st)
 {
 	*out = NULL;
+	if (o->piece_bytes)
+		return arena_errorf(ARENA_E_USAGE, "%s: pieces need an image (arena convert it first)", n ? inputs[0] : "");
 	double t0 = arena_now_s();
 	loader L;
 	loader_init(&L, o);

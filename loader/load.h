@@ -68,6 +68,10 @@ typedef struct arena_load_opts {
 	 * `on_device` when set. */
 	int (*place)(void *ctx, const arena_layout *l, uint8_t *on_device);
 	void *place_ctx;
+	/* Images only: blocks larger than this many bytes become pieces
+	 * (arena_layout_pieces) that the model holds and streams as blocks;
+	 * 0 = whole blocks. */
+	uint64_t piece_bytes;
 	/* Optional: bytes done of those to do (read from files, and quantized
 	 * components), after each piece of work, from the reader threads. */
 	void (*progress)(void *ctx, uint64_t done, uint64_t total);

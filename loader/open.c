@@ -305,12 +305,13 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 	lo.on_device = NULL;
 	lo.place = place;
 	lo.place_ctx = &pc;
+	lo.piece_bytes = o->piece_size;
 	rc = a->is_image ? arena_load_image(path, &lo, &a->m, st) : arena_load_safetensors(&path, 1, NULL, &lo, &a->m, st);
 	if (rc)
 		goto fail;
 	/* An image's blocks can be read again, so resident ones may leave the
 	 * device under pressure; a checkpoint's device blocks stay. */
-	if (a->is_image && (rc = arena_slab_reader_open(path, a->m->layout, &a->rr)))
+	if (a->is_image && (rc = arena_slab_reader_open_pieces(path, a->m->layout, o->piece_size, &a->rr)))
 		goto fail;
 	a->eo.reread = a->rr ? arena_slab_reader_read : NULL;
 	a->eo.reread_ctx = a->rr;

@@ -19,6 +19,10 @@ typedef struct arena_slab_reader arena_slab_reader;
  * reader). Errors: those of arena_img_open, IMG_MANIFEST_BAD (the image's
  * layout is not l's), NOMEM. */
 int arena_slab_reader_open(const char *path, const arena_layout *l, arena_slab_reader **out);
+/* The same for a model whose blocks are the image's in pieces of
+ * `piece_bytes` (arena_layout_pieces; 0 = whole blocks). */
+int arena_slab_reader_open_pieces(const char *path, const arena_layout *l, uint64_t piece_bytes,
+				  arena_slab_reader **out);
 void arena_slab_reader_close(arena_slab_reader *r);
 
 /* Read block b's slab (`bytes` = its length) into dst, chunks checked.

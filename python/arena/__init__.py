@@ -458,6 +458,7 @@ def open(
     learn: bool = True,
     sim_capacity: Size = None,
     sim_bandwidth: Optional[float] = None,
+    piece_size: Size = None,
 ) -> Arena:
     """Open an arena image, a safetensors file or a sharded checkpoint folder.
 
@@ -473,6 +474,10 @@ def open(
     depth, keep_last: the ring's depth and train's extra slots (None: defaults).
     profile: a compute profile file to plan by; learn: learn one on the device.
     sim_capacity, sim_bandwidth: the simulated device's size and copy rate.
+    piece_size: images only: stream blocks larger than this in pieces (the
+      arena's blocks are then the pieces, "transformer_blocks.3#0", ...): the
+      model runs in less memory. ``arena.torch.attach`` binds whole blocks and
+      refuses an arena opened with pieces.
 
     Raises :class:`Error` (``code`` "BUDGET" when the model cannot run within
     ``vram`` at all; the message says what it needs).
@@ -511,6 +516,7 @@ def open(
     o.profile = os.fsencode(profile) if profile else None
     o.sim_capacity = parse_size(sim_capacity, "sim_capacity") or 0
     o.sim_bandwidth = float(sim_bandwidth or 0)
+    o.piece_size = parse_size(piece_size, "piece_size") or 0
     out = ctypes.c_void_p()
     p = os.fspath(path)
     _check(_native.lib.arena_open(os.fsencode(p), ctypes.byref(o), ctypes.byref(out)))

@@ -51,6 +51,7 @@ class OpenOptions(Structure):
         ("profile", c_char_p),
         ("sim_capacity", c_uint64),
         ("sim_bandwidth", c_double),
+        ("piece_size", c_uint64),
     ]
 
 

@@ -515,6 +515,9 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any) -> None:
     for b in a.blocks:
         if b.container is None:
             continue
+        if "#" in b.name:
+            raise Error("USAGE", f"{a.path}: opened with piece_size (block '{b.name}' is a piece): attach binds "
+                        "whole blocks; open it without piece_size")
         try:
             m = module.get_submodule(prefix + b.name)
         except AttributeError:

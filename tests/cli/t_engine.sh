@@ -122,6 +122,25 @@ PY
 	expect_rc 0
 	python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["predicted_step_s"] > 0' "$T/out" ||
 		fail "plan --piece-size --profile: no prediction"
+	# At the pieces' floor (no headroom or reserve) the engine runs in
+	# pieces where whole blocks do not fit; every byte checked by load.
+	run plan "$T/f.arena" --vram 1G --piece-size 16K --headroom 0 --reserve 0 --json
+	expect_rc 0
+	v=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["floor"]["sample"]["vram"])' "$T/out")
+	run bench stream "$T/f.arena" --piece-size 16K --vram-cap "$v" --headroom 0 --reserve 0 --sim-capacity 1G --steps 3 --json
+	expect_rc 0
+	python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); s=d["steps"]; assert all(x["streamed_bytes"] > 0 for x in s), s' "$T/out" ||
+		fail "bench stream in pieces streamed nothing"
+	run bench stream "$T/f.arena" --vram-cap "$v" --headroom 0 --reserve 0 --sim-capacity 1G --steps 3
+	expect_rc 2
+	expect_error_line
+	run load "$T/f.arena" --piece-size 16K --backend sim --vram-cap "$v" --headroom 0 --reserve 0 --check
+	expect_rc 0
+	expect_out "device bytes match the image"
+	run load "$REF/tiny_flux.safetensors" --piece-size 16K --backend sim
+	expect_rc 2
+	expect_error_line
+	expect_err "pieces need an image"
 	run plan "$T/f.arena" --vram 1G --piece-size 0
 	expect_rc 2
 	expect_error_line

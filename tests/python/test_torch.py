@@ -189,6 +189,17 @@ class Package(unittest.TestCase):
             self.assertEqual(cm.exception.code, "USAGE")
             self.assertIn("outside a step", cm.exception.message)
 
+    def test_pieces_from_python(self):
+        """piece_size: the blocks are pieces, each tensor's bytes as in the whole-block open."""
+        with arena.open(IMG, device="sim") as w, arena.open(IMG, device="sim", piece_size="16K") as a:
+            self.assertGreater(len(a.blocks), len(w.blocks))
+            self.assertTrue(any("#" in b.name for b in a.blocks))
+            want = w.tensors()
+            got = a.tensors()
+            self.assertEqual(set(got), set(want))
+            for n, t in got.items():
+                self.assertTrue(torch.equal(t, want[n]), n)
+
 
 class Sampling(unittest.TestCase):
     @classmethod
@@ -379,6 +390,10 @@ class Refusals(unittest.TestCase):
         h = at.attach(m, IMG, **STREAM)
         self.expect("USAGE", "attached to an arena already", at.attach, m, IMG, **STREAM)
         h.detach()
+
+    def test_pieces_are_refused(self):
+        with arena.open(IMG, device="sim", piece_size="16K") as a:
+            self.expect("USAGE", "attach binds whole blocks", at.attach, model(), a)
 
     def test_quantized_image(self):
         q = os.path.join(TMP, "q.arena")

@@ -13,6 +13,7 @@
 #include "arena.h"
 #include "../../common/alloc.h"
 #include "../../common/err.h"
+#include "../../arena/engine.h"
 #include "../../formats/image.h"
 #include "../../formats/layout.h"
 #include "../../loader/convert.h"
@@ -147,5 +148,72 @@ Test(pieces, quantized_components_stay_together)
 	arena_image *img = image_of("tiny_flux.safetensors", "fp8-e4m3-row");
 	sizes(img->layout);
 	arena_img_close(img);
+	tmpdir_remove(dir);
+}
+
+/* Opened with piece_size under a cap at the pieces' floor: the arena's blocks
+ * are the pieces, streamed through the ring; every tensor of every acquired
+ * piece holds the bytes a whole-block open of the image holds, step after
+ * step. A checkpoint cannot be opened in pieces. */
+Test(pieces, streamed_pieces_hold_the_image_bytes)
+{
+	tmpdir_make(dir, sizeof(dir), "test-pieces-open");
+	arena_image *img = image_of("tiny_flux.safetensors", NULL);
+	const char *path = tmpdir_file(dir, "p.arena");
+	const uint64_t piece = 16384;
+	arena_layout *pl;
+	cr_assert_eq(arena_layout_pieces(img->layout, piece, &pl, NULL), 0);
+	size_t n_whole = img->layout->n_blocks;
+	arena_img_close(img);
+	arena_open_options ro = {.backend = "sim"};
+	arena *ref;
+	cr_assert_eq(arena_open(path, &ro, &ref), 0, "%s", arena_last_error());
+	/* The least device memory the pieces run in, with no headroom or reserve. */
+	arena_engine_opts eo = {.mode = ARENA_MODE_SAMPLE, .headroom = 0, .reserve = 0};
+	uint64_t cap, wts;
+	cr_assert_eq(arena_residency_floor(pl, &eo, &cap, &wts), 0, "%s", arena_last_error());
+	arena_layout_free(pl);
+	arena_open_options o = {.backend = "sim", .piece_size = piece, .vram_cap = cap, .headroom = ARENA_ZERO_BYTES,
+				.reserve = ARENA_ZERO_BYTES, .flags = ARENA_OPEN_NO_LEARN};
+	arena *a;
+	cr_assert_eq(arena_open(path, &o, &a), 0, "%s", arena_last_error());
+	size_t nb = arena_block_count(a);
+	cr_assert_gt(nb, n_whole, "%zu blocks with pieces, %zu whole", nb, n_whole);
+	cr_assert_eq(arena_tensor_count(a), arena_tensor_count(ref));
+	uint64_t streamed = 0;
+	for (int step = 0; step < 3; step++) {
+		cr_assert_eq(arena_step_begin(a), 0, "%s", arena_last_error());
+		for (size_t i = 0; i < nb; i++) {
+			void *d;
+			cr_assert_eq(arena_block_acquire(a, i, NULL, &d), 0, "%s", arena_last_error());
+			for (size_t t = 0; t < arena_tensor_count(a); t++) {
+				arena_tensor_info ti, tr;
+				cr_assert_eq(arena_tensor_get(a, t, &ti), 0);
+				if (ti.block != i)
+					continue;
+				cr_assert_eq(arena_tensor_get(ref, t, &tr), 0);
+				cr_assert_str_eq(ti.name, tr.name);
+				for (uint32_t c = 0; c < ti.n_components; c++) {
+					cr_assert_leq(ti.component[c].offset + ti.component[c].bytes, arena_block_bytes(a, i));
+					cr_assert(memcmp((uint8_t *)d + ti.component[c].offset, tr.component[c].device,
+							 ti.component[c].bytes) == 0,
+						  "step %d: %s in piece %s differs from the image", step, ti.name,
+						  arena_block_name(a, i));
+				}
+			}
+			cr_assert_eq(arena_block_release(a, i, NULL), 0, "%s", arena_last_error());
+		}
+		cr_assert_eq(arena_step_end(a), 0, "%s", arena_last_error());
+		arena_step_info si;
+		cr_assert_eq(arena_step_get(a, (uint64_t)step, &si), 0, "%s", arena_last_error());
+		streamed += si.streamed_bytes;
+	}
+	cr_assert_gt(streamed, 0, "pieces were streamed");
+	arena_close(a);
+	arena_close(ref);
+	/* Pieces need an image. */
+	arena_open_options so = {.backend = "sim", .piece_size = piece};
+	cr_assert_eq(arena_open(fixture_path("tiny_flux.safetensors"), &so, &a), ARENA_E_USAGE);
+	cr_assert_null(a);
 	tmpdir_remove(dir);
 }
