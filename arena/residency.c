@@ -199,7 +199,10 @@ int arena__ring_place(const arena__ring *r, const arena_layout *l, uint32_t b, u
 	 * before the end. Where that overlaps a pending block (a caller holding
 	 * several blocks at once, as a backward does), the first other place that
 	 * does not: 0, then right after each block in the ring, oldest first. */
-	uint64_t lo = r->head + sz <= r->bytes ? r->head : 0;
+	/* Every place is ARENA_TENSOR_ALIGN-aligned: a block (a piece) whose
+	 * size is not a multiple of it leaves the next one aligned all the same. */
+	const uint64_t head = arena_align_up(r->head, ARENA_TENSOR_ALIGN);
+	uint64_t lo = head + sz <= r->bytes ? head : 0;
 	if (!overlaps_pending(r, l, lo, sz)) {
 		*at = lo;
 		return 0;
@@ -210,7 +213,7 @@ int arena__ring_place(const arena__ring *r, const arena_layout *l, uint32_t b, u
 	}
 	for (size_t i = 0; i < r->n_order; i++) {
 		uint32_t q = r->order[i];
-		uint64_t a = r->off[q] + l->blocks[q].bytes;
+		uint64_t a = arena_align_up(r->off[q] + l->blocks[q].bytes, ARENA_TENSOR_ALIGN);
 		if (a + sz <= r->bytes && !overlaps_pending(r, l, a, sz)) {
 			*at = a;
 			return 0;

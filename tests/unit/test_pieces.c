@@ -186,6 +186,7 @@ Test(pieces, streamed_pieces_hold_the_image_bytes)
 		for (size_t i = 0; i < nb; i++) {
 			void *d;
 			cr_assert_eq(arena_block_acquire(a, i, NULL, &d), 0, "%s", arena_last_error());
+			cr_assert_eq((uintptr_t)d % 256, 0, "piece %s at %p", arena_block_name(a, i), d);
 			for (size_t t = 0; t < arena_tensor_count(a); t++) {
 				arena_tensor_info ti, tr;
 				cr_assert_eq(arena_tensor_get(a, t, &ti), 0);
