@@ -18,7 +18,9 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "../../common/alloc.h"
 #include "../../formats/image.h"
+#include "../../formats/layout.h"
 
 static uint64_t get64(const uint8_t *p)
 {
@@ -56,6 +58,41 @@ static void reseal(uint8_t *b, size_t n)
 	put64(b + 4088, XXH3_64bits(b, 4088));
 }
 
+/* A layout that opened split into pieces: the pieces tile each block's
+ * slab, every tensor keeps its place in the data region and lies in its
+ * piece; anything else aborts (a crash for the fuzzer). */
+static void check_pieces(const arena_layout *l, uint64_t piece)
+{
+	arena_layout *p;
+	uint32_t *par;
+	if (arena_layout_pieces(l, piece, &p, &par))
+		return; /* out of memory */
+	size_t j = 0;
+	for (size_t b = 0; b < l->n_blocks; b++) {
+		uint64_t at = l->blocks[b].offset;
+		for (; j < p->n_blocks && par[j] == b; j++) {
+			if (p->blocks[j].offset != at)
+				abort();
+			at += p->blocks[j].bytes;
+		}
+		if (at != l->blocks[b].offset + l->blocks[b].bytes)
+			abort();
+	}
+	if (j != p->n_blocks || p->n_tensors != l->n_tensors)
+		abort();
+	for (size_t i = 0; i < p->n_tensors; i++) {
+		const arena_tensor *t = &p->tensors[i], *a = &l->tensors[i];
+		if (t->block >= p->n_blocks || par[t->block] != a->block || t->n_comp != a->n_comp)
+			abort();
+		for (uint32_t c = 0; c < t->n_comp; c++)
+			if (p->blocks[t->block].offset + t->comp[c].offset != l->blocks[a->block].offset + a->comp[c].offset ||
+			    t->comp[c].offset + t->comp[c].bytes > p->blocks[t->block].bytes)
+				abort();
+	}
+	arena_free(par);
+	arena_layout_free(p);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -88,6 +125,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			}
 			free(raw);
 		}
+		if (img->layout) /* pieces of a size the input picks */
+			check_pieces(img->layout, size ? 1 + (uint64_t)data[size - 1] * 97 : 1);
 		for (uint64_t i = 0; i < img->hdr.chunk_count && i < 4; i++) {
 			char buf[512];
 			arena_img_chunk_describe(img, i, buf, sizeof(buf));
