@@ -41,6 +41,11 @@ step "$A" bench stream "$D/flux-tiny.arena" --vram-cap 400K --sim-capacity 1G --
 # docs/plan-demo.svg is this picture).
 step "$A" plan "$D/flux-tiny.arena" --vram 280K --headroom 0 --reserve 0 --depth 1 --profile "$D/profile.json" \
 	--svg "$D/plan.svg"
+# Below its floor with whole blocks, the model still runs in pieces: blocks
+# cut where tensors start, the ring holding pieces (plan prints both floors).
+step "$A" plan "$D/flux-tiny.arena" --vram 200K --headroom 0 --reserve 0 --piece-size 16K
+step "$A" bench stream "$D/flux-tiny.arena" --vram-cap 200K --headroom 0 --reserve 0 --piece-size 16K --sim-capacity 1G \
+	--sim-bandwidth 2e7 --flops 1e11 --steps 6
 step "$A" export "$D/flux-tiny.arena" -o "$D/flux-tiny.roundtrip.safetensors"
 step cmp "$D/flux-tiny.safetensors" "$D/flux-tiny.roundtrip.safetensors"
 echo "demo: the round trip is byte-identical; files are in $D/"
