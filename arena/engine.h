@@ -224,6 +224,12 @@ void arena_residency_budget(uint64_t total, uint64_t free_bytes, const arena_eng
  * (no size is enough: a fixed reserve past any device), NOMEM. */
 int arena_residency_floor(const arena_layout *l, const arena_engine_opts *o, uint64_t *vram, uint64_t *weights);
 
+/* For a layout whose whole blocks do not fit `budget`: the largest piece
+ * size among six powers of two below the largest block at which its pieces
+ * (arena_layout_pieces) have a plan (by bytes) in o->mode; *piece = 0 when
+ * none does. For messages that say what would run. Errors: NOMEM. */
+int arena_residency_piece_fit(const arena_layout *l, const arena_engine_opts *o, uint64_t budget, uint64_t *piece);
+
 /* Plan `l` for `budget` weight bytes. Errors: BUDGET (the smallest plan does
  * not fit; the message says what it needs: globals, ring, reserve), USAGE
  * (a layout with no block to schedule is fine: all resident), NOMEM. */

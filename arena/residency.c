@@ -9,6 +9,7 @@
 #include "../common/alloc.h"
 #include "../common/err.h"
 #include "../common/units.h"
+#include "../formats/layout.h"
 
 /* --- helpers --------------------------------------------------------------- */
 
@@ -123,6 +124,44 @@ int arena_residency_floor(const arena_layout *l, const arena_engine_opts *o, uin
 	arena_residency_plan_release(&p);
 	*vram = hi;
 	*weights = need;
+	return 0;
+}
+
+int arena_residency_piece_fit(const arena_layout *l, const arena_engine_opts *o, uint64_t budget, uint64_t *piece)
+{
+	*piece = 0;
+	uint64_t big = 0;
+	for (size_t b = 0; b < l->n_blocks; b++)
+		if (l->blocks[b].container && l->blocks[b].bytes > big)
+			big = l->blocks[b].bytes;
+	arena_engine_opts q = *o;
+	q.cost = NULL; /* by bytes: the size that fits, not the fastest */
+	q.h2d_bytes_per_s = 0;
+	q.sched = NULL;
+	q.n_sched = 0;
+	uint64_t top = 1;
+	while (top <= big / 2)
+		top <<= 1; /* the largest power of two below the largest block */
+	if (top >= big)
+		top >>= 1;
+	for (int k = 0; k < 6 && top >> k; k++) {
+		uint64_t p = top >> k;
+		arena_layout *pl;
+		int rc = arena_layout_pieces(l, p, &pl, NULL);
+		if (rc)
+			return rc;
+		arena_residency_plan t;
+		rc = arena_residency_plan_make(pl, &q, budget, &t);
+		arena_layout_free(pl);
+		if (rc == 0) {
+			arena_residency_plan_release(&t);
+			*piece = p;
+			return 0;
+		}
+		if (rc != ARENA_E(BUDGET))
+			return rc;
+		arena_error_clear();
+	}
 	return 0;
 }
 

@@ -142,11 +142,21 @@ int cmd_plan(int argc, char **argv)
 			uint64_t fv, fw, fb, fh, fr;
 			if (arena_residency_floor(l, &o, &fv, &fw) == 0) {
 				arena_residency_budget(fv, fv, &o, &fb, &fh, &fr);
+				char hint[96] = "", e2[32];
+				uint64_t fit = 0;
+				if (!pl && arena_residency_piece_fit(l, &o, budget, &fit) == 0 && fit) {
+					/* a power of two: say it as the option takes it */
+					const char *u = fit >= (1ull << 30) ? "G" : fit >= (1u << 20) ? "M" : fit >= 1024 ? "K" : "";
+					uint64_t v = fit >> (*u == 'G' ? 30 : *u == 'M' ? 20 : *u == 'K' ? 10 : 0);
+					snprintf(e2, sizeof(e2), "%llu%s", (unsigned long long)v, u);
+					snprintf(hint, sizeof(hint), "; in pieces it runs: --piece-size %s", e2);
+				}
+				arena_error_clear();
 				arena_errorf(rc,
 					     "%s: does not fit in %s: %s; with these options it needs %s or more (working "
-					     "reserve %s and headroom %s at that size)",
+					     "reserve %s and headroom %s at that size)%s",
 					     path, cli_fmt_bytes(vram, a, sizeof(a)), msg, cli_fmt_bytes(fv, b, sizeof(b)),
-					     cli_fmt_bytes(fr, c, sizeof(c)), cli_fmt_bytes(fh, d, sizeof(d)));
+					     cli_fmt_bytes(fr, c, sizeof(c)), cli_fmt_bytes(fh, d, sizeof(d)), hint);
 			} else {
 				arena_errorf(rc, "%s: does not fit in %s: %s", path, cli_fmt_bytes(vram, a, sizeof(a)), msg);
 			}

@@ -209,6 +209,7 @@ typedef struct open_ctx {
 	arena *a;
 	const char *path;
 	const char *profile;
+	int image, pieces; /* an image; opened in pieces */
 } open_ctx;
 
 /* Once the layout is known, before anything is allocated: read the profile
@@ -236,13 +237,22 @@ static int place(void *ctx, const arena_layout *l, uint8_t *on_device)
 	if (rc == ARENA_E(BUDGET)) {
 		char why[512], s1[32], s2[32], s3[32], s4[32];
 		snprintf(why, sizeof(why), "%s", arena_last_error());
-		uint64_t avail = o->cap && o->cap < free_b ? o->cap : free_b;
+		uint64_t avail = o->cap && o->cap < free_b ? o->cap : free_b, fit = 0;
+		char hint[96] = "", s5[32];
+		if (!c->pieces && c->image && arena_residency_piece_fit(l, o, budget, &fit) == 0 && fit) {
+			/* a power of two: also as the CLI option takes it */
+			const char *u = fit >= (1ull << 30) ? "G" : fit >= (1u << 20) ? "M" : fit >= 1024 ? "K" : "";
+			uint64_t v = fit >> (*u == 'G' ? 30 : *u == 'M' ? 20 : *u == 'K' ? 10 : 0);
+			snprintf(hint, sizeof(hint), "; in pieces of %s it runs (piece_size, --piece-size %llu%s)",
+				 arena_size_str(fit, s5, sizeof(s5)), (unsigned long long)v, u);
+		}
+		arena_error_clear();
 		return arena_errorf(rc,
 				    "%s: does not fit: %s; with a working reserve of %s and headroom of %s it needs %s of "
-				    "device memory, %s is %s",
+				    "device memory, %s is %s%s",
 				    c->path, why, arena_size_str(reserve, s1, sizeof(s1)), arena_size_str(headroom, s2, sizeof(s2)),
 				    arena_size_str(p.min_need_bytes + reserve + headroom, s3, sizeof(s3)), arena_size_str(avail, s4, sizeof(s4)),
-				    o->cap && o->cap <= free_b ? "the cap" : "free");
+				    o->cap && o->cap <= free_b ? "the cap" : "free", hint);
 	}
 	if (rc)
 		return rc;
@@ -297,7 +307,7 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 	arena_load_opts lo = {.threads = o->threads, .io = ARENA_IO_AUTO};
 	if (tune)
 		lo = *tune;
-	open_ctx pc = {a, path, o->profile};
+	open_ctx pc = {a, path, o->profile, a->is_image, o->piece_size != 0};
 	lo.backend = a->be;
 	lo.budget = &a->budget;
 	lo.cancel = cancel;

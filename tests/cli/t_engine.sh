@@ -141,6 +141,18 @@ PY
 	expect_rc 2
 	expect_error_line
 	expect_err "pieces need an image"
+	# Too small for whole blocks: the error names a piece size that runs.
+	run plan "$T/f.arena" --vram 200K --headroom 0 --reserve 0
+	expect_rc 2
+	expect_error_line
+	expect_err "in pieces it runs: --piece-size "
+	ps=$(sed -n 's/.*--piece-size \([0-9]*[KMG]*\).*/\1/p' "$T/err")
+	run plan "$T/f.arena" --vram 200K --headroom 0 --reserve 0 --piece-size "$ps"
+	expect_rc 0
+	run load "$T/f.arena" --backend sim --vram-cap 200K --headroom 0 --reserve 0 --no-probe
+	expect_rc 2
+	expect_error_line
+	expect_err "(piece_size, --piece-size $ps)"
 	run plan "$T/f.arena" --vram 1G --piece-size 0
 	expect_rc 2
 	expect_error_line
