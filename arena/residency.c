@@ -531,9 +531,10 @@ void arena__plan_derive(const arena_layout *l, arena_residency_plan *p, uint32_t
 #define GREEDY_SWAP_MAX 128
 
 /* With a profile: from the resident set `cand` (room bytes left), make
- * blocks resident one at a time (a few at a time past GREEDY_SWAP_MAX), each the one that shortens the predicted
- * step most per byte, or the largest that fits when none does; returns the
- * predicted step of the result (negative: a block could not be placed). */
+ * blocks resident one at a time (a few at a time past GREEDY_SWAP_MAX),
+ * each the one that shortens the predicted step most per byte, or the
+ * largest that fits when none does; returns the predicted step of the
+ * result (negative: a block could not be placed). */
 static double greedy_timed(const arena_layout *l, const arena_engine_opts *o, const arena_residency_plan *p,
 			   const uint32_t *order, size_t k, uint8_t *cand, uint64_t *room, double *gain, arena__timed *ts)
 {

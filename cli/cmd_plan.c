@@ -9,6 +9,7 @@
 #include "../arena/profile.h"
 #include "../common/alloc.h"
 #include "../common/err.h"
+#include "../common/units.h"
 #include "../formats/image.h"
 #include "../loader/open.h"
 #include "arena.h"
@@ -144,13 +145,9 @@ int cmd_plan(int argc, char **argv)
 				arena_residency_budget(fv, fv, &o, &fb, &fh, &fr);
 				char hint[96] = "", e2[32];
 				uint64_t fit = 0;
-				if (!pl && arena_residency_piece_fit(l, &o, budget, &fit) == 0 && fit) {
-					/* a power of two: say it as the option takes it */
-					const char *u = fit >= (1ull << 30) ? "G" : fit >= (1u << 20) ? "M" : fit >= 1024 ? "K" : "";
-					uint64_t v = fit >> (*u == 'G' ? 30 : *u == 'M' ? 20 : *u == 'K' ? 10 : 0);
-					snprintf(e2, sizeof(e2), "%llu%s", (unsigned long long)v, u);
-					snprintf(hint, sizeof(hint), "; in pieces it runs: --piece-size %s", e2);
-				}
+				if (!pl && arena_residency_piece_fit(l, &o, budget, &fit) == 0 && fit)
+					snprintf(hint, sizeof(hint), "; in pieces it runs: --piece-size %s",
+						 arena_size_arg(fit, e2, sizeof(e2)));
 				arena_error_clear();
 				arena_errorf(rc,
 					     "%s: does not fit in %s: %s; with these options it needs %s or more (working "

@@ -121,6 +121,16 @@ int arena_rate_parse(const char *s, double max, double *out)
 	return 0;
 }
 
+const char *arena_size_arg(uint64_t n, char *buf, size_t len)
+{
+	static const char units[] = "KMGT";
+	int u = -1;
+	while (u < 3 && n && n % 1024 == 0)
+		n /= 1024, u++;
+	snprintf(buf, len, "%llu%.*s", (unsigned long long)n, u >= 0, u >= 0 ? &units[u] : "");
+	return buf;
+}
+
 const char *arena_size_str(uint64_t n, char *buf, size_t len)
 {
 	static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};

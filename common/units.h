@@ -32,5 +32,8 @@ int arena_rate_parse(const char *s, double max, double *out);
 /* n bytes in the unit that fits the number: "512 B", "1.50 KiB", "22.17 GiB"
  * (B, KiB, MiB, GiB, TiB, PiB, EiB; two decimals from KiB on). Returns buf. */
 const char *arena_size_str(uint64_t n, char *buf, size_t len);
+/* n as a SIZE option takes it, exactly: "512M", "32K", "1G", or bytes
+ * ("1000") when no unit divides it. Returns buf. */
+const char *arena_size_arg(uint64_t n, char *buf, size_t len);
 
 #endif

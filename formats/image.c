@@ -676,6 +676,19 @@ out:
 	return rc;
 }
 
+int arena_img_use_pieces(arena_image *img, uint64_t piece_bytes)
+{
+	arena_layout *pl;
+	if (!piece_bytes)
+		return 0;
+	int rc = arena_layout_pieces(img->layout, piece_bytes, &pl, NULL);
+	if (rc)
+		return rc;
+	arena_layout_free(img->layout);
+	img->layout = pl;
+	return 0;
+}
+
 int arena_img_open(const char *path, arena_image **out)
 {
 	*out = NULL;

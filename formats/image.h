@@ -102,6 +102,11 @@ int arena_img_sniff(const char *path);
 /* Open and check everything but the data chunks (docs/FORMAT.md order).
  * Errors: NOT_FOUND, INPUT_NOT_READABLE (see arena_open_input), IO, NOMEM, IMG_*. */
 int arena_img_open(const char *path, arena_image **out);
+/* Make img->layout the image's blocks in pieces of piece_bytes
+ * (arena_layout_pieces; 0: nothing changes), for a model that streams
+ * pieces. The image keeps its chunk table and padding spans. USAGE, NOMEM;
+ * on failure the layout is as it was. */
+int arena_img_use_pieces(arena_image *img, uint64_t piece_bytes);
 void arena_img_close(arena_image *img);
 
 /* Called for each bad chunk, in increasing chunk order. */

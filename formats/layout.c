@@ -227,24 +227,30 @@ static int cmp_atom(const void *a, const void *b)
 	return x->begin < y->begin ? -1 : x->begin > y->begin;
 }
 
+/* The bytes tensor t's components span in its slab. */
+static atom tensor_span(const arena_tensor *t)
+{
+	atom a = {UINT64_MAX, 0};
+	for (uint32_t c = 0; c < t->n_comp; c++) {
+		if (t->comp[c].offset < a.begin)
+			a.begin = t->comp[c].offset;
+		if (t->comp[c].offset + t->comp[c].bytes > a.end)
+			a.end = t->comp[c].offset + t->comp[c].bytes;
+	}
+	return a;
+}
+
 /* Where block b's pieces start (cuts[0] = 0), at most `piece` bytes each
- * unless one tensor is larger; returns how many (>= 1), or 0 on NOMEM.
- * cuts has room for n_tensors + 1 entries. */
+ * unless one tensor is larger; returns how many (>= 1). `at` has room for
+ * the block's tensors, cuts for one more. */
 static size_t cut_block(const arena_layout *l, size_t b, uint64_t piece, atom *at, uint64_t *cuts)
 {
 	const arena_block *blk = &l->blocks[b];
 	size_t n = 0;
 	for (uint32_t k = 0; k < blk->n_tensors; k++) {
 		const arena_tensor *t = &l->tensors[l->order[blk->first + k]];
-		uint64_t lo = UINT64_MAX, hi = 0;
-		for (uint32_t c = 0; c < t->n_comp; c++) {
-			if (t->comp[c].offset < lo)
-				lo = t->comp[c].offset;
-			if (t->comp[c].offset + t->comp[c].bytes > hi)
-				hi = t->comp[c].offset + t->comp[c].bytes;
-		}
 		if (t->n_comp)
-			at[n++] = (atom){lo, hi};
+			at[n++] = tensor_span(t);
 	}
 	qsort(at, n, sizeof(*at), cmp_atom);
 	/* A tensor's components (and tensors whose spans overlap) stay together. */
@@ -280,17 +286,16 @@ int arena_layout_pieces(const arena_layout *l, uint64_t piece, arena_layout **ou
 	size_t nt = l->n_tensors ? l->n_tensors : 1;
 	atom *at = arena_calloc(nt, sizeof(*at));
 	uint64_t *cuts = arena_calloc(nt + 1, sizeof(*cuts));
-	size_t *np = arena_calloc(l->n_blocks ? l->n_blocks : 1, sizeof(*np));
 	arena_layout *o = NULL;
 	uint32_t *par = NULL;
 	int rc = 0;
-	if (!at || !cuts || !np) {
+	if (!at || !cuts) {
 		rc = arena_errorf(ARENA_E_NOMEM, "pieces: out of memory");
 		goto out;
 	}
 	size_t total = 0;
 	for (size_t b = 0; b < l->n_blocks; b++)
-		total += np[b] = cut_block(l, b, piece, at, cuts);
+		total += cut_block(l, b, piece, at, cuts);
 	if ((rc = arena_layout_create(total, l->n_tensors, &o)))
 		goto out;
 	if (!(par = arena_calloc(total ? total : 1, sizeof(*par)))) {
@@ -326,9 +331,7 @@ int arena_layout_pieces(const arena_layout *l, uint64_t piece, arena_layout **ou
 		for (uint32_t t = 0; t < blk->n_tensors; t++) {
 			uint32_t ti = l->order[blk->first + t];
 			const arena_tensor *src = &l->tensors[ti];
-			uint64_t lo = UINT64_MAX;
-			for (uint32_t c = 0; c < src->n_comp; c++)
-				lo = src->comp[c].offset < lo ? src->comp[c].offset : lo;
+			uint64_t lo = tensor_span(src).begin;
 			size_t q = 0;
 			while (src->n_comp && q + 1 < k && cuts[q + 1] <= lo)
 				q++;
@@ -351,7 +354,6 @@ int arena_layout_pieces(const arena_layout *l, uint64_t piece, arena_layout **ou
 out:
 	arena_free(at);
 	arena_free(cuts);
-	arena_free(np);
 	if (rc) {
 		arena_layout_free(o);
 		arena_free(par);

@@ -890,14 +890,9 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 	int rc = arena_img_open(path, &img);
 	if (rc)
 		return rc;
-	if (o->piece_bytes) { /* the model's blocks are the pieces from here on */
-		arena_layout *pl;
-		if ((rc = arena_layout_pieces(img->layout, o->piece_bytes, &pl, NULL))) {
-			arena_img_close(img);
-			return rc;
-		}
-		arena_layout_free(img->layout);
-		img->layout = pl;
+	if ((rc = arena_img_use_pieces(img, o->piece_bytes))) { /* the model's blocks are the pieces */
+		arena_img_close(img);
+		return rc;
 	}
 	L.img = img;
 	if ((rc = place(&L, img->layout))) {

@@ -239,13 +239,10 @@ static int place(void *ctx, const arena_layout *l, uint8_t *on_device)
 		snprintf(why, sizeof(why), "%s", arena_last_error());
 		uint64_t avail = o->cap && o->cap < free_b ? o->cap : free_b, fit = 0;
 		char hint[96] = "", s5[32];
-		if (!c->pieces && c->image && arena_residency_piece_fit(l, o, budget, &fit) == 0 && fit) {
-			/* a power of two: also as the CLI option takes it */
-			const char *u = fit >= (1ull << 30) ? "G" : fit >= (1u << 20) ? "M" : fit >= 1024 ? "K" : "";
-			uint64_t v = fit >> (*u == 'G' ? 30 : *u == 'M' ? 20 : *u == 'K' ? 10 : 0);
-			snprintf(hint, sizeof(hint), "; in pieces of %s it runs (piece_size, --piece-size %llu%s)",
-				 arena_size_str(fit, s5, sizeof(s5)), (unsigned long long)v, u);
-		}
+		char s6[32];
+		if (!c->pieces && c->image && arena_residency_piece_fit(l, o, budget, &fit) == 0 && fit)
+			snprintf(hint, sizeof(hint), "; in pieces of %s it runs (piece_size, --piece-size %s)",
+				 arena_size_str(fit, s5, sizeof(s5)), arena_size_arg(fit, s6, sizeof(s6)));
 		arena_error_clear();
 		return arena_errorf(rc,
 				    "%s: does not fit: %s; with a working reserve of %s and headroom of %s it needs %s of "

@@ -31,13 +31,8 @@ int arena_slab_reader_open_pieces(const char *path, const arena_layout *l, uint6
 	if (!r)
 		return arena_errorf(ARENA_E_NOMEM, "out of memory");
 	int rc = arena_img_open(path, &r->img);
-	if (!rc && piece_bytes) { /* the model's blocks are the image's in pieces */
-		arena_layout *pl;
-		if (!(rc = arena_layout_pieces(r->img->layout, piece_bytes, &pl, NULL))) {
-			arena_layout_free(r->img->layout);
-			r->img->layout = pl;
-		}
-	}
+	if (!rc) /* the model's blocks may be the image's in pieces */
+		rc = arena_img_use_pieces(r->img, piece_bytes);
 	const arena_layout *il = r->img ? r->img->layout : NULL;
 	if (!rc && il->n_blocks != l->n_blocks)
 		rc = arena_errorf(ARENA_E(IMG_MANIFEST_BAD), "%s: %zu blocks, the model has %zu", path, il->n_blocks,

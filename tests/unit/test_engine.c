@@ -255,6 +255,16 @@ Test(engine_plan, floor_is_the_least_that_runs)
 	arena_layout_free(l);
 }
 
+/* flux-dev's blocks / 64: 19 double blocks, then 38 single ones of 0.42 x
+ * their size, and the globals. */
+static arena_layout *flux_like_layout(void)
+{
+	uint64_t sizes[57];
+	for (size_t i = 0; i < 57; i++)
+		sizes[i] = i < 19 ? 10620928 : 4427776;
+	return mk_layout(sizes, 57, 2125824);
+}
+
 /* A Flux-like mix (19 large blocks, then 38 of 0.42 x their size) whose
  * compute is the same per block, not per byte: the large blocks are
  * copy-heavy, the small ones balanced. With the profile the planner keeps
@@ -262,10 +272,7 @@ Test(engine_plan, floor_is_the_least_that_runs)
  * the prediction never beats the copies or the compute. */
 Test(engine_plan, profile_places_residents_where_copies_dominate)
 {
-	uint64_t sizes[57];
-	for (size_t i = 0; i < 57; i++)
-		sizes[i] = i < 19 ? 10620928 : 4427776;
-	arena_layout *l = mk_layout(sizes, 57, 2125824);
+	arena_layout *l = flux_like_layout();
 	double cost[58];
 	cost[0] = 0;
 	for (size_t b = 1; b < 58; b++)
@@ -354,10 +361,7 @@ Test(engine_plan, many_pieces_with_a_profile)
  * without. */
 Test(engine_plan, a_gap_between_steps)
 {
-	uint64_t sizes[57];
-	for (size_t i = 0; i < 57; i++)
-		sizes[i] = i < 19 ? 10620928 : 4427776;
-	arena_layout *l = mk_layout(sizes, 57, 2125824);
+	arena_layout *l = flux_like_layout();
 	double cost[58];
 	cost[0] = 0;
 	for (size_t b = 1; b < 58; b++)
@@ -391,10 +395,7 @@ Test(engine_plan, a_gap_between_steps)
  * blocks. */
 Test(engine_plan, timeline_of_a_step)
 {
-	uint64_t sizes[57];
-	for (size_t i = 0; i < 57; i++)
-		sizes[i] = i < 19 ? 10620928 : 4427776;
-	arena_layout *l = mk_layout(sizes, 57, 2125824);
+	arena_layout *l = flux_like_layout();
 	double cost[58] = {0};
 	for (size_t b = 1; b < 58; b++)
 		cost[b] = 4.9e-3;
