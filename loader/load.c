@@ -19,6 +19,7 @@
 #include "../common/firsterr.h"
 #include "../common/hash.h"
 #include "../common/io.h"
+#include "../common/units.h"
 #include "../formats/codec.h"
 #include "../formats/image.h"
 #include "quant_select.h"
@@ -96,6 +97,8 @@ typedef struct worker {
 	arena_event **ev;
 	uint8_t *stage; /* coded images: a device chunk the stored bytes stream into, or NULL */
 	uint8_t *whole; /* coded images: a stored chunk read whole (CPU decode) */
+	uint8_t *span;  /* zstd images: a piece's stored chunks read in one */
+	uint64_t span_cap;
 	arena_img_dec dec; /* and its parse or decoded streams */
 	double t_ring, t_wait, t_read, t_decode, t_all; /* where its time went (load stats) */
 } worker;
@@ -325,22 +328,25 @@ static int reaches_host(const loader *L, uint64_t a, uint64_t z)
  * pinned ring slots, a slot at a time, each copied on as it is filled. For
  * every zstd chunk; for hb4 chunks that reach host slabs, and on workers
  * without device stage room. */
-static int chunk_whole(loader *L, worker *w, uint64_t c, int *direct)
+static int chunk_whole(loader *L, worker *w, uint64_t c, const uint8_t *src, int *direct)
 {
 	const arena_image *img = L->img;
 	const arena_img_chunk *ck = &img->chunks[c];
 	const uint64_t cs = img->hdr.chunk_size;
 	arena_backend *be = L->m->backend;
-	if (!w->whole && !(w->whole = arena_aligned_alloc(DIRECT_ALIGN, cs)))
-		return arena_errorf(ARENA_E_NOMEM, "out of memory for a %" PRIu64 "-byte chunk buffer", cs);
-	uint64_t off = img->hdr.data_offset + ck->offset, n = arena_align_up(ck->stored_length, DIRECT_ALIGN);
-	int rc = read_range(L, w, &L->files[0], w->whole, n, off, direct);
-	if (rc)
-		return rc;
-	atomic_fetch_add(&L->file_bytes, n);
-	const uint64_t hash = arena_xxh3(w->whole, ck->stored_length);
+	int rc;
+	if (!src) { /* not read yet: read it alone */
+		if (!w->whole && !(w->whole = arena_aligned_alloc(DIRECT_ALIGN, cs)))
+			return arena_errorf(ARENA_E_NOMEM, "out of memory for a %" PRIu64 "-byte chunk buffer", cs);
+		uint64_t off = img->hdr.data_offset + ck->offset, n = arena_align_up(ck->stored_length, DIRECT_ALIGN);
+		if ((rc = read_range(L, w, &L->files[0], w->whole, n, off, direct)))
+			return rc;
+		atomic_fetch_add(&L->file_bytes, n);
+		src = w->whole;
+	}
+	const uint64_t hash = arena_xxh3(src, ck->stored_length);
 	double t = arena_now_s();
-	rc = arena_img_chunk_check(img, c, w->whole, hash, "while loading", &w->dec);
+	rc = arena_img_chunk_check(img, c, src, hash, "while loading", &w->dec);
 	w->t_decode += arena_now_s() - t;
 	if (rc)
 		return rc;
@@ -502,12 +508,31 @@ static int do_cpiece(loader *L, worker *w, const piece *p)
 	const arena_img_header *h = &L->img->hdr;
 	int direct = L->o->io == ARENA_IO_DIRECT && L->files[0].dfd >= 0;
 	uint64_t c1 = p->chunk0 + L->per < h->chunk_count ? p->chunk0 + L->per : h->chunk_count;
+	/* A piece of zstd chunks only is read in one read (a disk gives more to
+	 * few large reads than to one per chunk), then decoded chunk by chunk. */
+	int span = c1 - p->chunk0 > 1;
+	for (uint64_t c = p->chunk0; c < c1 && span; c++)
+		span = L->img->chunks[c].codec == ARENA_CODEC_ZSTD;
+	if (span) {
+		if (w->span_cap < p->len) {
+			arena_free(w->span);
+			w->span_cap = 0;
+			if (!(w->span = arena_aligned_alloc(DIRECT_ALIGN, p->len)))
+				return arena_errorf(ARENA_E_NOMEM, "out of memory for a %" PRIu64 "-byte read buffer", p->len);
+			w->span_cap = p->len;
+		}
+		int rc = read_range(L, w, &L->files[0], w->span, p->len, p->off, &direct);
+		if (rc)
+			return rc;
+		atomic_fetch_add(&L->file_bytes, p->len);
+	}
 	for (uint64_t c = p->chunk0; c < c1; c++) {
 		const arena_img_chunk *ck = &L->img->chunks[c];
 		uint64_t a = h->data_offset + c * h->chunk_size;
 		const int cpu = ck->codec == ARENA_CODEC_ZSTD ||
 				(ck->codec && (!w->stage || reaches_host(L, a, a + ck->raw_length)));
-		int rc = cpu ? chunk_whole(L, w, c, &direct) : chunk_stream(L, w, p, c, &direct);
+		const uint8_t *src = span ? w->span + (h->data_offset + ck->offset - p->off) : NULL;
+		int rc = cpu ? chunk_whole(L, w, c, src, &direct) : chunk_stream(L, w, p, c, &direct);
 		if (rc)
 			return rc;
 	}
@@ -802,6 +827,7 @@ out:;
 			be->ops->dev_free(be, w[i].stage);
 		arena_img_dec_free(&w[i].dec);
 		arena_free(w[i].whole);
+		arena_free(w[i].span);
 	}
 	arena_free(w);
 	arena_free(tid);
@@ -906,8 +932,14 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 	L.coded = !!(h->flags & ARENA_IMG_FLAG_CODED);
 	for (uint64_t c = 0; c < h->chunk_count && !L.hb4; c++)
 		L.hb4 = img->chunks[c].codec == ARENA_CODEC_HB4;
-	/* Pieces of whole chunks. */
-	uint64_t per = PIECE / h->chunk_size ? PIECE / h->chunk_size : 1;
+	/* Pieces of whole chunks (ARENA_LOAD_PIECE: another size, for measuring). */
+	uint64_t piece_bytes = PIECE;
+	const char *env = getenv("ARENA_LOAD_PIECE");
+	if (env && (arena_size_parse(env, &piece_bytes) || !piece_bytes)) {
+		arena_error_clear();
+		piece_bytes = PIECE;
+	}
+	uint64_t per = piece_bytes / h->chunk_size ? piece_bytes / h->chunk_size : 1;
 	L.per = per;
 	L.n_pieces = (size_t)((h->chunk_count + per - 1) / per);
 	L.files = arena_calloc(1, sizeof(*L.files));

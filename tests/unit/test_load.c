@@ -942,6 +942,30 @@ Test(load_zstd, io_modes_threads_and_slots_give_the_same_bytes)
 	cr_assert_eq(dev_free(), 64 << 20);
 }
 
+/* Pieces of one chunk (each chunk read alone), of two and of the default
+ * size (a piece's chunks read in one): the same bytes. */
+Test(load_zstd, read_alone_or_a_piece_at_once)
+{
+	const char *sizes[] = {"64K", "128K", "192K", NULL};
+	for (int k = 0; k < 4; k++) {
+		if (sizes[k])
+			setenv("ARENA_LOAD_PIECE", sizes[k], 1);
+		else
+			unsetenv("ARENA_LOAD_PIECE");
+		arena_load_opts o = opts();
+		o.threads = 3;
+		o.io = k & 1 ? ARENA_IO_DIRECT : ARENA_IO_AUTO;
+		arena_model *m;
+		arena_load_stats st;
+		cr_assert_eq(arena_load_image(img_path, &o, &m, &st), 0, "%s: %s", sizes[k], arena_last_error());
+		cr_assert_lt(st.file_bytes, st.dev_bytes * 3 / 4);
+		expect_image_bytes(m);
+		arena_model_free(m);
+	}
+	unsetenv("ARENA_LOAD_PIECE");
+	cr_assert_eq(dev_free(), 64 << 20);
+}
+
 Test(load_zstd, host_slabs_and_device_blocks)
 {
 	arena_load_opts o = opts();
