@@ -232,8 +232,8 @@ int cmd_plan(int argc, char **argv)
 		       mode, cli_fmt_bytes(vram, a, sizeof(a)), cli_fmt_bytes(budget, b, sizeof(b)),
 		       cli_fmt_bytes(headroom, c, sizeof(c)), cli_fmt_bytes(reserve, d, sizeof(d)));
 		if (pl)
-			printf("pieces: %zu streaming units of at most %s from %zu blocks (a tensor larger than that is a piece "
-			       "of its own)\n",
+			printf("pieces: %zu streaming units of at most %s from %zu blocks (a module's tensors larger than that "
+			       "are a piece of their own)\n",
 			       pl->n_blocks, cli_fmt_bytes(piece, e, sizeof(e)), img->layout->n_blocks);
 		printf("resident: %zu of %zu blocks, %s (globals %s)\n", p.n_resident, p.n_resident + p.n_streamed,
 		       cli_fmt_bytes(p.resident_bytes, a, sizeof(a)), cli_fmt_bytes(p.globals_bytes, b, sizeof(b)));

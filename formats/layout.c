@@ -219,7 +219,16 @@ uint64_t arena_layout_payload(const arena_layout *l)
 
 typedef struct atom {
 	uint64_t begin, end;
+	const char *name; /* a tensor of the module (the name up to its last '.') it holds */
 } atom;
+
+/* Whether tensors a and b belong to one module: their names equal up to
+ * their last '.' (a Linear's weight and bias). */
+static int same_module(const char *a, const char *b)
+{
+	const char *da = strrchr(a, '.'), *db = strrchr(b, '.');
+	return da && db && da - a == db - b && !memcmp(a, b, (size_t)(da - a));
+}
 
 static int cmp_atom(const void *a, const void *b)
 {
@@ -230,7 +239,7 @@ static int cmp_atom(const void *a, const void *b)
 /* The bytes tensor t's components span in its slab. */
 static atom tensor_span(const arena_tensor *t)
 {
-	atom a = {UINT64_MAX, 0};
+	atom a = {UINT64_MAX, 0, NULL};
 	for (uint32_t c = 0; c < t->n_comp; c++) {
 		if (t->comp[c].offset < a.begin)
 			a.begin = t->comp[c].offset;
@@ -241,7 +250,7 @@ static atom tensor_span(const arena_tensor *t)
 }
 
 /* Where block b's pieces start (cuts[0] = 0), at most `piece` bytes each
- * unless one tensor is larger; returns how many (>= 1). `at` has room for
+ * unless one tensor (or one module's tensors) is larger; returns how many (>= 1). `at` has room for
  * the block's tensors, cuts for one more. */
 static size_t cut_block(const arena_layout *l, size_t b, uint64_t piece, atom *at, uint64_t *cuts)
 {
@@ -249,14 +258,18 @@ static size_t cut_block(const arena_layout *l, size_t b, uint64_t piece, atom *a
 	size_t n = 0;
 	for (uint32_t k = 0; k < blk->n_tensors; k++) {
 		const arena_tensor *t = &l->tensors[l->order[blk->first + k]];
-		if (t->n_comp)
-			at[n++] = tensor_span(t);
+		if (t->n_comp) {
+			at[n] = tensor_span(t);
+			at[n++].name = t->name;
+		}
 	}
 	qsort(at, n, sizeof(*at), cmp_atom);
-	/* A tensor's components (and tensors whose spans overlap) stay together. */
+	/* A tensor's components (and tensors whose spans overlap) stay together,
+	 * and so do neighbouring tensors of one module (a caller that acquires a
+	 * module's tensors then needs one piece). */
 	size_t m = 0;
 	for (size_t i = 0; i < n; i++) {
-		if (m && at[i].begin < at[m - 1].end) {
+		if (m && (at[i].begin < at[m - 1].end || same_module(at[i].name, at[m - 1].name))) {
 			if (at[i].end > at[m - 1].end)
 				at[m - 1].end = at[i].end;
 		} else {

@@ -255,7 +255,8 @@ typedef struct arena_open_options {
 	uint64_t sim_capacity; /* the simulated device; 0 = 16 GiB, or vram_cap when larger */
 	double sim_bandwidth;  /* host-to-device bytes per second; 0 = as fast as memcpy */
 	/* images only: stream blocks larger than this in pieces, each cut where a
-	 * tensor starts and at most this size unless one tensor is larger; the
+	 * tensor starts (not between a module's weight and bias) and at most this
+	 * size unless one module's tensors are larger; the
 	 * pieces are then the arena's blocks ("transformer_blocks.3#0", ...,
 	 * same container and index), acquired and released one by one, so the
 	 * ring holds pieces and the model runs in less memory (`arena plan

@@ -33,6 +33,12 @@ static arena_image *image_of(const char *fixture, const char *quant)
 }
 
 /* The span of tensor t's components, [lo, hi) within its block. */
+static int same_module(const char *a, const char *b)
+{
+	const char *da = strrchr(a, '.'), *db = strrchr(b, '.');
+	return da && db && da - a == db - b && !strncmp(a, b, (size_t)(da - a));
+}
+
 static void span(const arena_tensor *t, uint64_t *lo, uint64_t *hi)
 {
 	*lo = UINT64_MAX;
@@ -50,11 +56,17 @@ static void check_pieces(const arena_layout *l, uint64_t piece)
 	cr_assert_eq(arena_layout_pieces(l, piece, &p, &par), 0, "%s", arena_last_error());
 	cr_assert_eq(p->n_tensors, l->n_tensors);
 	cr_assert_eq(p->data_length, l->data_length);
-	uint64_t largest = 0; /* the largest tensor span */
+	uint64_t largest = 0; /* the largest module's span (a module's tensors stay in one piece) */
 	for (size_t i = 0; i < l->n_tensors; i++) {
-		uint64_t lo, hi;
-		span(&l->tensors[i], &lo, &hi);
-		largest = hi - lo > largest ? hi - lo : largest;
+		uint64_t lo, hi, a = UINT64_MAX, z = 0;
+		for (size_t k = 0; k < l->n_tensors; k++)
+			if (l->tensors[k].block == l->tensors[i].block && same_module(l->tensors[k].name, l->tensors[i].name)) {
+				span(&l->tensors[k], &lo, &hi);
+				a = lo < a ? lo : a;
+				z = hi > z ? hi : z;
+			}
+		if (z > a)
+			largest = z - a > largest ? z - a : largest;
 	}
 	/* Pieces of each block tile its slab, in order. */
 	size_t j = 0;
@@ -101,6 +113,11 @@ static void check_pieces(const arena_layout *l, uint64_t piece)
 			cr_assert_eq(t->comp[c].offset % ARENA_TENSOR_ALIGN, 0);
 		}
 		cr_assert_eq(arena_layout_find(p, a->name), t);
+		/* a module's tensors (a Linear's weight and bias) in one piece */
+		for (size_t k = 0; k < i; k++)
+			if (l->tensors[k].block == a->block && same_module(l->tensors[k].name, a->name))
+				cr_assert_eq(p->tensors[k].block, t->block, "%s and %s in two pieces (piece size %llu)",
+					     l->tensors[k].name, a->name, (unsigned long long)piece);
 	}
 	/* order[] groups each piece's tensors. */
 	for (size_t q = 0; q < p->n_blocks; q++)
