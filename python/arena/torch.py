@@ -194,6 +194,207 @@ class _BlockBinding:
             )
 
 
+class _LeafRef:
+    """A module inside a pieced block that owns bound tensors: its calls go to the block's binding."""
+
+    def __init__(self, block: "_PiecedBinding", key: int):
+        self.block = block
+        self.key = key
+
+    def run(self, call: Callable[..., Any], mod: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        return self.block.leaf(self.key, call, mod, args, kwargs)
+
+
+class _PiecedBinding:
+    """A block module whose image block is streamed in pieces (``piece_size``).
+
+    Each module inside it that owns bound tensors (a Linear, a norm) acquires
+    the pieces holding its tensors when it is called (one piece: pieces are
+    never cut inside a module) and the block's call holds each piece from its
+    first use to its last, learned from the block's previous call (on a first
+    call, or when the calls change, a piece is held until a module needs
+    another), so the ring holds a few pieces, not the block. A recompute in
+    backward (checkpointing) holds each piece until the backward of every
+    module that used it has run (its input's gradient is made), so a train
+    step holds at most one block's pieces at a time."""
+
+    def __init__(self, handle: "Handle", name: str, pieces: Dict[int, "_BlockBinding"], need: List[Tuple[int, ...]]):
+        self.handle = handle
+        self.name = name
+        self.pieces = pieces  # arena block index -> the piece's binding (its views)
+        self.need = need  # per leaf key: the pieces it needs
+        self.index = min(pieces)  # for the handle's bookkeeping
+        self.params = [pc for b in pieces.values() for pc in b.params]
+        self.held: Dict[int, Optional[int]] = {}  # piece -> the stream it was acquired on
+        self.active = False
+        self.backward = False
+        self.pos = 0
+        self.rec: List[int] = []
+        self.seq: Optional[List[int]] = None
+        self.rel_after: Dict[int, List[int]] = {}
+        self.follow = False
+        self.watched: Set[int] = set()  # forward positions whose backward releases recompute holds
+        self.bw: Dict[int, Tuple[int, ...]] = {}  # recompute: position -> pieces it holds for backward
+        self.bw_ref: Dict[int, int] = {}
+        self.own: Optional[int] = None  # the leaf key of the block module's own tensors, if it has any
+
+    # --- pieces ---
+    def _acquire(self, idx: int) -> None:
+        h = self.handle
+        stream = h._stream()
+        addr = h.arena.acquire(idx, stream)
+        self.held[idx] = stream
+        self.pieces[idx].bind(addr)
+
+    def _release(self, idx: int) -> None:
+        self.held.pop(idx)
+        self.handle.arena.release(idx, self.handle._stream())
+
+    def release_all(self) -> None:
+        """Step end: whatever is still held goes."""
+        self.bw.clear()
+        self.bw_ref.clear()
+        self.watched.clear()
+        for idx in list(self.held):
+            self._release(idx)
+
+    def _bw_done(self, pos: int) -> None:
+        for idx in self.bw.pop(pos, ()):
+            self.bw_ref[idx] -= 1
+            if not self.bw_ref[idx]:
+                del self.bw_ref[idx]
+                if idx in self.held:
+                    self._release(idx)
+
+    def _learn(self) -> None:
+        if self.rec == self.seq:
+            return
+        self.seq = list(self.rec)
+        last: Dict[int, int] = {}
+        for pos, key in enumerate(self.seq):
+            for idx in self.need[key]:
+                last[idx] = pos
+        self.rel_after = {}
+        for idx, pos in last.items():
+            self.rel_after.setdefault(pos, []).append(idx)
+
+    # --- calls ---
+    def run(self, call: Callable[..., Any], mod: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        h = self.handle
+        backward = _in_backward()
+        if not h._step_open:
+            h._begin_step()
+        if h._all_resident:
+            for idx, b in self.pieces.items():
+                b.bind(h._resident_at[idx])
+            if torch.is_grad_enabled() and not backward:
+                self._check_training(args, kwargs)
+            return call(mod, *args, **kwargs)
+        if torch.is_grad_enabled() and not backward:
+            self._check_training(args, kwargs)
+        if self.active:  # a block calling itself: its pieces stay as they are
+            return call(mod, *args, **kwargs)
+        self.active, self.backward, self.pos = True, backward, 0
+        self.rec = []
+        self.follow = self.seq is not None and not backward
+        if not backward:
+            self.watched = set()
+        keep: Tuple[int, ...] = self.need[self.own] if self.own is not None else ()
+        done = False
+        try:
+            for idx in keep:  # the block's own tensors: held for the whole call
+                self._acquire(idx)
+            out = call(mod, *args, **kwargs)
+            done = True
+        finally:
+            self.active = False
+            for idx in list(self.held):
+                if not (backward and (self.bw_ref.get(idx) or idx in keep)):
+                    self._release(idx)
+        if done and not backward:
+            self._learn()
+        return out
+
+    def leaf(self, key: int, call: Callable[..., Any], mod: nn.Module, args: Tuple[Any, ...],
+             kwargs: Dict[str, Any]) -> Any:
+        h = self.handle
+        need = self.need[key]
+        if not h._step_open:
+            h._begin_step()
+        if h._all_resident:
+            for idx in need:
+                self.pieces[idx].bind(h._resident_at[idx])
+            return call(mod, *args, **kwargs)
+        if not self.active:  # called on its own, outside its block: its pieces for this call
+            for idx in need:
+                if idx not in self.held:
+                    self._acquire(idx)
+            try:
+                return call(mod, *args, **kwargs)
+            finally:
+                for idx in need:
+                    if idx in self.held and not self.bw_ref.get(idx):
+                        self._release(idx)
+        pos = self.pos
+        self.pos += 1
+        if self.backward:  # a recompute: held until this module's backward has run
+            for idx in need:
+                if idx not in self.held:
+                    self._acquire(idx)
+            out = call(mod, *args, **kwargs)
+            if pos in self.watched and pos not in self.bw:
+                self.bw[pos] = need
+                for idx in need:
+                    self.bw_ref[idx] = self.bw_ref.get(idx, 0) + 1
+            return out
+        self.rec.append(key)
+        if self.follow and (pos >= len(self.seq or ()) or (self.seq or ())[pos] != key):
+            self.follow = False  # the calls changed: hold only what each module needs
+        own = self.need[self.own] if self.own is not None else ()
+        if not self.follow:
+            for idx in list(self.held):
+                if idx not in need and idx not in own:
+                    self._release(idx)
+        for idx in need:
+            if idx not in self.held:
+                self._acquire(idx)
+        if torch.is_grad_enabled():
+            grads = [x for x in list(args) + list(kwargs.values()) if isinstance(x, torch.Tensor) and x.requires_grad]
+            if grads:
+                self.watched.add(pos)
+                hk = torch.autograd.graph.register_multi_grad_hook(grads, lambda _g, p=pos: self._bw_done(p), mode="all")
+                h._hooks.append(hk)
+        out = call(mod, *args, **kwargs)
+        if self.follow:
+            for idx in self.rel_after.get(pos, ()):
+                if idx in self.held and idx not in own:
+                    self._release(idx)
+        return out
+
+    def _check_training(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+        h = self.handle
+        for p, _ in self.params:
+            if p.requires_grad:
+                raise Error(
+                    "USAGE",
+                    f"{self.name}: the weights arena holds are frozen; training them (full fine-tuning, "
+                    f"requires_grad on '{h._pname(p)}') is not supported: train adapters "
+                    f"(peft LoRA) or parameters of your own instead",
+                )
+        grads = [x for x in list(args) + list(kwargs.values()) if isinstance(x, torch.Tensor) and x.requires_grad]
+        grads += [p for p in h._module_of[self.index].parameters() if p.requires_grad]
+        resident = all(h.arena.block_state(i)[0] for i in self.pieces)
+        if resident or _under_checkpoint() or not grads:
+            return
+        raise Error(
+            "USAGE",
+            f"{self.name} is streamed and runs with autograd outside gradient checkpointing: the "
+            f"weights its backward needs would be overwritten in the ring; enable non-reentrant "
+            f"checkpointing of every block (diffusers: module.enable_gradient_checkpointing()), or "
+            f"give arena more vram so that the block stays resident",
+        )
+
+
 class Handle:
     """What ``attach`` returns: the binding of a module to an arena."""
 
@@ -204,7 +405,8 @@ class Handle:
         self._step_open = False
         self._deferred: List[Tuple[int, Optional[int]]] = []
         self._hooks: List[Any] = []
-        self._blocks: List[_BlockBinding] = []
+        self._blocks: List[_BlockBinding] = []  # whole blocks
+        self._pieced: List[_PiecedBinding] = []  # blocks in pieces
         self._module_of: Dict[int, nn.Module] = {}
         self._restore: List[Callable[[], None]] = []
         self._names: Dict[int, str] = {}
@@ -227,6 +429,8 @@ class Handle:
         while self._deferred:
             i, s = self._deferred.pop(0)
             self.arena.release(i, s)
+        for pb in self._pieced:
+            pb.release_all()
         for hk in self._hooks:
             hk.remove()
         self._hooks.clear()
@@ -251,7 +455,8 @@ class Handle:
         # acquire: their device addresses hold until a step end changes the plan.
         self._all_resident = self.arena.plan()["n_streamed"] == 0
         if self._all_resident:
-            self._resident_at = {b.index: self.arena.block_state(b.index)[1] for b in self._blocks}
+            idx = [b.index for b in self._blocks] + [i for pb in self._pieced for i in pb.pieces]
+            self._resident_at = {i: self.arena.block_state(i)[1] for i in idx}
 
     def _end_step(self) -> None:
         if self._step_open:
@@ -511,17 +716,18 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any) -> None:
         problems.append(f"the image's '{n}' has no parameter in the module")
     # 2. The image's blocks are ModuleList children of the module.
     prefix = next((p for p in _STRIP if any(n.startswith(p) for n, _ in module.named_modules())), "")
-    block_mod: Dict[int, nn.Module] = {}
+    block_mod: Dict[int, nn.Module] = {}  # arena block (or piece) -> the block module
+    parent_of: Dict[int, str] = {}  # arena block (or piece) -> the image block's name
     for b in a.blocks:
         if b.container is None:
             continue
-        if "#" in b.name:
-            raise Error("USAGE", f"{a.path}: opened with piece_size (block '{b.name}' is a piece): attach binds "
-                        "whole blocks; open it without piece_size")
+        parent = b.name.partition("#")[0]  # a piece ("transformer_blocks.3#1") is part of its block
+        parent_of[b.index] = parent
         try:
-            m = module.get_submodule(prefix + b.name)
+            m = module.get_submodule(prefix + parent)
         except AttributeError:
-            problems.append(f"the image's block '{b.name}' is not a submodule of the module")
+            if b.name == parent or b.name.endswith("#0"):
+                problems.append(f"the image's block '{parent}' is not a submodule of the module")
             continue
         parent = module.get_submodule((prefix + b.container).rstrip("."))
         if not isinstance(parent, nn.ModuleList):
@@ -532,7 +738,7 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any) -> None:
         if info.block in block_mod:
             blk = a.blocks[info.block]
             if not _is_within(module, owner, block_mod[info.block]):
-                problems.append(f"'{iname}' is in image block '{blk.name}' but not inside that submodule")
+                problems.append(f"'{iname}' is in image block '{parent_of[info.block]}' but not inside that submodule")
     if problems:
         head = f"cannot attach {type(module).__name__} to {a.path}: {len(problems)} problem(s): "
         shown = "; ".join(problems[:40]) + ("; ..." if len(problems) > 40 else "")
@@ -558,14 +764,42 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any) -> None:
         p = _swap(h, owner, leaf, is_buf, view, old)
         per_block.setdefault(info.block, []).append((p, c))
         owners[id(owner)] = owner
-    for idx, m in block_mod.items():
-        params = per_block.get(idx, [])
-        b = _BlockBinding(h, idx, a.blocks[idx].name, params)
-        resident, dev, host = a.block_state(idx)
-        b.addr = dev if resident else -1  # host views are placeholders: bind at the first call
-        h._blocks.append(b)
-        h._module_of[idx] = m
-        _wrap_block(h, m, b)
+    groups: Dict[str, List[int]] = {}
+    for idx in block_mod:
+        groups.setdefault(parent_of[idx], []).append(idx)
+    for parent, idxs in groups.items():
+        m = block_mod[idxs[0]]
+        bs: Dict[int, _BlockBinding] = {}
+        for idx in idxs:
+            b = _BlockBinding(h, idx, a.blocks[idx].name, per_block.get(idx, []))
+            resident, dev, host = a.block_state(idx)
+            b.addr = dev if resident else -1  # host views are placeholders: bind at the first call
+            bs[idx] = b
+            h._module_of[idx] = m
+        if len(idxs) == 1 and a.blocks[idxs[0]].name == parent:  # a whole block
+            h._blocks.append(bs[idxs[0]])
+            _wrap_block(h, m, bs[idxs[0]])
+            continue
+        # In pieces: the modules owning its tensors acquire the pieces they need.
+        leaf_need: Dict[int, Set[int]] = {}
+        leaf_mod: Dict[int, nn.Module] = {}
+        for idx in idxs:
+            for iname in [n for n, (o, _, _, info) in bound.items() if info.block == idx]:
+                owner = bound[iname][0]
+                leaf_need.setdefault(id(owner), set()).add(idx)
+                leaf_mod[id(owner)] = owner
+        keys = list(leaf_mod)
+        pb = _PiecedBinding(h, parent, bs, [tuple(sorted(leaf_need[k])) for k in keys])
+        h._pieced.append(pb)
+        for key, oid in enumerate(keys):
+            leaf = leaf_mod[oid]
+            if leaf is m:  # the block's own tensors: the block's call acquires them
+                pb.own = key
+                continue
+            _wrap_block(h, leaf, _LeafRef(pb, key))  # type: ignore[arg-type]
+        _wrap_block(h, m, pb)  # type: ignore[arg-type]
+    if mode == "train" and h._pieced:
+        _check_train_ring(h)
     # 4. Guards: moves and conversions of bound weights, adapter merges, a second attach.
     for owner in {id(o): o for o, _, _, _ in bound.values()}.values():
         _guard_apply(h, owner, [leaf for o, leaf, _, _ in bound.values() if o is owner])
@@ -575,6 +809,27 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any) -> None:
     h._restore.append(hook.remove)
     module._arena_handle = weakref.ref(h)
     h._restore.append(lambda: module.__dict__.pop("_arena_handle", None))
+
+
+def _check_train_ring(h: Handle) -> None:
+    """Training in pieces: a block's recompute holds all its pieces until its
+    backward has run, so the ring must hold a whole block beside the next piece."""
+    a = h.arena
+    pl = a.plan()
+    if not pl["n_streamed"]:
+        return
+    slot = pl["slot_bytes"] or max(a.blocks[i].nbytes for pb in h._pieced for i in pb.pieces)
+    block = max(sum(a.blocks[i].nbytes for i in pb.pieces) for pb in h._pieced)
+    ring = pl["slots"] * slot
+    if ring >= block + slot:
+        return
+    depth = -(-block // slot)  # the ring holds depth + 1 pieces: a whole block and one more
+    raise Error(
+        "BUDGET",
+        f"{a.path}: training in pieces holds a block's pieces from its recompute to its backward: the ring "
+        f"({pl['slots']} x {slot} bytes) must hold the largest block ({block} bytes) and one piece more; "
+        f"attach with depth={depth} (keep_last=0), or larger pieces",
+    )
 
 
 def _placeholder(h: Handle, c: Component) -> torch.Tensor:
