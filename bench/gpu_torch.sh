@@ -8,7 +8,8 @@
 # $OUT/torch.jsonl, the bench stream reports in $OUT/engine_*.json.
 # TORCH_ARGS: more arguments for every run (--sync: the old timing, a device-wide
 # synchronize after each step). TRACE=1: arena runs also write $OUT/trace-RUN-VRAM.json (3 steps after the timed ones).
-# usage: A=build/arena OUT=dir sh bench/gpu_torch.sh WORKDIR [RUN[:VRAM[:RESERVE[:DEPTH]]]...]
+# usage: A=build/arena OUT=dir sh bench/gpu_torch.sh WORKDIR [RUN[:VRAM[:RESERVE[:DEPTH[:PIECE]]]]...]
+# (PIECE: --piece-size, blocks streamed in pieces; train runs in pieces get --keep-last 0)
 set -u
 A=${A:-build/arena}
 OUT=${OUT:-.}
@@ -26,21 +27,23 @@ one() {
 	timeout 300 $P "$@" ${TORCH_ARGS:-} --image "$IMG" --safetensors "$ST" 2>"$W/last.err" | tail -n 1 >>"$OUT/torch.jsonl" ||
 		{ echo "failed: $*" >&2; tail -n 3 "$W/last.err" >&2; }
 }
-# RUN[:VRAM[:RESERVE[:DEPTH]]] (an empty field: the default)
+# RUN[:VRAM[:RESERVE[:DEPTH[:PIECE]]]] (an empty field: the default)
 RUNS=${*:-"plain-sample arena-sample arena-sample:8G diffusers-sample arena-sample:4G plain-train arena-train:8G:3G arena-train:6G:3G"}
 for r in $RUNS; do
-	IFS=: read -r name v res depth <<EOR
+	IFS=: read -r name v res depth piece <<EOR
 $r
 EOR
 	set --
 	[ -n "$v" ] && set -- --vram "$v"
 	[ -n "$res" ] && set -- "$@" --reserve "$res"
 	[ -n "$depth" ] && set -- "$@" --depth "$depth"
+	[ -n "$piece" ] && set -- "$@" --piece-size "$piece"
+	[ -n "$piece" ] && case $name in *-train) set -- "$@" --keep-last 0 ;; esac
 	case $name in
-	*-train) set -- "$@" --grads "$W/grads-$name-${v:-all}.pt" ;;
+	*-train) set -- "$@" --grads "$W/grads-$name-${v:-all}${piece:+-$piece}.pt" ;;
 	esac
 	case $name in
-	arena-*) [ -n "${TRACE:-}" ] && set -- "$@" --trace "$OUT/trace-$name-${v:-all}.json" ;;
+	arena-*) [ -n "${TRACE:-}" ] && set -- "$@" --trace "$OUT/trace-$name-${v:-all}${piece:+-$piece}.json" ;;
 	esac
 	one "$name" "$@"
 done

@@ -154,6 +154,8 @@ def main() -> None:
     ap.add_argument("--vram", default=None)
     ap.add_argument("--reserve", default=None)
     ap.add_argument("--depth", type=int, default=None, help="arena runs: copies in flight ahead (ring = depth + 1 slots)")
+    ap.add_argument("--piece-size", default=None, help="arena runs: stream blocks in pieces of at most this size")
+    ap.add_argument("--keep-last", type=int, default=None, help="arena train runs: the ring's extra slots")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--grads", default=None)
     ap.add_argument("--blocks", type=int, default=None)
@@ -167,7 +169,7 @@ def main() -> None:
     t_start = time.perf_counter()
     torch.cuda.init()
     peak = DevPeak()
-    res = {"run": a.run, "vram": a.vram, "reserve": a.reserve, "depth": a.depth, "context_bytes": peak.base}
+    res = {"run": a.run, "vram": a.vram, "reserve": a.reserve, "depth": a.depth, "piece_size": a.piece_size, "context_bytes": peak.base}
     train = a.run.endswith("-train")
     h = None
     if a.run.startswith("plain"):
@@ -188,7 +190,7 @@ def main() -> None:
         res["model_build_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         h = at.attach(m, a.image, mode="train" if train else "sample", vram=a.vram, reserve=a.reserve, depth=a.depth,
-                      device="cuda")
+                      device="cuda", piece_size=a.piece_size, keep_last=a.keep_last)
         res["setup_s"] = time.perf_counter() - t0
         res["plan"] = h.plan()
         if a.vram:
