@@ -28,6 +28,7 @@
 #define DEFAULT_SLOT (1u << 20)  /* a read: hashed while in cache, copied while in the LLC */
 #define DEFAULT_SPT 4u
 #define PIECE (16u << 20)        /* a unit of work (whole chunks for images) */
+#define ZSTD_PIECE (64u << 20)   /* zstd images: a piece of stored chunks, read in one read */
 
 typedef struct lsrc {
 	const char *path; /* borrowed */
@@ -933,11 +934,18 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 	for (uint64_t c = 0; c < h->chunk_count && !L.hb4; c++)
 		L.hb4 = img->chunks[c].codec == ARENA_CODEC_HB4;
 	/* Pieces of whole chunks (ARENA_LOAD_PIECE: another size, for measuring). */
-	uint64_t piece_bytes = PIECE;
+	int zstd = 0;
+	for (uint64_t c = 0; c < h->chunk_count && !zstd; c++)
+		zstd = img->chunks[c].codec == ARENA_CODEC_ZSTD;
+	/* zstd: a cold load on the GPU machine's disk was 3-13 % faster with
+	 * 64 MiB read in one than with 16 MiB read chunk by chunk, and 16 MiB read
+	 * in one was 20-25 % slower (bench/RESULTS.md). */
+	const uint64_t dflt = zstd ? ZSTD_PIECE : PIECE;
+	uint64_t piece_bytes = dflt;
 	const char *env = getenv("ARENA_LOAD_PIECE");
 	if (env && (arena_size_parse(env, &piece_bytes) || !piece_bytes)) {
 		arena_error_clear();
-		piece_bytes = PIECE;
+		piece_bytes = dflt;
 	}
 	uint64_t per = piece_bytes / h->chunk_size ? piece_bytes / h->chunk_size : 1;
 	L.per = per;
