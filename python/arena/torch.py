@@ -39,6 +39,12 @@ they are on is fine, and moves the other parameters as usual).
 compiled code; parameters keep their identity, shape and dtype, so steps
 after the first recompile nothing.
 
+Blocks in pieces (``piece_size``): each module inside a block that owns bound
+tensors acquires the piece holding them when it is called; the block's call
+holds a piece from its first use to its last (docs/PYTHON.md, "Blocks in
+pieces"), so the ring holds pieces, not blocks. Training in pieces needs a
+ring that holds one block and a piece (``depth``; attach says the value).
+
 Between calls, a streamed block's parameters view ring memory that other
 blocks reuse: read weights through ``handle.arena.tensors()``, not through
 the module, outside a forward.
@@ -627,7 +633,8 @@ def attach(
       sample, 4 GiB train) and ``headroom``.
     trainable: names (or a predicate on names) of parameters of your own that
       stay torch parameters; peft adapter parameters are recognized.
-    Other keywords go to :func:`arena.open` (``sim_capacity``, ``profile``...).
+    Other keywords go to :func:`arena.open` (``piece_size``: stream blocks in pieces
+      of at most this size, each module acquiring its own; ``sim_capacity``, ``profile``...).
 
     Raises :class:`arena.Error`: ``BUDGET`` when the model cannot run in
     ``vram``, ``USAGE`` listing every mismatch between module and image.
