@@ -165,6 +165,55 @@ int arena_residency_piece_fit(const arena_layout *l, const arena_engine_opts *o,
 	return 0;
 }
 
+int arena_residency_piece_auto(const arena_layout *l, const arena_engine_opts *o, uint64_t budget, uint64_t *piece)
+{
+	*piece = 0;
+	arena_engine_opts q = *o;
+	q.cost = NULL; /* by bytes */
+	q.h2d_bytes_per_s = 0;
+	q.sched = NULL;
+	q.n_sched = 0;
+	arena_residency_plan t;
+	int rc = arena_residency_plan_make(l, &q, budget, &t);
+	if (rc == 0) {
+		size_t streamed = t.n_streamed;
+		arena_residency_plan_release(&t);
+		if (!streamed)
+			return 0; /* all resident: nothing to gain */
+	} else if (rc != ARENA_E(BUDGET)) {
+		return rc;
+	} else {
+		arena_error_clear();
+	}
+	uint64_t big = 0;
+	for (size_t b = 0; b < l->n_blocks; b++)
+		if (l->blocks[b].container && l->blocks[b].bytes > big)
+			big = l->blocks[b].bytes;
+	uint64_t quarter = 1;
+	while (quarter <= big / 8)
+		quarter <<= 1; /* the largest power of two <= big / 4 */
+	if (big < 4)
+		return 0;
+	arena_layout *pl;
+	if ((rc = arena_layout_pieces(l, quarter, &pl, NULL)))
+		return rc;
+	rc = arena_residency_plan_make(pl, &q, budget, &t);
+	arena_layout_free(pl);
+	if (rc == 0) {
+		arena_residency_plan_release(&t);
+		*piece = quarter;
+		return 0;
+	}
+	if (rc != ARENA_E(BUDGET))
+		return rc;
+	arena_error_clear();
+	uint64_t fit = 0;
+	if ((rc = arena_residency_piece_fit(l, o, budget, &fit)))
+		return rc;
+	*piece = fit < quarter ? fit : 0;
+	return 0;
+}
+
 /* --- the ring (shared by the run and the planner's dry run) ---------------- */
 
 /* The ring is one device buffer of `bytes` (slots x the largest streamed

@@ -82,10 +82,13 @@ enum { CLI_O_MODE = 1000, CLI_O_DEPTH, CLI_O_KEEP, CLI_O_HEAD, CLI_O_RES, CLI_O_
 	"  --headroom SIZE     physical slack (default min(512M, 2% of the device or cap))\n"     \
 	"  --reserve SIZE      working memory for activations (default 1G sample,\n"              \
 	"                      4G train, at most a quarter of what is left)\n"                     \
-	"  --piece-size SIZE   images: stream blocks larger than SIZE in pieces, each cut\n"       \
-	"                      where a tensor starts, at most SIZE unless one tensor is\n"        \
-	"                      larger: the ring holds pieces, the model runs in less\n"           \
-	"                      memory (plan shows the floor); default whole blocks\n"
+	"  --piece-size SIZE|auto  images: stream blocks larger than SIZE in pieces, cut\n"     \
+	"                      where a module's tensors start, at most SIZE unless one\n"        \
+	"                      module is larger: the ring holds pieces, more stays\n"            \
+	"                      resident, the model runs in less memory (plan shows the\n"        \
+	"                      floor); auto: whole blocks when all fit, else pieces of a\n"      \
+	"                      quarter of the largest block (128M for Flux) or smaller\n"        \
+	"                      ones that fit; default whole blocks\n"
 struct arena_open_options;
 int cli_engine_option(const char *cmd, int ch, const char *arg, struct arena_open_options *o);
 

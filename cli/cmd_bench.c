@@ -419,12 +419,14 @@ int cmd_bench(int argc, char **argv)
 	 * the same kinds of steps with every block resident (no cap, nothing
 	 * held), one warm-up and three timed of each kind. */
 	if (cuda) {
+		const uint64_t piece = p.piece_size; /* the same units as the run ("auto" resolved) */
 		arena_close(a);
 		a = L.a = NULL;
 		bench_work_free(w); /* gives back the ballast, makes a new stream below */
 		w = L.w = NULL;
 		arena_open_options full = ao;
 		full.vram_cap = 0;
+		full.piece_size = piece;
 		full.flags &= ~ARENA_OPEN_STRICT;
 		if ((rc = bench_work_create(cuda, tokens, flops, 4ull << 30, bw, &w)) || (rc = arena_open(path, &full, &a)))
 			goto done;
@@ -512,6 +514,7 @@ int cmd_bench(int argc, char **argv)
 					 profile == 0 ? "none" : profile == 2 ? "learn" : cuda ? "measured" : "modelled",
 					 "predicted_step_s", p.predicted_step_s, "device_free", (json_int_t)devfree,
 					 "device_held_bytes", (json_int_t)bheld);
+		json_object_set_new(root, "piece_size", json_integer((json_int_t)p.piece_size));
 		json_object_set_new(root, "passes", json_integer(passes));
 		json_object_set_new(root, "sample_every", json_integer(every));
 		json_object_set_new(root, "steps", arr);
@@ -531,6 +534,8 @@ int cmd_bench(int argc, char **argv)
 		printf(", T=%g, %.3g FLOP/s, measured h2d %.2f GB/s)\n", tokens, flops, h2d / 1e9);
 		if (cuda)
 			printf("compute: %s\n", measured ? "the all-resident run's step time" : "modelled at --flops");
+		if (p.piece_size)
+			printf("pieces: blocks streamed in pieces of at most %s\n", cli_fmt_bytes(p.piece_size, s1, sizeof(s1)));
 		printf("plan: %zu resident (%s), %zu streamed through %u slots x %s; predicted %s streamed per step\n",
 		       p.n_resident, cli_fmt_bytes(p.resident_bytes, s1, sizeof(s1)), p.n_streamed, p.slots,
 		       cli_fmt_bytes(p.slot_bytes, s2, sizeof(s2)), cli_fmt_bytes(p.stream_bytes_per_step, s3, sizeof(s3)));

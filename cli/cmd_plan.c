@@ -97,6 +97,14 @@ int cmd_plan(int argc, char **argv)
 	if ((rc = arena_img_open(path, &img)))
 		return cli_fail(rc);
 	const arena_layout *l = img->layout;
+	if (piece == ARENA_PIECE_AUTO) { /* chosen from the budget, as arena_open does */
+		uint64_t bu, hr, rs;
+		arena_residency_budget(vram, vram, &o, &bu, &hr, &rs);
+		if ((rc = arena_residency_piece_auto(l, &o, bu, &piece))) {
+			arena_img_close(img);
+			return cli_fail(rc);
+		}
+	}
 	arena_layout *pl = NULL; /* with --piece-size: the blocks in pieces */
 	uint32_t *par = NULL;    /* each piece's block */
 	double *cost = NULL;

@@ -97,6 +97,10 @@ int cli_engine_option(const char *cmd, int ch, const char *arg, arena_open_optio
 		*(ch == CLI_O_HEAD ? &o->headroom : &o->reserve) = n ? n : ARENA_ZERO_BYTES;
 		return 0;
 	case CLI_O_PIECE:
+		if (!strcmp(arg, "auto")) {
+			o->piece_size = ARENA_PIECE_AUTO;
+			return 0;
+		}
 		return cli_size_arg(cmd, "--piece-size", arg, 1, &o->piece_size);
 	default:
 		return -1;

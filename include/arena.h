@@ -260,9 +260,16 @@ typedef struct arena_open_options {
 	 * pieces are then the arena's blocks ("transformer_blocks.3#0", ...,
 	 * same container and index), acquired and released one by one, so the
 	 * ring holds pieces and the model runs in less memory (`arena plan
-	 * --piece-size` shows the floor). 0 = whole blocks. */
+	 * --piece-size` shows the floor). 0 = whole blocks; ARENA_PIECE_AUTO =
+	 * whole blocks when they all fit on the device, else pieces of a quarter
+	 * of the largest block rounded down to a power of two (128 MiB for
+	 * Flux), or smaller ones when those do not fit (arena_plan_get's
+	 * piece_size says what was chosen). */
 	uint64_t piece_size;
 } arena_open_options;
+
+/* arena_open_options.piece_size: chosen from the budget (see there). */
+#define ARENA_PIECE_AUTO UINT64_MAX
 
 /* Open `path` with `opt` (NULL = defaults). On success *out holds the one
  * reference; on failure *out is NULL and arena_last_error() says why.
@@ -415,6 +422,7 @@ typedef struct arena_plan_info {
 	size_t n_resident, n_streamed; /* blocks other than globals */
 	size_t schedule_length;  /* entries of the schedule (arena_schedule_get) */
 	double predicted_step_s; /* by the compute profile; 0 without one */
+	uint64_t piece_size;     /* blocks streamed in pieces of at most this; 0 whole blocks */
 } arena_plan_info;
 
 ARENA_API int arena_plan_get(const arena *a, arena_plan_info *out);

@@ -258,6 +258,24 @@ static int place(void *ctx, const arena_layout *l, uint8_t *on_device)
 	return 0;
 }
 
+/* piece_size ARENA_PIECE_AUTO: what the image's whole-block layout needs
+ * under the budget the device gives now (arena_residency_piece_auto). */
+static int auto_piece(arena *a, const char *path, uint64_t *piece)
+{
+	*piece = 0;
+	arena_image *img;
+	int rc = arena_img_open(path, &img);
+	if (rc)
+		return rc;
+	uint64_t free_b = 0, total = 0, budget, headroom, reserve;
+	if (!(rc = a->be->ops->mem_info(a->be, &free_b, &total))) {
+		arena_residency_budget(total, free_b, &a->eo, &budget, &headroom, &reserve);
+		rc = arena_residency_piece_auto(img->layout, &a->eo, budget, piece);
+	}
+	arena_img_close(img);
+	return rc;
+}
+
 int arena__open_tuned(const char *path, const arena_open_options *opt, const arena_load_opts *tune, arena **out,
 		      arena_load_stats *st, volatile sig_atomic_t *cancel)
 {
@@ -304,7 +322,13 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 	arena_load_opts lo = {.threads = o->threads, .io = ARENA_IO_AUTO};
 	if (tune)
 		lo = *tune;
-	open_ctx pc = {a, path, o->profile, a->is_image, o->piece_size != 0};
+	uint64_t piece = o->piece_size; /* "auto": chosen for an image, whole blocks for a checkpoint */
+	if (piece == ARENA_PIECE_AUTO && !a->is_image)
+		piece = 0;
+	if (piece == ARENA_PIECE_AUTO && (rc = auto_piece(a, path, &piece)))
+		goto fail;
+	a->piece_size = piece;
+	open_ctx pc = {a, path, o->profile, a->is_image, piece != 0};
 	lo.backend = a->be;
 	lo.budget = &a->budget;
 	lo.cancel = cancel;
@@ -312,13 +336,13 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 	lo.on_device = NULL;
 	lo.place = place;
 	lo.place_ctx = &pc;
-	lo.piece_bytes = o->piece_size;
+	lo.piece_bytes = piece;
 	rc = a->is_image ? arena_load_image(path, &lo, &a->m, st) : arena_load_safetensors(&path, 1, NULL, &lo, &a->m, st);
 	if (rc)
 		goto fail;
 	/* An image's blocks can be read again, so resident ones may leave the
 	 * device under pressure; a checkpoint's device blocks stay. */
-	if (a->is_image && (rc = arena_slab_reader_open_pieces(path, a->m->layout, o->piece_size, &a->rr)))
+	if (a->is_image && (rc = arena_slab_reader_open_pieces(path, a->m->layout, piece, &a->rr)))
 		goto fail;
 	a->eo.reread = a->rr ? arena_slab_reader_read : NULL;
 	a->eo.reread_ctx = a->rr;

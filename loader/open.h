@@ -27,6 +27,7 @@ struct arena {
 	double *cost;             /* a profile read from a file */
 	char *path;               /* what it was opened from (traces name it) */
 	int is_image;
+	uint64_t piece_size;      /* the pieces it was opened in (auto resolved); 0 whole blocks */
 	pthread_mutex_t mu;
 	int mu_init;
 	int closed;

@@ -180,7 +180,8 @@ int arena_plan_get(const arena *a, arena_plan_info *out)
 				 .n_resident = p->n_resident,
 				 .n_streamed = p->n_streamed,
 				 .schedule_length = p->n_sched,
-				 .predicted_step_s = p->step_s};
+				 .predicted_step_s = p->step_s,
+				 .piece_size = a->piece_size};
 	return unlock(a, 0);
 }
 

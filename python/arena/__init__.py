@@ -476,8 +476,11 @@ def open(
     sim_capacity, sim_bandwidth: the simulated device's size and copy rate.
     piece_size: images only: stream blocks larger than this in pieces (the
       arena's blocks are then the pieces, "transformer_blocks.3#0", ...): the
-      model runs in less memory. ``arena.torch.attach`` binds whole blocks and
-      refuses an arena opened with pieces.
+      model runs in less memory, and more of it stays resident beside a
+      smaller ring. "auto": whole blocks when they all fit, else pieces of a
+      quarter of the largest block (128 MiB for Flux) or smaller ones when
+      those do not fit; ``plan()["piece_size"]`` says what was chosen.
+      ``arena.torch.attach`` binds an arena in pieces module by module.
 
     Raises :class:`Error` (``code`` "BUDGET" when the model cannot run within
     ``vram`` at all; the message says what it needs).
@@ -516,7 +519,13 @@ def open(
     o.profile = os.fsencode(profile) if profile else None
     o.sim_capacity = parse_size(sim_capacity, "sim_capacity") or 0
     o.sim_bandwidth = float(sim_bandwidth or 0)
-    o.piece_size = parse_size(piece_size, "piece_size") or 0
+    if isinstance(piece_size, str) and piece_size.strip().lower() == "auto":
+        o.piece_size = _native.PIECE_AUTO
+    else:
+        try:
+            o.piece_size = parse_size(piece_size, "piece_size") or 0
+        except ValueError as e:
+            raise ValueError(str(e).replace("is not a size", "is not a size or 'auto'", 1)) from None
     out = ctypes.c_void_p()
     p = os.fspath(path)
     _check(_native.lib.arena_open(os.fsencode(p), ctypes.byref(o), ctypes.byref(out)))

@@ -28,6 +28,7 @@ ZERO_BYTES = (1 << 64) - 1  # ARENA_ZERO_BYTES: headroom / reserve explicitly no
 ZERO_COUNT = (1 << 32) - 1  # ARENA_ZERO_COUNT: keep_last explicitly none
 MODE_SAMPLE = 0
 MODE_TRAIN = 1
+PIECE_AUTO = (1 << 64) - 1  # ARENA_PIECE_AUTO
 OPEN_STRICT = 1
 OPEN_NO_LEARN = 2
 OPEN_FIXED_SCHEDULE = 4
@@ -139,6 +140,7 @@ class PlanInfo(Structure):
         ("n_streamed", c_size_t),
         ("schedule_length", c_size_t),
         ("predicted_step_s", c_double),
+        ("piece_size", c_uint64),
     ]
 
 

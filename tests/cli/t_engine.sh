@@ -134,6 +134,21 @@ PY
 	run bench stream "$T/f.arena" --vram-cap "$v" --headroom 0 --reserve 0 --sim-capacity 1G --steps 3
 	expect_rc 2
 	expect_error_line
+	# --piece-size auto: pieces where whole blocks do not fit, whole blocks where all fit.
+	run bench stream "$T/f.arena" --piece-size auto --vram-cap "$v" --headroom 0 --reserve 0 --sim-capacity 1G --steps 3 --json
+	expect_rc 0
+	python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["piece_size"] == 16384, d["piece_size"]' "$T/out" ||
+		fail "bench stream --piece-size auto did not choose 16K pieces"
+	run plan "$T/f.arena" --vram 1G --piece-size auto --json
+	expect_rc 0
+	python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["piece_size"] is None, d["piece_size"]' "$T/out" ||
+		fail "plan --piece-size auto: pieces where all fits"
+	run plan "$T/f.arena" --vram "$v" --headroom 0 --reserve 0 --piece-size auto
+	expect_rc 0
+	expect_out "pieces: "
+	run plan "$T/f.arena" --vram 1G --piece-size autox
+	expect_rc 2
+	expect_error_line
 	run load "$T/f.arena" --piece-size 16K --backend sim --vram-cap "$v" --headroom 0 --reserve 0 --check
 	expect_rc 0
 	expect_out "device bytes match the image"

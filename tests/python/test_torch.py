@@ -361,6 +361,19 @@ class Pieces(unittest.TestCase):
             h.detach()
             self.assertEqual({p.device.type for p in m.parameters()}, {"meta"})
 
+    def test_auto(self):
+        """piece_size="auto": pieces where whole blocks stream, whole blocks where all fits."""
+        opts = dict(self.PIECES, piece_size="auto")
+        for cap, want in (("120K", 16384), ("16G", 0)):
+            m = model()
+            h = at.attach(m, IMG, sim_capacity=cap, **opts)
+            self.assertEqual(h.plan()["piece_size"], want, cap)
+            with torch.no_grad():
+                self.assertTrue(torch.equal(m(**inputs()).sample, self.want), cap)
+            h.detach()
+        with self.assertRaisesRegex(ValueError, "piece_size: 'autox' is not a size or 'auto'"):
+            arena.open(IMG, device="sim", piece_size="autox")
+
     def test_training_equals_plain(self):
         m0 = model(meta=False)
         add_lora(m0)

@@ -233,5 +233,77 @@ Test(pieces, streamed_pieces_hold_the_image_bytes)
 	arena_open_options so = {.backend = "sim", .piece_size = piece};
 	cr_assert_eq(arena_open(fixture_path("tiny_flux.safetensors"), &so, &a), ARENA_E_USAGE);
 	cr_assert_null(a);
+	/* "auto" opens a checkpoint in whole blocks. */
+	so.piece_size = ARENA_PIECE_AUTO;
+	cr_assert_eq(arena_open(fixture_path("tiny_flux.safetensors"), &so, &a), 0, "%s", arena_last_error());
+	arena_plan_info pi;
+	cr_assert_eq(arena_plan_get(a, &pi), 0);
+	cr_assert_eq(pi.piece_size, 0);
+	arena_close(a);
+	tmpdir_remove(dir);
+}
+
+/* piece_size "auto": whole blocks when they all fit; pieces of a quarter of
+ * the largest block (a power of two) when blocks stream or do not fit;
+ * smaller ones when those do not fit; whole blocks (and the whole-block
+ * error) when nothing fits. arena_open says what it chose. */
+Test(pieces, auto_size_from_the_budget)
+{
+	tmpdir_make(dir, sizeof(dir), "test-pieces-auto");
+	arena_image *img = image_of("tiny_flux.safetensors", NULL);
+	const char *path = tmpdir_file(dir, "p.arena");
+	const arena_layout *l = img->layout;
+	uint64_t big = 0, total = 0;
+	for (size_t b = 0; b < l->n_blocks; b++) {
+		total += l->blocks[b].bytes;
+		if (l->blocks[b].container && l->blocks[b].bytes > big)
+			big = l->blocks[b].bytes;
+	}
+	uint64_t quarter = 1;
+	while (quarter * 2 <= big / 4)
+		quarter *= 2;
+	arena_engine_opts eo = {.mode = ARENA_MODE_SAMPLE, .headroom = 0, .reserve = 0};
+	uint64_t p = 1;
+	cr_assert_eq(arena_residency_piece_auto(l, &eo, total * 2, &p), 0);
+	cr_assert_eq(p, 0, "all fits: whole blocks");
+	cr_assert_eq(arena_residency_piece_auto(l, &eo, total - big, &p), 0);
+	cr_assert_eq(p, quarter, "blocks stream: pieces of %llu, got %llu", (unsigned long long)quarter,
+		     (unsigned long long)p);
+	/* Below the whole-block floor, at the floor of those pieces. */
+	arena_layout *pl;
+	uint64_t cap, wts;
+	cr_assert_eq(arena_layout_pieces(l, quarter, &pl, NULL), 0);
+	cr_assert_eq(arena_residency_floor(pl, &eo, &cap, &wts), 0, "%s", arena_last_error());
+	arena_layout_free(pl);
+	cr_assert_eq(arena_residency_piece_auto(l, &eo, wts, &p), 0);
+	cr_assert_eq(p, quarter);
+	/* Below that: a smaller piece size that fits, or none. */
+	cr_assert_eq(arena_residency_piece_auto(l, &eo, wts - 1, &p), 0);
+	cr_assert_lt(p, quarter);
+	if (p) {
+		cr_assert_eq(arena_layout_pieces(l, p, &pl, NULL), 0);
+		arena_residency_plan t;
+		cr_assert_eq(arena_residency_plan_make(pl, &eo, wts - 1, &t), 0, "%s", arena_last_error());
+		arena_residency_plan_release(&t);
+		arena_layout_free(pl);
+	}
+	cr_assert_eq(arena_residency_piece_auto(l, &eo, 1024, &p), 0);
+	cr_assert_eq(p, 0, "nothing fits");
+	arena_img_close(img);
+	/* Through arena_open: what it chose. */
+	arena_open_options o = {.backend = "sim", .piece_size = ARENA_PIECE_AUTO, .vram_cap = wts,
+				.headroom = ARENA_ZERO_BYTES, .reserve = ARENA_ZERO_BYTES};
+	arena *a;
+	cr_assert_eq(arena_open(path, &o, &a), 0, "%s", arena_last_error());
+	arena_plan_info pi;
+	cr_assert_eq(arena_plan_get(a, &pi), 0);
+	cr_assert_eq(pi.piece_size, quarter);
+	cr_assert_gt(arena_block_count(a), l ? 6 : 0);
+	arena_close(a);
+	o.vram_cap = 0;
+	cr_assert_eq(arena_open(path, &o, &a), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_plan_get(a, &pi), 0);
+	cr_assert_eq(pi.piece_size, 0, "no cap: whole blocks");
+	arena_close(a);
 	tmpdir_remove(dir);
 }
