@@ -3,8 +3,10 @@
 #include "residency_int.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../common/alloc.h"
 #include "../common/err.h"
@@ -389,6 +391,7 @@ void arena__timed_release(arena__timed *t)
 	arena_free(t->rel_t);
 	arena_free(t->gain);
 	arena_free(t->swappable);
+	arena_free(t->lazy);
 	arena_free(t->seq);
 	memset(t, 0, sizeof(*t));
 }
@@ -401,8 +404,9 @@ int arena__timed_init(arena__timed *t, size_t n, size_t n_sched)
 	t->rel_t = arena_calloc(n ? n : 1, sizeof(*t->rel_t));
 	t->gain = arena_calloc(n ? n : 1, sizeof(*t->gain));
 	t->swappable = arena_calloc(n ? n : 1, 1);
+	t->lazy = arena_calloc(n ? n : 1, sizeof(*t->lazy));
 	t->seq = arena_calloc(n_sched ? n_sched : 1, sizeof(*t->seq));
-	if (!rc && t->fill_t && t->rel_t && t->gain && t->swappable && t->seq)
+	if (!rc && t->fill_t && t->rel_t && t->gain && t->swappable && t->lazy && t->seq)
 		return 0;
 	arena__timed_release(t);
 	return -1;
@@ -454,8 +458,10 @@ double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const
 	for (int step = 0; step < 3; step++) {
 		if (step == 1)
 			t0 = comp;
-		if (step == 2)
+		if (step == 2) { /* the third step's copies start within the second: its start is all it adds */
 			t1 = comp;
+			break;
+		}
 		comp += o->step_gap_s > 0 ? o->step_gap_s : 0;
 		for (size_t i = 0; i < n_sched; i++) {
 			uint32_t b = sched[i];
@@ -579,6 +585,112 @@ void arena__plan_derive(const arena_layout *l, arena_residency_plan *p, uint32_t
  * run of the whole schedule per candidate, and 457 pieces took 26 s. */
 #define GREEDY_SWAP_MAX 128
 
+/* The greedy's candidates of a round, timed by several threads when there
+ * are many (pieces): each evaluates every T-th candidate with its own
+ * copy of the resident set and its own scratch; gains go to distinct
+ * entries. Exactly what one thread computes, sooner. */
+#define GREEDY_PAR_MIN 64 /* candidates a round worth threads */
+#define GREEDY_THREADS 8
+
+typedef struct greedy_worker {
+	const arena_layout *l;
+	const arena_engine_opts *o;
+	const arena_residency_plan *p;
+	const uint32_t *cands;
+	size_t n, first, step;
+	uint8_t *cand; /* its own resident set */
+	arena__timed ts;
+	double cur, *gain;
+	int failed; /* a candidate could not be placed */
+	pthread_t th;
+} greedy_worker;
+
+static void greedy_eval(greedy_worker *w)
+{
+	for (size_t i = w->first; i < w->n; i += w->step) {
+		uint32_t b = w->cands[i];
+		uint64_t sz = w->l->blocks[b].bytes;
+		w->cand[b] = 1;
+		double t = arena__timed_run(w->l, w->o, w->p->sched, w->p->bwd, w->p->n_sched, w->cand, w->p->slots, &w->ts);
+		w->cand[b] = 0;
+		if (t < 0) {
+			w->failed = 1;
+			return;
+		}
+		w->gain[b] = w->cur - t > w->cur * 1e-9 && sz ? (w->cur - t) / (double)sz : 0;
+	}
+}
+
+static void *greedy_thread(void *arg)
+{
+	greedy_eval(arg);
+	return NULL;
+}
+
+/* Threads for a greedy over k blocks: 1 (the caller alone) when few, or
+ * when their scratch cannot be had. */
+unsigned arena__greedy_threads;
+
+static unsigned greedy_workers(const arena_layout *l, const arena_residency_plan *p, size_t k, greedy_worker *w)
+{
+	long cpus = arena__greedy_threads ? (long)arena__greedy_threads : sysconf(_SC_NPROCESSORS_ONLN);
+	unsigned n = k < GREEDY_PAR_MIN || cpus < 2 ? 1 : cpus < GREEDY_THREADS ? (unsigned)cpus : GREEDY_THREADS;
+	for (unsigned j = 1; j < n; j++) {
+		w[j].cand = arena_malloc(l->n_blocks ? l->n_blocks : 1);
+		if (!w[j].cand || arena__timed_init(&w[j].ts, l->n_blocks, p->n_sched)) {
+			arena_free(w[j].cand);
+			w[j].cand = NULL;
+			return j; /* as many as had scratch */
+		}
+	}
+	return n;
+}
+
+static void greedy_workers_free(greedy_worker *w, unsigned n)
+{
+	for (unsigned j = 1; j < n; j++) {
+		arena__timed_release(&w[j].ts);
+		arena_free(w[j].cand);
+	}
+}
+
+/* Time the n candidates `cands` added one at a time to `cand` (gains per
+ * byte into gain[]); -1 when one cannot be placed. */
+static int greedy_round(greedy_worker *w, unsigned nw, const arena_layout *l, const arena_engine_opts *o,
+			const arena_residency_plan *p, const uint32_t *cands, size_t n, uint8_t *cand, double cur,
+			double *gain, arena__timed *ts)
+{
+	unsigned started = 1;
+	for (unsigned j = 0; j < nw; j++) {
+		w[j] = (greedy_worker){.l = l, .o = o, .p = p, .cands = cands, .n = n, .first = j, .step = nw,
+				      .cand = j ? w[j].cand : cand, .ts = j ? w[j].ts : *ts, .cur = cur, .gain = gain};
+		if (j) {
+			memcpy(w[j].cand, cand, l->n_blocks);
+			if (pthread_create(&w[j].th, NULL, greedy_thread, &w[j]))
+				break; /* the caller does the rest */
+			started++;
+		}
+	}
+	/* What did not start, the caller evaluates: its share and theirs. */
+	for (unsigned j = started; j < nw; j++)
+		w[j].failed = 0;
+	greedy_eval(&w[0]);
+	int failed = w[0].failed;
+	for (unsigned j = started; j < nw && !failed; j++) {
+		greedy_worker x = w[0];
+		x.first = j;
+		x.failed = 0;
+		greedy_eval(&x);
+		failed = x.failed;
+	}
+	for (unsigned j = 1; j < started; j++) {
+		pthread_join(w[j].th, NULL);
+		failed |= w[j].failed;
+	}
+	*ts = w[0].ts;
+	return failed ? -1 : 0;
+}
+
 /* With a profile: from the resident set `cand` (room bytes left), make
  * blocks resident one at a time (a few at a time past GREEDY_SWAP_MAX),
  * each the one that shortens the predicted step most per byte, or the
@@ -590,26 +702,30 @@ static double greedy_timed(const arena_layout *l, const arena_engine_opts *o, co
 	uint8_t *swappable = ts->swappable; /* not resident by force (larger than a slot) */
 	for (size_t b = 0; b < l->n_blocks; b++)
 		swappable[b] = !cand[b];
+	greedy_worker w[GREEDY_THREADS];
+	memset(w, 0, sizeof(w));
+	const unsigned nw = greedy_workers(l, p, k, w);
+	uint32_t *cands = ts->lazy;
 	double cur = arena__timed_run(l, o, p->sched, p->bwd, p->n_sched, cand, p->slots, ts);
 	while (cur >= 0) {
 		int64_t pick = -1, big = -1;
 		double best = 0;
+		size_t n = 0;
 		for (size_t i = 0; i < k; i++) {
 			uint32_t b = order[i];
-			uint64_t sz = l->blocks[b].bytes;
 			gain[b] = 0;
-			if (cand[b] || sz > *room)
+			if (cand[b] || l->blocks[b].bytes > *room)
 				continue;
-			if (big < 0 || sz > l->blocks[big].bytes)
+			if (big < 0 || l->blocks[b].bytes > l->blocks[big].bytes)
 				big = b;
-			cand[b] = 1;
-			double t = arena__timed_run(l, o, p->sched, p->bwd, p->n_sched, cand, p->slots, ts);
-			cand[b] = 0;
-			if (t < 0)
-				return t;
-			gain[b] = cur - t > cur * 1e-9 && sz ? (cur - t) / (double)sz : 0;
-			best = gain[b] > best ? gain[b] : best;
+			cands[n++] = b;
 		}
+		if (greedy_round(w, nw, l, o, p, cands, n, cand, cur, gain, ts)) {
+			greedy_workers_free(w, nw);
+			return -1;
+		}
+		for (size_t i = 0; i < n; i++)
+			best = gain[cands[i]] > best ? gain[cands[i]] : best;
 		if (big < 0)
 			break;
 		/* Among the blocks within 2% of the best gain per byte, the largest:
@@ -674,6 +790,7 @@ static double greedy_timed(const arena_layout *l, const arena_engine_opts *o, co
 		*room = *room + l->blocks[ra].bytes - l->blocks[sb].bytes;
 		cur = best_t;
 	}
+	greedy_workers_free(w, nw);
 	return cur;
 }
 

@@ -52,12 +52,17 @@ typedef struct arena__timed {
 	double *fill_t, *rel_t; /* per block: its copy is done, its last release */
 	double *gain;           /* per block: the greedy's gain per byte */
 	uint8_t *swappable;     /* per block: chosen by the greedy, may be swapped */
+	uint32_t *lazy;         /* the greedy's candidates of a round */
 	uint32_t *seq;          /* the streamed entries' blocks */
 	arena_plan_span *spans; /* when not NULL: every copy and entry of the run, in time */
 	size_t n_spans;
 } arena__timed;
 
 int arena__timed_init(arena__timed *t, size_t n, size_t n_sched);
+
+/* Threads the timed greedy may use for a layout of many blocks (pieces):
+ * 0 = as many as there are cores, at most 8; tests set 1 to compare. */
+extern unsigned arena__greedy_threads;
 void arena__timed_release(arena__timed *t);
 /* Predicted seconds of a steady step of `sched` with the blocks in `res`
  * resident under o's profile; negative when a block cannot be placed. */

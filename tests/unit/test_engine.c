@@ -19,6 +19,7 @@
 #include "../../arena/backend.h"
 #include "../../arena/budget.h"
 #include "../../arena/engine.h"
+#include "../../arena/residency_int.h"
 #include "../../common/alloc.h"
 #include "../../common/err.h"
 #include "../../common/io.h"
@@ -386,6 +387,57 @@ Test(engine_plan, a_gap_between_steps)
 	cr_assert_leq(t11, t01);
 	arena_residency_plan_release(&p0);
 	arena_residency_plan_release(&p1);
+	arena_layout_free(l);
+}
+
+/* Many blocks (as pieces make): the timed greedy's candidates are timed by
+ * several threads, and the plan is the one a single thread makes, in both
+ * modes; when the threads' scratch cannot be allocated, a single thread
+ * does it, with the same plan (or NOMEM, nothing else). */
+Test(engine_plan, many_blocks_the_same_plan_with_threads)
+{
+	enum { N = 160 };
+	uint64_t sizes[N];
+	double cost[N + 1];
+	cost[0] = 0;
+	for (size_t i = 0; i < N; i++) {
+		sizes[i] = (i % 7 < 3 ? 1700000 : 900000) + 4096 * (i % 5);
+		cost[i + 1] = (i % 7 < 3 ? 0.9e-3 : 1.1e-3) * (1 + 0.1 * (double)(i % 3));
+	}
+	arena_layout *l = mk_layout(sizes, N, 500000);
+	for (int mode = ARENA_MODE_SAMPLE; mode <= ARENA_MODE_TRAIN; mode++) {
+		arena_engine_opts o = base_opts(mode);
+		o.h2d_bytes_per_s = 55e9 / 64;
+		o.cost = cost;
+		uint64_t budget = 90000000;
+		arena_residency_plan one, many;
+		arena__greedy_threads = 1;
+		cr_assert_eq(arena_residency_plan_make(l, &o, budget, &one), 0, "%s", arena_last_error());
+		arena__greedy_threads = 4;
+		cr_assert_eq(arena_residency_plan_make(l, &o, budget, &many), 0, "%s", arena_last_error());
+		cr_assert_gt(one.n_resident, 8);
+		cr_assert_gt(one.n_streamed, 8);
+		cr_assert(memcmp(one.resident, many.resident, N + 1) == 0, "mode %d: the plans differ", mode);
+		cr_assert_eq(one.step_s, many.step_s);
+		for (long n = 1; n < 100000; n++) {
+			arena_residency_plan f;
+			arena_fault_alloc(n);
+			int rc = arena_residency_plan_make(l, &o, budget, &f);
+			int fired = arena_fault_alloc_fired();
+			arena_fault_alloc(0);
+			if (rc) {
+				cr_assert_eq(rc, ARENA_E_NOMEM, "n=%ld: %s", n, arena_last_error());
+				continue;
+			}
+			cr_assert(memcmp(one.resident, f.resident, N + 1) == 0, "n=%ld: another plan", n);
+			arena_residency_plan_release(&f);
+			if (!fired)
+				break;
+		}
+		arena__greedy_threads = 0;
+		arena_residency_plan_release(&one);
+		arena_residency_plan_release(&many);
+	}
 	arena_layout_free(l);
 }
 
