@@ -15,7 +15,8 @@
 #             headroom + reserve.
 #   pfloor    blocks in pieces of $PIECE (default 128M) under --vram-cap
 #             $PFLOOR_CAP (default 1G: weights get what headroom and reserve
-#             leave): step <= 1.05 x bound (with a trace, engine_pfloor.trace.json)
+#             leave; PDEPTH: --depth): step <= 1.05 x bound (with a trace,
+#             engine_pfloor.trace.json)
 #   p8        the same pieces under an 8G cap, beside cap8
 # Each run's JSON goes to $OUT/engine_<name>.json, then one summary line.
 # cap8 also writes its steps' trace, $OUT/engine_cap8.trace.json (open it in
@@ -113,7 +114,7 @@ for r in $RUNS; do
 	pressure43) run pressure43 --steps 14 --device-free 43G --pressure 20G@3 ;;
 	pfloor)
 		run pfloor --steps "$STEPS" --vram-cap "${PFLOOR_CAP:-1G}" --mode sample --piece-size "${PIECE:-128M}" \
-			--trace "$OUT/engine_pfloor.trace.json"
+			${PDEPTH:+--depth "$PDEPTH"} --trace "$OUT/engine_pfloor.trace.json"
 		trace_summary pfloor "$OUT/engine_pfloor.trace.json"
 		;;
 	p8) run p8 --steps "$STEPS" --vram-cap 8G --mode sample --piece-size "${PIECE:-128M}" ;;
