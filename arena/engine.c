@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../common/alloc.h"
+#include "../common/clock.h"
 #include "../common/err.h"
 #include "residency_int.h"
 #include "trace.h"
@@ -958,7 +959,7 @@ int arena_engine_release(arena_engine *e, uint32_t block, arena_stream *stream)
 /* Move to the resident set `want` (between steps): demote what goes, largest
  * first, free the ring, promote what comes (a device allocation failure
  * leaves that block streamed), then a ring for what is streamed now. */
-static int apply(arena_engine *e, const uint8_t *want)
+static int apply_moves(arena_engine *e, const uint8_t *want)
 {
 	int rc, same = 1;
 	for (uint32_t b = 0; b < e->l->n_blocks && same; b++)
@@ -994,6 +995,15 @@ static int apply(arena_engine *e, const uint8_t *want)
 	}
 	refresh(e);
 	return fit_ring(e);
+}
+
+/* apply_moves, its host time counted in the step's record. */
+static int apply(arena_engine *e, const uint8_t *want)
+{
+	const double t0 = arena_now_s();
+	int rc = apply_moves(e, want);
+	e->rec.move_s += arena_now_s() - t0;
+	return rc;
 }
 
 /* Room: a plan t for the budget now is worth moving to when it keeps more
@@ -1035,7 +1045,10 @@ static void plan_changed(arena_engine *e)
 static int make_plan(arena_engine *e, uint64_t budget, arena_residency_plan *t)
 {
 	e->plans_made++;
-	return arena_residency_plan_make(e->l, &e->o, budget, t);
+	const double t0 = arena_now_s();
+	int rc = arena_residency_plan_make(e->l, &e->o, budget, t);
+	e->rec.plan_s += arena_now_s() - t0;
+	return rc;
 }
 
 /* Keep t as the memo for `budget` (an allocation failure only loses the memo). */
@@ -1212,6 +1225,7 @@ int arena_engine_step_end(arena_engine *e)
 		return arena_errorf(ARENA_E_USAGE, "engine: step_end outside a step");
 	if (e->n_held)
 		return arena_errorf(ARENA_E_USAGE, "engine: step_end with %zu streamed blocks still acquired", e->n_held);
+	const double t_end = arena_now_s();
 	for (uint32_t b = 0; b < e->l->n_blocks; b++)
 		if (e->res_held[b])
 			return arena_errorf(ARENA_E_USAGE, "engine: step_end with block '%s' still acquired",
@@ -1278,7 +1292,9 @@ int arena_engine_step_end(arena_engine *e)
 		return fail_engine(e, rc);
 	/* The next step's first copies run behind this step's last compute. */
 	e->begun = 1;
-	return fail_engine(e, prefetch(e));
+	rc = prefetch(e);
+	e->hist[(e->steps - 1) % ARENA_ENGINE_HISTORY].end_s = arena_now_s() - t_end;
+	return fail_engine(e, rc);
 }
 
 int arena_engine_trace_begin(arena_engine *e, const char *path, const char *label, size_t max_records)

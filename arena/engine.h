@@ -298,6 +298,10 @@ typedef struct arena_engine_step {
 	int stopped_early;       /* the step ended before its schedule did */
 	unsigned demotions, promotions, alloc_retries;
 	int over_budget;         /* nothing left to demote and still over */
+	/* Host seconds: the step's step_end call, the planning counted for this
+	 * step (in its step_end, or a mode change before it), and the moves of
+	 * blocks to and from the device (promotions, demotions, a new ring). */
+	double end_s, plan_s, move_s;
 } arena_engine_step;
 
 typedef struct arena_engine arena_engine;

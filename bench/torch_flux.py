@@ -114,6 +114,26 @@ def add_lora(m) -> None:
 SYNC = False  # --sync: a device-wide synchronize after every step (see time_steps)
 
 
+HOST_TIMING = False
+HOST: dict = {}  # --host-timing: host seconds in arena's calls, this step
+
+
+def host_timing(a) -> None:
+    """Time arena's step_end, acquire and release on the host (per step, in HOST)."""
+    for name in ("step_end", "acquire", "release", "step_begin"):
+        f = getattr(a, name)
+
+        def wrap(*args, _f=f, _n=name, **kw):
+            t0 = time.perf_counter()
+            try:
+                return _f(*args, **kw)
+            finally:
+                HOST[_n] = HOST.get(_n, 0.0) + time.perf_counter() - t0
+                HOST["n_" + _n] = HOST.get("n_" + _n, 0) + 1
+
+        setattr(a, name, wrap)
+
+
 def time_steps(step, n: int, peak: DevPeak, res: dict | None = None):
     """Seconds of each of n steps on the device: between CUDA events recorded on
     torch's stream after each step, the host never waiting in between (as a
@@ -136,10 +156,18 @@ def time_steps(step, n: int, peak: DevPeak, res: dict | None = None):
     w0 = time.perf_counter()
     ev = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
     ev[0].record()
+    hosts = []
     for i in range(n):
+        HOST.clear()
+        t0 = time.perf_counter()
         step()
         ev[i + 1].record()
+        if HOST_TIMING:
+            HOST["step_host_s"] = time.perf_counter() - t0
+            hosts.append({k: round(v, 4) if isinstance(v, float) else v for k, v in HOST.items()})
         peak.read()
+    if res is not None and hosts:
+        res["host_steps"] = hosts
     torch.cuda.synchronize()
     if res is not None:
         res["wall_per_step_s"] = (time.perf_counter() - w0) / n
@@ -154,6 +182,7 @@ def main() -> None:
     ap.add_argument("--vram", default=None)
     ap.add_argument("--reserve", default=None)
     ap.add_argument("--depth", type=int, default=None, help="arena runs: copies in flight ahead (ring = depth + 1 slots)")
+    ap.add_argument("--host-timing", action="store_true", help="arena runs: host seconds in step_end/acquire/release per step")
     ap.add_argument("--piece-size", default=None, help="arena runs: stream blocks in pieces of at most this size")
     ap.add_argument("--keep-last", type=int, default=None, help="arena train runs: the ring's extra slots")
     ap.add_argument("--steps", type=int, default=8)
@@ -165,6 +194,8 @@ def main() -> None:
     global BLOCKS, SYNC
     BLOCKS = a.blocks
     SYNC = a.sync
+    global HOST_TIMING
+    HOST_TIMING = a.host_timing
     torch.backends.cuda.enable_cudnn_sdp(False)
     t_start = time.perf_counter()
     torch.cuda.init()
@@ -193,6 +224,8 @@ def main() -> None:
                       device="cuda", piece_size=a.piece_size, keep_last=a.keep_last)
         res["setup_s"] = time.perf_counter() - t0
         res["plan"] = h.plan()
+        if a.host_timing:
+            host_timing(h.arena)
         if a.vram:
             # torch may use what arena's plan leaves of --vram: all the process uses stays under it
             import arena
@@ -256,7 +289,7 @@ def main() -> None:
         h.arena.sync()
         st = h.stats()
         res["records"] = [{k: r[k] for k in ("mode", "streamed_bytes", "misses", "stalls", "stall_s", "resident_bytes",
-                                             "demotions", "promotions", "schedule_learned")} for r in st]
+                                             "demotions", "promotions", "schedule_learned", "end_s", "plan_s", "move_s")} for r in st]
         res["streamed_bytes_median"] = sorted(r["streamed_bytes"] for r in st[2:])[len(st[2:]) // 2] if len(st) > 2 else 0
     if train and a.grads:
         torch.save(first, a.grads)

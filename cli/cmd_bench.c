@@ -503,6 +503,9 @@ int cmd_bench(int argc, char **argv)
 			json_object_set_new(j, "gpu_timed", json_boolean(r->gpu_timed));
 			json_object_set_new(j, "gpu_compute_s", json_real(r->compute_s));
 			json_object_set_new(j, "profile_learned", json_boolean(r->profile_learned));
+			json_object_set_new(j, "end_s", json_real(r->end_s));
+			json_object_set_new(j, "plan_s", json_real(r->plan_s));
+			json_object_set_new(j, "move_s", json_real(r->move_s));
 			json_array_append_new(arr, j);
 		}
 		json_t *root = json_pack("{s:s,s:s,s:s,s:f,s:f,s:f,s:f,s:I,s:I,s:I,s:s,s:s,s:f,s:I,s:I}", "path", path, "backend",

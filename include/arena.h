@@ -398,6 +398,10 @@ typedef struct arena_step_info {
 	int gpu_timed;
 	unsigned stalls;
 	double stall_s, compute_s;
+	/* Host seconds: its arena_step_end call, the planning in it (or in a
+	 * mode change before it), the moves of blocks to and from the device in
+	 * it. A caller waiting for its steps leaves the device idle that long. */
+	double end_s, plan_s, move_s;
 } arena_step_info;
 
 /* Steps ended so far. */

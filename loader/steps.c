@@ -151,7 +151,10 @@ int arena_step_get(const arena *a, uint64_t step, arena_step_info *out)
 					 .gpu_timed = r.gpu_timed,
 					 .stalls = r.stalls,
 					 .stall_s = r.stall_s,
-					 .compute_s = r.compute_s};
+					 .compute_s = r.compute_s,
+					 .end_s = r.end_s,
+					 .plan_s = r.plan_s,
+					 .move_s = r.move_s};
 	return unlock(a, rc);
 }
 

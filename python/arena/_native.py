@@ -117,6 +117,9 @@ class StepInfo(Structure):
         ("stalls", c_uint),
         ("stall_s", c_double),
         ("compute_s", c_double),
+        ("end_s", c_double),
+        ("plan_s", c_double),
+        ("move_s", c_double),
     ]
 
 

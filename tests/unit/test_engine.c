@@ -1004,6 +1004,15 @@ Test(engine, steady_steps_do_not_plan_again)
 	cr_assert_gt(arena_engine_plans_made(e), made);
 	cr_assert_gt(r.demotions, 0, "demoted within the step");
 	cr_assert_eq(r.over_budget, 0);
+	/* Its host time: planned and moved blocks within step_end. */
+	cr_assert_gt(r.plan_s, 0);
+	cr_assert_gt(r.move_s, 0);
+	cr_assert_geq(r.end_s, r.plan_s + r.move_s);
+	arena_engine_step q;
+	cr_assert_eq(arena_engine_step_record(e, arena_engine_steps(e) - 2, &q), 0);
+	cr_assert_eq(q.plan_s, 0, "a steady step plans nothing");
+	cr_assert_eq(q.move_s, 0);
+	cr_assert_gt(q.end_s, 0);
 	cr_assert_leq(arena_engine_plan(e)->need_bytes, r.budget);
 	expect_whole(e, m);
 	/* Given back: promoted after the hysteresis, then steady again. */
