@@ -245,7 +245,9 @@ typedef struct arena_open_options {
 	uint64_t headroom;     /* physical slack; 0 = min(512 MiB, 2% of the device or cap) */
 	uint64_t reserve;      /* working memory for activations; 0 = 1 GiB sample, 4 GiB train,
 				* at most a quarter of what is left after the headroom */
-	unsigned depth;        /* the ring holds depth + 1 of the largest streamed block; 0 = 2 */
+	unsigned depth;        /* the ring holds depth + 1 of the largest streamed block; 0 = 2,
+				* and in train mode in pieces as many as one block's pieces
+				* (a checkpointed recompute holds them) when that is more */
 	unsigned keep_last;    /* train: extra ring slots keeping the last forward blocks; 0 = 1 */
 	unsigned hysteresis;   /* steps of room before promoting blocks again; 0 = 3 */
 	unsigned flags;        /* ARENA_OPEN_* */

@@ -210,7 +210,35 @@ typedef struct open_ctx {
 	const char *path;
 	const char *profile;
 	int image, pieces; /* an image; opened in pieces */
+	int depth_given;   /* the caller chose the ring's depth */
 } open_ctx;
+
+/* Training in pieces: a checkpointed caller's recompute holds a block's
+ * pieces until that block's backward has run, so unless the caller chose a
+ * depth, the ring holds the largest block's pieces and one more (depth =
+ * the block's bytes over its largest piece, rounded up), never less than
+ * the default. Pieces of one block share its container and index. */
+static void train_depth(const arena_layout *l, arena_engine_opts *o)
+{
+	uint64_t hold = 0, big = 0, run = 0;
+	for (size_t b = 0; b < l->n_blocks; b++) {
+		const arena_block *k = &l->blocks[b];
+		if (!k->container)
+			continue;
+		const arena_block *prev = b ? &l->blocks[b - 1] : NULL;
+		int same = prev && prev->container && prev->index == k->index && !strcmp(prev->container, k->container);
+		run = same ? run + k->bytes : k->bytes;
+		hold = run > hold ? run : hold;
+		big = k->bytes > big ? k->bytes : big;
+	}
+	if (!big)
+		return;
+	uint64_t d = (hold + big - 1) / big;
+	if (d > 64)
+		d = 64;
+	if (d > (o->depth ? o->depth : ARENA_ENGINE_DEFAULT_DEPTH))
+		o->depth = (unsigned)d;
+}
 
 /* Once the layout is known, before anything is allocated: read the profile
  * (if one is given), plan for the device as it is now, and put on the device
@@ -221,6 +249,8 @@ static int place(void *ctx, const arena_layout *l, uint8_t *on_device)
 	arena *a = c->a;
 	arena_engine_opts *o = &a->eo;
 	int rc;
+	if (c->pieces && !c->depth_given && o->mode == ARENA_MODE_TRAIN)
+		train_depth(l, o);
 	if (c->profile) {
 		if (!(a->cost = arena_calloc(l->n_blocks ? l->n_blocks : 1, sizeof(*a->cost))))
 			return arena_errorf(ARENA_E_NOMEM, "out of memory");
@@ -328,7 +358,7 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 	if (piece == ARENA_PIECE_AUTO && (rc = auto_piece(a, path, &piece)))
 		goto fail;
 	a->piece_size = piece;
-	open_ctx pc = {a, path, o->profile, a->is_image, piece != 0};
+	open_ctx pc = {a, path, o->profile, a->is_image, piece != 0, o->depth != 0};
 	lo.backend = a->be;
 	lo.budget = &a->budget;
 	lo.cancel = cancel;

@@ -43,7 +43,8 @@ Blocks in pieces (``piece_size``): each module inside a block that owns bound
 tensors acquires the piece holding them when it is called; the block's call
 holds a piece from its first use to its last (docs/PYTHON.md, "Blocks in
 pieces"), so the ring holds pieces, not blocks. Training in pieces needs a
-ring that holds one block and a piece (``depth``; attach says the value).
+ring that holds one block and a piece: the default depth does; a smaller
+``depth`` given is refused with the value that is enough.
 
 Between calls, a streamed block's parameters view ring memory that other
 blocks reuse: read weights through ``handle.arena.tensors()``, not through

@@ -379,13 +379,18 @@ class Pieces(unittest.TestCase):
         add_lora(m0)
         want = train_steps(m0)
         m = model()
-        # A recompute holds a block's pieces until its backward: the ring must hold a block.
+        # A recompute holds a block's pieces until its backward: the ring must hold a
+        # block; a depth chosen too small is refused, saying what is enough.
         with self.assertRaises(arena.Error) as cm:
-            at.attach(m, IMG, mode="train", sim_capacity="200K", **self.PIECES)
+            at.attach(m, IMG, mode="train", sim_capacity="200K", depth=2, **self.PIECES)
         self.assertEqual(cm.exception.code, "BUDGET")
         self.assertIn("attach with depth=8", cm.exception.message)
-        h = at.attach(m, IMG, mode="train", sim_capacity="200K", depth=8, **self.PIECES)
+        h = at.attach(m, IMG, mode="train", sim_capacity="200K", **self.PIECES)  # the depth that holds one
         self.assertGreater(h.plan()["n_streamed"], 0)
+        pl = h.plan()
+        block = max(sum(b.nbytes for b in h.arena.blocks if b.name.startswith(n + "#")) for n in
+                    {b.name.partition("#")[0] for b in h.arena.blocks if "#" in b.name})
+        self.assertGreaterEqual(pl["slots"] * pl["slot_bytes"], block + pl["slot_bytes"])
         add_lora(m)
         losses, grads, after = train_steps(m)
         self.assertEqual(losses, want[0])

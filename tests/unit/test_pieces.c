@@ -305,5 +305,21 @@ Test(pieces, auto_size_from_the_budget)
 	cr_assert_eq(arena_plan_get(a, &pi), 0);
 	cr_assert_eq(pi.piece_size, 0, "no cap: whole blocks");
 	arena_close(a);
+	/* Training in pieces: unless a depth is given, the ring holds the
+	 * largest block's pieces and one more (a recompute holds them). */
+	arena_open_options t = {.backend = "sim", .piece_size = quarter, .vram_cap = 2 * total, .mode = ARENA_MODE_TRAIN,
+				.keep_last = ARENA_ZERO_COUNT, .headroom = ARENA_ZERO_BYTES, .reserve = ARENA_ZERO_BYTES};
+	t.vram_cap = total - big; /* some blocks stream */
+	cr_assert_eq(arena_open(path, &t, &a), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_plan_get(a, &pi), 0);
+	cr_assert_gt(pi.n_streamed, 0);
+	cr_assert_geq((uint64_t)pi.slots * pi.slot_bytes, big + pi.slot_bytes, "%u slots of %llu for a block of %llu",
+		      pi.slots, (unsigned long long)pi.slot_bytes, (unsigned long long)big);
+	arena_close(a);
+	t.depth = 2; /* given: as given */
+	cr_assert_eq(arena_open(path, &t, &a), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_plan_get(a, &pi), 0);
+	cr_assert_eq(pi.depth, 2);
+	arena_close(a);
 	tmpdir_remove(dir);
 }
