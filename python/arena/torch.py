@@ -208,6 +208,10 @@ class _LeafRef:
         self.block = block
         self.key = key
 
+    # Inside a compiled block: a graph break here (the acquire and the binding
+    # run eagerly, the module with them), not a trace of the binding, whose
+    # addresses change from call to call and would recompile.
+    @torch.compiler.disable
     def run(self, call: Callable[..., Any], mod: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         return self.block.leaf(self.key, call, mod, args, kwargs)
 
