@@ -129,6 +129,27 @@ int arena_residency_floor(const arena_layout *l, const arena_engine_opts *o, uin
 	return 0;
 }
 
+/* Whether l in pieces of `piece` has a plan under budget: 1, 0 (BUDGET,
+ * cleared), or an error. */
+static int pieces_fit(const arena_layout *l, const arena_engine_opts *q, uint64_t budget, uint64_t piece)
+{
+	arena_layout *pl;
+	int rc = arena_layout_pieces(l, piece, &pl, NULL);
+	if (rc)
+		return rc;
+	arena_residency_plan t;
+	rc = arena_residency_plan_make(pl, q, budget, &t);
+	arena_layout_free(pl);
+	if (rc == 0) {
+		arena_residency_plan_release(&t);
+		return 1;
+	}
+	if (rc != ARENA_E(BUDGET))
+		return rc;
+	arena_error_clear();
+	return 0;
+}
+
 int arena_residency_piece_fit(const arena_layout *l, const arena_engine_opts *o, uint64_t budget, uint64_t *piece)
 {
 	*piece = 0;
@@ -148,21 +169,13 @@ int arena_residency_piece_fit(const arena_layout *l, const arena_engine_opts *o,
 		top >>= 1;
 	for (int k = 0; k < 6 && top >> k; k++) {
 		uint64_t p = top >> k;
-		arena_layout *pl;
-		int rc = arena_layout_pieces(l, p, &pl, NULL);
-		if (rc)
+		int rc = pieces_fit(l, &q, budget, p);
+		if (rc < 0)
 			return rc;
-		arena_residency_plan t;
-		rc = arena_residency_plan_make(pl, &q, budget, &t);
-		arena_layout_free(pl);
-		if (rc == 0) {
-			arena_residency_plan_release(&t);
+		if (rc) {
 			*piece = p;
 			return 0;
 		}
-		if (rc != ARENA_E(BUDGET))
-			return rc;
-		arena_error_clear();
 	}
 	return 0;
 }
@@ -196,19 +209,12 @@ int arena_residency_piece_auto(const arena_layout *l, const arena_engine_opts *o
 		quarter <<= 1; /* the largest power of two <= big / 4 */
 	if (big < 4)
 		return 0;
-	arena_layout *pl;
-	if ((rc = arena_layout_pieces(l, quarter, &pl, NULL)))
+	if ((rc = pieces_fit(l, &q, budget, quarter)) < 0)
 		return rc;
-	rc = arena_residency_plan_make(pl, &q, budget, &t);
-	arena_layout_free(pl);
-	if (rc == 0) {
-		arena_residency_plan_release(&t);
+	if (rc) {
 		*piece = quarter;
 		return 0;
 	}
-	if (rc != ARENA_E(BUDGET))
-		return rc;
-	arena_error_clear();
 	uint64_t fit = 0;
 	if ((rc = arena_residency_piece_fit(l, o, budget, &fit)))
 		return rc;

@@ -178,27 +178,34 @@ class _BlockBinding:
     def _check_training(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[torch.Tensor]:
         """Refuse what training cannot do with this block; return the tensors whose
         gradients end its backward (inputs and its own parameters that need one)."""
-        for p, _ in self.params:
-            if p.requires_grad:
-                raise Error(
-                    "USAGE",
-                    f"{self.name}: the weights arena holds are frozen; training them (full fine-tuning, "
-                    f"requires_grad on '{self.handle._pname(p)}') is not supported: train adapters "
-                    f"(peft LoRA) or parameters of your own instead",
-                )
-        grads = [x for x in list(args) + list(kwargs.values()) if isinstance(x, torch.Tensor) and x.requires_grad]
-        grads += [p for p in self.handle._module_of[self.index].parameters() if p.requires_grad]
-        resident, _, _ = self.handle.arena.block_state(self.index)
-        if resident or _under_checkpoint() or not grads:
-            return grads
-        else:
+        resident = self.handle.arena.block_state(self.index)[0]
+        return _check_training(self.handle, self.name, self.params, self.index, resident, args, kwargs)
+
+
+def _check_training(h: "Handle", name: str, params: List[Tuple[nn.Parameter, Component]], index: int,
+                    resident: bool, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[torch.Tensor]:
+    """A block's forward with autograd on: refuse training its bound weights, and a
+    streamed block outside checkpointing; return the tensors whose gradients end its
+    backward (its inputs and its module's parameters that need one)."""
+    for p, _ in params:
+        if p.requires_grad:
             raise Error(
                 "USAGE",
-                f"{self.name} is streamed and runs with autograd outside gradient checkpointing: the "
-                f"weights its backward needs would be overwritten in the ring; enable non-reentrant "
-                f"checkpointing of every block (diffusers: module.enable_gradient_checkpointing()), or "
-                f"give arena more vram so that the block stays resident",
+                f"{name}: the weights arena holds are frozen; training them (full fine-tuning, "
+                f"requires_grad on '{h._pname(p)}') is not supported: train adapters "
+                f"(peft LoRA) or parameters of your own instead",
             )
+    grads = [x for x in list(args) + list(kwargs.values()) if isinstance(x, torch.Tensor) and x.requires_grad]
+    grads += [p for p in h._module_of[index].parameters() if p.requires_grad]
+    if resident or _under_checkpoint() or not grads:
+        return grads
+    raise Error(
+        "USAGE",
+        f"{name} is streamed and runs with autograd outside gradient checkpointing: the "
+        f"weights its backward needs would be overwritten in the ring; enable non-reentrant "
+        f"checkpointing of every block (diffusers: module.enable_gradient_checkpointing()), or "
+        f"give arena more vram so that the block stays resident",
+    )
 
 
 class _LeafRef:
@@ -383,27 +390,8 @@ class _PiecedBinding:
         return out
 
     def _check_training(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
-        h = self.handle
-        for p, _ in self.params:
-            if p.requires_grad:
-                raise Error(
-                    "USAGE",
-                    f"{self.name}: the weights arena holds are frozen; training them (full fine-tuning, "
-                    f"requires_grad on '{h._pname(p)}') is not supported: train adapters "
-                    f"(peft LoRA) or parameters of your own instead",
-                )
-        grads = [x for x in list(args) + list(kwargs.values()) if isinstance(x, torch.Tensor) and x.requires_grad]
-        grads += [p for p in h._module_of[self.index].parameters() if p.requires_grad]
-        resident = all(h.arena.block_state(i)[0] for i in self.pieces)
-        if resident or _under_checkpoint() or not grads:
-            return
-        raise Error(
-            "USAGE",
-            f"{self.name} is streamed and runs with autograd outside gradient checkpointing: the "
-            f"weights its backward needs would be overwritten in the ring; enable non-reentrant "
-            f"checkpointing of every block (diffusers: module.enable_gradient_checkpointing()), or "
-            f"give arena more vram so that the block stays resident",
-        )
+        resident = all(self.handle.arena.block_state(i)[0] for i in self.pieces)
+        _check_training(self.handle, self.name, self.params, self.index, resident, args, kwargs)
 
 
 class Handle:
