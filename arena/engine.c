@@ -101,7 +101,69 @@ struct arena_engine {
 	uint64_t plans_made; /* by arena_residency_plan_make, for tests */
 	int begun; /* first copies of the coming step issued */
 	arena_trace *tr; /* a trace being recorded, or NULL */
+	/* The disk tier: a block with neither a device nor a host copy is read
+	 * from its image (o->reread: its chunks checked) into one of two staging
+	 * buffers when it is copied, each reused once its last copy is done. */
+	uint8_t *stage[2];
+	uint64_t stage_bytes; /* each */
+	arena_event *ev_stage[2];
+	unsigned stage_next;
 };
+
+/* A block whose bytes are in its image only (the disk tier). */
+static int on_disk(const arena_engine *e, uint32_t b)
+{
+	return !e->m->mem[b].dev && !e->m->mem[b].host && e->l->blocks[b].bytes;
+}
+
+static void stage_free(arena_engine *e)
+{
+	for (unsigned k = 0; k < 2; k++) {
+		if (e->ev_stage[k])
+			e->be->ops->event_sync(e->be, e->ev_stage[k]);
+		arena_free(e->stage[k]);
+		e->stage[k] = NULL;
+	}
+	e->stage_bytes = 0;
+}
+
+/* Where the bytes of block b are in host memory for a copy: its host slab,
+ * or (the disk tier) a staging buffer they were just read into, checked;
+ * *k is then that buffer, whose event the caller records after the copy. */
+static int host_src(arena_engine *e, uint32_t b, const uint8_t **src, int *k)
+{
+	arena_backend *be = e->be;
+	uint64_t sz = e->l->blocks[b].bytes;
+	int rc;
+	*k = -1;
+	*src = e->m->mem[b].host;
+	if (*src || !sz)
+		return 0;
+	if (!e->o.reread)
+		return arena_errorf(ARENA_E_INTERNAL, "block '%s' has no host copy and no source to re-read",
+				    e->l->blocks[b].name);
+	if (e->stage_bytes < sz) {
+		stage_free(e);
+		for (unsigned i = 0; i < 2; i++)
+			if (!(e->stage[i] = arena_aligned_alloc(4096, sz))) {
+				stage_free(e);
+				return arena_errorf(ARENA_E_NOMEM, "out of memory for a %s staging buffer (block '%s')",
+						    arena__fmtb(sz), e->l->blocks[b].name);
+			}
+		e->stage_bytes = sz;
+	}
+	const unsigned i = e->stage_next++ % 2;
+	if ((rc = be->ops->event_sync(be, e->ev_stage[i])))
+		return rc;
+	if ((rc = e->o.reread(e->o.reread_ctx, b, e->stage[i], sz))) {
+		arena_error_prefix(e->l->blocks[b].name);
+		return rc;
+	}
+	e->rec.disk_bytes += sz;
+	*src = e->stage[i];
+	*k = (int)i;
+	return 0;
+}
 
 static int fail_engine(arena_engine *e, int rc)
 {
@@ -275,12 +337,17 @@ static int promote(arena_engine *e, uint32_t b)
 	uint64_t sz = e->l->blocks[b].bytes;
 	int rc = 0;
 	if (!m->mem[b].dev && sz) {
+		const uint8_t *src;
+		int si;
+		if ((rc = host_src(e, b, &src, &si)))
+			return rc;
 		if ((rc = be->ops->dev_alloc(be, sz, &m->mem[b].dev)))
 			return rc;
 		m->dev_bytes += sz;
 		int k = -1;
 		if ((e->tr && (rc = arena_trace_copy_begin(e->tr, e->cs, b, sz, ARENA_TRACE_PROMOTE_COPY, e->steps, &k))) ||
-		    (rc = be->ops->copy_h2d(be, m->mem[b].dev, m->mem[b].host, sz, e->cs)) ||
+		    (rc = be->ops->copy_h2d(be, m->mem[b].dev, src, sz, e->cs)) ||
+		    (si >= 0 && (rc = be->ops->event_record(be, e->ev_stage[si], e->cs))) ||
 		    (e->tr && (rc = arena_trace_copy_end(e->tr, k, e->cs))) ||
 		    (rc = be->ops->event_record(be, e->ev_fill[b], e->cs))) {
 			be->ops->stream_sync(be, e->cs);
@@ -469,8 +536,11 @@ static int fetch_block(arena_engine *e, uint32_t b, int next)
 		return 1;
 	if (!reuse) {
 		unsigned k = e->cp_next % ENGINE_COPY_PAIRS;
-		int tk = -1;
+		int tk = -1, si = -1;
 		int timing = e->timed && sz;
+		const uint8_t *src = NULL;
+		if ((rc = host_src(e, b, &src, &si)))
+			return rc;
 		if (timing) { /* the pair's last copy, read if done, else dropped */
 			if ((rc = read_copy(e, k)) < 0)
 				return rc;
@@ -481,7 +551,8 @@ static int fetch_block(arena_engine *e, uint32_t b, int next)
 		    (timing && (rc = be->ops->event_record(be, e->cp_a[k], e->cs))) ||
 		    (e->tr && sz &&
 		     (rc = arena_trace_copy_begin(e->tr, e->cs, b, sz, ARENA_TRACE_FETCH, e->steps + (next ? 1 : 0), &tk))) ||
-		    (sz && (rc = be->ops->copy_h2d(be, (uint8_t *)e->ring_dptr + at, e->m->mem[b].host, sz, e->cs))) ||
+		    (sz && (rc = be->ops->copy_h2d(be, (uint8_t *)e->ring_dptr + at, src, sz, e->cs))) ||
+		    (si >= 0 && (rc = be->ops->event_record(be, e->ev_stage[si], e->cs))) ||
 		    (e->tr && (rc = arena_trace_copy_end(e->tr, tk, e->cs))) ||
 		    (timing && (rc = be->ops->event_record(be, e->cp_z[k], e->cs))) ||
 		    (rc = be->ops->event_record(be, e->ev_fill[b], e->cs)))
@@ -555,6 +626,10 @@ void arena_engine_free(arena_engine *e)
 		ring_free(e);
 	if (e->cs)
 		be->ops->stream_sync(be, e->cs);
+	stage_free(e);
+	for (unsigned k = 0; k < 2; k++)
+		if (e->ev_stage[k])
+			be->ops->event_destroy(be, e->ev_stage[k]);
 	for (size_t b = 0; b < e->l->n_blocks; b++) {
 		if (e->ev_use && e->ev_use[b]) {
 			be->ops->event_sync(be, e->ev_use[b]);
@@ -714,13 +789,19 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 		if ((rc = be->ops->event_create(be, &e->ev_use[b])) ||
 		    (rc = e->timed ? be->ops->event_create_timed(be, &e->ev_fill[b]) : be->ops->event_create(be, &e->ev_fill[b])))
 			goto fail;
-	/* Every block must be somewhere it can come back from. */
+	/* Every block must be somewhere it can come back from: the device, a
+	 * host slab, or its image (the disk tier). */
 	for (uint32_t b = 0; b < n; b++)
-		if (!m->mem[b].dev && !m->mem[b].host && l->blocks[b].bytes) {
-			rc = arena_errorf(ARENA_E_USAGE, "engine: block '%s' is neither on the device nor in a host slab",
+		if (on_disk(e, b) && !o->reread) {
+			rc = arena_errorf(ARENA_E_USAGE,
+					  "engine: block '%s' is neither on the device nor in a host slab, and there is "
+					  "no image to read it from",
 					  l->blocks[b].name);
 			goto fail;
 		}
+	for (unsigned k = 0; k < 2; k++)
+		if ((rc = be->ops->event_create(be, &e->ev_stage[k])))
+			goto fail;
 	/* Device-only blocks that cannot be re-read stay resident. */
 	uint8_t *want = e->plan.resident;
 	for (uint32_t b = 0; b < n; b++)

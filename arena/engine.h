@@ -302,6 +302,7 @@ typedef struct arena_engine_step {
 	 * step (in its step_end, or a mode change before it), and the moves of
 	 * blocks to and from the device (promotions, demotions, a new ring). */
 	double end_s, plan_s, move_s;
+	uint64_t disk_bytes;     /* read from the image for copies (the disk tier) */
 } arena_engine_step;
 
 typedef struct arena_engine arena_engine;

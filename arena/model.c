@@ -29,6 +29,8 @@ int arena_model_prepare(arena_layout *layout, arena_backend *be, arena_pin_budge
 	}
 	uint64_t need_dev = 0;
 	for (size_t b = 0; b < layout->n_blocks; b++) {
+		if (on_device && on_device[b] == ARENA_PLACE_DISK)
+			continue;
 		if (on_device && !on_device[b])
 			m->host_len += arena_align_up(layout->blocks[b].bytes, ARENA_SLAB_ALIGN);
 		else
@@ -59,6 +61,8 @@ int arena_model_prepare(arena_layout *layout, arena_backend *be, arena_pin_budge
 	uint64_t hoff = 0;
 	for (size_t b = 0; b < layout->n_blocks; b++) {
 		const arena_block *blk = &layout->blocks[b];
+		if (on_device && on_device[b] == ARENA_PLACE_DISK)
+			continue;
 		if (on_device && !on_device[b]) {
 			m->mem[b].host = m->host_base + hoff;
 			hoff += arena_align_up(blk->bytes, ARENA_SLAB_ALIGN);

@@ -41,9 +41,15 @@ typedef struct arena_model {
 	int committed;
 } arena_model;
 
+/* on_device[b] values: a host slab, device memory, or neither (the disk
+ * tier: the block's bytes stay in its image, read again when needed). */
+#define ARENA_PLACE_HOST 0
+#define ARENA_PLACE_DEVICE 1
+#define ARENA_PLACE_DISK 2
+
 /* Take ownership of `layout` (also on failure) and allocate: device memory
- * for blocks with on_device[b] (NULL = every block), a host slab for the
- * others. Device memory beyond what the backend has is DEV_OOM naming how
+ * for blocks with on_device[b] ARENA_PLACE_DEVICE (NULL = every block), a
+ * host slab for ARENA_PLACE_HOST, nothing for ARENA_PLACE_DISK. Device memory beyond what the backend has is DEV_OOM naming how
  * much is needed and free. */
 int arena_model_prepare(arena_layout *layout, arena_backend *be, arena_pin_budget *budget,
 			const uint8_t *on_device, arena_model **out);

@@ -67,12 +67,12 @@ const char *cli_fmt_bytes(uint64_t n, char *buf, size_t len);
  * arena_open_options (whose zeros are the defaults: the CLI's defaults are
  * the library's). cli_engine_option returns -1 when ch is not one of them,
  * else 0 or the usage exit status. */
-enum { CLI_O_MODE = 1000, CLI_O_DEPTH, CLI_O_KEEP, CLI_O_HEAD, CLI_O_RES, CLI_O_PIECE };
+enum { CLI_O_MODE = 1000, CLI_O_DEPTH, CLI_O_KEEP, CLI_O_HEAD, CLI_O_RES, CLI_O_PIECE, CLI_O_HOST };
 #define CLI_ENGINE_OPTIONS                                                                                   \
 	{"mode", required_argument, NULL, CLI_O_MODE}, {"depth", required_argument, NULL, CLI_O_DEPTH},     \
 		{"keep-last", required_argument, NULL, CLI_O_KEEP},                                         \
 		{"headroom", required_argument, NULL, CLI_O_HEAD}, {"reserve", required_argument, NULL, CLI_O_RES}, \
-		{"piece-size", required_argument, NULL, CLI_O_PIECE}
+		{"piece-size", required_argument, NULL, CLI_O_PIECE}, {"host-budget", required_argument, NULL, CLI_O_HOST}
 #define CLI_ENGINE_OPTIONS_HELP                                                                   \
 	"  --mode sample|train sample: forward in block order (default); train:\n"                \
 	"                      forward, then backward in reverse (recompute + backward)\n"          \
@@ -88,7 +88,10 @@ enum { CLI_O_MODE = 1000, CLI_O_DEPTH, CLI_O_KEEP, CLI_O_HEAD, CLI_O_RES, CLI_O_
 	"                      resident, the model runs in less memory (plan shows the\n"        \
 	"                      floor); auto: whole blocks when all fit, else pieces of a\n"      \
 	"                      quarter of the largest block (128M for Flux) or smaller\n"        \
-	"                      ones that fit; default whole blocks\n"
+	"                      ones that fit; default whole blocks\n"                            \
+	"  --host-budget SIZE  images: host memory for streamed blocks; those beyond it\n"      \
+	"                      are read from the image when streamed, checked (default:\n"     \
+	"                      MemAvailable less a reserve; 0: every streamed block)\n"
 struct arena_open_options;
 int cli_engine_option(const char *cmd, int ch, const char *arg, struct arena_open_options *o);
 

@@ -506,6 +506,7 @@ int cmd_bench(int argc, char **argv)
 			json_object_set_new(j, "end_s", json_real(r->end_s));
 			json_object_set_new(j, "plan_s", json_real(r->plan_s));
 			json_object_set_new(j, "move_s", json_real(r->move_s));
+			json_object_set_new(j, "disk_bytes", json_integer((json_int_t)r->disk_bytes));
 			json_array_append_new(arr, j);
 		}
 		json_t *root = json_pack("{s:s,s:s,s:s,s:f,s:f,s:f,s:f,s:I,s:I,s:I,s:s,s:s,s:f,s:I,s:I}", "path", path, "backend",
@@ -539,6 +540,9 @@ int cmd_bench(int argc, char **argv)
 			printf("compute: %s\n", measured ? "the all-resident run's step time" : "modelled at --flops");
 		if (p.piece_size)
 			printf("pieces: blocks streamed in pieces of at most %s\n", cli_fmt_bytes(p.piece_size, s1, sizeof(s1)));
+		if (p.n_disk)
+			printf("disk tier: %zu streamed blocks read from the image each time (host copies %s)\n", p.n_disk,
+			       cli_fmt_bytes(p.host_bytes, s1, sizeof(s1)));
 		printf("plan: %zu resident (%s), %zu streamed through %u slots x %s; predicted %s streamed per step\n",
 		       p.n_resident, cli_fmt_bytes(p.resident_bytes, s1, sizeof(s1)), p.n_streamed, p.slots,
 		       cli_fmt_bytes(p.slot_bytes, s2, sizeof(s2)), cli_fmt_bytes(p.stream_bytes_per_step, s3, sizeof(s3)));

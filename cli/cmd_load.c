@@ -92,7 +92,7 @@ static int check_device(const char *path, const arena_model *m, int is_image, in
 		rc = arena_img_reader_init(&rd, img, 1);
 	for (size_t b = 0; !rc && b < m->layout->n_blocks; b++) {
 		const arena_block *blk = &m->layout->blocks[b];
-		if (!blk->bytes)
+		if (!blk->bytes || (!m->mem[b].dev && !m->mem[b].host)) /* the disk tier: in the image only */
 			continue;
 		if ((rc = arena_img_read_raw(&rd, blk->offset, blk->bytes, f)))
 			break;
@@ -291,7 +291,11 @@ int cmd_load(int argc, char **argv)
 		arena_close(a);
 		return cli_fail(rc);
 	}
-	uint64_t pinned = m->pinned_bytes;
+	uint64_t pinned = m->pinned_bytes, disk_bytes = 0;
+	size_t disk_blocks = 0; /* the disk tier: in the image only */
+	for (size_t b = 0; b < m->layout->n_blocks; b++)
+		if (!m->mem[b].dev && !m->mem[b].host && m->layout->blocks[b].bytes)
+			disk_blocks++, disk_bytes += m->layout->blocks[b].bytes;
 	arena__drop_model(a); /* free the device memory before the probes */
 	m = NULL;
 	arena_pin_budget *budget = &a->budget;
@@ -336,6 +340,8 @@ int cmd_load(int argc, char **argv)
 				    json_pack("{s:f,s:f,s:f,s:f,s:f}", "all", st.w_all, "ring", st.w_ring, "wait", st.w_wait,
 					      "read", st.w_read, "decode", st.w_decode));
 		json_object_set_new(o, "hash_isa", json_string(arena_hash_isa()));
+		json_object_set_new(o, "disk_tier", json_pack("{s:I,s:I}", "blocks", (json_int_t)disk_blocks, "bytes",
+							      (json_int_t)disk_bytes));
 		json_object_set_new(o, "file_bytes", json_integer((json_int_t)st.file_bytes));
 		json_object_set_new(o, "decoded",
 				    coded ? json_pack("{s:I,s:I,s:f,s:f}", "gpu_bytes", (json_int_t)st.gpu_decoded, "cpu_bytes",
@@ -359,6 +365,9 @@ int cmd_load(int argc, char **argv)
 		       cli_fmt_bytes(st.dev_bytes, b1, sizeof(b1)), cli_fmt_bytes(st.host_bytes, b2, sizeof(b2)),
 		       cli_fmt_bytes(pinned, c, sizeof(c)), cli_fmt_bytes(st.ring_bytes, d, sizeof(d)),
 		       st.ring_pinned ? "pinned" : "pageable", cli_fmt_bytes(rss, e, sizeof(e)));
+		if (disk_blocks)
+			printf("disk tier: %zu blocks (%s) kept in the image only, read from it when streamed (--host-budget)\n",
+			       disk_blocks, cli_fmt_bytes(disk_bytes, b1, sizeof(b1)));
 		if (coded)
 			printf("decoded: %s read for %s (%.2f payload bytes a byte moved); %s decoded by the device, %s by the "
 			       "CPU (%.3f CPU s)\n",

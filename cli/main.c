@@ -96,6 +96,11 @@ int cli_engine_option(const char *cmd, int ch, const char *arg, arena_open_optio
 			return rc;
 		*(ch == CLI_O_HEAD ? &o->headroom : &o->reserve) = n ? n : ARENA_ZERO_BYTES;
 		return 0;
+	case CLI_O_HOST:
+		if ((rc = cli_size_arg(cmd, "--host-budget", arg, 0, &n)))
+			return rc;
+		o->host_budget = n ? n : ARENA_ZERO_BYTES;
+		return 0;
 	case CLI_O_PIECE:
 		if (!strcmp(arg, "auto")) {
 			o->piece_size = ARENA_PIECE_AUTO;

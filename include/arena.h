@@ -268,6 +268,13 @@ typedef struct arena_open_options {
 	 * Flux), or smaller ones when those do not fit (arena_plan_get's
 	 * piece_size says what was chosen). */
 	uint64_t piece_size;
+	/* images only: host memory for the copies of streamed blocks. Blocks
+	 * beyond it (the last in the order they run) keep no host copy: each
+	 * is read from the image when it is streamed (the disk tier), its
+	 * chunks checked as the bytes pass, through a staging buffer. 0 = what
+	 * MemAvailable (and the cgroup) allow less a reserve of 2 GiB or a
+	 * tenth; ARENA_ZERO_BYTES = none (every streamed block from disk). */
+	uint64_t host_budget;
 } arena_open_options;
 
 /* arena_open_options.piece_size: chosen from the budget (see there). */
@@ -404,6 +411,7 @@ typedef struct arena_step_info {
 	 * mode change before it), the moves of blocks to and from the device in
 	 * it. A caller waiting for its steps leaves the device idle that long. */
 	double end_s, plan_s, move_s;
+	uint64_t disk_bytes;     /* read from the image for its copies (the disk tier) */
 } arena_step_info;
 
 /* Steps ended so far. */
@@ -429,6 +437,8 @@ typedef struct arena_plan_info {
 	size_t schedule_length;  /* entries of the schedule (arena_schedule_get) */
 	double predicted_step_s; /* by the compute profile; 0 without one */
 	uint64_t piece_size;     /* blocks streamed in pieces of at most this; 0 whole blocks */
+	uint64_t host_bytes;     /* host copies of blocks held (streamed blocks, and demoted ones) */
+	size_t n_disk;           /* blocks with no copy but in the image (the disk tier) */
 } arena_plan_info;
 
 ARENA_API int arena_plan_get(const arena *a, arena_plan_info *out);

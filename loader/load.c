@@ -984,8 +984,8 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 	if ((rc = open_direct(&L.files[0], o->io)))
 		goto fail;
 	const arena_layout *lay = img->layout;
-	for (size_t b = 0; b < lay->n_blocks; b++)
-		if (lay->blocks[b].bytes)
+	for (size_t b = 0; b < lay->n_blocks; b++) /* disk-tier blocks: checked as read, kept nowhere */
+		if (lay->blocks[b].bytes && !(L.placed && L.placed[b] == ARENA_PLACE_DISK))
 			L.segs[L.n_segs++] = (seg){0, h->data_offset + lay->blocks[b].offset, lay->blocks[b].bytes, (uint32_t)b, 0};
 	/* The model takes the layout; the image keeps its chunk table for checks. */
 	arena_layout *own = img->layout;

@@ -211,6 +211,8 @@ typedef struct open_ctx {
 	const char *profile;
 	int image, pieces; /* an image; opened in pieces */
 	int depth_given;   /* the caller chose the ring's depth */
+	uint64_t host_budget; /* host memory for streamed blocks' copies (UINT64_MAX: no limit) */
+	int host_given;       /* the caller chose it */
 } open_ctx;
 
 /* Training in pieces: a checkpointed caller's recompute holds a block's
@@ -238,6 +240,61 @@ static void train_depth(const arena_layout *l, arena_engine_opts *o)
 		d = 64;
 	if (d > (o->depth ? o->depth : ARENA_ENGINE_DEFAULT_DEPTH))
 		o->depth = (unsigned)d;
+}
+
+/* Streamed blocks get host copies in the order they run while the host
+ * budget lasts; an image's others stay in the image (the disk tier). A
+ * checkpoint cannot be read again: a host budget given too small for it is
+ * USAGE. */
+static int place_host(const open_ctx *c, const arena_layout *l, const arena_residency_plan *p, uint8_t *on_device)
+{
+	uint64_t used = 0, want = 0;
+	for (size_t b = 0; b < l->n_blocks; b++)
+		if (!on_device[b])
+			want += arena_align_up(l->blocks[b].bytes, ARENA_SLAB_ALIGN);
+	if (want <= c->host_budget)
+		return 0;
+	if (!c->image) {
+		if (!c->host_given)
+			return 0; /* as before: the host holds them */
+		char s1[32], s2[32];
+		return arena_errorf(ARENA_E_USAGE,
+				    "%s: the streamed blocks need %s of host memory, the host budget is %s: only an "
+				    "image can be read again while streaming (arena convert it)",
+				    c->path, arena_size_str(want, s1, sizeof(s1)), arena_size_str(c->host_budget, s2, sizeof(s2)));
+	}
+	uint8_t *seen = arena_calloc(l->n_blocks ? l->n_blocks : 1, 1);
+	if (!seen)
+		return arena_errorf(ARENA_E_NOMEM, "out of memory");
+	/* In the order the schedule first needs them, then the blocks it does not name. */
+	for (size_t i = 0; i <= p->n_sched + l->n_blocks; i++) {
+		size_t b = i < p->n_sched ? p->sched[i] : i - p->n_sched;
+		if (b >= l->n_blocks || seen[b] || on_device[b] || !l->blocks[b].bytes)
+			continue;
+		seen[b] = 1;
+		uint64_t sz = arena_align_up(l->blocks[b].bytes, ARENA_SLAB_ALIGN);
+		if (used + sz <= c->host_budget)
+			used += sz;
+		else
+			on_device[b] = ARENA_PLACE_DISK;
+	}
+	arena_free(seen);
+	return 0;
+}
+
+/* The host budget for streamed blocks' copies: given, or what the memory
+ * sources the pinned budget probed allow less its reserve. */
+static uint64_t host_budget_of(const arena *a, const arena_open_options *o)
+{
+	if (o->host_budget == ARENA_ZERO_BYTES)
+		return 0;
+	if (o->host_budget)
+		return o->host_budget;
+	const arena_pin_budget *b = &a->budget;
+	uint64_t avail = b->mem_available < b->cgroup_free ? b->mem_available : b->cgroup_free;
+	if (avail == UINT64_MAX)
+		return UINT64_MAX;
+	return avail > b->reserve ? avail - b->reserve : 0;
 }
 
 /* Once the layout is known, before anything is allocated: read the profile
@@ -284,8 +341,9 @@ static int place(void *ctx, const arena_layout *l, uint8_t *on_device)
 	if (rc)
 		return rc;
 	memcpy(on_device, p.resident, l->n_blocks);
+	rc = place_host(c, l, &p, on_device);
 	arena_residency_plan_release(&p);
-	return 0;
+	return rc;
 }
 
 /* piece_size ARENA_PIECE_AUTO: what the image's whole-block layout needs
@@ -358,7 +416,7 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 	if (piece == ARENA_PIECE_AUTO && (rc = auto_piece(a, path, &piece)))
 		goto fail;
 	a->piece_size = piece;
-	open_ctx pc = {a, path, o->profile, a->is_image, piece != 0, o->depth != 0};
+	open_ctx pc = {a, path, o->profile, a->is_image, piece != 0, o->depth != 0, host_budget_of(a, o), o->host_budget != 0};
 	lo.backend = a->be;
 	lo.budget = &a->budget;
 	lo.cancel = cancel;

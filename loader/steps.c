@@ -154,7 +154,8 @@ int arena_step_get(const arena *a, uint64_t step, arena_step_info *out)
 					 .compute_s = r.compute_s,
 					 .end_s = r.end_s,
 					 .plan_s = r.plan_s,
-					 .move_s = r.move_s};
+					 .move_s = r.move_s,
+					 .disk_bytes = r.disk_bytes};
 	return unlock(a, rc);
 }
 
@@ -166,6 +167,9 @@ int arena_plan_get(const arena *a, arena_plan_info *out)
 	if (!out)
 		return unlock(a, arena_errorf(ARENA_E_USAGE, "arena_plan_get: NULL out"));
 	const arena_residency_plan *p = arena_engine_plan(a->e);
+	size_t n_disk = 0;
+	for (size_t b = 0; b < a->m->layout->n_blocks; b++)
+		n_disk += !a->m->mem[b].dev && !a->m->mem[b].host && a->m->layout->blocks[b].bytes;
 	*out = (arena_plan_info){.mode = arena_engine_mode(a->e),
 				 .budget = p->budget,
 				 .headroom = p->headroom,
@@ -184,7 +188,9 @@ int arena_plan_get(const arena *a, arena_plan_info *out)
 				 .n_streamed = p->n_streamed,
 				 .schedule_length = p->n_sched,
 				 .predicted_step_s = p->step_s,
-				 .piece_size = a->piece_size};
+				 .piece_size = a->piece_size,
+				 .host_bytes = a->m->host_bytes,
+				 .n_disk = n_disk};
 	return unlock(a, 0);
 }
 

@@ -459,6 +459,7 @@ def open(
     sim_capacity: Size = None,
     sim_bandwidth: Optional[float] = None,
     piece_size: Size = None,
+    host_budget: Size = None,
 ) -> Arena:
     """Open an arena image, a safetensors file or a sharded checkpoint folder.
 
@@ -481,6 +482,11 @@ def open(
       quarter of the largest block (128 MiB for Flux) or smaller ones when
       those do not fit; ``plan()["piece_size"]`` says what was chosen.
       ``arena.torch.attach`` binds an arena in pieces module by module.
+    host_budget: images only: host memory for the copies of streamed blocks;
+      those beyond it are read from the image each time they are streamed,
+      checked (the disk tier: models larger than host memory run). None =
+      what MemAvailable allows less a reserve; 0 = every streamed block.
+      ``plan()`` says ``host_bytes`` held and ``n_disk`` blocks left in the image.
 
     Raises :class:`Error` (``code`` "BUDGET" when the model cannot run within
     ``vram`` at all; the message says what it needs).
@@ -526,6 +532,8 @@ def open(
             o.piece_size = parse_size(piece_size, "piece_size") or 0
         except ValueError as e:
             raise ValueError(str(e).replace("is not a size", "is not a size or 'auto'", 1)) from None
+    hb = parse_size(host_budget, "host_budget")
+    o.host_budget = 0 if hb is None else (hb or _native.ZERO_BYTES)
     out = ctypes.c_void_p()
     p = os.fspath(path)
     _check(_native.lib.arena_open(os.fsencode(p), ctypes.byref(o), ctypes.byref(out)))

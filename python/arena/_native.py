@@ -53,6 +53,7 @@ class OpenOptions(Structure):
         ("sim_capacity", c_uint64),
         ("sim_bandwidth", c_double),
         ("piece_size", c_uint64),
+        ("host_budget", c_uint64),
     ]
 
 
@@ -120,6 +121,7 @@ class StepInfo(Structure):
         ("end_s", c_double),
         ("plan_s", c_double),
         ("move_s", c_double),
+        ("disk_bytes", c_uint64),
     ]
 
 
@@ -144,6 +146,8 @@ class PlanInfo(Structure):
         ("schedule_length", c_size_t),
         ("predicted_step_s", c_double),
         ("piece_size", c_uint64),
+        ("host_bytes", c_uint64),
+        ("n_disk", c_size_t),
     ]
 
 

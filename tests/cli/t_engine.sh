@@ -412,6 +412,27 @@ PY
 	expect_rc 0
 }
 
-cases plan_svg
+# --host-budget: streamed blocks beyond it stay in the image, read (checked)
+# when they are streamed; a checkpoint cannot.
+disk_tier() {
+	engine_image
+	run load "$T/f.arena" --backend sim --vram-cap 285K --headroom 0 --reserve 0 --host-budget 0 --check
+	expect_rc 0
+	expect_out "disk tier: "
+	expect_out "device bytes match the image"
+	run bench stream "$T/f.arena" --vram-cap 285K --headroom 0 --reserve 0 --host-budget 100K --steps 3 --json
+	expect_rc 0
+	python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); s=d["steps"]; assert sum(x["disk_bytes"] for x in s) > 0, s' "$T/out" ||
+		fail "bench stream --host-budget read nothing from the image"
+	run load "$REF/tiny_flux.safetensors" --backend sim --vram-cap 285K --headroom 0 --reserve 0 --host-budget 1K
+	expect_rc 2
+	expect_error_line
+	expect_err "only an image can be read again"
+	run load "$T/f.arena" --backend sim --host-budget lots
+	expect_rc 2
+	expect_error_line
+}
+
+cases plan_svg disk_tier
 cases plan_help plan_usage_errors plan_text_and_json plan_too_small plan_floor plan_pieces bench_usage_errors bench_planner_options bench_cuda bench_json \
 	profile_round_trip profile_errors

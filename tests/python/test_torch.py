@@ -223,6 +223,19 @@ class Sampling(unittest.TestCase):
         self.assertGreater(st[-1]["streamed_bytes"], 0)
         h.detach()
 
+    def test_disk_tier_equals_plain(self):
+        """host_budget=0: every streamed block read from the image when it is streamed."""
+        m = model()
+        h = at.attach(m, IMG, host_budget=0, **STREAM)
+        pl = h.plan()
+        self.assertGreater(pl["n_disk"], 0)
+        self.assertEqual(pl["n_disk"], pl["n_streamed"])
+        self.assertEqual(pl["host_bytes"], 0)
+        self.check(m)
+        h.end_step()
+        self.assertGreater(sum(r["disk_bytes"] for r in h.stats()), 0)
+        h.detach()
+
     def test_resident_equals_plain(self):
         m = model()
         h = at.attach(m, IMG, **RESIDENT)

@@ -1,0 +1,225 @@
+/* test_disk.c - the disk tier: an image opened with a host budget smaller
+ * than its streamed blocks keeps the others in the image and reads them when
+ * they are streamed, checked. Every acquired block holds the image's bytes,
+ * step after step, whole blocks and pieces; host copies stay within the
+ * budget; a checkpoint cannot; read faults, a truncated image and corrupted
+ * bytes on disk are errors that name the block, never wrong bytes. */
+#include <criterion/criterion.h>
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "arena.h"
+#include "../../common/alloc.h"
+#include "../../common/err.h"
+#include "../../common/io.h"
+#include "../../loader/convert.h"
+#include "testutil.h"
+
+static char dir[256];
+static const char *img;
+
+static void setup(void)
+{
+	tmpdir_make(dir, sizeof(dir), "test-disk");
+	const char *in = fixture_path("tiny_flux.safetensors");
+	img = tmpdir_file(dir, "d.arena");
+	arena_convert_opts co = {.chunk_size = 64 << 10, .threads = 1};
+	cr_assert_eq(arena_convert(&in, 1, img, &co, NULL), 0, "%s", arena_last_error());
+}
+
+static void teardown(void)
+{
+	tmpdir_remove(dir);
+}
+
+TestSuite(disk, .init = setup, .fini = teardown);
+
+/* Streams most blocks (a cap just above the floor), with a host budget of
+ * `host` (ARENA_ZERO_BYTES: none). */
+static arena_open_options opts(uint64_t host, uint64_t piece)
+{
+	return (arena_open_options){.backend = "sim",
+				    .vram_cap = piece ? 160 << 10 : 285 << 10,
+				    .headroom = ARENA_ZERO_BYTES,
+				    .reserve = ARENA_ZERO_BYTES,
+				    .piece_size = piece,
+				    .host_budget = host,
+				    .flags = ARENA_OPEN_NO_LEARN};
+}
+
+/* Acquire every block of a `steps` times, each tensor's bytes against ref's;
+ * returns the bytes read from disk. */
+static uint64_t run_steps(arena *a, arena *ref, int steps)
+{
+	uint64_t disk = 0;
+	for (int step = 0; step < steps; step++) {
+		cr_assert_eq(arena_step_begin(a), 0, "%s", arena_last_error());
+		for (size_t i = 0; i < arena_block_count(a); i++) {
+			void *d;
+			cr_assert_eq(arena_block_acquire(a, i, NULL, &d), 0, "%s", arena_last_error());
+			for (size_t t = 0; t < arena_tensor_count(a); t++) {
+				arena_tensor_info ti, tr;
+				cr_assert_eq(arena_tensor_get(a, t, &ti), 0);
+				if (ti.block != i)
+					continue;
+				cr_assert_eq(arena_tensor_get(ref, t, &tr), 0);
+				for (uint32_t c = 0; c < ti.n_components; c++)
+					cr_assert(memcmp((uint8_t *)d + ti.component[c].offset, tr.component[c].device,
+							 ti.component[c].bytes) == 0,
+						  "step %d: %s differs from the image", step, ti.name);
+			}
+			cr_assert_eq(arena_block_release(a, i, NULL), 0, "%s", arena_last_error());
+		}
+		cr_assert_eq(arena_step_end(a), 0, "%s", arena_last_error());
+		arena_step_info si;
+		cr_assert_eq(arena_step_get(a, (uint64_t)step, &si), 0);
+		disk += si.disk_bytes;
+	}
+	return disk;
+}
+
+Test(disk, blocks_beyond_the_host_budget_come_from_the_image)
+{
+	arena_open_options ro = {.backend = "sim"};
+	arena *ref;
+	cr_assert_eq(arena_open(img, &ro, &ref), 0, "%s", arena_last_error());
+	uint64_t pieces[] = {0, 16384};
+	for (int k = 0; k < 2; k++) {
+		/* No budget: every streamed block from the image. */
+		arena_open_options o = opts(ARENA_ZERO_BYTES, pieces[k]);
+		arena *a;
+		cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
+		arena_plan_info p;
+		cr_assert_eq(arena_plan_get(a, &p), 0);
+		cr_assert_gt(p.n_streamed, 1);
+		cr_assert_eq(p.n_disk, p.n_streamed, "%zu of %zu streamed blocks on disk", p.n_disk, p.n_streamed);
+		cr_assert_eq(p.host_bytes, 0);
+		cr_assert_gt(run_steps(a, ref, 3), 0);
+		arena_close(a);
+		/* The default budget holds a tiny model. */
+		o = opts(0, pieces[k]);
+		cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
+		cr_assert_eq(arena_plan_get(a, &p), 0);
+		cr_assert_eq(p.n_disk, 0);
+		uint64_t big = 0; /* two of the largest block: some in host memory, not all */
+		for (size_t i = 0; i < arena_block_count(a); i++)
+			big = arena_block_bytes(a, i) > big ? arena_block_bytes(a, i) : big;
+		const uint64_t two = 2 * big;
+		arena_close(a);
+		o = opts(two + (8 << 10), pieces[k]);
+		cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
+		cr_assert_eq(arena_plan_get(a, &p), 0);
+		cr_assert_gt(p.n_disk, 0);
+		cr_assert_lt(p.n_disk, p.n_streamed);
+		cr_assert_gt(p.host_bytes, 0);
+		cr_assert_leq(p.host_bytes, two + (8 << 10), "host copies within the budget");
+		uint64_t d = run_steps(a, ref, 3);
+		cr_assert_gt(d, 0);
+		arena_close(a);
+	}
+	arena_close(ref);
+}
+
+Test(disk, a_checkpoint_cannot_be_read_again)
+{
+	arena_open_options o = opts(ARENA_ZERO_BYTES, 0);
+	arena *a;
+	cr_assert_eq(arena_open(fixture_path("tiny_flux.safetensors"), &o, &a), ARENA_E_USAGE);
+	cr_assert_null(a);
+	cr_assert(strstr(arena_last_error(), "only an image can be read again"), "%s", arena_last_error());
+}
+
+/* A read of the image failing while streaming: the acquire fails naming the
+ * block, the arena stays failed (never wrong bytes), closing frees all. */
+Test(disk, read_faults_while_streaming)
+{
+	long live = arena_alloc_live();
+	for (long n = 1; n < 40; n++) {
+		arena_open_options o = opts(ARENA_ZERO_BYTES, 0);
+		arena *a;
+		cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
+		arena_fault_read(n);
+		int rc = arena_step_begin(a), failed = 0;
+		for (size_t i = 0; !rc && i < arena_block_count(a); i++) {
+			void *d;
+			if ((rc = arena_block_acquire(a, i, NULL, &d)))
+				break;
+			rc = arena_block_release(a, i, NULL);
+		}
+		if (!rc)
+			rc = arena_step_end(a);
+		arena_fault_read(0);
+		if (rc) {
+			failed = 1;
+			cr_assert_eq(rc, ARENA_E_IO, "n=%ld: %s: %s", n, arena_err_name(rc), arena_last_error());
+			cr_assert(strstr(arena_last_error(), "blocks.") != NULL, "n=%ld: names no block: %s", n,
+				  arena_last_error());
+			void *d;
+			cr_assert_neq(arena_block_acquire(a, 1, NULL, &d), 0, "a failed arena stays failed");
+		}
+		arena_close(a);
+		cr_assert_eq(arena_alloc_live(), live, "n=%ld leaked", n);
+		if (!failed)
+			break;
+	}
+}
+
+/* The image truncated, or its bytes changed, after it was opened: the
+ * block read from it is refused (IO, or the chunk's checksum), not used. */
+Test(disk, a_truncated_or_corrupted_image_while_streaming)
+{
+	for (int k = 0; k < 2; k++) {
+		char copy[512];
+		snprintf(copy, sizeof(copy), "%s/c%d.arena", dir, k);
+		FILE *in = fopen(img, "rb"), *out = fopen(copy, "wb");
+		cr_assert(in && out);
+		char buf[65536];
+		size_t n;
+		while ((n = fread(buf, 1, sizeof(buf), in)) > 0)
+			cr_assert_eq(fwrite(buf, 1, n, out), n);
+		fclose(in);
+		fclose(out);
+		arena_open_options o = opts(ARENA_ZERO_BYTES, 0);
+		arena *a;
+		cr_assert_eq(arena_open(copy, &o, &a), 0, "%s", arena_last_error());
+		/* the first streamed block's bytes in the file */
+		size_t first = 0;
+		for (size_t i = 1; i < arena_block_count(a) && !first; i++) {
+			arena_block_info bi;
+			cr_assert_eq(arena_block_get(a, i, &bi), 0);
+			if (!bi.resident)
+				first = i;
+		}
+		cr_assert_gt(first, 0);
+		int fd = open(copy, O_RDWR);
+		cr_assert_geq(fd, 0);
+		off_t size = lseek(fd, 0, SEEK_END);
+		if (k == 0) {
+			cr_assert_eq(ftruncate(fd, size / 3), 0);
+		} else { /* flip a byte in every 4 KiB of the data: whatever is read is corrupt */
+			for (off_t at = 65536; at < size - 8192; at += 4096) {
+				unsigned char c;
+				cr_assert_eq(pread(fd, &c, 1, at), 1);
+				c ^= 0x5a;
+				cr_assert_eq(pwrite(fd, &c, 1, at), 1);
+			}
+		}
+		close(fd);
+		int rc = arena_step_begin(a);
+		void *d;
+		for (size_t i = 0; !rc && i < arena_block_count(a); i++)
+			if (!(rc = arena_block_acquire(a, i, NULL, &d)))
+				rc = arena_block_release(a, i, NULL);
+		cr_assert_neq(rc, 0, "k=%d: a changed image streamed without an error", k);
+		if (k == 0)
+			cr_assert(rc == ARENA_E_IO || rc == ARENA_E(IMG_CHUNK_CHECKSUM), "%s", arena_last_error());
+		else
+			cr_assert_eq(rc, ARENA_E(IMG_CHUNK_CHECKSUM), "%s: %s", arena_err_name(rc), arena_last_error());
+		cr_assert(strstr(arena_last_error(), "blocks.") != NULL, "names no block: %s", arena_last_error());
+		arena_close(a);
+	}
+}
