@@ -162,6 +162,15 @@ static int host_src(arena_engine *e, uint32_t b, const uint8_t **src, int *k)
 	e->rec.disk_bytes += sz;
 	*src = e->stage[i];
 	*k = (int)i;
+	/* Read-ahead: the next two disk blocks the schedule streams start
+	 * coming in while this one is copied and worked on. */
+	for (size_t j = e->fetched + 1, n = 0; e->o.advise && n < 2 && j < 2 * e->n_seq; j++) {
+		uint32_t q = e->seq[j < e->n_seq ? j : j - e->n_seq];
+		if (q != b && on_disk(e, q)) {
+			e->o.advise(e->o.reread_ctx, q);
+			n++;
+		}
+	}
 	return 0;
 }
 

@@ -174,6 +174,9 @@ typedef struct arena_engine_opts {
 	int no_learn;
 	arena_reread_fn reread; /* NULL: device-only blocks stay resident */
 	void *reread_ctx;
+	/* The disk tier: ask the source to start reading block b (read-ahead);
+	 * NULL: none. Takes reread_ctx. */
+	void (*advise)(void *ctx, uint32_t block);
 	/* The step's schedule (n_sched block indices, globals excluded), or
 	 * NULL for the mode's default. At most arena_residency_max_sched(l)
 	 * entries. The engine copies it; it then learns its own (above)

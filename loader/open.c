@@ -433,6 +433,7 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 	if (a->is_image && (rc = arena_slab_reader_open_pieces(path, a->m->layout, piece, &a->rr)))
 		goto fail;
 	a->eo.reread = a->rr ? arena_slab_reader_read : NULL;
+	a->eo.advise = a->rr ? arena_slab_reader_advise : NULL;
 	a->eo.reread_ctx = a->rr;
 	if ((rc = arena_engine_create(a->m, &a->eo, &a->e)))
 		goto fail;

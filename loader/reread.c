@@ -1,6 +1,7 @@
 /* reread.c - a block's slab read again from its image, checked (see reread.h). */
 #include "reread.h"
 
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -74,6 +75,21 @@ int arena_slab_reader_read(void *reader, uint32_t b, uint8_t *dst, uint64_t byte
 		arena_error_prefix(what);
 	}
 	return rc;
+}
+
+void arena_slab_reader_advise(void *reader, uint32_t b)
+{
+	arena_slab_reader *r = reader;
+	if (b >= r->l->n_blocks || !r->l->blocks[b].bytes)
+		return;
+	const arena_img_header *h = &r->img->hdr;
+	const uint64_t c0 = r->l->blocks[b].offset / h->chunk_size,
+		       c1 = (r->l->blocks[b].offset + r->l->blocks[b].bytes - 1) / h->chunk_size;
+	if (c1 >= h->chunk_count)
+		return;
+	const uint64_t a = h->data_offset + r->img->chunks[c0].offset,
+		       z = h->data_offset + r->img->chunks[c1].offset + r->img->chunks[c1].stored_length;
+	(void)posix_fadvise(r->img->fd, (off_t)a, (off_t)(z - a), POSIX_FADV_WILLNEED);
 }
 
 int arena_slab_reader_check_output(const arena_slab_reader *r, const char *path)

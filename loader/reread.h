@@ -30,6 +30,10 @@ void arena_slab_reader_close(arena_slab_reader *r);
  * IMG_CHUNK_CHECKSUM, USAGE (wrong size), NOMEM. */
 int arena_slab_reader_read(void *reader, uint32_t b, uint8_t *dst, uint64_t bytes);
 
+/* Start reading block b's chunks into the page cache (POSIX_FADV_WILLNEED)
+ * for a read of it soon; nothing on failure. Takes the reader as ctx. */
+void arena_slab_reader_advise(void *reader, uint32_t b);
+
 /* An output must not be the image being read: OUTPUT_IS_INPUT when `path`
  * is that file (by any name; common/outfile.h), else 0. */
 int arena_slab_reader_check_output(const arena_slab_reader *r, const char *path);
