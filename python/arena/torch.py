@@ -627,7 +627,9 @@ def attach(
     trainable: names (or a predicate on names) of parameters of your own that
       stay torch parameters; peft adapter parameters are recognized.
     Other keywords go to :func:`arena.open` (``piece_size``: stream blocks in pieces
-      of at most this size, each module acquiring its own; ``sim_capacity``, ``profile``...).
+      of at most this size, or "auto", each module acquiring its own; ``host_budget``:
+      host memory for streamed blocks, the rest read from the image when streamed;
+      ``sim_capacity``, ``profile``...).
 
     Raises :class:`arena.Error`: ``BUDGET`` when the model cannot run in
     ``vram``, ``USAGE`` listing every mismatch between module and image.
