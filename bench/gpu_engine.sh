@@ -18,6 +18,11 @@
 #             leave; PDEPTH: --depth): step <= 1.05 x bound (with a trace,
 #             engine_pfloor.trace.json)
 #   p8        the same pieces under an 8G cap, beside cap8
+#   disk      8G cap, --host-budget $HOST_BUDGET (default 5G, a quarter of
+#             flux-dev): the streamed blocks beyond it read from the image
+#             each step (the disk tier; its reads go through the page cache,
+#             so on a host that holds the file this measures the tier's own
+#             cost, not the disk)
 # Each run's JSON goes to $OUT/engine_<name>.json, then one summary line.
 # cap8 also writes its steps' trace, $OUT/engine_cap8.trace.json (open it in
 # https://ui.perfetto.dev; README.md "Traces"), summed up in one more line.
@@ -118,5 +123,6 @@ for r in $RUNS; do
 		trace_summary pfloor "$OUT/engine_pfloor.trace.json"
 		;;
 	p8) run p8 --steps "$STEPS" --vram-cap 8G --mode sample --piece-size "${PIECE:-128M}" ;;
+	disk) run disk --steps "$STEPS" --vram-cap 8G --mode sample --host-budget "${HOST_BUDGET:-5G}" ;;
 	esac
 done
