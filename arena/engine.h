@@ -233,6 +233,14 @@ int arena_residency_floor(const arena_layout *l, const arena_engine_opts *o, uin
  * none does. For messages that say what would run. Errors: NOMEM. */
 int arena_residency_piece_fit(const arena_layout *l, const arena_engine_opts *o, uint64_t budget, uint64_t *piece);
 
+/* The disk tier: which streamed blocks of plan p keep a host copy under
+ * `host_budget` bytes (slabs rounded up to ARENA_SLAB_ALIGN) — in the order
+ * the schedule first needs them, then the blocks it does not name — and
+ * which do not: disk[b] = 1 (n_blocks entries, set here). *host and *disk_b
+ * (may be NULL) get their bytes. Errors: NOMEM. */
+int arena_residency_host_split(const arena_layout *l, const arena_residency_plan *p, uint64_t host_budget,
+			       uint8_t *disk, uint64_t *host, uint64_t *disk_b);
+
 /* The piece size "auto" (ARENA_PIECE_AUTO) chooses for `l` under `budget`:
  * 0 (whole blocks) when whole blocks all fit on the device, or when no
  * piece size has a plan (the whole-block error then stands); else the

@@ -180,6 +180,35 @@ int arena_residency_piece_fit(const arena_layout *l, const arena_engine_opts *o,
 	return 0;
 }
 
+int arena_residency_host_split(const arena_layout *l, const arena_residency_plan *p, uint64_t host_budget,
+			       uint8_t *disk, uint64_t *host, uint64_t *disk_b)
+{
+	uint64_t used = 0, out = 0;
+	memset(disk, 0, l->n_blocks);
+	uint8_t *seen = arena_calloc(l->n_blocks ? l->n_blocks : 1, 1);
+	if (!seen)
+		return arena_errorf(ARENA_E_NOMEM, "out of memory");
+	for (size_t i = 0; i < p->n_sched + l->n_blocks; i++) {
+		size_t b = i < p->n_sched ? p->sched[i] : i - p->n_sched;
+		if (b >= l->n_blocks || seen[b] || p->resident[b] || !l->blocks[b].bytes)
+			continue;
+		seen[b] = 1;
+		uint64_t sz = arena_align_up(l->blocks[b].bytes, ARENA_SLAB_ALIGN);
+		if (used + sz <= host_budget) {
+			used += sz;
+		} else {
+			disk[b] = 1;
+			out += l->blocks[b].bytes;
+		}
+	}
+	arena_free(seen);
+	if (host)
+		*host = used;
+	if (disk_b)
+		*disk_b = out;
+	return 0;
+}
+
 int arena_residency_piece_auto(const arena_layout *l, const arena_engine_opts *o, uint64_t budget, uint64_t *piece)
 {
 	*piece = 0;

@@ -198,6 +198,22 @@ int cmd_plan(int argc, char **argv)
 			return cli_fail(rc);
 		}
 	}
+	/* --host-budget: the streamed blocks that would be read from the image. */
+	uint64_t hb = ao.host_budget == ARENA_ZERO_BYTES ? 0 : ao.host_budget, hbytes = 0, dbytes = 0;
+	size_t dn = 0;
+	uint8_t *disk = arena_calloc(l->n_blocks ? l->n_blocks : 1, 1);
+	if (!disk || (ao.host_budget && (rc = arena_residency_host_split(l, &p, hb, disk, &hbytes, &dbytes)))) {
+		rc = disk ? rc : arena_errorf(ARENA_E_NOMEM, "out of memory");
+		arena_free(disk);
+		arena_residency_plan_release(&p);
+		arena_layout_free(pl);
+		arena_free(par);
+		arena_free(cost);
+		arena_img_close(img);
+		return cli_fail(rc);
+	}
+	for (size_t b = 0; b < l->n_blocks; b++)
+		dn += disk[b];
 	int status = 0;
 	double comp = 0, copy = o.h2d_bytes_per_s > 0 ? (double)p.stream_bytes_per_step / o.h2d_bytes_per_s : 0;
 	for (size_t i = 0; cost && i < p.n_sched; i++)
@@ -211,6 +227,7 @@ int cmd_plan(int argc, char **argv)
 								(json_int_t)l->blocks[b].bytes, "where",
 								arena_block_is_globals(l, (uint32_t)b) ? "globals"
 								: p.resident[b]                        ? "resident"
+								: disk[b]                              ? "disk"
 													: "streamed"));
 		json_t *root = json_pack(
 			"{s:s,s:s,s:I,s:I,s:I,s:I,s:i,s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:i,s:i}", "path", path, "mode", mode,
@@ -232,6 +249,11 @@ int cmd_plan(int argc, char **argv)
 				    json_pack("{s:{s:I,s:I},s:{s:I,s:I}}", "sample", "vram", (json_int_t)floor_v[0], "weights",
 					      (json_int_t)floor_w[0], "train", "vram", (json_int_t)floor_v[1], "weights",
 					      (json_int_t)floor_w[1]));
+		json_object_set_new(root, "disk_tier",
+				    ao.host_budget ? json_pack("{s:I,s:I,s:I,s:I}", "host_budget", (json_int_t)hb, "host_bytes",
+							       (json_int_t)hbytes, "blocks", (json_int_t)dn, "bytes",
+							       (json_int_t)dbytes)
+						   : json_null());
 		json_object_set_new(root, "blocks", blocks);
 		status = cli_print_json(root);
 	} else {
@@ -258,15 +280,21 @@ int cmd_plan(int argc, char **argv)
 			printf("predicted step (profile %s): %.4f s; compute %.4f s, copies %.4f s at %.3g %s\n", profile,
 			       p.step_s, comp, copy, o.h2d_bytes_per_s >= 1e9 ? o.h2d_bytes_per_s / 1e9 : o.h2d_bytes_per_s / 1e6,
 			       o.h2d_bytes_per_s >= 1e9 ? "GB/s" : "MB/s");
+		if (ao.host_budget)
+			printf("disk tier: %zu streamed blocks (%s) read from the image each time they stream; host copies %s of a %s "
+			       "budget\n",
+			       dn, cli_fmt_bytes(dbytes, a, sizeof(a)), cli_fmt_bytes(hbytes, b, sizeof(b)),
+			       cli_fmt_bytes(hb, c, sizeof(c)));
 		printf("floor: sample %s (%s for weights), train %s (%s): the least --vram these options run in\n",
 		       cli_fmt_bytes(floor_v[0], a, sizeof(a)), cli_fmt_bytes(floor_w[0], b, sizeof(b)),
 		       cli_fmt_bytes(floor_v[1], c, sizeof(c)), cli_fmt_bytes(floor_w[1], d, sizeof(d)));
-		printf("blocks (R resident, s streamed, G globals):\n  ");
+		printf("blocks (R resident, s streamed, %sG globals):\n  ", dn ? "d streamed from the image, " : "");
 		for (size_t i = 0; i < l->n_blocks; i++)
-			putchar(arena_block_is_globals(l, (uint32_t)i) ? 'G' : p.resident[i] ? 'R' : 's');
+			putchar(arena_block_is_globals(l, (uint32_t)i) ? 'G' : p.resident[i] ? 'R' : disk[i] ? 'd' : 's');
 		putchar('\n');
 		(void)e;
 	}
+	arena_free(disk);
 	arena_residency_plan_release(&p);
 	arena_img_close(img);
 	arena_layout_free(pl);

@@ -248,7 +248,7 @@ static void train_depth(const arena_layout *l, arena_engine_opts *o)
  * USAGE. */
 static int place_host(const open_ctx *c, const arena_layout *l, const arena_residency_plan *p, uint8_t *on_device)
 {
-	uint64_t used = 0, want = 0;
+	uint64_t want = 0;
 	for (size_t b = 0; b < l->n_blocks; b++)
 		if (!on_device[b])
 			want += arena_align_up(l->blocks[b].bytes, ARENA_SLAB_ALIGN);
@@ -263,23 +263,15 @@ static int place_host(const open_ctx *c, const arena_layout *l, const arena_resi
 				    "image can be read again while streaming (arena convert it)",
 				    c->path, arena_size_str(want, s1, sizeof(s1)), arena_size_str(c->host_budget, s2, sizeof(s2)));
 	}
-	uint8_t *seen = arena_calloc(l->n_blocks ? l->n_blocks : 1, 1);
-	if (!seen)
+	uint8_t *disk = arena_calloc(l->n_blocks ? l->n_blocks : 1, 1);
+	if (!disk)
 		return arena_errorf(ARENA_E_NOMEM, "out of memory");
-	/* In the order the schedule first needs them, then the blocks it does not name. */
-	for (size_t i = 0; i <= p->n_sched + l->n_blocks; i++) {
-		size_t b = i < p->n_sched ? p->sched[i] : i - p->n_sched;
-		if (b >= l->n_blocks || seen[b] || on_device[b] || !l->blocks[b].bytes)
-			continue;
-		seen[b] = 1;
-		uint64_t sz = arena_align_up(l->blocks[b].bytes, ARENA_SLAB_ALIGN);
-		if (used + sz <= c->host_budget)
-			used += sz;
-		else
+	int rc = arena_residency_host_split(l, p, c->host_budget, disk, NULL, NULL);
+	for (size_t b = 0; !rc && b < l->n_blocks; b++)
+		if (disk[b])
 			on_device[b] = ARENA_PLACE_DISK;
-	}
-	arena_free(seen);
-	return 0;
+	arena_free(disk);
+	return rc;
 }
 
 /* The host budget for streamed blocks' copies: given, or what the memory

@@ -431,6 +431,22 @@ disk_tier() {
 	run load "$T/f.arena" --backend sim --host-budget lots
 	expect_rc 2
 	expect_error_line
+	run plan "$T/f.arena" --vram 285K --headroom 0 --reserve 0 --host-budget 100K --json
+	expect_rc 0
+	python3 - "$T/out" <<'PY' || fail "plan --host-budget: disk tier wrong"
+import json, sys
+d = json.load(open(sys.argv[1]))
+t = d["disk_tier"]
+disk = [b for b in d["blocks"] if b["where"] == "disk"]
+assert t["blocks"] == len(disk) > 0 and t["bytes"] == sum(b["bytes"] for b in disk), t
+assert t["host_bytes"] <= 100 * 1024 < t["host_bytes"] + min(b["bytes"] for b in disk) + 4096, t
+PY
+	run plan "$T/f.arena" --vram 285K --headroom 0 --reserve 0 --host-budget 100K
+	expect_rc 0
+	expect_out "disk tier: "
+	run plan "$T/f.arena" --vram 285K --headroom 0 --reserve 0 --json
+	expect_rc 0
+	python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["disk_tier"] is None' "$T/out" || fail "disk_tier without --host-budget"
 }
 
 cases plan_svg disk_tier
