@@ -67,6 +67,7 @@ typedef struct loader {
 	const arena_image *img; /* NULL for safetensors */
 	int coded;              /* img holds coded chunks: read and decoded chunk by chunk */
 	int hb4;                /* and some are hb4 (a device stage is worth having) */
+	int disk;               /* image: some blocks stay in it (the disk tier), unread here */
 	uint64_t per;           /* image: chunks a piece */
 	lsrc *files;
 	size_t n_files;
@@ -266,8 +267,12 @@ static int read_range(loader *L, worker *w, const lsrc *f, uint8_t *buf, uint64_
 /* Read a piece slot by slot: each slot's bytes are read (from the page cache
  * when they are there, O_DIRECT when not), checked while still in cache,
  * copied on, and the slot's event recorded. */
+static int unwanted(const loader *L, uint64_t a, uint64_t z);
+
 static int do_piece(loader *L, worker *w, const piece *p)
 {
+	if (L->img && unwanted(L, p->off, p->off + p->len))
+		return 0;
 	const lsrc *f = &L->files[p->file];
 	arena_backend *be = L->m->backend;
 	int direct = L->o->io == ARENA_IO_DIRECT && f->dfd >= 0;
@@ -311,6 +316,17 @@ static size_t seg_after(const loader *L, uint64_t a)
 			hi = mid;
 	}
 	return lo;
+}
+
+/* The disk tier: is file range [a, z) of an image wanted by no block kept
+ * on the device or in a host slab? Then it is not read at all (its chunks
+ * are checked when a block in them is streamed). */
+static int unwanted(const loader *L, uint64_t a, uint64_t z)
+{
+	if (!L->disk)
+		return 0;
+	size_t k = seg_after(L, a);
+	return k == L->n_segs || L->segs[k].foff >= z;
 }
 
 /* Does raw range [a, z) reach a block that lives in a host slab? */
@@ -509,6 +525,8 @@ static int do_cpiece(loader *L, worker *w, const piece *p)
 	const arena_img_header *h = &L->img->hdr;
 	int direct = L->o->io == ARENA_IO_DIRECT && L->files[0].dfd >= 0;
 	uint64_t c1 = p->chunk0 + L->per < h->chunk_count ? p->chunk0 + L->per : h->chunk_count;
+	if (unwanted(L, h->data_offset + p->chunk0 * h->chunk_size, h->data_offset + c1 * h->chunk_size))
+		return 0;
 	/* A piece of zstd chunks only is read in one read (a disk gives more to
 	 * few large reads than to one per chunk), then decoded chunk by chunk. */
 	int span = c1 - p->chunk0 > 1;
@@ -984,9 +1002,12 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 	if ((rc = open_direct(&L.files[0], o->io)))
 		goto fail;
 	const arena_layout *lay = img->layout;
-	for (size_t b = 0; b < lay->n_blocks; b++) /* disk-tier blocks: checked as read, kept nowhere */
-		if (lay->blocks[b].bytes && !(L.placed && L.placed[b] == ARENA_PLACE_DISK))
+	for (size_t b = 0; b < lay->n_blocks; b++) { /* disk-tier blocks: not read here (checked when streamed) */
+		if (L.placed && L.placed[b] == ARENA_PLACE_DISK)
+			L.disk = 1;
+		else if (lay->blocks[b].bytes)
 			L.segs[L.n_segs++] = (seg){0, h->data_offset + lay->blocks[b].offset, lay->blocks[b].bytes, (uint32_t)b, 0};
+	}
 	/* The model takes the layout; the image keeps its chunk table for checks. */
 	arena_layout *own = img->layout;
 	img->layout = NULL;

@@ -17,6 +17,7 @@
 #include "../../common/err.h"
 #include "../../common/io.h"
 #include "../../loader/convert.h"
+#include "../../loader/open.h"
 #include "testutil.h"
 
 static char dir[256];
@@ -122,6 +123,28 @@ Test(disk, blocks_beyond_the_host_budget_come_from_the_image)
 		arena_close(a);
 	}
 	arena_close(ref);
+}
+
+/* What only disk-tier blocks need is not read at open (a piece of one
+ * 64 KiB chunk each here): fewer file bytes, the same bytes streamed. */
+Test(disk, blocks_left_in_the_image_are_not_read_at_open)
+{
+	setenv("ARENA_LOAD_PIECE", "64K", 1);
+	arena_open_options ro = {.backend = "sim"};
+	arena *ref, *a;
+	cr_assert_eq(arena_open(img, &ro, &ref), 0, "%s", arena_last_error());
+	arena_load_stats all, some;
+	arena_open_options o = opts(0, 0);
+	cr_assert_eq(arena__open_tuned(img, &o, NULL, &a, &all, NULL), 0, "%s", arena_last_error());
+	arena_close(a);
+	o = opts(ARENA_ZERO_BYTES, 0);
+	cr_assert_eq(arena__open_tuned(img, &o, NULL, &a, &some, NULL), 0, "%s", arena_last_error());
+	cr_assert_lt(some.file_bytes, all.file_bytes / 2, "read %llu of %llu bytes", (unsigned long long)some.file_bytes,
+		     (unsigned long long)all.file_bytes);
+	cr_assert_gt(run_steps(a, ref, 2), 0);
+	arena_close(a);
+	arena_close(ref);
+	unsetenv("ARENA_LOAD_PIECE");
 }
 
 Test(disk, a_checkpoint_cannot_be_read_again)
