@@ -97,21 +97,19 @@ int cmd_plan(int argc, char **argv)
 	if ((rc = arena_img_open(path, &img)))
 		return cli_fail(rc);
 	const arena_layout *l = img->layout;
-	if (piece == ARENA_PIECE_AUTO) { /* chosen from the budget, as arena_open does */
-		uint64_t bu, hr, rs;
-		arena_residency_budget(vram, vram, &o, &bu, &hr, &rs);
-		if ((rc = arena_residency_piece_auto(l, &o, bu, &piece))) {
-			arena_img_close(img);
-			return cli_fail(rc);
-		}
-	}
 	arena_layout *pl = NULL; /* with --piece-size: the blocks in pieces */
 	uint32_t *par = NULL;    /* each piece's block */
 	double *cost = NULL;
-	if (piece && (rc = arena_layout_pieces(img->layout, piece, &pl, &par))) {
-		arena_img_close(img);
-		return cli_fail(rc);
-	}
+	uint8_t *disk = NULL;    /* with --host-budget: the blocks read from the image */
+	arena_residency_plan p = {0};
+	int status = 0;
+	uint64_t budget, headroom, reserve;
+	arena_residency_budget(vram, vram, &o, &budget, &headroom, &reserve);
+	/* "auto": chosen from the budget, as arena_open does */
+	if (piece == ARENA_PIECE_AUTO && (rc = arena_residency_piece_auto(l, &o, budget, &piece)))
+		goto out;
+	if (piece && (rc = arena_layout_pieces(img->layout, piece, &pl, &par)))
+		goto out;
 	if (profile) {
 		const arena_layout *il = img->layout;
 		double *bc = arena_calloc(il->n_blocks ? il->n_blocks : 1, sizeof(*bc));
@@ -130,20 +128,12 @@ int cmd_plan(int argc, char **argv)
 		} else {
 			arena_free(bc);
 		}
-		if (rc) {
-			arena_free(cost);
-			arena_layout_free(pl);
-			arena_free(par);
-			arena_img_close(img);
-			return cli_fail(rc);
-		}
+		if (rc)
+			goto out;
 		o.cost = cost;
 	}
 	if (pl)
 		l = pl;
-	uint64_t budget, headroom, reserve;
-	arena_residency_budget(vram, vram, &o, &budget, &headroom, &reserve);
-	arena_residency_plan p;
 	if ((rc = arena_residency_plan_make(l, &o, budget, &p))) {
 		if (rc == ARENA_E(BUDGET)) {
 			char msg[1024], a[32], b[32], c[32], d[32];
@@ -166,55 +156,33 @@ int cmd_plan(int argc, char **argv)
 				arena_errorf(rc, "%s: does not fit in %s: %s", path, cli_fmt_bytes(vram, a, sizeof(a)), msg);
 			}
 		}
-		arena_img_close(img);
-		arena_layout_free(pl);
-		arena_free(par);
-		arena_free(cost);
-		return cli_fail(rc);
+		goto out;
 	}
 	if (svg) {
 		plan_svg_in in = {.image = path, .l = l, .o = &o, .p = &p, .profile = profile, .vram = vram,
 				  .budget = budget, .headroom = headroom, .reserve = reserve, .image_fd = img->fd};
-		if ((rc = plan_svg_write(svg, &in))) {
-			arena_residency_plan_release(&p);
-			arena_img_close(img);
-			arena_layout_free(pl);
-			arena_free(par);
-			arena_free(cost);
-			return cli_fail(rc);
-		}
+		if ((rc = plan_svg_write(svg, &in)))
+			goto out;
 	}
 	/* The floor of each mode with these options. */
 	uint64_t floor_v[2], floor_w[2];
 	for (int md = 0; md < 2; md++) {
 		arena_engine_opts q = o;
 		q.mode = md ? ARENA_MODE_TRAIN : ARENA_MODE_SAMPLE;
-		if ((rc = arena_residency_floor(l, &q, &floor_v[md], &floor_w[md]))) {
-			arena_residency_plan_release(&p);
-			arena_img_close(img);
-			arena_layout_free(pl);
-			arena_free(par);
-			arena_free(cost);
-			return cli_fail(rc);
-		}
+		if ((rc = arena_residency_floor(l, &q, &floor_v[md], &floor_w[md])))
+			goto out;
 	}
 	/* --host-budget: the streamed blocks that would be read from the image. */
 	uint64_t hb = ao.host_budget == ARENA_ZERO_BYTES ? 0 : ao.host_budget, hbytes = 0, dbytes = 0;
 	size_t dn = 0;
-	uint8_t *disk = arena_calloc(l->n_blocks ? l->n_blocks : 1, 1);
-	if (!disk || (ao.host_budget && (rc = arena_residency_host_split(l, &p, hb, disk, &hbytes, &dbytes)))) {
-		rc = disk ? rc : arena_errorf(ARENA_E_NOMEM, "out of memory");
-		arena_free(disk);
-		arena_residency_plan_release(&p);
-		arena_layout_free(pl);
-		arena_free(par);
-		arena_free(cost);
-		arena_img_close(img);
-		return cli_fail(rc);
+	if (!(disk = arena_calloc(l->n_blocks ? l->n_blocks : 1, 1))) {
+		rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
+		goto out;
 	}
+	if (ao.host_budget && (rc = arena_residency_host_split(l, &p, hb, disk, &hbytes, &dbytes)))
+		goto out;
 	for (size_t b = 0; b < l->n_blocks; b++)
 		dn += disk[b];
-	int status = 0;
 	double comp = 0, copy = o.h2d_bytes_per_s > 0 ? (double)p.stream_bytes_per_step / o.h2d_bytes_per_s : 0;
 	for (size_t i = 0; cost && i < p.n_sched; i++)
 		comp += cost[p.sched[i]] *
@@ -294,11 +262,12 @@ int cmd_plan(int argc, char **argv)
 		putchar('\n');
 		(void)e;
 	}
+out:
 	arena_free(disk);
 	arena_residency_plan_release(&p);
 	arena_img_close(img);
 	arena_layout_free(pl);
 	arena_free(par);
 	arena_free(cost);
-	return status;
+	return rc ? cli_fail(rc) : status;
 }
