@@ -129,6 +129,28 @@ int arena_residency_floor(const arena_layout *l, const arena_engine_opts *o, uin
 	return 0;
 }
 
+/* o planning by bytes alone (no profile, the mode's default schedule): what
+ * fits, not what is fastest. */
+static arena_engine_opts by_bytes(const arena_engine_opts *o)
+{
+	arena_engine_opts q = *o;
+	q.cost = NULL;
+	q.h2d_bytes_per_s = 0;
+	q.sched = NULL;
+	q.n_sched = 0;
+	return q;
+}
+
+/* The largest block other than globals (what pieces split). */
+static uint64_t largest_block(const arena_layout *l)
+{
+	uint64_t big = 0;
+	for (size_t b = 0; b < l->n_blocks; b++)
+		if (l->blocks[b].container && l->blocks[b].bytes > big)
+			big = l->blocks[b].bytes;
+	return big;
+}
+
 /* Whether l in pieces of `piece` has a plan under budget: 1, 0 (BUDGET,
  * cleared), or an error. */
 static int pieces_fit(const arena_layout *l, const arena_engine_opts *q, uint64_t budget, uint64_t piece)
@@ -153,15 +175,8 @@ static int pieces_fit(const arena_layout *l, const arena_engine_opts *q, uint64_
 int arena_residency_piece_fit(const arena_layout *l, const arena_engine_opts *o, uint64_t budget, uint64_t *piece)
 {
 	*piece = 0;
-	uint64_t big = 0;
-	for (size_t b = 0; b < l->n_blocks; b++)
-		if (l->blocks[b].container && l->blocks[b].bytes > big)
-			big = l->blocks[b].bytes;
-	arena_engine_opts q = *o;
-	q.cost = NULL; /* by bytes: the size that fits, not the fastest */
-	q.h2d_bytes_per_s = 0;
-	q.sched = NULL;
-	q.n_sched = 0;
+	const uint64_t big = largest_block(l);
+	const arena_engine_opts q = by_bytes(o);
 	uint64_t top = 1;
 	while (top <= big / 2)
 		top <<= 1; /* the largest power of two below the largest block */
@@ -212,11 +227,7 @@ int arena_residency_host_split(const arena_layout *l, const arena_residency_plan
 int arena_residency_piece_auto(const arena_layout *l, const arena_engine_opts *o, uint64_t budget, uint64_t *piece)
 {
 	*piece = 0;
-	arena_engine_opts q = *o;
-	q.cost = NULL; /* by bytes */
-	q.h2d_bytes_per_s = 0;
-	q.sched = NULL;
-	q.n_sched = 0;
+	const arena_engine_opts q = by_bytes(o);
 	arena_residency_plan t;
 	int rc = arena_residency_plan_make(l, &q, budget, &t);
 	if (rc == 0) {
@@ -229,15 +240,12 @@ int arena_residency_piece_auto(const arena_layout *l, const arena_engine_opts *o
 	} else {
 		arena_error_clear();
 	}
-	uint64_t big = 0;
-	for (size_t b = 0; b < l->n_blocks; b++)
-		if (l->blocks[b].container && l->blocks[b].bytes > big)
-			big = l->blocks[b].bytes;
+	const uint64_t big = largest_block(l);
+	if (big < 4)
+		return 0;
 	uint64_t quarter = 1;
 	while (quarter <= big / 8)
 		quarter <<= 1; /* the largest power of two <= big / 4 */
-	if (big < 4)
-		return 0;
 	if ((rc = pieces_fit(l, &q, budget, quarter)) < 0)
 		return rc;
 	if (rc) {
@@ -426,7 +434,7 @@ void arena__timed_release(arena__timed *t)
 	arena_free(t->rel_t);
 	arena_free(t->gain);
 	arena_free(t->swappable);
-	arena_free(t->lazy);
+	arena_free(t->cands);
 	arena_free(t->seq);
 	memset(t, 0, sizeof(*t));
 }
@@ -439,9 +447,9 @@ int arena__timed_init(arena__timed *t, size_t n, size_t n_sched)
 	t->rel_t = arena_calloc(n ? n : 1, sizeof(*t->rel_t));
 	t->gain = arena_calloc(n ? n : 1, sizeof(*t->gain));
 	t->swappable = arena_calloc(n ? n : 1, 1);
-	t->lazy = arena_calloc(n ? n : 1, sizeof(*t->lazy));
+	t->cands = arena_calloc(n ? n : 1, sizeof(*t->cands));
 	t->seq = arena_calloc(n_sched ? n_sched : 1, sizeof(*t->seq));
-	if (!rc && t->fill_t && t->rel_t && t->gain && t->swappable && t->lazy && t->seq)
+	if (!rc && t->fill_t && t->rel_t && t->gain && t->swappable && t->cands && t->seq)
 		return 0;
 	arena__timed_release(t);
 	return -1;
@@ -662,10 +670,10 @@ static void *greedy_thread(void *arg)
 	return NULL;
 }
 
-/* Threads for a greedy over k blocks: 1 (the caller alone) when few, or
- * when their scratch cannot be had. */
 unsigned arena__greedy_threads;
 
+/* Threads for a greedy over k blocks: 1 (the caller alone) when few, or
+ * when their scratch cannot be had. */
 static unsigned greedy_workers(const arena_layout *l, const arena_residency_plan *p, size_t k, greedy_worker *w)
 {
 	long cpus = arena__greedy_threads ? (long)arena__greedy_threads : sysconf(_SC_NPROCESSORS_ONLN);
@@ -706,9 +714,7 @@ static int greedy_round(greedy_worker *w, unsigned nw, const arena_layout *l, co
 			started++;
 		}
 	}
-	/* What did not start, the caller evaluates: its share and theirs. */
-	for (unsigned j = started; j < nw; j++)
-		w[j].failed = 0;
+	/* The caller evaluates its share, and the shares of threads that did not start. */
 	greedy_eval(&w[0]);
 	int failed = w[0].failed;
 	for (unsigned j = started; j < nw && !failed; j++) {
@@ -740,7 +746,7 @@ static double greedy_timed(const arena_layout *l, const arena_engine_opts *o, co
 	greedy_worker w[GREEDY_THREADS];
 	memset(w, 0, sizeof(w));
 	const unsigned nw = greedy_workers(l, p, k, w);
-	uint32_t *cands = ts->lazy;
+	uint32_t *cands = ts->cands;
 	double cur = arena__timed_run(l, o, p->sched, p->bwd, p->n_sched, cand, p->slots, ts);
 	while (cur >= 0) {
 		int64_t pick = -1, big = -1;

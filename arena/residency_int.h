@@ -52,7 +52,7 @@ typedef struct arena__timed {
 	double *fill_t, *rel_t; /* per block: its copy is done, its last release */
 	double *gain;           /* per block: the greedy's gain per byte */
 	uint8_t *swappable;     /* per block: chosen by the greedy, may be swapped */
-	uint32_t *lazy;         /* the greedy's candidates of a round */
+	uint32_t *cands;         /* the greedy's candidates of a round */
 	uint32_t *seq;          /* the streamed entries' blocks */
 	arena_plan_span *spans; /* when not NULL: every copy and entry of the run, in time */
 	size_t n_spans;
