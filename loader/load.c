@@ -264,11 +264,11 @@ static int read_range(loader *L, worker *w, const lsrc *f, uint8_t *buf, uint64_
 	return 0;
 }
 
+static int unwanted(const loader *L, uint64_t a, uint64_t z);
+
 /* Read a piece slot by slot: each slot's bytes are read (from the page cache
  * when they are there, O_DIRECT when not), checked while still in cache,
  * copied on, and the slot's event recorded. */
-static int unwanted(const loader *L, uint64_t a, uint64_t z);
-
 static int do_piece(loader *L, worker *w, const piece *p)
 {
 	if (L->img && unwanted(L, p->off, p->off + p->len))
@@ -949,12 +949,12 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 	L.t_mark = arena_now_s();
 	const arena_img_header *h = &img->hdr;
 	L.coded = !!(h->flags & ARENA_IMG_FLAG_CODED);
-	for (uint64_t c = 0; c < h->chunk_count && !L.hb4; c++)
-		L.hb4 = img->chunks[c].codec == ARENA_CODEC_HB4;
-	/* Pieces of whole chunks (ARENA_LOAD_PIECE: another size, for measuring). */
 	int zstd = 0;
-	for (uint64_t c = 0; c < h->chunk_count && !zstd; c++)
-		zstd = img->chunks[c].codec == ARENA_CODEC_ZSTD;
+	for (uint64_t c = 0; c < h->chunk_count; c++) {
+		L.hb4 |= img->chunks[c].codec == ARENA_CODEC_HB4;
+		zstd |= img->chunks[c].codec == ARENA_CODEC_ZSTD;
+	}
+	/* Pieces of whole chunks (ARENA_LOAD_PIECE: another size, for measuring). */
 	/* zstd: a cold load on the GPU machine's disk was 3-13 % faster with
 	 * 64 MiB read in one than with 16 MiB read chunk by chunk, and 16 MiB read
 	 * in one was 20-25 % slower (bench/RESULTS.md). */

@@ -243,7 +243,7 @@ class _PiecedBinding:
         self.need = need  # per leaf key: the pieces it needs
         self.index = min(pieces)  # for the handle's bookkeeping
         self.params = [pc for b in pieces.values() for pc in b.params]
-        self.held: Dict[int, Optional[int]] = {}  # piece -> the stream it was acquired on
+        self.held: Set[int] = set()  # pieces acquired and not released
         self.active = False
         self.backward = False
         self.pos = 0
@@ -254,18 +254,22 @@ class _PiecedBinding:
         self.watched: Set[int] = set()  # forward positions whose backward releases recompute holds
         self.bw: Dict[int, Tuple[int, ...]] = {}  # recompute: position -> pieces it holds for backward
         self.bw_ref: Dict[int, int] = {}
-        self.own: Optional[int] = None  # the leaf key of the block module's own tensors, if it has any
+        self.keep: Tuple[int, ...] = ()  # pieces of the block module's own tensors: held for its whole call
 
     # --- pieces ---
     def _acquire(self, idx: int) -> None:
         h = self.handle
-        stream = h._stream()
-        addr = h.arena.acquire(idx, stream)
-        self.held[idx] = stream
+        addr = h.arena.acquire(idx, h._stream())
+        self.held.add(idx)
         self.pieces[idx].bind(addr)
 
+    def _hold(self, need: Tuple[int, ...]) -> None:
+        for idx in need:
+            if idx not in self.held:
+                self._acquire(idx)
+
     def _release(self, idx: int) -> None:
-        self.held.pop(idx)
+        self.held.discard(idx)
         self.handle.arena.release(idx, self.handle._stream())
 
     def release_all(self) -> None:
@@ -302,14 +306,12 @@ class _PiecedBinding:
         backward = _in_backward()
         if not h._step_open:
             h._begin_step()
+        if torch.is_grad_enabled() and not backward:
+            self._check_training(args, kwargs)
         if h._all_resident:
             for idx, b in self.pieces.items():
                 b.bind(h._resident_at[idx])
-            if torch.is_grad_enabled() and not backward:
-                self._check_training(args, kwargs)
             return call(mod, *args, **kwargs)
-        if torch.is_grad_enabled() and not backward:
-            self._check_training(args, kwargs)
         if self.active:  # a block calling itself: its pieces stay as they are
             return call(mod, *args, **kwargs)
         self.active, self.backward, self.pos = True, backward, 0
@@ -317,11 +319,10 @@ class _PiecedBinding:
         self.follow = self.seq is not None and not backward
         if not backward:
             self.watched = set()
-        keep: Tuple[int, ...] = self.need[self.own] if self.own is not None else ()
+        keep = self.keep
         done = False
         try:
-            for idx in keep:  # the block's own tensors: held for the whole call
-                self._acquire(idx)
+            self._hold(keep)
             out = call(mod, *args, **kwargs)
             done = True
         finally:
@@ -344,9 +345,7 @@ class _PiecedBinding:
                 self.pieces[idx].bind(h._resident_at[idx])
             return call(mod, *args, **kwargs)
         if not self.active:  # called on its own, outside its block: its pieces for this call
-            for idx in need:
-                if idx not in self.held:
-                    self._acquire(idx)
+            self._hold(need)
             try:
                 return call(mod, *args, **kwargs)
             finally:
@@ -356,9 +355,7 @@ class _PiecedBinding:
         pos = self.pos
         self.pos += 1
         if self.backward:  # a recompute: held until this module's backward has run
-            for idx in need:
-                if idx not in self.held:
-                    self._acquire(idx)
+            self._hold(need)
             out = call(mod, *args, **kwargs)
             if pos in self.watched and pos not in self.bw:
                 self.bw[pos] = need
@@ -366,16 +363,14 @@ class _PiecedBinding:
                     self.bw_ref[idx] = self.bw_ref.get(idx, 0) + 1
             return out
         self.rec.append(key)
-        if self.follow and (pos >= len(self.seq or ()) or (self.seq or ())[pos] != key):
+        seq = self.seq or []
+        if self.follow and (pos >= len(seq) or seq[pos] != key):
             self.follow = False  # the calls changed: hold only what each module needs
-        own = self.need[self.own] if self.own is not None else ()
         if not self.follow:
             for idx in list(self.held):
-                if idx not in need and idx not in own:
+                if idx not in need and idx not in self.keep:
                     self._release(idx)
-        for idx in need:
-            if idx not in self.held:
-                self._acquire(idx)
+        self._hold(need)
         if torch.is_grad_enabled():
             grads = [x for x in list(args) + list(kwargs.values()) if isinstance(x, torch.Tensor) and x.requires_grad]
             if grads:
@@ -385,7 +380,7 @@ class _PiecedBinding:
         out = call(mod, *args, **kwargs)
         if self.follow:
             for idx in self.rel_after.get(pos, ()):
-                if idx in self.held and idx not in own:
+                if idx in self.held and idx not in self.keep:
                     self._release(idx)
         return out
 
@@ -796,7 +791,7 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any) -> None:
         for key, oid in enumerate(keys):
             leaf = leaf_mod[oid]
             if leaf is m:  # the block's own tensors: the block's call acquires them
-                pb.own = key
+                pb.keep = pb.need[key]
                 continue
             _wrap_block(h, leaf, _LeafRef(pb, key))  # type: ignore[arg-type]
         _wrap_block(h, m, pb)  # type: ignore[arg-type]
