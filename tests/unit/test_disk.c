@@ -62,17 +62,7 @@ static uint64_t run_steps(arena *a, arena *ref, int steps)
 		for (size_t i = 0; i < arena_block_count(a); i++) {
 			void *d;
 			cr_assert_eq(arena_block_acquire(a, i, NULL, &d), 0, "%s", arena_last_error());
-			for (size_t t = 0; t < arena_tensor_count(a); t++) {
-				arena_tensor_info ti, tr;
-				cr_assert_eq(arena_tensor_get(a, t, &ti), 0);
-				if (ti.block != i)
-					continue;
-				cr_assert_eq(arena_tensor_get(ref, t, &tr), 0);
-				for (uint32_t c = 0; c < ti.n_components; c++)
-					cr_assert(memcmp((uint8_t *)d + ti.component[c].offset, tr.component[c].device,
-							 ti.component[c].bytes) == 0,
-						  "step %d: %s differs from the image", step, ti.name);
-			}
+			expect_block_tensors(a, ref, i, d, step);
 			cr_assert_eq(arena_block_release(a, i, NULL), 0, "%s", arena_last_error());
 		}
 		cr_assert_eq(arena_step_end(a), 0, "%s", arena_last_error());

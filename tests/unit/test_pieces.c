@@ -204,21 +204,7 @@ Test(pieces, streamed_pieces_hold_the_image_bytes)
 			void *d;
 			cr_assert_eq(arena_block_acquire(a, i, NULL, &d), 0, "%s", arena_last_error());
 			cr_assert_eq((uintptr_t)d % 256, 0, "piece %s at %p", arena_block_name(a, i), d);
-			for (size_t t = 0; t < arena_tensor_count(a); t++) {
-				arena_tensor_info ti, tr;
-				cr_assert_eq(arena_tensor_get(a, t, &ti), 0);
-				if (ti.block != i)
-					continue;
-				cr_assert_eq(arena_tensor_get(ref, t, &tr), 0);
-				cr_assert_str_eq(ti.name, tr.name);
-				for (uint32_t c = 0; c < ti.n_components; c++) {
-					cr_assert_leq(ti.component[c].offset + ti.component[c].bytes, arena_block_bytes(a, i));
-					cr_assert(memcmp((uint8_t *)d + ti.component[c].offset, tr.component[c].device,
-							 ti.component[c].bytes) == 0,
-						  "step %d: %s in piece %s differs from the image", step, ti.name,
-						  arena_block_name(a, i));
-				}
-			}
+			expect_block_tensors(a, ref, i, d, step);
 			cr_assert_eq(arena_block_release(a, i, NULL), 0, "%s", arena_last_error());
 		}
 		cr_assert_eq(arena_step_end(a), 0, "%s", arena_last_error());

@@ -4,11 +4,13 @@
 #include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "arena.h"
 #include "testutil.h"
 
 #define FIXTURES_DEFAULT "fixtures"
@@ -69,4 +71,22 @@ void tmpdir_remove(const char *dir)
 {
 	if (dir && *dir)
 		nftw(dir, remove_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+void expect_block_tensors(struct arena *a, struct arena *ref, size_t i, const void *d, int step)
+{
+	for (size_t t = 0; t < arena_tensor_count(a); t++) {
+		arena_tensor_info ti, tr;
+		cr_assert_eq(arena_tensor_get(a, t, &ti), 0);
+		if (ti.block != i)
+			continue;
+		cr_assert_eq(arena_tensor_get(ref, t, &tr), 0);
+		cr_assert_str_eq(ti.name, tr.name);
+		for (uint32_t c = 0; c < ti.n_components; c++) {
+			cr_assert_leq(ti.component[c].offset + ti.component[c].bytes, arena_block_bytes(a, i));
+			cr_assert(memcmp((const uint8_t *)d + ti.component[c].offset, tr.component[c].device,
+					 ti.component[c].bytes) == 0,
+				  "step %d: %s in block %s differs from the image", step, ti.name, arena_block_name(a, i));
+		}
+	}
 }

@@ -28,4 +28,11 @@ int dir_entries(const char *dir);
  * followed); nothing when dir is NULL or empty. */
 void tmpdir_remove(const char *dir);
 
+struct arena;
+/* Every tensor of block i of arena a, acquired at d (sim: host memory),
+ * holds what the same tensor holds in ref (an arena of the same image with
+ * every block resident), within the block; `step` names the step in the
+ * message. */
+void expect_block_tensors(struct arena *a, struct arena *ref, size_t i, const void *d, int step);
+
 #endif
