@@ -250,8 +250,8 @@ static atom tensor_span(const arena_tensor *t)
 }
 
 /* Where block b's pieces start (cuts[0] = 0), at most `piece` bytes each
- * unless one tensor (or one module's tensors) is larger; returns how many (>= 1). `at` has room for
- * the block's tensors, cuts for one more. */
+ * unless one tensor (or one module's tensors) is larger; returns how many
+ * (>= 1). `at` has room for the block's tensors, cuts for one more. */
 static size_t cut_block(const arena_layout *l, size_t b, uint64_t piece, atom *at, uint64_t *cuts)
 {
 	const arena_block *blk = &l->blocks[b];

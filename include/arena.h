@@ -308,7 +308,8 @@ typedef struct arena_block_info {
 				* the plan changes at a step_end or set_mode); 0: streamed */
 	void *device;          /* resident: the slab's device address; else NULL (acquire it) */
 	const void *host;      /* its canonical host copy (read-only, never changes), or NULL
-				* for a block that lives only on the device */
+				* for a block that lives only on the device, or only in the
+				* image (the disk tier: beyond host_budget) */
 } arena_block_info;
 
 /* Blocks in execution order; block 0 is globals when the model has any. */

@@ -306,12 +306,17 @@ class Arena:
     def tensors(self) -> Dict[str, Any]:
         """Every tensor as a torch tensor, zero copy: resident blocks' on the device,
         streamed blocks' as (read-only) CPU views of their canonical host copy.
-        Quantized tensors appear as ``name`` (qdata) and ``name + "_scale"``."""
+        Quantized tensors appear as ``name`` (qdata) and ``name + "_scale"``.
+        Raises :class:`Error` (USAGE) when a block has no copy in memory (the disk
+        tier: beyond ``host_budget``)."""
         out: Dict[str, Any] = {}
         for b in self.blocks:
             resident, dev, host = self.block_state(b.index)
             if not b.nbytes:
                 continue
+            if not resident and not host:
+                raise Error("USAGE", f"{self.path}: block '{b.name}' is in the image only (beyond host_budget): "
+                            f"tensors() views memory; open with a larger host_budget, or acquire the block")
             slab = self.slab(b.index, dev, "device") if resident else self.slab(b.index, host, "host")
             out.update(self.views(slab, b.index))
         return out
@@ -320,7 +325,8 @@ class Arena:
 
     def arrays(self) -> Dict[str, Any]:
         """Numpy arrays over the host copies of streamed blocks (read-only; on sim,
-        over every block). BF16/FP8 need ml_dtypes."""
+        over every block; blocks in the image only, beyond ``host_budget``, have
+        none). BF16/FP8 need ml_dtypes."""
         import numpy as np
 
         out: Dict[str, Any] = {}

@@ -231,6 +231,10 @@ class Sampling(unittest.TestCase):
         self.assertGreater(pl["n_disk"], 0)
         self.assertEqual(pl["n_disk"], pl["n_streamed"])
         self.assertEqual(pl["host_bytes"], 0)
+        with self.assertRaises(arena.Error) as cm:  # no memory to view for blocks in the image only
+            h.arena.tensors()
+        self.assertEqual(cm.exception.code, "USAGE")
+        self.assertIn("in the image only", cm.exception.message)
         self.check(m)
         h.end_step()
         self.assertGreater(sum(r["disk_bytes"] for r in h.stats()), 0)
