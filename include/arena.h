@@ -412,7 +412,8 @@ typedef struct arena_step_info {
 	 * mode change before it), the moves of blocks to and from the device in
 	 * it. A caller waiting for its steps leaves the device idle that long. */
 	double end_s, plan_s, move_s;
-	uint64_t disk_bytes;     /* read from the image for its copies (the disk tier) */
+	uint64_t disk_bytes;     /* read from the image during it (the disk tier; reads for
+				  * the next step's first copies count here) */
 } arena_step_info;
 
 /* Steps ended so far. */
