@@ -9,11 +9,12 @@
 #include "../common/alloc.h"
 #include "../common/clock.h"
 #include "../common/err.h"
+#include "../formats/wire.h"
 #include "residency_int.h"
 #include "trace.h"
 
 enum { ST_IDLE, ST_STEP, ST_FAILED };
-enum { ENGINE_COPY_PAIRS = 32, ENGINE_MEMO_STEPS = 64 };
+enum { ENGINE_COPY_PAIRS = 32, ENGINE_MEMO_STEPS = 64, ENGINE_WIRE_STAGES = ARENA_WIRE_STAGES };
 
 /* --- engine ------------------------------------------------------------------- */
 
@@ -37,7 +38,7 @@ struct arena_engine {
 	size_t n_seq, cur, fetched;
 	unsigned ring_epoch;  /* counts the ring's resets: pending counts start anew */
 	unsigned fetch_epoch; /* the ring_epoch [cur, fetched) were fetched in */
-	uint64_t next_bytes, next_copies; /* copied for the next step's entries */
+	uint64_t next_bytes, next_copies, next_moved; /* copied for the next step's entries */
 	size_t max_sched;    /* capacity of seq, obs and a schedule: arena_residency_max_sched */
 	arena__ring scratch; /* for arena__plan_derive */
 	arena__timed tscr; /* for engine_predict */
@@ -108,12 +109,70 @@ struct arena_engine {
 	uint64_t stage_bytes; /* each */
 	arena_event *ev_stage[2];
 	unsigned stage_next;
+	/* Coded streaming: blocks held coded (m->mem[b].wire) are copied a
+	 * segment at a time, hb4 segments into one of ENGINE_WIRE_STAGES device
+	 * stages on the copy stream and decoded from there into place on the
+	 * decode stream ds, which runs beside the copies: stage k is copied
+	 * into once its last decode is done (wdec[k]), decoded once its copy is
+	 * (wcp[k]). A block's fill event is recorded on ds after its last
+	 * decode and after its copies (wx). */
+	arena_stream *ds;
+	uint8_t *wstage;      /* ENGINE_WIRE_STAGES x wstage_each device bytes, or NULL */
+	uint64_t wstage_each;
+	arena_event *wcp[ENGINE_WIRE_STAGES], *wdec[ENGINE_WIRE_STAGES], *wx;
+	unsigned wnext;
+	uint64_t *moved; /* per block, what a copy moves (o.moved points at it); NULL: none held coded */
 };
+
+/* Device bytes the coded copies' stages take. */
+static uint64_t wire_stage_bytes(const arena_engine *e)
+{
+	return e->wstage ? ENGINE_WIRE_STAGES * e->wstage_each : 0;
+}
+
+/* Bytes a copy of block b moves: its coded form's when it is held coded. */
+static uint64_t moved_bytes(const arena_engine *e, uint32_t b)
+{
+	const arena_wire *w = e->m->mem[b].wire;
+	return w ? w->stored : e->l->blocks[b].bytes;
+}
+
+/* Queue the copy of block b to dst (its device slab or ring slot): from
+ * src (raw host bytes) on the copy stream, or, held coded, segment by
+ * segment as above. *fill is the stream the block's fill event goes on. */
+static int send(arena_engine *e, uint32_t b, uint8_t *dst, const uint8_t *src, arena_stream **fill)
+{
+	arena_backend *be = e->be;
+	const arena_wire *w = e->m->mem[b].wire;
+	int rc = 0;
+	*fill = e->cs;
+	if (!w)
+		return e->l->blocks[b].bytes ? be->ops->copy_h2d(be, dst, src, e->l->blocks[b].bytes, e->cs) : 0;
+	for (size_t i = 0; i < w->n && !rc; i++) {
+		const arena_wire_seg *g = &w->seg[i];
+		if (g->codec == ARENA_CODEC_NONE) {
+			rc = be->ops->copy_h2d(be, dst + g->dst, w->buf + g->src, g->raw, e->cs);
+			continue;
+		}
+		const unsigned k = e->wnext++ % ENGINE_WIRE_STAGES;
+		uint8_t *stage = e->wstage + (uint64_t)k * e->wstage_each;
+		if ((rc = be->ops->stream_wait(be, e->cs, e->wdec[k])) ||
+		    (rc = be->ops->copy_h2d(be, stage, w->buf + g->src, arena_wire_seg_stored(g), e->cs)) ||
+		    (rc = be->ops->event_record(be, e->wcp[k], e->cs)) || (rc = be->ops->stream_wait(be, e->ds, e->wcp[k])) ||
+		    (rc = be->ops->decode_hb4(be, dst + g->dst, stage, &g->v, 0, g->raw, e->ds)))
+			break;
+		rc = be->ops->event_record(be, e->wdec[k], e->ds);
+	}
+	if (!rc && !(rc = be->ops->event_record(be, e->wx, e->cs)))
+		rc = be->ops->stream_wait(be, e->ds, e->wx);
+	*fill = e->ds;
+	return rc;
+}
 
 /* A block whose bytes are in its image only (the disk tier). */
 static int on_disk(const arena_engine *e, uint32_t b)
 {
-	return !e->m->mem[b].dev && !e->m->mem[b].host && e->l->blocks[b].bytes;
+	return !e->m->mem[b].dev && !e->m->mem[b].host && !e->m->mem[b].wire && e->l->blocks[b].bytes;
 }
 
 static void stage_free(arena_engine *e)
@@ -137,7 +196,7 @@ static int host_src(arena_engine *e, uint32_t b, const uint8_t **src, int *k)
 	int rc;
 	*k = -1;
 	*src = e->m->mem[b].host;
-	if (*src || !sz)
+	if (*src || !sz || e->m->mem[b].wire)
 		return 0;
 	if (!e->o.reread)
 		return arena_errorf(ARENA_E_INTERNAL, "block '%s' has no host copy and no source to re-read",
@@ -202,6 +261,8 @@ static uint64_t own_rounding(const arena_model *m, const arena_engine *e)
 			r += gran_loss(m->backend, m->layout->blocks[b].bytes);
 	if (e && e->ring_dptr)
 		r += gran_loss(m->backend, (uint64_t)e->n_slots * e->slot_bytes);
+	if (e && e->wstage)
+		r += gran_loss(m->backend, wire_stage_bytes(e));
 	return r;
 }
 
@@ -236,7 +297,7 @@ static int ring_free(arena_engine *e)
 {
 	int rc = 0;
 	arena_backend *be = e->be;
-	if (e->cs && (rc = be->ops->stream_sync(be, e->cs)))
+	if ((e->cs && (rc = be->ops->stream_sync(be, e->cs))) || (e->ds && (rc = be->ops->stream_sync(be, e->ds))))
 		return rc;
 	for (size_t i = 0; i < e->ring.n_order; i++) {
 		uint32_t q = e->ring.order[i];
@@ -273,7 +334,7 @@ static int ensure_host(arena_engine *e, uint32_t b)
 {
 	arena_model *m = e->m;
 	uint8_t *slab;
-	if (m->mem[b].host || !e->l->blocks[b].bytes)
+	if (m->mem[b].host || m->mem[b].wire || !e->l->blocks[b].bytes)
 		return 0;
 	if (!e->o.reread)
 		return arena_errorf(ARENA_E_INTERNAL, "block '%s' has no host copy and no source to re-read",
@@ -291,7 +352,7 @@ static int ensure_host(arena_engine *e, uint32_t b)
 static int demotable(const arena_engine *e, uint32_t b)
 {
 	return !arena_block_is_globals(e->l, b) && e->plan.resident[b] && e->l->blocks[b].bytes &&
-	       (e->m->mem[b].host || e->o.reread);
+	       (e->m->mem[b].host || e->m->mem[b].wire || e->o.reread);
 }
 
 /* Drop block b's device copy (between steps; invariant 3). */
@@ -354,18 +415,22 @@ static int promote(arena_engine *e, uint32_t b)
 			return rc;
 		m->dev_bytes += sz;
 		int k = -1;
+		arena_stream *fs;
 		if ((e->tr && (rc = arena_trace_copy_begin(e->tr, e->cs, b, sz, ARENA_TRACE_PROMOTE_COPY, e->steps, &k))) ||
-		    (rc = be->ops->copy_h2d(be, m->mem[b].dev, src, sz, e->cs)) ||
+		    (rc = send(e, b, m->mem[b].dev, src, &fs)) ||
 		    (si >= 0 && (rc = be->ops->event_record(be, e->ev_stage[si], e->cs))) ||
 		    (e->tr && (rc = arena_trace_copy_end(e->tr, k, e->cs))) ||
-		    (rc = be->ops->event_record(be, e->ev_fill[b], e->cs))) {
+		    (rc = be->ops->event_record(be, e->ev_fill[b], fs))) {
 			be->ops->stream_sync(be, e->cs);
+			if (e->ds)
+				be->ops->stream_sync(be, e->ds);
 			be->ops->dev_free(be, m->mem[b].dev);
 			m->mem[b].dev = NULL;
 			m->dev_bytes -= sz;
 			return rc;
 		}
 		e->rec.promoted_bytes += sz;
+		e->rec.moved_bytes += moved_bytes(e, b);
 		if (e->tr)
 			arena_trace_instant(e->tr, ARENA_TRACE_PROMOTE, b, e->steps, sz);
 	}
@@ -548,6 +613,7 @@ static int fetch_block(arena_engine *e, uint32_t b, int next)
 		int tk = -1, si = -1;
 		int timing = e->timed && sz;
 		const uint8_t *src = NULL;
+		arena_stream *fs = e->cs;
 		if ((rc = host_src(e, b, &src, &si)))
 			return rc;
 		if (timing) { /* the pair's last copy, read if done, else dropped */
@@ -560,21 +626,23 @@ static int fetch_block(arena_engine *e, uint32_t b, int next)
 		    (timing && (rc = be->ops->event_record(be, e->cp_a[k], e->cs))) ||
 		    (e->tr && sz &&
 		     (rc = arena_trace_copy_begin(e->tr, e->cs, b, sz, ARENA_TRACE_FETCH, e->steps + (next ? 1 : 0), &tk))) ||
-		    (sz && (rc = be->ops->copy_h2d(be, (uint8_t *)e->ring_dptr + at, src, sz, e->cs))) ||
+		    (rc = send(e, b, (uint8_t *)e->ring_dptr + at, src, &fs)) ||
 		    (si >= 0 && (rc = be->ops->event_record(be, e->ev_stage[si], e->cs))) ||
 		    (e->tr && (rc = arena_trace_copy_end(e->tr, tk, e->cs))) ||
 		    (timing && (rc = be->ops->event_record(be, e->cp_z[k], e->cs))) ||
-		    (rc = be->ops->event_record(be, e->ev_fill[b], e->cs)))
+		    (rc = be->ops->event_record(be, e->ev_fill[b], fs)))
 			return rc;
 		if (timing) {
 			e->cp_rec[k] = 1;
-			e->cp_bytes[k] = sz;
+			e->cp_bytes[k] = moved_bytes(e, b);
 		}
 		if (next) {
 			e->next_bytes += sz;
+			e->next_moved += moved_bytes(e, b);
 			e->next_copies++;
 		} else {
 			e->rec.streamed_bytes += sz;
+			e->rec.moved_bytes += moved_bytes(e, b);
 			e->rec.copies++;
 		}
 	}
@@ -635,6 +703,20 @@ void arena_engine_free(arena_engine *e)
 		ring_free(e);
 	if (e->cs)
 		be->ops->stream_sync(be, e->cs);
+	if (e->ds)
+		be->ops->stream_sync(be, e->ds);
+	if (e->wstage)
+		be->ops->dev_free(be, e->wstage);
+	for (unsigned k = 0; k < ENGINE_WIRE_STAGES; k++) {
+		if (e->wcp[k])
+			be->ops->event_destroy(be, e->wcp[k]);
+		if (e->wdec[k])
+			be->ops->event_destroy(be, e->wdec[k]);
+	}
+	if (e->wx)
+		be->ops->event_destroy(be, e->wx);
+	if (e->ds)
+		be->ops->stream_destroy(be, e->ds);
 	stage_free(e);
 	for (unsigned k = 0; k < 2; k++)
 		if (e->ev_stage[k])
@@ -683,6 +765,7 @@ void arena_engine_free(arena_engine *e)
 	arena_free(e->res_held);
 	arena_free(e->hist);
 	arena_free(e->cost);
+	arena_free(e->moved);
 	arena_residency_plan_release(&e->plan);
 	arena_free(e);
 }
@@ -716,7 +799,31 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 		e->cost = c;
 		e->o.cost = c;
 	}
-	if ((rc = arena_residency_plan_make(l, o, budget, &e->plan))) {
+	/* Coded streaming: the stages its copies go through are device memory
+	 * the plan leaves room for. */
+	for (size_t b = 0; b < l->n_blocks; b++)
+		if (m->mem[b].wire && m->mem[b].wire->max_stage > e->wstage_each)
+			e->wstage_each = arena_align_up(m->mem[b].wire->max_stage, 256); /* within arena_wire_stage_bound */
+	if (e->wstage_each) {
+		if (!(e->moved = arena_calloc(l->n_blocks, sizeof(*e->moved)))) {
+			rc = arena_errorf(ARENA_E_NOMEM, "engine: out of memory");
+			goto fail;
+		}
+		for (size_t b = 0; b < l->n_blocks; b++)
+			e->moved[b] = moved_bytes(e, (uint32_t)b);
+		e->o.moved = e->moved;
+		uint64_t st = ENGINE_WIRE_STAGES * e->wstage_each + gran_loss(be, ENGINE_WIRE_STAGES * e->wstage_each);
+		budget = budget > st ? budget - st : 0;
+		if ((rc = be->ops->dev_alloc(be, ENGINE_WIRE_STAGES * e->wstage_each, (void **)&e->wstage)) ||
+		    (rc = be->ops->stream_create(be, &e->ds)) || (rc = be->ops->event_create(be, &e->wx)))
+			goto fail;
+		for (unsigned k = 0; k < ENGINE_WIRE_STAGES; k++)
+			if ((rc = be->ops->event_create(be, &e->wcp[k])) || (rc = be->ops->event_create(be, &e->wdec[k])))
+				goto fail;
+	}
+	arena_engine_opts po = *o;
+	po.moved = e->moved;
+	if ((rc = arena_residency_plan_make(l, &po, budget, &e->plan))) {
 		if (rc == ARENA_E(BUDGET)) {
 			char msg[1024];
 			snprintf(msg, sizeof(msg), "%s", arena_last_error());
@@ -1175,7 +1282,11 @@ static int plan_now(arena_engine *e, uint64_t used, uint64_t *budget, uint64_t *
 	int rc = be->ops->mem_info(be, &free_b, &total);
 	if (rc)
 		return rc;
-	arena_residency_budget(total, free_b + used + own_rounding(e->m, e), &e->o, budget, &h, &w);
+	arena_residency_budget(total, free_b + used + wire_stage_bytes(e) + own_rounding(e->m, e), &e->o, budget, &h, &w);
+	if (e->wstage) { /* the coded copies' stages stay */
+		uint64_t st = wire_stage_bytes(e) + gran_loss(be, wire_stage_bytes(e));
+		*budget = *budget > st ? *budget - st : 0;
+	}
 	*free_out = free_b;
 	if (memo && e->memo_ok && e->memo_gen == e->plan_gen && e->memo_age < ENGINE_MEMO_STEPS &&
 	    *budget >= e->memo.need_bytes && *budget <= e->memo_budget + e->memo_slack) {
@@ -1371,8 +1482,9 @@ int arena_engine_step_end(arena_engine *e)
 	e->steps++;
 	memset(&e->rec, 0, sizeof(e->rec));
 	e->rec.streamed_bytes = e->next_bytes; /* fetched during the step just ended */
+	e->rec.moved_bytes = e->next_moved;
 	e->rec.copies = e->next_copies;
-	e->next_bytes = e->next_copies = 0;
+	e->next_bytes = e->next_copies = e->next_moved = 0;
 	e->state = ST_IDLE;
 	if (!rc)
 		rc = arena_engine_collect(e);

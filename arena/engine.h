@@ -172,6 +172,10 @@ typedef struct arena_engine_opts {
 	 * moves to the plan that profile predicts faster (by 2% or more).
 	 * no_learn turns that off (the timing that fills gpu_* stays). */
 	int no_learn;
+	/* Per block, the bytes a copy of it moves when fewer than its slab's
+	 * (coded streaming; the engine sets it from the model), or NULL: the
+	 * timed planner's copy times use them. */
+	const uint64_t *moved;
 	arena_reread_fn reread; /* NULL: device-only blocks stay resident */
 	void *reread_ctx;
 	/* The disk tier: ask the source to start reading block b (read-ahead);
@@ -314,6 +318,8 @@ typedef struct arena_engine_step {
 	 * blocks to and from the device (promotions, demotions, a new ring). */
 	double end_s, plan_s, move_s;
 	uint64_t disk_bytes;     /* read from the image for copies (the disk tier) */
+	uint64_t moved_bytes;    /* host-to-device bytes of the copies counted in streamed_bytes
+				  * and promoted_bytes: fewer when blocks are held coded */
 } arena_engine_step;
 
 typedef struct arena_engine arena_engine;

@@ -8,13 +8,28 @@
 
 #include "../common/alloc.h"
 #include "../common/err.h"
+#include "../formats/wire.h"
+
+uint64_t arena_model_host_len(const arena_model *m, uint32_t b)
+{
+	const arena_wire *w = m->mem[b].wire;
+	return arena_align_up(w ? w->cap : m->layout->blocks[b].bytes, ARENA_SLAB_ALIGN);
+}
 
 int arena_model_prepare(arena_layout *layout, arena_backend *be, arena_pin_budget *budget,
 			const uint8_t *on_device, arena_model **out)
 {
+	return arena_model_prepare_wire(layout, be, budget, on_device, NULL, out);
+}
+
+int arena_model_prepare_wire(arena_layout *layout, arena_backend *be, arena_pin_budget *budget,
+			     const uint8_t *on_device, arena_wire **wires, arena_model **out)
+{
 	*out = NULL;
 	arena_model *m = arena_calloc(1, sizeof(*m));
 	if (!m) {
+		for (size_t b = 0; wires && b < layout->n_blocks; b++)
+			arena_wire_free(wires[b]);
 		arena_layout_free(layout);
 		return arena_errorf(ARENA_E_NOMEM, "out of memory");
 	}
@@ -24,15 +39,24 @@ int arena_model_prepare(arena_layout *layout, arena_backend *be, arena_pin_budge
 	int rc = 0;
 	m->mem = arena_calloc(layout->n_blocks, sizeof(*m->mem));
 	if (!m->mem) {
+		for (size_t b = 0; wires && b < layout->n_blocks; b++)
+			arena_wire_free(wires[b]);
 		rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
 		goto fail;
+	}
+	for (size_t b = 0; wires && b < layout->n_blocks; b++) {
+		if (wires[b] && on_device && on_device[b] == ARENA_PLACE_HOST)
+			m->mem[b].wire = wires[b];
+		else
+			arena_wire_free(wires[b]);
+		wires[b] = NULL;
 	}
 	uint64_t need_dev = 0;
 	for (size_t b = 0; b < layout->n_blocks; b++) {
 		if (on_device && on_device[b] == ARENA_PLACE_DISK)
 			continue;
 		if (on_device && !on_device[b])
-			m->host_len += arena_align_up(layout->blocks[b].bytes, ARENA_SLAB_ALIGN);
+			m->host_len += arena_model_host_len(m, (uint32_t)b);
 		else
 			need_dev += layout->blocks[b].bytes;
 	}
@@ -63,7 +87,11 @@ int arena_model_prepare(arena_layout *layout, arena_backend *be, arena_pin_budge
 		const arena_block *blk = &layout->blocks[b];
 		if (on_device && on_device[b] == ARENA_PLACE_DISK)
 			continue;
-		if (on_device && !on_device[b]) {
+		if (on_device && !on_device[b] && m->mem[b].wire) {
+			m->mem[b].wire->buf = m->host_base + hoff;
+			hoff += arena_model_host_len(m, (uint32_t)b);
+			m->host_bytes += m->mem[b].wire->cap;
+		} else if (on_device && !on_device[b]) {
 			m->mem[b].host = m->host_base + hoff;
 			hoff += arena_align_up(blk->bytes, ARENA_SLAB_ALIGN);
 			m->host_bytes += blk->bytes;
@@ -87,10 +115,11 @@ int arena_model_commit(arena_model *m)
 	/* Pin first: CUDA registers writable pages only; read-only comes after. */
 	for (size_t b = 0; b < m->layout->n_blocks; b++) {
 		arena_block_mem *bm = &m->mem[b];
-		uint64_t len = arena_align_up(m->layout->blocks[b].bytes, ARENA_SLAB_ALIGN);
-		if (!bm->host || !len || arena_pin_budget_take(m->budget, len))
+		uint64_t len = arena_model_host_len(m, (uint32_t)b);
+		uint8_t *p = bm->wire ? bm->wire->buf : bm->host;
+		if (!p || !len || arena_pin_budget_take(m->budget, len))
 			continue;
-		if (m->backend->ops->host_register(m->backend, bm->host, len)) {
+		if (m->backend->ops->host_register(m->backend, p, len)) {
 			arena_pin_budget_give(m->budget, len);
 			continue; /* stays pageable: slower, still correct */
 		}
@@ -111,9 +140,10 @@ void arena_model_free(arena_model *m)
 	for (size_t b = 0; m->mem && b < m->layout->n_blocks; b++) {
 		arena_block_mem *bm = &m->mem[b];
 		if (bm->pinned) {
-			m->backend->ops->host_unregister(m->backend, bm->host);
-			arena_pin_budget_give(m->budget, arena_align_up(m->layout->blocks[b].bytes, ARENA_SLAB_ALIGN));
+			m->backend->ops->host_unregister(m->backend, bm->wire ? bm->wire->buf : bm->host);
+			arena_pin_budget_give(m->budget, arena_model_host_len(m, (uint32_t)b));
 		}
+		arena_wire_free(bm->wire);
 		if (bm->dev)
 			m->backend->ops->dev_free(m->backend, bm->dev);
 		if (bm->own_host)

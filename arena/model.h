@@ -28,6 +28,10 @@ typedef struct arena_block_mem {
 	uint8_t *host;    /* host slab (4 KiB aligned), or NULL */
 	int pinned;       /* host slab registered with the backend */
 	int own_host;     /* host slab is a mapping of its own (arena_model_host_add) */
+	/* Coded streaming: the block's host copy kept coded (formats/wire.h),
+	 * its buffer in the host mapping, pinned like a slab; host is NULL
+	 * then (there are no raw host bytes). Owned. */
+	struct arena_wire *wire;
 } arena_block_mem;
 
 typedef struct arena_model {
@@ -53,6 +57,11 @@ typedef struct arena_model {
  * much is needed and free. */
 int arena_model_prepare(arena_layout *layout, arena_backend *be, arena_pin_budget *budget,
 			const uint8_t *on_device, arena_model **out);
+/* The same, and blocks placed ARENA_PLACE_HOST whose wires[b] is not NULL
+ * keep a coded host copy of wires[b]->cap bytes instead of a slab: the
+ * model takes each wire (also on failure) and sets its buffer. */
+int arena_model_prepare_wire(arena_layout *layout, arena_backend *be, arena_pin_budget *budget,
+			     const uint8_t *on_device, struct arena_wire **wires, arena_model **out);
 
 /* Make host slabs read-only and pin them in place, block by block, while the
  * budget allows (the rest stay pageable). */
@@ -69,6 +78,9 @@ void arena_model_free(arena_model *m);
 int arena_model_host_add(arena_model *m, uint32_t b, uint8_t **slab);
 void arena_model_host_seal(arena_model *m, uint32_t b);
 void arena_model_host_discard(arena_model *m, uint32_t b);
+
+/* Bytes of block b's host copy: its slab, or its coded form. */
+uint64_t arena_model_host_len(const arena_model *m, uint32_t b);
 
 /* Bytes of block b's slab. */
 static inline uint64_t arena_model_slab_bytes(const arena_model *m, uint32_t b)

@@ -529,7 +529,8 @@ double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const
 					timed_evict w = {t->rel_t, 0};
 					arena__ring_take(&t->r, l, f, at, timed_on_evict, &w);
 					double start = copy_free > w.wait ? copy_free : w.wait;
-					copy_free = start + (double)l->blocks[f].bytes / o->h2d_bytes_per_s;
+					copy_free = start + (double)(o->moved ? o->moved[f] : l->blocks[f].bytes) /
+									o->h2d_bytes_per_s;
 					t->fill_t[f] = copy_free;
 					if (t->spans)
 						t->spans[t->n_spans++] =

@@ -319,6 +319,44 @@ void arena_hb4_reads(uint64_t words, uint64_t a, uint64_t z, uint64_t nib[2], ui
 	low[1] = arena_hb4_low_off(words) + (w1 > w0 ? w1 : w0);
 }
 
+uint64_t arena_hb4_sub_bound(uint64_t a, uint64_t z, uint64_t n_exc)
+{
+	return arena_hb4_stored_length(z - a, n_exc);
+}
+
+uint64_t arena_hb4_sub(const arena_hb4 *v, uint64_t a, uint64_t z, uint8_t *out, arena_hb4 *s)
+{
+	const uint64_t w0 = a / 2, W = (z - a) / 2;
+	memset(s, 0, sizeof(*s));
+	s->words = W;
+	memcpy(s->table, v->table, 16);
+	s->nib_off = arena_hb4_nib_off();
+	s->low_off = arena_hb4_low_off(W);
+	s->idx_off = arena_hb4_idx_off(W);
+	uint8_t *nib = out + s->nib_off, *low = out + s->low_off, *idx = out + s->idx_off;
+	memcpy(nib, v->nib + w0 / 2, (W + 1) / 2);
+	if (W % 2) /* the last byte's high nibble is a word past z */
+		nib[W / 2] &= 15;
+	memset(nib + (W + 1) / 2, 0, s->low_off - s->nib_off - (W + 1) / 2);
+	memcpy(low, v->low + w0, W);
+	memset(low + W, 0, s->idx_off - s->low_off - W);
+	uint64_t e0 = exc_lower(v, w0), e1 = exc_lower(v, w0 + W), E = e1 - e0;
+	for (uint64_t e = e0; e < e1; e++)
+		put32(idx + 4 * (e - e0), get32(v->exc_idx + 4 * e) - (uint32_t)w0);
+	memcpy(idx + 4 * E, v->exc_hi + e0, E);
+	s->n_exc = E;
+	s->hi_off = s->idx_off + 4 * E;
+	memset(out, 0, ARENA_HB4_HEADER);
+	put32(out, (uint32_t)E);
+	put32(out + 4, (uint32_t)W);
+	memcpy(out + 8, v->table, 16);
+	s->nib = nib;
+	s->low = low;
+	s->exc_idx = idx;
+	s->exc_hi = idx + 4 * E;
+	return s->hi_off + E;
+}
+
 const char *arena_codec_name(unsigned codec)
 {
 	return codec == ARENA_CODEC_NONE ? "none"

@@ -103,6 +103,16 @@ uint64_t arena_hb4_first_nonzero(const arena_hb4 *v, uint64_t a, uint64_t z);
  * [nib[0], nib[1]) and low bytes [low[0], low[1]). */
 void arena_hb4_reads(uint64_t words, uint64_t a, uint64_t z, uint64_t nib[2], uint64_t low[2]);
 
+/* A chunk of its own for raw bytes [a, z) of a parsed chunk v (a a multiple
+ * of 4, z even, a < z <= 2 * v->words): the same table, the words' nibbles
+ * and low bytes, the exceptions among them (indices from a / 2). Coded
+ * streaming keeps a streamed block's part of a chunk this way (formats/
+ * wire.h). arena_hb4_sub_bound is the most it takes (all of v's
+ * exceptions); arena_hb4_sub writes it to out, describes it in *s (plane
+ * pointers into out) and returns its stored length. */
+uint64_t arena_hb4_sub_bound(uint64_t a, uint64_t z, uint64_t n_exc);
+uint64_t arena_hb4_sub(const arena_hb4 *v, uint64_t a, uint64_t z, uint8_t *out, arena_hb4 *s);
+
 /* The codec's name ("none", "hb4", "zstd") or NULL for an unknown number;
  * and back (-1 for an unknown name). */
 const char *arena_codec_name(unsigned codec);

@@ -229,6 +229,10 @@ enum { ARENA_MODE_SAMPLE = 0, ARENA_MODE_TRAIN = 1 };
 #define ARENA_OPEN_STRICT 1u         /* over the budget after demoting all it can: step_end fails with BUDGET */
 #define ARENA_OPEN_NO_LEARN 2u       /* learn no compute profile (plan by bytes, or by the profile given) */
 #define ARENA_OPEN_FIXED_SCHEDULE 4u /* keep the mode's default schedule; learn none from the steps run */
+/* An image with hb4 chunks keeps its streamed blocks coded in host memory
+ * (copies move ~3/4 of the bytes, the device decodes them: coded
+ * streaming) unless this flag asks for raw host copies. */
+#define ARENA_OPEN_PLAIN_STREAM 8u
 
 /* Zero-initialize and set what you need; every 0 is the default (the CLI's
  * defaults are these). NULL options = all defaults. */
@@ -414,6 +418,9 @@ typedef struct arena_step_info {
 	double end_s, plan_s, move_s;
 	uint64_t disk_bytes;     /* read from the image during it (the disk tier; reads for
 				  * the next step's first copies count here) */
+	uint64_t moved_bytes;    /* host-to-device bytes of the copies in streamed_bytes and
+				  * promoted_bytes: fewer when blocks are held coded (coded
+				  * streaming, an hb4 image) */
 } arena_step_info;
 
 /* Steps ended so far. */

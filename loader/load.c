@@ -21,7 +21,9 @@
 #include "../common/io.h"
 #include "../common/units.h"
 #include "../formats/codec.h"
+#include "../formats/wire.h"
 #include "../formats/image.h"
+#include "../formats/wire.h"
 #include "quant_select.h"
 
 #define DIRECT_ALIGN 4096u
@@ -144,6 +146,28 @@ static int64_t read_some(const lsrc *f, int fd, uint8_t *buf, uint64_t n, uint64
 
 /* ---- scatter: slot bytes to device or host slabs --------------------------- */
 
+/* Block bytes [x, y) into a coded host copy: from raw bytes at raw (a
+ * plain chunk), or from the coded chunk dec last checked (codec), whose raw
+ * byte 0 is block byte cb (signed: the chunk may start before the block).
+ * hb4 segments the range covers are written whole (they lie in one chunk). */
+static void wire_put(arena_wire *wr, uint64_t x, uint64_t y, const arena_img_dec *dec, unsigned codec, int64_t cb,
+		     const uint8_t *raw)
+{
+	for (size_t i = arena_wire_find(wr, x); i < wr->n && wr->seg[i].dst < y; i++) {
+		arena_wire_seg *g = &wr->seg[i];
+		uint64_t u = g->dst > x ? g->dst : x, v = g->dst + g->raw < y ? g->dst + g->raw : y;
+		uint8_t *out = wr->buf + g->src;
+		if (g->codec == ARENA_CODEC_HB4) {
+			arena_wire_fill_hb4(wr, i, &dec->hb4);
+		} else if (raw) {
+			memcpy(out + (u - g->dst), raw + (u - x), v - u);
+		} else {
+			arena_img_dec_raw(dec, codec, (uint64_t)((int64_t)u - cb), (uint64_t)((int64_t)v - cb),
+					  out + (u - g->dst));
+		}
+	}
+}
+
 /* Bytes [a, z) of p's file are at buf: send each part to its slab. */
 static int scatter(loader *L, worker *w, const piece *p, const uint8_t *buf, uint64_t a, uint64_t z)
 {
@@ -171,6 +195,8 @@ static int scatter(loader *L, worker *w, const piece *p, const uint8_t *buf, uin
 			int rc = be->ops->copy_h2d(be, (uint8_t *)bm->dev + d, src, y - x, w->s);
 			if (rc)
 				return rc;
+		} else if (bm->wire) {
+			wire_put(bm->wire, d, d + (y - x), NULL, 0, 0, src);
 		} else {
 			memcpy(bm->host + d, src, y - x);
 		}
@@ -375,7 +401,11 @@ static int chunk_whole(loader *L, worker *w, uint64_t c, const uint8_t *src, int
 			continue;
 		const arena_block_mem *bm = &L->m->mem[s->block];
 		uint64_t d = s->dst + (x - s->foff);
-		if (!bm->dev) {
+		if (bm->wire) {
+			t = arena_now_s();
+			wire_put(bm->wire, d, d + (y - x), &w->dec, ck->codec, (int64_t)d - (int64_t)(x - a), NULL);
+			w->t_decode += arena_now_s() - t;
+		} else if (!bm->dev) {
 			t = arena_now_s();
 			arena_img_dec_raw(&w->dec, ck->codec, x - a, y - a, bm->host + d);
 			w->t_decode += arena_now_s() - t;
@@ -394,7 +424,8 @@ static int chunk_whole(loader *L, worker *w, uint64_t c, const uint8_t *src, int
 				return rc;
 			u = v;
 		}
-		atomic_fetch_add(&L->cpu_decoded, y - x);
+		if (!bm->wire)
+			atomic_fetch_add(&L->cpu_decoded, y - x);
 	}
 	return 0;
 }
@@ -821,6 +852,9 @@ static int run(loader *L, arena_model **out, arena_load_stats *st, double t0)
 	for (unsigned i = 0; i < started; i++)
 		if (!w[i].registered)
 			L->ring_pinned_all = 0;
+	for (size_t b = 0; b < L->m->layout->n_blocks; b++)
+		if (L->m->mem[b].wire && (rc = arena_wire_seal(L->m->mem[b].wire, L->m->layout->blocks[b].name)))
+			goto out;
 	L->t_populate = arena_now_s() - L->t_mark;
 	L->t_mark = arena_now_s();
 	rc = arena_model_commit(L->m);
@@ -859,6 +893,11 @@ out:;
 		st->cpu_decoded = atomic_load(&L->cpu_decoded);
 		st->dev_bytes = L->m->dev_bytes;
 		st->host_bytes = L->m->host_bytes;
+		for (size_t b = 0; b < L->m->layout->n_blocks; b++)
+			if (L->m->mem[b].wire) {
+				st->wire_bytes += L->m->mem[b].wire->stored;
+				st->wire_raw += L->m->layout->blocks[b].bytes;
+			}
 		st->ring_bytes = L->ring_len;
 		st->ring_pinned = L->ring_pinned && L->ring_pinned_all;
 		st->threads = L->threads;
@@ -900,7 +939,16 @@ static int place(loader *L, const arena_layout *l)
 		return 0;
 	if (!(L->placed = arena_calloc(l->n_blocks ? l->n_blocks : 1, 1)))
 		return arena_errorf(ARENA_E_NOMEM, "out of memory");
-	return L->o->place(L->o->place_ctx, l, L->placed);
+	uint64_t stage = 0;
+	if (L->img && L->o->coded_stream && L->o->backend->ops->decode_hb4) {
+		const char *env = getenv("ARENA_WIRE_SEGMENT"); /* for measuring */
+		uint64_t most;
+		if (env && arena_size_parse(env, &most) == 0)
+			arena__wire_seg_max = most;
+		arena_error_clear();
+		stage = arena_wire_stage_bound(L->img->chunks, L->img->hdr.chunk_count);
+	}
+	return L->o->place(L->o->place_ctx, l, stage, L->placed);
 }
 
 static const uint8_t *on_device(const loader *L)
@@ -923,6 +971,31 @@ static void loader_files_close(loader *L)
 	arena_free(L->segs);
 	arena_free(L->pieces);
 	arena_free(L->qp);
+}
+
+/* Coded streaming: the wire form of every block that gets a host copy, where
+ * it saves bytes (NULL entries elsewhere). */
+static int plan_wires(loader *L, const arena_layout *l, arena_wire ***out)
+{
+	const arena_img_header *h = &L->img->hdr;
+	const uint8_t *od = on_device(L);
+	arena_wire **w = arena_calloc(l->n_blocks ? l->n_blocks : 1, sizeof(*w));
+	if (!w)
+		return arena_errorf(ARENA_E_NOMEM, "out of memory");
+	for (size_t b = 0; b < l->n_blocks; b++) {
+		if (od[b] != ARENA_PLACE_HOST)
+			continue;
+		int rc = arena_wire_plan(L->img->chunks, h->chunk_count, h->chunk_size, l->blocks[b].offset,
+					 l->blocks[b].bytes, &w[b]);
+		if (rc) {
+			for (size_t k = 0; k < b; k++)
+				arena_wire_free(w[k]);
+			arena_free(w);
+			return rc;
+		}
+	}
+	*out = w;
+	return 0;
 }
 
 int arena_load_image(const char *path, const arena_load_opts *o, arena_model **out, arena_load_stats *st)
@@ -1010,9 +1083,15 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 	}
 	/* The model takes the layout; the image keeps its chunk table for checks. */
 	arena_layout *own = img->layout;
+	arena_wire **wires = NULL;
+	if (o->coded_stream && L.hb4 && o->backend->ops->decode_hb4 && on_device(&L) &&
+	    (rc = plan_wires(&L, own, &wires)))
+		goto fail;
 	img->layout = NULL;
 	arena_model *m;
-	if ((rc = arena_model_prepare(own, o->backend, o->budget, on_device(&L), &m)))
+	rc = arena_model_prepare_wire(own, o->backend, o->budget, on_device(&L), wires, &m);
+	arena_free(wires);
+	if (rc)
 		goto fail;
 	/* Chunk descriptions need the layout: lend the model's. */
 	img->layout = m->layout;

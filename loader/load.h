@@ -64,14 +64,21 @@ typedef struct arena_load_opts {
 	volatile sig_atomic_t *cancel;
 	/* Optional: where the blocks go, decided once the layout is known and
 	 * before anything is allocated: fill on_device (the layout's n_blocks
-	 * entries, 1 device, 0 host slab). Its error stops the load. Replaces
+	 * entries, 1 device, 0 host slab). `stage`: device bytes that
+	 * streaming anything will also take (coded streaming's stages; 0). Its error stops the load. Replaces
 	 * `on_device` when set. */
-	int (*place)(void *ctx, const arena_layout *l, uint8_t *on_device);
+	int (*place)(void *ctx, const arena_layout *l, uint64_t stage, uint8_t *on_device);
 	void *place_ctx;
 	/* Images only: blocks larger than this many bytes become pieces
 	 * (arena_layout_pieces) that the model holds and streams as blocks;
 	 * 0 = whole blocks. */
 	uint64_t piece_bytes;
+	/* Images with hb4 chunks, on a backend that decodes them: blocks that
+	 * get a host copy keep it coded (formats/wire.h) where that saves at
+	 * least 5 % of the bytes; the engine moves those and the device
+	 * decodes them each time (coded streaming). 0: host slabs hold raw
+	 * bytes. */
+	int coded_stream;
 	/* Optional: bytes done of those to do (read from files, and quantized
 	 * components), after each piece of work, from the reader threads. */
 	void (*progress)(void *ctx, uint64_t done, uint64_t total);
@@ -91,6 +98,8 @@ typedef struct arena_load_stats {
 	uint64_t file_bytes;      /* bytes read from files */
 	uint64_t direct_bytes;    /* of which with O_DIRECT */
 	uint64_t gpu_decoded;     /* coded images: raw bytes decoded by the device */
+	uint64_t wire_bytes;      /* coded streaming: host bytes kept coded, and the raw bytes they hold */
+	uint64_t wire_raw;
 	uint64_t cpu_decoded;     /* and by the CPU (host slabs; devices short of memory) */
 	uint64_t dev_bytes, host_bytes;
 	uint64_t ring_bytes;      /* the ring used: ring.threads x ring.slots x ring.slot */

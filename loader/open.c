@@ -5,6 +5,7 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../arena/profile.h"
@@ -180,7 +181,7 @@ int arena__engine_opts(const arena_open_options *o, arena_engine_opts *e)
 	if (o->mode != ARENA_MODE_SAMPLE && o->mode != ARENA_MODE_TRAIN)
 		return arena_errorf(ARENA_E_USAGE, "arena_open: mode %d is neither ARENA_MODE_SAMPLE nor ARENA_MODE_TRAIN",
 				    o->mode);
-	if (o->flags & ~(ARENA_OPEN_STRICT | ARENA_OPEN_NO_LEARN | ARENA_OPEN_FIXED_SCHEDULE))
+	if (o->flags & ~(ARENA_OPEN_STRICT | ARENA_OPEN_NO_LEARN | ARENA_OPEN_FIXED_SCHEDULE | ARENA_OPEN_PLAIN_STREAM))
 		return arena_errorf(ARENA_E_USAGE, "arena_open: unknown flags 0x%x", o->flags);
 	if (o->depth > 64 || (o->keep_last > 64 && o->keep_last != ARENA_ZERO_COUNT))
 		return arena_errorf(ARENA_E_USAGE, "arena_open: depth %u or keep_last %u over 64", o->depth, o->keep_last);
@@ -292,7 +293,7 @@ static uint64_t host_budget_of(const arena *a, const arena_open_options *o)
 /* Once the layout is known, before anything is allocated: read the profile
  * (if one is given), plan for the device as it is now, and put on the device
  * what the plan keeps resident. A model that cannot run is BUDGET here. */
-static int place(void *ctx, const arena_layout *l, uint8_t *on_device)
+static int place(void *ctx, const arena_layout *l, uint64_t stage, uint8_t *on_device)
 {
 	open_ctx *c = ctx;
 	arena *a = c->a;
@@ -313,6 +314,11 @@ static int place(void *ctx, const arena_layout *l, uint8_t *on_device)
 	arena_residency_budget(total, free_b, o, &budget, &headroom, &reserve);
 	arena_residency_plan p;
 	rc = arena_residency_plan_make(l, o, budget, &p);
+	if (!rc && stage && p.n_streamed) { /* streaming coded: its stages take device memory too */
+		arena_residency_plan_release(&p);
+		budget = budget > stage ? budget - stage : 0;
+		rc = arena_residency_plan_make(l, o, budget, &p);
+	}
 	if (rc == ARENA_E(BUDGET)) {
 		char why[512], s1[32], s2[32], s3[32], s4[32];
 		snprintf(why, sizeof(why), "%s", arena_last_error());
@@ -417,6 +423,8 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 	lo.place = place;
 	lo.place_ctx = &pc;
 	lo.piece_bytes = piece;
+	const char *ps = getenv("ARENA_PLAIN_STREAM"); /* for measuring: 1 = raw host copies */
+	lo.coded_stream = !(o->flags & ARENA_OPEN_PLAIN_STREAM) && !(ps && strcmp(ps, "0"));
 	rc = a->is_image ? arena_load_image(path, &lo, &a->m, st) : arena_load_safetensors(&path, 1, NULL, &lo, &a->m, st);
 	if (rc)
 		goto fail;

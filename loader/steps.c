@@ -155,7 +155,8 @@ int arena_step_get(const arena *a, uint64_t step, arena_step_info *out)
 					 .end_s = r.end_s,
 					 .plan_s = r.plan_s,
 					 .move_s = r.move_s,
-					 .disk_bytes = r.disk_bytes};
+					 .disk_bytes = r.disk_bytes,
+					 .moved_bytes = r.moved_bytes};
 	return unlock(a, rc);
 }
 

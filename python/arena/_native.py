@@ -122,6 +122,7 @@ class StepInfo(Structure):
         ("plan_s", c_double),
         ("move_s", c_double),
         ("disk_bytes", c_uint64),
+        ("moved_bytes", c_uint64),
     ]
 
 

@@ -1,0 +1,206 @@
+/* wire.c - a streamed block's bytes kept coded in host memory (see wire.h). */
+#include "wire.h"
+
+#include <string.h>
+
+#include "../common/alloc.h"
+#include "../common/err.h"
+
+enum { WIRE_ALIGN = 256, WIRE_MIN_HB4 = 4096 };
+
+uint64_t arena__wire_seg_max;
+
+static uint64_t up(uint64_t x, uint64_t a)
+{
+	return (x + a - 1) / a * a;
+}
+
+/* Append a segment (merging a plain one into a plain one it continues). */
+static int add(arena_wire *w, size_t *room, unsigned codec, uint64_t dst, uint64_t raw, uint64_t chunk,
+	       uint64_t coff, uint64_t cap)
+{
+	if (!raw)
+		return 0;
+	if (codec == ARENA_CODEC_NONE && w->n && w->seg[w->n - 1].codec == ARENA_CODEC_NONE &&
+	    w->seg[w->n - 1].dst + w->seg[w->n - 1].raw == dst) {
+		w->seg[w->n - 1].raw += raw;
+		w->seg[w->n - 1].cap += raw;
+		return 0;
+	}
+	if (w->n == *room) {
+		size_t r = *room ? 2 * *room : 8;
+		arena_wire_seg *s = arena_realloc(w->seg, r * sizeof(*s));
+		if (!s)
+			return arena_errorf(ARENA_E_NOMEM, "out of memory");
+		w->seg = s;
+		*room = r;
+	}
+	arena_wire_seg *s = &w->seg[w->n++];
+	memset(s, 0, sizeof(*s));
+	s->codec = codec;
+	s->dst = dst;
+	s->raw = raw;
+	s->chunk = chunk;
+	s->coff = coff;
+	s->cap = cap;
+	return 0;
+}
+
+int arena_wire_plan(const arena_img_chunk *chunks, uint64_t n_chunks, uint64_t chunk_size, uint64_t off,
+		    uint64_t bytes, arena_wire **out)
+{
+	*out = NULL;
+	if (!bytes || !chunk_size)
+		return 0;
+	arena_wire *w = arena_calloc(1, sizeof(*w));
+	if (!w)
+		return arena_errorf(ARENA_E_NOMEM, "out of memory");
+	size_t room = 0;
+	int rc = 0;
+	const uint64_t end = off + bytes;
+	for (uint64_t c = off / chunk_size; !rc && c < n_chunks && c * chunk_size < end; c++) {
+		const arena_img_chunk *k = &chunks[c];
+		const uint64_t c0 = c * chunk_size, c1 = c0 + k->raw_length;
+		const uint64_t a = off > c0 ? off : c0, z = end < c1 ? end : c1;
+		if (z <= a)
+			continue;
+		uint64_t ia = c0 + up(a - c0, 4), iz = c0 + ((z - c0) & ~(uint64_t)1), cap = 0;
+		if (k->codec == ARENA_CODEC_HB4 && iz > ia && iz - ia >= WIRE_MIN_HB4) {
+			uint64_t E = (k->stored_length - arena_hb4_stored_length(k->raw_length, 0)) / 5;
+			cap = arena_hb4_sub_bound(ia - c0, iz - c0, E);
+		}
+		if (cap && cap < iz - ia) {
+			/* the part's segments share one region: room for each one's
+			 * planes and, once, for every exception of the chunk */
+			const uint64_t E = (k->stored_length - arena_hb4_stored_length(k->raw_length, 0)) / 5;
+			const uint64_t most = arena__wire_seg_max >= 4 ? arena__wire_seg_max / 4 * 4 : iz - ia;
+			if ((rc = add(w, &room, ARENA_CODEC_NONE, a - off, ia - a, 0, 0, ia - a)))
+				break;
+			size_t first = w->n;
+			uint64_t region = 5 * E;
+			for (uint64_t x = ia; !rc && x < iz; x += most) {
+				uint64_t y = iz - x < most ? iz : x + most;
+				rc = add(w, &room, ARENA_CODEC_HB4, x - off, y - x, c, x - c0, 0);
+				region += up(arena_hb4_stored_length(y - x, 0), WIRE_ALIGN) + WIRE_ALIGN;
+				w->n_hb4++;
+			}
+			if (rc)
+				break;
+			w->seg[first].cap = region;
+			w->seg[first].first = 1;
+			if ((rc = add(w, &room, ARENA_CODEC_NONE, iz - off, z - iz, 0, 0, z - iz)))
+				break;
+		} else if ((rc = add(w, &room, ARENA_CODEC_NONE, a - off, z - a, 0, 0, z - a))) {
+			break;
+		}
+	}
+	uint64_t at = 0;
+	for (size_t i = 0; !rc && i < w->n; i++) {
+		w->seg[i].src = at; /* an hb4 segment's own place is set when it is filled */
+		at = up(at + w->seg[i].cap, WIRE_ALIGN);
+	}
+	w->cap = at;
+	if (rc || !w->n_hb4 || w->cap > bytes - bytes / 20) {
+		arena_wire_free(w);
+		return rc;
+	}
+	*out = w;
+	return 0;
+}
+
+uint64_t arena_wire_stage_bound(const arena_img_chunk *chunks, uint64_t n_chunks)
+{
+	uint64_t most = 0;
+	for (uint64_t c = 0; c < n_chunks; c++) {
+		const arena_img_chunk *k = &chunks[c];
+		if (k->codec != ARENA_CODEC_HB4)
+			continue;
+		uint64_t E = (k->stored_length - arena_hb4_stored_length(k->raw_length, 0)) / 5;
+		uint64_t raw = arena__wire_seg_max >= 4 && arena__wire_seg_max / 4 * 4 < k->raw_length
+				       ? arena__wire_seg_max / 4 * 4
+				       : k->raw_length;
+		uint64_t b = up(arena_hb4_sub_bound(0, raw, E < raw / 2 ? E : raw / 2), WIRE_ALIGN);
+		most = b > most ? b : most;
+	}
+	return ARENA_WIRE_STAGES * most;
+}
+
+void arena_wire_free(arena_wire *w)
+{
+	if (!w)
+		return;
+	arena_free(w->seg);
+	arena_free(w);
+}
+
+size_t arena_wire_find(const arena_wire *w, uint64_t d)
+{
+	size_t lo = 0, hi = w->n;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (w->seg[mid].dst + w->seg[mid].raw <= d)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+uint64_t arena_wire_seg_stored(const arena_wire_seg *s)
+{
+	return s->codec == ARENA_CODEC_HB4 ? s->v.hi_off + s->v.n_exc : s->raw;
+}
+
+uint64_t arena_wire_fill_hb4(arena_wire *w, size_t i, const arena_hb4 *v)
+{
+	arena_wire_seg *g = &w->seg[i];
+	if (!g->first) { /* after the segment before it in the region */
+		const arena_wire_seg *p = &w->seg[i - 1];
+		g->src = up(p->src + arena_wire_seg_stored(p), WIRE_ALIGN);
+	}
+	uint64_t n = arena_hb4_sub(v, g->coff, g->coff + g->raw, w->buf + g->src, &g->v);
+	g->filled = 1;
+	return n;
+}
+
+int arena_wire_seal(arena_wire *w, const char *block)
+{
+	w->stored = 0;
+	w->max_stage = 0;
+	for (size_t i = 0; i < w->n; i++) {
+		const arena_wire_seg *s = &w->seg[i];
+		if (s->codec == ARENA_CODEC_HB4 && !s->filled)
+			return arena_errorf(ARENA_E_INTERNAL, "block '%s': coded segment %zu (chunk %llu) was never filled",
+					    block, i, (unsigned long long)s->chunk);
+		w->stored += arena_wire_seg_stored(s);
+		if (s->codec == ARENA_CODEC_HB4 && arena_wire_seg_stored(s) > w->max_stage)
+			w->max_stage = arena_wire_seg_stored(s);
+	}
+	return 0;
+}
+
+void arena_wire_decode(const arena_wire *w, uint64_t a, uint64_t z, uint8_t *dst)
+{
+	for (size_t i = arena_wire_find(w, a); i < w->n && w->seg[i].dst < z; i++) {
+		const arena_wire_seg *s = &w->seg[i];
+		uint64_t x = s->dst > a ? s->dst : a, y = s->dst + s->raw < z ? s->dst + s->raw : z;
+		if (s->codec == ARENA_CODEC_NONE) {
+			memcpy(dst + (x - a), w->buf + s->src + (x - s->dst), y - x);
+		} else {
+			/* hb4 decodes even ranges: widen by a byte at either end when needed */
+			uint64_t u = (x - s->dst) & ~(uint64_t)1, v = up(y - s->dst, 2);
+			uint8_t edge[2];
+			arena_hb4 h = s->v;
+			if (u == x - s->dst && v == y - s->dst) {
+				arena_hb4_decode(&h, u, v, dst + (x - a));
+				continue;
+			}
+			for (uint64_t q = u; q < v; q += 2) {
+				arena_hb4_decode(&h, q, q + 2, edge);
+				for (unsigned j = 0; j < 2; j++)
+					if (s->dst + q + j >= x && s->dst + q + j < y)
+						dst[s->dst + q + j - a] = edge[j];
+			}
+		}
+	}
+}

@@ -1,0 +1,91 @@
+/* wire.h - a streamed block's bytes kept coded in host memory (coded
+ * streaming; docs/FORMAT.md, "Coded streaming").
+ *
+ * The engine copies a streamed block to the device every time it is used.
+ * When the block's chunks are hb4-coded in its image, its host copy can
+ * keep them coded: the copy then moves about three quarters of the bytes
+ * and the device decodes them into the ring slot (backend decode_hb4)
+ * before the block is handed out.
+ *
+ * A block's wire form is a list of segments that cover its raw bytes in
+ * order: an hb4 segment is a chunk of its own (arena_hb4_sub) for the part
+ * of one hb4 chunk the block holds, its start a multiple of 4 bytes into
+ * the chunk and its length even; a plain segment holds raw bytes (parts of
+ * plain or zstd chunks, and the few bytes at a block's edges that an hb4
+ * segment cannot start or end on), contiguous ones merged. A chunk that
+ * straddles two blocks is split between them: each keeps its own part, so
+ * nothing is moved twice. The plan is made from the chunk table alone
+ * (room for every exception of the chunk); the loader fills the segments
+ * from the chunk's checked stored bytes. A chunk's part may be cut into
+ * several hb4 segments (arena__wire_seg_max), which share one region of
+ * the buffer with room for the chunk's exceptions once. */
+#ifndef ARENA_FORMATS_WIRE_H
+#define ARENA_FORMATS_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "codec.h"
+#include "image.h"
+
+typedef struct arena_wire_seg {
+	uint64_t dst, raw;  /* raw bytes [dst, dst + raw) of the block */
+	uint64_t src, cap;  /* its stored bytes' place in the wire buffer, and the room there */
+	uint64_t chunk;     /* hb4: the image chunk, and the segment's raw start in it */
+	uint64_t coff;
+	unsigned codec;     /* ARENA_CODEC_NONE (raw bytes) or ARENA_CODEC_HB4 */
+	int filled;         /* hb4: written (v holds its counts and offsets) */
+	int first;          /* hb4: the first of its chunk's part; cap is the part's region:
+			     * the others follow it there (their src is set when filled) */
+	arena_hb4 v;        /* hb4: the sub-chunk, plane pointers into the buffer */
+} arena_wire_seg;
+
+typedef struct arena_wire {
+	arena_wire_seg *seg;
+	size_t n;
+	uint8_t *buf;       /* cap bytes of host memory (the model's) */
+	uint64_t cap;       /* room of all segments */
+	uint64_t stored;    /* bytes a copy moves: known once filled (arena_wire_seal) */
+	uint64_t max_stage; /* the largest hb4 segment's stored bytes (arena_wire_seal): the
+			     * device stage a copy needs */
+	uint64_t n_hb4;     /* hb4 segments */
+} arena_wire;
+
+/* Segments of raw data bytes [off, off + bytes) of an image with this chunk
+ * table. *out is NULL when keeping them coded would save less than 5 % of
+ * the bytes (no hb4 chunk there, or too many exceptions). NOMEM. */
+int arena_wire_plan(const arena_img_chunk *chunks, uint64_t n_chunks, uint64_t chunk_size, uint64_t off,
+		    uint64_t bytes, arena_wire **out);
+void arena_wire_free(arena_wire *w);
+
+/* hb4 segments hold at most this many raw bytes (a multiple of 4; 0: a
+ * chunk's part whole). The device stages are as large as the largest
+ * segment's room; tests set it to see small models streamed coded. The
+ * loader takes it from ARENA_WIRE_SEGMENT when set (for measuring). */
+extern uint64_t arena__wire_seg_max;
+
+/* Device bytes the engine's stages for coded copies of an image with this
+ * chunk table take at most (ARENA_WIRE_STAGES x the largest hb4 segment
+ * any block can have); 0 when it has no hb4 chunk. */
+#define ARENA_WIRE_STAGES 4
+uint64_t arena_wire_stage_bound(const arena_img_chunk *chunks, uint64_t n_chunks);
+
+/* The first segment that ends after block byte d (n when none). */
+size_t arena_wire_find(const arena_wire *w, uint64_t d);
+
+/* Fill hb4 segment i (the segments of a chunk's part in order, once each)
+ * from v, the parsed chunk it lies in; returns its stored bytes. */
+uint64_t arena_wire_fill_hb4(arena_wire *w, size_t i, const arena_hb4 *v);
+
+/* Stored bytes of segment s (its raw length for a plain one). */
+uint64_t arena_wire_seg_stored(const arena_wire_seg *s);
+
+/* Every hb4 segment filled: sets w->stored. INTERNAL naming the block's
+ * first empty segment otherwise (a loader bug, never the image's). */
+int arena_wire_seal(arena_wire *w, const char *block);
+
+/* Raw bytes [a, z) of the block from its wire form, decoded on the CPU
+ * (tests, and a host view of a block held coded). */
+void arena_wire_decode(const arena_wire *w, uint64_t a, uint64_t z, uint8_t *dst);
+
+#endif

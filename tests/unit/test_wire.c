@@ -1,0 +1,279 @@
+/* test_wire.c - coded streaming: an hb4 image's streamed blocks kept coded
+ * in host memory (formats/wire.h), moved coded and decoded by the device
+ * into the ring. Sub-chunks decode to the chunk's bytes at every aligned
+ * offset; every acquired block holds the image's bytes, step after step,
+ * whole blocks and pieces, sample and train; copies move fewer bytes than
+ * the blocks hold and host memory shrinks with them; the flag that turns it
+ * off gives raw host copies; corrupted coded bytes fail the open naming the
+ * chunk; allocation failures are errors, never wrong bytes. */
+#include <criterion/criterion.h>
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "arena.h"
+#include "../../common/alloc.h"
+#include "../../common/err.h"
+#include "../../formats/codec.h"
+#include "../../formats/wire.h"
+#include "../../loader/convert.h"
+#include "testutil.h"
+
+/* bf16-like words: a few exponents, noisy mantissas, some outliers. */
+static void fill_words(uint8_t *p, uint64_t n, unsigned seed)
+{
+	uint32_t x = seed * 2654435761u + 1;
+	for (uint64_t i = 0; i + 1 < n; i += 2) {
+		x = x * 1664525u + 1013904223u;
+		p[i] = (uint8_t)(x >> 24);
+		unsigned r = (x >> 8) & 255;
+		p[i + 1] = r < 3 ? (uint8_t)(x >> 16) : (uint8_t)(0x3c + (r % 6) + (r & 128 ? 0x80 : 0));
+	}
+}
+
+Test(wire, sub_chunks_decode_to_the_chunks_bytes)
+{
+	const uint64_t raw = 40000;
+	uint8_t *in = arena_malloc(raw), *st = arena_malloc(raw), *sub = arena_malloc(raw + 4096), *out = arena_malloc(raw);
+	cr_assert(in && st && sub && out);
+	fill_words(in, raw, 7);
+	uint64_t stored = arena_hb4_encode(in, raw, st);
+	cr_assert_gt(stored, 0);
+	arena_hb4 v;
+	cr_assert_eq(arena_hb4_parse(st, stored, raw, "t", &v), 0, "%s", arena_last_error());
+	cr_assert_gt(v.n_exc, 10);
+	const uint64_t cuts[][2] = {{0, raw}, {4, raw}, {0, 2}, {8, 10}, {1000, 1002}, {4, 38998}, {12344, 30002}, {39996, raw}};
+	for (size_t k = 0; k < sizeof(cuts) / sizeof(cuts[0]); k++) {
+		uint64_t a = cuts[k][0], z = cuts[k][1];
+		memset(sub, 0xee, raw + 4096);
+		arena_hb4 s;
+		uint64_t n = arena_hb4_sub(&v, a, z, sub, &s);
+		cr_assert_leq(n, arena_hb4_sub_bound(a, z, v.n_exc));
+		cr_assert_eq(n, arena_hb4_stored_length(z - a, s.n_exc));
+		/* a chunk of its own: it parses as one where hb4 saves bytes */
+		arena_hb4 p;
+		if (arena_hb4_lengths_ok(z - a, n))
+			cr_assert_eq(arena_hb4_parse(sub, n, z - a, "sub", &p), 0, "[%lu, %lu): %s", (unsigned long)a,
+				     (unsigned long)z, arena_last_error());
+		memset(out, 0, raw);
+		arena_hb4_decode(&s, 0, z - a, out);
+		cr_assert_eq(memcmp(out, in + a, z - a), 0, "[%lu, %lu)", (unsigned long)a, (unsigned long)z);
+	}
+	arena_free(in);
+	arena_free(st);
+	arena_free(sub);
+	arena_free(out);
+}
+
+/* A chunk table of hb4 and plain chunks: plans cover the range in order,
+ * split straddling chunks between blocks, and say when coding is not worth
+ * it. */
+Test(wire, plans_cover_blocks_and_split_straddling_chunks)
+{
+	const uint64_t cs = 65536;
+	arena_img_chunk ch[4] = {0};
+	for (int i = 0; i < 4; i++) {
+		ch[i].raw_length = (uint32_t)cs;
+		ch[i].codec = i == 2 ? ARENA_CODEC_NONE : ARENA_CODEC_HB4;
+		ch[i].stored_length = i == 2 ? (uint32_t)cs : (uint32_t)arena_hb4_stored_length(cs, 20);
+	}
+	/* a block from the middle of chunk 0 to the middle of chunk 3, odd edges */
+	arena_wire *w;
+	const uint64_t off = 30001, bytes = 3 * cs + 5000;
+	cr_assert_eq(arena_wire_plan(ch, 4, cs, off, bytes, &w), 0);
+	cr_assert_not_null(w);
+	uint64_t at = 0;
+	for (size_t i = 0; i < w->n; i++) {
+		const arena_wire_seg *g = &w->seg[i];
+		cr_assert_eq(g->dst, at, "segments in order, no gap");
+		at += g->raw;
+		cr_assert_eq(g->src % 256, 0);
+		if (g->codec == ARENA_CODEC_HB4) {
+			cr_assert_eq(g->coff % 4, 0);
+			cr_assert_eq(g->raw % 2, 0);
+			cr_assert_leq(g->coff + g->raw, cs);
+			cr_assert_eq((off + g->dst) / cs, g->chunk, "an hb4 segment lies in its chunk");
+		}
+		if (i)
+			cr_assert(!(g->codec == ARENA_CODEC_NONE && w->seg[i - 1].codec == ARENA_CODEC_NONE), "plain ones merged");
+	}
+	cr_assert_eq(at, bytes);
+	cr_assert_eq(w->n_hb4, 3);
+	cr_assert_lt(w->cap, bytes);
+	const uint64_t whole = w->cap;
+	arena_wire_free(w);
+	/* cut into segments of at most 8 KiB: more of them, about the same room */
+	arena__wire_seg_max = 8192;
+	cr_assert_eq(arena_wire_plan(ch, 4, cs, off, bytes, &w), 0);
+	arena__wire_seg_max = 0;
+	cr_assert_not_null(w);
+	cr_assert_geq(w->n_hb4, 16);
+	for (size_t i = 0; i < w->n; i++)
+		cr_assert_leq(w->seg[i].codec == ARENA_CODEC_HB4 ? w->seg[i].raw : 0, 8192);
+	cr_assert_lt(w->cap, whole + whole / 10);
+	arena_wire_free(w);
+	/* the plain chunk alone: nothing to gain */
+	cr_assert_eq(arena_wire_plan(ch, 4, cs, 2 * cs + 100, 1000, &w), 0);
+	cr_assert_null(w);
+	/* too many exceptions to save 5 % */
+	ch[0].stored_length = (uint32_t)arena_hb4_stored_length(cs, 3000);
+	cr_assert_eq(arena_wire_plan(ch, 4, cs, 0, cs, &w), 0);
+	cr_assert_null(w);
+}
+
+static char dir[256];
+static const char *img, *plain;
+
+static void setup(void)
+{
+	arena__wire_seg_max = 4096; /* stages of 4 KiB: a tiny model streams coded under small caps */
+	tmpdir_make(dir, sizeof(dir), "test-wire");
+	const char *in = fixture_path("tiny_flux.safetensors");
+	img = tmpdir_file(dir, "c.arena");
+	arena_convert_opts co = {.chunk_size = 64 << 10, .threads = 1, .codec = ARENA_CODEC_HB4};
+	arena_convert_result cst;
+	cr_assert_eq(arena_convert(&in, 1, img, &co, &cst), 0, "%s", arena_last_error());
+	cr_assert_gt(cst.coded_chunks, 0);
+	plain = tmpdir_file(dir, "p.arena");
+	arena_convert_opts po = {.chunk_size = 64 << 10, .threads = 1};
+	cr_assert_eq(arena_convert(&in, 1, plain, &po, NULL), 0, "%s", arena_last_error());
+}
+
+static void teardown(void)
+{
+	arena__wire_seg_max = 0;
+	tmpdir_remove(dir);
+}
+
+/* Streams most blocks (a cap just above the floor). */
+static arena_open_options opts(uint64_t piece, int mode, unsigned flags)
+{
+	return (arena_open_options){.backend = "sim",
+				    .vram_cap = piece ? 200 << 10 : mode ? 297 << 10 : 260 << 10,
+				    .depth = piece ? 0 : 1,
+				    .headroom = ARENA_ZERO_BYTES,
+				    .reserve = ARENA_ZERO_BYTES,
+				    .piece_size = piece,
+				    .mode = mode,
+				    .flags = ARENA_OPEN_NO_LEARN | flags};
+}
+
+/* `steps` steps over every block (train: forward then backward), each
+ * acquired block's tensors against ref's; the bytes streamed and moved. */
+static void run_steps(arena *a, arena *ref, int steps, int train, uint64_t *streamed, uint64_t *moved)
+{
+	*streamed = *moved = 0;
+	size_t n = arena_block_count(a);
+	for (int step = 0; step < steps; step++) {
+		cr_assert_eq(arena_step_begin(a), 0, "%s", arena_last_error());
+		for (size_t k = 0; k < (train ? 2 * n : n); k++) {
+			size_t i = k < n ? k : 2 * n - 1 - k;
+			void *d;
+			cr_assert_eq(arena_block_acquire(a, i, NULL, &d), 0, "%s", arena_last_error());
+			expect_block_tensors(a, ref, i, d, step);
+			cr_assert_eq(arena_block_release(a, i, NULL), 0, "%s", arena_last_error());
+		}
+		cr_assert_eq(arena_step_end(a), 0, "%s", arena_last_error());
+		arena_step_info si;
+		cr_assert_eq(arena_step_get(a, (uint64_t)step, &si), 0);
+		*streamed += si.streamed_bytes;
+		*moved += si.moved_bytes;
+	}
+}
+
+Test(wire, streamed_blocks_move_coded_and_hold_the_images_bytes, .init = setup, .fini = teardown)
+{
+	arena_open_options ro = {.backend = "sim"};
+	arena *ref;
+	cr_assert_eq(arena_open(plain, &ro, &ref), 0, "%s", arena_last_error());
+	const uint64_t pieces[] = {0, 16384};
+	for (int k = 0; k < 2; k++)
+		for (int mode = 0; mode < 2; mode++) {
+			arena_open_options o = opts(pieces[k], mode, 0);
+			arena *a;
+			cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
+			arena_plan_info p;
+			cr_assert_eq(arena_plan_get(a, &p), 0);
+			cr_assert_gt(p.n_streamed, 1, "piece %lu mode %d: %zu streamed, %zu blocks, budget %lu need %lu", (unsigned long)pieces[k], mode, p.n_streamed, arena_block_count(a), (unsigned long)p.budget, (unsigned long)p.need_bytes);
+			uint64_t streamed, moved;
+			run_steps(a, ref, 4, mode, &streamed, &moved);
+			cr_assert_gt(streamed, 0);
+			cr_assert_lt(moved, streamed - streamed / 10, "coded copies move fewer bytes: %lu of %lu",
+				     (unsigned long)moved, (unsigned long)streamed);
+			cr_assert_lt(p.host_bytes, p.streamed_block_bytes - p.streamed_block_bytes / 20,
+				     "host copies are coded: %lu for %lu", (unsigned long)p.host_bytes,
+				     (unsigned long)p.streamed_block_bytes);
+			arena_close(a);
+			/* the same run with raw host copies */
+			o = opts(pieces[k], mode, ARENA_OPEN_PLAIN_STREAM);
+			cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
+			cr_assert_eq(arena_plan_get(a, &p), 0);
+			uint64_t s2, m2;
+			run_steps(a, ref, 4, mode, &s2, &m2);
+			cr_assert_eq(m2, s2, "raw host copies move what they hold");
+			cr_assert_geq(p.host_bytes, p.streamed_block_bytes);
+			arena_close(a);
+		}
+	arena_close(ref);
+}
+
+/* A flipped byte in a coded chunk of a streamed block: the open fails
+ * naming the chunk, and nothing is left open. */
+Test(wire, a_corrupted_coded_chunk_fails_the_open, .init = setup, .fini = teardown)
+{
+	arena_image *im;
+	cr_assert_eq(arena_img_open(img, &im), 0, "%s", arena_last_error());
+	uint64_t c = im->hdr.chunk_count - 2, at = im->hdr.data_offset + im->chunks[c].offset + 100;
+	cr_assert_eq(im->chunks[c].codec, ARENA_CODEC_HB4);
+	arena_img_close(im);
+	int fd = open(img, O_RDWR);
+	cr_assert_geq(fd, 0);
+	uint8_t b;
+	cr_assert_eq(pread(fd, &b, 1, (off_t)at), 1);
+	b ^= 0x40;
+	cr_assert_eq(pwrite(fd, &b, 1, (off_t)at), 1);
+	close(fd);
+	arena_open_options o = opts(0, 0, 0);
+	arena *a = NULL;
+	int rc = arena_open(img, &o, &a);
+	cr_assert_eq(rc, ARENA_E(IMG_CHUNK_CHECKSUM), "%s: %s", arena_err_name(rc), arena_last_error());
+	cr_assert_null(a);
+	char want[64];
+	snprintf(want, sizeof(want), "chunk %lu", (unsigned long)c);
+	cr_assert(strstr(arena_last_error(), want), "%s", arena_last_error());
+}
+
+Test(wire, allocation_failures, .init = setup, .fini = teardown)
+{
+	arena_open_options ro = {.backend = "sim"};
+	arena *ref;
+	cr_assert_eq(arena_open(plain, &ro, &ref), 0, "%s", arena_last_error());
+	arena_open_options o = opts(16384, 0, 0);
+	long n;
+	for (n = 1; n < 100000; n += 3) {
+		arena *a = NULL;
+		arena_fault_alloc(n);
+		int rc = arena_open(img, &o, &a);
+		int fired = arena_fault_alloc_fired();
+		arena_fault_alloc(0);
+		if (!fired) {
+			cr_assert_eq(rc, 0, "%s", arena_last_error());
+			uint64_t s, m;
+			run_steps(a, ref, 2, 0, &s, &m);
+			cr_assert_lt(m, s);
+			arena_close(a);
+			break;
+		}
+		cr_assert(rc == ARENA_E_NOMEM || rc == 0, "n=%ld: %s: %s", n, arena_err_name(rc), arena_last_error());
+		if (!rc) { /* the failure hit something that has a fallback: the bytes are still right */
+			uint64_t s, m;
+			run_steps(a, ref, 1, 0, &s, &m);
+		}
+		arena_close(a);
+	}
+	cr_assert_gt(n, 50);
+	arena_close(ref);
+}
