@@ -43,6 +43,9 @@ typedef struct arena_backend_ops {
 	void (*host_unregister)(arena_backend *b, void *p);
 
 	int (*stream_create)(arena_backend *b, arena_stream **s);
+	/* A stream whose kernels go ahead of other streams' when both wait for
+	 * the device (cuda: the highest stream priority); NULL: stream_create. */
+	int (*stream_create_urgent)(arena_backend *b, arena_stream **s);
 	void (*stream_destroy)(arena_backend *b, arena_stream *s);
 	/* Block until all work queued on s is done. */
 	int (*stream_sync)(arena_backend *b, arena_stream *s);

@@ -136,6 +136,24 @@ static int cuda_stream_create(arena_backend *base, arena_stream **s)
 	return rc;
 }
 
+/* The highest priority the device has: its kernels (the engine's decodes)
+ * get the next free multiprocessors ahead of the caller's. */
+static int cuda_stream_create_urgent(arena_backend *base, arena_stream **s)
+{
+	cudaStream_t st = NULL;
+	cudaError_t e;
+	int least = 0, greatest = 0;
+	*s = NULL;
+	int rc = cuda_bind((cuda_backend *)base);
+	if (!rc && (e = cudaDeviceGetStreamPriorityRange(&least, &greatest)) != cudaSuccess)
+		rc = cuda_fail(e, "cudaDeviceGetStreamPriorityRange");
+	if (!rc && (e = cudaStreamCreateWithPriority(&st, cudaStreamNonBlocking, greatest)) != cudaSuccess)
+		rc = cuda_fail(e, "cudaStreamCreateWithPriority");
+	if (!rc)
+		*s = (arena_stream *)st;
+	return rc;
+}
+
 /* Returns at once; CUDA releases the stream once its work is done. */
 static void cuda_stream_destroy(arena_backend *base, arena_stream *s)
 {
@@ -282,6 +300,7 @@ static const arena_backend_ops cuda_ops = {
 	.host_register = cuda_host_register,
 	.host_unregister = cuda_host_unregister,
 	.stream_create = cuda_stream_create,
+	.stream_create_urgent = cuda_stream_create_urgent,
 	.stream_destroy = cuda_stream_destroy,
 	.stream_sync = cuda_stream_sync,
 	.copy_h2d = cuda_copy_h2d,

@@ -815,7 +815,8 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 		uint64_t st = ENGINE_WIRE_STAGES * e->wstage_each + gran_loss(be, ENGINE_WIRE_STAGES * e->wstage_each);
 		budget = budget > st ? budget - st : 0;
 		if ((rc = be->ops->dev_alloc(be, ENGINE_WIRE_STAGES * e->wstage_each, (void **)&e->wstage)) ||
-		    (rc = be->ops->stream_create(be, &e->ds)) || (rc = be->ops->event_create(be, &e->wx)))
+		    (rc = (be->ops->stream_create_urgent ? be->ops->stream_create_urgent : be->ops->stream_create)(be, &e->ds)) ||
+		    (rc = be->ops->event_create(be, &e->wx)))
 			goto fail;
 		for (unsigned k = 0; k < ENGINE_WIRE_STAGES; k++)
 			if ((rc = be->ops->event_create(be, &e->wcp[k])) || (rc = be->ops->event_create(be, &e->wdec[k])))

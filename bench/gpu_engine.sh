@@ -37,7 +37,7 @@ mkdir -p "$W" "$OUT"
 CB=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null)
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${CB:+:$CB}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 ST=$W/f.safetensors
-IMG=$W/f.arena
+IMG=${IMG:-$W/f.arena} # another image of flux-dev: IMG=path (bench/gpu_coded.sh: an hb4 one)
 [ -f "$IMG" ] || {
 	[ -f "$ST" ] || "$A" synth --layout flux-dev -o "$ST" >/dev/null || exit 1
 	"$A" convert -q "$ST" -o "$IMG" || exit 1

@@ -288,9 +288,10 @@ def main() -> None:
         h.end_step()
         h.arena.sync()
         st = h.stats()
-        res["records"] = [{k: r[k] for k in ("mode", "streamed_bytes", "misses", "stalls", "stall_s", "resident_bytes",
+        res["records"] = [{k: r[k] for k in ("mode", "streamed_bytes", "moved_bytes", "misses", "stalls", "stall_s", "resident_bytes",
                                              "demotions", "promotions", "schedule_learned", "end_s", "plan_s", "move_s")} for r in st]
         res["streamed_bytes_median"] = sorted(r["streamed_bytes"] for r in st[2:])[len(st[2:]) // 2] if len(st) > 2 else 0
+        res["moved_bytes_median"] = sorted(r["moved_bytes"] for r in st[2:])[len(st[2:]) // 2] if len(st) > 2 else 0
     if train and a.grads:
         torch.save(first, a.grads)
     print(json.dumps(res), flush=True)

@@ -13,10 +13,11 @@ rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip().startswit
 for r in rows:
     pl = r.get("plan") or {}
     print("%-16s vram %-6s res %-6s depth %-4s piece %-5s  step %.4f s  device %.2f GiB  rss %.2f GiB  setup %.2f s"
-          "  streamed %.2f GB  resident %.2f GiB" % (
+          "  streamed %.2f GB  moved %.2f GB  resident %.2f GiB" % (
               r["run"], r.get("vram"), r.get("reserve"), r.get("depth"), r.get("piece_size"), r["step_s_median"],
               r["device_peak_bytes"] / G, r["host_peak_rss"] / G, r.get("setup_s", 0),
-              r.get("streamed_bytes_median", 0) / 1e9, pl.get("resident_bytes", 0) / G))
+              r.get("streamed_bytes_median", 0) / 1e9, r.get("moved_bytes_median", 0) / 1e9,
+              pl.get("resident_bytes", 0) / G))
 if len(sys.argv) > 2:
     import torch
 
