@@ -14,7 +14,7 @@
 #include "trace.h"
 
 enum { ST_IDLE, ST_STEP, ST_FAILED };
-enum { ENGINE_COPY_PAIRS = 32, ENGINE_MEMO_STEPS = 64, ENGINE_WIRE_STAGES = ARENA_WIRE_STAGES };
+enum { ENGINE_COPY_PAIRS = 32, ENGINE_MEMO_STEPS = 64, ENGINE_WIRE_STAGES = ARENA_WIRE_MAX_STAGES };
 
 /* --- engine ------------------------------------------------------------------- */
 
@@ -110,24 +110,31 @@ struct arena_engine {
 	arena_event *ev_stage[2];
 	unsigned stage_next;
 	/* Coded streaming: blocks held coded (m->mem[b].wire) are copied a
-	 * segment at a time, hb4 segments into one of ENGINE_WIRE_STAGES device
+	 * segment at a time, hb4 segments into one of wstages device
 	 * stages on the copy stream and decoded from there into place on the
 	 * decode stream ds, which runs beside the copies: stage k is copied
 	 * into once its last decode is done (wdec[k]), decoded once its copy is
 	 * (wcp[k]). A block's fill event is recorded on ds after its last
 	 * decode and after its copies (wx). */
 	arena_stream *ds;
-	uint8_t *wstage;      /* ENGINE_WIRE_STAGES x wstage_each device bytes, or NULL */
+	uint8_t *wstage;      /* wstages x wstage_each device bytes, or NULL */
 	uint64_t wstage_each;
+	unsigned wstages;     /* arena_wire_stages(wstage_each) */
 	arena_event *wcp[ENGINE_WIRE_STAGES], *wdec[ENGINE_WIRE_STAGES], *wx;
 	unsigned wnext;
 	uint64_t *moved; /* per block, what a copy moves (o.moved points at it); NULL: none held coded */
 };
 
+/* Device bytes of the coded copies' stages, allocated or about to be. */
+static uint64_t wire_stage_bytes1(const arena_engine *e)
+{
+	return (uint64_t)e->wstages * e->wstage_each;
+}
+
 /* Device bytes the coded copies' stages take. */
 static uint64_t wire_stage_bytes(const arena_engine *e)
 {
-	return e->wstage ? ENGINE_WIRE_STAGES * e->wstage_each : 0;
+	return e->wstage ? e->wstages * e->wstage_each : 0;
 }
 
 /* Bytes a copy of block b moves: its coded form's when it is held coded. */
@@ -154,7 +161,7 @@ static int send(arena_engine *e, uint32_t b, uint8_t *dst, const uint8_t *src, a
 			rc = be->ops->copy_h2d(be, dst + g->dst, w->buf + g->src, g->raw, e->cs);
 			continue;
 		}
-		const unsigned k = e->wnext++ % ENGINE_WIRE_STAGES;
+		const unsigned k = e->wnext++ % e->wstages;
 		uint8_t *stage = e->wstage + (uint64_t)k * e->wstage_each;
 		if ((rc = be->ops->stream_wait(be, e->cs, e->wdec[k])) ||
 		    (rc = be->ops->copy_h2d(be, stage, w->buf + g->src, arena_wire_seg_stored(g), e->cs)) ||
@@ -812,13 +819,14 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 		for (size_t b = 0; b < l->n_blocks; b++)
 			e->moved[b] = moved_bytes(e, (uint32_t)b);
 		e->o.moved = e->moved;
-		uint64_t st = ENGINE_WIRE_STAGES * e->wstage_each + gran_loss(be, ENGINE_WIRE_STAGES * e->wstage_each);
+		e->wstages = arena_wire_stages(e->wstage_each);
+		uint64_t st = wire_stage_bytes1(e) + gran_loss(be, wire_stage_bytes1(e));
 		budget = budget > st ? budget - st : 0;
-		if ((rc = be->ops->dev_alloc(be, ENGINE_WIRE_STAGES * e->wstage_each, (void **)&e->wstage)) ||
+		if ((rc = be->ops->dev_alloc(be, wire_stage_bytes1(e), (void **)&e->wstage)) ||
 		    (rc = (be->ops->stream_create_urgent ? be->ops->stream_create_urgent : be->ops->stream_create)(be, &e->ds)) ||
 		    (rc = be->ops->event_create(be, &e->wx)))
 			goto fail;
-		for (unsigned k = 0; k < ENGINE_WIRE_STAGES; k++)
+		for (unsigned k = 0; k < e->wstages; k++)
 			if ((rc = be->ops->event_create(be, &e->wcp[k])) || (rc = be->ops->event_create(be, &e->wdec[k])))
 				goto fail;
 	}

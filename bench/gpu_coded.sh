@@ -27,7 +27,7 @@ if [ ! -f "$W/f.arena" ] || [ ! -f "$W/fc.arena" ]; then
 	t1=$(now)
 	[ -f "$W/fc.arena" ] || "$A" convert -q --codec hb4 "$ST" -o "$W/fc.arena" || exit 1
 	t2=$(now)
-	echo "convert: plain $(echo "$t1 - $t0" | bc) s, hb4 $(echo "$t2 - $t1" | bc) s"
+	python3 -c "import sys; a, b, c = map(float, sys.argv[1:]); print(\"convert: plain %.1f s, hb4 %.1f s\" % (b - a, c - b))" "$t0" "$t1" "$t2"
 	rm -f "$ST"
 fi
 ls -l "$W"/f.arena "$W"/fc.arena

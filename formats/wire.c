@@ -9,6 +9,14 @@
 enum { WIRE_ALIGN = 256, WIRE_MIN_HB4 = 4096 };
 
 uint64_t arena__wire_seg_max;
+uint64_t arena__wire_stage_pool;
+
+unsigned arena_wire_stages(uint64_t each)
+{
+	uint64_t pool = arena__wire_stage_pool ? arena__wire_stage_pool : 64ull << 20;
+	uint64_t k = each ? pool / each : 4;
+	return (unsigned)(k < 4 ? 4 : k > ARENA_WIRE_MAX_STAGES ? ARENA_WIRE_MAX_STAGES : k);
+}
 
 static uint64_t up(uint64_t x, uint64_t a)
 {
@@ -122,7 +130,7 @@ uint64_t arena_wire_stage_bound(const arena_img_chunk *chunks, uint64_t n_chunks
 		uint64_t b = up(arena_hb4_sub_bound(0, raw, E < raw / 2 ? E : raw / 2), WIRE_ALIGN);
 		most = b > most ? b : most;
 	}
-	return ARENA_WIRE_STAGES * most;
+	return arena_wire_stages(most) * most;
 }
 
 void arena_wire_free(arena_wire *w)

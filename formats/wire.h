@@ -64,10 +64,18 @@ void arena_wire_free(arena_wire *w);
  * loader takes it from ARENA_WIRE_SEGMENT when set (for measuring). */
 extern uint64_t arena__wire_seg_max;
 
-/* Device bytes the engine's stages for coded copies of an image with this
- * chunk table take at most (ARENA_WIRE_STAGES x the largest hb4 segment
- * any block can have); 0 when it has no hb4 chunk. */
-#define ARENA_WIRE_STAGES 4
+/* The engine's device stages for coded copies: as many of `each` bytes (the
+ * largest segment) as make up a pool of 64 MiB (arena__wire_stage_pool when
+ * set: tests), at least 4 and at most ARENA_WIRE_MAX_STAGES. The pool lets
+ * the copies run ahead of the decodes by a millisecond or so: a decode may
+ * wait that long for multiprocessors behind a caller's kernels. */
+#define ARENA_WIRE_MAX_STAGES 64
+unsigned arena_wire_stages(uint64_t each);
+extern uint64_t arena__wire_stage_pool;
+
+/* Device bytes those stages take at most for an image with this chunk
+ * table (stages x the largest hb4 segment any block can have); 0 when it
+ * has no hb4 chunk. */
 uint64_t arena_wire_stage_bound(const arena_img_chunk *chunks, uint64_t n_chunks);
 
 /* The first segment that ends after block byte d (n when none). */

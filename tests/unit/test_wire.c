@@ -129,7 +129,8 @@ static const char *img, *plain;
 
 static void setup(void)
 {
-	arena__wire_seg_max = 4096; /* stages of 4 KiB: a tiny model streams coded under small caps */
+	arena__wire_seg_max = 4096; /* four stages of 4 KiB: a tiny model streams coded under small caps */
+	arena__wire_stage_pool = 16384;
 	tmpdir_make(dir, sizeof(dir), "test-wire");
 	const char *in = fixture_path("tiny_flux.safetensors");
 	img = tmpdir_file(dir, "c.arena");
@@ -145,6 +146,7 @@ static void setup(void)
 static void teardown(void)
 {
 	arena__wire_seg_max = 0;
+	arena__wire_stage_pool = 0;
 	tmpdir_remove(dir);
 }
 
