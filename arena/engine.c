@@ -14,7 +14,7 @@
 #include "trace.h"
 
 enum { ST_IDLE, ST_STEP, ST_FAILED };
-enum { ENGINE_COPY_PAIRS = 32, ENGINE_MEMO_STEPS = 64, ENGINE_WIRE_STAGES = ARENA_WIRE_MAX_STAGES };
+enum { ENGINE_COPY_PAIRS = 32, ENGINE_MEMO_STEPS = 64, ENGINE_WIRE_STAGES = ARENA_WIRE_STAGES };
 
 /* --- engine ------------------------------------------------------------------- */
 
@@ -109,13 +109,14 @@ struct arena_engine {
 	uint64_t stage_bytes; /* each */
 	arena_event *ev_stage[2];
 	unsigned stage_next;
-	/* Coded streaming: blocks held coded (m->mem[b].wire) are copied a
-	 * segment at a time, hb4 segments into one of wstages device
-	 * stages on the copy stream and decoded from there into place on the
-	 * decode stream ds, which runs beside the copies: stage k is copied
-	 * into once its last decode is done (wdec[k]), decoded once its copy is
-	 * (wcp[k]). A block's fill event is recorded on ds after its last
-	 * decode and after its copies (wx). */
+	/* Coded streaming: blocks held coded (m->mem[b].wire) are copied in
+	 * runs of hb4 segments, each run into one of wstages device stages on
+	 * the copy stream and decoded from there into place on the decode
+	 * stream ds, which runs beside the copies: stage k is copied into once
+	 * its last decodes are done (wdec[k]), decoded once its copy is
+	 * (wcp[k]). Plain segments go straight to their place on the copy
+	 * stream. A block's fill event is recorded on ds after its last decode
+	 * (and, when it has plain segments, after its copies: wx). */
 	arena_stream *ds;
 	uint8_t *wstage;      /* wstages x wstage_each device bytes, or NULL */
 	uint64_t wstage_each;
@@ -155,22 +156,37 @@ static int send(arena_engine *e, uint32_t b, uint8_t *dst, const uint8_t *src, a
 	*fill = e->cs;
 	if (!w)
 		return e->l->blocks[b].bytes ? be->ops->copy_h2d(be, dst, src, e->l->blocks[b].bytes, e->cs) : 0;
-	for (size_t i = 0; i < w->n && !rc; i++) {
+	int plain = 0;
+	for (size_t i = 0; i < w->n && !rc;) {
 		const arena_wire_seg *g = &w->seg[i];
-		if (g->codec == ARENA_CODEC_NONE) {
+		if (g->codec == ARENA_CODEC_NONE) { /* raw bytes: straight to their place */
 			rc = be->ops->copy_h2d(be, dst + g->dst, w->buf + g->src, g->raw, e->cs);
+			plain = 1;
+			i++;
 			continue;
 		}
+		/* A run of hb4 segments whose stored bytes (adjacent in the buffer)
+		 * fit a stage goes in one copy: copies back to back without a wait
+		 * between them keep the bus busy. */
+		const uint64_t a = g->src;
+		size_t j = i + 1;
+		while (j < w->n && w->seg[j].codec == ARENA_CODEC_HB4 &&
+		       w->seg[j].src + arena_wire_seg_stored(&w->seg[j]) - a <= e->wstage_each)
+			j++;
+		const uint64_t z = w->seg[j - 1].src + arena_wire_seg_stored(&w->seg[j - 1]);
 		const unsigned k = e->wnext++ % e->wstages;
 		uint8_t *stage = e->wstage + (uint64_t)k * e->wstage_each;
 		if ((rc = be->ops->stream_wait(be, e->cs, e->wdec[k])) ||
-		    (rc = be->ops->copy_h2d(be, stage, w->buf + g->src, arena_wire_seg_stored(g), e->cs)) ||
-		    (rc = be->ops->event_record(be, e->wcp[k], e->cs)) || (rc = be->ops->stream_wait(be, e->ds, e->wcp[k])) ||
-		    (rc = be->ops->decode_hb4(be, dst + g->dst, stage, &g->v, 0, g->raw, e->ds)))
+		    (rc = be->ops->copy_h2d(be, stage, w->buf + a, z - a, e->cs)) ||
+		    (rc = be->ops->event_record(be, e->wcp[k], e->cs)) || (rc = be->ops->stream_wait(be, e->ds, e->wcp[k])))
 			break;
-		rc = be->ops->event_record(be, e->wdec[k], e->ds);
+		for (; i < j && !rc; i++)
+			rc = be->ops->decode_hb4(be, dst + w->seg[i].dst, stage + (w->seg[i].src - a), &w->seg[i].v, 0,
+						 w->seg[i].raw, e->ds);
+		if (!rc)
+			rc = be->ops->event_record(be, e->wdec[k], e->ds);
 	}
-	if (!rc && !(rc = be->ops->event_record(be, e->wx, e->cs)))
+	if (!rc && plain && !(rc = be->ops->event_record(be, e->wx, e->cs)))
 		rc = be->ops->stream_wait(be, e->ds, e->wx);
 	*fill = e->ds;
 	return rc;
@@ -820,6 +836,7 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 			e->moved[b] = moved_bytes(e, (uint32_t)b);
 		e->o.moved = e->moved;
 		e->wstages = arena_wire_stages(e->wstage_each);
+		e->wstage_each = arena_wire_stage_each(e->wstage_each);
 		uint64_t st = wire_stage_bytes1(e) + gran_loss(be, wire_stage_bytes1(e));
 		budget = budget > st ? budget - st : 0;
 		if ((rc = be->ops->dev_alloc(be, wire_stage_bytes1(e), (void **)&e->wstage)) ||

@@ -11,16 +11,22 @@ enum { WIRE_ALIGN = 256, WIRE_MIN_HB4 = 4096 };
 uint64_t arena__wire_seg_max;
 uint64_t arena__wire_stage_pool;
 
-unsigned arena_wire_stages(uint64_t each)
-{
-	uint64_t pool = arena__wire_stage_pool ? arena__wire_stage_pool : 64ull << 20;
-	uint64_t k = each ? pool / each : 4;
-	return (unsigned)(k < 4 ? 4 : k > ARENA_WIRE_MAX_STAGES ? ARENA_WIRE_MAX_STAGES : k);
-}
-
 static uint64_t up(uint64_t x, uint64_t a)
 {
 	return (x + a - 1) / a * a;
+}
+
+unsigned arena_wire_stages(uint64_t most)
+{
+	(void)most;
+	return ARENA_WIRE_STAGES;
+}
+
+uint64_t arena_wire_stage_each(uint64_t most)
+{
+	uint64_t pool = arena__wire_stage_pool ? arena__wire_stage_pool : 64ull << 20;
+	uint64_t each = up(pool / ARENA_WIRE_STAGES, WIRE_ALIGN);
+	return each > most ? each : up(most, WIRE_ALIGN);
 }
 
 /* Append a segment (merging a plain one into a plain one it continues). */
@@ -130,7 +136,7 @@ uint64_t arena_wire_stage_bound(const arena_img_chunk *chunks, uint64_t n_chunks
 		uint64_t b = up(arena_hb4_sub_bound(0, raw, E < raw / 2 ? E : raw / 2), WIRE_ALIGN);
 		most = b > most ? b : most;
 	}
-	return arena_wire_stages(most) * most;
+	return most ? arena_wire_stages(most) * arena_wire_stage_each(most) : 0;
 }
 
 void arena_wire_free(arena_wire *w)

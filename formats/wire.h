@@ -64,13 +64,16 @@ void arena_wire_free(arena_wire *w);
  * loader takes it from ARENA_WIRE_SEGMENT when set (for measuring). */
 extern uint64_t arena__wire_seg_max;
 
-/* The engine's device stages for coded copies: as many of `each` bytes (the
- * largest segment) as make up a pool of 64 MiB (arena__wire_stage_pool when
- * set: tests), at least 4 and at most ARENA_WIRE_MAX_STAGES. The pool lets
- * the copies run ahead of the decodes by a millisecond or so: a decode may
- * wait that long for multiprocessors behind a caller's kernels. */
-#define ARENA_WIRE_MAX_STAGES 64
-unsigned arena_wire_stages(uint64_t each);
+/* The engine's device stages for coded copies: a pool of 64 MiB
+ * (arena__wire_stage_pool when set: tests) in ARENA_WIRE_STAGES stages,
+ * each at least the largest segment (`most`). A copy fills a stage with a
+ * run of segments (adjacent in the host buffer) and the device decodes
+ * them from there: few large copies with no wait between them keep the
+ * bus as busy as raw copies do, and four stages let the copies run a few
+ * milliseconds ahead of decodes that wait behind a caller's kernels. */
+#define ARENA_WIRE_STAGES 4
+unsigned arena_wire_stages(uint64_t most);
+uint64_t arena_wire_stage_each(uint64_t most);
 extern uint64_t arena__wire_stage_pool;
 
 /* Device bytes those stages take at most for an image with this chunk

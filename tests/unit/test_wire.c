@@ -222,6 +222,27 @@ Test(wire, streamed_blocks_move_coded_and_hold_the_images_bytes, .init = setup, 
 	arena_close(ref);
 }
 
+/* Stages of 12 KiB: copies carry runs of three segments, decoded from one
+ * stage; the bytes are the same. */
+Test(wire, runs_of_segments_share_a_stage, .init = setup, .fini = teardown)
+{
+	arena__wire_stage_pool = 48 << 10;
+	arena_open_options ro = {.backend = "sim"};
+	arena *ref, *a;
+	cr_assert_eq(arena_open(plain, &ro, &ref), 0, "%s", arena_last_error());
+	arena_open_options o = opts(16384, 0, 0);
+	o.vram_cap = 240 << 10;
+	cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
+	arena_plan_info p;
+	cr_assert_eq(arena_plan_get(a, &p), 0);
+	cr_assert_gt(p.n_streamed, 1);
+	uint64_t streamed, moved;
+	run_steps(a, ref, 3, 0, &streamed, &moved);
+	cr_assert_lt(moved, streamed - streamed / 10);
+	arena_close(a);
+	arena_close(ref);
+}
+
 /* A flipped byte in a coded chunk of a streamed block: the open fails
  * naming the chunk, and nothing is left open. */
 Test(wire, a_corrupted_coded_chunk_fails_the_open, .init = setup, .fini = teardown)
