@@ -1,4 +1,5 @@
-"""Coded streaming on the GPU: every block of an hb4 image acquired through the
+"""Coded streaming on the GPU: the hb4 image loaded all resident equals the plain
+one on the device, block for block; and every block of an hb4 image acquired through the
 engine under a cap that streams most of them equals, byte for byte on the
 device, the same block of the plain image all resident. Two steps, so blocks
 come through the ring more than once (and the ring's slots are reused).
@@ -32,6 +33,11 @@ for step in range(2):
         a.release(b)
     a.step_end()
 a.sync()
+# the coded image loaded all resident (the loader's device decode) against the plain one
+c = arena.open(coded, device=dev, piece_size=piece)
+bad_load = sum(not torch.equal(c.slab(b, c.block_state(b)[1]), ref.slab(b, ref.block_state(b)[1])) for b in range(len(c.blocks)))
+print("coded load, all resident: %d of %d blocks differ" % (bad_load, len(c.blocks)))
+bad += bad_load
 st = a.stats()
 print("steps:", [(s["streamed_bytes"], s["moved_bytes"]) for s in st])
 print("coded check: %d blocks x 2 steps, %d differ" % (len(a.blocks), bad))
