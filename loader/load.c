@@ -941,10 +941,12 @@ static int place(loader *L, const arena_layout *l)
 		return arena_errorf(ARENA_E_NOMEM, "out of memory");
 	uint64_t stage = 0;
 	if (L->img && L->o->coded_stream && L->o->backend->ops->decode_hb4) {
-		const char *env = getenv("ARENA_WIRE_SEGMENT"); /* for measuring */
+		const char *env = getenv("ARENA_WIRE_SEGMENT"), *pool = getenv("ARENA_WIRE_POOL"); /* for measuring */
 		uint64_t most;
 		if (env && arena_size_parse(env, &most) == 0)
 			arena__wire_seg_max = most;
+		if (pool && arena_size_parse(pool, &most) == 0)
+			arena__wire_stage_pool = most;
 		arena_error_clear();
 		stage = arena_wire_stage_bound(L->img->chunks, L->img->hdr.chunk_count);
 	}
