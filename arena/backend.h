@@ -25,6 +25,14 @@ typedef struct arena_stream arena_stream;
 typedef struct arena_event arena_event;
 struct arena_hb4;
 
+/* One decode of decode_hb4_many. */
+typedef struct arena_hb4_job {
+	void *dst;
+	const void *src;
+	const struct arena_hb4 *v;
+	uint64_t a, z;
+} arena_hb4_job;
+
 typedef struct arena_backend_ops {
 	const char *name; /* "cuda" or "sim" */
 
@@ -94,6 +102,11 @@ typedef struct arena_backend_ops {
 	 * stream's worker. */
 	int (*decode_hb4)(arena_backend *b, void *dst, const void *src, const struct arena_hb4 *v, uint64_t a, uint64_t z,
 			  arena_stream *s);
+
+	/* n decodes queued on s, each as decode_hb4 with its own arguments,
+	 * in as few launches as the backend can (cuda: up to 16 a kernel);
+	 * NULL: call decode_hb4 for each. */
+	int (*decode_hb4_many)(arena_backend *b, const struct arena_hb4_job *jobs, size_t n, arena_stream *s);
 
 	void (*destroy)(arena_backend *b);
 } arena_backend_ops;

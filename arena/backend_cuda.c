@@ -287,6 +287,18 @@ static int cuda_decode_hb4(arena_backend *base, void *dst, const void *src, cons
 	return rc;
 }
 
+static int cuda_decode_hb4_many(arena_backend *base, const arena_hb4_job *jobs, size_t n, arena_stream *s)
+{
+	int rc = 0;
+	for (size_t i = 0; i < n && !rc; i++)
+		rc = arena__backend_hb4_args("cuda", jobs[i].dst, jobs[i].src, jobs[i].v, jobs[i].a, jobs[i].z);
+	if (!rc && n)
+		rc = cuda_bind((cuda_backend *)base);
+	if (!rc && n)
+		rc = arena__hb4_decode_many_cuda(jobs, n, (cudaStream_t)s);
+	return rc;
+}
+
 static void cuda_destroy(arena_backend *base)
 {
 	arena_free(base);
@@ -301,6 +313,7 @@ static const arena_backend_ops cuda_ops = {
 	.host_unregister = cuda_host_unregister,
 	.stream_create = cuda_stream_create,
 	.stream_create_urgent = cuda_stream_create_urgent,
+	.decode_hb4_many = cuda_decode_hb4_many,
 	.stream_destroy = cuda_stream_destroy,
 	.stream_sync = cuda_stream_sync,
 	.copy_h2d = cuda_copy_h2d,

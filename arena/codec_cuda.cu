@@ -25,6 +25,7 @@
 
 extern "C" {
 #include "../formats/codec.h"
+#include "backend.h"
 
 /* From common/err.h, which is C11 only (_Noreturn). */
 int arena_errorf(int code, const char *fmt, ...);
@@ -34,6 +35,7 @@ namespace {
 
 const unsigned kThreads = 256;
 const uint64_t kWordsPerBlock = 4096;
+const unsigned kManyMax = 16; /* ranges a launch of hb4_decode_many */
 
 /* The table: code c's high byte is byte c % 4 of t[c / 4]. */
 struct hb4_table {
@@ -109,12 +111,13 @@ __global__ void hb4_decode(uint8_t *__restrict__ dst, const uint8_t *__restrict_
  * streaming decodes, and most of a load's. The word-at-a-time kernel moved
  * about 58 GB/s of raw bytes on an H200, no faster than PCIe feeds it; this
  * one is not what a copy waits for. */
-__global__ void hb4_decode8(uint8_t *__restrict__ dst, const uint8_t *__restrict__ nib, const uint8_t *__restrict__ low,
-			    const uint8_t *__restrict__ idx, const uint8_t *__restrict__ hi, uint64_t n_exc, uint64_t w0,
-			    uint64_t n, hb4_table tb)
+__device__ __forceinline__ void hb4_decode8_body(uint8_t *__restrict__ dst, const uint8_t *__restrict__ nib,
+						 const uint8_t *__restrict__ low, const uint8_t *__restrict__ idx,
+						 const uint8_t *__restrict__ hi, uint64_t n_exc, uint64_t w0, uint64_t n,
+						 hb4_table tb, unsigned bx)
 {
 	const uint32_t t0 = tb.t[0], t1 = tb.t[1], t2 = tb.t[2], t3 = tb.t[3];
-	const uint64_t b0 = (uint64_t)blockIdx.x * kWordsPerBlock;
+	const uint64_t b0 = (uint64_t)bx * kWordsPerBlock;
 	const uint64_t b1 = b0 + kWordsPerBlock < n ? b0 + kWordsPerBlock : n;
 	const uint32_t *nib4 = reinterpret_cast<const uint32_t *>(nib + w0 / 2);
 	const uint2 *low8 = reinterpret_cast<const uint2 *>(low + w0);
@@ -152,6 +155,35 @@ __global__ void hb4_decode8(uint8_t *__restrict__ dst, const uint8_t *__restrict
 		if (k >= w0 + b0 && k < w0 + b1)
 			dst[2 * (k - w0) + 1] = hi[e];
 	}
+}
+
+__global__ void hb4_decode8(uint8_t *__restrict__ dst, const uint8_t *__restrict__ nib, const uint8_t *__restrict__ low,
+			    const uint8_t *__restrict__ idx, const uint8_t *__restrict__ hi, uint64_t n_exc, uint64_t w0,
+			    uint64_t n, hb4_table tb)
+{
+	hb4_decode8_body(dst, nib, low, idx, hi, n_exc, w0, n, tb, blockIdx.x);
+}
+
+/* Many ranges in one launch (coded streaming decodes a run of segments
+ * from one stage): blockIdx.y picks the range, blockIdx.x its run of words,
+ * as hb4_decode8 (all aligned, each from word 0 of its chunk). */
+struct hb4_many {
+	uint8_t *dst[kManyMax];
+	const uint8_t *chunk[kManyMax];
+	uint32_t nib_off[kManyMax], low_off[kManyMax], idx_off[kManyMax], hi_off[kManyMax];
+	uint32_t n[kManyMax], n_exc[kManyMax];
+	hb4_table tb[kManyMax];
+};
+
+__global__ void hb4_decode_many(const __grid_constant__ hb4_many m)
+{
+	const unsigned y = blockIdx.y;
+	const uint64_t n = m.n[y];
+	if ((uint64_t)blockIdx.x * kWordsPerBlock >= n)
+		return;
+	const uint8_t *c = m.chunk[y];
+	hb4_decode8_body(m.dst[y], c + m.nib_off[y], c + m.low_off[y], c + m.idx_off[y], c + m.hi_off[y], m.n_exc[y], 0, n,
+			 m.tb[y], blockIdx.x);
 }
 
 uint32_t get32(const uint8_t *p)
@@ -193,5 +225,51 @@ extern "C" int arena__hb4_decode_cuda(void *dst, const void *src, const struct a
 	cudaError_t e = cudaGetLastError();
 	if (e != cudaSuccess)
 		return launch_fail(e);
+	return 0;
+}
+
+extern "C" int arena__hb4_decode_many_cuda(const struct arena_hb4_job *jobs, size_t n_jobs, cudaStream_t s)
+{
+	for (size_t i = 0; i < n_jobs;) {
+		hb4_many m;
+		unsigned k = 0;
+		uint64_t most = 0;
+		for (; i < n_jobs && k < kManyMax; i++) {
+			const arena_hb4_job *j = &jobs[i];
+			const arena_hb4 *v = j->v;
+			const uint8_t *c = static_cast<const uint8_t *>(j->src);
+			const uint64_t w = j->z / 2;
+			const uintptr_t al = reinterpret_cast<uintptr_t>(j->dst) % 16 |
+					     reinterpret_cast<uintptr_t>(c + v->nib_off) % 4 |
+					     reinterpret_cast<uintptr_t>(c + v->low_off) % 8;
+			if (j->a || al || v->hi_off > UINT32_MAX || w > UINT32_MAX || v->n_exc > UINT32_MAX) {
+				int rc = arena__hb4_decode_cuda(j->dst, j->src, v, j->a, j->z, s); /* on its own */
+				if (rc)
+					return rc;
+				continue;
+			}
+			if (!w)
+				continue;
+			m.dst[k] = static_cast<uint8_t *>(j->dst);
+			m.chunk[k] = c;
+			m.nib_off[k] = (uint32_t)v->nib_off;
+			m.low_off[k] = (uint32_t)v->low_off;
+			m.idx_off[k] = (uint32_t)v->idx_off;
+			m.hi_off[k] = (uint32_t)v->hi_off;
+			m.n[k] = (uint32_t)w;
+			m.n_exc[k] = (uint32_t)v->n_exc;
+			for (int q = 0; q < 4; q++)
+				m.tb[k].t[q] = get32(v->table + 4 * q);
+			most = w > most ? w : most;
+			k++;
+		}
+		if (!k)
+			continue;
+		dim3 grid((unsigned)((most + kWordsPerBlock - 1) / kWordsPerBlock), k);
+		hb4_decode_many<<<grid, kThreads, 0, s>>>(m);
+		cudaError_t e = cudaGetLastError();
+		if (e != cudaSuccess)
+			return launch_fail(e);
+	}
 	return 0;
 }

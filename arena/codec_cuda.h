@@ -3,6 +3,7 @@
 #ifndef ARENA_CODEC_CUDA_H
 #define ARENA_CODEC_CUDA_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include <cuda_runtime_api.h>
@@ -22,6 +23,12 @@ extern "C" {
  * ARENA_E(DEV_ERROR) with a message when a launch fails. */
 int arena__hb4_decode_cuda(void *dst, const void *src, const struct arena_hb4 *v, uint64_t a, uint64_t z,
 			   cudaStream_t s);
+
+/* The same for n jobs (backend.h's arena_hb4_job), as few launches as
+ * they allow: aligned ranges from word 0 share launches of up to 16, the
+ * others go one by one. */
+struct arena_hb4_job;
+int arena__hb4_decode_many_cuda(const struct arena_hb4_job *jobs, size_t n_jobs, cudaStream_t s);
 
 #ifdef __cplusplus
 }

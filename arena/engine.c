@@ -14,7 +14,7 @@
 #include "trace.h"
 
 enum { ST_IDLE, ST_STEP, ST_FAILED };
-enum { ENGINE_COPY_PAIRS = 32, ENGINE_MEMO_STEPS = 64, ENGINE_WIRE_STAGES = ARENA_WIRE_STAGES };
+enum { ENGINE_COPY_PAIRS = 32, ENGINE_MEMO_STEPS = 64, ENGINE_WIRE_STAGES = ARENA_WIRE_STAGES, ENGINE_WIRE_RUN = 16 };
 
 /* --- engine ------------------------------------------------------------------- */
 
@@ -180,9 +180,19 @@ static int send(arena_engine *e, uint32_t b, uint8_t *dst, const uint8_t *src, a
 		    (rc = be->ops->copy_h2d(be, stage, w->buf + a, z - a, e->cs)) ||
 		    (rc = be->ops->event_record(be, e->wcp[k], e->cs)) || (rc = be->ops->stream_wait(be, e->ds, e->wcp[k])))
 			break;
-		for (; i < j && !rc; i++)
-			rc = be->ops->decode_hb4(be, dst + w->seg[i].dst, stage + (w->seg[i].src - a), &w->seg[i].v, 0,
-						 w->seg[i].raw, e->ds);
+		arena_hb4_job jobs[ENGINE_WIRE_RUN];
+		size_t nj = 0;
+		for (; i < j && !rc; i++) {
+			jobs[nj++] = (arena_hb4_job){dst + w->seg[i].dst, stage + (w->seg[i].src - a), &w->seg[i].v, 0,
+						     w->seg[i].raw};
+			if (nj == ENGINE_WIRE_RUN || i + 1 == j) {
+				if (be->ops->decode_hb4_many)
+					rc = be->ops->decode_hb4_many(be, jobs, nj, e->ds);
+				for (size_t q = 0; !be->ops->decode_hb4_many && q < nj && !rc; q++)
+					rc = be->ops->decode_hb4(be, jobs[q].dst, jobs[q].src, jobs[q].v, 0, jobs[q].z, e->ds);
+				nj = 0;
+			}
+		}
 		if (!rc)
 			rc = be->ops->event_record(be, e->wdec[k], e->ds);
 	}
