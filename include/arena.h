@@ -312,8 +312,11 @@ typedef struct arena_block_info {
 				* the plan changes at a step_end or set_mode); 0: streamed */
 	void *device;          /* resident: the slab's device address; else NULL (acquire it) */
 	const void *host;      /* its canonical host copy (read-only, never changes), or NULL
-				* for a block that lives only on the device, or only in the
-				* image (the disk tier: beyond host_budget) */
+				* for a block that lives only on the device, only in the
+				* image (the disk tier: beyond host_budget), or coded */
+	int coded;             /* its host copy holds the image's hb4 chunks, not the raw
+				* bytes (coded streaming: copies move those and the device
+				* decodes them); host is NULL then */
 } arena_block_info;
 
 /* Blocks in execution order; block 0 is globals when the model has any. */

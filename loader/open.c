@@ -500,7 +500,8 @@ int arena_block_get(const arena *ca, size_t i, arena_block_info *out)
 					  .index = b->container ? b->index : -1,
 					  .bytes = b->bytes,
 					  .resident = resident(a, i),
-					  .host = a->m->mem[i].host};
+					  .host = a->m->mem[i].host,
+					  .coded = a->m->mem[i].wire != NULL};
 		out->device = out->resident ? a->m->mem[i].dev : NULL;
 		pthread_mutex_unlock(&a->mu);
 	}

@@ -274,10 +274,19 @@ class Arena:
             raise Error("NOT_FOUND", f"{self.path}: no block '{name}'") from None
 
     def block_state(self, block: int) -> Tuple[bool, int, int]:
-        """(resident, device address or 0, host address or 0) of a block now."""
+        """(resident, device address or 0, host address or 0) of a block now. A
+        streamed block held coded (see :meth:`coded`) has no host address."""
         bi = _native.BlockInfo()
         _check(_native.lib.arena_block_get(self._handle(), block, ctypes.byref(bi)))
         return bool(bi.resident), int(bi.device or 0), int(bi.host or 0)
+
+    def coded(self, block: int) -> bool:
+        """Whether the block's host copy holds its image's hb4 chunks rather than its
+        bytes (coded streaming: an hb4 image's streamed blocks, whose copies move
+        about 3/4 of the bytes and are decoded by the device)."""
+        bi = _native.BlockInfo()
+        _check(_native.lib.arena_block_get(self._handle(), block, ctypes.byref(bi)))
+        return bool(bi.coded)
 
     # --- tensors -------------------------------------------------------------------
     def slab(self, block: int, address: int, where: str = "device") -> Any:
@@ -307,13 +316,18 @@ class Arena:
         """Every tensor as a torch tensor, zero copy: resident blocks' on the device,
         streamed blocks' as (read-only) CPU views of their canonical host copy.
         Quantized tensors appear as ``name`` (qdata) and ``name + "_scale"``.
-        Raises :class:`Error` (USAGE) when a block has no copy in memory (the disk
-        tier: beyond ``host_budget``)."""
+        Raises :class:`Error` (USAGE) when a block has no raw copy in memory (the
+        disk tier: beyond ``host_budget``; or held coded: an hb4 image's streamed
+        blocks unless opened with ``plain_stream=True``)."""
         out: Dict[str, Any] = {}
         for b in self.blocks:
             resident, dev, host = self.block_state(b.index)
             if not b.nbytes:
                 continue
+            if not resident and not host and self.coded(b.index):
+                raise Error("USAGE", f"{self.path}: block '{b.name}' is streamed and held coded (hb4): "
+                            f"tensors() views raw bytes; acquire the block, or open the image with "
+                            f"plain_stream=True for raw host copies")
             if not resident and not host:
                 raise Error("USAGE", f"{self.path}: block '{b.name}' is in the image only (beyond host_budget): "
                             f"tensors() views memory; open with a larger host_budget, or acquire the block")
@@ -466,6 +480,7 @@ def open(
     sim_bandwidth: Optional[float] = None,
     piece_size: Size = None,
     host_budget: Size = None,
+    plain_stream: bool = False,
 ) -> Arena:
     """Open an arena image, a safetensors file or a sharded checkpoint folder.
 
@@ -493,6 +508,12 @@ def open(
       checked (the disk tier: models larger than host memory run). None =
       what MemAvailable allows less a reserve; 0 = every streamed block.
       ``plan()`` says ``host_bytes`` held and ``n_disk`` blocks left in the image.
+    plain_stream: an image with hb4 chunks (``arena convert --codec hb4``) keeps
+      its streamed blocks coded in host memory unless this is True: every copy
+      then moves about 3/4 of the bytes and the device decodes them (coded
+      streaming: faster where copies are the limit, and a quarter less host
+      memory); ``stats()``' ``moved_bytes`` against ``streamed_bytes`` says
+      what it saved. True keeps raw host copies (``tensors()`` can view them).
 
     Raises :class:`Error` (``code`` "BUDGET" when the model cannot run within
     ``vram`` at all; the message says what it needs).
@@ -527,7 +548,8 @@ def open(
     o.reserve = 0 if r is None else (r or _native.ZERO_BYTES)
     o.depth = depth or 0
     o.keep_last = 0 if keep_last is None else (keep_last or _native.ZERO_COUNT)
-    o.flags = (_native.OPEN_STRICT if strict else 0) | (0 if learn else _native.OPEN_NO_LEARN)
+    o.flags = ((_native.OPEN_STRICT if strict else 0) | (0 if learn else _native.OPEN_NO_LEARN)
+               | (_native.OPEN_PLAIN_STREAM if plain_stream else 0))
     o.profile = os.fsencode(profile) if profile else None
     o.sim_capacity = parse_size(sim_capacity, "sim_capacity") or 0
     o.sim_bandwidth = float(sim_bandwidth or 0)

@@ -31,6 +31,7 @@ MODE_TRAIN = 1
 PIECE_AUTO = (1 << 64) - 1  # ARENA_PIECE_AUTO
 OPEN_STRICT = 1
 OPEN_NO_LEARN = 2
+OPEN_PLAIN_STREAM = 8
 OPEN_FIXED_SCHEDULE = 4
 
 
@@ -66,6 +67,7 @@ class BlockInfo(Structure):
         ("resident", c_int),
         ("device", c_void_p),
         ("host", c_void_p),
+        ("coded", c_int),
     ]
 
 

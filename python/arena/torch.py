@@ -624,7 +624,8 @@ def attach(
     Other keywords go to :func:`arena.open` (``piece_size``: stream blocks in pieces
       of at most this size, or "auto", each module acquiring its own; ``host_budget``:
       host memory for streamed blocks, the rest read from the image when streamed;
-      ``sim_capacity``, ``profile``...).
+      ``plain_stream``: an hb4 image's streamed blocks are copied coded and
+      decoded by the device unless True; ``sim_capacity``, ``profile``...).
 
     Raises :class:`arena.Error`: ``BUDGET`` when the model cannot run in
     ``vram``, ``USAGE`` listing every mismatch between module and image.

@@ -476,6 +476,25 @@ class Coded(unittest.TestCase):
         self.assertLess(st["moved_bytes"], st["streamed_bytes"] * 0.9)
         h.detach()
 
+    def test_tensors_of_coded_blocks(self):
+        """tensors() views raw bytes: a block held coded is refused, saying what to do;
+        plain_stream=True keeps raw host copies, and the views hold the weights."""
+        opts = dict(self.PIECES, sim_capacity="200K")
+        with arena.open(self.img, **opts) as a:
+            coded = [b.name for b in a.blocks if a.coded(b.index)]
+            self.assertTrue(coded)
+            with self.assertRaises(arena.Error) as cm:
+                a.tensors()
+            self.assertEqual(cm.exception.code, "USAGE")
+            self.assertIn("held coded (hb4)", cm.exception.message)
+            self.assertIn("plain_stream=True", cm.exception.message)
+        with arena.open(self.img, plain_stream=True, **opts) as a:
+            self.assertFalse(any(a.coded(b.index) for b in a.blocks))
+            sd = a.tensors()
+            self.assertEqual(set(sd), set(SD))
+            for k, v in SD.items():
+                self.assertTrue(torch.equal(sd[k].cpu(), v), k)
+
     def test_training_equals_plain(self):
         m0 = model(meta=False)
         add_lora(m0)
