@@ -1238,6 +1238,18 @@ int arena_img_read_raw(arena_img_reader *r, uint64_t off, uint64_t len, uint8_t 
 	while (len) {
 		uint64_t i = off / h->chunk_size, in = off - i * h->chunk_size;
 		int rc;
+		const arena_img_chunk *c = &r->img->chunks[i];
+		if (!(h->flags & ARENA_IMG_FLAG_CODED) && !in && c->raw_length <= len && r->chunk != i) {
+			/* a whole plain chunk (no stored padding): read and checked in place */
+			if ((rc = arena_pread_full(r->img->fd, dst, c->raw_length, h->data_offset + c->offset, r->img->path)) ||
+			    (rc = arena_img_chunk_check(r->img, i, dst, r->verify ? arena_xxh3(dst, c->raw_length) : c->xxh3,
+							"while reading", &r->dec)))
+				return rc;
+			dst += c->raw_length;
+			off += c->raw_length;
+			len -= c->raw_length;
+			continue;
+		}
 		if (r->chunk != i && (rc = reader_load(r, i)))
 			return rc;
 		uint64_t n = r->img->chunks[i].raw_length - in < len ? r->img->chunks[i].raw_length - in : len;

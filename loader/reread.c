@@ -3,21 +3,49 @@
 
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../common/alloc.h"
 #include "../common/err.h"
+#include "../common/firsterr.h"
 #include "../common/hash.h"
 #include "../common/io.h"
 #include "../common/outfile.h"
 #include "../formats/image.h"
 
+/* A read of many chunks is shared by up to REREAD_THREADS threads (the
+ * caller's and more), each with its own reader, each taking a run of whole
+ * chunks: reading, checking and copying a chunk is one core's work at a
+ * few GB/s, and the disk tier re-reads every streamed block it holds at
+ * every step. ARENA_REREAD_THREADS sets another count (1: the caller's
+ * thread alone), for measuring. */
+enum { REREAD_THREADS = 8 };
+
 struct arena_slab_reader {
 	arena_image *img;
 	const arena_layout *l;
-	arena_img_reader rd; /* checked, one chunk cached */
+	arena_img_reader rd[REREAD_THREADS]; /* checked, one chunk cached each; rd[0] always set up */
+	unsigned n_rd, want_rd;              /* set up; to use */
 };
+
+typedef struct part {
+	arena_img_reader *rd;
+	uint64_t off, len;
+	uint8_t *dst;
+	arena_first_error *err;
+} part;
+
+static void *read_part(void *arg)
+{
+	part *p = arg;
+	int rc = arena_img_read_raw(p->rd, p->off, p->len, p->dst);
+	if (rc)
+		arena_first_error_set(p->err, rc);
+	return NULL;
+}
 
 int arena_slab_reader_open(const char *path, const arena_layout *l, arena_slab_reader **out)
 {
@@ -44,11 +72,16 @@ int arena_slab_reader_open_pieces(const char *path, const arena_layout *l, uint6
 			rc = arena_errorf(ARENA_E(IMG_MANIFEST_BAD), "%s: block '%s' is not the model's block '%s'", path,
 					  il->blocks[b].name, l->blocks[b].name);
 	if (!rc)
-		rc = arena_img_reader_init(&r->rd, r->img, 1);
+		rc = arena_img_reader_init(&r->rd[0], r->img, 1);
 	if (rc) {
 		arena_slab_reader_close(r);
 		return rc;
 	}
+	r->n_rd = 1;
+	r->want_rd = REREAD_THREADS;
+	const char *env = getenv("ARENA_REREAD_THREADS");
+	if (env && atoi(env) >= 1 && atoi(env) <= REREAD_THREADS)
+		r->want_rd = (unsigned)atoi(env);
 	r->l = l;
 	*out = r;
 	return 0;
@@ -58,7 +91,8 @@ void arena_slab_reader_close(arena_slab_reader *r)
 {
 	if (!r)
 		return;
-	arena_img_reader_free(&r->rd);
+	for (unsigned i = 0; i < r->n_rd; i++)
+		arena_img_reader_free(&r->rd[i]);
 	arena_img_close(r->img);
 	arena_free(r);
 }
@@ -68,7 +102,44 @@ int arena_slab_reader_read(void *reader, uint32_t b, uint8_t *dst, uint64_t byte
 	arena_slab_reader *r = reader;
 	if (b >= r->l->n_blocks || bytes != r->l->blocks[b].bytes)
 		return arena_errorf(ARENA_E_USAGE, "reread: block %u of %" PRIu64 " bytes is not in the layout", b, bytes);
-	int rc = arena_img_read_raw(&r->rd, r->l->blocks[b].offset, bytes, dst);
+	if (!bytes)
+		return 0;
+	const uint64_t cs = r->img->hdr.chunk_size, off = r->l->blocks[b].offset;
+	/* Runs of whole chunks, one a reader: the first and last may be partial. */
+	const uint64_t c0 = off / cs, c1 = (off + bytes - 1) / cs + 1;
+	int rc = 0;
+	/* Readers for the threads, set up on first use. */
+	while (!rc && r->n_rd < r->want_rd && r->n_rd < c1 - c0)
+		if (!(rc = arena_img_reader_init(&r->rd[r->n_rd], r->img, 1)))
+			r->n_rd++;
+	uint64_t n = c1 - c0 < r->n_rd ? c1 - c0 : r->n_rd;
+	if (rc) {
+		/* the error stands */
+	} else if (n <= 1) {
+		rc = arena_img_read_raw(&r->rd[0], off, bytes, dst);
+	} else {
+		part p[REREAD_THREADS];
+		pthread_t tid[REREAD_THREADS];
+		unsigned started = 0;
+		arena_first_error err;
+		arena_first_error_init(&err);
+		for (uint64_t i = 0; i < n; i++) {
+			uint64_t a = (c0 + (c1 - c0) * i / n) * cs, z = (c0 + (c1 - c0) * (i + 1) / n) * cs;
+			a = a < off ? off : a;
+			z = z > off + bytes ? off + bytes : z;
+			p[i] = (part){&r->rd[i], a, z - a, dst + (a - off), &err};
+		}
+		for (uint64_t i = 1; i < n; i++, started++)
+			if (pthread_create(&tid[i], NULL, read_part, &p[i]))
+				break;
+		read_part(&p[0]);
+		for (unsigned i = 1; i <= started; i++)
+			pthread_join(tid[i], NULL);
+		for (uint64_t i = started + 1; i < n; i++) /* threads that could not start: here */
+			read_part(&p[i]);
+		rc = arena_first_error_raise(&err);
+		arena_first_error_destroy(&err);
+	}
 	if (rc) {
 		char what[300];
 		snprintf(what, sizeof(what), "re-reading block '%s'", arena_q(r->l->blocks[b].name));
