@@ -14,6 +14,7 @@
 #include "../common/hash.h"
 #include "../common/io.h"
 #include "../formats/image.h"
+#include "../formats/wire.h"
 #include "../loader/load.h"
 #include "../loader/open.h"
 #include "../loader/quant_select.h"
@@ -92,11 +93,15 @@ static int check_device(const char *path, const arena_model *m, int is_image, in
 		rc = arena_img_reader_init(&rd, img, 1);
 	for (size_t b = 0; !rc && b < m->layout->n_blocks; b++) {
 		const arena_block *blk = &m->layout->blocks[b];
-		if (!blk->bytes || (!m->mem[b].dev && !m->mem[b].host)) /* the disk tier: in the image only */
+		if (!blk->bytes || (!m->mem[b].dev && !m->mem[b].host && !m->mem[b].wire)) /* the disk tier: in the image only */
 			continue;
 		if ((rc = arena_img_read_raw(&rd, blk->offset, blk->bytes, f)))
 			break;
 		const uint8_t *have = m->mem[b].host;
+		if (!m->mem[b].dev && m->mem[b].wire) { /* held coded: decoded here as the device would */
+			arena_wire_decode(m->mem[b].wire, 0, blk->bytes, a);
+			have = a;
+		}
 		if (m->mem[b].dev) {
 			if ((rc = m->backend->ops->copy_d2h_sync(m->backend, a, m->mem[b].dev, blk->bytes)))
 				break;
@@ -294,7 +299,7 @@ int cmd_load(int argc, char **argv)
 	uint64_t pinned = m->pinned_bytes, disk_bytes = 0;
 	size_t disk_blocks = 0; /* the disk tier: in the image only */
 	for (size_t b = 0; b < m->layout->n_blocks; b++)
-		if (!m->mem[b].dev && !m->mem[b].host && m->layout->blocks[b].bytes)
+		if (!m->mem[b].dev && !m->mem[b].host && !m->mem[b].wire && m->layout->blocks[b].bytes)
 			disk_blocks++, disk_bytes += m->layout->blocks[b].bytes;
 	arena__drop_model(a); /* free the device memory before the probes */
 	m = NULL;
@@ -343,6 +348,10 @@ int cmd_load(int argc, char **argv)
 		json_object_set_new(o, "disk_tier", json_pack("{s:I,s:I}", "blocks", (json_int_t)disk_blocks, "bytes",
 							      (json_int_t)disk_bytes));
 		json_object_set_new(o, "file_bytes", json_integer((json_int_t)st.file_bytes));
+		json_object_set_new(o, "coded_stream",
+				    st.wire_raw ? json_pack("{s:I,s:I}", "host_bytes", (json_int_t)st.wire_bytes, "raw_bytes",
+							    (json_int_t)st.wire_raw)
+						: json_null());
 		json_object_set_new(o, "decoded",
 				    coded ? json_pack("{s:I,s:I,s:f,s:f}", "gpu_bytes", (json_int_t)st.gpu_decoded, "cpu_bytes",
 						      (json_int_t)st.cpu_decoded, "cpu_seconds", st.cpu_decode_s,
@@ -368,6 +377,11 @@ int cmd_load(int argc, char **argv)
 		if (disk_blocks)
 			printf("disk tier: %zu blocks (%s) kept in the image only, read from it when streamed (--host-budget)\n",
 			       disk_blocks, cli_fmt_bytes(disk_bytes, b1, sizeof(b1)));
+		if (st.wire_raw)
+			printf("coded streaming: streamed blocks' host copies kept coded, %s for %s (%.1f %%): what each copy "
+			       "moves\n",
+			       cli_fmt_bytes(st.wire_bytes, b1, sizeof(b1)), cli_fmt_bytes(st.wire_raw, b2, sizeof(b2)),
+			       100.0 * (double)st.wire_bytes / (double)st.wire_raw);
 		if (coded)
 			printf("decoded: %s read for %s (%.2f payload bytes a byte moved); %s decoded by the device, %s by the "
 			       "CPU (%.3f CPU s)\n",

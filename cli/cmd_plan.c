@@ -11,6 +11,7 @@
 #include "../common/err.h"
 #include "../common/units.h"
 #include "../formats/image.h"
+#include "../formats/wire.h"
 #include "../loader/open.h"
 #include "arena.h"
 #include "cli.h"
@@ -134,18 +135,36 @@ int cmd_plan(int argc, char **argv)
 	}
 	if (pl)
 		l = pl;
-	if ((rc = arena_residency_plan_make(l, &o, budget, &p))) {
+	rc = arena_residency_plan_make(l, &o, budget, &p);
+	/* As arena_open: streaming an hb4 image coded takes device stages too
+	 * (unless ARENA_PLAIN_STREAM asks for raw host copies). */
+	const char *ps = getenv("ARENA_PLAIN_STREAM");
+	const uint64_t stage = ps && strcmp(ps, "0") ? 0 : arena_wire_stage_bound(img->chunks, img->hdr.chunk_count);
+	if (!rc && stage && p.n_streamed) {
+		arena_residency_plan_release(&p);
+		budget = budget > stage ? budget - stage : 0;
+		rc = arena_residency_plan_make(l, &o, budget, &p);
+	}
+	if (rc) {
 		if (rc == ARENA_E(BUDGET)) {
 			char msg[1024], a[32], b[32], c[32], d[32];
 			snprintf(msg, sizeof(msg), "%s", arena_last_error());
 			uint64_t fv, fw, fb, fh, fr;
 			if (arena_residency_floor(l, &o, &fv, &fw) == 0) {
 				arena_residency_budget(fv, fv, &o, &fb, &fh, &fr);
-				char hint[96] = "", e2[32];
+				char hint[256] = "", e2[32];
 				uint64_t fit = 0;
 				if (!pl && arena_residency_piece_fit(l, &o, budget, &fit) == 0 && fit)
 					snprintf(hint, sizeof(hint), "; in pieces it runs: --piece-size %s",
 						 arena_size_arg(fit, e2, sizeof(e2)));
+				if (stage) { /* the floor streams: the stages come on top */
+					fv += stage;
+					size_t k = strlen(hint);
+					snprintf(hint + k, sizeof(hint) - k,
+						 "; that includes %s of device stages for streaming this hb4 image coded "
+						 "(ARENA_PLAIN_STREAM=1: raw host copies, no stages)",
+						 cli_fmt_bytes(stage, e2, sizeof(e2)));
+				}
 				arena_error_clear();
 				arena_errorf(rc,
 					     "%s: does not fit in %s: %s; with these options it needs %s or more (working "
@@ -171,6 +190,7 @@ int cmd_plan(int argc, char **argv)
 		q.mode = md ? ARENA_MODE_TRAIN : ARENA_MODE_SAMPLE;
 		if ((rc = arena_residency_floor(l, &q, &floor_v[md], &floor_w[md])))
 			goto out;
+		floor_v[md] += stage; /* the floor streams: coded, with its stages */
 	}
 	/* --host-budget: the streamed blocks that would be read from the image. */
 	uint64_t hb = ao.host_budget == ARENA_ZERO_BYTES ? 0 : ao.host_budget, hbytes = 0, dbytes = 0;
@@ -183,7 +203,25 @@ int cmd_plan(int argc, char **argv)
 		goto out;
 	for (size_t b = 0; b < l->n_blocks; b++)
 		dn += disk[b];
-	double comp = 0, copy = o.h2d_bytes_per_s > 0 ? (double)p.stream_bytes_per_step / o.h2d_bytes_per_s : 0;
+	/* An hb4 image streams coded (arena_open does unless asked not to): the
+	 * streamed blocks' host copies in their coded form, and what a copy of
+	 * them moves (room for every exception: at most that). */
+	uint64_t wire_raw = 0, wire_host = 0;
+	for (size_t b = 0; !(ps && strcmp(ps, "0")) && b < l->n_blocks; b++) {
+		if (p.resident[b] || disk[b] || arena_block_is_globals(l, (uint32_t)b))
+			continue;
+		arena_wire *w = NULL;
+		if ((rc = arena_wire_plan(img->chunks, img->hdr.chunk_count, img->hdr.chunk_size, l->blocks[b].offset,
+					  l->blocks[b].bytes, &w)))
+			goto out;
+		wire_raw += l->blocks[b].bytes;
+		wire_host += w ? w->cap : l->blocks[b].bytes;
+		arena_wire_free(w);
+	}
+	const int coded = wire_raw && wire_host < wire_raw;
+	const uint64_t moved = coded ? (uint64_t)((double)p.stream_bytes_per_step * (double)wire_host / (double)wire_raw)
+				     : p.stream_bytes_per_step;
+	double comp = 0, copy = o.h2d_bytes_per_s > 0 ? (double)moved / o.h2d_bytes_per_s : 0;
 	for (size_t i = 0; cost && i < p.n_sched; i++)
 		comp += cost[p.sched[i]] *
 			(o.mode == ARENA_MODE_TRAIN && i >= p.n_sched / 2 ? (o.backward_factor > 0 ? o.backward_factor : 3.0) : 1.0);
@@ -222,6 +260,10 @@ int cmd_plan(int argc, char **argv)
 							       (json_int_t)hbytes, "blocks", (json_int_t)dn, "bytes",
 							       (json_int_t)dbytes)
 						   : json_null());
+		json_object_set_new(root, "coded_stream",
+				    coded ? json_pack("{s:I,s:I,s:I}", "host_bytes", (json_int_t)wire_host, "raw_bytes",
+						      (json_int_t)wire_raw, "moved_bytes_per_step", (json_int_t)moved)
+					  : json_null());
 		json_object_set_new(root, "blocks", blocks);
 		status = cli_print_json(root);
 	} else {
@@ -244,6 +286,11 @@ int cmd_plan(int argc, char **argv)
 		printf("device memory for weights: %s; streamed per step: %s in %llu copies\n",
 		       cli_fmt_bytes(p.need_bytes, c, sizeof(c)), cli_fmt_bytes(p.stream_bytes_per_step, d, sizeof(d)),
 		       (unsigned long long)p.copies_per_step);
+		if (coded)
+			printf("coded streaming (hb4 image): streamed blocks held coded, %s for %s; a copy moves at most "
+			       "%.1f %% of the bytes: %s per step\n",
+			       cli_fmt_bytes(wire_host, a, sizeof(a)), cli_fmt_bytes(wire_raw, b, sizeof(b)),
+			       100.0 * (double)wire_host / (double)wire_raw, cli_fmt_bytes(moved, c, sizeof(c)));
 		if (cost)
 			printf("predicted step (profile %s): %.4f s; compute %.4f s, copies %.4f s at %.3g %s\n", profile,
 			       p.step_s, comp, copy, o.h2d_bytes_per_s >= 1e9 ? o.h2d_bytes_per_s / 1e9 : o.h2d_bytes_per_s / 1e6,

@@ -452,3 +452,35 @@ PY
 cases plan_svg disk_tier
 cases plan_help plan_usage_errors plan_text_and_json plan_too_small plan_floor plan_pieces bench_usage_errors bench_planner_options bench_cuda bench_json \
 	profile_round_trip profile_errors
+
+# Coded streaming: an hb4 image's streamed blocks are held coded, copied
+# coded, decoded on the device; load --check decodes them as the device does;
+# plan says what a copy moves and counts the stages; ARENA_PLAIN_STREAM
+# turns it off. (Small stages and segments for a 300 KiB model.)
+coded_stream() {
+	"$ARENA" convert --codec hb4 --chunk-size 64K "$REF/tiny_flux.safetensors" -o "$T/c.arena" >/dev/null 2>&1 ||
+		fail "convert --codec hb4"
+	export ARENA_WIRE_POOL=16K ARENA_WIRE_SEGMENT=4K
+	run load "$T/c.arena" --backend sim --vram-cap 260K --headroom 0 --reserve 0 --depth 1 --check
+	expect_rc 0
+	expect_out "coded streaming: streamed blocks' host copies kept coded"
+	expect_out "device bytes match the image"
+	run bench stream "$T/c.arena" --vram-cap 260K --headroom 0 --reserve 0 --depth 1 --steps 3 --json
+	expect_rc 0
+	python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["steps"][1:]; assert all(0 < x["moved_bytes"] < 0.9 * x["streamed_bytes"] for x in s), s' "$T/out" ||
+		fail "bench stream: coded copies do not move fewer bytes"
+	ARENA_PLAIN_STREAM=1 run bench stream "$T/c.arena" --vram-cap 260K --headroom 0 --reserve 0 --depth 1 --steps 3 --json
+	expect_rc 0
+	python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["steps"][1:]; assert all(x["moved_bytes"] == x["streamed_bytes"] > 0 for x in s), s' "$T/out" ||
+		fail "bench stream with ARENA_PLAIN_STREAM=1: raw copies expected"
+	unset ARENA_WIRE_POOL ARENA_WIRE_SEGMENT
+	run plan "$T/c.arena" --vram 100M --headroom 0 --reserve 0 --depth 1 --piece-size 16K --json
+	expect_rc 0
+	python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); c=d["coded_stream"]; assert c is None or c["host_bytes"] < c["raw_bytes"], c; assert d["floor"]["sample"]["vram"] > 64 << 20, d["floor"]' "$T/out" ||
+		fail "plan: coded streaming's stages not in the floor"
+	run plan "$T/c.arena" --vram 250K --headroom 0 --reserve 0 --depth 1
+	expect_rc 2
+	expect_error_line
+	expect_err "device stages for streaming this hb4 image coded"
+}
+cases coded_stream
