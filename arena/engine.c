@@ -369,6 +369,9 @@ static int ensure_host(arena_engine *e, uint32_t b)
 	uint8_t *slab;
 	if (m->mem[b].host || m->mem[b].wire || !e->l->blocks[b].bytes)
 		return 0;
+	if (e->o.reread && e->o.host_cap &&
+	    m->host_bytes + arena_align_up(e->l->blocks[b].bytes, ARENA_SLAB_ALIGN) > e->o.host_cap)
+		return 0; /* over the host budget: it stays in its image (the disk tier) */
 	if (!e->o.reread)
 		return arena_errorf(ARENA_E_INTERNAL, "block '%s' has no host copy and no source to re-read",
 				    e->l->blocks[b].name);

@@ -177,6 +177,12 @@ typedef struct arena_engine_opts {
 	 * timed planner's copy times use them. */
 	const uint64_t *moved;
 	arena_reread_fn reread; /* NULL: device-only blocks stay resident */
+	/* With reread: host memory the blocks' host copies may take (0: no
+	 * limit). A block leaving the device gets a host copy only within it;
+	 * past it, it stays in its image and is read from there when streamed
+	 * (the disk tier), so demotions keep the host budget arena_open was
+	 * given. */
+	uint64_t host_cap;
 	void *reread_ctx;
 	/* The disk tier: ask the source to start reading block b (read-ahead);
 	 * NULL: none. Takes reread_ctx. */

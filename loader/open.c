@@ -435,6 +435,8 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 	a->eo.reread = a->rr ? arena_slab_reader_read : NULL;
 	a->eo.advise = a->rr ? arena_slab_reader_advise : NULL;
 	a->eo.reread_ctx = a->rr;
+	/* Demotions keep the host budget too (beyond it a block stays in the image). */
+	a->eo.host_cap = a->rr && pc.host_budget != UINT64_MAX ? (pc.host_budget ? pc.host_budget : 1) : 0;
 	if ((rc = arena_engine_create(a->m, &a->eo, &a->e)))
 		goto fail;
 	if ((rc = reg_add(a)))

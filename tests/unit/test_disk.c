@@ -236,3 +236,41 @@ Test(disk, a_truncated_or_corrupted_image_while_streaming)
 		arena_close(a);
 	}
 }
+
+/* Demotions keep the host budget: blocks pushed off the device by outside
+ * pressure get host copies only while the budget lasts; the others stay in
+ * the image and are read from it when streamed, bytes checked. */
+Test(disk, demotions_keep_the_host_budget)
+{
+	arena_open_options ro = {.backend = "sim"};
+	arena *ref;
+	cr_assert_eq(arena_open(img, &ro, &ref), 0, "%s", arena_last_error());
+	uint64_t big = 0;
+	for (size_t i = 0; i < arena_block_count(ref); i++)
+		big = arena_block_bytes(ref, i) > big ? arena_block_bytes(ref, i) : big;
+	/* everything resident (the headroom is what outside pressure can take);
+	 * a host budget of one block */
+	arena_open_options o = {.backend = "sim",
+				.sim_capacity = 340 << 10,
+				.headroom = 40 << 10,
+				.reserve = ARENA_ZERO_BYTES,
+				.depth = 1,
+				.host_budget = big + 4096,
+				.flags = ARENA_OPEN_NO_LEARN};
+	arena *a;
+	cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
+	arena_plan_info p;
+	cr_assert_eq(arena_plan_get(a, &p), 0);
+	cr_assert_eq(p.n_streamed, 0);
+	cr_assert_eq(p.host_bytes, 0);
+	/* another program takes most of the device: blocks must leave it */
+	cr_assert_eq(arena_sim_pressure(a, 30 << 10), 0, "%s", arena_last_error());
+	run_steps(a, ref, 4);
+	cr_assert_eq(arena_plan_get(a, &p), 0);
+	cr_assert_gt(p.n_streamed, 1, "pressure streamed blocks");
+	cr_assert_leq(p.host_bytes, big + 4096, "host copies %lu within the budget %lu", (unsigned long)p.host_bytes,
+		      (unsigned long)(big + 4096));
+	cr_assert_gt(p.n_disk, 0, "the blocks past the budget stay in the image");
+	arena_close(a);
+	arena_close(ref);
+}
