@@ -52,25 +52,13 @@ static arena_open_options opts(uint64_t host, uint64_t piece)
 				    .flags = ARENA_OPEN_NO_LEARN};
 }
 
-/* Acquire every block of a `steps` times, each tensor's bytes against ref's;
- * returns the bytes read from disk. */
+/* `steps` steps over every block, each checked against ref's; the bytes
+ * read from disk. */
 static uint64_t run_steps(arena *a, arena *ref, int steps)
 {
-	uint64_t disk = 0;
-	for (int step = 0; step < steps; step++) {
-		cr_assert_eq(arena_step_begin(a), 0, "%s", arena_last_error());
-		for (size_t i = 0; i < arena_block_count(a); i++) {
-			void *d;
-			cr_assert_eq(arena_block_acquire(a, i, NULL, &d), 0, "%s", arena_last_error());
-			expect_block_tensors(a, ref, i, d, step);
-			cr_assert_eq(arena_block_release(a, i, NULL), 0, "%s", arena_last_error());
-		}
-		cr_assert_eq(arena_step_end(a), 0, "%s", arena_last_error());
-		arena_step_info si;
-		cr_assert_eq(arena_step_get(a, (uint64_t)step, &si), 0);
-		disk += si.disk_bytes;
-	}
-	return disk;
+	arena_step_info sum;
+	steps_over_blocks(a, ref, steps, 0, &sum);
+	return sum.disk_bytes;
 }
 
 Test(disk, blocks_beyond_the_host_budget_come_from_the_image)

@@ -167,23 +167,10 @@ static arena_open_options opts(uint64_t piece, int mode, unsigned flags)
  * acquired block's tensors against ref's; the bytes streamed and moved. */
 static void run_steps(arena *a, arena *ref, int steps, int train, uint64_t *streamed, uint64_t *moved)
 {
-	*streamed = *moved = 0;
-	size_t n = arena_block_count(a);
-	for (int step = 0; step < steps; step++) {
-		cr_assert_eq(arena_step_begin(a), 0, "%s", arena_last_error());
-		for (size_t k = 0; k < (train ? 2 * n : n); k++) {
-			size_t i = k < n ? k : 2 * n - 1 - k;
-			void *d;
-			cr_assert_eq(arena_block_acquire(a, i, NULL, &d), 0, "%s", arena_last_error());
-			expect_block_tensors(a, ref, i, d, step);
-			cr_assert_eq(arena_block_release(a, i, NULL), 0, "%s", arena_last_error());
-		}
-		cr_assert_eq(arena_step_end(a), 0, "%s", arena_last_error());
-		arena_step_info si;
-		cr_assert_eq(arena_step_get(a, (uint64_t)step, &si), 0);
-		*streamed += si.streamed_bytes;
-		*moved += si.moved_bytes;
-	}
+	arena_step_info sum;
+	steps_over_blocks(a, ref, steps, train, &sum);
+	*streamed = sum.streamed_bytes;
+	*moved = sum.moved_bytes;
 }
 
 Test(wire, streamed_blocks_move_coded_and_hold_the_images_bytes, .init = setup, .fini = teardown)

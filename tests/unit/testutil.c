@@ -90,3 +90,27 @@ void expect_block_tensors(struct arena *a, struct arena *ref, size_t i, const vo
 		}
 	}
 }
+
+void steps_over_blocks(struct arena *a, struct arena *ref, int steps, int train, struct arena_step_info *sum)
+{
+	arena_step_info all = {0};
+	const size_t n = arena_block_count(a);
+	for (int step = 0; step < steps; step++) {
+		cr_assert_eq(arena_step_begin(a), 0, "%s", arena_last_error());
+		for (size_t k = 0; k < (train ? 2 * n : n); k++) {
+			const size_t i = k < n ? k : 2 * n - 1 - k;
+			void *d;
+			cr_assert_eq(arena_block_acquire(a, i, NULL, &d), 0, "%s", arena_last_error());
+			expect_block_tensors(a, ref, i, d, step);
+			cr_assert_eq(arena_block_release(a, i, NULL), 0, "%s", arena_last_error());
+		}
+		cr_assert_eq(arena_step_end(a), 0, "%s", arena_last_error());
+		arena_step_info si;
+		cr_assert_eq(arena_step_get(a, (uint64_t)step, &si), 0);
+		all.streamed_bytes += si.streamed_bytes;
+		all.moved_bytes += si.moved_bytes;
+		all.disk_bytes += si.disk_bytes;
+	}
+	if (sum)
+		*sum = all;
+}

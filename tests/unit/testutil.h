@@ -35,4 +35,11 @@ struct arena;
  * message. */
 void expect_block_tensors(struct arena *a, struct arena *ref, size_t i, const void *d, int step);
 
+/* `steps` steps of a over every block in order (train: then back in
+ * reverse), each acquired block checked against ref (expect_block_tensors);
+ * the steps' records summed into *sum: streamed_bytes, moved_bytes,
+ * disk_bytes (may be NULL). */
+struct arena_step_info;
+void steps_over_blocks(struct arena *a, struct arena *ref, int steps, int train, struct arena_step_info *sum);
+
 #endif
