@@ -109,6 +109,7 @@ struct arena_engine {
 	uint64_t stage_bytes; /* each */
 	arena_event *ev_stage[2];
 	unsigned stage_next;
+	int stage_pinned[2]; /* registered with the backend, taken from the pinned budget */
 	/* Coded streaming: blocks held coded (m->mem[b].wire) are copied in
 	 * runs of hb4 segments, each run into one of wstages device stages on
 	 * the copy stream and decoded from there into place on the decode
@@ -145,6 +146,8 @@ static uint64_t moved_bytes(const arena_engine *e, uint32_t b)
 	return w ? w->stored : e->l->blocks[b].bytes;
 }
 
+static int disk_parts(arena_engine *e, uint32_t b, uint8_t *dst);
+
 /* Queue the copy of block b to dst (its device slab or ring slot): from
  * src (raw host bytes) on the copy stream, or, held coded, segment by
  * segment as above. *fill is the stream the block's fill event goes on. */
@@ -154,6 +157,8 @@ static int send(arena_engine *e, uint32_t b, uint8_t *dst, const uint8_t *src, a
 	const arena_wire *w = e->m->mem[b].wire;
 	int rc = 0;
 	*fill = e->cs;
+	if (!w && !src && e->l->blocks[b].bytes)
+		return disk_parts(e, b, dst);
 	if (!w)
 		return e->l->blocks[b].bytes ? be->ops->copy_h2d(be, dst, src, e->l->blocks[b].bytes, e->cs) : 0;
 	int plain = 0;
@@ -213,10 +218,87 @@ static void stage_free(arena_engine *e)
 	for (unsigned k = 0; k < 2; k++) {
 		if (e->ev_stage[k])
 			e->be->ops->event_sync(e->be, e->ev_stage[k]);
+		if (e->stage_pinned[k]) {
+			e->be->ops->host_unregister(e->be, e->stage[k]);
+			arena_pin_budget_give(e->m->budget, e->stage_bytes);
+			e->stage_pinned[k] = 0;
+		}
 		arena_free(e->stage[k]);
 		e->stage[k] = NULL;
 	}
 	e->stage_bytes = 0;
+}
+
+/* Two staging buffers of at least `bytes` for the disk tier, pinned while
+ * the pinned budget allows (copies from them then run beside the next
+ * read); block b names them in an error. */
+static int stage_room(arena_engine *e, uint64_t bytes, uint32_t b)
+{
+	if (e->stage_bytes >= bytes)
+		return 0;
+	stage_free(e);
+	for (unsigned i = 0; i < 2; i++) {
+		if (!(e->stage[i] = arena_aligned_alloc(4096, bytes))) {
+			stage_free(e);
+			return arena_errorf(ARENA_E_NOMEM, "out of memory for a %s staging buffer (block '%s')",
+					    arena__fmtb(bytes), e->l->blocks[b].name);
+		}
+		e->stage_bytes = bytes;
+		if (e->m->budget && !arena_pin_budget_take(e->m->budget, bytes)) {
+			if (e->be->ops->host_register(e->be, e->stage[i], bytes) == 0)
+				e->stage_pinned[i] = 1;
+			else
+				arena_pin_budget_give(e->m->budget, bytes);
+			arena_error_clear();
+		}
+	}
+	return 0;
+}
+
+/* Read-ahead: the next two disk blocks the schedule streams (after block b)
+ * start coming in while b is copied and worked on. */
+static void read_ahead(arena_engine *e, uint32_t b)
+{
+	for (size_t j = e->fetched + 1, n = 0; e->o.advise && n < 2 && j < 2 * e->n_seq; j++) {
+		uint32_t q = e->seq[j < e->n_seq ? j : j - e->n_seq];
+		if (q != b && on_disk(e, q)) {
+			e->o.advise(e->o.reread_ctx, q);
+			n++;
+		}
+	}
+}
+
+uint64_t arena__disk_part;
+
+/* The disk tier in parts: block b read from its image (checked) a part at
+ * a time into the two staging buffers, each part copied to dst on the copy
+ * stream while the next is read; a buffer is read into again once its last
+ * copy is done. */
+static int disk_parts(arena_engine *e, uint32_t b, uint8_t *dst)
+{
+	arena_backend *be = e->be;
+	const uint64_t sz = e->l->blocks[b].bytes;
+	uint64_t part = arena__disk_part ? arena__disk_part : ARENA_ENGINE_DISK_PART;
+	part = part < sz ? part : sz;
+	int rc = stage_room(e, part, b);
+	for (uint64_t off = 0; !rc && off < sz; off += part) {
+		const uint64_t n = sz - off < part ? sz - off : part;
+		const unsigned i = e->stage_next++ % 2;
+		if ((rc = be->ops->event_sync(be, e->ev_stage[i])))
+			break;
+		if ((rc = e->o.reread_part(e->o.reread_ctx, b, off, n, e->stage[i]))) {
+			arena_error_prefix(e->l->blocks[b].name);
+			break;
+		}
+		if (off == 0)
+			read_ahead(e, b);
+		if ((rc = be->ops->copy_h2d(be, dst + off, e->stage[i], n, e->cs)) ||
+		    (rc = be->ops->event_record(be, e->ev_stage[i], e->cs)))
+			break;
+	}
+	if (!rc)
+		e->rec.disk_bytes += sz;
+	return rc;
 }
 
 /* Where the bytes of block b are in host memory for a copy: its host slab,
@@ -234,16 +316,10 @@ static int host_src(arena_engine *e, uint32_t b, const uint8_t **src, int *k)
 	if (!e->o.reread)
 		return arena_errorf(ARENA_E_INTERNAL, "block '%s' has no host copy and no source to re-read",
 				    e->l->blocks[b].name);
-	if (e->stage_bytes < sz) {
-		stage_free(e);
-		for (unsigned i = 0; i < 2; i++)
-			if (!(e->stage[i] = arena_aligned_alloc(4096, sz))) {
-				stage_free(e);
-				return arena_errorf(ARENA_E_NOMEM, "out of memory for a %s staging buffer (block '%s')",
-						    arena__fmtb(sz), e->l->blocks[b].name);
-			}
-		e->stage_bytes = sz;
-	}
+	if (e->o.reread_part)
+		return 0; /* send() reads it a part at a time */
+	if ((rc = stage_room(e, sz, b)))
+		return rc;
 	const unsigned i = e->stage_next++ % 2;
 	if ((rc = be->ops->event_sync(be, e->ev_stage[i])))
 		return rc;
@@ -254,15 +330,7 @@ static int host_src(arena_engine *e, uint32_t b, const uint8_t **src, int *k)
 	e->rec.disk_bytes += sz;
 	*src = e->stage[i];
 	*k = (int)i;
-	/* Read-ahead: the next two disk blocks the schedule streams start
-	 * coming in while this one is copied and worked on. */
-	for (size_t j = e->fetched + 1, n = 0; e->o.advise && n < 2 && j < 2 * e->n_seq; j++) {
-		uint32_t q = e->seq[j < e->n_seq ? j : j - e->n_seq];
-		if (q != b && on_disk(e, q)) {
-			e->o.advise(e->o.reread_ctx, q);
-			n++;
-		}
-	}
+	read_ahead(e, b);
 	return 0;
 }
 

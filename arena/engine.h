@@ -132,10 +132,15 @@
 #define ARENA_ENGINE_DEFAULT_DEPTH 2u
 #define ARENA_ENGINE_DEFAULT_HYSTERESIS 3u
 #define ARENA_ENGINE_HISTORY 256u /* step records kept */
+#define ARENA_ENGINE_DISK_PART (64ull << 20) /* the disk tier's staging buffers (arena__disk_part: tests) */
+extern uint64_t arena__disk_part;
 
 /* Fill `dst` (the block's slab bytes) from the block's source, checked.
  * Used to give a device-only block a host copy before it leaves the device. */
 typedef int (*arena_reread_fn)(void *ctx, uint32_t block, uint8_t *dst, uint64_t bytes);
+/* The same for bytes [off, off + len) of the block's slab (the disk tier
+ * copies a block a part at a time through small staging buffers). */
+typedef int (*arena_reread_part_fn)(void *ctx, uint32_t block, uint64_t off, uint64_t len, uint8_t *dst);
 
 typedef struct arena_engine_opts {
 	int mode;             /* ARENA_MODE_SAMPLE (default) or ARENA_MODE_TRAIN */
@@ -177,6 +182,11 @@ typedef struct arena_engine_opts {
 	 * timed planner's copy times use them. */
 	const uint64_t *moved;
 	arena_reread_fn reread; /* NULL: device-only blocks stay resident */
+	/* Optional, with reread: a part of a block (same ctx). With it the disk
+	 * tier copies a block in parts of at most ARENA_ENGINE_DISK_PART bytes
+	 * through two staging buffers of that size (host memory stays small:
+	 * 128 MiB, not two blocks); without it, whole blocks. */
+	arena_reread_part_fn reread_part;
 	/* With reread: host memory the blocks' host copies may take (0: no
 	 * limit). A block leaving the device gets a host copy only within it;
 	 * past it, it stays in its image and is read from there when streamed

@@ -434,6 +434,12 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 		goto fail;
 	a->eo.reread = a->rr ? arena_slab_reader_read : NULL;
 	a->eo.advise = a->rr ? arena_slab_reader_advise : NULL;
+	a->eo.reread_part = a->rr ? arena_slab_reader_read_part : NULL;
+	const char *dp = getenv("ARENA_DISK_PART"); /* for measuring: the disk tier's staging buffers */
+	uint64_t dpv;
+	if (dp && arena_size_parse(dp, &dpv) == 0)
+		arena__disk_part = dpv;
+	arena_error_clear();
 	a->eo.reread_ctx = a->rr;
 	/* Demotions keep the host budget too (beyond it a block stays in the image). */
 	a->eo.host_cap = a->rr && pc.host_budget != UINT64_MAX ? (pc.host_budget ? pc.host_budget : 1) : 0;

@@ -102,9 +102,18 @@ int arena_slab_reader_read(void *reader, uint32_t b, uint8_t *dst, uint64_t byte
 	arena_slab_reader *r = reader;
 	if (b >= r->l->n_blocks || bytes != r->l->blocks[b].bytes)
 		return arena_errorf(ARENA_E_USAGE, "reread: block %u of %" PRIu64 " bytes is not in the layout", b, bytes);
+	return arena_slab_reader_read_part(reader, b, 0, bytes, dst);
+}
+
+int arena_slab_reader_read_part(void *reader, uint32_t b, uint64_t at, uint64_t bytes, uint8_t *dst)
+{
+	arena_slab_reader *r = reader;
+	if (b >= r->l->n_blocks || at > r->l->blocks[b].bytes || bytes > r->l->blocks[b].bytes - at)
+		return arena_errorf(ARENA_E_USAGE, "reread: bytes %" PRIu64 "..%" PRIu64 " are not in block %u", at,
+				    at + bytes, b);
 	if (!bytes)
 		return 0;
-	const uint64_t cs = r->img->hdr.chunk_size, off = r->l->blocks[b].offset;
+	const uint64_t cs = r->img->hdr.chunk_size, off = r->l->blocks[b].offset + at;
 	/* Runs of whole chunks, one a reader: the first and last may be partial. */
 	const uint64_t c0 = off / cs, c1 = (off + bytes - 1) / cs + 1;
 	int rc = 0;

@@ -30,6 +30,10 @@ void arena_slab_reader_close(arena_slab_reader *r);
  * IMG_CHUNK_CHECKSUM, USAGE (wrong size), NOMEM. */
 int arena_slab_reader_read(void *reader, uint32_t b, uint8_t *dst, uint64_t bytes);
 
+/* Bytes [off, off + len) of block b's slab into dst, chunks checked (the
+ * chunks the range touches, read whole). Matches arena_reread_part_fn. */
+int arena_slab_reader_read_part(void *reader, uint32_t b, uint64_t off, uint64_t len, uint8_t *dst);
+
 /* Start reading block b's chunks into the page cache (POSIX_FADV_WILLNEED)
  * for a read of it soon; nothing on failure. Takes the reader as ctx. */
 void arena_slab_reader_advise(void *reader, uint32_t b);

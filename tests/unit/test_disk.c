@@ -17,6 +17,7 @@
 #include "../../common/err.h"
 #include "../../common/io.h"
 #include "../../loader/convert.h"
+#include "../../arena/engine.h"
 #include "../../loader/open.h"
 #include "testutil.h"
 
@@ -25,6 +26,7 @@ static const char *img;
 
 static void setup(void)
 {
+	arena__disk_part = 16384; /* blocks of 32-77 KiB copied in parts, through small staging buffers */
 	tmpdir_make(dir, sizeof(dir), "test-disk");
 	const char *in = fixture_path("tiny_flux.safetensors");
 	img = tmpdir_file(dir, "d.arena");
@@ -34,6 +36,7 @@ static void setup(void)
 
 static void teardown(void)
 {
+	arena__disk_part = 0;
 	tmpdir_remove(dir);
 }
 
