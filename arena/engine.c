@@ -1028,7 +1028,7 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	/* Device-only blocks that cannot be re-read stay resident. */
 	uint8_t *want = e->plan.resident;
 	for (uint32_t b = 0; b < n; b++)
-		if (!want[b] && m->mem[b].dev && !m->mem[b].host && !o->reread)
+		if (!want[b] && m->mem[b].dev && !m->mem[b].host && !m->mem[b].wire && !o->reread)
 			want[b] = 1;
 	/* Apply: free what goes first, then place what stays, then the ring. */
 	for (uint32_t b = 0; b < n; b++)

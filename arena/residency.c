@@ -196,7 +196,7 @@ int arena_residency_piece_fit(const arena_layout *l, const arena_engine_opts *o,
 }
 
 int arena_residency_host_split(const arena_layout *l, const arena_residency_plan *p, uint64_t host_budget,
-			       uint8_t *disk, uint64_t *host, uint64_t *disk_b)
+			       const uint64_t *host_len, uint8_t *disk, uint64_t *host, uint64_t *disk_b)
 {
 	uint64_t used = 0, out = 0;
 	memset(disk, 0, l->n_blocks);
@@ -208,7 +208,7 @@ int arena_residency_host_split(const arena_layout *l, const arena_residency_plan
 		if (b >= l->n_blocks || seen[b] || p->resident[b] || !l->blocks[b].bytes)
 			continue;
 		seen[b] = 1;
-		uint64_t sz = arena_align_up(l->blocks[b].bytes, ARENA_SLAB_ALIGN);
+		uint64_t sz = arena_align_up(host_len ? host_len[b] : l->blocks[b].bytes, ARENA_SLAB_ALIGN);
 		if (used + sz <= host_budget) {
 			used += sz;
 		} else {

@@ -102,6 +102,7 @@ int cmd_plan(int argc, char **argv)
 	uint32_t *par = NULL;    /* each piece's block */
 	double *cost = NULL;
 	uint8_t *disk = NULL;    /* with --host-budget: the blocks read from the image */
+	uint64_t *host_len = NULL; /* an hb4 image: each block's coded host copy */
 	arena_residency_plan p = {0};
 	int status = 0;
 	uint64_t budget, headroom, reserve;
@@ -139,6 +140,7 @@ int cmd_plan(int argc, char **argv)
 	/* As arena_open: streaming an hb4 image coded takes device stages too
 	 * (unless ARENA_PLAIN_STREAM asks for raw host copies). */
 	const char *ps = getenv("ARENA_PLAIN_STREAM");
+	arena_wire_env();
 	const uint64_t stage = ps && strcmp(ps, "0") ? 0 : arena_wire_stage_bound(img->chunks, img->hdr.chunk_count);
 	if (!rc && stage && p.n_streamed) {
 		arena_residency_plan_release(&p);
@@ -199,24 +201,31 @@ int cmd_plan(int argc, char **argv)
 		rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
 		goto out;
 	}
-	if (ao.host_budget && (rc = arena_residency_host_split(l, &p, hb, disk, &hbytes, &dbytes)))
+	/* An hb4 image streams coded (arena_open does unless asked not to): each
+	 * block's host copy in its coded form (room for every exception: at
+	 * most that), which is also what a copy of it moves. */
+	if (stage && !(host_len = arena_calloc(l->n_blocks ? l->n_blocks : 1, sizeof(*host_len)))) {
+		rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
 		goto out;
-	for (size_t b = 0; b < l->n_blocks; b++)
-		dn += disk[b];
-	/* An hb4 image streams coded (arena_open does unless asked not to): the
-	 * streamed blocks' host copies in their coded form, and what a copy of
-	 * them moves (room for every exception: at most that). */
-	uint64_t wire_raw = 0, wire_host = 0;
-	for (size_t b = 0; !(ps && strcmp(ps, "0")) && b < l->n_blocks; b++) {
-		if (p.resident[b] || disk[b] || arena_block_is_globals(l, (uint32_t)b))
-			continue;
+	}
+	for (size_t b = 0; stage && b < l->n_blocks; b++) {
 		arena_wire *w = NULL;
 		if ((rc = arena_wire_plan(img->chunks, img->hdr.chunk_count, img->hdr.chunk_size, l->blocks[b].offset,
 					  l->blocks[b].bytes, &w)))
 			goto out;
-		wire_raw += l->blocks[b].bytes;
-		wire_host += w ? w->cap : l->blocks[b].bytes;
+		host_len[b] = w ? w->cap : l->blocks[b].bytes;
 		arena_wire_free(w);
+	}
+	if (ao.host_budget && (rc = arena_residency_host_split(l, &p, hb, host_len, disk, &hbytes, &dbytes)))
+		goto out;
+	for (size_t b = 0; b < l->n_blocks; b++)
+		dn += disk[b];
+	uint64_t wire_raw = 0, wire_host = 0;
+	for (size_t b = 0; host_len && b < l->n_blocks; b++) {
+		if (p.resident[b] || disk[b] || arena_block_is_globals(l, (uint32_t)b))
+			continue;
+		wire_raw += l->blocks[b].bytes;
+		wire_host += host_len[b];
 	}
 	const int coded = wire_raw && wire_host < wire_raw;
 	const uint64_t moved = coded ? (uint64_t)((double)p.stream_bytes_per_step * (double)wire_host / (double)wire_raw)
@@ -311,6 +320,7 @@ int cmd_plan(int argc, char **argv)
 	}
 out:
 	arena_free(disk);
+	arena_free(host_len);
 	arena_residency_plan_release(&p);
 	arena_img_close(img);
 	arena_layout_free(pl);

@@ -1,15 +1,28 @@
 /* wire.c - a streamed block's bytes kept coded in host memory (see wire.h). */
 #include "wire.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "../common/alloc.h"
 #include "../common/err.h"
+#include "../common/units.h"
 
 enum { WIRE_ALIGN = 256, WIRE_MIN_HB4 = 4096 };
 
 uint64_t arena__wire_seg_max;
 uint64_t arena__wire_stage_pool;
+
+void arena_wire_env(void)
+{
+	const char *seg = getenv("ARENA_WIRE_SEGMENT"), *pool = getenv("ARENA_WIRE_POOL");
+	uint64_t v;
+	if (seg && arena_size_parse(seg, &v) == 0)
+		arena__wire_seg_max = v;
+	if (pool && arena_size_parse(pool, &v) == 0)
+		arena__wire_stage_pool = v;
+	arena_error_clear();
+}
 
 static uint64_t up(uint64_t x, uint64_t a)
 {

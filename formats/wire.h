@@ -64,6 +64,11 @@ void arena_wire_free(arena_wire *w);
  * loader takes it from ARENA_WIRE_SEGMENT when set (for measuring). */
 extern uint64_t arena__wire_seg_max;
 
+/* ARENA_WIRE_SEGMENT and ARENA_WIRE_POOL, when set, into
+ * arena__wire_seg_max and arena__wire_stage_pool (for measuring; arena_open
+ * and `arena plan` read them). */
+void arena_wire_env(void);
+
 /* The engine's device stages for coded copies: a pool of 64 MiB
  * (arena__wire_stage_pool when set: tests) in ARENA_WIRE_STAGES stages,
  * each at least the largest segment (`most`). A copy fills a stage with a

@@ -939,18 +939,27 @@ static int place(loader *L, const arena_layout *l)
 		return 0;
 	if (!(L->placed = arena_calloc(l->n_blocks ? l->n_blocks : 1, 1)))
 		return arena_errorf(ARENA_E_NOMEM, "out of memory");
-	uint64_t stage = 0;
+	uint64_t stage = 0, *host_len = NULL;
 	if (L->img && L->o->coded_stream && L->o->backend->ops->decode_hb4) {
-		const char *env = getenv("ARENA_WIRE_SEGMENT"), *pool = getenv("ARENA_WIRE_POOL"); /* for measuring */
-		uint64_t most;
-		if (env && arena_size_parse(env, &most) == 0)
-			arena__wire_seg_max = most;
-		if (pool && arena_size_parse(pool, &most) == 0)
-			arena__wire_stage_pool = most;
-		arena_error_clear();
+		arena_wire_env();
 		stage = arena_wire_stage_bound(L->img->chunks, L->img->hdr.chunk_count);
 	}
-	return L->o->place(L->o->place_ctx, l, stage, L->placed);
+	if (stage && !(host_len = arena_calloc(l->n_blocks ? l->n_blocks : 1, sizeof(*host_len))))
+		return arena_errorf(ARENA_E_NOMEM, "out of memory");
+	for (size_t b = 0; stage && b < l->n_blocks; b++) { /* what a coded host copy would take */
+		arena_wire *w = NULL;
+		int rc = arena_wire_plan(L->img->chunks, L->img->hdr.chunk_count, L->img->hdr.chunk_size, l->blocks[b].offset,
+					 l->blocks[b].bytes, &w);
+		if (rc) {
+			arena_free(host_len);
+			return rc;
+		}
+		host_len[b] = w ? w->cap : l->blocks[b].bytes;
+		arena_wire_free(w);
+	}
+	int rc = L->o->place(L->o->place_ctx, l, stage, host_len, L->placed);
+	arena_free(host_len);
+	return rc;
 }
 
 static const uint8_t *on_device(const loader *L)

@@ -65,9 +65,11 @@ typedef struct arena_load_opts {
 	/* Optional: where the blocks go, decided once the layout is known and
 	 * before anything is allocated: fill on_device (the layout's n_blocks
 	 * entries, 1 device, 0 host slab). `stage`: device bytes that
-	 * streaming anything will also take (coded streaming's stages; 0). Its error stops the load. Replaces
+	 * streaming anything will also take (coded streaming's stages; 0);
+	 * host_len: each block's host copy were it streamed (coded streaming
+	 * keeps hb4 blocks smaller), or NULL: its slab's bytes. Its error stops the load. Replaces
 	 * `on_device` when set. */
-	int (*place)(void *ctx, const arena_layout *l, uint64_t stage, uint8_t *on_device);
+	int (*place)(void *ctx, const arena_layout *l, uint64_t stage, const uint64_t *host_len, uint8_t *on_device);
 	void *place_ctx;
 	/* Images only: blocks larger than this many bytes become pieces
 	 * (arena_layout_pieces) that the model holds and streams as blocks;

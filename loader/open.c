@@ -247,12 +247,13 @@ static void train_depth(const arena_layout *l, arena_engine_opts *o)
  * budget lasts; an image's others stay in the image (the disk tier). A
  * checkpoint cannot be read again: a host budget given too small for it is
  * USAGE. */
-static int place_host(const open_ctx *c, const arena_layout *l, const arena_residency_plan *p, uint8_t *on_device)
+static int place_host(const open_ctx *c, const arena_layout *l, const arena_residency_plan *p,
+		      const uint64_t *host_len, uint8_t *on_device)
 {
 	uint64_t want = 0;
 	for (size_t b = 0; b < l->n_blocks; b++)
 		if (!on_device[b])
-			want += arena_align_up(l->blocks[b].bytes, ARENA_SLAB_ALIGN);
+			want += arena_align_up(host_len ? host_len[b] : l->blocks[b].bytes, ARENA_SLAB_ALIGN);
 	if (want <= c->host_budget)
 		return 0;
 	if (!c->image) {
@@ -267,7 +268,7 @@ static int place_host(const open_ctx *c, const arena_layout *l, const arena_resi
 	uint8_t *disk = arena_calloc(l->n_blocks ? l->n_blocks : 1, 1);
 	if (!disk)
 		return arena_errorf(ARENA_E_NOMEM, "out of memory");
-	int rc = arena_residency_host_split(l, p, c->host_budget, disk, NULL, NULL);
+	int rc = arena_residency_host_split(l, p, c->host_budget, host_len, disk, NULL, NULL);
 	for (size_t b = 0; !rc && b < l->n_blocks; b++)
 		if (disk[b])
 			on_device[b] = ARENA_PLACE_DISK;
@@ -293,7 +294,7 @@ static uint64_t host_budget_of(const arena *a, const arena_open_options *o)
 /* Once the layout is known, before anything is allocated: read the profile
  * (if one is given), plan for the device as it is now, and put on the device
  * what the plan keeps resident. A model that cannot run is BUDGET here. */
-static int place(void *ctx, const arena_layout *l, uint64_t stage, uint8_t *on_device)
+static int place(void *ctx, const arena_layout *l, uint64_t stage, const uint64_t *host_len, uint8_t *on_device)
 {
 	open_ctx *c = ctx;
 	arena *a = c->a;
@@ -339,7 +340,7 @@ static int place(void *ctx, const arena_layout *l, uint64_t stage, uint8_t *on_d
 	if (rc)
 		return rc;
 	memcpy(on_device, p.resident, l->n_blocks);
-	rc = place_host(c, l, &p, on_device);
+	rc = place_host(c, l, &p, host_len, on_device);
 	arena_residency_plan_release(&p);
 	return rc;
 }

@@ -170,7 +170,7 @@ int arena_plan_get(const arena *a, arena_plan_info *out)
 	const arena_residency_plan *p = arena_engine_plan(a->e);
 	size_t n_disk = 0;
 	for (size_t b = 0; b < a->m->layout->n_blocks; b++)
-		n_disk += !a->m->mem[b].dev && !a->m->mem[b].host && a->m->layout->blocks[b].bytes;
+		n_disk += !a->m->mem[b].dev && !a->m->mem[b].host && !a->m->mem[b].wire && a->m->layout->blocks[b].bytes;
 	*out = (arena_plan_info){.mode = arena_engine_mode(a->e),
 				 .budget = p->budget,
 				 .headroom = p->headroom,

@@ -230,6 +230,34 @@ Test(wire, runs_of_segments_share_a_stage, .init = setup, .fini = teardown)
 	arena_close(ref);
 }
 
+/* Under a host budget, coded host copies hold more blocks than raw ones:
+ * fewer are left in the image (the disk tier), within the same budget, and
+ * the bytes are the same. */
+Test(wire, a_host_budget_holds_more_blocks_coded, .init = setup, .fini = teardown)
+{
+	arena_open_options ro = {.backend = "sim"};
+	arena *ref, *a, *b;
+	cr_assert_eq(arena_open(plain, &ro, &ref), 0, "%s", arena_last_error());
+	arena_open_options o = opts(16384, 0, 0);
+	o.host_budget = 64 << 10;
+	cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_open(plain, &o, &b), 0, "%s", arena_last_error());
+	arena_plan_info pa, pb;
+	cr_assert_eq(arena_plan_get(a, &pa), 0);
+	cr_assert_eq(arena_plan_get(b, &pb), 0);
+	cr_assert_gt(pb.n_disk, 0);
+	/* (the plans differ: the coded one leaves room for its stages) */
+	cr_assert_gt(pa.n_streamed - pa.n_disk, pb.n_streamed - pb.n_disk, "host copies: coded %zu blocks, raw %zu",
+		     pa.n_streamed - pa.n_disk, pb.n_streamed - pb.n_disk);
+	cr_assert_leq(pa.host_bytes, 64 << 10);
+	uint64_t streamed, moved;
+	run_steps(a, ref, 3, 0, &streamed, &moved);
+	cr_assert_lt(moved, streamed);
+	arena_close(a);
+	arena_close(b);
+	arena_close(ref);
+}
+
 /* A flipped byte in a coded chunk of a streamed block: the open fails
  * naming the chunk, and nothing is left open. */
 Test(wire, a_corrupted_coded_chunk_fails_the_open, .init = setup, .fini = teardown)
