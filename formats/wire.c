@@ -108,6 +108,8 @@ int arena_wire_plan(const arena_img_chunk *chunks, uint64_t n_chunks, uint64_t c
 			for (uint64_t x = ia; !rc && x < iz; x += most) {
 				uint64_t y = iz - x < most ? iz : x + most;
 				rc = add(w, &room, ARENA_CODEC_HB4, x - off, y - x, c, x - c0, 0);
+				const uint64_t big = arena_hb4_sub_bound(x - c0, y - c0, E < (y - x) / 2 ? E : (y - x) / 2);
+				w->most = big > w->most ? big : w->most;
 				region += up(arena_hb4_stored_length(y - x, 0), WIRE_ALIGN) + WIRE_ALIGN;
 				w->n_hb4++;
 			}
@@ -171,6 +173,23 @@ size_t arena_wire_find(const arena_wire *w, uint64_t d)
 			hi = mid;
 	}
 	return lo;
+}
+
+void arena_wire_put(arena_wire *w, uint64_t x, uint64_t y, const arena_img_dec *dec, unsigned codec, int64_t cb,
+		    const uint8_t *raw)
+{
+	for (size_t i = arena_wire_find(w, x); i < w->n && w->seg[i].dst < y; i++) {
+		arena_wire_seg *g = &w->seg[i];
+		const uint64_t u = g->dst > x ? g->dst : x, v = g->dst + g->raw < y ? g->dst + g->raw : y;
+		uint8_t *out = w->buf + g->src;
+		if (g->codec == ARENA_CODEC_HB4)
+			arena_wire_fill_hb4(w, i, &dec->hb4);
+		else if (raw)
+			memcpy(out + (u - g->dst), raw + (u - x), v - u);
+		else
+			arena_img_dec_raw(dec, codec, (uint64_t)((int64_t)u - cb), (uint64_t)((int64_t)v - cb),
+					  out + (u - g->dst));
+	}
 }
 
 uint64_t arena_wire_seg_stored(const arena_wire_seg *s)

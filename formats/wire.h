@@ -49,6 +49,8 @@ typedef struct arena_wire {
 	uint64_t max_stage; /* the largest hb4 segment's stored bytes (arena_wire_seal): the
 			     * device stage a copy needs */
 	uint64_t n_hb4;     /* hb4 segments */
+	uint64_t most;      /* the most an hb4 segment can store (all its chunk's exceptions
+			     * in it): a stage that holds it holds any filling */
 } arena_wire;
 
 /* Segments of raw data bytes [off, off + bytes) of an image with this chunk
@@ -92,6 +94,15 @@ size_t arena_wire_find(const arena_wire *w, uint64_t d);
 /* Fill hb4 segment i (the segments of a chunk's part in order, once each)
  * from v, the parsed chunk it lies in; returns its stored bytes. */
 uint64_t arena_wire_fill_hb4(arena_wire *w, size_t i, const arena_hb4 *v);
+
+/* Block bytes [x, y) into w's buffer: from raw bytes at raw (a plain
+ * chunk's), or from the chunk dec last checked (codec), whose raw byte 0 is
+ * block byte cb (signed: the chunk may start before the block). hb4
+ * segments the range covers are written whole (each lies in one chunk,
+ * and [x, y) holds all of that chunk's part). Segments of different chunks
+ * may be put from different threads. */
+void arena_wire_put(arena_wire *w, uint64_t x, uint64_t y, const arena_img_dec *dec, unsigned codec, int64_t cb,
+		    const uint8_t *raw);
 
 /* Stored bytes of segment s (its raw length for a plain one). */
 uint64_t arena_wire_seg_stored(const arena_wire_seg *s);

@@ -146,28 +146,6 @@ static int64_t read_some(const lsrc *f, int fd, uint8_t *buf, uint64_t n, uint64
 
 /* ---- scatter: slot bytes to device or host slabs --------------------------- */
 
-/* Block bytes [x, y) into a coded host copy: from raw bytes at raw (a
- * plain chunk), or from the coded chunk dec last checked (codec), whose raw
- * byte 0 is block byte cb (signed: the chunk may start before the block).
- * hb4 segments the range covers are written whole (they lie in one chunk). */
-static void wire_put(arena_wire *wr, uint64_t x, uint64_t y, const arena_img_dec *dec, unsigned codec, int64_t cb,
-		     const uint8_t *raw)
-{
-	for (size_t i = arena_wire_find(wr, x); i < wr->n && wr->seg[i].dst < y; i++) {
-		arena_wire_seg *g = &wr->seg[i];
-		uint64_t u = g->dst > x ? g->dst : x, v = g->dst + g->raw < y ? g->dst + g->raw : y;
-		uint8_t *out = wr->buf + g->src;
-		if (g->codec == ARENA_CODEC_HB4) {
-			arena_wire_fill_hb4(wr, i, &dec->hb4);
-		} else if (raw) {
-			memcpy(out + (u - g->dst), raw + (u - x), v - u);
-		} else {
-			arena_img_dec_raw(dec, codec, (uint64_t)((int64_t)u - cb), (uint64_t)((int64_t)v - cb),
-					  out + (u - g->dst));
-		}
-	}
-}
-
 /* Bytes [a, z) of p's file are at buf: send each part to its slab. */
 static int scatter(loader *L, worker *w, const piece *p, const uint8_t *buf, uint64_t a, uint64_t z)
 {
@@ -196,7 +174,7 @@ static int scatter(loader *L, worker *w, const piece *p, const uint8_t *buf, uin
 			if (rc)
 				return rc;
 		} else if (bm->wire) {
-			wire_put(bm->wire, d, d + (y - x), NULL, 0, 0, src);
+			arena_wire_put(bm->wire, d, d + (y - x), NULL, 0, 0, src);
 		} else {
 			memcpy(bm->host + d, src, y - x);
 		}
@@ -403,7 +381,7 @@ static int chunk_whole(loader *L, worker *w, uint64_t c, const uint8_t *src, int
 		uint64_t d = s->dst + (x - s->foff);
 		if (bm->wire) {
 			t = arena_now_s();
-			wire_put(bm->wire, d, d + (y - x), &w->dec, ck->codec, (int64_t)d - (int64_t)(x - a), NULL);
+			arena_wire_put(bm->wire, d, d + (y - x), &w->dec, ck->codec, (int64_t)d - (int64_t)(x - a), NULL);
 			w->t_decode += arena_now_s() - t;
 		} else if (!bm->dev) {
 			t = arena_now_s();
