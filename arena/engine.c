@@ -142,25 +142,38 @@ static uint64_t wire_stage_bytes(const arena_engine *e)
 /* Bytes a copy of block b moves: its coded form's when it is held coded. */
 static uint64_t moved_bytes(const arena_engine *e, uint32_t b)
 {
-	const arena_wire *w = e->m->mem[b].wire;
-	return w ? w->stored : e->l->blocks[b].bytes;
+	const arena_wire *w = e->m->mem[b].wire, *d = e->m->mem[b].disk_wire;
+	if (w)
+		return w->stored;
+	if (d && e->o.reread_wire) /* read coded: what the last read held, or at most its room */
+		return d->stored ? d->stored : d->cap;
+	return e->l->blocks[b].bytes;
 }
 
-static int disk_parts(arena_engine *e, uint32_t b, uint8_t *dst);
+static int disk_parts(arena_engine *e, uint32_t b, uint8_t *dst, arena_stream **fill);
 
 /* Queue the copy of block b to dst (its device slab or ring slot): from
  * src (raw host bytes) on the copy stream, or, held coded, segment by
  * segment as above. *fill is the stream the block's fill event goes on. */
+static int send_wire(arena_engine *e, const arena_wire *w, uint8_t *dst, arena_stream **fill);
+
 static int send(arena_engine *e, uint32_t b, uint8_t *dst, const uint8_t *src, arena_stream **fill)
 {
 	arena_backend *be = e->be;
 	const arena_wire *w = e->m->mem[b].wire;
-	int rc = 0;
 	*fill = e->cs;
 	if (!w && !src && e->l->blocks[b].bytes)
-		return disk_parts(e, b, dst);
+		return disk_parts(e, b, dst, fill);
 	if (!w)
 		return e->l->blocks[b].bytes ? be->ops->copy_h2d(be, dst, src, e->l->blocks[b].bytes, e->cs) : 0;
+	return send_wire(e, w, dst, fill);
+}
+
+/* The copy of a coded form w to dst (see send). */
+static int send_wire(arena_engine *e, const arena_wire *w, uint8_t *dst, arena_stream **fill)
+{
+	arena_backend *be = e->be;
+	int rc = 0;
 	int plain = 0;
 	for (size_t i = 0; i < w->n && !rc;) {
 		const arena_wire_seg *g = &w->seg[i];
@@ -274,11 +287,32 @@ uint64_t arena__disk_part;
  * a time into the two staging buffers, each part copied to dst on the copy
  * stream while the next is read; a buffer is read into again once its last
  * copy is done. */
-static int disk_parts(arena_engine *e, uint32_t b, uint8_t *dst)
+static int disk_parts(arena_engine *e, uint32_t b, uint8_t *dst, arena_stream **fill)
 {
 	arena_backend *be = e->be;
 	const uint64_t sz = e->l->blocks[b].bytes;
+	arena_wire *w = e->m->mem[b].disk_wire;
 	uint64_t part = arena__disk_part ? arena__disk_part : ARENA_ENGINE_DISK_PART;
+	if (w && e->o.reread_wire && e->wstage && w->cap <= 2 * part) {
+		/* an hb4 image: read coded, copied coded (fewer bytes from the
+		 * disk and over the bus, nothing decoded on the host) */
+		const unsigned i = e->stage_next++ % 2;
+		int rc = stage_room(e, w->cap, b);
+		if (!rc)
+			rc = be->ops->event_sync(be, e->ev_stage[i]);
+		if (!rc) {
+			w->buf = e->stage[i];
+			if ((rc = e->o.reread_wire(e->o.reread_ctx, b, w)))
+				arena_error_prefix(e->l->blocks[b].name);
+		}
+		if (!rc)
+			read_ahead(e, b);
+		if (!rc && !(rc = send_wire(e, w, dst, fill)))
+			rc = be->ops->event_record(be, e->ev_stage[i], e->cs); /* after every copy from it */
+		if (!rc)
+			e->rec.disk_bytes += w->stored;
+		return rc;
+	}
 	part = part < sz ? part : sz;
 	int rc = stage_room(e, part, b);
 	for (uint64_t off = 0; !rc && off < sz; off += part) {
@@ -905,9 +939,12 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	}
 	/* Coded streaming: the stages its copies go through are device memory
 	 * the plan leaves room for. */
-	for (size_t b = 0; b < l->n_blocks; b++)
+	for (size_t b = 0; b < l->n_blocks; b++) {
 		if (m->mem[b].wire && m->mem[b].wire->max_stage > e->wstage_each)
 			e->wstage_each = arena_align_up(m->mem[b].wire->max_stage, 256); /* within arena_wire_stage_bound */
+		if (m->mem[b].disk_wire && o->reread_wire && m->mem[b].disk_wire->most > e->wstage_each)
+			e->wstage_each = arena_align_up(m->mem[b].disk_wire->most, 256); /* not yet read: the most */
+	}
 	if (e->wstage_each) {
 		if (!(e->moved = arena_calloc(l->n_blocks, sizeof(*e->moved)))) {
 			rc = arena_errorf(ARENA_E_NOMEM, "engine: out of memory");

@@ -142,6 +142,8 @@ typedef int (*arena_reread_fn)(void *ctx, uint32_t block, uint8_t *dst, uint64_t
  * copies a block a part at a time through small staging buffers). */
 typedef int (*arena_reread_part_fn)(void *ctx, uint32_t block, uint64_t off, uint64_t len, uint8_t *dst);
 
+struct arena_wire;
+
 typedef struct arena_engine_opts {
 	int mode;             /* ARENA_MODE_SAMPLE (default) or ARENA_MODE_TRAIN */
 	uint64_t cap;         /* device bytes arena may use at most; 0 = no cap */
@@ -187,6 +189,10 @@ typedef struct arena_engine_opts {
 	 * through two staging buffers of that size (host memory stays small:
 	 * 128 MiB, not two blocks); without it, whole blocks. */
 	arena_reread_part_fn reread_part;
+	/* Optional, with reread: fill a block's coded form (an hb4 image's disk
+	 * tier, m->mem[b].disk_wire; its buf set by the engine), chunks checked.
+	 * With it such blocks are read and copied coded. */
+	int (*reread_wire)(void *ctx, uint32_t block, struct arena_wire *w);
 	/* With reread: host memory the blocks' host copies may take (0: no
 	 * limit). A block leaving the device gets a host copy only within it;
 	 * past it, it stays in its image and is read from there when streamed

@@ -144,6 +144,7 @@ void arena_model_free(arena_model *m)
 			arena_pin_budget_give(m->budget, arena_model_host_len(m, (uint32_t)b));
 		}
 		arena_wire_free(bm->wire);
+		arena_wire_free(bm->disk_wire);
 		if (bm->dev)
 			m->backend->ops->dev_free(m->backend, bm->dev);
 		if (bm->own_host)

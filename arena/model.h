@@ -32,6 +32,10 @@ typedef struct arena_block_mem {
 	 * its buffer in the host mapping, pinned like a slab; host is NULL
 	 * then (there are no raw host bytes). Owned. */
 	struct arena_wire *wire;
+	/* The disk tier of an hb4 image: the coded form a read of the block
+	 * fills (segments only; the reader's buffer is the engine's staging),
+	 * or NULL. Owned. */
+	struct arena_wire *disk_wire;
 } arena_block_mem;
 
 typedef struct arena_model {

@@ -1226,6 +1226,26 @@ static int reader_load(arena_img_reader *r, uint64_t i)
 	return 0;
 }
 
+int arena_img_read_chunk(arena_img_reader *r, uint64_t i, const uint8_t **stored)
+{
+	const arena_image *img = r->img;
+	*stored = NULL;
+	if (i >= img->hdr.chunk_count || !r->stored)
+		return arena_errorf(ARENA_E_USAGE, "%s: chunk %llu: no such chunk, or a reader without buffers", img->path,
+				    (unsigned long long)i);
+	const arena_img_chunk *c = &img->chunks[i];
+	r->chunk = UINT64_MAX; /* the raw cache is not this chunk's */
+	int rc = arena_pread_full(img->fd, r->stored, arena_img_chunk_padded(img, i), img->hdr.data_offset + c->offset,
+				  img->path);
+	if (rc)
+		return rc;
+	uint64_t got = r->verify ? arena_xxh3(r->stored, c->stored_length) : c->xxh3;
+	if ((rc = arena_img_chunk_check(img, i, r->stored, got, "while reading", &r->dec)))
+		return rc;
+	*stored = r->stored;
+	return 0;
+}
+
 int arena_img_read_raw(arena_img_reader *r, uint64_t off, uint64_t len, uint8_t *dst)
 {
 	const arena_img_header *h = &r->img->hdr;

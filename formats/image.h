@@ -154,6 +154,11 @@ typedef struct arena_img_reader {
 } arena_img_reader;
 int arena_img_reader_init(arena_img_reader *r, arena_image *img, int verify);
 int arena_img_read_raw(arena_img_reader *r, uint64_t off, uint64_t len, uint8_t *dst);
+/* Chunk i's stored bytes read and checked (checksum, structure, padding),
+ * not decoded: *stored points at them (the reader's buffer; for a plain
+ * chunk they are its raw bytes) and r->dec holds the parse (hb4: planes
+ * into them). Valid until the reader reads again. */
+int arena_img_read_chunk(arena_img_reader *r, uint64_t i, const uint8_t **stored);
 void arena_img_reader_free(arena_img_reader *r);
 /* Chunk i checked, in this order: its checksum (got_hash, the hash of its
  * stored bytes, IMG_CHUNK_CHECKSUM); then, when buf holds its stored bytes

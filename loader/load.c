@@ -1082,6 +1082,14 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 	arena_free(wires);
 	if (rc)
 		goto fail;
+	/* The disk tier of an hb4 image reads blocks coded too (engine). */
+	for (size_t b = 0; o->coded_stream && L.hb4 && o->backend->ops->decode_hb4 && L.placed && b < m->layout->n_blocks; b++)
+		if (L.placed[b] == ARENA_PLACE_DISK &&
+		    (rc = arena_wire_plan(img->chunks, h->chunk_count, h->chunk_size, m->layout->blocks[b].offset,
+					  m->layout->blocks[b].bytes, &m->mem[b].disk_wire))) {
+			arena_model_free(m);
+			goto fail;
+		}
 	/* Chunk descriptions need the layout: lend the model's. */
 	img->layout = m->layout;
 	L.m = m;

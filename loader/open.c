@@ -436,6 +436,7 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 	a->eo.reread = a->rr ? arena_slab_reader_read : NULL;
 	a->eo.advise = a->rr ? arena_slab_reader_advise : NULL;
 	a->eo.reread_part = a->rr ? arena_slab_reader_read_part : NULL;
+	a->eo.reread_wire = a->rr ? arena_slab_reader_read_wire : NULL;
 	const char *dp = getenv("ARENA_DISK_PART"); /* for measuring: the disk tier's staging buffers */
 	uint64_t dpv;
 	if (dp && arena_size_parse(dp, &dpv) == 0)

@@ -15,6 +15,7 @@
 #include "../common/io.h"
 #include "../common/outfile.h"
 #include "../formats/image.h"
+#include "../formats/wire.h"
 
 /* A read of many chunks is shared by up to REREAD_THREADS threads (the
  * caller's and more), each with its own reader, each taking a run of whole
@@ -33,15 +34,36 @@ struct arena_slab_reader {
 
 typedef struct part {
 	arena_img_reader *rd;
-	uint64_t off, len;
-	uint8_t *dst;
+	uint64_t off, len; /* raw data bytes */
+	uint8_t *dst;      /* raw bytes to here, or (wire) into its coded form */
+	arena_wire *wire;
+	uint64_t block_off; /* wire: the block's first data byte */
 	arena_first_error *err;
 } part;
+
+/* The chunks of [off, off + len) put into the block's coded form. */
+static int wire_part(const part *p)
+{
+	const arena_image *img = p->rd->img;
+	const uint64_t cs = img->hdr.chunk_size;
+	for (uint64_t c = p->off / cs; c * cs < p->off + p->len; c++) {
+		const uint8_t *st;
+		int rc = arena_img_read_chunk(p->rd, c, &st);
+		if (rc)
+			return rc;
+		const uint64_t c0 = c * cs, c1 = c0 + img->chunks[c].raw_length;
+		const uint64_t x = c0 > p->off ? c0 : p->off, y = c1 < p->off + p->len ? c1 : p->off + p->len;
+		const unsigned codec = img->chunks[c].codec;
+		arena_wire_put(p->wire, x - p->block_off, y - p->block_off, &p->rd->dec, codec,
+			       (int64_t)c0 - (int64_t)p->block_off, codec ? NULL : st + (x - c0));
+	}
+	return 0;
+}
 
 static void *read_part(void *arg)
 {
 	part *p = arg;
-	int rc = arena_img_read_raw(p->rd, p->off, p->len, p->dst);
+	int rc = p->wire ? wire_part(p) : arena_img_read_raw(p->rd, p->off, p->len, p->dst);
 	if (rc)
 		arena_first_error_set(p->err, rc);
 	return NULL;
@@ -105,12 +127,32 @@ int arena_slab_reader_read(void *reader, uint32_t b, uint8_t *dst, uint64_t byte
 	return arena_slab_reader_read_part(reader, b, 0, bytes, dst);
 }
 
+static int read_runs(arena_slab_reader *r, uint32_t b, uint64_t at, uint64_t bytes, uint8_t *dst, arena_wire *wire);
+
 int arena_slab_reader_read_part(void *reader, uint32_t b, uint64_t at, uint64_t bytes, uint8_t *dst)
 {
 	arena_slab_reader *r = reader;
 	if (b >= r->l->n_blocks || at > r->l->blocks[b].bytes || bytes > r->l->blocks[b].bytes - at)
 		return arena_errorf(ARENA_E_USAGE, "reread: bytes %" PRIu64 "..%" PRIu64 " are not in block %u", at,
 				    at + bytes, b);
+	return read_runs(r, b, at, bytes, dst, NULL);
+}
+
+int arena_slab_reader_read_wire(void *reader, uint32_t b, arena_wire *w)
+{
+	arena_slab_reader *r = reader;
+	if (b >= r->l->n_blocks || !w || !w->buf)
+		return arena_errorf(ARENA_E_USAGE, "reread: block %u: no coded form to fill", b);
+	int rc = read_runs(r, b, 0, r->l->blocks[b].bytes, NULL, w);
+	if (!rc && (rc = arena_wire_seal(w, r->l->blocks[b].name)))
+		arena_error_prefix("reread");
+	return rc;
+}
+
+/* Bytes [at, at + bytes) of block b: raw into dst, or the block's coded
+ * form (wire), in runs of whole chunks on up to want_rd threads. */
+static int read_runs(arena_slab_reader *r, uint32_t b, uint64_t at, uint64_t bytes, uint8_t *dst, arena_wire *wire)
+{
 	if (!bytes)
 		return 0;
 	const uint64_t cs = r->img->hdr.chunk_size, off = r->l->blocks[b].offset + at;
@@ -125,7 +167,8 @@ int arena_slab_reader_read_part(void *reader, uint32_t b, uint64_t at, uint64_t 
 	if (rc) {
 		/* the error stands */
 	} else if (n <= 1) {
-		rc = arena_img_read_raw(&r->rd[0], off, bytes, dst);
+		part one = {&r->rd[0], off, bytes, dst, wire, r->l->blocks[b].offset, NULL};
+		rc = wire ? wire_part(&one) : arena_img_read_raw(&r->rd[0], off, bytes, dst);
 	} else {
 		part p[REREAD_THREADS];
 		pthread_t tid[REREAD_THREADS];
@@ -136,7 +179,7 @@ int arena_slab_reader_read_part(void *reader, uint32_t b, uint64_t at, uint64_t 
 			uint64_t a = (c0 + (c1 - c0) * i / n) * cs, z = (c0 + (c1 - c0) * (i + 1) / n) * cs;
 			a = a < off ? off : a;
 			z = z > off + bytes ? off + bytes : z;
-			p[i] = (part){&r->rd[i], a, z - a, dst + (a - off), &err};
+			p[i] = (part){&r->rd[i], a, z - a, dst ? dst + (a - off) : NULL, wire, r->l->blocks[b].offset, &err};
 		}
 		for (uint64_t i = 1; i < n; i++, started++)
 			if (pthread_create(&tid[i], NULL, read_part, &p[i]))

@@ -34,6 +34,14 @@ int arena_slab_reader_read(void *reader, uint32_t b, uint8_t *dst, uint64_t byte
  * chunks the range touches, read whole). Matches arena_reread_part_fn. */
 int arena_slab_reader_read_part(void *reader, uint32_t b, uint64_t off, uint64_t len, uint8_t *dst);
 
+/* The disk tier of an hb4 image: block b's coded form, w (its plan, with
+ * w->buf room for w->cap bytes), filled from the chunks the block touches,
+ * each read and checked (checksum, structure, padding) and not decoded;
+ * then w is sealed. Up to 8 threads share the chunks. Errors: those of
+ * arena_slab_reader_read. */
+struct arena_wire;
+int arena_slab_reader_read_wire(void *reader, uint32_t b, struct arena_wire *w);
+
 /* Start reading block b's chunks into the page cache (POSIX_FADV_WILLNEED)
  * for a read of it soon; nothing on failure. Takes the reader as ctx. */
 void arena_slab_reader_advise(void *reader, uint32_t b);

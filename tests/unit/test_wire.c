@@ -258,6 +258,65 @@ Test(wire, a_host_budget_holds_more_blocks_coded, .init = setup, .fini = teardow
 	arena_close(ref);
 }
 
+/* The disk tier of an hb4 image: streamed blocks beyond the host budget are
+ * read coded from the image (chunks checked, nothing decoded on the host)
+ * and copied coded; the bytes are the image's, step after step, whole
+ * blocks and pieces; fewer bytes read and moved than streamed. */
+Test(wire, the_disk_tier_reads_and_moves_coded_bytes, .init = setup, .fini = teardown)
+{
+	arena_open_options ro = {.backend = "sim"};
+	arena *ref, *a;
+	cr_assert_eq(arena_open(plain, &ro, &ref), 0, "%s", arena_last_error());
+	const uint64_t pieces[] = {0, 16384};
+	for (int k = 0; k < 2; k++) {
+		arena_open_options o = opts(pieces[k], 0, 0);
+		o.host_budget = ARENA_ZERO_BYTES;
+		cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
+		arena_plan_info p;
+		cr_assert_eq(arena_plan_get(a, &p), 0);
+		cr_assert_gt(p.n_disk, 1);
+		cr_assert_eq(p.n_disk, p.n_streamed);
+		cr_assert_eq(p.host_bytes, 0);
+		arena_step_info sum;
+		steps_over_blocks(a, ref, 4, 0, &sum);
+		cr_assert_gt(sum.disk_bytes, 0);
+		cr_assert_lt(sum.disk_bytes, sum.streamed_bytes - sum.streamed_bytes / 10, "read coded: %lu of %lu",
+			     (unsigned long)sum.disk_bytes, (unsigned long)sum.streamed_bytes);
+		cr_assert_lt(sum.moved_bytes, sum.streamed_bytes - sum.streamed_bytes / 10);
+		arena_close(a);
+	}
+	arena_close(ref);
+}
+
+/* The image changed under a coded disk tier: bytes flipped in every 4 KiB
+ * of its data are caught when a block is read (its chunk's checksum, before
+ * anything is copied), naming the block; never wrong bytes. */
+Test(wire, a_corrupted_image_under_the_coded_disk_tier, .init = setup, .fini = teardown)
+{
+	arena_open_options o = opts(16384, 0, 0);
+	o.host_budget = ARENA_ZERO_BYTES;
+	arena *a;
+	cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
+	int fd = open(img, O_RDWR);
+	cr_assert_geq(fd, 0);
+	off_t size = lseek(fd, 0, SEEK_END);
+	for (off_t at = 40960; at < size - 4096; at += 4096) {
+		unsigned char c;
+		cr_assert_eq(pread(fd, &c, 1, at + 100), 1);
+		c ^= 0x5a;
+		cr_assert_eq(pwrite(fd, &c, 1, at + 100), 1);
+	}
+	close(fd);
+	int rc = arena_step_begin(a);
+	void *d;
+	for (size_t i = 0; !rc && i < arena_block_count(a); i++)
+		if (!(rc = arena_block_acquire(a, i, NULL, &d)))
+			rc = arena_block_release(a, i, NULL);
+	cr_assert_eq(rc, ARENA_E(IMG_CHUNK_CHECKSUM), "%s: %s", arena_err_name(rc), arena_last_error());
+	cr_assert(strstr(arena_last_error(), "blocks.") != NULL, "names no block: %s", arena_last_error());
+	arena_close(a);
+}
+
 /* A flipped byte in a coded chunk of a streamed block: the open fails
  * naming the chunk, and nothing is left open. */
 Test(wire, a_corrupted_coded_chunk_fails_the_open, .init = setup, .fini = teardown)
@@ -313,5 +372,31 @@ Test(wire, allocation_failures, .init = setup, .fini = teardown)
 		arena_close(a);
 	}
 	cr_assert_gt(n, 50);
+	/* the coded disk tier allocates as it first reads (staging, readers):
+	 * a failure there fails the step with NOMEM, never wrong bytes */
+	o.host_budget = ARENA_ZERO_BYTES;
+	for (n = 1; n < 100000; n++) {
+		arena *a = NULL;
+		cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
+		arena_fault_alloc(n);
+		int rc = arena_step_begin(a);
+		void *d;
+		for (size_t i = 0; !rc && i < arena_block_count(a); i++)
+			if (!(rc = arena_block_acquire(a, i, NULL, &d))) {
+				expect_block_tensors(a, ref, i, d, 0);
+				rc = arena_block_release(a, i, NULL);
+			}
+		if (!rc)
+			rc = arena_step_end(a);
+		int fired = arena_fault_alloc_fired();
+		arena_fault_alloc(0);
+		arena_close(a);
+		if (!fired) {
+			cr_assert_eq(rc, 0, "%s", arena_last_error());
+			break;
+		}
+		cr_assert(rc == ARENA_E_NOMEM || rc == 0, "n=%ld: %s: %s", n, arena_err_name(rc), arena_last_error());
+	}
+	cr_assert_gt(n, 3);
 	arena_close(ref);
 }
