@@ -420,7 +420,8 @@ typedef struct arena_step_info {
 	 * it. A caller waiting for its steps leaves the device idle that long. */
 	double end_s, plan_s, move_s;
 	uint64_t disk_bytes;     /* read from the image during it (the disk tier; reads for
-				  * the next step's first copies count here) */
+				  * the next step's first copies count here): the blocks'
+				  * bytes, or an hb4 image's coded bytes when read coded */
 	uint64_t moved_bytes;    /* host-to-device bytes of the copies in streamed_bytes and
 				  * promoted_bytes: fewer when blocks are held coded (coded
 				  * streaming, an hb4 image) */
