@@ -140,12 +140,28 @@ static uint64_t wire_stage_bytes(const arena_engine *e)
 }
 
 /* Bytes a copy of block b moves: its coded form's when it is held coded. */
+uint64_t arena__disk_part;
+
+/* The disk tier's part size. */
+static uint64_t disk_part(void)
+{
+	return arena__disk_part ? arena__disk_part : ARENA_ENGINE_DISK_PART;
+}
+
+/* Block b's coded form when the disk tier reads it coded (an hb4 image,
+ * coded form within two parts, stages there), else NULL. */
+static arena_wire *disk_coded(const arena_engine *e, uint32_t b)
+{
+	arena_wire *w = e->m->mem[b].disk_wire;
+	return w && e->o.reread_wire && e->wstage && w->cap <= 2 * disk_part() ? w : NULL;
+}
+
 static uint64_t moved_bytes(const arena_engine *e, uint32_t b)
 {
-	const arena_wire *w = e->m->mem[b].wire, *d = e->m->mem[b].disk_wire;
+	const arena_wire *w = e->m->mem[b].wire, *d = disk_coded(e, b);
 	if (w)
 		return w->stored;
-	if (d && e->o.reread_wire) /* read coded: what the last read held, or at most its room */
+	if (d) /* read coded: what the last read held, or at most its room */
 		return d->stored ? d->stored : d->cap;
 	return e->l->blocks[b].bytes;
 }
@@ -281,8 +297,6 @@ static void read_ahead(arena_engine *e, uint32_t b)
 	}
 }
 
-uint64_t arena__disk_part;
-
 /* The disk tier in parts: block b read from its image (checked) a part at
  * a time into the two staging buffers, each part copied to dst on the copy
  * stream while the next is read; a buffer is read into again once its last
@@ -291,9 +305,9 @@ static int disk_parts(arena_engine *e, uint32_t b, uint8_t *dst, arena_stream **
 {
 	arena_backend *be = e->be;
 	const uint64_t sz = e->l->blocks[b].bytes;
-	arena_wire *w = e->m->mem[b].disk_wire;
-	uint64_t part = arena__disk_part ? arena__disk_part : ARENA_ENGINE_DISK_PART;
-	if (w && e->o.reread_wire && e->wstage && w->cap <= 2 * part) {
+	arena_wire *w = disk_coded(e, b);
+	uint64_t part = disk_part();
+	if (w) {
 		/* an hb4 image: read coded, copied coded (fewer bytes from the
 		 * disk and over the bus, nothing decoded on the host) */
 		const unsigned i = e->stage_next++ % 2;
@@ -950,9 +964,6 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 			rc = arena_errorf(ARENA_E_NOMEM, "engine: out of memory");
 			goto fail;
 		}
-		for (size_t b = 0; b < l->n_blocks; b++)
-			e->moved[b] = moved_bytes(e, (uint32_t)b);
-		e->o.moved = e->moved;
 		e->wstages = arena_wire_stages(e->wstage_each);
 		e->wstage_each = arena_wire_stage_each(e->wstage_each);
 		uint64_t st = wire_stage_bytes1(e) + gran_loss(be, wire_stage_bytes1(e));
@@ -964,6 +975,9 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 		for (unsigned k = 0; k < e->wstages; k++)
 			if ((rc = be->ops->event_create(be, &e->wcp[k])) || (rc = be->ops->event_create(be, &e->wdec[k])))
 				goto fail;
+		for (size_t b = 0; b < l->n_blocks; b++) /* (the stages are there: disk_coded) */
+			e->moved[b] = moved_bytes(e, (uint32_t)b);
+		e->o.moved = e->moved;
 	}
 	arena_engine_opts po = *o;
 	po.moved = e->moved;
