@@ -62,6 +62,8 @@ typedef struct qpiece {
 typedef struct loader {
 	const arena_load_opts *o;
 	uint8_t *placed; /* o->place's choice of on_device, or NULL */
+	arena_wire **wplan; /* coded streaming: each block's coded form (NULL: not worth it), or NULL */
+	size_t n_wplan;
 	arena_quant_state *qs; /* safetensors with a quant scheme, else NULL */
 	qpiece *qp;
 	size_t n_qp;
@@ -910,6 +912,8 @@ static void loader_init(loader *L, const arena_load_opts *o)
 	L->slot = arena_align_up(o->slot_bytes ? o->slot_bytes : DEFAULT_SLOT, DIRECT_ALIGN);
 }
 
+static int wire_plans(loader *L, const arena_layout *l);
+
 /* Ask o->place (if any) where the blocks of l go, before anything is allocated. */
 static int place(loader *L, const arena_layout *l)
 {
@@ -922,18 +926,14 @@ static int place(loader *L, const arena_layout *l)
 		arena_wire_env();
 		stage = arena_wire_stage_bound(L->img->chunks, L->img->hdr.chunk_count);
 	}
-	if (stage && !(host_len = arena_calloc(l->n_blocks ? l->n_blocks : 1, sizeof(*host_len))))
-		return arena_errorf(ARENA_E_NOMEM, "out of memory");
-	for (size_t b = 0; stage && b < l->n_blocks; b++) { /* what a coded host copy would take */
-		arena_wire *w = NULL;
-		int rc = arena_wire_plan(L->img->chunks, L->img->hdr.chunk_count, L->img->hdr.chunk_size, l->blocks[b].offset,
-					 l->blocks[b].bytes, &w);
-		if (rc) {
-			arena_free(host_len);
+	if (stage) { /* what a coded host copy would take */
+		int rc = wire_plans(L, l);
+		if (!rc && !(host_len = arena_calloc(l->n_blocks ? l->n_blocks : 1, sizeof(*host_len))))
+			rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
+		if (rc)
 			return rc;
-		}
-		host_len[b] = w ? w->cap : l->blocks[b].bytes;
-		arena_wire_free(w);
+		for (size_t b = 0; b < l->n_blocks; b++)
+			host_len[b] = L->wplan[b] ? L->wplan[b]->cap : l->blocks[b].bytes;
 	}
 	int rc = L->o->place(L->o->place_ctx, l, stage, host_len, L->placed);
 	arena_free(host_len);
@@ -949,6 +949,10 @@ static void loader_files_close(loader *L)
 {
 	arena_free(L->placed);
 	L->placed = NULL;
+	for (size_t b = 0; L->wplan && b < L->n_wplan; b++)
+		arena_wire_free(L->wplan[b]);
+	arena_free(L->wplan);
+	L->wplan = NULL;
 	ring_free(L);
 	for (size_t i = 0; L->files && i < L->n_files; i++) {
 		if (L->files[i].dfd >= 0)
@@ -962,29 +966,34 @@ static void loader_files_close(loader *L)
 	arena_free(L->qp);
 }
 
-/* Coded streaming: the wire form of every block that gets a host copy, where
- * it saves bytes (NULL entries elsewhere). */
-static int plan_wires(loader *L, const arena_layout *l, arena_wire ***out)
+/* Coded streaming: each block's coded form where it saves bytes (NULL
+ * entries elsewhere), made once (place() needs the sizes; the model takes
+ * the forms of the blocks it holds on the host, the engine those it reads
+ * from the image). */
+static int wire_plans(loader *L, const arena_layout *l)
 {
+	if (L->wplan)
+		return 0;
 	const arena_img_header *h = &L->img->hdr;
-	const uint8_t *od = on_device(L);
-	arena_wire **w = arena_calloc(l->n_blocks ? l->n_blocks : 1, sizeof(*w));
-	if (!w)
+	if (!(L->wplan = arena_calloc(l->n_blocks ? l->n_blocks : 1, sizeof(*L->wplan))))
 		return arena_errorf(ARENA_E_NOMEM, "out of memory");
+	L->n_wplan = l->n_blocks;
 	for (size_t b = 0; b < l->n_blocks; b++) {
-		if (od[b] != ARENA_PLACE_HOST)
-			continue;
 		int rc = arena_wire_plan(L->img->chunks, h->chunk_count, h->chunk_size, l->blocks[b].offset,
-					 l->blocks[b].bytes, &w[b]);
-		if (rc) {
-			for (size_t k = 0; k < b; k++)
-				arena_wire_free(w[k]);
-			arena_free(w);
+					 l->blocks[b].bytes, &L->wplan[b]);
+		if (rc)
 			return rc;
-		}
 	}
-	*out = w;
 	return 0;
+}
+
+/* Block b's coded form, taken from the plans (NULL: none). */
+static arena_wire *wire_take(loader *L, size_t b)
+{
+	arena_wire *w = L->wplan && b < L->n_wplan ? L->wplan[b] : NULL;
+	if (w)
+		L->wplan[b] = NULL;
+	return w;
 }
 
 int arena_load_image(const char *path, const arena_load_opts *o, arena_model **out, arena_load_stats *st)
@@ -1072,24 +1081,27 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 	}
 	/* The model takes the layout; the image keeps its chunk table for checks. */
 	arena_layout *own = img->layout;
-	arena_wire **wires = NULL;
-	if (o->coded_stream && L.hb4 && o->backend->ops->decode_hb4 && on_device(&L) &&
-	    (rc = plan_wires(&L, own, &wires)))
-		goto fail;
+	arena_wire **wires = NULL; /* the host blocks' coded forms, for the model */
+	const uint8_t *od = on_device(&L);
+	if (o->coded_stream && L.hb4 && o->backend->ops->decode_hb4 && od) {
+		if (!(rc = wire_plans(&L, own)) && !(wires = arena_calloc(own->n_blocks ? own->n_blocks : 1, sizeof(*wires))))
+			rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
+		if (rc)
+			goto fail;
+		for (size_t b = 0; b < own->n_blocks; b++)
+			if (od[b] == ARENA_PLACE_HOST)
+				wires[b] = wire_take(&L, b);
+	}
 	img->layout = NULL;
 	arena_model *m;
-	rc = arena_model_prepare_wire(own, o->backend, o->budget, on_device(&L), wires, &m);
+	rc = arena_model_prepare_wire(own, o->backend, o->budget, od, wires, &m);
 	arena_free(wires);
 	if (rc)
 		goto fail;
 	/* The disk tier of an hb4 image reads blocks coded too (engine). */
-	for (size_t b = 0; o->coded_stream && L.hb4 && o->backend->ops->decode_hb4 && L.placed && b < m->layout->n_blocks; b++)
-		if (L.placed[b] == ARENA_PLACE_DISK &&
-		    (rc = arena_wire_plan(img->chunks, h->chunk_count, h->chunk_size, m->layout->blocks[b].offset,
-					  m->layout->blocks[b].bytes, &m->mem[b].disk_wire))) {
-			arena_model_free(m);
-			goto fail;
-		}
+	for (size_t b = 0; od && b < m->layout->n_blocks; b++)
+		if (od[b] == ARENA_PLACE_DISK)
+			m->mem[b].disk_wire = wire_take(&L, b);
 	/* Chunk descriptions need the layout: lend the model's. */
 	img->layout = m->layout;
 	L.m = m;
