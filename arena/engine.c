@@ -111,7 +111,7 @@ struct arena_engine {
 	unsigned stage_next;
 	int stage_pinned[2]; /* registered with the backend, taken from the pinned budget */
 	/* Coded streaming: blocks held coded (m->mem[b].wire) are copied in
-	 * runs of hb4 segments, each run into one of wstages device stages on
+	 * runs of hb4 segments, each run into one of ENGINE_WIRE_STAGES device stages on
 	 * the copy stream and decoded from there into place on the decode
 	 * stream ds, which runs beside the copies: stage k is copied into once
 	 * its last decodes are done (wdec[k]), decoded once its copy is
@@ -119,27 +119,20 @@ struct arena_engine {
 	 * stream. A block's fill event is recorded on ds after its last decode
 	 * (and, when it has plain segments, after its copies: wx). */
 	arena_stream *ds;
-	uint8_t *wstage;      /* wstages x wstage_each device bytes, or NULL */
+	uint8_t *wstage;      /* ENGINE_WIRE_STAGES x wstage_each device bytes, or NULL */
 	uint64_t wstage_each;
-	unsigned wstages;     /* arena_wire_stages(wstage_each) */
 	arena_event *wcp[ENGINE_WIRE_STAGES], *wdec[ENGINE_WIRE_STAGES], *wx;
 	unsigned wnext;
 	uint64_t *moved; /* per block, what a copy moves (o.moved points at it); NULL: none held coded */
 };
 
-/* Device bytes of the coded copies' stages, allocated or about to be. */
-static uint64_t wire_stage_bytes1(const arena_engine *e)
-{
-	return (uint64_t)e->wstages * e->wstage_each;
-}
-
-/* Device bytes the coded copies' stages take. */
+/* Device bytes the coded copies' stages take (wstage_each is set only
+ * when there are stages, just before they are allocated). */
 static uint64_t wire_stage_bytes(const arena_engine *e)
 {
-	return e->wstage ? e->wstages * e->wstage_each : 0;
+	return ENGINE_WIRE_STAGES * e->wstage_each;
 }
 
-/* Bytes a copy of block b moves: its coded form's when it is held coded. */
 uint64_t arena__disk_part;
 
 /* The disk tier's part size. */
@@ -156,6 +149,7 @@ static arena_wire *disk_coded(const arena_engine *e, uint32_t b)
 	return w && e->o.reread_wire && e->wstage && w->cap <= 2 * disk_part() ? w : NULL;
 }
 
+/* Bytes a copy of block b moves: its coded form's when it is held or read coded. */
 static uint64_t moved_bytes(const arena_engine *e, uint32_t b)
 {
 	const arena_wire *w = e->m->mem[b].wire, *d = disk_coded(e, b);
@@ -208,7 +202,7 @@ static int send_wire(arena_engine *e, const arena_wire *w, uint8_t *dst, arena_s
 		       w->seg[j].src + arena_wire_seg_stored(&w->seg[j]) - a <= e->wstage_each)
 			j++;
 		const uint64_t z = w->seg[j - 1].src + arena_wire_seg_stored(&w->seg[j - 1]);
-		const unsigned k = e->wnext++ % e->wstages;
+		const unsigned k = e->wnext++ % ENGINE_WIRE_STAGES;
 		uint8_t *stage = e->wstage + (uint64_t)k * e->wstage_each;
 		if ((rc = be->ops->stream_wait(be, e->cs, e->wdec[k])) ||
 		    (rc = be->ops->copy_h2d(be, stage, w->buf + a, z - a, e->cs)) ||
@@ -297,10 +291,11 @@ static void read_ahead(arena_engine *e, uint32_t b)
 	}
 }
 
-/* The disk tier in parts: block b read from its image (checked) a part at
- * a time into the two staging buffers, each part copied to dst on the copy
- * stream while the next is read; a buffer is read into again once its last
- * copy is done. */
+/* The disk tier: block b read from its image (checked) a part at a time
+ * (reread_part; without it, whole) into the two staging buffers, each part
+ * copied to dst on the copy stream while the next is read; a buffer is read
+ * into again once its last copy is done. An hb4 image's block is read and
+ * copied coded. */
 static int disk_parts(arena_engine *e, uint32_t b, uint8_t *dst, arena_stream **fill)
 {
 	arena_backend *be = e->be;
@@ -327,14 +322,15 @@ static int disk_parts(arena_engine *e, uint32_t b, uint8_t *dst, arena_stream **
 			e->rec.disk_bytes += w->stored;
 		return rc;
 	}
-	part = part < sz ? part : sz;
+	part = part < sz && e->o.reread_part ? part : sz; /* without reread_part: whole blocks */
 	int rc = stage_room(e, part, b);
 	for (uint64_t off = 0; !rc && off < sz; off += part) {
 		const uint64_t n = sz - off < part ? sz - off : part;
 		const unsigned i = e->stage_next++ % 2;
 		if ((rc = be->ops->event_sync(be, e->ev_stage[i])))
 			break;
-		if ((rc = e->o.reread_part(e->o.reread_ctx, b, off, n, e->stage[i]))) {
+		if ((rc = e->o.reread_part ? e->o.reread_part(e->o.reread_ctx, b, off, n, e->stage[i])
+					   : e->o.reread(e->o.reread_ctx, b, e->stage[i], n))) {
 			arena_error_prefix(e->l->blocks[b].name);
 			break;
 		}
@@ -350,35 +346,14 @@ static int disk_parts(arena_engine *e, uint32_t b, uint8_t *dst, arena_stream **
 }
 
 /* Where the bytes of block b are in host memory for a copy: its host slab,
- * or (the disk tier) a staging buffer they were just read into, checked;
- * *k is then that buffer, whose event the caller records after the copy. */
-static int host_src(arena_engine *e, uint32_t b, const uint8_t **src, int *k)
+ * or NULL (held coded: send() copies its coded form; in the image only:
+ * send() reads it through the staging buffers). */
+static int host_src(const arena_engine *e, uint32_t b, const uint8_t **src)
 {
-	arena_backend *be = e->be;
-	uint64_t sz = e->l->blocks[b].bytes;
-	int rc;
-	*k = -1;
 	*src = e->m->mem[b].host;
-	if (*src || !sz || e->m->mem[b].wire)
-		return 0;
-	if (!e->o.reread)
+	if (on_disk(e, b) && !e->o.reread)
 		return arena_errorf(ARENA_E_INTERNAL, "block '%s' has no host copy and no source to re-read",
 				    e->l->blocks[b].name);
-	if (e->o.reread_part)
-		return 0; /* send() reads it a part at a time */
-	if ((rc = stage_room(e, sz, b)))
-		return rc;
-	const unsigned i = e->stage_next++ % 2;
-	if ((rc = be->ops->event_sync(be, e->ev_stage[i])))
-		return rc;
-	if ((rc = e->o.reread(e->o.reread_ctx, b, e->stage[i], sz))) {
-		arena_error_prefix(e->l->blocks[b].name);
-		return rc;
-	}
-	e->rec.disk_bytes += sz;
-	*src = e->stage[i];
-	*k = (int)i;
-	read_ahead(e, b);
 	return 0;
 }
 
@@ -560,8 +535,7 @@ static int promote(arena_engine *e, uint32_t b)
 	int rc = 0;
 	if (!m->mem[b].dev && sz) {
 		const uint8_t *src;
-		int si;
-		if ((rc = host_src(e, b, &src, &si)))
+		if ((rc = host_src(e, b, &src)))
 			return rc;
 		if ((rc = be->ops->dev_alloc(be, sz, &m->mem[b].dev)))
 			return rc;
@@ -570,7 +544,6 @@ static int promote(arena_engine *e, uint32_t b)
 		arena_stream *fs;
 		if ((e->tr && (rc = arena_trace_copy_begin(e->tr, e->cs, b, sz, ARENA_TRACE_PROMOTE_COPY, e->steps, &k))) ||
 		    (rc = send(e, b, m->mem[b].dev, src, &fs)) ||
-		    (si >= 0 && (rc = be->ops->event_record(be, e->ev_stage[si], e->cs))) ||
 		    (e->tr && (rc = arena_trace_copy_end(e->tr, k, e->cs))) ||
 		    (rc = be->ops->event_record(be, e->ev_fill[b], fs))) {
 			be->ops->stream_sync(be, e->cs);
@@ -762,11 +735,11 @@ static int fetch_block(arena_engine *e, uint32_t b, int next)
 		return 1;
 	if (!reuse) {
 		unsigned k = e->cp_next % ENGINE_COPY_PAIRS;
-		int tk = -1, si = -1;
+		int tk = -1;
 		int timing = e->timed && sz;
 		const uint8_t *src = NULL;
 		arena_stream *fs = e->cs;
-		if ((rc = host_src(e, b, &src, &si)))
+		if ((rc = host_src(e, b, &src)))
 			return rc;
 		if (timing) { /* the pair's last copy, read if done, else dropped */
 			if ((rc = read_copy(e, k)) < 0)
@@ -779,7 +752,6 @@ static int fetch_block(arena_engine *e, uint32_t b, int next)
 		    (e->tr && sz &&
 		     (rc = arena_trace_copy_begin(e->tr, e->cs, b, sz, ARENA_TRACE_FETCH, e->steps + (next ? 1 : 0), &tk))) ||
 		    (rc = send(e, b, (uint8_t *)e->ring_dptr + at, src, &fs)) ||
-		    (si >= 0 && (rc = be->ops->event_record(be, e->ev_stage[si], e->cs))) ||
 		    (e->tr && (rc = arena_trace_copy_end(e->tr, tk, e->cs))) ||
 		    (timing && (rc = be->ops->event_record(be, e->cp_z[k], e->cs))) ||
 		    (rc = be->ops->event_record(be, e->ev_fill[b], fs)))
@@ -964,15 +936,14 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 			rc = arena_errorf(ARENA_E_NOMEM, "engine: out of memory");
 			goto fail;
 		}
-		e->wstages = arena_wire_stages(e->wstage_each);
 		e->wstage_each = arena_wire_stage_each(e->wstage_each);
-		uint64_t st = wire_stage_bytes1(e) + gran_loss(be, wire_stage_bytes1(e));
+		uint64_t st = wire_stage_bytes(e) + gran_loss(be, wire_stage_bytes(e));
 		budget = budget > st ? budget - st : 0;
-		if ((rc = be->ops->dev_alloc(be, wire_stage_bytes1(e), (void **)&e->wstage)) ||
+		if ((rc = be->ops->dev_alloc(be, wire_stage_bytes(e), (void **)&e->wstage)) ||
 		    (rc = (be->ops->stream_create_urgent ? be->ops->stream_create_urgent : be->ops->stream_create)(be, &e->ds)) ||
 		    (rc = be->ops->event_create(be, &e->wx)))
 			goto fail;
-		for (unsigned k = 0; k < e->wstages; k++)
+		for (unsigned k = 0; k < ENGINE_WIRE_STAGES; k++)
 			if ((rc = be->ops->event_create(be, &e->wcp[k])) || (rc = be->ops->event_create(be, &e->wdec[k])))
 				goto fail;
 		for (size_t b = 0; b < l->n_blocks; b++) /* (the stages are there: disk_coded) */
