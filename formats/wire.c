@@ -24,22 +24,18 @@ void arena_wire_env(void)
 	arena_error_clear();
 }
 
-static uint64_t up(uint64_t x, uint64_t a)
+/* Exceptions of hb4 chunk k, from its lengths (its stored bytes beyond
+ * the planes are 5 a exception). */
+static uint64_t chunk_exceptions(const arena_img_chunk *k)
 {
-	return (x + a - 1) / a * a;
-}
-
-unsigned arena_wire_stages(uint64_t most)
-{
-	(void)most;
-	return ARENA_WIRE_STAGES;
+	return (k->stored_length - arena_hb4_stored_length(k->raw_length, 0)) / 5;
 }
 
 uint64_t arena_wire_stage_each(uint64_t most)
 {
 	uint64_t pool = arena__wire_stage_pool ? arena__wire_stage_pool : 64ull << 20;
-	uint64_t each = up(pool / ARENA_WIRE_STAGES, WIRE_ALIGN);
-	return each > most ? each : up(most, WIRE_ALIGN);
+	uint64_t each = arena_align_up(pool / ARENA_WIRE_STAGES, WIRE_ALIGN);
+	return each > most ? each : arena_align_up(most, WIRE_ALIGN);
 }
 
 /* Append a segment (merging a plain one into a plain one it continues). */
@@ -91,15 +87,13 @@ int arena_wire_plan(const arena_img_chunk *chunks, uint64_t n_chunks, uint64_t c
 		const uint64_t a = off > c0 ? off : c0, z = end < c1 ? end : c1;
 		if (z <= a)
 			continue;
-		uint64_t ia = c0 + up(a - c0, 4), iz = c0 + ((z - c0) & ~(uint64_t)1), cap = 0;
-		if (k->codec == ARENA_CODEC_HB4 && iz > ia && iz - ia >= WIRE_MIN_HB4) {
-			uint64_t E = (k->stored_length - arena_hb4_stored_length(k->raw_length, 0)) / 5;
+		uint64_t ia = c0 + arena_align_up(a - c0, 4), iz = c0 + ((z - c0) & ~(uint64_t)1), cap = 0;
+		const uint64_t E = k->codec == ARENA_CODEC_HB4 ? chunk_exceptions(k) : 0;
+		if (k->codec == ARENA_CODEC_HB4 && iz > ia && iz - ia >= WIRE_MIN_HB4)
 			cap = arena_hb4_sub_bound(ia - c0, iz - c0, E);
-		}
 		if (cap && cap < iz - ia) {
 			/* the part's segments share one region: room for each one's
 			 * planes and, once, for every exception of the chunk */
-			const uint64_t E = (k->stored_length - arena_hb4_stored_length(k->raw_length, 0)) / 5;
 			const uint64_t most = arena__wire_seg_max >= 4 ? arena__wire_seg_max / 4 * 4 : iz - ia;
 			if ((rc = add(w, &room, ARENA_CODEC_NONE, a - off, ia - a, 0, 0, ia - a)))
 				break;
@@ -110,7 +104,7 @@ int arena_wire_plan(const arena_img_chunk *chunks, uint64_t n_chunks, uint64_t c
 				rc = add(w, &room, ARENA_CODEC_HB4, x - off, y - x, c, x - c0, 0);
 				const uint64_t big = arena_hb4_sub_bound(x - c0, y - c0, E < (y - x) / 2 ? E : (y - x) / 2);
 				w->most = big > w->most ? big : w->most;
-				region += up(arena_hb4_stored_length(y - x, 0), WIRE_ALIGN) + WIRE_ALIGN;
+				region += arena_align_up(arena_hb4_stored_length(y - x, 0), WIRE_ALIGN) + WIRE_ALIGN;
 				w->n_hb4++;
 			}
 			if (rc)
@@ -126,7 +120,7 @@ int arena_wire_plan(const arena_img_chunk *chunks, uint64_t n_chunks, uint64_t c
 	uint64_t at = 0;
 	for (size_t i = 0; !rc && i < w->n; i++) {
 		w->seg[i].src = at; /* an hb4 segment's own place is set when it is filled */
-		at = up(at + w->seg[i].cap, WIRE_ALIGN);
+		at = arena_align_up(at + w->seg[i].cap, WIRE_ALIGN);
 	}
 	w->cap = at;
 	if (rc || !w->n_hb4 || w->cap > bytes - bytes / 20) {
@@ -144,14 +138,14 @@ uint64_t arena_wire_stage_bound(const arena_img_chunk *chunks, uint64_t n_chunks
 		const arena_img_chunk *k = &chunks[c];
 		if (k->codec != ARENA_CODEC_HB4)
 			continue;
-		uint64_t E = (k->stored_length - arena_hb4_stored_length(k->raw_length, 0)) / 5;
+		const uint64_t E = chunk_exceptions(k);
 		uint64_t raw = arena__wire_seg_max >= 4 && arena__wire_seg_max / 4 * 4 < k->raw_length
 				       ? arena__wire_seg_max / 4 * 4
 				       : k->raw_length;
-		uint64_t b = up(arena_hb4_sub_bound(0, raw, E < raw / 2 ? E : raw / 2), WIRE_ALIGN);
+		uint64_t b = arena_align_up(arena_hb4_sub_bound(0, raw, E < raw / 2 ? E : raw / 2), WIRE_ALIGN);
 		most = b > most ? b : most;
 	}
-	return most ? arena_wire_stages(most) * arena_wire_stage_each(most) : 0;
+	return most ? ARENA_WIRE_STAGES * arena_wire_stage_each(most) : 0;
 }
 
 void arena_wire_free(arena_wire *w)
@@ -202,7 +196,7 @@ uint64_t arena_wire_fill_hb4(arena_wire *w, size_t i, const arena_hb4 *v)
 	arena_wire_seg *g = &w->seg[i];
 	if (!g->first) { /* after the segment before it in the region */
 		const arena_wire_seg *p = &w->seg[i - 1];
-		g->src = up(p->src + arena_wire_seg_stored(p), WIRE_ALIGN);
+		g->src = arena_align_up(p->src + arena_wire_seg_stored(p), WIRE_ALIGN);
 	}
 	uint64_t n = arena_hb4_sub(v, g->coff, g->coff + g->raw, w->buf + g->src, &g->v);
 	g->filled = 1;
@@ -229,24 +223,25 @@ void arena_wire_decode(const arena_wire *w, uint64_t a, uint64_t z, uint8_t *dst
 {
 	for (size_t i = arena_wire_find(w, a); i < w->n && w->seg[i].dst < z; i++) {
 		const arena_wire_seg *s = &w->seg[i];
-		uint64_t x = s->dst > a ? s->dst : a, y = s->dst + s->raw < z ? s->dst + s->raw : z;
+		const uint64_t x = s->dst > a ? s->dst : a, y = s->dst + s->raw < z ? s->dst + s->raw : z;
 		if (s->codec == ARENA_CODEC_NONE) {
 			memcpy(dst + (x - a), w->buf + s->src + (x - s->dst), y - x);
-		} else {
-			/* hb4 decodes even ranges: widen by a byte at either end when needed */
-			uint64_t u = (x - s->dst) & ~(uint64_t)1, v = up(y - s->dst, 2);
-			uint8_t edge[2];
-			arena_hb4 h = s->v;
-			if (u == x - s->dst && v == y - s->dst) {
-				arena_hb4_decode(&h, u, v, dst + (x - a));
-				continue;
-			}
-			for (uint64_t q = u; q < v; q += 2) {
-				arena_hb4_decode(&h, q, q + 2, edge);
-				for (unsigned j = 0; j < 2; j++)
-					if (s->dst + q + j >= x && s->dst + q + j < y)
-						dst[s->dst + q + j - a] = edge[j];
-			}
+			continue;
 		}
+		/* hb4 decodes whole words: an odd byte at either end comes from its word */
+		uint64_t lo = x - s->dst, hi = y - s->dst; /* in the segment */
+		uint8_t word[2];
+		if (lo % 2) {
+			arena_hb4_decode(&s->v, lo - 1, lo + 1, word);
+			dst[s->dst + lo - a] = word[1];
+			lo++;
+		}
+		if (hi % 2 && hi > lo) {
+			arena_hb4_decode(&s->v, hi - 1, hi + 1, word);
+			dst[s->dst + hi - 1 - a] = word[0];
+			hi--;
+		}
+		if (lo < hi)
+			arena_hb4_decode(&s->v, lo, hi, dst + (s->dst + lo - a));
 	}
 }

@@ -79,7 +79,7 @@ void arena_wire_env(void);
  * bus as busy as raw copies do, and four stages let the copies run a few
  * milliseconds ahead of decodes that wait behind a caller's kernels. */
 #define ARENA_WIRE_STAGES 4
-unsigned arena_wire_stages(uint64_t most);
+/* One stage's bytes for segments of at most `most` stored bytes. */
 uint64_t arena_wire_stage_each(uint64_t most);
 extern uint64_t arena__wire_stage_pool;
 
