@@ -28,8 +28,11 @@ int arena_model_prepare_wire(arena_layout *layout, arena_backend *be, arena_pin_
 	*out = NULL;
 	arena_model *m = arena_calloc(1, sizeof(*m));
 	if (!m) {
-		for (size_t b = 0; wires && b < layout->n_blocks; b++)
-			arena_wire_free(wires[b]);
+		for (size_t b = 0; wires && on_device && b < layout->n_blocks; b++)
+			if (on_device[b] == ARENA_PLACE_HOST) {
+				arena_wire_free(wires[b]);
+				wires[b] = NULL;
+			}
 		arena_layout_free(layout);
 		return arena_errorf(ARENA_E_NOMEM, "out of memory");
 	}
@@ -39,18 +42,19 @@ int arena_model_prepare_wire(arena_layout *layout, arena_backend *be, arena_pin_
 	int rc = 0;
 	m->mem = arena_calloc(layout->n_blocks, sizeof(*m->mem));
 	if (!m->mem) {
-		for (size_t b = 0; wires && b < layout->n_blocks; b++)
-			arena_wire_free(wires[b]);
+		for (size_t b = 0; wires && on_device && b < layout->n_blocks; b++)
+			if (on_device[b] == ARENA_PLACE_HOST) {
+				arena_wire_free(wires[b]);
+				wires[b] = NULL;
+			}
 		rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
 		goto fail;
 	}
-	for (size_t b = 0; wires && b < layout->n_blocks; b++) {
-		if (wires[b] && on_device && on_device[b] == ARENA_PLACE_HOST)
+	for (size_t b = 0; wires && on_device && b < layout->n_blocks; b++)
+		if (on_device[b] == ARENA_PLACE_HOST) {
 			m->mem[b].wire = wires[b];
-		else
-			arena_wire_free(wires[b]);
-		wires[b] = NULL;
-	}
+			wires[b] = NULL;
+		}
 	uint64_t need_dev = 0;
 	for (size_t b = 0; b < layout->n_blocks; b++) {
 		if (on_device && on_device[b] == ARENA_PLACE_DISK)

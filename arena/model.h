@@ -63,7 +63,9 @@ int arena_model_prepare(arena_layout *layout, arena_backend *be, arena_pin_budge
 			const uint8_t *on_device, arena_model **out);
 /* The same, and blocks placed ARENA_PLACE_HOST whose wires[b] is not NULL
  * keep a coded host copy of wires[b]->cap bytes instead of a slab: the
- * model takes each wire (also on failure) and sets its buffer. */
+ * model takes those wires (wires[b] set to NULL, also on failure, when it
+ * frees them) and sets their buffers; the others stay the caller's.
+ * wires may be NULL. */
 int arena_model_prepare_wire(arena_layout *layout, arena_backend *be, arena_pin_budget *budget,
 			     const uint8_t *on_device, struct arena_wire **wires, arena_model **out);
 

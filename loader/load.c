@@ -21,7 +21,6 @@
 #include "../common/io.h"
 #include "../common/units.h"
 #include "../formats/codec.h"
-#include "../formats/wire.h"
 #include "../formats/image.h"
 #include "../formats/wire.h"
 #include "quant_select.h"
@@ -969,7 +968,7 @@ static void loader_files_close(loader *L)
 /* Coded streaming: each block's coded form where it saves bytes (NULL
  * entries elsewhere), made once (place() needs the sizes; the model takes
  * the forms of the blocks it holds on the host, the engine those it reads
- * from the image). */
+ * from the image; loader_files_close frees the rest). */
 static int wire_plans(loader *L, const arena_layout *l)
 {
 	if (L->wplan)
@@ -985,15 +984,6 @@ static int wire_plans(loader *L, const arena_layout *l)
 			return rc;
 	}
 	return 0;
-}
-
-/* Block b's coded form, taken from the plans (NULL: none). */
-static arena_wire *wire_take(loader *L, size_t b)
-{
-	arena_wire *w = L->wplan && b < L->n_wplan ? L->wplan[b] : NULL;
-	if (w)
-		L->wplan[b] = NULL;
-	return w;
 }
 
 int arena_load_image(const char *path, const arena_load_opts *o, arena_model **out, arena_load_stats *st)
@@ -1081,27 +1071,19 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 	}
 	/* The model takes the layout; the image keeps its chunk table for checks. */
 	arena_layout *own = img->layout;
-	arena_wire **wires = NULL; /* the host blocks' coded forms, for the model */
 	const uint8_t *od = on_device(&L);
-	if (o->coded_stream && L.hb4 && o->backend->ops->decode_hb4 && od) {
-		if (!(rc = wire_plans(&L, own)) && !(wires = arena_calloc(own->n_blocks ? own->n_blocks : 1, sizeof(*wires))))
-			rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
-		if (rc)
-			goto fail;
-		for (size_t b = 0; b < own->n_blocks; b++)
-			if (od[b] == ARENA_PLACE_HOST)
-				wires[b] = wire_take(&L, b);
-	}
+	if (o->coded_stream && L.hb4 && o->backend->ops->decode_hb4 && od && (rc = wire_plans(&L, own)))
+		goto fail;
 	img->layout = NULL;
-	arena_model *m;
-	rc = arena_model_prepare_wire(own, o->backend, o->budget, od, wires, &m);
-	arena_free(wires);
-	if (rc)
+	arena_model *m; /* takes the host blocks' coded forms from the plans */
+	if ((rc = arena_model_prepare_wire(own, o->backend, o->budget, od, L.wplan, &m)))
 		goto fail;
 	/* The disk tier of an hb4 image reads blocks coded too (engine). */
-	for (size_t b = 0; od && b < m->layout->n_blocks; b++)
-		if (od[b] == ARENA_PLACE_DISK)
-			m->mem[b].disk_wire = wire_take(&L, b);
+	for (size_t b = 0; L.wplan && b < m->layout->n_blocks; b++)
+		if (od[b] == ARENA_PLACE_DISK) {
+			m->mem[b].disk_wire = L.wplan[b];
+			L.wplan[b] = NULL;
+		}
 	/* Chunk descriptions need the layout: lend the model's. */
 	img->layout = m->layout;
 	L.m = m;

@@ -102,8 +102,9 @@ int arena_slab_reader_open_pieces(const char *path, const arena_layout *l, uint6
 	r->n_rd = 1;
 	r->want_rd = REREAD_THREADS;
 	const char *env = getenv("ARENA_REREAD_THREADS");
-	if (env && atoi(env) >= 1 && atoi(env) <= REREAD_THREADS)
-		r->want_rd = (unsigned)atoi(env);
+	const int t = env ? atoi(env) : 0;
+	if (t >= 1 && t <= REREAD_THREADS)
+		r->want_rd = (unsigned)t;
 	r->l = l;
 	*out = r;
 	return 0;
@@ -144,9 +145,7 @@ int arena_slab_reader_read_wire(void *reader, uint32_t b, arena_wire *w)
 	if (b >= r->l->n_blocks || !w || !w->buf)
 		return arena_errorf(ARENA_E_USAGE, "reread: block %u: no coded form to fill", b);
 	int rc = read_runs(r, b, 0, r->l->blocks[b].bytes, NULL, w);
-	if (!rc && (rc = arena_wire_seal(w, r->l->blocks[b].name)))
-		arena_error_prefix("reread");
-	return rc;
+	return rc ? rc : arena_wire_seal(w, r->l->blocks[b].name);
 }
 
 /* Bytes [at, at + bytes) of block b: raw into dst, or the block's coded
