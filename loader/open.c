@@ -324,18 +324,25 @@ static int place(void *ctx, const arena_layout *l, uint64_t stage, const uint64_
 		char why[512], s1[32], s2[32], s3[32], s4[32];
 		snprintf(why, sizeof(why), "%s", arena_last_error());
 		uint64_t avail = o->cap && o->cap < free_b ? o->cap : free_b, fit = 0;
-		char hint[96] = "", s5[32];
+		char hint[256] = "", s5[32];
 		char s6[32];
 		if (!c->pieces && c->image && arena_residency_piece_fit(l, o, budget, &fit) == 0 && fit)
 			snprintf(hint, sizeof(hint), "; in pieces of %s it runs (piece_size, --piece-size %s)",
 				 arena_size_str(fit, s5, sizeof(s5)), arena_size_arg(fit, s6, sizeof(s6)));
+		if (stage) { /* the smallest plan streams: its coded copies' stages come on top */
+			size_t k = strlen(hint);
+			snprintf(hint + k, sizeof(hint) - k,
+				 "; that includes %s of device stages for streaming this hb4 image coded "
+				 "(ARENA_OPEN_PLAIN_STREAM, plain_stream=True or ARENA_PLAIN_STREAM=1: raw host copies, no stages)",
+				 arena_size_str(stage, s5, sizeof(s5)));
+		}
 		arena_error_clear();
 		return arena_errorf(rc,
 				    "%s: does not fit: %s; with a working reserve of %s and headroom of %s it needs %s of "
 				    "device memory, %s is %s%s",
 				    c->path, why, arena_size_str(reserve, s1, sizeof(s1)), arena_size_str(headroom, s2, sizeof(s2)),
-				    arena_size_str(p.min_need_bytes + reserve + headroom, s3, sizeof(s3)), arena_size_str(avail, s4, sizeof(s4)),
-				    o->cap && o->cap <= free_b ? "the cap" : "free", hint);
+				    arena_size_str(p.min_need_bytes + stage + reserve + headroom, s3, sizeof(s3)),
+				    arena_size_str(avail, s4, sizeof(s4)), o->cap && o->cap <= free_b ? "the cap" : "free", hint);
 	}
 	if (rc)
 		return rc;

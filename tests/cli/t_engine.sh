@@ -482,5 +482,9 @@ coded_stream() {
 	expect_rc 2
 	expect_error_line
 	expect_err "device stages for streaming this hb4 image coded"
+	run load "$T/c.arena" --backend sim --vram-cap 250K --headroom 0 --reserve 0 --depth 1
+	expect_rc 2
+	expect_error_line
+	expect_err "device stages for streaming this hb4 image coded"
 }
 cases coded_stream
