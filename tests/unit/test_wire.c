@@ -332,21 +332,8 @@ Test(wire, a_corrupted_image_under_the_coded_disk_tier, .init = setup, .fini = t
 	o.host_budget = ARENA_ZERO_BYTES;
 	arena *a;
 	cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
-	int fd = open(img, O_RDWR);
-	cr_assert_geq(fd, 0);
-	off_t size = lseek(fd, 0, SEEK_END);
-	for (off_t at = 40960; at < size - 4096; at += 4096) {
-		unsigned char c;
-		cr_assert_eq(pread(fd, &c, 1, at + 100), 1);
-		c ^= 0x5a;
-		cr_assert_eq(pwrite(fd, &c, 1, at + 100), 1);
-	}
-	close(fd);
-	int rc = arena_step_begin(a);
-	void *d;
-	for (size_t i = 0; !rc && i < arena_block_count(a); i++)
-		if (!(rc = arena_block_acquire(a, i, NULL, &d)))
-			rc = arena_block_release(a, i, NULL);
+	flip_a_byte_a_page(img, 40960 + 100, 4096 - 100);
+	int rc = try_step_over_blocks(a, NULL);
 	cr_assert_eq(rc, ARENA_E(IMG_CHUNK_CHECKSUM), "%s: %s", arena_err_name(rc), arena_last_error());
 	cr_assert(strstr(arena_last_error(), "blocks.") != NULL, "names no block: %s", arena_last_error());
 	arena_close(a);
@@ -414,15 +401,7 @@ Test(wire, allocation_failures, .init = setup, .fini = teardown)
 		arena *a = NULL;
 		cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
 		arena_fault_alloc(n);
-		int rc = arena_step_begin(a);
-		void *d;
-		for (size_t i = 0; !rc && i < arena_block_count(a); i++)
-			if (!(rc = arena_block_acquire(a, i, NULL, &d))) {
-				expect_block_tensors(a, ref, i, d, 0);
-				rc = arena_block_release(a, i, NULL);
-			}
-		if (!rc)
-			rc = arena_step_end(a);
+		int rc = try_step_over_blocks(a, ref);
 		int fired = arena_fault_alloc_fired();
 		arena_fault_alloc(0);
 		arena_close(a);

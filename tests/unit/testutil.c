@@ -3,12 +3,14 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "arena.h"
 #include "testutil.h"
@@ -113,4 +115,31 @@ void steps_over_blocks(struct arena *a, struct arena *ref, int steps, int train,
 	}
 	if (sum)
 		*sum = all;
+}
+
+int try_step_over_blocks(struct arena *a, struct arena *ref)
+{
+	int rc = arena_step_begin(a);
+	void *d;
+	for (size_t i = 0; !rc && i < arena_block_count(a); i++)
+		if (!(rc = arena_block_acquire(a, i, NULL, &d))) {
+			if (ref)
+				expect_block_tensors(a, ref, i, d, 0);
+			rc = arena_block_release(a, i, NULL);
+		}
+	return rc ? rc : arena_step_end(a);
+}
+
+void flip_a_byte_a_page(const char *path, long long first, long long keep_tail)
+{
+	int fd = open(path, O_RDWR);
+	cr_assert_geq(fd, 0, "%s", path);
+	const off_t size = lseek(fd, 0, SEEK_END);
+	for (off_t at = (off_t)first; at < size - (off_t)keep_tail; at += 4096) {
+		unsigned char c;
+		cr_assert_eq(pread(fd, &c, 1, at), 1);
+		c ^= 0x5a;
+		cr_assert_eq(pwrite(fd, &c, 1, at), 1);
+	}
+	close(fd);
 }

@@ -42,4 +42,13 @@ void expect_block_tensors(struct arena *a, struct arena *ref, size_t i, const vo
 struct arena_step_info;
 void steps_over_blocks(struct arena *a, struct arena *ref, int steps, int train, struct arena_step_info *sum);
 
+/* One step over every block (each checked against ref unless it is NULL)
+ * that stops at the first error and returns it (0: the step ended): for
+ * injected faults and changed files. */
+int try_step_over_blocks(struct arena *a, struct arena *ref);
+
+/* Flip a byte (xor 0x5a) every 4 KiB of the file at path: at first, first +
+ * 4096, ... while the byte is more than keep_tail bytes before its end. */
+void flip_a_byte_a_page(const char *path, long long first, long long keep_tail);
+
 #endif
