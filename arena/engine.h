@@ -283,6 +283,12 @@ int arena_residency_piece_auto(const arena_layout *l, const arena_engine_opts *o
  * (a layout with no block to schedule is fine: all resident), NOMEM. */
 int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o, uint64_t budget,
 			      arena_residency_plan *p);
+
+/* The same when streaming anything also takes `stage` device bytes (coded
+ * streaming's stages; 0: none): a plan that streams is made again for
+ * *budget less the stages, and *budget says what the plan had. */
+int arena_residency_plan_staged(const arena_layout *l, const arena_engine_opts *o, uint64_t *budget, uint64_t stage,
+				arena_residency_plan *p);
 void arena_residency_plan_release(arena_residency_plan *p);
 /* A deep copy of src into dst (NOMEM: dst holds nothing to release). */
 int arena_residency_plan_copy(const arena_residency_plan *src, arena_residency_plan *dst);

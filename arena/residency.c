@@ -1104,3 +1104,14 @@ out:
 	}
 	return rc;
 }
+
+int arena_residency_plan_staged(const arena_layout *l, const arena_engine_opts *o, uint64_t *budget, uint64_t stage,
+				arena_residency_plan *p)
+{
+	int rc = arena_residency_plan_make(l, o, *budget, p);
+	if (rc || !stage || !p->n_streamed)
+		return rc;
+	arena_residency_plan_release(p);
+	*budget = *budget > stage ? *budget - stage : 0;
+	return arena_residency_plan_make(l, o, *budget, p);
+}

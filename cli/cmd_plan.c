@@ -136,17 +136,12 @@ int cmd_plan(int argc, char **argv)
 	}
 	if (pl)
 		l = pl;
-	rc = arena_residency_plan_make(l, &o, budget, &p);
 	/* As arena_open: streaming an hb4 image coded takes device stages too
 	 * (unless ARENA_PLAIN_STREAM asks for raw host copies). */
 	const char *ps = getenv("ARENA_PLAIN_STREAM");
 	arena_wire_env();
 	const uint64_t stage = ps && strcmp(ps, "0") ? 0 : arena_wire_stage_bound(img->chunks, img->hdr.chunk_count);
-	if (!rc && stage && p.n_streamed) {
-		arena_residency_plan_release(&p);
-		budget = budget > stage ? budget - stage : 0;
-		rc = arena_residency_plan_make(l, &o, budget, &p);
-	}
+	rc = arena_residency_plan_staged(l, &o, &budget, stage, &p);
 	if (rc) {
 		if (rc == ARENA_E(BUDGET)) {
 			char msg[1024], a[32], b[32], c[32], d[32];

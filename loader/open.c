@@ -314,12 +314,7 @@ static int place(void *ctx, const arena_layout *l, uint64_t stage, const uint64_
 		return rc;
 	arena_residency_budget(total, free_b, o, &budget, &headroom, &reserve);
 	arena_residency_plan p;
-	rc = arena_residency_plan_make(l, o, budget, &p);
-	if (!rc && stage && p.n_streamed) { /* streaming coded: its stages take device memory too */
-		arena_residency_plan_release(&p);
-		budget = budget > stage ? budget - stage : 0;
-		rc = arena_residency_plan_make(l, o, budget, &p);
-	}
+	rc = arena_residency_plan_staged(l, o, &budget, stage, &p); /* streaming coded takes stages too */
 	if (rc == ARENA_E(BUDGET)) {
 		char why[512], s1[32], s2[32], s3[32], s4[32];
 		snprintf(why, sizeof(why), "%s", arena_last_error());
