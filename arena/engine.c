@@ -11,6 +11,7 @@
 #include "../common/err.h"
 #include "../formats/wire.h"
 #include "residency_int.h"
+#include "stager.h"
 #include "trace.h"
 
 enum { ST_IDLE, ST_STEP, ST_FAILED };
@@ -103,13 +104,12 @@ struct arena_engine {
 	int begun; /* first copies of the coming step issued */
 	arena_trace *tr; /* a trace being recorded, or NULL */
 	/* The disk tier: a block with neither a device nor a host copy is read
-	 * from its image (o->reread: its chunks checked) into one of two staging
-	 * buffers when it is copied, each reused once its last copy is done. */
-	uint8_t *stage[2];
-	uint64_t stage_bytes; /* each */
-	arena_event *ev_stage[2];
-	unsigned stage_next;
-	int stage_pinned[2]; /* registered with the backend, taken from the pinned budget */
+	 * from its image (o->reread: its chunks checked) by the stager, ahead
+	 * of its copy, in parts of disk_part() (a coded block whole) into
+	 * staging slots (stager.h); made at the first such copy. */
+	arena_stager *stg;
+	unsigned stg_slots;
+	arena_wire **disk_plans; /* per block, disk_coded() when the stager was made (or NULL) */
 	/* Coded streaming: blocks held coded (m->mem[b].wire) are copied in
 	 * runs of hb4 segments, each run into one of ENGINE_WIRE_STAGES device stages on
 	 * the copy stream and decoded from there into place on the decode
@@ -236,112 +236,132 @@ static int on_disk(const arena_engine *e, uint32_t b)
 	return !e->m->mem[b].dev && !e->m->mem[b].host && !e->m->mem[b].wire && e->l->blocks[b].bytes;
 }
 
-static void stage_free(arena_engine *e)
+/* Entry j of the streamed schedule; j >= n_seq is the next step's j - n_seq. */
+static uint32_t seq_at(const arena_engine *e, size_t j)
 {
-	for (unsigned k = 0; k < 2; k++) {
-		if (e->ev_stage[k])
-			e->be->ops->event_sync(e->be, e->ev_stage[k]);
-		if (e->stage_pinned[k]) {
-			e->be->ops->host_unregister(e->be, e->stage[k]);
-			arena_pin_budget_give(e->m->budget, e->stage_bytes);
-			e->stage_pinned[k] = 0;
-		}
-		arena_free(e->stage[k]);
-		e->stage[k] = NULL;
-	}
-	e->stage_bytes = 0;
+	return e->seq[j < e->n_seq ? j : j - e->n_seq];
 }
 
-/* Two staging buffers of at least `bytes` for the disk tier, pinned while
- * the pinned budget allows (copies from them then run beside the next
- * read); block b names them in an error. */
-static int stage_room(arena_engine *e, uint64_t bytes, uint32_t b)
+/* The disk tier's parts of block b: its bytes in parts of disk_part()
+ * (whole without reread_part), or the whole block coded; n of them at most
+ * into p; returns how many it has. */
+static size_t disk_parts_of(const arena_engine *e, uint32_t b, arena_stage_part *p, size_t n)
 {
-	if (e->stage_bytes >= bytes)
+	const uint64_t sz = e->l->blocks[b].bytes;
+	if (disk_coded(e, b)) {
+		if (n)
+			p[0] = (arena_stage_part){b, 0, sz, 1};
+		return 1;
+	}
+	const uint64_t part = e->o.reread_part && disk_part() < sz ? disk_part() : sz;
+	size_t k = 0;
+	for (uint64_t off = 0; off < sz; off += part, k++)
+		if (k < n)
+			p[k] = (arena_stage_part){b, off, sz - off < part ? sz - off : part, 0};
+	return k;
+}
+
+/* The stager, made at the first disk-tier copy: slots as large as a part
+ * (a block without reread_part) or a block read coded, as many as
+ * o.disk_staging (default ARENA_ENGINE_DISK_STAGING) holds, 2 at least. */
+static int stager_up(arena_engine *e)
+{
+	if (e->stg)
 		return 0;
-	stage_free(e);
-	for (unsigned i = 0; i < 2; i++) {
-		if (!(e->stage[i] = arena_aligned_alloc(4096, bytes))) {
-			stage_free(e);
-			return arena_errorf(ARENA_E_NOMEM, "out of memory for a %s staging buffer (block '%s')",
-					    arena__fmtb(bytes), e->l->blocks[b].name);
-		}
-		e->stage_bytes = bytes;
-		if (e->m->budget && !arena_pin_budget_take(e->m->budget, bytes)) {
-			if (e->be->ops->host_register(e->be, e->stage[i], bytes) == 0)
-				e->stage_pinned[i] = 1;
-			else
-				arena_pin_budget_give(e->m->budget, bytes);
-			arena_error_clear();
-		}
+	uint64_t slot = e->o.reread_part ? disk_part() : 0;
+	int coded = 0;
+	for (uint32_t b = 0; b < e->l->n_blocks; b++) {
+		const arena_wire *w = disk_coded(e, b);
+		const uint64_t need = w ? w->cap : e->o.reread_part ? 0 : e->l->blocks[b].bytes;
+		slot = need > slot ? need : slot;
+		coded |= w != NULL;
 	}
-	return 0;
+	slot = arena_align_up(slot ? slot : 1, 4096);
+	const uint64_t total = e->o.disk_staging ? e->o.disk_staging : ARENA_ENGINE_DISK_STAGING;
+	uint64_t n = total / slot;
+	n = n < 2 ? 2 : n > ARENA_STAGER_MAX_SLOTS ? ARENA_STAGER_MAX_SLOTS : n;
+	if (coded && !e->disk_plans) {
+		if (!(e->disk_plans = arena_calloc(e->l->n_blocks, sizeof(*e->disk_plans))))
+			return arena_errorf(ARENA_E_NOMEM, "out of memory for the disk tier");
+		for (uint32_t b = 0; b < e->l->n_blocks; b++)
+			e->disk_plans[b] = disk_coded(e, b);
+	}
+	arena_stager_src src = {.whole = e->o.reread,
+				.part = e->o.reread_part,
+				.wire = e->o.reread_wire,
+				.ctx = e->o.reread_ctx,
+				.plans = e->disk_plans,
+				.l = e->l};
+	int rc = arena_stager_create(e->be, e->m->budget, &src, slot, (unsigned)n, !e->o.disk_sync, &e->stg);
+	e->stg_slots = rc ? 0 : (unsigned)n;
+	return rc;
 }
 
-/* Read-ahead: the next two disk blocks the schedule streams (after block b)
- * start coming in while b is copied and worked on. */
-static void read_ahead(arena_engine *e, uint32_t b)
+/* Tell the stager what comes: block b's parts, then those of the disk
+ * blocks the schedule streams after entry e->fetched (a step ahead at
+ * most), twice as many parts as it has slots. */
+static int disk_want(arena_engine *e, uint32_t b)
 {
-	for (size_t j = e->fetched + 1, n = 0; e->o.advise && n < 2 && j < 2 * e->n_seq; j++) {
-		uint32_t q = e->seq[j < e->n_seq ? j : j - e->n_seq];
-		if (q != b && on_disk(e, q)) {
-			e->o.advise(e->o.reread_ctx, q);
-			n++;
-		}
+	enum { MAXP = 4 * ARENA_STAGER_MAX_SLOTS };
+	arena_stage_part p[MAXP];
+	size_t n = disk_parts_of(e, b, p, MAXP);
+	const size_t lim = n + 2 * (size_t)e->stg_slots;
+	for (size_t j = e->fetched + 1; j < e->fetched + e->n_seq && j < 2 * e->n_seq && n < lim && n < MAXP; j++) {
+		const uint32_t q = seq_at(e, j);
+		if (q != b && on_disk(e, q))
+			n += disk_parts_of(e, q, p + n, MAXP - n);
 	}
+	return arena_stager_want(e->stg, p, n < MAXP ? n : MAXP);
 }
 
-/* The disk tier: block b read from its image (checked) a part at a time
- * (reread_part; without it, whole) into the two staging buffers, each part
- * copied to dst on the copy stream while the next is read; a buffer is read
- * into again once its last copy is done. An hb4 image's block is read and
- * copied coded. */
+/* The disk tier: block b's parts taken from the stager as they are read
+ * (ahead of now, usually) and copied to dst on the copy stream; a coded
+ * block (an hb4 image) is copied coded and decoded on the device. Each
+ * slot is read into again once its copies (and decodes) are done. */
 static int disk_parts(arena_engine *e, uint32_t b, uint8_t *dst, arena_stream **fill)
 {
 	arena_backend *be = e->be;
-	const uint64_t sz = e->l->blocks[b].bytes;
-	arena_wire *w = disk_coded(e, b);
-	uint64_t part = disk_part();
-	if (w) {
-		/* an hb4 image: read coded, copied coded (fewer bytes from the
-		 * disk and over the bus, nothing decoded on the host) */
-		const unsigned i = e->stage_next++ % 2;
-		int rc = stage_room(e, w->cap, b);
-		if (!rc)
-			rc = be->ops->event_sync(be, e->ev_stage[i]);
-		if (!rc) {
-			w->buf = e->stage[i];
-			if ((rc = e->o.reread_wire(e->o.reread_ctx, b, w)))
-				arena_error_prefix(e->l->blocks[b].name);
-		}
-		if (!rc)
-			read_ahead(e, b);
-		if (!rc && !(rc = send_wire(e, w, dst, fill)))
-			rc = be->ops->event_record(be, e->ev_stage[i], e->cs); /* after every copy from it */
-		if (!rc)
-			e->rec.disk_bytes += w->stored;
-		return rc;
-	}
-	part = part < sz && e->o.reread_part ? part : sz; /* without reread_part: whole blocks */
-	int rc = stage_room(e, part, b);
-	for (uint64_t off = 0; !rc && off < sz; off += part) {
-		const uint64_t n = sz - off < part ? sz - off : part;
-		const unsigned i = e->stage_next++ % 2;
-		if ((rc = be->ops->event_sync(be, e->ev_stage[i])))
-			break;
-		if ((rc = e->o.reread_part ? e->o.reread_part(e->o.reread_ctx, b, off, n, e->stage[i])
-					   : e->o.reread(e->o.reread_ctx, b, e->stage[i], n))) {
-			arena_error_prefix(e->l->blocks[b].name);
-			break;
-		}
-		if (off == 0)
-			read_ahead(e, b);
-		if ((rc = be->ops->copy_h2d(be, dst + off, e->stage[i], n, e->cs)) ||
-		    (rc = be->ops->event_record(be, e->ev_stage[i], e->cs)))
-			break;
-	}
+	int rc = stager_up(e);
 	if (!rc)
-		e->rec.disk_bytes += sz;
+		rc = disk_want(e, b);
+	enum { MAXP = 4 * ARENA_STAGER_MAX_SLOTS };
+	const size_t n = rc ? 0 : disk_parts_of(e, b, NULL, 0);
+	uint64_t off = 0;
+	for (size_t i = 0; i < n && !rc; i++) {
+		unsigned k;
+		uint8_t *buf;
+		arena_wire *w;
+		const double t0 = arena_now_s();
+		rc = arena_stager_take(e->stg, &k, &buf, &w);
+		e->rec.disk_wait_s += arena_now_s() - t0;
+		if (rc)
+			break;
+		*fill = e->cs;
+		if (w) {
+			if (!(rc = send_wire(e, w, dst, fill))) {
+				e->m->mem[b].disk_wire->stored = w->stored; /* what its copies move */
+				e->rec.disk_bytes += w->stored;
+			}
+		} else {
+			const uint64_t len = e->l->blocks[b].bytes - off < disk_part() || !e->o.reread_part
+						     ? e->l->blocks[b].bytes - off
+						     : disk_part();
+			if (!(rc = be->ops->copy_h2d(be, dst + off, buf, len, e->cs)))
+				e->rec.disk_bytes += len;
+			off += len;
+		}
+		if (!rc) /* after its copies (and a coded block's decodes) */
+			rc = be->ops->event_record(be, arena_stager_event(e->stg, k), *fill);
+		if (rc) { /* some copies from the slot may be queued, and no event after them */
+			char keep[1024];
+			snprintf(keep, sizeof(keep), "%s", arena_last_error());
+			be->ops->stream_sync(be, e->cs);
+			if (e->ds)
+				be->ops->stream_sync(be, e->ds);
+			rc = arena_errorf(rc, "%s", keep);
+		}
+		arena_stager_put(e->stg, k);
+	}
 	return rc;
 }
 
@@ -467,8 +487,15 @@ static int ensure_host(arena_engine *e, uint32_t b)
 		return arena_errorf(ARENA_E_INTERNAL, "block '%s' has no host copy and no source to re-read",
 				    e->l->blocks[b].name);
 	int rc = arena_model_host_add(m, b, &slab);
-	if (!rc && (rc = e->o.reread(e->o.reread_ctx, b, slab, e->l->blocks[b].bytes)))
-		arena_model_host_discard(m, b);
+	if (!rc) {
+		if (e->stg) /* the stager reads from the same source */
+			arena_stager_lock(e->stg);
+		rc = e->o.reread(e->o.reread_ctx, b, slab, e->l->blocks[b].bytes);
+		if (e->stg)
+			arena_stager_unlock(e->stg);
+		if (rc)
+			arena_model_host_discard(m, b);
+	}
 	if (!rc)
 		arena_model_host_seal(m, b);
 	if (rc)
@@ -774,12 +801,6 @@ static int fetch_block(arena_engine *e, uint32_t b, int next)
 	return 0;
 }
 
-/* Entry j of the streamed schedule; j >= n_seq is the next step's j - n_seq. */
-static uint32_t seq_at(const arena_engine *e, size_t j)
-{
-	return e->seq[j < e->n_seq ? j : j - e->n_seq];
-}
-
 static int fetch_one(arena_engine *e, size_t j)
 {
 	return fetch_block(e, seq_at(e, j), j >= e->n_seq);
@@ -829,6 +850,8 @@ void arena_engine_free(arena_engine *e)
 		be->ops->stream_sync(be, e->cs);
 	if (e->ds)
 		be->ops->stream_sync(be, e->ds);
+	arena_stager_free(e->stg); /* its thread stopped, its slots' copies done */
+	arena_free(e->disk_plans);
 	if (e->wstage)
 		be->ops->dev_free(be, e->wstage);
 	for (unsigned k = 0; k < ENGINE_WIRE_STAGES; k++) {
@@ -841,10 +864,6 @@ void arena_engine_free(arena_engine *e)
 		be->ops->event_destroy(be, e->wx);
 	if (e->ds)
 		be->ops->stream_destroy(be, e->ds);
-	stage_free(e);
-	for (unsigned k = 0; k < 2; k++)
-		if (e->ev_stage[k])
-			be->ops->event_destroy(be, e->ev_stage[k]);
 	for (size_t b = 0; b < e->l->n_blocks; b++) {
 		if (e->ev_use && e->ev_use[b]) {
 			be->ops->event_sync(be, e->ev_use[b]);
@@ -1044,9 +1063,6 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 					  l->blocks[b].name);
 			goto fail;
 		}
-	for (unsigned k = 0; k < 2; k++)
-		if ((rc = be->ops->event_create(be, &e->ev_stage[k])))
-			goto fail;
 	/* Device-only blocks that cannot be re-read stay resident. */
 	uint8_t *want = e->plan.resident;
 	for (uint32_t b = 0; b < n; b++)

@@ -132,7 +132,9 @@
 #define ARENA_ENGINE_DEFAULT_DEPTH 2u
 #define ARENA_ENGINE_DEFAULT_HYSTERESIS 3u
 #define ARENA_ENGINE_HISTORY 256u /* step records kept */
-#define ARENA_ENGINE_DISK_PART (64ull << 20) /* the disk tier's staging buffers (arena__disk_part: tests) */
+#define ARENA_ENGINE_DISK_PART (64ull << 20) /* the disk tier's parts (arena__disk_part: tests) */
+/* The disk tier's staging for reads ahead of use (arena_engine_opts.disk_staging). */
+#define ARENA_ENGINE_DISK_STAGING (384ull << 20)
 extern uint64_t arena__disk_part;
 
 /* Fill `dst` (the block's slab bytes) from the block's source, checked.
@@ -185,12 +187,13 @@ typedef struct arena_engine_opts {
 	const uint64_t *moved;
 	arena_reread_fn reread; /* NULL: device-only blocks stay resident */
 	/* Optional, with reread: a part of a block (same ctx). With it the disk
-	 * tier copies a block in parts of at most ARENA_ENGINE_DISK_PART bytes
-	 * through two staging buffers of that size (host memory stays small:
-	 * 128 MiB, not two blocks); without it, whole blocks. */
+	 * tier reads and copies a block in parts of at most ARENA_ENGINE_DISK_PART
+	 * bytes through staging slots of that size (host memory stays small:
+	 * disk_staging, not blocks); without it, whole blocks. */
 	arena_reread_part_fn reread_part;
 	/* Optional, with reread: fill a block's coded form (an hb4 image's disk
-	 * tier, m->mem[b].disk_wire; its buf set by the engine), chunks checked.
+	 * tier, m->mem[b].disk_wire's plan in a copy of the stager's, buf set),
+	 * chunks checked.
 	 * With it such blocks are read and copied coded. */
 	int (*reread_wire)(void *ctx, uint32_t block, struct arena_wire *w);
 	/* With reread: host memory the blocks' host copies may take (0: no
@@ -200,9 +203,11 @@ typedef struct arena_engine_opts {
 	 * given. */
 	uint64_t host_cap;
 	void *reread_ctx;
-	/* The disk tier: ask the source to start reading block b (read-ahead);
-	 * NULL: none. Takes reread_ctx. */
-	void (*advise)(void *ctx, uint32_t block);
+	/* The disk tier's reads: staging bytes for them (0: ARENA_ENGINE_DISK_STAGING),
+	 * and disk_sync = 1 to read each part when it is copied, on the
+	 * caller's thread (no read-ahead: for measuring). */
+	uint64_t disk_staging;
+	int disk_sync;
 	/* The step's schedule (n_sched block indices, globals excluded), or
 	 * NULL for the mode's default. At most arena_residency_max_sched(l)
 	 * entries. The engine copies it; it then learns its own (above)
@@ -349,6 +354,7 @@ typedef struct arena_engine_step {
 	uint64_t disk_bytes;     /* read from the image for copies (the disk tier) */
 	uint64_t moved_bytes;    /* host-to-device bytes of the copies counted in streamed_bytes
 				  * and promoted_bytes: fewer when blocks are held coded */
+	double disk_wait_s;      /* host seconds disk-tier copies waited for their reads */
 } arena_engine_step;
 
 typedef struct arena_engine arena_engine;

@@ -4,6 +4,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "err.h"
@@ -14,6 +17,12 @@ void arena_fault_read(long n)
 {
 	atomic_store(&read_count, 0);
 	atomic_store(&read_fault_at, n);
+}
+
+int arena_fault_read_fired(void)
+{
+	long at = atomic_load(&read_fault_at);
+	return at > 0 && atomic_load(&read_count) >= at;
 }
 
 int arena__read_fault(void)
@@ -43,6 +52,77 @@ int arena_pread_full(int fd, void *buf, size_t n, uint64_t off, const char *labe
 			return arena_errorf(ARENA_E_IO, "%s: unexpected end of file at byte %llu (file changed?)", label,
 					    (unsigned long long)off);
 		p += r, n -= (size_t)r, off += (uint64_t)r;
+	}
+	return 0;
+}
+
+uint64_t arena_cached_prefix(const void *map, uint64_t off, uint64_t n)
+{
+	enum { RUN = 256 };
+	const uint64_t A = ARENA_DIRECT_ALIGN;
+	unsigned char v[RUN];
+	uint64_t at = off - off % A, end = off + n;
+	while (at < end) {
+		const uint64_t q = (end - at + A - 1) / A < RUN ? (end - at + A - 1) / A : RUN;
+		if (mincore((void *)((uintptr_t)map + at), q * A, v))
+			return at > off ? at - off : 0;
+		for (uint64_t i = 0; i < q; i++, at += A)
+			if (!(v[i] & 1))
+				return at > off ? at - off : 0;
+	}
+	return n;
+}
+
+int arena_pread_cached_or_direct(int fd, int dfd, const void *map, void *buf, size_t n, uint64_t off,
+				 const char *label, uint64_t *direct)
+{
+	const uint64_t A = ARENA_DIRECT_ALIGN;
+	if (dfd < 0 || !map || ((uintptr_t)buf | n | off) % A)
+		return arena_pread_full(fd, buf, n, off, label);
+	/* Which pages the page cache holds (mincore on the file's mapping: no
+	 * I/O; a read with RWF_NOWAIT would ask for the rest, read ahead into
+	 * the cache, and the disk would read them twice). Runs of cached pages
+	 * are read from the cache, the others with O_DIRECT. */
+	enum { RUN = 256 }; /* pages a query */
+	unsigned char v[RUN];
+	uint8_t *p = buf;
+	while (n) {
+		const size_t q = n / A < RUN ? n / A : RUN;
+		if (mincore((void *)((uintptr_t)map + off), q * A, v))
+			memset(v, 0, q); /* cannot tell: from the disk */
+		size_t i = 0;
+		while (i < q) {
+			const int cached = v[i] & 1;
+			size_t j = i + 1;
+			while (j < q && (v[j] & 1) == cached)
+				j++;
+			const size_t len = (j - i) * A;
+			if (cached) {
+				int rc = arena_pread_full(fd, p, len, off, label);
+				if (rc)
+					return rc;
+			} else {
+				size_t got = 0;
+				while (got < len) {
+					ssize_t r = arena__read_fault() ? (errno = EIO, -1)
+									: pread(dfd, p + got, len - got, (off_t)(off + got));
+					if (r < 0 && errno == EINTR)
+						continue;
+					if (r < 0)
+						return arena_syserrorf(ARENA_E_IO, errno, "%s: read failed at byte %llu", label,
+								       (unsigned long long)(off + got));
+					if (r == 0 || r % (ssize_t)A) /* the end of the file inside the range */
+						return arena_errorf(ARENA_E_IO,
+								    "%s: unexpected end of file at byte %llu (file changed?)",
+								    label, (unsigned long long)(off + got + (uint64_t)r));
+					got += (size_t)r;
+				}
+				if (direct)
+					*direct += len;
+			}
+			p += len, n -= len, off += len;
+			i = j;
+		}
 	}
 	return 0;
 }

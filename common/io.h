@@ -28,9 +28,27 @@ int arena_input_syserror(const char *path, int errnum);
  * end of file"; `label` names the file in messages. */
 int arena_pread_full(int fd, void *buf, size_t n, uint64_t off, const char *label);
 
+/* Like arena_pread_full, for a file open twice, fd buffered and dfd with
+ * O_DIRECT (-1: none), and mapped whole at map (PROT_READ; NULL: none):
+ * the pages the page cache holds (mincore: asking costs no I/O) are read
+ * from it, the rest with O_DIRECT, when buf, n and off are multiples of
+ * ARENA_DIRECT_ALIGN (4096, the page size; else, or without dfd or map, all
+ * buffered). A file read again and again (the disk tier) then neither
+ * fills the page cache nor is read twice when it is cached. *direct (may
+ * be NULL) adds the bytes read with O_DIRECT. The mapping is only asked,
+ * never read. */
+enum { ARENA_DIRECT_ALIGN = 4096 };
+/* Of the n bytes at off of a file mapped at map (as above), how many from
+ * off on the page cache holds (whole pages; n when all): no I/O. */
+uint64_t arena_cached_prefix(const void *map, uint64_t off, uint64_t n);
+int arena_pread_cached_or_direct(int fd, int dfd, const void *map, void *buf, size_t n, uint64_t off,
+				 const char *label, uint64_t *direct);
+
 /* Fault injection (tests only): the nth read from now fails with EIO
  * (n >= 1); 0 disarms. */
 void arena_fault_read(long n);
+/* 1 once the armed failure has happened. */
+int arena_fault_read_fired(void);
 /* For readers that do not go through arena_pread_full: 1 if this read must
  * fail by injection (counts as one read). */
 int arena__read_fault(void);

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include "../common/hash.h"
@@ -698,7 +699,7 @@ int arena_img_open(const char *path, arena_image **out)
 		arena_free(img);
 		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", path);
 	}
-	img->fd = -1;
+	img->fd = img->dfd = -1;
 	int rc = 0;
 	char *mtext = NULL;
 	struct stat st;
@@ -751,12 +752,41 @@ out:
 	return 0;
 }
 
+int arena_img_open_direct(arena_image *img)
+{
+	if (img->dfd >= 0)
+		return 1;
+	struct stat st;
+	int rc = arena_open_input(img->path, O_DIRECT, &img->dfd, &st);
+	if (rc && errno == EINVAL) { /* no O_DIRECT on this filesystem: buffered */
+		arena_error_clear();
+		img->dfd = -1;
+		return 0;
+	}
+	if (rc)
+		return rc;
+	/* The mapping only says which pages the page cache holds (mincore). */
+	void *m = st.st_size > 0 ? mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, img->fd, 0) : MAP_FAILED;
+	if (m == MAP_FAILED) { /* cannot ask: buffered */
+		close(img->dfd);
+		img->dfd = -1;
+		return 0;
+	}
+	img->map = m;
+	img->map_len = (uint64_t)st.st_size;
+	return 1;
+}
+
 void arena_img_close(arena_image *img)
 {
 	if (!img)
 		return;
 	if (img->fd >= 0)
 		close(img->fd);
+	if (img->dfd >= 0)
+		close(img->dfd);
+	if (img->map)
+		munmap(img->map, img->map_len);
 	arena_layout_free(img->layout);
 	arena_free(img->chunks);
 	arena_free(img->used);
@@ -1185,8 +1215,8 @@ int arena_img_reader_init(arena_img_reader *r, arena_image *img, int verify)
 	r->chunk = UINT64_MAX;
 	if (!verify && !(img->hdr.flags & ARENA_IMG_FLAG_CODED))
 		return 0;
-	r->stored = arena_malloc(img->hdr.chunk_size);
-	r->raw = arena_malloc(img->hdr.chunk_size);
+	r->stored = arena_aligned_alloc(ARENA_DIRECT_ALIGN, img->hdr.chunk_size); /* for O_DIRECT reads */
+	r->raw = arena_aligned_alloc(ARENA_DIRECT_ALIGN, img->hdr.chunk_size);
 	if (!r->stored || !r->raw) {
 		arena_img_reader_free(r);
 		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory for a %llu-byte chunk", img->path,
@@ -1203,6 +1233,16 @@ void arena_img_reader_free(arena_img_reader *r)
 	arena_img_dec_free(&r->dec);
 }
 
+/* n bytes of the file at off into buf: through the page cache, or (r->direct)
+ * from it where it holds them and with O_DIRECT where not. */
+static int reader_pread(arena_img_reader *r, uint8_t *buf, uint64_t n, uint64_t off)
+{
+	const arena_image *img = r->img;
+	return r->direct ? arena_pread_cached_or_direct(img->fd, img->dfd, img->map, buf, n, off, img->path,
+							&r->direct_bytes)
+			 : arena_pread_full(img->fd, buf, n, off, img->path);
+}
+
 /* Chunk i's raw bytes into r->raw. */
 static int reader_load(arena_img_reader *r, uint64_t i)
 {
@@ -1210,8 +1250,7 @@ static int reader_load(arena_img_reader *r, uint64_t i)
 	const arena_img_chunk *c = &img->chunks[i];
 	r->chunk = UINT64_MAX;
 	uint8_t *dst = c->codec ? r->stored : r->raw;
-	int rc = arena_pread_full(img->fd, dst, arena_img_chunk_padded(img, i), img->hdr.data_offset + c->offset,
-				  img->path);
+	int rc = reader_pread(r, dst, arena_img_chunk_padded(img, i), img->hdr.data_offset + c->offset);
 	if (rc)
 		return rc;
 	/* Without verify the checksum is taken as read (the expected value is
@@ -1235,8 +1274,7 @@ int arena_img_read_chunk(arena_img_reader *r, uint64_t i, const uint8_t **stored
 				    (unsigned long long)i);
 	const arena_img_chunk *c = &img->chunks[i];
 	r->chunk = UINT64_MAX; /* the raw cache is not this chunk's */
-	int rc = arena_pread_full(img->fd, r->stored, arena_img_chunk_padded(img, i), img->hdr.data_offset + c->offset,
-				  img->path);
+	int rc = reader_pread(r, r->stored, arena_img_chunk_padded(img, i), img->hdr.data_offset + c->offset);
 	if (rc)
 		return rc;
 	uint64_t got = r->verify ? arena_xxh3(r->stored, c->stored_length) : c->xxh3;
@@ -1259,9 +1297,11 @@ int arena_img_read_raw(arena_img_reader *r, uint64_t off, uint64_t len, uint8_t 
 		uint64_t i = off / h->chunk_size, in = off - i * h->chunk_size;
 		int rc;
 		const arena_img_chunk *c = &r->img->chunks[i];
-		if (!(h->flags & ARENA_IMG_FLAG_CODED) && !in && c->raw_length <= len && r->chunk != i) {
-			/* a whole plain chunk (no stored padding): read and checked in place */
-			if ((rc = arena_pread_full(r->img->fd, dst, c->raw_length, h->data_offset + c->offset, r->img->path)) ||
+		if (!(h->flags & ARENA_IMG_FLAG_CODED) && !in && c->raw_length <= len && r->chunk != i &&
+		    !(r->direct && (uintptr_t)dst % ARENA_DIRECT_ALIGN)) {
+			/* a whole plain chunk (no stored padding): read and checked in
+			 * place (where an O_DIRECT read can go there) */
+			if ((rc = reader_pread(r, dst, c->raw_length, h->data_offset + c->offset)) ||
 			    (rc = arena_img_chunk_check(r->img, i, dst, r->verify ? arena_xxh3(dst, c->raw_length) : c->xxh3,
 							"while reading", &r->dec)))
 				return rc;

@@ -86,6 +86,9 @@ typedef struct arena_img_span {
 typedef struct arena_image {
 	char *path;
 	int fd;
+	int dfd; /* the file again with O_DIRECT (arena_img_open_direct), or -1 */
+	void *map; /* with it, the file mapped to ask which pages are cached, or NULL */
+	uint64_t map_len;
 	arena_img_header hdr;
 	arena_layout *layout;
 	arena_img_chunk *chunks;  /* hdr.chunk_count entries */
@@ -108,6 +111,12 @@ int arena_img_open(const char *path, arena_image **out);
  * on failure the layout is as it was. */
 int arena_img_use_pieces(arena_image *img, uint64_t piece_bytes);
 void arena_img_close(arena_image *img);
+/* Open the file a second time with O_DIRECT (img->dfd), and map it (to
+ * ask which pages are cached), for readers that read from the page cache
+ * what it holds and the rest around it (arena_pread_cached_or_direct;
+ * r->direct). 1: opened, 0: the filesystem
+ * has no O_DIRECT (tmpfs) and reads stay buffered; or IO, NOMEM. */
+int arena_img_open_direct(arena_image *img);
 
 /* Called for each bad chunk, in increasing chunk order. */
 typedef void (*arena_img_bad_fn)(void *ctx, const arena_image *img, uint64_t chunk, uint64_t expect, uint64_t got);
@@ -148,6 +157,8 @@ void arena_img_dec_raw(const arena_img_dec *d, unsigned codec, uint64_t a, uint6
 typedef struct arena_img_reader {
 	arena_image *img;
 	int verify;
+	int direct;            /* read what is not cached with O_DIRECT (img->dfd) */
+	uint64_t direct_bytes; /* read so */
 	uint8_t *stored, *raw; /* chunk_size each */
 	uint64_t chunk;        /* the chunk in raw, or UINT64_MAX */
 	arena_img_dec dec;

@@ -425,6 +425,9 @@ typedef struct arena_step_info {
 	uint64_t moved_bytes;    /* host-to-device bytes of the copies in streamed_bytes and
 				  * promoted_bytes: fewer when blocks are held coded (coded
 				  * streaming, an hb4 image) */
+	double disk_wait_s;      /* host seconds the disk tier's copies waited for their reads
+				  * (read ahead of use on a thread of their own: the disk's
+				  * time beyond what the steps' work hid) */
 } arena_step_info;
 
 /* Steps ended so far. */

@@ -34,6 +34,7 @@
 typedef struct lsrc {
 	const char *path; /* borrowed */
 	int fd, dfd;      /* buffered; O_DIRECT or -1 */
+	void *map;        /* with dfd under ARENA_IO_AUTO: the file mapped, to ask the page cache (mincore) */
 	uint64_t size;
 	int own_fd;
 } lsrc;
@@ -116,31 +117,22 @@ static void fail(loader *L, int rc)
 /* ---- reading -------------------------------------------------------------- */
 
 /* Read [off, off+n) of f into buf with fd; short only at end of file. Returns
- * bytes read (>= 0) or a negative error. nowait: RWF_NOWAIT (page cache only). */
-static int64_t read_some(const lsrc *f, int fd, uint8_t *buf, uint64_t n, uint64_t off, int nowait)
+ * bytes read (>= 0) or a negative error. */
+static int64_t read_some(const lsrc *f, int fd, uint8_t *buf, uint64_t n, uint64_t off)
 {
 	uint64_t want = off >= f->size ? 0 : (f->size - off < n ? f->size - off : n);
 	uint64_t got = 0;
 	while (got < want) {
-		struct iovec iov = {buf + got, (size_t)(n - got)};
-		ssize_t r = arena__read_fault() ? (errno = EIO, -1)
-						: preadv2(fd, &iov, 1, (off_t)(off + got), nowait ? RWF_NOWAIT : 0);
+		ssize_t r = arena__read_fault() ? (errno = EIO, -1) : pread(fd, buf + got, (size_t)(n - got), (off_t)(off + got));
 		if (r < 0) {
 			if (errno == EINTR)
 				continue;
-			if (nowait && (errno == EAGAIN || errno == EOPNOTSUPP))
-				break;
 			return arena_syserrorf(ARENA_E_IO, errno, "%s: read failed at byte %" PRIu64, f->path, off + got);
 		}
-		if (r == 0) {
-			if (nowait)
-				break;
+		if (r == 0)
 			return arena_errorf(ARENA_E_IO, "%s: unexpected end of file at byte %" PRIu64 " (file changed?)",
 					    f->path, off + got);
-		}
 		got += (uint64_t)r;
-		if (nowait && got < want)
-			break; /* the rest is not cached */
 	}
 	return (int64_t)(got > want ? want : got);
 }
@@ -247,17 +239,26 @@ static int read_range(loader *L, worker *w, const lsrc *f, uint8_t *buf, uint64_
 	while (got < n) {
 		int64_t r;
 		if (*direct) {
-			r = read_some(f, f->dfd, buf + got, arena_align_up(n - got, DIRECT_ALIGN), off + got, 0);
+			r = read_some(f, f->dfd, buf + got, arena_align_up(n - got, DIRECT_ALIGN), off + got);
 			if (r >= 0)
 				atomic_fetch_add(&L->direct_bytes, (uint64_t)r);
 		} else {
-			int nowait = io == ARENA_IO_AUTO && f->dfd >= 0;
-			r = read_some(f, f->fd, buf + got, n - got, off + got, nowait);
-			if (r >= 0 && nowait && (uint64_t)r < n - got) {
-				/* Not all in the page cache: the rest goes O_DIRECT. */
-				r &= ~(int64_t)(DIRECT_ALIGN - 1);
-				*direct = 1;
+			/* AUTO: what the page cache holds from it, the rest (of the
+			 * piece) O_DIRECT. Asking the mapping costs no I/O; a read
+			 * with RWF_NOWAIT would start read-ahead of what is not
+			 * there, and the disk would read those bytes twice. */
+			uint64_t want = n - got;
+			if (io == ARENA_IO_AUTO && f->map && !((off + got) % DIRECT_ALIGN)) {
+				uint64_t c = arena_cached_prefix(f->map, off + got, want);
+				if (c < want) {
+					want = c & ~(uint64_t)(DIRECT_ALIGN - 1);
+					if (!want) {
+						*direct = 1; /* not all in the page cache: the rest goes O_DIRECT */
+						continue;
+					}
+				}
 			}
+			r = read_some(f, f->fd, buf + got, want, off + got);
 		}
 		if (r < 0)
 			return (int)r;
@@ -742,6 +743,16 @@ static int open_direct(lsrc *f, int io)
 		arena_error_clear(); /* EINVAL: the filesystem has no O_DIRECT (tmpfs): buffered */
 		rc = 0;
 	}
+	f->map = NULL;
+	if (!rc && f->dfd >= 0 && io == ARENA_IO_AUTO && f->size) {
+		void *m = mmap(NULL, (size_t)f->size, PROT_READ, MAP_SHARED, f->fd, 0);
+		if (m == MAP_FAILED) { /* cannot ask the page cache: buffered */
+			close(f->dfd);
+			f->dfd = -1;
+		} else {
+			f->map = m;
+		}
+	}
 	return rc;
 }
 
@@ -956,6 +967,8 @@ static void loader_files_close(loader *L)
 	for (size_t i = 0; L->files && i < L->n_files; i++) {
 		if (L->files[i].dfd >= 0)
 			close(L->files[i].dfd);
+		if (L->files[i].map)
+			munmap(L->files[i].map, L->files[i].size);
 		if (L->files[i].own_fd && L->files[i].fd >= 0)
 			close(L->files[i].fd);
 	}

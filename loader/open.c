@@ -436,14 +436,24 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 	if (a->is_image && (rc = arena_slab_reader_open_pieces(path, a->m->layout, piece, &a->rr)))
 		goto fail;
 	a->eo.reread = a->rr ? arena_slab_reader_read : NULL;
-	a->eo.advise = a->rr ? arena_slab_reader_advise : NULL;
 	a->eo.reread_part = a->rr ? arena_slab_reader_read_part : NULL;
 	a->eo.reread_wire = a->rr ? arena_slab_reader_read_wire : NULL;
-	const char *dp = getenv("ARENA_DISK_PART"); /* for measuring: the disk tier's staging buffers */
+	/* For measuring: the disk tier's parts and staging, reads on the
+	 * caller's thread (ARENA_DISK_READAHEAD=0), through the page cache only
+	 * (ARENA_DISK_IO=buffered; default: what it holds from it, the rest
+	 * O_DIRECT). */
+	const char *dp = getenv("ARENA_DISK_PART"), *ds = getenv("ARENA_DISK_STAGING"),
+		   *dr = getenv("ARENA_DISK_READAHEAD"), *dio = getenv("ARENA_DISK_IO");
 	uint64_t dpv;
 	if (dp && arena_size_parse(dp, &dpv) == 0)
 		arena__disk_part = dpv;
+	if (ds && arena_size_parse(ds, &dpv) == 0)
+		a->eo.disk_staging = dpv;
+	a->eo.disk_sync = dr && !strcmp(dr, "0");
 	arena_error_clear();
+	if (a->rr && !(dio && !strcmp(dio, "buffered")) && (rc = arena_slab_reader_direct(a->rr)) < 0)
+		goto fail;
+	rc = 0;
 	a->eo.reread_ctx = a->rr;
 	/* Demotions keep the host budget too (beyond it a block stays in the image). */
 	a->eo.host_cap = a->rr && pc.host_budget != UINT64_MAX ? (pc.host_budget ? pc.host_budget : 1) : 0;

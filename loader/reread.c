@@ -30,6 +30,7 @@ struct arena_slab_reader {
 	const arena_layout *l;
 	arena_img_reader rd[REREAD_THREADS]; /* checked, one chunk cached each; rd[0] always set up */
 	unsigned n_rd, want_rd;              /* set up; to use */
+	int direct;                          /* readers read what is not cached with O_DIRECT */
 };
 
 typedef struct part {
@@ -161,7 +162,7 @@ static int read_runs(arena_slab_reader *r, uint32_t b, uint64_t at, uint64_t byt
 	/* Readers for the threads, set up on first use. */
 	while (!rc && r->n_rd < r->want_rd && r->n_rd < c1 - c0)
 		if (!(rc = arena_img_reader_init(&r->rd[r->n_rd], r->img, 1)))
-			r->n_rd++;
+			r->rd[r->n_rd++].direct = r->direct;
 	uint64_t n = c1 - c0 < r->n_rd ? c1 - c0 : r->n_rd;
 	if (rc) {
 		/* the error stands */
@@ -199,19 +200,23 @@ static int read_runs(arena_slab_reader *r, uint32_t b, uint64_t at, uint64_t byt
 	return rc;
 }
 
-void arena_slab_reader_advise(void *reader, uint32_t b)
+int arena_slab_reader_direct(arena_slab_reader *r)
 {
-	arena_slab_reader *r = reader;
-	if (b >= r->l->n_blocks || !r->l->blocks[b].bytes)
-		return;
-	const arena_img_header *h = &r->img->hdr;
-	const uint64_t c0 = r->l->blocks[b].offset / h->chunk_size,
-		       c1 = (r->l->blocks[b].offset + r->l->blocks[b].bytes - 1) / h->chunk_size;
-	if (c1 >= h->chunk_count)
-		return;
-	const uint64_t a = h->data_offset + r->img->chunks[c0].offset,
-		       z = h->data_offset + r->img->chunks[c1].offset + r->img->chunks[c1].stored_length;
-	(void)posix_fadvise(r->img->fd, (off_t)a, (off_t)(z - a), POSIX_FADV_WILLNEED);
+	int rc = arena_img_open_direct(r->img);
+	if (rc > 0) {
+		r->direct = 1;
+		for (unsigned i = 0; i < r->n_rd; i++)
+			r->rd[i].direct = 1;
+	}
+	return rc;
+}
+
+uint64_t arena_slab_reader_direct_bytes(const arena_slab_reader *r)
+{
+	uint64_t n = 0;
+	for (unsigned i = 0; i < r->n_rd; i++)
+		n += r->rd[i].direct_bytes;
+	return n;
 }
 
 int arena_slab_reader_check_output(const arena_slab_reader *r, const char *path)

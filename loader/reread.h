@@ -42,9 +42,13 @@ int arena_slab_reader_read_part(void *reader, uint32_t b, uint64_t off, uint64_t
 struct arena_wire;
 int arena_slab_reader_read_wire(void *reader, uint32_t b, struct arena_wire *w);
 
-/* Start reading block b's chunks into the page cache (POSIX_FADV_WILLNEED)
- * for a read of it soon; nothing on failure. Takes the reader as ctx. */
-void arena_slab_reader_advise(void *reader, uint32_t b);
+/* Read from the page cache only what it holds, the rest with O_DIRECT
+ * (arena_pread_cached_or_direct): a disk tier read again every step
+ * neither evicts the rest of the page cache nor holds the image in it.
+ * 1 on, 0 the filesystem has no O_DIRECT (reads stay buffered), or IO. */
+int arena_slab_reader_direct(arena_slab_reader *r);
+/* Bytes its readers have read with O_DIRECT so far. */
+uint64_t arena_slab_reader_direct_bytes(const arena_slab_reader *r);
 
 /* An output must not be the image being read: OUTPUT_IS_INPUT when `path`
  * is that file (by any name; common/outfile.h), else 0. */

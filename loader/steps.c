@@ -156,7 +156,8 @@ int arena_step_get(const arena *a, uint64_t step, arena_step_info *out)
 					 .plan_s = r.plan_s,
 					 .move_s = r.move_s,
 					 .disk_bytes = r.disk_bytes,
-					 .moved_bytes = r.moved_bytes};
+					 .moved_bytes = r.moved_bytes,
+					 .disk_wait_s = r.disk_wait_s};
 	return unlock(a, rc);
 }
 

@@ -125,6 +125,7 @@ class StepInfo(Structure):
         ("move_s", c_double),
         ("disk_bytes", c_uint64),
         ("moved_bytes", c_uint64),
+        ("disk_wait_s", c_double),
     ]
 
 

@@ -6,10 +6,12 @@
  * bytes on disk are errors that name the block, never wrong bytes. */
 #include <criterion/criterion.h>
 
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "arena.h"
@@ -254,4 +256,157 @@ Test(disk, demotions_keep_the_host_budget)
 	cr_assert_gt(p.n_disk, 0, "the blocks past the budget stay in the image");
 	arena_close(a);
 	arena_close(ref);
+}
+
+/* The disk tier's reads ahead (the stager's thread), on the caller's
+ * thread (ARENA_DISK_READAHEAD=0), through the page cache only
+ * (ARENA_DISK_IO=buffered) and with two slots (ARENA_DISK_STAGING): the
+ * same bytes every step, whole blocks and pieces, sample and train. */
+Test(disk, every_way_of_reading_gives_the_same_bytes)
+{
+	arena_open_options ro = {.backend = "sim"};
+	arena *ref;
+	cr_assert_eq(arena_open(img, &ro, &ref), 0, "%s", arena_last_error());
+	const char *env[][2] = {{"ARENA_DISK_READAHEAD", "1"},
+				{"ARENA_DISK_READAHEAD", "0"},
+				{"ARENA_DISK_IO", "buffered"},
+				{"ARENA_DISK_STAGING", "1"}};
+	for (int k = 0; k < 4; k++) {
+		setenv(env[k][0], env[k][1], 1);
+		for (int piece = 0; piece < 2; piece++)
+			for (int train = 0; train < 2; train++) {
+				arena_open_options o = opts(ARENA_ZERO_BYTES, piece ? 16384 : 0);
+				arena *a;
+				cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
+				arena_step_info sum;
+				steps_over_blocks(a, ref, 3, train, &sum);
+				cr_assert_gt(sum.disk_bytes, 0, "%s=%s", env[k][0], env[k][1]);
+				arena_close(a);
+			}
+		unsetenv(env[k][0]);
+	}
+	arena_close(ref);
+}
+
+/* Read faults while the stager reads ahead: whichever read fails, the
+ * bytes handed out are right. A failed read of the part being copied fails
+ * the step with IO naming the block; one of a part further ahead is read
+ * again when the engine next names what it wants (a fault that does not
+ * last is then gone); closing frees everything. */
+Test(disk, read_faults_in_reads_ahead)
+{
+	arena_open_options ro = {.backend = "sim"};
+	arena *ref;
+	cr_assert_eq(arena_open(img, &ro, &ref), 0, "%s", arena_last_error());
+	long live = arena_alloc_live();
+	int failures = 0, retried = 0;
+	for (long n = 1; n < 60; n++) {
+		arena_open_options o = opts(ARENA_ZERO_BYTES, 16384);
+		arena *a;
+		cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
+		arena_fault_read(n);
+		int rc = try_step_over_blocks(a, ref);
+		if (!rc)
+			rc = try_step_over_blocks(a, ref);
+		retried += !rc && arena_fault_read_fired();
+		arena_fault_read(0);
+		if (rc) {
+			failures++;
+			cr_assert_eq(rc, ARENA_E_IO, "n=%ld: %s: %s", n, arena_err_name(rc), arena_last_error());
+			cr_assert(strstr(arena_last_error(), "blocks.") != NULL, "n=%ld: names no block: %s", n,
+				  arena_last_error());
+		}
+		arena_close(a);
+		cr_assert_eq(arena_alloc_live(), live, "n=%ld leaked", n);
+	}
+	cr_assert_gt(failures, 0);
+	cr_assert_gt(retried, 0, "no fault hit a read ahead");
+	arena_close(ref);
+}
+
+/* arena_pread_cached_or_direct: bytes the page cache holds come from it,
+ * the rest with O_DIRECT (where the filesystem has it), the same bytes
+ * either way; an unaligned read is buffered; the end of the file inside
+ * the range and an injected failure are IO errors naming the file. */
+Test(disk, reads_from_the_page_cache_or_around_it)
+{
+	const char *path = tmpdir_file(dir, "direct.bin");
+	enum { N = 1 << 20 };
+	uint8_t *want = arena_malloc(N), *got = arena_aligned_alloc(4096, N + 4096);
+	cr_assert(want && got);
+	for (size_t i = 0; i < N; i++)
+		want[i] = (uint8_t)(i * 131 + (i >> 12));
+	int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(pwrite(fd, want, N, 0), N);
+	cr_assert_eq(fsync(fd), 0);
+	int dfd = open(path, O_RDONLY | O_DIRECT);
+	if (dfd < 0) {
+		cr_assert_eq(errno, EINVAL, "O_DIRECT open: %s", strerror(errno));
+		close(fd);
+		cr_skip_test("this filesystem has no O_DIRECT (tmpfs): only buffered reads to check");
+	}
+	void *map = mmap(NULL, N, PROT_READ, MAP_SHARED, fd, 0);
+	cr_assert_neq(map, MAP_FAILED);
+	/* Not cached: the bytes come around the page cache. */
+	cr_assert_eq(posix_fadvise(fd, 0, N, POSIX_FADV_DONTNEED), 0);
+	uint64_t direct = 0;
+	cr_assert_eq(arena_pread_cached_or_direct(fd, dfd, map, got, N, 0, path, &direct), 0, "%s", arena_last_error());
+	cr_assert_eq(memcmp(got, want, N), 0);
+	cr_assert_gt(direct, 0, "nothing read with O_DIRECT after the pages were dropped");
+	/* Cached: none of it with O_DIRECT. */
+	cr_assert_eq(arena_pread_full(fd, got, N, 0, path), 0);
+	memset(got, 0, N);
+	direct = 0;
+	cr_assert_eq(arena_pread_cached_or_direct(fd, dfd, map, got, N, 0, path, &direct), 0, "%s", arena_last_error());
+	cr_assert_eq(memcmp(got, want, N), 0);
+	cr_assert_eq(direct, 0, "%llu bytes read O_DIRECT from a cached file", (unsigned long long)direct);
+	/* Unaligned: buffered, the same bytes. */
+	cr_assert_eq(posix_fadvise(fd, 0, N, POSIX_FADV_DONTNEED), 0);
+	cr_assert_eq(arena_pread_cached_or_direct(fd, dfd, map, got + 1, 8192, 4096, path, &direct), 0);
+	cr_assert_eq(memcmp(got + 1, want + 4096, 8192), 0);
+	cr_assert_eq(direct, 0);
+	/* The end of the file inside the range. */
+	int rc = arena_pread_cached_or_direct(fd, dfd, map, got, N, 4096, path, &direct);
+	cr_assert_eq(rc, ARENA_E_IO);
+	cr_assert(strstr(arena_last_error(), "unexpected end of file") && strstr(arena_last_error(), "direct.bin"), "%s",
+		  arena_last_error());
+	/* An injected failure, cached or not. */
+	for (int k = 0; k < 2; k++) {
+		arena_fault_read(k + 1);
+		rc = arena_pread_cached_or_direct(fd, dfd, map, got, N, 0, path, NULL);
+		arena_fault_read(0);
+		cr_assert_eq(rc, ARENA_E_IO, "k=%d: %s", k, arena_last_error());
+		cr_assert(strstr(arena_last_error(), "read failed"), "%s", arena_last_error());
+	}
+	/* Without a mapping: all buffered. */
+	cr_assert_eq(posix_fadvise(fd, 0, N, POSIX_FADV_DONTNEED), 0);
+	direct = 0;
+	cr_assert_eq(arena_pread_cached_or_direct(fd, dfd, NULL, got, N, 0, path, &direct), 0);
+	cr_assert_eq(memcmp(got, want, N), 0);
+	cr_assert_eq(direct, 0);
+	/* Half cached (every other 64 KiB): the cached half from the cache. */
+	cr_assert_eq(posix_fadvise(fd, 0, N, POSIX_FADV_DONTNEED), 0);
+	cr_assert_eq(posix_fadvise(fd, 0, N, POSIX_FADV_RANDOM), 0); /* no read-ahead past what is read */
+	for (size_t at = 0; at < N; at += 128 << 10)
+		cr_assert_eq(arena_pread_full(fd, got, 64 << 10, at, path), 0);
+	cr_assert_eq(posix_fadvise(fd, 0, N, POSIX_FADV_NORMAL), 0);
+	memset(got, 0, N);
+	direct = 0;
+	cr_assert_eq(arena_pread_cached_or_direct(fd, dfd, map, got, N, 0, path, &direct), 0);
+	cr_assert_eq(memcmp(got, want, N), 0);
+	cr_assert(direct >= N / 2 - (64 << 10) && direct <= N / 2, "%llu bytes O_DIRECT of %d, half of them cached",
+		  (unsigned long long)direct, N);
+	/* and nothing of the rest was brought into the page cache */
+	unsigned char v[N / 4096];
+	cr_assert_eq(mincore(map, N, v), 0);
+	size_t resident = 0;
+	for (size_t i = 0; i < N / 4096; i++)
+		resident += v[i] & 1;
+	cr_assert_leq(resident, N / 4096 / 2 + 16, "%zu of %d pages cached after the read", resident, N / 4096);
+	munmap(map, N);
+	close(dfd);
+	close(fd);
+	arena_free(want);
+	arena_free(got);
 }

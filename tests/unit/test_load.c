@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <xxhash.h>
 #include <zstd.h>
@@ -121,6 +122,95 @@ Test(load, io_modes_give_the_same_bytes)
 		expect_image_bytes(m);
 		arena_model_free(m);
 	}
+}
+
+/* Pages of the file left in the page cache (mincore through a mapping). */
+static size_t cached_pages(const char *path, size_t *total)
+{
+	int fd = open(path, O_RDONLY);
+	cr_assert_geq(fd, 0);
+	struct stat st;
+	cr_assert_eq(fstat(fd, &st), 0);
+	*total = ((size_t)st.st_size + 4095) / 4096;
+	void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+	cr_assert_neq(m, MAP_FAILED);
+	unsigned char *v = arena_malloc(*total);
+	cr_assert_eq(mincore(m, (size_t)st.st_size, v), 0);
+	size_t n = 0;
+	for (size_t i = 0; i < *total; i++)
+		n += v[i] & 1;
+	arena_free(v);
+	munmap(m, (size_t)st.st_size);
+	close(fd);
+	return n;
+}
+
+static void drop_cached(const char *path)
+{
+	int fd = open(path, O_RDONLY);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+	close(fd);
+}
+
+/* ARENA_IO_AUTO on a file the page cache does not hold reads it with
+ * O_DIRECT and leaves it out of the cache (asking which pages are cached
+ * starts no read-ahead, so the disk reads each byte once: a read with
+ * RWF_NOWAIT started read-ahead of up to read_ahead_kb at every piece);
+ * on a cached file it reads from the cache. A model of 32 MiB in four
+ * blocks (opening the image reads its first pages buffered, and the
+ * kernel's read-ahead may bring a few MiB after them). */
+Test(load, auto_io_reads_each_byte_once)
+{
+	char st_path[300], path[300];
+	snprintf(st_path, sizeof(st_path), "%s/big.safetensors", dir);
+	snprintf(path, sizeof(path), "%s/big.arena", dir);
+	arena_stw *w;
+	cr_assert_eq(arena_stw_create(st_path, &w), 0);
+	uint64_t shape[2] = {2048, 2048};
+	char name[64];
+	for (int b = 0; b < 4; b++) {
+		snprintf(name, sizeof(name), "blocks.%d.w", b);
+		cr_assert_eq(arena_stw_add(w, name, ARENA_DTYPE_BF16, 2, shape), 0);
+	}
+	cr_assert_eq(arena_stw_begin(w), 0);
+	const uint64_t n = 4ull * 2048 * 2048;
+	uint16_t *v = malloc(2 * n);
+	for (uint64_t i = 0; i < n; i++)
+		v[i] = (uint16_t)(i * 40503u);
+	cr_assert_eq(arena_stw_write(w, v, 2 * n), 0);
+	cr_assert_eq(arena_stw_commit(w), 0);
+	free(v);
+	const char *in = st_path;
+	arena_convert_opts co = {.threads = 2};
+	cr_assert_eq(arena_convert(&in, 1, path, &co, NULL), 0, "%s", arena_last_error());
+	unlink(st_path);
+	size_t total;
+	drop_cached(path);
+	if (cached_pages(path, &total) > total / 8)
+		cr_skip_test("the page cache keeps this file (tmpfs?): nothing to check");
+	arena_load_opts o = opts();
+	o.io = ARENA_IO_AUTO;
+	arena_model *m;
+	arena_load_stats st;
+	cr_assert_eq(arena_load_image(path, &o, &m, &st), 0, "%s", arena_last_error());
+	arena_model_free(m);
+	if (!st.direct_bytes)
+		cr_skip_test("no O_DIRECT on this filesystem: nothing to check");
+	size_t c = cached_pages(path, &total);
+	cr_assert_lt(c, total / 2, "%zu of %zu pages of the file in the page cache after a cold load", c, total);
+	cr_assert_gt(st.direct_bytes, st.file_bytes / 2, "%llu of %llu bytes O_DIRECT",
+		     (unsigned long long)st.direct_bytes, (unsigned long long)st.file_bytes);
+	/* cached: from the cache */
+	int fd = open(path, O_RDONLY);
+	uint8_t buf[65536];
+	while (read(fd, buf, sizeof(buf)) > 0)
+		;
+	close(fd);
+	cr_assert_eq(arena_load_image(path, &o, &m, &st), 0, "%s", arena_last_error());
+	arena_model_free(m);
+	cr_assert_eq(st.direct_bytes, 0, "%llu bytes O_DIRECT from a cached file", (unsigned long long)st.direct_bytes);
+	unlink(path);
 }
 
 Test(load, some_blocks_in_host_slabs)
