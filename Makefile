@@ -1,7 +1,7 @@
 # arena - build, test and install. 'make help' lists the targets.
 #
 # Variables: BUILD (build folder, default build), V=1 (show commands),
-# SAN=1 (AddressSanitizer + UBSan), WERROR=1 (warnings are errors),
+# SAN=1 (AddressSanitizer + UBSan; SAN=thread: ThreadSanitizer), WERROR=1 (warnings are errors),
 # CUDA_HOME (CUDA toolkit with nvcc, default /usr/local/cuda; CUDA=0 disables),
 # PREFIX (install prefix, default /usr/local), FUZZ_TIME (seconds, make fuzz).
 
@@ -32,6 +32,10 @@ endif
 ifeq ($(SAN),1)
 CFLAGS   += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 LDFLAGS  += -fsanitize=address,undefined
+endif
+ifeq ($(SAN),thread)
+CFLAGS   += -fsanitize=thread -fno-omit-frame-pointer
+LDFLAGS  += -fsanitize=thread
 endif
 
 # --- CUDA probe ------------------------------------------------------------
@@ -89,7 +93,7 @@ FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c)
 
 DEPS_OK  := $(BUILD)/.deps-ok
 
-.PHONY: all lib cli unit test test-unit test-cli test-api test-python test-asan test-fuzz demo fuzz install clean help deps
+.PHONY: all lib cli unit test test-unit test-cli test-api test-python test-asan test-tsan tsan-run test-fuzz demo fuzz install clean help deps
 .DEFAULT_GOAL := all
 
 all: cli lib
@@ -101,7 +105,7 @@ help:
 	@echo "  make            build $(BUILD)/arena, $(BUILD)/libarena.a, $(BUILD)/libarena.so"
 	@echo "  make demo       synth a small model, convert, verify, inspect it"
 	@echo "  make test       unit, CLI and Python interop tests, fuzz corpus replay, then"
-	@echo "                  unit tests and fuzz corpus again under ASan/UBSan"
+	@echo "                  unit tests and fuzz corpus again under ASan/UBSan, threads under TSan"
 	@echo "  make fuzz       run the libFuzzer targets for FUZZ_TIME seconds each (clang)"
 	@echo "  make bench      the GPU probes in bench/ (CUDA); make bench-cpu: the CPU probes"
 	@echo "  make install    install CLI, library, header, pkg-config file under PREFIX"
@@ -210,7 +214,20 @@ test-fuzz: unit
 test-asan:
 	$(Q)$(MAKE) --no-print-directory BUILD=$(BUILD)/asan SAN=1 CUDA=0 test-unit test-api test-fuzz
 
-test: test-unit test-cli test-api test-python test-fuzz test-asan
+# Threads under ThreadSanitizer: the disk tier's stager (a program of its
+# own: criterion's runner does not run under TSan).
+test-tsan:
+	$(Q)$(MAKE) --no-print-directory BUILD=$(BUILD)/tsan SAN=thread CUDA=0 tsan-run
+
+tsan-run: $(BUILD)/tests/stager_stress
+	$(Q)TSAN_OPTIONS=halt_on_error=1 $(BUILD)/tests/stager_stress
+
+$(BUILD)/tests/stager_stress: tests/tsan/stager_stress.c $(BUILD)/libarena.a
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libarena.a $(LDLIBS)
+
+test: test-unit test-cli test-api test-python test-fuzz test-asan test-tsan
 	@if [ -s $(PY_SKIPPED) ]; then \
 		echo "make test: all passed except skipped: python ($$(cat $(PY_SKIPPED)))"; \
 	else echo "make test: all passed"; fi
