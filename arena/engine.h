@@ -267,11 +267,16 @@ int arena_residency_piece_fit(const arena_layout *l, const arena_engine_opts *o,
 /* The disk tier: which streamed blocks of plan p keep a host copy under
  * `host_budget` bytes (slabs rounded up to ARENA_SLAB_ALIGN) — in the order
  * the schedule first needs them, then the blocks it does not name — and
- * which do not: disk[b] = 1 (n_blocks entries, set here). host_len: each
- * block's host copy (coded streaming keeps them smaller), NULL: its slab.
- * *host and *disk_b (may be NULL) get their bytes. Errors: NOMEM. */
+ * which do not: disk[b] = 1 (n_blocks entries, set here). When they do
+ * not all fit, the disk tier's `staging` comes out of the budget first
+ * (the host memory its reads go through is the budget's too) when the
+ * budget is at least four times the staging (a smaller one would be
+ * mostly staging: the staging comes on top). host_len:
+ * each block's host copy (coded streaming keeps them smaller), NULL: its
+ * slab. *host and *disk_b (may be NULL) get their bytes. Errors: NOMEM. */
 int arena_residency_host_split(const arena_layout *l, const arena_residency_plan *p, uint64_t host_budget,
-			       const uint64_t *host_len, uint8_t *disk, uint64_t *host, uint64_t *disk_b);
+			       uint64_t staging, const uint64_t *host_len, uint8_t *disk, uint64_t *host,
+			       uint64_t *disk_b);
 
 /* The piece size "auto" (ARENA_PIECE_AUTO) chooses for `l` under `budget`:
  * 0 (whole blocks) when whole blocks all fit on the device, or when no

@@ -196,10 +196,16 @@ int arena_residency_piece_fit(const arena_layout *l, const arena_engine_opts *o,
 }
 
 int arena_residency_host_split(const arena_layout *l, const arena_residency_plan *p, uint64_t host_budget,
-			       const uint64_t *host_len, uint8_t *disk, uint64_t *host, uint64_t *disk_b)
+			       uint64_t staging, const uint64_t *host_len, uint8_t *disk, uint64_t *host,
+			       uint64_t *disk_b)
 {
-	uint64_t used = 0, out = 0;
+	uint64_t used = 0, out = 0, want = 0;
 	memset(disk, 0, l->n_blocks);
+	for (size_t b = 0; b < l->n_blocks; b++)
+		if (!p->resident[b] && l->blocks[b].bytes)
+			want += arena_align_up(host_len ? host_len[b] : l->blocks[b].bytes, ARENA_SLAB_ALIGN);
+	if (want > host_budget && host_budget / 4 >= staging) /* a disk tier: its staging first */
+		host_budget -= staging;
 	uint8_t *seen = arena_calloc(l->n_blocks ? l->n_blocks : 1, 1);
 	if (!seen)
 		return arena_errorf(ARENA_E_NOMEM, "out of memory");

@@ -90,8 +90,10 @@ enum { CLI_O_MODE = 1000, CLI_O_DEPTH, CLI_O_KEEP, CLI_O_HEAD, CLI_O_RES, CLI_O_
 	"                      quarter of the largest block (128M for Flux) or smaller\n"        \
 	"                      ones that fit; default whole blocks\n"                            \
 	"  --host-budget SIZE  images: host memory for streamed blocks; those beyond it\n"      \
-	"                      are read from the image when streamed, checked (default:\n"     \
-	"                      MemAvailable less a reserve; 0: every streamed block)\n"
+	"                      are read from the image when streamed, checked, ahead of\n"     \
+	"                      use through 384M of staging (within a budget of 1536M or\n"    \
+	"                      more; default: MemAvailable less a reserve; 0: every\n"        \
+	"                      streamed block)\n"
 struct arena_open_options;
 int cli_engine_option(const char *cmd, int ch, const char *arg, struct arena_open_options *o);
 

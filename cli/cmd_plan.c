@@ -211,7 +211,7 @@ int cmd_plan(int argc, char **argv)
 		host_len[b] = w ? w->cap : l->blocks[b].bytes;
 		arena_wire_free(w);
 	}
-	if (ao.host_budget && (rc = arena_residency_host_split(l, &p, hb, host_len, disk, &hbytes, &dbytes)))
+	if (ao.host_budget && (rc = arena_residency_host_split(l, &p, hb, ARENA_ENGINE_DISK_STAGING, host_len, disk, &hbytes, &dbytes)))
 		goto out;
 	for (size_t b = 0; b < l->n_blocks; b++)
 		dn += disk[b];

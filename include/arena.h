@@ -275,7 +275,9 @@ typedef struct arena_open_options {
 	/* images only: host memory for the copies of streamed blocks. Blocks
 	 * beyond it (the last in the order they run) keep no host copy: each
 	 * is read from the image when it is streamed (the disk tier), its
-	 * chunks checked as the bytes pass, through a staging buffer. 0 = what
+	 * chunks checked as the bytes pass, ahead of use into 384 MiB of
+	 * staging, which comes out of a budget of at least four times that
+	 * (on top of a smaller one). 0 = what
 	 * MemAvailable (and the cgroup) allow less a reserve of 2 GiB or a
 	 * tenth; ARENA_ZERO_BYTES = none (every streamed block from disk). */
 	uint64_t host_budget;

@@ -214,6 +214,8 @@ typedef struct open_ctx {
 	int depth_given;   /* the caller chose the ring's depth */
 	uint64_t host_budget; /* host memory for streamed blocks' copies (UINT64_MAX: no limit) */
 	int host_given;       /* the caller chose it */
+	uint64_t staging;     /* the disk tier's staging, out of the host budget when there is one */
+	int disk_tier;        /* set by place_host: some streamed blocks stay in the image */
 } open_ctx;
 
 /* Training in pieces: a checkpointed caller's recompute holds a block's
@@ -247,7 +249,7 @@ static void train_depth(const arena_layout *l, arena_engine_opts *o)
  * budget lasts; an image's others stay in the image (the disk tier). A
  * checkpoint cannot be read again: a host budget given too small for it is
  * USAGE. */
-static int place_host(const open_ctx *c, const arena_layout *l, const arena_residency_plan *p,
+static int place_host(open_ctx *c, const arena_layout *l, const arena_residency_plan *p,
 		      const uint64_t *host_len, uint8_t *on_device)
 {
 	uint64_t want = 0;
@@ -268,7 +270,8 @@ static int place_host(const open_ctx *c, const arena_layout *l, const arena_resi
 	uint8_t *disk = arena_calloc(l->n_blocks ? l->n_blocks : 1, 1);
 	if (!disk)
 		return arena_errorf(ARENA_E_NOMEM, "out of memory");
-	int rc = arena_residency_host_split(l, p, c->host_budget, host_len, disk, NULL, NULL);
+	int rc = arena_residency_host_split(l, p, c->host_budget, c->staging, host_len, disk, NULL, NULL);
+	c->disk_tier = 1;
 	for (size_t b = 0; !rc && b < l->n_blocks; b++)
 		if (disk[b])
 			on_device[b] = ARENA_PLACE_DISK;
@@ -417,7 +420,14 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 	if (piece == ARENA_PIECE_AUTO && (rc = auto_piece(a, path, &piece)))
 		goto fail;
 	a->piece_size = piece;
-	open_ctx pc = {a, path, o->profile, a->is_image, piece != 0, o->depth != 0, host_budget_of(a, o), o->host_budget != 0};
+	/* The disk tier's staging (ARENA_DISK_STAGING, for measuring) */
+	const char *ds = getenv("ARENA_DISK_STAGING");
+	uint64_t staging = ARENA_ENGINE_DISK_STAGING;
+	if (ds && arena_size_parse(ds, &staging))
+		staging = ARENA_ENGINE_DISK_STAGING;
+	arena_error_clear();
+	open_ctx pc = {a,         path, o->profile, a->is_image, piece != 0, o->depth != 0, host_budget_of(a, o),
+		       o->host_budget != 0, staging, 0};
 	lo.backend = a->be;
 	lo.budget = &a->budget;
 	lo.cancel = cancel;
@@ -442,21 +452,23 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 	 * caller's thread (ARENA_DISK_READAHEAD=0), through the page cache only
 	 * (ARENA_DISK_IO=buffered; default: what it holds from it, the rest
 	 * O_DIRECT). */
-	const char *dp = getenv("ARENA_DISK_PART"), *ds = getenv("ARENA_DISK_STAGING"),
-		   *dr = getenv("ARENA_DISK_READAHEAD"), *dio = getenv("ARENA_DISK_IO");
+	const char *dp = getenv("ARENA_DISK_PART"), *dr = getenv("ARENA_DISK_READAHEAD"), *dio = getenv("ARENA_DISK_IO");
 	uint64_t dpv;
 	if (dp && arena_size_parse(dp, &dpv) == 0)
 		arena__disk_part = dpv;
-	if (ds && arena_size_parse(ds, &dpv) == 0)
-		a->eo.disk_staging = dpv;
+	a->eo.disk_staging = staging;
 	a->eo.disk_sync = dr && !strcmp(dr, "0");
 	arena_error_clear();
 	if (a->rr && !(dio && !strcmp(dio, "buffered")) && (rc = arena_slab_reader_direct(a->rr)) < 0)
 		goto fail;
 	rc = 0;
 	a->eo.reread_ctx = a->rr;
-	/* Demotions keep the host budget too (beyond it a block stays in the image). */
-	a->eo.host_cap = a->rr && pc.host_budget != UINT64_MAX ? (pc.host_budget ? pc.host_budget : 1) : 0;
+	/* Demotions keep the host budget too (beyond it a block stays in the
+	 * image), less the staging when there is a disk tier. */
+	uint64_t cap = pc.host_budget;
+	if (pc.disk_tier && cap != UINT64_MAX && cap / 4 >= staging)
+		cap -= staging; /* as arena_residency_host_split did */
+	a->eo.host_cap = a->rr && cap != UINT64_MAX ? (cap ? cap : 1) : 0;
 	if ((rc = arena_engine_create(a->m, &a->eo, &a->e)))
 		goto fail;
 	if ((rc = reg_add(a)))

@@ -505,7 +505,10 @@ def open(
       ``arena.torch.attach`` binds an arena in pieces module by module.
     host_budget: images only: host memory for the copies of streamed blocks;
       those beyond it are read from the image each time they are streamed,
-      checked (the disk tier: models larger than host memory run). None =
+      checked, ahead of use on a thread of arena's through 384 MiB of staging
+      (out of a budget of at least 1.5 GiB) (the disk tier: models larger
+      than host memory run; ``stats()``' ``disk_wait_s`` is the time a step
+      waited for the disk). None =
       what MemAvailable allows less a reserve; 0 = every streamed block.
       ``plan()`` says ``host_bytes`` held and ``n_disk`` blocks left in the image.
     plain_stream: an image with hb4 chunks (``arena convert --codec hb4``) keeps

@@ -410,3 +410,44 @@ Test(disk, reads_from_the_page_cache_or_around_it)
 	arena_free(want);
 	arena_free(got);
 }
+
+/* The disk tier's staging comes out of a host budget at least four times
+ * its size (host copies and staging within the budget), and on top of a
+ * smaller one. */
+Test(disk, the_staging_comes_out_of_a_large_enough_budget)
+{
+	arena_open_options ro = {.backend = "sim"};
+	arena *ref, *a;
+	cr_assert_eq(arena_open(img, &ro, &ref), 0, "%s", arena_last_error());
+	arena_open_options o = opts(ARENA_ZERO_BYTES, 0);
+	cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
+	arena_plan_info p;
+	cr_assert_eq(arena_plan_get(a, &p), 0);
+	uint64_t streamed = 0;
+	for (size_t i = 0; i < arena_block_count(a); i++) {
+		arena_block_info bi;
+		cr_assert_eq(arena_block_get(a, i, &bi), 0);
+		streamed += bi.resident ? 0 : arena_block_bytes(a, i);
+	}
+	arena_close(a);
+	const uint64_t budget = streamed * 3 / 4, staging = budget / 4;
+	char s[32];
+	snprintf(s, sizeof(s), "%llu", (unsigned long long)staging);
+	o = opts(budget, 0);
+	cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error()); /* default staging: on top */
+	arena_plan_info big;
+	cr_assert_eq(arena_plan_get(a, &big), 0);
+	cr_assert_gt(big.host_bytes, budget - staging, "host copies %llu", (unsigned long long)big.host_bytes);
+	arena_close(a);
+	setenv("ARENA_DISK_STAGING", s, 1);
+	cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
+	unsetenv("ARENA_DISK_STAGING");
+	arena_plan_info small;
+	cr_assert_eq(arena_plan_get(a, &small), 0);
+	cr_assert_leq(small.host_bytes, budget - staging, "host copies %llu, budget %llu less staging %llu",
+		      (unsigned long long)small.host_bytes, (unsigned long long)budget, (unsigned long long)staging);
+	cr_assert_lt(small.host_bytes, big.host_bytes);
+	cr_assert_gt(run_steps(a, ref, 2), 0);
+	arena_close(a);
+	arena_close(ref);
+}
