@@ -56,6 +56,22 @@ int arena_pread_full(int fd, void *buf, size_t n, uint64_t off, const char *labe
 	return 0;
 }
 
+void *arena_map_to_ask_cache(int fd, uint64_t size)
+{
+	uint8_t page[ARENA_DIRECT_ALIGN];
+	if (size < sizeof(page) || pread(fd, page, sizeof(page), 0) != (ssize_t)sizeof(page))
+		return NULL;
+	void *m = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED)
+		return NULL;
+	unsigned char v = 0;
+	if (mincore(m, sizeof(page), &v) || !(v & 1)) { /* the page just read looks uncached: blind */
+		munmap(m, (size_t)size);
+		return NULL;
+	}
+	return m;
+}
+
 uint64_t arena_cached_prefix(const void *map, uint64_t off, uint64_t n)
 {
 	enum { RUN = 256 };

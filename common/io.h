@@ -38,6 +38,13 @@ int arena_pread_full(int fd, void *buf, size_t n, uint64_t off, const char *labe
  * be NULL) adds the bytes read with O_DIRECT. The mapping is only asked,
  * never read. */
 enum { ARENA_DIRECT_ALIGN = 4096 };
+/* The file (fd, size bytes) mapped read-only to ask the page cache which
+ * of its pages it holds (mincore), or NULL when it cannot say: the kernel
+ * answers only for files the caller owns or may write to (for others it
+ * reports only the pages this process has touched: every page would look
+ * uncached and be read from the disk), so the first page is read and
+ * asked for; also NULL when mapping fails. munmap(map, size) frees it. */
+void *arena_map_to_ask_cache(int fd, uint64_t size);
 /* Of the n bytes at off of a file mapped at map (as above), how many from
  * off on the page cache holds (whole pages; n when all): no I/O. */
 uint64_t arena_cached_prefix(const void *map, uint64_t off, uint64_t n);

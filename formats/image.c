@@ -766,8 +766,8 @@ int arena_img_open_direct(arena_image *img)
 	if (rc)
 		return rc;
 	/* The mapping only says which pages the page cache holds (mincore). */
-	void *m = st.st_size > 0 ? mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, img->fd, 0) : MAP_FAILED;
-	if (m == MAP_FAILED) { /* cannot ask: buffered */
+	void *m = arena_map_to_ask_cache(img->fd, (uint64_t)st.st_size);
+	if (!m) { /* cannot ask: buffered (O_DIRECT for all would read a cached image from the disk) */
 		close(img->dfd);
 		img->dfd = -1;
 		return 0;

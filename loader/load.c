@@ -745,12 +745,11 @@ static int open_direct(lsrc *f, int io)
 	}
 	f->map = NULL;
 	if (!rc && f->dfd >= 0 && io == ARENA_IO_AUTO && f->size) {
-		void *m = mmap(NULL, (size_t)f->size, PROT_READ, MAP_SHARED, f->fd, 0);
-		if (m == MAP_FAILED) { /* cannot ask the page cache: buffered */
+		/* cannot ask the page cache: buffered (O_DIRECT for all would read
+		 * a cached file from the disk) */
+		if (!(f->map = arena_map_to_ask_cache(f->fd, f->size))) {
 			close(f->dfd);
 			f->dfd = -1;
-		} else {
-			f->map = m;
 		}
 	}
 	return rc;
