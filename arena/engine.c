@@ -263,22 +263,28 @@ static size_t disk_parts_of(const arena_engine *e, uint32_t b, arena_stage_part 
 
 /* The stager, made at the first disk-tier copy: slots as large as a part
  * (a block without reread_part) or a block read coded, as many as
- * o.disk_staging (default ARENA_ENGINE_DISK_STAGING) holds, 2 at least. */
+ * o.disk_staging (default ARENA_ENGINE_DISK_STAGING) holds and the tier's
+ * blocks fill, 2 at least. */
 static int stager_up(arena_engine *e)
 {
 	if (e->stg)
 		return 0;
-	uint64_t slot = e->o.reread_part ? disk_part() : 0;
+	/* A slot holds any block's part (a block may join the tier later) or
+	 * coded form; the slots need not hold more than the tier's blocks. */
+	uint64_t slot = 0, on = 0;
 	int coded = 0;
 	for (uint32_t b = 0; b < e->l->n_blocks; b++) {
 		const arena_wire *w = disk_coded(e, b);
-		const uint64_t need = w ? w->cap : e->o.reread_part ? 0 : e->l->blocks[b].bytes;
+		const uint64_t sz = e->l->blocks[b].bytes;
+		const uint64_t need = w ? w->cap : e->o.reread_part && disk_part() < sz ? disk_part() : sz;
 		slot = need > slot ? need : slot;
 		coded |= w != NULL;
+		on += on_disk(e, b) ? (w ? w->cap : sz) : 0;
 	}
 	slot = arena_align_up(slot ? slot : 1, 4096);
 	const uint64_t total = e->o.disk_staging ? e->o.disk_staging : ARENA_ENGINE_DISK_STAGING;
-	uint64_t n = total / slot;
+	uint64_t n = total / slot, most = (on + slot - 1) / slot;
+	n = n > most ? most : n;
 	n = n < 2 ? 2 : n > ARENA_STAGER_MAX_SLOTS ? ARENA_STAGER_MAX_SLOTS : n;
 	if (coded && !e->disk_plans) {
 		if (!(e->disk_plans = arena_calloc(e->l->n_blocks, sizeof(*e->disk_plans))))

@@ -16,6 +16,7 @@ probe zstd.h zstd libzstd-dev
 probe xxhash.h xxhash libxxhash-dev
 probe jansson.h jansson libjansson-dev
 probe criterion/criterion.h criterion libcriterion-dev
+[ -x /usr/bin/time ] || missing="$missing time" # GNU time: the tests' peak RSS checks
 [ -z "$missing" ] && exit 0
 
 echo "arena: missing build dependencies:$missing" >&2

@@ -488,3 +488,45 @@ coded_stream() {
 	expect_err "device stages for streaming this hb4 image coded"
 }
 cases coded_stream
+
+# The disk tier keeps the blocks' host copies within the host budget: a 512
+# MiB model (eight 64 MiB blocks) streamed through 200 MiB of device memory
+# with a budget of all of it, of 64 MiB and of none (128 MiB of staging);
+# peak RSS (GNU time) over the run with none (the process, the sim's device
+# memory and the staging) is about the copies each budget allows. (A slow
+# sim keeps bench's copy-rate probe, 2 x 50 MB, under the runs' memory.)
+disk_tier_rss() {
+	python3 - "$T/m.safetensors" <<'PY' || fail "cannot write the model"
+import json, struct, sys
+n, blk = 8, 64 << 20
+h = {"blocks.%d.w" % i: {"dtype": "BF16", "shape": [4096, 8192], "data_offsets": [i * blk, (i + 1) * blk]}
+     for i in range(n)}
+t = json.dumps(h, separators=(",", ":")).encode()
+t += b" " * (-len(t) % 8)
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<Q", len(t)) + t)
+    f.truncate(8 + len(t) + n * blk)
+PY
+	"$ARENA" convert -q "$T/m.safetensors" -o "$T/m.arena" || fail "convert"
+	rm -f "$T/m.safetensors"
+	rss() { # HOST-BUDGET: peak RSS in MiB of two steps, into $mib
+		mib=0
+		if ARENA_DISK_STAGING=128M /usr/bin/time -f "%M" -o "$T/rss" "$ARENA" bench stream "$T/m.arena" --vram-cap 200M --sim-bandwidth 1e9 --headroom 0 \
+			--reserve 0 --steps 2 --host-budget "$1" --json >"$T/out" 2>"$T/err"; then
+			mib=$(($(tail -n 1 "$T/rss") / 1024))
+		else
+			fail "bench --host-budget $1: $(cat "$T/err")"
+		fi
+	}
+	rss 0
+	none=$mib
+	rss 64M
+	some=$mib
+	rss 1G
+	all=$mib
+	[ $((some - none)) -le $((64 + 32)) ] || fail "a 64 MiB host budget took $((some - none)) MiB more than none"
+	[ $((all - none)) -ge 300 ] || fail "host copies of every streamed block took only $((all - none)) MiB"
+	python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["steps"]; assert all(x["disk_bytes"] == 0 for x in s), s' "$T/out" ||
+		fail "a budget of all of it read from the image"
+}
+cases disk_tier_rss
