@@ -15,10 +15,12 @@ tests/python/run_torch.sh makes one)
 
 from __future__ import annotations
 
+import atexit
 import copy
 import gc
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,6 +41,7 @@ ARENA_BIN = os.environ.get("ARENA_BIN", "build/arena")
 CFG = json.load(open(os.path.join(FIX, "tiny_flux.json")))["config"]
 SD = load_file(os.path.join(FIX, "tiny_flux.safetensors"))
 TMP = tempfile.mkdtemp(prefix="arena-pytest-")
+atexit.register(shutil.rmtree, TMP, ignore_errors=True)  # (every run left its images in /tmp)
 IMG = os.path.join(TMP, "tiny_flux.arena")
 subprocess.run([ARENA_BIN, "convert", "-q", os.path.join(FIX, "tiny_flux.safetensors"), "-o", IMG], check=True)
 
