@@ -142,11 +142,27 @@ static uint64_t disk_part(void)
 }
 
 /* Block b's coded form when the disk tier reads it coded (an hb4 image,
- * coded form within two parts, stages there), else NULL. */
+ * stages there), else NULL. */
 static arena_wire *disk_coded(const arena_engine *e, uint32_t b)
 {
 	arena_wire *w = e->m->mem[b].disk_wire;
-	return w && e->o.reread_wire && e->wstage && w->cap <= 2 * disk_part() ? w : NULL;
+	return w && e->o.reread_wire && e->wstage ? w : NULL;
+}
+
+/* Where the region of segment i of w ends: an hb4 chunk's part is a first
+ * segment and those that share its room; any other segment is its own. */
+static size_t region_end(const arena_wire *w, size_t i)
+{
+	size_t j = i + 1;
+	while (j < w->n && w->seg[j].codec == ARENA_CODEC_HB4 && !w->seg[j].first)
+		j++;
+	return j;
+}
+
+/* The room of segments [i, j) in w's buffer. */
+static uint64_t seg_room(const arena_wire *w, size_t i, size_t j)
+{
+	return (j < w->n ? w->seg[j].src : w->cap) - w->seg[i].src;
 }
 
 /* Bytes a copy of block b moves: its coded form's when it is held or read coded. */
@@ -248,16 +264,26 @@ static uint32_t seq_at(const arena_engine *e, size_t j)
 static size_t disk_parts_of(const arena_engine *e, uint32_t b, arena_stage_part *p, size_t n)
 {
 	const uint64_t sz = e->l->blocks[b].bytes;
-	if (disk_coded(e, b)) {
-		if (n)
-			p[0] = (arena_stage_part){b, 0, sz, 1};
-		return 1;
+	const arena_wire *w = disk_coded(e, b);
+	if (w) { /* whole regions, as many as a part's room holds (one at least) */
+		size_t k = 0;
+		for (size_t i = 0; i < w->n; k++) {
+			size_t j = region_end(w, i);
+			while (j < w->n && seg_room(w, i, region_end(w, j)) <= disk_part())
+				j = region_end(w, j);
+			if (k < n) {
+				const arena_wire_seg *z = &w->seg[j - 1];
+				p[k] = (arena_stage_part){b, w->seg[i].dst, z->dst + z->raw - w->seg[i].dst, 1, i, j};
+			}
+			i = j;
+		}
+		return k;
 	}
 	const uint64_t part = e->o.reread_part && disk_part() < sz ? disk_part() : sz;
 	size_t k = 0;
 	for (uint64_t off = 0; off < sz; off += part, k++)
 		if (k < n)
-			p[k] = (arena_stage_part){b, off, sz - off < part ? sz - off : part, 0};
+			p[k] = (arena_stage_part){b, off, sz - off < part ? sz - off : part, 0, 0, 0};
 	return k;
 }
 
@@ -276,7 +302,12 @@ static int stager_up(arena_engine *e)
 	for (uint32_t b = 0; b < e->l->n_blocks; b++) {
 		const arena_wire *w = disk_coded(e, b);
 		const uint64_t sz = e->l->blocks[b].bytes;
-		const uint64_t need = w ? w->cap : e->o.reread_part && disk_part() < sz ? disk_part() : sz;
+		uint64_t need = e->o.reread_part && disk_part() < sz ? disk_part() : sz;
+		for (size_t i = 0; w && i < w->n;) { /* its coded parts' room (a region may pass a part) */
+			const size_t j = region_end(w, i);
+			need = seg_room(w, i, j) > need ? seg_room(w, i, j) : need;
+			i = j;
+		}
 		slot = need > slot ? need : slot;
 		coded |= w != NULL;
 		on += on_disk(e, b) ? (w ? w->cap : sz) : 0;
@@ -327,12 +358,16 @@ static int disk_want(arena_engine *e, uint32_t b)
 static int disk_parts(arena_engine *e, uint32_t b, uint8_t *dst, arena_stream **fill)
 {
 	arena_backend *be = e->be;
+	enum { MAXP = 4 * ARENA_STAGER_MAX_SLOTS };
+	arena_stage_part p[MAXP];
 	int rc = stager_up(e);
 	if (!rc)
 		rc = disk_want(e, b);
-	enum { MAXP = 4 * ARENA_STAGER_MAX_SLOTS };
-	const size_t n = rc ? 0 : disk_parts_of(e, b, NULL, 0);
-	uint64_t off = 0;
+	const size_t n = rc ? 0 : disk_parts_of(e, b, p, MAXP);
+	if (n > MAXP)
+		return arena_errorf(ARENA_E_INTERNAL, "block '%s': %zu parts for the disk tier (at most %d)",
+				    e->l->blocks[b].name, n, MAXP);
+	uint64_t stored = 0;
 	for (size_t i = 0; i < n && !rc; i++) {
 		unsigned k;
 		uint8_t *buf;
@@ -343,20 +378,13 @@ static int disk_parts(arena_engine *e, uint32_t b, uint8_t *dst, arena_stream **
 		if (rc)
 			break;
 		*fill = e->cs;
-		if (w) {
-			if (!(rc = send_wire(e, w, dst, fill))) {
-				e->m->mem[b].disk_wire->stored = w->stored; /* what its copies move */
-				e->rec.disk_bytes += w->stored;
-			}
-		} else {
-			const uint64_t len = e->l->blocks[b].bytes - off < disk_part() || !e->o.reread_part
-						     ? e->l->blocks[b].bytes - off
-						     : disk_part();
-			if (!(rc = be->ops->copy_h2d(be, dst + off, buf, len, e->cs)))
-				e->rec.disk_bytes += len;
-			off += len;
+		if (w) { /* its segments' dst are the block's */
+			if (!(rc = send_wire(e, w, dst, fill)))
+				stored += w->stored;
+		} else if (!(rc = be->ops->copy_h2d(be, dst + p[i].off, buf, p[i].len, e->cs))) {
+			stored += p[i].len;
 		}
-		if (!rc) /* after its copies (and a coded block's decodes) */
+		if (!rc) /* after its copies (and a coded part's decodes) */
 			rc = be->ops->event_record(be, arena_stager_event(e->stg, k), *fill);
 		if (rc) { /* some copies from the slot may be queued, and no event after them */
 			char keep[1024];
@@ -368,6 +396,10 @@ static int disk_parts(arena_engine *e, uint32_t b, uint8_t *dst, arena_stream **
 		}
 		arena_stager_put(e->stg, k);
 	}
+	if (!rc && disk_coded(e, b))
+		e->m->mem[b].disk_wire->stored = stored; /* what its copies move */
+	if (!rc)
+		e->rec.disk_bytes += stored;
 	return rc;
 }
 

@@ -191,11 +191,11 @@ typedef struct arena_engine_opts {
 	 * bytes through staging slots of that size (host memory stays small:
 	 * disk_staging, not blocks); without it, whole blocks. */
 	arena_reread_part_fn reread_part;
-	/* Optional, with reread: fill a block's coded form (an hb4 image's disk
-	 * tier, m->mem[b].disk_wire's plan in a copy of the stager's, buf set),
-	 * chunks checked.
-	 * With it such blocks are read and copied coded. */
-	int (*reread_wire)(void *ctx, uint32_t block, struct arena_wire *w);
+	/* Optional, with reread: fill the coded form of bytes [off, off + len)
+	 * of a block (an hb4 image's disk tier: the segments of
+	 * m->mem[b].disk_wire's plan for that range, in a staging slot), chunks
+	 * checked. With it such blocks are read and copied coded, in parts. */
+	int (*reread_wire)(void *ctx, uint32_t block, uint64_t off, uint64_t len, struct arena_wire *w);
 	/* With reread: host memory the blocks' host copies may take (0: no
 	 * limit). A block leaving the device gets a host copy only within it;
 	 * past it, it stays in its image and is read from there when streamed

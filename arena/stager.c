@@ -54,7 +54,8 @@ struct arena_stager {
 
 static int same_part(const arena_stage_part *a, const arena_stage_part *b)
 {
-	return a->block == b->block && a->off == b->off && a->len == b->len && a->coded == b->coded;
+	return a->block == b->block && a->off == b->off && a->len == b->len && a->coded == b->coded &&
+	       (!a->coded || (a->seg0 == b->seg0 && a->seg1 == b->seg1));
 }
 
 int arena_stager_create(arena_backend *be, arena_pin_budget *budget, const arena_stager_src *src,
@@ -66,16 +67,23 @@ static int read_part(arena_stager *s, stage_slot *x, const arena_stage_part *p)
 	const arena_stager_src *r = &s->src;
 	int rc;
 	if (p->coded) {
+		/* the plan's segments of the part, their places in the slot */
 		const arena_wire *plan = r->plans ? r->plans[p->block] : NULL;
-		if (!plan || plan->n > s->max_seg || plan->cap > s->slot_bytes)
-			return arena_errorf(ARENA_E_INTERNAL, "stager: block '%s' has no coded plan that fits a slot",
-					    r->l->blocks[p->block].name);
-		memcpy(x->seg, plan->seg, plan->n * sizeof(*plan->seg));
-		for (size_t i = 0; i < plan->n; i++)
+		const size_t n = p->seg1 - p->seg0;
+		const uint64_t base = plan && p->seg0 < plan->n ? plan->seg[p->seg0].src : 0,
+			       end = plan && p->seg1 < plan->n ? plan->seg[p->seg1].src : plan ? plan->cap : 0;
+		if (!plan || p->seg1 > plan->n || !n || n > s->max_seg || end - base > s->slot_bytes)
+			return arena_errorf(ARENA_E_INTERNAL, "stager: block '%s': segments %zu..%zu of its coded plan do "
+					    "not fit a slot", r->l->blocks[p->block].name, p->seg0, p->seg1);
+		memcpy(x->seg, plan->seg + p->seg0, n * sizeof(*plan->seg));
+		uint64_t hb4 = 0;
+		for (size_t i = 0; i < n; i++) {
 			x->seg[i].filled = 0;
-		x->w = (arena_wire){.seg = x->seg, .n = plan->n, .buf = x->buf, .cap = plan->cap,
-				    .n_hb4 = plan->n_hb4, .most = plan->most};
-		rc = r->wire(r->ctx, p->block, &x->w);
+			x->seg[i].src -= base;
+			hb4 += x->seg[i].codec == ARENA_CODEC_HB4;
+		}
+		x->w = (arena_wire){.seg = x->seg, .n = n, .buf = x->buf, .cap = end - base, .n_hb4 = hb4, .most = plan->most};
+		rc = r->wire(r->ctx, p->block, p->off, p->len, &x->w);
 	} else if (r->part) {
 		rc = r->part(r->ctx, p->block, p->off, p->len, x->buf);
 	} else {

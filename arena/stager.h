@@ -38,14 +38,16 @@ struct arena_wire;
 typedef struct arena_stage_part {
 	uint32_t block;
 	uint64_t off, len; /* raw bytes [off, off + len) of the block */
-	int coded;         /* the whole block, read coded (off 0, len its bytes) */
+	int coded;         /* read coded: segments [seg0, seg1) of the block's plan, which cover
+			    * [off, off + len) */
+	size_t seg0, seg1;
 } arena_stage_part;
 
 /* Where parts are read from (the engine's options). */
 typedef struct arena_stager_src {
 	arena_reread_fn whole;          /* a whole block */
 	arena_reread_part_fn part;      /* or a part of one (may be NULL: whole blocks only) */
-	int (*wire)(void *ctx, uint32_t block, struct arena_wire *w);
+	int (*wire)(void *ctx, uint32_t block, uint64_t off, uint64_t len, struct arena_wire *w);
 	void *ctx;
 	/* per block, the coded form's plan (m->mem[b].disk_wire) of blocks read coded */
 	struct arena_wire *const *plans;

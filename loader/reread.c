@@ -140,12 +140,13 @@ int arena_slab_reader_read_part(void *reader, uint32_t b, uint64_t at, uint64_t 
 	return read_runs(r, b, at, bytes, dst, NULL);
 }
 
-int arena_slab_reader_read_wire(void *reader, uint32_t b, arena_wire *w)
+int arena_slab_reader_read_wire(void *reader, uint32_t b, uint64_t at, uint64_t bytes, arena_wire *w)
 {
 	arena_slab_reader *r = reader;
-	if (b >= r->l->n_blocks || !w || !w->buf)
-		return arena_errorf(ARENA_E_USAGE, "reread: block %u: no coded form to fill", b);
-	int rc = read_runs(r, b, 0, r->l->blocks[b].bytes, NULL, w);
+	if (b >= r->l->n_blocks || !w || !w->buf || at > r->l->blocks[b].bytes || bytes > r->l->blocks[b].bytes - at)
+		return arena_errorf(ARENA_E_USAGE, "reread: block %u: no coded form to fill, or bytes %" PRIu64 "..%" PRIu64
+				    " not in it", b, at, at + bytes);
+	int rc = read_runs(r, b, at, bytes, NULL, w);
 	return rc ? rc : arena_wire_seal(w, r->l->blocks[b].name);
 }
 

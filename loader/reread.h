@@ -34,13 +34,15 @@ int arena_slab_reader_read(void *reader, uint32_t b, uint8_t *dst, uint64_t byte
  * chunks the range touches, read whole). Matches arena_reread_part_fn. */
 int arena_slab_reader_read_part(void *reader, uint32_t b, uint64_t off, uint64_t len, uint8_t *dst);
 
-/* The disk tier of an hb4 image: block b's coded form, w (its plan, with
- * w->buf room for w->cap bytes), filled from the chunks the block touches,
- * each read and checked (checksum, structure, padding) and not decoded;
- * then w is sealed. Up to 8 threads share the chunks. Errors: those of
+/* The disk tier of an hb4 image: bytes [at, at + bytes) of block b in
+ * their coded form, w (the plan's segments for that range, block-relative
+ * dst, src within w->buf's room of w->cap bytes; the range starts and ends
+ * where segments do), filled from the chunks the range touches, each read
+ * and checked (checksum, structure, padding) and not decoded; then w is
+ * sealed. Up to 8 threads share the chunks. Errors: those of
  * arena_slab_reader_read. */
 struct arena_wire;
-int arena_slab_reader_read_wire(void *reader, uint32_t b, struct arena_wire *w);
+int arena_slab_reader_read_wire(void *reader, uint32_t b, uint64_t at, uint64_t bytes, struct arena_wire *w);
 
 /* Read from the page cache only what it holds, the rest with O_DIRECT
  * (arena_pread_cached_or_direct): a disk tier read again every step

@@ -83,7 +83,7 @@ int main(void)
 			arena_stage_part want[12];
 			unsigned n = 1 + rnd(12);
 			for (unsigned i = 0; i < n; i++)
-				want[i] = (arena_stage_part){rnd(NB), rnd(2) * (uint64_t)PART, PART, 0};
+				want[i] = (arena_stage_part){rnd(NB), rnd(2) * (uint64_t)PART, PART, 0, 0, 0};
 			if (arena_stager_want(s, want, n))
 				return 1;
 			unsigned k = rnd(n + 1);

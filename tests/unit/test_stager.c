@@ -45,7 +45,7 @@ static int src_part(void *ctx, uint32_t b, uint64_t off, uint64_t len, uint8_t *
 	src_state *s = ctx;
 	pthread_mutex_lock(&s->mu);
 	if (s->reads < 64)
-		s->log[s->reads] = (arena_stage_part){b, off, len, 0};
+		s->log[s->reads] = (arena_stage_part){b, off, len, 0, 0, 0};
 	s->reads++;
 	int fail = s->fail_on && b == s->fail_block;
 	pthread_mutex_unlock(&s->mu);
@@ -111,7 +111,7 @@ static void wait_reads(unsigned n)
 
 static arena_stage_part P(uint32_t b, unsigned k)
 {
-	return (arena_stage_part){b, (uint64_t)k * PART, PART, 0};
+	return (arena_stage_part){b, (uint64_t)k * PART, PART, 0, 0, 0};
 }
 
 /* Take the list's next part, check its bytes are part p's, copy them to
