@@ -10,7 +10,8 @@
 # --device-free holds the device but 24 GiB, so bench stream models the
 # compute at --flops instead of loading the whole model again for an
 # all-resident run (the disk bound is far above the compute here).
-# PIECE: --piece-size, FLOPS: --flops. RUNS: "ra" (reads ahead, the default build) and/or "sync"
+# PIECE: --piece-size, FLOPS: --flops, CODEC=hb4: an hb4 image (its disk
+# tier reads and copies coded bytes; the limit is then in coded bytes). RUNS: "ra" (reads ahead, the default build) and/or "sync"
 # (ARENA_DISK_READAHEAD=0: reads on the caller's thread), each cold.
 # usage: A=build/arena OUT=dir sh bench/gpu_disk.sh WORKDIR      (root: drop_caches)
 set -u
@@ -21,10 +22,10 @@ mkdir -p "$W" "$OUT"
 # cuBLAS is loaded at run time: CUDA's lib64, else the pip wheel PyTorch uses.
 CB=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null)
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${CB:+:$CB}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-IMG=$W/f${BLOCKS:+-$BLOCKS}.arena
+IMG=$W/f${BLOCKS:+-$BLOCKS}${CODEC:+-$CODEC}.arena
 [ -f "$IMG" ] || {
 	"$A" synth --layout flux-dev ${BLOCKS:+--blocks "$BLOCKS"} -o "$W/f.safetensors" >/dev/null || exit 1
-	"$A" convert -q "$W/f.safetensors" -o "$IMG" || exit 1
+	"$A" convert -q ${CODEC:+--codec "$CODEC"} "$W/f.safetensors" -o "$IMG" || exit 1
 	rm -f "$W/f.safetensors"
 }
 SIZE=$(stat -c %s "$IMG")
@@ -52,8 +53,8 @@ for r in ${RUNS:-ra}; do
 	[ "$r" = sync ] && env="ARENA_DISK_READAHEAD=0"
 	# shellcheck disable=SC2086
 	env $env /usr/bin/time -v "$A" bench stream "$IMG" --backend "${BACKEND:-cuda}" --vram-cap "${CAP:-8G}" $FREE \
-		--host-budget "$HB" --steps "${STEPS:-4}" ${PIECE:+--piece-size "$PIECE"} ${FLOPS:+--flops "$FLOPS"} --json >"$OUT/disk_$r.json" 2>"$OUT/disk_$r.err"
-	python3 - "$OUT/disk_$r.json" "$OUT/disk_$r.err" "$RATE" "$r" "$HB" <<'PY' | tee -a "$OUT/disk_summary.txt"
+		--host-budget "$HB" --steps "${STEPS:-4}" ${PIECE:+--piece-size "$PIECE"} ${FLOPS:+--flops "$FLOPS"} --json >"$OUT/disk_$r${CODEC:+-$CODEC}.json" 2>"$OUT/disk_$r${CODEC:+-$CODEC}.err"
+	python3 - "$OUT/disk_$r${CODEC:+-$CODEC}.json" "$OUT/disk_$r${CODEC:+-$CODEC}.err" "$RATE" "$r${CODEC:+-$CODEC}" "$HB" <<'PY' | tee -a "$OUT/disk_summary.txt"
 import json, re, sys
 d = json.load(open(sys.argv[1]))
 rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", open(sys.argv[2]).read())
