@@ -420,6 +420,10 @@ disk_tier() {
 	expect_rc 0
 	expect_out "disk tier: "
 	expect_out "device bytes match the image"
+	run bench stream "$T/f.arena" --vram-cap 285K --headroom 0 --reserve 0 --host-budget 100K --steps 3
+	expect_rc 0
+	expect_out " disk "
+	expect_out "(waited "
 	run bench stream "$T/f.arena" --vram-cap 285K --headroom 0 --reserve 0 --host-budget 100K --steps 3 --json
 	expect_rc 0
 	python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); s=d["steps"]; assert sum(x["disk_bytes"] for x in s) > 0 and all(x["disk_wait_s"] >= 0 for x in s), s' "$T/out" ||
