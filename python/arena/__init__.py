@@ -394,7 +394,13 @@ class Arena:
         _check(_native.lib.arena_sync(self._handle()))
 
     def stats(self) -> List[Dict[str, Any]]:
-        """The engine's per-step records (the last 256), oldest first."""
+        """The engine's per-step records (the last 256), oldest first: dicts with the
+        fields of ``arena_step_info`` in arena.h, among them ``streamed_bytes`` and
+        ``moved_bytes`` (what went over the bus: fewer when held coded),
+        ``resident_bytes``, ``stalls``/``stall_s`` (device-timed waits for copies),
+        ``misses``, ``demotions``/``promotions``, ``disk_bytes`` and ``disk_wait_s``
+        (the disk tier: read from the image, and how long copies waited for it),
+        ``end_s``/``plan_s``/``move_s`` (host seconds at the step's end)."""
         h = self._handle()
         n = _native.lib.arena_step_count(h)
         out = []

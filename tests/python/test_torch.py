@@ -241,6 +241,7 @@ class Sampling(unittest.TestCase):
         self.check(m)
         h.end_step()
         self.assertGreater(sum(r["disk_bytes"] for r in h.stats()), 0)
+        self.assertTrue(all(r["disk_wait_s"] >= 0 for r in h.stats()))
         h.detach()
 
     def test_resident_equals_plain(self):
