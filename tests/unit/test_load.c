@@ -124,6 +124,39 @@ Test(load, io_modes_give_the_same_bytes)
 	}
 }
 
+/* A safetensors file at path of four bf16 blocks "blocks.N.w" of rows x
+ * cols: weights-like values (an exponent near 0x3c, any mantissa, a rare
+ * outlier: hb4 and zstd code them) or, not weights_like, a plain pattern. */
+static void write_four_blocks(const char *path, uint64_t rows, uint64_t cols, int weights_like)
+{
+	arena_stw *w;
+	cr_assert_eq(arena_stw_create(path, &w), 0);
+	uint64_t shape[2] = {rows, cols};
+	char name[64];
+	for (int b = 0; b < 4; b++) {
+		snprintf(name, sizeof(name), "blocks.%d.w", b);
+		cr_assert_eq(arena_stw_add(w, name, ARENA_DTYPE_BF16, 2, shape), 0);
+	}
+	cr_assert_eq(arena_stw_begin(w), 0);
+	const uint64_t n = 4 * rows * cols;
+	uint16_t *v = malloc(2 * n);
+	cr_assert_not_null(v);
+	uint64_t x = 0x9E3779B97F4A7C15ull;
+	for (uint64_t i = 0; i < n; i++) {
+		if (!weights_like) {
+			v[i] = (uint16_t)(i * 40503u);
+			continue;
+		}
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		/* sign, an exponent near 0x3c (|w| ~ 1e-2), any mantissa; a rare outlier */
+		uint16_t e = (uint16_t)(0x3c - (x >> 40) % 4 + (x % 5000 == 0 ? 40 : 0));
+		v[i] = (uint16_t)((x >> 63) << 15 | e << 7 | (x >> 20) % 128);
+	}
+	cr_assert_eq(arena_stw_write(w, v, 2 * n), 0);
+	cr_assert_eq(arena_stw_commit(w), 0);
+	free(v);
+}
+
 /* Pages of the file left in the page cache (mincore through a mapping). */
 static size_t cached_pages(const char *path, size_t *total)
 {
@@ -165,22 +198,7 @@ Test(load, auto_io_reads_each_byte_once)
 	char st_path[300], path[300];
 	snprintf(st_path, sizeof(st_path), "%s/big.safetensors", dir);
 	snprintf(path, sizeof(path), "%s/big.arena", dir);
-	arena_stw *w;
-	cr_assert_eq(arena_stw_create(st_path, &w), 0);
-	uint64_t shape[2] = {2048, 2048};
-	char name[64];
-	for (int b = 0; b < 4; b++) {
-		snprintf(name, sizeof(name), "blocks.%d.w", b);
-		cr_assert_eq(arena_stw_add(w, name, ARENA_DTYPE_BF16, 2, shape), 0);
-	}
-	cr_assert_eq(arena_stw_begin(w), 0);
-	const uint64_t n = 4ull * 2048 * 2048;
-	uint16_t *v = malloc(2 * n);
-	for (uint64_t i = 0; i < n; i++)
-		v[i] = (uint16_t)(i * 40503u);
-	cr_assert_eq(arena_stw_write(w, v, 2 * n), 0);
-	cr_assert_eq(arena_stw_commit(w), 0);
-	free(v);
+	write_four_blocks(st_path, 2048, 2048, 0);
 	const char *in = st_path;
 	arena_convert_opts co = {.threads = 2};
 	cr_assert_eq(arena_convert(&in, 1, path, &co, NULL), 0, "%s", arena_last_error());
@@ -922,27 +940,7 @@ Test(load_coded, device_and_host_blocks_in_one_model)
 	char st_path[300], c_path[300];
 	snprintf(st_path, sizeof(st_path), "%s/m.safetensors", dir);
 	snprintf(c_path, sizeof(c_path), "%s/m.arena", dir);
-	arena_stw *w;
-	cr_assert_eq(arena_stw_create(st_path, &w), 0);
-	uint64_t shape[2] = {320, 512};
-	char name[64];
-	for (int b = 0; b < 4; b++) {
-		snprintf(name, sizeof(name), "blocks.%d.w", b);
-		cr_assert_eq(arena_stw_add(w, name, ARENA_DTYPE_BF16, 2, shape), 0);
-	}
-	cr_assert_eq(arena_stw_begin(w), 0);
-	uint64_t n = 4 * 320 * 512;
-	uint16_t *v = malloc(2 * n);
-	uint64_t x = 0x9E3779B97F4A7C15ull;
-	for (uint64_t i = 0; i < n; i++) {
-		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-		/* sign, an exponent near 0x3c (|w| ~ 1e-2), any mantissa; a rare outlier */
-		uint16_t e = (uint16_t)(0x3c - (x >> 40) % 4 + (x % 5000 == 0 ? 40 : 0));
-		v[i] = (uint16_t)((x >> 63) << 15 | e << 7 | (x >> 20) % 128);
-	}
-	cr_assert_eq(arena_stw_write(w, v, 2 * n), 0);
-	cr_assert_eq(arena_stw_commit(w), 0);
-	free(v);
+	write_four_blocks(st_path, 320, 512, 1);
 	const char *in = st_path;
 	arena_convert_opts co = {.chunk_size = 64 << 10, .threads = 2, .codec = ARENA_CODEC_HB4};
 	arena_convert_result res;
@@ -1252,26 +1250,7 @@ Test(load_zstd, device_and_host_blocks_of_a_larger_model)
 	char st_path[300], z_path[300];
 	snprintf(st_path, sizeof(st_path), "%s/m.safetensors", dir);
 	snprintf(z_path, sizeof(z_path), "%s/m.arena", dir);
-	arena_stw *w;
-	cr_assert_eq(arena_stw_create(st_path, &w), 0);
-	uint64_t shape[2] = {320, 512};
-	char name[64];
-	for (int b = 0; b < 4; b++) {
-		snprintf(name, sizeof(name), "blocks.%d.w", b);
-		cr_assert_eq(arena_stw_add(w, name, ARENA_DTYPE_BF16, 2, shape), 0);
-	}
-	cr_assert_eq(arena_stw_begin(w), 0);
-	uint64_t n = 4 * 320 * 512;
-	uint16_t *v = malloc(2 * n);
-	uint64_t x = 0x9E3779B97F4A7C15ull;
-	for (uint64_t i = 0; i < n; i++) {
-		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-		uint16_t e = (uint16_t)(0x3c - (x >> 40) % 4 + (x % 5000 == 0 ? 40 : 0));
-		v[i] = (uint16_t)((x >> 63) << 15 | e << 7 | (x >> 20) % 128);
-	}
-	cr_assert_eq(arena_stw_write(w, v, 2 * n), 0);
-	cr_assert_eq(arena_stw_commit(w), 0);
-	free(v);
+	write_four_blocks(st_path, 320, 512, 1);
 	const char *in = st_path;
 	arena_convert_opts co = {.chunk_size = 64 << 10, .threads = 2, .codec = ARENA_CODEC_ZSTD};
 	arena_convert_result res;
