@@ -260,9 +260,10 @@ int cmd_plan(int argc, char **argv)
 					      (json_int_t)floor_w[0], "train", "vram", (json_int_t)floor_v[1], "weights",
 					      (json_int_t)floor_w[1]));
 		json_object_set_new(root, "disk_tier",
-				    ao.host_budget ? json_pack("{s:I,s:I,s:I,s:I}", "host_budget", (json_int_t)hb, "host_bytes",
+				    ao.host_budget ? json_pack("{s:I,s:I,s:I,s:I,s:I}", "host_budget", (json_int_t)hb, "host_bytes",
 							       (json_int_t)hbytes, "blocks", (json_int_t)dn, "bytes",
-							       (json_int_t)dbytes)
+							       (json_int_t)dbytes, "staging_max",
+							       (json_int_t)(dn ? ARENA_ENGINE_DISK_STAGING : 0))
 						   : json_null());
 		json_object_set_new(root, "coded_stream",
 				    coded ? json_pack("{s:I,s:I,s:I}", "host_bytes", (json_int_t)wire_host, "raw_bytes",
@@ -299,11 +300,15 @@ int cmd_plan(int argc, char **argv)
 			printf("predicted step (profile %s): %.4f s; compute %.4f s, copies %.4f s at %.3g %s\n", profile,
 			       p.step_s, comp, copy, o.h2d_bytes_per_s >= 1e9 ? o.h2d_bytes_per_s / 1e9 : o.h2d_bytes_per_s / 1e6,
 			       o.h2d_bytes_per_s >= 1e9 ? "GB/s" : "MB/s");
-		if (ao.host_budget)
-			printf("disk tier: %zu streamed blocks (%s) read from the image each time they stream; host copies %s of a %s "
-			       "budget\n",
-			       dn, cli_fmt_bytes(dbytes, a, sizeof(a)), cli_fmt_bytes(hbytes, b, sizeof(b)),
+		if (ao.host_budget && dn)
+			printf("disk tier: %zu streamed blocks (%s) read from the image each time they stream, ahead of use "
+			       "through up to %s of staging%s; host copies %s of a %s budget\n",
+			       dn, cli_fmt_bytes(dbytes, a, sizeof(a)), cli_fmt_bytes(ARENA_ENGINE_DISK_STAGING, d, sizeof(d)),
+			       hb / 4 >= ARENA_ENGINE_DISK_STAGING ? " (out of the budget)" : "", cli_fmt_bytes(hbytes, b, sizeof(b)),
 			       cli_fmt_bytes(hb, c, sizeof(c)));
+		else if (ao.host_budget)
+			printf("disk tier: none, the streamed blocks' host copies (%s) fit the %s budget\n",
+			       cli_fmt_bytes(hbytes, b, sizeof(b)), cli_fmt_bytes(hb, c, sizeof(c)));
 		printf("floor: sample %s (%s for weights), train %s (%s): the least --vram these options run in\n",
 		       cli_fmt_bytes(floor_v[0], a, sizeof(a)), cli_fmt_bytes(floor_w[0], b, sizeof(b)),
 		       cli_fmt_bytes(floor_v[1], c, sizeof(c)), cli_fmt_bytes(floor_w[1], d, sizeof(d)));

@@ -448,6 +448,10 @@ PY
 	run plan "$T/f.arena" --vram 285K --headroom 0 --reserve 0 --host-budget 100K
 	expect_rc 0
 	expect_out "disk tier: "
+	expect_out "ahead of use through up to 384.00 MiB of staging; host copies"
+	run plan "$T/f.arena" --vram 285K --headroom 0 --reserve 0 --host-budget 10M
+	expect_rc 0
+	expect_out "disk tier: none"
 	run plan "$T/f.arena" --vram 285K --headroom 0 --reserve 0 --json
 	expect_rc 0
 	python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["disk_tier"] is None' "$T/out" || fail "disk_tier without --host-budget"
