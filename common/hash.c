@@ -2,6 +2,7 @@
  * build of xxHash's own header-only code (see hash.h). */
 #include "hash.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #define XXH_STATIC_LINKING_ONLY
@@ -15,15 +16,21 @@ void arena__xxh3_avx2_reset(void *st);
 void arena__xxh3_avx2_update(void *st, const void *p, size_t n);
 uint64_t arena__xxh3_avx2_digest(const void *st);
 
+/* Decided once, whichever thread asks first (readers ask at once). */
+static int avx2;
+static pthread_once_t avx2_once = PTHREAD_ONCE_INIT;
+
+static void decide_avx2(void)
+{
+	const char *e = getenv("ARENA_HASH_ISA");
+	__builtin_cpu_init();
+	avx2 = (!e || strcmp(e, "baseline")) && __builtin_cpu_supports("avx2");
+}
+
 static int use_avx2(void)
 {
-	static int v = -1;
-	if (v < 0) {
-		const char *e = getenv("ARENA_HASH_ISA");
-		__builtin_cpu_init();
-		v = (!e || strcmp(e, "baseline")) && __builtin_cpu_supports("avx2");
-	}
-	return v;
+	pthread_once(&avx2_once, decide_avx2);
+	return avx2;
 }
 #else
 static int use_avx2(void)
