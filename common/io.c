@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -31,32 +32,35 @@ int arena__read_fault(void)
 	return at > 0 && atomic_fetch_add(&read_count, 1) + 1 == at;
 }
 
-int arena_pread_full(int fd, void *buf, size_t n, uint64_t off, const char *label)
+/* n bytes at off, retrying short reads and EINTR; a read that comes back
+ * empty, or (O_DIRECT: unit 4096) with a part of a unit, met the end of
+ * the file. */
+static int pread_all(int fd, void *buf, size_t n, uint64_t off, const char *label, size_t unit)
 {
 	uint8_t *p = buf;
 	while (n) {
-		ssize_t r;
-		if (arena__read_fault()) {
-			errno = EIO;
-			r = -1;
-		} else {
-			r = pread(fd, p, n, (off_t)off);
-		}
-		if (r < 0) {
-			if (errno == EINTR)
-				continue;
+		ssize_t r = arena__read_fault() ? (errno = EIO, -1) : pread(fd, p, n, (off_t)off);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
 			return arena_syserrorf(ARENA_E_IO, errno, "%s: read failed at byte %llu", label,
 					       (unsigned long long)off);
-		}
-		if (r == 0)
+		if (r == 0 || (size_t)r % unit)
 			return arena_errorf(ARENA_E_IO, "%s: unexpected end of file at byte %llu (file changed?)", label,
-					    (unsigned long long)off);
+					    (unsigned long long)(off + (uint64_t)r));
 		p += r, n -= (size_t)r, off += (uint64_t)r;
 	}
 	return 0;
 }
 
-void *arena_map_to_ask_cache(int fd, uint64_t size)
+int arena_pread_full(int fd, void *buf, size_t n, uint64_t off, const char *label)
+{
+	return pread_all(fd, buf, n, off, label, 1);
+}
+
+/* The file mapped read-only to ask the page cache, or NULL where it cannot
+ * say (see arena_open_direct). */
+static void *map_to_ask_cache(int fd, uint64_t size)
 {
 	uint8_t page[ARENA_DIRECT_ALIGN];
 	if (size < sizeof(page) || pread(fd, page, sizeof(page), 0) != (ssize_t)sizeof(page))
@@ -72,73 +76,81 @@ void *arena_map_to_ask_cache(int fd, uint64_t size)
 	return m;
 }
 
-uint64_t arena_cached_prefix(const void *map, uint64_t off, uint64_t n)
+int arena_open_direct(int fd, const char *path, uint64_t size, int ask, int *dfd, void **map)
 {
-	enum { RUN = 256 };
+	*dfd = -1;
+	*map = NULL;
+	/* The same file as fd (a name may have been given to another since). */
+	char proc[64];
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+	int d = open(proc, O_RDONLY | O_DIRECT | O_CLOEXEC);
+	if (d < 0 && (errno == ENOENT || errno == ENOTDIR)) { /* no /proc: by its name */
+		int rc = arena_open_input(path, O_DIRECT, &d, NULL);
+		if (rc && errno != EINVAL)
+			return rc;
+		arena_error_clear();
+	} else if (d < 0 && errno != EINVAL) {
+		return arena_input_syserror(path, errno);
+	}
+	if (d < 0) /* EINVAL: the filesystem has no O_DIRECT (tmpfs) */
+		return 0;
+	if (ask && !(*map = map_to_ask_cache(fd, size))) { /* cannot ask: O_DIRECT for all would read a cached file
+							 * from the disk */
+		close(d);
+		return 0;
+	}
+	*dfd = d;
+	return 0;
+}
+
+/* From page-aligned off, the run of at most n bytes (whole pages) whose
+ * pages the page cache holds (*cached 1) or does not (0); where mincore
+ * fails, not. */
+static uint64_t cache_run(const void *map, uint64_t off, uint64_t n, int *cached)
+{
+	enum { RUN = 256 }; /* pages a query */
 	const uint64_t A = ARENA_DIRECT_ALIGN;
 	unsigned char v[RUN];
-	uint64_t at = off - off % A, end = off + n;
-	while (at < end) {
-		const uint64_t q = (end - at + A - 1) / A < RUN ? (end - at + A - 1) / A : RUN;
+	uint64_t at = off;
+	*cached = -1;
+	while (at < off + n) {
+		const uint64_t q = (off + n - at + A - 1) / A < RUN ? (off + n - at + A - 1) / A : RUN;
 		if (mincore((void *)((uintptr_t)map + at), q * A, v))
-			return at > off ? at - off : 0;
-		for (uint64_t i = 0; i < q; i++, at += A)
-			if (!(v[i] & 1))
-				return at > off ? at - off : 0;
+			memset(v, 0, q);
+		for (uint64_t i = 0; i < q; i++, at += A) {
+			if (*cached < 0)
+				*cached = v[i] & 1;
+			else if ((v[i] & 1) != *cached)
+				return at - off;
+		}
 	}
 	return n;
+}
+
+uint64_t arena_cached_prefix(const void *map, uint64_t off, uint64_t n)
+{
+	const uint64_t a = off - off % ARENA_DIRECT_ALIGN;
+	int cached;
+	const uint64_t r = cache_run(map, a, n + (off - a), &cached);
+	return !cached ? 0 : r - (off - a) < n ? r - (off - a) : n;
 }
 
 int arena_pread_cached_or_direct(int fd, int dfd, const void *map, void *buf, size_t n, uint64_t off,
 				 const char *label, uint64_t *direct)
 {
-	const uint64_t A = ARENA_DIRECT_ALIGN;
-	if (dfd < 0 || !map || ((uintptr_t)buf | n | off) % A)
+	if (dfd < 0 || !map || ((uintptr_t)buf | n | off) % ARENA_DIRECT_ALIGN)
 		return arena_pread_full(fd, buf, n, off, label);
-	/* Which pages the page cache holds (mincore on the file's mapping: no
-	 * I/O; a read with RWF_NOWAIT would ask for the rest, read ahead into
-	 * the cache, and the disk would read them twice). Runs of cached pages
-	 * are read from the cache, the others with O_DIRECT. */
-	enum { RUN = 256 }; /* pages a query */
-	unsigned char v[RUN];
+	/* Runs of cached pages from the cache, the others with O_DIRECT. */
 	uint8_t *p = buf;
 	while (n) {
-		const size_t q = n / A < RUN ? n / A : RUN;
-		if (mincore((void *)((uintptr_t)map + off), q * A, v))
-			memset(v, 0, q); /* cannot tell: from the disk */
-		size_t i = 0;
-		while (i < q) {
-			const int cached = v[i] & 1;
-			size_t j = i + 1;
-			while (j < q && (v[j] & 1) == cached)
-				j++;
-			const size_t len = (j - i) * A;
-			if (cached) {
-				int rc = arena_pread_full(fd, p, len, off, label);
-				if (rc)
-					return rc;
-			} else {
-				size_t got = 0;
-				while (got < len) {
-					ssize_t r = arena__read_fault() ? (errno = EIO, -1)
-									: pread(dfd, p + got, len - got, (off_t)(off + got));
-					if (r < 0 && errno == EINTR)
-						continue;
-					if (r < 0)
-						return arena_syserrorf(ARENA_E_IO, errno, "%s: read failed at byte %llu", label,
-								       (unsigned long long)(off + got));
-					if (r == 0 || r % (ssize_t)A) /* the end of the file inside the range */
-						return arena_errorf(ARENA_E_IO,
-								    "%s: unexpected end of file at byte %llu (file changed?)",
-								    label, (unsigned long long)(off + got + (uint64_t)r));
-					got += (size_t)r;
-				}
-				if (direct)
-					*direct += len;
-			}
-			p += len, n -= len, off += len;
-			i = j;
-		}
+		int cached;
+		const uint64_t len = cache_run(map, off, n, &cached);
+		int rc = cached ? pread_all(fd, p, len, off, label, 1) : pread_all(dfd, p, len, off, label, ARENA_DIRECT_ALIGN);
+		if (rc)
+			return rc;
+		if (!cached && direct)
+			*direct += len;
+		p += len, n -= len, off += len;
 	}
 	return 0;
 }

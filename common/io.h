@@ -28,26 +28,29 @@ int arena_input_syserror(const char *path, int errnum);
  * end of file"; `label` names the file in messages. */
 int arena_pread_full(int fd, void *buf, size_t n, uint64_t off, const char *label);
 
-/* Like arena_pread_full, for a file open twice, fd buffered and dfd with
- * O_DIRECT (-1: none), and mapped whole at map (PROT_READ; NULL: none):
- * the pages the page cache holds (mincore: asking costs no I/O) are read
- * from it, the rest with O_DIRECT, when buf, n and off are multiples of
- * ARENA_DIRECT_ALIGN (4096, the page size; else, or without dfd or map, all
- * buffered). A file read again and again (the disk tier) then neither
- * fills the page cache nor is read twice when it is cached. *direct (may
- * be NULL) adds the bytes read with O_DIRECT. The mapping is only asked,
- * never read. */
+/* Reads of a file that the page cache may or may not hold: what it holds
+ * is read from it, the rest with O_DIRECT, and nothing is read twice (a
+ * read with RWF_NOWAIT that misses starts the kernel's read-ahead of what
+ * it missed: the disk would read those bytes for the cache and again with
+ * O_DIRECT). */
 enum { ARENA_DIRECT_ALIGN = 4096 };
-/* The file (fd, size bytes) mapped read-only to ask the page cache which
- * of its pages it holds (mincore), or NULL when it cannot say: the kernel
- * answers only for files the caller owns or may write to (for others it
- * reports only the pages this process has touched: every page would look
- * uncached and be read from the disk), so the first page is read and
- * asked for; also NULL when mapping fails. munmap(map, size) frees it. */
-void *arena_map_to_ask_cache(int fd, uint64_t size);
+/* A second descriptor on the file behind fd (*dfd, the same file whatever
+ * its name now: /proc/self/fd, else `path`) with O_DIRECT and, when `ask`,
+ * the file (size bytes) mapped read-only to ask the page cache which of
+ * its pages it holds (*map; mincore, no I/O; munmap(map, size) frees it).
+ * 0 with *dfd -1 where that is not possible: the filesystem has no
+ * O_DIRECT (tmpfs), or the kernel will not say (it answers only for files
+ * the caller owns or may write to; for others every page would look
+ * uncached, so the first page is read and asked for), or the mapping
+ * fails: reads stay buffered. Else the open's error naming path. */
+int arena_open_direct(int fd, const char *path, uint64_t size, int ask, int *dfd, void **map);
 /* Of the n bytes at off of a file mapped at map (as above), how many from
  * off on the page cache holds (whole pages; n when all): no I/O. */
 uint64_t arena_cached_prefix(const void *map, uint64_t off, uint64_t n);
+/* Like arena_pread_full, with dfd and map from arena_open_direct: the
+ * cached pages read through fd, the rest through dfd, when buf, n and off
+ * are multiples of ARENA_DIRECT_ALIGN (else, or without dfd or map, all
+ * through fd). *direct (may be NULL) adds the bytes read with O_DIRECT. */
 int arena_pread_cached_or_direct(int fd, int dfd, const void *map, void *buf, size_t n, uint64_t off,
 				 const char *label, uint64_t *direct);
 

@@ -756,25 +756,10 @@ int arena_img_open_direct(arena_image *img)
 {
 	if (img->dfd >= 0)
 		return 1;
-	struct stat st;
-	int rc = arena_open_input(img->path, O_DIRECT, &img->dfd, &st);
-	if (rc && errno == EINVAL) { /* no O_DIRECT on this filesystem: buffered */
-		arena_error_clear();
-		img->dfd = -1;
-		return 0;
-	}
-	if (rc)
-		return rc;
-	/* The mapping only says which pages the page cache holds (mincore). */
-	void *m = arena_map_to_ask_cache(img->fd, (uint64_t)st.st_size);
-	if (!m) { /* cannot ask: buffered (O_DIRECT for all would read a cached image from the disk) */
-		close(img->dfd);
-		img->dfd = -1;
-		return 0;
-	}
-	img->map = m;
-	img->map_len = (uint64_t)st.st_size;
-	return 1;
+	if (arena_open_direct(img->fd, img->path, img->hdr.file_size, 1, &img->dfd, &img->map))
+		arena_error_clear(); /* reads stay buffered */
+	img->map_len = img->map ? img->hdr.file_size : 0;
+	return img->dfd >= 0;
 }
 
 void arena_img_close(arena_image *img)
@@ -1238,8 +1223,7 @@ void arena_img_reader_free(arena_img_reader *r)
 static int reader_pread(arena_img_reader *r, uint8_t *buf, uint64_t n, uint64_t off)
 {
 	const arena_image *img = r->img;
-	return r->direct ? arena_pread_cached_or_direct(img->fd, img->dfd, img->map, buf, n, off, img->path,
-							&r->direct_bytes)
+	return r->direct ? arena_pread_cached_or_direct(img->fd, img->dfd, img->map, buf, n, off, img->path, NULL)
 			 : arena_pread_full(img->fd, buf, n, off, img->path);
 }
 

@@ -113,9 +113,9 @@ int arena_img_use_pieces(arena_image *img, uint64_t piece_bytes);
 void arena_img_close(arena_image *img);
 /* Open the file a second time with O_DIRECT (img->dfd), and map it (to
  * ask which pages are cached), for readers that read from the page cache
- * what it holds and the rest around it (arena_pread_cached_or_direct;
- * r->direct). 1: opened, 0: the filesystem
- * has no O_DIRECT (tmpfs) and reads stay buffered; or IO, NOMEM. */
+ * what it holds and the rest around it (arena_open_direct,
+ * arena_pread_cached_or_direct; r->direct). 1: done; 0: not possible here
+ * (see arena_open_direct, or the open failed): reads stay buffered. */
 int arena_img_open_direct(arena_image *img);
 
 /* Called for each bad chunk, in increasing chunk order. */
@@ -158,7 +158,6 @@ typedef struct arena_img_reader {
 	arena_image *img;
 	int verify;
 	int direct;            /* read what is not cached with O_DIRECT (img->dfd) */
-	uint64_t direct_bytes; /* read so */
 	uint8_t *stored, *raw; /* chunk_size each */
 	uint64_t chunk;        /* the chunk in raw, or UINT64_MAX */
 	arena_img_dec dec;

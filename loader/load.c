@@ -736,21 +736,15 @@ static void ring_free(loader *L)
 static int open_direct(lsrc *f, int io)
 {
 	f->dfd = -1;
+	f->map = NULL;
 	if (io == ARENA_IO_BUFFERED)
 		return 0;
-	int rc = arena_open_input(f->path, O_DIRECT, &f->dfd, NULL);
-	if (rc && (io != ARENA_IO_DIRECT || errno == EINVAL)) {
-		arena_error_clear(); /* EINVAL: the filesystem has no O_DIRECT (tmpfs): buffered */
+	/* AUTO asks the page cache (f->map); where a second descriptor cannot
+	 * be had, AUTO reads buffered and DIRECT fails */
+	int rc = arena_open_direct(f->fd, f->path, f->size, io == ARENA_IO_AUTO, &f->dfd, &f->map);
+	if (rc && io != ARENA_IO_DIRECT) {
+		arena_error_clear();
 		rc = 0;
-	}
-	f->map = NULL;
-	if (!rc && f->dfd >= 0 && io == ARENA_IO_AUTO && f->size) {
-		/* cannot ask the page cache: buffered (O_DIRECT for all would read
-		 * a cached file from the disk) */
-		if (!(f->map = arena_map_to_ask_cache(f->fd, f->size))) {
-			close(f->dfd);
-			f->dfd = -1;
-		}
 	}
 	return rc;
 }

@@ -459,9 +459,8 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 	a->eo.disk_staging = staging;
 	a->eo.disk_sync = dr && !strcmp(dr, "0");
 	arena_error_clear();
-	if (a->rr && !(dio && !strcmp(dio, "buffered")) && (rc = arena_slab_reader_direct(a->rr)) < 0)
-		goto fail;
-	rc = 0;
+	if (a->rr && !(dio && !strcmp(dio, "buffered")))
+		arena_slab_reader_direct(a->rr);
 	a->eo.reread_ctx = a->rr;
 	/* Demotions keep the host budget too (beyond it a block stays in the
 	 * image), less the staging when there is a disk tier. */

@@ -212,14 +212,6 @@ int arena_slab_reader_direct(arena_slab_reader *r)
 	return rc;
 }
 
-uint64_t arena_slab_reader_direct_bytes(const arena_slab_reader *r)
-{
-	uint64_t n = 0;
-	for (unsigned i = 0; i < r->n_rd; i++)
-		n += r->rd[i].direct_bytes;
-	return n;
-}
-
 int arena_slab_reader_check_output(const arena_slab_reader *r, const char *path)
 {
 	return arena_outfile_check_input(path, r->img->fd, r->img->path);

@@ -47,10 +47,8 @@ int arena_slab_reader_read_wire(void *reader, uint32_t b, uint64_t at, uint64_t 
 /* Read from the page cache only what it holds, the rest with O_DIRECT
  * (arena_pread_cached_or_direct): a disk tier read again every step
  * neither evicts the rest of the page cache nor holds the image in it.
- * 1 on, 0 the filesystem has no O_DIRECT (reads stay buffered), or IO. */
+ * 1 on; 0 not possible here (arena_img_open_direct): reads stay buffered. */
 int arena_slab_reader_direct(arena_slab_reader *r);
-/* Bytes its readers have read with O_DIRECT so far. */
-uint64_t arena_slab_reader_direct_bytes(const arena_slab_reader *r);
 
 /* An output must not be the image being read: OUTPUT_IS_INPUT when `path`
  * is that file (by any name; common/outfile.h), else 0. */
