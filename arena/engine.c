@@ -4,11 +4,13 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../common/alloc.h"
 #include "../common/clock.h"
 #include "../common/err.h"
+#include "../common/units.h"
 #include "../formats/wire.h"
 #include "residency_int.h"
 #include "stager.h"
@@ -134,6 +136,17 @@ static uint64_t wire_stage_bytes(const arena_engine *e)
 }
 
 uint64_t arena__disk_part;
+
+uint64_t arena_engine_disk_staging(void)
+{
+	const char *s = getenv("ARENA_DISK_STAGING");
+	uint64_t v;
+	if (!s || arena_size_parse(s, &v)) {
+		arena_error_clear();
+		return ARENA_ENGINE_DISK_STAGING;
+	}
+	return v;
+}
 
 /* The disk tier's part size. */
 static uint64_t disk_part(void)

@@ -135,6 +135,9 @@
 #define ARENA_ENGINE_DISK_PART (64ull << 20) /* the disk tier's parts (arena__disk_part: tests) */
 /* The disk tier's staging for reads ahead of use (arena_engine_opts.disk_staging). */
 #define ARENA_ENGINE_DISK_STAGING (384ull << 20)
+/* ARENA_ENGINE_DISK_STAGING, or ARENA_DISK_STAGING where set (for
+ * measuring; arena_open and `arena plan` read it). */
+uint64_t arena_engine_disk_staging(void);
 extern uint64_t arena__disk_part;
 
 /* Fill `dst` (the block's slab bytes) from the block's source, checked.
@@ -269,11 +272,15 @@ int arena_residency_piece_fit(const arena_layout *l, const arena_engine_opts *o,
  * the schedule first needs them, then the blocks it does not name — and
  * which do not: disk[b] = 1 (n_blocks entries, set here). When they do
  * not all fit, the disk tier's `staging` comes out of the budget first
- * (the host memory its reads go through is the budget's too) when the
- * budget is at least four times the staging (a smaller one would be
- * mostly staging: the staging comes on top). host_len:
+ * (arena_residency_host_copies: the host memory its reads go through is
+ * the budget's too). host_len:
  * each block's host copy (coded streaming keeps them smaller), NULL: its
  * slab. *host and *disk_b (may be NULL) get their bytes. Errors: NOMEM. */
+/* The host memory left for streamed blocks' copies when some of them stay
+ * in the image: the budget less the disk tier's staging, when the budget
+ * is at least four times it (a smaller one would be mostly staging: the
+ * staging comes on top). UINT64_MAX (no limit) stays. */
+uint64_t arena_residency_host_copies(uint64_t host_budget, uint64_t staging);
 int arena_residency_host_split(const arena_layout *l, const arena_residency_plan *p, uint64_t host_budget,
 			       uint64_t staging, const uint64_t *host_len, uint8_t *disk, uint64_t *host,
 			       uint64_t *disk_b);

@@ -195,6 +195,11 @@ int arena_residency_piece_fit(const arena_layout *l, const arena_engine_opts *o,
 	return 0;
 }
 
+uint64_t arena_residency_host_copies(uint64_t host_budget, uint64_t staging)
+{
+	return host_budget != UINT64_MAX && host_budget / 4 >= staging ? host_budget - staging : host_budget;
+}
+
 int arena_residency_host_split(const arena_layout *l, const arena_residency_plan *p, uint64_t host_budget,
 			       uint64_t staging, const uint64_t *host_len, uint8_t *disk, uint64_t *host,
 			       uint64_t *disk_b)
@@ -204,8 +209,8 @@ int arena_residency_host_split(const arena_layout *l, const arena_residency_plan
 	for (size_t b = 0; b < l->n_blocks; b++)
 		if (!p->resident[b] && l->blocks[b].bytes)
 			want += arena_align_up(host_len ? host_len[b] : l->blocks[b].bytes, ARENA_SLAB_ALIGN);
-	if (want > host_budget && host_budget / 4 >= staging) /* a disk tier: its staging first */
-		host_budget -= staging;
+	if (want > host_budget) /* a disk tier: its staging first */
+		host_budget = arena_residency_host_copies(host_budget, staging);
 	uint8_t *seen = arena_calloc(l->n_blocks ? l->n_blocks : 1, 1);
 	if (!seen)
 		return arena_errorf(ARENA_E_NOMEM, "out of memory");

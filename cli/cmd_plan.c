@@ -211,7 +211,8 @@ int cmd_plan(int argc, char **argv)
 		host_len[b] = w ? w->cap : l->blocks[b].bytes;
 		arena_wire_free(w);
 	}
-	if (ao.host_budget && (rc = arena_residency_host_split(l, &p, hb, ARENA_ENGINE_DISK_STAGING, host_len, disk, &hbytes, &dbytes)))
+	const uint64_t staging = arena_engine_disk_staging();
+	if (ao.host_budget && (rc = arena_residency_host_split(l, &p, hb, staging, host_len, disk, &hbytes, &dbytes)))
 		goto out;
 	for (size_t b = 0; b < l->n_blocks; b++)
 		dn += disk[b];
@@ -263,7 +264,7 @@ int cmd_plan(int argc, char **argv)
 				    ao.host_budget ? json_pack("{s:I,s:I,s:I,s:I,s:I}", "host_budget", (json_int_t)hb, "host_bytes",
 							       (json_int_t)hbytes, "blocks", (json_int_t)dn, "bytes",
 							       (json_int_t)dbytes, "staging_max",
-							       (json_int_t)(dn ? ARENA_ENGINE_DISK_STAGING : 0))
+							       (json_int_t)(dn ? staging : 0))
 						   : json_null());
 		json_object_set_new(root, "coded_stream",
 				    coded ? json_pack("{s:I,s:I,s:I}", "host_bytes", (json_int_t)wire_host, "raw_bytes",
@@ -303,8 +304,8 @@ int cmd_plan(int argc, char **argv)
 		if (ao.host_budget && dn)
 			printf("disk tier: %zu streamed blocks (%s) read from the image each time they stream, ahead of use "
 			       "through up to %s of staging%s; host copies %s of a %s budget\n",
-			       dn, cli_fmt_bytes(dbytes, a, sizeof(a)), cli_fmt_bytes(ARENA_ENGINE_DISK_STAGING, d, sizeof(d)),
-			       hb / 4 >= ARENA_ENGINE_DISK_STAGING ? " (out of the budget)" : "", cli_fmt_bytes(hbytes, b, sizeof(b)),
+			       dn, cli_fmt_bytes(dbytes, a, sizeof(a)), cli_fmt_bytes(staging, d, sizeof(d)),
+			       arena_residency_host_copies(hb, staging) < hb ? " (out of the budget)" : "", cli_fmt_bytes(hbytes, b, sizeof(b)),
 			       cli_fmt_bytes(hb, c, sizeof(c)));
 		else if (ao.host_budget)
 			printf("disk tier: none, the streamed blocks' host copies (%s) fit the %s budget\n",

@@ -420,12 +420,7 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 	if (piece == ARENA_PIECE_AUTO && (rc = auto_piece(a, path, &piece)))
 		goto fail;
 	a->piece_size = piece;
-	/* The disk tier's staging (ARENA_DISK_STAGING, for measuring) */
-	const char *ds = getenv("ARENA_DISK_STAGING");
-	uint64_t staging = ARENA_ENGINE_DISK_STAGING;
-	if (ds && arena_size_parse(ds, &staging))
-		staging = ARENA_ENGINE_DISK_STAGING;
-	arena_error_clear();
+	const uint64_t staging = arena_engine_disk_staging();
 	open_ctx pc = {a,         path, o->profile, a->is_image, piece != 0, o->depth != 0, host_budget_of(a, o),
 		       o->host_budget != 0, staging, 0};
 	lo.backend = a->be;
@@ -464,9 +459,7 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 	a->eo.reread_ctx = a->rr;
 	/* Demotions keep the host budget too (beyond it a block stays in the
 	 * image), less the staging when there is a disk tier. */
-	uint64_t cap = pc.host_budget;
-	if (pc.disk_tier && cap != UINT64_MAX && cap / 4 >= staging)
-		cap -= staging; /* as arena_residency_host_split did */
+	const uint64_t cap = pc.disk_tier ? arena_residency_host_copies(pc.host_budget, staging) : pc.host_budget;
 	a->eo.host_cap = a->rr && cap != UINT64_MAX ? (cap ? cap : 1) : 0;
 	if ((rc = arena_engine_create(a->m, &a->eo, &a->e)))
 		goto fail;
