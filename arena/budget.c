@@ -8,6 +8,7 @@
 #include <sys/resource.h>
 
 #include "../common/err.h"
+#include "backend.h"
 
 static int read_text(const char *root, const char *path, char *buf, size_t len)
 {
@@ -139,4 +140,24 @@ void arena_pin_budget_give(arena_pin_budget *b, uint64_t bytes)
 	uint64_t prev = atomic_fetch_sub(&b->used, bytes);
 	if (prev < bytes)
 		ARENA_BUG("pinned budget: gave back more than was taken");
+}
+
+int arena_pin_budget_register(arena_pin_budget *b, arena_backend *be, void *p, uint64_t bytes)
+{
+	if (!b || arena_pin_budget_take(b, bytes)) {
+		arena_error_clear();
+		return 0;
+	}
+	if (be->ops->host_register(be, p, bytes)) {
+		arena_pin_budget_give(b, bytes);
+		arena_error_clear();
+		return 0;
+	}
+	return 1;
+}
+
+void arena_pin_budget_unregister(arena_pin_budget *b, arena_backend *be, void *p, uint64_t bytes)
+{
+	be->ops->host_unregister(be, p);
+	arena_pin_budget_give(b, bytes);
 }

@@ -35,4 +35,12 @@ int arena_pin_budget_take(arena_pin_budget *b, uint64_t bytes);
 /* Give back bytes taken before. */
 void arena_pin_budget_give(arena_pin_budget *b, uint64_t bytes);
 
+/* Pin `bytes` of host memory at p with backend be (host_register: p must
+ * be writable) while the ledger allows: 1 pinned (taken from b), 0 left
+ * pageable (nothing taken, no error left: copies from it are slower, not
+ * wrong). b NULL: never pinned. arena_pin_budget_unregister undoes a 1. */
+struct arena_backend;
+int arena_pin_budget_register(arena_pin_budget *b, struct arena_backend *be, void *p, uint64_t bytes);
+void arena_pin_budget_unregister(arena_pin_budget *b, struct arena_backend *be, void *p, uint64_t bytes);
+
 #endif

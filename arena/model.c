@@ -121,16 +121,11 @@ int arena_model_commit(arena_model *m)
 		arena_block_mem *bm = &m->mem[b];
 		uint64_t len = arena_model_host_len(m, (uint32_t)b);
 		uint8_t *p = bm->wire ? bm->wire->buf : bm->host;
-		if (!p || !len || arena_pin_budget_take(m->budget, len))
-			continue;
-		if (m->backend->ops->host_register(m->backend, p, len)) {
-			arena_pin_budget_give(m->budget, len);
-			continue; /* stays pageable: slower, still correct */
+		if (p && len && arena_pin_budget_register(m->budget, m->backend, p, len)) {
+			bm->pinned = 1;
+			m->pinned_bytes += len;
 		}
-		bm->pinned = 1;
-		m->pinned_bytes += len;
 	}
-	arena_error_clear();
 	if (m->host_len && mprotect(m->host_base, m->host_len, PROT_READ) < 0)
 		return arena_syserrorf(ARENA_E_IO, errno, "cannot make host slabs read-only");
 	m->committed = 1;
@@ -143,10 +138,9 @@ void arena_model_free(arena_model *m)
 		return;
 	for (size_t b = 0; m->mem && b < m->layout->n_blocks; b++) {
 		arena_block_mem *bm = &m->mem[b];
-		if (bm->pinned) {
-			m->backend->ops->host_unregister(m->backend, bm->wire ? bm->wire->buf : bm->host);
-			arena_pin_budget_give(m->budget, arena_model_host_len(m, (uint32_t)b));
-		}
+		if (bm->pinned)
+			arena_pin_budget_unregister(m->budget, m->backend, bm->wire ? bm->wire->buf : bm->host,
+						    arena_model_host_len(m, (uint32_t)b));
 		arena_wire_free(bm->wire);
 		arena_wire_free(bm->disk_wire);
 		if (bm->dev)
@@ -184,14 +178,9 @@ void arena_model_host_seal(arena_model *m, uint32_t b)
 	arena_block_mem *bm = &m->mem[b];
 	uint64_t len = arena_align_up(m->layout->blocks[b].bytes, ARENA_SLAB_ALIGN);
 	/* Pin while writable (CUDA's rule), then read-only. */
-	if (!arena_pin_budget_take(m->budget, len)) {
-		if (m->backend->ops->host_register(m->backend, bm->host, len)) {
-			arena_pin_budget_give(m->budget, len);
-			arena_error_clear();
-		} else {
-			bm->pinned = 1;
-			m->pinned_bytes += len;
-		}
+	if (arena_pin_budget_register(m->budget, m->backend, bm->host, len)) {
+		bm->pinned = 1;
+		m->pinned_bytes += len;
 	}
 	mprotect(bm->host, len, PROT_READ); /* best effort: the bytes are right either way */
 }
@@ -203,8 +192,7 @@ void arena_model_host_discard(arena_model *m, uint32_t b)
 		return;
 	uint64_t len = arena_align_up(m->layout->blocks[b].bytes, ARENA_SLAB_ALIGN);
 	if (bm->pinned) {
-		m->backend->ops->host_unregister(m->backend, bm->host);
-		arena_pin_budget_give(m->budget, len);
+		arena_pin_budget_unregister(m->budget, m->backend, bm->host, len);
 		m->pinned_bytes -= len;
 		bm->pinned = 0;
 	}

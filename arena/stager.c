@@ -24,8 +24,8 @@ typedef struct stage_slot {
 	size_t entry;          /* READING, READY, FAILED: its part's index in the list */
 	uint8_t *buf;
 	arena_event *ev;
-	arena_wire w;          /* a coded part's form: the block's plan, filled here */
-	arena_wire_seg *seg;   /* its segments (room for the largest plan) */
+	arena_wire w;          /* a coded part's form: its segments of the block's plan, filled here */
+	arena_wire_seg *seg;   /* their room (the largest plan's count) */
 	int rc;                /* FAILED: the read's error */
 	char msg[1024];
 } stage_slot;
@@ -57,9 +57,6 @@ static int same_part(const arena_stage_part *a, const arena_stage_part *b)
 	return a->block == b->block && a->off == b->off && a->len == b->len && a->coded == b->coded &&
 	       (!a->coded || (a->seg0 == b->seg0 && a->seg1 == b->seg1));
 }
-
-int arena_stager_create(arena_backend *be, arena_pin_budget *budget, const arena_stager_src *src,
-			uint64_t slot_bytes, unsigned n_slots, int threaded, arena_stager **out);
 
 /* Read part p into slot x (called without s->mu, holding src_mu). */
 static int read_part(arena_stager *s, stage_slot *x, const arena_stage_part *p)
@@ -164,7 +161,8 @@ static int read_one(arena_stager *s)
 		snprintf(x->msg, sizeof(x->msg), "%s", arena_last_error());
 		arena_error_clear();
 	}
-	s->st.read_bytes += p.coded ? x->w.stored : p.len;
+	if (!rc)
+		s->st.read_bytes += p.coded ? x->w.stored : p.len;
 	if (x->stale) {
 		x->state = S_FREE;
 		s->st.wasted++;
@@ -195,10 +193,8 @@ static void slots_free(arena_stager *s)
 				s->be->ops->event_sync(s->be, x->ev);
 			s->be->ops->event_destroy(s->be, x->ev);
 		}
-		if (x->pinned) {
-			s->be->ops->host_unregister(s->be, x->buf);
-			arena_pin_budget_give(s->budget, s->slot_bytes);
-		}
+		if (x->pinned)
+			arena_pin_budget_unregister(s->budget, s->be, x->buf, s->slot_bytes);
 		arena_free(x->buf);
 		arena_free(x->seg);
 	}
@@ -240,24 +236,13 @@ int arena_stager_create(arena_backend *be, arena_pin_budget *budget, const arena
 		}
 		if ((rc = be->ops->event_create(be, &x->ev)))
 			break;
-		if (budget && !arena_pin_budget_take(budget, slot_bytes)) {
-			if (be->ops->host_register(be, x->buf, slot_bytes) == 0)
-				x->pinned = 1;
-			else
-				arena_pin_budget_give(budget, slot_bytes);
-			arena_error_clear(); /* unpinned: slower copies, not a failure */
-		}
+		x->pinned = arena_pin_budget_register(budget, be, x->buf, slot_bytes);
 	}
 	if (!rc && threaded) {
 		s->threaded = pthread_create(&s->tid, NULL, reader, s) == 0; /* else: takes read */
 	}
 	if (rc) {
-		slots_free(s);
-		pthread_mutex_destroy(&s->mu);
-		pthread_mutex_destroy(&s->src_mu);
-		pthread_cond_destroy(&s->cv_work);
-		pthread_cond_destroy(&s->cv_ready);
-		arena_free(s);
+		arena_stager_free(s); /* no thread yet: what was made is freed */
 		return rc;
 	}
 	*out = s;
