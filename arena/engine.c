@@ -107,10 +107,10 @@ struct arena_engine {
 	arena_trace *tr; /* a trace being recorded, or NULL */
 	/* The disk tier: a block with neither a device nor a host copy is read
 	 * from its image (o->reread: its chunks checked) by the stager, ahead
-	 * of its copy, in parts of disk_part() (a coded block whole) into
-	 * staging slots (stager.h); made at the first such copy. */
+	 * of its copy, in parts of disk_part() (a coded block in parts of whole
+	 * regions as large) into staging slots (stager.h); made at the first
+	 * such copy. */
 	arena_stager *stg;
-	unsigned stg_slots;
 	arena_wire **disk_plans; /* per block, disk_coded() when the stager was made (or NULL) */
 	/* Coded streaming: blocks held coded (m->mem[b].wire) are copied in
 	 * runs of hb4 segments, each run into one of ENGINE_WIRE_STAGES device stages on
@@ -160,22 +160,6 @@ static arena_wire *disk_coded(const arena_engine *e, uint32_t b)
 {
 	arena_wire *w = e->m->mem[b].disk_wire;
 	return w && e->o.reread_wire && e->wstage ? w : NULL;
-}
-
-/* Where the region of segment i of w ends: an hb4 chunk's part is a first
- * segment and those that share its room; any other segment is its own. */
-static size_t region_end(const arena_wire *w, size_t i)
-{
-	size_t j = i + 1;
-	while (j < w->n && w->seg[j].codec == ARENA_CODEC_HB4 && !w->seg[j].first)
-		j++;
-	return j;
-}
-
-/* The room of segments [i, j) in w's buffer. */
-static uint64_t seg_room(const arena_wire *w, size_t i, size_t j)
-{
-	return (j < w->n ? w->seg[j].src : w->cap) - w->seg[i].src;
 }
 
 /* Bytes a copy of block b moves: its coded form's when it is held or read coded. */
@@ -281,9 +265,9 @@ static size_t disk_parts_of(const arena_engine *e, uint32_t b, arena_stage_part 
 	if (w) { /* whole regions, as many as a part's room holds (one at least) */
 		size_t k = 0;
 		for (size_t i = 0; i < w->n; k++) {
-			size_t j = region_end(w, i);
-			while (j < w->n && seg_room(w, i, region_end(w, j)) <= disk_part())
-				j = region_end(w, j);
+			size_t j = arena_wire_region_end(w, i);
+			while (j < w->n && arena_wire_room(w, i, arena_wire_region_end(w, j)) <= disk_part())
+				j = arena_wire_region_end(w, j);
 			if (k < n) {
 				const arena_wire_seg *z = &w->seg[j - 1];
 				p[k] = (arena_stage_part){b, w->seg[i].dst, z->dst + z->raw - w->seg[i].dst, 1, i, j};
@@ -317,8 +301,8 @@ static int stager_up(arena_engine *e)
 		const uint64_t sz = e->l->blocks[b].bytes;
 		uint64_t need = e->o.reread_part && disk_part() < sz ? disk_part() : sz;
 		for (size_t i = 0; w && i < w->n;) { /* its coded parts' room (a region may pass a part) */
-			const size_t j = region_end(w, i);
-			need = seg_room(w, i, j) > need ? seg_room(w, i, j) : need;
+			const size_t j = arena_wire_region_end(w, i);
+			need = arena_wire_room(w, i, j) > need ? arena_wire_room(w, i, j) : need;
 			i = j;
 		}
 		slot = need > slot ? need : slot;
@@ -342,9 +326,7 @@ static int stager_up(arena_engine *e)
 				.ctx = e->o.reread_ctx,
 				.plans = e->disk_plans,
 				.l = e->l};
-	int rc = arena_stager_create(e->be, e->m->budget, &src, slot, (unsigned)n, !e->o.disk_sync, &e->stg);
-	e->stg_slots = rc ? 0 : (unsigned)n;
-	return rc;
+	return arena_stager_create(e->be, e->m->budget, &src, slot, (unsigned)n, !e->o.disk_sync, &e->stg);
 }
 
 /* Tell the stager what comes: block b's parts, then those of the disk
@@ -355,7 +337,7 @@ static int disk_want(arena_engine *e, uint32_t b)
 	enum { MAXP = 4 * ARENA_STAGER_MAX_SLOTS };
 	arena_stage_part p[MAXP];
 	size_t n = disk_parts_of(e, b, p, MAXP);
-	const size_t lim = n + 2 * (size_t)e->stg_slots;
+	const size_t lim = n + 2 * (size_t)arena_stager_slots(e->stg);
 	for (size_t j = e->fetched + 1; j < e->fetched + e->n_seq && j < 2 * e->n_seq && n < lim && n < MAXP; j++) {
 		const uint32_t q = seq_at(e, j);
 		if (q != b && on_disk(e, q))

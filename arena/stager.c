@@ -63,23 +63,13 @@ static int read_part(arena_stager *s, stage_slot *x, const arena_stage_part *p)
 {
 	const arena_stager_src *r = &s->src;
 	int rc;
-	if (p->coded) {
-		/* the plan's segments of the part, their places in the slot */
+	if (p->coded) { /* the plan's segments of the part, placed in the slot */
 		const arena_wire *plan = r->plans ? r->plans[p->block] : NULL;
-		const size_t n = p->seg1 - p->seg0;
-		const uint64_t base = plan && p->seg0 < plan->n ? plan->seg[p->seg0].src : 0,
-			       end = plan && p->seg1 < plan->n ? plan->seg[p->seg1].src : plan ? plan->cap : 0;
-		if (!plan || p->seg1 > plan->n || !n || n > s->max_seg || end - base > s->slot_bytes)
+		if (!plan || p->seg1 > plan->n || p->seg0 >= p->seg1 || p->seg1 - p->seg0 > s->max_seg ||
+		    arena_wire_room(plan, p->seg0, p->seg1) > s->slot_bytes)
 			return arena_errorf(ARENA_E_INTERNAL, "stager: block '%s': segments %zu..%zu of its coded plan do "
 					    "not fit a slot", r->l->blocks[p->block].name, p->seg0, p->seg1);
-		memcpy(x->seg, plan->seg + p->seg0, n * sizeof(*plan->seg));
-		uint64_t hb4 = 0;
-		for (size_t i = 0; i < n; i++) {
-			x->seg[i].filled = 0;
-			x->seg[i].src -= base;
-			hb4 += x->seg[i].codec == ARENA_CODEC_HB4;
-		}
-		x->w = (arena_wire){.seg = x->seg, .n = n, .buf = x->buf, .cap = end - base, .n_hb4 = hb4, .most = plan->most};
+		arena_wire_sub(plan, p->seg0, p->seg1, x->seg, x->buf, &x->w);
 		rc = r->wire(r->ctx, p->block, p->off, p->len, &x->w);
 	} else if (r->part) {
 		rc = r->part(r->ctx, p->block, p->off, p->len, x->buf);
@@ -364,6 +354,11 @@ int arena_stager_take(arena_stager *s, unsigned *slot_out, uint8_t **buf, arena_
 	pthread_cond_broadcast(&s->cv_work);
 	pthread_mutex_unlock(&s->mu);
 	return rc;
+}
+
+unsigned arena_stager_slots(const arena_stager *s)
+{
+	return s->n_slots;
 }
 
 arena_event *arena_stager_event(arena_stager *s, unsigned slot)

@@ -75,6 +75,8 @@ int arena_stager_want(arena_stager *s, const arena_stage_part *parts, size_t n);
  * arena_stager_put. Errors: the read's (the source's message), USAGE when
  * the list is empty. */
 int arena_stager_take(arena_stager *s, unsigned *slot, uint8_t **buf, struct arena_wire **w);
+/* Its slots. */
+unsigned arena_stager_slots(const arena_stager *s);
 /* The event to record after the copies from a taken slot. */
 arena_event *arena_stager_event(arena_stager *s, unsigned slot);
 /* Copies from the slot are queued and its event recorded after them: the

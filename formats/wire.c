@@ -186,6 +186,33 @@ void arena_wire_put(arena_wire *w, uint64_t x, uint64_t y, const arena_img_dec *
 	}
 }
 
+size_t arena_wire_region_end(const arena_wire *w, size_t i)
+{
+	size_t j = i + 1;
+	while (j < w->n && w->seg[j].codec == ARENA_CODEC_HB4 && !w->seg[j].first)
+		j++;
+	return j;
+}
+
+uint64_t arena_wire_room(const arena_wire *w, size_t i, size_t j)
+{
+	return (j < w->n ? w->seg[j].src : w->cap) - w->seg[i].src;
+}
+
+void arena_wire_sub(const arena_wire *plan, size_t i, size_t j, arena_wire_seg *seg, uint8_t *buf, arena_wire *out)
+{
+	const uint64_t base = plan->seg[i].src;
+	uint64_t hb4 = 0;
+	memcpy(seg, plan->seg + i, (j - i) * sizeof(*seg));
+	for (size_t k = 0; k < j - i; k++) {
+		seg[k].filled = 0;
+		seg[k].src -= base;
+		hb4 += seg[k].codec == ARENA_CODEC_HB4;
+	}
+	*out = (arena_wire){.seg = seg, .n = j - i, .buf = buf, .cap = arena_wire_room(plan, i, j), .n_hb4 = hb4,
+			    .most = plan->most};
+}
+
 uint64_t arena_wire_seg_stored(const arena_wire_seg *s)
 {
 	return s->codec == ARENA_CODEC_HB4 ? s->v.hi_off + s->v.n_exc : s->raw;

@@ -104,6 +104,19 @@ uint64_t arena_wire_fill_hb4(arena_wire *w, size_t i, const arena_hb4 *v);
 void arena_wire_put(arena_wire *w, uint64_t x, uint64_t y, const arena_img_dec *dec, unsigned codec, int64_t cb,
 		    const uint8_t *raw);
 
+/* Where the region of segment i ends (the index after it): an hb4 chunk's
+ * part is its first segment and those that share its room; any other
+ * segment is a region of its own. A range of whole regions can be read,
+ * filled and copied apart from the rest (the disk tier reads a block's
+ * coded form in such parts). */
+size_t arena_wire_region_end(const arena_wire *w, size_t i);
+/* The room of segments [i, j) in w's buffer. */
+uint64_t arena_wire_room(const arena_wire *w, size_t i, size_t j);
+/* Segments [i, j) of plan (whole regions) as a coded form of their own, in
+ * out, with seg (room for j - i segments) and buf (room for
+ * arena_wire_room(plan, i, j) bytes): their places rebased to buf, none
+ * filled; their dst stay the block's. */
+void arena_wire_sub(const arena_wire *plan, size_t i, size_t j, arena_wire_seg *seg, uint8_t *buf, arena_wire *out);
 /* Stored bytes of segment s (its raw length for a plain one). */
 uint64_t arena_wire_seg_stored(const arena_wire_seg *s);
 
