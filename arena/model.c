@@ -22,17 +22,23 @@ int arena_model_prepare(arena_layout *layout, arena_backend *be, arena_pin_budge
 	return arena_model_prepare_wire(layout, be, budget, on_device, NULL, out);
 }
 
+/* On failure the model still takes (and frees) the host blocks' wires. */
+static void drop_host_wires(const arena_layout *layout, const uint8_t *on_device, arena_wire **wires)
+{
+	for (size_t b = 0; wires && on_device && b < layout->n_blocks; b++)
+		if (on_device[b] == ARENA_PLACE_HOST) {
+			arena_wire_free(wires[b]);
+			wires[b] = NULL;
+		}
+}
+
 int arena_model_prepare_wire(arena_layout *layout, arena_backend *be, arena_pin_budget *budget,
 			     const uint8_t *on_device, arena_wire **wires, arena_model **out)
 {
 	*out = NULL;
 	arena_model *m = arena_calloc(1, sizeof(*m));
 	if (!m) {
-		for (size_t b = 0; wires && on_device && b < layout->n_blocks; b++)
-			if (on_device[b] == ARENA_PLACE_HOST) {
-				arena_wire_free(wires[b]);
-				wires[b] = NULL;
-			}
+		drop_host_wires(layout, on_device, wires);
 		arena_layout_free(layout);
 		return arena_errorf(ARENA_E_NOMEM, "out of memory");
 	}
@@ -42,11 +48,7 @@ int arena_model_prepare_wire(arena_layout *layout, arena_backend *be, arena_pin_
 	int rc = 0;
 	m->mem = arena_calloc(layout->n_blocks, sizeof(*m->mem));
 	if (!m->mem) {
-		for (size_t b = 0; wires && on_device && b < layout->n_blocks; b++)
-			if (on_device[b] == ARENA_PLACE_HOST) {
-				arena_wire_free(wires[b]);
-				wires[b] = NULL;
-			}
+		drop_host_wires(layout, on_device, wires);
 		rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
 		goto fail;
 	}
