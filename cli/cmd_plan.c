@@ -203,14 +203,8 @@ int cmd_plan(int argc, char **argv)
 		rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
 		goto out;
 	}
-	for (size_t b = 0; stage && b < l->n_blocks; b++) {
-		arena_wire *w = NULL;
-		if ((rc = arena_wire_plan(img->chunks, img->hdr.chunk_count, img->hdr.chunk_size, l->blocks[b].offset,
-					  l->blocks[b].bytes, &w)))
-			goto out;
-		host_len[b] = w ? w->cap : l->blocks[b].bytes;
-		arena_wire_free(w);
-	}
+	if (stage && (rc = arena_wire_plans(img, l, NULL, host_len)))
+		goto out;
 	const uint64_t staging = arena_engine_disk_staging();
 	if (ao.host_budget && (rc = arena_residency_host_split(l, &p, hb, staging, host_len, disk, &hbytes, &dbytes)))
 		goto out;

@@ -148,6 +148,24 @@ uint64_t arena_wire_stage_bound(const arena_img_chunk *chunks, uint64_t n_chunks
 	return most ? ARENA_WIRE_STAGES * arena_wire_stage_each(most) : 0;
 }
 
+int arena_wire_plans(const arena_image *img, const arena_layout *l, arena_wire **plans, uint64_t *host_len)
+{
+	for (size_t b = 0; b < l->n_blocks; b++) {
+		arena_wire *w = NULL;
+		int rc = arena_wire_plan(img->chunks, img->hdr.chunk_count, img->hdr.chunk_size, l->blocks[b].offset,
+					 l->blocks[b].bytes, &w);
+		if (rc)
+			return rc;
+		if (host_len)
+			host_len[b] = w ? w->cap : l->blocks[b].bytes;
+		if (plans)
+			plans[b] = w;
+		else
+			arena_wire_free(w);
+	}
+	return 0;
+}
+
 void arena_wire_free(arena_wire *w)
 {
 	if (!w)

@@ -59,6 +59,12 @@ typedef struct arena_wire {
 int arena_wire_plan(const arena_img_chunk *chunks, uint64_t n_chunks, uint64_t chunk_size, uint64_t off,
 		    uint64_t bytes, arena_wire **out);
 void arena_wire_free(arena_wire *w);
+/* arena_wire_plan for every block of l (the image's chunk table; l may be
+ * the image's blocks in pieces): plans[b] the plan or NULL (plans may be
+ * NULL: none kept), host_len[b] (may be NULL) what block b's host copy
+ * takes, its coded room or its slab's bytes. NOMEM; the plans made before
+ * a failure stay in plans, the caller's to free. */
+int arena_wire_plans(const arena_image *img, const arena_layout *l, arena_wire **plans, uint64_t *host_len);
 
 /* hb4 segments hold at most this many raw bytes (a multiple of 4; 0: a
  * chunk's part whole). The device stages are as large as the largest

@@ -979,17 +979,10 @@ static int wire_plans(loader *L, const arena_layout *l)
 {
 	if (L->wplan)
 		return 0;
-	const arena_img_header *h = &L->img->hdr;
 	if (!(L->wplan = arena_calloc(l->n_blocks ? l->n_blocks : 1, sizeof(*L->wplan))))
 		return arena_errorf(ARENA_E_NOMEM, "out of memory");
 	L->n_wplan = l->n_blocks;
-	for (size_t b = 0; b < l->n_blocks; b++) {
-		int rc = arena_wire_plan(L->img->chunks, h->chunk_count, h->chunk_size, l->blocks[b].offset,
-					 l->blocks[b].bytes, &L->wplan[b]);
-		if (rc)
-			return rc;
-	}
-	return 0;
+	return arena_wire_plans(L->img, l, L->wplan, NULL);
 }
 
 int arena_load_image(const char *path, const arena_load_opts *o, arena_model **out, arena_load_stats *st)
