@@ -193,11 +193,8 @@ static int read_runs(arena_slab_reader *r, uint32_t b, uint64_t at, uint64_t byt
 		rc = arena_first_error_raise(&err);
 		arena_first_error_destroy(&err);
 	}
-	if (rc) {
-		char what[300];
-		snprintf(what, sizeof(what), "re-reading block '%s'", arena_q(r->l->blocks[b].name));
-		arena_error_prefix(what);
-	}
+	if (rc) /* the callers (the engine) name the block */
+		arena_error_prefix("re-reading it from the image");
 	return rc;
 }
 

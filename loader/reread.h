@@ -27,7 +27,8 @@ void arena_slab_reader_close(arena_slab_reader *r);
 
 /* Read block b's slab (`bytes` = its length) into dst, chunks checked.
  * Matches arena_reread_fn (ctx = the reader). Errors: IO,
- * IMG_CHUNK_CHECKSUM, USAGE (wrong size), NOMEM. */
+ * IMG_CHUNK_CHECKSUM, USAGE (wrong size), NOMEM, their messages prefixed
+ * "re-reading it from the image" (the caller names the block). */
 int arena_slab_reader_read(void *reader, uint32_t b, uint8_t *dst, uint64_t bytes);
 
 /* Bytes [off, off + len) of block b's slab into dst, chunks checked (the
