@@ -329,21 +329,23 @@ static int stager_up(arena_engine *e)
 	return arena_stager_create(e->be, e->m->budget, &src, slot, (unsigned)n, !e->o.disk_sync, &e->stg);
 }
 
-/* Tell the stager what comes: block b's parts, then those of the disk
- * blocks the schedule streams after entry e->fetched (a step ahead at
- * most), twice as many parts as it has slots. */
-static int disk_want(arena_engine *e, uint32_t b)
+/* Parts of the disk tier's list (disk_parts): a block's, and those after it. */
+enum { DISK_MAXP = 4 * ARENA_STAGER_MAX_SLOTS };
+
+/* Tell the stager what comes: p[0, n) (block b's parts), then, appended to
+ * p (room for DISK_MAXP), those of the disk blocks the schedule streams
+ * after entry e->fetched (a step ahead at most), twice as many parts as it
+ * has slots. */
+static int disk_want(arena_engine *e, uint32_t b, arena_stage_part *p, size_t n)
 {
-	enum { MAXP = 4 * ARENA_STAGER_MAX_SLOTS };
-	arena_stage_part p[MAXP];
-	size_t n = disk_parts_of(e, b, p, MAXP);
 	const size_t lim = n + 2 * (size_t)arena_stager_slots(e->stg);
-	for (size_t j = e->fetched + 1; j < e->fetched + e->n_seq && j < 2 * e->n_seq && n < lim && n < MAXP; j++) {
+	for (size_t j = e->fetched + 1; j < e->fetched + e->n_seq && j < 2 * e->n_seq && n < lim && n < DISK_MAXP;
+	     j++) {
 		const uint32_t q = seq_at(e, j);
 		if (q != b && on_disk(e, q))
-			n += disk_parts_of(e, q, p + n, MAXP - n);
+			n += disk_parts_of(e, q, p + n, DISK_MAXP - n);
 	}
-	return arena_stager_want(e->stg, p, n < MAXP ? n : MAXP);
+	return arena_stager_want(e->stg, p, n < DISK_MAXP ? n : DISK_MAXP);
 }
 
 /* The disk tier: block b's parts taken from the stager as they are read
@@ -353,15 +355,14 @@ static int disk_want(arena_engine *e, uint32_t b)
 static int disk_parts(arena_engine *e, uint32_t b, uint8_t *dst, arena_stream **fill)
 {
 	arena_backend *be = e->be;
-	enum { MAXP = 4 * ARENA_STAGER_MAX_SLOTS };
-	arena_stage_part p[MAXP];
+	arena_stage_part p[DISK_MAXP];
+	const size_t n = disk_parts_of(e, b, p, DISK_MAXP);
+	if (n > DISK_MAXP)
+		return arena_errorf(ARENA_E_INTERNAL, "block '%s': %zu parts for the disk tier (at most %d)",
+				    e->l->blocks[b].name, n, DISK_MAXP);
 	int rc = stager_up(e);
 	if (!rc)
-		rc = disk_want(e, b);
-	const size_t n = rc ? 0 : disk_parts_of(e, b, p, MAXP);
-	if (n > MAXP)
-		return arena_errorf(ARENA_E_INTERNAL, "block '%s': %zu parts for the disk tier (at most %d)",
-				    e->l->blocks[b].name, n, MAXP);
+		rc = disk_want(e, b, p, n);
 	uint64_t stored = 0;
 	for (size_t i = 0; i < n && !rc; i++) {
 		unsigned k;
