@@ -13,6 +13,7 @@
 # PIECE: --piece-size, FLOPS: --flops, CODEC=hb4: an hb4 image (its disk
 # tier reads and copies coded bytes; the limit is then in coded bytes). RUNS: "ra" (reads ahead, the default build) and/or "sync"
 # (ARENA_DISK_READAHEAD=0: reads on the caller's thread), each cold.
+# KEEP=1: keep the synthesized checkpoint (WORKDIR/f.safetensors) for other images.
 # usage: A=build/arena OUT=dir sh bench/gpu_disk.sh WORKDIR      (root: drop_caches)
 set -u
 A=${A:-build/arena}
@@ -26,7 +27,7 @@ IMG=$W/f${BLOCKS:+-$BLOCKS}${CODEC:+-$CODEC}.arena
 [ -f "$IMG" ] || {
 	"$A" synth --layout flux-dev ${BLOCKS:+--blocks "$BLOCKS"} -o "$W/f.safetensors" >/dev/null || exit 1
 	"$A" convert -q ${CODEC:+--codec "$CODEC"} "$W/f.safetensors" -o "$IMG" || exit 1
-	rm -f "$W/f.safetensors"
+	[ -n "${KEEP:-}" ] || rm -f "$W/f.safetensors"
 }
 SIZE=$(stat -c %s "$IMG")
 HB=${HOST_BUDGET:-$((SIZE / 4))}

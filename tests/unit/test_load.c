@@ -306,6 +306,37 @@ Test(load, pinned_budget_smaller_than_a_block)
 	cr_assert_eq(atomic_load(&tiny.used), 0);
 }
 
+/* Slabs are registered by several threads; which take the pinned budget is
+ * still decided in block order: a budget that holds the ring and the first
+ * two host slabs pins those two, every time. */
+Test(load, pinned_budget_taken_in_block_order)
+{
+	uint8_t on[6] = {1, 0, 1, 0, 0, 0};
+	arena_load_opts o = opts();
+	o.on_device = on;
+	arena_model *m;
+	arena_load_stats st;
+	cr_assert_eq(arena_load_image(img_path, &o, &m, &st), 0, "%s", arena_last_error());
+	uint64_t want = st.ring_bytes + arena_model_host_len(m, 1) + arena_model_host_len(m, 3);
+	for (int b = 1; b < 6; b++)
+		cr_assert(on[b] || m->mem[b].pinned, "block %d not pinned within a large budget", b);
+	arena_model_free(m);
+	for (int round = 0; round < 10; round++) {
+		arena_pin_budget part;
+		arena_pin_budget_probe(&part, want, 0, "");
+		o.budget = &part;
+		cr_assert_eq(arena_load_image(img_path, &o, &m, &st), 0, "%s", arena_last_error());
+		cr_assert(st.ring_pinned);
+		for (int b = 0; b < 6; b++)
+			cr_assert_eq(m->mem[b].pinned, b == 1 || b == 3, "round %d: block %d pinned %d", round, b,
+				     m->mem[b].pinned);
+		cr_assert_eq(m->pinned_bytes, want - st.ring_bytes);
+		expect_image_bytes(m);
+		arena_model_free(m);
+		cr_assert_eq(atomic_load(&part.used), 0);
+	}
+}
+
 Test(load, device_too_small)
 {
 	arena_backend *small;
