@@ -66,8 +66,11 @@ struct arena_engine {
 	 * forward, backward) the events ready (before the wait), start, end */
 	int timed;
 	int profile_learned; /* o.cost is the learned profile (whether or not it changed the plan) */
-	arena_event **tm;
+	arena_event **tm;     /* TM_EV a slot: ready, start, end (release), next (the next acquire) */
 	uint8_t *tm_rec;      /* same index without the event: 1 acquired, 3 released */
+	uint8_t *tm_nx;       /* same index: its next event recorded */
+	size_t tm_prev;       /* the slot of the step's last timed acquire (SIZE_MAX: none) */
+	uint64_t tm_prev_step;
 	uint64_t tm_step[2];  /* the step each parity holds */
 	int tm_mode[2];       /* and the mode it ran in */
 	unsigned *acq_n, *rel_n; /* per block, this step */
@@ -79,7 +82,8 @@ struct arena_engine {
 	unsigned cp_next;
 	double lc_rate[64];   /* the last copies' rates (bytes/s), a ring */
 	unsigned lc_n;        /* copies timed so far */
-	double *lcost;        /* learned forward seconds per block; < 0 not yet */
+	double *lcost;        /* learned forward seconds per block, start to the next acquire; < 0 not yet */
+	double *lhold;        /* learned forward seconds per block, start to release */
 	double lbwd_sum, lfwd_sum; /* train: backward and forward seconds seen together */
 	double gap_sum;            /* step gaps timed (time_gap), and how many */
 	unsigned gap_n;
@@ -643,6 +647,8 @@ static int fit_ring(arena_engine *e)
 
 /* --- device timing ------------------------------------------------------------ */
 
+#define TM_EV 4 /* timing events a slot (see tm) */
+
 static size_t tm_at(const arena_engine *e, unsigned par, uint32_t b, unsigned k)
 {
 	return ((size_t)par * e->l->n_blocks + b) * 2 + k;
@@ -689,10 +695,12 @@ static int harvest(arena_engine *e, unsigned par)
 				size_t i = tm_at(e, par, b, k);
 				if (e->tm_rec[i] != 3)
 					continue;
-				double st, c;
-				int rc = be->ops->event_elapsed(be, e->tm[3 * i], e->tm[3 * i + 1], &st);
+				double st, c, g = -1;
+				int rc = be->ops->event_elapsed(be, e->tm[TM_EV * i], e->tm[TM_EV * i + 1], &st);
 				if (!rc)
-					rc = be->ops->event_elapsed(be, e->tm[3 * i + 1], e->tm[3 * i + 2], &c);
+					rc = be->ops->event_elapsed(be, e->tm[TM_EV * i + 1], e->tm[TM_EV * i + 2], &c);
+				if (!rc && e->tm_nx[i])
+					rc = be->ops->event_elapsed(be, e->tm[TM_EV * i + 1], e->tm[TM_EV * i + 3], &g);
 				if (rc < 0)
 					return rc;
 				if (rc > 0)
@@ -705,11 +713,17 @@ static int harvest(arena_engine *e, unsigned par)
 					stalls++;
 					stall_s += st;
 				}
+				/* What it costs the step: from its start to the next
+				 * acquire (the work between blocks that uses no weights,
+				 * attention in a transformer, is the block's before it);
+				 * the last of a step, to its release. */
+				const double cost = g >= 0 ? g : c;
 				if (k == 0 || e->tm_mode[par] != ARENA_MODE_TRAIN) { /* a forward (sample: a later pass too) */
-					fwd += c;
-					e->lcost[b] = e->lcost[b] < 0 ? c : 0.5 * e->lcost[b] + 0.5 * c;
+					fwd += cost;
+					e->lcost[b] = e->lcost[b] < 0 ? cost : 0.5 * e->lcost[b] + 0.5 * cost;
+					e->lhold[b] = e->lhold[b] < 0 ? c : 0.5 * e->lhold[b] + 0.5 * c;
 				} else {
-					bwd += c;
+					bwd += cost;
 				}
 				e->tm_rec[i] = 0;
 			}
@@ -906,7 +920,7 @@ void arena_engine_free(arena_engine *e)
 		if (e->ev_fill && e->ev_fill[b])
 			be->ops->event_destroy(be, e->ev_fill[b]);
 	}
-	for (size_t i = 0; e->tm && i < 3 * 2 * (e->l->n_blocks ? e->l->n_blocks : 1) * 2; i++)
+	for (size_t i = 0; e->tm && i < TM_EV * 2 * (e->l->n_blocks ? e->l->n_blocks : 1) * 2; i++)
 		if (e->tm[i])
 			be->ops->event_destroy(be, e->tm[i]);
 	for (unsigned k = 0; k < ENGINE_COPY_PAIRS; k++) {
@@ -923,6 +937,8 @@ void arena_engine_free(arena_engine *e)
 	}
 	arena_free(e->tm);
 	arena_free(e->tm_rec);
+	arena_free(e->tm_nx);
+	arena_free(e->lhold);
 	arena_free(e->acq_n);
 	arena_free(e->rel_n);
 	arena_free(e->lcost);
@@ -965,6 +981,7 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	e->l = l;
 	e->o = *o;
 	e->o.sched = NULL; /* the engine's own copy is made below */
+	e->o.hold = NULL;  /* learned only (engine.h) */
 	e->o.n_sched = 0;
 	if (o->cost) { /* the engine keeps its own copy of the profile */
 		double *c = arena_calloc(l->n_blocks ? l->n_blocks : 1, sizeof(*c));
@@ -1059,18 +1076,20 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	e->timed = be->ops->event_create_timed && be->ops->event_elapsed;
 	if (e->timed) {
 		size_t nt = 2 * (n ? n : 1) * 2;
-		e->tm = arena_calloc(3 * nt, sizeof(*e->tm));
+		e->tm = arena_calloc(TM_EV * nt, sizeof(*e->tm));
 		e->tm_rec = arena_calloc(nt, 1);
+		e->tm_nx = arena_calloc(nt, 1);
+		e->lhold = arena_calloc(n ? n : 1, sizeof(*e->lhold));
 		e->acq_n = arena_calloc(n ? n : 1, sizeof(*e->acq_n));
 		e->rel_n = arena_calloc(n ? n : 1, sizeof(*e->rel_n));
 		e->lcost = arena_calloc(n ? n : 1, sizeof(*e->lcost));
-		if (!e->tm || !e->tm_rec || !e->acq_n || !e->rel_n || !e->lcost) {
+		if (!e->tm || !e->tm_rec || !e->tm_nx || !e->lhold || !e->acq_n || !e->rel_n || !e->lcost) {
 			rc = arena_errorf(ARENA_E_NOMEM, "engine: out of memory");
 			goto fail;
 		}
 		for (size_t b = 0; b < n; b++)
-			e->lcost[b] = arena_block_is_globals(l, (uint32_t)b) ? 0 : -1;
-		for (size_t i = 0; i < 3 * nt; i++)
+			e->lcost[b] = e->lhold[b] = arena_block_is_globals(l, (uint32_t)b) ? 0 : -1;
+		for (size_t i = 0; i < TM_EV * nt; i++)
 			if (n && (rc = be->ops->event_create_timed(be, &e->tm[i])))
 				goto fail;
 		for (unsigned k = 0; k < ENGINE_COPY_PAIRS; k++)
@@ -1083,6 +1102,7 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 				goto fail;
 	}
 	e->gap_a_step[0] = e->gap_a_step[1] = e->gap_b_step[0] = e->gap_b_step[1] = e->gap_taken = UINT64_MAX;
+	e->tm_prev = SIZE_MAX;
 	for (size_t b = 0; b < n; b++)
 		if ((rc = be->ops->event_create(be, &e->ev_use[b])) ||
 		    (rc = e->timed ? be->ops->event_create_timed(be, &e->ev_fill[b]) : be->ops->event_create(be, &e->ev_fill[b])))
@@ -1166,19 +1186,31 @@ int arena_engine_step_begin(arena_engine *e)
 static int time_ready(arena_engine *e, uint32_t b, arena_stream *s, size_t *slot)
 {
 	*slot = SIZE_MAX;
-	if (!e->timed || arena_block_is_globals(e->l, b) || e->acq_n[b] >= 2)
+	if (!e->timed)
+		return 0;
+	if (e->tm_prev != SIZE_MAX && e->tm_prev_step == e->steps) { /* the last timed one's next acquire */
+		int rc = e->be->ops->event_record(e->be, e->tm[TM_EV * e->tm_prev + 3], s);
+		if (rc)
+			return rc;
+		e->tm_nx[e->tm_prev] = 1;
+	}
+	e->tm_prev = SIZE_MAX;
+	if (arena_block_is_globals(e->l, b) || e->acq_n[b] >= 2)
 		return 0;
 	unsigned par = (unsigned)(e->steps & 1);
 	size_t i = tm_at(e, par, b, e->acq_n[b]++);
 	*slot = i;
 	e->tm_rec[i] = 0;
+	e->tm_nx[i] = 0;
+	e->tm_prev = i;
+	e->tm_prev_step = e->steps;
 	if (e->gap_b_step[par] != e->steps) { /* the step's first scheduled acquire */
 		int rc = e->be->ops->event_record(e->be, e->gap_b[par], s);
 		if (rc)
 			return rc;
 		e->gap_b_step[par] = e->steps;
 	}
-	return e->be->ops->event_record(e->be, e->tm[3 * i], s);
+	return e->be->ops->event_record(e->be, e->tm[TM_EV * i], s);
 }
 
 static int time_start(arena_engine *e, size_t slot, arena_stream *s)
@@ -1186,7 +1218,7 @@ static int time_start(arena_engine *e, size_t slot, arena_stream *s)
 	if (slot == SIZE_MAX)
 		return 0;
 	e->tm_rec[slot] = 1;
-	return e->be->ops->event_record(e->be, e->tm[3 * slot + 1], s);
+	return e->be->ops->event_record(e->be, e->tm[TM_EV * slot + 1], s);
 }
 
 static int time_end(arena_engine *e, uint32_t b, arena_stream *s)
@@ -1197,7 +1229,7 @@ static int time_end(arena_engine *e, uint32_t b, arena_stream *s)
 	if (e->tm_rec[i] != 1)
 		return 0;
 	e->tm_rec[i] = 3;
-	return e->be->ops->event_record(e->be, e->tm[3 * i + 2], s);
+	return e->be->ops->event_record(e->be, e->tm[TM_EV * i + 2], s);
 }
 
 /* Make `s` wait for block b's bytes, timed (the step's records, a trace). */
@@ -1561,6 +1593,7 @@ static int learn(arena_engine *e)
 			return 0;
 	e->profile_learned = 1;
 	e->o.cost = e->lcost;
+	e->o.hold = e->lhold;
 	e->o.h2d_bytes_per_s = learned_h2d(e);
 	e->o.backward_factor = e->lfwd_sum > 0 ? e->lbwd_sum / e->lfwd_sum : 0;
 	double now_t = engine_predict(e);
@@ -1774,6 +1807,7 @@ int arena_engine_set_profile(arena_engine *e, const double *cost, double h2d_byt
 		return arena_errorf(ARENA_E_NOMEM, "engine: out of memory");
 	memcpy(e->cost, cost, n * sizeof(*cost));
 	e->o.cost = e->cost;
+	e->o.hold = NULL;
 	e->o.h2d_bytes_per_s = h2d_bytes_per_s;
 	e->o.backward_factor = backward_factor;
 	e->profile_learned = 1; /* nothing more to learn */

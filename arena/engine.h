@@ -167,6 +167,13 @@ typedef struct arena_engine_opts {
 	 * chooses resident blocks by a timed dry run (see above) instead of
 	 * spreading them by bytes. The array is copied. */
 	const double *cost;
+	/* Optional, with cost: hold[b] = seconds block b stays acquired from its
+	 * start (cost is then the time from its start to the next acquire: the
+	 * weightless work after it included; a block held past the next
+	 * acquire releases its ring slot later than its cost says). NULL: a
+	 * block is released when its cost is spent. The planner uses it; the
+	 * engine learns its own with the profile (and ignores one given here). */
+	const double *hold;
 	double backward_factor;
 	double h2d_bytes_per_s;
 	/* Device seconds between two steps outside the blocks: from the device

@@ -555,6 +555,13 @@ double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const
 			if (t->spans)
 				t->spans[t->n_spans++] = (arena_plan_span){b, (uint32_t)i, 0, bwd && bwd[i], start, comp};
 			t->rel_t[b] = comp;
+			if (o->hold) { /* held past the next acquire: its slot frees later */
+				double h = o->hold[b];
+				if (bwd && bwd[i])
+					h *= o->backward_factor > 0 ? o->backward_factor : 3.0;
+				if (start + h > comp)
+					t->rel_t[b] = start + h;
+			}
 			t->r.pending[b]--;
 			cur++;
 		}
