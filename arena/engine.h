@@ -186,9 +186,11 @@ typedef struct arena_engine_opts {
 	 * step or of the next, when done) when none is given; 0 = none. */
 	double step_gap_s;
 	/* Without a given profile, the engine learns one on backends that can
-	 * time (each scheduled block's time between acquire and release, each
-	 * copy's rate) and, once every block has been timed and a copy seen,
-	 * moves to the plan that profile predicts faster (by 2% or more).
+	 * time (each scheduled block's time from its start to the next acquire
+	 * and to its release, each copy's rate) and, once every block has been
+	 * timed and a copy seen, moves to the plan that profile predicts faster
+	 * (by 2% or more); it looks again 2 steps later, then at twice the step
+	 * count each time, with the profile learned since.
 	 * no_learn turns that off (the timing that fills gpu_* stays). */
 	int no_learn;
 	/* Per block, the bytes a copy of it moves when fewer than its slab's

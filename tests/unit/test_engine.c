@@ -1320,6 +1320,59 @@ Test(engine_learn, work_between_blocks_counts_for_the_block_before)
 	arena_model_free(m);
 }
 
+/* The profile keeps learning after the first plan it chose: a caller whose
+ * work changes (here from the same compute per block to long large blocks
+ * and short small ones, whose copies then dominate) gets the plan of its
+ * steady profile a few steps later: small blocks kept where large ones
+ * were. */
+Test(engine_learn, looks_again_when_the_work_changes)
+{
+	sim_only();
+	arena_model *m = load(0);
+	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	o.no_learn = 0;
+	o.cap = G + 11 * MAXB;
+	arena_engine *e;
+	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+	arena_stream *s;
+	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	int moved[16] = {0};
+	unsigned small_at[16] = {0};
+	for (int step = 0; step < 16; step++) {
+		const arena_residency_plan *p = arena_engine_plan(e);
+		cr_assert_eq(arena_engine_step_begin(e), 0, "%s", arena_last_error());
+		void *g, *d;
+		cr_assert_eq(arena_engine_acquire(e, 0, s, &g), 0, "%s", arena_last_error());
+		for (size_t i = 0; i < p->n_sched; i++) {
+			uint32_t b = p->sched[i];
+			cr_assert_eq(arena_engine_acquire(e, b, s, &d), 0, "%s", arena_last_error());
+			double c = step < 4 ? 0.0008 : m->layout->blocks[b].bytes == MAXB ? 0.003 : 0.0001;
+			cr_assert_eq(arena_backend_sim_compute(be, s, c), 0);
+			cr_assert_eq(arena_engine_release(e, b, s), 0, "%s", arena_last_error());
+		}
+		cr_assert_eq(arena_engine_release(e, 0, s), 0);
+		cr_assert_eq(arena_engine_step_end(e), 0, "%s", arena_last_error());
+		cr_assert_eq(be->ops->stream_sync(be, s), 0);
+		expect_whole(e, m);
+		cr_assert_eq(arena_engine_collect(e), 0, "%s", arena_last_error());
+		arena_engine_step r;
+		cr_assert_eq(arena_engine_step_record(e, (uint64_t)step, &r), 0);
+		moved[step] = r.profile_learned;
+		for (uint32_t b = 1; b < m->layout->n_blocks; b++)
+			small_at[step] += arena_engine_is_resident(e, b) && m->layout->blocks[b].bytes != MAXB;
+	}
+	int early = 0, late = 0;
+	for (int step = 0; step < 16; step++)
+		step < 4 ? (early |= moved[step]) : (late |= moved[step]);
+	cr_assert(early, "the first look moved to the learned plan");
+	cr_assert(late, "a later look moved again once the work changed");
+	cr_assert_gt(small_at[15], small_at[3] + 4, "small blocks kept: %u after the change, %u before", small_at[15],
+		     small_at[3]);
+	be->ops->stream_destroy(be, s);
+	arena_engine_free(e);
+	arena_model_free(m);
+}
+
 Test(engine_learn, no_learn_keeps_the_plan_by_bytes)
 {
 	sim_only();
