@@ -1588,8 +1588,9 @@ static double learned_h2d(const arena_engine *e)
  * steps' times are not the steady ones (a caller's first step warms up its
  * kernels, the copies stall until the plan settles), and the profile keeps
  * learning: it is asked again 2 steps later, then at twice the step count
- * each time (the adapter's coded 8 GiB step: the first look kept the plan,
- * the steady profile predicts one 9 % faster). */
+ * each time, and a later look moves for 4% (the adapter's coded 8 GiB
+ * step: the first look kept the plan, the steady profile predicted one 9%
+ * faster; on the H200 the step went from 0.262 to 0.252 s). */
 static int learn(arena_engine *e)
 {
 	if (!e->timed || e->cost || e->o.no_learn || !e->plan.n_streamed || !e->lc_n ||
@@ -1598,6 +1599,9 @@ static int learn(arena_engine *e)
 	for (size_t i = 0; i < e->plan.n_sched; i++)
 		if (e->lcost[e->plan.sched[i]] < 0)
 			return 0;
+	/* A move costs a slow step (blocks leaving the device are read again
+	 * from the image for their host copies): a later look moves for 4 %. */
+	const double need = e->profile_learned ? 0.96 : 0.98;
 	e->relearn_at = e->profile_learned ? 2 * e->steps : e->steps + 2;
 	e->profile_learned = 1;
 	e->o.cost = e->lcost;
@@ -1614,7 +1618,7 @@ static int learn(arena_engine *e)
 	}
 	if (rc)
 		return rc;
-	if (now_t > 0 && t.step_s > 0 && t.step_s < now_t * 0.98) {
+	if (now_t > 0 && t.step_s > 0 && t.step_s < now_t * need) {
 		e->rec.profile_learned = 1;
 		e->room_steps = 0;
 		rc = apply(e, t.resident);
