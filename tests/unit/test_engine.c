@@ -1213,10 +1213,8 @@ Test(engine_learn, times_blocks_and_moves_to_the_faster_plan)
 		cr_assert(check || (r.compute_s > NL * 0.0008 * 0.9 && r.compute_s < NL * 0.0008 * 4), "step %d: compute %.4f s",
 			  step, r.compute_s);
 		cr_assert_leq(r.stall_s, 1.0);
-		if (r.profile_learned) {
-			cr_assert_eq(learned_at, -1, "learned once");
+		if (r.profile_learned && learned_at < 0) /* later looks may move again (timing noise) */
 			learned_at = step;
-		}
 	}
 	cr_assert_geq(learned_at, 1, "moved to the learned profile's plan");
 	cr_assert_gt(arena_engine_plan(e)->step_s, 0, "planned by the learned profile");
@@ -1266,6 +1264,35 @@ Test(engine_learn, the_gap_between_steps)
 	cr_assert_geq(gap[1] - gap[0], 0.015, "with the work %.6f s, without %.6f s", gap[1], gap[0]);
 }
 
+/* One step on the sim whose block b is held held(ctx, m, b) seconds, and
+ * `after` seconds of work with no block follow each but the last (work
+ * between blocks that uses no weights); then the device's timing is read. */
+static void run_step_work(arena_engine *e, arena_model *m, arena_stream *s,
+			  double (*held)(const void *ctx, const arena_model *m, uint32_t b), const void *ctx, double after)
+{
+	const arena_residency_plan *p = arena_engine_plan(e);
+	cr_assert_eq(arena_engine_step_begin(e), 0, "%s", arena_last_error());
+	void *g, *d;
+	cr_assert_eq(arena_engine_acquire(e, 0, s, &g), 0, "%s", arena_last_error());
+	for (size_t i = 0; i < p->n_sched; i++) {
+		cr_assert_eq(arena_engine_acquire(e, p->sched[i], s, &d), 0, "%s", arena_last_error());
+		cr_assert_eq(arena_backend_sim_compute(be, s, held(ctx, m, p->sched[i])), 0);
+		cr_assert_eq(arena_engine_release(e, p->sched[i], s), 0, "%s", arena_last_error());
+		if (after > 0 && i + 1 < p->n_sched)
+			cr_assert_eq(arena_backend_sim_compute(be, s, after), 0);
+	}
+	cr_assert_eq(arena_engine_release(e, 0, s), 0);
+	cr_assert_eq(arena_engine_step_end(e), 0, "%s", arena_last_error());
+	cr_assert_eq(be->ops->stream_sync(be, s), 0);
+	cr_assert_eq(arena_engine_collect(e), 0, "%s", arena_last_error());
+}
+
+static double held_03ms(const void *ctx, const arena_model *m, uint32_t b)
+{
+	(void)ctx, (void)m, (void)b;
+	return 0.0003;
+}
+
 /* A caller whose work between two blocks uses no weights (attention in a
  * transformer: after a block's release, before the next acquire): the
  * learned cost of a block runs from its start to the next acquire, so that
@@ -1284,40 +1311,44 @@ Test(engine_learn, work_between_blocks_counts_for_the_block_before)
 	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
 	arena_stream *s;
 	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	arena_engine_step r;
 	for (int step = 0; step < 4; step++) {
-		const arena_residency_plan *p = arena_engine_plan(e);
-		cr_assert_eq(arena_engine_step_begin(e), 0, "%s", arena_last_error());
-		void *g, *d;
-		cr_assert_eq(arena_engine_acquire(e, 0, s, &g), 0, "%s", arena_last_error());
-		for (size_t i = 0; i < p->n_sched; i++) {
-			cr_assert_eq(arena_engine_acquire(e, p->sched[i], s, &d), 0, "%s", arena_last_error());
-			cr_assert_eq(arena_backend_sim_compute(be, s, 0.0003), 0);
-			cr_assert_eq(arena_engine_release(e, p->sched[i], s), 0, "%s", arena_last_error());
-			if (i + 1 < p->n_sched)
-				cr_assert_eq(arena_backend_sim_compute(be, s, 0.0006), 0);
-		}
-		cr_assert_eq(arena_engine_release(e, 0, s), 0);
-		cr_assert_eq(arena_engine_step_end(e), 0, "%s", arena_last_error());
-		cr_assert_eq(be->ops->stream_sync(be, s), 0);
-		cr_assert_eq(arena_engine_collect(e), 0, "%s", arena_last_error());
-		arena_engine_step r;
+		run_step_work(e, m, s, held_03ms, NULL, 0.0006);
 		cr_assert_eq(arena_engine_step_record(e, (uint64_t)step, &r), 0);
-		cr_assert(r.compute_s < p->n_sched * 0.0003 * 2, "step %d: compute_s %.4f s counts the holds only", step,
-			  r.compute_s);
 	}
 	double cost[NL], h2d, bwd;
 	cr_assert_eq(arena_engine_profile(e, cost, &h2d, &bwd), 0, "%s", arena_last_error());
 	const arena_residency_plan *p = arena_engine_plan(e);
+	/* The step's compute_s counts the holds, not the work after them. */
+	double all = 0;
+	for (size_t i = 0; i < p->n_sched; i++)
+		all += cost[p->sched[i]];
+	cr_assert_lt(r.compute_s, all - 0.5 * 0.0006 * (double)(p->n_sched - 1),
+		     "compute_s %.4f s, the costs %.4f s with %.4f s of work between blocks", r.compute_s, all,
+		     0.0006 * (double)(p->n_sched - 1));
+	/* Lower bounds (a loaded machine only adds time), and sanity above. */
+	double sum = 0;
 	for (size_t i = 0; i < p->n_sched; i++) {
 		double c = cost[p->sched[i]];
-		if (i + 1 < p->n_sched)
-			cr_assert(c >= 0.0009 * 0.95 && c < 0.0009 * 3, "block %u: cost %.6f s, 0.3 + 0.6 ms", p->sched[i], c);
-		else
-			cr_assert(c >= 0.0003 * 0.95 && c < 0.0006, "last block %u: cost %.6f s, 0.3 ms", p->sched[i], c);
+		if (i + 1 < p->n_sched) {
+			cr_assert(c >= 0.0009 * 0.95 && c < 0.05, "block %u: cost %.6f s, 0.3 + 0.6 ms", p->sched[i], c);
+			sum += c;
+		} else {
+			cr_assert(c >= 0.0003 * 0.95 && c < 0.05, "last block %u: cost %.6f s, 0.3 ms", p->sched[i], c);
+		}
 	}
+	cr_assert_lt(sum / (double)(p->n_sched - 1), 0.0009 * 4, "mean cost %.6f s, 0.9 ms",
+		     sum / (double)(p->n_sched - 1));
 	be->ops->stream_destroy(be, s);
 	arena_engine_free(e);
 	arena_model_free(m);
+}
+
+/* The same 0.8 ms a block for 4 steps, then 3 ms a large block and 0.1 ms
+ * a small one. */
+static double held_by_step(const void *ctx, const arena_model *m, uint32_t b)
+{
+	return *(const int *)ctx < 4 ? 0.0008 : m->layout->blocks[b].bytes == MAXB ? 0.003 : 0.0001;
 }
 
 /* The profile keeps learning after the first plan it chose: a caller whose
@@ -1339,22 +1370,8 @@ Test(engine_learn, looks_again_when_the_work_changes)
 	int moved[16] = {0};
 	unsigned small_at[16] = {0};
 	for (int step = 0; step < 16; step++) {
-		const arena_residency_plan *p = arena_engine_plan(e);
-		cr_assert_eq(arena_engine_step_begin(e), 0, "%s", arena_last_error());
-		void *g, *d;
-		cr_assert_eq(arena_engine_acquire(e, 0, s, &g), 0, "%s", arena_last_error());
-		for (size_t i = 0; i < p->n_sched; i++) {
-			uint32_t b = p->sched[i];
-			cr_assert_eq(arena_engine_acquire(e, b, s, &d), 0, "%s", arena_last_error());
-			double c = step < 4 ? 0.0008 : m->layout->blocks[b].bytes == MAXB ? 0.003 : 0.0001;
-			cr_assert_eq(arena_backend_sim_compute(be, s, c), 0);
-			cr_assert_eq(arena_engine_release(e, b, s), 0, "%s", arena_last_error());
-		}
-		cr_assert_eq(arena_engine_release(e, 0, s), 0);
-		cr_assert_eq(arena_engine_step_end(e), 0, "%s", arena_last_error());
-		cr_assert_eq(be->ops->stream_sync(be, s), 0);
+		run_step_work(e, m, s, held_by_step, &step, 0);
 		expect_whole(e, m);
-		cr_assert_eq(arena_engine_collect(e), 0, "%s", arena_last_error());
 		arena_engine_step r;
 		cr_assert_eq(arena_engine_step_record(e, (uint64_t)step, &r), 0);
 		moved[step] = r.profile_learned;
