@@ -1316,7 +1316,7 @@ Test(engine_learn, work_between_blocks_counts_for_the_block_before)
 		run_step_work(e, m, s, held_03ms, NULL, 0.0006);
 		cr_assert_eq(arena_engine_step_record(e, (uint64_t)step, &r), 0);
 	}
-	double cost[NL], h2d, bwd;
+	double cost[NL + 1], h2d, bwd; /* the globals too */
 	cr_assert_eq(arena_engine_profile(e, cost, &h2d, &bwd), 0, "%s", arena_last_error());
 	const arena_residency_plan *p = arena_engine_plan(e);
 	/* The step's compute_s counts the holds, not the work after them. */
