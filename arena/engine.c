@@ -512,6 +512,34 @@ static int ring_alloc(arena_engine *e, uint64_t bytes)
 	return 0;
 }
 
+/* Block b's host copy kept coded, re-read coded from its image (an hb4
+ * image streaming coded: its coded form's plan is there and the stages
+ * are): a quarter fewer bytes held and copied than a raw slab, and no
+ * decoding on the host. */
+static int ensure_host_coded(arena_engine *e, uint32_t b)
+{
+	arena_model *m = e->m;
+	arena_wire *w;
+	int rc = arena_model_wire_add(m, b, &w);
+	if (!rc) {
+		if (e->stg) /* the stager reads from the same source */
+			arena_stager_lock(e->stg);
+		rc = e->o.reread_wire(e->o.reread_ctx, b, 0, e->l->blocks[b].bytes, w);
+		if (e->stg)
+			arena_stager_unlock(e->stg);
+		if (rc)
+			arena_model_wire_discard(m, b);
+	}
+	if (!rc) {
+		arena_model_wire_seal(m, b);
+		if (e->moved)
+			e->moved[b] = w->stored;
+	}
+	if (rc)
+		arena_error_prefix(e->l->blocks[b].name);
+	return rc;
+}
+
 /* Give block b a host slab (re-read from its source) if it has none. */
 static int ensure_host(arena_engine *e, uint32_t b)
 {
@@ -519,9 +547,12 @@ static int ensure_host(arena_engine *e, uint32_t b)
 	uint8_t *slab;
 	if (m->mem[b].host || m->mem[b].wire || !e->l->blocks[b].bytes)
 		return 0;
+	const arena_wire *plan = disk_coded(e, b);
 	if (e->o.reread && e->o.host_cap &&
-	    m->host_bytes + arena_align_up(e->l->blocks[b].bytes, ARENA_SLAB_ALIGN) > e->o.host_cap)
+	    m->host_bytes + arena_align_up(plan ? plan->cap : e->l->blocks[b].bytes, ARENA_SLAB_ALIGN) > e->o.host_cap)
 		return 0; /* over the host budget: it stays in its image (the disk tier) */
+	if (plan && e->o.reread)
+		return ensure_host_coded(e, b);
 	if (!e->o.reread)
 		return arena_errorf(ARENA_E_INTERNAL, "block '%s' has no host copy and no source to re-read",
 				    e->l->blocks[b].name);
@@ -996,11 +1027,16 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	}
 	/* Coded streaming: the stages its copies go through are device memory
 	 * the plan leaves room for. */
-	for (size_t b = 0; b < l->n_blocks; b++) {
+	int coded = 0; /* something streams coded: a host copy held coded, or a disk-tier block read coded */
+	for (size_t b = 0; b < l->n_blocks; b++)
+		coded |= m->mem[b].wire || (m->mem[b].disk_wire && !m->mem[b].dev && o->reread_wire);
+	for (size_t b = 0; coded && b < l->n_blocks; b++) {
 		if (m->mem[b].wire && m->mem[b].wire->max_stage > e->wstage_each)
 			e->wstage_each = arena_align_up(m->mem[b].wire->max_stage, 256); /* within arena_wire_stage_bound */
+		/* not yet read (the disk tier, or a resident block that may leave
+		 * the device and get a coded host copy): the most */
 		if (m->mem[b].disk_wire && o->reread_wire && m->mem[b].disk_wire->most > e->wstage_each)
-			e->wstage_each = arena_align_up(m->mem[b].disk_wire->most, 256); /* not yet read: the most */
+			e->wstage_each = arena_align_up(m->mem[b].disk_wire->most, 256);
 	}
 	if (e->wstage_each) {
 		if (!(e->moved = arena_calloc(l->n_blocks, sizeof(*e->moved)))) {

@@ -197,15 +197,16 @@ void arena_model_free(arena_model *m)
 		return;
 	for (size_t b = 0; m->mem && b < m->layout->n_blocks; b++) {
 		arena_block_mem *bm = &m->mem[b];
+		uint8_t *p = bm->wire ? bm->wire->buf : bm->host;
+		const uint64_t len = arena_model_host_len(m, (uint32_t)b);
 		if (bm->pinned)
-			arena_pin_budget_unregister(m->budget, m->backend, bm->wire ? bm->wire->buf : bm->host,
-						    arena_model_host_len(m, (uint32_t)b));
+			arena_pin_budget_unregister(m->budget, m->backend, p, len);
+		if (bm->own_host)
+			munmap(p, len);
 		arena_wire_free(bm->wire);
 		arena_wire_free(bm->disk_wire);
 		if (bm->dev)
 			m->backend->ops->dev_free(m->backend, bm->dev);
-		if (bm->own_host)
-			munmap(bm->host, arena_align_up(m->layout->blocks[b].bytes, ARENA_SLAB_ALIGN));
 	}
 	if (m->host_base)
 		munmap(m->host_base, m->host_len);
@@ -259,4 +260,61 @@ void arena_model_host_discard(arena_model *m, uint32_t b)
 	bm->host = NULL;
 	bm->own_host = 0;
 	m->host_bytes -= m->layout->blocks[b].bytes;
+}
+
+int arena_model_wire_add(arena_model *m, uint32_t b, arena_wire **w)
+{
+	*w = NULL;
+	arena_block_mem *bm = &m->mem[b];
+	const arena_wire *plan = bm->disk_wire;
+	if (bm->host || bm->wire || !plan || !plan->n)
+		return arena_errorf(ARENA_E_USAGE, "block '%s' already has a host copy or has no coded form",
+				    m->layout->blocks[b].name);
+	const uint64_t len = arena_align_up(plan->cap, ARENA_SLAB_ALIGN);
+	arena_wire *nw = arena_calloc(1, sizeof(*nw));
+	arena_wire_seg *seg = arena_calloc(plan->n, sizeof(*seg));
+	void *buf = MAP_FAILED;
+	if (nw && seg)
+		buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (buf == MAP_FAILED) {
+		arena_free(nw);
+		arena_free(seg);
+		return arena_errorf(ARENA_E_NOMEM, "block '%s': out of memory for a coded host copy of %" PRIu64 " bytes",
+				    m->layout->blocks[b].name, len);
+	}
+	arena_wire_sub(plan, 0, plan->n, seg, buf, nw);
+	bm->wire = nw;
+	bm->own_host = 1;
+	m->host_bytes += nw->cap;
+	*w = nw;
+	return 0;
+}
+
+void arena_model_wire_seal(arena_model *m, uint32_t b)
+{
+	arena_block_mem *bm = &m->mem[b];
+	const uint64_t len = arena_model_host_len(m, b);
+	if (arena_pin_budget_register(m->budget, m->backend, bm->wire->buf, len)) { /* writable: CUDA's rule */
+		bm->pinned = 1;
+		m->pinned_bytes += len;
+	}
+	mprotect(bm->wire->buf, len, PROT_READ); /* best effort: the bytes are right either way */
+}
+
+void arena_model_wire_discard(arena_model *m, uint32_t b)
+{
+	arena_block_mem *bm = &m->mem[b];
+	if (!bm->own_host || !bm->wire)
+		return;
+	const uint64_t len = arena_model_host_len(m, b);
+	if (bm->pinned) {
+		arena_pin_budget_unregister(m->budget, m->backend, bm->wire->buf, len);
+		m->pinned_bytes -= len;
+		bm->pinned = 0;
+	}
+	munmap(bm->wire->buf, len);
+	m->host_bytes -= bm->wire->cap;
+	arena_wire_free(bm->wire);
+	bm->wire = NULL;
+	bm->own_host = 0;
 }

@@ -27,7 +27,8 @@ typedef struct arena_block_mem {
 	void *dev;        /* device copy of the slab, or NULL */
 	uint8_t *host;    /* host slab (4 KiB aligned), or NULL */
 	int pinned;       /* host slab registered with the backend */
-	int own_host;     /* host slab is a mapping of its own (arena_model_host_add) */
+	int own_host;     /* host slab (or the wire's buffer) is a mapping of its own
+			   * (arena_model_host_add, arena_model_wire_add) */
 	/* Coded streaming: the block's host copy kept coded (formats/wire.h),
 	 * its buffer in the host mapping, pinned like a slab; host is NULL
 	 * then (there are no raw host bytes). Owned. */
@@ -84,6 +85,15 @@ void arena_model_free(arena_model *m);
 int arena_model_host_add(arena_model *m, uint32_t b, uint8_t **slab);
 void arena_model_host_seal(arena_model *m, uint32_t b);
 void arena_model_host_discard(arena_model *m, uint32_t b);
+/* The same for a host copy kept coded: block b (no host copy, its coded
+ * form's plan in disk_wire) gets a wire of that plan in a writable mapping
+ * of its own (*w: fill it, e.g. arena_slab_reader_read_wire), then
+ * arena_model_wire_seal pins it within the budget and makes it read-only,
+ * or arena_model_wire_discard drops it. NOMEM; USAGE when b has a host
+ * copy or no plan. */
+int arena_model_wire_add(arena_model *m, uint32_t b, struct arena_wire **w);
+void arena_model_wire_seal(arena_model *m, uint32_t b);
+void arena_model_wire_discard(arena_model *m, uint32_t b);
 
 /* Bytes of block b's host copy: its slab, or its coded form. */
 uint64_t arena_model_host_len(const arena_model *m, uint32_t b);

@@ -1077,9 +1077,10 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 	arena_model *m; /* takes the host blocks' coded forms from the plans */
 	if ((rc = arena_model_prepare_wire(own, o->backend, o->budget, od, L.wplan, &m)))
 		goto fail;
-	/* The disk tier of an hb4 image reads blocks coded too (engine). */
+	/* The disk tier of an hb4 image reads blocks coded too (engine), and a
+	 * block that leaves the device later gets a coded host copy. */
 	for (size_t b = 0; L.wplan && b < m->layout->n_blocks; b++)
-		if (od[b] == ARENA_PLACE_DISK) {
+		if (od[b] == ARENA_PLACE_DISK || od[b] == ARENA_PLACE_DEVICE) {
 			m->mem[b].disk_wire = L.wplan[b];
 			L.wplan[b] = NULL;
 		}

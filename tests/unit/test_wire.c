@@ -294,6 +294,54 @@ Test(wire, a_host_budget_holds_more_blocks_coded, .init = setup, .fini = teardow
 	arena_close(ref);
 }
 
+/* A resident block that leaves the device (here: another program takes
+ * device memory) gets a host copy kept coded, re-read coded from the image:
+ * after the demotions every streamed block still moves coded, the bytes
+ * are the image's, and the host copies hold the coded sizes. (A raw copy,
+ * decoded on the host, was what a demoted block got before.) */
+Test(wire, demoted_blocks_get_coded_host_copies, .init = setup, .fini = teardown)
+{
+	arena_open_options ro = {.backend = "sim"};
+	arena *ref, *a = NULL;
+	cr_assert_eq(arena_open(plain, &ro, &ref), 0, "%s", arena_last_error());
+	uint64_t total = 0;
+	for (size_t i = 0; i < arena_block_count(ref); i++)
+		total += arena_block_bytes(ref, i);
+	/* the largest cap that still streams a block or two (so coded copies have their stages) */
+	arena_plan_info p = {0};
+	uint64_t cap;
+	for (cap = total + (64 << 10); cap > (64 << 10); cap -= 4096) {
+		arena_open_options o = opts(16384, 0, 0); /* in pieces: most of the model can stay */
+		o.vram_cap = 0;
+		o.sim_capacity = cap; /* a device of that size, whose headroom another program takes below */
+		o.headroom = cap / 3 + 4096;
+		cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
+		cr_assert_eq(arena_plan_get(a, &p), 0);
+		if (p.n_streamed >= 1)
+			break;
+		arena_close(a);
+		a = NULL;
+	}
+	cr_assert_not_null(a, "no cap streams a block");
+	const size_t before = p.n_streamed;
+	const uint64_t host_before = p.host_bytes, res_before = p.resident_bytes;
+	uint64_t streamed, moved;
+	run_steps(a, ref, 2, 0, &streamed, &moved);
+	cr_assert_eq(arena_sim_pressure(a, cap / 3), 0, "%s", arena_last_error());
+	run_steps(a, ref, 2, 0, &streamed, &moved); /* the demotions happen at a step's end */
+	run_steps(a, ref, 3, 0, &streamed, &moved);
+	cr_assert_eq(arena_plan_get(a, &p), 0);
+	cr_assert_gt(p.n_streamed, before + 1, "pressure streamed more blocks: %zu, %zu before", p.n_streamed, before);
+	cr_assert_lt(moved, streamed - streamed / 10, "every streamed block moves coded: %lu of %lu bytes",
+		     (unsigned long)moved, (unsigned long)streamed);
+	const uint64_t left = res_before - p.resident_bytes; /* raw bytes that left the device */
+	cr_assert_gt(left, 0);
+	cr_assert_lt(p.host_bytes - host_before, left, "host copies grew by %lu for %lu raw bytes that left the device",
+		     (unsigned long)(p.host_bytes - host_before), (unsigned long)left);
+	arena_close(a);
+	arena_close(ref);
+}
+
 /* The disk tier of an hb4 image: streamed blocks beyond the host budget are
  * read coded from the image (chunks checked, nothing decoded on the host)
  * and copied coded; the bytes are the image's, step after step, whole
