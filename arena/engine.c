@@ -69,9 +69,9 @@ struct arena_engine {
 	uint64_t relearn_at; /* the step at which learn() looks at the learned profile again */
 	arena_event **tm;     /* TM_EV a slot: ready, start, end (release), next (the next acquire) */
 	uint8_t *tm_rec;      /* same index without the event: 1 acquired, 3 released */
-	uint8_t *tm_nx;       /* same index: its next event recorded */
-	size_t tm_prev;       /* the slot of the step's last timed acquire (SIZE_MAX: none) */
-	uint64_t tm_prev_step;
+	size_t *tm_nx;        /* same index: the event (index into tm) of the next acquire, SIZE_MAX none:
+			       * that acquire's own ready event when it is timed, else this slot's 4th */
+	size_t tm_prev;       /* the slot of this step's last timed acquire (SIZE_MAX: none) */
 	uint64_t tm_step[2];  /* the step each parity holds */
 	int tm_mode[2];       /* and the mode it ran in */
 	unsigned *acq_n, *rel_n; /* per block, this step */
@@ -512,65 +512,43 @@ static int ring_alloc(arena_engine *e, uint64_t bytes)
 	return 0;
 }
 
-/* Block b's host copy kept coded, re-read coded from its image (an hb4
- * image streaming coded: its coded form's plan is there and the stages
- * are): a quarter fewer bytes held and copied than a raw slab, and no
- * decoding on the host. */
-static int ensure_host_coded(arena_engine *e, uint32_t b)
-{
-	arena_model *m = e->m;
-	arena_wire *w;
-	int rc = arena_model_wire_add(m, b, &w);
-	if (!rc) {
-		if (e->stg) /* the stager reads from the same source */
-			arena_stager_lock(e->stg);
-		rc = e->o.reread_wire(e->o.reread_ctx, b, 0, e->l->blocks[b].bytes, w);
-		if (e->stg)
-			arena_stager_unlock(e->stg);
-		if (rc)
-			arena_model_wire_discard(m, b);
-	}
-	if (!rc) {
-		arena_model_wire_seal(m, b);
-		if (e->moved)
-			e->moved[b] = w->stored;
-	}
-	if (rc)
-		arena_error_prefix(e->l->blocks[b].name);
-	return rc;
-}
-
-/* Give block b a host slab (re-read from its source) if it has none. */
+/* Give block b a host copy (re-read from its source, checked) if it has
+ * none: a raw slab, or, for an hb4 image streaming coded (the plan of its
+ * coded form is there and so are the stages), its coded form, read coded:
+ * a quarter fewer bytes held and copied, nothing decoded on the host. */
 static int ensure_host(arena_engine *e, uint32_t b)
 {
 	arena_model *m = e->m;
-	uint8_t *slab;
 	if (m->mem[b].host || m->mem[b].wire || !e->l->blocks[b].bytes)
 		return 0;
 	const arena_wire *plan = disk_coded(e, b);
 	if (e->o.reread && e->o.host_cap &&
 	    m->host_bytes + arena_align_up(plan ? plan->cap : e->l->blocks[b].bytes, ARENA_SLAB_ALIGN) > e->o.host_cap)
 		return 0; /* over the host budget: it stays in its image (the disk tier) */
-	if (plan && e->o.reread)
-		return ensure_host_coded(e, b);
 	if (!e->o.reread)
 		return arena_errorf(ARENA_E_INTERNAL, "block '%s' has no host copy and no source to re-read",
 				    e->l->blocks[b].name);
-	int rc = arena_model_host_add(m, b, &slab);
+	uint8_t *slab = NULL;
+	arena_wire *w = NULL;
+	int rc = plan ? arena_model_wire_add(m, b, &w) : arena_model_host_add(m, b, &slab);
 	if (!rc) {
 		if (e->stg) /* the stager reads from the same source */
 			arena_stager_lock(e->stg);
-		rc = e->o.reread(e->o.reread_ctx, b, slab, e->l->blocks[b].bytes);
+		rc = w ? e->o.reread_wire(e->o.reread_ctx, b, 0, e->l->blocks[b].bytes, w)
+		       : e->o.reread(e->o.reread_ctx, b, slab, e->l->blocks[b].bytes);
 		if (e->stg)
 			arena_stager_unlock(e->stg);
 		if (rc)
 			arena_model_host_discard(m, b);
 	}
-	if (!rc)
-		arena_model_host_seal(m, b);
-	if (rc)
+	if (rc) {
 		arena_error_prefix(e->l->blocks[b].name);
-	return rc;
+		return rc;
+	}
+	arena_model_host_seal(m, b);
+	if (e->moved)
+		e->moved[b] = moved_bytes(e, b);
+	return 0;
 }
 
 static int demotable(const arena_engine *e, uint32_t b)
@@ -731,8 +709,8 @@ static int harvest(arena_engine *e, unsigned par)
 				int rc = be->ops->event_elapsed(be, e->tm[TM_EV * i], e->tm[TM_EV * i + 1], &st);
 				if (!rc)
 					rc = be->ops->event_elapsed(be, e->tm[TM_EV * i + 1], e->tm[TM_EV * i + 2], &c);
-				if (!rc && e->tm_nx[i])
-					rc = be->ops->event_elapsed(be, e->tm[TM_EV * i + 1], e->tm[TM_EV * i + 3], &g);
+				if (!rc && e->tm_nx[i] != SIZE_MAX)
+					rc = be->ops->event_elapsed(be, e->tm[TM_EV * i + 1], e->tm[e->tm_nx[i]], &g);
 				if (rc < 0)
 					return rc;
 				if (rc > 0)
@@ -1115,7 +1093,7 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 		size_t nt = 2 * (n ? n : 1) * 2;
 		e->tm = arena_calloc(TM_EV * nt, sizeof(*e->tm));
 		e->tm_rec = arena_calloc(nt, 1);
-		e->tm_nx = arena_calloc(nt, 1);
+		e->tm_nx = arena_calloc(nt, sizeof(*e->tm_nx));
 		e->lhold = arena_calloc(n ? n : 1, sizeof(*e->lhold));
 		e->acq_n = arena_calloc(n ? n : 1, sizeof(*e->acq_n));
 		e->rel_n = arena_calloc(n ? n : 1, sizeof(*e->rel_n));
@@ -1139,7 +1117,6 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 				goto fail;
 	}
 	e->gap_a_step[0] = e->gap_a_step[1] = e->gap_b_step[0] = e->gap_b_step[1] = e->gap_taken = UINT64_MAX;
-	e->tm_prev = SIZE_MAX;
 	for (size_t b = 0; b < n; b++)
 		if ((rc = be->ops->event_create(be, &e->ev_use[b])) ||
 		    (rc = e->timed ? be->ops->event_create_timed(be, &e->ev_fill[b]) : be->ops->event_create(be, &e->ev_fill[b])))
@@ -1205,6 +1182,7 @@ int arena_engine_step_begin(arena_engine *e)
 		memset(e->acq_n, 0, e->l->n_blocks * sizeof(*e->acq_n));
 		memset(e->rel_n, 0, e->l->n_blocks * sizeof(*e->rel_n));
 		memset(e->tm_rec + tm_at(e, par, 0, 0), 0, e->l->n_blocks * 2); /* unread timing of 2 steps ago goes */
+		e->tm_prev = SIZE_MAX; /* the last step's last block has no next acquire */
 		e->tm_step[par] = e->steps;
 		e->tm_mode[par] = e->o.mode;
 	}
@@ -1225,22 +1203,22 @@ static int time_ready(arena_engine *e, uint32_t b, arena_stream *s, size_t *slot
 	*slot = SIZE_MAX;
 	if (!e->timed)
 		return 0;
-	if (e->tm_prev != SIZE_MAX && e->tm_prev_step == e->steps) { /* the last timed one's next acquire */
-		int rc = e->be->ops->event_record(e->be, e->tm[TM_EV * e->tm_prev + 3], s);
-		if (rc)
-			return rc;
-		e->tm_nx[e->tm_prev] = 1;
-	}
+	const size_t prev = e->tm_prev;
 	e->tm_prev = SIZE_MAX;
-	if (arena_block_is_globals(e->l, b) || e->acq_n[b] >= 2)
-		return 0;
+	if (arena_block_is_globals(e->l, b) || e->acq_n[b] >= 2) {
+		if (prev == SIZE_MAX) /* the last timed one's next acquire, untimed: an event of its own */
+			return 0;
+		e->tm_nx[prev] = TM_EV * prev + 3;
+		return e->be->ops->event_record(e->be, e->tm[TM_EV * prev + 3], s);
+	}
 	unsigned par = (unsigned)(e->steps & 1);
 	size_t i = tm_at(e, par, b, e->acq_n[b]++);
 	*slot = i;
 	e->tm_rec[i] = 0;
-	e->tm_nx[i] = 0;
+	e->tm_nx[i] = SIZE_MAX;
 	e->tm_prev = i;
-	e->tm_prev_step = e->steps;
+	if (prev != SIZE_MAX) /* the last timed one's next acquire: this one's ready event, below */
+		e->tm_nx[prev] = TM_EV * i;
 	if (e->gap_b_step[par] != e->steps) { /* the step's first scheduled acquire */
 		int rc = e->be->ops->event_record(e->be, e->gap_b[par], s);
 		if (rc)
@@ -1635,9 +1613,7 @@ static int learn(arena_engine *e)
 	for (size_t i = 0; i < e->plan.n_sched; i++)
 		if (e->lcost[e->plan.sched[i]] < 0)
 			return 0;
-	/* A move costs a slow step (blocks leaving the device are read again
-	 * from the image for their host copies): a later look moves for 4 %. */
-	const double need = e->profile_learned ? 0.96 : 0.98;
+	const double need = e->profile_learned ? 0.96 : 0.98; /* a move is a slow step: later, 4 % */
 	e->relearn_at = e->profile_learned ? 2 * e->steps : e->steps + 2;
 	e->profile_learned = 1;
 	e->o.cost = e->lcost;

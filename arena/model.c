@@ -19,6 +19,12 @@ uint64_t arena_model_host_len(const arena_model *m, uint32_t b)
 	return arena_align_up(w ? w->cap : m->layout->blocks[b].bytes, ARENA_SLAB_ALIGN);
 }
 
+/* Block b's host copy: its slab or its coded form's buffer. */
+static uint8_t *host_copy(const arena_block_mem *bm)
+{
+	return bm->wire ? bm->wire->buf : bm->host;
+}
+
 int arena_model_prepare(arena_layout *layout, arena_backend *be, arena_pin_budget *budget,
 			const uint8_t *on_device, arena_model **out)
 {
@@ -141,7 +147,7 @@ static void *pin_slabs(void *arg)
 		if (!bm->pinned) /* not chosen */
 			continue;
 		uint64_t len = arena_model_host_len(m, (uint32_t)b);
-		if (m->backend->ops->host_register(m->backend, bm->wire ? bm->wire->buf : bm->host, len)) {
+		if (m->backend->ops->host_register(m->backend, host_copy(bm), len)) {
 			arena_error_clear(); /* pageable: slower copies, still correct */
 			arena_pin_budget_give(m->budget, len);
 			bm->pinned = 0;
@@ -166,7 +172,7 @@ int arena_model_commit(arena_model *m)
 	for (size_t b = 0; m->budget && b < m->layout->n_blocks; b++) {
 		arena_block_mem *bm = &m->mem[b];
 		uint64_t len = arena_model_host_len(m, (uint32_t)b);
-		if ((bm->wire ? bm->wire->buf : bm->host) && len) {
+		if (host_copy(bm) && len) {
 			if (arena_pin_budget_take(m->budget, len))
 				arena_error_clear(); /* past the budget: stays pageable */
 			else
@@ -197,7 +203,7 @@ void arena_model_free(arena_model *m)
 		return;
 	for (size_t b = 0; m->mem && b < m->layout->n_blocks; b++) {
 		arena_block_mem *bm = &m->mem[b];
-		uint8_t *p = bm->wire ? bm->wire->buf : bm->host;
+		uint8_t *p = host_copy(bm);
 		const uint64_t len = arena_model_host_len(m, (uint32_t)b);
 		if (bm->pinned)
 			arena_pin_budget_unregister(m->budget, m->backend, p, len);
@@ -236,13 +242,13 @@ int arena_model_host_add(arena_model *m, uint32_t b, uint8_t **slab)
 void arena_model_host_seal(arena_model *m, uint32_t b)
 {
 	arena_block_mem *bm = &m->mem[b];
-	uint64_t len = arena_align_up(m->layout->blocks[b].bytes, ARENA_SLAB_ALIGN);
+	const uint64_t len = arena_model_host_len(m, b);
 	/* Pin while writable (CUDA's rule), then read-only. */
-	if (arena_pin_budget_register(m->budget, m->backend, bm->host, len)) {
+	if (arena_pin_budget_register(m->budget, m->backend, host_copy(bm), len)) {
 		bm->pinned = 1;
 		m->pinned_bytes += len;
 	}
-	mprotect(bm->host, len, PROT_READ); /* best effort: the bytes are right either way */
+	mprotect(host_copy(bm), len, PROT_READ); /* best effort: the bytes are right either way */
 }
 
 void arena_model_host_discard(arena_model *m, uint32_t b)
@@ -250,16 +256,22 @@ void arena_model_host_discard(arena_model *m, uint32_t b)
 	arena_block_mem *bm = &m->mem[b];
 	if (!bm->own_host)
 		return;
-	uint64_t len = arena_align_up(m->layout->blocks[b].bytes, ARENA_SLAB_ALIGN);
+	const uint64_t len = arena_model_host_len(m, b);
 	if (bm->pinned) {
-		arena_pin_budget_unregister(m->budget, m->backend, bm->host, len);
+		arena_pin_budget_unregister(m->budget, m->backend, host_copy(bm), len);
 		m->pinned_bytes -= len;
 		bm->pinned = 0;
 	}
-	munmap(bm->host, len);
-	bm->host = NULL;
+	munmap(host_copy(bm), len);
+	if (bm->wire) {
+		m->host_bytes -= bm->wire->cap;
+		arena_wire_free(bm->wire);
+		bm->wire = NULL;
+	} else {
+		m->host_bytes -= m->layout->blocks[b].bytes;
+		bm->host = NULL;
+	}
 	bm->own_host = 0;
-	m->host_bytes -= m->layout->blocks[b].bytes;
 }
 
 int arena_model_wire_add(arena_model *m, uint32_t b, arena_wire **w)
@@ -288,33 +300,4 @@ int arena_model_wire_add(arena_model *m, uint32_t b, arena_wire **w)
 	m->host_bytes += nw->cap;
 	*w = nw;
 	return 0;
-}
-
-void arena_model_wire_seal(arena_model *m, uint32_t b)
-{
-	arena_block_mem *bm = &m->mem[b];
-	const uint64_t len = arena_model_host_len(m, b);
-	if (arena_pin_budget_register(m->budget, m->backend, bm->wire->buf, len)) { /* writable: CUDA's rule */
-		bm->pinned = 1;
-		m->pinned_bytes += len;
-	}
-	mprotect(bm->wire->buf, len, PROT_READ); /* best effort: the bytes are right either way */
-}
-
-void arena_model_wire_discard(arena_model *m, uint32_t b)
-{
-	arena_block_mem *bm = &m->mem[b];
-	if (!bm->own_host || !bm->wire)
-		return;
-	const uint64_t len = arena_model_host_len(m, b);
-	if (bm->pinned) {
-		arena_pin_budget_unregister(m->budget, m->backend, bm->wire->buf, len);
-		m->pinned_bytes -= len;
-		bm->pinned = 0;
-	}
-	munmap(bm->wire->buf, len);
-	m->host_bytes -= bm->wire->cap;
-	arena_wire_free(bm->wire);
-	bm->wire = NULL;
-	bm->own_host = 0;
 }

@@ -33,9 +33,11 @@ typedef struct arena_block_mem {
 	 * its buffer in the host mapping, pinned like a slab; host is NULL
 	 * then (there are no raw host bytes). Owned. */
 	struct arena_wire *wire;
-	/* The disk tier of an hb4 image: the coded form a read of the block
-	 * fills (segments only; the reader's buffer is the engine's staging),
-	 * or NULL. Owned. */
+	/* An hb4 image's block with no host copy (the disk tier, or a block on
+	 * the device that may leave it): its coded form's plan, which a read
+	 * of the block fills (segments only; the buffer is the engine's
+	 * staging, or a coded host copy's: arena_model_wire_add), or NULL.
+	 * Owned. */
 	struct arena_wire *disk_wire;
 } arena_block_mem;
 
@@ -87,13 +89,10 @@ void arena_model_host_seal(arena_model *m, uint32_t b);
 void arena_model_host_discard(arena_model *m, uint32_t b);
 /* The same for a host copy kept coded: block b (no host copy, its coded
  * form's plan in disk_wire) gets a wire of that plan in a writable mapping
- * of its own (*w: fill it, e.g. arena_slab_reader_read_wire), then
- * arena_model_wire_seal pins it within the budget and makes it read-only,
- * or arena_model_wire_discard drops it. NOMEM; USAGE when b has a host
- * copy or no plan. */
+ * of its own (*w: fill it, e.g. arena_slab_reader_read_wire), sealed or
+ * discarded as a slab is (the two above take either). NOMEM; USAGE when b
+ * has a host copy or no plan. */
 int arena_model_wire_add(arena_model *m, uint32_t b, struct arena_wire **w);
-void arena_model_wire_seal(arena_model *m, uint32_t b);
-void arena_model_wire_discard(arena_model *m, uint32_t b);
 
 /* Bytes of block b's host copy: its slab, or its coded form. */
 uint64_t arena_model_host_len(const arena_model *m, uint32_t b);

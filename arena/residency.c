@@ -479,12 +479,15 @@ static int timed_on_evict(void *ctx, uint32_t q)
 	return 0;
 }
 
+/* A backward entry's time over its forward's (recompute + backward). */
+static double backward_scale(const arena_engine_opts *o, const uint8_t *bwd, size_t i)
+{
+	return bwd && bwd[i] ? (o->backward_factor > 0 ? o->backward_factor : 3.0) : 1.0;
+}
+
 static double entry_cost(const arena_engine_opts *o, const uint32_t *sched, const uint8_t *bwd, size_t i)
 {
-	double c = o->cost[sched[i]];
-	if (bwd && bwd[i])
-		c *= o->backward_factor > 0 ? o->backward_factor : 3.0;
-	return c;
+	return o->cost[sched[i]] * backward_scale(o, bwd, i);
 }
 
 /* Predicted seconds of a steady step of `sched` with the blocks in `res`
@@ -555,13 +558,8 @@ double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const
 			if (t->spans)
 				t->spans[t->n_spans++] = (arena_plan_span){b, (uint32_t)i, 0, bwd && bwd[i], start, comp};
 			t->rel_t[b] = comp;
-			if (o->hold) { /* held past the next acquire: its slot frees later */
-				double h = o->hold[b];
-				if (bwd && bwd[i])
-					h *= o->backward_factor > 0 ? o->backward_factor : 3.0;
-				if (start + h > comp)
-					t->rel_t[b] = start + h;
-			}
+			if (o->hold && start + o->hold[b] * backward_scale(o, bwd, i) > comp)
+				t->rel_t[b] = start + o->hold[b] * backward_scale(o, bwd, i); /* held past the next acquire */
 			t->r.pending[b]--;
 			cur++;
 		}
