@@ -1186,15 +1186,26 @@ static void setup_learn(void)
 
 TestSuite(engine_learn, .init = setup_learn, .fini = teardown);
 
+/* The suite's engine: learning (or not), under a cap that holds the ring
+ * (3 x a large block) and room for 8 large blocks; a stream for its steps
+ * when s is not NULL. */
+static arena_engine *learn_engine(arena_model *m, int learn, arena_stream **s)
+{
+	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	o.no_learn = !learn;
+	o.cap = G + 11 * MAXB;
+	arena_engine *e;
+	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+	if (s)
+		cr_assert_eq(be->ops->stream_create(be, s), 0);
+	return e;
+}
+
 Test(engine_learn, times_blocks_and_moves_to_the_faster_plan)
 {
 	sim_only();
 	arena_model *m = load(0);
-	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
-	o.no_learn = 0;
-	o.cap = G + 11 * MAXB; /* the ring (3 x a large block) and room for 8 large blocks */
-	arena_engine *e;
-	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+	arena_engine *e = learn_engine(m, 1, NULL);
 	cr_assert_gt(arena_engine_plan(e)->n_streamed, 0);
 	cr_assert_eq(arena_engine_plan(e)->step_s, 0, "no profile yet");
 	arena_stream *s;
@@ -1239,11 +1250,7 @@ Test(engine_learn, the_gap_between_steps)
 	double gap[2];
 	for (int with = 0; with < 2; with++) {
 		arena_model *m = load(0);
-		arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
-		o.no_learn = 0;
-		o.cap = G + 11 * MAXB;
-		arena_engine *e;
-		cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+		arena_engine *e = learn_engine(m, 1, NULL);
 		cr_assert_eq(arena_engine_step_gap(e), 0, "nothing learned yet");
 		arena_stream *s;
 		cr_assert_eq(be->ops->stream_create(be, &s), 0);
@@ -1304,13 +1311,8 @@ Test(engine_learn, work_between_blocks_counts_for_the_block_before)
 {
 	sim_only();
 	arena_model *m = load(0);
-	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
-	o.no_learn = 0;
-	o.cap = G + 11 * MAXB;
-	arena_engine *e;
-	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
 	arena_stream *s;
-	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	arena_engine *e = learn_engine(m, 1, &s);
 	arena_engine_step r;
 	for (int step = 0; step < 4; step++) {
 		run_step_work(e, m, s, held_03ms, NULL, 0.0006);
@@ -1360,13 +1362,8 @@ Test(engine_learn, looks_again_when_the_work_changes)
 {
 	sim_only();
 	arena_model *m = load(0);
-	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
-	o.no_learn = 0;
-	o.cap = G + 11 * MAXB;
-	arena_engine *e;
-	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
 	arena_stream *s;
-	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	arena_engine *e = learn_engine(m, 1, &s);
 	int moved[16] = {0};
 	unsigned small_at[16] = {0};
 	for (int step = 0; step < 16; step++) {
@@ -1394,13 +1391,8 @@ Test(engine_learn, no_learn_keeps_the_plan_by_bytes)
 {
 	sim_only();
 	arena_model *m = load(0);
-	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
-	o.cap = G + 11 * MAXB;
-	o.no_learn = 1;
-	arena_engine *e;
-	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
 	arena_stream *s;
-	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	arena_engine *e = learn_engine(m, 0, &s);
 	for (int step = 0; step < 5; step++) {
 		run_step(e, m, s, 0, 0.001);
 		arena_engine_step r;
