@@ -1630,6 +1630,7 @@ static int learn(arena_engine *e)
 	}
 	if (rc)
 		return rc;
+	memo_keep(e, &t, e->rec.budget); /* the next step's adapt plans for the same budget: it takes this one */
 	if (now_t > 0 && t.step_s > 0 && t.step_s < now_t * need) {
 		e->rec.profile_learned = 1;
 		e->room_steps = 0;
