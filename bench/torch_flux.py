@@ -25,6 +25,7 @@ attention (cuDNN's SDPA backward crashed on this torch, so it is off).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -65,6 +66,24 @@ class DevPeak:
     def used(self) -> int:
         """Bytes the process took after the CUDA context (torch's and arena's)."""
         return self.total - self.min_free - self.base
+
+
+def h2d_rate(nbytes: int = 1 << 30, n: int = 5) -> float:
+    """The host-to-device copy rate of pinned memory now, in bytes/s (the median of n
+    copies of nbytes): the limit a streamed step is held to, measured in the same run."""
+    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    rates = []
+    for _ in range(n):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src, non_blocking=True)
+        b.record()
+        b.synchronize()
+        rates.append(nbytes / (a.elapsed_time(b) / 1e3))
+    del src, dst
+    torch.cuda.empty_cache()
+    return sorted(rates)[n // 2]
 
 
 def inputs(seed: int = 0):
@@ -132,6 +151,18 @@ def host_timing(a) -> None:
                 HOST["n_" + _n] = HOST.get("n_" + _n, 0) + 1
 
         setattr(a, name, wrap)
+    # Python's collector: its seconds and collections a step (a pause on the host
+    # thread that queues the step's work).
+    gc_t0 = [0.0]
+
+    def gc_cb(phase, info):
+        if phase == "start":
+            gc_t0[0] = time.perf_counter()
+        else:
+            HOST["gc_s"] = HOST.get("gc_s", 0.0) + time.perf_counter() - gc_t0[0]
+            HOST["n_gc%d" % info["generation"]] = HOST.get("n_gc%d" % info["generation"], 0) + 1
+
+    gc.callbacks.append(gc_cb)
 
 
 def time_steps(step, n: int, peak: DevPeak, res: dict | None = None):
@@ -186,6 +217,8 @@ def main() -> None:
     ap.add_argument("--piece-size", default=None, help="arena runs: stream blocks in pieces of at most this size")
     ap.add_argument("--keep-last", type=int, default=None, help="arena train runs: the ring's extra slots")
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() before the timed steps (the collector stays on)")
+    ap.add_argument("--no-gc", action="store_true", help="Python's cyclic collector off during the timed steps (gc.freeze + gc.disable)")
     ap.add_argument("--grads", default=None)
     ap.add_argument("--blocks", type=int, default=None)
     ap.add_argument("--sync", action="store_true", help="time each step with a device-wide synchronize (see time_steps)")
@@ -275,11 +308,19 @@ def main() -> None:
     res["start_to_first_step_end_s"] = time.perf_counter() - t_start
     peak.read()
     res["sync"] = SYNC
+    if a.no_gc or a.gc_freeze:
+        gc.collect()
+        gc.freeze()
+    if a.no_gc:
+        gc.disable()
     res["steps_s"] = time_steps(step, a.steps, peak, res)
     ss = sorted(res["steps_s"][1:])
     res["step_s_median"] = ss[len(ss) // 2]
     res["device_peak_bytes"] = peak.used()
     res["torch_max_reserved"] = torch.cuda.max_memory_reserved()
+    ms = torch.cuda.memory_stats()
+    res["torch_alloc_retries"] = ms.get("num_alloc_retries", 0)
+    res["torch_device_frees"] = ms.get("num_device_free", 0)
     res["host_peak_rss"] = rss()
     if h is not None and a.trace:
         with h.trace(a.trace):
@@ -294,6 +335,12 @@ def main() -> None:
         res["moved_bytes_median"] = sorted(r["moved_bytes"] for r in st[2:])[len(st[2:]) // 2] if len(st) > 2 else 0
     if train and a.grads:
         torch.save(first, a.grads)
+    gc.enable()
+    t0 = time.perf_counter()
+    gc.collect()
+    res["gc_full_s"] = time.perf_counter() - t0
+    res["gc_objects"] = len(gc.get_objects()) + (gc.get_freeze_count() if hasattr(gc, "get_freeze_count") else 0)
+    res["h2d_bytes_per_s"] = h2d_rate()
     print(json.dumps(res), flush=True)
 
 
