@@ -297,11 +297,11 @@ int arena_residency_host_split(const arena_layout *l, const arena_residency_plan
 /* The piece size "auto" (ARENA_PIECE_AUTO) chooses for `l` under `budget`:
  * 0 (whole blocks) when whole blocks all fit on the device, or when no
  * piece size has a plan (the whole-block error then stands); else the
- * largest power of two no larger than a quarter of the largest block (128
- * MiB for a 648 MiB Flux double block: a ring of three 128 MiB pieces
- * instead of three blocks), or the largest piece size that fits when that
- * one does not (arena_residency_piece_fit). By bytes, in o->mode. Errors:
- * NOMEM. */
+ * largest power of two no larger than an eighth of the largest block in
+ * sample mode, a quarter in train mode (64 and 128 MiB for a 648 MiB Flux
+ * double block: a ring of three pieces instead of three blocks), or the
+ * largest piece size that fits when that one does not
+ * (arena_residency_piece_fit). By bytes, in o->mode. Errors: NOMEM. */
 int arena_residency_piece_auto(const arena_layout *l, const arena_engine_opts *o, uint64_t budget, uint64_t *piece);
 
 /* Plan `l` for `budget` weight bytes. Errors: BUDGET (the smallest plan does

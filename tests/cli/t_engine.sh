@@ -137,8 +137,8 @@ PY
 	# --piece-size auto: pieces where whole blocks do not fit, whole blocks where all fit.
 	run bench stream "$T/f.arena" --piece-size auto --vram-cap "$v" --headroom 0 --reserve 0 --sim-capacity 1G --steps 3 --json
 	expect_rc 0
-	python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["piece_size"] == 16384, d["piece_size"]' "$T/out" ||
-		fail "bench stream --piece-size auto did not choose 16K pieces"
+	python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["piece_size"] == 8192, d["piece_size"]' "$T/out" ||
+		fail "bench stream --piece-size auto did not choose 8K pieces (an eighth of the largest block)"
 	run plan "$T/f.arena" --vram 1G --piece-size auto --json
 	expect_rc 0
 	python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["piece_size"] is None, d["piece_size"]' "$T/out" ||

@@ -385,7 +385,7 @@ class Pieces(unittest.TestCase):
     def test_auto(self):
         """piece_size="auto": pieces where whole blocks stream, whole blocks where all fits."""
         opts = dict(self.PIECES, piece_size="auto")
-        for cap, want in (("120K", 16384), ("16G", 0)):
+        for cap, want in (("120K", 8192), ("16G", 0)):
             m = model()
             h = at.attach(m, IMG, sim_capacity=cap, **opts)
             self.assertEqual(h.plan()["piece_size"], want, cap)

@@ -229,10 +229,11 @@ Test(pieces, streamed_pieces_hold_the_image_bytes)
 	tmpdir_remove(dir);
 }
 
-/* piece_size "auto": whole blocks when they all fit; pieces of a quarter of
- * the largest block (a power of two) when blocks stream or do not fit;
- * smaller ones when those do not fit; whole blocks (and the whole-block
- * error) when nothing fits. arena_open says what it chose. */
+/* piece_size "auto": whole blocks when they all fit; pieces of an eighth of
+ * the largest block (a power of two; a quarter in train mode) when blocks
+ * stream or do not fit; smaller ones when those do not fit; whole blocks
+ * (and the whole-block error) when nothing fits. arena_open says what it
+ * chose. */
 Test(pieces, auto_size_from_the_budget)
 {
 	tmpdir_make(dir, sizeof(dir), "test-pieces-auto");
@@ -245,27 +246,33 @@ Test(pieces, auto_size_from_the_budget)
 		if (l->blocks[b].container && l->blocks[b].bytes > big)
 			big = l->blocks[b].bytes;
 	}
-	uint64_t quarter = 1;
+	uint64_t quarter = 1, eighth = 1;
 	while (quarter * 2 <= big / 4)
 		quarter *= 2;
-	arena_engine_opts eo = {.mode = ARENA_MODE_SAMPLE, .headroom = 0, .reserve = 0};
+	while (eighth * 2 <= big / 8)
+		eighth *= 2;
+	cr_assert_eq(eighth * 2, quarter);
+	arena_engine_opts eo = {.mode = ARENA_MODE_TRAIN, .headroom = 0, .reserve = 0, .keep_last = 0, .depth = 7};
 	uint64_t p = 1;
+	cr_assert_eq(arena_residency_piece_auto(l, &eo, total - big, &p), 0, "%s", arena_last_error());
+	cr_assert_eq(p, quarter, "train: pieces of %llu, got %llu", (unsigned long long)quarter, (unsigned long long)p);
+	eo = (arena_engine_opts){.mode = ARENA_MODE_SAMPLE, .headroom = 0, .reserve = 0};
 	cr_assert_eq(arena_residency_piece_auto(l, &eo, total * 2, &p), 0);
 	cr_assert_eq(p, 0, "all fits: whole blocks");
 	cr_assert_eq(arena_residency_piece_auto(l, &eo, total - big, &p), 0);
-	cr_assert_eq(p, quarter, "blocks stream: pieces of %llu, got %llu", (unsigned long long)quarter,
+	cr_assert_eq(p, eighth, "blocks stream: pieces of %llu, got %llu", (unsigned long long)eighth,
 		     (unsigned long long)p);
 	/* Below the whole-block floor, at the floor of those pieces. */
 	arena_layout *pl;
 	uint64_t cap, wts;
-	cr_assert_eq(arena_layout_pieces(l, quarter, &pl, NULL), 0);
+	cr_assert_eq(arena_layout_pieces(l, eighth, &pl, NULL), 0);
 	cr_assert_eq(arena_residency_floor(pl, &eo, &cap, &wts), 0, "%s", arena_last_error());
 	arena_layout_free(pl);
 	cr_assert_eq(arena_residency_piece_auto(l, &eo, wts, &p), 0);
-	cr_assert_eq(p, quarter);
+	cr_assert_eq(p, eighth);
 	/* Below that: a smaller piece size that fits, or none. */
 	cr_assert_eq(arena_residency_piece_auto(l, &eo, wts - 1, &p), 0);
-	cr_assert_lt(p, quarter);
+	cr_assert_lt(p, eighth);
 	if (p) {
 		cr_assert_eq(arena_layout_pieces(l, p, &pl, NULL), 0);
 		arena_residency_plan t;
@@ -283,7 +290,7 @@ Test(pieces, auto_size_from_the_budget)
 	cr_assert_eq(arena_open(path, &o, &a), 0, "%s", arena_last_error());
 	arena_plan_info pi;
 	cr_assert_eq(arena_plan_get(a, &pi), 0);
-	cr_assert_eq(pi.piece_size, quarter);
+	cr_assert_eq(pi.piece_size, eighth);
 	cr_assert_gt(arena_block_count(a), l ? 6 : 0);
 	arena_close(a);
 	o.vram_cap = 0;
