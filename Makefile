@@ -214,17 +214,20 @@ test-fuzz: unit
 test-asan:
 	$(Q)$(MAKE) --no-print-directory BUILD=$(BUILD)/asan SAN=1 CUDA=0 test-unit test-api test-fuzz
 
-# Threads under ThreadSanitizer: the disk tier's stager, and the disk tier
-# end to end (programs of their own: criterion's runner does not run under
+# Threads under ThreadSanitizer: the disk tier's stager, the disk tier end
+# to end, and the engine's looks at its learned profile (planned on a thread
+# of their own) end to end (programs of their own: criterion's runner does not run under
 # TSan).
 test-tsan:
 	$(Q)$(MAKE) --no-print-directory BUILD=$(BUILD)/tsan SAN=thread CUDA=0 tsan-run
 
-tsan-run: $(BUILD)/tests/stager_stress $(BUILD)/tests/disk_stress $(BUILD)/arena
+tsan-run: $(BUILD)/tests/stager_stress $(BUILD)/tests/disk_stress $(BUILD)/tests/look_stress $(BUILD)/arena
 	$(Q)TSAN_OPTIONS=halt_on_error=1 $(BUILD)/tests/stager_stress
 	$(Q)$(BUILD)/arena convert -q --chunk-size 64K fixtures/tiny_flux.safetensors -o $(BUILD)/tests/tsan-plain.arena
 	$(Q)$(BUILD)/arena convert -q --chunk-size 64K --codec hb4 fixtures/tiny_flux.safetensors -o $(BUILD)/tests/tsan-hb4.arena
 	$(Q)TSAN_OPTIONS=halt_on_error=1 ARENA_WIRE_SEGMENT=4K ARENA_WIRE_POOL=16K $(BUILD)/tests/disk_stress \
+		$(BUILD)/tests/tsan-plain.arena $(BUILD)/tests/tsan-hb4.arena
+	$(Q)TSAN_OPTIONS=halt_on_error=1 ARENA_WIRE_SEGMENT=4K ARENA_WIRE_POOL=16K $(BUILD)/tests/look_stress \
 		$(BUILD)/tests/tsan-plain.arena $(BUILD)/tests/tsan-hb4.arena
 
 $(BUILD)/tests/%_stress: tests/tsan/%_stress.c $(BUILD)/libarena.a

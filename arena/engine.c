@@ -3,6 +3,7 @@
 #include "engine.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,9 @@ enum { ST_IDLE, ST_STEP, ST_FAILED };
 enum { ENGINE_COPY_PAIRS = 32, ENGINE_MEMO_STEPS = 64, ENGINE_WIRE_STAGES = ARENA_WIRE_STAGES, ENGINE_WIRE_RUN = 16 };
 
 /* --- engine ------------------------------------------------------------------- */
+
+struct look;
+static void look_free(struct look *k);
 
 struct arena_engine {
 	arena_model *m;
@@ -65,7 +69,7 @@ struct arena_engine {
 	/* device timing (be can time): per step parity, block, occurrence (2:
 	 * forward, backward) the events ready (before the wait), start, end */
 	int timed;
-	int profile_learned; /* o.cost is the learned profile (whether or not it changed the plan) */
+	int profile_learned; /* the learned profile was looked at (o.cost is it once that look is taken) */
 	uint64_t relearn_at; /* the step at which learn() looks at the learned profile again */
 	arena_event **tm;     /* TM_EV a slot: ready, start, end (release), next (the next acquire) */
 	uint8_t *tm_rec;      /* same index without the event: 1 acquired, 3 released */
@@ -108,6 +112,27 @@ struct arena_engine {
 	uint64_t memo_budget, memo_slack, memo_gen, plan_gen;
 	unsigned memo_age;
 	uint64_t plans_made; /* by arena_residency_plan_make, for tests */
+	/* A look at the learned profile plans on a thread of its own: the timed
+	 * greedy over flux-dev in 128 MiB pieces takes 0.05 s sampling and 0.4 s
+	 * training, host time of the caller's thread when made in step_end
+	 * (each look a step that much longer on the H200). learn() starts it
+	 * with copies of what it plans from; the next step_end takes it (waiting
+	 * there if it is not done) and moves as a look made there would. */
+	struct look {
+		pthread_t th;
+		int on;              /* started and not taken */
+		int threaded;        /* th runs it and is not joined */
+		const arena_layout *l;
+		arena_engine_opts o; /* its arrays: the copies below */
+		double *cost, *hold;
+		uint64_t *moved;
+		uint32_t *sched;
+		uint64_t budget, gen;
+		double need, h2d, bwf;
+		arena_residency_plan t;
+		int rc;
+		char msg[1024];
+	} look;
 	int begun; /* first copies of the coming step issued */
 	arena_trace *tr; /* a trace being recorded, or NULL */
 	/* The disk tier: a block with neither a device nor a host copy is read
@@ -900,6 +925,7 @@ void arena_engine_free(arena_engine *e)
 	if (!e)
 		return;
 	arena_backend *be = e->be;
+	look_free(&e->look);
 	/* A trace not ended is written now (an error here has no one to go to). */
 	arena_trace_close(e->tr, e->state != ST_FAILED && e->state != ST_STEP);
 	if (e->ring.present)
@@ -1596,6 +1622,127 @@ static double learned_h2d(const arena_engine *e)
 	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+static void *look_thread(void *arg)
+{
+	struct look *k = arg;
+	k->rc = arena_residency_plan_make(k->l, &k->o, k->budget, &k->t);
+	if (k->rc)
+		snprintf(k->msg, sizeof(k->msg), "%s", arena_last_error());
+	return NULL;
+}
+
+/* Wait for the look's plan, if one is being made. */
+static void look_join(struct look *k)
+{
+	if (k->threaded)
+		pthread_join(k->th, NULL);
+	k->threaded = 0;
+}
+
+/* Wait for it and drop it. */
+static void look_free(struct look *k)
+{
+	look_join(k);
+	if (k->on && !k->rc)
+		arena_residency_plan_release(&k->t);
+	arena_free(k->cost);
+	arena_free(k->hold);
+	arena_free(k->moved);
+	arena_free(k->sched);
+	*k = (struct look){0};
+}
+
+/* Start a look (learn()): plan for this step's budget with the profile
+ * learned so far, from copies of it, on a thread (in place when none can
+ * start). */
+static int look_start(arena_engine *e, double need)
+{
+	struct look *k = &e->look;
+	const size_t n = e->l->n_blocks ? e->l->n_blocks : 1;
+	*k = (struct look){.l = e->l, .o = e->o, .budget = e->rec.budget, .need = need, .gen = e->plan_gen,
+			   .h2d = learned_h2d(e), .bwf = e->lfwd_sum > 0 ? e->lbwd_sum / e->lfwd_sum : 0};
+	k->cost = arena_malloc(n * sizeof(*k->cost));
+	k->hold = arena_malloc(n * sizeof(*k->hold));
+	k->moved = e->o.moved ? arena_malloc(n * sizeof(*k->moved)) : NULL;
+	k->sched = e->o.sched && e->o.n_sched ? arena_malloc(e->o.n_sched * sizeof(*k->sched)) : NULL;
+	if (!k->cost || !k->hold || (e->o.moved && !k->moved) || (e->o.sched && e->o.n_sched && !k->sched)) {
+		look_free(k);
+		return arena_errorf(ARENA_E_NOMEM, "engine: out of memory for a look at the learned profile");
+	}
+	memcpy(k->cost, e->lcost, e->l->n_blocks * sizeof(*k->cost));
+	memcpy(k->hold, e->lhold, e->l->n_blocks * sizeof(*k->hold));
+	if (k->moved)
+		memcpy(k->moved, e->o.moved, e->l->n_blocks * sizeof(*k->moved));
+	if (k->sched)
+		memcpy(k->sched, e->o.sched, e->o.n_sched * sizeof(*k->sched));
+	k->o.cost = k->cost;
+	k->o.hold = k->hold;
+	k->o.moved = k->moved;
+	k->o.sched = k->sched;
+	k->o.h2d_bytes_per_s = k->h2d;
+	k->o.backward_factor = k->bwf;
+	k->on = 1;
+	e->plans_made++;
+	if (pthread_create(&k->th, NULL, look_thread, k) == 0) {
+		k->threaded = 1;
+	} else {
+		const double t0 = arena_now_s();
+		look_thread(k);
+		e->rec.plan_s += arena_now_s() - t0;
+	}
+	return 0;
+}
+
+/* Take the look learn() started (step_end, the step after): wait for its
+ * plan (that wait counted as planning), put the learned profile in the
+ * options, keep the plan as the memo for the next step's adapt, and move to
+ * it if it is predicted `need` faster than the plan now, as a look made in
+ * place would. A look whose options changed meanwhile (the mode, a new
+ * schedule: plan_gen) is dropped. */
+static int look_take(arena_engine *e)
+{
+	struct look *k = &e->look;
+	if (!k->on)
+		return 0;
+	const double t0 = arena_now_s();
+	look_join(k);
+	e->rec.plan_s += arena_now_s() - t0;
+	if (k->gen != e->plan_gen) {
+		look_free(k);
+		return 0;
+	}
+	e->o.cost = e->lcost;
+	e->o.hold = e->lhold;
+	e->o.h2d_bytes_per_s = k->h2d;
+	e->o.backward_factor = k->bwf;
+	plan_changed(e);
+	int rc = k->rc;
+	if (rc) {
+		char msg[sizeof(k->msg)];
+		memcpy(msg, k->msg, sizeof(msg));
+		look_free(k);
+		if (rc == ARENA_E(BUDGET)) /* adapt keeps the smallest plan: so do we */
+			return 0;
+		return arena_errorf(rc, "%s", msg);
+	}
+	arena_residency_plan t = k->t;
+	const double need = k->need;
+	const uint64_t budget = k->budget;
+	k->rc = ARENA_E(BUDGET); /* t is ours now */
+	look_free(k);
+	double now_t = engine_predict(e);
+	memo_keep(e, &t, budget); /* the next step's adapt plans for the same budget: it takes this one */
+	if (now_t > 0 && t.step_s > 0 && t.step_s < now_t * need) {
+		e->rec.profile_learned = 1;
+		e->room_steps = 0;
+		rc = apply(e, t.resident);
+	} else if (now_t > 0) {
+		e->plan.step_s = now_t; /* the plan stays; the profile predicts it now */
+	}
+	arena_residency_plan_release(&t);
+	return rc;
+}
+
 /* Without a given profile: once every scheduled block has been timed and a
  * copy seen, plan by the learned profile and move to that plan if it is
  * predicted 2% faster; later replans under pressure use it too. The first
@@ -1604,7 +1751,9 @@ static double learned_h2d(const arena_engine *e)
  * learning: it is asked again 2 steps later, then at twice the step count
  * each time, and a later look moves for 4% (the adapter's coded 8 GiB
  * step: the first look kept the plan, the steady profile predicted one 9%
- * faster; on the H200 the step went from 0.262 to 0.252 s). */
+ * faster; on the H200 the step went from 0.262 to 0.252 s). A look is
+ * planned on a thread (look_start) and taken at the next step_end
+ * (look_take). */
 static int learn(arena_engine *e)
 {
 	if (!e->timed || e->cost || e->o.no_learn || !e->plan.n_streamed || !e->lc_n ||
@@ -1616,30 +1765,7 @@ static int learn(arena_engine *e)
 	const double need = e->profile_learned ? 0.96 : 0.98; /* a move is a slow step: later, 4 % */
 	e->relearn_at = e->profile_learned ? 2 * e->steps : e->steps + 2;
 	e->profile_learned = 1;
-	e->o.cost = e->lcost;
-	e->o.hold = e->lhold;
-	e->o.h2d_bytes_per_s = learned_h2d(e);
-	e->o.backward_factor = e->lfwd_sum > 0 ? e->lbwd_sum / e->lfwd_sum : 0;
-	double now_t = engine_predict(e);
-	arena_residency_plan t;
-	plan_changed(e);
-	int rc = make_plan(e, e->rec.budget, &t);
-	if (rc == ARENA_E(BUDGET)) { /* adapt keeps the smallest plan: so do we */
-		arena_error_clear();
-		return 0;
-	}
-	if (rc)
-		return rc;
-	memo_keep(e, &t, e->rec.budget); /* the next step's adapt plans for the same budget: it takes this one */
-	if (now_t > 0 && t.step_s > 0 && t.step_s < now_t * need) {
-		e->rec.profile_learned = 1;
-		e->room_steps = 0;
-		rc = apply(e, t.resident);
-	} else if (now_t > 0) {
-		e->plan.step_s = now_t; /* the plan stays; the profile predicts it now */
-	}
-	arena_residency_plan_release(&t);
-	return rc;
+	return look_start(e, need);
 }
 
 /* A trace's memory counters now, and what the device has timed so far. */
@@ -1709,6 +1835,8 @@ int arena_engine_step_end(arena_engine *e)
 		rc = harvest(e, (unsigned)((e->steps - 1) & 1));
 	if (!rc && e->timed)
 		rc = harvest_copies(e);
+	if (!rc)
+		rc = look_take(e);
 	if (!rc)
 		rc = learn(e);
 	e->rec.step = e->steps;
@@ -1912,6 +2040,11 @@ double arena_engine_step_gap(const arena_engine *e)
 uint64_t arena_engine_plans_made(const arena_engine *e)
 {
 	return e->plans_made;
+}
+
+int arena_engine_looking(const arena_engine *e)
+{
+	return e->look.on;
 }
 
 uint64_t arena_engine_steps(const arena_engine *e)

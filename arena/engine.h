@@ -190,7 +190,9 @@ typedef struct arena_engine_opts {
 	 * and to its release, each copy's rate) and, once every block has been
 	 * timed and a copy seen, moves to the plan that profile predicts faster
 	 * (by 2% or more); it looks again 2 steps later, then at twice the step
-	 * count each time, with the profile learned since.
+	 * count each time, with the profile learned since. A look is planned on
+	 * a thread of its own from the step_end that starts it and taken (its
+	 * move made) at the next one, which waits for it only if it is not done.
 	 * no_learn turns that off (the timing that fills gpu_* stays). */
 	int no_learn;
 	/* Per block, the bytes a copy of it moves when fewer than its slab's
@@ -462,6 +464,9 @@ uint64_t arena_engine_steps(const arena_engine *e);
 /* Plans made so far (the planner's runs: at create, when the budget, mode,
  * schedule or profile change, and every 64 steps; not every step). */
 uint64_t arena_engine_plans_made(const arena_engine *e);
+/* Whether a look at the learned profile is being planned (on a thread of
+ * its own since a step_end; the next step_end takes it). For tests. */
+int arena_engine_looking(const arena_engine *e);
 /* The gap between steps the engine learned (opts.step_gap_s; 0 none). */
 double arena_engine_step_gap(const arena_engine *e);
 /* Where block b is now: 1 resident, 0 streamed. */

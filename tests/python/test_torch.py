@@ -365,10 +365,15 @@ class Pieces(unittest.TestCase):
             h = at.attach(m, IMG, sim_capacity=cap, **self.PIECES)
             self.assertTrue(any("#" in b.name for b in h.arena.blocks))
             with torch.no_grad():
-                for _ in range(3):
+                for i in range(6):
                     self.assertTrue(torch.equal(m(**inputs()).sample, self.want), cap)
-            h.end_step()
-            st = h.stats()
+                    h.end_step()
+                    st = h.stats()
+                    # pieces moved at a step's end (a look at the learned profile) leave
+                    # that step's copies made under the plan before, and the next step's
+                    # start with nothing fetched ahead: the check needs a steady step
+                    if i >= 2 and not any(r["demotions"] or r["promotions"] for r in st[-2:]):
+                        break
             if cap != "16G":
                 self.assertGreater(h.plan()["n_streamed"], 0, cap)
                 self.assertEqual(st[-1]["misses"], 0, cap)

@@ -1417,6 +1417,145 @@ Test(engine_learn, a_look_plans_once)
 	arena_model_free(m);
 }
 
+/* A look plans on a thread of its own: the step_end that starts it returns
+ * without its plan (its step moves nothing), the next step_end takes it
+ * (moving to the learned plan, as the suite's other tests see) and plans
+ * nothing itself, nor does the step after (the look's plan is the memo). */
+Test(engine_learn, a_look_plans_on_a_thread_and_is_taken_the_step_after)
+{
+	sim_only();
+	arena_model *m = load(0);
+	arena_stream *s;
+	arena_engine *e = learn_engine(m, 1, &s);
+	int at = -1;
+	for (int step = 0; step < 8 && at < 0; step++) {
+		run_step(e, m, s, 0, 0.0008);
+		if (arena_engine_looking(e))
+			at = step;
+	}
+	cr_assert_geq(at, 0, "a look started within 8 steps");
+	arena_engine_step r;
+	cr_assert_eq(arena_engine_step_record(e, (uint64_t)at, &r), 0);
+	cr_assert_eq(r.profile_learned, 0, "the step that starts a look moves nothing");
+	const uint64_t made = arena_engine_plans_made(e);
+	run_step(e, m, s, 1, 0.0008);
+	expect_whole(e, m);
+	cr_assert_eq(arena_engine_looking(e), 0, "taken at the next step_end");
+	cr_assert_eq(arena_engine_plans_made(e), made, "taking a look plans nothing");
+	cr_assert_eq(arena_engine_step_record(e, (uint64_t)at + 1, &r), 0);
+	cr_assert(r.profile_learned, "moved to the learned plan when taken");
+	cr_assert_gt(arena_engine_plan(e)->step_s, 0, "planned by the learned profile");
+	run_step(e, m, s, 1, 0.0008);
+	expect_whole(e, m);
+	/* its plan is the memo: this step's adapt plans nothing (a new look
+	 * may start: 2 steps after the first) */
+	cr_assert_eq(arena_engine_plans_made(e), made + (uint64_t)arena_engine_looking(e),
+		     "the look's plan served the step after it");
+	be->ops->stream_destroy(be, s);
+	arena_engine_free(e);
+	arena_model_free(m);
+}
+
+/* A look whose options change before it is taken (here the mode) is
+ * dropped: the train step after it runs the train plan, moves nothing from
+ * the sample look, and every byte is right; a look still being made when
+ * the engine is freed is waited for (ASan: nothing leaks). */
+Test(engine_learn, a_look_is_dropped_when_the_mode_changes)
+{
+	sim_only();
+	for (int free_early = 0; free_early < 2; free_early++) {
+		arena_model *m = load(0);
+		arena_stream *s;
+		arena_engine *e = learn_engine(m, 1, &s);
+		int looking = 0;
+		for (int step = 0; step < 8 && !looking; step++) {
+			run_step(e, m, s, 0, 0.0008);
+			looking = arena_engine_looking(e);
+		}
+		cr_assert(looking, "a look started within 8 steps");
+		if (!free_early) {
+			cr_assert_eq(arena_engine_set_mode(e, ARENA_MODE_TRAIN), 0, "%s", arena_last_error());
+			run_step(e, m, s, 1, 0.0008);
+			expect_whole(e, m);
+			cr_assert_eq(arena_engine_looking(e), 0);
+			arena_engine_step r;
+			cr_assert_eq(arena_engine_step_record(e, arena_engine_steps(e) - 1, &r), 0);
+			cr_assert_eq(r.profile_learned, 0, "the sample look was dropped");
+			cr_assert_eq(r.mode, ARENA_MODE_TRAIN);
+		}
+		be->ops->stream_destroy(be, s);
+		arena_engine_free(e);
+		arena_model_free(m);
+	}
+}
+
+/* Allocation failures in a look, on the caller's thread (its copies of the
+ * profile) or the look's (the planner's scratch): NOMEM from the step_end
+ * that starts it or the one that takes it, with the planner's message, and
+ * nothing leaks (ASan). Steps until the look is taken, a fault at each
+ * allocation from the start of the step before the look. */
+Test(engine_learn, a_look_out_of_memory)
+{
+	sim_only();
+	const double work = 0.0002;
+	int at = -1;
+	{
+		arena_model *m = load(0);
+		arena_stream *s;
+		arena_engine *e = learn_engine(m, 1, &s);
+		for (int step = 0; step < 8 && at < 0; step++) {
+			run_step(e, m, s, 0, work);
+			if (arena_engine_looking(e))
+				at = step;
+		}
+		be->ops->stream_destroy(be, s);
+		arena_engine_free(e);
+		arena_model_free(m);
+	}
+	cr_assert_geq(at, 0);
+	/* Every allocation point of the first 64 from that step_end, then a
+	 * growing stride through the rest (the planner's rounds repeat theirs). */
+	unsigned failed = 0;
+	for (long n = 1; n < 1000000; n += n < 64 ? 1 : n / 8) {
+		arena_model *m = load(0);
+		arena_stream *s;
+		arena_engine *e = learn_engine(m, 1, &s);
+		int rc = 0, fired = 0;
+		for (int step = 0; step <= at + 1 && !rc; step++) {
+			const arena_residency_plan *p = arena_engine_plan(e);
+			void *d;
+			rc = arena_engine_step_begin(e);
+			if (!rc)
+				rc = arena_engine_acquire(e, 0, s, &d);
+			for (size_t i = 0; !rc && i < p->n_sched; i++) {
+				uint32_t b = p->sched[i];
+				if (!(rc = arena_engine_acquire(e, b, s, &d)) && !(rc = arena_backend_sim_compute(be, s, work)))
+					rc = arena_engine_release(e, b, s);
+			}
+			if (!rc)
+				rc = arena_engine_release(e, 0, s);
+			if (step == at)
+				arena_fault_alloc(n); /* from the step_end that starts the look to the one that takes it */
+			if (!rc)
+				rc = arena_engine_step_end(e);
+			be->ops->stream_sync(be, s);
+		}
+		fired = arena_fault_alloc_fired();
+		arena_fault_alloc(0);
+		if (rc) {
+			cr_assert_eq(rc, ARENA_E_NOMEM, "n=%ld: %s", n, arena_last_error());
+			cr_assert_neq(arena_last_error()[0], 0);
+			failed++;
+		}
+		be->ops->stream_destroy(be, s);
+		arena_engine_free(e);
+		arena_model_free(m);
+		if (!fired)
+			break;
+	}
+	cr_assert_gt(failed, 0, "some allocation failed");
+}
+
 Test(engine_learn, no_learn_keeps_the_plan_by_bytes)
 {
 	sim_only();
