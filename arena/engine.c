@@ -1659,6 +1659,7 @@ static int look_start(arena_engine *e, double need)
 {
 	struct look *k = &e->look;
 	const size_t n = e->l->n_blocks ? e->l->n_blocks : 1;
+	look_free(k); /* (one is taken before another starts: nothing to drop) */
 	*k = (struct look){.l = e->l, .o = e->o, .budget = e->rec.budget, .need = need, .gen = e->plan_gen,
 			   .h2d = learned_h2d(e), .bwf = e->lfwd_sum > 0 ? e->lbwd_sum / e->lfwd_sum : 0};
 	k->cost = arena_malloc(n * sizeof(*k->cost));
