@@ -89,6 +89,7 @@ struct arena_engine {
 	unsigned lc_n;        /* copies timed so far */
 	double *lcost;        /* learned forward seconds per block, start to the next acquire; < 0 not yet */
 	double *lhold;        /* learned forward seconds per block, start to release */
+	double *lbcost, *lbhold; /* train: the same for the backward pass (its recompute and backward) */
 	double lbwd_sum, lfwd_sum; /* train: backward and forward seconds seen together */
 	double gap_sum;            /* step gaps timed (time_gap), and how many */
 	unsigned gap_n;
@@ -124,7 +125,7 @@ struct arena_engine {
 		int threaded;        /* th runs it and is not joined */
 		const arena_layout *l;
 		arena_engine_opts o; /* its arrays: the copies below */
-		double *cost, *hold;
+		double *cost, *hold, *bcost, *bhold;
 		uint64_t *moved;
 		uint32_t *sched;
 		uint64_t budget, gen;
@@ -759,6 +760,8 @@ static int harvest(arena_engine *e, unsigned par)
 					e->lhold[b] = e->lhold[b] < 0 ? c : 0.5 * e->lhold[b] + 0.5 * c;
 				} else {
 					bwd += cost;
+					e->lbcost[b] = e->lbcost[b] < 0 ? cost : 0.5 * e->lbcost[b] + 0.5 * cost;
+					e->lbhold[b] = e->lbhold[b] < 0 ? c : 0.5 * e->lbhold[b] + 0.5 * c;
 				}
 				e->tm_rec[i] = 0;
 			}
@@ -978,6 +981,8 @@ void arena_engine_free(arena_engine *e)
 	arena_free(e->acq_n);
 	arena_free(e->rel_n);
 	arena_free(e->lcost);
+	arena_free(e->lbcost);
+	arena_free(e->lbhold);
 	if (e->cs)
 		be->ops->stream_destroy(be, e->cs);
 	arena__ring_release(&e->ring);
@@ -1018,6 +1023,7 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	e->o = *o;
 	e->o.sched = NULL; /* the engine's own copy is made below */
 	e->o.hold = NULL;  /* learned only (engine.h) */
+	e->o.bcost = e->o.bhold = NULL;
 	e->o.n_sched = 0;
 	if (o->cost) { /* the engine keeps its own copy of the profile */
 		double *c = arena_calloc(l->n_blocks ? l->n_blocks : 1, sizeof(*c));
@@ -1124,12 +1130,16 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 		e->acq_n = arena_calloc(n ? n : 1, sizeof(*e->acq_n));
 		e->rel_n = arena_calloc(n ? n : 1, sizeof(*e->rel_n));
 		e->lcost = arena_calloc(n ? n : 1, sizeof(*e->lcost));
-		if (!e->tm || !e->tm_rec || !e->tm_nx || !e->lhold || !e->acq_n || !e->rel_n || !e->lcost) {
+		e->lbcost = arena_calloc(n ? n : 1, sizeof(*e->lbcost));
+		e->lbhold = arena_calloc(n ? n : 1, sizeof(*e->lbhold));
+		if (!e->tm || !e->tm_rec || !e->tm_nx || !e->lhold || !e->acq_n || !e->rel_n || !e->lcost || !e->lbcost ||
+		    !e->lbhold) {
 			rc = arena_errorf(ARENA_E_NOMEM, "engine: out of memory");
 			goto fail;
 		}
 		for (size_t b = 0; b < n; b++)
-			e->lcost[b] = e->lhold[b] = arena_block_is_globals(l, (uint32_t)b) ? 0 : -1;
+			e->lcost[b] = e->lhold[b] = e->lbcost[b] = e->lbhold[b] =
+				arena_block_is_globals(l, (uint32_t)b) ? 0 : -1;
 		for (size_t i = 0; i < TM_EV * nt; i++)
 			if (n && (rc = be->ops->event_create_timed(be, &e->tm[i])))
 				goto fail;
@@ -1647,6 +1657,8 @@ static void look_free(struct look *k)
 		arena_residency_plan_release(&k->t);
 	arena_free(k->cost);
 	arena_free(k->hold);
+	arena_free(k->bcost);
+	arena_free(k->bhold);
 	arena_free(k->moved);
 	arena_free(k->sched);
 	*k = (struct look){0};
@@ -1664,20 +1676,27 @@ static int look_start(arena_engine *e, double need)
 			   .h2d = learned_h2d(e), .bwf = e->lfwd_sum > 0 ? e->lbwd_sum / e->lfwd_sum : 0};
 	k->cost = arena_malloc(n * sizeof(*k->cost));
 	k->hold = arena_malloc(n * sizeof(*k->hold));
+	k->bcost = arena_malloc(n * sizeof(*k->bcost));
+	k->bhold = arena_malloc(n * sizeof(*k->bhold));
 	k->moved = e->o.moved ? arena_malloc(n * sizeof(*k->moved)) : NULL;
 	k->sched = e->o.sched && e->o.n_sched ? arena_malloc(e->o.n_sched * sizeof(*k->sched)) : NULL;
-	if (!k->cost || !k->hold || (e->o.moved && !k->moved) || (e->o.sched && e->o.n_sched && !k->sched)) {
+	if (!k->cost || !k->hold || !k->bcost || !k->bhold || (e->o.moved && !k->moved) ||
+	    (e->o.sched && e->o.n_sched && !k->sched)) {
 		look_free(k);
 		return arena_errorf(ARENA_E_NOMEM, "engine: out of memory for a look at the learned profile");
 	}
 	memcpy(k->cost, e->lcost, e->l->n_blocks * sizeof(*k->cost));
 	memcpy(k->hold, e->lhold, e->l->n_blocks * sizeof(*k->hold));
+	memcpy(k->bcost, e->lbcost, e->l->n_blocks * sizeof(*k->bcost));
+	memcpy(k->bhold, e->lbhold, e->l->n_blocks * sizeof(*k->bhold));
 	if (k->moved)
 		memcpy(k->moved, e->o.moved, e->l->n_blocks * sizeof(*k->moved));
 	if (k->sched)
 		memcpy(k->sched, e->o.sched, e->o.n_sched * sizeof(*k->sched));
 	k->o.cost = k->cost;
 	k->o.hold = k->hold;
+	k->o.bcost = k->bcost; /* < 0 where not timed yet: the factor */
+	k->o.bhold = k->bhold;
 	k->o.moved = k->moved;
 	k->o.sched = k->sched;
 	k->o.h2d_bytes_per_s = k->h2d;
@@ -1714,6 +1733,8 @@ static int look_take(arena_engine *e)
 	}
 	e->o.cost = e->lcost;
 	e->o.hold = e->lhold;
+	e->o.bcost = e->lbcost;
+	e->o.bhold = e->lbhold;
 	e->o.h2d_bytes_per_s = k->h2d;
 	e->o.backward_factor = k->bwf;
 	plan_changed(e);
@@ -1962,6 +1983,7 @@ int arena_engine_set_profile(arena_engine *e, const double *cost, double h2d_byt
 	memcpy(e->cost, cost, n * sizeof(*cost));
 	e->o.cost = e->cost;
 	e->o.hold = NULL;
+	e->o.bcost = e->o.bhold = NULL;
 	e->o.h2d_bytes_per_s = h2d_bytes_per_s;
 	e->o.backward_factor = backward_factor;
 	e->profile_learned = 1; /* nothing more to learn */
@@ -2017,6 +2039,15 @@ int arena_engine_profile(const arena_engine *e, double *cost, double *h2d, doubl
 		cost[b] = e->lcost[b] < 0 ? 0 : e->lcost[b];
 	*h2d = learned_h2d(e);
 	*bwd = e->lfwd_sum > 0 ? e->lbwd_sum / e->lfwd_sum : 0;
+	return 0;
+}
+
+int arena_engine_backward_costs(const arena_engine *e, double *bcost)
+{
+	if (e->cost || !e->lbcost)
+		return arena_errorf(ARENA_E_NOT_FOUND, "engine: no learned backward costs (%s)",
+				    e->cost ? "a profile was given" : "the backend cannot time");
+	memcpy(bcost, e->lbcost, e->l->n_blocks * sizeof(*bcost));
 	return 0;
 }
 

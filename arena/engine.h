@@ -174,6 +174,14 @@ typedef struct arena_engine_opts {
 	 * block is released when its cost is spent. The planner uses it; the
 	 * engine learns its own with the profile (and ignores one given here). */
 	const double *hold;
+	/* Optional, train, with cost: bcost[b] and bhold[b] = block b's own
+	 * seconds in the backward pass (its recompute and backward: from its
+	 * start to the next acquire, and to its release), where >= 0; where
+	 * NULL or < 0, its forward's times backward_factor. A single factor
+	 * misplaces the backward's time: on the H200 a Flux double block's
+	 * pieces took 3.2 x their forward, a single block's 5.8 x. The engine
+	 * learns its own with the profile. */
+	const double *bcost, *bhold;
 	double backward_factor;
 	double h2d_bytes_per_s;
 	/* Device seconds between two steps outside the blocks: from the device
@@ -437,6 +445,11 @@ int arena_engine_collect(arena_engine *e);
  * factor (0: none seen). 0, or NOT_FOUND while a scheduled block has not
  * been timed yet (or the backend cannot time and none was given). */
 int arena_engine_profile(const arena_engine *e, double *cost, double *h2d_bytes_per_s, double *backward_factor);
+/* Train: each block's learned backward seconds (its recompute and backward,
+ * from its start to the next acquire; n_blocks entries, < 0 where not timed
+ * yet, globals 0), which the planner takes over the backward factor where
+ * known. NOT_FOUND when the backend cannot time or a profile was given. */
+int arena_engine_backward_costs(const arena_engine *e, double *bcost);
 
 /* A trace of the engine's work (arena/trace.h: copies, acquires and
  * releases timed on the device, stalls, step boundaries, demotions,

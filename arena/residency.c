@@ -490,9 +490,23 @@ static double backward_scale(const arena_engine_opts *o, const uint8_t *bwd, siz
 	return bwd && bwd[i] ? (o->backward_factor > 0 ? o->backward_factor : 3.0) : 1.0;
 }
 
+/* Entry i's cost: a backward entry's own (o->bcost) where known, else its
+ * forward's scaled. */
 static double entry_cost(const arena_engine_opts *o, const uint32_t *sched, const uint8_t *bwd, size_t i)
 {
-	return o->cost[sched[i]] * backward_scale(o, bwd, i);
+	const uint32_t b = sched[i];
+	if (bwd && bwd[i] && o->bcost && o->bcost[b] >= 0)
+		return o->bcost[b];
+	return o->cost[b] * backward_scale(o, bwd, i);
+}
+
+/* Entry i's hold (with o->hold), the same way. */
+static double entry_hold(const arena_engine_opts *o, const uint32_t *sched, const uint8_t *bwd, size_t i)
+{
+	const uint32_t b = sched[i];
+	if (bwd && bwd[i] && o->bhold && o->bhold[b] >= 0)
+		return o->bhold[b];
+	return o->hold[b] * backward_scale(o, bwd, i);
 }
 
 /* Predicted seconds of a steady step of `sched` with the blocks in `res`
@@ -563,8 +577,8 @@ double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const
 			if (t->spans)
 				t->spans[t->n_spans++] = (arena_plan_span){b, (uint32_t)i, 0, bwd && bwd[i], start, comp};
 			t->rel_t[b] = comp;
-			if (o->hold && start + o->hold[b] * backward_scale(o, bwd, i) > comp)
-				t->rel_t[b] = start + o->hold[b] * backward_scale(o, bwd, i); /* held past the next acquire */
+			if (o->hold && start + entry_hold(o, sched, bwd, i) > comp)
+				t->rel_t[b] = start + entry_hold(o, sched, bwd, i); /* held past the next acquire */
 			t->r.pending[b]--;
 			cur++;
 		}
@@ -935,7 +949,8 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 			 o->backward_factor < 1e6))
 		return arena_errorf(ARENA_E_USAGE, "engine: the profile's rate or backward factor is not a finite number >= 0");
 	for (size_t b = 0; o->cost && b < l->n_blocks; b++)
-		if (!(o->cost[b] >= 0 && o->cost[b] < 1e9))
+		if (!(o->cost[b] >= 0 && o->cost[b] < 1e9) || (o->bcost && !(o->bcost[b] < 1e9)) ||
+		    (o->bhold && !(o->bhold[b] < 1e9)))
 			return arena_errorf(ARENA_E_USAGE, "engine: the cost of block '%s' is not a finite number >= 0",
 					    l->blocks[b].name);
 	if (opt_depth(o) > ARENA__MAX_DEPTH || o->keep_last > ARENA__MAX_KEEP)
