@@ -237,6 +237,13 @@ typedef struct arena_engine_opts {
 	const uint32_t *sched;
 	size_t n_sched;
 	int fixed_schedule;
+	/* Train: a ring slot is at least this many bytes, whatever streams (0:
+	 * the largest streamed block). arena_open in pieces sets the largest
+	 * piece: a checkpointed caller holds a block's pieces from its recompute
+	 * to its backward, the depth is chosen so that the ring holds them, and
+	 * a ring of the largest streamed piece no longer does once the largest
+	 * pieces have become resident. */
+	uint64_t min_slot;
 } arena_engine_opts;
 
 /* The library's defaults (the CLI's too): sample mode, automatic headroom and
@@ -257,6 +264,7 @@ typedef struct arena_residency_plan {
 	uint64_t headroom, reserve;
 	uint64_t globals_bytes, resident_bytes, streamed_block_bytes; /* resident_bytes has globals */
 	uint64_t slot_bytes;     /* 0 when nothing is streamed */
+	uint64_t min_slot;       /* train: o->min_slot (slot_bytes is at least it); else 0 */
 	unsigned slots, depth;
 	uint64_t need_bytes;     /* globals + resident + slots x slot_bytes */
 	uint64_t min_need_bytes; /* the least any plan needs: globals + slots x largest block */

@@ -526,6 +526,8 @@ double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const
 			if (l->blocks[sched[i]].bytes > slot)
 				slot = l->blocks[sched[i]].bytes;
 		}
+	if (o->mode == ARENA_MODE_TRAIN && len && slot < o->min_slot)
+		slot = o->min_slot;
 	arena__ring_reset(&t->r, l->n_blocks, (uint64_t)slots * slot);
 	memset(t->fill_t, 0, l->n_blocks * sizeof(*t->fill_t));
 	memset(t->rel_t, 0, l->n_blocks * sizeof(*t->rel_t));
@@ -647,6 +649,8 @@ void arena__plan_derive(const arena_layout *l, arena_residency_plan *p, uint32_t
 				p->slot_bytes = l->blocks[b].bytes;
 		}
 	}
+	if (p->n_streamed && p->slot_bytes < p->min_slot)
+		p->slot_bytes = p->min_slot;
 	size_t len = 0;
 	for (size_t i = 0; i < p->n_sched; i++)
 		if (!p->resident[p->sched[i]])
@@ -971,6 +975,7 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 	p->n_sched = o->sched ? o->n_sched : o->mode == ARENA_MODE_TRAIN ? 2 * k : k;
 	p->budget = budget;
 	p->depth = opt_depth(o);
+	p->min_slot = o->mode == ARENA_MODE_TRAIN ? o->min_slot : 0;
 	p->slots = arena__ring_slots(o);
 	p->resident = arena_calloc(n ? n : 1, 1);
 	p->sched = arena_calloc(p->n_sched ? p->n_sched : 1, sizeof(*p->sched));
@@ -1051,7 +1056,7 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 			continue;
 		}
 		S = tried = next;
-		uint64_t need = p->globals_bytes + (uint64_t)p->slots * S, elig = 0;
+		uint64_t need = p->globals_bytes + (uint64_t)p->slots * (S > p->min_slot ? S : p->min_slot), elig = 0;
 		for (size_t b = 0; b < n; b++) {
 			cand[b] = arena_block_is_globals(l, (uint32_t)b) || l->blocks[b].bytes > S;
 			if (arena_block_is_globals(l, (uint32_t)b))

@@ -424,6 +424,25 @@ class Pieces(unittest.TestCase):
         h.detach()
         torch._dynamo.reset()
 
+    def test_training_through_moves(self):
+        """Many checkpointed steps in 4 KiB pieces: the engine's looks at its learned
+        profile move pieces on and off the device, and the ring must still hold a
+        block's pieces from its recompute to its backward when the largest pieces
+        have become resident (it shrank to the largest streamed piece: 11 pieces
+        held filled it, 'no room' at the fourth step)."""
+        m0 = model(meta=False)
+        add_lora(m0)
+        want = train_steps(m0, 12)
+        m = model()
+        h = at.attach(m, IMG, mode="train", sim_capacity="200K", depth=7, **dict(self.PIECES, piece_size="4K"))
+        add_lora(m)
+        losses, grads, after = train_steps(m, 12)
+        self.assertEqual(losses, want[0])
+        self.assertEqual(same(grads, want[1]), [])
+        self.assertEqual(same(after, want[2]), [])
+        self.assertGreater(sum(r["demotions"] + r["promotions"] for r in h.stats()), 0, "pieces moved")
+        h.detach()
+
     def test_training_equals_plain(self):
         m0 = model(meta=False)
         add_lora(m0)
@@ -434,7 +453,9 @@ class Pieces(unittest.TestCase):
         with self.assertRaises(arena.Error) as cm:
             at.attach(m, IMG, mode="train", sim_capacity="200K", depth=2, **self.PIECES)
         self.assertEqual(cm.exception.code, "BUDGET")
-        self.assertIn("attach with depth=8", cm.exception.message)
+        # (the ring's slot is the largest piece: 12800 bytes; 7 + 1 of them hold
+        # the 78848-byte block and one piece more)
+        self.assertIn("attach with depth=7", cm.exception.message)
         h = at.attach(m, IMG, mode="train", sim_capacity="200K", **self.PIECES)  # the depth that holds one
         self.assertGreater(h.plan()["n_streamed"], 0)
         pl = h.plan()

@@ -77,6 +77,8 @@ static void check_plan(const arena_layout *l, const arena_residency_plan *p, uin
 		if (arena_block_is_globals(l, (uint32_t)b))
 			cr_assert(p->resident[b]);
 	}
+	if (streamed && maxs < p->min_slot) /* train: a slot of at least min_slot */
+		maxs = p->min_slot;
 	cr_assert_eq(res, p->resident_bytes);
 	cr_assert_eq(maxs, p->slot_bytes);
 	cr_assert_leq(p->need_bytes, budget, "need %llu budget %llu", (unsigned long long)p->need_bytes,
@@ -555,6 +557,37 @@ Test(engine_plan, backward_entries_take_their_own_costs)
 	o.bcost = bcost;
 	arena_residency_plan p;
 	cr_assert_eq(arena_residency_plan_make(l, &o, UINT64_MAX / 4, &p), ARENA_E_USAGE);
+	arena_layout_free(l);
+}
+
+/* Train with min_slot: a slot never smaller than it, whatever streams (the
+ * ring a depth was chosen for holds a block's pieces after the largest
+ * pieces become resident); the plan's need counts it. Sample: ignored. */
+Test(engine_plan, min_slot_in_train)
+{
+	arena_layout *l = flux_like_layout();
+	uint64_t big = 0, all = 0;
+	for (size_t b = 1; b < l->n_blocks; b++) {
+		big = l->blocks[b].bytes > big ? l->blocks[b].bytes : big;
+		all += l->blocks[b].bytes;
+	}
+	for (int mode = 0; mode < 2; mode++) {
+		arena_engine_opts o = base_opts(mode);
+		o.min_slot = 3 * big;
+		arena_residency_plan p;
+		cr_assert_eq(arena_residency_plan_make(l, &o, all / 2, &p), 0, "%s", arena_last_error());
+		cr_assert_gt(p.n_streamed, 0);
+		if (mode == ARENA_MODE_TRAIN) {
+			cr_assert_eq(p.slot_bytes, 3 * big);
+			cr_assert_eq(p.min_slot, 3 * big);
+		} else {
+			cr_assert_leq(p.slot_bytes, big);
+		}
+		cr_assert_eq(p.need_bytes, p.resident_bytes + (uint64_t)p.slots * p.slot_bytes);
+		cr_assert_leq(p.need_bytes, all / 2);
+		check_plan(l, &p, all / 2);
+		arena_residency_plan_release(&p);
+	}
 	arena_layout_free(l);
 }
 
