@@ -230,7 +230,7 @@ tsan-run: $(BUILD)/tests/stager_stress $(BUILD)/tests/disk_stress $(BUILD)/tests
 	$(Q)TSAN_OPTIONS=halt_on_error=1 ARENA_WIRE_SEGMENT=4K ARENA_WIRE_POOL=16K $(BUILD)/tests/look_stress \
 		$(BUILD)/tests/tsan-plain.arena $(BUILD)/tests/tsan-hb4.arena
 
-$(BUILD)/tests/%_stress: tests/tsan/%_stress.c $(BUILD)/libarena.a
+$(BUILD)/tests/%_stress: tests/tsan/%_stress.c tests/tsan/stress_step.h $(BUILD)/libarena.a
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libarena.a $(LDLIBS)

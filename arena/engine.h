@@ -312,6 +312,10 @@ int arena_residency_host_split(const arena_layout *l, const arena_residency_plan
 			       uint64_t staging, const uint64_t *host_len, uint8_t *disk, uint64_t *host,
 			       uint64_t *disk_b);
 
+/* The largest block that is a container's member (what pieces split; in a
+ * layout in pieces, its largest piece); 0 when there is none. */
+uint64_t arena_residency_largest_block(const arena_layout *l);
+
 /* The piece size "auto" (ARENA_PIECE_AUTO) chooses for `l` under `budget`:
  * 0 (whole blocks) when whole blocks all fit on the device, or when no
  * piece size has a plan (the whole-block error then stands); else the

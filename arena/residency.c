@@ -141,8 +141,7 @@ static arena_engine_opts by_bytes(const arena_engine_opts *o)
 	return q;
 }
 
-/* The largest block other than globals (what pieces split). */
-static uint64_t largest_block(const arena_layout *l)
+uint64_t arena_residency_largest_block(const arena_layout *l)
 {
 	uint64_t big = 0;
 	for (size_t b = 0; b < l->n_blocks; b++)
@@ -175,7 +174,7 @@ static int pieces_fit(const arena_layout *l, const arena_engine_opts *q, uint64_
 int arena_residency_piece_fit(const arena_layout *l, const arena_engine_opts *o, uint64_t budget, uint64_t *piece)
 {
 	*piece = 0;
-	const uint64_t big = largest_block(l);
+	const uint64_t big = arena_residency_largest_block(l);
 	const arena_engine_opts q = by_bytes(o);
 	uint64_t top = 1;
 	while (top <= big / 2)
@@ -251,7 +250,7 @@ int arena_residency_piece_auto(const arena_layout *l, const arena_engine_opts *o
 	} else {
 		arena_error_clear();
 	}
-	const uint64_t big = largest_block(l);
+	const uint64_t big = arena_residency_largest_block(l);
 	if (big < 4)
 		return 0;
 	/* Sampling: an eighth (64 MiB for Flux: on the H200 at 8 GiB, 1 % faster

@@ -245,16 +245,6 @@ static void train_depth(const arena_layout *l, arena_engine_opts *o)
 		o->depth = (unsigned)d;
 }
 
-/* The largest piece of a layout in pieces (its container members). */
-static uint64_t largest_piece(const arena_layout *l)
-{
-	uint64_t big = 0;
-	for (size_t b = 0; b < l->n_blocks; b++)
-		if (l->blocks[b].container && l->blocks[b].bytes > big)
-			big = l->blocks[b].bytes;
-	return big;
-}
-
 /* Streamed blocks get host copies in the order they run while the host
  * budget lasts; an image's others stay in the image (the disk tier). A
  * checkpoint cannot be read again: a host budget given too small for it is
@@ -316,7 +306,7 @@ static int place(void *ctx, const arena_layout *l, uint64_t stage, const uint64_
 	if (c->pieces && !c->depth_given && o->mode == ARENA_MODE_TRAIN)
 		train_depth(l, o);
 	if (c->pieces) /* the ring that depth holds a block in stays, whatever streams (train) */
-		o->min_slot = largest_piece(l);
+		o->min_slot = arena_residency_largest_block(l);
 	if (c->profile) {
 		if (!(a->cost = arena_calloc(l->n_blocks ? l->n_blocks : 1, sizeof(*a->cost))))
 			return arena_errorf(ARENA_E_NOMEM, "out of memory");

@@ -12,35 +12,7 @@
 #include <string.h>
 
 #include "arena.h"
-
-static int step(arena *a, arena *ref, int train, int s)
-{
-	const size_t n = arena_block_count(a);
-	int rc = arena_step_begin(a);
-	if (!rc)
-		rc = arena_step_begin(ref);
-	for (size_t k = 0; !rc && k < (train ? 2 * n : n); k++) {
-		const size_t i = k < n ? k : 2 * n - 1 - k;
-		void *d, *r;
-		if ((rc = arena_block_acquire(a, i, NULL, &d)) || (rc = arena_block_acquire(ref, i, NULL, &r)))
-			break;
-		if (memcmp(d, r, arena_block_bytes(a, i))) { /* sim: device memory is host memory */
-			fprintf(stderr, "look_stress: step %d: block %zu differs\n", s, i);
-			return 1;
-		}
-		if ((rc = arena_block_release(ref, i, NULL)) || (rc = arena_block_release(a, i, NULL)))
-			break;
-	}
-	if (!rc)
-		rc = arena_step_end(a);
-	if (!rc)
-		rc = arena_step_end(ref);
-	if (rc) {
-		fprintf(stderr, "look_stress: step %d: %s\n", s, arena_last_error());
-		return 1;
-	}
-	return 0;
-}
+#include "stress_step.h"
 
 int main(int argc, char **argv)
 {
@@ -78,7 +50,7 @@ int main(int argc, char **argv)
 						return 1;
 					}
 				}
-				if (step(a, ref, train, s))
+				if (stress_step("look_stress", a, ref, train, s))
 					return 1;
 				arena_step_info si;
 				if (arena_step_get(a, (uint64_t)s, &si)) {

@@ -1498,6 +1498,18 @@ Test(engine_learn, a_look_plans_once)
 	arena_model_free(m);
 }
 
+/* Steps of `work` a block until one starts a look: that step's index, or
+ * -1 after 8 steps. */
+static int steps_until_look(arena_engine *e, arena_model *m, arena_stream *s, double work)
+{
+	for (int step = 0; step < 8; step++) {
+		run_step(e, m, s, 0, work);
+		if (arena_engine_looking(e))
+			return step;
+	}
+	return -1;
+}
+
 /* A look plans on a thread of its own: the step_end that starts it returns
  * without its plan (its step moves nothing), the next step_end takes it
  * (moving to the learned plan, as the suite's other tests see) and plans
@@ -1508,12 +1520,7 @@ Test(engine_learn, a_look_plans_on_a_thread_and_is_taken_the_step_after)
 	arena_model *m = load(0);
 	arena_stream *s;
 	arena_engine *e = learn_engine(m, 1, &s);
-	int at = -1;
-	for (int step = 0; step < 8 && at < 0; step++) {
-		run_step(e, m, s, 0, 0.0008);
-		if (arena_engine_looking(e))
-			at = step;
-	}
+	const int at = steps_until_look(e, m, s, 0.0008);
 	cr_assert_geq(at, 0, "a look started within 8 steps");
 	arena_engine_step r;
 	cr_assert_eq(arena_engine_step_record(e, (uint64_t)at, &r), 0);
@@ -1548,12 +1555,7 @@ Test(engine_learn, a_look_is_dropped_when_the_mode_changes)
 		arena_model *m = load(0);
 		arena_stream *s;
 		arena_engine *e = learn_engine(m, 1, &s);
-		int looking = 0;
-		for (int step = 0; step < 8 && !looking; step++) {
-			run_step(e, m, s, 0, 0.0008);
-			looking = arena_engine_looking(e);
-		}
-		cr_assert(looking, "a look started within 8 steps");
+		cr_assert_geq(steps_until_look(e, m, s, 0.0008), 0, "a look started within 8 steps");
 		if (!free_early) {
 			cr_assert_eq(arena_engine_set_mode(e, ARENA_MODE_TRAIN), 0, "%s", arena_last_error());
 			run_step(e, m, s, 1, 0.0008);
@@ -1579,16 +1581,12 @@ Test(engine_learn, a_look_out_of_memory)
 {
 	sim_only();
 	const double work = 0.0002;
-	int at = -1;
+	int at;
 	{
 		arena_model *m = load(0);
 		arena_stream *s;
 		arena_engine *e = learn_engine(m, 1, &s);
-		for (int step = 0; step < 8 && at < 0; step++) {
-			run_step(e, m, s, 0, work);
-			if (arena_engine_looking(e))
-				at = step;
-		}
+		at = steps_until_look(e, m, s, work);
 		be->ops->stream_destroy(be, s);
 		arena_engine_free(e);
 		arena_model_free(m);
