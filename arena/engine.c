@@ -125,12 +125,12 @@ struct arena_engine {
 		int threaded;        /* th runs it and is not joined */
 		const arena_layout *l;
 		arena_engine_opts o; /* its arrays: the copies below */
-		double *cost, *hold, *bcost, *bhold;
+		double *prof;        /* cost, hold, bcost, bhold: n_blocks each */
 		uint64_t *moved;
 		uint32_t *sched;
 		uint64_t budget, gen;
-		double need, h2d, bwf;
-		arena_residency_plan t;
+		double need;
+		arena_residency_plan t; /* its plan (zero until made, and once taken) */
 		int rc;
 		char msg[1024];
 	} look;
@@ -716,6 +716,12 @@ static int harvest_copies(arena_engine *e)
 	return 0;
 }
 
+/* A learned time taken in: the first as it is, then a running mean. */
+static void learned(double *v, double x)
+{
+	*v = *v < 0 ? x : 0.5 * *v + 0.5 * x;
+}
+
 /* Read what the device timed for parity `par` (non-blocking: nothing is
  * taken unless all of it is done): the step record's gpu_* and, without a
  * given profile, the learned costs. */
@@ -754,15 +760,10 @@ static int harvest(arena_engine *e, unsigned par)
 				 * attention in a transformer, is the block's before it);
 				 * the last of a step, to its release. */
 				const double cost = g >= 0 ? g : c;
-				if (k == 0 || e->tm_mode[par] != ARENA_MODE_TRAIN) { /* a forward (sample: a later pass too) */
-					fwd += cost;
-					e->lcost[b] = e->lcost[b] < 0 ? cost : 0.5 * e->lcost[b] + 0.5 * cost;
-					e->lhold[b] = e->lhold[b] < 0 ? c : 0.5 * e->lhold[b] + 0.5 * c;
-				} else {
-					bwd += cost;
-					e->lbcost[b] = e->lbcost[b] < 0 ? cost : 0.5 * e->lbcost[b] + 0.5 * cost;
-					e->lbhold[b] = e->lbhold[b] < 0 ? c : 0.5 * e->lbhold[b] + 0.5 * c;
-				}
+				const int fw = k == 0 || e->tm_mode[par] != ARENA_MODE_TRAIN; /* sample: a later pass too */
+				*(fw ? &fwd : &bwd) += cost;
+				learned(fw ? &e->lcost[b] : &e->lbcost[b], cost);
+				learned(fw ? &e->lhold[b] : &e->lbhold[b], c);
 				e->tm_rec[i] = 0;
 			}
 		}
@@ -1038,16 +1039,18 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	/* Coded streaming: the stages its copies go through are device memory
 	 * the plan leaves room for. */
 	int coded = 0; /* something streams coded: a host copy held coded, or a disk-tier block read coded */
-	for (size_t b = 0; b < l->n_blocks; b++)
-		coded |= m->mem[b].wire || (m->mem[b].disk_wire && !m->mem[b].dev && o->reread_wire);
-	for (size_t b = 0; coded && b < l->n_blocks; b++) {
-		if (m->mem[b].wire && m->mem[b].wire->max_stage > e->wstage_each)
-			e->wstage_each = arena_align_up(m->mem[b].wire->max_stage, 256); /* within arena_wire_stage_bound */
+	uint64_t stage = 0;
+	for (size_t b = 0; b < l->n_blocks; b++) {
+		const arena_block_mem *bm = &m->mem[b];
+		coded |= bm->wire || (bm->disk_wire && !bm->dev && o->reread_wire);
+		if (bm->wire && bm->wire->max_stage > stage)
+			stage = arena_align_up(bm->wire->max_stage, 256); /* within arena_wire_stage_bound */
 		/* not yet read (the disk tier, or a resident block that may leave
 		 * the device and get a coded host copy): the most */
-		if (m->mem[b].disk_wire && o->reread_wire && m->mem[b].disk_wire->most > e->wstage_each)
-			e->wstage_each = arena_align_up(m->mem[b].disk_wire->most, 256);
+		if (bm->disk_wire && o->reread_wire && bm->disk_wire->most > stage)
+			stage = arena_align_up(bm->disk_wire->most, 256);
 	}
+	e->wstage_each = coded ? stage : 0;
 	if (e->wstage_each) {
 		if (!(e->moved = arena_calloc(l->n_blocks, sizeof(*e->moved)))) {
 			rc = arena_errorf(ARENA_E_NOMEM, "engine: out of memory");
@@ -1653,12 +1656,8 @@ static void look_join(struct look *k)
 static void look_free(struct look *k)
 {
 	look_join(k);
-	if (k->on && !k->rc)
-		arena_residency_plan_release(&k->t);
-	arena_free(k->cost);
-	arena_free(k->hold);
-	arena_free(k->bcost);
-	arena_free(k->bhold);
+	arena_residency_plan_release(&k->t);
+	arena_free(k->prof);
 	arena_free(k->moved);
 	arena_free(k->sched);
 	*k = (struct look){0};
@@ -1670,37 +1669,31 @@ static void look_free(struct look *k)
 static int look_start(arena_engine *e, double need)
 {
 	struct look *k = &e->look;
-	const size_t n = e->l->n_blocks ? e->l->n_blocks : 1;
+	const size_t n = e->l->n_blocks;
 	look_free(k); /* (one is taken before another starts: nothing to drop) */
-	*k = (struct look){.l = e->l, .o = e->o, .budget = e->rec.budget, .need = need, .gen = e->plan_gen,
-			   .h2d = learned_h2d(e), .bwf = e->lfwd_sum > 0 ? e->lbwd_sum / e->lfwd_sum : 0};
-	k->cost = arena_malloc(n * sizeof(*k->cost));
-	k->hold = arena_malloc(n * sizeof(*k->hold));
-	k->bcost = arena_malloc(n * sizeof(*k->bcost));
-	k->bhold = arena_malloc(n * sizeof(*k->bhold));
-	k->moved = e->o.moved ? arena_malloc(n * sizeof(*k->moved)) : NULL;
+	*k = (struct look){.l = e->l, .o = e->o, .budget = e->rec.budget, .need = need, .gen = e->plan_gen};
+	k->prof = arena_malloc((n ? 4 * n : 1) * sizeof(*k->prof));
+	k->moved = e->o.moved ? arena_malloc((n ? n : 1) * sizeof(*k->moved)) : NULL;
 	k->sched = e->o.sched && e->o.n_sched ? arena_malloc(e->o.n_sched * sizeof(*k->sched)) : NULL;
-	if (!k->cost || !k->hold || !k->bcost || !k->bhold || (e->o.moved && !k->moved) ||
-	    (e->o.sched && e->o.n_sched && !k->sched)) {
+	if (!k->prof || (e->o.moved && !k->moved) || (e->o.sched && e->o.n_sched && !k->sched)) {
 		look_free(k);
 		return arena_errorf(ARENA_E_NOMEM, "engine: out of memory for a look at the learned profile");
 	}
-	memcpy(k->cost, e->lcost, e->l->n_blocks * sizeof(*k->cost));
-	memcpy(k->hold, e->lhold, e->l->n_blocks * sizeof(*k->hold));
-	memcpy(k->bcost, e->lbcost, e->l->n_blocks * sizeof(*k->bcost));
-	memcpy(k->bhold, e->lbhold, e->l->n_blocks * sizeof(*k->bhold));
+	const double *from[4] = {e->lcost, e->lhold, e->lbcost, e->lbhold};
+	for (int j = 0; j < 4; j++)
+		memcpy(k->prof + j * n, from[j], n * sizeof(*k->prof));
 	if (k->moved)
-		memcpy(k->moved, e->o.moved, e->l->n_blocks * sizeof(*k->moved));
+		memcpy(k->moved, e->o.moved, n * sizeof(*k->moved));
 	if (k->sched)
 		memcpy(k->sched, e->o.sched, e->o.n_sched * sizeof(*k->sched));
-	k->o.cost = k->cost;
-	k->o.hold = k->hold;
-	k->o.bcost = k->bcost; /* < 0 where not timed yet: the factor */
-	k->o.bhold = k->bhold;
+	k->o.cost = k->prof;
+	k->o.hold = k->prof + n;
+	k->o.bcost = k->prof + 2 * n; /* < 0 where not timed yet: the factor */
+	k->o.bhold = k->prof + 3 * n;
 	k->o.moved = k->moved;
 	k->o.sched = k->sched;
-	k->o.h2d_bytes_per_s = k->h2d;
-	k->o.backward_factor = k->bwf;
+	k->o.h2d_bytes_per_s = learned_h2d(e);
+	k->o.backward_factor = e->lfwd_sum > 0 ? e->lbwd_sum / e->lfwd_sum : 0;
 	k->on = 1;
 	e->plans_made++;
 	if (pthread_create(&k->th, NULL, look_thread, k) == 0) {
@@ -1735,22 +1728,19 @@ static int look_take(arena_engine *e)
 	e->o.hold = e->lhold;
 	e->o.bcost = e->lbcost;
 	e->o.bhold = e->lbhold;
-	e->o.h2d_bytes_per_s = k->h2d;
-	e->o.backward_factor = k->bwf;
+	e->o.h2d_bytes_per_s = k->o.h2d_bytes_per_s;
+	e->o.backward_factor = k->o.backward_factor;
 	plan_changed(e);
 	int rc = k->rc;
-	if (rc) {
-		char msg[sizeof(k->msg)];
-		memcpy(msg, k->msg, sizeof(msg));
+	if (rc) { /* BUDGET: adapt keeps the smallest plan, so do we */
+		rc = rc == ARENA_E(BUDGET) ? 0 : arena_errorf(rc, "%s", k->msg);
 		look_free(k);
-		if (rc == ARENA_E(BUDGET)) /* adapt keeps the smallest plan: so do we */
-			return 0;
-		return arena_errorf(rc, "%s", msg);
+		return rc;
 	}
 	arena_residency_plan t = k->t;
 	const double need = k->need;
 	const uint64_t budget = k->budget;
-	k->rc = ARENA_E(BUDGET); /* t is ours now */
+	k->t = (arena_residency_plan){0}; /* ours now */
 	look_free(k);
 	double now_t = engine_predict(e);
 	memo_keep(e, &t, budget); /* the next step's adapt plans for the same budget: it takes this one */

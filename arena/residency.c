@@ -483,6 +483,12 @@ static int timed_on_evict(void *ctx, uint32_t q)
 	return 0;
 }
 
+/* The least a ring slot may be in o's mode (engine.h: min_slot). */
+static uint64_t min_slot_of(const arena_engine_opts *o)
+{
+	return o->mode == ARENA_MODE_TRAIN ? o->min_slot : 0;
+}
+
 /* A backward entry's time over its forward's (recompute + backward). */
 static double backward_scale(const arena_engine_opts *o, const uint8_t *bwd, size_t i)
 {
@@ -525,8 +531,8 @@ double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const
 			if (l->blocks[sched[i]].bytes > slot)
 				slot = l->blocks[sched[i]].bytes;
 		}
-	if (o->mode == ARENA_MODE_TRAIN && len && slot < o->min_slot)
-		slot = o->min_slot;
+	if (len && slot < min_slot_of(o))
+		slot = min_slot_of(o);
 	arena__ring_reset(&t->r, l->n_blocks, (uint64_t)slots * slot);
 	memset(t->fill_t, 0, l->n_blocks * sizeof(*t->fill_t));
 	memset(t->rel_t, 0, l->n_blocks * sizeof(*t->rel_t));
@@ -974,7 +980,7 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 	p->n_sched = o->sched ? o->n_sched : o->mode == ARENA_MODE_TRAIN ? 2 * k : k;
 	p->budget = budget;
 	p->depth = opt_depth(o);
-	p->min_slot = o->mode == ARENA_MODE_TRAIN ? o->min_slot : 0;
+	p->min_slot = min_slot_of(o);
 	p->slots = arena__ring_slots(o);
 	p->resident = arena_calloc(n ? n : 1, 1);
 	p->sched = arena_calloc(p->n_sched ? p->n_sched : 1, sizeof(*p->sched));

@@ -441,26 +441,32 @@ class Pieces(unittest.TestCase):
                 self._train_through_moves(learn)
 
     def _train_through_moves(self, learn: bool) -> None:
+        def run(mm, pressure=None):
+            """12 steps in three runs of train_steps (3, 3, 6); `pressure` (when given)
+            takes device memory after the first run and gives it back after the second."""
+            losses = []
+            for n, taken in ((3, "30K"), (3, 0), (6, None)):
+                got, grads, after = train_steps(mm, n)
+                losses += got
+                if pressure and taken is not None:
+                    pressure(taken)
+            return losses, grads, after
+
         m0 = model(meta=False)
         add_lora(m0)
-        want = train_steps(m0, 12)
+        want = run(m0)
         m = model()
         # 40 KiB kept free (headroom): memory taken from the device below that
         # demotes pieces at once, given back it promotes them after a few steps
         h = at.attach(m, IMG, mode="train", sim_capacity="240K" if not learn else "200K", depth=7, learn=learn,
                       **dict(self.PIECES, piece_size="4K", headroom="40K" if not learn else 0))
         add_lora(m)
-        pressure = {3: "30K", 6: 0} if not learn else {}  # at these steps' starts: taken, given back
-        orig = h._begin_step
 
-        def begin() -> None:
-            n = len(h.stats())  # steps ended so far
-            if n in pressure:
-                h.arena.sim_pressure(pressure.pop(n))
-            orig()
+        def pressure(nbytes) -> None:
+            h.end_step()
+            h.arena.sim_pressure(nbytes)
 
-        h._begin_step = begin
-        losses, grads, after = train_steps(m, 12)
+        losses, grads, after = run(m, None if learn else pressure)
         self.assertEqual(losses, want[0])
         self.assertEqual(same(grads, want[1]), [])
         self.assertEqual(same(after, want[2]), [])

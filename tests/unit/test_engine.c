@@ -1267,12 +1267,12 @@ static void setup_learn(void)
 
 TestSuite(engine_learn, .init = setup_learn, .fini = teardown);
 
-/* The suite's engine: learning (or not), under a cap that holds the ring
- * (3 x a large block) and room for 8 large blocks; a stream for its steps
- * when s is not NULL. */
-static arena_engine *learn_engine(arena_model *m, int learn, arena_stream **s)
+/* The suite's engine: in `mode`, learning (or not), under a cap that holds
+ * the ring (3 x a large block) and room for 8 large blocks; a stream for
+ * its steps when s is not NULL. */
+static arena_engine *learn_engine(arena_model *m, int mode, int learn, arena_stream **s)
 {
-	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	arena_engine_opts o = base_opts(mode);
 	o.no_learn = !learn;
 	o.cap = G + 11 * MAXB;
 	arena_engine *e;
@@ -1286,7 +1286,7 @@ Test(engine_learn, times_blocks_and_moves_to_the_faster_plan)
 {
 	sim_only();
 	arena_model *m = load(0);
-	arena_engine *e = learn_engine(m, 1, NULL);
+	arena_engine *e = learn_engine(m, ARENA_MODE_SAMPLE, 1, NULL);
 	cr_assert_gt(arena_engine_plan(e)->n_streamed, 0);
 	cr_assert_eq(arena_engine_plan(e)->step_s, 0, "no profile yet");
 	arena_stream *s;
@@ -1331,7 +1331,7 @@ Test(engine_learn, the_gap_between_steps)
 	double gap[2];
 	for (int with = 0; with < 2; with++) {
 		arena_model *m = load(0);
-		arena_engine *e = learn_engine(m, 1, NULL);
+		arena_engine *e = learn_engine(m, ARENA_MODE_SAMPLE, 1, NULL);
 		cr_assert_eq(arena_engine_step_gap(e), 0, "nothing learned yet");
 		arena_stream *s;
 		cr_assert_eq(be->ops->stream_create(be, &s), 0);
@@ -1393,7 +1393,7 @@ Test(engine_learn, work_between_blocks_counts_for_the_block_before)
 	sim_only();
 	arena_model *m = load(0);
 	arena_stream *s;
-	arena_engine *e = learn_engine(m, 1, &s);
+	arena_engine *e = learn_engine(m, ARENA_MODE_SAMPLE, 1, &s);
 	arena_engine_step r;
 	for (int step = 0; step < 4; step++) {
 		run_step_work(e, m, s, held_03ms, NULL, 0.0006);
@@ -1444,7 +1444,7 @@ Test(engine_learn, looks_again_when_the_work_changes)
 	sim_only();
 	arena_model *m = load(0);
 	arena_stream *s;
-	arena_engine *e = learn_engine(m, 1, &s);
+	arena_engine *e = learn_engine(m, ARENA_MODE_SAMPLE, 1, &s);
 	int moved[16] = {0};
 	unsigned small_at[16] = {0};
 	for (int step = 0; step < 16; step++) {
@@ -1477,7 +1477,7 @@ Test(engine_learn, a_look_plans_once)
 	sim_only();
 	arena_model *m = load(0);
 	arena_stream *s;
-	arena_engine *e = learn_engine(m, 1, &s);
+	arena_engine *e = learn_engine(m, ARENA_MODE_SAMPLE, 1, &s);
 	uint64_t made[17];
 	made[0] = arena_engine_plans_made(e);
 	for (int step = 0; step < 16; step++) {
@@ -1519,7 +1519,7 @@ Test(engine_learn, a_look_plans_on_a_thread_and_is_taken_the_step_after)
 	sim_only();
 	arena_model *m = load(0);
 	arena_stream *s;
-	arena_engine *e = learn_engine(m, 1, &s);
+	arena_engine *e = learn_engine(m, ARENA_MODE_SAMPLE, 1, &s);
 	const int at = steps_until_look(e, m, s, 0.0008);
 	cr_assert_geq(at, 0, "a look started within 8 steps");
 	arena_engine_step r;
@@ -1554,7 +1554,7 @@ Test(engine_learn, a_look_is_dropped_when_the_mode_changes)
 	for (int free_early = 0; free_early < 2; free_early++) {
 		arena_model *m = load(0);
 		arena_stream *s;
-		arena_engine *e = learn_engine(m, 1, &s);
+		arena_engine *e = learn_engine(m, ARENA_MODE_SAMPLE, 1, &s);
 		cr_assert_geq(steps_until_look(e, m, s, 0.0008), 0, "a look started within 8 steps");
 		if (!free_early) {
 			cr_assert_eq(arena_engine_set_mode(e, ARENA_MODE_TRAIN), 0, "%s", arena_last_error());
@@ -1585,7 +1585,7 @@ Test(engine_learn, a_look_out_of_memory)
 	{
 		arena_model *m = load(0);
 		arena_stream *s;
-		arena_engine *e = learn_engine(m, 1, &s);
+		arena_engine *e = learn_engine(m, ARENA_MODE_SAMPLE, 1, &s);
 		at = steps_until_look(e, m, s, work);
 		be->ops->stream_destroy(be, s);
 		arena_engine_free(e);
@@ -1598,7 +1598,7 @@ Test(engine_learn, a_look_out_of_memory)
 	for (long n = 1; n < 1000000; n += n < 64 ? 1 : n / 8) {
 		arena_model *m = load(0);
 		arena_stream *s;
-		arena_engine *e = learn_engine(m, 1, &s);
+		arena_engine *e = learn_engine(m, ARENA_MODE_SAMPLE, 1, &s);
 		int rc = 0, fired = 0;
 		for (int step = 0; step <= at + 1 && !rc; step++) {
 			const arena_residency_plan *p = arena_engine_plan(e);
@@ -1656,13 +1656,8 @@ Test(engine_learn, backward_costs_per_block)
 	sim_only();
 	cr_assert_leq(NL + 1, 64);
 	arena_model *m = load(0);
-	arena_engine_opts o = base_opts(ARENA_MODE_TRAIN);
-	o.no_learn = 0;
-	o.cap = G + 11 * MAXB;
-	arena_engine *e;
-	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
 	arena_stream *s;
-	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	arena_engine *e = learn_engine(m, ARENA_MODE_TRAIN, 1, &s);
 	for (int step = 0; step < 6; step++) {
 		memset(bwd_seen, 0, sizeof(bwd_seen));
 		run_step_work(e, m, s, held_bwd, NULL, 0);
@@ -1692,7 +1687,7 @@ Test(engine_learn, no_learn_keeps_the_plan_by_bytes)
 	sim_only();
 	arena_model *m = load(0);
 	arena_stream *s;
-	arena_engine *e = learn_engine(m, 0, &s);
+	arena_engine *e = learn_engine(m, ARENA_MODE_SAMPLE, 0, &s);
 	for (int step = 0; step < 5; step++) {
 		run_step(e, m, s, 0, 0.001);
 		arena_engine_step r;
