@@ -113,6 +113,15 @@ struct arena_engine {
 	uint64_t memo_budget, memo_slack, memo_gen, plan_gen;
 	unsigned memo_age;
 	uint64_t plans_made; /* by arena_residency_plan_make, for tests */
+	/* With a cap, the cap is all the process's device memory: the rest of
+	 * it (torch's allocator, libraries' kernels loaded on first use) is
+	 * to stay within the reserve. base_other is the device memory in use
+	 * and not ours when the engine was made (the CUDA context, what other
+	 * programs hold): what the rest has grown past that beyond the
+	 * reserve comes out of the budget when planning (plan_now), at once,
+	 * as free memory below the headroom does (and comes back the same
+	 * way, after `hysteresis` steps of room). */
+	uint64_t base_other;
 	/* A look at the learned profile plans on a thread of its own: the timed
 	 * greedy over flux-dev in 128 MiB pieces takes 0.05 s sampling and 0.4 s
 	 * training, host time of the caller's thread when made in step_end
@@ -1014,10 +1023,12 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	int rc = be->ops->mem_info(be, &free_b, &total);
 	if (rc)
 		return rc;
-	arena_residency_budget(total, free_b + m->dev_bytes + own_rounding(m, NULL), o, &budget, &headroom, &reserve);
+	const uint64_t own0 = m->dev_bytes + own_rounding(m, NULL);
+	arena_residency_budget(total, free_b + own0, o, &budget, &headroom, &reserve);
 	arena_engine *e = arena_calloc(1, sizeof(*e));
 	if (!e)
 		return arena_errorf(ARENA_E_NOMEM, "engine: out of memory");
+	e->base_other = total > free_b + own0 ? total - free_b - own0 : 0;
 	e->m = m;
 	e->be = be;
 	e->l = l;
@@ -1547,7 +1558,14 @@ static int plan_now(arena_engine *e, uint64_t used, uint64_t *budget, uint64_t *
 	int rc = be->ops->mem_info(be, &free_b, &total);
 	if (rc)
 		return rc;
-	arena_residency_budget(total, free_b + used + wire_stage_bytes(e) + own_rounding(e->m, e), &e->o, budget, &h, &w);
+	const uint64_t own = used + wire_stage_bytes(e) + own_rounding(e->m, e);
+	arena_residency_budget(total, free_b + own, &e->o, budget, &h, &w);
+	if (e->o.cap) { /* the rest of the process past its reserve comes out of ours */
+		uint64_t other = total > free_b + own ? total - free_b - own : 0;
+		uint64_t grown = other > e->base_other ? other - e->base_other : 0;
+		uint64_t over = grown > w ? grown - w : 0;
+		*budget = *budget > over ? *budget - over : 0;
+	}
 	if (e->wstage) { /* the coded copies' stages stay */
 		uint64_t st = wire_stage_bytes(e) + gran_loss(be, wire_stage_bytes(e));
 		*budget = *budget > st ? *budget - st : 0;

@@ -14,6 +14,10 @@
  * compute costs backward_factor times the forward's).
  * The budget is the device memory the engine may use for weights:
  *   min(cap, free + what the model already holds) - headroom - reserve
+ * and with a cap, less what the rest of the process (torch) has taken past
+ * the reserve since the engine was made (device memory in use and not the
+ * engine's, over what was so at arena_engine_create): the cap is the whole
+ * process's, re-read at every step end.
  * headroom (physical slack) defaults to min(512 MiB, 2% of total); reserve
  * (working memory for activations) to 1 GiB for sample and 4 GiB for train,
  * at most a quarter of what is left after the headroom. If everything fits,

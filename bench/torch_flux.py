@@ -51,6 +51,26 @@ def rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def rss_parts() -> dict:
+    """This process's resident memory now, by kind (/proc/self/status, bytes):
+    VmHWM (peak), VmRSS, RssAnon (heap, pinned host copies), RssFile (mapped
+    files: libraries, an mmapped image), RssShmem."""
+    out = {}
+    try:
+        for line in open("/proc/self/status"):
+            k, _, v = line.partition(":")
+            if k in ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem"):
+                out[k] = int(v.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+TIMING_EVENTS: list = []  # the step boundaries of the last time_steps
+# train runs: (forward end, backward end) CUDA events of each timed step
+PHASES: list | None = None
+
+
 class DevPeak:
     """The process's peak device memory: total - the least free seen."""
 
@@ -186,6 +206,7 @@ def time_steps(step, n: int, peak: DevPeak, res: dict | None = None):
     torch.cuda.synchronize()
     w0 = time.perf_counter()
     ev = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+    TIMING_EVENTS[:] = ev
     ev[0].record()
     hosts = []
     for i in range(n):
@@ -216,6 +237,7 @@ def main() -> None:
     ap.add_argument("--host-timing", action="store_true", help="arena runs: host seconds in step_end/acquire/release per step")
     ap.add_argument("--piece-size", default=None, help="arena runs: stream blocks in pieces of at most this size")
     ap.add_argument("--keep-last", type=int, default=None, help="arena train runs: the ring's extra slots")
+    ap.add_argument("--no-learn", action="store_true", help="arena runs: plan by bytes, no learned profile (learn=False)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() before the timed steps (the collector stays on)")
     ap.add_argument("--no-gc", action="store_true", help="Python's cyclic collector off during the timed steps (gc.freeze + gc.disable)")
@@ -224,7 +246,7 @@ def main() -> None:
     ap.add_argument("--sync", action="store_true", help="time each step with a device-wide synchronize (see time_steps)")
     ap.add_argument("--trace", default=None, help="arena runs: after the timed steps, trace 3 more into this file")
     a = ap.parse_args()
-    global BLOCKS, SYNC
+    global BLOCKS, SYNC, PHASES
     BLOCKS = a.blocks
     SYNC = a.sync
     global HOST_TIMING
@@ -253,9 +275,20 @@ def main() -> None:
         m = meta_model()
         res["model_build_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
+        _open = at._open
+
+        def timed_open(*args, **kw):
+            t1 = time.perf_counter()
+            r = _open(*args, **kw)
+            res["open_s"] = time.perf_counter() - t1
+            return r
+
+        at._open = timed_open
         h = at.attach(m, a.image, mode="train" if train else "sample", vram=a.vram, reserve=a.reserve, depth=a.depth,
-                      device="cuda", piece_size=a.piece_size, keep_last=a.keep_last)
+                      device="cuda", piece_size=a.piece_size, keep_last=a.keep_last,
+                      **({"learn": False} if a.no_learn else {}))
         res["setup_s"] = time.perf_counter() - t0
+        res["rss_after_setup"] = rss_parts()
         res["plan"] = h.plan()
         if a.host_timing:
             host_timing(h.arena)
@@ -291,7 +324,12 @@ def main() -> None:
         def step():
             opt.zero_grad(set_to_none=True)
             loss = m(**x).sample.float().square().mean()
+            if PHASES is not None:
+                PHASES.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+                PHASES[-1][0].record()
             loss.backward()
+            if PHASES is not None:
+                PHASES[-1][1].record()
             if not first:
                 first.update({n: p.grad.detach().float().cpu() for n, p in ps.items()})
             opt.step()
@@ -307,13 +345,27 @@ def main() -> None:
     res["first_step_s"] = time.perf_counter() - t0
     res["start_to_first_step_end_s"] = time.perf_counter() - t_start
     peak.read()
+    # the timed steps' own peak too: the engine gives back what torch took past
+    # its reserve at the first step's end (device_peak_bytes keeps the first step)
+    steady = DevPeak()
+    steady.base = peak.base
     res["sync"] = SYNC
     if a.no_gc or a.gc_freeze:
         gc.collect()
         gc.freeze()
     if a.no_gc:
         gc.disable()
-    res["steps_s"] = time_steps(step, a.steps, peak, res)
+    if train and not SYNC:
+        PHASES = []
+    res["steps_s"] = time_steps(step, a.steps, steady, res)
+    peak.min_free = min(peak.min_free, steady.min_free)
+    res["device_peak_steady_bytes"] = steady.used()
+    if PHASES:
+        # forward (step start to the loss), backward, the rest (optimizer): device seconds
+        res["phases_s"] = [[round(s0.elapsed_time(f) / 1e3, 4), round(f.elapsed_time(b) / 1e3, 4),
+                            round(b.elapsed_time(s1) / 1e3, 4)]
+                           for s0, (f, b), s1 in zip(TIMING_EVENTS[:-1], PHASES, TIMING_EVENTS[1:])]
+    PHASES = None
     ss = sorted(res["steps_s"][1:])
     res["step_s_median"] = ss[len(ss) // 2]
     res["device_peak_bytes"] = peak.used()
@@ -322,6 +374,7 @@ def main() -> None:
     res["torch_alloc_retries"] = ms.get("num_alloc_retries", 0)
     res["torch_device_frees"] = ms.get("num_device_free", 0)
     res["host_peak_rss"] = rss()
+    res["rss_after_steps"] = rss_parts()
     if h is not None and a.trace:
         with h.trace(a.trace):
             res["traced_steps_s"] = time_steps(step, 3, peak)
@@ -330,7 +383,7 @@ def main() -> None:
         h.arena.sync()
         st = h.stats()
         res["records"] = [{k: r[k] for k in ("mode", "streamed_bytes", "moved_bytes", "misses", "stalls", "stall_s", "resident_bytes",
-                                             "demotions", "promotions", "schedule_learned", "end_s", "plan_s", "move_s")} for r in st]
+                                             "demotions", "promotions", "schedule_learned", "end_s", "plan_s", "move_s", "budget", "over_budget")} for r in st]
         res["streamed_bytes_median"] = sorted(r["streamed_bytes"] for r in st[2:])[len(st[2:]) // 2] if len(st) > 2 else 0
         res["moved_bytes_median"] = sorted(r["moved_bytes"] for r in st[2:])[len(st[2:]) // 2] if len(st) > 2 else 0
     if train and a.grads:

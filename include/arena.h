@@ -239,7 +239,11 @@ enum { ARENA_MODE_SAMPLE = 0, ARENA_MODE_TRAIN = 1 };
 typedef struct arena_open_options {
 	const char *backend;   /* "cuda", "sim", or NULL: cuda when a GPU is usable, else sim */
 	int device;            /* CUDA device number */
-	uint64_t vram_cap;     /* device bytes arena may use; 0 = what is free */
+	uint64_t vram_cap;     /* device bytes the process may use, arena's and the rest's (what
+				* was in use when it opened is not counted: the CUDA context,
+				* other programs); 0 = what is free. The rest of the process
+				* (torch) has `reserve` of it; what it takes past that comes out
+				* of arena's budget at the next step end */
 	uint64_t pin_budget;   /* cap on pinned host bytes; 0 = what the OS allows */
 	unsigned threads;      /* reader threads; 0 = CPUs */
 	const char *quant;     /* safetensors only: storage scheme for block weights, or NULL */
@@ -267,9 +271,10 @@ typedef struct arena_open_options {
 	 * same container and index), acquired and released one by one, so the
 	 * ring holds pieces and the model runs in less memory (`arena plan
 	 * --piece-size` shows the floor). 0 = whole blocks; ARENA_PIECE_AUTO =
-	 * whole blocks when they all fit on the device, else pieces of a quarter
-	 * of the largest block rounded down to a power of two (128 MiB for
-	 * Flux), or smaller ones when those do not fit (arena_plan_get's
+	 * whole blocks when they all fit on the device (train mode: when they
+	 * fit at all, streamed or not), else pieces of an eighth of the largest
+	 * block rounded down to a power of two (64 MiB for Flux; a quarter in
+	 * train mode), or smaller ones when those do not fit (arena_plan_get's
 	 * piece_size says what was chosen). */
 	uint64_t piece_size;
 	/* images only: host memory for the copies of streamed blocks. Blocks

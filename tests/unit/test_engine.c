@@ -1087,11 +1087,11 @@ Test(engine, steady_steps_do_not_plan_again)
 	cr_assert_eq(arena_engine_plans_made(e), made, "20 steady steps planned %llu times",
 		     (unsigned long long)(arena_engine_plans_made(e) - made));
 	expect_whole(e, m);
-	/* Pressure: planned at once, demoted within the step, within budget. */
-	uint64_t free_b, total;
-	be->ops->mem_info(be, &free_b, &total);
-	cr_assert_gt(free_b, 300000);
-	cr_assert_eq(arena_backend_sim_pressure(be, free_b - 300000), 0); /* 100000 under the headroom */
+	/* Pressure: planned at once, demoted within the step, within budget.
+	 * Under a cap the memory others take counts against it (the rest of
+	 * the process: reserve 0 here): 200000 bytes taken leave the budget
+	 * 100000 over the least plan's need, resident blocks beyond it go. */
+	cr_assert_eq(arena_backend_sim_pressure(be, 200000), 0);
 	run_step(e, m, s, 1, 0);
 	arena_engine_step r;
 	cr_assert_eq(arena_engine_step_record(e, arena_engine_steps(e) - 1, &r), 0);
@@ -1125,6 +1125,60 @@ Test(engine, steady_steps_do_not_plan_again)
 	cr_assert_geq(arena_engine_plans_made(e), made + 1, "made anew every 64 steps");
 	cr_assert_leq(arena_engine_plans_made(e), made + 2);
 	expect_whole(e, m);
+	be->ops->stream_destroy(be, s);
+	arena_engine_free(e);
+	arena_model_free(m);
+}
+
+/* A cap is all the process's device memory: what the rest of it (torch's
+ * allocator beside the adapter) takes after the engine was made counts
+ * against it past the reserve: within the reserve nothing moves, past it
+ * blocks are demoted at the step's end, and promoted again once it is given
+ * back. Memory in use before the engine was made is not the process's
+ * growth (the CUDA context, other programs). */
+Test(engine, a_cap_counts_what_the_rest_of_the_process_takes)
+{
+	sim_only();
+	const uint64_t before = 3 * MAXB, R = 1000000;
+	cr_assert_eq(arena_backend_sim_pressure(be, before), 0); /* before: not counted */
+	arena_model *m = load(0);
+	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	o.hysteresis = 2;
+	o.reserve = R;
+	o.headroom = 400000;
+	o.cap = G + 3 * MAXB + 700000 + R; /* some streamed, some resident beside the reserve */
+	arena_engine *e;
+	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+	const uint64_t res0 = arena_engine_plan(e)->resident_bytes;
+	cr_assert_gt(arena_engine_plan(e)->n_streamed, 0);
+	cr_assert_gt(arena_engine_plan(e)->n_resident, 2);
+	arena_stream *s;
+	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	run_step(e, m, s, 1, 0);
+	arena_engine_step r;
+	/* Within the reserve: nothing moves. */
+	cr_assert_eq(arena_backend_sim_pressure(be, before + R), 0);
+	run_step(e, m, s, 1, 0);
+	cr_assert_eq(arena_engine_step_record(e, arena_engine_steps(e) - 1, &r), 0);
+	cr_assert_eq(r.demotions, 0);
+	cr_assert_eq(arena_engine_plan(e)->resident_bytes, res0);
+	/* Past it: demoted at the step's end, within the budget. */
+	cr_assert_eq(arena_backend_sim_pressure(be, before + R + 200000), 0);
+	run_step(e, m, s, 1, 0);
+	cr_assert_eq(arena_engine_step_record(e, arena_engine_steps(e) - 1, &r), 0);
+	cr_assert_gt(r.demotions, 0);
+	cr_assert_eq(r.over_budget, 0);
+	cr_assert_eq(r.budget, o.cap - o.headroom - R - 200000, "the cap less the reserve and the growth past it");
+	cr_assert_leq(arena_engine_plan(e)->need_bytes, r.budget);
+	cr_assert_lt(arena_engine_plan(e)->resident_bytes, res0);
+	expect_whole(e, m);
+	/* Given back: promoted after the hysteresis. */
+	cr_assert_eq(arena_backend_sim_pressure(be, before), 0);
+	for (int i = 0; i < 4; i++)
+		run_step(e, m, s, 1, 0);
+	cr_assert_eq(arena_engine_plan(e)->resident_bytes, res0);
+	expect_whole(e, m);
+	cr_assert_eq(arena_backend_sim_pressure(be, 0), 0);
 	be->ops->stream_destroy(be, s);
 	arena_engine_free(e);
 	arena_model_free(m);
@@ -1643,6 +1697,12 @@ Test(engine_learn, a_look_out_of_memory)
  * planner takes it over the factor). */
 static uint8_t bwd_seen[64]; /* this step: blocks acquired once already */
 
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
 static double held_bwd(const void *ctx, const arena_model *m, uint32_t b)
 {
 	(void)ctx;
@@ -1666,17 +1726,23 @@ Test(engine_learn, backward_costs_per_block)
 	double bc[64], fc[64], h2d, bf;
 	cr_assert_eq(arena_engine_backward_costs(e, bc), 0, "%s", arena_last_error());
 	cr_assert_eq(arena_engine_profile(e, fc, &h2d, &bf), 0, "%s", arena_last_error());
-	double small = 1e9, large = 0;
+	double sm[64], lg[64];
+	size_t ns = 0, nl = 0;
 	for (uint32_t b = 1; b < m->layout->n_blocks; b++) {
 		cr_assert_geq(bc[b], 0, "block %u's backward timed", b);
 		if (m->layout->blocks[b].bytes == MAXB)
-			large = bc[b] > large ? bc[b] : large;
+			lg[nl++] = bc[b];
 		else
-			small = bc[b] < small ? bc[b] : small;
+			sm[ns++] = bc[b];
 	}
-	/* (lower bounds only where the machine could slow the 0.3 ms ones) */
-	cr_assert_geq(small, 0.002 * 0.9, "a small block's backward: %.5f s", small);
-	cr_assert_lt(large, small, "large %.5f s, small %.5f s", large, small);
+	cr_assert(ns && nl);
+	/* Medians: a loaded machine (CI under ASan) can hold up one 0.3 ms
+	 * block's next acquire by milliseconds; lower bounds only. */
+	qsort(sm, ns, sizeof(*sm), cmp_double);
+	qsort(lg, nl, sizeof(*lg), cmp_double);
+	double small = sm[ns / 2], large = lg[nl / 2];
+	cr_assert_geq(sm[0], 0.002 * 0.9, "a small block's backward: %.5f s", sm[0]);
+	cr_assert_lt(large, small, "large %.5f s, small %.5f s (medians)", large, small);
 	be->ops->stream_destroy(be, s);
 	arena_engine_free(e);
 	arena_model_free(m);

@@ -229,9 +229,9 @@ Test(pieces, streamed_pieces_hold_the_image_bytes)
 	tmpdir_remove(dir);
 }
 
-/* piece_size "auto": whole blocks when they all fit; pieces of an eighth of
- * the largest block (a power of two; a quarter in train mode) when blocks
- * stream or do not fit; smaller ones when those do not fit; whole blocks
+/* piece_size "auto": whole blocks when they all fit (train: when they fit
+ * at all); pieces of an eighth of the largest block (a power of two; a
+ * quarter in train mode) when blocks stream or do not fit; smaller ones when those do not fit; whole blocks
  * (and the whole-block error) when nothing fits. arena_open says what it
  * chose. */
 Test(pieces, auto_size_from_the_budget)
@@ -256,6 +256,20 @@ Test(pieces, auto_size_from_the_budget)
 	uint64_t p = 1;
 	cr_assert_eq(arena_residency_piece_auto(l, &eo, total - big, &p), 0, "%s", arena_last_error());
 	cr_assert_eq(p, quarter, "train: pieces of %llu, got %llu", (unsigned long long)quarter, (unsigned long long)p);
+	/* Training where whole blocks stream and fit: whole blocks. */
+	eo.depth = 1;
+	uint64_t glob = 0;
+	for (size_t b = 0; b < l->n_blocks; b++)
+		glob += l->blocks[b].container ? 0 : l->blocks[b].bytes;
+	const uint64_t wb = glob + 2 * big + big / 2; /* a ring of 2 and room beside it */
+	cr_assert_lt(wb, total);
+	arena_residency_plan wt;
+	cr_assert_eq(arena_residency_plan_make(l, &eo, wb, &wt), 0, "%s", arena_last_error());
+	cr_assert_gt(wt.n_streamed, 0);
+	arena_residency_plan_release(&wt);
+	cr_assert_eq(arena_residency_piece_auto(l, &eo, wb, &p), 0);
+	cr_assert_eq(p, 0, "train, whole blocks fit: whole blocks");
+	eo.depth = 7;
 	eo = (arena_engine_opts){.mode = ARENA_MODE_SAMPLE, .headroom = 0, .reserve = 0};
 	cr_assert_eq(arena_residency_piece_auto(l, &eo, total * 2, &p), 0);
 	cr_assert_eq(p, 0, "all fits: whole blocks");
