@@ -114,14 +114,14 @@ struct arena_engine {
 	unsigned memo_age;
 	uint64_t plans_made; /* by arena_residency_plan_make, for tests */
 	/* With a cap, the cap is all the process's device memory: the rest of
-	 * it (torch's allocator, libraries' kernels loaded on first use) is
-	 * to stay within the reserve. base_other is the device memory in use
-	 * and not ours when the engine was made (the CUDA context, what other
-	 * programs hold): what the rest has grown past that beyond the
-	 * reserve comes out of the budget when planning (plan_now), at once,
-	 * as free memory below the headroom does (and comes back the same
-	 * way, after `hysteresis` steps of room). */
-	uint64_t base_other;
+	 * it (torch's allocator) is to stay within the reserve. `rest` is what
+	 * the caller last said the rest holds (arena_engine_set_rest): what it
+	 * holds past the reserve comes out of the budget when planning
+	 * (plan_now), at once, as free memory below the headroom does, and
+	 * comes back the same way (after `hysteresis` steps of room). The
+	 * device's free memory cannot say it: other programs' memory is in it
+	 * too. */
+	uint64_t rest;
 	/* A look at the learned profile plans on a thread of its own: the timed
 	 * greedy over flux-dev in 128 MiB pieces takes 0.05 s sampling and 0.4 s
 	 * training, host time of the caller's thread when made in step_end
@@ -1023,12 +1023,10 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	int rc = be->ops->mem_info(be, &free_b, &total);
 	if (rc)
 		return rc;
-	const uint64_t own0 = m->dev_bytes + own_rounding(m, NULL);
-	arena_residency_budget(total, free_b + own0, o, &budget, &headroom, &reserve);
+	arena_residency_budget(total, free_b + m->dev_bytes + own_rounding(m, NULL), o, &budget, &headroom, &reserve);
 	arena_engine *e = arena_calloc(1, sizeof(*e));
 	if (!e)
 		return arena_errorf(ARENA_E_NOMEM, "engine: out of memory");
-	e->base_other = total > free_b + own0 ? total - free_b - own0 : 0;
 	e->m = m;
 	e->be = be;
 	e->l = l;
@@ -1558,12 +1556,9 @@ static int plan_now(arena_engine *e, uint64_t used, uint64_t *budget, uint64_t *
 	int rc = be->ops->mem_info(be, &free_b, &total);
 	if (rc)
 		return rc;
-	const uint64_t own = used + wire_stage_bytes(e) + own_rounding(e->m, e);
-	arena_residency_budget(total, free_b + own, &e->o, budget, &h, &w);
-	if (e->o.cap) { /* the rest of the process past its reserve comes out of ours */
-		uint64_t other = total > free_b + own ? total - free_b - own : 0;
-		uint64_t grown = other > e->base_other ? other - e->base_other : 0;
-		uint64_t over = grown > w ? grown - w : 0;
+	arena_residency_budget(total, free_b + used + wire_stage_bytes(e) + own_rounding(e->m, e), &e->o, budget, &h, &w);
+	if (e->o.cap && e->rest > w) { /* the rest of the process past its reserve comes out of ours */
+		uint64_t over = e->rest - w;
 		*budget = *budget > over ? *budget - over : 0;
 	}
 	if (e->wstage) { /* the coded copies' stages stay */
@@ -2008,6 +2003,11 @@ int arena_engine_set_profile(arena_engine *e, const double *cost, double h2d_byt
 	rc = apply(e, t.resident);
 	arena_residency_plan_release(&t);
 	return fail_engine(e, rc);
+}
+
+void arena_engine_set_rest(arena_engine *e, uint64_t bytes)
+{
+	e->rest = bytes;
 }
 
 int arena_engine_mode(const arena_engine *e)

@@ -14,10 +14,9 @@
  * compute costs backward_factor times the forward's).
  * The budget is the device memory the engine may use for weights:
  *   min(cap, free + what the model already holds) - headroom - reserve
- * and with a cap, less what the rest of the process (torch) has taken past
- * the reserve since the engine was made (device memory in use and not the
- * engine's, over what was so at arena_engine_create): the cap is the whole
- * process's, re-read at every step end.
+ * and with a cap, less what the rest of the process (torch) holds past the
+ * reserve, as the caller last said (arena_engine_set_rest): the cap is the
+ * whole process's.
  * headroom (physical slack) defaults to min(512 MiB, 2% of total); reserve
  * (working memory for activations) to 1 GiB for sample and 4 GiB for train,
  * at most a quarter of what is left after the headroom. If everything fits,
@@ -443,6 +442,10 @@ int arena_engine_step_end(arena_engine *e);
  * for a switch and back); what does not fit is demoted at once. USAGE
  * inside a step or for an unknown mode. */
 int arena_engine_set_mode(arena_engine *e, int mode);
+/* Under a cap: the device memory the rest of the process holds now (the
+ * adapter: torch's allocator). What it holds past the reserve comes out of
+ * the budget from the next step end on (see the budget above). */
+void arena_engine_set_rest(arena_engine *e, uint64_t bytes);
 /* Between steps: plan by this compute profile (cost: the layout's n_blocks
  * entries; as opts cost/h2d/backward_factor) and move to that plan now. */
 int arena_engine_set_profile(arena_engine *e, const double *cost, double h2d_bytes_per_s, double backward_factor);

@@ -239,11 +239,10 @@ enum { ARENA_MODE_SAMPLE = 0, ARENA_MODE_TRAIN = 1 };
 typedef struct arena_open_options {
 	const char *backend;   /* "cuda", "sim", or NULL: cuda when a GPU is usable, else sim */
 	int device;            /* CUDA device number */
-	uint64_t vram_cap;     /* device bytes the process may use, arena's and the rest's (what
-				* was in use when it opened is not counted: the CUDA context,
-				* other programs); 0 = what is free. The rest of the process
-				* (torch) has `reserve` of it; what it takes past that comes out
-				* of arena's budget at the next step end */
+	uint64_t vram_cap;     /* device bytes the process may use, arena's and the rest's: the
+				* rest (torch) has `reserve` of it, and what it holds past that
+				* (arena_set_rest_memory) comes out of arena's budget; 0 = what
+				* is free */
 	uint64_t pin_budget;   /* cap on pinned host bytes; 0 = what the OS allows */
 	unsigned threads;      /* reader threads; 0 = CPUs */
 	const char *quant;     /* safetensors only: storage scheme for block weights, or NULL */
@@ -388,6 +387,16 @@ ARENA_API int arena_block_release(arena *a, size_t block, void *stream);
  * (demotes at once under pressure, promotes after `hysteresis` steps of
  * room), learns the order run, and issues the next step's first copies. */
 ARENA_API int arena_step_end(arena *a);
+/* Under a vram_cap (all the device memory the process uses): the bytes the
+ * rest of the process holds on the device now, torch's caching allocator's
+ * (torch.cuda.memory_reserved(); arena.torch passes it before each step
+ * end). What it holds past the reserve comes out of the weights' budget at
+ * the next step end (blocks demoted at once), and goes back to them after
+ * `hysteresis` steps once the rest holds less. 0, the default: nothing
+ * counted. Without a cap nothing changes (free memory says it). Other
+ * programs' memory does not count against the cap. USAGE for a handle not
+ * live. */
+ARENA_API int arena_set_rest_memory(arena *a, uint64_t bytes);
 /* Between steps: run in `mode` from the next step on (a trainer drawing
  * previews switches to sample and back). The blocks resident stay where the
  * new mode's budget allows. USAGE inside a step or for an unknown mode. */

@@ -89,6 +89,15 @@ int arena_step_end(arena *a)
 	return rc ? rc : unlock(a, arena_engine_step_end(a->e));
 }
 
+int arena_set_rest_memory(arena *a, uint64_t bytes)
+{
+	int rc = lock(a, "arena_set_rest_memory");
+	if (rc)
+		return rc;
+	arena_engine_set_rest(a->e, bytes);
+	return unlock(a, 0);
+}
+
 int arena_set_mode(arena *a, int mode)
 {
 	int rc = lock(a, "arena_set_mode");

@@ -366,6 +366,17 @@ class Arena:
     def step_end(self) -> None:
         _check(_native.lib.arena_step_end(self._handle()))
 
+    def set_rest_memory(self, nbytes: int) -> None:
+        """Under a ``vram`` cap (all the device memory the process uses): the bytes the rest
+        of the process holds on the device now (torch's allocator: what
+        ``torch.cuda.memory_reserved()`` says; ``arena.torch`` passes it before each step
+        end). What it holds past ``reserve`` comes out of the weights' budget at the next
+        step end (blocks demoted at once), and goes back to them after ``hysteresis`` steps
+        once it holds less. Without a cap it changes nothing."""
+        if nbytes < 0:
+            raise ValueError(f"set_rest_memory: {nbytes} bytes is negative")
+        _check(_native.lib.arena_set_rest_memory(self._handle(), int(nbytes)))
+
     def acquire(self, block: Union[int, str], stream: Optional[int] = None) -> int:
         """Make ``stream`` (a native stream handle; None: the default stream, and on
         sim the host) wait for the block's bytes; returns their address."""

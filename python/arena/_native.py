@@ -195,6 +195,7 @@ _SIGS = {
     "arena_block_release": (c_int, [_P, c_size_t, c_void_p]),
     "arena_step_end": (c_int, [_P]),
     "arena_set_mode": (c_int, [_P, c_int]),
+    "arena_set_rest_memory": (c_int, [_P, c_uint64]),
     "arena_mode": (c_int, [_P]),
     "arena_sync": (c_int, [_P]),
     "arena_step_count": (c_uint64, [_P]),

@@ -412,6 +412,14 @@ class Handle:
         self._attached = False
         self._tracing = False
         self._trace_left: Optional[int] = None
+        # The device memory the rest of the process holds (torch's allocator on
+        # CUDA; None: nothing to say, as on sim, whose tensors are host memory).
+        self._rest_memory: Callable[[], Optional[int]] = self._torch_reserved
+
+    def _torch_reserved(self) -> Optional[int]:
+        if self._device.type != "cuda":
+            return None
+        return int(torch.cuda.memory_reserved(self._device))
 
     # --- steps ---------------------------------------------------------------------
     def _stream(self) -> Optional[int]:
@@ -456,6 +464,9 @@ class Handle:
         if self._step_open:
             self._release_deferred()
             self._step_open = False
+            rest = self._rest_memory()
+            if rest is not None:  # under a vram cap, torch's past the reserve leaves arena's budget
+                self.arena.set_rest_memory(rest)
             self.arena.step_end()
             if self._tracing and self._trace_left is not None:
                 self._trace_left -= 1
@@ -618,7 +629,9 @@ def attach(
     mode: "sample" or "train" (checkpointed training: forward, backward in reverse).
     vram: all device memory the process may use, arena's and torch's: arena
       takes ``vram`` less ``reserve`` (torch's working memory: default 1 GiB
-      sample, 4 GiB train) and ``headroom``.
+      sample, 4 GiB train) and ``headroom``; what torch's allocator holds past
+      ``reserve`` (read before each step end) leaves arena's share at that step's
+      end, and returns once torch holds less.
     trainable: names (or a predicate on names) of parameters of your own that
       stay torch parameters; peft adapter parameters are recognized.
     Other keywords go to :func:`arena.open` (``piece_size``: stream blocks in pieces

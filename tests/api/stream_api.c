@@ -324,6 +324,14 @@ static void run(const char *image)
 	OK(arena_block_release(a, 1, NULL));
 	OK(arena_step_end(a));
 	FAILS(arena_set_mode(a, 5), ARENA_E_USAGE, "neither sample nor train");
+	/* The rest of the process's device memory counts under a cap only (none here). */
+	OK(arena_step_get(a, arena_step_count(a) - 1, &r));
+	const uint64_t budget0 = r.budget;
+	OK(arena_set_rest_memory(a, 1u << 20));
+	step(a, train, 2 * NBLK, &r);
+	CHECK(r.budget == budget0 && r.demotions == 0, "no cap: the rest's memory moved the budget (%llu, was %llu)",
+	      (unsigned long long)r.budget, (unsigned long long)budget0);
+	OK(arena_set_rest_memory(a, 0));
 	arena_tensor_info ti;
 	FAILS(arena_tensor_get(a, 100000, &ti), ARENA_E_USAGE, "out of range");
 	arena_block_info bi;
@@ -342,6 +350,7 @@ static void run(const char *image)
 	arena_close(a); /* harmless while a reference remains */
 	CHECK(host[7] == byte_of("transformer_blocks.3.w", 7), "memory stays while referenced");
 	FAILS(arena_step_begin(a), ARENA_E_USAGE, "closed");
+	FAILS(arena_set_rest_memory(a, 0), ARENA_E_USAGE, "closed");
 	FAILS(arena_block_acquire(a, 1, NULL, &d), ARENA_E_USAGE, "closed");
 	arena_release(a);
 	FAILS(arena_block_acquire(a, 1, NULL, &d), ARENA_E_USAGE, "not an open arena");

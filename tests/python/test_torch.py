@@ -251,6 +251,32 @@ class Sampling(unittest.TestCase):
         self.check(m)
         h.detach()
 
+    def test_vram_counts_what_torch_holds(self):
+        """Under vram, what the rest of the process holds past reserve (torch's allocator:
+        on CUDA arena.torch tells the engine before each step end) leaves arena's budget:
+        blocks stream from the next step end on, and return once torch holds less. Every
+        step equals the plain model's."""
+        m = model()
+        h = at.attach(m, IMG, device="sim", sim_capacity="16G", vram="400K", reserve="100K", headroom=0, keep_last=0)
+        self.assertEqual(h.plan()["n_streamed"], 0)
+        held = [100 << 10]
+        h._rest_memory = lambda: held[0]
+        self.check(m, 2)
+        held[0] = 115 << 10  # 15 KiB past the reserve: the whole model (288 KiB) no longer fits
+        self.check(m, 3)
+        h.end_step()
+        st = h.stats()
+        self.assertEqual(st[-1]["budget"], (400 - 115) << 10)
+        self.assertGreater(h.plan()["n_streamed"], 0)
+        self.assertGreater(sum(r["demotions"] for r in st), 0)
+        held[0] = 0
+        self.check(m, 6)
+        h.end_step()
+        self.assertEqual(h.plan()["n_streamed"], 0, "back on the device after the hysteresis")
+        h.detach()
+        with self.assertRaises(ValueError):
+            h.arena.set_rest_memory(-1)
+
     def test_materialized_module_is_accepted(self):
         m = model(meta=False)
         old = m.x_embedder.weight

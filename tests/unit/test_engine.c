@@ -1087,11 +1087,11 @@ Test(engine, steady_steps_do_not_plan_again)
 	cr_assert_eq(arena_engine_plans_made(e), made, "20 steady steps planned %llu times",
 		     (unsigned long long)(arena_engine_plans_made(e) - made));
 	expect_whole(e, m);
-	/* Pressure: planned at once, demoted within the step, within budget.
-	 * Under a cap the memory others take counts against it (the rest of
-	 * the process: reserve 0 here): 200000 bytes taken leave the budget
-	 * 100000 over the least plan's need, resident blocks beyond it go. */
-	cr_assert_eq(arena_backend_sim_pressure(be, 200000), 0);
+	/* Pressure: planned at once, demoted within the step, within budget. */
+	uint64_t free_b, total;
+	be->ops->mem_info(be, &free_b, &total);
+	cr_assert_gt(free_b, 300000);
+	cr_assert_eq(arena_backend_sim_pressure(be, free_b - 300000), 0); /* 100000 under the headroom */
 	run_step(e, m, s, 1, 0);
 	arena_engine_step r;
 	cr_assert_eq(arena_engine_step_record(e, arena_engine_steps(e) - 1, &r), 0);
@@ -1131,16 +1131,15 @@ Test(engine, steady_steps_do_not_plan_again)
 }
 
 /* A cap is all the process's device memory: what the rest of it (torch's
- * allocator beside the adapter) takes after the engine was made counts
- * against it past the reserve: within the reserve nothing moves, past it
- * blocks are demoted at the step's end, and promoted again once it is given
- * back. Memory in use before the engine was made is not the process's
- * growth (the CUDA context, other programs). */
-Test(engine, a_cap_counts_what_the_rest_of_the_process_takes)
+ * allocator beside the adapter) holds, as the caller says, counts against
+ * it past the reserve: within the reserve nothing moves, past it blocks are
+ * demoted at the step's end, and promoted again once it holds less. Without
+ * a cap it counts for nothing; other programs' memory (sim pressure that
+ * leaves room) does not count. */
+Test(engine, a_cap_counts_what_the_rest_of_the_process_holds)
 {
 	sim_only();
-	const uint64_t before = 3 * MAXB, R = 1000000;
-	cr_assert_eq(arena_backend_sim_pressure(be, before), 0); /* before: not counted */
+	const uint64_t R = 1000000;
 	arena_model *m = load(0);
 	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
 	o.hysteresis = 2;
@@ -1156,29 +1155,43 @@ Test(engine, a_cap_counts_what_the_rest_of_the_process_takes)
 	cr_assert_eq(be->ops->stream_create(be, &s), 0);
 	run_step(e, m, s, 1, 0);
 	arena_engine_step r;
-	/* Within the reserve: nothing moves. */
-	cr_assert_eq(arena_backend_sim_pressure(be, before + R), 0);
+	/* Within the reserve, and other programs' memory: nothing moves. */
+	arena_engine_set_rest(e, R);
+	cr_assert_eq(arena_backend_sim_pressure(be, 8 * MAXB), 0);
 	run_step(e, m, s, 1, 0);
 	cr_assert_eq(arena_engine_step_record(e, arena_engine_steps(e) - 1, &r), 0);
 	cr_assert_eq(r.demotions, 0);
+	cr_assert_eq(r.budget, o.cap - o.headroom - R);
 	cr_assert_eq(arena_engine_plan(e)->resident_bytes, res0);
+	cr_assert_eq(arena_backend_sim_pressure(be, 0), 0);
 	/* Past it: demoted at the step's end, within the budget. */
-	cr_assert_eq(arena_backend_sim_pressure(be, before + R + 200000), 0);
+	arena_engine_set_rest(e, R + 200000);
 	run_step(e, m, s, 1, 0);
 	cr_assert_eq(arena_engine_step_record(e, arena_engine_steps(e) - 1, &r), 0);
 	cr_assert_gt(r.demotions, 0);
 	cr_assert_eq(r.over_budget, 0);
-	cr_assert_eq(r.budget, o.cap - o.headroom - R - 200000, "the cap less the reserve and the growth past it");
+	cr_assert_eq(r.budget, o.cap - o.headroom - R - 200000, "the cap less the reserve and the rest past it");
 	cr_assert_leq(arena_engine_plan(e)->need_bytes, r.budget);
 	cr_assert_lt(arena_engine_plan(e)->resident_bytes, res0);
 	expect_whole(e, m);
-	/* Given back: promoted after the hysteresis. */
-	cr_assert_eq(arena_backend_sim_pressure(be, before), 0);
+	/* Less again: promoted after the hysteresis. */
+	arena_engine_set_rest(e, R / 2);
 	for (int i = 0; i < 4; i++)
 		run_step(e, m, s, 1, 0);
 	cr_assert_eq(arena_engine_plan(e)->resident_bytes, res0);
 	expect_whole(e, m);
-	cr_assert_eq(arena_backend_sim_pressure(be, 0), 0);
+	be->ops->stream_destroy(be, s);
+	arena_engine_free(e);
+	/* No cap: the rest counts for nothing (free memory says it). */
+	o.cap = 0;
+	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+	const uint64_t res1 = arena_engine_plan(e)->resident_bytes;
+	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	arena_engine_set_rest(e, R + 4 * MAXB);
+	run_step(e, m, s, 1, 0);
+	cr_assert_eq(arena_engine_step_record(e, 0, &r), 0);
+	cr_assert_eq(r.demotions, 0);
+	cr_assert_eq(arena_engine_plan(e)->resident_bytes, res1);
 	be->ops->stream_destroy(be, s);
 	arena_engine_free(e);
 	arena_model_free(m);
