@@ -1566,8 +1566,9 @@ static int plan_now(arena_engine *e, uint64_t used, uint64_t *budget, uint64_t *
 		*budget = *budget > st ? *budget - st : 0;
 	}
 	*free_out = free_b;
+	/* (over budget: the smallest plan made for this very budget holds too) */
 	if (memo && e->memo_ok && e->memo_gen == e->plan_gen && e->memo_age < ENGINE_MEMO_STEPS &&
-	    *budget >= e->memo.need_bytes && *budget <= e->memo_budget + e->memo_slack) {
+	    (*budget >= e->memo.need_bytes || *budget == e->memo_budget) && *budget <= e->memo_budget + e->memo_slack) {
 		if ((rc = arena_residency_plan_copy(&e->memo, t)) == 0)
 			e->memo_age++;
 		return rc;
@@ -1582,9 +1583,9 @@ static int plan_now(arena_engine *e, uint64_t used, uint64_t *budget, uint64_t *
 		}
 		arena_error_clear();
 		rc = make_plan(e, t->min_need_bytes, t); /* the smallest plan */
-	} else if (!rc && memo) {
-		memo_keep(e, t, *budget);
 	}
+	if (!rc && memo)
+		memo_keep(e, t, *budget);
 	return rc;
 }
 

@@ -1197,6 +1197,49 @@ Test(engine, a_cap_counts_what_the_rest_of_the_process_holds)
 	arena_model_free(m);
 }
 
+/* Over budget (the smallest plan does not fit; not strict): the smallest
+ * plan is kept, not made again at every step end (two plans a step on the
+ * H200: 0.01 s of host time each step at 4 GiB). */
+Test(engine, over_budget_steps_do_not_plan_again)
+{
+	sim_only();
+	const uint64_t R = 1000000;
+	arena_model *m = load(0);
+	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	o.reserve = R;
+	o.cap = G + 3 * MAXB + 700000 + R;
+	arena_engine *e;
+	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+	arena_stream *s;
+	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	run_step(e, m, s, 1, 0);
+	arena_engine_set_rest(e, R + 700000 + 2 * MAXB); /* below the smallest plan */
+	run_step(e, m, s, 1, 0);
+	arena_engine_step r;
+	cr_assert_eq(arena_engine_step_record(e, arena_engine_steps(e) - 1, &r), 0);
+	cr_assert_eq(r.over_budget, 1);
+	const uint64_t made = arena_engine_plans_made(e);
+	for (int i = 0; i < 10; i++) {
+		run_step(e, m, s, 1, 0);
+		cr_assert_eq(arena_engine_step_record(e, arena_engine_steps(e) - 1, &r), 0);
+		cr_assert_eq(r.over_budget, 1);
+		cr_assert_eq(r.plan_s, 0, "step %d planned again", i);
+	}
+	cr_assert_eq(arena_engine_plans_made(e), made, "10 steps over budget planned %llu times",
+		     (unsigned long long)(arena_engine_plans_made(e) - made));
+	expect_whole(e, m);
+	arena_engine_set_rest(e, 0); /* back within: planned, promoted after the hysteresis */
+	for (int i = 0; i < 5; i++)
+		run_step(e, m, s, 1, 0);
+	cr_assert_eq(arena_engine_step_record(e, arena_engine_steps(e) - 1, &r), 0);
+	cr_assert_eq(r.over_budget, 0);
+	cr_assert_gt(arena_engine_plans_made(e), made);
+	expect_whole(e, m);
+	be->ops->stream_destroy(be, s);
+	arena_engine_free(e);
+	arena_model_free(m);
+}
+
 /* Rounding: cuda rounds allocations up (to 2 MiB), and so does sim with a
  * granularity (64 KiB here); free memory loses that beyond the bytes asked for. The engine counts it as its
  * own: a model that fits with a little headroom left stays resident (it
