@@ -1130,6 +1130,16 @@ Test(engine, steady_steps_do_not_plan_again)
 	arena_model_free(m);
 }
 
+/* A cap leaving some blocks streamed and some resident beside a reserve
+ * of R for the rest of the process. */
+static arena_engine_opts capped_opts(uint64_t R)
+{
+	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	o.reserve = R;
+	o.cap = G + 3 * MAXB + 700000 + R;
+	return o;
+}
+
 /* A cap is all the process's device memory: what the rest of it (torch's
  * allocator beside the adapter) holds, as the caller says, counts against
  * it past the reserve: within the reserve nothing moves, past it blocks are
@@ -1141,11 +1151,9 @@ Test(engine, a_cap_counts_what_the_rest_of_the_process_holds)
 	sim_only();
 	const uint64_t R = 1000000;
 	arena_model *m = load(0);
-	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	arena_engine_opts o = capped_opts(R);
 	o.hysteresis = 2;
-	o.reserve = R;
 	o.headroom = 400000;
-	o.cap = G + 3 * MAXB + 700000 + R; /* some streamed, some resident beside the reserve */
 	arena_engine *e;
 	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
 	const uint64_t res0 = arena_engine_plan(e)->resident_bytes;
@@ -1205,9 +1213,7 @@ Test(engine, over_budget_steps_do_not_plan_again)
 	sim_only();
 	const uint64_t R = 1000000;
 	arena_model *m = load(0);
-	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
-	o.reserve = R;
-	o.cap = G + 3 * MAXB + 700000 + R;
+	arena_engine_opts o = capped_opts(R);
 	arena_engine *e;
 	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
 	arena_stream *s;
