@@ -86,10 +86,10 @@ enum { CLI_O_MODE = 1000, CLI_O_DEPTH, CLI_O_KEEP, CLI_O_HEAD, CLI_O_RES, CLI_O_
 	"                      where a module's tensors start, at most SIZE unless one\n"        \
 	"                      module is larger: the ring holds pieces, more stays\n"            \
 	"                      resident, the model runs in less memory (plan shows the\n"        \
-	"                      floor); auto: whole blocks when all fit, else pieces of an\n"     \
-	"                      eighth of the largest block (64M for Flux; train: a\n"          \
-	"                      quarter, 128M) or smaller ones that fit; default whole\n"        \
-	"                      blocks\n"                                                      \
+	"                      floor); auto: whole blocks when all fit (train: when they\n"   \
+	"                      fit at all), else pieces of an eighth of the largest\n"        \
+	"                      block (64M for Flux; train: a quarter, 128M) or smaller\n"     \
+	"                      ones that fit; default whole blocks\n"                         \
 	"  --host-budget SIZE  images: host memory for streamed blocks; those beyond it\n"      \
 	"                      are read from the image when streamed, checked, ahead of\n"     \
 	"                      use through 384M of staging (within a budget of 1536M or\n"    \
