@@ -206,6 +206,10 @@ typedef struct arena_engine_opts {
 	 * move made) at the next one, which waits for it only if it is not done.
 	 * no_learn turns that off (the timing that fills gpu_* stays). */
 	int no_learn;
+	/* Give back the host copies of blocks on the device for good (promoted
+	 * at an earlier step end), unless kept (arena_block_mem.kept): read
+	 * again (o.reread) if the block is streamed later. Needs reread. */
+	int release_host;
 	/* Per block, the bytes a copy of it moves when fewer than its slab's
 	 * (coded streaming; the engine sets it from the model), or NULL: the
 	 * timed planner's copy times use them. */

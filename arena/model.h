@@ -39,6 +39,8 @@ typedef struct arena_block_mem {
 	 * staging, or a coded host copy's: arena_model_wire_add), or NULL.
 	 * Owned. */
 	struct arena_wire *disk_wire;
+	int kept; /* its host copy is the caller's for good (arena_block_keep_host):
+		   * never released while the block is resident */
 } arena_block_mem;
 
 typedef struct arena_model {
@@ -87,6 +89,10 @@ void arena_model_free(arena_model *m);
 int arena_model_host_add(arena_model *m, uint32_t b, uint8_t **slab);
 void arena_model_host_seal(arena_model *m, uint32_t b);
 void arena_model_host_discard(arena_model *m, uint32_t b);
+/* Give block b's host copy (raw or coded, in its own mapping or the
+ * shared one) back to the OS: unpinned, its pages discarded, host and wire
+ * NULL. For a block on the device whose copy nothing else holds. */
+void arena_model_host_release(arena_model *m, uint32_t b);
 /* The same for a host copy kept coded: block b (no host copy, its coded
  * form's plan in disk_wire) gets a wire of that plan in a writable mapping
  * of its own (*w: fill it, e.g. arena_slab_reader_read_wire), sealed or

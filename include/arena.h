@@ -233,6 +233,13 @@ enum { ARENA_MODE_SAMPLE = 0, ARENA_MODE_TRAIN = 1 };
  * (copies move ~3/4 of the bytes, the device decodes them: coded
  * streaming) unless this flag asks for raw host copies. */
 #define ARENA_OPEN_PLAIN_STREAM 8u
+/* A block that moves to the device for good (the engine promotes it when
+ * there is room) gives its host copy back to the OS at the next step end,
+ * and reads it again from its image if it is streamed later: host memory
+ * stays the streamed blocks'. Host addresses from arena_block_get and
+ * arena_tensor_get then stay valid only while their block is streamed,
+ * unless arena_block_keep_host() keeps that block's for good. */
+#define ARENA_OPEN_RELEASE_HOST 16u
 
 /* Zero-initialize and set what you need; every 0 is the default (the CLI's
  * defaults are these). NULL options = all defaults. */
@@ -317,7 +324,8 @@ typedef struct arena_block_info {
 	int resident;          /* 1: on the device now (device is its address, valid until
 				* the plan changes at a step_end or set_mode); 0: streamed */
 	void *device;          /* resident: the slab's device address; else NULL (acquire it) */
-	const void *host;      /* its canonical host copy (read-only, never changes), or NULL
+	const void *host;      /* its canonical host copy (read-only, never changes; with
+				* ARENA_OPEN_RELEASE_HOST see there), or NULL
 				* for a block that lives only on the device, only in the
 				* image (the disk tier: beyond host_budget), or coded */
 	int coded;             /* its host copy holds the image's hb4 chunks, not the raw
@@ -331,6 +339,11 @@ ARENA_API size_t arena_block_count(const arena *a);
 ARENA_API int arena_block_get(const arena *a, size_t i, arena_block_info *out);
 /* The index of the block called `name`: 0, or NOT_FOUND. */
 ARENA_API int arena_block_find(const arena *a, const char *name, size_t *index);
+/* Keep block i's host copy for the arena's life (ARENA_OPEN_RELEASE_HOST
+ * gives it back once the block is on the device for good): call it before
+ * using a host address from arena_block_get / arena_tensor_get beyond the
+ * next step end. 0, or USAGE (i out of range, a handle not live). */
+ARENA_API int arena_block_keep_host(arena *a, size_t i);
 /* Block i's name, device address (NULL when streamed) and size; NULL / 0
  * for i out of range. */
 ARENA_API const char *arena_block_name(const arena *a, size_t i);

@@ -181,7 +181,8 @@ int arena__engine_opts(const arena_open_options *o, arena_engine_opts *e)
 	if (o->mode != ARENA_MODE_SAMPLE && o->mode != ARENA_MODE_TRAIN)
 		return arena_errorf(ARENA_E_USAGE, "arena_open: mode %d is neither ARENA_MODE_SAMPLE nor ARENA_MODE_TRAIN",
 				    o->mode);
-	if (o->flags & ~(ARENA_OPEN_STRICT | ARENA_OPEN_NO_LEARN | ARENA_OPEN_FIXED_SCHEDULE | ARENA_OPEN_PLAIN_STREAM))
+	if (o->flags & ~(ARENA_OPEN_STRICT | ARENA_OPEN_NO_LEARN | ARENA_OPEN_FIXED_SCHEDULE | ARENA_OPEN_PLAIN_STREAM |
+			 ARENA_OPEN_RELEASE_HOST))
 		return arena_errorf(ARENA_E_USAGE, "arena_open: unknown flags 0x%x", o->flags);
 	if (o->depth > 64 || (o->keep_last > 64 && o->keep_last != ARENA_ZERO_COUNT))
 		return arena_errorf(ARENA_E_USAGE, "arena_open: depth %u or keep_last %u over 64", o->depth, o->keep_last);
@@ -202,6 +203,7 @@ int arena__engine_opts(const arena_open_options *o, arena_engine_opts *e)
 	e->strict = !!(o->flags & ARENA_OPEN_STRICT);
 	e->no_learn = !!(o->flags & ARENA_OPEN_NO_LEARN);
 	e->fixed_schedule = !!(o->flags & ARENA_OPEN_FIXED_SCHEDULE);
+	e->release_host = !!(o->flags & ARENA_OPEN_RELEASE_HOST);
 	return 0;
 }
 
@@ -533,6 +535,23 @@ int arena_block_get(const arena *ca, size_t i, arena_block_info *out)
 		out->device = out->resident ? a->m->mem[i].dev : NULL;
 		pthread_mutex_unlock(&a->mu);
 	}
+	arena__leave(a);
+	return rc;
+}
+
+int arena_block_keep_host(arena *a, size_t i)
+{
+	int rc = arena__enter(a);
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&a->mu);
+	if (a->closed)
+		rc = arena_errorf(ARENA_E_USAGE, "arena_block_keep_host: the arena is closed");
+	else if (i >= a->m->layout->n_blocks)
+		rc = arena_errorf(ARENA_E_USAGE, "block index %zu is out of range (%zu blocks)", i, a->m->layout->n_blocks);
+	else
+		a->m->mem[i].kept = 1;
+	pthread_mutex_unlock(&a->mu);
 	arena__leave(a);
 	return rc;
 }

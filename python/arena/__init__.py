@@ -280,6 +280,12 @@ class Arena:
         _check(_native.lib.arena_block_get(self._handle(), block, ctypes.byref(bi)))
         return bool(bi.resident), int(bi.device or 0), int(bi.host or 0)
 
+    def keep_host(self, block: int) -> None:
+        """Keep block ``block``'s host copy for the arena's life (an arena opened with
+        ``release_host``, the default, gives it back once the block is on the device for
+        good): before using a host address from :meth:`block_state` beyond the next step."""
+        _check(_native.lib.arena_block_keep_host(self._handle(), block))
+
     def coded(self, block: int) -> bool:
         """Whether the block's host copy holds its image's hb4 chunks rather than its
         bytes (coded streaming: an hb4 image's streamed blocks, whose copies move
@@ -295,6 +301,8 @@ class Arena:
         import torch
 
         nbytes = self.blocks[block].nbytes
+        if where == "host":
+            self.keep_host(block)  # the view outlives the step: the copy must too
         dev = self._dl_device() if where == "device" else (_dlpack.KDL_CPU, 0)
         with torch.inference_mode(False):
             return torch.from_dlpack(_dlpack.capsule(self._handle(), address, nbytes, *dev))
@@ -349,6 +357,8 @@ class Arena:
             addr = host or (dev if self.backend == "sim" else 0)
             if not addr or not b.nbytes:
                 continue
+            if host:
+                self.keep_host(b.index)
             raw = np.from_dlpack(_dlpack.Exporter(self._handle(), addr, b.nbytes, _dlpack.KDL_CPU, 0))
             raw.flags.writeable = False
             for t in self._tensors.values():
@@ -498,6 +508,7 @@ def open(
     piece_size: Size = None,
     host_budget: Size = None,
     plain_stream: bool = False,
+    release_host: bool = True,
 ) -> Arena:
     """Open an arena image, a safetensors file or a sharded checkpoint folder.
 
@@ -536,6 +547,12 @@ def open(
       streaming: faster where copies are the limit, and a quarter less host
       memory); ``stats()``' ``moved_bytes`` against ``streamed_bytes`` says
       what it saved. True keeps raw host copies (``tensors()`` can view them).
+    release_host: a block that moves to the device for good (promoted when there
+      is room) gives its host copy back to the OS at the next step end and reads
+      it again from its image if it is streamed later, so host memory stays the
+      streamed blocks'. ``tensors()``, ``arrays()`` and ``slab(where="host")``
+      keep the copies they view (:meth:`Arena.keep_host`); a host address from
+      ``block_state`` is otherwise valid while its block is streamed.
 
     Raises :class:`Error` (``code`` "BUDGET" when the model cannot run within
     ``vram`` at all; the message says what it needs).
@@ -571,7 +588,8 @@ def open(
     o.depth = depth or 0
     o.keep_last = 0 if keep_last is None else (keep_last or _native.ZERO_COUNT)
     o.flags = ((_native.OPEN_STRICT if strict else 0) | (0 if learn else _native.OPEN_NO_LEARN)
-               | (_native.OPEN_PLAIN_STREAM if plain_stream else 0))
+               | (_native.OPEN_PLAIN_STREAM if plain_stream else 0)
+               | (_native.OPEN_RELEASE_HOST if release_host else 0))
     o.profile = os.fsencode(profile) if profile else None
     o.sim_capacity = parse_size(sim_capacity, "sim_capacity") or 0
     o.sim_bandwidth = float(sim_bandwidth or 0)

@@ -32,6 +32,7 @@ PIECE_AUTO = (1 << 64) - 1  # ARENA_PIECE_AUTO
 OPEN_STRICT = 1
 OPEN_NO_LEARN = 2
 OPEN_PLAIN_STREAM = 8
+OPEN_RELEASE_HOST = 16
 OPEN_FIXED_SCHEDULE = 4
 
 
@@ -196,6 +197,7 @@ _SIGS = {
     "arena_step_end": (c_int, [_P]),
     "arena_set_mode": (c_int, [_P, c_int]),
     "arena_set_rest_memory": (c_int, [_P, c_uint64]),
+    "arena_block_keep_host": (c_int, [_P, c_size_t]),
     "arena_mode": (c_int, [_P]),
     "arena_sync": (c_int, [_P]),
     "arena_step_count": (c_uint64, [_P]),

@@ -332,6 +332,8 @@ static void run(const char *image)
 	CHECK(r.budget == budget0 && r.demotions == 0, "no cap: the rest's memory moved the budget (%llu, was %llu)",
 	      (unsigned long long)r.budget, (unsigned long long)budget0);
 	OK(arena_set_rest_memory(a, 0));
+	OK(arena_block_keep_host(a, 1));
+	FAILS(arena_block_keep_host(a, nblocks), ARENA_E_USAGE, "out of range");
 	arena_tensor_info ti;
 	FAILS(arena_tensor_get(a, 100000, &ti), ARENA_E_USAGE, "out of range");
 	arena_block_info bi;
@@ -351,6 +353,7 @@ static void run(const char *image)
 	CHECK(host[7] == byte_of("transformer_blocks.3.w", 7), "memory stays while referenced");
 	FAILS(arena_step_begin(a), ARENA_E_USAGE, "closed");
 	FAILS(arena_set_rest_memory(a, 0), ARENA_E_USAGE, "closed");
+	FAILS(arena_block_keep_host(a, 1), ARENA_E_USAGE, "closed");
 	FAILS(arena_block_acquire(a, 1, NULL, &d), ARENA_E_USAGE, "closed");
 	arena_release(a);
 	FAILS(arena_block_acquire(a, 1, NULL, &d), ARENA_E_USAGE, "not an open arena");

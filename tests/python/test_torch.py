@@ -254,10 +254,18 @@ class Sampling(unittest.TestCase):
     def test_vram_counts_what_torch_holds(self):
         """Under vram, what the rest of the process holds past reserve (torch's allocator:
         on CUDA arena.torch tells the engine before each step end) leaves arena's budget:
-        blocks stream from the next step end on, and return once torch holds less. Every
-        step equals the plain model's."""
+        blocks stream from the next step end on, and return once torch holds less; back
+        on the device they give their host copies back (release_host, the default), or
+        keep them. Every step equals the plain model's."""
+        for release in (True, False):
+            with self.subTest(release_host=release):
+                self._rest_and_release(release)
+
+    def _rest_and_release(self, release: bool) -> None:
         m = model()
-        h = at.attach(m, IMG, device="sim", sim_capacity="16G", vram="400K", reserve="100K", headroom=0, keep_last=0)
+        # learn=False: moves by bytes only (a loaded machine's timings must not decide them)
+        h = at.attach(m, IMG, device="sim", sim_capacity="16G", vram="400K", reserve="100K", headroom=0, keep_last=0,
+                      release_host=release, learn=False)
         self.assertEqual(h.plan()["n_streamed"], 0)
         held = [100 << 10]
         h._rest_memory = lambda: held[0]
@@ -269,10 +277,20 @@ class Sampling(unittest.TestCase):
         self.assertEqual(st[-1]["budget"], (400 - 115) << 10)
         self.assertGreater(h.plan()["n_streamed"], 0)
         self.assertGreater(sum(r["demotions"] for r in st), 0)
+        streamed = [b.index for b in h.arena.blocks if not h.arena.block_state(b.index)[0]]
+        self.assertTrue(all(h.arena.block_state(i)[2] for i in streamed), "streamed blocks have host copies")
         held[0] = 0
         self.check(m, 6)
         h.end_step()
         self.assertEqual(h.plan()["n_streamed"], 0, "back on the device after the hysteresis")
+        hosts = [h.arena.block_state(i)[2] for i in streamed]
+        if release:
+            self.assertEqual(hosts, [0] * len(streamed), "host copies given back")
+        else:
+            self.assertTrue(all(hosts), "host copies kept")
+        # the engine streams them again: read from the image again, the same outputs
+        held[0] = 115 << 10
+        self.check(m, 3)
         h.detach()
         with self.assertRaises(ValueError):
             h.arena.set_rest_memory(-1)

@@ -954,7 +954,20 @@ Test(engine, usage_errors)
 	arena_model_free(m);
 }
 
-Test(engine, pressure_at_random_steps)
+/* A cap leaving some blocks streamed and some resident beside a reserve
+ * of R for the rest of the process. */
+static arena_engine_opts capped_opts(uint64_t R)
+{
+	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	o.reserve = R;
+	o.cap = G + 3 * MAXB + 700000 + R;
+	return o;
+}
+
+/* Memory taken and given back at random; with release_host, blocks
+ * promoted again give their host copies back (one kept by the caller
+ * keeps its own) and read them again when demoted again. */
+static void pressure_run(int release)
 {
 	sim_only();
 	arena_model *m = load(1); /* device-only blocks: demotion re-reads them */
@@ -965,6 +978,9 @@ Test(engine, pressure_at_random_steps)
 	o.reread = arena_slab_reader_read;
 	o.reread_ctx = rr;
 	o.hysteresis = 2;
+	o.release_host = release;
+	const uint32_t keep = 3;
+	m->mem[keep].kept = 1;
 	arena_engine *e;
 	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
 	cr_assert_eq(arena_engine_plan(e)->n_streamed, 0);
@@ -993,6 +1009,89 @@ Test(engine, pressure_at_random_steps)
 	cr_assert_gt(demotions, 0);
 	cr_assert_gt(promotions, 0);
 	cr_assert_eq(arena_backend_sim_pressure(be, 0), 0);
+	/* Room for all: everything promoted after the hysteresis, then one more
+	 * step end for the copies of the last promotions. */
+	for (int step = 0; step < 5; step++)
+		run_step(e, m, s, 1, 0);
+	expect_whole(e, m);
+	cr_assert_eq(arena_engine_plan(e)->n_streamed, 0);
+	uint64_t held = 0;
+	unsigned with_host = 0;
+	for (uint32_t b = 0; b < m->layout->n_blocks; b++) {
+		if (m->mem[b].host) {
+			held += m->layout->blocks[b].bytes;
+			with_host++;
+			cr_assert(!release || b == keep, "block %u on the device kept its host copy", b);
+		}
+	}
+	cr_assert_eq(m->host_bytes, held);
+	if (release)
+		cr_assert_leq(with_host, 1, "only the kept block's copy stays");
+	else
+		cr_assert_gt(with_host, 1, "promoted blocks keep their copies");
+	be->ops->stream_destroy(be, s);
+	arena_engine_free(e);
+	arena_slab_reader_close(rr);
+	arena_model_free(m);
+}
+
+Test(engine, pressure_at_random_steps)
+{
+	pressure_run(0);
+}
+
+Test(engine, pressure_at_random_steps_releasing_host_copies)
+{
+	pressure_run(1);
+}
+
+/* release_host with the host copies the load made (one shared, pinned
+ * mapping): the blocks the plan puts on the device give theirs back at the
+ * first step end (unpinned, pages discarded); the streamed keep theirs; a
+ * released block demoted later reads its bytes again. */
+Test(engine, release_host_from_the_loaded_mapping)
+{
+	sim_only();
+	arena_model *m = load(0);
+	arena_slab_reader *rr;
+	cr_assert_eq(arena_slab_reader_open(img_path, m->layout, &rr), 0);
+	arena_engine_opts o = capped_opts(1000000);
+	o.headroom = 400000;
+	o.reread = arena_slab_reader_read;
+	o.reread_ctx = rr;
+	o.release_host = 1;
+	arena_engine *e;
+	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+	const arena_residency_plan *p = arena_engine_plan(e);
+	cr_assert_gt(p->n_streamed, 0);
+	cr_assert_gt(p->n_resident, 1);
+	const uint64_t pinned0 = m->pinned_bytes, host0 = m->host_bytes;
+	arena_stream *s;
+	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	run_step(e, m, s, 1, 0);
+	uint64_t gone = 0;
+	for (uint32_t b = 0; b < m->layout->n_blocks; b++) {
+		if (arena_block_is_globals(m->layout, b))
+			continue;
+		if (arena_engine_is_resident(e, b)) {
+			cr_assert_null(m->mem[b].host, "resident block %u kept its host copy", b);
+			gone += m->layout->blocks[b].bytes;
+		} else {
+			cr_assert_not_null(m->mem[b].host, "streamed block %u lost its host copy", b);
+		}
+	}
+	cr_assert_gt(gone, 0);
+	cr_assert_eq(m->host_bytes, host0 - gone);
+	cr_assert_lt(m->pinned_bytes, pinned0);
+	expect_whole(e, m);
+	/* The rest of the process takes room: resident blocks go, read again. */
+	arena_engine_set_rest(e, 1000000 + 300000);
+	run_step(e, m, s, 1, 0);
+	arena_engine_step r;
+	cr_assert_eq(arena_engine_step_record(e, arena_engine_steps(e) - 1, &r), 0);
+	cr_assert_gt(r.demotions, 0);
+	run_step(e, m, s, 1, 0);
+	expect_whole(e, m);
 	be->ops->stream_destroy(be, s);
 	arena_engine_free(e);
 	arena_slab_reader_close(rr);
@@ -1130,16 +1229,6 @@ Test(engine, steady_steps_do_not_plan_again)
 	arena_model_free(m);
 }
 
-/* A cap leaving some blocks streamed and some resident beside a reserve
- * of R for the rest of the process. */
-static arena_engine_opts capped_opts(uint64_t R)
-{
-	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
-	o.reserve = R;
-	o.cap = G + 3 * MAXB + 700000 + R;
-	return o;
-}
-
 /* A cap is all the process's device memory: what the rest of it (torch's
  * allocator beside the adapter) holds, as the caller says, counts against
  * it past the reserve: within the reserve nothing moves, past it blocks are
@@ -1200,6 +1289,40 @@ Test(engine, a_cap_counts_what_the_rest_of_the_process_holds)
 	cr_assert_eq(arena_engine_step_record(e, 0, &r), 0);
 	cr_assert_eq(r.demotions, 0);
 	cr_assert_eq(arena_engine_plan(e)->resident_bytes, res1);
+	be->ops->stream_destroy(be, s);
+	arena_engine_free(e);
+	arena_model_free(m);
+}
+
+/* The plan kept between steps holds for a budget up to a block more than
+ * it was made for, except where the budget holds every block: then the
+ * ring goes too, and all of it is resident after the hysteresis (a budget
+ * 10000 bytes short of the model streamed for good). */
+Test(engine, a_budget_that_holds_every_block_is_planned_again)
+{
+	sim_only();
+	arena_model *m = load(0);
+	uint64_t all = 0;
+	for (size_t b = 0; b < m->layout->n_blocks; b++)
+		all += m->layout->blocks[b].bytes;
+	const uint64_t R = 1000000;
+	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	o.reserve = R;
+	o.cap = all + R;
+	o.hysteresis = 2;
+	arena_engine *e;
+	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_engine_plan(e)->n_streamed, 0);
+	arena_stream *s;
+	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	arena_engine_set_rest(e, R + 10000);
+	run_step(e, m, s, 1, 0);
+	cr_assert_gt(arena_engine_plan(e)->n_streamed, 0);
+	arena_engine_set_rest(e, R);
+	for (int i = 0; i < 4; i++)
+		run_step(e, m, s, 1, 0);
+	cr_assert_eq(arena_engine_plan(e)->n_streamed, 0, "all resident again");
+	expect_whole(e, m);
 	be->ops->stream_destroy(be, s);
 	arena_engine_free(e);
 	arena_model_free(m);
@@ -1686,6 +1809,32 @@ Test(engine_learn, a_look_is_dropped_when_the_mode_changes)
 		arena_engine_free(e);
 		arena_model_free(m);
 	}
+}
+
+/* A look planned for a budget that moved before it was taken (the rest of
+ * the process took memory under the cap) is not moved to: the step end
+ * that takes it plans for the budget now, and every byte is right. */
+Test(engine_learn, a_look_for_a_budget_gone_by_is_not_moved_to)
+{
+	sim_only();
+	arena_model *m = load(0);
+	arena_stream *s;
+	arena_engine *e = learn_engine(m, ARENA_MODE_SAMPLE, 1, &s);
+	cr_assert_geq(steps_until_look(e, m, s, 0.0008), 0, "a look started within 8 steps");
+	arena_engine_step r;
+	cr_assert_eq(arena_engine_step_record(e, arena_engine_steps(e) - 1, &r), 0);
+	const uint64_t budget0 = r.budget;
+	arena_engine_set_rest(e, MAXB); /* reserve 0: all of it comes out of the budget */
+	run_step(e, m, s, 1, 0.0008);
+	expect_whole(e, m);
+	cr_assert_eq(arena_engine_looking(e), 0);
+	cr_assert_eq(arena_engine_step_record(e, arena_engine_steps(e) - 1, &r), 0);
+	cr_assert_eq(r.budget, budget0 - MAXB);
+	cr_assert_eq(r.profile_learned, 0, "the look for the old budget was not moved to");
+	cr_assert_leq(arena_engine_plan(e)->need_bytes, r.budget);
+	be->ops->stream_destroy(be, s);
+	arena_engine_free(e);
+	arena_model_free(m);
 }
 
 /* Allocation failures in a look, on the caller's thread (its copies of the
