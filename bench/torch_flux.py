@@ -237,6 +237,10 @@ def main() -> None:
     ap.add_argument("--host-timing", action="store_true", help="arena runs: host seconds in step_end/acquire/release per step")
     ap.add_argument("--piece-size", default=None, help="arena runs: stream blocks in pieces of at most this size")
     ap.add_argument("--keep-last", type=int, default=None, help="arena train runs: the ring's extra slots")
+    ap.add_argument("--rest-extra", default=None, metavar="SIZE@A-B",
+                    help="arena runs: report SIZE more device memory held by the rest of the process at step ends A..B "
+                         "(counted from 0): blocks leave the device and come back; records the host copies and RSS at "
+                         "every step end (rest_trace)")
     ap.add_argument("--no-learn", action="store_true", help="arena runs: plan by bytes, no learned profile (learn=False)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() before the timed steps (the collector stays on)")
@@ -290,6 +294,21 @@ def main() -> None:
         res["setup_s"] = time.perf_counter() - t0
         res["rss_after_setup"] = rss_parts()
         res["plan"] = h.plan()
+        if a.rest_extra:
+            import arena
+
+            size, _, span = a.rest_extra.partition("@")
+            extra, (lo, hi) = arena.parse_size(size), (int(x) for x in span.split("-"))
+            base, trace = h._rest_memory, []
+            res["rest_trace"] = trace
+
+            def rest() -> int:
+                k = len(trace)
+                pl = h.plan()
+                trace.append([k, pl["host_bytes"], pl["n_resident"], rss_parts().get("VmRSS", 0)])
+                return (base() or 0) + (extra if lo <= k <= hi else 0)
+
+            h._rest_memory = rest
         if a.host_timing:
             host_timing(h.arena)
         if a.vram:
