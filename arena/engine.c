@@ -110,7 +110,7 @@ struct arena_engine {
 	 * drift). */
 	arena_residency_plan memo;
 	int memo_ok;
-	uint64_t memo_budget, memo_slack, memo_gen, plan_gen;
+	uint64_t memo_budget, memo_gen, plan_gen;
 	unsigned memo_age;
 	uint64_t plans_made; /* by arena_residency_plan_make, for tests */
 	/* With a cap, the cap is all the process's device memory: the rest of
@@ -1554,27 +1554,31 @@ static void memo_keep(arena_engine *e, const arena_residency_plan *t, uint64_t b
 		arena_error_clear();
 		return;
 	}
-	/* Room less than the smallest streamed block makes no block resident. */
-	uint64_t slack = UINT64_MAX;
-	for (size_t i = 0; i < t->n_sched; i++) {
-		uint32_t b = t->sched[i];
-		if (!t->resident[b] && e->l->blocks[b].bytes < slack)
-			slack = e->l->blocks[b].bytes;
-	}
-	e->memo_slack = slack == UINT64_MAX ? 0 : slack;
 	e->memo_budget = budget;
 	e->memo_gen = e->plan_gen;
 	e->memo_age = 0;
 	e->memo_ok = 1;
 }
 
-/* Every block's bytes: the budget at which nothing needs to stream. */
-static uint64_t all_bytes(const arena_engine *e)
+/* Does plan t, made for budget `made`, hold for `budget`? Room less than its
+ * smallest streamed block makes no block resident; a budget that holds every
+ * block does (the ring goes too); less than t needs does not, except that
+ * over budget the smallest plan holds for the budget it was made for. */
+static int plan_holds(const arena_engine *e, const arena_residency_plan *t, uint64_t made, uint64_t budget)
 {
-	uint64_t n = 0;
+	uint64_t slack = UINT64_MAX, all = 0;
+	for (size_t i = 0; i < t->n_sched; i++) {
+		uint32_t b = t->sched[i];
+		if (!t->resident[b] && e->l->blocks[b].bytes < slack)
+			slack = e->l->blocks[b].bytes;
+	}
 	for (size_t b = 0; b < e->l->n_blocks; b++)
-		n += e->l->blocks[b].bytes;
-	return n;
+		all += e->l->blocks[b].bytes;
+	if (budget < t->need_bytes && budget != made)
+		return 0;
+	if (budget > made + (slack == UINT64_MAX ? 0 : slack))
+		return 0;
+	return !t->n_streamed || budget < all;
 }
 
 /* The plan for the budget now under e->o: the weights budget and the plan
@@ -1598,11 +1602,8 @@ static int plan_now(arena_engine *e, uint64_t used, uint64_t *budget, uint64_t *
 		*budget = *budget > st ? *budget - st : 0;
 	}
 	*free_out = free_b;
-	/* (over budget: the smallest plan made for this very budget holds too;
-	 * a budget that holds every block is planned: the ring goes too) */
 	if (memo && e->memo_ok && e->memo_gen == e->plan_gen && e->memo_age < ENGINE_MEMO_STEPS &&
-	    (*budget >= e->memo.need_bytes || *budget == e->memo_budget) && *budget <= e->memo_budget + e->memo_slack &&
-	    (*budget < all_bytes(e) || !e->memo.n_streamed)) {
+	    plan_holds(e, &e->memo, e->memo_budget, *budget)) {
 		if ((rc = arena_residency_plan_copy(&e->memo, t)) == 0)
 			e->memo_age++;
 		return rc;
@@ -1785,7 +1786,7 @@ static int look_take(arena_engine *e)
 		look_free(k);
 		return rc;
 	}
-	if (k->budget != e->rec.budget) { /* planned for a budget gone by: the next adapt plans by the profile */
+	if (!plan_holds(e, &k->t, k->budget, e->rec.budget)) { /* the budget moved on: the next adapt plans by the profile */
 		look_free(k);
 		return 0;
 	}
@@ -1817,8 +1818,9 @@ static int look_take(arena_engine *e)
  * step: the first look kept the plan, the steady profile predicted one 9%
  * faster; on the H200 the step went from 0.262 to 0.252 s). A look is
  * planned on a thread (look_start) and taken at the next step_end
- * (look_take; a look planned for a budget that has moved since is not
- * moved to: the profile is taken, the next step end plans by it). */
+ * (look_take; a look whose plan no longer holds for the budget, which has
+ * moved since, is not moved to: the profile is taken, the next step end
+ * plans by it). */
 static int learn(arena_engine *e)
 {
 	if (!e->timed || e->cost || e->o.no_learn || !e->plan.n_streamed || !e->lc_n ||
