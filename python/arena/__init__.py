@@ -275,7 +275,9 @@ class Arena:
 
     def block_state(self, block: int) -> Tuple[bool, int, int]:
         """(resident, device address or 0, host address or 0) of a block now. A
-        streamed block held coded (see :meth:`coded`) has no host address."""
+        streamed block held coded (see :meth:`coded`) has no host address. Opened with
+        ``release_host`` (the default), a host address holds while its block is
+        streamed: :meth:`keep_host` the block to use it longer."""
         bi = _native.BlockInfo()
         _check(_native.lib.arena_block_get(self._handle(), block, ctypes.byref(bi)))
         return bool(bi.resident), int(bi.device or 0), int(bi.host or 0)
