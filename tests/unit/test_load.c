@@ -516,16 +516,21 @@ Test(load, read_failures_at_each_step)
 	}
 }
 
-Test(load, allocation_failures_at_each_step)
+/* Loads of img_path with the nth allocation failing, n = 1, 2, ...: NOMEM
+ * (or whole: an allocation jansson survived) and nothing left behind
+ * (device memory, the pinned budget, the library's allocations beyond what
+ * a whole load keeps), until a load makes fewer than n allocations: whole. */
+static void load_alloc_faults(const arena_load_opts *o)
 {
-	arena_load_opts o = opts();
-	uint8_t on[6] = {1, 0, 1, 0, 1, 0};
-	o.on_device = on;
+	arena_model *m0 = NULL; /* a whole load first: what the library makes once and keeps is made */
+	cr_assert_eq(arena_load_image(img_path, o, &m0, NULL), 0, "%s", arena_last_error());
+	arena_model_free(m0);
+	const long live = arena_alloc_live();
 	long n;
 	for (n = 1; n < 100000; n++) {
 		arena_model *m = NULL;
 		arena_fault_alloc(n);
-		int rc = arena_load_image(img_path, &o, &m, NULL);
+		int rc = arena_load_image(img_path, o, &m, NULL);
 		int fired = arena_fault_alloc_fired();
 		arena_fault_alloc(0);
 		if (!fired) {
@@ -541,8 +546,57 @@ Test(load, allocation_failures_at_each_step)
 		cr_assert_null(m);
 		cr_assert_eq(dev_free(), 64 << 20, "n=%ld left device memory", n);
 		cr_assert_eq(atomic_load(&budget.used), 0, "n=%ld left pinned memory", n);
+		cr_assert_eq(arena_alloc_live(), live, "n=%ld leaked", n);
 	}
 	cr_assert_gt(n, 20);
+}
+
+/* The same with the nth read failing: IO, nothing left behind, until a load
+ * makes fewer reads: whole, every byte the image's. */
+static void load_read_faults(const arena_load_opts *o)
+{
+	long n;
+	for (n = 1; n < 200; n++) {
+		arena_model *m = NULL;
+		arena_fault_read(n);
+		int rc = arena_load_image(img_path, o, &m, NULL);
+		arena_fault_read(0);
+		if (rc == 0) {
+			expect_image_bytes(m);
+			arena_model_free(m);
+			break;
+		}
+		cr_assert_eq(rc, ARENA_E_IO, "n=%ld: %s", n, arena_last_error());
+		cr_assert_null(m);
+		cr_assert_eq(dev_free(), 64 << 20);
+		cr_assert_eq(atomic_load(&budget.used), 0);
+	}
+	cr_assert_gt(n, 3);
+}
+
+/* A load cancelled before it starts, and one of the image cut at `cut`:
+ * CANCELLED, IMG_TRUNCATED, nothing made. */
+static void load_truncated_and_cancelled(off_t cut)
+{
+	arena_load_opts o = opts();
+	arena_model *m = NULL;
+	volatile sig_atomic_t stop = 1;
+	o.cancel = &stop;
+	cr_assert_eq(arena_load_image(img_path, &o, &m, NULL), ARENA_E_CANCELLED);
+	cr_assert_null(m);
+	cr_assert_eq(dev_free(), 64 << 20);
+	cr_assert_eq(truncate(img_path, cut), 0);
+	o.cancel = NULL;
+	cr_assert_eq(arena_load_image(img_path, &o, &m, NULL), ARENA_E(IMG_TRUNCATED));
+	cr_assert_null(m);
+}
+
+Test(load, allocation_failures_at_each_step)
+{
+	arena_load_opts o = opts();
+	uint8_t on[6] = {1, 0, 1, 0, 1, 0};
+	o.on_device = on;
+	load_alloc_faults(&o);
 }
 
 Test(load, safetensors_destination_first)
@@ -904,17 +958,7 @@ Test(load_coded, raw_padding_not_zero_is_refused)
 
 Test(load_coded, truncated_and_cancelled)
 {
-	arena_load_opts o = opts();
-	arena_model *m = NULL;
-	volatile sig_atomic_t stop = 1;
-	o.cancel = &stop;
-	cr_assert_eq(arena_load_image(img_path, &o, &m, NULL), ARENA_E_CANCELLED);
-	cr_assert_null(m);
-	cr_assert_eq(dev_free(), 64 << 20);
-	cr_assert_eq(truncate(img_path, 150000), 0);
-	o.cancel = NULL;
-	cr_assert_eq(arena_load_image(img_path, &o, &m, NULL), ARENA_E(IMG_TRUNCATED));
-	cr_assert_null(m);
+	load_truncated_and_cancelled(150000);
 }
 
 Test(load_coded, read_and_allocation_failures_at_each_step)
@@ -923,44 +967,8 @@ Test(load_coded, read_and_allocation_failures_at_each_step)
 	o.io = ARENA_IO_BUFFERED;
 	uint8_t on[6] = {1, 0, 1, 0, 1, 0};
 	o.on_device = on;
-	long n;
-	for (n = 1; n < 200; n++) {
-		arena_model *m = NULL;
-		arena_fault_read(n);
-		int rc = arena_load_image(img_path, &o, &m, NULL);
-		arena_fault_read(0);
-		if (rc == 0) {
-			expect_image_bytes(m);
-			arena_model_free(m);
-			break;
-		}
-		cr_assert_eq(rc, ARENA_E_IO, "n=%ld: %s", n, arena_last_error());
-		cr_assert_null(m);
-		cr_assert_eq(dev_free(), 64 << 20);
-		cr_assert_eq(atomic_load(&budget.used), 0);
-	}
-	cr_assert_gt(n, 3);
-	for (n = 1; n < 100000; n++) {
-		arena_model *m = NULL;
-		arena_fault_alloc(n);
-		int rc = arena_load_image(img_path, &o, &m, NULL);
-		int fired = arena_fault_alloc_fired();
-		arena_fault_alloc(0);
-		if (!fired) {
-			cr_assert_eq(rc, 0, "%s", arena_last_error());
-			arena_model_free(m);
-			break;
-		}
-		if (rc == 0) {
-			arena_model_free(m);
-			continue;
-		}
-		cr_assert_eq(rc, ARENA_E_NOMEM, "n=%ld: %s: %s", n, arena_err_name(rc), arena_last_error());
-		cr_assert_null(m);
-		cr_assert_eq(dev_free(), 64 << 20, "n=%ld left device memory", n);
-		cr_assert_eq(atomic_load(&budget.used), 0, "n=%ld left pinned memory", n);
-	}
-	cr_assert_gt(n, 20);
+	load_read_faults(&o);
+	load_alloc_faults(&o);
 }
 
 /* A model of four 320 KiB bf16 blocks (weights-like values), coded in 64 KiB
@@ -1213,17 +1221,7 @@ Test(load_zstd, malformed_chunk_under_a_good_checksum_is_refused)
 
 Test(load_zstd, truncated_and_cancelled)
 {
-	arena_load_opts o = opts();
-	arena_model *m = NULL;
-	volatile sig_atomic_t stop = 1;
-	o.cancel = &stop;
-	cr_assert_eq(arena_load_image(img_path, &o, &m, NULL), ARENA_E_CANCELLED);
-	cr_assert_null(m);
-	cr_assert_eq(dev_free(), 64 << 20);
-	cr_assert_eq(truncate(img_path, 100000), 0);
-	o.cancel = NULL;
-	cr_assert_eq(arena_load_image(img_path, &o, &m, NULL), ARENA_E(IMG_TRUNCATED));
-	cr_assert_null(m);
+	load_truncated_and_cancelled(100000);
 }
 
 Test(load_zstd, read_and_allocation_failures_at_each_step)
@@ -1232,46 +1230,8 @@ Test(load_zstd, read_and_allocation_failures_at_each_step)
 	o.io = ARENA_IO_BUFFERED;
 	uint8_t on[6] = {1, 0, 1, 0, 1, 0};
 	o.on_device = on;
-	long n;
-	for (n = 1; n < 200; n++) {
-		arena_model *m = NULL;
-		arena_fault_read(n);
-		int rc = arena_load_image(img_path, &o, &m, NULL);
-		arena_fault_read(0);
-		if (rc == 0) {
-			expect_image_bytes(m);
-			arena_model_free(m);
-			break;
-		}
-		cr_assert_eq(rc, ARENA_E_IO, "n=%ld: %s", n, arena_last_error());
-		cr_assert_null(m);
-		cr_assert_eq(dev_free(), 64 << 20);
-		cr_assert_eq(atomic_load(&budget.used), 0);
-	}
-	cr_assert_gt(n, 3);
-	long live = arena_alloc_live();
-	for (n = 1; n < 100000; n++) {
-		arena_model *m = NULL;
-		arena_fault_alloc(n);
-		int rc = arena_load_image(img_path, &o, &m, NULL);
-		int fired = arena_fault_alloc_fired();
-		arena_fault_alloc(0);
-		if (!fired) {
-			cr_assert_eq(rc, 0, "%s", arena_last_error());
-			arena_model_free(m);
-			break;
-		}
-		if (rc == 0) {
-			arena_model_free(m);
-			continue;
-		}
-		cr_assert_eq(rc, ARENA_E_NOMEM, "n=%ld: %s: %s", n, arena_err_name(rc), arena_last_error());
-		cr_assert_null(m);
-		cr_assert_eq(dev_free(), 64 << 20, "n=%ld left device memory", n);
-		cr_assert_eq(atomic_load(&budget.used), 0, "n=%ld left pinned memory", n);
-		cr_assert_eq(arena_alloc_live(), live, "n=%ld leaked", n);
-	}
-	cr_assert_gt(n, 20);
+	load_read_faults(&o);
+	load_alloc_faults(&o);
 }
 
 /* Four 320 KiB bf16 blocks, coded with zstd in 64 KiB chunks, two of them
