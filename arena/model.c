@@ -251,18 +251,23 @@ void arena_model_host_seal(arena_model *m, uint32_t b)
 	mprotect(host_copy(bm), len, PROT_READ); /* best effort: the bytes are right either way */
 }
 
-void arena_model_host_discard(arena_model *m, uint32_t b)
+/* Drop block b's host copy: unpinned, then unmapped (a mapping of its own)
+ * or its pages discarded (in the shared mapping, whose slabs start and end
+ * on ARENA_SLAB_ALIGN, a multiple of the page: the pages are its own). */
+static void host_drop(arena_model *m, uint32_t b)
 {
 	arena_block_mem *bm = &m->mem[b];
-	if (!bm->own_host)
-		return;
+	uint8_t *p = host_copy(bm);
 	const uint64_t len = arena_model_host_len(m, b);
 	if (bm->pinned) {
-		arena_pin_budget_unregister(m->budget, m->backend, host_copy(bm), len);
+		arena_pin_budget_unregister(m->budget, m->backend, p, len);
 		m->pinned_bytes -= len;
 		bm->pinned = 0;
 	}
-	munmap(host_copy(bm), len);
+	if (bm->own_host)
+		munmap(p, len);
+	else
+		madvise(p, len, MADV_DONTNEED); /* best effort: the memory is unused either way */
 	if (bm->wire) {
 		m->host_bytes -= bm->wire->cap;
 		arena_wire_free(bm->wire);
@@ -274,33 +279,16 @@ void arena_model_host_discard(arena_model *m, uint32_t b)
 	bm->own_host = 0;
 }
 
+void arena_model_host_discard(arena_model *m, uint32_t b)
+{
+	if (m->mem[b].own_host)
+		host_drop(m, b);
+}
+
 void arena_model_host_release(arena_model *m, uint32_t b)
 {
-	arena_block_mem *bm = &m->mem[b];
-	uint8_t *p = host_copy(bm);
-	if (!p)
-		return;
-	if (bm->own_host) {
-		arena_model_host_discard(m, b);
-		return;
-	}
-	/* In the shared mapping: the slab's pages are its own (slabs start and
-	 * end on ARENA_SLAB_ALIGN, a multiple of the page). */
-	const uint64_t len = arena_model_host_len(m, b);
-	if (bm->pinned) {
-		arena_pin_budget_unregister(m->budget, m->backend, p, len);
-		m->pinned_bytes -= len;
-		bm->pinned = 0;
-	}
-	madvise(p, len, MADV_DONTNEED); /* best effort: the memory is unused either way */
-	if (bm->wire) {
-		m->host_bytes -= bm->wire->cap;
-		arena_wire_free(bm->wire);
-		bm->wire = NULL;
-	} else {
-		m->host_bytes -= m->layout->blocks[b].bytes;
-		bm->host = NULL;
-	}
+	if (host_copy(&m->mem[b]))
+		host_drop(m, b);
 }
 
 int arena_model_wire_add(arena_model *m, uint32_t b, arena_wire **w)

@@ -492,30 +492,6 @@ Test(load, cancelled)
 	cr_assert_eq(dev_free(), 64 << 20);
 }
 
-Test(load, read_failures_at_each_step)
-{
-	arena_load_opts o = opts();
-	o.io = ARENA_IO_BUFFERED;
-	uint8_t on[6] = {1, 0, 1, 0, 1, 0};
-	o.on_device = on;
-	for (long n = 1; n < 200; n++) {
-		arena_model *m = NULL;
-		arena_fault_read(n);
-		int rc = arena_load_image(img_path, &o, &m, NULL);
-		arena_fault_read(0);
-		if (rc == 0) {
-			cr_assert_gt(n, 3);
-			expect_image_bytes(m);
-			arena_model_free(m);
-			break;
-		}
-		cr_assert_eq(rc, ARENA_E_IO, "n=%ld: %s", n, arena_last_error());
-		cr_assert_null(m);
-		cr_assert_eq(dev_free(), 64 << 20);
-		cr_assert_eq(atomic_load(&budget.used), 0);
-	}
-}
-
 /* Loads of img_path with the nth allocation failing, n = 1, 2, ...: NOMEM
  * (or whole: an allocation jansson survived) and nothing left behind
  * (device memory, the pinned budget, the library's allocations beyond what
@@ -589,6 +565,15 @@ static void load_truncated_and_cancelled(off_t cut)
 	o.cancel = NULL;
 	cr_assert_eq(arena_load_image(img_path, &o, &m, NULL), ARENA_E(IMG_TRUNCATED));
 	cr_assert_null(m);
+}
+
+Test(load, read_failures_at_each_step)
+{
+	arena_load_opts o = opts();
+	o.io = ARENA_IO_BUFFERED;
+	uint8_t on[6] = {1, 0, 1, 0, 1, 0};
+	o.on_device = on;
+	load_read_faults(&o);
 }
 
 Test(load, allocation_failures_at_each_step)
