@@ -749,6 +749,29 @@ Test(image, two_inputs_same_tensor)
 	cr_assert_eq(open_verify(tmp("y.arena")), 0);
 }
 
+/* Converts of `in` to x.arena with the nth allocation failing, n = 1,
+ * 1 + step, ...: NOMEM (or whole: jansson survives some failed allocations)
+ * and no file left (the directory holds `others` besides), until a convert
+ * makes fewer than n allocations (after more than min_n): whole. */
+static void convert_alloc_faults(const char *in, const arena_convert_opts *o, long step, long min_n, int others)
+{
+	long n;
+	for (n = 1; n < 1000000; n += step) {
+		arena_fault_alloc(n);
+		int rc = arena_convert(&in, 1, tmp("x.arena"), o, NULL);
+		int fired = arena_fault_alloc_fired();
+		arena_fault_alloc(0);
+		if (!fired) {
+			cr_assert_eq(rc, 0, "%s", arena_last_error());
+			break;
+		}
+		cr_assert(rc == ARENA_E_NOMEM || rc == 0, "n=%ld: %s: %s", n, arena_err_name(rc), arena_last_error());
+		cr_assert_eq(dir_entries(tmpdir), others + (rc == 0), "n=%ld left a file", n);
+		unlink(tmp("x.arena"));
+	}
+	cr_assert_gt(n, min_n);
+}
+
 Test(image, allocation_failures_convert_and_open)
 {
 	/* Every N on a small model (a few hundred allocations). */
@@ -757,24 +780,10 @@ Test(image, allocation_failures_convert_and_open)
 	snprintf(in_path, sizeof(in_path), "%s", tmp("s.safetensors"));
 	const char *in = in_path;
 	arena_convert_opts o = {.threads = 1};
-	long n;
-	for (n = 1; n < 100000; n++) {
-		arena_fault_alloc(n);
-		int rc = arena_convert(&in, 1, tmp("x.arena"), &o, NULL);
-		int fired = arena_fault_alloc_fired();
-		arena_fault_alloc(0);
-		if (!fired) {
-			cr_assert_eq(rc, 0, "%s", arena_last_error());
-			break;
-		}
-		/* jansson survives some failed allocations (the result is then whole). */
-		cr_assert(rc == ARENA_E_NOMEM || rc == 0, "n=%ld: %s: %s", n, arena_err_name(rc), arena_last_error());
-		cr_assert_eq(dir_entries(tmpdir), 1 + (rc == 0), "n=%ld left a file", n);
-		unlink(tmp("x.arena"));
-	}
-	cr_assert_gt(n, 10);
+	convert_alloc_faults(in, &o, 1, 10, 1);
 	cr_assert_eq(convert1(in, tmp("x.arena")), 0);
 	cr_assert_eq(dir_entries(tmpdir), 2);
+	long n;
 	for (n = 1; n < 100000; n++) {
 		arena_image *img = NULL;
 		arena_fault_alloc(n);
@@ -798,21 +807,7 @@ Test(image, allocation_failures_tiny_flux_strided)
 	/* The real model, every 13th N (thousands of allocations in all). */
 	const char *in = fixture_path("tiny_flux.safetensors");
 	arena_convert_opts o = {.threads = 2};
-	long n;
-	for (n = 1; n < 1000000; n += 13) {
-		arena_fault_alloc(n);
-		int rc = arena_convert(&in, 1, tmp("x.arena"), &o, NULL);
-		int fired = arena_fault_alloc_fired();
-		arena_fault_alloc(0);
-		if (!fired) {
-			cr_assert_eq(rc, 0, "%s", arena_last_error());
-			break;
-		}
-		cr_assert(rc == ARENA_E_NOMEM || rc == 0, "n=%ld: %s: %s", n, arena_err_name(rc), arena_last_error());
-		cr_assert_eq(dir_entries(tmpdir), rc == 0, "n=%ld left a file", n);
-		unlink(tmp("x.arena"));
-	}
-	cr_assert_gt(n, 500);
+	convert_alloc_faults(in, &o, 13, 500, 0);
 }
 
 /* ---- blocks ---------------------------------------------------------------- */
@@ -1345,21 +1340,7 @@ static void coded_faults_leave_nothing(unsigned codec)
 	cr_assert_gt(fired, 3);
 	cr_assert_eq(open_verify(tmp("x.arena")), 0);
 	unlink(tmp("x.arena"));
-	long n;
-	for (n = 1; n < 1000000; n += 7) {
-		arena_fault_alloc(n);
-		int rc = arena_convert(&in, 1, tmp("x.arena"), &o, NULL);
-		int f = arena_fault_alloc_fired();
-		arena_fault_alloc(0);
-		if (!f) {
-			cr_assert_eq(rc, 0, "%s", arena_last_error());
-			break;
-		}
-		cr_assert(rc == ARENA_E_NOMEM || rc == 0, "n=%ld: %s: %s", n, arena_err_name(rc), arena_last_error());
-		cr_assert_eq(dir_entries(tmpdir), rc == 0, "n=%ld left a file", n);
-		unlink(tmp("x.arena"));
-	}
-	cr_assert_gt(n, 100);
+	convert_alloc_faults(in, &o, 7, 100, 0);
 	unlink(tmp("x.arena"));
 	/* A read failure in the middle of a coded convert (workers waiting for
 	 * their place in the file must not hang). */
