@@ -539,23 +539,6 @@ int arena_block_get(const arena *ca, size_t i, arena_block_info *out)
 	return rc;
 }
 
-int arena_block_keep_host(arena *a, size_t i)
-{
-	int rc = arena__enter(a);
-	if (rc)
-		return rc;
-	pthread_mutex_lock(&a->mu);
-	if (a->closed)
-		rc = arena_errorf(ARENA_E_USAGE, "arena_block_keep_host: the arena is closed");
-	else if (i >= a->m->layout->n_blocks)
-		rc = arena_errorf(ARENA_E_USAGE, "block index %zu is out of range (%zu blocks)", i, a->m->layout->n_blocks);
-	else
-		a->m->mem[i].kept = 1;
-	pthread_mutex_unlock(&a->mu);
-	arena__leave(a);
-	return rc;
-}
-
 int arena_block_find(const arena *a, const char *name, size_t *index)
 {
 	int rc = arena__enter(a);

@@ -1,5 +1,6 @@
 /* steps.c - the public step calls (include/arena.h): acquire and release
- * blocks, steps, modes, records, profiles; each under the arena's lock. */
+ * blocks, steps, modes, the rest of the process's memory and the host
+ * copies kept, records, profiles; each under the arena's lock. */
 #include <stdio.h>
 #include <string.h>
 
@@ -96,6 +97,18 @@ int arena_set_rest_memory(arena *a, uint64_t bytes)
 		return rc;
 	arena_engine_set_rest(a->e, bytes);
 	return unlock(a, 0);
+}
+
+int arena_block_keep_host(arena *a, size_t i)
+{
+	int rc = lock(a, "arena_block_keep_host");
+	if (rc)
+		return rc;
+	if (i >= a->m->layout->n_blocks)
+		rc = arena_errorf(ARENA_E_USAGE, "block index %zu is out of range (%zu blocks)", i, a->m->layout->n_blocks);
+	else
+		a->m->mem[i].kept = 1;
+	return unlock(a, rc);
 }
 
 int arena_set_mode(arena *a, int mode)

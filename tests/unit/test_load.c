@@ -58,6 +58,17 @@ static arena_load_opts opts(void)
 				 .io = ARENA_IO_AUTO};
 }
 
+/* The fault sweeps' loads: every other block on the device, through `io`. */
+static const uint8_t every_other[6] = {1, 0, 1, 0, 1, 0};
+
+static arena_load_opts every_other_opts(int io)
+{
+	arena_load_opts o = opts();
+	o.io = io;
+	o.on_device = every_other;
+	return o;
+}
+
 /* Every block's bytes (device or host) equal the image's slab bytes. */
 static void expect_image_bytes(const arena_model *m)
 {
@@ -569,18 +580,13 @@ static void load_truncated_and_cancelled(off_t cut)
 
 Test(load, read_failures_at_each_step)
 {
-	arena_load_opts o = opts();
-	o.io = ARENA_IO_BUFFERED;
-	uint8_t on[6] = {1, 0, 1, 0, 1, 0};
-	o.on_device = on;
+	arena_load_opts o = every_other_opts(ARENA_IO_BUFFERED);
 	load_read_faults(&o);
 }
 
 Test(load, allocation_failures_at_each_step)
 {
-	arena_load_opts o = opts();
-	uint8_t on[6] = {1, 0, 1, 0, 1, 0};
-	o.on_device = on;
+	arena_load_opts o = every_other_opts(ARENA_IO_AUTO);
 	load_alloc_faults(&o);
 }
 
@@ -948,10 +954,7 @@ Test(load_coded, truncated_and_cancelled)
 
 Test(load_coded, read_and_allocation_failures_at_each_step)
 {
-	arena_load_opts o = opts();
-	o.io = ARENA_IO_BUFFERED;
-	uint8_t on[6] = {1, 0, 1, 0, 1, 0};
-	o.on_device = on;
+	arena_load_opts o = every_other_opts(ARENA_IO_BUFFERED);
 	load_read_faults(&o);
 	load_alloc_faults(&o);
 }
@@ -1211,10 +1214,7 @@ Test(load_zstd, truncated_and_cancelled)
 
 Test(load_zstd, read_and_allocation_failures_at_each_step)
 {
-	arena_load_opts o = opts();
-	o.io = ARENA_IO_BUFFERED;
-	uint8_t on[6] = {1, 0, 1, 0, 1, 0};
-	o.on_device = on;
+	arena_load_opts o = every_other_opts(ARENA_IO_BUFFERED);
 	load_read_faults(&o);
 	load_alloc_faults(&o);
 }
