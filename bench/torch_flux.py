@@ -241,6 +241,8 @@ def main() -> None:
                     help="arena runs: report SIZE more device memory held by the rest of the process at step ends A..B "
                          "(counted from 0): blocks leave the device and come back; records the host copies and RSS at "
                          "every step end (rest_trace)")
+    ap.add_argument("--offload-saved", default=None, metavar="on|SIZE",
+                    help="arena train runs: attach(offload_saved=...): saved tensors wait in host memory")
     ap.add_argument("--no-learn", action="store_true", help="arena runs: plan by bytes, no learned profile (learn=False)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() before the timed steps (the collector stays on)")
@@ -290,7 +292,8 @@ def main() -> None:
         at._open = timed_open
         h = at.attach(m, a.image, mode="train" if train else "sample", vram=a.vram, reserve=a.reserve, depth=a.depth,
                       device="cuda", piece_size=a.piece_size, keep_last=a.keep_last,
-                      **({"learn": False} if a.no_learn else {}))
+                      **({"learn": False} if a.no_learn else {}),
+                      **({"offload_saved": True if a.offload_saved == "on" else a.offload_saved} if a.offload_saved else {}))
         res["setup_s"] = time.perf_counter() - t0
         res["rss_after_setup"] = rss_parts()
         res["plan"] = h.plan()
@@ -393,6 +396,8 @@ def main() -> None:
     res["torch_alloc_retries"] = ms.get("num_alloc_retries", 0)
     res["torch_device_frees"] = ms.get("num_device_free", 0)
     res["host_peak_rss"] = rss()
+    if h is not None:
+        res["offload"] = h.offload_stats()
     res["rss_after_steps"] = rss_parts()
     if h is not None and a.trace:
         with h.trace(a.trace):

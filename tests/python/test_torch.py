@@ -111,6 +111,11 @@ def train_steps(m, steps: int = 2):
     return losses, grads, {n: p.detach().clone() for n, p in ps.items()}
 
 
+def _saved_hooks() -> list:
+    """The saved-tensor hooks in force on this thread (empty outside any)."""
+    return list(torch._C._autograd._top_saved_tensors_default_hooks(False) or [])
+
+
 def same(a: dict, b: dict) -> list:
     assert a.keys() == b.keys(), (sorted(a)[:3], sorted(b)[:3])
     return [k for k in a if not torch.equal(a[k], b[k])]
@@ -357,6 +362,53 @@ class Training(unittest.TestCase):
     def test_lora_added_before_attach(self):
         h, (losses, grads, after) = self.run_attached(STREAM, lora_first=True)
         self.assertEqual(same(grads, self.grads), [], "peft's base_layer names map to the image's")
+        h.detach()
+
+    def test_saved_tensors_in_host_memory(self):
+        """offload_saved: what the forward saves for the backward waits in host memory
+        and comes back ahead of its use; the step is the plain model's bit for bit."""
+        for opts in (STREAM, dict(Pieces.PIECES, sim_capacity="200K")):
+            h, (losses, grads, after) = self.run_attached(dict(opts, offload_saved=1))
+            self.assertGreater(h.plan()["n_streamed"], 0)
+            self.assertEqual(losses, self.losses)
+            self.assertEqual(same(grads, self.grads), [], "gradients equal the plain model's bit for bit")
+            self.assertEqual(same(after, self.after), [])
+            st = h.offload_stats()
+            # each block's inputs at least (hidden states; text states, the shared embedding once)
+            nblocks = len({b.name.partition("#")[0] for b in h.arena.blocks if b.container})
+            self.assertGreater(st["tensors"], nblocks, st)
+            self.assertGreaterEqual(st["fetched_ahead"] + st["fetched_late"], st["tensors"], "every one came back")
+            self.assertLessEqual(st["fetched_late"], 2, st)
+            self.assertEqual(_saved_hooks(), [], "no saved-tensor hooks left after the forward")
+            with h.sampling(), torch.no_grad():
+                m = h.module
+                m(**inputs(3))
+            self.assertEqual(h.offload_stats()["tensors"], 0, "a forward without autograd saves nothing")
+            h.detach()
+        # only tensors of at least the size given
+        h, _ = self.run_attached(dict(STREAM, offload_saved="1K"))
+        big = h.offload_stats()
+        self.assertGreater(big["tensors"], 0)
+        self.assertLess(big["tensors"], st["tensors"])
+        self.assertEqual(big["fetched_late"], 0)
+        h.detach()
+        h, _ = self.run_attached(STREAM)
+        self.assertEqual(h.offload_stats(), dict(tensors=0, bytes=0, fetched_ahead=0, fetched_late=0))
+        h.detach()
+
+    def test_saved_tensors_after_a_failed_forward(self):
+        m = model()
+        h = at.attach(m, IMG, mode="train", offload_saved=1, **STREAM)
+        add_lora(m)
+        m.enable_gradient_checkpointing()
+        bad = inputs()
+        bad["encoder_hidden_states"] = bad["encoder_hidden_states"][..., :31]
+        with self.assertRaises(RuntimeError):
+            m(**bad)
+        self.assertEqual(_saved_hooks(), [], "the hooks go with the failed forward")
+        losses, grads, _ = train_steps(m)
+        self.assertEqual(losses, self.losses)
+        self.assertEqual(same(grads, self.grads), [])
         h.detach()
 
     def test_meta_adapters_are_refused(self):
