@@ -392,6 +392,7 @@ def main() -> None:
     res["step_s_median"] = ss[len(ss) // 2]
     res["device_peak_bytes"] = peak.used()
     res["torch_max_reserved"] = torch.cuda.max_memory_reserved()
+    res["torch_max_allocated"] = torch.cuda.max_memory_allocated()
     ms = torch.cuda.memory_stats()
     res["torch_alloc_retries"] = ms.get("num_alloc_retries", 0)
     res["torch_device_frees"] = ms.get("num_device_free", 0)

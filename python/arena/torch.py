@@ -413,10 +413,15 @@ class _SavedOffload:
     activations of the layers outside the blocks: on Flux at 1024x1024, 1.8 GB
     of device memory at the forward's end. Those of at least ``min_bytes`` are
     copied to pinned host memory as they are saved, on a stream of their own
-    beside the compute (their device memory goes back to torch's allocator when
-    the copy is done), and copied back on another stream in the backward,
+    beside the compute, and copied back on another stream in the backward,
     ``ahead`` tensors before the backward reaches them: a block's inputs come
-    back while the block after it runs its backward. The two directions use
+    back while the block after it runs its backward. Device memory stays in
+    the order of torch's stream (no ``record_stream``, which keeps a block from
+    reuse until the device has caught up with a host running ahead of it: torch
+    then reserves memory it does not use): a tensor copied out is let go once
+    torch's stream has been told to wait for its copy, ``lag`` tensors later;
+    a tensor fetched back is allocated on torch's stream and the copy waits
+    for the stream's work queued before it. The two directions use
     the link's two ways; the weights arena streams in go the other way from the
     forward's copies, and the backward's copies fit in what its compute leaves.
     Parameters and views of them (arena's weights, adapters) stay where they
@@ -426,6 +431,7 @@ class _SavedOffload:
     path, tested, with nothing to gain."""
 
     ahead = 4
+    lag = 4
 
     def __init__(self, device: torch.device, min_bytes: int):
         self.device = device
@@ -436,6 +442,7 @@ class _SavedOffload:
         self.hooks: Optional[Any] = None
         self.to_host: Any = None
         self.to_dev: Any = None
+        self.copying: List[Tuple[torch.Tensor, Any]] = []  # tensors being copied out, and the copies' events
         self.count = self._zero()
 
     @staticmethod
@@ -446,6 +453,7 @@ class _SavedOffload:
     def begin(self, grad: bool) -> None:
         """A step's forward starts; with autograd on (``grad``), saved tensors go to the host."""
         self.end()
+        self._drop_fetched()
         self.saved = []
         self.seen.clear()
         self.count = self._zero()
@@ -464,6 +472,7 @@ class _SavedOffload:
         hooks, self.hooks = self.hooks, None
         hooks.__exit__(None, None, None)
         self.seen.clear()
+        self._let_go(0)
         self._prefetch(len(self.saved))
 
     # --- the hooks ---
@@ -484,7 +493,8 @@ class _SavedOffload:
             with torch.cuda.stream(self.to_host):
                 host.copy_(t, non_blocking=True)
                 ready = self.to_host.record_event()
-            t.record_stream(self.to_host)  # its memory is not reused before the copy is done
+            self.copying.append((t, ready))
+            self._let_go(self.lag)
         else:
             host, ready = t.detach().clone(), None
         e = _Saved(host, ready, nbytes, len(self.saved))
@@ -503,9 +513,7 @@ class _SavedOffload:
             self.count["fetched_late"] += 1
         else:
             if self.cuda:
-                cur = torch.cuda.current_stream(self.device)
-                cur.wait_event(e.fetched)
-                dev.record_stream(cur)
+                torch.cuda.current_stream(self.device).wait_event(e.fetched)
             if e.pending:
                 self.count["fetched_ahead"] += 1
         e.pending = False
@@ -515,15 +523,39 @@ class _SavedOffload:
         return dev
 
     def _fetch(self, e: _Saved, stream: Any) -> torch.Tensor:
+        """``e`` back on the device: on ``stream`` (ahead), or on torch's stream (None)."""
         if not self.cuda:
             return e.host.clone()
-        s = stream if stream is not None else torch.cuda.current_stream(self.device)
+        cur = torch.cuda.current_stream(self.device)
+        dev = torch.empty_like(e.host, device=self.device)  # from torch's stream's memory
+        s = cur
+        if stream is not None:
+            s = stream
+            s.wait_stream(cur)  # the memory is free in the order of torch's stream
         s.wait_event(e.ready)
         with torch.cuda.stream(s):
-            dev = torch.empty_like(e.host, device=self.device)
             dev.copy_(e.host, non_blocking=True)
             e.fetched = s.record_event()
         return dev
+
+    def _let_go(self, keep: int) -> None:
+        """Torch's stream waits for the copies out but the last ``keep`` (long done by
+        the time the stream gets there); their tensors' memory is torch's again."""
+        cur = torch.cuda.current_stream(self.device) if self.copying else None
+        while len(self.copying) > keep:
+            _, ready = self.copying.pop(0)
+            cur.wait_event(ready)
+
+    def _drop_fetched(self) -> None:
+        """Tensors fetched ahead and never used (the step ended): torch's stream waits
+        for their copies before their memory goes back."""
+        if not self.cuda:
+            return
+        cur = torch.cuda.current_stream(self.device)
+        for e in self.saved:
+            if e.dev is not None:
+                cur.wait_event(e.fetched)
+                e.dev = None
 
     def _prefetch(self, below: int) -> None:
         """Keep ``ahead`` tensors saved before position ``below`` fetched (the backward
