@@ -39,6 +39,11 @@ they are on is fine, and moves the other parameters as usual).
 compiled code; parameters keep their identity, shape and dtype, so steps
 after the first recompile nothing.
 
+``offload_saved``: what a training step's forward saves for its backward
+(with checkpointing, each block's inputs) waits in pinned host memory, copied
+out beside the forward and back ahead of the backward: less device memory for
+torch, the same gradients (docs/PYTHON.md, "Saved tensors in host memory").
+
 Blocks in pieces (``piece_size``): each module inside a block that owns bound
 tensors acquires the piece holding them when it is called; the block's call
 holds a piece from its first use to its last (docs/PYTHON.md, "Blocks in
