@@ -1,26 +1,7 @@
 #!/bin/sh
 # session 12, call 1: training with the saved tensors in host memory (offload_saved) at 8 and 4 GiB against the resident step and the same runs without; release_host in a sampling run under pressure
-set -u
-T0=$(date +%s)
-export LD_LIBRARY_PATH=$PWD/gpu-libs:/usr/local/cuda/lib64
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD/python || exit 1
-A=build/arena; W=/tmp/w; O=$W/o1; mkdir -p $O
-log() { echo "== $(date +%T) $*"; }
-ST=$W/f.safetensors
-log synth; [ -f $W/f.arena ] && [ -f $W/fc.arena ] || { [ -f $ST ] || $A synth --layout flux-dev -o $ST -q || exit 1; }
-log convert
-[ -f $W/f.arena ] || $A convert -q $ST -o $W/f.arena || exit 1
-[ -f $W/fc.arena ] || $A convert -q --codec hb4 $ST -o $W/fc.arena || exit 1
-rm -f $ST
-t() { n=$1; r=$2; shift 2; [ $(( $(date +%s) - T0 )) -gt ${LATE:-470} ] && { log "skip $n"; return; }
- log "torch $n"; cat $W/f.arena $W/fc.arena >/dev/null; timeout 110 python3 bench/torch_flux.py $r "$@" 2>$O/$n.err | tail -n 1 >$O/$n.jsonl; python3 bench/torch_summary.py $O/$n.jsonl || tail -3 $O/$n.err; python3 -c '
-import json,sys; d=json.loads(open(sys.argv[1]).read()); s=d["steps_s"]; print("setup", d.get("setup_s"), "open", d.get("open_s"), "steps", [round(x,4) for x in s])
-print("  phases", d.get("phases_s"))
-print("  offload", d.get("offload"), "torch max reserved %.2f GiB" % (d["torch_max_reserved"]/2**30), "device peak %.2f steady %.2f GiB" % (d["device_peak_bytes"]/2**30, d.get("device_peak_steady_bytes",0)/2**30))
-print("  rss", {k: round(v/2**30,2) for k,v in d.get("rss_after_setup",{}).items()}, {k: round(v/2**30,2) for k,v in d.get("rss_after_steps",{}).items()})
-print("  rest_trace", d.get("rest_trace"))
-r=d.get("records",[]); print("  budget GiB", [round(x.get("budget",0)/2**30,2) for x in r], "over", [x.get("over_budget") for x in r][:4])
-print("  moves", [x.get("demotions",0) for x in r], [x.get("promotions",0) for x in r], "moved GB", [round(x["moved_bytes"]/1e9,2) for x in r][-4:], "stall", [round(x["stall_s"],3) for x in r][-4:])' $O/$n.jsonl; }
+# (rewritten after the run over bench/gpu_call.sh: the same commands)
+O=/tmp/w/o1 IMAGES="plain hb4" . bench/gpu_call.sh
 python3 bench/runs/2026-12-02-s12/calls/offload_smoke.py || exit 1
 TR="--steps 16 --host-timing --gc-freeze"
 t tr arena-train $TR --image $W/f.arena --grads $W/grads-plain-train-all.pt

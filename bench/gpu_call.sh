@@ -1,0 +1,58 @@
+# gpu_call.sh - sourced by a device call's script (bench/runs/*/calls/callN.sh):
+# the GPU machine's set-up for bench/torch_flux.py runs, and a runner that
+# prints what each run recorded.
+#
+#   O=/tmp/w/o1 IMAGES="plain hb4" . bench/gpu_call.sh
+#   t NAME RUN [torch_flux.py arguments]   # $O/NAME.jsonl, $O/NAME.err; a summary on stdout
+#
+# Set-up: LD_LIBRARY_PATH for the carried gpu-libs, the carried wheels (.whl:
+# diffusers) into /tmp/site, flux-dev from `arena synth` converted to
+# $W/f.arena (IMAGES has plain) and $W/fc.arena (hb4), the safetensors removed.
+# t skips a run once the call has run LATE seconds (default 470: a call has
+# 600) and gives each TO seconds (default 110). The images are read once
+# before each run (page cache warm, as a trainer's second start).
+set -u
+T0=$(date +%s)
+export LD_LIBRARY_PATH=$PWD/gpu-libs:/usr/local/cuda/lib64
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
+	export PYTHONPATH=/tmp/site:$PWD/python || exit 1
+A=${A:-build/arena}
+W=${W:-/tmp/w}
+mkdir -p "$O"
+log() { echo "== $(date +%T) $*"; }
+ST=$W/f.safetensors
+IMGS=
+log synth
+for i in ${IMAGES:-plain hb4}; do
+	case $i in plain) f=$W/f.arena c= ;; hb4) f=$W/fc.arena c="--codec hb4" ;; *) echo "IMAGES: $i?"; exit 1 ;; esac
+	IMGS="$IMGS $f"
+	[ -f "$f" ] && continue
+	[ -f "$ST" ] || $A synth --layout flux-dev -o "$ST" -q || exit 1
+	log "convert $i"
+	$A convert -q $c "$ST" -o "$f" || exit 1
+done
+rm -f "$ST"
+t() {
+	n=$1 r=$2
+	shift 2
+	[ $(($(date +%s) - T0)) -gt "${LATE:-470}" ] && { log "skip $n"; return; }
+	log "torch $n"
+	cat $IMGS >/dev/null
+	timeout "${TO:-110}" python3 bench/torch_flux.py "$r" "$@" 2>"$O/$n.err" | tail -n 1 >"$O/$n.jsonl"
+	python3 bench/torch_summary.py "$O/$n.jsonl" || tail -3 "$O/$n.err"
+	python3 - "$O/$n.jsonl" <<'PY'
+import json, sys
+d = json.loads(open(sys.argv[1]).read())
+G = 2**30
+print("setup", d.get("setup_s"), "open", d.get("open_s"), "steps", [round(x, 4) for x in d["steps_s"]])
+print("  phases", d.get("phases_s"))
+print("  offload", d.get("offload"), "torch max reserved %.2f allocated %.2f GiB" % (d["torch_max_reserved"] / G, d.get("torch_max_allocated", 0) / G),
+      "device peak %.2f steady %.2f GiB" % (d["device_peak_bytes"] / G, d.get("device_peak_steady_bytes", 0) / G))
+print("  rss", {k: round(v / G, 2) for k, v in d.get("rss_after_setup", {}).items()}, {k: round(v / G, 2) for k, v in d.get("rss_after_steps", {}).items()})
+print("  rest_trace", d.get("rest_trace"))
+r = d.get("records", [])
+print("  budget GiB", [round(x.get("budget", 0) / G, 2) for x in r], "over", [x.get("over_budget") for x in r][:4])
+print("  moves", [x.get("demotions", 0) for x in r], [x.get("promotions", 0) for x in r], "move_s", [round(x.get("move_s", 0), 3) for x in r],
+      "moved GB", [round(x["moved_bytes"] / 1e9, 2) for x in r][-4:], "stall", [round(x["stall_s"], 3) for x in r][-4:])
+PY
+}
