@@ -93,8 +93,9 @@ def lora_params(m):
     return {n: p for n, p in m.named_parameters() if "lora_" in n}
 
 
-def train_steps(m, steps: int = 2):
-    """Checkpointed LoRA steps with AdamW; returns (losses, grads of the last step, lora params after)."""
+def train_steps(m, steps: int = 2, each=None):
+    """Checkpointed LoRA steps with AdamW; returns (losses, grads of the last step, lora params after).
+    each: called after every step."""
     m.enable_gradient_checkpointing()
     m.train()
     ps = lora_params(m)
@@ -108,6 +109,8 @@ def train_steps(m, steps: int = 2):
         losses.append(loss.item())
         grads = {n: p.grad.clone() for n, p in ps.items()}
         opt.step()
+        if each is not None:
+            each()
     return losses, grads, {n: p.detach().clone() for n, p in ps.items()}
 
 
@@ -825,6 +828,34 @@ class Compile(unittest.TestCase):
             for s in range(3):
                 self.assertTrue(torch.equal(m(**inputs()).sample, ref))
         self.assertEqual(cnt.frame_count, first, "no recompiles after the first step")
+        h.end_step()
+        self.assertGreater(h.stats()[-1]["streamed_bytes"], 0)
+        h.detach()
+        torch._dynamo.reset()
+
+    def test_training_compiled_blocks_with_saved_tensors_in_host_memory(self):
+        """Regional compile, checkpointed LoRA training and offload_saved together: the
+        plain model's steps bit for bit, nothing compiled after the first step."""
+        from torch._dynamo.testing import CompileCounterWithBackend
+
+        m0 = model(meta=False)
+        add_lora(m0)
+        want = train_steps(m0, 3)
+        torch._dynamo.reset()
+        cnt = CompileCounterWithBackend("aot_eager")
+        m = model()
+        h = at.attach(m, IMG, mode="train", offload_saved=1, **STREAM)
+        add_lora(m)
+        for blocks in (m.transformer_blocks, m.single_transformer_blocks):
+            for b in blocks:
+                b.compile(backend=cnt, fullgraph=True)
+        frames = []
+        losses, grads, after = train_steps(m, 3, each=lambda: frames.append(cnt.frame_count))
+        self.assertGreater(frames[0], 0)
+        self.assertEqual(frames, [frames[0]] * 3, "no recompiles after the first step")
+        self.assertEqual(losses, want[0])
+        self.assertEqual(same(grads, want[1]), [], "gradients equal the plain model's bit for bit")
+        self.assertGreater(h.offload_stats()["tensors"], 0)
         h.end_step()
         self.assertGreater(h.stats()[-1]["streamed_bytes"], 0)
         h.detach()
