@@ -415,7 +415,7 @@ class _SavedOffload:
 
     With every block checkpointed, what autograd keeps from a step's forward for
     its backward is each block's inputs (the checkpoint saves them) and the
-    activations of the layers outside the blocks: on Flux at 1024x1024, 1.8 GB
+    activations of the layers outside the blocks: on Flux at 1024x1024, 1.64 GB
     of device memory at the forward's end. Those of at least ``min_bytes`` are
     copied to pinned host memory as they are saved, on a stream of their own
     beside the compute, and copied back on another stream in the backward,
@@ -848,7 +848,7 @@ def attach(
     trainable: names (or a predicate on names) of parameters of your own that
       stay torch parameters; peft adapter parameters are recognized.
     offload_saved: training: the tensors autograd saves in a step's forward for
-      its backward (with checkpointing: each block's inputs, 1.8 GB on Flux at
+      its backward (with checkpointing: each block's inputs, 1.64 GB on Flux at
       1024x1024) wait in pinned host memory instead of device memory, copied
       out beside the forward and back ahead of the backward; bit for bit the
       same gradients. True: tensors of 1 MiB or more; a size: of at least that
