@@ -637,12 +637,19 @@ static int release_hosts(arena_engine *e)
 	return 0;
 }
 
-/* Saving of demoting b with the ring as it would be. */
-static int64_t saving(const arena_engine *e, uint32_t b)
+/* Saving of demoting b with the ring's slot S (0: nothing streamed): its
+ * bytes less the ring's growth when b is larger than a slot. */
+static int64_t saving_at(const arena_engine *e, uint32_t b, uint64_t S)
 {
-	uint64_t sz = e->l->blocks[b].bytes, S = e->plan.n_streamed ? e->plan.slot_bytes : 0;
+	uint64_t sz = e->l->blocks[b].bytes;
 	uint64_t grow = sz > S ? (uint64_t)e->n_slots * (sz - S) : 0;
 	return (int64_t)sz - (int64_t)grow;
+}
+
+/* The same with the ring as the plan has it. */
+static int64_t saving(const arena_engine *e, uint32_t b)
+{
+	return saving_at(e, b, e->plan.n_streamed ? e->plan.slot_bytes : 0);
 }
 
 /* Demote the resident block that saves most; 0, 1 if none could go, or an error. */
@@ -1628,7 +1635,8 @@ static int plan_now(arena_engine *e, uint64_t used, uint64_t *budget, uint64_t *
 }
 
 /* Device memory the engine would use with resident set `res` (dev_used's
- * measure, the ring's slot the largest streamed block); its slot to *slot. */
+ * measure, the ring's slot the largest streamed block); its slot to *slot
+ * (0 when nothing streams: the rest is the resident bytes). */
 static uint64_t set_used(const arena_engine *e, const uint8_t *res, uint64_t min_slot, uint64_t *slot)
 {
 	uint64_t rb = 0, sl = 0;
@@ -1673,8 +1681,7 @@ static const uint8_t *near_set(arena_engine *e, const arena_residency_plan *t, u
 		for (uint32_t b = 0; b < l->n_blocks; b++) {
 			if (!w[b] || !demotable(e, b))
 				continue;
-			uint64_t sz = l->blocks[b].bytes;
-			int64_t sv = (int64_t)sz - (int64_t)(sz > slot ? (uint64_t)e->n_slots * (sz - slot) : 0);
+			int64_t sv = saving_at(e, b, slot);
 			if (sv <= 0)
 				continue;
 			int key = (t->resident[b] ? 0 : 4) + ((uint64_t)sv >= excess ? 2 : 0);
@@ -1698,9 +1705,7 @@ static const uint8_t *near_set(arena_engine *e, const arena_residency_plan *t, u
 					       &e->tscr);
 		return mine > 0 && mine <= t->step_s * 1.01 ? w : t->resident;
 	}
-	uint64_t rb = 0;
-	for (uint32_t b = 0; b < l->n_blocks; b++)
-		rb += w[b] || arena_block_is_globals(l, b) ? l->blocks[b].bytes : 0;
+	const uint64_t rb = set_used(e, w, t->min_slot, &slot) - (uint64_t)e->n_slots * slot; /* resident bytes */
 	return rb + t->slot_bytes >= t->resident_bytes ? w : t->resident;
 }
 

@@ -397,17 +397,16 @@ class _PiecedBinding:
 class _Saved:
     """A tensor autograd saved for the backward, kept in host memory (``offload_saved``)."""
 
-    __slots__ = ("host", "ready", "dev", "fetched", "pending", "uses", "nbytes", "pos")
+    __slots__ = ("host", "ready", "dev", "fetched", "pending", "uses", "pos")
 
-    def __init__(self, host: torch.Tensor, ready: Any, nbytes: int, pos: int):
+    def __init__(self, host: torch.Tensor, ready: Any, pos: int):
         self.host = host
         self.ready = ready  # the copy to host is done (an event; None on the CPU)
         self.dev: Optional[torch.Tensor] = None  # back on the device (fetched ahead, or used again)
         self.fetched: Any = None  # the event of the copy that made ``dev``
         self.pending = False  # fetched ahead and not used yet
         self.uses = 1  # how often autograd saved it: ``dev`` is kept until as many uses
-        self.nbytes = nbytes
-        self.pos = pos
+        self.pos = pos  # its place in the step's order of saving
 
 
 class _SavedOffload:
@@ -448,7 +447,9 @@ class _SavedOffload:
         self.hooks: Optional[Any] = None
         self.to_host: Any = None
         self.to_dev: Any = None
-        self.copying: List[Tuple[torch.Tensor, Any]] = []  # tensors being copied out, and the copies' events
+        # Tensors being copied out and their copies' events: held here, their memory
+        # is not torch's to reuse until its stream has been told to wait (_let_go).
+        self.copying: List[Tuple[torch.Tensor, Any]] = []
         self.count = self._zero()
 
     @staticmethod
@@ -503,7 +504,7 @@ class _SavedOffload:
             self._let_go(self.lag)
         else:
             host, ready = t.detach().clone(), None
-        e = _Saved(host, ready, nbytes, len(self.saved))
+        e = _Saved(host, ready, len(self.saved))
         self.saved.append(e)
         self.seen[id(t)] = (weakref.ref(t), t._version, e)
         self.count["tensors"] += 1
