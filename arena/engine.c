@@ -72,6 +72,11 @@ struct arena_engine {
 	int timed;
 	int profile_learned; /* the learned profile was looked at (o.cost is it once that look is taken) */
 	uint64_t relearn_at; /* the step at which learn() looks at the learned profile again */
+	/* moves timed against move_cost's estimate (apply): the ratio, averaged,
+	 * scales the next estimates (1 until a move of over a millisecond's
+	 * estimate has been timed) */
+	double move_scale;
+	unsigned moves_timed;
 	arena_event **tm;     /* TM_EV a slot: ready, start, end (release), next (the next acquire) */
 	uint8_t *tm_rec;      /* same index without the event: 1 acquired, 3 released */
 	size_t *tm_nx;        /* same index: the event (index into tm) of the next acquire, SIZE_MAX none:
@@ -141,6 +146,7 @@ struct arena_engine {
 		uint64_t budget, gen;
 		double need;
 		arena_residency_plan t; /* its plan (zero until made, and once taken) */
+		double took_s;          /* the thread's seconds making it */
 		int rc;
 		char msg[1024];
 	} look;
@@ -1063,6 +1069,7 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	e->be = be;
 	e->l = l;
 	e->o = *o;
+	e->move_scale = 1;
 	e->o.sched = NULL; /* the engine's own copy is made below */
 	e->o.hold = NULL;  /* learned only (engine.h) */
 	e->o.bcost = e->o.bhold = NULL;
@@ -1501,12 +1508,64 @@ static int apply_moves(arena_engine *e, const uint8_t *want)
 	return fit_ring(e);
 }
 
-/* apply_moves, its host time counted in the step's record. */
+/* The host seconds a move from the resident set now to `want` is
+ * estimated to take (apply_moves), unscaled: each block promoted copied at
+ * move_copy_bps, and read again at move_read_bps when it has no host copy
+ * (the disk tier); each block demoted whose host copy is gone
+ * (release_host) read again (ensure_host; those past the host budget stay
+ * in their image and cost nothing now). */
+static double move_cost_raw(const arena_engine *e, const uint8_t *want)
+{
+	const arena_model *m = e->m;
+	const double cb = e->o.move_copy_bps > 0 ? e->o.move_copy_bps : ARENA_ENGINE_MOVE_COPY_BPS;
+	const double rb = e->o.move_read_bps > 0 ? e->o.move_read_bps : ARENA_ENGINE_MOVE_READ_BPS;
+	double copy_b = 0, read_b = 0;
+	for (uint32_t b = 0; b < e->l->n_blocks; b++) {
+		if (arena_block_is_globals(e->l, b) || !want[b] == !e->plan.resident[b])
+			continue;
+		const double sz = (double)e->l->blocks[b].bytes;
+		const int held = m->mem[b].host || m->mem[b].wire;
+		if (want[b])
+			copy_b += sz;
+		if (!held && (want[b] || !e->o.host_cap || m->host_bytes + (uint64_t)sz <= e->o.host_cap))
+			read_b += sz;
+	}
+	return copy_b / cb + read_b / rb;
+}
+
+/* Is a move to `want`, rather than to `alt` (NULL: staying), worth `gain`
+ * seconds a step: does it pay for itself within payback_steps steps
+ * (ARENA_ENGINE_DEFAULT_PAYBACK), its cost move_cost_raw's less alt's,
+ * scaled by what timed moves took against it? The step's record keeps the
+ * estimate, and says when the move was held back. */
+static int move_pays(arena_engine *e, const uint8_t *want, const uint8_t *alt, double gain)
+{
+	const unsigned n = e->o.payback_steps ? e->o.payback_steps : ARENA_ENGINE_DEFAULT_PAYBACK;
+	double cost = move_cost_raw(e, want) - (alt ? move_cost_raw(e, alt) : 0);
+	cost = (cost > 0 ? cost : 0) * e->move_scale;
+	e->rec.move_est_s = cost;
+	e->rec.move_gain_s = gain;
+	if (gain > 0 && gain * n >= cost)
+		return 1;
+	e->rec.move_held = 1;
+	return 0;
+}
+
+/* apply_moves, its host time counted in the step's record and timed
+ * against its estimate (move_scale: the mean of the last ratios, halved
+ * each move; estimates under a millisecond say too little to learn from). */
 static int apply(arena_engine *e, const uint8_t *want)
 {
+	const double est = move_cost_raw(e, want);
 	const double t0 = arena_now_s();
 	int rc = apply_moves(e, want);
-	e->rec.move_s += arena_now_s() - t0;
+	const double took = arena_now_s() - t0;
+	e->rec.move_s += took;
+	if (!rc && est > 1e-3) {
+		double r = took / est;
+		r = r < 0.05 ? 0.05 : r > 20 ? 20 : r;
+		e->move_scale = e->moves_timed++ ? 0.5 * e->move_scale + 0.5 * r : r;
+	}
 	return rc;
 }
 
@@ -1703,7 +1762,9 @@ static const uint8_t *near_set(arena_engine *e, const arena_residency_plan *t, u
 	if (arena__have_profile(&e->o) && t->step_s > 0) {
 		double mine = arena__timed_run(l, &e->o, e->plan.sched, e->plan.bwd, e->plan.n_sched, w, e->plan.slots,
 					       &e->tscr);
-		return mine > 0 && mine <= t->step_s * 1.01 ? w : t->resident;
+		if (mine > 0 && (mine <= t->step_s * 1.01 || !move_pays(e, t->resident, w, mine - t->step_s)))
+			return w;
+		return t->resident;
 	}
 	const uint64_t rb = set_used(e, w, t->min_slot, &slot) - (uint64_t)e->n_slots * slot; /* resident bytes */
 	return rb + t->slot_bytes >= t->resident_bytes ? w : t->resident;
@@ -1773,7 +1834,9 @@ static double learned_h2d(const arena_engine *e)
 static void *look_thread(void *arg)
 {
 	struct look *k = arg;
+	const double t0 = arena_now_s();
 	k->rc = arena_residency_plan_make(k->l, &k->o, k->budget, &k->t);
+	k->took_s = arena_now_s() - t0;
 	if (k->rc)
 		snprintf(k->msg, sizeof(k->msg), "%s", arena_last_error());
 	return NULL;
@@ -1859,6 +1922,8 @@ static int look_take(arena_engine *e)
 		look_free(k);
 		return 0;
 	}
+	e->rec.looked = 1;
+	e->rec.look_s = k->took_s;
 	e->o.cost = e->lcost;
 	e->o.hold = e->lhold;
 	e->o.bcost = e->lbcost;
@@ -1883,7 +1948,7 @@ static int look_take(arena_engine *e)
 	look_free(k);
 	double now_t = engine_predict(e);
 	memo_keep(e, &t, budget); /* the next step's adapt plans for the same budget: it takes this one */
-	if (now_t > 0 && t.step_s > 0 && t.step_s < now_t * need) {
+	if (now_t > 0 && t.step_s > 0 && t.step_s < now_t * need && move_pays(e, t.resident, NULL, now_t - t.step_s)) {
 		e->rec.profile_learned = 1;
 		e->room_steps = 0;
 		rc = apply(e, t.resident);

@@ -134,6 +134,15 @@
 #define ARENA_ENGINE_AUTO UINT64_MAX /* headroom / reserve: the default */
 #define ARENA_ENGINE_DEFAULT_DEPTH 2u
 #define ARENA_ENGINE_DEFAULT_HYSTERESIS 3u
+/* A move between resident sets that a prediction asks for (see
+ * arena_engine_opts.payback_steps) is to pay for itself within this many
+ * steps, its cost estimated at these rates until moves have been timed:
+ * promotions copied at 16 GB/s and demoted blocks' host copies read again
+ * at 4 GB/s (the H200, 64 MiB pieces of flux-dev: 32 promotions, 2.1 GB,
+ * took 0.133 s; 32 demotions read again, 2.1 GB, 0.49 s). */
+#define ARENA_ENGINE_DEFAULT_PAYBACK 16u
+#define ARENA_ENGINE_MOVE_COPY_BPS 16e9
+#define ARENA_ENGINE_MOVE_READ_BPS 4e9
 #define ARENA_ENGINE_HISTORY 256u /* step records kept */
 #define ARENA_ENGINE_DISK_PART (64ull << 20) /* the disk tier's parts (arena__disk_part: tests) */
 /* The disk tier's staging for reads ahead of use (arena_engine_opts.disk_staging). */
@@ -206,6 +215,20 @@ typedef struct arena_engine_opts {
 	 * move made) at the next one, which waits for it only if it is not done.
 	 * no_learn turns that off (the timing that fills gpu_* stays). */
 	int no_learn;
+	/* A move that only a prediction asks for (a look at the learned profile;
+	 * a plan made anew at another budget whose own set is predicted faster
+	 * than the set nearest the one resident) is made only when the seconds
+	 * it is predicted to save a step, payback_steps times, are more than the
+	 * move's own: each promoted byte copied at move_copy_bps, each byte of a
+	 * demoted block whose host copy is gone (release_host) read again at
+	 * move_read_bps, the sum scaled by how long the engine's timed moves
+	 * took against it. A move is a slow step: on the H200 a swap of 20 and
+	 * 66 pieces for a predicted few percent took 0.79 s, and the steps
+	 * after it were not faster. 0: ARENA_ENGINE_DEFAULT_PAYBACK and the
+	 * ARENA_ENGINE_MOVE_*_BPS rates. Moves the budget forces (demotions
+	 * over it, promotions into room) are not held back. */
+	unsigned payback_steps;
+	double move_copy_bps, move_read_bps;
 	/* Give back the host copies of blocks on the device for good (promoted
 	 * at an earlier step end), unless kept (arena_block_mem.kept): read
 	 * again (o.reread) if the block is streamed later. Needs reread. */
@@ -405,6 +428,16 @@ typedef struct arena_engine_step {
 	uint64_t moved_bytes;    /* host-to-device bytes of the copies counted in streamed_bytes
 				  * and promoted_bytes: fewer when blocks are held coded */
 	double disk_wait_s;      /* host seconds disk-tier copies waited for their reads */
+	/* A look at the learned profile was taken at this step's end (moved to
+	 * or not: profile_learned says), and the seconds its plan took on its
+	 * thread (beside the steps, not in plan_s unless waited for). */
+	int looked;
+	double look_s;
+	/* The move this step's end made or held back because of its cost: its
+	 * cost as estimated (payback_steps) and, when held back, the seconds
+	 * a step it was predicted to save. */
+	double move_est_s, move_gain_s;
+	int move_held;
 } arena_engine_step;
 
 typedef struct arena_engine arena_engine;

@@ -251,6 +251,8 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=None)
     ap.add_argument("--sync", action="store_true", help="time each step with a device-wide synchronize (see time_steps)")
     ap.add_argument("--trace", default=None, help="arena runs: after the timed steps, trace 3 more into this file")
+    ap.add_argument("--trace-timed", default=None, metavar="T.json",
+                    help="arena runs: trace the timed steps themselves into this file (moves, looks and all)")
     a = ap.parse_args()
     global BLOCKS, SYNC, PHASES
     BLOCKS = a.blocks
@@ -379,7 +381,11 @@ def main() -> None:
         gc.disable()
     if train and not SYNC:
         PHASES = []
-    res["steps_s"] = time_steps(step, a.steps, steady, res)
+    if h is not None and a.trace_timed:
+        with h.trace(a.trace_timed, max_events=1 << 20):
+            res["steps_s"] = time_steps(step, a.steps, steady, res)
+    else:
+        res["steps_s"] = time_steps(step, a.steps, steady, res)
     peak.min_free = min(peak.min_free, steady.min_free)
     res["device_peak_steady_bytes"] = steady.used()
     if PHASES:
@@ -408,7 +414,8 @@ def main() -> None:
         h.arena.sync()
         st = h.stats()
         res["records"] = [{k: r[k] for k in ("mode", "streamed_bytes", "moved_bytes", "misses", "stalls", "stall_s", "resident_bytes",
-                                             "demotions", "promotions", "schedule_learned", "end_s", "plan_s", "move_s", "budget", "over_budget")} for r in st]
+                                             "demotions", "promotions", "schedule_learned", "end_s", "plan_s", "move_s", "budget", "over_budget",
+                                             "looked", "look_s", "move_est_s", "move_gain_s", "move_held", "profile_learned")} for r in st]
         res["streamed_bytes_median"] = sorted(r["streamed_bytes"] for r in st[2:])[len(st[2:]) // 2] if len(st) > 2 else 0
         res["moved_bytes_median"] = sorted(r["moved_bytes"] for r in st[2:])[len(st[2:]) // 2] if len(st) > 2 else 0
     if train and a.grads:

@@ -511,6 +511,11 @@ int cmd_bench(int argc, char **argv)
 			json_object_set_new(j, "disk_bytes", json_integer((json_int_t)r->disk_bytes));
 			json_object_set_new(j, "moved_bytes", json_integer((json_int_t)r->moved_bytes));
 			json_object_set_new(j, "disk_wait_s", json_real(r->disk_wait_s));
+			json_object_set_new(j, "looked", json_boolean(r->looked));
+			json_object_set_new(j, "look_s", json_real(r->look_s));
+			json_object_set_new(j, "move_est_s", json_real(r->move_est_s));
+			json_object_set_new(j, "move_gain_s", json_real(r->move_gain_s));
+			json_object_set_new(j, "move_held", json_boolean(r->move_held));
 			json_array_append_new(arr, j);
 		}
 		json_t *root = json_pack("{s:s,s:s,s:s,s:f,s:f,s:f,s:f,s:I,s:I,s:I,s:s,s:s,s:f,s:I,s:I}", "path", path, "backend",

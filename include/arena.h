@@ -457,6 +457,18 @@ typedef struct arena_step_info {
 	double disk_wait_s;      /* host seconds the disk tier's copies waited for their reads
 				  * (read ahead of use on a thread of their own: the disk's
 				  * time beyond what the steps' work hid) */
+	/* A look at the learned compute profile was taken at its end (whether
+	 * moved to or not: profile_learned), and the seconds its plan took on
+	 * a thread of its own beside the steps. */
+	int looked;
+	double look_s;
+	/* A move only a prediction asked for (a look, or a plan made anew
+	 * whose own set is predicted faster than the one nearest the set
+	 * resident) is made when it pays for itself within 16 steps: its
+	 * estimated host seconds, the seconds a step it was predicted to save,
+	 * and whether it was held back for that. */
+	double move_est_s, move_gain_s;
+	int move_held;
 } arena_step_info;
 
 /* Steps ended so far. */

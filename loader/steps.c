@@ -179,7 +179,12 @@ int arena_step_get(const arena *a, uint64_t step, arena_step_info *out)
 					 .move_s = r.move_s,
 					 .disk_bytes = r.disk_bytes,
 					 .moved_bytes = r.moved_bytes,
-					 .disk_wait_s = r.disk_wait_s};
+					 .disk_wait_s = r.disk_wait_s,
+					 .looked = r.looked,
+					 .look_s = r.look_s,
+					 .move_est_s = r.move_est_s,
+					 .move_gain_s = r.move_gain_s,
+					 .move_held = r.move_held};
 	return unlock(a, rc);
 }
 

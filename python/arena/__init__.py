@@ -423,7 +423,12 @@ class Arena:
         ``resident_bytes``, ``stalls``/``stall_s`` (device-timed waits for copies),
         ``misses``, ``demotions``/``promotions``, ``disk_bytes`` and ``disk_wait_s``
         (the disk tier: read from the image, and how long copies waited for it),
-        ``end_s``/``plan_s``/``move_s`` (host seconds at the step's end)."""
+        ``end_s``/``plan_s``/``move_s`` (host seconds at the step's end),
+        ``looked``/``look_s`` (a look at the learned profile taken at its end, and
+        the seconds it planned on its own thread), ``move_est_s``/``move_gain_s``/
+        ``move_held`` (a move a prediction asked for: its estimated cost, the
+        seconds a step it was to save, held back when it would not pay for itself
+        within 16 steps)."""
         h = self._handle()
         n = _native.lib.arena_step_count(h)
         out = []
@@ -433,7 +438,8 @@ class Arena:
                 continue
             d = {k: getattr(r, k) for k, _ in _native.StepInfo._fields_}
             d["mode"] = "train" if r.mode == _native.MODE_TRAIN else "sample"
-            for k in ("over_budget", "schedule_learned", "stopped_early", "profile_learned", "gpu_timed"):
+            for k in ("over_budget", "schedule_learned", "stopped_early", "profile_learned", "gpu_timed", "looked",
+                      "move_held"):
                 d[k] = bool(d[k])
             out.append(d)
         return out

@@ -127,6 +127,11 @@ class StepInfo(Structure):
         ("disk_bytes", c_uint64),
         ("moved_bytes", c_uint64),
         ("disk_wait_s", c_double),
+        ("looked", c_int),
+        ("look_s", c_double),
+        ("move_est_s", c_double),
+        ("move_gain_s", c_double),
+        ("move_held", c_int),
     ]
 
 
