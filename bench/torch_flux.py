@@ -345,18 +345,39 @@ def main() -> None:
         opt = torch.optim.AdamW(ps.values(), lr=1e-4)
         first = {}
 
+        def caught_up(name: str, t0: float, ev=None) -> None:
+            # --host-timing: the host's seconds for a phase, and whether the device had
+            # already done all it was given when the host got here (an event recorded
+            # now is complete at once: the device waits for the host, not the other way)
+            if HOST_TIMING:
+                if ev is None:
+                    ev = torch.cuda.Event()
+                    ev.record()
+                HOST[name + "_host_s"] = time.perf_counter() - t0
+                HOST[name + "_device_waiting"] = bool(ev.query())
+
         def step():
+            t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
             loss = m(**x).sample.float().square().mean()
+            ev = None
             if PHASES is not None:
                 PHASES.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
                 PHASES[-1][0].record()
+                ev = PHASES[-1][0]
+            caught_up("fwd", t0, ev)
+            t0 = time.perf_counter()
             loss.backward()
+            ev = None
             if PHASES is not None:
                 PHASES[-1][1].record()
+                ev = PHASES[-1][1]
+            caught_up("bwd", t0, ev)
             if not first:
                 first.update({n: p.grad.detach().float().cpu() for n, p in ps.items()})
+            t0 = time.perf_counter()
             opt.step()
+            caught_up("opt", t0)
     else:
 
         def step():
