@@ -185,6 +185,16 @@ def host_timing(a) -> None:
     gc.callbacks.append(gc_cb)
 
 
+def cpu_steal() -> float:
+    """Seconds of CPU time stolen from this machine's CPUs so far (all CPUs, /proc/stat)."""
+    try:
+        with open("/proc/stat") as f:
+            v = f.readline().split()
+        return int(v[8]) / os.sysconf("SC_CLK_TCK") if len(v) > 8 else 0.0
+    except OSError:
+        return 0.0
+
+
 def time_steps(step, n: int, peak: DevPeak, res: dict | None = None):
     """Seconds of each of n steps on the device: between CUDA events recorded on
     torch's stream after each step, the host never waiting in between (as a
@@ -212,10 +222,15 @@ def time_steps(step, n: int, peak: DevPeak, res: dict | None = None):
     for i in range(n):
         HOST.clear()
         t0 = time.perf_counter()
+        c0, st0 = time.thread_time(), cpu_steal()
         step()
         ev[i + 1].record()
         if HOST_TIMING:
             HOST["step_host_s"] = time.perf_counter() - t0
+            # the host thread's own CPU seconds in the step, and the seconds the
+            # hypervisor gave the machine's CPUs to others meanwhile (/proc/stat steal)
+            HOST["thread_cpu_s"] = time.thread_time() - c0
+            HOST["steal_s"] = cpu_steal() - st0
             hosts.append({k: round(v, 4) if isinstance(v, float) else v for k, v in HOST.items()})
         peak.read()
     if res is not None and hosts:
