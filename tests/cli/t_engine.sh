@@ -221,6 +221,11 @@ bench_planner_options() {
 import json, sys
 d = json.load(open(sys.argv[1]))
 assert int(sys.argv[2]) > 0 and d["predicted_stream_bytes_per_step"] == int(sys.argv[2])
+# every step's record has the looks' and held moves' fields (README's schema);
+# planned by bytes, nothing looks or is held back
+for s in d["steps"]:
+    assert s["looked"] is False and s["move_held"] is False, s
+    assert all(isinstance(s[k], float) and s[k] == 0 for k in ("look_s", "move_est_s", "move_gain_s")), s
 PY
 }
 

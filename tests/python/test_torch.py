@@ -250,6 +250,10 @@ class Sampling(unittest.TestCase):
         h.end_step()
         self.assertGreater(sum(r["disk_bytes"] for r in h.stats()), 0)
         self.assertTrue(all(r["disk_wait_s"] >= 0 for r in h.stats()))
+        for r in h.stats():  # the record's fields from arena_step_info, typed
+            self.assertIsInstance(r["looked"], bool)
+            self.assertIsInstance(r["move_held"], bool)
+            self.assertTrue(all(isinstance(r[k], float) and r[k] >= 0 for k in ("look_s", "move_est_s", "move_gain_s")))
         h.detach()
 
     def test_resident_equals_plain(self):
