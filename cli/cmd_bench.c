@@ -60,6 +60,9 @@ const char cmd_bench_usage[] =
 	"                      device during the first steps and re-plans by it;\n"
 	"                      given: each block's work timed before the run (cuda)\n"
 	"                      or modelled (sim) and given to the engine; none: by bytes\n"
+	"  --payback N         a move only a prediction asks for (the learned profile's\n"
+	"                      plan) is made when it saves its own time within N steps\n"
+	"                      (default 16; each step's move_held says when it was not)\n"
 	"  --save-profile FILE write the profile the engine ended with (learned or given)\n"
 	"                      for `arena plan --profile` (format in arena/profile.h)\n"
 	"  --trace FILE        write a timeline of the run's steps (the device's timing of\n"
@@ -183,7 +186,7 @@ static int given_profile(bench_loop *L, int cuda, double *cost)
 int cmd_bench(int argc, char **argv)
 {
 	enum { O_BACKEND = 256, O_CAP, O_SIMCAP, O_SIMBW, O_DEVFREE, O_FLOPS, O_STEPS, O_TOKENS, O_PRESSURE, O_STRICT,
-	       O_PROFILE, O_SAVEPROF, O_JSON, O_PASSES, O_SAMPLE_EVERY, O_TRACE };
+	       O_PROFILE, O_SAVEPROF, O_JSON, O_PASSES, O_SAMPLE_EVERY, O_TRACE, O_PAYBACK };
 	static const struct option opts[] = {
 		{"backend", required_argument, NULL, O_BACKEND},
 		CLI_ENGINE_OPTIONS,
@@ -200,6 +203,7 @@ int cmd_bench(int argc, char **argv)
 		{"strict-vram-cap", no_argument, NULL, O_STRICT},
 		{"profile", required_argument, NULL, O_PROFILE},
 		{"save-profile", required_argument, NULL, O_SAVEPROF},
+		{"payback", required_argument, NULL, O_PAYBACK},
 		{"json", no_argument, NULL, O_JSON},
 		{"trace", required_argument, NULL, O_TRACE},
 		{NULL, 0, NULL, 0},
@@ -251,6 +255,11 @@ int cmd_bench(int argc, char **argv)
 			if ((rc = cli_count_arg("bench", "--steps", optarg, 1, 100000, &n)))
 				return rc;
 			steps = (long)n;
+			break;
+		case O_PAYBACK:
+			if ((rc = cli_count_arg("bench", "--payback", optarg, 1, 1000000000, &n)))
+				return rc;
+			ao.payback_steps = (unsigned)n;
 			break;
 		case O_TOKENS:
 			if ((rc = cli_count_arg("bench", "--tokens", optarg, 1, 10000000, &n)))

@@ -292,6 +292,12 @@ typedef struct arena_open_options {
 	 * MemAvailable (and the cgroup) allow less a reserve of 2 GiB or a
 	 * tenth; ARENA_ZERO_BYTES = none (every streamed block from disk). */
 	uint64_t host_budget;
+	/* A move between resident sets that only a prediction asks for (the
+	 * learned profile's, or a plan made anew at another budget) is made
+	 * when the time it is predicted to save a step, this many times over,
+	 * is more than the move's own (estimated, then timed): 0 = 16. A short
+	 * run gains less from a move; a long training run more. */
+	unsigned payback_steps;
 } arena_open_options;
 
 /* arena_open_options.piece_size: chosen from the budget (see there). */

@@ -200,6 +200,7 @@ int arena__engine_opts(const arena_open_options *o, arena_engine_opts *e)
 		e->keep_last = o->keep_last == ARENA_ZERO_COUNT ? 0 : o->keep_last;
 	if (o->hysteresis)
 		e->hysteresis = o->hysteresis;
+	e->payback_steps = o->payback_steps;
 	e->strict = !!(o->flags & ARENA_OPEN_STRICT);
 	e->no_learn = !!(o->flags & ARENA_OPEN_NO_LEARN);
 	e->fixed_schedule = !!(o->flags & ARENA_OPEN_FIXED_SCHEDULE);

@@ -517,6 +517,7 @@ def open(
     host_budget: Size = None,
     plain_stream: bool = False,
     release_host: bool = True,
+    payback_steps: Optional[int] = None,
 ) -> Arena:
     """Open an arena image, a safetensors file or a sharded checkpoint folder.
 
@@ -561,6 +562,11 @@ def open(
       streamed blocks'. ``tensors()``, ``arrays()`` and ``slab(where="host")``
       keep the copies they view (:meth:`Arena.keep_host`); a host address from
       ``block_state`` is otherwise valid while its block is streamed.
+    payback_steps: a move between resident sets that only a prediction asks for
+      (the learned profile's plan, or a plan made anew at another budget) is made
+      when the time it is predicted to save a step, this many times over, is more
+      than the move's own (its copies and re-reads, estimated, then as timed);
+      ``stats()``' ``move_held`` marks one held back. None = 16.
 
     Raises :class:`Error` (``code`` "BUDGET" when the model cannot run within
     ``vram`` at all; the message says what it needs).
@@ -610,6 +616,10 @@ def open(
             raise ValueError(str(e).replace("is not a size", "is not a size or 'auto'", 1)) from None
     hb = parse_size(host_budget, "host_budget")
     o.host_budget = 0 if hb is None else (hb or _native.ZERO_BYTES)
+    if payback_steps is not None and (isinstance(payback_steps, bool) or not isinstance(payback_steps, int)
+                                      or not 1 <= payback_steps < 2**32):
+        raise ValueError(f"payback_steps: {payback_steps!r}: a whole number of steps, 1 or more")
+    o.payback_steps = payback_steps or 0
     out = ctypes.c_void_p()
     p = os.fspath(path)
     _check(_native.lib.arena_open(os.fsencode(p), ctypes.byref(o), ctypes.byref(out)))

@@ -56,6 +56,7 @@ class OpenOptions(Structure):
         ("sim_bandwidth", c_double),
         ("piece_size", c_uint64),
         ("host_budget", c_uint64),
+        ("payback_steps", c_uint),
     ]
 
 

@@ -196,6 +196,10 @@ bench_usage_errors() {
 	run bench stream "$T/f.arena" --steps 0
 	expect_rc 2
 	expect_error_line
+	run bench stream "$T/f.arena" --payback 0
+	expect_rc 2
+	expect_error_line
+	expect_err "--payback"
 	run bench stream "$T/f.arena" --vram-cap 200K --sim-capacity 1G
 	expect_rc 2
 	expect_error_line
@@ -215,7 +219,7 @@ bench_planner_options() {
 	run plan "$T/f.arena" --vram 290K --headroom 0 --reserve 0 --json
 	expect_rc 0
 	want=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["stream_bytes_per_step"])' "$T/out")
-	run bench stream "$T/f.arena" --vram-cap 290K --headroom 0 --reserve 0 --sim-capacity 1G --steps 3 --profile none --json
+	run bench stream "$T/f.arena" --vram-cap 290K --headroom 0 --reserve 0 --sim-capacity 1G --steps 3 --profile none --payback 4 --json
 	expect_rc 0
 	python3 - "$T/out" "$want" <<'PY' || fail "bench did not stream what plan predicted"
 import json, sys

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import copy
+import ctypes
 import gc
 import json
 import os
@@ -125,6 +126,42 @@ def same(a: dict, b: dict) -> list:
 
 
 class Package(unittest.TestCase):
+    def test_structs_match_arena_h(self):
+        """The ctypes mirrors of arena.h's structs have its layout: every field's offset
+        and each struct's size, as a C compiler lays them out (a field added to one
+        side only would shift the rest and be read as garbage)."""
+        import arena._native as nat
+
+        structs = {"arena_open_options": nat.OpenOptions, "arena_block_info": nat.BlockInfo,
+                   "arena_tensor_info": nat.TensorInfo, "arena_step_info": nat.StepInfo,
+                   "arena_plan_info": nat.PlanInfo}
+        lines = ["#include <stddef.h>", "#include <stdio.h>", '#include "arena.h"', "int main(void) {"]
+        for c, py in structs.items():
+            lines.append(f'printf("{c} %zu\\n", sizeof({c}));')
+            lines += [f'printf("{c}.{f} %zu\\n", offsetof({c}, {f}));' for f, _ in py._fields_]
+        lines.append("return 0; }")
+        src, exe = os.path.join(TMP, "layout.c"), os.path.join(TMP, "layout")
+        with open(src, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        inc = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "include")
+        subprocess.run([os.environ.get("CC", "cc"), "-I", inc, "-o", exe, src], check=True)
+        got = dict(line.split() for line in subprocess.run([exe], check=True, capture_output=True,
+                                                           text=True).stdout.splitlines())
+        want = {}
+        for c, py in structs.items():
+            want[c] = str(ctypes.sizeof(py))
+            want.update({f"{c}.{f}": str(getattr(py, f).offset) for f, _ in py._fields_})
+        self.assertEqual({k: v for k, v in want.items() if got.get(k) != v},
+                         {k: got[k] for k, v in want.items() if got.get(k) != v})
+        self.assertEqual(len(got), len(want))
+
+    def test_payback_steps(self):
+        for bad in (0, -1, True, 2.5, "16", 2**32):
+            with self.assertRaisesRegex(ValueError, "payback_steps: .*a whole number of steps, 1 or more"):
+                arena.open(IMG, device="sim", payback_steps=bad)
+        with arena.open(IMG, payback_steps=1000, **STREAM) as a:
+            self.assertGreater(a.plan()["n_streamed"], 0)
+
     def test_open_tensors_equal_the_file(self):
         with arena.open(IMG, **STREAM) as a:
             self.assertEqual(a.backend, "sim")
