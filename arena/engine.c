@@ -72,9 +72,9 @@ struct arena_engine {
 	int timed;
 	int profile_learned; /* the learned profile was looked at (o.cost is it once that look is taken) */
 	uint64_t relearn_at; /* the step at which learn() looks at the learned profile again */
-	/* moves timed against move_cost's estimate (apply): the ratio, averaged,
-	 * scales the next estimates (1 until a move of over a millisecond's
-	 * estimate has been timed) */
+	/* moves timed against move_cost_raw's estimate (apply): their ratio,
+	 * averaged, scales the next estimates (1 until a move estimated at over
+	 * a millisecond has been timed) */
 	double move_scale;
 	unsigned moves_timed;
 	arena_event **tm;     /* TM_EV a slot: ready, start, end (release), next (the next acquire) */
@@ -1552,8 +1552,9 @@ static int move_pays(arena_engine *e, const uint8_t *want, const uint8_t *alt, d
 }
 
 /* apply_moves, its host time counted in the step's record and timed
- * against its estimate (move_scale: the mean of the last ratios, halved
- * each move; estimates under a millisecond say too little to learn from). */
+ * against its estimate (move_scale: an average of the ratios in which each
+ * move weighs as much as all before it; estimates under a millisecond say
+ * too little to learn from). */
 static int apply(arena_engine *e, const uint8_t *want)
 {
 	const double est = move_cost_raw(e, want);
