@@ -77,6 +77,7 @@ struct arena_engine {
 	 * a millisecond has been timed) */
 	double move_scale;
 	unsigned moves_timed;
+	uint64_t all_bytes; /* every block's bytes: a budget that holds them holds the model */
 	arena_event **tm;     /* TM_EV a slot: ready, start, end (release), next (the next acquire) */
 	uint8_t *tm_rec;      /* same index without the event: 1 acquired, 3 released */
 	size_t *tm_nx;        /* same index: the event (index into tm) of the next acquire, SIZE_MAX none:
@@ -1070,6 +1071,8 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	e->l = l;
 	e->o = *o;
 	e->move_scale = 1;
+	for (uint32_t b = 0; b < l->n_blocks; b++)
+		e->all_bytes += l->blocks[b].bytes;
 	e->o.sched = NULL; /* the engine's own copy is made below */
 	e->o.hold = NULL;  /* learned only (engine.h) */
 	e->o.bcost = e->o.bhold = NULL;
@@ -1636,19 +1639,17 @@ static void memo_keep(arena_engine *e, const arena_residency_plan *t, uint64_t b
  * over budget the smallest plan holds for the budget it was made for. */
 static int plan_holds(const arena_engine *e, const arena_residency_plan *t, uint64_t made, uint64_t budget)
 {
-	uint64_t slack = UINT64_MAX, all = 0;
+	uint64_t slack = UINT64_MAX;
 	for (size_t i = 0; i < t->n_sched; i++) {
 		uint32_t b = t->sched[i];
 		if (!t->resident[b] && e->l->blocks[b].bytes < slack)
 			slack = e->l->blocks[b].bytes;
 	}
-	for (size_t b = 0; b < e->l->n_blocks; b++)
-		all += e->l->blocks[b].bytes;
 	if (budget < t->need_bytes && budget != made)
 		return 0;
 	if (budget > made + (slack == UINT64_MAX ? 0 : slack))
 		return 0;
-	return !t->n_streamed || budget < all;
+	return !t->n_streamed || budget < e->all_bytes;
 }
 
 /* The plan for the budget now under e->o: the weights budget and the plan
