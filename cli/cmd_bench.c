@@ -574,12 +574,15 @@ int cmd_bench(int argc, char **argv)
 		       "bound", "eff", "streamed", "resident", "stalls", "gpu_wait", "miss", "dem", "pro");
 		for (long st = 0; st < steps; st++) {
 			const arena_step_info *r = &out[st].rec;
-			char pz[96] = "";
+			char pz[192] = "";
 			if (out[st].pressure_bytes)
 				snprintf(pz, sizeof(pz), " pressure %s", cli_fmt_bytes(out[st].pressure_bytes, s3, sizeof(s3)));
 			if (r->disk_bytes) /* the disk tier: read, and how long the copies waited for it */
 				snprintf(pz + strlen(pz), sizeof(pz) - strlen(pz), " disk %s (waited %.4f s)",
 					 cli_fmt_bytes(r->disk_bytes, s3, sizeof(s3)), r->disk_wait_s);
+			if (r->move_held) /* a move the prediction asked for, not worth its cost */
+				snprintf(pz + strlen(pz), sizeof(pz) - strlen(pz), " move held (%.3f s for %.4f s a step)",
+					 r->move_est_s, r->move_gain_s);
 			/* stalls and their wait as the device timed them; "-" where it could not */
 			char gs[16] = "-", gw[16] = "-";
 			if (r->gpu_timed) {
