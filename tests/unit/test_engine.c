@@ -1652,7 +1652,6 @@ Test(engine_learn, a_move_that_does_not_pay_for_itself_is_held_back)
 				cr_assert_gt(r.move_gain_s, 0);
 				cr_assert_gt(r.move_est_s, 16 * r.move_gain_s, "step %d: held back for %.3g s against %.3g s a step",
 					     step, r.move_est_s, r.move_gain_s);
-				cr_assert_gt(r.move_est_s, 1e3, "a block copied at 1e3 B/s");
 			}
 		}
 		cr_assert_gt(looked, 0, "the profile was looked at");
