@@ -4,6 +4,11 @@ One run per process (peak host RSS and device memory are the process's own):
 
   python bench/torch_flux.py RUN --image F.arena --safetensors F.safetensors [--vram 8G] ...
                             [--trace T.json]   (arena runs: 3 more steps traced)
+                            [--trace-timed T.json]   (arena runs: the timed steps traced)
+                            [--host-timing]    (host seconds per step: arena's calls, each
+                                                training phase and whether the device waited
+                                                for the host at its end, the host thread's
+                                                CPU seconds, CPU stolen by the hypervisor)
 
 RUN is one of
   plain-sample     the plain model, weights loaded with safetensors to the GPU: the resident step
