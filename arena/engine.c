@@ -559,14 +559,23 @@ static int ring_alloc(arena_engine *e, uint64_t bytes)
  * none: a raw slab, or, for an hb4 image streaming coded (the plan of its
  * coded form is there and so are the stages), its coded form, read coded:
  * a quarter fewer bytes held and copied, nothing decoded on the host. */
+/* A host copy of block b would go over the host budget: it stays in its
+ * image (the disk tier). */
+static int past_host_budget(const arena_engine *e, uint32_t b)
+{
+	const arena_wire *plan = disk_coded(e, b);
+	return e->o.reread && e->o.host_cap &&
+	       e->m->host_bytes + arena_align_up(plan ? plan->cap : e->l->blocks[b].bytes, ARENA_SLAB_ALIGN) >
+		       e->o.host_cap;
+}
+
 static int ensure_host(arena_engine *e, uint32_t b)
 {
 	arena_model *m = e->m;
 	if (m->mem[b].host || m->mem[b].wire || !e->l->blocks[b].bytes)
 		return 0;
 	const arena_wire *plan = disk_coded(e, b);
-	if (e->o.reread && e->o.host_cap &&
-	    m->host_bytes + arena_align_up(plan ? plan->cap : e->l->blocks[b].bytes, ARENA_SLAB_ALIGN) > e->o.host_cap)
+	if (past_host_budget(e, b))
 		return 0; /* over the host budget: it stays in its image (the disk tier) */
 	if (!e->o.reread)
 		return arena_errorf(ARENA_E_INTERNAL, "block '%s' has no host copy and no source to re-read",
@@ -1530,7 +1539,7 @@ static double move_cost_raw(const arena_engine *e, const uint8_t *want)
 		const int held = m->mem[b].host || m->mem[b].wire;
 		if (want[b])
 			copy_b += sz;
-		if (!held && (want[b] || !e->o.host_cap || m->host_bytes + (uint64_t)sz <= e->o.host_cap))
+		if (!held && (want[b] || !past_host_budget(e, b)))
 			read_b += sz;
 	}
 	return copy_b / cb + read_b / rb;

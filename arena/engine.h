@@ -433,9 +433,9 @@ typedef struct arena_engine_step {
 	 * thread (beside the steps, not in plan_s unless waited for). */
 	int looked;
 	double look_s;
-	/* The move this step's end made or held back because of its cost: its
-	 * cost as estimated (payback_steps) and, when held back, the seconds
-	 * a step it was predicted to save. */
+	/* The last move this step's end weighed against its cost
+	 * (payback_steps): its estimated host seconds, the seconds a step it was
+	 * predicted to save, and whether it was held back for that. */
 	double move_est_s, move_gain_s;
 	int move_held;
 } arena_engine_step;

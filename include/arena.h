@@ -470,9 +470,10 @@ typedef struct arena_step_info {
 	double look_s;
 	/* A move only a prediction asked for (a look, or a plan made anew
 	 * whose own set is predicted faster than the one nearest the set
-	 * resident) is made when it pays for itself within 16 steps: its
-	 * estimated host seconds, the seconds a step it was predicted to save,
-	 * and whether it was held back for that. */
+	 * resident) is made when it pays for itself within payback_steps
+	 * (arena_open_options; 16 by default): its estimated host seconds, the
+	 * seconds a step it was predicted to save, and whether it was held back
+	 * for that. */
 	double move_est_s, move_gain_s;
 	int move_held;
 } arena_step_info;

@@ -428,7 +428,7 @@ class Arena:
         the seconds it planned on its own thread), ``move_est_s``/``move_gain_s``/
         ``move_held`` (a move a prediction asked for: its estimated cost, the
         seconds a step it was to save, held back when it would not pay for itself
-        within 16 steps)."""
+        within ``payback_steps`` steps)."""
         h = self._handle()
         n = _native.lib.arena_step_count(h)
         out = []

@@ -328,7 +328,6 @@ class _PiecedBinding:
         self.follow = self.seq is not None and not backward
         if not backward:
             self.watched = set()
-            self.waiting = {}
         keep = self.keep
         done = False
         try:
