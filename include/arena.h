@@ -316,6 +316,18 @@ ARENA_API void arena_close(arena *a);
 ARENA_API int arena_retain(arena *a);
 /* Drop one reference; the last frees everything. Accepts NULL. */
 ARENA_API void arena_release(arena *a);
+/* A DLPack managed tensor (dlpack.h's DLManagedTensor, v0.8 and later) over
+ * `nbytes` bytes at `data`, which must be memory of `a` (a tensor's or a
+ * block's bytes: arena_tensor, arena_block_acquire; the library does not
+ * check), as a 1-D uint8 tensor on DLPack device `device_type` (1 kDLCPU,
+ * 2 kDLCUDA, 3 kDLCUDAHost) number `device_id`. It holds one reference to
+ * `a`; its deleter, which whoever consumes it calls once, drops that
+ * reference and frees the struct (code of the library only: a consumer may
+ * free it from any thread, or while an interpreter shuts down). On success
+ * *out is the DLManagedTensor *; on failure NULL. Errors: USAGE (not a live
+ * arena, NULL out, NULL data with nbytes > 0, nbytes past INT64_MAX, another
+ * device type), NOMEM. */
+ARENA_API int arena_dlpack(arena *a, void *data, uint64_t nbytes, int device_type, int device_id, void **out);
 
 /* The backend in use: "cuda" or "sim"; NULL for a handle that is not live. */
 ARENA_API const char *arena_backend_name(const arena *a);

@@ -1,20 +1,20 @@
 """DLPack capsules over arena memory (private).
 
 A capsule describes ``nbytes`` raw bytes at an address as a 1-D uint8
-tensor; the consumer (torch, numpy) views them as it needs. Each capsule
-holds one reference to its arena (``arena_retain``); the consumer's deleter
-drops it (``arena_release``), so memory handed to another runtime keeps the
-arena alive after ``close()``. A capsule never consumed releases its
-reference when it is collected.
+tensor; the consumer (torch, numpy) views them as it needs. The managed
+tensor inside is the library's (``arena_dlpack``): it holds one reference to
+its arena and its deleter, C code, drops it, so memory handed to another
+runtime keeps the arena alive after ``close()``, and a consumer that frees
+its tensor late (while the interpreter shuts down, on a thread of its own)
+runs no Python. A capsule never consumed calls that deleter when it is
+collected.
 """
 
 from __future__ import annotations
 
 import ctypes
-import itertools
-import threading
-from ctypes import POINTER, Structure, c_int32, c_int64, c_uint8, c_uint16, c_uint64, c_void_p
-from typing import Any, Dict, Tuple
+from ctypes import POINTER, Structure, c_int, c_int32, c_int64, c_uint8, c_uint16, c_uint64, c_void_p
+from typing import Any, Tuple
 
 from . import _native
 
@@ -53,25 +53,6 @@ _DLManagedTensor._fields_ = [
     ("deleter", _DELETER),
 ]
 
-# What keeps each live capsule's C structs and arena reference: ctx id -> objects.
-_live: Dict[int, Tuple[Any, ...]] = {}
-_lock = threading.Lock()
-_ids = itertools.count(1)
-
-
-def _on_delete(mt: Any) -> None:
-    try:
-        key = int(mt.contents.manager_ctx or 0)
-        with _lock:
-            keep = _live.pop(key, None)
-        if keep is not None:
-            _native.lib.arena_release(keep[0])
-    except Exception:  # pragma: no cover - interpreter shutdown
-        pass
-
-
-_deleter = _DELETER(_on_delete)
-
 _PyCapsule_New = ctypes.pythonapi.PyCapsule_New
 _PyCapsule_New.restype = ctypes.py_object
 _PyCapsule_New.argtypes = [c_void_p, ctypes.c_char_p, c_void_p]
@@ -88,37 +69,27 @@ def _capsule_destructor(cap_ptr: int) -> None:
     # renamed "used_dltensor" and its consumer calls the deleter instead.
     try:
         if _IsValidRaw(cap_ptr, b"dltensor"):
-            p = _GetPointerRaw(cap_ptr, b"dltensor")
-            _on_delete(ctypes.cast(p, POINTER(_DLManagedTensor)))
+            mt = ctypes.cast(_GetPointerRaw(cap_ptr, b"dltensor"), POINTER(_DLManagedTensor))
+            mt.contents.deleter(mt)
     except Exception:  # pragma: no cover - interpreter shutdown
         pass
 
 
 _destructor = _CAPSULE_DESTRUCTOR(_capsule_destructor)
+# Never freed: a capsule collected while the interpreter shuts down, after
+# this module's globals are gone, still finds its destructor's code.
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(_destructor))
 
 
 def capsule(handle: int, address: int, nbytes: int, device_type: int, device_id: int) -> Any:
     """A DLPack capsule for ``nbytes`` bytes at ``address`` holding a reference to arena ``handle``."""
-    rc = _native.lib.arena_retain(handle)
+    out = c_void_p()
+    rc = _native.lib.arena_dlpack(handle, address, nbytes, c_int(device_type), c_int(device_id), ctypes.byref(out))
     if rc:
         from . import Error  # late: the package imports this module
 
         raise Error.from_code(rc)
-    mt = _DLManagedTensor()
-    shape = (c_int64 * 1)(nbytes)
-    key = next(_ids)
-    mt.dl_tensor.data = address
-    mt.dl_tensor.device = _DLDevice(device_type, device_id)
-    mt.dl_tensor.ndim = 1
-    mt.dl_tensor.dtype = _DLDataType(1, 8, 1)  # kDLUInt, 8 bits
-    mt.dl_tensor.shape = shape
-    mt.dl_tensor.strides = None
-    mt.dl_tensor.byte_offset = 0
-    mt.manager_ctx = key
-    mt.deleter = _deleter
-    with _lock:
-        _live[key] = (handle, mt, shape)
-    return _PyCapsule_New(ctypes.addressof(mt), b"dltensor", ctypes.cast(_destructor, c_void_p))
+    return _PyCapsule_New(out.value, b"dltensor", ctypes.cast(_destructor, c_void_p))
 
 
 class Exporter:
@@ -134,7 +105,10 @@ class Exporter:
         return (self._args[3], self._args[4])
 
 
-def live_capsules() -> int:
-    """Capsules whose memory a consumer still holds (tests)."""
-    with _lock:
-        return len(_live)
+def arena_alive(handle: int) -> bool:
+    """Whether ``handle`` is a live arena: one whose last reference (the
+    opener's, a tensor's) is not yet gone (tests)."""
+    if _native.lib.arena_retain(handle):
+        return False
+    _native.lib.arena_release(handle)
+    return True

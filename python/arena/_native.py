@@ -190,6 +190,7 @@ _SIGS = {
     "arena_close": (None, [_P]),
     "arena_retain": (c_int, [_P]),
     "arena_release": (None, [_P]),
+    "arena_dlpack": (c_int, [_P, c_void_p, c_uint64, c_int, c_int, POINTER(c_void_p)]),
     "arena_backend_name": (c_char_p, [_P]),
     "arena_block_count": (c_size_t, [_P]),
     "arena_block_get": (c_int, [_P, c_size_t, POINTER(BlockInfo)]),

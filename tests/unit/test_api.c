@@ -145,3 +145,68 @@ Test(api, streamed_run_under_allocation_failures)
 	cr_assert(!fired, "every allocation point was reached");
 	cr_assert_gt(n, 50);
 }
+
+/* dlpack.h's DLManagedTensor, as a consumer sees it. */
+typedef struct test_dl {
+	void *data;
+	int32_t device_type, device_id;
+	int32_t ndim;
+	uint8_t code, bits;
+	uint16_t lanes;
+	int64_t *shape, *strides;
+	uint64_t byte_offset;
+	void *manager_ctx;
+	void (*deleter)(struct test_dl *);
+} test_dl;
+
+Test(api, dlpack_tensors_hold_a_reference_and_free_themselves)
+{
+	arena_open_options o = {.backend = "sim", .vram_cap = 64 << 20};
+	arena *a;
+	cr_assert_eq(arena_open(fixture_path("tiny_flux.safetensors"), &o, &a), 0, "%s", arena_last_error());
+	size_t i;
+	arena_tensor_info t;
+	cr_assert_eq(arena_tensor_find(a, "x_embedder.weight", &i), 0);
+	cr_assert_eq(arena_tensor_get(a, i, &t), 0);
+	void *p = (void *)1;
+	cr_assert_eq(arena_dlpack(a, t.component[0].device, t.component[0].bytes, 1, 0, &p), 0, "%s", arena_last_error());
+	test_dl *m = p;
+	cr_assert_eq(m->data, t.component[0].device);
+	cr_assert_eq(m->device_type, 1);
+	cr_assert_eq(m->ndim, 1);
+	cr_assert_eq(m->shape[0], (int64_t)t.component[0].bytes);
+	cr_assert_null(m->strides);
+	cr_assert_eq(m->byte_offset, 0);
+	cr_assert(m->code == 1 && m->bits == 8 && m->lanes == 1, "uint8");
+	cr_assert_not_null(m->deleter);
+	/* The tensor outlives the opener's close: the memory stays, the handle lives. */
+	arena_close(a);
+	cr_assert_eq(arena_retain(a), 0, "a DLPack tensor keeps its arena");
+	arena_release(a);
+	cr_assert_eq(((uint8_t *)m->data)[0], ((uint8_t *)t.component[0].device)[0]);
+	m->deleter(m); /* the last reference: the arena goes */
+	cr_assert_eq(arena_retain(a), ARENA_E_USAGE, "the last tensor gone, the arena is freed");
+}
+
+Test(api, dlpack_refuses_bad_input_and_survives_allocation_failures)
+{
+	arena_open_options o = {.backend = "sim", .vram_cap = 64 << 20};
+	arena *a;
+	cr_assert_eq(arena_open(fixture_path("tiny_flux.safetensors"), &o, &a), 0, "%s", arena_last_error());
+	void *d = arena_block_device(a, 1), *p = (void *)1;
+	cr_assert_eq(arena_dlpack(a, d, 16, 1, 0, NULL), ARENA_E_USAGE);
+	cr_assert_eq(arena_dlpack(a, d, 16, 4, 0, &p), ARENA_E_USAGE);
+	cr_assert_null(p);
+	cr_assert(strstr(arena_last_error(), "device type 4"), "%s", arena_last_error());
+	cr_assert_eq(arena_dlpack(a, NULL, 16, 1, 0, &p), ARENA_E_USAGE);
+	cr_assert_eq(arena_dlpack(a, d, (uint64_t)INT64_MAX + 1, 1, 0, &p), ARENA_E_USAGE);
+	cr_assert_eq(arena_dlpack((arena *)&o, d, 16, 1, 0, &p), ARENA_E_USAGE, "not an arena");
+	cr_assert_null(p);
+	arena_fault_alloc(1);
+	int rc = arena_dlpack(a, d, 16, 2, 0, &p);
+	arena_fault_alloc(0);
+	cr_assert_eq(rc, ARENA_E_NOMEM);
+	cr_assert_null(p);
+	arena_close(a); /* no reference was left behind: the arena goes */
+	cr_assert_eq(arena_retain(a), ARENA_E_USAGE);
+}
