@@ -54,6 +54,7 @@ r = d.get("records", [])
 print("  budget GiB", [round(x.get("budget", 0) / G, 2) for x in r], "over", [x.get("over_budget") for x in r][:4])
 print("  moves", [x.get("demotions", 0) for x in r], [x.get("promotions", 0) for x in r], "move_s", [round(x.get("move_s", 0), 3) for x in r],
       "moved GB", [round(x["moved_bytes"] / 1e9, 2) for x in r][-4:], "stall", [round(x["stall_s"], 3) for x in r][-4:])
+print("  disk GB", [round(x.get("disk_bytes", 0) / 1e9, 2) for x in r][-4:], "wait", [round(x.get("disk_wait_s", 0), 3) for x in r][-4:])
 print("  looks", [(i, round(x["look_s"], 3), x.get("profile_learned")) for i, x in enumerate(r) if x.get("looked")],
       "held", [(i, round(x["move_est_s"], 3), round(x["move_gain_s"], 4)) for i, x in enumerate(r) if x.get("move_held")])
 PY

@@ -263,6 +263,8 @@ def main() -> None:
                          "every step end (rest_trace)")
     ap.add_argument("--offload-saved", default=None, metavar="on|SIZE",
                     help="arena train runs: attach(offload_saved=...): saved tensors wait in host memory")
+    ap.add_argument("--host-budget", default=None, metavar="SIZE",
+                    help="arena runs: attach(host_budget=SIZE): host copies of streamed blocks up to SIZE, the rest read from the image")
     ap.add_argument("--no-learn", action="store_true", help="arena runs: plan by bytes, no learned profile (learn=False)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() before the timed steps (the collector stays on)")
@@ -315,6 +317,7 @@ def main() -> None:
         h = at.attach(m, a.image, mode="train" if train else "sample", vram=a.vram, reserve=a.reserve, depth=a.depth,
                       device="cuda", piece_size=a.piece_size, keep_last=a.keep_last,
                       **({"learn": False} if a.no_learn else {}),
+                      **({"host_budget": a.host_budget} if a.host_budget else {}),
                       **({"offload_saved": True if a.offload_saved == "on" else a.offload_saved} if a.offload_saved else {}))
         res["setup_s"] = time.perf_counter() - t0
         res["rss_after_setup"] = rss_parts()
@@ -456,7 +459,8 @@ def main() -> None:
         st = h.stats()
         res["records"] = [{k: r[k] for k in ("mode", "streamed_bytes", "moved_bytes", "misses", "stalls", "stall_s", "resident_bytes",
                                              "demotions", "promotions", "schedule_learned", "end_s", "plan_s", "move_s", "budget", "over_budget",
-                                             "looked", "look_s", "move_est_s", "move_gain_s", "move_held", "profile_learned")} for r in st]
+                                             "looked", "look_s", "move_est_s", "move_gain_s", "move_held", "profile_learned",
+                                             "disk_bytes", "disk_wait_s")} for r in st]
         res["streamed_bytes_median"] = sorted(r["streamed_bytes"] for r in st[2:])[len(st[2:]) // 2] if len(st) > 2 else 0
         res["moved_bytes_median"] = sorted(r["moved_bytes"] for r in st[2:])[len(st[2:]) // 2] if len(st) > 2 else 0
     if train and a.grads:
