@@ -7,7 +7,8 @@
 #
 # Set-up: LD_LIBRARY_PATH for the carried gpu-libs, the carried wheels (.whl:
 # diffusers) into /tmp/site, flux-dev from `arena synth` converted to
-# $W/f.arena (IMAGES has plain) and $W/fc.arena (hb4), the safetensors removed.
+# $W/f.arena (IMAGES has plain) and $W/fc.arena (hb4), the safetensors removed
+# unless KEEP_ST is set (plain-sample and diffusers-sample read it: --safetensors $ST).
 # t skips a run once the call has run LATE seconds (default 470: a call has
 # 600) and gives each TO seconds (default 110). The images are read once
 # before each run (page cache warm, as a trainer's second start).
@@ -31,7 +32,7 @@ for i in ${IMAGES:-plain hb4}; do
 	log "convert $i"
 	$A convert -q $c "$ST" -o "$f" || exit 1
 done
-rm -f "$ST"
+[ -n "${KEEP_ST:-}" ] || rm -f "$ST"
 t() {
 	n=$1 r=$2
 	shift 2
