@@ -224,7 +224,10 @@ typedef struct arena_engine_opts {
 	 * move_read_bps, the sum scaled by how long the engine's timed moves
 	 * took against it. A move is a slow step: on the H200 a swap of 20 and
 	 * 66 pieces for a predicted few percent took 0.79 s, and the steps
-	 * after it were not faster. 0: ARENA_ENGINE_DEFAULT_PAYBACK and the
+	 * after it were not faster. Demoted blocks that go past host_cap (the
+	 * disk tier) are read from the image each step: those bytes at
+	 * move_read_bps come off the predicted saving (the predictions time
+	 * copies from host memory). 0: ARENA_ENGINE_DEFAULT_PAYBACK and the
 	 * ARENA_ENGINE_MOVE_*_BPS rates. Moves the budget forces (demotions
 	 * over it, promotions into room) are not held back. */
 	unsigned payback_steps;
@@ -435,7 +438,9 @@ typedef struct arena_engine_step {
 	double look_s;
 	/* The last move this step's end weighed against its cost
 	 * (payback_steps): its estimated host seconds, the seconds a step it was
-	 * predicted to save, and whether it was held back for that. */
+	 * predicted to save less the disk tier's reads it adds a step
+	 * (move_disk_bytes at move_read_bps), and whether it was held back for
+	 * that. */
 	double move_est_s, move_gain_s;
 	int move_held;
 } arena_engine_step;

@@ -484,8 +484,9 @@ typedef struct arena_step_info {
 	 * whose own set is predicted faster than the one nearest the set
 	 * resident) is made when it pays for itself within payback_steps
 	 * (arena_open_options; 16 by default): its estimated host seconds, the
-	 * seconds a step it was predicted to save, and whether it was held back
-	 * for that. */
+	 * seconds a step it was predicted to save (less the reads from the image
+	 * it adds to each step where demoted blocks go past host_budget, at 4
+	 * GB/s), and whether it was held back for that. */
 	double move_est_s, move_gain_s;
 	int move_held;
 } arena_step_info;
