@@ -436,7 +436,7 @@ class Arena:
             r = _native.StepInfo()
             if _native.lib.arena_step_get(h, s, ctypes.byref(r)):
                 continue
-            d = {k: getattr(r, k) for k, _ in _native.StepInfo._fields_}
+            d = {f[0]: getattr(r, f[0]) for f in _native.StepInfo._fields_}
             d["mode"] = "train" if r.mode == _native.MODE_TRAIN else "sample"
             for k in ("over_budget", "schedule_learned", "stopped_early", "profile_learned", "gpu_timed", "looked",
                       "move_held"):
@@ -448,7 +448,7 @@ class Arena:
         """The residency plan in force: budget, resident and streamed bytes and blocks, the ring."""
         p = _native.PlanInfo()
         _check(_native.lib.arena_plan_get(self._handle(), ctypes.byref(p)))
-        d = {k: getattr(p, k) for k, _ in _native.PlanInfo._fields_}
+        d = {f[0]: getattr(p, f[0]) for f in _native.PlanInfo._fields_}
         d["mode"] = "train" if p.mode == _native.MODE_TRAIN else "sample"
         return d
 
@@ -623,6 +623,8 @@ def open(
     out = ctypes.c_void_p()
     p = os.fspath(path)
     _check(_native.lib.arena_open(os.fsencode(p), ctypes.byref(o), ctypes.byref(out)))
-    a = Arena(int(out.value), p)
+    if not out.value:  # (arena_open returns a handle with 0)
+        raise Error("INTERNAL", f"{p}: arena_open succeeded without a handle")
+    a = Arena(out.value, p)
     a._device_id = dev_id
     return a

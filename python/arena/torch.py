@@ -116,7 +116,7 @@ def _bound_cls(cls: type) -> type:
 class _BlockBinding:
     """A block module bound to an arena block: its parameters, the views at each address."""
 
-    def __init__(self, handle: "Handle", index: int, name: str, params: List[Tuple[nn.Parameter, Component]]):
+    def __init__(self, handle: "Handle", index: int, name: str, params: List[Tuple[torch.Tensor, Component]]):
         self.handle = handle
         self.index = index
         self.name = name
@@ -187,7 +187,7 @@ class _BlockBinding:
         return _check_training(self.handle, self.name, self.params, self.index, resident, args, kwargs)
 
 
-def _check_training(h: "Handle", name: str, params: List[Tuple[nn.Parameter, Component]], index: int,
+def _check_training(h: "Handle", name: str, params: List[Tuple[torch.Tensor, Component]], index: int,
                     resident: bool, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[torch.Tensor]:
     """A block's forward with autograd on: refuse training its bound weights, and a
     streamed block outside checkpointing; return the tensors whose gradients end its
@@ -575,7 +575,9 @@ class _SavedOffload:
     def _let_go(self, keep: int) -> None:
         """Torch's stream waits for the copies out but the last ``keep`` (long done by
         the time the stream gets there); their tensors' memory is torch's again."""
-        cur = torch.cuda.current_stream(self.device) if self.copying else None
+        if len(self.copying) <= keep:
+            return
+        cur = torch.cuda.current_stream(self.device)
         while len(self.copying) > keep:
             _, ready = self.copying.pop(0)
             cur.wait_event(ready)
@@ -617,6 +619,7 @@ class Handle:
     def __init__(self) -> None:
         self.arena: Arena
         self.module: nn.Module
+        self._device: torch.device  # the arena's device (set when bound)
         self._owns_arena = False
         self._step_open = False
         self._deferred: List[Tuple[int, Optional[int]]] = []
@@ -856,7 +859,7 @@ def _peft_tuners(module: nn.Module) -> Dict[str, nn.Module]:
         from peft.tuners.tuners_utils import BaseTunerLayer
     except Exception:
         return {}
-    return {n: m for n, m in module.named_modules() if isinstance(m, BaseTunerLayer)}
+    return {n: m for n, m in module.named_modules() if isinstance(m, BaseTunerLayer) and isinstance(m, nn.Module)}
 
 
 def attach(
@@ -932,7 +935,8 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any, min_saved: Op
     if h.arena.mode != mode:
         a.set_mode(mode)
     h._device = torch.device(a.device)
-    if getattr(module, "_arena_handle", None) is not None and module._arena_handle() is not None:
+    ref = getattr(module, "_arena_handle", None)
+    if ref is not None and ref() is not None:
         raise Error("USAGE", f"{type(module).__name__} is attached to an arena already: detach() it first")
     is_trainable: Callable[[str], bool]
     if trainable is None:
@@ -1003,9 +1007,9 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any, min_saved: Op
             if b.name == parent or b.name.endswith("#0"):
                 problems.append(f"the image's block '{parent}' is not a submodule of the module")
             continue
-        parent = module.get_submodule((prefix + b.container).rstrip("."))
-        if not isinstance(parent, nn.ModuleList):
-            problems.append(f"'{b.container}' is a {type(parent).__name__}, not a ModuleList of blocks")
+        container = module.get_submodule((prefix + b.container).rstrip("."))
+        if not isinstance(container, nn.ModuleList):
+            problems.append(f"'{b.container}' is a {type(container).__name__}, not a ModuleList of blocks")
             continue
         block_mod[b.index] = m
     for iname, (owner, leaf, t, info) in bound.items():
@@ -1020,22 +1024,21 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any, min_saved: Op
 
     # 3. Bind. Parameters become new frozen Parameters viewing arena memory;
     # the module's own tensors are released.
-    per_block: Dict[int, List[Tuple[nn.Parameter, Component]]] = {}
+    per_block: Dict[int, List[Tuple[torch.Tensor, Component]]] = {}
     owners: Dict[int, nn.Module] = {}
     for iname, (owner, leaf, t, info) in bound.items():
         resident, dev, host = a.block_state(info.block)
         c = info.components[0]
         is_buf = leaf in owner._buffers
-        old = owner._buffers[leaf] if is_buf else owner._parameters[leaf]
         if info.block not in block_mod:  # globals: resident for good
             view = _view(a.slab(info.block, dev, "device"), c)
-            _swap(h, owner, leaf, is_buf, view, old)
+            _swap(h, owner, leaf, is_buf, view, t)
             continue
         if resident:
             view = _view(a.slab(info.block, dev, "device"), c)
         else:  # no memory until the block is acquired: a placeholder of the right shape on the device
             view = _placeholder(h, c)
-        p = _swap(h, owner, leaf, is_buf, view, old)
+        p = _swap(h, owner, leaf, is_buf, view, t)
         per_block.setdefault(info.block, []).append((p, c))
         owners[id(owner)] = owner
     groups: Dict[str, List[int]] = {}
@@ -1045,10 +1048,10 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any, min_saved: Op
         m = block_mod[idxs[0]]
         bs: Dict[int, _BlockBinding] = {}
         for idx in idxs:
-            b = _BlockBinding(h, idx, a.blocks[idx].name, per_block.get(idx, []))
+            bb = _BlockBinding(h, idx, a.blocks[idx].name, per_block.get(idx, []))
             resident, dev, host = a.block_state(idx)
-            b.addr = dev if resident else -1  # host views are placeholders: bind at the first call
-            bs[idx] = b
+            bb.addr = dev if resident else -1  # host views are placeholders: bind at the first call
+            bs[idx] = bb
             h._module_of[idx] = m
         if len(idxs) == 1 and a.blocks[idxs[0]].name == parent:  # a whole block
             h._blocks.append(bs[idxs[0]])
@@ -1066,11 +1069,11 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any, min_saved: Op
         pb = _PiecedBinding(h, parent, bs, [tuple(sorted(leaf_need[k])) for k in keys])
         h._pieced.append(pb)
         for key, oid in enumerate(keys):
-            leaf = leaf_mod[oid]
-            if leaf is m:  # the block's own tensors: the block's call acquires them
+            leaf_m = leaf_mod[oid]
+            if leaf_m is m:  # the block's own tensors: the block's call acquires them
                 pb.keep = pb.need[key]
                 continue
-            _wrap_block(h, leaf, _LeafRef(pb, key))  # type: ignore[arg-type]
+            _wrap_block(h, leaf_m, _LeafRef(pb, key))  # type: ignore[arg-type]
         _wrap_block(h, m, pb)  # type: ignore[arg-type]
     if mode == "train" and h._pieced:
         _check_train_ring(h)
@@ -1085,7 +1088,7 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any, min_saved: Op
         h._offload = _SavedOffload(h._device, min_saved)
         post = module.register_forward_hook(h._root_post_hook, always_call=True)
         h._restore.append(post.remove)
-    module._arena_handle = weakref.ref(h)
+    setattr(module, "_arena_handle", weakref.ref(h))  # (a plain attribute: nn.Module keeps it in __dict__)
     h._restore.append(lambda: module.__dict__.pop("_arena_handle", None))
 
 
@@ -1133,7 +1136,7 @@ def _is_within(root: nn.Module, inner: nn.Module, outer: nn.Module) -> bool:
 
 
 def _swap(h: Handle, owner: nn.Module, leaf: str, is_buf: bool, view: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
-    table = owner._buffers if is_buf else owner._parameters
+    table: Dict[str, Any] = owner._buffers if is_buf else owner._parameters
     if is_buf:
         new: torch.Tensor = view
     else:
@@ -1175,8 +1178,8 @@ def _guard_apply(h: Handle, owner: nn.Module, leaves: List[str]) -> None:
     them when the conversion would not change them, and refuses when it would."""
     dev = h._device
     base = type(owner)._apply
-    dtypes = {leaf: (owner._parameters.get(leaf) if leaf in owner._parameters else owner._buffers[leaf]).dtype
-              for leaf in leaves}
+    held: Dict[str, Any] = {**owner._buffers, **owner._parameters}
+    dtypes: Dict[str, torch.dtype] = {leaf: held[leaf].dtype for leaf in leaves}
 
     def _apply(self: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor], *args: Any, **kwargs: Any) -> nn.Module:
         for leaf, dt in dtypes.items():
@@ -1189,7 +1192,7 @@ def _guard_apply(h: Handle, owner: nn.Module, leaves: List[str]) -> None:
                     f"moving it (to {out.device}, {out.dtype}) is refused: detach() first, or convert only "
                     f"the parameters of your own",
                 )
-        saved = {}
+        saved: Dict[str, Any] = {}
         keys_p, keys_b = list(self._parameters.keys()), list(self._buffers.keys())
         for leaf in dtypes:
             saved[leaf] = self._parameters.pop(leaf) if leaf in self._parameters else self._buffers.pop(leaf)
@@ -1197,7 +1200,8 @@ def _guard_apply(h: Handle, owner: nn.Module, leaves: List[str]) -> None:
             return base(self, fn, *args, **kwargs)
         finally:
             for leaf, t in saved.items():
-                (self._parameters if leaf in keys_p else self._buffers)[leaf] = t
+                table: Dict[str, Any] = self._parameters if leaf in keys_p else self._buffers
+                table[leaf] = t
             _reorder(self._parameters, keys_p)
             _reorder(self._buffers, keys_b)
 

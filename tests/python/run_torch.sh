@@ -24,7 +24,7 @@ lean=1
 for l in $TOOLKIT_LIBS; do
 	/sbin/ldconfig -p 2>/dev/null | grep -q "^[[:space:]]*$l " || lean=0
 done
-IMPORTS="import torch, diffusers, peft, safetensors, numpy, ml_dtypes"
+IMPORTS="import torch, diffusers, peft, safetensors, numpy, ml_dtypes, mypy"
 install() {
 	python3 -m venv "$V" || return 1
 	if [ $lean = 1 ]; then
@@ -47,6 +47,11 @@ if ! [ -x "$V/bin/python" ] || ! "$V/bin/python" -c "$IMPORTS" 2>/dev/null; then
 	fi
 fi
 "$V/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall ./python || fail "pip install ./python"
+# Its types, against torch's (python/pyproject.toml [tool.mypy]; the cache in BUILD).
+BA=$(cd "$B" && pwd)
+(cd python && "$BA/venv-torch/bin/python" -m mypy --cache-dir "$BA/mypy-cache") >"$B/python-mypy.log" 2>&1 ||
+	{ tail -n 20 "$B/python-mypy.log"; fail "mypy: the package's types do not check (log: $B/python-mypy.log)"; }
+echo "python adapter tests: $(tail -n 1 "$B/python-mypy.log")"
 # The package as installed, not the source tree: run from elsewhere.
 R=$(pwd)
 PY=$(cd "$V" && pwd)/bin/python
