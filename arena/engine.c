@@ -43,6 +43,14 @@ struct arena_engine {
 	 * ahead (each counted in ring.pending) and not yet acquired */
 	uint32_t *seq;
 	size_t n_seq, cur, fetched;
+	/* How many entries past cur prefetch fetches: after a miss one, twice
+	 * as many at each hit since, up to the whole ring (SIZE_MAX: no limit
+	 * but the ring's room). A schedule that is not the caller's order (the
+	 * first step of a mode, blocks in pieces acquired in another order than
+	 * their numbers) then does not refill the ring at every miss: on the
+	 * H200 the first training step at 4 GiB in 128 MiB pieces copied 251 GB
+	 * for 34 GB used, 324 misses. */
+	size_t ahead;
 	unsigned ring_epoch;  /* counts the ring's resets: pending counts start anew */
 	unsigned fetch_epoch; /* the ring_epoch [cur, fetched) were fetched in */
 	uint64_t next_bytes, next_copies, next_moved; /* copied for the next step's entries */
@@ -969,7 +977,8 @@ static int prefetch(arena_engine *e)
 		e->fetch_epoch = e->ring_epoch;
 		e->fetched = e->cur;
 	}
-	while (e->fetched < e->cur + e->n_seq && e->fetched < 2 * e->n_seq) {
+	const size_t ahead = e->ahead < e->n_seq ? e->ahead : e->n_seq;
+	while (e->fetched < e->cur + ahead && e->fetched < 2 * e->n_seq) {
 		int rc = fetch_one(e, e->fetched);
 		if (rc < 0)
 			return rc;
@@ -1080,6 +1089,7 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	e->l = l;
 	e->o = *o;
 	e->move_scale = 1;
+	e->ahead = SIZE_MAX;
 	for (uint32_t b = 0; b < l->n_blocks; b++)
 		e->all_bytes += l->blocks[b].bytes;
 	e->o.sched = NULL; /* the engine's own copy is made below */
@@ -1386,8 +1396,11 @@ static void observe(arena_engine *e, uint32_t b)
  * its own). */
 static size_t locate(arena_engine *e, uint32_t b)
 {
-	if (e->cur < e->n_seq && e->seq[e->cur] == b)
+	if (e->cur < e->n_seq && e->seq[e->cur] == b) {
+		if (e->ahead < e->n_seq)
+			e->ahead *= 2;
 		return e->cur;
+	}
 	e->rec.misses++;
 	drop_ahead(e);
 	size_t j = SIZE_MAX;
@@ -1399,6 +1412,7 @@ static size_t locate(arena_engine *e, uint32_t b)
 			j = i;
 	if (j != SIZE_MAX)
 		e->cur = e->fetched = j;
+	e->ahead = 1;
 	return j;
 }
 
@@ -2072,6 +2086,7 @@ int arena_engine_step_end(arena_engine *e)
 		e->o.sched = e->msched[md];
 		e->o.n_sched = no;
 		e->rec.schedule_learned = learned = 1;
+		e->ahead = SIZE_MAX; /* the order just seen: prefetch as far as the ring goes */
 		plan_changed(e);
 	}
 	e->n_obs = 0;
@@ -2188,6 +2203,7 @@ int arena_engine_set_mode(arena_engine *e, int mode)
 	e->o.mode = mode;
 	e->o.sched = e->mn[md] ? e->msched[md] : NULL;
 	e->o.n_sched = e->mn[md];
+	e->ahead = SIZE_MAX;
 	arena_residency_plan t;
 	plan_changed(e);
 	if ((rc = plan_now(e, used, &budget, &free_b, &t, 0))) {
