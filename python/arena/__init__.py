@@ -623,7 +623,7 @@ def open(
     out = ctypes.c_void_p()
     p = os.fspath(path)
     _check(_native.lib.arena_open(os.fsencode(p), ctypes.byref(o), ctypes.byref(out)))
-    if not out.value:  # (arena_open returns a handle with 0)
+    if not out.value:  # (arena_open gives a handle whenever it returns 0; never wrap NULL)
         raise Error("INTERNAL", f"{p}: arena_open succeeded without a handle")
     a = Arena(out.value, p)
     a._device_id = dev_id
