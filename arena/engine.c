@@ -567,14 +567,24 @@ static int ring_alloc(arena_engine *e, uint64_t bytes)
  * none: a raw slab, or, for an hb4 image streaming coded (the plan of its
  * coded form is there and so are the stages), its coded form, read coded:
  * a quarter fewer bytes held and copied, nothing decoded on the host. */
-/* A host copy of block b would go over the host budget: it stays in its
- * image (the disk tier). */
-static int past_host_budget(const arena_engine *e, uint32_t b)
+/* The host bytes a copy of block b takes: its slab, or an hb4 disk tier's
+ * coded form. */
+static uint64_t host_copy_bytes(const arena_engine *e, uint32_t b)
 {
 	const arena_wire *plan = disk_coded(e, b);
-	return e->o.reread && e->o.host_cap &&
-	       e->m->host_bytes + arena_align_up(plan ? plan->cap : e->l->blocks[b].bytes, ARENA_SLAB_ALIGN) >
-		       e->o.host_cap;
+	return arena_align_up(plan ? plan->cap : e->l->blocks[b].bytes, ARENA_SLAB_ALIGN);
+}
+
+/* A host copy of block b, with `more` host bytes taken first, would go over
+ * the host budget: it stays in its image (the disk tier). */
+static int past_host_budget_after(const arena_engine *e, uint32_t b, uint64_t more)
+{
+	return e->o.reread && e->o.host_cap && e->m->host_bytes + more + host_copy_bytes(e, b) > e->o.host_cap;
+}
+
+static int past_host_budget(const arena_engine *e, uint32_t b)
+{
+	return past_host_budget_after(e, b, 0);
 }
 
 static int ensure_host(arena_engine *e, uint32_t b)
@@ -1569,21 +1579,20 @@ static double move_disk_bytes(const arena_engine *e, const uint8_t *want)
 	if (!e->o.reread || !e->o.host_cap)
 		return 0;
 	const arena_model *m = e->m;
-	uint64_t host = m->host_bytes;
+	uint64_t taken = 0; /* host copies the move's demotions make before this one */
 	double d = 0;
 	for (uint32_t b = 0; b < e->l->n_blocks; b++) {
 		if (arena_block_is_globals(e->l, b) || !want[b] == !e->plan.resident[b] || !e->l->blocks[b].bytes)
 			continue;
 		if (m->mem[b].host || m->mem[b].wire)
 			continue; /* promoted or demoted, it has its host copy */
-		const arena_wire *plan = disk_coded(e, b);
-		const uint64_t sz = arena_align_up(plan ? plan->cap : e->l->blocks[b].bytes, ARENA_SLAB_ALIGN);
+		const uint64_t sz = host_copy_bytes(e, b);
 		if (want[b])
 			d -= (double)sz; /* read each step no more */
-		else if (host + sz > e->o.host_cap)
+		else if (past_host_budget_after(e, b, taken))
 			d += (double)sz;
 		else
-			host += sz;
+			taken += sz;
 	}
 	return d;
 }

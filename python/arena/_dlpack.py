@@ -64,13 +64,18 @@ _IsValidRaw = ctypes.PYFUNCTYPE(ctypes.c_int, c_void_p, ctypes.c_char_p)(("PyCap
 _GetPointerRaw = ctypes.PYFUNCTYPE(c_void_p, c_void_p, ctypes.c_char_p)(("PyCapsule_GetPointer", ctypes.pythonapi))
 
 
+def _delete(address: int) -> None:
+    """Call a managed tensor's own deleter (the library's)."""
+    mt = ctypes.cast(address, POINTER(_DLManagedTensor))
+    mt.contents.deleter(mt)
+
+
 def _capsule_destructor(cap_ptr: int) -> None:
     # Called for every capsule when it is collected; one a consumer took is
     # renamed "used_dltensor" and its consumer calls the deleter instead.
     try:
         if _IsValidRaw(cap_ptr, b"dltensor"):
-            mt = ctypes.cast(_GetPointerRaw(cap_ptr, b"dltensor"), POINTER(_DLManagedTensor))
-            mt.contents.deleter(mt)
+            _delete(_GetPointerRaw(cap_ptr, b"dltensor"))
     except Exception:  # pragma: no cover - interpreter shutdown
         pass
 
@@ -83,13 +88,19 @@ ctypes.pythonapi.Py_IncRef(ctypes.py_object(_destructor))
 
 def capsule(handle: int, address: int, nbytes: int, device_type: int, device_id: int) -> Any:
     """A DLPack capsule for ``nbytes`` bytes at ``address`` holding a reference to arena ``handle``."""
+    from . import Error  # late: the package imports this module
+
     out = c_void_p()
     rc = _native.lib.arena_dlpack(handle, address, nbytes, c_int(device_type), c_int(device_id), ctypes.byref(out))
     if rc:
-        from . import Error  # late: the package imports this module
-
         raise Error.from_code(rc)
-    return _PyCapsule_New(out.value, b"dltensor", ctypes.cast(_destructor, c_void_p))
+    if not out.value:  # (arena_dlpack gives a tensor whenever it returns 0)
+        raise Error("INTERNAL", "arena_dlpack succeeded without a tensor")
+    try:
+        return _PyCapsule_New(out.value, b"dltensor", ctypes.cast(_destructor, c_void_p))
+    except BaseException:  # no capsule owns it: its reference would keep the arena forever
+        _delete(out.value)
+        raise
 
 
 class Exporter:

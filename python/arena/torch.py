@@ -859,7 +859,7 @@ def _peft_tuners(module: nn.Module) -> Dict[str, nn.Module]:
         from peft.tuners.tuners_utils import BaseTunerLayer
     except Exception:
         return {}
-    return {n: m for n, m in module.named_modules() if isinstance(m, BaseTunerLayer) and isinstance(m, nn.Module)}
+    return {n: m for n, m in module.named_modules() if issubclass(type(m), BaseTunerLayer)}
 
 
 def attach(

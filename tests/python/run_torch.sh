@@ -47,14 +47,13 @@ if ! [ -x "$V/bin/python" ] || ! "$V/bin/python" -c "$IMPORTS" 2>/dev/null; then
 	fi
 fi
 "$V/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall ./python || fail "pip install ./python"
+R=$(pwd)
+PY=$(cd "$V" && pwd)/bin/python
 # Its types, against torch's (python/pyproject.toml [tool.mypy]; the cache in BUILD).
-BA=$(cd "$B" && pwd)
-(cd python && "$BA/venv-torch/bin/python" -m mypy --cache-dir "$BA/mypy-cache") >"$B/python-mypy.log" 2>&1 ||
+(cd python && "$PY" -m mypy --cache-dir "$R/$B/mypy-cache") >"$B/python-mypy.log" 2>&1 ||
 	{ tail -n 20 "$B/python-mypy.log"; fail "mypy: the package's types do not check (log: $B/python-mypy.log)"; }
 echo "python adapter tests: $(tail -n 1 "$B/python-mypy.log")"
 # The package as installed, not the source tree: run from elsewhere.
-R=$(pwd)
-PY=$(cd "$V" && pwd)/bin/python
 cd "$B" || exit 1
 ARENA_FIXTURES_DIR=${ARENA_FIXTURES_DIR:-$R/fixtures} ARENA_BIN=$R/$B/arena PYTHONWARNINGS=ignore \
 	"$PY" "$R/tests/python/test_torch.py" -v 2>&1 | grep -v 'kept in float32' >"$R/$B/python-torch.log"

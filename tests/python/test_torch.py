@@ -191,6 +191,24 @@ class Package(unittest.TestCase):
         gc.collect()
         self.assertFalse(arena._dlpack.arena_alive(raw), "the last tensor gone, the arena is freed")
 
+    def test_a_capsule_that_cannot_be_made_keeps_no_reference(self):
+        a = arena.open(IMG, **RESIDENT)
+        raw = a._handle()
+        real = arena._dlpack._PyCapsule_New
+
+        def fail(*args):
+            raise MemoryError("injected")
+
+        arena._dlpack._PyCapsule_New = fail
+        try:
+            with self.assertRaises(MemoryError):
+                a.tensors()
+        finally:
+            arena._dlpack._PyCapsule_New = real
+        a.close()
+        gc.collect()
+        self.assertFalse(arena._dlpack.arena_alive(raw), "the tensor made for the capsule gave its reference back")
+
     def test_errors_carry_name_and_message(self):
         with self.assertRaises(arena.Error) as cm:
             arena.open(os.path.join(TMP, "missing.arena"))
