@@ -328,9 +328,11 @@ int arena_residency_floor(const arena_layout *l, const arena_engine_opts *o, uin
 int arena_residency_piece_fit(const arena_layout *l, const arena_engine_opts *o, uint64_t budget, uint64_t *piece);
 
 /* The disk tier: which streamed blocks of plan p keep a host copy under
- * `host_budget` bytes (slabs rounded up to ARENA_SLAB_ALIGN) — in the order
- * the schedule first needs them, then the blocks it does not name — and
- * which do not: disk[b] = 1 (n_blocks entries, set here). When they do
+ * `host_budget` bytes (slabs rounded up to ARENA_SLAB_ALIGN) and which do
+ * not: disk[b] = 1 (n_blocks entries, set here). The tier takes the blocks
+ * the schedule does not name first, then blocks spread evenly through the
+ * schedule (each read while the host blocks before it are copied), and
+ * the budget's room left goes back to host copies in schedule order. When they do
  * not all fit, the disk tier's `staging` comes out of the budget first
  * (arena_residency_host_copies: the host memory its reads go through is
  * the budget's too). host_len:

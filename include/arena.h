@@ -284,7 +284,8 @@ typedef struct arena_open_options {
 	 * piece_size says what was chosen). */
 	uint64_t piece_size;
 	/* images only: host memory for the copies of streamed blocks. Blocks
-	 * beyond it (the last in the order they run) keep no host copy: each
+	 * beyond it (spread through the order they run, each read while the
+	 * blocks before it are copied) keep no host copy: each
 	 * is read from the image when it is streamed (the disk tier), its
 	 * chunks checked as the bytes pass, ahead of use into 384 MiB of
 	 * staging, which comes out of a budget of at least four times that

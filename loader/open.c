@@ -248,8 +248,9 @@ static void train_depth(const arena_layout *l, arena_engine_opts *o)
 		o->depth = (unsigned)d;
 }
 
-/* Streamed blocks get host copies in the order they run while the host
- * budget lasts; an image's others stay in the image (the disk tier). A
+/* Streamed blocks get host copies within the host budget; an image's
+ * others, spread through the schedule (arena_residency_host_split), stay
+ * in the image (the disk tier). A
  * checkpoint cannot be read again: a host budget given too small for it is
  * USAGE. */
 static int place_host(open_ctx *c, const arena_layout *l, const arena_residency_plan *p,
