@@ -199,6 +199,13 @@ uint64_t arena_residency_host_copies(uint64_t host_budget, uint64_t staging)
 	return host_budget != UINT64_MAX && host_budget / 4 >= staging ? host_budget - staging : host_budget;
 }
 
+/* The host bytes block b's copy takes: host_len[b] (a coded copy) or its
+ * slab, rounded up to ARENA_SLAB_ALIGN. */
+static uint64_t host_copy(const arena_layout *l, const uint64_t *host_len, size_t b)
+{
+	return arena_align_up(host_len ? host_len[b] : l->blocks[b].bytes, ARENA_SLAB_ALIGN);
+}
+
 int arena_residency_host_split(const arena_layout *l, const arena_residency_plan *p, uint64_t host_budget,
 			       uint64_t staging, const uint64_t *host_len, uint8_t *disk, uint64_t *host,
 			       uint64_t *disk_b)
@@ -221,7 +228,7 @@ int arena_residency_host_split(const arena_layout *l, const arena_residency_plan
 			continue;
 		seen[b] = 1;
 		order[n++] = b;
-		const uint64_t sz = arena_align_up(host_len ? host_len[b] : l->blocks[b].bytes, ARENA_SLAB_ALIGN);
+		const uint64_t sz = host_copy(l, host_len, b);
 		want += sz;
 		if (i < p->n_sched) {
 			n_sched = n;
@@ -244,7 +251,7 @@ int arena_residency_host_split(const arena_layout *l, const arena_residency_plan
 		uint64_t pos = 0, tier = 0;
 		for (size_t k = 0; k < n; k++) {
 			const size_t b = order[k];
-			const uint64_t sz = arena_align_up(host_len ? host_len[b] : l->blocks[b].bytes, ARENA_SLAB_ALIGN);
+			const uint64_t sz = host_copy(l, host_len, b);
 			if (k >= n_sched) {
 				disk[b] = 1;
 				tier += sz;
@@ -259,20 +266,20 @@ int arena_residency_host_split(const arena_layout *l, const arena_residency_plan
 		/* What the budget still holds goes back to host copies, in order. */
 		for (size_t k = 0; k < n; k++) {
 			const size_t b = order[k];
-			const uint64_t sz = arena_align_up(host_len ? host_len[b] : l->blocks[b].bytes, ARENA_SLAB_ALIGN);
+			const uint64_t sz = host_copy(l, host_len, b);
 			if (!disk[b])
 				used += sz;
 		}
 		for (size_t k = 0; k < n && used < host_budget; k++) {
 			const size_t b = order[k];
-			const uint64_t sz = arena_align_up(host_len ? host_len[b] : l->blocks[b].bytes, ARENA_SLAB_ALIGN);
+			const uint64_t sz = host_copy(l, host_len, b);
 			if (disk[b] && used + sz <= host_budget)
 				disk[b] = 0, used += sz;
 		}
 		/* and what it cannot hold goes to the tier, from the schedule's end */
 		for (size_t k = n; k-- > 0 && used > host_budget;) {
 			const size_t b = order[k];
-			const uint64_t sz = arena_align_up(host_len ? host_len[b] : l->blocks[b].bytes, ARENA_SLAB_ALIGN);
+			const uint64_t sz = host_copy(l, host_len, b);
 			if (!disk[b])
 				disk[b] = 1, used -= sz;
 		}

@@ -509,5 +509,14 @@ Test(disk, the_tier_is_spread_through_the_schedule)
 	/* With the staging out of a large enough budget. */
 	cr_assert_eq(arena_residency_host_split(l, &p, 18 * 16 * MiB, 64 * MiB, NULL, disk, &host, &out), 0);
 	cr_assert_eq(host, 14 * 16 * MiB);
+	/* Out of memory for its lists: NOMEM, each allocation in turn. */
+	for (long k = 1; k <= 2; k++) {
+		arena_fault_alloc(k);
+		int rc = arena_residency_host_split(l, &p, 12 * 16 * MiB, 384 * MiB, NULL, disk, &host, &out);
+		int fired = arena_fault_alloc_fired();
+		arena_fault_alloc(0);
+		cr_assert(fired, "allocation %ld", k);
+		cr_assert_eq(rc, ARENA_E_NOMEM, "allocation %ld: %s", k, arena_last_error());
+	}
 	arena_layout_free(l);
 }
