@@ -20,6 +20,7 @@ enum { S_FREE, S_READING, S_READY, S_FAILED, S_TAKEN, S_COPYING };
 
 typedef struct stage_slot {
 	int state, stale, pinned;
+	uint64_t taken;        /* TAKEN, COPYING: the take's number (copies end in that order) */
 	arena_stage_part part;
 	size_t entry;          /* READING, READY, FAILED: its part's index in the list */
 	uint8_t *buf;
@@ -49,6 +50,7 @@ struct arena_stager {
 	pthread_mutex_t src_mu;  /* held around every read from the source */
 	pthread_t tid;
 	int threaded, stop;
+	uint64_t takes;
 	arena_stager_stats st;
 };
 
@@ -82,11 +84,13 @@ static int read_part(arena_stager *s, stage_slot *x, const arena_stage_part *p)
 }
 
 /* The first part of the list with no slot, and a slot to read it into:
- * FREE; or COPYING (its event waited for outside the lock); or READY with
- * a part further down the list (read again when its turn comes: the head
- * goes first, and a new list may keep every slot for parts after it). -1
- * if none. Called with s->mu held; may drop it to wait for an event (no
- * one else moves a COPYING slot: the reads are one at a time). */
+ * FREE; or COPYING with its copies done; or the COPYING slot taken first
+ * (its copies end first: they are queued in take order on one stream;
+ * its event waited for outside the lock); or READY with a part further
+ * down the list (read again when its turn comes: the head goes first, and
+ * a new list may keep every slot for parts after it). -1 if none. Called
+ * with s->mu held; may drop it to wait for an event (no one else moves a
+ * COPYING slot: the reads are one at a time). */
 static int next_job(arena_stager *s, size_t *j)
 {
 	for (;;) {
@@ -97,10 +101,12 @@ static int next_job(arena_stager *s, size_t *j)
 			return -1;
 		int fr = -1, cp = -1, late = -1;
 		for (unsigned i = 0; i < s->n_slots && fr < 0; i++) {
-			const stage_slot *x = &s->slots[i];
+			stage_slot *x = &s->slots[i];
+			if (x->state == S_COPYING && s->be->ops->event_query(s->be, x->ev) > 0)
+				x->state = S_FREE; /* (an error: waited for below, where the engine sees it) */
 			if (x->state == S_FREE)
 				fr = (int)i;
-			else if (x->state == S_COPYING && cp < 0)
+			else if (x->state == S_COPYING && (cp < 0 || x->taken < s->slots[cp].taken))
 				cp = (int)i;
 			else if (x->state == S_READY && x->entry > k && (late < 0 || x->entry > s->slots[late].entry))
 				late = (int)i;
@@ -167,8 +173,11 @@ static void *reader(void *arg)
 {
 	arena_stager *s = arg;
 	pthread_mutex_lock(&s->mu);
+	/* stop is looked at again before each wait: read_one may have dropped
+	 * the lock (a read, an event waited for) while arena_stager_free set it
+	 * and woke no one yet waiting (a fresh clone's TSan run hung here). */
 	while (!s->stop)
-		if (!read_one(s))
+		if (!read_one(s) && !s->stop)
 			pthread_cond_wait(&s->cv_work, &s->mu);
 	pthread_mutex_unlock(&s->mu);
 	return NULL;
@@ -345,6 +354,7 @@ int arena_stager_take(arena_stager *s, unsigned *slot_out, uint8_t **buf, arena_
 		x->state = S_FREE;
 	} else {
 		x->state = S_TAKEN;
+		x->taken = s->takes++;
 		*slot_out = (unsigned)(x - s->slots);
 		if (x->part.coded)
 			*w = &x->w;

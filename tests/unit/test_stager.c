@@ -290,3 +290,67 @@ Test(stager, allocation_failures_at_creation)
 	cr_assert_eq(arena_stager_create(be, NULL, &src, PART, 0, 1, &s), ARENA_E_USAGE);
 	cr_assert_eq(arena_stager_create(be, NULL, &src, PART, ARENA_STAGER_MAX_SLOTS + 1, 1, &s), ARENA_E_USAGE);
 }
+
+/* A slow sim link (1 MB/s: a part's copy takes ~8 ms) for the tests below. */
+static void slow_link(double bps)
+{
+	be->ops->stream_destroy(be, cs);
+	arena_backend_destroy(be);
+	arena_sim_opts o = {.capacity = 64 << 20, .h2d_bytes_per_s = bps};
+	cr_assert_eq(arena_backend_sim_create(&o, &be), 0, "%s", arena_last_error());
+	cr_assert_eq(be->ops->stream_create(be, &cs), 0);
+}
+
+/* Freed while its thread waits for a slot's copies, after a new list that
+ * leaves it nothing to read: the thread sees the stop when the wait ends
+ * and does not sleep on (a fresh clone's TSan stress run hung there: the
+ * stop's wake-up came while the thread was not yet waiting for one). */
+Test(stager, freed_while_waiting_for_a_copy, .timeout = 20)
+{
+	slow_link(PART / 0.5); /* a part's copy: 0.5 s */
+	arena_stager *s = make(1, 1);
+	void *dev;
+	cr_assert_eq(be->ops->dev_alloc(be, PART, &dev), 0);
+	arena_stage_part a[2] = {P(0, 0), P(1, 0)};
+	cr_assert_eq(arena_stager_want(s, a, 2), 0);
+	take_check(s, a[0], dev); /* the one slot COPYING for 0.5 s; part 1 waits for it */
+	arena_sleep_s(0.1);       /* the thread is waiting for the copy */
+	cr_assert_eq(arena_stager_want(s, a, 0), 0);
+	arena_stager_free(s); /* joins the thread: hangs if it sleeps on */
+	cr_assert_eq(be->ops->stream_sync(be, cs), 0);
+	be->ops->dev_free(be, dev);
+}
+
+/* With every slot's copies queued, the thread reads again into the slot
+ * whose copies end first (the one taken first: one stream, in order), not
+ * the first slot in its table. */
+Test(stager, the_slot_taken_first_is_read_into_first, .timeout = 20)
+{
+	slow_link(PART / 0.2); /* a part's copy: 0.2 s */
+	arena_stager *s = make(3, 1);
+	void *dev[4];
+	arena_stage_part a[4];
+	for (int i = 0; i < 4; i++) {
+		a[i] = P((uint32_t)i, 0);
+		cr_assert_eq(be->ops->dev_alloc(be, PART, &dev[i]), 0);
+	}
+	cr_assert_eq(arena_stager_want(s, a, 3), 0); /* parts 0, 1, 2 into slots 0, 1, 2 */
+	wait_reads(3);
+	arena_stage_part b[3] = {a[1], a[2], a[0]}; /* kept where they are, taken 1, 2, 0 */
+	cr_assert_eq(arena_stager_want(s, b, 3), 0);
+	const double t0 = arena_now_s();
+	for (int i = 0; i < 3; i++)
+		take_check(s, b[i], dev[i]);
+	/* copies end ~0.2 s (slot 1), 0.4 s (slot 2), 0.6 s (slot 0) after t0 */
+	cr_assert_eq(arena_stager_want(s, &a[3], 1), 0);
+	wait_reads(4);
+	const double waited = arena_now_s() - t0;
+	cr_assert_eq(reads(), 4, "the kept parts were not read again");
+	cr_assert_lt(waited, 0.45, "part 3 was read %.3f s after the copies were queued (slot 1's end at 0.2 s, slot 0's at 0.6)",
+		     waited);
+	take_check(s, a[3], dev[3]);
+	cr_assert_eq(be->ops->stream_sync(be, cs), 0);
+	for (int i = 0; i < 4; i++)
+		be->ops->dev_free(be, dev[i]);
+	arena_stager_free(s);
+}
