@@ -549,7 +549,7 @@ def open(
       than host memory run; ``stats()``' ``disk_wait_s`` is the time a step
       waited for the disk). The tier's blocks are spread through the step,
       each read while the blocks before it are copied: a tier the reads can
-      keep up with (from the page cache, about 8 GB/s on the H200) costs
+      keep up with (from the page cache, 9 GB/s or more on the H200) costs
       the step nothing and lowers peak RSS by its size. None =
       what MemAvailable allows less a reserve; 0 = every streamed block.
       ``plan()`` says ``host_bytes`` held and ``n_disk`` blocks left in the image.
