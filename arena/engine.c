@@ -1544,57 +1544,86 @@ static int apply_moves(arena_engine *e, const uint8_t *want)
 	return fit_ring(e);
 }
 
-/* The host seconds a move from the resident set now to `want` is
- * estimated to take (apply_moves), unscaled: each block promoted copied at
- * move_copy_bps, and read again at move_read_bps when it has no host copy
- * (the disk tier); each block demoted whose host copy is gone
- * (release_host) read again (ensure_host; those past the host budget stay
- * in their image and cost nothing now). */
-static double move_cost_raw(const arena_engine *e, const uint8_t *want)
+/* The demoted block of a move to `want` after (sz, b) in the order
+ * apply_moves demotes them: the largest first, the lower number first
+ * among equals; -1 after the last. (sz, b) = (UINT64_MAX, -1): the first. */
+static int64_t next_demoted(const arena_engine *e, const uint8_t *want, uint64_t sz, int64_t b)
+{
+	int64_t pick = -1;
+	for (uint32_t i = 0; i < e->l->n_blocks; i++) {
+		const uint64_t z = e->l->blocks[i].bytes;
+		if (arena_block_is_globals(e->l, i) || want[i] || !e->plan.resident[i] || !z)
+			continue;
+		if (z > sz || (z == sz && (int64_t)i <= b))
+			continue; /* at or before (sz, b) */
+		if (pick < 0 || z > e->l->blocks[pick].bytes)
+			pick = i;
+	}
+	return pick;
+}
+
+/* What a move from the resident set now to `want` reads and copies:
+ * *copy_b, the bytes promoted blocks copy to the device; *read_b, the bytes
+ * read from the image now (promoted blocks with no host copy, and demoted
+ * blocks whose host copy is gone (release_host) while the host budget
+ * takes them, in the order apply_moves demotes them and ensure_host gives
+ * them copies); *disk_b, the bytes each step would read from the image
+ * more than now (demoted blocks the host budget no longer takes, less
+ * promoted blocks that were in the disk tier; 0 without a host budget). */
+static void move_bytes(const arena_engine *e, const uint8_t *want, double *copy_b, double *read_b, double *disk_b)
 {
 	const arena_model *m = e->m;
+	const int tier = e->o.reread && e->o.host_cap;
+	*copy_b = *read_b = *disk_b = 0;
+	for (uint32_t b = 0; b < e->l->n_blocks; b++) {
+		if (arena_block_is_globals(e->l, b) || !want[b] || e->plan.resident[b] || !e->l->blocks[b].bytes)
+			continue;
+		*copy_b += (double)e->l->blocks[b].bytes;
+		if (!m->mem[b].host && !m->mem[b].wire) {
+			*read_b += (double)e->l->blocks[b].bytes;
+			*disk_b -= tier ? (double)host_copy_bytes(e, b) : 0; /* read each step no more */
+		}
+	}
+	uint64_t taken = 0; /* host copies the move's demotions make before this one */
+	for (int64_t b = next_demoted(e, want, UINT64_MAX, -1); b >= 0;
+	     b = next_demoted(e, want, e->l->blocks[b].bytes, b)) {
+		if (m->mem[b].host || m->mem[b].wire)
+			continue; /* it has its host copy */
+		if (past_host_budget_after(e, (uint32_t)b, taken)) {
+			*disk_b += (double)host_copy_bytes(e, (uint32_t)b);
+		} else {
+			*read_b += (double)e->l->blocks[b].bytes;
+			taken += host_copy_bytes(e, (uint32_t)b);
+		}
+	}
+}
+
+void arena__engine_move_bytes(const arena_engine *e, const uint8_t *want, double *copy_b, double *read_b,
+			      double *disk_b)
+{
+	move_bytes(e, want, copy_b, read_b, disk_b);
+}
+
+/* The host seconds a move to `want` is estimated to take (apply_moves),
+ * unscaled: its copies at move_copy_bps, its reads at move_read_bps. */
+static double move_cost_raw(const arena_engine *e, const uint8_t *want)
+{
 	const double cb = e->o.move_copy_bps > 0 ? e->o.move_copy_bps : ARENA_ENGINE_MOVE_COPY_BPS;
 	const double rb = e->o.move_read_bps > 0 ? e->o.move_read_bps : ARENA_ENGINE_MOVE_READ_BPS;
-	double copy_b = 0, read_b = 0;
-	for (uint32_t b = 0; b < e->l->n_blocks; b++) {
-		if (arena_block_is_globals(e->l, b) || !want[b] == !e->plan.resident[b])
-			continue;
-		const double sz = (double)e->l->blocks[b].bytes;
-		const int held = m->mem[b].host || m->mem[b].wire;
-		if (want[b])
-			copy_b += sz;
-		if (!held && (want[b] || !past_host_budget(e, b)))
-			read_b += sz;
-	}
+	double copy_b, read_b, disk_b;
+	move_bytes(e, want, &copy_b, &read_b, &disk_b);
 	return copy_b / cb + read_b / rb;
 }
 
 /* The bytes each step would read from the image (the disk tier) more
- * after a move to `want` than now: blocks demoted that get no host copy
- * (past the host budget, filled in block order as ensure_host fills it),
- * less blocks promoted out of the disk tier. The predictions behind a move
- * do not see the disk tier: the profile times copies from host memory. */
+ * after a move to `want` than now (move_bytes). The predictions behind a
+ * move do not see the disk tier: the profile times copies from host
+ * memory. */
 static double move_disk_bytes(const arena_engine *e, const uint8_t *want)
 {
-	if (!e->o.reread || !e->o.host_cap)
-		return 0;
-	const arena_model *m = e->m;
-	uint64_t taken = 0; /* host copies the move's demotions make before this one */
-	double d = 0;
-	for (uint32_t b = 0; b < e->l->n_blocks; b++) {
-		if (arena_block_is_globals(e->l, b) || !want[b] == !e->plan.resident[b] || !e->l->blocks[b].bytes)
-			continue;
-		if (m->mem[b].host || m->mem[b].wire)
-			continue; /* promoted or demoted, it has its host copy */
-		const uint64_t sz = host_copy_bytes(e, b);
-		if (want[b])
-			d -= (double)sz; /* read each step no more */
-		else if (past_host_budget_after(e, b, taken))
-			d += (double)sz;
-		else
-			taken += sz;
-	}
-	return d;
+	double copy_b, read_b, disk_b;
+	move_bytes(e, want, &copy_b, &read_b, &disk_b);
+	return disk_b;
 }
 
 /* Is a move to `want`, rather than to `alt` (NULL: staying), worth `gain`

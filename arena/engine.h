@@ -547,6 +547,11 @@ int arena_engine_looking(const arena_engine *e);
 double arena_engine_step_gap(const arena_engine *e);
 /* Where block b is now: 1 resident, 0 streamed. */
 int arena_engine_is_resident(const arena_engine *e, uint32_t block);
+/* Tests: what a move from the resident set now to `want` (per block, 1
+ * resident) would copy to the device, read from the image now, and read
+ * from it each step more than now (the estimates a move is weighed by). */
+void arena__engine_move_bytes(const arena_engine *e, const uint8_t *want, double *copy_b, double *read_b,
+			      double *disk_b);
 /* The engine's copy stream (tests: sync on it). */
 arena_stream *arena_engine_copy_stream(const arena_engine *e);
 

@@ -2448,3 +2448,58 @@ Test(engine, mode_switch_and_back)
 	expect_whole_after_free(m);
 	arena_model_free(m);
 }
+
+/* A move's estimates walk its demotions in the order apply_moves makes
+ * them (the largest first) and fill the host budget as ensure_host does:
+ * of two demoted blocks with no host copy and room in the budget for one,
+ * the first is read now and the second joins the disk tier (read each
+ * step), not both counted as read now (each alone fits). */
+Test(engine_learn, a_moves_reads_fill_the_host_budget_in_order)
+{
+	sim_only();
+	arena_model *m = load(1); /* every block on the device, no host copies */
+	arena_slab_reader *rr;
+	cr_assert_eq(arena_slab_reader_open(img_path, m->layout, &rr), 0);
+	const size_t n = m->layout->n_blocks;
+	/* the two largest blocks, in apply_moves' order */
+	int64_t b1 = -1, b2 = -1;
+	for (uint32_t b = 0; b < n; b++) {
+		if (arena_block_is_globals(m->layout, b))
+			continue;
+		const uint64_t z = m->layout->blocks[b].bytes;
+		if (b1 < 0 || z > m->layout->blocks[b1].bytes)
+			b2 = b1, b1 = b;
+		else if (b2 < 0 || z > m->layout->blocks[b2].bytes)
+			b2 = b;
+	}
+	cr_assert(b1 >= 0 && b2 >= 0);
+	const uint64_t h1 = arena_align_up(m->layout->blocks[b1].bytes, ARENA_SLAB_ALIGN);
+	const uint64_t h2 = arena_align_up(m->layout->blocks[b2].bytes, ARENA_SLAB_ALIGN);
+	for (int capped = 0; capped < 2; capped++) {
+		arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+		o.reread = arena_slab_reader_read;
+		o.reread_ctx = rr;
+		o.host_cap = capped ? m->host_bytes + h1 + h2 / 2 : 0; /* room for the first only */
+		arena_engine *e;
+		cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+		uint8_t *want = malloc(n);
+		for (uint32_t b = 0; b < n; b++)
+			want[b] = (uint8_t)arena_engine_is_resident(e, b);
+		cr_assert(want[b1] && want[b2], "both resident to begin with");
+		want[b1] = want[b2] = 0;
+		double copy_b, read_b, disk_b;
+		arena__engine_move_bytes(e, want, &copy_b, &read_b, &disk_b);
+		cr_assert_eq(copy_b, 0);
+		if (capped) {
+			cr_assert_eq(read_b, (double)m->layout->blocks[b1].bytes, "read now: the first only (%.0f)", read_b);
+			cr_assert_eq(disk_b, (double)h2, "the second read each step (%.0f)", disk_b);
+		} else {
+			cr_assert_eq(read_b, (double)(m->layout->blocks[b1].bytes + m->layout->blocks[b2].bytes));
+			cr_assert_eq(disk_b, 0);
+		}
+		free(want);
+		arena_engine_free(e);
+	}
+	arena_slab_reader_close(rr);
+	arena_model_free(m);
+}
