@@ -102,8 +102,13 @@ static int next_job(arena_stager *s, size_t *j)
 		int fr = -1, cp = -1, late = -1;
 		for (unsigned i = 0; i < s->n_slots && fr < 0; i++) {
 			stage_slot *x = &s->slots[i];
-			if (x->state == S_COPYING && s->be->ops->event_query(s->be, x->ev) > 0)
-				x->state = S_FREE; /* (an error: waited for below, where the engine sees it) */
+			if (x->state == S_COPYING) {
+				const int q = s->be->ops->event_query(s->be, x->ev);
+				if (q > 0)
+					x->state = S_FREE;
+				else if (q < 0) /* the device failed: the engine sees it on its own stream */
+					arena_error_clear();
+			}
 			if (x->state == S_FREE)
 				fr = (int)i;
 			else if (x->state == S_COPYING && (cp < 0 || x->taken < s->slots[cp].taken))
