@@ -290,6 +290,27 @@ class Sampling(unittest.TestCase):
         self.assertGreater(st[-1]["streamed_bytes"], 0)
         h.detach()
 
+    def test_partial_disk_tier_equals_plain(self):
+        """A host budget for about half the streamed blocks: the rest stay in the image
+        (spread through the step), read when streamed; outputs are the plain model's,
+        bit for bit, step after step."""
+        m = model()
+        h = at.attach(m, IMG, **STREAM)
+        full = h.plan()["host_bytes"]
+        h.detach()
+        m = model()
+        h = at.attach(m, IMG, host_budget=full // 2, **STREAM)
+        pl = h.plan()
+        self.assertGreater(pl["n_disk"], 0)
+        self.assertLess(pl["n_disk"], pl["n_streamed"])
+        self.assertLessEqual(pl["host_bytes"], full // 2)
+        self.check(m)
+        h.end_step()
+        self.check(m)  # with the schedule the first step taught
+        h.end_step()
+        self.assertGreater(h.stats()[-1]["disk_bytes"], 0)
+        h.detach()
+
     def test_disk_tier_equals_plain(self):
         """host_budget=0: every streamed block read from the image when it is streamed."""
         m = model()
