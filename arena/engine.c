@@ -563,10 +563,6 @@ static int ring_alloc(arena_engine *e, uint64_t bytes)
 	return 0;
 }
 
-/* Give block b a host copy (re-read from its source, checked) if it has
- * none: a raw slab, or, for an hb4 image streaming coded (the plan of its
- * coded form is there and so are the stages), its coded form, read coded:
- * a quarter fewer bytes held and copied, nothing decoded on the host. */
 /* The host bytes a copy of block b takes: its slab, or an hb4 disk tier's
  * coded form. */
 static uint64_t host_copy_bytes(const arena_engine *e, uint32_t b)
@@ -577,23 +573,22 @@ static uint64_t host_copy_bytes(const arena_engine *e, uint32_t b)
 
 /* A host copy of block b, with `more` host bytes taken first, would go over
  * the host budget: it stays in its image (the disk tier). */
-static int past_host_budget_after(const arena_engine *e, uint32_t b, uint64_t more)
+static int past_host_budget(const arena_engine *e, uint32_t b, uint64_t more)
 {
 	return e->o.reread && e->o.host_cap && e->m->host_bytes + more + host_copy_bytes(e, b) > e->o.host_cap;
 }
 
-static int past_host_budget(const arena_engine *e, uint32_t b)
-{
-	return past_host_budget_after(e, b, 0);
-}
-
+/* Give block b a host copy (re-read from its source, checked) if it has
+ * none: a raw slab, or, for an hb4 image streaming coded (the plan of its
+ * coded form is there and so are the stages), its coded form, read coded:
+ * a quarter fewer bytes held and copied, nothing decoded on the host. */
 static int ensure_host(arena_engine *e, uint32_t b)
 {
 	arena_model *m = e->m;
 	if (m->mem[b].host || m->mem[b].wire || !e->l->blocks[b].bytes)
 		return 0;
 	const arena_wire *plan = disk_coded(e, b);
-	if (past_host_budget(e, b))
+	if (past_host_budget(e, b, 0))
 		return 0; /* over the host budget: it stays in its image (the disk tier) */
 	if (!e->o.reread)
 		return arena_errorf(ARENA_E_INTERNAL, "block '%s' has no host copy and no source to re-read",
@@ -1589,7 +1584,7 @@ static void move_bytes(const arena_engine *e, const uint8_t *want, double *copy_
 	     b = next_demoted(e, want, e->l->blocks[b].bytes, b)) {
 		if (m->mem[b].host || m->mem[b].wire)
 			continue; /* it has its host copy */
-		if (past_host_budget_after(e, (uint32_t)b, taken)) {
+		if (past_host_budget(e, (uint32_t)b, taken)) {
 			*disk_b += (double)host_copy_bytes(e, (uint32_t)b);
 		} else {
 			*read_b += (double)e->l->blocks[b].bytes;
@@ -1604,26 +1599,23 @@ void arena__engine_move_bytes(const arena_engine *e, const uint8_t *want, double
 	move_bytes(e, want, copy_b, read_b, disk_b);
 }
 
-/* The host seconds a move to `want` is estimated to take (apply_moves),
- * unscaled: its copies at move_copy_bps, its reads at move_read_bps. */
-static double move_cost_raw(const arena_engine *e, const uint8_t *want)
+static double move_read_bps(const arena_engine *e)
 {
-	const double cb = e->o.move_copy_bps > 0 ? e->o.move_copy_bps : ARENA_ENGINE_MOVE_COPY_BPS;
-	const double rb = e->o.move_read_bps > 0 ? e->o.move_read_bps : ARENA_ENGINE_MOVE_READ_BPS;
-	double copy_b, read_b, disk_b;
-	move_bytes(e, want, &copy_b, &read_b, &disk_b);
-	return copy_b / cb + read_b / rb;
+	return e->o.move_read_bps > 0 ? e->o.move_read_bps : ARENA_ENGINE_MOVE_READ_BPS;
 }
 
-/* The bytes each step would read from the image (the disk tier) more
- * after a move to `want` than now (move_bytes). The predictions behind a
- * move do not see the disk tier: the profile times copies from host
- * memory. */
-static double move_disk_bytes(const arena_engine *e, const uint8_t *want)
+/* The host seconds a move to `want` is estimated to take (apply_moves),
+ * unscaled: its copies at move_copy_bps, its reads at move_read_bps; and
+ * (disk_b, may be NULL) the bytes it adds to each step's reads from the
+ * image (move_bytes). */
+static double move_cost_raw(const arena_engine *e, const uint8_t *want, double *disk_b)
 {
-	double copy_b, read_b, disk_b;
-	move_bytes(e, want, &copy_b, &read_b, &disk_b);
-	return disk_b;
+	const double cb = e->o.move_copy_bps > 0 ? e->o.move_copy_bps : ARENA_ENGINE_MOVE_COPY_BPS;
+	double copy_b, read_b, d;
+	move_bytes(e, want, &copy_b, &read_b, &d);
+	if (disk_b)
+		*disk_b = d;
+	return copy_b / cb + read_b / move_read_bps(e);
 }
 
 /* Is a move to `want`, rather than to `alt` (NULL: staying), worth `gain`
@@ -1637,10 +1629,10 @@ static double move_disk_bytes(const arena_engine *e, const uint8_t *want)
 static int move_pays(arena_engine *e, const uint8_t *want, const uint8_t *alt, double gain)
 {
 	const unsigned n = e->o.payback_steps ? e->o.payback_steps : ARENA_ENGINE_DEFAULT_PAYBACK;
-	const double rb = e->o.move_read_bps > 0 ? e->o.move_read_bps : ARENA_ENGINE_MOVE_READ_BPS;
-	double cost = move_cost_raw(e, want) - (alt ? move_cost_raw(e, alt) : 0);
+	double disk_w, disk_a = 0;
+	double cost = move_cost_raw(e, want, &disk_w) - (alt ? move_cost_raw(e, alt, &disk_a) : 0);
 	cost = (cost > 0 ? cost : 0) * e->move_scale;
-	gain -= (move_disk_bytes(e, want) - (alt ? move_disk_bytes(e, alt) : 0)) / rb;
+	gain -= (disk_w - disk_a) / move_read_bps(e); /* the predictions time copies from host memory */
 	e->rec.move_est_s = cost;
 	e->rec.move_gain_s = gain;
 	if (gain > 0 && gain * n >= cost)
@@ -1655,7 +1647,7 @@ static int move_pays(arena_engine *e, const uint8_t *want, const uint8_t *alt, d
  * too little to learn from). */
 static int apply(arena_engine *e, const uint8_t *want)
 {
-	const double est = move_cost_raw(e, want);
+	const double est = move_cost_raw(e, want, NULL);
 	const double t0 = arena_now_s();
 	int rc = apply_moves(e, want);
 	const double took = arena_now_s() - t0;

@@ -441,7 +441,7 @@ typedef struct arena_engine_step {
 	/* The last move this step's end weighed against its cost
 	 * (payback_steps): its estimated host seconds, the seconds a step it was
 	 * predicted to save less the disk tier's reads it adds a step
-	 * (move_disk_bytes at move_read_bps), and whether it was held back for
+	 * (move_bytes' disk bytes at move_read_bps), and whether it was held back for
 	 * that. */
 	double move_est_s, move_gain_s;
 	int move_held;

@@ -245,7 +245,7 @@ int arena_residency_host_split(const arena_layout *l, const arena_residency_plan
 		 * schedule's end is read back to back, the copies waiting on the
 		 * disk (the H200, session 14: 3.1 GB a step at the end of
 		 * sampling's schedule took 0.34 s steps to 0.55 s). */
-		const uint64_t need = want - (host_budget < want ? host_budget : want);
+		const uint64_t need = want - host_budget; /* (the staging only lowered it) */
 		const uint64_t unsched = want - sched_want;
 		const uint64_t rest = need > unsched ? need - unsched : 0; /* the scheduled blocks' share */
 		uint64_t pos = 0, tier = 0;
@@ -262,14 +262,10 @@ int arena_residency_host_split(const arena_layout *l, const arena_residency_plan
 			const double due = (double)rest * (double)pos / (double)sched_want;
 			if ((double)tier + (double)sz / 2 < due)
 				disk[b] = 1, tier += sz;
-		}
-		/* What the budget still holds goes back to host copies, in order. */
-		for (size_t k = 0; k < n; k++) {
-			const size_t b = order[k];
-			const uint64_t sz = host_copy(l, host_len, b);
-			if (!disk[b])
+			else
 				used += sz;
 		}
+		/* What the budget still holds goes back to host copies, in order, */
 		for (size_t k = 0; k < n && used < host_budget; k++) {
 			const size_t b = order[k];
 			const uint64_t sz = host_copy(l, host_len, b);
