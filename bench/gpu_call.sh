@@ -4,6 +4,7 @@
 #
 #   O=/tmp/w/o1 IMAGES="plain hb4" . bench/gpu_call.sh
 #   t NAME RUN [torch_flux.py arguments]   # $O/NAME.jsonl, $O/NAME.err; a summary on stdout
+#   bs NAME IMAGE [arena bench stream arguments]   # $O/NAME.json, $O/NAME.err; a summary on stdout
 #
 # Set-up: LD_LIBRARY_PATH for the carried gpu-libs, the carried wheels (.whl:
 # diffusers) into /tmp/site, flux-dev from `arena synth` converted to
@@ -11,7 +12,10 @@
 # unless KEEP_ST is set (plain-sample and diffusers-sample read it: --safetensors $ST).
 # t skips a run once the call has run LATE seconds (default 470: a call has
 # 600) and gives each TO seconds (default 110). The images are read once
-# before each run (page cache warm, as a trainer's second start).
+# before each run (page cache warm, as a trainer's second start: convert
+# writes with O_DIRECT, so without this a disk tier reads the disk). bs runs
+# `$A bench stream IMAGE --backend cuda --json ...` (BIN=another build to
+# compare) under the same rules and prints the median of steps 3 on.
 set -u
 T0=$(date +%s)
 export LD_LIBRARY_PATH=$PWD/gpu-libs:/usr/local/cuda/lib64
@@ -58,5 +62,21 @@ print("  moves", [x.get("demotions", 0) for x in r], [x.get("promotions", 0) for
 print("  disk GB", [round(x.get("disk_bytes", 0) / 1e9, 2) for x in r][-4:], "wait", [round(x.get("disk_wait_s", 0), 3) for x in r][-4:])
 print("  looks", [(i, round(x["look_s"], 3), x.get("profile_learned")) for i, x in enumerate(r) if x.get("looked")],
       "held", [(i, round(x["move_est_s"], 3), round(x["move_gain_s"], 4)) for i, x in enumerate(r) if x.get("move_held")])
+PY
+}
+bs() {
+	n=$1 img=$2
+	shift 2
+	[ $(($(date +%s) - T0)) -gt "${LATE:-470}" ] && { log "skip $n"; return; }
+	log "stream $n"
+	cat "$img" >/dev/null
+	timeout "${TO:-110}" "${BIN:-$A}" bench stream "$img" --backend cuda --json "$@" >"$O/$n.json" 2>"$O/$n.err" || { tail -3 "$O/$n.err"; return; }
+	python3 - "$O/$n.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+s = d["steps"][2:]
+med = lambda v: sorted(v)[len(v) // 2]
+print("  step %.4f bound %.4f eff %.3f disk %.2f GB wait %.3f" % (med([x["time_s"] for x in s]), med([x["bound_s"] for x in s]),
+      med([x["efficiency"] for x in s]), med([x["disk_bytes"] for x in s]) / 1e9, med([x["disk_wait_s"] for x in s])))
 PY
 }

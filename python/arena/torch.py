@@ -67,7 +67,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set,
 import torch
 from torch import nn
 
-from . import Arena, Component, Error, Size, _view, parse_size, torch_dtype
+from . import Arena, Component, Error, Size, TensorInfo, _view, parse_size, torch_dtype
 from . import open as _open
 
 __all__ = ["attach", "Handle", "Trace"]
@@ -113,34 +113,79 @@ def _bound_cls(cls: type) -> type:
     return new
 
 
-class _BlockBinding:
-    """A block module bound to an arena block: its parameters, the views at each address."""
+_SCALED = ("fp8-e4m3-tensor", "fp8-e4m3-row", "int8-row")
+_DEQUANT = ("bf16", "fp8-e4m3", "fp8-e5m2") + _SCALED  # every scheme of docs/QUANT.md
 
-    def __init__(self, handle: "Handle", index: int, name: str, params: List[Tuple[torch.Tensor, Component]]):
+
+def _dequantize(info: TensorInfo, comps: List[torch.Tensor]) -> torch.Tensor:
+    """A quantized tensor's values in its original dtype, in new memory on the
+    components' device (torch's allocator, torch's current stream): qdata x scale
+    in f32, rounded once to the original dtype (docs/QUANT.md), which is what
+    ``(qdata.float() * scale).to(dtype)`` gives, in one or two kernels."""
+    dt = torch_dtype(info.dtype)
+    q = comps[0]
+    if info.scheme not in _SCALED:  # fp8 and bf16 data: one conversion
+        return q.to(dt)
+    out = torch.empty(info.shape, dtype=dt, device=q.device)
+    if q.dtype == torch.int8 or dt == torch.float32:  # int8 widens in mul; f32 needs no rounding
+        torch.mul(q.to(torch.float32) if q.dtype != torch.int8 else q, comps[1], out=out)
+    else:  # fp8 is exact in bf16 and f16; mul_ computes in f32 (the scale's) and rounds once
+        out.copy_(q)
+        out.mul_(comps[1])
+    return out
+
+
+class _BlockBinding:
+    """A block module bound to an arena block: its parameters, the views at each address.
+
+    Tensors stored quantized (``quant``) are dequantized into torch memory at
+    each bind and let go at ``drop()`` (the block's release): the module always
+    sees its original dtype, and only the blocks being run hold a dequantized
+    copy."""
+
+    def __init__(self, handle: "Handle", index: int, name: str, params: List[Tuple[torch.Tensor, Component]],
+                 quant: Optional[List[Tuple[torch.Tensor, TensorInfo]]] = None):
         self.handle = handle
         self.index = index
         self.name = name
-        self.params = params
+        self.params = params  # stored as they are: views
+        self.quant = quant or []  # stored quantized: dequantized at bind
+        self.weights = [p for p, _ in self.params] + [p for p, _ in self.quant]
+        self.live = False  # the quantized parameters hold their values (bound and not dropped)
         self.addr = -1
-        self.cache: "OrderedDict[int, List[torch.Tensor]]" = OrderedDict()
+        self.cache: "OrderedDict[int, Tuple[List[torch.Tensor], List[List[torch.Tensor]]]]" = OrderedDict()
 
     def bind(self, addr: int, where: str = "device") -> None:
-        if addr == self.addr:
+        if addr == self.addr and (self.live or not self.quant):
             return
-        views = self.cache.get(addr)
-        if views is None:
+        got = self.cache.get(addr)
+        if got is None:
             slab = self.handle.arena.slab(self.index, addr, where)
             with torch.inference_mode(False):
-                views = [_view(slab, c) for _, c in self.params]
-            self.cache[addr] = views
+                got = ([_view(slab, c) for _, c in self.params],
+                       [[_view(slab, c) for c in info.components] for _, info in self.quant])
+            self.cache[addr] = got
             if len(self.cache) > 8:
                 self.cache.popitem(last=False)
         else:
             self.cache.move_to_end(addr)
+        views, qviews = got
         with torch.no_grad():
             for (p, _), v in zip(self.params, views):
                 p.data = v
+            for (p, info), comps in zip(self.quant, qviews):
+                p.data = _dequantize(info, comps)
+        self.live = bool(self.quant)
         self.addr = addr
+
+    def drop(self) -> None:
+        """Let the dequantized values go (the block is released): placeholders again."""
+        if not self.live:
+            return
+        with torch.no_grad():
+            for p, info in self.quant:
+                p.data = _placeholder(self.handle, _as_component(info))
+        self.live = False
 
     def run(self, call: Callable[..., Any], mod: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         h = self.handle
@@ -148,7 +193,7 @@ class _BlockBinding:
         backward = _in_backward()
         if not h._step_open:
             h._begin_step()
-        if h._all_resident:  # nothing streams this step: the blocks stay where they are
+        if h._all_resident and not self.quant:  # nothing streams this step: the blocks stay where they are
             self.bind(h._resident_at[self.index])
             if torch.is_grad_enabled() and not backward:
                 self._check_training(args, kwargs)
@@ -169,6 +214,7 @@ class _BlockBinding:
                 h._deferred.append((self.index, stream))
             else:
                 a.release(self.index, stream)
+                self.drop()
             raise
         if backward:
             # A recompute (checkpointing): its saved tensors view the block until
@@ -176,6 +222,7 @@ class _BlockBinding:
             h._deferred.append((self.index, stream))
         else:
             a.release(self.index, stream)
+            self.drop()
             if grads:
                 h._watch_backward(self.index, grads)
         return out
@@ -184,15 +231,17 @@ class _BlockBinding:
         """Refuse what training cannot do with this block; return the tensors whose
         gradients end its backward (inputs and its own parameters that need one)."""
         resident = self.handle.arena.block_state(self.index)[0]
-        return _check_training(self.handle, self.name, self.params, self.index, resident, args, kwargs)
+        return _check_training(self.handle, self.name, self.weights, self.index, resident,
+                               self.quant[0][1].scheme if self.quant else None, args, kwargs)
 
 
-def _check_training(h: "Handle", name: str, params: List[Tuple[torch.Tensor, Component]], index: int,
-                    resident: bool, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[torch.Tensor]:
+def _check_training(h: "Handle", name: str, weights: List[torch.Tensor], index: int, resident: bool,
+                    scheme: Optional[str], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[torch.Tensor]:
     """A block's forward with autograd on: refuse training its bound weights, and a
-    streamed block outside checkpointing; return the tensors whose gradients end its
-    backward (its inputs and its module's parameters that need one)."""
-    for p, _ in params:
+    streamed or quantized (``scheme``) block outside checkpointing; return the
+    tensors whose gradients end its backward (its inputs and its module's
+    parameters that need one)."""
+    for p in weights:
         if p.requires_grad:
             raise Error(
                 "USAGE",
@@ -202,8 +251,16 @@ def _check_training(h: "Handle", name: str, params: List[Tuple[torch.Tensor, Com
             )
     grads = [x for x in list(args) + list(kwargs.values()) if isinstance(x, torch.Tensor) and x.requires_grad]
     grads += [p for p in h._params_of(index) if p.requires_grad]
-    if resident or _under_checkpoint() or not grads:
+    if (resident and scheme is None) or _under_checkpoint() or not grads:
         return grads
+    if resident:
+        raise Error(
+            "USAGE",
+            f"{name} is stored quantized ({scheme}) and runs with autograd outside gradient checkpointing: "
+            f"its weights are dequantized for each call and let go after it, so its backward would not "
+            f"find them; enable non-reentrant checkpointing of every block (diffusers: "
+            f"module.enable_gradient_checkpointing()), or use an image without --quant",
+        )
     raise Error(
         "USAGE",
         f"{name} is streamed and runs with autograd outside gradient checkpointing: the "
@@ -247,7 +304,8 @@ class _PiecedBinding:
         self.pieces = pieces  # arena block index -> the piece's binding (its views)
         self.need = need  # per leaf key: the pieces it needs
         self.index = min(pieces)  # for the handle's bookkeeping
-        self.params = [pc for b in pieces.values() for pc in b.params]
+        self.weights = [p for b in pieces.values() for p in b.weights]
+        self.scheme = next((b.quant[0][1].scheme for b in pieces.values() if b.quant), None)
         self.held: Set[int] = set()  # pieces acquired and not released
         self.active = False
         self.backward = False
@@ -280,6 +338,7 @@ class _PiecedBinding:
     def _release(self, idx: int) -> None:
         self.held.discard(idx)
         self.handle.arena.release(idx, self.handle._stream())
+        self.pieces[idx].drop()
 
     def release_all(self) -> None:
         """Step end: whatever is still held goes."""
@@ -317,7 +376,7 @@ class _PiecedBinding:
             h._begin_step()
         if torch.is_grad_enabled() and not backward:
             self._check_training(args, kwargs)
-        if h._all_resident:
+        if h._all_resident and self.scheme is None:
             for idx, b in self.pieces.items():
                 b.bind(h._resident_at[idx])
             return call(mod, *args, **kwargs)
@@ -350,7 +409,7 @@ class _PiecedBinding:
         need = self.need[key]
         if not h._step_open:
             h._begin_step()
-        if h._all_resident:
+        if h._all_resident and self.scheme is None:
             for idx in need:
                 self.pieces[idx].bind(h._resident_at[idx])
             return call(mod, *args, **kwargs)
@@ -418,7 +477,7 @@ class _PiecedBinding:
 
     def _check_training(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
         resident = all(self.handle.arena.block_state(i)[0] for i in self.pieces)
-        _check_training(self.handle, self.name, self.params, self.index, resident, args, kwargs)
+        _check_training(self.handle, self.name, self.weights, self.index, resident, self.scheme, args, kwargs)
 
 
 class _Saved:
@@ -625,6 +684,7 @@ class Handle:
         self._deferred: List[Tuple[int, Optional[int]]] = []
         self._hooks: List[Any] = []
         self._blocks: List[_BlockBinding] = []  # whole blocks
+        self._whole: Dict[int, _BlockBinding] = {}  # the same by arena block
         self._pieced: List[_PiecedBinding] = []  # blocks in pieces
         self._module_of: Dict[int, nn.Module] = {}
         self._restore: List[Callable[[], None]] = []
@@ -661,6 +721,7 @@ class Handle:
         while self._deferred:
             i, s = self._deferred.pop(0)
             self.arena.release(i, s)
+            self._whole[i].drop()
         for pb in self._pieced:
             pb.release_all()
         for hk in self._hooks:
@@ -672,6 +733,7 @@ class Handle:
             if i == block:
                 del self._deferred[k]
                 self.arena.release(i, self._stream())
+                self._whole[i].drop()
                 return
 
     def _watch_backward(self, block: int, grads: List[torch.Tensor]) -> None:
@@ -973,8 +1035,9 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any, min_saved: Op
         if iname in bound:
             problems.append(f"'{full}' and another parameter both map to '{iname}'")
             continue
-        if info.scheme != "none" or len(info.components) != 1:
-            problems.append(f"'{iname}' is stored {info.scheme}; attach binds tensors stored as they are")
+        if info.scheme not in ("none",) + _DEQUANT or (info.scheme == "none" and len(info.components) != 1):
+            problems.append(f"'{iname}' is stored {info.scheme} ({len(info.components)} components), "
+                            f"which this adapter cannot bind")
             continue
         try:
             want = torch_dtype(info.dtype)
@@ -1024,22 +1087,34 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any, min_saved: Op
 
     # 3. Bind. Parameters become new frozen Parameters viewing arena memory;
     # the module's own tensors are released.
+    # Tensors stored quantized are dequantized: globals once, here; block tensors at
+    # each call of their block (placeholders until then).
     per_block: Dict[int, List[Tuple[torch.Tensor, Component]]] = {}
+    per_block_q: Dict[int, List[Tuple[torch.Tensor, TensorInfo]]] = {}
     owners: Dict[int, nn.Module] = {}
     for iname, (owner, leaf, t, info) in bound.items():
         resident, dev, host = a.block_state(info.block)
         c = info.components[0]
+        quant = info.scheme != "none"
         is_buf = leaf in owner._buffers
         if info.block not in block_mod:  # globals: resident for good
-            view = _view(a.slab(info.block, dev, "device"), c)
+            slab = a.slab(info.block, dev, "device")
+            if quant:
+                with torch.no_grad():
+                    view = _dequantize(info, [_view(slab, qc) for qc in info.components])
+            else:
+                view = _view(slab, c)
             _swap(h, owner, leaf, is_buf, view, t)
             continue
-        if resident:
+        if resident and not quant:
             view = _view(a.slab(info.block, dev, "device"), c)
         else:  # no memory until the block is acquired: a placeholder of the right shape on the device
-            view = _placeholder(h, c)
+            view = _placeholder(h, _as_component(info))
         p = _swap(h, owner, leaf, is_buf, view, t)
-        per_block.setdefault(info.block, []).append((p, c))
+        if quant:
+            per_block_q.setdefault(info.block, []).append((p, info))
+        else:
+            per_block.setdefault(info.block, []).append((p, c))
         owners[id(owner)] = owner
     groups: Dict[str, List[int]] = {}
     for idx in block_mod:
@@ -1048,13 +1123,14 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any, min_saved: Op
         m = block_mod[idxs[0]]
         bs: Dict[int, _BlockBinding] = {}
         for idx in idxs:
-            bb = _BlockBinding(h, idx, a.blocks[idx].name, per_block.get(idx, []))
+            bb = _BlockBinding(h, idx, a.blocks[idx].name, per_block.get(idx, []), per_block_q.get(idx))
             resident, dev, host = a.block_state(idx)
             bb.addr = dev if resident else -1  # host views are placeholders: bind at the first call
             bs[idx] = bb
             h._module_of[idx] = m
         if len(idxs) == 1 and a.blocks[idxs[0]].name == parent:  # a whole block
             h._blocks.append(bs[idxs[0]])
+            h._whole[idxs[0]] = bs[idxs[0]]
             _wrap_block(h, m, bs[idxs[0]])
             continue
         # In pieces: the modules owning its tensors acquire the pieces they need.
@@ -1075,7 +1151,7 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any, min_saved: Op
                 continue
             _wrap_block(h, leaf_m, _LeafRef(pb, key))  # type: ignore[arg-type]
         _wrap_block(h, m, pb)  # type: ignore[arg-type]
-    if mode == "train" and h._pieced:
+    if mode == "train":
         _check_train_ring(h)
     # 4. Guards: moves and conversions of bound weights, adapter merges, a second attach.
     for owner in {id(o): o for o, _, _, _ in bound.values()}.values():
@@ -1093,12 +1169,24 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any, min_saved: Op
 
 
 def _check_train_ring(h: Handle) -> None:
-    """Training in pieces: a block's recompute holds all its pieces until its
-    backward has run, so the ring must hold a whole block beside the next piece."""
+    """Training: a block's recompute holds it until its backward has run (its
+    input's and its adapters' gradients are made), which may come after the
+    next block's recompute has started: whole blocks need a ring of three slots
+    (the ring fills in order, so one held slot of two stops it). In pieces the
+    ring must hold a whole block beside the next piece."""
     a = h.arena
     pl = a.plan()
     if not pl["n_streamed"]:
         return
+    if not h._pieced:
+        if pl["slots"] >= 3:
+            return
+        raise Error(
+            "BUDGET",
+            f"{a.path}: training holds a streamed block from its recompute until its backward has run, past "
+            f"the next block's recompute: the ring needs 3 slots and has {pl['slots']}; attach with depth=2 "
+            f"(or keep_last=1), or more vram",
+        )
     slot = pl["slot_bytes"] or max(a.blocks[i].nbytes for pb in h._pieced for i in pb.pieces)
     block = max(sum(a.blocks[i].nbytes for i in pb.pieces) for pb in h._pieced)
     ring = pl["slots"] * slot
@@ -1123,6 +1211,11 @@ def _placeholder(h: Handle, c: Component) -> torch.Tensor:
     if one is None:
         one = h._zeros[dt] = torch.zeros(1, dtype=dt, device=h._device)
     return one.expand(c.shape) if c.shape else one.view(())
+
+
+def _as_component(info: TensorInfo) -> Component:
+    """A quantized tensor as the module sees it: its original dtype and shape."""
+    return Component(info.name, info.dtype, info.shape, 0, 0)
 
 
 def _persistent(module: nn.Module, name: str) -> bool:
