@@ -24,6 +24,7 @@ typedef struct arena_backend arena_backend;
 typedef struct arena_stream arena_stream;
 typedef struct arena_event arena_event;
 struct arena_hb4;
+struct arena_dequant_job; /* dequant.h */
 
 /* One decode of decode_hb4_many. */
 typedef struct arena_hb4_job {
@@ -107,6 +108,14 @@ typedef struct arena_backend_ops {
 	 * in as few launches as the backend can (cuda: up to 16 a kernel);
 	 * NULL: call decode_hb4 for each. */
 	int (*decode_hb4_many)(arena_backend *b, const struct arena_hb4_job *jobs, size_t n, arena_stream *s);
+
+	/* The dequantization j describes (dequant.h), its src and scale in device
+	 * memory, dst in device memory (cuda) or any host memory (sim: the
+	 * caller's, a torch tensor), after the work queued on s so far. cuda:
+	 * one kernel queued on s; sim: s's queued work waited for, then done on
+	 * the calling thread before it returns. The caller has checked j
+	 * (arena__dequant_args). */
+	int (*dequant)(arena_backend *b, const struct arena_dequant_job *j, arena_stream *s);
 
 	void (*destroy)(arena_backend *b);
 } arena_backend_ops;

@@ -25,6 +25,7 @@
 #include "../common/err.h"
 #include "../formats/codec.h"
 #include "codec_cuda.h"
+#include "dequant.h"
 
 typedef struct cuda_backend {
 	arena_backend base;
@@ -299,6 +300,15 @@ static int cuda_decode_hb4_many(arena_backend *base, const arena_hb4_job *jobs, 
 	return rc;
 }
 
+/* The kernel is in dequant_cuda.cu; the job was checked by the caller. */
+static int cuda_dequant(arena_backend *base, const arena_dequant_job *j, arena_stream *s)
+{
+	int rc = cuda_bind((cuda_backend *)base);
+	if (!rc)
+		rc = arena__dequant_cuda(j, (cudaStream_t)s);
+	return rc;
+}
+
 static void cuda_destroy(arena_backend *base)
 {
 	arena_free(base);
@@ -328,6 +338,7 @@ static const arena_backend_ops cuda_ops = {
 	.event_create_timed = cuda_event_create_timed,
 	.event_elapsed = cuda_event_elapsed,
 	.decode_hb4 = cuda_decode_hb4,
+	.dequant = cuda_dequant,
 	.destroy = cuda_destroy,
 };
 

@@ -47,6 +47,7 @@
 #include "../common/clock.h"
 #include "../common/err.h"
 #include "../formats/codec.h"
+#include "dequant.h"
 
 #define SIM_ALIGN 256u
 #define SIM_DEFAULT_CAPACITY (8ull << 30)
@@ -575,6 +576,29 @@ static int sim_decode_hb4(arena_backend *base, void *dst, const void *src, const
 	return rc;
 }
 
+/* Contract (sim): src (and the scale) must lie inside one device allocation
+ * each, as a copy's destination must; dst is the caller's host memory (a
+ * torch CPU tensor: sim's device memory is host memory). Done on the calling
+ * thread once s's queued work is. */
+static int sim_dequant(arena_backend *base, const arena_dequant_job *j, arena_stream *s)
+{
+	sim_backend *b = (sim_backend *)base;
+	const uint64_t bytes = j->n * (j->src_dtype == ARENA_DTYPE_BF16 ? 2 : 1);
+	pthread_mutex_lock(&b->mu);
+	const int src_ok = !j->n || sim_find(b, j->src, bytes);
+	const int scale_ok = !j->scale_n || sim_find(b, j->scale, j->scale_n * sizeof(float));
+	pthread_mutex_unlock(&b->mu);
+	if (!src_ok || !scale_ok)
+		return arena_errorf(ARENA_E_USAGE, "sim: dequantize from %p: the tensor's %llu bytes%s are not inside one "
+				    "device allocation", src_ok ? (const void *)j->scale : j->src,
+				    (unsigned long long)(src_ok ? j->scale_n * sizeof(float) : bytes),
+				    src_ok ? " of scale" : "");
+	int rc = sim_stream_sync(base, s);
+	for (uint64_t i = 0; i < j->n && !rc; i++)
+		arena__dq_one(j, i);
+	return rc;
+}
+
 static int sim_event_create(arena_backend *base, arena_event **out)
 {
 	sim_backend *b = (sim_backend *)base;
@@ -784,6 +808,7 @@ static const arena_backend_ops sim_ops = {
 	.event_create_timed = sim_event_create_timed,
 	.event_elapsed = sim_event_elapsed,
 	.decode_hb4 = sim_decode_hb4,
+	.dequant = sim_dequant,
 	.destroy = sim_destroy,
 };
 

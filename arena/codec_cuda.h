@@ -1,5 +1,6 @@
-/* codec_cuda.h - the chunk codecs' CUDA kernels (arena/codec_cuda.cu), for
- * the cuda backend (plain C; CUDA builds only). */
+/* codec_cuda.h - the CUDA kernels of the cuda backend: the chunk codecs
+ * (arena/codec_cuda.cu) and dequantization (arena/dequant_cuda.cu); plain C,
+ * CUDA builds only. */
 #ifndef ARENA_CODEC_CUDA_H
 #define ARENA_CODEC_CUDA_H
 
@@ -29,6 +30,13 @@ int arena__hb4_decode_cuda(void *dst, const void *src, const struct arena_hb4 *v
  * others go one by one. */
 struct arena_hb4_job;
 int arena__hb4_decode_many_cuda(const struct arena_hb4_job *jobs, size_t n_jobs, cudaStream_t s);
+
+/* Queue on s the dequantization j describes (dequant.h; dequant_cuda.cu):
+ * the caller has checked the job (dtypes, counts) and made the device of its
+ * pointers and of s current. Returns 0 or ARENA_E(DEV_ERROR) with a message
+ * when the launch fails. */
+struct arena_dequant_job;
+int arena__dequant_cuda(const struct arena_dequant_job *j, cudaStream_t s);
 
 #ifdef __cplusplus
 }

@@ -8,7 +8,8 @@
 #
 # Set-up: LD_LIBRARY_PATH for the carried gpu-libs, the carried wheels (.whl:
 # diffusers) into /tmp/site, flux-dev from `arena synth` converted to
-# $W/f.arena (IMAGES has plain) and $W/fc.arena (hb4), the safetensors removed
+# $W/f.arena (IMAGES has plain), $W/fc.arena (hb4) and $W/fq.arena (fp8:
+# fp8-e4m3-row), the safetensors removed
 # unless KEEP_ST is set (plain-sample and diffusers-sample read it: --safetensors $ST).
 # t skips a run once the call has run LATE seconds (default 470: a call has
 # 600) and gives each TO seconds (default 110). The images are read once
@@ -29,7 +30,8 @@ ST=$W/f.safetensors
 IMGS=
 log synth
 for i in ${IMAGES:-plain hb4}; do
-	case $i in plain) f=$W/f.arena c= ;; hb4) f=$W/fc.arena c="--codec hb4" ;; *) echo "IMAGES: $i?"; exit 1 ;; esac
+	case $i in plain) f=$W/f.arena c= ;; hb4) f=$W/fc.arena c="--codec hb4" ;; fp8) f=$W/fq.arena c="--quant fp8-e4m3-row" ;;
+	*) echo "IMAGES: $i?"; exit 1 ;; esac
 	IMGS="$IMGS $f"
 	[ -f "$f" ] && continue
 	[ -f "$ST" ] || $A synth --layout flux-dev -o "$ST" -q || exit 1

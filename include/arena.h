@@ -395,6 +395,17 @@ ARENA_API size_t arena_tensor_count(const arena *a);
 ARENA_API int arena_tensor_get(const arena *a, size_t i, arena_tensor_info *out);
 /* The index of the tensor called `name`: 0, or NOT_FOUND. */
 ARENA_API int arena_tensor_find(const arena *a, const char *name, size_t *index);
+/* Write the values of tensor `tensor`, stored quantized (docs/QUANT.md), in
+ * its original dtype (BF16, F16 or F32) and shape, contiguous, to `dst`:
+ * qdata x scale in f32, rounded once to nearest even, bit for bit what
+ * torch's (qdata.float() * scale).to(dtype) gives (a NaN becomes 0x7FC0 in
+ * BF16). `block` holds the bytes of the tensor's block: an acquire's
+ * address (valid until its release) or a resident block's device address.
+ * cuda: one kernel queued on `stream` after the work queued there so far,
+ * dst device memory; sim: done before it returns, dst host memory.
+ * USAGE: index out of range, NULL block or dst, a tensor stored as is, a
+ * stream handle on sim; DEV_ERROR when the launch fails. */
+ARENA_API int arena_tensor_dequantize(arena *a, size_t tensor, const void *block, void *dst, void *stream);
 
 /* ---- steps: acquire and release blocks ------------------------------------- */
 

@@ -4,7 +4,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../arena/dequant.h"
 #include "../arena/profile.h"
+#include "../formats/scheme.h"
 #include "../common/alloc.h"
 #include "../common/err.h"
 #include "open.h"
@@ -132,6 +134,53 @@ int arena_sync(arena *a)
 	rc = a->be->ops->stream_sync(a->be, arena_engine_copy_stream(a->e));
 	if (!rc)
 		rc = arena_engine_collect(a->e);
+	return unlock(a, rc);
+}
+
+/* Tensor t's dequantization job into dst from its block's bytes at `block`:
+ * 0, or USAGE naming the tensor when it is stored as is or its dtypes are not
+ * ones dequant.h converts. */
+static int dequant_job(const arena_tensor *t, const void *block, void *dst, arena_dequant_job *j)
+{
+	arena_quant_scheme q;
+	if (arena_quant_from_name(t->scheme, &q) || q == ARENA_QUANT_NONE)
+		return arena_errorf(ARENA_E_USAGE, "arena_tensor_dequantize: '%s' is stored %s: %s", arena_q(t->name),
+				    t->scheme, q == ARENA_QUANT_NONE ? "view its bytes instead" : "an unknown scheme");
+	const arena_dtype sd = t->comp[0].dtype, dd = t->dtype;
+	if ((sd != ARENA_DTYPE_F8_E4M3 && sd != ARENA_DTYPE_F8_E5M2 && sd != ARENA_DTYPE_I8 && sd != ARENA_DTYPE_BF16) ||
+	    (dd != ARENA_DTYPE_BF16 && dd != ARENA_DTYPE_F16 && dd != ARENA_DTYPE_F32))
+		return arena_errorf(ARENA_E_USAGE, "arena_tensor_dequantize: '%s': %s to %s is not a dequantization",
+				    arena_q(t->name), arena_dtype_name(sd), arena_dtype_name(dd));
+	uint64_t n = 1;
+	for (uint32_t d = 0; d < t->rank; d++)
+		n *= t->shape[d];
+	const uint8_t *base = block;
+	*j = (arena_dequant_job){.dst = dst, .src = base + t->comp[0].offset, .n = n, .cols = n,
+				 .src_dtype = sd, .dst_dtype = dd};
+	if (arena_quant_is_scaled(q)) {
+		j->scale = (const float *)(const void *)(base + t->comp[1].offset);
+		j->scale_n = t->comp[1].bytes / sizeof(float);
+		if (j->scale_n > 1)
+			j->cols = n / j->scale_n;
+	}
+	return 0;
+}
+
+int arena_tensor_dequantize(arena *a, size_t tensor, const void *block, void *dst, void *stream)
+{
+	int rc = lock(a, "arena_tensor_dequantize");
+	if (rc)
+		return rc;
+	const arena_layout *l = a->m->layout;
+	arena_dequant_job j;
+	arena_stream *s;
+	if (tensor >= l->n_tensors)
+		rc = arena_errorf(ARENA_E_USAGE, "arena_tensor_dequantize: tensor index %zu is out of range (%zu tensors)",
+				  tensor, l->n_tensors);
+	else if (!block || !dst)
+		rc = arena_errorf(ARENA_E_USAGE, "arena_tensor_dequantize: NULL %s", block ? "dst" : "block");
+	else if (!(rc = dequant_job(&l->tensors[tensor], block, dst, &j)) && !(rc = stream_of(a, stream, &s)))
+		rc = a->be->ops->dequant(a->be, &j, s);
 	return unlock(a, rc);
 }
 

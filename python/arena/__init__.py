@@ -200,6 +200,7 @@ class Arena:
                                      int(bi.index), int(bi.bytes)))
         self._block_index = {b.name: b.index for b in self.blocks}
         self._tensors: Dict[str, TensorInfo] = {}
+        self._tensor_index: Dict[str, int] = {}
         for i in range(_native.lib.arena_tensor_count(handle)):
             ti = _native.TensorInfo()
             _check(_native.lib.arena_tensor_get(handle, i, ctypes.byref(ti)))
@@ -211,6 +212,7 @@ class Arena:
             self._tensors[ti.name.decode()] = TensorInfo(ti.name.decode(), ti.dtype.decode(),
                                                          tuple(ti.shape[k] for k in range(ti.rank)),
                                                          ti.scheme.decode(), int(ti.block), comps)
+            self._tensor_index[ti.name.decode()] = i
 
     # --- life -------------------------------------------------------------------
     def _handle(self) -> int:
@@ -396,6 +398,35 @@ class Arena:
         p = ctypes.c_void_p()
         _check(_native.lib.arena_block_acquire(self._handle(), i, stream, ctypes.byref(p)))
         return int(p.value or 0)
+
+    def dequantize(self, name: str, block_address: int, out: Any, stream: Optional[int] = None) -> Any:
+        """Write the values of tensor ``name``, stored quantized (docs/QUANT.md), into
+        ``out``: a contiguous torch tensor of the tensor's original dtype and shape on
+        the arena's device (a CPU tensor on sim). ``block_address``: the bytes of the
+        tensor's block (what :meth:`acquire` returned, until the release; or a
+        resident block's address). qdata x scale in f32, rounded once: bit for bit
+        ``(qdata.float() * scale).to(dtype)``. On CUDA the work is queued on
+        ``stream`` (None: the default stream) after what is queued there; on sim it
+        is done when this returns. Returns ``out``."""
+        info = self.tensor_info(name)
+        want = torch_dtype(info.dtype)
+        dev = "cpu" if self.backend == "sim" else "cuda"
+        if (out.dtype != want or tuple(out.shape) != info.shape or not out.is_contiguous()
+                or out.device.type != dev):
+            raise Error("USAGE", f"dequantize '{name}': out must be a contiguous {dev} tensor of {info.shape} "
+                                 f"{want}; got {tuple(out.shape)} {out.dtype} on {out.device}"
+                                 + ("" if out.is_contiguous() else ", not contiguous"))
+        self._dequantize(self._tensor_index[name], block_address, out.data_ptr(), stream)
+        return out
+
+    def _dequantize(self, index: int, block_address: int, dst: int, stream: Optional[int]) -> None:
+        """dequantize without its checks (arena.torch: the caller made dst right)."""
+        _check(_native.lib.arena_tensor_dequantize(self._handle(), index, block_address, dst, stream))
+
+    def tensor_index(self, name: str) -> int:
+        """The C API's index of tensor ``name`` (its place in name order)."""
+        self.tensor_info(name)
+        return self._tensor_index[name]
 
     def release(self, block: Union[int, str], stream: Optional[int] = None) -> None:
         i = self.block_index(block) if isinstance(block, str) else block

@@ -113,25 +113,17 @@ def _bound_cls(cls: type) -> type:
     return new
 
 
-_SCALED = ("fp8-e4m3-tensor", "fp8-e4m3-row", "int8-row")
-_DEQUANT = ("bf16", "fp8-e4m3", "fp8-e5m2") + _SCALED  # every scheme of docs/QUANT.md
+# every scheme of docs/QUANT.md: arena_tensor_dequantize writes their values
+_DEQUANT = ("bf16", "fp8-e4m3", "fp8-e5m2", "fp8-e4m3-tensor", "fp8-e4m3-row", "int8-row")
 
 
-def _dequantize(info: TensorInfo, comps: List[torch.Tensor]) -> torch.Tensor:
-    """A quantized tensor's values in its original dtype, in new memory on the
-    components' device (torch's allocator, torch's current stream): qdata x scale
-    in f32, rounded once to the original dtype (docs/QUANT.md), which is what
-    ``(qdata.float() * scale).to(dtype)`` gives, in one or two kernels."""
-    dt = torch_dtype(info.dtype)
-    q = comps[0]
-    if info.scheme not in _SCALED:  # fp8 and bf16 data: one conversion
-        return q.to(dt)
-    out = torch.empty(info.shape, dtype=dt, device=q.device)
-    if q.dtype == torch.int8 or dt == torch.float32:  # int8 widens in mul; f32 needs no rounding
-        torch.mul(q.to(torch.float32) if q.dtype != torch.int8 else q, comps[1], out=out)
-    else:  # fp8 is exact in bf16 and f16; mul_ computes in f32 (the scale's) and rounds once
-        out.copy_(q)
-        out.mul_(comps[1])
+def _dequantize(h: "Handle", info: TensorInfo, addr: int, index: Optional[int] = None) -> torch.Tensor:
+    """A quantized tensor's values in its original dtype, in new torch memory on
+    the arena's device, from its block's bytes at ``addr``: one kernel (arena's)
+    queued on torch's current stream, so the memory is torch's in stream order."""
+    out = torch.empty(info.shape, dtype=torch_dtype(info.dtype), device=h._device)
+    i = h.arena.tensor_index(info.name) if index is None else index
+    h.arena._dequantize(i, addr, out.data_ptr(), h._stream())
     return out
 
 
@@ -150,31 +142,30 @@ class _BlockBinding:
         self.name = name
         self.params = params  # stored as they are: views
         self.quant = quant or []  # stored quantized: dequantized at bind
+        self.qindex = [handle.arena.tensor_index(info.name) for _, info in self.quant]
         self.weights = [p for p, _ in self.params] + [p for p, _ in self.quant]
         self.live = False  # the quantized parameters hold their values (bound and not dropped)
         self.addr = -1
-        self.cache: "OrderedDict[int, Tuple[List[torch.Tensor], List[List[torch.Tensor]]]]" = OrderedDict()
+        self.cache: "OrderedDict[int, List[torch.Tensor]]" = OrderedDict()
 
     def bind(self, addr: int, where: str = "device") -> None:
         if addr == self.addr and (self.live or not self.quant):
             return
-        got = self.cache.get(addr)
-        if got is None:
+        views = self.cache.get(addr)
+        if views is None:
             slab = self.handle.arena.slab(self.index, addr, where)
             with torch.inference_mode(False):
-                got = ([_view(slab, c) for _, c in self.params],
-                       [[_view(slab, c) for c in info.components] for _, info in self.quant])
-            self.cache[addr] = got
+                views = [_view(slab, c) for _, c in self.params]
+            self.cache[addr] = views
             if len(self.cache) > 8:
                 self.cache.popitem(last=False)
         else:
             self.cache.move_to_end(addr)
-        views, qviews = got
-        with torch.no_grad():
+        with torch.no_grad(), torch.inference_mode(False):
             for (p, _), v in zip(self.params, views):
                 p.data = v
-            for (p, info), comps in zip(self.quant, qviews):
-                p.data = _dequantize(info, comps)
+            for (p, info), i in zip(self.quant, self.qindex):
+                p.data = _dequantize(self.handle, info, addr, i)
         self.live = bool(self.quant)
         self.addr = addr
 
@@ -1098,12 +1089,11 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any, min_saved: Op
         quant = info.scheme != "none"
         is_buf = leaf in owner._buffers
         if info.block not in block_mod:  # globals: resident for good
-            slab = a.slab(info.block, dev, "device")
             if quant:
                 with torch.no_grad():
-                    view = _dequantize(info, [_view(slab, qc) for qc in info.components])
+                    view = _dequantize(h, info, dev)
             else:
-                view = _view(slab, c)
+                view = _view(a.slab(info.block, dev, "device"), c)
             _swap(h, owner, leaf, is_buf, view, t)
             continue
         if resident and not quant:

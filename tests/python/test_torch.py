@@ -884,25 +884,50 @@ class Quantized(unittest.TestCase):
                     h.detach()
 
     def test_dequantize_matches_the_reference(self):
-        """Every scheme's values, from the same components, against qdata.float() x scale
-        rounded once, with values where a rounding twice would differ."""
+        """arena_tensor_dequantize, every scheme from BF16, F16 and F32 sources (special
+        values, rows of 5 elements, 1e-6 to 100 in a row), streamed blocks through
+        acquire: bit for bit (qdata.float() x scale).to(dtype); its refusals."""
+        from safetensors.torch import save_file
+
         g = torch.Generator().manual_seed(5)
-        q8 = (torch.randn(64, 48, generator=g) * 40).to(torch.float8_e4m3fn)
-        i8 = torch.randint(-127, 128, (64, 48), generator=g, dtype=torch.int8)
-        row = torch.rand(64, 1, generator=g) * 1e-2 + 1e-4
-        one = torch.rand(1, generator=g)
-        cases = [("fp8-e4m3-row", "BF16", [q8, row]), ("fp8-e4m3-row", "F16", [q8, row]),
-                 ("fp8-e4m3-row", "F32", [q8, row]), ("fp8-e4m3-tensor", "BF16", [q8, one]),
-                 ("int8-row", "BF16", [i8, row]), ("int8-row", "F32", [i8, row]),
-                 ("fp8-e4m3", "BF16", [q8]), ("fp8-e5m2", "F16", [q8.float().to(torch.float8_e5m2)]),
-                 ("bf16", "F32", [q8.to(torch.bfloat16)])]
-        for scheme, dtype, comps in cases:
-            info = arena.TensorInfo("w", dtype, (64, 48), scheme, 0, ())
-            dt = arena.torch_dtype(dtype)
-            want = (comps[0].float() * comps[1] if len(comps) > 1 else comps[0].float()).to(dt)
-            got = at._dequantize(info, comps)
-            self.assertEqual(got.dtype, dt)
-            self.assertTrue(torch.equal(got.view(-1).view(torch.uint8), want.view(-1).view(torch.uint8)), (scheme, dtype))
+        sd = {}
+        for i, dt in enumerate((torch.bfloat16, torch.float16, torch.float32)):
+            for name, shape in (("a", (64, 48)), ("b", (7, 5))):
+                x = torch.randn(*shape, generator=g) * torch.logspace(-6, 2, shape[-1])
+                x.view(-1)[:6] = torch.tensor([0.0, -0.0, 1e-30, -448.0, 500.0, 3.0e-3])
+                sd[f"blocks.{i}.{name}.weight"] = x.to(dt)
+        src = os.path.join(TMP, "dq.safetensors")
+        save_file(sd, src)
+        for scheme in self.SCHEMES + ("bf16",):
+            path = os.path.join(TMP, f"dq-{scheme}.arena")
+            subprocess.run([ARENA_BIN, "convert", "-q", "--quant", scheme, src, "-o", path], check=True)
+            cap = "13K" if scheme == "bf16" else "8K"  # a ring of two blocks: 12.5 KiB, 6.5-7.5 KiB
+            with arena.open(path, device="sim", sim_capacity=cap, headroom=0, reserve=0, depth=1) as a:
+                ts = {n: t.clone() for n, t in a.tensors().items()}
+                a.step_begin()
+                for name in sd:
+                    info = a.tensor_info(name)
+                    with self.subTest(scheme=scheme, name=name, dtype=info.dtype):
+                        self.assertEqual(info.scheme, scheme)
+                        dt = arena.torch_dtype(info.dtype)
+                        scale = ts.get(name + "_scale")
+                        want = (ts[name].float() * scale if scale is not None else ts[name].float()).to(dt)
+                        addr = a.acquire(info.block)
+                        got = a.dequantize(name, addr, torch.full(info.shape, 7, dtype=dt))
+                        a.release(info.block)
+                        self.assertTrue(torch.equal(got.view(-1).view(torch.uint8), want.view(-1).view(torch.uint8)))
+                a.step_end()
+                self.assertGreater(a.plan()["n_streamed"], 0, scheme)
+                # refusals: the wrong out, a tensor stored as is (none here: the arena's own check)
+                with self.assertRaises(arena.Error) as cm:
+                    a.dequantize("blocks.0.a.weight", 1, torch.empty(64, 47, dtype=torch.bfloat16))
+                self.assertIn("out must be a contiguous cpu tensor of (64, 48)", cm.exception.message)
+        with arena.open(IMG, device="sim") as a:
+            w = "transformer_blocks.0.attn.to_q.weight"
+            with self.assertRaises(arena.Error) as cm:
+                a.dequantize(w, 1, torch.empty(32, 32, dtype=torch.bfloat16))
+            self.assertEqual(cm.exception.code, "USAGE")
+            self.assertIn(f"'{w}' is stored none: view its bytes instead", cm.exception.message)
 
 
 class Refusals(unittest.TestCase):

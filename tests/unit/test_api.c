@@ -1,6 +1,7 @@
 /* test_api.c - the public API of include/arena.h: open, inspect, close, on sim. */
 #include <criterion/criterion.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -209,4 +210,128 @@ Test(api, dlpack_refuses_bad_input_and_survives_allocation_failures)
 	cr_assert_null(p);
 	arena_close(a); /* no reference was left behind: the arena goes */
 	cr_assert_eq(arena_retain(a), ARENA_E_USAGE);
+}
+
+/* An independent decoder for the test: the formats' definitions with ldexpf. */
+static float ref_fp8(uint8_t b, int e5m2)
+{
+	const int mb = e5m2 ? 2 : 3, bias = e5m2 ? 15 : 7;
+	const int e = (b & 0x7F) >> mb, m = b & ((1 << mb) - 1);
+	const float s = b & 0x80 ? -1.0f : 1.0f;
+	if (e5m2 && e == 31)
+		return m ? NAN : s * INFINITY;
+	if (!e5m2 && (b & 0x7F) == 0x7F)
+		return NAN;
+	if (!e)
+		return s * ldexpf((float)m, 1 - bias - mb);
+	return s * ldexpf(1.0f + (float)m / (float)(1 << mb), e - bias);
+}
+
+static uint16_t ref_bf16(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	if (isnan(f))
+		return 0x7FC0;
+	uint32_t lsb = (u >> 16) & 1, rest = u & 0xFFFF;
+	uint32_t hi = u >> 16;
+	if (rest > 0x8000 || (rest == 0x8000 && lsb))
+		hi++;
+	return (uint16_t)hi;
+}
+
+Test(api, dequantize_every_scheme_on_sim)
+{
+	const char *schemes[] = {"fp8-e4m3-row", "fp8-e4m3-tensor", "fp8-e4m3", "fp8-e5m2", "int8-row", "bf16"};
+	for (size_t k = 0; k < sizeof(schemes) / sizeof(*schemes); k++) {
+		arena_open_options o = {.backend = "sim", .vram_cap = 64 << 20, .quant = schemes[k]};
+		arena *a;
+		cr_assert_eq(arena_open(fixture_path("tiny_flux.safetensors"), &o, &a), 0, "%s", arena_last_error());
+		size_t n_quant = 0;
+		for (size_t i = 0; i < arena_tensor_count(a); i++) {
+			arena_tensor_info t;
+			cr_assert_eq(arena_tensor_get(a, i, &t), 0);
+			uint16_t out[8192];
+			if (!strcmp(t.scheme, "none")) {
+				cr_assert_eq(arena_tensor_dequantize(a, i, arena_block_device(a, t.block), out, NULL), ARENA_E_USAGE);
+				cr_assert(strstr(arena_last_error(), "is stored none: view its bytes instead"), "%s", arena_last_error());
+				continue;
+			}
+			n_quant++;
+			cr_assert_str_eq(t.scheme, schemes[k]);
+			cr_assert_str_eq(t.dtype, "BF16");
+			uint64_t n = 1;
+			for (uint32_t d = 0; d < t.rank; d++)
+				n *= t.shape[d];
+			cr_assert_leq(n, 8192);
+			cr_assert_eq(arena_tensor_dequantize(a, i, arena_block_device(a, t.block), out, NULL), 0, "%s",
+				     arena_last_error());
+			const uint8_t *q = t.component[0].host ? t.component[0].host : t.component[0].device;
+			const float *sc = t.n_components > 1 ? (const float *)(t.component[1].host ? t.component[1].host
+												 : t.component[1].device)
+							     : NULL;
+			const uint64_t scale_n = t.n_components > 1 ? t.component[1].bytes / 4 : 0;
+			for (uint64_t e = 0; e < n; e++) {
+				float v;
+				if (!strcmp(t.component[0].dtype, "I8"))
+					v = (float)(int8_t)q[e];
+				else if (!strcmp(t.component[0].dtype, "BF16")) {
+					uint32_t u = (uint32_t)((const uint16_t *)(const void *)q)[e] << 16;
+					memcpy(&v, &u, 4);
+				} else
+					v = ref_fp8(q[e], !strcmp(t.component[0].dtype, "F8_E5M2"));
+				if (scale_n)
+					v *= sc[scale_n == 1 ? 0 : e / (n / scale_n)];
+				cr_assert_eq(out[e], ref_bf16(v), "%s %s element %llu: %04x, want %04x", schemes[k], t.name,
+					     (unsigned long long)e, out[e], ref_bf16(v));
+			}
+		}
+		cr_assert_gt(n_quant, 40, "%s", schemes[k]);
+		/* refusals */
+		uint16_t out[16];
+		size_t i;
+		cr_assert_eq(arena_tensor_find(a, "single_transformer_blocks.0.proj_out.weight", &i), 0);
+		arena_tensor_info t;
+		cr_assert_eq(arena_tensor_get(a, i, &t), 0);
+		void *blk = arena_block_device(a, t.block);
+		cr_assert_eq(arena_tensor_dequantize(a, 100000, blk, out, NULL), ARENA_E_USAGE);
+		cr_assert(strstr(arena_last_error(), "out of range"), "%s", arena_last_error());
+		cr_assert_eq(arena_tensor_dequantize(a, i, NULL, out, NULL), ARENA_E_USAGE);
+		cr_assert(strstr(arena_last_error(), "NULL block"), "%s", arena_last_error());
+		cr_assert_eq(arena_tensor_dequantize(a, i, blk, NULL, NULL), ARENA_E_USAGE);
+		cr_assert(strstr(arena_last_error(), "NULL dst"), "%s", arena_last_error());
+		cr_assert_eq(arena_tensor_dequantize(a, i, blk, out, (void *)8), ARENA_E_USAGE);
+		cr_assert(strstr(arena_last_error(), "the simulator has none"), "%s", arena_last_error());
+		static uint8_t not_device[64];
+		cr_assert_eq(arena_tensor_dequantize(a, i, not_device, out, NULL), ARENA_E_USAGE);
+		cr_assert(strstr(arena_last_error(), "not inside one device allocation"), "%s", arena_last_error());
+		arena_close(a);
+	}
+}
+
+#include "../../arena/dequant.h"
+
+/* Every fp8 byte, both formats, against the formats' definitions (ldexpf). */
+Test(api, dequantize_decodes_every_fp8_byte)
+{
+	for (unsigned b = 0; b < 256; b++) {
+		for (int e5m2 = 0; e5m2 < 2; e5m2++) {
+			const float want = ref_fp8((uint8_t)b, e5m2);
+			const float got = e5m2 ? arena__dq_e5m2(b) : arena__dq_e4m3(b);
+			if (isnan(want))
+				cr_assert(isnan(got), "%s %02x: %g, want NaN", e5m2 ? "e5m2" : "e4m3", b, got);
+			else
+				cr_assert(memcmp(&got, &want, 4) == 0, "%s %02x: %a, want %a", e5m2 ? "e5m2" : "e4m3", b, got,
+					  want);
+		}
+	}
+	/* rounding to bf16 and f16 (ties to even, overflow, NaN) */
+	cr_assert_eq(arena__dq_to_bf16(1.00390625f), 0x3F80);  /* 1 + 2^-8: a tie, to even */
+	cr_assert_eq(arena__dq_to_bf16(1.01171875f), 0x3F82);  /* 1 + 3 x 2^-8: a tie, to even (up) */
+	cr_assert_eq(arena__dq_to_bf16(NAN), 0x7FC0);
+	cr_assert_eq(arena__dq_to_f16(65520.0f), 0x7C00);      /* past the largest f16: infinity */
+	cr_assert_eq(arena__dq_to_f16(1.0f + 0x1p-11f), 0x3C00); /* a tie, to even */
+	cr_assert_eq(arena__dq_to_f16(0x1p-25f), 0x0000);      /* half the smallest subnormal: a tie, to 0 */
+	cr_assert_eq(arena__dq_to_f16(0x1.8p-25f), 0x0001);
+	cr_assert_eq(arena__dq_to_f16(-NAN) & 0x7E00, 0x7E00);
 }

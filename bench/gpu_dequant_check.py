@@ -1,0 +1,82 @@
+"""gpu_dequant_check.py - arena_tensor_dequantize on the GPU against torch.
+
+usage: python3 bench/gpu_dequant_check.py IMAGE [IMAGE ...]
+
+For each image (opened on cuda, everything resident), every quantized
+tensor is dequantized by arena (one kernel) and by torch
+((qdata.float() * scale).to(dtype), on the same device) and compared bit
+for bit; then all of them are dequantized again, timed with CUDA events,
+by arena and by the two torch kernels the adapter used before
+(copy_ to the dtype, then mul_ by the scale), against the device's copy
+rate (a device-to-device copy of as many bytes as arena moves) measured in
+the same run. Prints one JSON line per image."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+import arena
+
+
+def main() -> None:
+    for path in sys.argv[1:]:
+        with arena.open(path, device="cuda") as a:
+            names = [n for n in a.tensor_names() if a.tensor_info(n).scheme != "none"]
+            ts = a.tensors()
+            dev = {n: a.block_state(a.tensor_info(n).block)[1] for n in names}
+            bad, n_el, moved = [], 0, 0
+            outs = {}
+            for n in names:
+                info = a.tensor_info(n)
+                dt = arena.torch_dtype(info.dtype)
+                s = ts.get(n + "_scale")
+                want = (ts[n].float() * s if s is not None else ts[n].float()).to(dt)
+                got = a.dequantize(n, dev[n], torch.empty(info.shape, dtype=dt, device="cuda"),
+                                   torch.cuda.current_stream().cuda_stream)
+                if not torch.equal(got.view(-1).view(torch.uint8), want.view(-1).view(torch.uint8)):
+                    bad.append(n)
+                outs[n] = got
+                n_el += got.numel()
+                moved += got.numel() * got.element_size() + ts[n].numel() * ts[n].element_size()
+            torch.cuda.synchronize()
+
+            def timed(fn) -> float:
+                fn()
+                torch.cuda.synchronize()
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                for _ in range(3):
+                    fn()
+                e1.record()
+                torch.cuda.synchronize()
+                return e0.elapsed_time(e1) / 3e3
+
+            stream = torch.cuda.current_stream().cuda_stream
+
+            def by_arena() -> None:
+                for n in names:
+                    a.dequantize(n, dev[n], outs[n], stream)
+
+            def by_torch() -> None:
+                for n in names:
+                    o = outs[n]
+                    o.copy_(ts[n])
+                    s = ts.get(n + "_scale")
+                    if s is not None:
+                        o.mul_(s)
+
+            big = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")
+            big2 = torch.empty_like(big)
+            t_arena, t_torch = timed(by_arena), timed(by_torch)
+            t_copy = timed(lambda: big2.copy_(big))  # reads and writes moved bytes in all
+            print(json.dumps({"image": path, "tensors": len(names), "elements": n_el, "mismatches": bad[:5],
+                              "n_mismatches": len(bad), "arena_s": t_arena, "torch_s": t_torch,
+                              "bytes_moved": moved, "arena_GBps": moved / t_arena / 1e9,
+                              "d2d_copy_GBps": moved / t_copy / 1e9, "fraction_of_copy": t_copy / t_arena}))
+
+
+if __name__ == "__main__":
+    main()
