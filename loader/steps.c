@@ -142,7 +142,7 @@ int arena_sync(arena *a)
  * ones dequant.h converts. */
 static int dequant_job(const arena_tensor *t, const void *block, void *dst, arena_dequant_job *j)
 {
-	arena_quant_scheme q;
+	arena_quant_scheme q = ARENA_QUANT_COUNT;
 	if (arena_quant_from_name(t->scheme, &q) || q == ARENA_QUANT_NONE)
 		return arena_errorf(ARENA_E_USAGE, "arena_tensor_dequantize: '%s' is stored %s: %s", arena_q(t->name),
 				    t->scheme, q == ARENA_QUANT_NONE ? "view its bytes instead" : "an unknown scheme");

@@ -161,11 +161,13 @@ class _BlockBinding:
                 self.cache.popitem(last=False)
         else:
             self.cache.move_to_end(addr)
-        with torch.no_grad(), torch.inference_mode(False):
+        with torch.no_grad():
             for (p, _), v in zip(self.params, views):
                 p.data = v
-            for (p, info), i in zip(self.quant, self.qindex):
-                p.data = _dequantize(self.handle, info, addr, i)
+        if self.quant:  # (new tensors: not inference tensors under the caller's inference_mode)
+            with torch.no_grad(), torch.inference_mode(False):
+                for (p, info), i in zip(self.quant, self.qindex):
+                    p.data = _dequantize(self.handle, info, addr, i)
         self.live = bool(self.quant)
         self.addr = addr
 
@@ -674,8 +676,7 @@ class Handle:
         self._step_open = False
         self._deferred: List[Tuple[int, Optional[int]]] = []
         self._hooks: List[Any] = []
-        self._blocks: List[_BlockBinding] = []  # whole blocks
-        self._whole: Dict[int, _BlockBinding] = {}  # the same by arena block
+        self._whole: Dict[int, _BlockBinding] = {}  # whole blocks, by arena block
         self._pieced: List[_PiecedBinding] = []  # blocks in pieces
         self._module_of: Dict[int, nn.Module] = {}
         self._restore: List[Callable[[], None]] = []
@@ -740,7 +741,7 @@ class Handle:
         # acquire: their device addresses hold until a step end changes the plan.
         self._all_resident = self.arena.plan()["n_streamed"] == 0
         if self._all_resident:
-            idx = [b.index for b in self._blocks] + [i for pb in self._pieced for i in pb.pieces]
+            idx = list(self._whole) + [i for pb in self._pieced for i in pb.pieces]
             self._resident_at = {i: self.arena.block_state(i)[1] for i in idx}
 
     def _end_step(self) -> None:
@@ -1030,6 +1031,10 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any, min_saved: Op
             problems.append(f"'{iname}' is stored {info.scheme} ({len(info.components)} components), "
                             f"which this adapter cannot bind")
             continue
+        if info.scheme != "none" and info.dtype not in ("BF16", "F16", "F32"):
+            problems.append(f"'{iname}' is stored {info.scheme} from {info.dtype}: its values are not "
+                            f"{info.dtype} values (arena dequantizes to BF16, F16 or F32)")
+            continue
         try:
             want = torch_dtype(info.dtype)
         except Error as e:
@@ -1119,7 +1124,6 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any, min_saved: Op
             bs[idx] = bb
             h._module_of[idx] = m
         if len(idxs) == 1 and a.blocks[idxs[0]].name == parent:  # a whole block
-            h._blocks.append(bs[idxs[0]])
             h._whole[idxs[0]] = bs[idxs[0]]
             _wrap_block(h, m, bs[idxs[0]])
             continue

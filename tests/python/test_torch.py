@@ -125,6 +125,29 @@ def same(a: dict, b: dict) -> list:
     return [k for k in a if not torch.equal(a[k], b[k])]
 
 
+def compiled_steps(tc: unittest.TestCase, m, h, want) -> None:
+    """Compile every block (fullgraph, aot_eager), run four sampling steps: each equals
+    want, nothing recompiles after the first, blocks were streamed; detaches h."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    cnt = CompileCounterWithBackend("aot_eager")
+    for blocks in (m.transformer_blocks, m.single_transformer_blocks):
+        for b in blocks:
+            b.compile(backend=cnt, fullgraph=True)
+    with torch.no_grad():
+        tc.assertTrue(torch.equal(m(**inputs()).sample, want))
+        first = cnt.frame_count
+        tc.assertGreater(first, 0)
+        for _ in range(3):
+            tc.assertTrue(torch.equal(m(**inputs()).sample, want))
+    tc.assertEqual(cnt.frame_count, first, "no recompiles after the first step")
+    h.end_step()
+    tc.assertGreater(h.stats()[-1]["streamed_bytes"], 0)
+    h.detach()
+    torch._dynamo.reset()
+
+
 class Package(unittest.TestCase):
     def test_structs_match_arena_h(self):
         """The ctypes mirrors of arena.h's structs have its layout: every field's offset
@@ -849,6 +872,20 @@ class Quantized(unittest.TestCase):
                         self.assertGreater(h.plan()["n_streamed"], 0)
                     h.detach()
 
+    def test_inference_mode_and_compiled_blocks(self):
+        """Under torch.inference_mode() (the dequantized tensors are made outside it), and
+        with every block compiled (fullgraph): the plain model's outputs, no recompiles
+        after the first step."""
+        path = self.image("fp8-e4m3-row")
+        with torch.no_grad():
+            want = self.plain(path)(**inputs()).sample
+        m = model()
+        h = at.attach(m, path, **self.STREAM)
+        with torch.inference_mode():
+            for _ in range(2):
+                self.assertTrue(torch.equal(m(**inputs()).sample, want))
+        compiled_steps(self, m, h, want)
+
     def test_quantized_globals(self):
         path = self.image("fp8-e4m3-row", "--quant-include", "x_embedder.weight")
         with arena.open(path, device="sim", sim_capacity="16G") as a:
@@ -1026,6 +1063,19 @@ class Refusals(unittest.TestCase):
         self.expect("USAGE", "attached to an arena already", at.attach, m, IMG, **STREAM)
         h.detach()
 
+    def test_quantized_from_fp8(self):
+        """A tensor stored fp8 from an fp8 source has no wider values to bind: refused at attach."""
+        from safetensors.torch import save_file
+
+        sd = dict(SD)
+        w = "transformer_blocks.0.attn.to_q.weight"
+        sd[w] = sd[w].float().to(torch.float8_e4m3fn)
+        src = os.path.join(TMP, "fp8_source.safetensors")
+        save_file(sd, src)
+        path = os.path.join(TMP, "fp8_source.arena")
+        subprocess.run([ARENA_BIN, "convert", "-q", "--quant", "fp8-e4m3", src, "-o", path], check=True)
+        self.expect("USAGE", f"'{w}' is stored fp8-e4m3 from F8_E4M3", at.attach, model(), path, **RESIDENT)
+
     def test_quantized_block_without_checkpointing(self):
         """A resident quantized block's weights are let go after its forward: training it
         without checkpointing is refused, saying what to do."""
@@ -1097,28 +1147,11 @@ class Traces(unittest.TestCase):
 
 class Compile(unittest.TestCase):
     def test_regional_compile_no_recompiles(self):
-        from torch._dynamo.testing import CompileCounterWithBackend
-
-        torch._dynamo.reset()
-        cnt = CompileCounterWithBackend("aot_eager")
+        with torch.no_grad():
+            ref = model(meta=False)(**inputs()).sample
         m = model()
         h = at.attach(m, IMG, **STREAM)
-        for blocks in (m.transformer_blocks, m.single_transformer_blocks):
-            for b in blocks:
-                b.compile(backend=cnt, fullgraph=True)
-        want = model(meta=False)
-        with torch.no_grad():
-            ref = want(**inputs()).sample
-            self.assertTrue(torch.equal(m(**inputs()).sample, ref))
-            first = cnt.frame_count
-            self.assertGreater(first, 0)
-            for s in range(3):
-                self.assertTrue(torch.equal(m(**inputs()).sample, ref))
-        self.assertEqual(cnt.frame_count, first, "no recompiles after the first step")
-        h.end_step()
-        self.assertGreater(h.stats()[-1]["streamed_bytes"], 0)
-        h.detach()
-        torch._dynamo.reset()
+        compiled_steps(self, m, h, ref)
 
     def test_training_compiled_blocks_with_saved_tensors_in_host_memory(self):
         """Regional compile, checkpointed LoRA training and offload_saved together: the
