@@ -907,7 +907,8 @@ class Quantized(unittest.TestCase):
             m0 = self.plain(path)
             add_lora(m0)
             want = train_steps(m0)
-            for opts in (RESIDENT, dict(self.STREAM, sim_capacity="200K", depth=2), self.PIECES):
+            for opts in (RESIDENT, dict(self.STREAM, sim_capacity="200K", depth=2), self.PIECES,
+                         dict(self.PIECES, offload_saved=1)):
                 with self.subTest(scheme=scheme, opts=opts):
                     m = model()
                     h = at.attach(m, path, mode="train", **opts)
