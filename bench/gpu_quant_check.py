@@ -41,7 +41,7 @@ def main() -> None:
         if not on[0]:
             return
         c = checks["recompute" if at._in_backward() else "forward"]
-        for p, info in self.quant:
+        for p, info, _ in self.quant:
             s = ts.get(info.name + "_scale")
             want = (ts[info.name].float() * s if s is not None else ts[info.name].float()).to(p.dtype)
             c[0] += 1

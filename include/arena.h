@@ -403,8 +403,9 @@ ARENA_API int arena_tensor_find(const arena *a, const char *name, size_t *index)
  * address (valid until its release) or a resident block's device address.
  * cuda: one kernel queued on `stream` after the work queued there so far,
  * dst device memory; sim: done before it returns, dst host memory.
- * USAGE: index out of range, NULL block or dst, a tensor stored as is, a
- * stream handle on sim; DEV_ERROR when the launch fails. */
+ * USAGE: index out of range, NULL block or dst, a tensor stored as is or
+ * from an 8-bit source, a stream handle or a block outside the device's
+ * memory on sim; DEV_ERROR when the launch fails. */
 ARENA_API int arena_tensor_dequantize(arena *a, size_t tensor, const void *block, void *dst, void *stream);
 
 /* ---- steps: acquire and release blocks ------------------------------------- */

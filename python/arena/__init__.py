@@ -410,9 +410,9 @@ class Arena:
         is done when this returns. Returns ``out``."""
         info = self.tensor_info(name)
         want = torch_dtype(info.dtype)
-        dev = "cpu" if self.backend == "sim" else "cuda"
+        dev = self.device  # the device index too: the kernel writes where the pointer says
         if (out.dtype != want or tuple(out.shape) != info.shape or not out.is_contiguous()
-                or out.device.type != dev):
+                or str(out.device) != dev):
             raise Error("USAGE", f"dequantize '{name}': out must be a contiguous {dev} tensor of {info.shape} "
                                  f"{want}; got {tuple(out.shape)} {out.dtype} on {out.device}"
                                  + ("" if out.is_contiguous() else ", not contiguous"))

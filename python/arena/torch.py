@@ -117,13 +117,13 @@ def _bound_cls(cls: type) -> type:
 _DEQUANT = ("bf16", "fp8-e4m3", "fp8-e5m2", "fp8-e4m3-tensor", "fp8-e4m3-row", "int8-row")
 
 
-def _dequantize(h: "Handle", info: TensorInfo, addr: int, index: Optional[int] = None) -> torch.Tensor:
-    """A quantized tensor's values in its original dtype, in new torch memory on
-    the arena's device, from its block's bytes at ``addr``: one kernel (arena's)
-    queued on torch's current stream, so the memory is torch's in stream order."""
+def _dequantize(h: "Handle", info: TensorInfo, index: int, addr: int) -> torch.Tensor:
+    """A quantized tensor's values (tensor ``index`` of the C API) in its original
+    dtype, in new torch memory on the arena's device, from its block's bytes at
+    ``addr``: one kernel (arena's) queued on torch's current stream, so the memory
+    is torch's in stream order."""
     out = torch.empty(info.shape, dtype=torch_dtype(info.dtype), device=h._device)
-    i = h.arena.tensor_index(info.name) if index is None else index
-    h.arena._dequantize(i, addr, out.data_ptr(), h._stream())
+    h.arena._dequantize(index, addr, out.data_ptr(), h._stream())
     return out
 
 
@@ -136,14 +136,13 @@ class _BlockBinding:
     copy."""
 
     def __init__(self, handle: "Handle", index: int, name: str, params: List[Tuple[torch.Tensor, Component]],
-                 quant: Optional[List[Tuple[torch.Tensor, TensorInfo]]] = None):
+                 quant: Optional[List[Tuple[torch.Tensor, TensorInfo, int]]] = None):
         self.handle = handle
         self.index = index
         self.name = name
         self.params = params  # stored as they are: views
-        self.quant = quant or []  # stored quantized: dequantized at bind
-        self.qindex = [handle.arena.tensor_index(info.name) for _, info in self.quant]
-        self.weights = [p for p, _ in self.params] + [p for p, _ in self.quant]
+        self.quant = quant or []  # stored quantized (parameter, its tensor, its C index): dequantized at bind
+        self.weights = [p for p, _ in self.params] + [q[0] for q in self.quant]
         self.live = False  # the quantized parameters hold their values (bound and not dropped)
         self.addr = -1
         self.cache: "OrderedDict[int, List[torch.Tensor]]" = OrderedDict()
@@ -165,10 +164,10 @@ class _BlockBinding:
             for (p, _), v in zip(self.params, views):
                 p.data = v
         if self.quant:  # (new tensors: not inference tensors under the caller's inference_mode)
+            self.live = True  # from the first one: drop() lets go of them all, even after a failure here
             with torch.no_grad(), torch.inference_mode(False):
-                for (p, info), i in zip(self.quant, self.qindex):
-                    p.data = _dequantize(self.handle, info, addr, i)
-        self.live = bool(self.quant)
+                for p, info, i in self.quant:
+                    p.data = _dequantize(self.handle, info, i, addr)
         self.addr = addr
 
     def drop(self) -> None:
@@ -176,7 +175,7 @@ class _BlockBinding:
         if not self.live:
             return
         with torch.no_grad():
-            for p, info in self.quant:
+            for p, info, _ in self.quant:
                 p.data = _placeholder(self.handle, _as_component(info))
         self.live = False
 
@@ -1086,7 +1085,7 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any, min_saved: Op
     # Tensors stored quantized are dequantized: globals once, here; block tensors at
     # each call of their block (placeholders until then).
     per_block: Dict[int, List[Tuple[torch.Tensor, Component]]] = {}
-    per_block_q: Dict[int, List[Tuple[torch.Tensor, TensorInfo]]] = {}
+    per_block_q: Dict[int, List[Tuple[torch.Tensor, TensorInfo, int]]] = {}
     owners: Dict[int, nn.Module] = {}
     for iname, (owner, leaf, t, info) in bound.items():
         resident, dev, host = a.block_state(info.block)
@@ -1096,7 +1095,7 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any, min_saved: Op
         if info.block not in block_mod:  # globals: resident for good
             if quant:
                 with torch.no_grad():
-                    view = _dequantize(h, info, dev)
+                    view = _dequantize(h, info, a.tensor_index(iname), dev)
             else:
                 view = _view(a.slab(info.block, dev, "device"), c)
             _swap(h, owner, leaf, is_buf, view, t)
@@ -1107,7 +1106,7 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any, min_saved: Op
             view = _placeholder(h, _as_component(info))
         p = _swap(h, owner, leaf, is_buf, view, t)
         if quant:
-            per_block_q.setdefault(info.block, []).append((p, info))
+            per_block_q.setdefault(info.block, []).append((p, info, a.tensor_index(iname)))
         else:
             per_block.setdefault(info.block, []).append((p, c))
         owners[id(owner)] = owner

@@ -125,6 +125,13 @@ def same(a: dict, b: dict) -> list:
     return [k for k in a if not torch.equal(a[k], b[k])]
 
 
+def same_step(tc: unittest.TestCase, got, want, msg: str = "gradients equal the plain model's bit for bit") -> None:
+    """train_steps' (losses, grads, lora params after) against the plain model's, bit for bit."""
+    tc.assertEqual(got[0], want[0])
+    tc.assertEqual(same(got[1], want[1]), [], msg)
+    tc.assertEqual(same(got[2], want[2]), [])
+
+
 def compiled_steps(tc: unittest.TestCase, m, h, want) -> None:
     """Compile every block (fullgraph, aot_eager), run four sampling steps: each equals
     want, nothing recompiles after the first, blocks were streamed; detaches h."""
@@ -453,9 +460,7 @@ class Training(unittest.TestCase):
     def test_streamed_lora_equals_plain(self):
         h, (losses, grads, after) = self.run_attached(STREAM)
         self.assertGreater(h.plan()["n_streamed"], 0)
-        self.assertEqual(losses, self.losses)
-        self.assertEqual(same(grads, self.grads), [], "gradients equal the plain model's bit for bit")
-        self.assertEqual(same(after, self.after), [])
+        same_step(self, (losses, grads, after), (self.losses, self.grads, self.after))
         st = h.stats()
         self.assertEqual([r["mode"] for r in st], ["train", "train"])
         self.assertEqual(st[-1]["acquires"], 2 * (len(h.arena.blocks) - 1), "forward and recompute")
@@ -477,9 +482,7 @@ class Training(unittest.TestCase):
         for opts in (STREAM, dict(Pieces.PIECES, sim_capacity="200K")):
             h, (losses, grads, after) = self.run_attached(dict(opts, offload_saved=1))
             self.assertGreater(h.plan()["n_streamed"], 0)
-            self.assertEqual(losses, self.losses)
-            self.assertEqual(same(grads, self.grads), [], "gradients equal the plain model's bit for bit")
-            self.assertEqual(same(after, self.after), [])
+            same_step(self, (losses, grads, after), (self.losses, self.grads, self.after))
             st = h.offload_stats()
             # each block's inputs at least (hidden states; text states, the shared embedding once)
             nblocks = len({b.name.partition("#")[0] for b in h.arena.blocks if b.container})
@@ -670,9 +673,7 @@ class Pieces(unittest.TestCase):
             h.arena.sim_pressure(nbytes)
 
         losses, grads, after = run(m, None if learn else pressure)
-        self.assertEqual(losses, want[0])
-        self.assertEqual(same(grads, want[1]), [])
-        self.assertEqual(same(after, want[2]), [])
+        same_step(self, (losses, grads, after), want, "")
         st = h.stats()
         if not learn:  # (a learned profile's moves come as the machine's timings fall)
             self.assertGreater(sum(r["demotions"] for r in st), 0, "pieces left the device")
@@ -724,9 +725,7 @@ class Pieces(unittest.TestCase):
         self.assertGreaterEqual(pl["slots"] * pl["slot_bytes"], block + pl["slot_bytes"])
         add_lora(m)
         losses, grads, after = train_steps(m)
-        self.assertEqual(losses, want[0])
-        self.assertEqual(same(grads, want[1]), [], "gradients equal the plain model's bit for bit")
-        self.assertEqual(same(after, want[2]), [])
+        same_step(self, (losses, grads, after), want)
         with h.sampling(), torch.no_grad():
             ref = m0(**inputs(5)).sample
             self.assertTrue(torch.equal(m(**inputs(5)).sample, ref))
@@ -796,9 +795,7 @@ class Coded(unittest.TestCase):
         self.assertGreater(h.plan()["n_streamed"], 0)
         add_lora(m)
         losses, grads, after = train_steps(m)
-        self.assertEqual(losses, want[0])
-        self.assertEqual(same(grads, want[1]), [], "gradients equal the plain model's bit for bit")
-        self.assertEqual(same(after, want[2]), [])
+        same_step(self, (losses, grads, after), want)
         st = h.stats()[-1]
         self.assertLess(st["moved_bytes"], st["streamed_bytes"])
         h.detach()
@@ -886,6 +883,29 @@ class Quantized(unittest.TestCase):
                 self.assertTrue(torch.equal(m(**inputs()).sample, want))
         compiled_steps(self, m, h, want)
 
+    def test_a_failed_dequantization_leaves_no_copies(self):
+        """The library refusing the third tensor of a block: the error reaches the caller,
+        the block is released and the two tensors already dequantized are let go too."""
+        m = model()
+        h = at.attach(m, self.image("fp8-e4m3-row"), **self.STREAM)
+        real, calls = h.arena._dequantize, [0]
+
+        def third_fails(*args):
+            calls[0] += 1
+            if calls[0] == 3:
+                raise arena.Error("DEV_ERROR", "injected")
+            real(*args)
+
+        h.arena._dequantize = third_fails
+        with self.assertRaises(arena.Error) as cm, torch.no_grad():
+            m(**inputs())
+        self.assertEqual(cm.exception.message, "injected")
+        held = [n for n, p in m.named_parameters() if p.untyped_storage().nbytes() > 2 and p.dtype == torch.bfloat16
+                and h.arena.tensor_info(n).scheme != "none"]
+        self.assertEqual(held, [], "no dequantized copy left bound")
+        h.arena._dequantize = real
+        h.detach()
+
     def test_quantized_globals(self):
         path = self.image("fp8-e4m3-row", "--quant-include", "x_embedder.weight")
         with arena.open(path, device="sim", sim_capacity="16G") as a:
@@ -916,9 +936,7 @@ class Quantized(unittest.TestCase):
                         self.assertGreater(h.plan()["n_streamed"], 0)
                     add_lora(m)
                     losses, grads, after = train_steps(m)
-                    self.assertEqual(losses, want[0])
-                    self.assertEqual(same(grads, want[1]), [], "gradients equal the plain model's bit for bit")
-                    self.assertEqual(same(after, want[2]), [])
+                    same_step(self, (losses, grads, after), want)
                     h.detach()
 
     def test_dequantize_matches_the_reference(self):
