@@ -56,7 +56,7 @@ ifeq ($(HAVE_CUDA),1)
 CPPFLAGS += -DARENA_HAVE_CUDA -isystem $(CUDA_HOME)/include
 LDLIBS   += $(CUDA_HOME)/lib64/libcudart_static.a -ldl -lrt -lstdc++
 CUDA_MSG := CUDA backend: built with $(CUDA_HOME) (static runtime)
-# Kernels (arena/*.cu): sm_90 (H100, H200) and sm_80 code, plus compute_80 PTX
+# Kernels (device/*.cu): sm_90 (H100, H200) and sm_80 code, plus compute_80 PTX
 # that the driver compiles for newer GPUs.
 NVCC      := $(CUDA_HOME)/bin/nvcc
 NVCCFLAGS := -O2 -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden -Iinclude -MMD -MP \
@@ -77,10 +77,10 @@ endif
 endif
 
 # --- sources ----------------------------------------------------------------
-LIB_SRC  := $(wildcard common/*.c formats/*.c loader/*.c arena/*.c)
+LIB_SRC  := $(wildcard common/*.c formats/*.c loader/*.c device/*.c engine/*.c)
 CU_SRC   :=
 ifeq ($(HAVE_CUDA),1)
-CU_SRC   := $(wildcard arena/*.cu)
+CU_SRC   := $(wildcard device/*.cu)
 else
 LIB_SRC  := $(filter-out %_cuda.c,$(LIB_SRC))
 endif

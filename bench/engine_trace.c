@@ -15,8 +15,8 @@
 #include <string.h>
 
 #include "arena.h"
-#include "../arena/engine.h"
-#include "../arena/gemm.h"
+#include "../engine/engine.h"
+#include "../device/gemm.h"
 #include "../common/alloc.h"
 #include "../formats/image.h"
 #include "../loader/load.h"

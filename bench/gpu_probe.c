@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "arena.h"
-#include "../arena/backend.h"
+#include "../device/backend.h"
 #include "../common/clock.h"
 
 #define MAX_REPS 100

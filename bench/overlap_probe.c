@@ -19,8 +19,8 @@
 #include <sys/mman.h>
 
 #include "arena.h"
-#include "../arena/backend.h"
-#include "../arena/gemm.h"
+#include "../device/backend.h"
+#include "../device/gemm.h"
 
 #define NSIZES 2
 static const uint64_t PARAMS[NSIZES] = {339804160ull, 141557760ull};

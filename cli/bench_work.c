@@ -3,10 +3,10 @@
 
 #include <stdio.h>
 
-#include "../arena/backend.h"
-#include "../arena/budget.h"
-#include "../arena/gemm.h"
-#include "../arena/probe.h"
+#include "../device/backend.h"
+#include "../device/budget.h"
+#include "../device/gemm.h"
+#include "../device/probe.h"
 #include "../common/alloc.h"
 #include "../common/clock.h"
 #include "../common/err.h"

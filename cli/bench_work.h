@@ -7,7 +7,7 @@
  * the caller and its machine and uses the library's internals for that: on
  * cuda a device backend of its own (the same device: its streams and
  * allocations are another user of the GPU, as a trainer's are), a cuBLAS
- * GEMM over each acquired block (arena/gemm.h), the pinned copy probe; on
+ * GEMM over each acquired block (device/gemm.h), the pinned copy probe; on
  * sim the caller's work is host time (the sim backend's caller stream is
  * the host: acquire returns once the bytes are there).
  *

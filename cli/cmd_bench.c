@@ -64,7 +64,7 @@ const char cmd_bench_usage[] =
 	"                      plan) is made when it saves its own time within N steps\n"
 	"                      (default 16; each step's move_held says when it was not)\n"
 	"  --save-profile FILE write the profile the engine ended with (learned or given)\n"
-	"                      for `arena plan --profile` (format in arena/profile.h)\n"
+	"                      for `arena plan --profile` (format in engine/profile.h)\n"
 	"  --trace FILE        write a timeline of the run's steps (the device's timing of\n"
 	"                      every copy, acquire and release, stalls, demotions,\n"
 	"                      promotions, memory) as Chrome trace-event JSON: open it\n"

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../arena/probe.h"
+#include "../device/probe.h"
 #include "../common/alloc.h"
 #include "../common/err.h"
 #include "../common/hash.h"

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../arena/engine.h"
-#include "../arena/profile.h"
+#include "../engine/engine.h"
+#include "../engine/profile.h"
 #include "../common/alloc.h"
 #include "../common/err.h"
 #include "../common/units.h"

@@ -6,7 +6,7 @@
 
 #include <jansson.h>
 
-#include "../arena/engine.h"
+#include "../engine/engine.h"
 #include "../common/alloc.h"
 #include "../common/err.h"
 #include "../common/units.h"

@@ -18,7 +18,7 @@
 
 #include <stdint.h>
 
-#include "../arena/engine.h"
+#include "../engine/engine.h"
 
 typedef struct plan_svg_in {
 	const char *image;          /* its name, for the title */

@@ -357,6 +357,23 @@ uint64_t arena_hb4_sub(const arena_hb4 *v, uint64_t a, uint64_t z, uint8_t *out,
 	return s->hi_off + E;
 }
 
+int arena_hb4_decode_args(const char *name, void *dst, const void *src, const arena_hb4 *v, uint64_t a, uint64_t z)
+{
+	if (!v || !dst || !src)
+		return arena_errorf(ARENA_E_USAGE, "%s: decode_hb4 with a NULL %s", name,
+				    !v ? "chunk" : !dst ? "destination" : "source");
+	const uint64_t W = v->words, E = v->n_exc;
+	if (!W || W > UINT32_MAX / 2 || E > W || v->nib_off != arena_hb4_nib_off() || v->low_off != arena_hb4_low_off(W) ||
+	    v->idx_off != arena_hb4_idx_off(W) || v->hi_off != v->idx_off + 4 * E)
+		return arena_errorf(ARENA_E_USAGE, "%s: decode_hb4: the chunk is not an hb4 parse (%llu words, %llu exceptions)",
+				    name, (unsigned long long)W, (unsigned long long)E);
+	if (a % 2 || z % 2 || a > z || z > 2 * W)
+		return arena_errorf(ARENA_E_USAGE,
+				    "%s: decode_hb4 of raw bytes [%llu, %llu): not an even range within the chunk's %llu bytes",
+				    name, (unsigned long long)a, (unsigned long long)z, (unsigned long long)(2 * W));
+	return 0;
+}
+
 const char *arena_codec_name(unsigned codec)
 {
 	return codec == ARENA_CODEC_NONE ? "none"

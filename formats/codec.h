@@ -113,6 +113,11 @@ void arena_hb4_reads(uint64_t words, uint64_t a, uint64_t z, uint64_t nib[2], ui
 uint64_t arena_hb4_sub_bound(uint64_t a, uint64_t z, uint64_t n_exc);
 uint64_t arena_hb4_sub(const arena_hb4 *v, uint64_t a, uint64_t z, uint8_t *out, arena_hb4 *s);
 
+/* A device backend's decode of raw bytes [a, z) of parsed chunk v into dst
+ * (backend.h's decode_hb4): 0 when the arguments hold, else USAGE with a
+ * message naming the backend (`name`); the same checks for every backend. */
+int arena_hb4_decode_args(const char *name, void *dst, const void *src, const arena_hb4 *v, uint64_t a, uint64_t z);
+
 /* The codec's name ("none", "hb4", "zstd") or NULL for an unknown number;
  * and back (-1 for an unknown name). */
 const char *arena_codec_name(unsigned codec);

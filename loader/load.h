@@ -44,7 +44,7 @@
 #include <signal.h>
 #include <stdint.h>
 
-#include "../arena/model.h"
+#include "../device/model.h"
 #include "plan.h"
 
 enum { ARENA_IO_AUTO = -1, ARENA_IO_BUFFERED = 0, ARENA_IO_DIRECT = 1 };

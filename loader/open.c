@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../arena/profile.h"
+#include "../engine/profile.h"
 #include "../common/alloc.h"
 #include "../common/err.h"
 #include "../common/units.h"

@@ -6,7 +6,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "../arena/engine.h"
+#include "../engine/engine.h"
 #include "arena.h"
 #include "load.h"
 #include "reread.h"

@@ -1,6 +1,6 @@
 /* reread.h - a block's slab read again from its image, checked: how the
  * engine gives a block that was loaded straight to the device a host copy
- * before it drops the device copy (arena/engine.h, invariant 1).
+ * before it drops the device copy (engine/engine.h, invariant 1).
  *
  * The reader opens the image once (header, manifest and chunk table checked)
  * and checks that its layout is the model's (same blocks, offsets, sizes).

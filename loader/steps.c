@@ -4,8 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../arena/dequant.h"
-#include "../arena/profile.h"
+#include "../formats/dequant.h"
+#include "../engine/profile.h"
 #include "../formats/scheme.h"
 #include "../common/alloc.h"
 #include "../common/err.h"

@@ -1,5 +1,5 @@
 /* fuzz_profile.c - libFuzzer target for the compute profile reader
- * (arena/profile.h): any bytes, read against a four-block layout (globals,
+ * (engine/profile.h): any bytes, read against a four-block layout (globals,
  * blocks.0..2). A profile that reads must hold what the reader promises:
  * finite costs >= 0 for every block, a rate > 0, a backward factor >= 0. */
 #ifndef _GNU_SOURCE
@@ -13,7 +13,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "../../arena/profile.h"
+#include "../../engine/profile.h"
 #include "../../common/alloc.h"
 
 static arena_layout *layout(void)

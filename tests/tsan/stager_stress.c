@@ -1,4 +1,4 @@
-/* stager_stress.c - the disk tier's stager (arena/stager.h) under
+/* stager_stress.c - the disk tier's stager (engine/stager.h) under
  * ThreadSanitizer: random lists, replaced at random points, parts taken,
  * copied on the sim backend's workers and put back, some reads failing,
  * for a few thousand rounds; every part taken holds its bytes, every
@@ -11,8 +11,8 @@
 #include <string.h>
 
 #include "arena.h"
-#include "../../arena/backend.h"
-#include "../../arena/stager.h"
+#include "../../device/backend.h"
+#include "../../engine/stager.h"
 #include "../../common/err.h"
 #include "../../formats/layout.h"
 

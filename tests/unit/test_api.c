@@ -309,7 +309,7 @@ Test(api, dequantize_every_scheme_on_sim)
 	}
 }
 
-#include "../../arena/dequant.h"
+#include "../../formats/dequant.h"
 
 /* Every fp8 byte, both formats, against the formats' definitions (ldexpf). */
 Test(api, dequantize_decodes_every_fp8_byte)

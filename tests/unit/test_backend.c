@@ -16,7 +16,7 @@
 #include <sys/mman.h>
 
 #include "arena.h"
-#include "../../arena/backend.h"
+#include "../../device/backend.h"
 #include "../../common/err.h"
 #include "../../common/alloc.h"
 #include "../../common/clock.h"

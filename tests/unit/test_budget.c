@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "arena.h"
-#include "../../arena/budget.h"
+#include "../../device/budget.h"
 #include "testutil.h"
 
 static char root[256];

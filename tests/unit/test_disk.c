@@ -19,7 +19,7 @@
 #include "../../common/err.h"
 #include "../../common/io.h"
 #include "../../loader/convert.h"
-#include "../../arena/engine.h"
+#include "../../engine/engine.h"
 #include "../../loader/open.h"
 #include "testutil.h"
 

@@ -16,10 +16,10 @@
 #include <unistd.h>
 
 #include "arena.h"
-#include "../../arena/backend.h"
-#include "../../arena/budget.h"
-#include "../../arena/engine.h"
-#include "../../arena/residency_int.h"
+#include "../../device/backend.h"
+#include "../../device/budget.h"
+#include "../../engine/engine.h"
+#include "../../engine/residency_int.h"
 #include "../../common/alloc.h"
 #include "../../common/err.h"
 #include "../../common/io.h"

@@ -16,8 +16,8 @@
 #include <zstd.h>
 
 #include "arena.h"
-#include "../../arena/backend.h"
-#include "../../arena/budget.h"
+#include "../../device/backend.h"
+#include "../../device/budget.h"
 #include "../../common/alloc.h"
 #include "../../common/io.h"
 #include "../../formats/codec.h"

@@ -13,7 +13,7 @@
 #include "arena.h"
 #include "../../common/alloc.h"
 #include "../../common/err.h"
-#include "../../arena/engine.h"
+#include "../../engine/engine.h"
 #include "../../formats/image.h"
 #include "../../formats/layout.h"
 #include "../../loader/convert.h"

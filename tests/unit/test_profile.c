@@ -1,4 +1,4 @@
-/* test_profile.c - a compute profile on disk (arena/profile.h): round trip,
+/* test_profile.c - a compute profile on disk (engine/profile.h): round trip,
  * every malformed field named, write and allocation failures injected. */
 #include <criterion/criterion.h>
 
@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include "arena.h"
-#include "../../arena/engine.h"
-#include "../../arena/profile.h"
+#include "../../engine/engine.h"
+#include "../../engine/profile.h"
 #include "../../common/alloc.h"
 #include "../../common/err.h"
 #include "../../common/outfile.h"

@@ -1,4 +1,4 @@
-/* test_stager.c - the disk tier's reads ahead of use (arena/stager.h), on
+/* test_stager.c - the disk tier's reads ahead of use (engine/stager.h), on
  * the sim backend with a source that writes a known pattern per part and
  * counts its reads: parts are read ahead in the order the list gives, as
  * far as the slots allow; a new list keeps what the slots hold of it; the
@@ -13,8 +13,8 @@
 #include <string.h>
 
 #include "arena.h"
-#include "../../arena/backend.h"
-#include "../../arena/stager.h"
+#include "../../device/backend.h"
+#include "../../engine/stager.h"
 #include "../../common/alloc.h"
 #include "../../common/clock.h"
 #include "../../common/err.h"

@@ -1,4 +1,4 @@
-/* test_trace.c - the engine's traces (arena/trace.h) on sim: the file is
+/* test_trace.c - the engine's traces (engine/trace.h) on sim: the file is
  * trace-event JSON with the documented fields; every acquire-release and
  * every copy of a run appears once, in order (copies logged by a shim over
  * the backend's copy op); stalls, step boundaries, demotions, promotions
@@ -14,10 +14,10 @@
 #include <unistd.h>
 
 #include "arena.h"
-#include "../../arena/backend.h"
-#include "../../arena/budget.h"
-#include "../../arena/engine.h"
-#include "../../arena/trace.h"
+#include "../../device/backend.h"
+#include "../../device/budget.h"
+#include "../../engine/engine.h"
+#include "../../engine/trace.h"
 #include "../../common/alloc.h"
 #include "../../common/outfile.h"
 #include "../../loader/convert.h"

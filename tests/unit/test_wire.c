@@ -18,7 +18,7 @@
 #include "../../common/alloc.h"
 #include "../../common/err.h"
 #include "../../formats/codec.h"
-#include "../../arena/engine.h"
+#include "../../engine/engine.h"
 #include "../../formats/wire.h"
 #include "../../loader/convert.h"
 #include "testutil.h"

@@ -126,8 +126,8 @@
 #include <stdint.h>
 
 #include "../formats/layout.h"
-#include "backend.h"
-#include "model.h"
+#include "../device/backend.h"
+#include "../device/model.h"
 
 #include "arena.h" /* ARENA_MODE_SAMPLE, ARENA_MODE_TRAIN */
 
@@ -514,7 +514,7 @@ int arena_engine_profile(const arena_engine *e, double *cost, double *h2d_bytes_
  * known. NOT_FOUND when the backend cannot time or a profile was given. */
 int arena_engine_backward_costs(const arena_engine *e, double *bcost);
 
-/* A trace of the engine's work (arena/trace.h: copies, acquires and
+/* A trace of the engine's work (engine/trace.h: copies, acquires and
  * releases timed on the device, stalls, step boundaries, demotions,
  * promotions, memory counters) to `path`, from now until trace_end, which
  * writes it (whole or not at all). Between steps only (USAGE inside a step

@@ -14,7 +14,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../formats/dtype.h"
+#include "dtype.h"
 
 #ifdef __CUDACC__
 #define ARENA_DQ static __host__ __device__ __forceinline__

@@ -29,8 +29,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend.h"
-#include "budget.h"
+#include "../device/backend.h"
+#include "../device/budget.h"
 #include "engine.h"
 
 struct arena_wire;

@@ -1,7 +1,7 @@
 /* backend.h - the device backend ops table: everything arena asks of a GPU.
  *
- * Two implementations: `cuda` (arena/backend_cuda.c, CUDA runtime) and `sim`
- * (arena/backend_sim.c, the low-VRAM simulator: device memory is host memory
+ * Two implementations: `cuda` (device/backend_cuda.c, CUDA runtime) and `sim`
+ * (device/backend_sim.c, the low-VRAM simulator: device memory is host memory
  * under a capacity, copies run on worker threads at a configurable bandwidth,
  * events are sequence numbers, outside memory pressure can be injected).
  * Shared logic (loader, engine) calls only through this table; a differential
@@ -152,11 +152,6 @@ int arena_backend_cuda_create(int device, arena_backend **out);
  * and makes b's device current on the calling thread. USAGE when b is not a
  * cuda backend; NO_DEVICE in a build without CUDA. */
 int arena_backend_cuda_stream(arena_backend *b, arena_stream *s, void **native);
-
-/* For backends: decode_hb4's argument checks (USAGE with a message naming
- * the backend), the same for all. */
-int arena__backend_hb4_args(const char *name, void *dst, const void *src, const struct arena_hb4 *v, uint64_t a,
-			    uint64_t z);
 
 /* By name: "cuda" or "sim" (sim options may be NULL for defaults). */
 int arena_backend_create(const char *name, int device, const arena_sim_opts *sim, arena_backend **out);

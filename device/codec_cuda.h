@@ -1,5 +1,5 @@
 /* codec_cuda.h - the CUDA kernels of the cuda backend: the chunk codecs
- * (arena/codec_cuda.cu) and dequantization (arena/dequant_cuda.cu); plain C,
+ * (device/codec_cuda.cu) and dequantization (device/dequant_cuda.cu); plain C,
  * CUDA builds only. */
 #ifndef ARENA_CODEC_CUDA_H
 #define ARENA_CODEC_CUDA_H

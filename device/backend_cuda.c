@@ -25,7 +25,7 @@
 #include "../common/err.h"
 #include "../formats/codec.h"
 #include "codec_cuda.h"
-#include "dequant.h"
+#include "../formats/dequant.h"
 
 typedef struct cuda_backend {
 	arena_backend base;
@@ -279,7 +279,7 @@ static int cuda_stream_native(arena_backend *base, void *native, arena_stream **
 static int cuda_decode_hb4(arena_backend *base, void *dst, const void *src, const struct arena_hb4 *v, uint64_t a,
 			   uint64_t z, arena_stream *s)
 {
-	int rc = arena__backend_hb4_args("cuda", dst, src, v, a, z);
+	int rc = arena_hb4_decode_args("cuda", dst, src, v, a, z);
 	if (rc || a == z)
 		return rc;
 	rc = cuda_bind((cuda_backend *)base);
@@ -292,7 +292,7 @@ static int cuda_decode_hb4_many(arena_backend *base, const arena_hb4_job *jobs, 
 {
 	int rc = 0;
 	for (size_t i = 0; i < n && !rc; i++)
-		rc = arena__backend_hb4_args("cuda", jobs[i].dst, jobs[i].src, jobs[i].v, jobs[i].a, jobs[i].z);
+		rc = arena_hb4_decode_args("cuda", jobs[i].dst, jobs[i].src, jobs[i].v, jobs[i].a, jobs[i].z);
 	if (!rc && n)
 		rc = cuda_bind((cuda_backend *)base);
 	if (!rc && n)

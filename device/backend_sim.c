@@ -47,7 +47,7 @@
 #include "../common/clock.h"
 #include "../common/err.h"
 #include "../formats/codec.h"
-#include "dequant.h"
+#include "../formats/dequant.h"
 
 #define SIM_ALIGN 256u
 #define SIM_DEFAULT_CAPACITY (8ull << 30)
@@ -548,7 +548,7 @@ static int sim_decode_hb4(arena_backend *base, void *dst, const void *src, const
 			  uint64_t z, arena_stream *s)
 {
 	sim_backend *b = (sim_backend *)base;
-	int rc = arena__backend_hb4_args("sim", dst, src, v, a, z);
+	int rc = arena_hb4_decode_args("sim", dst, src, v, a, z);
 	if (!rc)
 		rc = sim_not_host(s, "decode_hb4");
 	if (rc || a == z)

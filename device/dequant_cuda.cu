@@ -14,7 +14,7 @@
 
 #include "arena.h"
 #include "codec_cuda.h"
-#include "dequant.h"
+#include "../formats/dequant.h"
 
 extern "C" {
 /* From common/err.h, which is C11 only (_Noreturn). */

@@ -44,7 +44,7 @@
 #include <stdint.h>
 
 #include "../formats/layout.h"
-#include "backend.h"
+#include "../device/backend.h"
 
 #define ARENA_TRACE_DEFAULT_RECORDS 65536u
 #define ARENA_TRACE_MAX_RECORDS (16u << 20)

@@ -1,5 +1,5 @@
 /* profile.h - a compute profile on disk: what the residency planner places
- * blocks by (arena/engine.h, arena_engine_opts cost / backward_factor /
+ * blocks by (engine/engine.h, arena_engine_opts cost / backward_factor /
  * h2d_bytes_per_s), saved by `arena bench stream --save-profile` from what
  * the engine timed on a device and read by `arena plan --profile` to plan
  * and predict a step on any machine, GPU or not.
