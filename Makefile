@@ -24,8 +24,19 @@ WARN     := -Wall -Wextra -Wshadow -Wpointer-arith -Wformat=2 -Wstrict-prototype
             -Wmissing-prototypes -Wundef -Wcast-qual -Wno-unused-parameter
 # -fvisibility=hidden: libarena.so exports what include/arena.h marks ARENA_API, nothing else.
 CFLAGS   += -std=c11 -fPIC -pthread -fvisibility=hidden $(WARN)
-CPPFLAGS += -D_GNU_SOURCE -Iinclude -MMD -MP
-LDLIBS   := -ljansson -lxxhash -lzstd -lpthread -lm
+# The libraries arena links: the system's (Debian's -dev packages) unless
+# given; `make wheel` (scripts/wheel.sh) gives static builds of their sources
+# (DEP_CPPFLAGS, DEP_LIBS), a C++ runtime of its toolchain's (CXX_LIBS) and
+# DEPS_CHECK=0 (no probe of the system's packages).
+DEP_CPPFLAGS ?=
+DEP_LIBS ?= -ljansson -lxxhash -lzstd
+CXX_LIBS ?= -lstdc++
+DEPS_CHECK ?= 1
+# libarena.so exports nothing of the libraries linked into it (GNU ld's flag;
+# the wheel's linker takes scripts/libarena.ver instead).
+SO_EXPORTS ?= -Wl,--exclude-libs,ALL
+CPPFLAGS += -D_GNU_SOURCE -Iinclude $(DEP_CPPFLAGS) -MMD -MP
+LDLIBS   := $(DEP_LIBS) -lpthread -lm
 ifeq ($(WERROR),1)
 CFLAGS   += -Werror
 endif
@@ -54,7 +65,7 @@ ifeq ($(HAVE_CUDA),1)
 # and say "no CUDA device" on a machine without one. The kernels' host code
 # is C++ (nvcc's launch stubs use thread-safe statics): -lstdc++.
 CPPFLAGS += -DARENA_HAVE_CUDA -isystem $(CUDA_HOME)/include
-LDLIBS   += $(CUDA_HOME)/lib64/libcudart_static.a -ldl -lrt -lstdc++
+LDLIBS   += $(CUDA_HOME)/lib64/libcudart_static.a -ldl -lrt $(CXX_LIBS)
 CUDA_MSG := CUDA backend: built with $(CUDA_HOME) (static runtime)
 # Kernels (device/*.cu): sm_90 (H100, H200) and sm_80 code, plus compute_80 PTX
 # that the driver compiles for newer GPUs.
@@ -91,9 +102,13 @@ CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 UNIT_OBJ := $(UNIT_SRC:%.c=$(BUILD)/obj/%.o)
 FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 
+ifeq ($(DEPS_CHECK),0)
+DEPS_OK  :=
+else
 DEPS_OK  := $(BUILD)/.deps-ok
+endif
 
-.PHONY: all lib cli unit test test-unit test-cli test-api test-python test-asan test-tsan tsan-run test-fuzz demo fuzz install clean help deps
+.PHONY: all lib cli wheel test-wheel unit test test-unit test-cli test-api test-python test-asan test-tsan tsan-run test-fuzz demo fuzz install clean help deps
 .DEFAULT_GOAL := all
 
 all: cli lib
@@ -104,6 +119,7 @@ help:
 	@echo "arena make targets:"
 	@echo "  make            build $(BUILD)/arena, $(BUILD)/libarena.a, $(BUILD)/libarena.so"
 	@echo "  make demo       synth a small model, convert, verify, inspect it"
+	@echo "  make wheel      the self-contained wheel (manylinux_2_28) in $(BUILD)/wheel/dist"
 	@echo "  make test       unit, CLI and Python interop tests, fuzz corpus replay, then"
 	@echo "                  unit tests and fuzz corpus again under ASan/UBSan, threads under TSan"
 	@echo "  make fuzz       run the libFuzzer targets for FUZZ_TIME seconds each (clang)"
@@ -115,7 +131,7 @@ help:
 
 deps $(DEPS_OK): scripts/deps.sh
 	$(Q)CC="$(CC)" sh scripts/deps.sh
-	$(Q)mkdir -p $(BUILD) && touch $(DEPS_OK)
+	$(Q)mkdir -p $(BUILD) && touch $(BUILD)/.deps-ok
 
 # Objects are rebuilt when the compiler or its flags change (SAN=1, WERROR=1,
 # CUDA=0 ... into the same BUILD): the command line is kept in a stamp.
@@ -142,7 +158,7 @@ $(BUILD)/libarena.a: $(LIB_OBJ)
 
 $(BUILD)/libarena.so: $(LIB_OBJ)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) -shared -Wl,-soname,libarena.so.0 -Wl,--exclude-libs,ALL $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) -shared -Wl,-soname,libarena.so.0 $(SO_EXPORTS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 	$(Q)ln -sf libarena.so $(BUILD)/libarena.so.0
 
 $(BUILD)/arena: $(CLI_OBJ) $(BUILD)/libarena.a
@@ -242,6 +258,13 @@ test: test-unit test-cli test-api test-python test-fuzz test-asan test-tsan
 
 demo: cli
 	$(Q)sh scripts/demo.sh $(BUILD)
+
+# The self-contained wheel (scripts/wheel.sh): manylinux_2_28, libarena.so
+# and the arena command linked with all they use but the C runtime; built
+# by zig for glibc 2.28 in $(BUILD)/wheel, with the sources of jansson,
+# xxHash and zstd from Debian's archive. WHEEL_ARCH=aarch64: the simulator only.
+wheel:
+	$(Q)WERROR=$(WERROR) CUDA=$(CUDA) CUDA_HOME=$(CUDA_HOME) sh scripts/wheel.sh $(BUILD)
 
 # libFuzzer builds (clang), for longer runs than the replay in 'make test'.
 # The CUDA backend is left out: libFuzzer builds need no device and no toolkit.

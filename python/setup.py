@@ -1,12 +1,16 @@
-"""Build libarena.so with the repository's Makefile and put it in the package.
+"""Build libarena.so and the arena command with the repository's Makefile and put them in the package.
 
 `pip install ./python` (from the repository root) or `python -m build --wheel
-python` run `make lib` in the repository (BUILD=build/python; the CUDA
+python` run `make lib cli` in the repository (BUILD=build/python; the CUDA
 backend is built when a CUDA toolkit is found, else the simulator only) and
-copy build/python/libarena.so into the package. Set ARENA_PREBUILT_LIBRARY to
-a libarena.so to package that one instead (no make). The wheel is tagged
-py3-none-<platform>: the package is ctypes over the C library, with nothing
-compiled against Python or torch.
+copy build/python/libarena.so and build/python/arena into the package (the
+`arena` command of the wheel runs that binary). Such a build links the
+system's jansson, xxHash and zstd: it runs where those are installed. `make
+wheel` builds the self-contained one (scripts/wheel.sh): it sets
+ARENA_PREBUILT_LIBRARY and ARENA_PREBUILT_CLI to the files to package (no
+make) and ARENA_WHEEL_PLAT to the platform tag (manylinux_2_28_x86_64). The
+wheel is tagged py3-none-<platform>: the package is ctypes over the C
+library, with nothing compiled against Python or torch.
 """
 
 import os
@@ -30,9 +34,11 @@ ROOT = HERE.parent
 class BuildWithLibrary(build_py):
     def run(self):
         super().run()
-        pre = os.environ.get("ARENA_PREBUILT_LIBRARY")
-        if pre:
-            lib = Path(pre)
+        pre_lib = os.environ.get("ARENA_PREBUILT_LIBRARY")
+        pre_cli = os.environ.get("ARENA_PREBUILT_CLI")
+        if pre_lib:
+            lib = Path(pre_lib)
+            cli = Path(pre_cli) if pre_cli else None
         else:
             if not (ROOT / "Makefile").exists() or not (ROOT / "include" / "arena.h").exists():
                 raise SystemExit(
@@ -41,11 +47,14 @@ class BuildWithLibrary(build_py):
                 )
             build = ROOT / "build" / "python"
             jobs = str(os.cpu_count() or 2)
-            subprocess.check_call(["make", "-C", str(ROOT), "-j", jobs, f"BUILD={build}", "lib"])
-            lib = build / "libarena.so"
+            subprocess.check_call(["make", "-C", str(ROOT), "-j", jobs, f"BUILD={build}", "lib", "cli"])
+            lib, cli = build / "libarena.so", build / "arena"
         dst = Path(self.build_lib) / "arena"
         dst.mkdir(parents=True, exist_ok=True)
         shutil.copy2(lib, dst / "libarena.so")
+        if cli is not None:
+            (dst / "bin").mkdir(exist_ok=True)
+            shutil.copy2(cli, dst / "bin" / "arena")
 
 
 class PlatformWheel(bdist_wheel):
@@ -55,7 +64,7 @@ class PlatformWheel(bdist_wheel):
 
     def get_tag(self):
         _, _, plat = super().get_tag()
-        return "py3", "none", plat
+        return "py3", "none", os.environ.get("ARENA_WHEEL_PLAT") or plat
 
 
 class BinaryDistribution(Distribution):
