@@ -11,7 +11,6 @@
 #include "../common/clock.h"
 #include "../common/err.h"
 #include "../formats/codec.h"
-#include "../loader/convert.h"
 #include "arena.h"
 #include "cli.h"
 
@@ -71,6 +70,13 @@ static void on_signal(int sig)
 	cancelled = 1;
 }
 
+/* The progress line; a signal cancels the conversion at the next report. */
+static int on_progress(void *ctx, uint64_t done, uint64_t total)
+{
+	cli_progress_update(ctx, done, total);
+	return cancelled;
+}
+
 /* Split "a,b,c" into a NULL-free array (owned; the strings point into s). */
 static int split_list(char *s, const char ***out, size_t *n)
 {
@@ -101,13 +107,13 @@ int cmd_convert(int argc, char **argv)
 	};
 	const char *out = NULL;
 	int quiet = 0, st = 0;
-	arena_convert_opts co = {0};
+	arena_convert_options co = {0};
 	const char **patterns = arena_calloc((size_t)argc, sizeof(char *));
 	const char **qinc = arena_calloc((size_t)argc, sizeof(char *));
 	const char **qexc = arena_calloc((size_t)argc, sizeof(char *));
 	const char **order = NULL;
-	co.quant.include = qinc;
-	co.quant.exclude = qexc;
+	co.quant_include = qinc;
+	co.quant_exclude = qexc;
 	if (!patterns || !qinc || !qexc)
 		return cli_fail(arena_errorf(ARENA_E_NOMEM, "out of memory"));
 	int ch;
@@ -122,21 +128,21 @@ int cmd_convert(int argc, char **argv)
 			quiet = 1;
 			break;
 		case O_PATTERN:
-			patterns[co.plan.n_patterns++] = optarg;
+			patterns[co.n_block_patterns++] = optarg;
 			break;
 		case O_QUANT:
-			co.quant.scheme = optarg;
+			co.quant = optarg;
 			break;
 		case O_QINC:
-			qinc[co.quant.n_include++] = optarg;
+			qinc[co.n_quant_include++] = optarg;
 			break;
 		case O_QEXC:
-			qexc[co.quant.n_exclude++] = optarg;
+			qexc[co.n_quant_exclude++] = optarg;
 			break;
 		case O_ORDER:
 			arena_free(order);
 			order = NULL;
-			if (split_list(optarg, &order, &co.plan.n_order)) {
+			if (split_list(optarg, &order, &co.n_block_order)) {
 				st = cli_fail(arena_errorf(ARENA_E_NOMEM, "out of memory"));
 				goto done;
 			}
@@ -156,7 +162,7 @@ int cmd_convert(int argc, char **argv)
 				st = cli_usage_error("convert", "--codec '%s' is not none, hb4 or zstd", arena_q(optarg));
 				goto done;
 			}
-			co.codec = (unsigned)c;
+			co.codec = c ? arena_codec_name((unsigned)c) : NULL;
 			break;
 		}
 		case O_LEVEL: {
@@ -186,21 +192,21 @@ int cmd_convert(int argc, char **argv)
 		st = cli_usage_error("convert", "no INPUT given");
 		goto done;
 	}
-	if (co.zstd_level && co.codec != ARENA_CODEC_ZSTD) {
+	if (co.zstd_level && (!co.codec || strcmp(co.codec, "zstd"))) {
 		st = cli_usage_error("convert", "--zstd-level is for --codec zstd");
 		goto done;
 	}
-	co.plan.patterns = patterns;
-	co.plan.order = order;
+	co.block_patterns = patterns;
+	co.block_order = order;
 	cli_progress p;
 	cli_progress_start(&p, "convert", quiet);
-	co.progress = cli_progress_update;
+	co.progress = on_progress;
 	co.progress_ctx = &p;
-	co.cancel = &cancelled;
+	cancelled = 0;
 	struct sigaction sa = {.sa_handler = on_signal};
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
-	arena_convert_result res;
+	arena_convert_info res;
 	int rc = arena_convert((const char *const *)argv + optind, (size_t)(argc - optind), out, &co, &res);
 	signal(SIGINT, SIG_DFL);
 	signal(SIGTERM, SIG_DFL);
@@ -212,12 +218,13 @@ int cmd_convert(int argc, char **argv)
 	if (!quiet) {
 		double s = arena_now_s() - p.start;
 		char a[32];
-		printf("wrote %s: %zu blocks, %zu tensors, %s in %.2f s (%.2f GB/s)\n", out, res.n_blocks, res.n_tensors,
+		printf("wrote %s: %llu blocks, %llu tensors, %s in %.2f s (%.2f GB/s)\n", out,
+		       (unsigned long long)res.n_blocks, (unsigned long long)res.n_tensors,
 		       cli_fmt_bytes(res.file_size, a, sizeof(a)), s, s > 0 ? (double)res.data_bytes / s / 1e9 : 0.0);
 		if (co.codec)
 			printf("coded %llu of %llu chunks with %s: data %.1f%% of its raw size\n",
 			       (unsigned long long)res.coded_chunks, (unsigned long long)res.chunk_count,
-			       arena_codec_name(co.codec),
+			       co.codec,
 			       res.data_bytes ? 100.0 * (double)res.stored_bytes / (double)res.data_bytes : 100.0);
 	}
 done:

@@ -1,14 +1,13 @@
-/* cmd_inspect.c - `arena inspect`: what a checkpoint or image holds. */
+/* cmd_inspect.c - `arena inspect`: what a checkpoint or image holds: the
+ * library's document (arena_inspect), printed as it is (--json) or as text. */
 #include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "../common/err.h"
-#include "../formats/checkpoint.h"
-#include "../formats/codec.h"
-#include "../formats/image.h"
-#include "../loader/plan.h"
+#include "../formats/dtype.h"
+#include "../formats/layout.h"
 #include "arena.h"
 #include "cli.h"
 
@@ -33,293 +32,152 @@ static const char *base_name(const char *p)
 	return s ? s + 1 : p;
 }
 
-typedef struct dtype_total {
-	uint64_t tensors, bytes;
-} dtype_total;
-
-static void totals(const arena_ckpt *c, dtype_total *t)
+/* Fields of the document, which the library wrote: present and typed. */
+static const char *str(const json_t *o, const char *k)
 {
-	memset(t, 0, sizeof(dtype_total) * ARENA_DTYPE_COUNT);
-	for (size_t i = 0; i < c->n_tensors; i++) {
-		t[c->tensors[i]->dtype].tensors++;
-		t[c->tensors[i]->dtype].bytes += c->tensors[i]->nbytes;
-	}
+	const char *v = json_string_value(json_object_get(o, k));
+	return v ? v : "";
 }
 
-static json_t *shape_json(const arena_st_tensor *t)
+static unsigned long long num(const json_t *o, const char *k)
 {
-	json_t *a = json_array();
-	for (uint32_t k = 0; k < t->rank; k++)
-		json_array_append_new(a, json_integer((json_int_t)t->shape[k]));
-	return a;
+	return (unsigned long long)json_integer_value(json_object_get(o, k));
 }
 
-static int print_ckpt_json(const char *path, const arena_ckpt *c)
-{
-	json_t *o = json_object();
-	json_object_set_new(o, "kind", json_string("safetensors"));
-	json_object_set_new(o, "path", json_string(path));
-	json_object_set_new(o, "index", c->index_path ? json_string(c->index_path) : json_null());
-	json_object_set_new(o, "index_metadata",
-			    c->index_meta ? json_deep_copy((const json_t *)c->index_meta) : json_null());
-	json_t *files = json_array();
-	for (size_t i = 0; i < c->n_files; i++) {
-		const arena_st_file *f = c->files[i];
-		json_t *fo = json_object(), *meta = json_object();
-		json_object_set_new(fo, "path", json_string(f->path));
-		json_object_set_new(fo, "size", json_integer((json_int_t)f->size));
-		json_object_set_new(fo, "header_bytes", json_integer((json_int_t)f->header_len));
-		json_object_set_new(fo, "data_offset", json_integer((json_int_t)f->data_off));
-		json_object_set_new(fo, "tensors", json_integer((json_int_t)f->n_tensors));
-		for (size_t k = 0; k < f->n_meta; k++)
-			json_object_set_new(meta, f->meta_keys[k], json_string(f->meta_vals[k]));
-		json_object_set_new(fo, "metadata", meta);
-		json_array_append_new(files, fo);
-	}
-	json_object_set_new(o, "files", files);
-	json_t *ts = json_array();
-	for (size_t i = 0; i < c->n_tensors; i++) {
-		const arena_st_tensor *t = c->tensors[i];
-		json_t *to = json_object();
-		json_object_set_new(to, "name", json_string(t->name));
-		json_object_set_new(to, "dtype", json_string(arena_dtype_name(t->dtype)));
-		json_object_set_new(to, "shape", shape_json(t));
-		json_object_set_new(to, "bytes", json_integer((json_int_t)t->nbytes));
-		json_object_set_new(to, "file", json_string(t->file->path));
-		json_object_set_new(to, "offset", json_integer((json_int_t)(t->file->data_off + t->begin)));
-		json_object_set_new(to, "data_offsets",
-				    json_pack("[II]", (json_int_t)t->begin, (json_int_t)t->end));
-		json_array_append_new(ts, to);
-	}
-	json_object_set_new(o, "tensors", ts);
-	dtype_total tot[ARENA_DTYPE_COUNT];
-	totals(c, tot);
-	json_t *by = json_array();
-	for (int d = 0; d < ARENA_DTYPE_COUNT; d++)
-		if (tot[d].tensors)
-			json_array_append_new(by, json_pack("{s:s,s:I,s:I}", "dtype", arena_dtype_name((arena_dtype)d),
-							    "tensors", (json_int_t)tot[d].tensors, "bytes",
-							    (json_int_t)tot[d].bytes));
-	json_object_set_new(o, "totals",
-			    json_pack("{s:I,s:I,s:o}", "tensors", (json_int_t)c->n_tensors, "bytes",
-				      (json_int_t)arena_ckpt_bytes(c), "by_dtype", by));
-	return cli_print_json(o);
-}
-
-static void fmt_shape(const arena_st_tensor *t, char *buf, size_t len)
+static void fmt_shape(const json_t *shape, char *buf, size_t len)
 {
 	size_t o = (size_t)snprintf(buf, len, "[");
-	for (uint32_t k = 0; k < t->rank && o < len; k++)
-		o += (size_t)snprintf(buf + o, len - o, "%s%llu", k ? ", " : "", (unsigned long long)t->shape[k]);
+	for (size_t k = 0; k < json_array_size(shape) && o < len; k++)
+		o += (size_t)snprintf(buf + o, len - o, "%s%llu", k ? ", " : "",
+				      (unsigned long long)json_integer_value(json_array_get(shape, k)));
 	if (o < len)
 		snprintf(buf + o, len - o, "]");
 }
 
-static int print_ckpt_text(const char *path, const arena_ckpt *c)
+/* The widest name of `tensors`, as printed (at least 4). */
+static int name_width(const json_t *tensors)
 {
-	char b1[32];
-	printf("checkpoint: %s\n", path);
-	if (c->index_path)
-		printf("index:      %s\n", c->index_path);
-	printf("tensors:    %zu in %zu file%s, %s (%llu bytes)\n", c->n_tensors, c->n_files,
-	       c->n_files == 1 ? "" : "s", cli_fmt_bytes(arena_ckpt_bytes(c), b1, sizeof(b1)),
-	       (unsigned long long)arena_ckpt_bytes(c));
-	for (size_t i = 0; i < c->n_files; i++) {
-		const arena_st_file *f = c->files[i];
-		printf("\nfile %s: %llu bytes, header %llu bytes, %zu tensors\n", f->path,
-		       (unsigned long long)f->size, (unsigned long long)f->header_len, f->n_tensors);
-		if (f->n_meta) {
-			printf("metadata:\n");
-			for (size_t k = 0; k < f->n_meta; k++)
-				printf("  %s: %s\n", arena_q(f->meta_keys[k]), arena_q(f->meta_vals[k]));
-		}
-	}
 	int w = 4;
-	for (size_t i = 0; i < c->n_tensors; i++) {
-		int l = (int)strlen(arena_q(c->tensors[i]->name));
+	size_t i;
+	const json_t *t;
+	json_array_foreach(tensors, i, t) {
+		int l = (int)strlen(arena_q(str(t, "name")));
 		w = l > w ? l : w;
 	}
-	printf("\n%-*s  %-11s  %-18s %12s  %s\n", w, "name", "dtype", "shape", "bytes", "file@offset");
-	for (size_t i = 0; i < c->n_tensors; i++) {
-		const arena_st_tensor *t = c->tensors[i];
-		char shape[256];
-		fmt_shape(t, shape, sizeof(shape));
-		printf("%-*s  %-11s  %-18s %12llu  %s@%llu\n", w, arena_q(t->name), arena_dtype_name(t->dtype), shape,
-		       (unsigned long long)t->nbytes, base_name(t->file->path),
-		       (unsigned long long)(t->file->data_off + t->begin));
+	return w;
+}
+
+static int print_ckpt_text(const json_t *d)
+{
+	char b1[32];
+	const json_t *files = json_object_get(d, "files"), *tensors = json_object_get(d, "tensors");
+	const json_t *tot = json_object_get(d, "totals"), *t, *f;
+	size_t i;
+	printf("checkpoint: %s\n", str(d, "path"));
+	if (json_is_string(json_object_get(d, "index")))
+		printf("index:      %s\n", str(d, "index"));
+	printf("tensors:    %llu in %zu file%s, %s (%llu bytes)\n", num(tot, "tensors"), json_array_size(files),
+	       json_array_size(files) == 1 ? "" : "s", cli_fmt_bytes(num(tot, "bytes"), b1, sizeof(b1)),
+	       num(tot, "bytes"));
+	json_array_foreach(files, i, f) {
+		const json_t *meta = json_object_get(f, "metadata");
+		printf("\nfile %s: %llu bytes, header %llu bytes, %llu tensors\n", str(f, "path"), num(f, "size"),
+		       num(f, "header_bytes"), num(f, "tensors"));
+		if (json_object_size(meta)) {
+			const char *k;
+			const json_t *v;
+			printf("metadata:\n");
+			json_object_foreach((json_t *)(uintptr_t)meta, k, v) {
+				/* arena_q's buffer is one per thread: one call per printf */
+				printf("  %s: ", arena_q(k));
+				printf("%s\n", arena_q(json_string_value(v)));
+			}
+		}
 	}
-	dtype_total tot[ARENA_DTYPE_COUNT];
-	totals(c, tot);
+	const int w = name_width(tensors);
+	printf("\n%-*s  %-11s  %-18s %12s  %s\n", w, "name", "dtype", "shape", "bytes", "file@offset");
+	json_array_foreach(tensors, i, t) {
+		char shape[256];
+		fmt_shape(json_object_get(t, "shape"), shape, sizeof(shape));
+		printf("%-*s  %-11s  %-18s %12llu  %s@%llu\n", w, arena_q(str(t, "name")), str(t, "dtype"), shape,
+		       num(t, "bytes"), base_name(str(t, "file")), num(t, "offset"));
+	}
 	printf("\ntotals by dtype:\n");
-	for (int d = 0; d < ARENA_DTYPE_COUNT; d++)
-		if (tot[d].tensors)
-			printf("  %-11s %6llu tensors %14llu bytes  %s\n", arena_dtype_name((arena_dtype)d),
-			       (unsigned long long)tot[d].tensors, (unsigned long long)tot[d].bytes,
-			       cli_fmt_bytes(tot[d].bytes, b1, sizeof(b1)));
+	json_array_foreach(json_object_get(tot, "by_dtype"), i, t)
+		printf("  %-11s %6llu tensors %14llu bytes  %s\n", str(t, "dtype"), num(t, "tensors"), num(t, "bytes"),
+		       cli_fmt_bytes(num(t, "bytes"), b1, sizeof(b1)));
 	return 0;
 }
 
-static json_t *dims_json(uint32_t rank, const uint64_t *shape)
+/* Bytes a tensor of the document would take in its original dtype (0 if unknown). */
+static uint64_t logical_bytes(const json_t *t)
 {
-	json_t *a = json_array();
-	for (uint32_t k = 0; k < rank; k++)
-		json_array_append_new(a, json_integer((json_int_t)shape[k]));
-	return a;
+	const json_t *shape = json_object_get(t, "shape");
+	uint64_t dims[ARENA_MAX_RANK], n = 0;
+	size_t rank = json_array_size(shape);
+	if (rank > ARENA_MAX_RANK)
+		return 0;
+	for (size_t k = 0; k < rank; k++)
+		dims[k] = (uint64_t)json_integer_value(json_array_get(shape, k));
+	arena_dtype dt = arena_dtype_from_name(str(t, "dtype"));
+	return dt == ARENA_DTYPE_INVALID || arena_nbytes(dt, (uint32_t)rank, dims, &n) ? 0 : n;
 }
 
-static void fmt_dims(uint32_t rank, const uint64_t *shape, char *buf, size_t len)
+static int print_image_text(const json_t *d)
 {
-	size_t o = (size_t)snprintf(buf, len, "[");
-	for (uint32_t k = 0; k < rank && o < len; k++)
-		o += (size_t)snprintf(buf + o, len - o, "%s%llu", k ? ", " : "", (unsigned long long)shape[k]);
-	if (o < len)
-		snprintf(buf + o, len - o, "]");
-}
-
-static uint64_t tensor_bytes(const arena_tensor *t)
-{
-	uint64_t s = 0;
-	for (uint32_t c = 0; c < t->n_comp; c++)
-		s += t->comp[c].bytes;
-	return s;
-}
-
-/* Bytes the tensor would take in its original dtype (0 if unknown). */
-static uint64_t logical_bytes(const arena_tensor *t)
-{
-	uint64_t n = 0;
-	return arena_nbytes(t->dtype, t->rank, t->shape, &n) ? 0 : n;
-}
-
-static int print_image_json(const char *path, const arena_image *img)
-{
-	const arena_layout *l = img->layout;
-	const arena_img_header *h = &img->hdr;
-	json_t *o = json_object();
-	char ver[16];
-	snprintf(ver, sizeof(ver), "%u.%u", h->major, h->minor);
-	json_object_set_new(o, "kind", json_string("arena-image"));
-	json_object_set_new(o, "path", json_string(path));
-	json_object_set_new(o, "version", json_string(ver));
-	json_object_set_new(o, "file_size", json_integer((json_int_t)h->file_size));
-	json_object_set_new(o, "layout",
-			    json_pack("{s:I,s:I,s:I,s:I,s:i,s:i}", "chunk_size", (json_int_t)h->chunk_size, "chunk_count",
-				      (json_int_t)h->chunk_count, "data_offset", (json_int_t)h->data_offset, "data_length",
-				      (json_int_t)h->data_length, "slab_alignment", ARENA_SLAB_ALIGN, "tensor_alignment",
-				      ARENA_TENSOR_ALIGN));
-	uint64_t by[ARENA_CODEC_ZSTD + 1] = {0};
-	for (uint64_t i = 0; i < h->chunk_count; i++)
-		if (img->chunks[i].codec <= ARENA_CODEC_ZSTD) /* the reader takes no other */
-			by[img->chunks[i].codec]++;
-	/* Offsets below are data_offset + the raw offset: for a coded image, where
-	 * the bytes would be if its chunks were stored as is. */
-	json_object_set_new(o, "coding",
-			    json_pack("{s:b,s:I,s:I,s:I,s:I}", "coded_image", !!(h->flags & ARENA_IMG_FLAG_CODED),
-				      "stored_length", (json_int_t)arena_img_stored_data(h), "hb4_chunks",
-				      (json_int_t)by[ARENA_CODEC_HB4], "zstd_chunks", (json_int_t)by[ARENA_CODEC_ZSTD],
-				      "plain_chunks", (json_int_t)by[ARENA_CODEC_NONE]));
-	json_object_set_new(o, "metadata", img->metadata ? json_deep_copy(img->metadata) : json_object());
-	json_object_set_new(o, "sources", img->sources ? json_deep_copy(img->sources) : json_array());
-	json_t *blocks = json_array();
-	for (size_t b = 0; b < l->n_blocks; b++) {
-		const arena_block *blk = &l->blocks[b];
-		json_array_append_new(
-			blocks, json_pack("{s:I,s:s,s:o,s:o,s:I,s:I,s:I}", "index", (json_int_t)b, "name", blk->name,
-					  "container", blk->container ? json_string(blk->container) : json_null(),
-					  "container_index", blk->index >= 0 ? json_integer(blk->index) : json_null(),
-					  "offset", (json_int_t)(h->data_offset + blk->offset), "bytes",
-					  (json_int_t)blk->bytes, "tensors", (json_int_t)blk->n_tensors));
-	}
-	json_object_set_new(o, "blocks", blocks);
-	json_t *ts = json_array();
-	uint64_t stored = 0, logical = 0, quantized = 0;
-	for (size_t i = 0; i < l->n_tensors; i++) {
-		const arena_tensor *t = &l->tensors[i];
-		json_t *comps = json_array();
-		for (uint32_t c = 0; c < t->n_comp; c++) {
-			const arena_component *cp = &t->comp[c];
-			json_array_append_new(comps, json_pack("{s:s,s:s,s:o,s:I,s:I}", "name", cp->name, "dtype",
-							       arena_dtype_name(cp->dtype), "shape",
-							       dims_json(cp->rank, cp->shape), "offset",
-							       (json_int_t)(h->data_offset + l->blocks[t->block].offset + cp->offset),
-							       "bytes", (json_int_t)cp->bytes));
-		}
-		stored += tensor_bytes(t);
-		logical += logical_bytes(t);
-		quantized += strcmp(t->scheme, "none") != 0;
-		json_array_append_new(ts, json_pack("{s:s,s:s,s:o,s:I,s:s,s:s,s:o}", "name", t->name, "dtype",
-						    arena_dtype_name(t->dtype), "shape", dims_json(t->rank, t->shape),
-						    "bytes", (json_int_t)tensor_bytes(t), "block",
-						    l->blocks[t->block].name, "scheme", t->scheme, "components", comps));
-	}
-	json_object_set_new(o, "tensors", ts);
-	json_object_set_new(o, "totals",
-			    json_pack("{s:I,s:I,s:I,s:I,s:I}", "tensors", (json_int_t)l->n_tensors, "blocks",
-				      (json_int_t)l->n_blocks, "bytes", (json_int_t)stored, "original_bytes",
-				      (json_int_t)logical, "quantized_tensors", (json_int_t)quantized));
-	return cli_print_json(o);
-}
-
-static int print_image_text(const char *path, const arena_image *img)
-{
-	const arena_layout *l = img->layout;
-	const arena_img_header *h = &img->hdr;
+	const json_t *lay = json_object_get(d, "layout"), *cod = json_object_get(d, "coding");
+	const json_t *tot = json_object_get(d, "totals"), *meta = json_object_get(d, "metadata");
+	const json_t *blocks = json_object_get(d, "blocks"), *tensors = json_object_get(d, "tensors"), *b, *t;
+	const unsigned long long data_length = num(lay, "data_length");
 	char a[32], b2[32], b3[32];
-	printf("image:      %s (format %u.%u)\n", path, h->major, h->minor);
-	printf("file:       %s (%llu bytes); data %llu bytes at %llu\n", cli_fmt_bytes(h->file_size, a, sizeof(a)),
-	       (unsigned long long)h->file_size, (unsigned long long)h->data_length, (unsigned long long)h->data_offset);
-	printf("chunks:     %llu of %s, xxh3-64\n", (unsigned long long)h->chunk_count,
-	       cli_fmt_bytes(h->chunk_size, a, sizeof(a)));
-	if (h->flags & ARENA_IMG_FLAG_CODED) {
-		uint64_t by[ARENA_CODEC_ZSTD + 1] = {0};
-		for (uint64_t i = 0; i < h->chunk_count; i++)
-			if (img->chunks[i].codec <= ARENA_CODEC_ZSTD)
-				by[img->chunks[i].codec]++;
-		const unsigned codec = by[ARENA_CODEC_ZSTD] ? ARENA_CODEC_ZSTD : ARENA_CODEC_HB4;
+	size_t i;
+	printf("image:      %s (format %s)\n", str(d, "path"), str(d, "version"));
+	printf("file:       %s (%llu bytes); data %llu bytes at %llu\n", cli_fmt_bytes(num(d, "file_size"), a, sizeof(a)),
+	       num(d, "file_size"), data_length, num(lay, "data_offset"));
+	printf("chunks:     %llu of %s, xxh3-64\n", num(lay, "chunk_count"),
+	       cli_fmt_bytes(num(lay, "chunk_size"), a, sizeof(a)));
+	if (json_is_true(json_object_get(cod, "coded_image"))) {
+		const unsigned long long hb4 = num(cod, "hb4_chunks"), zstd = num(cod, "zstd_chunks");
+		const unsigned long long stored = num(cod, "stored_length");
 		char both[64] = "";
-		if (by[ARENA_CODEC_ZSTD] && by[ARENA_CODEC_HB4])
-			snprintf(both, sizeof(both), ", %llu hb4", (unsigned long long)by[ARENA_CODEC_HB4]);
+		if (zstd && hb4)
+			snprintf(both, sizeof(both), ", %llu hb4", hb4);
 		printf("coding:     %llu chunks %s%s, %llu as is; %s stored for %s (%.1f%%); offsets below are raw\n",
-		       (unsigned long long)by[codec], arena_codec_name(codec), both,
-		       (unsigned long long)by[ARENA_CODEC_NONE],
-		       cli_fmt_bytes(h->stored_length, a, sizeof(a)), cli_fmt_bytes(h->data_length, b2, sizeof(b2)),
-		       h->data_length ? 100.0 * (double)h->stored_length / (double)h->data_length : 100.0);
+		       zstd ? zstd : hb4, zstd ? "zstd" : "hb4", both, num(cod, "plain_chunks"),
+		       cli_fmt_bytes(stored, a, sizeof(a)), cli_fmt_bytes(data_length, b2, sizeof(b2)),
+		       data_length ? 100.0 * (double)stored / (double)data_length : 100.0);
 	}
-	printf("layout:     %zu blocks, %zu tensors; slabs %u-aligned, tensors %u-aligned\n", l->n_blocks,
-	       l->n_tensors, ARENA_SLAB_ALIGN, ARENA_TENSOR_ALIGN);
-	if (img->metadata && json_object_size(img->metadata)) {
-		printf("metadata:\n");
+	printf("layout:     %llu blocks, %llu tensors; slabs %llu-aligned, tensors %llu-aligned\n", num(tot, "blocks"),
+	       num(tot, "tensors"), num(lay, "slab_alignment"), num(lay, "tensor_alignment"));
+	if (json_object_size(meta)) {
 		const char *k;
-		json_t *v;
-		json_object_foreach((json_t *)(uintptr_t)img->metadata, k, v)
-			printf("  %s: %s\n", arena_q(k), arena_q(json_string_value(v)));
+		const json_t *v;
+		printf("metadata:\n");
+		json_object_foreach((json_t *)(uintptr_t)meta, k, v) {
+			printf("  %s: ", arena_q(k));
+			printf("%s\n", arena_q(json_string_value(v)));
+		}
 	}
 	printf("\nblocks (execution order):\n  %5s  %-40s %14s %14s %8s\n", "#", "name", "offset", "bytes", "tensors");
-	for (size_t i = 0; i < l->n_blocks; i++)
-		printf("  %5zu  %-40s %14llu %14llu %8u\n", i, arena_q(l->blocks[i].name),
-		       (unsigned long long)(h->data_offset + l->blocks[i].offset), (unsigned long long)l->blocks[i].bytes,
-		       l->blocks[i].n_tensors);
-	int w = 4;
-	for (size_t i = 0; i < l->n_tensors; i++) {
-		int n = (int)strlen(arena_q(l->tensors[i].name));
-		w = n > w ? n : w;
-	}
+	json_array_foreach(blocks, i, b)
+		printf("  %5zu  %-40s %14llu %14llu %8llu\n", i, arena_q(str(b, "name")), num(b, "offset"), num(b, "bytes"),
+		       num(b, "tensors"));
+	const int w = name_width(tensors);
 	printf("\n%-*s  %-8s  %-16s %-16s %12s  %s\n", w, "name", "dtype", "shape", "scheme", "bytes", "block");
-	uint64_t stored = 0, nq = 0, qstored = 0, qlogical = 0;
-	for (size_t i = 0; i < l->n_tensors; i++) {
-		const arena_tensor *t = &l->tensors[i];
+	uint64_t nq = 0, qstored = 0, qlogical = 0;
+	json_array_foreach(tensors, i, t) {
 		char shape[128];
-		fmt_dims(t->rank, t->shape, shape, sizeof(shape));
-		printf("%-*s  %-8s  %-16s %-16s %12llu  %s\n", w, arena_q(t->name), arena_dtype_name(t->dtype), shape,
-		       t->scheme, (unsigned long long)tensor_bytes(t), arena_q(l->blocks[t->block].name));
-		stored += tensor_bytes(t);
-		if (strcmp(t->scheme, "none")) {
+		fmt_shape(json_object_get(t, "shape"), shape, sizeof(shape));
+		printf("%-*s  %-8s  %-16s %-16s %12llu  ", w, arena_q(str(t, "name")), str(t, "dtype"), shape,
+		       str(t, "scheme"), num(t, "bytes"));
+		printf("%s\n", arena_q(str(t, "block")));
+		if (strcmp(str(t, "scheme"), "none")) {
 			nq++;
-			qstored += tensor_bytes(t);
+			qstored += num(t, "bytes");
 			qlogical += logical_bytes(t);
 		}
 	}
-	printf("\ntotals: %zu tensors, %s stored", l->n_tensors, cli_fmt_bytes(stored, a, sizeof(a)));
+	printf("\ntotals: %llu tensors, %s stored", num(tot, "tensors"), cli_fmt_bytes(num(tot, "bytes"), a, sizeof(a)));
 	if (nq)
 		printf("; %llu quantized tensors take %s instead of %s (saved %s)", (unsigned long long)nq,
 		       cli_fmt_bytes(qstored, a, sizeof(a)), cli_fmt_bytes(qlogical, b2, sizeof(b2)),
@@ -343,23 +201,25 @@ int cmd_inspect(int argc, char **argv)
 	}
 	if (argc - optind != 1)
 		return cli_usage_error("inspect", "expected one PATH, got %d", argc - optind);
-	const char *path = argv[optind];
-	if (arena_img_sniff(path)) {
-		arena_image *img;
-		int rc = arena_img_open(path, &img);
-		if (rc)
-			return cli_fail(rc);
-		int st = json ? print_image_json(path, img) : print_image_text(path, img);
-		arena_img_close(img);
-		return st;
-	}
-	arena_ckpt *c;
-	int rc = arena_ckpt_open(path, &c);
-	if (!rc && (rc = arena_plan_check_ckpt(c)))
-		arena_ckpt_close(c); /* the rules convert applies, the same error */
+	char *doc;
+	int rc = arena_inspect(argv[optind], &doc);
 	if (rc)
 		return cli_fail(rc);
-	int st = json ? print_ckpt_json(path, c) : print_ckpt_text(path, c);
-	arena_ckpt_close(c);
+	if (json) {
+		int st = fputs(doc, stdout) == EOF || fputc('\n', stdout) == EOF || fflush(stdout);
+		arena_string_free(doc);
+		if (st) {
+			fprintf(stderr, "error: cannot write JSON to standard output\n");
+			return 3;
+		}
+		return 0;
+	}
+	json_error_t jerr;
+	json_t *d = json_loads(doc, 0, &jerr);
+	arena_string_free(doc);
+	if (!d)
+		return cli_fail(arena_errorf(ARENA_E_INTERNAL, "inspect: the library's document does not parse: %s", jerr.text));
+	int st = strcmp(str(d, "kind"), "arena-image") ? print_ckpt_text(d) : print_image_text(d);
+	json_decref(d);
 	return st;
 }

@@ -4,11 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
-#include "../common/err.h"
-#include "../formats/image.h"
 #include "arena.h"
 #include "cli.h"
 
@@ -27,41 +23,27 @@ const char cmd_verify_usage[] =
 	"  -q, --quiet   no progress line (one goes to stderr when it is a terminal)\n"
 	"  -h, --help    this text\n";
 
-typedef struct bad_list {
-	json_t *arr;
-} bad_list;
-
-typedef struct cover {
-	const arena_layout *l;
-	json_t *blocks, *tensors;
-} cover;
-
-static void cover_fn(void *ctx, uint32_t block, int64_t tensor)
+/* --json: every bad chunk, as the library describes it. */
+static void on_bad(void *ctx, const arena_bad_chunk *b)
 {
-	cover *c = ctx;
-	const char *bn = c->l->blocks[block].name;
-	size_t n = json_array_size(c->blocks);
-	if (!n || strcmp(json_string_value(json_array_get(c->blocks, n - 1)), bn))
-		json_array_append_new(c->blocks, json_string(bn));
-	if (tensor >= 0)
-		json_array_append_new(c->tensors, json_string(c->l->tensors[tensor].name));
+	json_t *arr = ctx;
+	char e[20], g[20];
+	snprintf(e, sizeof(e), "%016llx", (unsigned long long)b->expected);
+	snprintf(g, sizeof(g), "%016llx", (unsigned long long)b->actual);
+	json_t *blocks = json_array(), *tensors = json_array();
+	for (size_t i = 0; i < b->n_blocks; i++)
+		json_array_append_new(blocks, json_string(b->blocks[i]));
+	for (size_t i = 0; i < b->n_tensors; i++)
+		json_array_append_new(tensors, json_string(b->tensors[i]));
+	json_array_append_new(arr, json_pack("{s:I,s:I,s:I,s:s,s:s,s:o,s:o}", "chunk", (json_int_t)b->chunk, "offset",
+					     (json_int_t)b->offset, "length", (json_int_t)b->length, "expected", e,
+					     "actual", g, "blocks", blocks, "tensors", tensors));
 }
 
-static void on_bad(void *ctx, const arena_image *img, uint64_t chunk, uint64_t expect, uint64_t got)
+static int on_progress(void *ctx, uint64_t done, uint64_t total)
 {
-	bad_list *b = ctx;
-	if (!b->arr)
-		return;
-	char e[20], g[20];
-	snprintf(e, sizeof(e), "%016llx", (unsigned long long)expect);
-	snprintf(g, sizeof(g), "%016llx", (unsigned long long)got);
-	cover c = {img->layout, json_array(), json_array()};
-	arena_img_chunk_cover(img, chunk, cover_fn, &c);
-	const arena_img_chunk *ck = &img->chunks[chunk];
-	json_array_append_new(b->arr, json_pack("{s:I,s:I,s:I,s:s,s:s,s:o,s:o}", "chunk", (json_int_t)chunk, "offset",
-						(json_int_t)(img->hdr.data_offset + ck->offset), "length",
-						(json_int_t)ck->stored_length, "expected", e, "actual", g, "blocks",
-						c.blocks, "tensors", c.tensors));
+	cli_progress_update(ctx, done, total);
+	return 0;
 }
 
 int cmd_verify(int argc, char **argv)
@@ -70,8 +52,7 @@ int cmd_verify(int argc, char **argv)
 		{"json", no_argument, NULL, 'j'}, {"threads", required_argument, NULL, 't'},
 		{"quiet", no_argument, NULL, 'q'}, {NULL, 0, NULL, 0}};
 	int json = 0, quiet = 0, ch;
-	long threads = sysconf(_SC_NPROCESSORS_ONLN);
-	threads = threads < 1 ? 1 : threads > 8 ? 8 : threads;
+	unsigned threads = 0; /* the library's default: CPUs, at most 8 */
 	optind = 0;
 	opterr = 0;
 	while ((ch = getopt_long(argc, argv, "q", opts, NULL)) != -1) {
@@ -84,7 +65,7 @@ int cmd_verify(int argc, char **argv)
 			int rc = cli_count_arg("verify", "--threads", optarg, 1, 64, &n);
 			if (rc)
 				return rc;
-			threads = (long)n;
+			threads = (unsigned)n;
 		} else {
 			return cli_usage_error("verify", "unknown or incomplete option '%s'", argv[optind - 1]);
 		}
@@ -92,48 +73,45 @@ int cmd_verify(int argc, char **argv)
 	if (argc - optind != 1)
 		return cli_usage_error("verify", "expected one IMAGE, got %d", argc - optind);
 	const char *path = argv[optind];
-	struct timespec t0, t1;
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	arena_image *img = NULL;
-	bad_list bl = {.arr = json ? json_array() : NULL};
-	uint64_t n_bad = 0;
-	int rc = arena_img_open(path, &img);
+	json_t *bad = json ? json_array() : NULL;
 	cli_progress pg;
 	cli_progress_start(&pg, "verify", quiet);
-	if (!rc)
-		rc = arena_img_verify_data_progress(img, (unsigned)threads, on_bad, &bl, &n_bad, cli_progress_update, &pg);
+	arena_verify_options o = {.threads = threads, .progress = on_progress, .progress_ctx = &pg};
+	if (bad) {
+		o.bad_chunk = on_bad;
+		o.bad_chunk_ctx = bad;
+	}
+	arena_verify_info vi;
+	int rc = arena_verify(path, &o, &vi);
 	cli_progress_end(&pg);
-	clock_gettime(CLOCK_MONOTONIC, &t1);
-	double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
 	int st;
 	if (json) {
-		json_t *o = json_object();
-		json_object_set_new(o, "path", json_string(path));
-		json_object_set_new(o, "ok", json_boolean(rc == 0));
-		json_object_set_new(o, "file_size", img ? json_integer((json_int_t)img->hdr.file_size) : json_null());
-		json_object_set_new(o, "chunks", img ? json_integer((json_int_t)img->hdr.chunk_count) : json_null());
-		json_object_set_new(o, "bad_chunks", bl.arr);
-		json_object_set_new(o, "seconds", json_real(s));
-		json_object_set_new(o, "error", rc ? json_pack("{s:s,s:s}", "code", arena_err_name(rc), "message",
-							       arena_last_error())
-						   : json_null());
-		st = cli_print_json(o);
+		json_t *out = json_object();
+		json_object_set_new(out, "path", json_string(path));
+		json_object_set_new(out, "ok", json_boolean(rc == 0));
+		json_object_set_new(out, "file_size", vi.opened ? json_integer((json_int_t)vi.file_size) : json_null());
+		json_object_set_new(out, "chunks", vi.opened ? json_integer((json_int_t)vi.chunk_count) : json_null());
+		json_object_set_new(out, "bad_chunks", bad);
+		json_object_set_new(out, "seconds", json_real(vi.seconds));
+		json_object_set_new(out, "error", rc ? json_pack("{s:s,s:s}", "code", arena_err_name(rc), "message",
+								 arena_last_error())
+						     : json_null());
+		st = cli_print_json(out);
 		if (rc)
 			st = arena_err_class(rc);
-	} else if (rc && n_bad > 1) {
+	} else if (rc && vi.bad_chunks > 1) {
 		/* one line: the first bad chunk, and how many there are */
 		fprintf(stderr, "error: %s; %llu bad chunks in all ('arena verify --json' lists them)\n", arena_last_error(),
-			(unsigned long long)n_bad);
+			(unsigned long long)vi.bad_chunks);
 		st = arena_err_class(rc);
 	} else if (rc) {
 		st = cli_fail(rc);
 	} else {
 		char a[32];
-		printf("ok: %s: %llu chunks, %s verified in %.2f s (%.2f GB/s)\n", path,
-		       (unsigned long long)img->hdr.chunk_count, cli_fmt_bytes(img->hdr.file_size, a, sizeof(a)), s,
-		       s > 0 ? (double)img->hdr.file_size / s / 1e9 : 0.0);
+		const double s = vi.seconds;
+		printf("ok: %s: %llu chunks, %s verified in %.2f s (%.2f GB/s)\n", path, (unsigned long long)vi.chunk_count,
+		       cli_fmt_bytes(vi.file_size, a, sizeof(a)), s, s > 0 ? (double)vi.file_size / s / 1e9 : 0.0);
 		st = 0;
 	}
-	arena_img_close(img);
 	return st;
 }

@@ -849,8 +849,12 @@ static void *verify_worker(void *arg)
 			arena_first_error_set(&j->err, rc);
 			break;
 		}
-		if (j->progress)
-			j->progress(j->pctx, atomic_fetch_add(&j->done, c->stored_length) + c->stored_length, j->total);
+		if (j->progress &&
+		    j->progress(j->pctx, atomic_fetch_add(&j->done, c->stored_length) + c->stored_length, j->total)) {
+			arena_errorf(ARENA_E_CANCELLED, "%s: cancelled", j->img->path);
+			arena_first_error_set(&j->err, ARENA_E_CANCELLED);
+			break;
+		}
 	}
 	arena_free(buf);
 	arena_img_dec_free(&dec);

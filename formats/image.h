@@ -130,8 +130,9 @@ typedef void (*arena_img_bad_fn)(void *ctx, const arena_image *img, uint64_t chu
  * of bad chunks. */
 int arena_img_verify_data(arena_image *img, unsigned threads, arena_img_bad_fn bad, void *ctx, uint64_t *n_bad);
 /* The same, reporting the stored bytes checked so far of all of them after
- * each chunk, from the reader threads (progress may be NULL). */
-typedef void (*arena_img_progress_fn)(void *ctx, uint64_t done, uint64_t total);
+ * each chunk, from the reader threads (progress may be NULL). A progress
+ * call that returns nonzero stops the walk: CANCELLED. */
+typedef int (*arena_img_progress_fn)(void *ctx, uint64_t done, uint64_t total);
 int arena_img_verify_data_progress(arena_image *img, unsigned threads, arena_img_bad_fn bad, void *ctx,
 				   uint64_t *n_bad, arena_img_progress_fn progress, void *pctx);
 

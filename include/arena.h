@@ -151,8 +151,9 @@ ARENA_API const char *arena_last_error(void);
 ARENA_API const char *arena_version(void);
 /* sizeof one of this header's structs by its name ("arena_open_options",
  * "arena_tensor_info", "arena_block_info", "arena_step_info",
- * "arena_plan_info"), for bindings that check their layouts; 0 for other
- * names. */
+ * "arena_plan_info", "arena_convert_options", "arena_convert_info",
+ * "arena_bad_chunk", "arena_verify_options", "arena_verify_info"), for
+ * bindings that check their layouts; 0 for other names. */
 ARENA_API size_t arena_sizeof(const char *type_name);
 
 /* ---- arenas: a model's weights on a device, as much of them as fits ----------
@@ -586,6 +587,117 @@ ARENA_API int arena_trace_begin(arena *a, const char *path, size_t max_events);
  * not ended (an error there is lost: end it to see one), unless a step is
  * in progress: then it is dropped. */
 ARENA_API int arena_trace_end(arena *a);
+
+/* ---- files: convert, verify, inspect -------------------------------------------
+ * What `arena convert`, `arena verify` and `arena inspect` do (the command
+ * is built on these), for programs. None needs a device. */
+
+/* Progress of a long call: `done` of `total` bytes. done never goes back
+ * and the last call has done == total. Calls come one at a time, from one
+ * of the call's threads (not always the caller's), a few times a second at
+ * most for convert, after each chunk for verify. Return 0 to go on;
+ * nonzero cancels: the call stops within a chunk's work and fails with
+ * CANCELLED, leaving nothing behind (a convert's output does not appear).
+ * The call convert makes once its image is in place cannot cancel it. */
+typedef int (*arena_progress_fn)(void *ctx, uint64_t done, uint64_t total);
+
+/* Zero-initialize and set what you need; every 0 / NULL is the default (the
+ * CLI's defaults are these). */
+typedef struct arena_convert_options {
+	/* Blocks (README.md, "Blocks"): POSIX extended regexes with one capture
+	 * group for the index ("layers\\.([0-9]+)\\."), replacing the built-in
+	 * patterns; and containers in execution order. */
+	const char *const *block_patterns;
+	size_t n_block_patterns;
+	const char *const *block_order;
+	size_t n_block_order;
+	/* Store selected weights quantized (docs/QUANT.md): a scheme
+	 * ("fp8-e4m3-row", "int8-row", ...), or NULL / "none" (as stored); and
+	 * globs of tensor names also quantized, or never. */
+	const char *quant;
+	const char *const *quant_include;
+	size_t n_quant_include;
+	const char *const *quant_exclude;
+	size_t n_quant_exclude;
+	uint64_t chunk_size;   /* checksum chunk, a power of two from 64 KiB to 1 GiB; 0 = 4 MiB */
+	const char *codec;     /* chunk codec: "none" (or NULL), "hb4" or "zstd" (docs/FORMAT.md) */
+	int zstd_level;        /* 1..19, with codec "zstd" only; 0 = 1 */
+	unsigned threads;      /* worker threads, at most 256; 0 = CPUs */
+	arena_progress_fn progress; /* or NULL */
+	void *progress_ctx;
+} arena_convert_options;
+
+typedef struct arena_convert_info {
+	uint64_t file_size;    /* the image's bytes */
+	uint64_t data_bytes;   /* its data region, raw */
+	uint64_t stored_bytes; /* its data as stored (coded chunks take less) */
+	uint64_t chunk_count;
+	uint64_t coded_chunks; /* chunks stored with the codec */
+	uint64_t n_blocks, n_tensors;
+} arena_convert_info;
+
+/* Convert the safetensors checkpoint made of `inputs` (each a .safetensors
+ * file, a sharded checkpoint's index.json, or a folder holding either;
+ * together one model) into the arena image `out`. `out` appears only when
+ * whole: a failure, a cancel or a kill leaves nothing there and no
+ * temporary; an existing file there is replaced. `info` may be NULL.
+ * Errors: USAGE (bad options: the message names the field; no inputs),
+ * OUTPUT_IS_INPUT, NOT_FOUND, the inputs' ST_* / IDX_* / DUPLICATE_TENSOR /
+ * PLAN_* errors, QUANT_*, IO, NOMEM, CANCELLED. */
+ARENA_API int arena_convert(const char *const *inputs, size_t n_inputs, const char *out,
+			    const arena_convert_options *opt, arena_convert_info *info);
+
+/* A chunk of an image whose checksum does not hold (arena_verify). */
+typedef struct arena_bad_chunk {
+	uint64_t chunk;          /* its index */
+	uint64_t offset, length; /* its bytes in the file */
+	uint64_t expected, actual; /* xxh3-64 of the chunk table, and of the bytes */
+	const char *const *blocks;  /* the blocks it covers (borrowed: valid during the call) */
+	size_t n_blocks;
+	const char *const *tensors; /* the tensors it covers */
+	size_t n_tensors;
+} arena_bad_chunk;
+
+typedef struct arena_verify_options {
+	unsigned threads;            /* reader threads, at most 64; 0 = CPUs, at most 8 */
+	arena_progress_fn progress;  /* stored bytes checked; or NULL */
+	void *progress_ctx;
+	/* Called for each bad chunk in file order, from the calling thread, after
+	 * all are read; or NULL. */
+	void (*bad_chunk)(void *ctx, const arena_bad_chunk *chunk);
+	void *bad_chunk_ctx;
+} arena_verify_options;
+
+typedef struct arena_verify_info {
+	int opened;            /* 1: the header, manifest and chunk table held (the fields below are set) */
+	uint64_t file_size;
+	uint64_t chunk_count;
+	uint64_t bad_chunks;   /* chunks whose checksum does not hold */
+	double seconds;        /* the whole call */
+} arena_verify_info;
+
+/* Check the arena image at `path` completely: header, manifest and chunk
+ * table (checksums and structure), then every data chunk's checksum, and a
+ * coded chunk's structure and padding. 0 only when everything holds.
+ * Errors: IMG_CHUNK_CHECKSUM (its message names the first bad chunk and the
+ * blocks and tensors it holds; every bad chunk goes to bad_chunk and is
+ * counted in info), any other IMG_* error, NOT_FOUND, INPUT_NOT_READABLE,
+ * IO, NOMEM, CANCELLED. `opt` and `info` may be NULL; info is filled on
+ * failure too. */
+ARENA_API int arena_verify(const char *path, const arena_verify_options *opt, arena_verify_info *info);
+
+/* What the checkpoint or image at `path` holds, as the JSON document `arena
+ * inspect --json` prints (schema in README.md): for a safetensors file, an
+ * index or a folder (validated by the rules convert applies), its files,
+ * metadata, tensors and totals by dtype; for an arena image (its header,
+ * manifest and chunk table checked, not its data: arena_verify), its
+ * layout, coding, metadata, sources, blocks and tensors. On success *json
+ * is a NUL-terminated UTF-8 string for arena_string_free. Errors: those of
+ * reading the input (ST_*, IDX_*, IMG_*, NOT_FOUND, NO_CHECKPOINT,
+ * INPUT_NOT_READABLE, IO), NOMEM. */
+ARENA_API int arena_inspect(const char *path, char **json);
+/* Free a string the library returned. Accepts NULL. */
+ARENA_API void arena_string_free(char *s);
 
 /* ---- the simulator ----------------------------------------------------------- */
 

@@ -442,7 +442,7 @@ out:
 	return rc;
 }
 
-int arena_convert(const char *const *inputs, size_t n_inputs, const char *out, const arena_convert_opts *opts,
+int arena_convert_inputs(const char *const *inputs, size_t n_inputs, const char *out, const arena_convert_opts *opts,
 		  arena_convert_result *res)
 {
 	arena_ckpt *ck;
@@ -452,4 +452,90 @@ int arena_convert(const char *const *inputs, size_t n_inputs, const char *out, c
 	rc = arena_convert_ckpt(ck, out, opts, res);
 	arena_ckpt_close(ck);
 	return rc;
+}
+
+/* ---- arena_convert (arena.h): the options checked, a progress that cancels ---- */
+
+typedef struct pub_progress {
+	arena_progress_fn fn;
+	void *ctx;
+	volatile sig_atomic_t stop;
+} pub_progress;
+
+static void pub_progress_cb(void *c, uint64_t done, uint64_t total)
+{
+	pub_progress *p = c;
+	if (p->fn(p->ctx, done, total))
+		p->stop = 1;
+}
+
+/* n entries at v: none NULL (v may be NULL when n is 0). */
+static int check_list(const char *const *v, size_t n, const char *what)
+{
+	if (n && !v)
+		return arena_errorf(ARENA_E_USAGE, "arena_convert: %s is NULL with %zu entries", what, n);
+	for (size_t i = 0; i < n; i++)
+		if (!v[i])
+			return arena_errorf(ARENA_E_USAGE, "arena_convert: %s[%zu] is NULL", what, i);
+	return 0;
+}
+
+int arena_convert(const char *const *inputs, size_t n_inputs, const char *out, const arena_convert_options *opt,
+		  arena_convert_info *info)
+{
+	static const arena_convert_options none;
+	const arena_convert_options *o = opt ? opt : &none;
+	int rc, codec = 0;
+	if (info)
+		memset(info, 0, sizeof(*info));
+	if (!n_inputs)
+		return arena_errorf(ARENA_E_USAGE, "arena_convert: no inputs given");
+	if (!out || !*out)
+		return arena_errorf(ARENA_E_USAGE, "arena_convert: no output given");
+	if ((rc = check_list(inputs, n_inputs, "inputs")) || (rc = check_list(o->block_patterns, o->n_block_patterns, "block_patterns")) ||
+	    (rc = check_list(o->block_order, o->n_block_order, "block_order")) ||
+	    (rc = check_list(o->quant_include, o->n_quant_include, "quant_include")) ||
+	    (rc = check_list(o->quant_exclude, o->n_quant_exclude, "quant_exclude")))
+		return rc;
+	const uint64_t cs = o->chunk_size;
+	if (cs && (cs < (64u << 10) || cs > (1u << 30) || (cs & (cs - 1))))
+		return arena_errorf(ARENA_E_USAGE, "arena_convert: chunk_size %llu is not a power of two from 64K to 1G",
+				    (unsigned long long)cs);
+	if (o->codec && (codec = arena_codec_from_name(o->codec)) < 0)
+		return arena_errorf(ARENA_E_USAGE, "arena_convert: codec '%s' is not none, hb4 or zstd", arena_q(o->codec));
+	if (o->zstd_level && codec != ARENA_CODEC_ZSTD)
+		return arena_errorf(ARENA_E_USAGE, "arena_convert: zstd_level is for codec zstd");
+	if (o->zstd_level < 0 || o->zstd_level > ARENA_ZSTD_MAX_LEVEL)
+		return arena_errorf(ARENA_E_USAGE, "arena_convert: zstd_level %d is not from 1 to %d", o->zstd_level,
+				    ARENA_ZSTD_MAX_LEVEL);
+	if (o->threads > 256)
+		return arena_errorf(ARENA_E_USAGE, "arena_convert: threads %u is more than 256", o->threads);
+	pub_progress pp = {.fn = o->progress, .ctx = o->progress_ctx};
+	arena_convert_opts co = {
+		.plan = {.patterns = o->block_patterns, .n_patterns = o->n_block_patterns, .order = o->block_order,
+			 .n_order = o->n_block_order},
+		.chunk_size = cs,
+		.threads = o->threads,
+		.progress = o->progress ? pub_progress_cb : NULL,
+		.progress_ctx = &pp,
+		.cancel = &pp.stop,
+		.quant = {.scheme = o->quant, .include = o->quant_include, .n_include = o->n_quant_include,
+			  .exclude = o->quant_exclude, .n_exclude = o->n_quant_exclude},
+		.codec = (unsigned)codec,
+		.zstd_level = o->zstd_level,
+	};
+	arena_convert_result r;
+	if ((rc = arena_convert_inputs(inputs, n_inputs, out, &co, &r)))
+		return rc;
+	if (info)
+		*info = (arena_convert_info){
+			.file_size = r.file_size,
+			.data_bytes = r.data_bytes,
+			.stored_bytes = r.stored_bytes,
+			.chunk_count = r.chunk_count,
+			.coded_chunks = r.coded_chunks,
+			.n_blocks = r.n_blocks,
+			.n_tensors = r.n_tensors,
+		};
+	return 0;
 }

@@ -48,7 +48,7 @@ typedef struct arena_convert_result {
 
 /* Convert the checkpoint made of `inputs` (see arena_ckpt_open_many) into the
  * image `out`. `res` may be NULL. */
-int arena_convert(const char *const *inputs, size_t n_inputs, const char *out, const arena_convert_opts *opts,
+int arena_convert_inputs(const char *const *inputs, size_t n_inputs, const char *out, const arena_convert_opts *opts,
 		  arena_convert_result *res);
 
 /* Same, from an open checkpoint. */

@@ -69,11 +69,12 @@ typedef struct xprog {
 	uint64_t verify, total;
 } xprog;
 
-static void verify_progress(void *c, uint64_t done, uint64_t total)
+static int verify_progress(void *c, uint64_t done, uint64_t total)
 {
 	xprog *x = c;
 	(void)total;
 	x->fn(x->ctx, done, x->total);
+	return 0;
 }
 
 int arena_export(const char *image, const char *out, unsigned threads, arena_export_result *res)

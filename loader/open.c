@@ -164,7 +164,10 @@ size_t arena_sizeof(const char *n)
 	} t[] = {
 		{"arena_open_options", sizeof(arena_open_options)}, {"arena_tensor_info", sizeof(arena_tensor_info)},
 		{"arena_block_info", sizeof(arena_block_info)},     {"arena_step_info", sizeof(arena_step_info)},
-		{"arena_plan_info", sizeof(arena_plan_info)},
+		{"arena_plan_info", sizeof(arena_plan_info)},       {"arena_convert_options", sizeof(arena_convert_options)},
+		{"arena_convert_info", sizeof(arena_convert_info)}, {"arena_bad_chunk", sizeof(arena_bad_chunk)},
+		{"arena_verify_options", sizeof(arena_verify_options)},
+		{"arena_verify_info", sizeof(arena_verify_info)},
 	};
 	for (size_t i = 0; n && i < sizeof(t) / sizeof(t[0]); i++)
 		if (!strcmp(t[i].name, n))

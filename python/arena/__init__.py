@@ -9,7 +9,10 @@ through a ring of device memory when it is used (the residency engine)::
         sd = a.tensors()          # name -> torch.Tensor, zero copy
         print(a.plan()["n_streamed"], "blocks streamed")
 
-Bind a PyTorch module to an arena with ``arena.torch.attach``. Errors from
+Make an image once with ``arena.convert("model.safetensors", "model.arena")``
+(``arena.verify`` checks one, ``arena.inspect`` says what a file holds; the
+``arena`` command does the same from a shell). Bind a PyTorch module to an
+arena with ``arena.torch.attach`` (``pip install 'arena[torch]'``). Errors from
 the C library are raised as :class:`arena.Error` with its one-line message
 and error name (``e.code``, e.g. ``"IMG_CHUNK_CHECKSUM"``).
 
@@ -35,6 +38,9 @@ __all__ = [
     "Component",
     "TensorInfo",
     "open",
+    "convert",
+    "verify",
+    "inspect",
     "parse_size",
     "library_version",
     "__version__",
@@ -58,7 +64,8 @@ class Error(Exception):
     ``code`` is the library's error name (``"BUDGET"``, ``"IMG_CHUNK_CHECKSUM"``,
     ``"USAGE"``...), ``errno`` its negative number, ``message`` the one-line
     message (it names the file and object), ``error_class`` one of
-    ``"invalid"``, ``"usage"``, ``"system"``.
+    ``"invalid"``, ``"usage"``, ``"system"``. :func:`verify`'s errors list the bad
+    chunks in ``bad_chunks`` (empty elsewhere).
     """
 
     def __init__(self, code: str, message: str, errno: int = 0, error_class: str = "usage"):
@@ -67,6 +74,7 @@ class Error(Exception):
         self.message = message
         self.errno = errno
         self.error_class = error_class
+        self.bad_chunks: List[Dict[str, Any]] = []
 
     @classmethod
     def from_code(cls, rc: int) -> "Error":
@@ -151,9 +159,26 @@ _TORCH_DTYPES = {
 }
 
 
+def _import(module: str, what: str, extra: str) -> Any:
+    """``module``, or an ImportError that says how to install it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name != module:
+            raise
+        raise ModuleNotFoundError(f"arena: {what} needs {module}, which is not installed: "
+                                  f"pip install 'arena[{extra}]' (or {module} itself)", name=module) from None
+
+
+def _torch() -> Any:
+    return _import("torch", "tensors as torch tensors (Arena.tensors, slab, arena.torch)", "torch")
+
+
 def torch_dtype(name: str) -> Any:
     """The torch dtype of an arena dtype name ("BF16" -> torch.bfloat16)."""
-    import torch
+    torch = _torch()
 
     try:
         return getattr(torch, _TORCH_DTYPES[name])
@@ -162,7 +187,7 @@ def torch_dtype(name: str) -> Any:
 
 
 def _numpy_dtype(name: str) -> Any:
-    import numpy as np
+    np = _import("numpy", "Arena.arrays", "numpy")
 
     plain = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "I8": np.int8, "U8": np.uint8,
              "I16": np.int16, "U16": np.uint16, "I32": np.int32, "U32": np.uint32, "I64": np.int64,
@@ -302,7 +327,7 @@ class Arena:
     def slab(self, block: int, address: int, where: str = "device") -> Any:
         """A torch uint8 tensor over block ``block``'s slab at ``address`` (zero copy;
         it holds a reference to the arena). ``where``: "device" or "host"."""
-        import torch
+        torch = _torch()
 
         nbytes = self.blocks[block].nbytes
         if where == "host":
@@ -353,7 +378,7 @@ class Arena:
         """Numpy arrays over the host copies of streamed blocks (read-only; on sim,
         over every block; blocks in the image only, beyond ``host_budget``, have
         none). BF16/FP8 need ml_dtypes."""
-        import numpy as np
+        np = _import("numpy", "Arena.arrays", "numpy")
 
         out: Dict[str, Any] = {}
         for b in self.blocks:
@@ -517,7 +542,7 @@ def _mode(mode: str) -> int:
 
 
 def _view(slab: Any, c: Component) -> Any:
-    import torch
+    torch = _torch()
 
     t = slab[c.offset : c.offset + c.nbytes]
     dt = torch_dtype(c.dtype)
@@ -662,3 +687,6 @@ def open(
     a = Arena(out.value, p)
     a._device_id = dev_id
     return a
+
+
+from ._files import convert, inspect, verify  # noqa: E402  (they use Error, defined above)

@@ -162,6 +162,79 @@ class PlanInfo(Structure):
     ]
 
 
+# arena_progress_fn: int (*)(void *ctx, uint64_t done, uint64_t total)
+PROGRESS_FN = ctypes.CFUNCTYPE(c_int, c_void_p, c_uint64, c_uint64)
+
+
+class ConvertOptions(Structure):
+    _fields_ = [
+        ("block_patterns", POINTER(c_char_p)),
+        ("n_block_patterns", c_size_t),
+        ("block_order", POINTER(c_char_p)),
+        ("n_block_order", c_size_t),
+        ("quant", c_char_p),
+        ("quant_include", POINTER(c_char_p)),
+        ("n_quant_include", c_size_t),
+        ("quant_exclude", POINTER(c_char_p)),
+        ("n_quant_exclude", c_size_t),
+        ("chunk_size", c_uint64),
+        ("codec", c_char_p),
+        ("zstd_level", c_int),
+        ("threads", c_uint),
+        ("progress", PROGRESS_FN),
+        ("progress_ctx", c_void_p),
+    ]
+
+
+class ConvertInfo(Structure):
+    _fields_ = [
+        ("file_size", c_uint64),
+        ("data_bytes", c_uint64),
+        ("stored_bytes", c_uint64),
+        ("chunk_count", c_uint64),
+        ("coded_chunks", c_uint64),
+        ("n_blocks", c_uint64),
+        ("n_tensors", c_uint64),
+    ]
+
+
+class BadChunk(Structure):
+    _fields_ = [
+        ("chunk", c_uint64),
+        ("offset", c_uint64),
+        ("length", c_uint64),
+        ("expected", c_uint64),
+        ("actual", c_uint64),
+        ("blocks", POINTER(c_char_p)),
+        ("n_blocks", c_size_t),
+        ("tensors", POINTER(c_char_p)),
+        ("n_tensors", c_size_t),
+    ]
+
+
+BAD_CHUNK_FN = ctypes.CFUNCTYPE(None, c_void_p, POINTER(BadChunk))
+
+
+class VerifyOptions(Structure):
+    _fields_ = [
+        ("threads", c_uint),
+        ("progress", PROGRESS_FN),
+        ("progress_ctx", c_void_p),
+        ("bad_chunk", BAD_CHUNK_FN),
+        ("bad_chunk_ctx", c_void_p),
+    ]
+
+
+class VerifyInfo(Structure):
+    _fields_ = [
+        ("opened", c_int),
+        ("file_size", c_uint64),
+        ("chunk_count", c_uint64),
+        ("bad_chunks", c_uint64),
+        ("seconds", c_double),
+    ]
+
+
 def _find_library() -> str:
     env = os.environ.get("ARENA_LIBRARY")
     if env:
@@ -217,6 +290,11 @@ _SIGS = {
     "arena_trace_begin": (c_int, [_P, c_char_p, c_size_t]),
     "arena_trace_end": (c_int, [_P]),
     "arena_sim_pressure": (c_int, [_P, c_uint64]),
+    "arena_convert": (c_int, [POINTER(c_char_p), c_size_t, c_char_p, POINTER(ConvertOptions), POINTER(ConvertInfo)]),
+    "arena_verify": (c_int, [c_char_p, POINTER(VerifyOptions), POINTER(VerifyInfo)]),
+    # the JSON string comes back as a raw pointer: it is freed by arena_string_free
+    "arena_inspect": (c_int, [c_char_p, POINTER(c_void_p)]),
+    "arena_string_free": (None, [c_void_p]),
 }
 for _name, (_res, _args) in _SIGS.items():
     _f = getattr(lib, _name)
@@ -229,6 +307,11 @@ for _cls, _cname in (
     (BlockInfo, b"arena_block_info"),
     (StepInfo, b"arena_step_info"),
     (PlanInfo, b"arena_plan_info"),
+    (ConvertOptions, b"arena_convert_options"),
+    (ConvertInfo, b"arena_convert_info"),
+    (BadChunk, b"arena_bad_chunk"),
+    (VerifyOptions, b"arena_verify_options"),
+    (VerifyInfo, b"arena_verify_info"),
 ):
     _want = lib.arena_sizeof(_cname)
     if _want != ctypes.sizeof(_cls):

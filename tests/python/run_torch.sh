@@ -61,3 +61,7 @@ rc=$?
 tail -n 30 "$R/$B/python-torch.log"
 grep -q '^OK' "$R/$B/python-torch.log" || fail "failures (log: $B/python-torch.log)"
 echo "python adapter tests: passed ($(sed -n 's/^Ran \([0-9]*\) tests.*/\1/p' "$R/$B/python-torch.log") tests)"
+# arena.convert, verify, inspect and the package's arena command (tests/python/test_files.py).
+ARENA_FIXTURES_DIR=${ARENA_FIXTURES_DIR:-$R/fixtures} "$PY" "$R/tests/python/test_files.py" -v >"$R/$B/python-files.log" 2>&1 ||
+	{ tail -n 30 "$R/$B/python-files.log"; fail "arena.convert/verify/inspect: failures (log: $B/python-files.log)"; }
+echo "python package tests: passed ($(sed -n 's/^Ran \([0-9]*\) tests.*/\1/p' "$R/$B/python-files.log") tests)"

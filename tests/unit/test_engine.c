@@ -663,7 +663,7 @@ static void make_image(const uint64_t *sizes, size_t n, uint64_t globals)
 	write_st(sizes, n, globals, 1234);
 	const char *in = st_path;
 	arena_convert_opts co = {.chunk_size = 64 << 10, .threads = 1};
-	cr_assert_eq(arena_convert(&in, 1, img_path, &co, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(&in, 1, img_path, &co, NULL), 0, "%s", arena_last_error());
 	arena_image *img;
 	cr_assert_eq(arena_img_open(img_path, &img), 0);
 	ref_n = img->layout->n_blocks;

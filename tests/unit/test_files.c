@@ -285,7 +285,7 @@ Test(outfile, output_not_a_regular_file)
 Test(outfile, profile_save_not_over_its_image)
 {
 	const char *in = fixture_path("tiny_flux.safetensors"), *img = tmpdir_file(tmp, "f.arena");
-	cr_assert_eq(arena_convert(&in, 1, img, NULL, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(&in, 1, img, NULL, NULL), 0, "%s", arena_last_error());
 	cr_assert_eq(symlink("f.arena", tmpdir_file(tmp, "l.arena")), 0);
 	struct stat before, after;
 	cr_assert_eq(stat(img, &before), 0);

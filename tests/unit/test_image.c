@@ -88,7 +88,7 @@ static void write_small(const char *path)
 static int convert1(const char *in, const char *out)
 {
 	arena_convert_opts o = {.threads = 2};
-	return arena_convert(&in, 1, out, &o, NULL);
+	return arena_convert_inputs(&in, 1, out, &o, NULL);
 }
 
 static int open_verify(const char *path)
@@ -199,19 +199,19 @@ Test(image, small_chunks_many_threads)
 	const char *in = in_path;
 	arena_convert_opts o = {.threads = 3, .chunk_size = 64 << 10};
 	cr_assert_eq(convert1(fixture_path("tiny_flux.safetensors"), tmp("a.arena")), 0);
-	cr_assert_eq(arena_convert(&(const char *){fixture_path("tiny_flux.safetensors")}, 1, tmp("b.arena"), &o, NULL), 0);
+	cr_assert_eq(arena_convert_inputs(&(const char *){fixture_path("tiny_flux.safetensors")}, 1, tmp("b.arena"), &o, NULL), 0);
 	cr_assert_eq(open_verify(tmp("b.arena")), 0);
 	arena_image *img;
 	cr_assert_eq(arena_img_open(tmp("b.arena"), &img), 0);
 	cr_assert_gt(img->hdr.chunk_count, 4);
 	arena_img_close(img);
 	expect_zero_padding(tmp("b.arena"));
-	cr_assert_eq(arena_convert(&in, 1, tmp("c.arena"), &o, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(&in, 1, tmp("c.arena"), &o, NULL), 0, "%s", arena_last_error());
 	cr_assert_eq(open_verify(tmp("c.arena")), 0);
 	expect_zero_padding(tmp("c.arena"));
 	/* Quantized components leave padding of their own in every slab. */
 	arena_convert_opts q = {.threads = 3, .chunk_size = 64 << 10, .quant = {.scheme = "fp8-e4m3-row"}};
-	cr_assert_eq(arena_convert(&(const char *){fixture_path("tiny_flux.safetensors")}, 1, tmp("q.arena"), &q, NULL), 0,
+	cr_assert_eq(arena_convert_inputs(&(const char *){fixture_path("tiny_flux.safetensors")}, 1, tmp("q.arena"), &q, NULL), 0,
 		     "%s", arena_last_error());
 	expect_zero_padding(tmp("q.arena"));
 }
@@ -220,7 +220,7 @@ Test(image, bad_chunk_size_is_usage)
 {
 	arena_convert_opts o = {.chunk_size = 1000};
 	const char *in = fixture_path("tiny_flux.safetensors");
-	expect_code(arena_convert(&in, 1, tmp("x.arena"), &o, NULL), USAGE);
+	expect_code(arena_convert_inputs(&in, 1, tmp("x.arena"), &o, NULL), USAGE);
 	cr_assert_eq(dir_entries(tmpdir), 0);
 }
 
@@ -542,7 +542,7 @@ static void quant_raw(raw_image *r)
 	write_small(tmp("s.safetensors"));
 	const char *in = tmp("s.safetensors"), *glob = "blocks.1.w";
 	arena_convert_opts o = {.threads = 2, .quant = {.scheme = "fp8-e4m3-tensor", .include = &glob, .n_include = 1}};
-	cr_assert_eq(arena_convert(&in, 1, tmp("q.arena"), &o, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(&in, 1, tmp("q.arena"), &o, NULL), 0, "%s", arena_last_error());
 	raw_load(r, tmp("q.arena"));
 }
 
@@ -699,7 +699,7 @@ Test(image, disk_full_during_convert_leaves_nothing)
 	int fired = 0;
 	for (long n = 1; n < 64; n++) {
 		arena_fault_write(n);
-		int rc = arena_convert(&in, 1, tmp("x.arena"), &o, NULL);
+		int rc = arena_convert_inputs(&in, 1, tmp("x.arena"), &o, NULL);
 		arena_fault_write(0);
 		if (rc == 0) {
 			cr_assert_gt(n, 3, "convert must write several times");
@@ -719,7 +719,7 @@ Test(image, read_failure_during_convert_leaves_nothing)
 	const char *in = fixture_path("tiny_flux.safetensors");
 	arena_convert_opts o = {.threads = 2, .chunk_size = 64 << 10};
 	arena_fault_read(3);
-	int rc = arena_convert(&in, 1, tmp("x.arena"), &o, NULL);
+	int rc = arena_convert_inputs(&in, 1, tmp("x.arena"), &o, NULL);
 	arena_fault_read(0);
 	expect_code(rc, IO);
 	cr_assert_eq(dir_entries(tmpdir), 0);
@@ -728,11 +728,11 @@ Test(image, read_failure_during_convert_leaves_nothing)
 Test(image, output_path_unwritable)
 {
 	const char *in = fixture_path("tiny_flux.safetensors");
-	expect_code(arena_convert(&in, 1, "/nonexistent-dir/x.arena", NULL, NULL), NOT_FOUND);
+	expect_code(arena_convert_inputs(&in, 1, "/nonexistent-dir/x.arena", NULL, NULL), NOT_FOUND);
 	spit(tmp("file"), (const uint8_t *)"x", 1);
-	expect_code(arena_convert(&in, 1, tmp("file/x.arena"), NULL, NULL), NOT_FOUND);
+	expect_code(arena_convert_inputs(&in, 1, tmp("file/x.arena"), NULL, NULL), NOT_FOUND);
 	cr_assert_eq(dir_entries(tmpdir), 1);
-	int rc = arena_convert(&in, 1, tmpdir, NULL, NULL); /* a folder: cannot rename over it */
+	int rc = arena_convert_inputs(&in, 1, tmpdir, NULL, NULL); /* a folder: cannot rename over it */
 	cr_assert_neq(rc, 0);
 	cr_assert_eq(dir_entries(tmpdir), 1);
 }
@@ -740,12 +740,12 @@ Test(image, output_path_unwritable)
 Test(image, two_inputs_same_tensor)
 {
 	const char *in[2] = {fixture_path("tiny_flux.safetensors"), fixture_path("tiny_flux.safetensors")};
-	expect_code(arena_convert(in, 2, tmp("x.arena"), NULL, NULL), DUPLICATE_TENSOR);
+	expect_code(arena_convert_inputs(in, 2, tmp("x.arena"), NULL, NULL), DUPLICATE_TENSOR);
 	cr_assert(strstr(arena_last_error(), "context_embedder.bias"), "%s", arena_last_error());
 	cr_assert_eq(dir_entries(tmpdir), 0);
 	/* Two inputs without shared names form one model. */
 	const char *two[2] = {fixture_path("tiny_flux.safetensors"), fixture_path("tiny_llama_sharded")};
-	cr_assert_eq(arena_convert(two, 2, tmp("y.arena"), NULL, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(two, 2, tmp("y.arena"), NULL, NULL), 0, "%s", arena_last_error());
 	cr_assert_eq(open_verify(tmp("y.arena")), 0);
 }
 
@@ -758,7 +758,7 @@ static void convert_alloc_faults(const char *in, const arena_convert_opts *o, lo
 	long n;
 	for (n = 1; n < 1000000; n += step) {
 		arena_fault_alloc(n);
-		int rc = arena_convert(&in, 1, tmp("x.arena"), o, NULL);
+		int rc = arena_convert_inputs(&in, 1, tmp("x.arena"), o, NULL);
 		int fired = arena_fault_alloc_fired();
 		arena_fault_alloc(0);
 		if (!fired) {
@@ -900,7 +900,7 @@ Test(plan, bad_patterns_and_orders)
 static int convert_coded(const char *in, const char *out, uint64_t chunk)
 {
 	arena_convert_opts o = {.threads = 2, .chunk_size = chunk, .codec = ARENA_CODEC_HB4};
-	return arena_convert(&in, 1, out, &o, NULL);
+	return arena_convert_inputs(&in, 1, out, &o, NULL);
 }
 
 /* Raw data bytes of an image through the checked reader. */
@@ -924,7 +924,7 @@ Test(image, coded_round_trip_is_lossless)
 	cr_assert_eq(convert1(in, tmp("p.arena")), 0);
 	arena_convert_result res;
 	arena_convert_opts o = {.threads = 3, .chunk_size = 64 << 10, .codec = ARENA_CODEC_HB4};
-	cr_assert_eq(arena_convert(&in, 1, tmp("c.arena"), &o, &res), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(&in, 1, tmp("c.arena"), &o, &res), 0, "%s", arena_last_error());
 	cr_assert_gt(res.coded_chunks, 0);
 	cr_assert_lt(res.stored_bytes, res.data_bytes * 9 / 10, "bf16 weights should code to about 75-80%%");
 	cr_assert_eq(open_verify(tmp("c.arena")), 0, "%s", arena_last_error());
@@ -1329,7 +1329,7 @@ static void coded_faults_leave_nothing(unsigned codec)
 	int fired = 0;
 	for (long n = 1; n < 64; n++) {
 		arena_fault_write(n);
-		int rc = arena_convert(&in, 1, tmp("x.arena"), &o, NULL);
+		int rc = arena_convert_inputs(&in, 1, tmp("x.arena"), &o, NULL);
 		arena_fault_write(0);
 		if (rc == 0)
 			break;
@@ -1346,7 +1346,7 @@ static void coded_faults_leave_nothing(unsigned codec)
 	 * their place in the file must not hang). */
 	for (long k = 1; k < 12; k++) {
 		arena_fault_read(k);
-		int rc = arena_convert(&in, 1, tmp("x.arena"), &o, NULL);
+		int rc = arena_convert_inputs(&in, 1, tmp("x.arena"), &o, NULL);
 		arena_fault_read(0);
 		cr_assert(rc == ARENA_E_IO || rc == 0, "%s", arena_last_error());
 		cr_assert_eq(dir_entries(tmpdir), rc == 0, "k=%ld rc=%d entries %d", k, rc, dir_entries(tmpdir));
@@ -1364,7 +1364,7 @@ Test(image, coded_disk_full_and_allocation_failures_leave_nothing)
 static int convert_zstd(const char *in, const char *out, uint64_t chunk, int level)
 {
 	arena_convert_opts o = {.threads = 2, .chunk_size = chunk, .codec = ARENA_CODEC_ZSTD, .zstd_level = level};
-	return arena_convert(&in, 1, out, &o, NULL);
+	return arena_convert_inputs(&in, 1, out, &o, NULL);
 }
 
 static void zstd_raw(raw_image *r)
@@ -1397,7 +1397,7 @@ Test(image, zstd_round_trip_is_lossless)
 	for (int level = 0; level <= 19; level += level < 3 ? 1 : 8) {
 		arena_convert_result res;
 		arena_convert_opts o = {.threads = 3, .chunk_size = 64 << 10, .codec = ARENA_CODEC_ZSTD, .zstd_level = level};
-		cr_assert_eq(arena_convert(&in, 1, tmp("z.arena"), &o, &res), 0, "%s", arena_last_error());
+		cr_assert_eq(arena_convert_inputs(&in, 1, tmp("z.arena"), &o, &res), 0, "%s", arena_last_error());
 		cr_assert_eq(res.coded_chunks, res.chunk_count);
 		cr_assert_lt(res.stored_bytes, res.data_bytes * 3 / 4, "level %d: %llu of %llu", level,
 			     (unsigned long long)res.stored_bytes, (unsigned long long)res.data_bytes);
@@ -1426,7 +1426,7 @@ Test(image, zstd_round_trip_is_lossless)
 	free(x);
 	free(y);
 	arena_convert_opts bad = {.codec = ARENA_CODEC_ZSTD, .zstd_level = 20};
-	expect_code(arena_convert(&in, 1, tmp("b.arena"), &bad, NULL), USAGE);
+	expect_code(arena_convert_inputs(&in, 1, tmp("b.arena"), &bad, NULL), USAGE);
 	cr_assert_eq(access(tmp("b.arena"), F_OK), -1);
 }
 

@@ -38,7 +38,7 @@ static void setup(void)
 	snprintf(img_path, sizeof(img_path), "%s/f.arena", dir);
 	const char *in = fixture_path("tiny_flux.safetensors");
 	arena_convert_opts co = {.chunk_size = 64 << 10, .threads = 1};
-	cr_assert_eq(arena_convert(&in, 1, img_path, &co, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(&in, 1, img_path, &co, NULL), 0, "%s", arena_last_error());
 	arena_sim_opts so = {.capacity = 64 << 20};
 	cr_assert_eq(arena_backend_sim_create(&so, &be), 0);
 	arena_pin_budget_probe(&budget, 256 << 20, 0, "");
@@ -212,7 +212,7 @@ Test(load, auto_io_reads_each_byte_once)
 	write_four_blocks(st_path, 2048, 2048, 0);
 	const char *in = st_path;
 	arena_convert_opts co = {.threads = 2};
-	cr_assert_eq(arena_convert(&in, 1, path, &co, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(&in, 1, path, &co, NULL), 0, "%s", arena_last_error());
 	unlink(st_path);
 	size_t total;
 	drop_cached(path);
@@ -634,7 +634,7 @@ Test(load, safetensors_quantized_on_the_way)
 	char qimg[320];
 	snprintf(qimg, sizeof(qimg), "%s/q.arena", dir);
 	arena_convert_opts co = {.threads = 1, .quant = {.scheme = "fp8-e4m3-row"}};
-	cr_assert_eq(arena_convert(&in, 1, qimg, &co, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(&in, 1, qimg, &co, NULL), 0, "%s", arena_last_error());
 	arena_quant_opts q = {.scheme = "fp8-e4m3-row"};
 	arena_load_opts o = opts();
 	o.quant = &q;
@@ -686,7 +686,7 @@ static void setup_coded(void)
 	const char *in = fixture_path("tiny_flux.safetensors");
 	arena_convert_opts co = {.chunk_size = 64 << 10, .threads = 2, .codec = ARENA_CODEC_HB4};
 	arena_convert_result res;
-	cr_assert_eq(arena_convert(&in, 1, img_path, &co, &res), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(&in, 1, img_path, &co, &res), 0, "%s", arena_last_error());
 	cr_assert_eq(res.coded_chunks, res.chunk_count, "tiny_flux's chunks should all be coded");
 	arena_sim_opts so = {.capacity = 64 << 20};
 	cr_assert_eq(arena_backend_sim_create(&so, &be), 0);
@@ -971,7 +971,7 @@ Test(load_coded, device_and_host_blocks_in_one_model)
 	const char *in = st_path;
 	arena_convert_opts co = {.chunk_size = 64 << 10, .threads = 2, .codec = ARENA_CODEC_HB4};
 	arena_convert_result res;
-	cr_assert_eq(arena_convert(&in, 1, c_path, &co, &res), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(&in, 1, c_path, &co, &res), 0, "%s", arena_last_error());
 	cr_assert_eq(res.coded_chunks, res.chunk_count);
 	unlink(img_path); /* teardown removes the image at img_path */
 	snprintf(img_path, sizeof(img_path), "%s", c_path);
@@ -1010,7 +1010,7 @@ static void setup_zstd(void)
 	const char *in = fixture_path("tiny_flux.safetensors");
 	arena_convert_opts co = {.chunk_size = 64 << 10, .threads = 2, .codec = ARENA_CODEC_ZSTD};
 	arena_convert_result res;
-	cr_assert_eq(arena_convert(&in, 1, img_path, &co, &res), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(&in, 1, img_path, &co, &res), 0, "%s", arena_last_error());
 	cr_assert_eq(res.coded_chunks, res.chunk_count, "tiny_flux's chunks should all be coded");
 	arena_sim_opts so = {.capacity = 64 << 20};
 	cr_assert_eq(arena_backend_sim_create(&so, &be), 0);
@@ -1230,7 +1230,7 @@ Test(load_zstd, device_and_host_blocks_of_a_larger_model)
 	const char *in = st_path;
 	arena_convert_opts co = {.chunk_size = 64 << 10, .threads = 2, .codec = ARENA_CODEC_ZSTD};
 	arena_convert_result res;
-	cr_assert_eq(arena_convert(&in, 1, z_path, &co, &res), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(&in, 1, z_path, &co, &res), 0, "%s", arena_last_error());
 	cr_assert_eq(res.coded_chunks, res.chunk_count);
 	cr_assert_lt(res.stored_bytes, res.data_bytes * 72 / 100);
 	unlink(img_path);

@@ -26,7 +26,7 @@ static arena_image *image_of(const char *fixture, const char *quant)
 	const char *in = fixture_path(fixture);
 	const char *out = tmpdir_file(dir, quant ? "q.arena" : "p.arena");
 	arena_convert_opts co = {.chunk_size = 64 << 10, .threads = 1, .quant = {.scheme = quant}};
-	cr_assert_eq(arena_convert(&in, 1, out, &co, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(&in, 1, out, &co, NULL), 0, "%s", arena_last_error());
 	arena_image *img;
 	cr_assert_eq(arena_img_open(out, &img), 0, "%s", arena_last_error());
 	return img;

@@ -60,7 +60,7 @@ static arena_st_file *through(const char *scheme, const char *glob)
 	snprintf(out, sizeof(out), "%s", tmp("q.safetensors"));
 	const char *in = fixture_path("quant_reference.safetensors");
 	arena_convert_opts o = {.threads = 2, .quant = {.scheme = scheme, .include = &glob, .n_include = 1}};
-	cr_assert_eq(arena_convert(&in, 1, img, &o, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(&in, 1, img, &o, NULL), 0, "%s", arena_last_error());
 	cr_assert_eq(arena_export(img, out, 1, NULL), 0, "%s", arena_last_error());
 	arena_st_file *f;
 	cr_assert_eq(arena_st_open(out, &f), 0, "%s", arena_last_error());
@@ -136,7 +136,7 @@ Test(qconvert, small_chunks_split_rows_and_tensors)
 	arena_st_file *r = reference();
 	const char *in = fixture_path("quant_reference.safetensors"), *glob = "w_*";
 	arena_convert_opts o = {.threads = 2, .chunk_size = 64 << 10, .quant = {.scheme = "fp8-e4m3-row", .include = &glob, .n_include = 1}};
-	cr_assert_eq(arena_convert(&in, 1, tmp("c.arena"), &o, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(&in, 1, tmp("c.arena"), &o, NULL), 0, "%s", arena_last_error());
 	cr_assert_eq(arena_export(tmp("c.arena"), tmp("c.safetensors"), 1, NULL), 0, "%s", arena_last_error());
 	arena_st_file *f;
 	cr_assert_eq(arena_st_open(tmp("c.safetensors"), &f), 0);
@@ -151,7 +151,7 @@ Test(qconvert, tiny_flux_fp8_row_and_compressed_tensors_round_trip)
 	const char *in = fixture_path("tiny_flux.safetensors");
 	arena_convert_opts o = {.threads = 2, .quant = {.scheme = "fp8-e4m3-row"}};
 	arena_convert_result res;
-	cr_assert_eq(arena_convert(&in, 1, tmp("f.arena"), &o, &res), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(&in, 1, tmp("f.arena"), &o, &res), 0, "%s", arena_last_error());
 	arena_image *img;
 	cr_assert_eq(arena_img_open(tmp("f.arena"), &img), 0);
 	cr_assert_eq(arena_img_verify_data(img, 2, NULL, NULL, NULL), 0);
@@ -181,7 +181,7 @@ Test(qconvert, tiny_flux_fp8_row_and_compressed_tensors_round_trip)
 	snprintf(ctp, sizeof(ctp), "%s", ct);
 	const char *ctin = ctp;
 	arena_convert_opts plain = {.threads = 1};
-	cr_assert_eq(arena_convert(&ctin, 1, tmp("g.arena"), &plain, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(&ctin, 1, tmp("g.arena"), &plain, NULL), 0, "%s", arena_last_error());
 	cr_assert_eq(arena_img_open(tmp("g.arena"), &img), 0);
 	size_t kept = 0;
 	for (size_t i = 0; i < img->layout->n_tensors; i++)
@@ -205,25 +205,25 @@ Test(qconvert, bad_requests_write_nothing)
 {
 	const char *in = fixture_path("tiny_flux.safetensors");
 	arena_convert_opts o = {.quant = {.scheme = "fp9"}};
-	cr_assert_eq(arena_convert(&in, 1, tmp("x.arena"), &o, NULL), ARENA_E(QUANT_UNKNOWN_SCHEME));
+	cr_assert_eq(arena_convert_inputs(&in, 1, tmp("x.arena"), &o, NULL), ARENA_E(QUANT_UNKNOWN_SCHEME));
 	const char *bias = "x_embedder.bias";
 	arena_convert_opts o2 = {.quant = {.scheme = "int8-row", .include = &bias, .n_include = 1}};
-	cr_assert_eq(arena_convert(&in, 1, tmp("x.arena"), &o2, NULL), ARENA_E(QUANT_NOT_APPLICABLE));
+	cr_assert_eq(arena_convert_inputs(&in, 1, tmp("x.arena"), &o2, NULL), ARENA_E(QUANT_NOT_APPLICABLE));
 	cr_assert(strstr(arena_last_error(), "x_embedder.bias"), "%s", arena_last_error());
 	const char *inc = "*to_q*", *exc = "transformer_blocks.0.*";
 	arena_convert_opts o3 = {.quant = {.scheme = "int8-row", .include = &inc, .n_include = 1, .exclude = &exc, .n_exclude = 1}};
-	cr_assert_eq(arena_convert(&in, 1, tmp("x.arena"), &o3, NULL), ARENA_E_USAGE);
+	cr_assert_eq(arena_convert_inputs(&in, 1, tmp("x.arena"), &o3, NULL), ARENA_E_USAGE);
 	cr_assert(strstr(arena_last_error(), "matches --quant-include"), "%s", arena_last_error());
 	arena_convert_opts o4 = {.quant = {.include = &inc, .n_include = 1}};
-	cr_assert_eq(arena_convert(&in, 1, tmp("x.arena"), &o4, NULL), ARENA_E_USAGE);
+	cr_assert_eq(arena_convert_inputs(&in, 1, tmp("x.arena"), &o4, NULL), ARENA_E_USAGE);
 	const char *none = "no_such_*";
 	arena_convert_opts o5 = {.quant = {.scheme = "fp8-e4m3", .exclude = &none, .n_exclude = 1}};
-	cr_assert_eq(arena_convert(&in, 1, tmp("x.arena"), &o5, NULL), ARENA_E_USAGE);
+	cr_assert_eq(arena_convert_inputs(&in, 1, tmp("x.arena"), &o5, NULL), ARENA_E_USAGE);
 	/* An integer tensor asked for explicitly. */
 	const char *i8 = "i8";
 	const char *din = fixture_path("dtypes.safetensors");
 	arena_convert_opts o6 = {.quant = {.scheme = "fp8-e4m3", .include = &i8, .n_include = 1}};
-	cr_assert_eq(arena_convert(&din, 1, tmp("x.arena"), &o6, NULL), ARENA_E(QUANT_NOT_APPLICABLE));
+	cr_assert_eq(arena_convert_inputs(&din, 1, tmp("x.arena"), &o6, NULL), ARENA_E(QUANT_NOT_APPLICABLE));
 	cr_assert_eq(entries(), 0, "a refused request wrote something");
 }
 
@@ -279,7 +279,7 @@ Test(qconvert, quantized_names_that_clash_are_refused)
 	static const char *const scaled[] = {"fp8-e4m3-row", "fp8-e4m3-tensor", "int8-row"};
 	for (size_t i = 0; i < 3; i++) {
 		arena_convert_opts o = {.threads = 1, .quant = {.scheme = scaled[i]}};
-		cr_assert_eq(arena_convert(&in2, 1, tmp("c.arena"), &o, NULL), ARENA_E(DUPLICATE_TENSOR), "%s: %s",
+		cr_assert_eq(arena_convert_inputs(&in2, 1, tmp("c.arena"), &o, NULL), ARENA_E(DUPLICATE_TENSOR), "%s: %s",
 			     scaled[i], arena_last_error());
 		const char *m = arena_last_error();
 		cr_expect(strstr(m, inpath) == m, "the file first: %s", m);
@@ -291,7 +291,7 @@ Test(qconvert, quantized_names_that_clash_are_refused)
 	static const char *const plain[] = {"bf16", "fp8-e5m2"};
 	for (size_t i = 0; i < 2; i++) {
 		arena_convert_opts o = {.threads = 1, .quant = {.scheme = plain[i]}};
-		cr_assert_eq(arena_convert(&in2, 1, tmp("c.arena"), &o, NULL), 0, "%s: %s", plain[i], arena_last_error());
+		cr_assert_eq(arena_convert_inputs(&in2, 1, tmp("c.arena"), &o, NULL), 0, "%s: %s", plain[i], arena_last_error());
 		cr_assert_eq(arena_export(tmp("c.arena"), tmp("c2.safetensors"), 1, NULL), 0, "%s", arena_last_error());
 		unlink(tmp("c.arena"));
 		unlink(tmp("c2.safetensors"));
@@ -299,7 +299,7 @@ Test(qconvert, quantized_names_that_clash_are_refused)
 	/* fp8-e4m3 would store the weight as F8_E4M3 next to a tensor that then
 	 * reads as its scale (per row here); one of another shape does not */
 	arena_convert_opts e4 = {.threads = 1, .quant = {.scheme = "fp8-e4m3"}};
-	cr_assert_eq(arena_convert(&in2, 1, tmp("c.arena"), &e4, NULL), ARENA_E(DUPLICATE_TENSOR), "%s",
+	cr_assert_eq(arena_convert_inputs(&in2, 1, tmp("c.arena"), &e4, NULL), ARENA_E(DUPLICATE_TENSOR), "%s",
 		     arena_last_error());
 	cr_expect(strstr(arena_last_error(), "'transformer_blocks.0.attn.to_q.weight_scale'"), "%s", arena_last_error());
 	static const char *const other[] = {"transformer_blocks.0.attn.to_q.weight:BF16:4,4",
@@ -309,11 +309,11 @@ Test(qconvert, quantized_names_that_clash_are_refused)
 	char in3p[512];
 	snprintf(in3p, sizeof(in3p), "%s", in3);
 	in3 = in3p;
-	cr_assert_eq(arena_convert(&in3, 1, tmp("o.arena"), &e4, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(&in3, 1, tmp("o.arena"), &e4, NULL), 0, "%s", arena_last_error());
 	/* left out, it converts */
 	const char *exc = "*.to_q.weight";
 	arena_convert_opts ex = {.threads = 1, .quant = {.scheme = "fp8-e4m3-row", .exclude = &exc, .n_exclude = 1}};
-	cr_assert_eq(arena_convert(&in2, 1, tmp("c.arena"), &ex, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(&in2, 1, tmp("c.arena"), &ex, NULL), 0, "%s", arena_last_error());
 	cr_assert_eq(arena_export(tmp("c.arena"), tmp("c2.safetensors"), 1, NULL), 0, "%s", arena_last_error());
 	/* a real compressed-tensors pair is kept whatever the scheme */
 	static const char *const ct[] = {"transformer_blocks.0.attn.to_q.weight:F8_E4M3:4,4",
@@ -325,7 +325,7 @@ Test(qconvert, quantized_names_that_clash_are_refused)
 	const char *in4 = ctp;
 	for (size_t i = 0; i < 3; i++) {
 		arena_convert_opts o = {.threads = 1, .quant = {.scheme = scaled[i]}};
-		cr_assert_eq(arena_convert(&in4, 1, tmp("ct.arena"), &o, NULL), 0, "%s: %s", scaled[i], arena_last_error());
+		cr_assert_eq(arena_convert_inputs(&in4, 1, tmp("ct.arena"), &o, NULL), 0, "%s: %s", scaled[i], arena_last_error());
 		cr_assert_eq(arena_export(tmp("ct.arena"), tmp("ct2.safetensors"), 1, NULL), 0, "%s", arena_last_error());
 	}
 }
@@ -343,7 +343,7 @@ Test(qconvert, export_names_a_clash_once)
 	snprintf(out, sizeof(out), "%s", tmp("n2.safetensors"));
 	const char *in = inp;
 	arena_convert_opts o = {.threads = 1, .quant = {.scheme = "fp8-e4m3-row"}};
-	cr_assert_eq(arena_convert(&in, 1, img, &o, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(&in, 1, img, &o, NULL), 0, "%s", arena_last_error());
 	/* rename the second tensor in the manifest to '<weight>_scale', checksums redone */
 	FILE *f = fopen(img, "r+b");
 	cr_assert_not_null(f);

@@ -74,7 +74,7 @@ static void setup(void)
 	snprintf(out_path, sizeof(out_path), "%s/t.json", dir);
 	const char *in = fixture_path("tiny_flux.safetensors");
 	arena_convert_opts co = {.chunk_size = 64 << 10, .threads = 1};
-	cr_assert_eq(arena_convert(&in, 1, img_path, &co, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(&in, 1, img_path, &co, NULL), 0, "%s", arena_last_error());
 	arena_sim_opts so = {.capacity = 2 << 20, .h2d_bytes_per_s = 2e8};
 	cr_assert_eq(arena_backend_sim_create(&so, &be), 0);
 	real_ops = be->ops;

@@ -172,11 +172,11 @@ static void setup(void)
 	img = tmpdir_file(dir, "c.arena");
 	arena_convert_opts co = {.chunk_size = 64 << 10, .threads = 1, .codec = ARENA_CODEC_HB4};
 	arena_convert_result cst;
-	cr_assert_eq(arena_convert(&in, 1, img, &co, &cst), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(&in, 1, img, &co, &cst), 0, "%s", arena_last_error());
 	cr_assert_gt(cst.coded_chunks, 0);
 	plain = tmpdir_file(dir, "p.arena");
 	arena_convert_opts po = {.chunk_size = 64 << 10, .threads = 1};
-	cr_assert_eq(arena_convert(&in, 1, plain, &po, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(&in, 1, plain, &po, NULL), 0, "%s", arena_last_error());
 }
 
 static void teardown(void)

@@ -1,0 +1,249 @@
+"""convert, verify and inspect: the library's arena_convert, arena_verify and arena_inspect.
+
+The C call runs on a thread of its own while the calling thread waits for it,
+so that Ctrl-C reaches Python at once: the wait raises KeyboardInterrupt, the
+next progress report from the library asks it to stop (a convert's output
+does not appear), and once the call has returned the KeyboardInterrupt goes
+on. A progress function of the caller's that raises cancels the call the same
+way, and its exception is raised after it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import json
+import os
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+from . import _native
+
+if TYPE_CHECKING:
+    from . import Error
+
+PathLike = Union[str, "os.PathLike[str]"]
+Progress = Union[None, bool, Callable[[int, int], Any]]
+
+
+def _error(rc: int) -> "Error":
+    from . import Error
+
+    return Error.from_code(rc)
+
+
+class _Bar:
+    """A progress display: the caller's function, or a tqdm bar (when installed)."""
+
+    def __init__(self, progress: Progress, label: str):
+        self.fn: Optional[Callable[[int, int], Any]] = None
+        self.bar: Any = None
+        self.label = label
+        self.seen = 0
+        if callable(progress):
+            self.fn = progress
+        elif progress is None or progress is True:
+            try:
+                self.tqdm: Any = importlib.import_module("tqdm").tqdm
+            except ImportError:
+                return
+            # True: always shown; None: where stderr is a terminal (tqdm's disable=None).
+            self.disable = None if progress is None else False
+            self.fn = self._tqdm
+
+    def _tqdm(self, done: int, total: int) -> None:
+        if self.bar is None:
+            self.bar = self.tqdm(total=total, desc=self.label, unit="B", unit_scale=True, unit_divisor=1024,
+                                 disable=self.disable, leave=True)
+        self.bar.update(done - self.seen)
+        self.seen = done
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _run(call: Callable[[Any], int], bar: _Bar) -> Tuple[int, Optional["Error"]]:
+    """Run ``call(progress_fn)`` on a thread; returns (rc, its Error or None)."""
+    stop = threading.Event()
+    raised: List[BaseException] = []
+
+    def report(_ctx: Any, done: int, total: int) -> int:
+        if stop.is_set():
+            return 1
+        if bar.fn is not None:
+            try:
+                bar.fn(int(done), int(total))
+            except BaseException as e:  # the caller's function: cancel, and raise it after
+                raised.append(e)
+                stop.set()
+                return 1
+        return 0
+
+    cfn = _native.PROGRESS_FN(report)
+    out: Dict[str, Any] = {}
+
+    def work() -> None:
+        rc = call(cfn)
+        out["rc"] = rc
+        out["err"] = _error(rc) if rc else None  # the message is this thread's
+
+    t = threading.Thread(target=work, name="arena-call", daemon=True)
+    t.start()
+    interrupted: Optional[BaseException] = None
+    while t.is_alive():
+        try:
+            t.join(0.1)
+        except KeyboardInterrupt as e:  # Ctrl-C: ask the library to stop, wait for it
+            interrupted = interrupted or e
+            stop.set()
+    bar.close()
+    if interrupted is not None:
+        raise interrupted
+    if raised:
+        raise raised[0]
+    return out["rc"], out["err"]
+
+
+def _strings(v: Iterable[str], what: str) -> Tuple[Any, int]:
+    items = [v] if isinstance(v, str) else list(v)
+    for s in items:
+        if not isinstance(s, str):
+            raise TypeError(f"{what}: expected strings, got {type(s).__name__}")
+    if not items:
+        return None, 0
+    arr = (ctypes.c_char_p * len(items))(*[s.encode() for s in items])
+    return arr, len(items)
+
+
+def convert(
+    src: Union[PathLike, Sequence[PathLike]],
+    out: PathLike,
+    *,
+    codec: Optional[str] = None,
+    quant: Optional[str] = None,
+    quant_include: Iterable[str] = (),
+    quant_exclude: Iterable[str] = (),
+    block_patterns: Iterable[str] = (),
+    block_order: Iterable[str] = (),
+    chunk_size: Union[int, str, None] = None,
+    zstd_level: Optional[int] = None,
+    threads: Optional[int] = None,
+    progress: Progress = None,
+) -> Dict[str, int]:
+    """Convert a safetensors checkpoint into an arena image, as ``arena convert`` does.
+
+    src: a ``.safetensors`` file, a sharded checkpoint's ``index.json``, a folder
+      holding either, or a list of those (together one model).
+    out: the image to write. It appears only when whole: an error, Ctrl-C or a
+      kill leaves nothing there; an existing file is replaced.
+    codec: ``"none"`` (default), ``"hb4"`` (the GPU decodes as it loads: the fastest
+      load) or ``"zstd"`` (``zstd_level`` 1..19; the CPU decodes: for slow disks).
+    quant: store selected weights quantized (``"fp8-e4m3-row"``, ``"int8-row"``...,
+      docs/QUANT.md); ``quant_include`` / ``quant_exclude``: globs of names.
+    block_patterns, block_order: how tensors group into blocks (README, "Blocks").
+    chunk_size: checksum chunk, a power of two from 64K to 1G (default 4M).
+    progress: None (a tqdm bar when tqdm is installed and stderr is a terminal),
+      True (a tqdm bar always), False (nothing), or ``f(done, total)`` in bytes,
+      called from a thread of the library's; an exception it raises cancels.
+
+    Returns ``file_size``, ``data_bytes``, ``stored_bytes``, ``chunk_count``,
+    ``coded_chunks``, ``n_blocks``, ``n_tensors``. Raises :class:`arena.Error`
+    (``CANCELLED`` does not reach you: Ctrl-C raises KeyboardInterrupt).
+    """
+    from . import parse_size
+
+    srcs = [src] if isinstance(src, (str, os.PathLike)) else list(src)
+    ins = (ctypes.c_char_p * max(1, len(srcs)))(*[os.fsencode(os.fspath(s)) for s in srcs])
+    o = _native.ConvertOptions()
+    keep: List[Any] = []  # what the options point at, alive through the call
+    for field, v in (("block_patterns", block_patterns), ("block_order", block_order),
+                     ("quant_include", quant_include), ("quant_exclude", quant_exclude)):
+        arr, n = _strings(v, field)
+        keep.append(arr)
+        if n:
+            setattr(o, field, ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p)))
+            setattr(o, "n_" + field, n)
+    o.quant = quant.encode() if quant else None
+    o.codec = codec.encode() if codec else None
+    o.chunk_size = parse_size(chunk_size, "chunk_size") or 0
+    if zstd_level is not None and (isinstance(zstd_level, bool) or not isinstance(zstd_level, int)):
+        raise TypeError(f"zstd_level: expected an int, got {type(zstd_level).__name__}")
+    o.zstd_level = zstd_level or 0
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads: {threads!r}: a whole number, 1 or more")
+    o.threads = threads or 0
+    info = _native.ConvertInfo()
+    dst = os.fsencode(os.fspath(out))
+
+    def call(cfn: Any) -> int:
+        o.progress = cfn
+        return int(_native.lib.arena_convert(ins, len(srcs), dst, ctypes.byref(o), ctypes.byref(info)))
+
+    rc, err = _run(call, _Bar(progress, "convert"))
+    if err is not None:
+        raise err
+    return {f[0]: int(getattr(info, f[0])) for f in _native.ConvertInfo._fields_}
+
+
+def verify(path: PathLike, *, threads: Optional[int] = None, progress: Progress = None) -> Dict[str, Any]:
+    """Check every byte of an arena image, as ``arena verify`` does: header, manifest
+    and chunk table, then every chunk's checksum (and a coded chunk's structure).
+
+    Returns ``{"path", "ok": True, "file_size", "chunks", "seconds"}``. Raises
+    :class:`arena.Error` when anything does not hold; for bad chunks its ``code``
+    is ``"IMG_CHUNK_CHECKSUM"``, its message names the first, and its
+    ``bad_chunks`` lists them all as ``arena verify --json`` does (chunk, offset,
+    length, expected, actual, blocks, tensors). ``progress`` as for :func:`convert`.
+    """
+    p = os.fspath(path)
+    o = _native.VerifyOptions()
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads: {threads!r}: a whole number, 1 or more")
+    o.threads = threads or 0
+    bad: List[Dict[str, Any]] = []
+
+    def on_bad(_ctx: Any, b: Any) -> None:
+        c = b.contents
+        bad.append({
+            "chunk": int(c.chunk), "offset": int(c.offset), "length": int(c.length),
+            "expected": f"{c.expected:016x}", "actual": f"{c.actual:016x}",
+            "blocks": [c.blocks[i].decode() for i in range(c.n_blocks)],
+            "tensors": [c.tensors[i].decode() for i in range(c.n_tensors)],
+        })
+
+    bad_fn = _native.BAD_CHUNK_FN(on_bad)
+    o.bad_chunk = bad_fn
+    info = _native.VerifyInfo()
+    enc = os.fsencode(p)
+
+    def call(cfn: Any) -> int:
+        o.progress = cfn
+        return int(_native.lib.arena_verify(enc, ctypes.byref(o), ctypes.byref(info)))
+
+    rc, err = _run(call, _Bar(progress, "verify"))
+    if err is not None:
+        err.bad_chunks = bad
+        raise err
+    return {"path": p, "ok": True, "file_size": int(info.file_size), "chunks": int(info.chunk_count),
+            "seconds": float(info.seconds)}
+
+
+def inspect(path: PathLike) -> Dict[str, Any]:
+    """What a checkpoint or image holds, as ``arena inspect --json`` prints it (schema in
+    README.md): ``kind`` ("safetensors" or "arena-image"), tensors, metadata, totals;
+    for an image also its blocks, layout and coding. Raises :class:`arena.Error`."""
+    s = ctypes.c_void_p()
+    rc = _native.lib.arena_inspect(os.fsencode(os.fspath(path)), ctypes.byref(s))
+    if rc:
+        raise _error(rc)
+    if not s.value:  # (the library gives a string whenever it returns 0)
+        from . import Error
+
+        raise Error("INTERNAL", f"{os.fspath(path)}: arena_inspect succeeded without a document")
+    try:
+        text = ctypes.string_at(s.value).decode("utf-8")
+    finally:
+        _native.lib.arena_string_free(s)
+    d: Dict[str, Any] = json.loads(text)
+    return d

@@ -1,0 +1,247 @@
+"""arena.convert, arena.verify, arena.inspect and the arena command of the installed package.
+
+Run with the package installed (no torch needed):
+    python tests/python/test_files.py -v
+Fixtures: $ARENA_FIXTURES_DIR (default: fixtures/ beside tests/).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import unittest
+from pathlib import Path
+from typing import List, Tuple
+
+import arena
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+FIX = Path(os.environ.get("ARENA_FIXTURES_DIR", ROOT / "fixtures"))
+FLUX = str(FIX / "tiny_flux.safetensors")
+
+
+def cli(*args: str) -> "subprocess.CompletedProcess[str]":
+    """The package's arena command (python -m arena), as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "arena", *args], capture_output=True, text=True)
+
+
+class Files(unittest.TestCase):
+    tmp: str
+    slow: str  # a checkpoint that takes seconds to convert with zstd -19 on one thread
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.tmp = tempfile.mkdtemp(prefix="arena-files-")
+        # flux-dev's layers outside its blocks: 55 M parameters (110 MB)
+        cls.slow = os.path.join(cls.tmp, "slow.safetensors")
+        r = cli("synth", "--layout", "flux-dev", "--blocks", "0", "-q", "-o", cls.slow)
+        assert r.returncode == 0, r.stderr
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.tmp, name)
+
+    def leftovers(self) -> List[str]:
+        """What is in the folder besides the shared checkpoint and its image."""
+        return sorted(set(os.listdir(self.tmp)) - {"slow.safetensors", "slow.arena"})
+
+    def test_convert_verify_inspect(self) -> None:
+        out = self.path("f.arena")
+        seen: List[Tuple[int, int]] = []
+        info = arena.convert(FLUX, out, codec="zstd", zstd_level=3, chunk_size="64K", threads=2,
+                             progress=lambda d, t: seen.append((d, t)))
+        self.assertEqual((info["n_blocks"], info["n_tensors"]), (6, 126))
+        self.assertEqual(info["file_size"], os.path.getsize(out))
+        self.assertLess(info["stored_bytes"], info["data_bytes"])
+        self.assertTrue(seen and seen[-1][0] == seen[-1][1], seen)
+        self.assertEqual([d for d, _ in seen], sorted(d for d, _ in seen))
+        v = arena.verify(out)
+        self.assertEqual((v["ok"], v["file_size"], v["chunks"]), (True, info["file_size"], info["chunk_count"]))
+        d = arena.inspect(out)
+        self.assertEqual(d["kind"], "arena-image")
+        self.assertEqual(len(d["tensors"]), 126)
+        # the command prints the same document
+        r = cli("inspect", "--json", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout), d)
+        r = cli("verify", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("ok: ", r.stdout)
+        c = arena.inspect(FLUX)
+        self.assertEqual((c["kind"], c["totals"]["tensors"]), ("safetensors", 126))
+        # quantized, and from several inputs (a sharded folder)
+        q = arena.convert(FLUX, self.path("q.arena"), quant="fp8-e4m3-row", quant_exclude=["*proj_out*"], progress=False)
+        schemes = {t["name"]: t["scheme"] for t in arena.inspect(self.path("q.arena"))["tensors"]}
+        self.assertEqual(schemes["transformer_blocks.0.attn.to_q.weight"], "fp8-e4m3-row")
+        self.assertEqual(schemes["single_transformer_blocks.0.proj_out.weight"], "none")
+        self.assertEqual(q["n_tensors"], 126)
+        info = arena.convert([FIX / "tiny_llama_sharded"], self.path("l.arena"), progress=False)
+        self.assertGreater(info["n_blocks"], 1)
+        for f in ("f.arena", "q.arena", "l.arena"):
+            os.unlink(self.path(f))
+
+    def test_errors_are_the_librarys(self) -> None:
+        out = self.path("x.arena")
+        cases = [
+            (dict(codec="lz4"), "USAGE", "codec 'lz4'"),
+            (dict(chunk_size=1000), "USAGE", "chunk_size 1000"),
+            (dict(codec="hb4", zstd_level=3), "USAGE", "zstd_level is for codec zstd"),
+            (dict(quant="fp9"), "QUANT_UNKNOWN_SCHEME", "fp9"),
+            (dict(block_patterns=["a("]), "PLAN_BAD_PATTERN", "a("),
+        ]
+        for kw, code, says in cases:
+            with self.assertRaises(arena.Error, msg=str(kw)) as e:
+                arena.convert(FLUX, out, progress=False, **kw)  # type: ignore[arg-type]
+            self.assertEqual(e.exception.code, code, e.exception.message)
+            self.assertIn(says, e.exception.message)
+        with self.assertRaises(arena.Error) as e:
+            arena.convert(self.path("none.safetensors"), out)
+        self.assertEqual((e.exception.code, e.exception.error_class), ("NOT_FOUND", "usage"))
+        self.assertIn("none.safetensors", str(e.exception))
+        with self.assertRaises(arena.Error) as e:
+            arena.convert(FLUX, FLUX)
+        self.assertEqual(e.exception.code, "OUTPUT_IS_INPUT")
+        with self.assertRaises(arena.Error) as e:
+            arena.verify(FLUX)
+        self.assertEqual(e.exception.code, "IMG_MAGIC")
+        with self.assertRaises(arena.Error) as e:
+            arena.inspect(self.path("none"))
+        self.assertEqual(e.exception.code, "NOT_FOUND")
+        self.assertEqual(self.leftovers(), [])
+
+    def test_bad_chunks(self) -> None:
+        out = self.path("b.arena")
+        arena.convert(FLUX, out, chunk_size="64K", progress=False)
+        data_offset = arena.inspect(out)["layout"]["data_offset"]
+        with open(out, "r+b") as f:  # a byte in the first and the third chunk
+            for at in (data_offset + 10, data_offset + 2 * 65536 + 10):
+                f.seek(at)
+                b = f.read(1)
+                f.seek(at)
+                f.write(bytes([b[0] ^ 0x5A]))
+        with self.assertRaises(arena.Error) as e:
+            arena.verify(out)
+        self.assertEqual(e.exception.code, "IMG_CHUNK_CHECKSUM")
+        self.assertIn("chunk 0", e.exception.message)
+        self.assertEqual([b["chunk"] for b in e.exception.bad_chunks], [0, 2])
+        self.assertEqual(e.exception.bad_chunks[0]["blocks"][0], "globals")
+        self.assertTrue(e.exception.bad_chunks[0]["tensors"])
+        r = cli("verify", "--json", out)
+        self.assertEqual(r.returncode, 1)
+        self.assertEqual(json.loads(r.stdout)["bad_chunks"], e.exception.bad_chunks)
+        os.unlink(out)
+
+    def test_a_progress_function_that_raises_cancels(self) -> None:
+        out = self.path("s.arena")
+
+        def boom(done: int, total: int) -> None:
+            raise ValueError("stop here")
+
+        with self.assertRaisesRegex(ValueError, "stop here"):
+            arena.convert(self.slow, out, codec="zstd", zstd_level=19, threads=1, progress=boom)
+        self.assertEqual(self.leftovers(), [])
+        with self.assertRaisesRegex(ValueError, "stop here"):
+            arena.verify(self.image(), progress=boom)
+
+    def image(self) -> str:
+        p = self.path("slow.arena")
+        if not os.path.exists(p):
+            arena.convert(self.slow, p, progress=False)
+        return p
+
+    def test_ctrl_c_in_convert_leaves_nothing(self) -> None:
+        # In this process: SIGINT while the library converts.
+        out = self.path("c.arena")
+        t0 = time.monotonic()
+        with self.assertRaises(KeyboardInterrupt):
+            arena.convert(self.slow, out, codec="zstd", zstd_level=19, threads=1,
+                          progress=lambda d, t: os.kill(os.getpid(), signal.SIGINT))
+        self.assertLess(time.monotonic() - t0, 20, "the convert was not cancelled")
+        self.assertFalse(os.path.exists(out))
+        self.assertEqual(self.leftovers(), [])
+        # From outside, as a terminal's Ctrl-C: a script converting, interrupted once it has started.
+        started = self.path("started")
+        script = textwrap.dedent(f"""
+            import arena, sys
+            def p(d, t):
+                open({started!r}, "w").close()
+            try:
+                arena.convert({self.slow!r}, {out!r}, codec="zstd", zstd_level=19, threads=1, progress=p)
+            except KeyboardInterrupt:
+                print("interrupted")
+                sys.exit(130)
+            print("finished")
+        """)
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(started) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.assertTrue(os.path.exists(started), "the convert never reported progress")
+        proc.send_signal(signal.SIGINT)
+        stdout, _ = proc.communicate(timeout=60)
+        self.assertEqual((proc.returncode, stdout.strip()), (130, "interrupted"))
+        os.unlink(started)
+        self.assertFalse(os.path.exists(out))
+        self.assertEqual(self.leftovers(), [])
+
+    def test_a_tqdm_bar(self) -> None:
+        try:
+            import tqdm  # noqa: F401
+        except ImportError:
+            self.skipTest("tqdm is not installed")
+        out = self.path("t.arena")
+        script = f"import arena; arena.convert({FLUX!r}, {out!r}, progress=True)"
+        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("convert: 100%", r.stderr)
+        # None: a bar on a terminal only (stderr is a pipe here)
+        script = f"import arena; arena.convert({FLUX!r}, {out!r})"
+        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+        self.assertEqual((r.returncode, r.stderr), (0, ""))
+        os.unlink(out)
+
+    def test_tensors_without_torch_say_how_to_install_it(self) -> None:
+        script = textwrap.dedent(f"""
+            import sys
+            sys.modules["torch"] = None  # as where torch is not installed
+            import arena
+            a = arena.open({FLUX!r}, device="sim")
+            try:
+                a.tensors()
+            except ImportError as e:
+                print(e)
+        """)
+        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("pip install 'arena[torch]'", r.stdout)
+
+    def test_the_command(self) -> None:
+        r = cli("version")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(f"arena {arena.library_version()}", r.stdout)
+        r = cli("nope")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("'nope' is not an arena command", r.stderr)
+        # the console script beside this interpreter (a venv's bin/arena), when installed so
+        script = Path(sys.executable).parent / "arena"
+        if script.exists():
+            r = subprocess.run([str(script), "convert", "-q", FLUX, "-o", self.path("e.arena")],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            r = subprocess.run([str(script), "verify", self.path("e.arena")], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            os.unlink(self.path("e.arena"))
+
+
+if __name__ == "__main__":
+    unittest.main()
