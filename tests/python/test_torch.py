@@ -164,7 +164,9 @@ class Package(unittest.TestCase):
 
         structs = {"arena_open_options": nat.OpenOptions, "arena_block_info": nat.BlockInfo,
                    "arena_tensor_info": nat.TensorInfo, "arena_step_info": nat.StepInfo,
-                   "arena_plan_info": nat.PlanInfo}
+                   "arena_plan_info": nat.PlanInfo, "arena_convert_options": nat.ConvertOptions,
+                   "arena_convert_info": nat.ConvertInfo, "arena_bad_chunk": nat.BadChunk,
+                   "arena_verify_options": nat.VerifyOptions, "arena_verify_info": nat.VerifyInfo}
         lines = ["#include <stddef.h>", "#include <stdio.h>", '#include "arena.h"', "int main(void) {"]
         for c, py in structs.items():
             lines.append(f'printf("{c} %zu\\n", sizeof({c}));')
