@@ -108,16 +108,25 @@ else
 DEPS_OK  := $(BUILD)/.deps-ok
 endif
 
-.PHONY: all lib cli wheel test-wheel unit test test-unit test-cli test-api test-python test-asan test-tsan tsan-run test-fuzz demo fuzz install clean help deps
+.PHONY: all lib cli examples wheel test-wheel unit test test-unit test-cli test-api test-python test-asan test-tsan tsan-run test-fuzz demo fuzz install clean help deps
 .DEFAULT_GOAL := all
 
-all: cli lib
+all: cli lib examples
 cli: $(BUILD)/arena
 lib: $(BUILD)/libarena.a $(BUILD)/libarena.so
+# examples/stream.c: a program of a user's, built against arena.h and
+# libarena.so alone (tests/api/run.sh runs it).
+examples: $(BUILD)/examples/stream
+$(BUILD)/examples/stream: examples/stream.c include/arena.h $(BUILD)/libarena.so
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) -std=c11 $(WARN) $(if $(filter 1,$(WERROR)),-Werror) -Iinclude $(LDFLAGS) -o $@ $< \
+		-L$(BUILD) -l:libarena.so -Wl,-rpath,'$$ORIGIN/..' -pthread
 
 help:
 	@echo "arena make targets:"
-	@echo "  make            build $(BUILD)/arena, $(BUILD)/libarena.a, $(BUILD)/libarena.so"
+	@echo "  make            build $(BUILD)/arena, $(BUILD)/libarena.a, $(BUILD)/libarena.so,"
+	@echo "                  $(BUILD)/examples/stream (examples/stream.c)"
 	@echo "  make demo       synth a small model, convert, verify, inspect it"
 	@echo "  make wheel      the self-contained wheel (manylinux_2_28) in $(BUILD)/wheel/dist"
 	@echo "  make test       unit, CLI and Python interop tests, fuzz corpus replay, then"

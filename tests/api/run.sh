@@ -20,6 +20,15 @@ ldd "$B/tests/stream_api" | grep -q 'libarena.so' || fail "stream_api does not l
 "$B/tests/stream_api" write "$T/m.safetensors" || fail "stream_api write"
 "$B/arena" convert -q "$T/m.safetensors" -o "$T/m.arena" --chunk-size 64K || fail "convert"
 "$B/tests/stream_api" run "$T/m.arena" || fail "stream_api run"
+# examples/stream.c, the same way: it converts the model (progress on stderr),
+# streams it on a device smaller than the model, and checks each block's bytes.
+$CC -std=c11 -Wall -Wextra -Werror -Iinclude "$@" -o "$B/tests/stream_example" examples/stream.c \
+	-L"$B" -l:libarena.so -Wl,-rpath,"$(cd "$B" && pwd)" -pthread || fail "examples/stream.c does not build against arena.h alone"
+cp fixtures/tiny_flux.safetensors "$T/ex.safetensors"
+"$B/tests/stream_example" "$T/ex.safetensors" 290K 3 >"$T/ex.out" 2>"$T/ex.err" || fail "examples/stream.c: $(cat "$T/ex.err")"
+grep -q 'convert: 100%' "$T/ex.err" || fail "examples/stream.c: no progress: $(cat "$T/ex.err")"
+grep -q '^step 2: [1-9][0-9]* bytes streamed' "$T/ex.out" || fail "examples/stream.c: nothing streamed: $(cat "$T/ex.out")"
+grep -q '^ok: 3 steps, every block' "$T/ex.out" || fail "examples/stream.c: $(cat "$T/ex.out")"
 # Exports: every defined dynamic symbol is declared in arena.h.
 nm -D --defined-only "$B/libarena.so" | awk '$2 ~ /^[TDBRW]$/ {print $3}' | sort -u >"$T/exports"
 grep -oE '\barena_[a-z0-9_]+\(' include/arena.h | tr -d '(' | sort -u >"$T/declared"
