@@ -65,3 +65,7 @@ echo "python adapter tests: passed ($(sed -n 's/^Ran \([0-9]*\) tests.*/\1/p' "$
 ARENA_FIXTURES_DIR=${ARENA_FIXTURES_DIR:-$R/fixtures} "$PY" "$R/tests/python/test_files.py" -v >"$R/$B/python-files.log" 2>&1 ||
 	{ tail -n 30 "$R/$B/python-files.log"; fail "arena.convert/verify/inspect: failures (log: $B/python-files.log)"; }
 echo "python package tests: passed ($(sed -n 's/^Ran \([0-9]*\) tests.*/\1/p' "$R/$B/python-files.log") tests)"
+# examples/sample_flux.py and examples/train_lora.py at their tiny configs (tests/python/test_examples.py).
+ARENA_EXAMPLES_DIR=$R/examples PYTHONWARNINGS=ignore "$PY" "$R/tests/python/test_examples.py" -v >"$R/$B/python-examples.log" 2>&1 ||
+	{ tail -n 40 "$R/$B/python-examples.log"; fail "examples: failures (log: $B/python-examples.log)"; }
+echo "python examples tests: passed ($(sed -n 's/^Ran \([0-9]*\) tests.*/\1/p' "$R/$B/python-examples.log") tests)"

@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Sample an image with FLUX.1 whose transformer runs from an arena image.
+
+    pip install 'arena[examples]'
+    python sample_flux.py --model ~/models/FLUX.1-dev --prompt "a cat on a windowsill" --out cat.png
+
+--model is a diffusers FLUX.1 folder (or a Hugging Face id): the scheduler, the
+VAE, the text encoders, the tokenizers and the transformer's config come from
+it. The transformer's weights come from an arena image (--image, default
+<model>/transformer.arena), converted from <model>/transformer on the first
+run: what fits the GPU stays there, the rest is streamed as each block runs.
+
+--tiny builds tiny random models instead (nothing downloaded) and runs them on
+the CPU when there is no GPU: what CI runs. --plain runs the transformer from
+its safetensors weights without arena, to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from typing import Any, Dict, Tuple
+
+import numpy as np
+import torch
+from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+
+import arena
+import arena.torch
+
+
+def tiny_models(workdir: str) -> Tuple[Dict[str, Any], Dict[str, Any], str]:
+    """Tiny random FLUX.1 parts (every part's structure, a few thousand weights): the
+    pipeline's other components, the transformer's config, its weights' file."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import CLIPTextConfig, CLIPTextModel, PreTrainedTokenizerFast, T5Config, T5EncoderModel
+
+    def tokenizer(max_length: int) -> Any:
+        words = ["<pad>", "</s>", "<unk>"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
+        t = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+        t.pre_tokenizer = pre_tokenizers.Whitespace()
+        return PreTrainedTokenizerFast(tokenizer_object=t, unk_token="<unk>", pad_token="<pad>", eos_token="</s>",
+                                       model_max_length=max_length)
+
+    torch.manual_seed(0)
+    parts: Dict[str, Any] = {
+        "scheduler": FlowMatchEulerDiscreteScheduler(),
+        "vae": AutoencoderKL(in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 2,
+                             up_block_types=["UpDecoderBlock2D"] * 2, block_out_channels=(8, 8), layers_per_block=1,
+                             latent_channels=4, norm_num_groups=4, use_quant_conv=False, use_post_quant_conv=False,
+                             shift_factor=0.0609, scaling_factor=1.5035, sample_size=32),
+        "text_encoder": CLIPTextModel(CLIPTextConfig(vocab_size=32, hidden_size=32, intermediate_size=37,
+                                                     num_attention_heads=4, num_hidden_layers=2, projection_dim=32,
+                                                     pad_token_id=0, bos_token_id=0, eos_token_id=1)),
+        "tokenizer": tokenizer(77),
+        "text_encoder_2": T5EncoderModel(T5Config(vocab_size=32, d_model=32, d_kv=8, d_ff=37, num_layers=2,
+                                                  num_heads=4, pad_token_id=0, eos_token_id=1)),
+        "tokenizer_2": tokenizer(512),
+    }
+    for k in ("vae", "text_encoder", "text_encoder_2"):
+        parts[k].to(torch.bfloat16).eval()  # as from_pretrained leaves them: no dropout
+    config = dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=16,
+                  num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=True,
+                  axes_dims_rope=[4, 6, 6])
+    weights = os.path.join(workdir, "transformer.safetensors")
+    from safetensors.torch import save_file
+
+    save_file(FluxTransformer2DModel(**config).to(torch.bfloat16).state_dict(), weights)
+    return parts, config, weights
+
+
+def model_parts(model: str) -> Tuple[Dict[str, Any], Dict[str, Any], str]:
+    """A FLUX.1 pipeline's components but the transformer, its config, its weights' folder."""
+    if not os.path.isdir(model):
+        from huggingface_hub import snapshot_download
+
+        model = snapshot_download(model)
+    pipe = FluxPipeline.from_pretrained(model, transformer=None, torch_dtype=torch.bfloat16)
+    parts = {k: v for k, v in pipe.components.items() if k != "transformer" and v is not None}
+    config = dict(FluxTransformer2DModel.load_config(model, subfolder="transformer"))
+    return parts, config, os.path.join(model, "transformer")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", help="a diffusers FLUX.1 folder or Hugging Face id")
+    ap.add_argument("--image", help="the transformer's arena image (made from the model when missing)")
+    ap.add_argument("--prompt", default="a photo of a cat")
+    ap.add_argument("--out", default="flux.png")
+    ap.add_argument("--steps", type=int, default=28)
+    ap.add_argument("--guidance", type=float, default=3.5)
+    ap.add_argument("--size", type=int, default=1024, help="height and width in pixels")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tiny", action="store_true", help="tiny random models, for a test without downloads")
+    ap.add_argument("--plain", action="store_true", help="the transformer without arena, to compare")
+    args = ap.parse_args()
+    if not args.tiny and not args.model:
+        ap.error("give --model (a FLUX.1 folder or id), or --tiny")
+    workdir = tempfile.mkdtemp(prefix="sample-flux-")
+    if args.tiny:
+        parts, config, weights = tiny_models(workdir)
+        image = args.image or os.path.join(workdir, "transformer.arena")
+        args.size = min(args.size, 32)
+    else:
+        parts, config, weights = model_parts(args.model)
+        image = args.image or weights.rstrip("/") + ".arena"
+
+    if args.plain:
+        from safetensors.torch import load_file
+
+        transformer = FluxTransformer2DModel.from_config(config).to(torch.bfloat16)
+        if os.path.isdir(weights):
+            transformer = FluxTransformer2DModel.from_pretrained(weights, torch_dtype=torch.bfloat16)
+        else:
+            transformer.load_state_dict(load_file(weights))
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        transformer.to(device)
+    else:
+        if not os.path.exists(image):
+            arena.convert(weights, image)  # once: a tqdm bar shows the progress
+        with torch.device("meta"):  # no memory for weights: they are the image's
+            transformer = FluxTransformer2DModel.from_config(config).to(torch.bfloat16)
+        handle = arena.torch.attach(transformer, image)
+        device = handle.arena.device  # "cuda:0", or "cpu" on the simulated device
+        plan = handle.plan()
+        print(f"{image}: {plan['n_resident']} blocks resident, {plan['n_streamed']} streamed")
+
+    pipe = FluxPipeline(transformer=transformer, **parts)
+    for name in ("vae", "text_encoder", "text_encoder_2"):
+        getattr(pipe, name).to(device)
+    t0 = time.perf_counter()
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    with torch.inference_mode():
+        out = pipe(args.prompt, height=args.size, width=args.size, num_inference_steps=args.steps,
+                   guidance_scale=args.guidance, max_sequence_length=32 if args.tiny else 512,
+                   generator=torch.Generator(device).manual_seed(args.seed), output_type="np").images
+    seconds = time.perf_counter() - t0
+    if not np.isfinite(out).all():
+        raise SystemExit("sample_flux: the image has values that are not finite")
+    img = pipe.numpy_to_pil(out)[0]
+    img.save(args.out)
+    peak = f", torch's peak {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB" if device.startswith("cuda") else ""
+    print(f"wrote {args.out}: {img.size[0]}x{img.size[1]}, {args.steps} steps in {seconds:.2f} s{peak}")
+
+
+if __name__ == "__main__":
+    main()

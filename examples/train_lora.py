@@ -1,0 +1,276 @@
+#!/usr/bin/env python3
+"""Train a LoRA of FLUX.1 whose transformer runs from an arena image.
+
+    pip install 'arena[examples]'
+    python train_lora.py --model ~/models/FLUX.1-dev --data ./my-images --out ./my-lora
+
+--data is a folder of images (.png, .jpg, .jpeg, .webp), each with a caption in
+a .txt file of the same name. The images are encoded by the VAE and the
+captions by the text encoders once, and cached in --out (cache.pt): the
+training steps then need the transformer alone, whose weights come from an
+arena image (--image, default <model>/transformer.arena, converted from
+<model>/transformer on the first run) and stay frozen; what fits the GPU
+stays there, the rest is streamed. The LoRA (rank --rank on the attention
+projections) is trained with AdamW under gradient checkpointing, saved every
+--checkpoint-every steps with the optimizer's state (--resume goes on from
+there), previewed every --preview-every steps (a sample of --preview-prompt,
+out/preview-STEP.png), and written at the end as out/pytorch_lora_weights.safetensors,
+which diffusers' ``FluxPipeline.load_lora_weights`` reads.
+
+--tiny builds tiny random models and a few random images instead (nothing
+downloaded) and runs on the CPU when there is no GPU: what CI runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import math
+import os
+import tempfile
+import time
+from typing import Any, Dict, List, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+from peft import LoraConfig
+from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
+from PIL import Image
+
+import arena
+import arena.torch
+
+
+def tiny_models(workdir: str) -> Tuple[Dict[str, Any], Dict[str, Any], str]:
+    """Tiny random FLUX.1 parts (every part's structure, a few thousand weights): the
+    pipeline's other components, the transformer's config, its weights' file."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import CLIPTextConfig, CLIPTextModel, PreTrainedTokenizerFast, T5Config, T5EncoderModel
+
+    def tokenizer(max_length: int) -> Any:
+        words = ["<pad>", "</s>", "<unk>"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
+        t = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+        t.pre_tokenizer = pre_tokenizers.Whitespace()
+        return PreTrainedTokenizerFast(tokenizer_object=t, unk_token="<unk>", pad_token="<pad>", eos_token="</s>",
+                                       model_max_length=max_length)
+
+    torch.manual_seed(0)
+    parts: Dict[str, Any] = {
+        "scheduler": FlowMatchEulerDiscreteScheduler(),
+        "vae": AutoencoderKL(in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 2,
+                             up_block_types=["UpDecoderBlock2D"] * 2, block_out_channels=(8, 8), layers_per_block=1,
+                             latent_channels=4, norm_num_groups=4, use_quant_conv=False, use_post_quant_conv=False,
+                             shift_factor=0.0609, scaling_factor=1.5035, sample_size=32),
+        "text_encoder": CLIPTextModel(CLIPTextConfig(vocab_size=32, hidden_size=32, intermediate_size=37,
+                                                     num_attention_heads=4, num_hidden_layers=2, projection_dim=32,
+                                                     pad_token_id=0, bos_token_id=0, eos_token_id=1)),
+        "tokenizer": tokenizer(77),
+        "text_encoder_2": T5EncoderModel(T5Config(vocab_size=32, d_model=32, d_kv=8, d_ff=37, num_layers=2,
+                                                  num_heads=4, pad_token_id=0, eos_token_id=1)),
+        "tokenizer_2": tokenizer(512),
+    }
+    for k in ("vae", "text_encoder", "text_encoder_2"):
+        parts[k].to(torch.bfloat16).eval()  # as from_pretrained leaves them: no dropout
+    config = dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=16,
+                  num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=True,
+                  axes_dims_rope=[4, 6, 6])
+    weights = os.path.join(workdir, "transformer.safetensors")
+    from safetensors.torch import save_file
+
+    save_file(FluxTransformer2DModel(**config).to(torch.bfloat16).state_dict(), weights)
+    return parts, config, weights
+
+
+def tiny_data(folder: str) -> None:
+    """Three random 32x32 images with captions."""
+    os.makedirs(folder, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i, caption in enumerate(["a red cat", "a blue dog", "a green bird"]):
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(os.path.join(folder, f"{i}.png"))
+        with open(os.path.join(folder, f"{i}.txt"), "w") as f:
+            f.write(caption)
+
+
+def model_parts(model: str) -> Tuple[Dict[str, Any], Dict[str, Any], str]:
+    """A FLUX.1 pipeline's components but the transformer, its config, its weights' folder."""
+    if not os.path.isdir(model):
+        from huggingface_hub import snapshot_download
+
+        model = snapshot_download(model)
+    pipe = FluxPipeline.from_pretrained(model, transformer=None, torch_dtype=torch.bfloat16)
+    parts = {k: v for k, v in pipe.components.items() if k != "transformer" and v is not None}
+    config = dict(FluxTransformer2DModel.load_config(model, subfolder="transformer"))
+    return parts, config, os.path.join(model, "transformer")
+
+
+def load_image(path: str, size: int) -> torch.Tensor:
+    """The image scaled and center-cropped to size x size, as a 1x3xHxW tensor in [-1, 1]."""
+    im = Image.open(path).convert("RGB")
+    s = size / min(im.size)
+    im = im.resize((max(size, round(im.size[0] * s)), max(size, round(im.size[1] * s))), Image.BICUBIC)
+    left, top = (im.size[0] - size) // 2, (im.size[1] - size) // 2
+    im = im.crop((left, top, left + size, top + size))
+    return torch.from_numpy(np.array(im)).permute(2, 0, 1)[None].float() / 127.5 - 1
+
+
+@torch.no_grad()
+def build_cache(pipe: FluxPipeline, data: str, size: int, device: str, max_seq: int) -> List[Dict[str, torch.Tensor]]:
+    """Each image's packed latents and its caption's embeddings (on the CPU)."""
+    files = sorted(f for f in glob.glob(os.path.join(data, "*"))
+                   if os.path.splitext(f)[1].lower() in (".png", ".jpg", ".jpeg", ".webp"))
+    if not files:
+        raise SystemExit(f"train_lora: no images in {data}")
+    vae = pipe.vae
+    items = []
+    for f in files:
+        cap_file = os.path.splitext(f)[0] + ".txt"
+        caption = open(cap_file).read().strip() if os.path.exists(cap_file) else ""
+        px = load_image(f, size).to(device, vae.dtype)
+        lat = vae.encode(px).latent_dist.sample()
+        lat = (lat - vae.config.shift_factor) * vae.config.scaling_factor
+        b, c, h, w = lat.shape
+        packed = FluxPipeline._pack_latents(lat, b, c, h, w)
+        emb, pooled, _ = pipe.encode_prompt(caption, prompt_2=None, device=device, max_sequence_length=max_seq)
+        items.append({"latents": packed.cpu(), "h": torch.tensor(h), "w": torch.tensor(w),
+                      "prompt_embeds": emb.cpu(), "pooled": pooled.cpu()})
+    return items
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", help="a diffusers FLUX.1 folder or Hugging Face id")
+    ap.add_argument("--image", help="the transformer's arena image (made from the model when missing)")
+    ap.add_argument("--data", help="a folder of images with .txt captions")
+    ap.add_argument("--out", required=True, help="the output folder: cache, checkpoint, previews, the LoRA")
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--resolution", type=int, default=512)
+    ap.add_argument("--guidance", type=float, default=1.0, help="the guidance input of a guidance-distilled model")
+    ap.add_argument("--checkpoint-every", type=int, default=250)
+    ap.add_argument("--preview-every", type=int, default=250)
+    ap.add_argument("--preview-prompt", default="a photo of a cat")
+    ap.add_argument("--preview-steps", type=int, default=20)
+    ap.add_argument("--resume", action="store_true", help="go on from out/checkpoint.pt")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tiny", action="store_true", help="tiny random models and images, for a test without downloads")
+    args = ap.parse_args()
+    if not args.tiny and not (args.model and args.data):
+        ap.error("give --model and --data, or --tiny")
+    os.makedirs(args.out, exist_ok=True)
+    workdir = tempfile.mkdtemp(prefix="train-lora-")
+    max_seq = 32 if args.tiny else 512
+    if args.tiny:
+        parts, config, weights = tiny_models(workdir)
+        image = args.image or os.path.join(workdir, "transformer.arena")
+        args.data = args.data or os.path.join(workdir, "data")
+        tiny_data(args.data)
+        args.resolution = min(args.resolution, 32)
+        args.preview_steps = min(args.preview_steps, 2)
+    else:
+        parts, config, weights = model_parts(args.model)
+        image = args.image or weights.rstrip("/") + ".arena"
+    if not os.path.exists(image):
+        arena.convert(weights, image)  # once: a tqdm bar shows the progress
+
+    # The transformer: its weights the image's, frozen; in train mode the engine
+    # plans for a forward and a backward (with the recompute) per step.
+    with torch.device("meta"):
+        transformer = FluxTransformer2DModel.from_config(config).to(torch.bfloat16)
+    handle = arena.torch.attach(transformer, image, mode="train")
+    device = handle.arena.device
+    plan = handle.plan()
+    print(f"{image}: {plan['n_resident']} blocks resident, {plan['n_streamed']} streamed")
+    pipe = FluxPipeline(transformer=transformer, **parts)
+    for name in ("vae", "text_encoder", "text_encoder_2"):
+        getattr(pipe, name).to(device)
+
+    # Cached latents and text embeddings; the text encoders are not needed after.
+    cache_path = os.path.join(args.out, "cache.pt")
+    if os.path.exists(cache_path):
+        cache = torch.load(cache_path)
+    else:
+        cache = build_cache(pipe, args.data, args.resolution, device, max_seq)
+        torch.save(cache, cache_path + ".tmp")
+        os.replace(cache_path + ".tmp", cache_path)
+    with torch.no_grad():
+        preview_emb, preview_pooled, _ = pipe.encode_prompt(args.preview_prompt, prompt_2=None, device=device,
+                                                            max_sequence_length=max_seq)
+    pipe.text_encoder.to("cpu")
+    pipe.text_encoder_2.to("cpu")
+
+    # The LoRA: trainable, in float32; the base weights stay the image's.
+    torch.manual_seed(args.seed)
+    transformer.add_adapter(LoraConfig(r=args.rank, lora_alpha=args.rank, init_lora_weights="gaussian",
+                                       target_modules=["to_q", "to_k", "to_v", "to_out.0"]))
+    transformer.enable_gradient_checkpointing()
+    params = [p for p in transformer.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=args.lr)
+    step = 0
+    ckpt_path = os.path.join(args.out, "checkpoint.pt")
+    if args.resume and os.path.exists(ckpt_path):
+        ck = torch.load(ckpt_path, map_location=device)
+        set_peft_model_state_dict(transformer, ck["lora"])
+        opt.load_state_dict(ck["optimizer"])
+        step = int(ck["step"])
+        print(f"resumed at step {step}")
+
+    def save_checkpoint() -> None:
+        torch.save({"step": step, "lora": get_peft_model_state_dict(transformer), "optimizer": opt.state_dict()},
+                   ckpt_path + ".tmp")
+        os.replace(ckpt_path + ".tmp", ckpt_path)
+
+    def preview() -> None:
+        with handle.sampling(), torch.no_grad():
+            img = pipe(prompt_embeds=preview_emb, pooled_prompt_embeds=preview_pooled, height=args.resolution,
+                       width=args.resolution, num_inference_steps=args.preview_steps, guidance_scale=3.5,
+                       generator=torch.Generator(device).manual_seed(args.seed)).images[0]
+        img.save(os.path.join(args.out, f"preview-{step:06d}.png"))
+
+    guidance = torch.full((1,), args.guidance, device=device) if config.get("guidance_embeds") else None
+    t0, first, loss_v = time.perf_counter(), step, math.nan
+    while step < args.steps:
+        item = cache[step % len(cache)]
+        # Each step's noise and time from a generator seeded by the step: a resumed run
+        # takes the same steps as one that was not stopped.
+        g = torch.Generator(device).manual_seed(args.seed * 1_000_003 + step)
+        x0 = item["latents"].to(device, torch.bfloat16)
+        noise = torch.randn(x0.shape, generator=g, device=device, dtype=torch.float32).to(torch.bfloat16)
+        sigma = torch.sigmoid(torch.randn((1,), generator=g, device=device))  # logit-normal times
+        xt = ((1 - sigma) * x0.float() + sigma * noise.float()).to(torch.bfloat16)
+        h, w = int(item["h"]), int(item["w"])
+        img_ids = FluxPipeline._prepare_latent_image_ids(1, h // 2, w // 2, device, torch.bfloat16)
+        emb = item["prompt_embeds"].to(device)
+        txt_ids = torch.zeros(emb.shape[1], 3, device=device, dtype=torch.bfloat16)
+        pred = transformer(hidden_states=xt, timestep=sigma.to(torch.bfloat16), guidance=guidance,
+                           pooled_projections=item["pooled"].to(device), encoder_hidden_states=emb,
+                           txt_ids=txt_ids, img_ids=img_ids, return_dict=False)[0]
+        loss = F.mse_loss(pred.float(), (noise.float() - x0.float()))  # flow matching: velocity
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        loss_v = float(loss.detach())
+        if not math.isfinite(loss_v):
+            raise SystemExit(f"train_lora: step {step}: the loss is {loss_v}")
+        if step % 10 == 0 or step == args.steps:
+            print(f"step {step}: loss {loss_v:.4f}")
+        if args.checkpoint_every and step % args.checkpoint_every == 0:
+            save_checkpoint()
+        if args.preview_every and step % args.preview_every == 0:
+            preview()
+    seconds = time.perf_counter() - t0
+    handle.end_step()
+
+    FluxPipeline.save_lora_weights(args.out, transformer_lora_layers=get_peft_model_state_dict(transformer),
+                                   safe_serialization=True)
+    peak = f", torch's peak {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB" if device.startswith("cuda") else ""
+    per = f", {seconds / (step - first):.3f} s a step" if step > first else ""
+    print(f"wrote {os.path.join(args.out, 'pytorch_lora_weights.safetensors')}: {step} steps, "
+          f"last loss {loss_v:.4f}{per}{peak}")
+
+
+if __name__ == "__main__":
+    main()
