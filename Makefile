@@ -129,8 +129,10 @@ help:
 	@echo "                  $(BUILD)/examples/stream (examples/stream.c)"
 	@echo "  make demo       synth a small model, convert, verify, inspect it"
 	@echo "  make wheel      the self-contained wheel (manylinux_2_28) in $(BUILD)/wheel/dist"
+	@echo "  make test-wheel the wheel installed into a venv without build tools, and run"
 	@echo "  make test       unit, CLI and Python interop tests, fuzz corpus replay, then"
-	@echo "                  unit tests and fuzz corpus again under ASan/UBSan, threads under TSan"
+	@echo "                  unit tests and fuzz corpus again under ASan/UBSan, threads under TSan,"
+	@echo "                  then the wheel (make test-wheel)"
 	@echo "  make fuzz       run the libFuzzer targets for FUZZ_TIME seconds each (clang)"
 	@echo "  make bench      the GPU probes in bench/ (CUDA); make bench-cpu: the CPU probes"
 	@echo "  make install    install CLI, library, header, pkg-config file under PREFIX"
@@ -260,9 +262,11 @@ $(BUILD)/tests/%_stress: tests/tsan/%_stress.c tests/tsan/stress_step.h $(BUILD)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libarena.a $(LDLIBS)
 
-test: test-unit test-cli test-api test-python test-fuzz test-asan test-tsan
-	@if [ -s $(PY_SKIPPED) ]; then \
-		echo "make test: all passed except skipped: python ($$(cat $(PY_SKIPPED)))"; \
+test: test-unit test-cli test-api test-python test-fuzz test-asan test-tsan test-wheel
+	@skipped=""; \
+	[ -s $(PY_SKIPPED) ] && skipped="python ($$(cat $(PY_SKIPPED)))"; \
+	[ -s $(WHEEL_SKIPPED) ] && skipped="$${skipped:+$$skipped, }wheel ($$(cat $(WHEEL_SKIPPED)))"; \
+	if [ -n "$$skipped" ]; then echo "make test: all passed except skipped: $$skipped"; \
 	else echo "make test: all passed"; fi
 
 demo: cli
@@ -274,6 +278,15 @@ demo: cli
 # xxHash and zstd from Debian's archive. WHEEL_ARCH=aarch64: the simulator only.
 wheel:
 	$(Q)WERROR=$(WERROR) CUDA=$(CUDA) CUDA_HOME=$(CUDA_HOME) sh scripts/wheel.sh $(BUILD)
+
+# The wheel as a user gets it (tests/wheel/run.sh): built, installed into a
+# venv, run there without build tools or a library path (convert, verify,
+# arena.convert ..., examples/sample_flux.py --tiny). Exit 77: skipped (zig,
+# the sources or PyPI unreachable), with the reason in $(WHEEL_SKIPPED).
+WHEEL_SKIPPED := $(BUILD)/wheel-tests.skipped
+test-wheel:
+	$(Q)WERROR=$(WERROR) CUDA=$(CUDA) CUDA_HOME=$(CUDA_HOME) sh tests/wheel/run.sh $(BUILD) || \
+		{ [ $$? = 77 ] && [ -s $(WHEEL_SKIPPED) ]; }
 
 # libFuzzer builds (clang), for longer runs than the replay in 'make test'.
 # The CUDA backend is left out: libFuzzer builds need no device and no toolkit.
