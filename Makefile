@@ -216,10 +216,15 @@ test-unit: unit
 test-cli: cli
 	$(Q)sh tests/cli/run.sh $(BUILD)/arena
 
-# The public API alone: a program built against arena.h, linked to libarena.so only.
+# The public API alone: a program built against arena.h, linked to libarena.so
+# only; and (not under a sanitizer) `make install` into a folder, a program
+# built there with pkg-config's flags, dynamic and static (tests/api/install.sh).
 test-api: cli lib
 	$(Q)mkdir -p $(BUILD)/tests
 	$(Q)CC="$(CC)" sh tests/api/run.sh $(BUILD) $(if $(filter 1,$(SAN)),-fsanitize=address$(comma)undefined -fno-omit-frame-pointer)
+ifeq ($(SAN),)
+	$(Q)CC="$(CC)" MAKE="$(MAKE)" sh tests/api/install.sh $(BUILD) $(if $(filter 1,$(WERROR)),WERROR=1)
+endif
 
 # tests/python/run.sh exits 77 when it skips (the reference packages cannot be
 # installed) and leaves the reason in $(PY_SKIPPED), for the summary of 'test'.
@@ -298,6 +303,9 @@ fuzz:
 		$(BUILD)/fuzz/$$t -max_total_time=$(FUZZ_TIME) -print_final_stats=1 \
 		  $(BUILD)/fuzz/$$t-corpus tests/fuzz/corpus/$$t || exit 1; done
 
+# arena.pc's Libs.private: LDLIBS, with the CUDA runtime as -L... -lcudart_static.
+PC_LIBS := $(patsubst $(CUDA_HOME)/lib64/libcudart_static.a,-L$(CUDA_HOME)/lib64 -lcudart_static,$(LDLIBS))
+
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	install -m 755 $(BUILD)/arena $(DESTDIR)$(PREFIX)/bin/arena
@@ -306,7 +314,7 @@ install: all
 	ln -sf libarena.so.0 $(DESTDIR)$(PREFIX)/lib/libarena.so
 	install -m 644 include/arena.h $(DESTDIR)$(PREFIX)/include/arena.h
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(shell sed -n 's/^#define ARENA_VERSION_STRING "\(.*\)"/\1/p' include/arena.h)|g' \
-	  -e 's|@LIBS@|$(filter-out $(CUDA_HOME)%,$(LDLIBS))|g' arena.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/arena.pc
+	  -e 's|@LIBS@|$(PC_LIBS)|g' arena.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/arena.pc
 
 clean:
 	rm -rf $(BUILD)
