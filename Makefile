@@ -25,7 +25,7 @@ WARN     := -Wall -Wextra -Wshadow -Wpointer-arith -Wformat=2 -Wstrict-prototype
 # -fvisibility=hidden: libarena.so exports what include/arena.h marks ARENA_API, nothing else.
 CFLAGS   += -std=c11 -fPIC -pthread -fvisibility=hidden $(WARN)
 CPPFLAGS += -D_GNU_SOURCE -Iinclude -MMD -MP
-LDLIBS   := -ljansson -lxxhash -lzstd -lpthread -lm
+LDLIBS   := -ljansson -lxxhash -lzstd -lpthread -lm -ldl
 ifeq ($(WERROR),1)
 CFLAGS   += -Werror
 endif
