@@ -98,7 +98,7 @@ int arena__engine_demote(arena_engine *e, uint32_t b)
 /* release_host: the host copies of blocks on the device for good go back to
  * the OS (promoted at an earlier step end: the copy from them is done by
  * now, synced to be sure), unless the caller keeps them; ensure_host reads
- * one again if the block is streamed later. (The H200, session 10: a
+ * one again if the block is streamed later. (On the H200, 2026-12-02, a
  * sampling run's RSS grew from 17.2 to 20.8 GiB after a move promoted 45
  * pieces, whose host copies stayed.) */
 int arena__engine_release_hosts(arena_engine *e)
@@ -385,14 +385,14 @@ static uint64_t set_used(const arena_engine *e, const uint8_t *res, uint64_t min
  * at another budget, the planner can pick another set of about the same
  * bytes (its spread over the schedule shifts), and moving to it swaps
  * blocks both ways, each move a copy and, with release_host, a read from
- * the image (the H200, session 12: 1.8 GiB less swapped 65 pieces out and
- * 67 in where about 28 out would have done, a step of 1.71 s against 0.31
- * s). Over the budget (`grow` 0) it only demotes, until the set fits: among
- * blocks t streams first, the smallest whose demotion (its bytes less the
- * ring's growth) is enough, else the one saving most. With room (`grow` 1)
- * it only promotes blocks t keeps, in t's order, while the set fits. As
- * good: by bytes, resident within one ring slot of t's; with a profile,
- * predicted within 1 % of t's step. Returns e->near, or t's set. */
+ * the image (on the H200, 2026-12-02: 1.8 GiB less swapped 65 pieces out
+ * and 67 in where about 28 out would have done, a step of 1.71 s against
+ * 0.31 s). Over the budget (`grow` 0) it only demotes, until the set fits:
+ * among blocks t streams first, the smallest whose demotion (its bytes
+ * less the ring's growth) is enough, else the one saving most. With room
+ * (`grow` 1) it only promotes blocks t keeps, in t's order, while the set
+ * fits. As good: by bytes, resident within one ring slot of t's; with a
+ * profile, predicted within 1 % of t's step. Returns e->near, or t's set. */
 const uint8_t *arena__engine_near_set(arena_engine *e, const arena_residency_plan *t, uint64_t budget, int grow)
 {
 	const arena_layout *l = e->l;

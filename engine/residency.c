@@ -262,7 +262,7 @@ int arena_residency_host_split(const arena_layout *l, const arena_residency_plan
 		 * of the bytes streamed so far), so that its reads run ahead while
 		 * the copies of the host blocks between them go: a tier at the
 		 * schedule's end is read back to back, the copies waiting on the
-		 * disk (the H200, session 14: 3.1 GB a step at the end of
+		 * disk (on the H200, 2026-12-02: 3.1 GB a step at the end of
 		 * sampling's schedule took 0.34 s steps to 0.55 s). */
 		const uint64_t need = want - host_budget; /* (the staging only lowered it) */
 		const uint64_t unsched = want - sched_want;
