@@ -8,7 +8,9 @@
  * chunk rounded up to 4 KiB. Rates are GB/s of raw (decoded) bytes, best of
  * --repeat passes, each decode into a chunk buffer from the stored bytes in
  * memory (zstd: parse, decompress the packed streams, gather; hb4: parse and
- * decode). Needs no GPU: `make build/bench/codec_bench`.
+ * decode). The limit beside the sizes, from the same data: the entropy of
+ * each byte position (what an ideal code of each position alone would
+ * store). Needs no GPU: `make bench-cpu` (build/bench/codec_bench).
  *
  *   codec_bench IMAGE [--levels 1,2,3] [--max-bytes SIZE_MIB] [--repeat N]
  *

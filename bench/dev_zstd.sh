@@ -1,11 +1,22 @@
 #!/bin/sh
-# dev_zstd.sh - the storage forms side by side on a machine without a GPU
-# (ratios only: run on the 2-core dev machine): the codecs on the image's own
-# data (bench/codec_bench, one thread), convert time and size of plain, hb4
-# and zstd at levels 1..5 against cp, warm and cold loads on the simulator.
-# usage: OUT=dir A=build/arena B=build sh bench/dev_zstd.sh [WORKDIR]
-# Needs: `make build/bench/codec_bench`, ~8 GB free in WORKDIR; root for the
-# cold loads (drop_caches), which are skipped otherwise.
+# dev_zstd.sh - the storage forms side by side on a machine without a GPU:
+# ratios only, measured in one run (the loads run on the simulator).
+#
+# Measures: the codecs on the image's own data, one thread
+#   (bench/codec_bench: levels 1..5 on 512 MiB, 9 and 19 on 64 MiB); convert
+#   of flux-dev --blocks 2 to plain, hb4 and zstd at levels 1..5, REPS
+#   rounds alternated (fsync included); warm and cold loads of each form
+#   on sim (`arena load --backend sim --json`).
+# Limit, same run: `cp` + `sync` of the checkpoint in the same rounds (for
+#   convert); each cold load's --json `limits` (the O_DIRECT rate of the
+#   same file).
+# Prints: a log (OUT/log.txt) with the convert times (OUT/convert.txt:
+#   round, form, wall, user, sys) and sizes; codec_bench's JSON; a JSON file
+#   a load under OUT.
+# Run: OUT=dir A=build/arena B=build sh bench/dev_zstd.sh [WORKDIR]
+#   on any Linux machine; `make bench-cpu` first (B: its build folder),
+#   ~8 GB free in WORKDIR, root for the cold loads (drop_caches; skipped
+#   otherwise).
 set -u
 A=${A:-build/arena}
 B=${B:-build}

@@ -4,11 +4,14 @@
  * coded convert's did before it reserved the raw size). On ext4 a write that
  * extends the file takes the inode lock alone and waits for its I/O, so
  * extending writes go one at a time; on a device whose rate needs several
- * writes in flight the two differ. Needs no GPU: `make build/bench/dio_probe`.
+ * writes in flight the two differ. The reserved case is the limit a
+ * convert's writes are held to on that disk. Needs no GPU: `make bench-cpu`
+ * (build/bench/dio_probe).
  *
  *   dio_probe FILE [THREADS [GIB]]      (default 8 threads, 4 GiB; FILE is removed)
  *
- * Prints one line per case and pass. Exit status: 0, or 3 on an I/O error. */
+ * Prints one line per case and pass (GB/s). Exit status: 0, or 3 on an I/O
+ * error. */
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>

@@ -1,8 +1,12 @@
-"""Does a copy to the host slow the copies to the device? (bench/RESULTS.md, session 12)
+"""duplex_probe.py - does a copy to the host slow the copies to the device?
 
-Times 8 GiB of pinned host->device copies alone, then with device->host copies
-of 1/8 and 1/2 as many bytes running at the same time on another stream; prints
-each rate in GB/s. usage: python3 bench/duplex_probe.py"""
+Times 8 GiB of pinned host->device copies alone (the limit, measured first
+and last in the same run), then with device->host copies of 1/8 and 1/2 as
+many bytes running at the same time on another stream, as saved tensors
+moved to host memory do in a training step (bench/RESULTS.md, "The PyTorch
+adapter"). Prints one line a case: each direction's rate in GB/s.
+
+usage: python3 bench/duplex_probe.py   (a machine with an NVIDIA GPU and torch)"""
 import torch
 
 dev = torch.device("cuda", 0)

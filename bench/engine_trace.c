@@ -7,7 +7,11 @@
  *
  *   engine_trace IMAGE --vram-cap SIZE [--mode sample|train] [--tokens T] [--steps N] [--depth N]
  *
- * Exit status: 0, 2 for usage, or the class of an arena error.
+ * The limit, in the same totals: the GEMMs' busy time (the compute) and
+ * the gaps before streamed blocks (what the copies add to it). `arena bench
+ * stream --trace` gives the whole timeline; this gives the per-entry gaps.
+ * Build: `make bench` (needs CUDA): build/bench/engine_trace. Exit status:
+ * 0, 2 for usage, or the class of an arena error.
  */
 #include <cuda_runtime_api.h>
 #include <stdio.h>

@@ -1,17 +1,27 @@
 #!/bin/sh
-# gpu_coded.sh - coded streaming on a machine with an NVIDIA GPU, side by side
-# in one run: the same flux-dev weights as a plain image (f.arena) and as an
-# hb4 image (fc.arena, `arena convert --codec hb4`), whose streamed blocks the
-# engine keeps coded in host memory and copies coded (the device decodes).
-#   engine: bench/gpu_engine.sh's runs $ENGINE (default "cap8 pfloor": 8G
-#           sample, and 128M pieces under a 1G cap at depth $PDEPTH, default
-#           3) on each image; the bound of a coded run counts the coded bytes
-#   torch:  bench/torch_flux.py's runs $TORCH (RUN:VRAM:RESERVE:PIECE, default
-#           "arena-sample:8G:1300M:128M") on each image
-# Results: $OUT/f/ and $OUT/fc/ (engine_*.json), $OUT/torch-f.jsonl and
-# $OUT/torch-fc.jsonl (bench/torch_summary.py reads them), convert times on
-# stdout.
-# usage: A=build/arena OUT=dir sh bench/gpu_coded.sh WORKDIR
+# gpu_coded.sh - coded streaming: the same flux-dev weights as a plain image
+# (f.arena) and as an hb4 image (fc.arena, `convert --codec hb4`), whose
+# streamed blocks the engine keeps coded in host memory and copies coded
+# (the device decodes), side by side in one run.
+#
+# Measures: convert to each image (once, the times on stdout); the engine
+#   (bench/gpu_engine.sh's runs ENGINE, default "cap8 pfloor": an 8G sample
+#   run, and 128M pieces under a 1G cap at depth PDEPTH, default 3) on each
+#   image; the adapter (bench/torch_flux.py's runs TORCH, each
+#   RUN:VRAM:RESERVE:PIECE, default "arena-sample:8G:1300M:128M") on each.
+# Limit, same run: the engine's bound (max of the compute and the moved
+#   bytes, coded bytes for the hb4 image, over the host-to-device rate it
+#   measured); the adapter's moved bytes a step over the pinned rate
+#   torch_flux.py measures after its steps (`h2d_bytes_per_s`).
+# Prints: gpu_engine.sh's summary lines a run; the adapter's JSON lines
+#   go to OUT/torch-f.jsonl and OUT/torch-fc.jsonl (bench/torch_summary.py
+#   reads them); engine JSON under OUT/f/ and OUT/fc/.
+# Run: A=build/arena OUT=dir sh bench/gpu_coded.sh WORKDIR
+#   on a machine with an NVIDIA GPU, a CUDA build of arena, and torch +
+#   diffusers + the arena package importable
+#   (installed, or PYTHONPATH=python beside a CUDA build in build/); ~45 GB
+#   free in WORKDIR. bench/gpu_coded_check.py checks the coded bytes on the
+#   device.
 set -u
 A=${A:-build/arena}
 OUT=${OUT:-.}

@@ -4,7 +4,14 @@ engine under a cap that streams most of them equals, byte for byte on the
 device, the same block of the plain image all resident. Two steps, so blocks
 come through the ring more than once (and the ring's slots are reused).
 
-usage: python3 bench/gpu_coded_check.py PLAIN.arena CODED.arena [VRAM [PIECE]]"""
+A check, not a timing: its reference is the plain image resident in the same
+process. Prints the plan, the streamed and moved bytes a step and the count
+of blocks that differ; exit status 1 when any does.
+
+usage: python3 bench/gpu_coded_check.py PLAIN.arena CODED.arena [VRAM [PIECE]]
+  (VRAM default 8G, PIECE 128M; env RESERVE, default 1G; ARENA_DEVICE, default
+  cuda). PLAIN and CODED: the same checkpoint converted plain and with
+  --codec hb4; a machine with an NVIDIA GPU, torch and the arena package."""
 
 import sys
 

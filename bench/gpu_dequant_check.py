@@ -9,7 +9,10 @@ for bit; then all of them are dequantized again, timed with CUDA events,
 by arena and by the two torch kernels the adapter used before
 (copy_ to the dtype, then mul_ by the scale), against the device's copy
 rate (a device-to-device copy of as many bytes as arena moves) measured in
-the same run. Prints one JSON line per image."""
+the same run: the limit. Prints one JSON line per image: mismatches, the
+seconds of each, arena's GB/s and its fraction of the copy rate. Needs a
+machine with an NVIDIA GPU, torch and the arena package; images made with
+`arena convert --quant SCHEME`."""
 
 from __future__ import annotations
 

@@ -1,20 +1,31 @@
 #!/bin/sh
 # gpu_disk.sh - the disk tier from a cold disk on a machine with an NVIDIA
-# GPU (issue 13 part 3): flux-dev (BLOCKS: fewer blocks) under an 8 GiB cap
-# (CAP) with a host budget of a quarter of the image (HOST_BUDGET), caches
-# dropped first, so that every streamed block past the budget comes from the
-# disk each step (what the page cache does not hold is read with O_DIRECT
-# and stays out of it). The limit, measured in the same run right before:
-# the disk's O_DIRECT read rate of the same file (8 dd readers of 4 MiB
-# pieces, as the tier reads, 4 GiB).
-# --device-free holds the device but 24 GiB, so bench stream models the
-# compute at --flops instead of loading the whole model again for an
-# all-resident run (the disk bound is far above the compute here).
-# PIECE: --piece-size, FLOPS: --flops, CODEC=hb4: an hb4 image (its disk
-# tier reads and copies coded bytes; the limit is then in coded bytes). RUNS: "ra" (reads ahead, the default build) and/or "sync"
-# (ARENA_DISK_READAHEAD=0: reads on the caller's thread), each cold.
-# KEEP=1: keep the synthesized checkpoint (WORKDIR/f.safetensors) for other images.
-# usage: A=build/arena OUT=dir sh bench/gpu_disk.sh WORKDIR      (root: drop_caches)
+# GPU: flux-dev (BLOCKS: fewer blocks) under an 8 GiB cap (CAP) with a host
+# budget of a quarter of the image (HOST_BUDGET), caches dropped before each
+# run, so that every streamed block past the budget comes from the disk each
+# step (what the page cache does not hold is read with O_DIRECT and stays
+# out of it).
+#
+# Measures: `arena bench stream --vram-cap CAP --host-budget HB` (STEPS,
+#   default 4), for each of RUNS: "ra" (the stager reads ahead: the default
+#   build) and/or "sync" (ARENA_DISK_READAHEAD=0: reads on the caller's
+#   thread), each from a cold cache; its peak RSS (/usr/bin/time -v).
+#   --device-free 24G holds all of the device but 24 GiB, so bench stream
+#   times the compute with its GEMMs instead of loading the whole model for
+#   an all-resident run. PIECE: --piece-size, FLOPS: --flops, CODEC=hb4: an
+#   hb4 image (its tier reads and copies coded bytes; the limit is then in
+#   coded bytes). KEEP=1 keeps the synthesized checkpoint. BACKEND=sim: a
+#   dry run on the simulator (no GPU; the compute is modelled).
+# Limit, same run: the disk's O_DIRECT read rate of the same file, read
+#   right before by 8 dd readers of 4 MiB pieces (as the tier reads; 4 GiB
+#   in all); each step against max(compute, disk bytes / that rate, moved
+#   bytes / the host-to-device rate); peak RSS against the host budget +
+#   512 MiB.
+# Prints: the disk rate, then a line a step (time, disk bytes and their time
+#   at the O_DIRECT rate, copies, compute, x the bound, disk wait) and the
+#   peak RSS a run (also in OUT/disk_summary.txt; JSON in OUT/disk_RUN.json).
+# Run: A=build/arena OUT=dir sh bench/gpu_disk.sh WORKDIR
+#   as root (drop_caches) with a CUDA build of arena; ~50 GB free in WORKDIR.
 set -u
 A=${A:-build/arena}
 OUT=${OUT:-.}

@@ -1,32 +1,43 @@
 #!/bin/sh
-# gpu_engine.sh - speed measurements of the residency engine on a
-# machine with an NVIDIA GPU: `arena bench stream --backend cuda` (a cuBLAS bf16 GEMM with
-# T=4608 rows per block) on a flux-dev image, four runs:
-#   nocap     no cap (all resident): step <= 1.03 x the all-resident run
-#   cap8      --vram-cap 8G --mode sample: step <= 1.05 x bound
-#   cap12t    --vram-cap 12G --mode train: step <= 1.10 x bound
-#   pressure  --pressure 20G@3 (given back at step 8): no failure, demotion
-#             within one step, promotion after. Only free memory can be
-#             taken, and an H200 has ~115 GiB free beside the model, so this
-#             run holds all but $PRESSURE_DEVICE_FREE (default 24G, the sim's
-#             default card) from the start (--device-free) for 20G to bite.
-#   pressure43 the same on a 43G card: the model and ~20G free beside it, so
-#             the whole 20G is taken and what is left is under the engine's
-#             headroom + reserve.
-#   pfloor    blocks in pieces of $PIECE (default 128M) under --vram-cap
-#             $PFLOOR_CAP (default 1G: weights get what headroom and reserve
-#             leave; PDEPTH: --depth): step <= 1.05 x bound (with a trace,
-#             engine_pfloor.trace.json)
-#   p8        the same pieces under an 8G cap, beside cap8
-#   disk      8G cap, --host-budget $HOST_BUDGET (default 5G, a quarter of
-#             flux-dev): the streamed blocks beyond it read from the image
-#             each step (the disk tier; its reads go through the page cache,
-#             so on a host that holds the file this measures the tier's own
-#             cost, not the disk)
-# Each run's JSON goes to $OUT/engine_<name>.json, then one summary line.
-# cap8 also writes its steps' trace, $OUT/engine_cap8.trace.json (open it in
-# https://ui.perfetto.dev; README.md "Traces"), summed up in one more line.
-# usage: A=path/to/arena OUT=dir sh bench/gpu_engine.sh WORKDIR
+# gpu_engine.sh - the residency engine alone on a machine with an NVIDIA GPU:
+# `arena bench stream --backend cuda --tokens 4608` on a flux-dev image, a
+# cuBLAS bf16 GEMM per acquired block or piece (2 x T x parameters FLOPs,
+# T = 4608 rows: Flux at 1024x1024), no framework.
+#
+# Measures (RUNS, default "nocap cap8 cap12t cfg8 mixed12 pressure43";
+#   STEPS steps each, default 10):
+#   nocap      no cap, everything resident
+#   cap8       --vram-cap 8G --mode sample (with a trace of its steps,
+#              OUT/engine_cap8.trace.json: open it in https://ui.perfetto.dev)
+#   cap12t     --vram-cap 12G --mode train
+#   cfg8       8G, two passes a sample step (classifier-free guidance)
+#   mixed12    12G training that stops for a two-pass preview every 3 steps
+#   pressure   --pressure 20G@3 (given back at step 8) with all but
+#              PRESSURE_DEVICE_FREE (default 24G) of the device held from the
+#              start (--device-free), so the 20G bites: no failure, a
+#              demotion within one step, a promotion after
+#   pressure43 the same on a 43G card: the model and ~20G free beside it
+#   pfloor     pieces of PIECE (default 128M) under --vram-cap PFLOOR_CAP
+#              (default 1G; PDEPTH: --depth), with a trace
+#   p8         the same pieces under an 8G cap
+#   disk       8G cap, --host-budget HOST_BUDGET (default 5G): the streamed
+#              blocks past it are read from the image each step (the disk
+#              tier; from the page cache when the host holds the file:
+#              bench/gpu_disk.sh measures it from a cold disk)
+#   ARGS: more `bench stream` options for every run (e.g. "--reserve 1400M
+#   --piece-size auto"); IMG: another flux-dev image (default WORKDIR/f.arena,
+#   made by synth + convert when missing; bench/gpu_coded.sh passes an hb4 one).
+# Limit, same run: the all-resident step (the same steps with every block
+#   resident, in the same process) and the bound, max(compute, moved bytes
+#   / the host-to-device rate measured in the same process), per step and
+#   for the steady steps (after the first and after the last one that
+#   changed the plan).
+# Prints: two summary lines a run (step, bound, efficiency, the all-resident
+#   step and the ratio to it, demotions, promotions, stalls, pressure), one
+#   more for a traced run; each run's JSON in OUT/engine_NAME.json.
+# Run: A=build/arena OUT=dir sh bench/gpu_engine.sh WORKDIR
+#   with a CUDA build of arena; cuBLAS from CUDA's lib64 or from the pip
+#   wheel torch uses; ~50 GB free in WORKDIR.
 set -u
 A=${A:-build/arena}
 OUT=${OUT:-.}
@@ -37,7 +48,7 @@ mkdir -p "$W" "$OUT"
 CB=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null)
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${CB:+:$CB}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 ST=$W/f.safetensors
-IMG=${IMG:-$W/f.arena} # another image of flux-dev: IMG=path (bench/gpu_coded.sh: an hb4 one)
+IMG=${IMG:-$W/f.arena}
 [ -f "$IMG" ] || {
 	[ -f "$ST" ] || "$A" synth --layout flux-dev -o "$ST" >/dev/null || exit 1
 	"$A" convert -q "$ST" -o "$IMG" || exit 1
@@ -91,7 +102,8 @@ PY
 run() {
 	name=$1
 	shift
-	"$A" bench stream "$IMG" --backend cuda --tokens 4608 --json "$@" >"$OUT/engine_$name.json" \
+	# shellcheck disable=SC2086
+	"$A" bench stream "$IMG" --backend cuda --tokens 4608 --json "$@" ${ARGS:-} >"$OUT/engine_$name.json" \
 		2>"$OUT/engine_$name.err"
 	rc=$?
 	if [ $rc -ne 0 ]; then
@@ -111,8 +123,6 @@ for r in $RUNS; do
 		trace_summary cap8 "$OUT/engine_cap8.trace.json"
 		;;
 	cap12t) run cap12t --steps "$STEPS" --vram-cap 12G --mode train ;;
-	# callers off the default order: two passes a sample step (classifier-free
-	# guidance), and training that stops for a preview every 3 steps
 	cfg8) run cfg8 --steps "$STEPS" --vram-cap 8G --mode sample --passes 2 ;;
 	mixed12) run mixed12 --steps 12 --vram-cap 12G --mode train --sample-every 3 --passes 2 ;;
 	pressure) run pressure --steps 14 --device-free "${PRESSURE_DEVICE_FREE:-24G}" --pressure 20G@3 ;;

@@ -1,9 +1,25 @@
 #!/bin/sh
-# gpu_load.sh - measurements on a machine with an NVIDIA GPU (measured on one H200), one run each, all
-# limits measured in the same run. Writes JSON and a log under OUT.
-# usage: OUT=dir A=path/to/arena sh bench/gpu_load.sh [WORKDIR]
-# Needs: a CUDA device, python3 with torch + safetensors (for the side-by-side),
-# ~50 GB free in WORKDIR, root for the cold-cache run (drop_caches).
+# gpu_load.sh - loading flux-dev onto an NVIDIA GPU, against the machine's own
+# limits and against Python's safetensors.
+#
+# Measures: `arena load --backend cuda --json` of the plain image (3 warm
+#   loads, the image in the page cache; 1 cold, caches dropped) and of an
+#   hb4 image (`convert --codec hb4`: 3 warm, 1 cold); `arena load` of the
+#   safetensors file itself, destination-first (2 warm);
+#   `safetensors.torch.load_file(device="cuda")` (2 warm); the device bytes
+#   of cuda against sim for a small plain and hb4 image (`--check`, also
+#   with a 16 MiB pin budget). SHAPES="SLOT:SLOTS:THREADS ...": the plain
+#   image warm with each ring shape too (e.g. "1M:4:16 512K:8:16 2M:3:16"),
+#   and once with the baseline hash (ARENA_HASH_ISA=baseline).
+# Limit, same run: each load's --json `limits`: the pinned host-to-device
+#   rate and the read rate of the same file with the same threads (buffered
+#   when warm, O_DIRECT when cold); Python's rate for the ratio.
+# Prints: a log (OUT/log.txt) with every load's JSON; one JSON file a load
+#   under OUT (load_*.json, python_warm.json).
+# Run: OUT=dir A=build/arena sh bench/gpu_load.sh [WORKDIR]
+#   on a machine with an NVIDIA GPU and a CUDA build of arena; python3 with
+#   torch and safetensors (for the side by side), ~50 GB free in WORKDIR,
+#   root for the cold loads (drop_caches; skipped otherwise).
 set -u
 A=${A:-build/arena}
 OUT=${OUT:-/tmp/arena-bench-out}
@@ -25,6 +41,21 @@ for i in 1 2 3; do
 	"$A" load "$IMG" --backend cuda --json >"$OUT/load_warm_$i.json" 2>>"$OUT/log.txt"
 	cat "$OUT/load_warm_$i.json" >>"$OUT/log.txt"
 done
+for sh in ${SHAPES:-}; do
+	IFS=: read -r slot slots threads <<EOS
+$sh
+EOS
+	log "warm load, ring $slot x $slots slots x $threads threads"
+	"$A" load "$IMG" --backend cuda --json --no-probe --slot-size "$slot" --slots "$slots" --threads "$threads" |
+		python3 -c "import json,sys; d=json.load(sys.stdin); print(round(d['gbps'],2), 'GB/s', {k:round(v,3) for k,v in d['phases'].items()})" |
+		tee -a "$OUT/log.txt"
+done
+if [ -n "${SHAPES:-}" ]; then
+	log "warm load, baseline hash"
+	ARENA_HASH_ISA=baseline "$A" load "$IMG" --backend cuda --json --no-probe |
+		python3 -c "import json,sys; d=json.load(sys.stdin); print(round(d['gbps'],2), 'GB/s', d['hash_isa'], {k:round(v,3) for k,v in d['phases'].items()})" |
+		tee -a "$OUT/log.txt"
+fi
 # The coded image (convert --codec hb4): the plain one makes room for it
 # where the disk holds only two of the three files.
 CIMG=$W/flux-dev-hb4.arena
@@ -89,4 +120,4 @@ SC=$W/flux-small-hb4.arena
 "$A" convert -q "$W/flux-small.safetensors" -o "$SC" --chunk-size 1M --codec hb4
 run "$A" load "$SC" --backend cuda --check --no-probe
 run "$A" load "$SC" --backend sim --vram-cap 8G --check --no-probe
-log done
+log "done"

@@ -6,8 +6,11 @@
  *
  * Defaults: device 0, a 1024 MiB buffer copied in 64 MiB pieces, 5 timed
  * repetitions after one warm-up (the best and every rate are reported, in
- * GB/s = 1e9 bytes/s). Exit status: 0, 2 for usage, or the class of an arena
- * error (3 for no CUDA device) with a one-line message on stderr.
+ * GB/s = 1e9 bytes/s). These rates are the limits the loader and the
+ * engine are held to (each also measures them in its own run).
+ * Build: `make bench` (needs CUDA): build/bench/gpu_probe. Exit status: 0,
+ * 2 for usage, or the class of an arena error (3 for no CUDA device) with
+ * a one-line message on stderr.
  */
 #include <cuda_runtime_api.h>
 #include <stdio.h>

@@ -8,8 +8,11 @@ bench/torch_flux.py, one checkpointed training step each: resident twice
 4 GiB (pieces, saved tensors in host memory). In the streamed runs every
 quantized weight is compared, each time its block is bound (forward and
 recompute), with (qdata.float() * scale).to(dtype) from an arena that
-holds the image resident. Prints the mismatches and the largest LoRA
-gradient differences against the first resident run as one JSON line."""
+holds the image resident. The reference for the gradients is the two
+resident runs' own difference, in the same process. Prints the mismatches
+and the largest LoRA gradient differences against the first resident run
+as one JSON line. Needs what bench/torch_flux.py needs (a machine with an
+NVIDIA GPU, torch, diffusers, the arena package)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,28 @@
 #!/bin/sh
-# gpu_torch.sh - the PyTorch adapter on a machine with an NVIDIA GPU (measured on one H200) (bench/torch_flux.py),
-# side by side in one run: the plain diffusers Flux (FLUX.1-dev config, weights
-# from `arena synth --layout flux-dev`) resident, diffusers' group offloading
-# (block_level, use_stream), and arena.torch.attach at several vram sizes,
-# sampling and LoRA training; then the engine alone (`arena bench stream`)
-# for the host-to-device rate of the same run. One JSON line a run in
-# $OUT/torch.jsonl, the bench stream reports in $OUT/engine_*.json.
-# TORCH_ARGS: more arguments for every run (--sync: the old timing, a device-wide
-# synchronize after each step). TRACE=1: arena runs also write $OUT/trace-RUN-VRAM.json (3 steps after the timed ones).
-# usage: A=build/arena OUT=dir sh bench/gpu_torch.sh WORKDIR [RUN[:VRAM[:RESERVE[:DEPTH[:PIECE]]]]...]
-# (PIECE: --piece-size, blocks streamed in pieces; train runs in pieces get --keep-last 0)
+# gpu_torch.sh - the PyTorch adapter on diffusers' Flux (bench/torch_flux.py),
+# several runs side by side, one process a run.
+#
+# Measures: by default the plain model resident (weights loaded with
+#   safetensors to the GPU), diffusers' group offloading (block_level,
+#   use_stream), arena.torch.attach all resident and at 8G and 4G, and LoRA
+#   training resident and through arena at 8G and 6G; or the runs given,
+#   each RUN[:VRAM[:RESERVE[:DEPTH[:PIECE]]]] (an empty field: the default;
+#   PIECE: --piece-size; a train run in pieces gets --keep-last 0).
+#   TORCH_ARGS: more torch_flux.py options for every run (--gc-freeze,
+#   --host-timing, --sync, ...). TRACE=1: arena runs also write
+#   OUT/trace-RUN-VRAM.json (3 steps after the timed ones).
+# Limit, same run: each run's `h2d_bytes_per_s` (the pinned host-to-device
+#   rate, measured in the same process after its steps): a streamed sample
+#   step's bound is its moved bytes over it; the resident run beside it for
+#   the ratio to resident (training: bench/train_bound.py).
+# Prints: one JSON line a run appended to OUT/torch.jsonl (read it with
+#   bench/torch_summary.py OUT/torch.jsonl WORKDIR: one line a run and the
+#   LoRA gradients against the resident run's); failures on stderr.
+# Run: A=build/arena OUT=dir sh bench/gpu_torch.sh WORKDIR [RUN...]
+#   on a machine with an NVIDIA GPU, a CUDA build of arena, torch and
+#   diffusers, the arena package importable
+#   (installed, or PYTHONPATH=python beside a CUDA build in build/); ~50 GB free
+#   in WORKDIR.
 set -u
 A=${A:-build/arena}
 OUT=${OUT:-.}

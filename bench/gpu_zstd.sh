@@ -1,14 +1,23 @@
 #!/bin/sh
-# gpu_zstd.sh - the three storage forms on a machine with an NVIDIA GPU, one
-# run each, limits measured in the same run: convert (plain, hb4, zstd)
-# against cp; warm loads of each (3) and cold loads (caches dropped; the
-# O_DIRECT read rate of the same file is in each load's --json `limits`); the
-# codecs a core (bench/codec_bench); O_DIRECT writes into a reserved and a
-# growing file (bench/dio_probe); cuda against sim bytes of a small zstd
-# image. Writes JSON and a log under OUT.
-# usage: OUT=dir A=path/to/arena B=build sh bench/gpu_zstd.sh [WORKDIR]
-# Needs: a CUDA device, `make bench-cpu`, ~60 GB free in WORKDIR (the plain
-# image is removed before the coded ones are made), root for drop_caches.
+# gpu_zstd.sh - the three storage forms (plain, hb4, zstd) of flux-dev side
+# by side on a machine with an NVIDIA GPU.
+#
+# Measures: convert to each form (fsync included, warm source) and the
+#   image's size; 3 warm loads of each and a cold one (caches dropped), then
+#   a second cold load of zstd and hb4; the codecs on one core
+#   (bench/codec_bench, 1 GiB of the image's data); O_DIRECT writes into a
+#   reserved and into a growing file (bench/dio_probe, one thread a core);
+#   cuda against sim bytes of a small zstd image (`--check`).
+# Limit, same run: `cp` + `sync` of the checkpoint (twice) for convert; each
+#   load's --json `limits` (the pinned host-to-device rate, and the read rate
+#   of the same file: buffered when warm, O_DIRECT right after a cold load).
+# Prints: a log (OUT/log.txt) and a summary line a load: GB/s of weights,
+#   seconds, the read limit, decode CPU seconds; JSON files under OUT.
+# Run: OUT=dir A=build/arena B=build sh bench/gpu_zstd.sh [WORKDIR]
+#   on a machine with an NVIDIA GPU and a CUDA build of arena; `make
+#   bench-cpu` first (B: its build folder), ~60 GB free in WORKDIR (the
+#   plain image is removed before the coded ones are made), root for
+#   drop_caches (the cold loads are skipped without it).
 set -u
 A=${A:-build/arena}
 B=${B:-build}
@@ -94,4 +103,4 @@ print("%-28s %7.2f GB/s of weights  %6.3f s  read %s %.2f GB/s  decode %.1f CPU 
       d["gbps"], d["seconds"], lim.get("read_mode"), lim.get("read_gbps", 0), dec.get("cpu_seconds", 0)))' "$j" |
 		tee -a "$OUT/log.txt"
 done
-log done
+log "done"

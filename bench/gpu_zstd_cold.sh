@@ -1,11 +1,19 @@
 #!/bin/sh
-# gpu_zstd_cold.sh - cold loads of a zstd image, builds or settings
-# alternated so that the disk's drift is shared: each load after
-# drop_caches, its --json `limits` holding the O_DIRECT rate of the same file
-# read right after it (the limit: weights/s over that rate is the ratio).
-# usage: OUT=dir ROUNDS=3 sh bench/gpu_zstd_cold.sh IMAGE 'label=command prefix' ...
-#   e.g. 'new=build/arena' 'old=build/arena-old' 'p64=env ARENA_LOAD_PIECE=64M build/arena'
-# Needs root (drop_caches) and a CUDA device.
+# gpu_zstd_cold.sh - cold loads of one image by two or more builds or
+# settings, alternated so that the disk's drift falls on all of them alike.
+#
+# Measures: `CMD load IMAGE --backend cuda --json` after drop_caches, for
+#   each 'label=command prefix' in turn, ROUNDS rounds (default 3).
+# Limit, same run: the O_DIRECT read rate of the same file with the same
+#   threads, read right after each load (its --json `limits`); the ratio
+#   is weights per second over that rate (a coded image can pass 1).
+# Prints: one line a load: GB/s of weights, seconds, the rate the file was
+#   read at, the O_DIRECT rate, the ratio, the decode figures; the JSON of
+#   each load in OUT/cold_LABEL_ROUND.json.
+# Run: OUT=dir ROUNDS=3 sh bench/gpu_zstd_cold.sh IMAGE 'label=command prefix' ...
+#   e.g. 'new=build/arena' 'old=build-old/arena'
+#   'p64=env ARENA_LOAD_PIECE=64M build/arena'; as root (drop_caches) on a
+#   machine with an NVIDIA GPU (BACKEND=sim: no GPU).
 set -u
 IMG=$1
 shift

@@ -7,7 +7,9 @@ unless --no-hugepage), touches every page (as the load fills them), then
 registers it with CUDA (cudaHostRegister, as arena pins it; one thread) and
 prints one JSON line: the seconds of each, the transparent hugepage settings
 and /proc/meminfo's free, cached and hugepage figures before and after. Run it
-twice on a machine just started to see what the first process pays."""
+twice on a machine just started to see what the first process pays: the
+second run is the limit the first is held to. Needs libcudart.so on the
+library path for the registration (skipped, with the error, without it)."""
 
 from __future__ import annotations
 

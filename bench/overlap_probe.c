@@ -9,8 +9,11 @@
  *   overlap_probe [--tokens T] [--reps N]
  *
  * Sizes: a Flux double block (339.8 M parameters, 679.6 MB) and a single
- * block (141.6 M, 283.2 MB). Exit status: 0, 2 for usage, or the class of an
- * arena error (3 for no CUDA device) with a one-line message on stderr.
+ * block (141.6 M, 283.2 MB). The limit is each alone, in the same run: both
+ * at once should take the longer of the two. Build: `make bench` (needs
+ * CUDA): build/bench/overlap_probe. Exit status: 0, 2 for usage, or the
+ * class of an arena error (3 for no CUDA device) with a one-line message
+ * on stderr.
  */
 #include <cuda_runtime_api.h>
 #include <stdio.h>

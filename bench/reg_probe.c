@@ -1,8 +1,16 @@
 /* reg_probe.c - can the GPU copy straight from the page cache? Registers
- * pieces of a read-only file mapping with cudaHostRegister(ReadOnly) from T
- * threads, copies each to the device while the CPU hashes it, unregisters.
- * Prints one JSON line per thread count: registration rate, end-to-end rate.
- * usage: reg_probe FILE [PIECE_MIB]  (run on a machine with an NVIDIA GPU (measured on one H200), warm cache) */
+ * pieces of a read-only mapping of FILE with cudaHostRegister(ReadOnly) from
+ * 1, 4, 8 and 16 threads (and 16 again, each piece hashed by the CPU while
+ * its copy runs), copies each piece to the device, unregisters it.
+ * The limit to hold it to: the pinned copy rate (bench/gpu_probe, same
+ * machine) and `arena load` of the same file, warm.
+ * Prints one JSON line a thread count: seconds, GB/s end to end, the
+ * threads' seconds in registration.
+ *
+ *   reg_probe FILE [PIECE_MIB]      (default 64; FILE in the page cache first: cat FILE >/dev/null)
+ *
+ * Build: `make bench` (needs CUDA): build/bench/reg_probe. Exit status: 0,
+ * 2 for usage, 3 when the device memory cannot be had. */
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -63,8 +71,10 @@ static void *worker(void *arg)
 
 int main(int argc, char **argv)
 {
-	if (argc < 2)
+	if (argc < 2) {
+		fprintf(stderr, "usage: reg_probe FILE [PIECE_MIB]\n");
 		return 2;
+	}
 	int fd = open(argv[1], O_RDONLY);
 	struct stat st;
 	fstat(fd, &st);

@@ -22,7 +22,12 @@ the set-up time, the wall time per step, the peak device memory the process used
 total - min free, read after every step; torch's and arena's), peak host
 RSS, and for arena runs the plan and the engine's records. Train runs save
 the LoRA gradients of their first step (--grads FILE) so that two runs can
-be compared. The model is the FLUX.1-dev config built on the meta device;
+be compared. The limit, measured in the same process after the steps:
+h2d_bytes_per_s, the pinned host-to-device rate (a streamed sample step's
+bound is its moved bytes over it; bench/train_bound.py gives a training
+step's); a resident run beside it, on the same machine, for the ratio to
+resident. Needs a machine with an NVIDIA GPU, torch, diffusers and the
+arena package. The model is the FLUX.1-dev config built on the meta device;
 1024x1024: 4096 image tokens and 512 text tokens, batch 1, bf16; flash
 attention (cuDNN's SDPA backward crashed on this torch, so it is off).
 """

@@ -10,12 +10,16 @@ can finish before its copies or its compute, so its limit is
 
     max(F, moved_f / rate) + max(B, moved_b / rate) + rest
 
-F, B and rest (the optimizer) are the resident run's phase times (the same
-call), rate the pinned host-to-device rate the run measured after its
-steps, moved_f = moved_b = half the bytes the engine moved a step. Quiet
+F, B and rest (the optimizer) are the resident run's phase times (run
+beside it, on the same machine), rate the pinned host-to-device rate the
+run measured after its steps, moved_f = moved_b = half the bytes the engine
+moved a step. Quiet
 steps: neither that step's record nor the one before it planned or moved
 blocks. Prints one line per run: its quiet steps (median and range) and
-phases, the limit, and both ratios (to the limit, to the resident step)."""
+phases, the limit, and both ratios (to the limit, to the resident step).
+The runs: bench/torch_flux.py plain-train or arena-train (no --vram) for
+RESIDENT, arena-train --vram ... for each RUN, on the same machine, each
+JSON line saved to its own file."""
 
 from __future__ import annotations
 

@@ -40,6 +40,12 @@ typedef struct arena_backend_ops {
 	/* Free and total device memory as the device sees it now (for sim:
 	 * capacity minus allocations minus injected pressure). */
 	int (*mem_info)(arena_backend *b, uint64_t *free_bytes, uint64_t *total_bytes);
+	/* The device memory this process holds as the driver counts it: its
+	 * context and loaded modules and every allocation of every library in
+	 * it, this backend's included. 0, or NOT_FOUND when the backend cannot
+	 * tell (cuda: no NVML, or NVML does not list the process; device/nvml.h).
+	 * sim: its modelled context + the rest of the process + allocations. */
+	int (*proc_mem)(arena_backend *b, uint64_t *bytes);
 	/* Device memory. Out of memory is ARENA_E(DEV_OOM), never a crash. */
 	int (*dev_alloc)(arena_backend *b, uint64_t bytes, void **dptr);
 	void (*dev_free)(arena_backend *b, void *dptr);
@@ -133,6 +139,10 @@ typedef struct arena_sim_opts {
 	double h2d_bytes_per_s;  /* modelled copy rate; 0 = as fast as memcpy */
 	uint64_t alloc_granularity; /* allocations count rounded up to this (a power of
 				     * two; default and at least 256) */
+	/* The process's own device memory beside allocations (a CUDA context
+	 * and its modules: 0.5-0.7 GiB on an H200): taken from the capacity at
+	 * create and counted in proc_mem. 0 = none. */
+	uint64_t context;
 } arena_sim_opts;
 
 /* The simulator. */
@@ -140,6 +150,15 @@ int arena_backend_sim_create(const arena_sim_opts *o, arena_backend **out);
 /* Outside memory pressure for sim: `bytes` of device memory taken by
  * "another program" (0 gives it back). Fails with DEV_OOM if it does not fit. */
 int arena_backend_sim_pressure(arena_backend *b, uint64_t bytes);
+/* The rest of the simulated process (a framework's caching allocator, as
+ * torch's) holds `bytes` of the device from now on, replacing what it held:
+ * counted in proc_mem and taken from free memory. DEV_OOM, with the rest
+ * unchanged, when the device has not that much free beside what the rest
+ * holds now (a real allocator's cudaMalloc failing). */
+int arena_backend_sim_rest(arena_backend *b, uint64_t bytes);
+/* The most device memory the simulated process held (proc_mem) since the
+ * backend was made or the last call with reset set, into *peak. */
+int arena_backend_sim_peak(arena_backend *b, int reset, uint64_t *peak);
 /* Queue `seconds` of modelled compute on a sim stream (for the engine's benchmarks). */
 int arena_backend_sim_compute(arena_backend *b, arena_stream *s, double seconds);
 

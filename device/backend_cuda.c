@@ -24,12 +24,14 @@
 #include "../common/alloc.h"
 #include "../common/err.h"
 #include "../formats/codec.h"
-#include "codec_cuda.h"
 #include "../formats/dequant.h"
+#include "codec_cuda.h"
+#include "nvml.h"
 
 typedef struct cuda_backend {
 	arena_backend base;
 	int device;
+	char bus_id[32]; /* its PCI bus id, for NVML (proc_mem) */
 } cuda_backend;
 
 static const arena_backend_ops cuda_ops;
@@ -63,6 +65,15 @@ static int cuda_mem_info(arena_backend *base, uint64_t *free_bytes, uint64_t *to
 	*free_bytes = rc ? 0 : f;
 	*total_bytes = rc ? 0 : t;
 	return rc;
+}
+
+static int cuda_proc_mem(arena_backend *base, uint64_t *bytes)
+{
+	cuda_backend *b = (cuda_backend *)base;
+	*bytes = 0;
+	if (!b->bus_id[0])
+		return arena_errorf(ARENA_E_NOT_FOUND, "cuda: device %d has no PCI bus id to find it in NVML", b->device);
+	return arena_nvml_process_used(b->bus_id, bytes, NULL);
 }
 
 static int cuda_dev_alloc(arena_backend *base, uint64_t bytes, void **dptr)
@@ -317,6 +328,7 @@ static void cuda_destroy(arena_backend *base)
 static const arena_backend_ops cuda_ops = {
 	.name = "cuda",
 	.mem_info = cuda_mem_info,
+	.proc_mem = cuda_proc_mem,
 	.dev_alloc = cuda_dev_alloc,
 	.dev_free = cuda_dev_free,
 	.host_register = cuda_host_register,
@@ -379,6 +391,10 @@ int arena_backend_cuda_create(int device, arena_backend **out)
 		b->base.ops = &cuda_ops;
 		b->base.alloc_granularity = 2ull << 20; /* cudaMalloc rounds large allocations to 2 MiB */
 		b->device = device;
+		if (cudaDeviceGetPCIBusId(b->bus_id, (int)sizeof(b->bus_id), device) != cudaSuccess) {
+			(void)cudaGetLastError();
+			b->bus_id[0] = 0; /* proc_mem says NOT_FOUND */
+		}
 		*out = &b->base;
 	}
 	return rc;

@@ -3,8 +3,12 @@
  *
  * The model:
  *   - Device memory: 256-byte aligned host buffers counted against the
- *     capacity; free = capacity - allocated - pressure (pressure stands for
- *     another program's VRAM). Sizes are counted rounded up to the
+ *     capacity; free = capacity - allocated - pressure - context - rest
+ *     (pressure stands for another program's VRAM; context for this
+ *     process's CUDA context, rest for the rest of this process's memory,
+ *     a framework's caching allocator: arena_backend_sim_rest). The
+ *     process's memory (proc_mem) is context + rest + allocated, and its
+ *     peak is kept (arena_backend_sim_peak). Sizes are counted rounded up to the
  *     granularity (256 bytes unless the options say more; cuda's is 2 MiB).
  *   - Streams: a FIFO of ops (copy, wait for an event, modelled compute) that
  *     the stream's own worker thread runs in order. The ops queued on a stream
@@ -29,7 +33,8 @@
  *   1. For each stream, done <= queued, and its queue holds exactly the ops
  *      numbered done+1 .. queued, in order; the head is the op running.
  *   2. allocated = sum of the sizes in b->allocs, and
- *      allocated + pressure <= capacity.
+ *      allocated + pressure + context + rest <= capacity;
+ *      peak >= context + rest + allocated.
  *   3. Every live stream is on b->streams and every live event on b->events,
  *      so destroy can free what the caller left; stream ids are never reused.
  *   4. Once b->cancel is set (destroy), workers skip the ops left in their
@@ -109,6 +114,8 @@ struct sim_backend {
 	pthread_mutex_t mu;
 	pthread_cond_t progress; /* some stream's `done` moved, or cancel */
 	uint64_t capacity, allocated, pressure;
+	uint64_t context, rest; /* the process's own beside allocations (arena_sim_opts, sim_rest) */
+	uint64_t peak;          /* the most context + rest + allocated since the last reset */
 	double rate;           /* modelled H2D bytes per second, 0 = unmodelled */
 	double engine_idle_at; /* monotonic time the copy engine's bookings end */
 	struct sim_alloc *allocs;
@@ -289,13 +296,36 @@ static const struct sim_alloc *sim_find(const sim_backend *b, const void *p, uin
 	return NULL;
 }
 
+/* Free device memory (b->mu held). */
+static uint64_t sim_free(const sim_backend *b)
+{
+	return b->capacity - b->allocated - b->pressure - b->context - b->rest;
+}
+
+/* The peak follows the process's memory (b->mu held). */
+static void sim_note_peak(sim_backend *b)
+{
+	uint64_t now = b->context + b->rest + b->allocated;
+	if (now > b->peak)
+		b->peak = now;
+}
+
 /* --- ops ---------------------------------------------------------------------- */
+
+static int sim_proc_mem(arena_backend *base, uint64_t *bytes)
+{
+	sim_backend *b = (sim_backend *)base;
+	pthread_mutex_lock(&b->mu);
+	*bytes = b->context + b->rest + b->allocated;
+	pthread_mutex_unlock(&b->mu);
+	return 0;
+}
 
 static int sim_mem_info(arena_backend *base, uint64_t *free_bytes, uint64_t *total_bytes)
 {
 	sim_backend *b = (sim_backend *)base;
 	pthread_mutex_lock(&b->mu);
-	*free_bytes = b->capacity - b->allocated - b->pressure;
+	*free_bytes = sim_free(b);
 	*total_bytes = b->capacity;
 	pthread_mutex_unlock(&b->mu);
 	return 0;
@@ -312,7 +342,7 @@ static int sim_dev_alloc(arena_backend *base, uint64_t bytes, void **dptr)
 	uint64_t g = b->base.alloc_granularity; /* a power of two >= SIM_ALIGN */
 	uint64_t size = bytes > UINT64_MAX - g ? UINT64_MAX : (bytes + g - 1) & ~(g - 1);
 	pthread_mutex_lock(&b->mu);
-	uint64_t avail = b->capacity - b->allocated - b->pressure;
+	uint64_t avail = sim_free(b);
 	if (size > avail)
 		rc = arena_errorf(ARENA_E(DEV_OOM), "sim: cannot allocate %llu bytes, %llu free of %llu",
 				  (unsigned long long)bytes, (unsigned long long)avail,
@@ -326,6 +356,7 @@ static int sim_dev_alloc(arena_backend *base, uint64_t bytes, void **dptr)
 		*dptr = (void *)(((uintptr_t)raw + SIM_ALIGN - 1) & ~(uintptr_t)(SIM_ALIGN - 1));
 		b->allocs[b->n_allocs++] = (struct sim_alloc){*dptr, raw, size};
 		b->allocated += size;
+		sim_note_peak(b);
 	}
 	pthread_mutex_unlock(&b->mu);
 	return rc;
@@ -789,6 +820,7 @@ static void sim_destroy(arena_backend *base)
 static const arena_backend_ops sim_ops = {
 	.name = "sim",
 	.mem_info = sim_mem_info,
+	.proc_mem = sim_proc_mem,
 	.dev_alloc = sim_dev_alloc,
 	.dev_free = sim_dev_free,
 	.host_register = sim_host_register,
@@ -825,6 +857,10 @@ int arena_backend_sim_create(const arena_sim_opts *o, arena_backend **out)
 	if (gran < SIM_ALIGN || (gran & (gran - 1)) || gran > (1ull << 30))
 		return arena_errorf(ARENA_E_USAGE, "sim: alloc_granularity %llu is not a power of two from 256 to 1 GiB",
 				    (unsigned long long)gran);
+	uint64_t context = o ? o->context : 0;
+	if (context > capacity)
+		return arena_errorf(ARENA_E_USAGE, "sim: a context of %llu bytes does not fit a capacity of %llu",
+				    (unsigned long long)context, (unsigned long long)capacity);
 	sim_backend *b = arena_calloc(1, sizeof(*b));
 	if (!b)
 		return arena_errorf(ARENA_E_NOMEM, "sim: out of memory");
@@ -846,6 +882,8 @@ int arena_backend_sim_create(const arena_sim_opts *o, arena_backend **out)
 	b->base.alloc_granularity = gran;
 	b->capacity = capacity;
 	b->rate = rate;
+	b->context = context;
+	b->peak = context;
 	*out = &b->base;
 	return 0;
 }
@@ -866,7 +904,7 @@ int arena_backend_sim_pressure(arena_backend *base, uint64_t bytes)
 	if (!b)
 		return ARENA_E_USAGE;
 	pthread_mutex_lock(&b->mu);
-	uint64_t avail = b->capacity - b->allocated;
+	uint64_t avail = sim_free(b) + b->pressure;
 	if (bytes > avail)
 		rc = arena_errorf(ARENA_E(DEV_OOM), "sim: outside pressure of %llu bytes does not fit, %llu free of %llu",
 				  (unsigned long long)bytes, (unsigned long long)avail, (unsigned long long)b->capacity);
@@ -874,6 +912,38 @@ int arena_backend_sim_pressure(arena_backend *base, uint64_t bytes)
 		b->pressure = bytes;
 	pthread_mutex_unlock(&b->mu);
 	return rc;
+}
+
+int arena_backend_sim_rest(arena_backend *base, uint64_t bytes)
+{
+	sim_backend *b = as_sim(base, "sim rest");
+	int rc = 0;
+	if (!b)
+		return ARENA_E_USAGE;
+	pthread_mutex_lock(&b->mu);
+	uint64_t avail = sim_free(b) + b->rest;
+	if (bytes > avail) {
+		rc = arena_errorf(ARENA_E(DEV_OOM), "sim: the rest of the process cannot hold %llu bytes, %llu free of %llu",
+				  (unsigned long long)bytes, (unsigned long long)avail, (unsigned long long)b->capacity);
+	} else {
+		b->rest = bytes;
+		sim_note_peak(b);
+	}
+	pthread_mutex_unlock(&b->mu);
+	return rc;
+}
+
+int arena_backend_sim_peak(arena_backend *base, int reset, uint64_t *peak)
+{
+	sim_backend *b = as_sim(base, "sim peak");
+	if (!b)
+		return ARENA_E_USAGE;
+	pthread_mutex_lock(&b->mu);
+	*peak = b->peak;
+	if (reset)
+		b->peak = b->context + b->rest + b->allocated;
+	pthread_mutex_unlock(&b->mu);
+	return 0;
 }
 
 int arena_backend_sim_compute(arena_backend *base, arena_stream *s, double seconds)

@@ -1,5 +1,5 @@
-/* dequant_cuda.cu - dequantization on the GPU (dequant.h has the element
- * rules, codec_cuda.h the contract).
+/* dequant_cuda.cu - dequantization on the GPU (formats/elem.h has the element
+ * rules, formats/dequant.h the job, codec_cuda.h the contract).
  *
  * One kernel on the caller's stream. A thread converts runs of 16 elements:
  * one 16-byte load (fp8, int8; two for bf16), one product each by the run's
@@ -38,8 +38,8 @@ __device__ __forceinline__ void load_run(const void *src, uint64_t i0, float v[k
 			const uint4 w = p[h];
 			const uint32_t q[4] = {w.x, w.y, w.z, w.w};
 			for (int k = 0; k < 4; k++) {
-				v[8 * h + 2 * k] = arena__dq_f32(q[k] << 16);
-				v[8 * h + 2 * k + 1] = arena__dq_f32(q[k] & 0xFFFF0000u);
+				v[8 * h + 2 * k] = arena__bf16_to_f32(q[k] & 0xFFFFu);
+				v[8 * h + 2 * k + 1] = arena__bf16_to_f32(q[k] >> 16);
 			}
 		}
 	} else {
@@ -47,8 +47,8 @@ __device__ __forceinline__ void load_run(const void *src, uint64_t i0, float v[k
 		const uint32_t q[4] = {w.x, w.y, w.z, w.w};
 		for (int k = 0; k < kRun; k++) {
 			const uint32_t b = (q[k / 4] >> (8 * (k & 3))) & 0xFFu;
-			v[k] = SRC == ARENA_DTYPE_F8_E4M3   ? arena__dq_e4m3(b)
-			       : SRC == ARENA_DTYPE_F8_E5M2 ? arena__dq_e5m2(b)
+			v[k] = SRC == ARENA_DTYPE_F8_E4M3   ? arena__e4m3_to_f32(b)
+			       : SRC == ARENA_DTYPE_F8_E5M2 ? arena__e5m2_to_f32(b)
 							    : (float)(int8_t)b;
 		}
 	}
@@ -68,8 +68,8 @@ __device__ __forceinline__ void store_run(void *dst, uint64_t i0, const float v[
 			uint32_t p[4];
 			for (int k = 0; k < 4; k++) {
 				const float lo = v[8 * h + 2 * k], hi = v[8 * h + 2 * k + 1];
-				p[k] = DST == ARENA_DTYPE_BF16 ? (uint32_t)arena__dq_to_bf16(lo) | (uint32_t)arena__dq_to_bf16(hi) << 16
-							       : (uint32_t)arena__dq_to_f16(lo) | (uint32_t)arena__dq_to_f16(hi) << 16;
+				p[k] = DST == ARENA_DTYPE_BF16 ? arena__f32_to_bf16(lo) | arena__f32_to_bf16(hi) << 16
+							       : arena__f32_to_f16(lo) | arena__f32_to_f16(hi) << 16;
 			}
 			d[h] = make_uint4(p[0], p[1], p[2], p[3]);
 		}

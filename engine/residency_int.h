@@ -1,6 +1,7 @@
-/* residency_int.h - what the planner (residency.c) and the engine
- * (engine.c) share inside arena: the ring's state and rules, the timed dry
- * run, plan derivation. Not installed; see engine.h for what they do. */
+/* residency_int.h - what the planner's parts (residency.c by bytes,
+ * residency_timed.c with a profile) and the engine's (engine_int.h) share:
+ * the ring's state and rules, the timed dry run and greedy, plan
+ * derivation. Not installed; see engine.h for what they do. */
 #ifndef ARENA_RESIDENCY_INT_H
 #define ARENA_RESIDENCY_INT_H
 
@@ -16,6 +17,8 @@
 const char *arena__fmtb(uint64_t n);
 /* Slots of the ring for o: depth + 1 (+ keep_last in train). */
 unsigned arena__ring_slots(const arena_engine_opts *o);
+/* The least a ring slot may be in o's mode (engine.h: min_slot). */
+uint64_t arena__min_slot(const arena_engine_opts *o);
 /* o carries a compute profile the planner can use (cost and a rate). */
 int arena__have_profile(const arena_engine_opts *o);
 
@@ -68,6 +71,20 @@ void arena__timed_release(arena__timed *t);
  * resident under o's profile; negative when a block cannot be placed. */
 double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const uint32_t *sched, const uint8_t *bwd,
 			size_t n_sched, const uint8_t *res, unsigned slots, arena__timed *t);
+
+/* Past this many blocks (pieces), the timed greedy adds k / 128 more a
+ * round, skips the swaps, and tries fewer slot sizes: each try is a timed
+ * run of the whole schedule per candidate, and 457 pieces took 26 s. */
+#define ARENA__GREEDY_SWAP_MAX 128
+
+/* With a profile: from the resident set `cand` of plan p's candidate slot
+ * size (room bytes left), make blocks resident one at a time, each the one
+ * that shortens the predicted step most per byte (residency_timed.c); the
+ * predicted step of the result, negative when a block could not be placed.
+ * order/k: the scheduled blocks in the order first needed; gain and ts:
+ * scratch. */
+double arena__greedy_timed(const arena_layout *l, const arena_engine_opts *o, const arena_residency_plan *p,
+			   const uint32_t *order, size_t k, uint8_t *cand, uint64_t *room, double *gain, arena__timed *ts);
 
 /* Recompute a plan's derived fields from p->resident (p->sched, slots and
  * depth set). `seq` (n_sched entries) and `r` (of the layout's blocks) are

@@ -1,7 +1,7 @@
 /* quant.c - storage schemes: planning, conversion kernels, threads; see quant.h.
  *
- * Sections: bit-level conversions (c10's algorithms, branch free), fused
- * block kernels, the thread splitter, plans, runs, dequantization, casts,
+ * Sections: fused block kernels (over formats/elem.h's element rules), the
+ * thread splitter, runs, byte ranges, dequantization, casts,
  * compressed-tensors recognition.
  *
  * Vectorization: gcc -O2 uses the "very cheap" cost model, which vectorizes a
@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "../common/err.h"
+#include "../formats/elem.h"
 
 #define E(name) ARENA_E(name)
 
@@ -34,148 +35,8 @@
 #define INLINE static inline
 #endif
 
-/* ---- bit-level conversions ------------------------------------------------
- *
- * c10's (PyTorch's) scalar algorithms, written without branches: every value
- * is computed on every path and chosen with sel(), a mask select. A `?:`
- * would let gcc move the float arithmetic of one side into a branch, and it
- * will not if-convert (so not vectorize) a float operation that may trap. */
-
-INLINE float f32_of(uint32_t u)
-{
-	float f;
-	memcpy(&f, &u, sizeof(f));
-	return f;
-}
-
-INLINE uint32_t bits_of(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, sizeof(u));
-	return u;
-}
-
-/* c ? a : b for c in {0, 1}, as masks. */
-INLINE uint32_t sel(uint32_t c, uint32_t a, uint32_t b)
-{
-	const uint32_t m = 0u - c;
-	return (a & m) | (b & ~m);
-}
-
-#define F32_448 0x43E00000u   /* 448.0f, the F8_E4M3 maximum */
-#define F32_57344 0x47600000u /* 57344.0f, the F8_E5M2 maximum */
-#define F32_127 0x42FE0000u   /* 127.0f */
-#define F32_INF 0x7F800000u   /* above it (sign cleared): NaN */
-
-/* F16 -> F32, exact (c10 fp16_ieee_to_fp32_value). */
-INLINE float f16_to_f32(uint16_t h)
-{
-	const uint32_t w = (uint32_t)h << 16;
-	const uint32_t sign = w & 0x80000000u;
-	const uint32_t two_w = w + w;
-	const float norm = f32_of((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
-	const float denorm = f32_of((two_w >> 17) | (126u << 23)) - 0.5f;
-	return f32_of(sign | sel(two_w < (1u << 27), bits_of(denorm), bits_of(norm)));
-}
-
-/* F32 -> F16, RNE, overflow to inf, NaN -> sign | 0x7E00
- * (c10 fp16_ieee_from_fp32_value; its two unsigned compares on 2w are made
- * signed compares on |w|, which SSE2 and AVX2 have). */
-INLINE uint32_t f32_to_f16(float f)
-{
-	float base = (__builtin_fabsf(f) * 0x1.0p+112f) * 0x1.0p-110f;
-	const uint32_t w = bits_of(f);
-	const uint32_t sign = w & 0x80000000u;
-	const int32_t aw = (int32_t)(w & 0x7FFFFFFFu);
-	/* bias = max(exponent, 0x71) << 23, kept in 2w's form: bits 24..31 */
-	uint32_t bias = (w << 1) & 0xFF000000u;
-	bias = sel((aw & 0x7F800000) < 0x38800000, 0x71000000u, bias);
-	base = f32_of((bias >> 1) + 0x07800000u) + base;
-	const uint32_t bits = bits_of(base);
-	const uint32_t nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
-	return (sign >> 16) | sel(aw > (int32_t)F32_INF, 0x7E00u, nonsign);
-}
-
-/* F32 -> BF16, RNE, NaN -> 0x7FC0 (c10 round_to_nearest_even). */
-INLINE uint32_t f32_to_bf16(float f)
-{
-	const uint32_t u = bits_of(f);
-	const uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-	return sel((int32_t)(u & 0x7FFFFFFFu) > (int32_t)F32_INF, 0x7FC0u, r);
-}
-
-/* F32 -> F8_E4M3 (fn: no inf, S.1111.111 is NaN), saturating: torch's
- * cast(clamp(x, -448, 448)). RNE as c10 fp8e4m3fn_from_fp32_value; |x| > 448
- * (inf included) gives +-448 (the clamp), NaN gives NaN with its sign. */
-INLINE uint32_t f32_to_e4m3_sat(float f)
-{
-	const uint32_t b = bits_of(f);
-	const uint32_t sign = b & 0x80000000u;
-	const uint32_t a = b ^ sign;
-	/* below 2^-6 (subnormal results): the f32 add does the rounding */
-	const uint32_t dn = bits_of(f32_of(a) + f32_of(141u << 23)) - (141u << 23);
-	/* normal: rebias the exponent, add half an ulp minus one plus the odd bit */
-	const uint32_t nm = (a + ((uint32_t)(7 - 127) << 23) + 0x7FFFFu + ((a >> 20) & 1u)) >> 20;
-	const int32_t sa = (int32_t)a; /* sign cleared: signed compares (SSE2 has no unsigned ones) */
-	uint32_t r = sel(sa < (int32_t)(121u << 23), dn, nm);
-	r = sel(sa > (int32_t)F32_448, 0x7Eu, r);
-	r = sel(sa > (int32_t)F32_INF, 0x7Fu, r);
-	return r | (sign >> 24);
-}
-
-/* F32 -> F8_E5M2, saturating: torch's cast(clamp(x, -57344, 57344)), RNE as
- * c10 fp8e5m2_from_fp32_value; NaN gives NaN (0x7F) with its sign. */
-INLINE uint32_t f32_to_e5m2_sat(float f)
-{
-	const uint32_t b = bits_of(f);
-	const uint32_t sign = b & 0x80000000u;
-	const uint32_t a = b ^ sign;
-	const uint32_t dn = bits_of(f32_of(a) + f32_of(134u << 23)) - (134u << 23);
-	const uint32_t nm = (a + ((uint32_t)(15 - 127) << 23) + 0xFFFFFu + ((a >> 21) & 1u)) >> 21;
-	const int32_t sa = (int32_t)a;
-	uint32_t r = sel(sa < (int32_t)(113u << 23), dn, nm);
-	r = sel(sa > (int32_t)F32_57344, 0x7Bu, r);
-	r = sel(sa > (int32_t)F32_INF, 0x7Fu, r);
-	return r | (sign >> 24);
-}
-
-/* F32 -> I8: clamp(round_half_even(v), -127, 127); NaN -> 0. */
-INLINE uint32_t f32_to_i8_sat(float v)
-{
-	const uint32_t b = bits_of(v);
-	const uint32_t neg = b >> 31;
-	const uint32_t a = b & 0x7FFFFFFFu;
-	const uint32_t c = sel((int32_t)a > (int32_t)F32_127, F32_127, a);
-	/* |v| <= 127: adding 1.5 * 2^23 leaves units in the last place, rounded
-	 * half to even by the f32 add itself; the low bits are the integer */
-	uint32_t k = bits_of(f32_of(c) + 12582912.0f) - 0x4B400000u;
-	k = (k ^ (0u - neg)) + neg; /* rounding is symmetric: negate after */
-	return sel((int32_t)a > (int32_t)F32_INF, 0u, k) & 0xFFu;
-}
-
-/* F8_E4M3 -> F32, exact; NaN (S.1111.111) -> sign | 0x7FC00000. */
-INLINE float e4m3_to_f32(uint8_t q)
-{
-	const uint32_t sign = (uint32_t)(q & 0x80u) << 24;
-	const uint32_t e = (q >> 3) & 15u, m = q & 7u;
-	const uint32_t nrm = ((e + 120u) << 23) | (m << 20);
-	const uint32_t sub = bits_of((float)(int32_t)m * 0x1.0p-9f);
-	uint32_t r = sel(e == 0, sub, nrm);
-	r = sel((q & 0x7Fu) == 0x7Fu, 0x7FC00000u, r);
-	return f32_of(r | sign);
-}
-
-/* F8_E5M2 -> F32, exact; NaN -> sign | 0x7FC00000. */
-INLINE float e5m2_to_f32(uint8_t q)
-{
-	const uint32_t sign = (uint32_t)(q & 0x80u) << 24;
-	const uint32_t e = (q >> 2) & 31u, m = q & 3u;
-	const uint32_t nrm = ((e + 112u) << 23) | (m << 21);
-	const uint32_t sub = bits_of((float)(int32_t)m * 0x1.0p-16f);
-	uint32_t r = sel(e == 0, sub, nrm);
-	r = sel(e == 31, sel(m != 0, 0x7FC00000u, F32_INF), r);
-	return f32_of(r | sign);
-}
+/* The element rules (exact widenings, roundings, bit casts) are
+ * formats/elem.h's, always inlined into the kernels below. */
 
 /* ---- fused kernels ----------------------------------------------------------- */
 
@@ -193,17 +54,17 @@ INLINE float load(int sk, const unsigned char *s, size_t i)
 	switch (sk) {
 	case SK_BF16:
 		memcpy(&h, s + 2 * i, 2);
-		return f32_of((uint32_t)h << 16);
+		return arena__bf16_to_f32(h);
 	case SK_F16:
 		memcpy(&h, s + 2 * i, 2);
-		return f16_to_f32(h);
+		return arena__f16_to_f32(h);
 	case SK_F32:
 		memcpy(&f, s + 4 * i, 4);
 		return f;
 	case SK_E4M3:
-		return e4m3_to_f32(s[i]);
+		return arena__e4m3_to_f32(s[i]);
 	case SK_E5M2:
-		return e5m2_to_f32(s[i]);
+		return arena__e5m2_to_f32(s[i]);
 	default:
 		return (float)(int8_t)s[i];
 	}
@@ -215,21 +76,21 @@ INLINE uint32_t compute(int op, float x, float scale)
 {
 	switch (op) {
 	case OP_F32:
-		return bits_of(x);
+		return arena__bits_of(x);
 	case OP_BF16:
-		return f32_to_bf16(x);
+		return arena__f32_to_bf16(x);
 	case OP_F16:
-		return f32_to_f16(x);
+		return arena__f32_to_f16(x);
 	case OP_E4M3:
-		return f32_to_e4m3_sat(x);
+		return arena__f32_to_e4m3_sat(x);
 	case OP_E5M2:
-		return f32_to_e5m2_sat(x);
+		return arena__f32_to_e5m2_sat(x);
 	case OP_E4M3_SCALED:
-		return f32_to_e4m3_sat(x / scale);
+		return arena__f32_to_e4m3_sat(x / scale);
 	case OP_I8_SCALED:
-		return f32_to_i8_sat(x / scale);
+		return arena__f32_to_i8_sat(x / scale);
 	default: /* OP_DEQ */
-		return bits_of(x * scale);
+		return arena__bits_of(x * scale);
 	}
 }
 
@@ -408,8 +269,6 @@ static uint32_t amax32(convert_fn cv, const unsigned char *s, uint64_t n)
 	return amax32_base(s, n);
 }
 
-#define F32_QNAN 0x7FC00000u
-
 /* amax(|x|) of n values of kind sk (BF16, F16, F32) as f32; any NaN gives
  * the one quiet NaN 0x7FC00000, so that no result depends on which NaN
  * payload a piece saw (and so on the thread count). */
@@ -417,18 +276,18 @@ static float amax_of(convert_fn cv, int sk, const void *src, uint64_t n)
 {
 	float m;
 	if (sk == SK_F32) {
-		m = f32_of(amax32(cv, src, n));
+		m = arena__f32_of(amax32(cv, src, n));
 	} else {
 		uint32_t h = amax16(cv, src, n);
-		m = sk == SK_BF16 ? f32_of(h << 16) : f16_to_f32((uint16_t)h);
+		m = sk == SK_BF16 ? arena__bf16_to_f32(h) : arena__f16_to_f32(h);
 	}
-	return m != m ? f32_of(F32_QNAN) : m;
+	return m != m ? arena__f32_of(ARENA_F32_QNAN) : m;
 }
 
 float arena_quant_amax_merge(float a, float b)
 {
 	if (a != a || b != b)
-		return f32_of(F32_QNAN);
+		return arena__f32_of(ARENA_F32_QNAN);
 	return a > b ? a : b;
 }
 

@@ -33,6 +33,10 @@ ROOT = HERE.parent
 
 class BuildWithLibrary(build_py):
     def run(self):
+        # The package as the tree has it: what an earlier build left in build_lib
+        # goes first (a module that became a package, arena/torch.py before
+        # arena/torch/, would otherwise travel in the wheel beside it).
+        shutil.rmtree(Path(self.build_lib) / "arena", ignore_errors=True)
         super().run()
         pre_lib = os.environ.get("ARENA_PREBUILT_LIBRARY")
         pre_cli = os.environ.get("ARENA_PREBUILT_CLI")

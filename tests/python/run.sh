@@ -5,17 +5,20 @@
 # usage: sh tests/python/run.sh BUILD
 # Exit status: 0 all passed, 1 a failure, 77 skipped. The tests are skipped only
 # when the reference packages cannot be installed (no PyPI access); the last
-# line then says "python tests: SKIPPED (...)", and BUILD/python-tests.skipped
-# holds the reason, for make test's summary. Under CI (CI=true) that is a
-# failure instead.
+# line then says "python tests: SKIPPED (...)", and
+# BUILD/test-summary/python.skipped holds the reason, for make test's last
+# line. Under CI (CI=true) that is a failure instead. Passed, they leave
+# BUILD/test-summary/python saying what they checked.
 set -u
 B=${1:-build}
 A=$B/arena
 REF=${ARENA_FIXTURES_DIR:-fixtures}
 V=$B/venv
 PKGS="safetensors numpy ml_dtypes"
-SKIPPED=$B/python-tests.skipped
-rm -f "$SKIPPED"
+S=$B/test-summary
+SKIPPED=$S/python.skipped
+mkdir -p "$S" || exit 1
+rm -f "$SKIPPED" "$S/python"
 fail() {
 	echo "python tests: $*"
 	echo "0 passed, 1 failed"
@@ -31,7 +34,7 @@ if ! [ -x "$V/bin/python" ] || ! "$V/bin/python" -c "import safetensors, numpy, 
 		if [ "${CI:-}" = true ]; then
 			fail "cannot install the reference packages ($PKGS; PyPI unreachable?)"
 		fi
-		mkdir -p "$B" && echo "reference packages unavailable" >"$SKIPPED"
+		echo "python interop (reference packages unavailable)" >"$SKIPPED"
 		echo "python tests: SKIPPED (cannot install the reference packages $PKGS; run with network access)"
 		exit 77
 	fi
@@ -56,8 +59,10 @@ arena export -q "$T/dtypes-zstd.arena" -o "$T/dtypes-zstd.safetensors"
 arena convert -q "$REF/tiny_flux.safetensors" --quant fp8-e4m3-row -o "$T/flux-q.arena"
 arena verify "$T/flux-q.arena" >/dev/null
 arena export -q "$T/flux-q.arena" -o "$T/flux-q.safetensors"
-"$V/bin/python" tests/python/check_quant.py "$REF/tiny_flux.safetensors" "$T/flux-q.safetensors" 40
+# The quantized export against its source, tensor by tensor (40 pairs at least).
+"$V/bin/python" tests/python/check_quant.py "$REF/tiny_flux.safetensors" "$T/flux-q.safetensors" 40 >"$T/quant.out" 2>&1
 q=$?
+sed 's/^/quantized export of tiny_flux: /' "$T/quant.out"
 "$V/bin/python" tests/python/check_export.py \
 	"$REF/tiny_flux.safetensors" "$T/flux.safetensors" \
 	"$REF/tiny_llama_sharded" "$T/llama.safetensors" \
@@ -65,5 +70,7 @@ q=$?
 	"$REF/tiny_flux.safetensors" "$T/flux-hb4.safetensors" \
 	"$REF/tiny_llama_sharded" "$T/llama-hb4.safetensors" \
 	"$REF/tiny_flux.safetensors" "$T/flux-zstd.safetensors" \
-	"$REF/dtypes.safetensors" "$T/dtypes-zstd.safetensors"
-[ $? = 0 ] && [ $q = 0 ]
+	"$REF/dtypes.safetensors" "$T/dtypes-zstd.safetensors" | tee "$T/export.out"
+e=$(sed -n 's/^\([0-9]*\) passed, 0 failed$/\1/p' "$T/export.out")
+[ -n "$e" ] && [ $q = 0 ] || exit 1
+echo "python interop $(sed -n 's/^\([0-9]*\) passed, 0 failed$/\1/p' "$T/quant.out") tensors + $e files" >"$S/python"

@@ -453,7 +453,7 @@ Test(disk, the_staging_comes_out_of_a_large_enough_budget)
 }
 
 /* The disk tier is spread through the schedule, not its end: a tier read
- * back to back keeps the copies waiting on the disk (the H200, session 14:
+ * back to back keeps the copies waiting on the disk (2026-12-02, H200:
  * 3.1 GB at the end of sampling's schedule took 0.34 s steps to 0.55 s),
  * while a tier block between host blocks is read during their copies.
  * Blocks the schedule does not stream join it first (read no step); the

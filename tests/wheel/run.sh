@@ -11,15 +11,18 @@
 # pinned as tests/python/requirements-torch.txt has them (pip's cache keeps
 # them); it is kept in BUILD/wheel/venv-test between runs.
 # usage: sh tests/wheel/run.sh BUILD
-# Exit status: 0 passed, 1 a failure, 77 skipped: zig, the sources or the
-# packages cannot be fetched (no PyPI or Debian archive; the reason goes to
-# BUILD/wheel-tests.skipped); under CI=true that is a failure instead.
+# Exit status: 0 passed (BUILD/test-summary/wheel says what), 1 a failure,
+# 77 skipped: zig, the sources or the packages cannot be fetched (no PyPI or
+# Debian archive; the reason goes to BUILD/test-summary/wheel.skipped); under
+# CI=true that is a failure instead.
 set -u
 B=${1:-build}
 R=$(pwd)
-SKIPPED=$B/wheel-tests.skipped
+S=$B/test-summary
+SKIPPED=$S/wheel.skipped
 REQ=tests/python/requirements-torch.txt
-rm -f "$SKIPPED"
+mkdir -p "$S" || exit 1
+rm -f "$S/wheel" "$SKIPPED"
 fail() {
 	echo "wheel tests: FAIL: $*"
 	echo "0 passed, 1 failed"
@@ -27,7 +30,7 @@ fail() {
 }
 skip() {
 	[ "${CI:-}" = true ] && fail "$1"
-	mkdir -p "$B" && echo "$1" >"$SKIPPED"
+	echo "wheel: $1" >"$SKIPPED"
 	echo "wheel tests: SKIPPED ($1)"
 	exit 77
 }
@@ -115,3 +118,4 @@ t3=$(date +%s)
 echo "wheel tests: passed: $(basename "$WHL") ($(du -k "$WHL" | cut -f1) KiB) in a venv without build tools:" \
 	"convert, verify, inspect, test_files.py ($(sed -n 's/^Ran \([0-9]*\) tests.*/\1/p' "$R/$B/wheel-files.log") tests)," \
 	"sample_flux.py --tiny; wheel $((t1 - t0)) s, venv $((t2 - t1)) s, runs $((t3 - t2)) s"
+echo "wheel ($(basename "$WHL")): ldd, convert, verify, inspect, package $(sed -n 's/^Ran \([0-9]*\) tests.*/\1/p' "$R/$B/wheel-files.log"), sample_flux --tiny" >"$R/$S/wheel"

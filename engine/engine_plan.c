@@ -1,0 +1,332 @@
+/* engine_plan.c - between steps: the weights budget read from the device,
+ * the plan for it (kept for the steps after while it holds: the memo), the
+ * move adapt makes to it, and the mode, profile and rest the caller sets.
+ *
+ * Invariants:
+ *   1. The budget is engine.h's: min(cap, free + what the engine holds)
+ *      less headroom and reserve; under a cap, less what the rest of the
+ *      process holds past the reserve (rest, as the caller last said); less
+ *      the coded copies' stages. What the engine holds counts the rounding
+ *      of its device allocations (own_rounding).
+ *   2. A plan is taken from the memo only when it was made under the same
+ *      options (memo_gen == plan_gen), has been taken fewer than
+ *      ENGINE_MEMO_STEPS times, and holds for the budget now (plan_holds).
+ *      Whatever changes the options a plan depends on (the mode, the
+ *      schedule, the profile) calls arena__engine_plan_changed.
+ *   3. Over the budget, adapt moves at once (demotions only: near_set);
+ *      with room, only after `hysteresis` step ends of it, to a plan
+ *      room_better prefers. After adapt, the engine uses more than the
+ *      budget only when nothing more can be demoted (engine.h invariant 4:
+ *      over_budget, or BUDGET with strict).
+ *   4. The mode and the profile change only between steps, and a change
+ *      drops the entries fetched ahead for the next step. */
+#include "engine_int.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "../common/alloc.h"
+#include "../common/clock.h"
+#include "../common/err.h"
+
+/* What rounding device allocations to the backend's granularity adds to
+ * `bytes` (0 for none). */
+uint64_t arena__engine_gran_loss(const arena_backend *be, uint64_t bytes)
+{
+	uint64_t g = be->alloc_granularity;
+	return g > 1 && bytes % g ? g - bytes % g : 0;
+}
+
+/* The rounding of every device allocation of the model's blocks (and of the
+ * ring when e is not NULL): memory that free does not show and that is ours,
+ * not another program's. */
+uint64_t arena__engine_own_rounding(const arena_model *m, const arena_engine *e)
+{
+	uint64_t r = 0;
+	for (size_t b = 0; b < m->layout->n_blocks; b++)
+		if (m->mem[b].dev)
+			r += arena__engine_gran_loss(m->backend, m->layout->blocks[b].bytes);
+	if (e && e->ring_dptr)
+		r += arena__engine_gran_loss(m->backend, (uint64_t)e->n_slots * e->slot_bytes);
+	if (e && e->wstage)
+		r += arena__engine_gran_loss(m->backend, arena__engine_wire_stage_bytes(e));
+	return r;
+}
+
+static uint64_t dev_used(const arena_engine *e)
+{
+	return e->plan.resident_bytes + (uint64_t)(e->plan.n_streamed ? e->n_slots : 0) * e->plan.slot_bytes;
+}
+
+/* Room: a plan t for the budget now is worth moving to when it keeps more
+ * resident and is not predicted slower (within 0.5%: fewer copies for the
+ * same time), or, with a profile, is predicted 2% faster. */
+static int room_better(arena_engine *e, const arena_residency_plan *t)
+{
+	double now_t = arena__engine_predict(e);
+	int more = t->resident_bytes > e->plan.resident_bytes;
+	if (!(now_t > 0) || !(t->step_s > 0))
+		return more;
+	return (more && t->step_s <= now_t * 1.005) || t->step_s < now_t * 0.98;
+}
+
+/* Take t's schedule and ring shape into the engine's plan (t gets the old
+ * arrays, released with it); the caller refreshes. */
+static void take_sched(arena_engine *e, arena_residency_plan *t)
+{
+	uint32_t *sc = e->plan.sched;
+	uint8_t *bw = e->plan.bwd;
+	size_t n = e->plan.n_sched;
+	e->plan.sched = t->sched;
+	e->plan.bwd = t->bwd;
+	e->plan.n_sched = t->n_sched;
+	t->sched = sc;
+	t->bwd = bw;
+	t->n_sched = n;
+	e->plan.slots = t->slots;
+	e->plan.depth = t->depth;
+}
+
+/* The options the plan depends on changed: the next adapt plans anew. */
+void arena__engine_plan_changed(arena_engine *e)
+{
+	e->plan_gen++;
+}
+
+/* arena_residency_plan_make, counted. */
+static int make_plan(arena_engine *e, uint64_t budget, arena_residency_plan *t)
+{
+	e->plans_made++;
+	const double t0 = arena_now_s();
+	int rc = arena_residency_plan_make(e->l, &e->o, budget, t);
+	e->rec.plan_s += arena_now_s() - t0;
+	return rc;
+}
+
+/* Keep t as the memo for `budget` (an allocation failure only loses the memo). */
+void arena__engine_memo_keep(arena_engine *e, const arena_residency_plan *t, uint64_t budget)
+{
+	arena_residency_plan_release(&e->memo);
+	e->memo_ok = 0;
+	if (arena_residency_plan_copy(t, &e->memo)) {
+		arena_error_clear();
+		return;
+	}
+	e->memo_budget = budget;
+	e->memo_gen = e->plan_gen;
+	e->memo_age = 0;
+	e->memo_ok = 1;
+}
+
+/* Does plan t, made for budget `made`, hold for `budget`? Room less than its
+ * smallest streamed block makes no block resident; a budget that holds every
+ * block does (the ring goes too); less than t needs does not, except that
+ * over budget the smallest plan holds for the budget it was made for. */
+int arena__engine_plan_holds(const arena_engine *e, const arena_residency_plan *t, uint64_t made, uint64_t budget)
+{
+	uint64_t slack = UINT64_MAX;
+	for (size_t i = 0; i < t->n_sched; i++) {
+		uint32_t b = t->sched[i];
+		if (!t->resident[b] && e->l->blocks[b].bytes < slack)
+			slack = e->l->blocks[b].bytes;
+	}
+	if (budget < t->need_bytes && budget != made)
+		return 0;
+	if (budget > made + (slack == UINT64_MAX ? 0 : slack))
+		return 0;
+	return !t->n_streamed || budget < e->all_bytes;
+}
+
+/* The weights budget now (engine.h): the device's free memory read again,
+ * what the engine holds (`used`, its stages, the rounding of its
+ * allocations) counted in; under a cap, less what the rest of the process
+ * holds past the reserve (rest, as the caller last said); less the coded
+ * copies' stages. *free_out: the free memory read. */
+static int budget_now(arena_engine *e, uint64_t used, uint64_t *budget, uint64_t *free_out)
+{
+	arena_backend *be = e->be;
+	uint64_t free_b, total, h, w;
+	int rc = be->ops->mem_info(be, &free_b, &total);
+	if (rc)
+		return rc;
+	const uint64_t held = used + arena__engine_wire_stage_bytes(e) + arena__engine_own_rounding(e->m, e);
+	arena_residency_budget(total, free_b + held, &e->o, budget, &h, &w);
+	if (e->o.cap && e->rest > w) { /* the rest of the process past its reserve comes out of ours */
+		uint64_t over = e->rest - w;
+		*budget = *budget > over ? *budget - over : 0;
+	}
+	if (e->wstage) { /* the coded copies' stages stay */
+		uint64_t st = arena__engine_wire_stage_bytes(e) +
+			      arena__engine_gran_loss(be, arena__engine_wire_stage_bytes(e));
+		*budget = *budget > st ? *budget - st : 0;
+	}
+	*free_out = free_b;
+	return 0;
+}
+
+/* The plan for the budget now under e->o: the weights budget and the plan
+ * (the smallest one when none fits, unless strict). With `memo`, the last
+ * plan made this way when it still holds (see struct arena_engine). */
+static int plan_now(arena_engine *e, uint64_t used, uint64_t *budget, uint64_t *free_out, arena_residency_plan *t,
+		    int memo)
+{
+	uint64_t free_b;
+	int rc = budget_now(e, used, budget, &free_b);
+	if (rc)
+		return rc;
+	*free_out = free_b;
+	if (memo && e->memo_ok && e->memo_gen == e->plan_gen && e->memo_age < ENGINE_MEMO_STEPS &&
+	    arena__engine_plan_holds(e, &e->memo, e->memo_budget, *budget)) {
+		if ((rc = arena_residency_plan_copy(&e->memo, t)) == 0)
+			e->memo_age++;
+		return rc;
+	}
+	rc = make_plan(e, *budget, t);
+	if (rc == ARENA_E(BUDGET)) {
+		if (e->o.strict) {
+			char why[512];
+			snprintf(why, sizeof(why), "%s", arena_last_error());
+			return arena_errorf(ARENA_E(BUDGET), "engine: the budget for weights fell to %s (%s free): %s",
+					    arena__fmtb(*budget), arena__fmtb(free_b), why);
+		}
+		arena_error_clear();
+		rc = make_plan(e, t->min_need_bytes, t); /* the smallest plan */
+	}
+	if (!rc && memo)
+		arena__engine_memo_keep(e, t, *budget);
+	return rc;
+}
+
+/* Between steps: re-read free memory; under pressure move to the plan for
+ * the new budget at once (to the nearest set as good as its own, near_set),
+ * with room after `hysteresis` steps of it. With a
+ * new schedule (learned), the plan takes it and keeps its resident blocks
+ * unless they no longer fit. */
+int arena__engine_adapt(arena_engine *e, int new_sched)
+{
+	uint64_t free_b, budget;
+	arena_residency_plan t;
+	uint64_t used = dev_used(e);
+	int rc = plan_now(e, used, &budget, &free_b, &t, 1);
+	if (rc)
+		return rc;
+	e->rec.budget = budget;
+	e->rec.free_bytes = free_b;
+	if (new_sched) {
+		take_sched(e, &t);
+		arena__engine_refresh(e);
+	}
+	unsigned hyst = e->o.hysteresis ? e->o.hysteresis : ARENA_ENGINE_DEFAULT_HYSTERESIS;
+	if (used > budget) {
+		e->room_steps = 0;
+		rc = arena__engine_apply(e, arena__engine_near_set(e, &t, budget, 0));
+	} else if (room_better(e, &t)) {
+		if (++e->room_steps >= hyst) {
+			e->room_steps = 0;
+			rc = arena__engine_apply(e, arena__engine_near_set(e, &t, budget, 1));
+		}
+	} else {
+		e->room_steps = 0;
+	}
+	arena_residency_plan_release(&t);
+	if (!rc && dev_used(e) > budget) {
+		e->rec.over_budget = 1;
+		if (e->o.strict)
+			rc = arena_errorf(ARENA_E(BUDGET),
+					  "engine: %s of device memory needed, over the budget of %s (%s free), and "
+					  "nothing left to demote",
+					  arena__fmtb(dev_used(e)), arena__fmtb(budget), arena__fmtb(free_b));
+	}
+	return rc;
+}
+
+int arena_engine_set_mode(arena_engine *e, int mode)
+{
+	int rc;
+	if (e->state == ST_FAILED)
+		return e->failed_rc;
+	if (e->state != ST_IDLE)
+		return arena_errorf(ARENA_E_USAGE, "engine: set_mode inside a step (end the step first)");
+	if (mode != ARENA_MODE_SAMPLE && mode != ARENA_MODE_TRAIN)
+		return arena_errorf(ARENA_E_USAGE, "engine: mode %d is neither sample nor train", mode);
+	if (mode == e->o.mode)
+		return 0;
+	if (e->tr)
+		arena_trace_instant(e->tr, ARENA_TRACE_MODE, 0, e->steps, (uint64_t)mode);
+	/* The copies issued for the next step in the old mode are forgotten. */
+	e->cur = 0;
+	arena__engine_drop_ahead(e);
+	e->begun = 0;
+	uint64_t used = dev_used(e), budget, free_b;
+	int md = mode == ARENA_MODE_TRAIN;
+	arena_engine_opts old = e->o;
+	e->o.mode = mode;
+	e->o.sched = e->mn[md] ? e->msched[md] : NULL;
+	e->o.n_sched = e->mn[md];
+	e->ahead = SIZE_MAX;
+	arena_residency_plan t;
+	arena__engine_plan_changed(e);
+	if ((rc = plan_now(e, used, &budget, &free_b, &t, 0))) {
+		e->o = old;
+		return rc == ARENA_E_USAGE ? rc : arena__engine_fail(e, rc);
+	}
+	e->n_slots = arena__ring_slots(&e->o);
+	take_sched(e, &t);
+	arena__engine_refresh(e); /* the resident blocks as they are, with the new schedule and ring */
+	if (e->plan.need_bytes > budget)
+		rc = arena__engine_apply(e, t.resident);
+	else
+		rc = arena__engine_fit_ring(e);
+	if (!rc)
+		arena__engine_refresh(e);
+	arena_residency_plan_release(&t);
+	e->room_steps = 0;
+	return arena__engine_fail(e, rc);
+}
+
+int arena_engine_set_profile(arena_engine *e, const double *cost, double h2d_bytes_per_s, double backward_factor)
+{
+	size_t n = e->l->n_blocks;
+	if (e->state == ST_FAILED)
+		return e->failed_rc;
+	if (e->state != ST_IDLE)
+		return arena_errorf(ARENA_E_USAGE, "engine: set_profile inside a step (end the step first)");
+	if (!(h2d_bytes_per_s > 0 && h2d_bytes_per_s < 1e15) || !(backward_factor >= 0 && backward_factor < 1e6))
+		return arena_errorf(ARENA_E_USAGE, "engine: a profile's rate must be > 0 and its backward factor >= 0, finite");
+	for (size_t b = 0; b < n; b++)
+		if (!(cost[b] >= 0 && cost[b] < 1e9))
+			return arena_errorf(ARENA_E_USAGE, "engine: the cost of block '%s' is not a finite number >= 0",
+					    e->l->blocks[b].name);
+	if (!e->cost && !(e->cost = arena_calloc(n ? n : 1, sizeof(*e->cost))))
+		return arena_errorf(ARENA_E_NOMEM, "engine: out of memory");
+	memcpy(e->cost, cost, n * sizeof(*cost));
+	e->o.cost = e->cost;
+	e->o.hold = NULL;
+	e->o.bcost = e->o.bhold = NULL;
+	e->o.h2d_bytes_per_s = h2d_bytes_per_s;
+	e->o.backward_factor = backward_factor;
+	e->profile_learned = 1; /* nothing more to learn */
+	uint64_t budget, free_b;
+	arena_residency_plan t;
+	arena__engine_plan_changed(e);
+	int rc = plan_now(e, dev_used(e), &budget, &free_b, &t, 0);
+	if (rc)
+		return rc == ARENA_E_USAGE ? rc : arena__engine_fail(e, rc);
+	/* Move to the plan the profile prefers, now (the caller asked for it). */
+	e->cur = 0;
+	arena__engine_drop_ahead(e);
+	e->begun = 0;
+	rc = arena__engine_apply(e, t.resident);
+	arena_residency_plan_release(&t);
+	return arena__engine_fail(e, rc);
+}
+
+void arena_engine_set_rest(arena_engine *e, uint64_t bytes)
+{
+	e->rest = bytes;
+}
+
+uint64_t arena_engine_plans_made(const arena_engine *e)
+{
+	return e->plans_made;
+}

@@ -1,0 +1,144 @@
+"""Bind a PyTorch module to an arena: the module's weights live in arena memory.
+
+``attach(module, path)`` matches the module's repeated blocks (children of a
+``ModuleList``: ``transformer_blocks.N``, ``single_transformer_blocks.N``,
+``model.layers.N``) to the image's blocks by name and every parameter to the
+image's tensor of the same name (peft's ``...base_layer.weight`` maps to
+``...weight``), checking shape and dtype; all mismatches are reported in one
+error before anything changes. Then:
+
+- the globals (tensors outside the blocks) are bound once, as views of their
+  device memory;
+- each block's parameters are views of the block's bytes where the engine
+  has them: when the block is called, it is acquired on torch's current
+  stream (prefetched ahead by the engine, resident or streamed through the
+  ring), its parameters are pointed at those bytes (``param.data = view``:
+  the same ``Parameter`` objects, so optimizer references, hooks and
+  ``torch.compile`` guards stay valid, no copy), the block runs, and the
+  block is released on the same stream;
+- a step is one call of the module's forward up to the next one (backward
+  and its recompute included): the engine learns the order of a step and
+  prefetches by it.
+
+Training: the bound weights are frozen (``requires_grad=False``); trainable
+parameters (peft LoRA layers, or those ``trainable`` names) stay ordinary
+torch parameters. A streamed block must run under gradient checkpointing
+(non-reentrant, as diffusers' ``enable_gradient_checkpointing``): its
+forward then saves no weights, and its recompute in backward acquires the
+block again and holds it until the next block's recompute (the backward
+kernels of a block are queued by then). Refused early, with a message
+saying what to do: a streamed block running with autograd outside
+checkpointing, training the bound weights themselves, merging adapters
+into them (``merge_adapter``), and converting them with ``module.to(dtype)``
+or moving them to another device (``module.to("cuda")`` onto the device
+they are on is fine, and moves the other parameters as usual).
+
+``torch.compile``: compile blocks regionally (diffusers'
+``compile_repeated_blocks()``, ``block.compile()``), or replace a block by
+``torch.compile(block)`` before attaching. The binding is outside the
+compiled code; parameters keep their identity, shape and dtype, so steps
+after the first recompile nothing.
+
+``offload_saved``: what a training step's forward saves for its backward
+(with checkpointing, each block's inputs) waits in pinned host memory, copied
+out beside the forward and back ahead of the backward: less device memory for
+torch, the same gradients (docs/PYTHON.md, "Saved tensors in host memory").
+
+Blocks in pieces (``piece_size``): each module inside a block that owns bound
+tensors acquires the piece holding them when it is called; the block's call
+holds a piece from its first use to its last (docs/PYTHON.md, "Blocks in
+pieces"), so the ring holds pieces, not blocks. Training in pieces needs a
+ring that holds one block and a piece: the default depth does; a smaller
+``depth`` given is refused with the value that is enough.
+
+Between calls, a streamed block's parameters view ring memory that other
+blocks reuse: read weights through ``handle.arena.tensors()``, not through
+the module, outside a forward.
+"""
+
+# The modules, by concern: _attach (a module matched to an image and bound,
+# the guards set), _blocks (whole blocks; the training checks), _pieces (blocks
+# in pieces), _offload (saved tensors in host memory), _handle (Handle, Trace),
+# _guards (conversions, moves and merges of arena's weights refused).
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Optional, Union
+
+from torch import nn
+
+from .. import Arena, Size, parse_size
+from .. import open as _open  # attach's opener, by this name here (bench/torch_flux.py times it)
+from ._attach import _bind
+from ._blocks import _BlockBinding, _in_backward  # (bench/gpu_quant_check.py watches the binds)
+from ._handle import Handle, Trace
+
+__all__ = ["attach", "Handle", "Trace"]
+
+
+def attach(
+    module: nn.Module,
+    path: Union[str, Arena],
+    mode: str = "sample",
+    vram: Size = None,
+    *,
+    device: Union[str, int, None] = None,
+    reserve: Size = None,
+    headroom: Size = None,
+    depth: Optional[int] = None,
+    keep_last: Optional[int] = None,
+    trainable: Union[Iterable[str], Callable[[str], bool], None] = None,
+    offload_saved: Union[bool, Size] = False,
+    **open_kwargs: Any,
+) -> Handle:
+    """Bind ``module``'s weights to the arena at ``path`` (or an open :class:`arena.Arena`).
+
+    module: built on the meta device (``with torch.device("meta"): M(config)``:
+      torch allocates nothing) or already materialized (its weights are
+      released once bound); peft adapters may be added before or after.
+    mode: "sample" or "train" (checkpointed training: forward, backward in reverse).
+    vram: all device memory the process may use, arena's and torch's: arena
+      takes ``vram`` less ``reserve`` (torch's working memory: default 1 GiB
+      sample, 4 GiB train) and ``headroom``; what torch's allocator holds past
+      ``reserve`` (read before each step end) leaves arena's share at that step's
+      end, and returns once torch holds less.
+    trainable: names (or a predicate on names) of parameters of your own that
+      stay torch parameters; peft adapter parameters are recognized.
+    offload_saved: training: the tensors autograd saves in a step's forward for
+      its backward (with checkpointing: each block's inputs, 1.64 GB on Flux at
+      1024x1024) wait in pinned host memory instead of device memory, copied
+      out beside the forward and back ahead of the backward; bit for bit the
+      same gradients. True: tensors of 1 MiB or more; a size: of at least that
+      size. Lowers what torch needs, so give a smaller ``reserve`` with it.
+      ``Handle.offload_stats()`` says what moved.
+    Other keywords go to :func:`arena.open` (``piece_size``: stream blocks in pieces
+      of at most this size, or "auto", each module acquiring its own; ``host_budget``:
+      host memory for streamed blocks, the rest read from the image when streamed;
+      ``plain_stream``: an hb4 image's streamed blocks are copied coded and
+      decoded by the device unless True; ``sim_capacity``, ``profile``...).
+
+    Raises :class:`arena.Error`: ``BUDGET`` when the model cannot run in
+    ``vram``, ``USAGE`` listing every mismatch between module and image.
+    """
+    min_saved = None
+    if offload_saved is not False and offload_saved is not None:
+        min_saved = 1 << 20 if offload_saved is True else parse_size(offload_saved, "offload_saved")
+    h = Handle()
+    h.module = module
+    if isinstance(path, Arena):
+        h.arena = path
+    else:
+        h.arena = _open(path, mode=mode, vram=vram, device=device, reserve=reserve, headroom=headroom,
+                        depth=depth, keep_last=keep_last, **open_kwargs)
+        h._owns_arena = True
+    try:
+        _bind(h, module, mode, trainable, min_saved)
+    except BaseException:
+        for undo in reversed(h._restore):
+            undo()
+        h._restore.clear()
+        if h._owns_arena:
+            h.arena.close()
+        raise
+    h._attached = True
+    return h

@@ -1,0 +1,226 @@
+"""Blocks in pieces (``piece_size``): the modules inside a block that own bound
+tensors acquire the pieces holding them, and the block's call holds each piece
+from its first use to its last."""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
+
+import torch
+from torch import nn
+
+from ._blocks import _BlockBinding, _check_training, _in_backward
+
+if TYPE_CHECKING:
+    from ._handle import Handle
+
+
+class _LeafRef:
+    """A module inside a pieced block that owns bound tensors: its calls go to the block's binding."""
+
+    def __init__(self, block: "_PiecedBinding", key: int):
+        self.block = block
+        self.key = key
+
+    # Inside a compiled block: a graph break here (the acquire and the binding
+    # run eagerly, the module with them), not a trace of the binding, whose
+    # addresses change from call to call and would recompile.
+    @torch.compiler.disable
+    def run(self, call: Callable[..., Any], mod: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        return self.block.leaf(self.key, call, mod, args, kwargs)
+
+
+class _PiecedBinding:
+    """A block module whose image block is streamed in pieces (``piece_size``).
+
+    Each module inside it that owns bound tensors (a Linear, a norm) acquires
+    the pieces holding its tensors when it is called (one piece: pieces are
+    never cut inside a module) and the block's call holds each piece from its
+    first use to its last, learned from the block's previous call (on a first
+    call, or when the calls change, a piece is held until a module needs
+    another), so the ring holds a few pieces, not the block. A recompute in
+    backward (checkpointing) holds each piece until the backward of every
+    module that used it has run (its input's gradient is made), so a train
+    step holds at most one block's pieces at a time."""
+
+    def __init__(self, handle: "Handle", name: str, pieces: Dict[int, "_BlockBinding"], need: List[Tuple[int, ...]]):
+        self.handle = handle
+        self.name = name
+        self.pieces = pieces  # arena block index -> the piece's binding (its views)
+        self.need = need  # per leaf key: the pieces it needs
+        self.index = min(pieces)  # for the handle's bookkeeping
+        self.weights = [p for b in pieces.values() for p in b.weights]
+        self.scheme = next((b.quant[0][1].scheme for b in pieces.values() if b.quant), None)
+        self.held: Set[int] = set()  # pieces acquired and not released
+        self.active = False
+        self.backward = False
+        self.pos = 0
+        self.rec: List[int] = []
+        self.seq: Optional[List[int]] = None
+        self.rel_after: Dict[int, List[int]] = {}
+        self.follow = False
+        self.watched: Set[int] = set()  # forward positions whose backward releases recompute holds
+        self.bw: Dict[int, Tuple[int, ...]] = {}  # recompute: position -> pieces it holds for backward
+        self.bw_ref: Dict[int, int] = {}
+        self.keep: Tuple[int, ...] = ()  # pieces of the block module's own tensors: held for its whole call
+        # forward: positions waiting for the gradient of each input tensor, one hook
+        # on each (by id, with a weak reference that tells a tensor gone, whose id
+        # a new one may take, from the same one)
+        self.waiting: Dict[int, Tuple[Any, List[int]]] = {}
+
+    # --- pieces ---
+    def _acquire(self, idx: int) -> None:
+        h = self.handle
+        addr = h.arena.acquire(idx, h._stream())
+        self.held.add(idx)
+        self.pieces[idx].bind(addr)
+
+    def _hold(self, need: Tuple[int, ...]) -> None:
+        for idx in need:
+            if idx not in self.held:
+                self._acquire(idx)
+
+    def _release(self, idx: int) -> None:
+        self.held.discard(idx)
+        self.handle.arena.release(idx, self.handle._stream())
+        self.pieces[idx].drop()
+
+    def release_all(self) -> None:
+        """Step end: whatever is still held goes."""
+        self.bw.clear()
+        self.bw_ref.clear()
+        self.watched.clear()
+        for idx in list(self.held):
+            self._release(idx)
+
+    def _bw_done(self, pos: int) -> None:
+        for idx in self.bw.pop(pos, ()):
+            self.bw_ref[idx] -= 1
+            if not self.bw_ref[idx]:
+                del self.bw_ref[idx]
+                if idx in self.held:
+                    self._release(idx)
+
+    def _learn(self) -> None:
+        if self.rec == self.seq:
+            return
+        self.seq = list(self.rec)
+        last: Dict[int, int] = {}
+        for pos, key in enumerate(self.seq):
+            for idx in self.need[key]:
+                last[idx] = pos
+        self.rel_after = {}
+        for idx, pos in last.items():
+            self.rel_after.setdefault(pos, []).append(idx)
+
+    # --- calls ---
+    def run(self, call: Callable[..., Any], mod: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        h = self.handle
+        backward = _in_backward()
+        if not h._step_open:
+            h._begin_step()
+        if torch.is_grad_enabled() and not backward:
+            self._check_training(args, kwargs)
+        if h._all_resident and self.scheme is None:
+            for idx, b in self.pieces.items():
+                b.bind(h._resident_at[idx])
+            return call(mod, *args, **kwargs)
+        if self.active:  # a block calling itself: its pieces stay as they are
+            return call(mod, *args, **kwargs)
+        self.active, self.backward, self.pos = True, backward, 0
+        self.rec = []
+        self.follow = self.seq is not None and not backward
+        if not backward:
+            self.watched = set()
+        keep = self.keep
+        done = False
+        try:
+            self._hold(keep)
+            out = call(mod, *args, **kwargs)
+            done = True
+        finally:
+            self.active = False
+            self.waiting = {}
+            for idx in list(self.held):
+                if not (backward and (self.bw_ref.get(idx) or idx in keep)):
+                    self._release(idx)
+        if done and not backward:
+            self._learn()
+        return out
+
+    def leaf(self, key: int, call: Callable[..., Any], mod: nn.Module, args: Tuple[Any, ...],
+             kwargs: Dict[str, Any]) -> Any:
+        h = self.handle
+        need = self.need[key]
+        if not h._step_open:
+            h._begin_step()
+        if h._all_resident and self.scheme is None:
+            for idx in need:
+                self.pieces[idx].bind(h._resident_at[idx])
+            return call(mod, *args, **kwargs)
+        if not self.active:  # called on its own, outside its block: its pieces for this call
+            self._hold(need)
+            try:
+                return call(mod, *args, **kwargs)
+            finally:
+                for idx in need:
+                    if idx in self.held and not self.bw_ref.get(idx):
+                        self._release(idx)
+        pos = self.pos
+        self.pos += 1
+        if self.backward:  # a recompute: held until this module's backward has run
+            self._hold(need)
+            out = call(mod, *args, **kwargs)
+            if pos in self.watched and pos not in self.bw:
+                self.bw[pos] = need
+                for idx in need:
+                    self.bw_ref[idx] = self.bw_ref.get(idx, 0) + 1
+            return out
+        self.rec.append(key)
+        seq = self.seq or []
+        if self.follow and (pos >= len(seq) or seq[pos] != key):
+            self.follow = False  # the calls changed: hold only what each module needs
+        if not self.follow:
+            for idx in list(self.held):
+                if idx not in need and idx not in self.keep:
+                    self._release(idx)
+        self._hold(need)
+        if torch.is_grad_enabled():
+            grads = [x for x in list(args) + list(kwargs.values()) if isinstance(x, torch.Tensor) and x.requires_grad]
+            if grads:
+                self.watched.add(pos)
+                self._watch(grads, pos)
+        out = call(mod, *args, **kwargs)
+        if self.follow:
+            for idx in self.rel_after.get(pos, ()):
+                if idx in self.held and idx not in self.keep:
+                    self._release(idx)
+        return out
+
+    def _watch(self, grads: List[torch.Tensor], pos: int) -> None:
+        """The backward of the module at ``pos`` has run once the gradients of its
+        inputs are made. Modules of one input (a block's q, k and v) share one hook
+        on it: a hook costs ~0.1 ms of the host's time, and a block in pieces has
+        dozens of modules. Several inputs: one hook for all of them."""
+        if len(grads) > 1:
+            hk = torch.autograd.graph.register_multi_grad_hook(grads, lambda _g, p=pos: self._bw_done(p), mode="all")
+            self.handle._hooks.append(hk)
+            return
+        t = grads[0]
+        got = self.waiting.get(id(t))
+        if got is not None and got[0]() is t:
+            got[1].append(pos)
+            return
+        w = [pos]
+        self.waiting[id(t)] = (weakref.ref(t), w)
+
+        def done(_g: Any, w: List[int] = w) -> None:
+            for p in w:
+                self._bw_done(p)
+
+        self.handle._hooks.append(t.register_hook(done))
+
+    def _check_training(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+        resident = all(self.handle.arena.block_state(i)[0] for i in self.pieces)
+        _check_training(self.handle, self.name, self.weights, self.index, resident, self.scheme, args, kwargs)
