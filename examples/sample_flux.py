@@ -11,7 +11,9 @@ it. The transformer's weights come from an arena image (--image, default
 run: what fits the GPU stays there, the rest is streamed as each block runs.
 
 --tiny builds tiny random models instead (nothing downloaded) and runs them on
-the CPU when there is no GPU: what CI runs. --plain runs the transformer from
+the CPU when there is no GPU: what CI runs. --random dev builds FLUX.1-dev's
+transformer and VAE with random weights: a GPU's time per image, without a
+download. --plain runs the transformer from
 its safetensors weights without arena, to compare.
 """
 
@@ -31,9 +33,13 @@ import arena
 import arena.torch
 
 
-def tiny_models(workdir: str) -> Tuple[Dict[str, Any], Dict[str, Any], str]:
-    """Tiny random FLUX.1 parts (every part's structure, a few thousand weights): the
-    pipeline's other components, the transformer's config, its weights' file."""
+def random_models(workdir: str, size: str = "tiny") -> Tuple[Dict[str, Any], Dict[str, Any], str]:
+    """FLUX.1's parts with random weights, nothing downloaded: the pipeline's other
+    components, the transformer's config, its weights' file. "tiny": every part's
+    structure at a few thousand weights (CI). "dev": the transformer and the VAE at
+    FLUX.1-dev's configs (the transformer's 11.9 B weights written by ``arena synth``),
+    the text encoders one layer deep at the widths the transformer takes: the
+    GPU's work per step as FLUX.1-dev's, for measuring."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import CLIPTextConfig, CLIPTextModel, PreTrainedTokenizerFast, T5Config, T5EncoderModel
 
@@ -44,27 +50,47 @@ def tiny_models(workdir: str) -> Tuple[Dict[str, Any], Dict[str, Any], str]:
         return PreTrainedTokenizerFast(tokenizer_object=t, unk_token="<unk>", pad_token="<pad>", eos_token="</s>",
                                        model_max_length=max_length)
 
+    dev = size == "dev"
     torch.manual_seed(0)
+    if dev:
+        vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 4,
+                            up_block_types=["UpDecoderBlock2D"] * 4, block_out_channels=(128, 256, 512, 512),
+                            layers_per_block=2, latent_channels=16, norm_num_groups=32, use_quant_conv=False,
+                            use_post_quant_conv=False, shift_factor=0.1159, scaling_factor=0.3611, sample_size=1024)
+    else:
+        vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 2,
+                            up_block_types=["UpDecoderBlock2D"] * 2, block_out_channels=(8, 8), layers_per_block=1,
+                            latent_channels=4, norm_num_groups=4, use_quant_conv=False, use_post_quant_conv=False,
+                            shift_factor=0.0609, scaling_factor=1.5035, sample_size=32)
+    clip_w, t5_w = (768, 4096) if dev else (32, 32)
     parts: Dict[str, Any] = {
         "scheduler": FlowMatchEulerDiscreteScheduler(),
-        "vae": AutoencoderKL(in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 2,
-                             up_block_types=["UpDecoderBlock2D"] * 2, block_out_channels=(8, 8), layers_per_block=1,
-                             latent_channels=4, norm_num_groups=4, use_quant_conv=False, use_post_quant_conv=False,
-                             shift_factor=0.0609, scaling_factor=1.5035, sample_size=32),
-        "text_encoder": CLIPTextModel(CLIPTextConfig(vocab_size=32, hidden_size=32, intermediate_size=37,
-                                                     num_attention_heads=4, num_hidden_layers=2, projection_dim=32,
-                                                     pad_token_id=0, bos_token_id=0, eos_token_id=1)),
+        "vae": vae,
+        "text_encoder": CLIPTextModel(CLIPTextConfig(vocab_size=32, hidden_size=clip_w, intermediate_size=37,
+                                                     num_attention_heads=4, num_hidden_layers=1 if dev else 2,
+                                                     projection_dim=clip_w, pad_token_id=0, bos_token_id=0,
+                                                     eos_token_id=1)),
         "tokenizer": tokenizer(77),
-        "text_encoder_2": T5EncoderModel(T5Config(vocab_size=32, d_model=32, d_kv=8, d_ff=37, num_layers=2,
-                                                  num_heads=4, pad_token_id=0, eos_token_id=1)),
+        "text_encoder_2": T5EncoderModel(T5Config(vocab_size=32, d_model=t5_w, d_kv=8, d_ff=37,
+                                                  num_layers=1 if dev else 2, num_heads=4, pad_token_id=0,
+                                                  eos_token_id=1)),
         "tokenizer_2": tokenizer(512),
     }
     for k in ("vae", "text_encoder", "text_encoder_2"):
         parts[k].to(torch.bfloat16).eval()  # as from_pretrained leaves them: no dropout
+    weights = os.path.join(workdir, "transformer.safetensors")
+    if dev:
+        config = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
+                      num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768,
+                      guidance_embeds=True, axes_dims_rope=[16, 56, 56])
+        import subprocess
+        import sys
+
+        subprocess.run([sys.executable, "-m", "arena", "synth", "--layout", "flux-dev", "-o", weights], check=True)
+        return parts, config, weights
     config = dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=16,
                   num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=True,
                   axes_dims_rope=[4, 6, 6])
-    weights = os.path.join(workdir, "transformer.safetensors")
     from safetensors.torch import save_file
 
     save_file(FluxTransformer2DModel(**config).to(torch.bfloat16).state_dict(), weights)
@@ -94,15 +120,21 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=1024, help="height and width in pixels")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tiny", action="store_true", help="tiny random models, for a test without downloads")
+    ap.add_argument("--random", choices=["tiny", "dev"],
+                    help="random weights, nothing downloaded: tiny models (as --tiny), or FLUX.1-dev's transformer "
+                         "and VAE (about 45 GB of files in --workdir) to measure a GPU")
+    ap.add_argument("--workdir", help="where --random writes its files (default: a new temporary folder)")
     ap.add_argument("--plain", action="store_true", help="the transformer without arena, to compare")
     args = ap.parse_args()
-    if not args.tiny and not args.model:
+    args.random = args.random or ("tiny" if args.tiny else None)
+    if not args.random and not args.model:
         ap.error("give --model (a FLUX.1 folder or id), or --tiny")
-    workdir = tempfile.mkdtemp(prefix="sample-flux-")
-    if args.tiny:
-        parts, config, weights = tiny_models(workdir)
+    workdir = args.workdir or tempfile.mkdtemp(prefix="sample-flux-")
+    if args.random:
+        parts, config, weights = random_models(workdir, args.random)
         image = args.image or os.path.join(workdir, "transformer.arena")
-        args.size = min(args.size, 32)
+        if args.random == "tiny":
+            args.size = min(args.size, 32)
     else:
         parts, config, weights = model_parts(args.model)
         image = args.image or weights.rstrip("/") + ".arena"
@@ -135,7 +167,7 @@ def main() -> None:
         torch.cuda.reset_peak_memory_stats()
     with torch.inference_mode():
         out = pipe(args.prompt, height=args.size, width=args.size, num_inference_steps=args.steps,
-                   guidance_scale=args.guidance, max_sequence_length=32 if args.tiny else 512,
+                   guidance_scale=args.guidance, max_sequence_length=32 if args.random else 512,
                    generator=torch.Generator(device).manual_seed(args.seed), output_type="np").images
     seconds = time.perf_counter() - t0
     if not np.isfinite(out).all():
@@ -143,6 +175,9 @@ def main() -> None:
     img = pipe.numpy_to_pil(out)[0]
     img.save(args.out)
     peak = f", torch's peak {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB" if device.startswith("cuda") else ""
+    if not args.plain:
+        p = handle.plan()
+        peak += f", arena's {(p['resident_bytes'] + p['slots'] * p['slot_bytes']) / 2**30:.2f} GiB"
     print(f"wrote {args.out}: {img.size[0]}x{img.size[1]}, {args.steps} steps in {seconds:.2f} s{peak}")
 
 

@@ -18,7 +18,9 @@ out/preview-STEP.png), and written at the end as out/pytorch_lora_weights.safete
 which diffusers' ``FluxPipeline.load_lora_weights`` reads.
 
 --tiny builds tiny random models and a few random images instead (nothing
-downloaded) and runs on the CPU when there is no GPU: what CI runs.
+downloaded) and runs on the CPU when there is no GPU: what CI runs. --random
+dev builds FLUX.1-dev's transformer and VAE with random weights: a GPU's time
+per step, without a download.
 """
 
 from __future__ import annotations
@@ -43,9 +45,13 @@ import arena
 import arena.torch
 
 
-def tiny_models(workdir: str) -> Tuple[Dict[str, Any], Dict[str, Any], str]:
-    """Tiny random FLUX.1 parts (every part's structure, a few thousand weights): the
-    pipeline's other components, the transformer's config, its weights' file."""
+def random_models(workdir: str, size: str = "tiny") -> Tuple[Dict[str, Any], Dict[str, Any], str]:
+    """FLUX.1's parts with random weights, nothing downloaded: the pipeline's other
+    components, the transformer's config, its weights' file. "tiny": every part's
+    structure at a few thousand weights (CI). "dev": the transformer and the VAE at
+    FLUX.1-dev's configs (the transformer's 11.9 B weights written by ``arena synth``),
+    the text encoders one layer deep at the widths the transformer takes: the
+    GPU's work per step as FLUX.1-dev's, for measuring."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import CLIPTextConfig, CLIPTextModel, PreTrainedTokenizerFast, T5Config, T5EncoderModel
 
@@ -56,39 +62,59 @@ def tiny_models(workdir: str) -> Tuple[Dict[str, Any], Dict[str, Any], str]:
         return PreTrainedTokenizerFast(tokenizer_object=t, unk_token="<unk>", pad_token="<pad>", eos_token="</s>",
                                        model_max_length=max_length)
 
+    dev = size == "dev"
     torch.manual_seed(0)
+    if dev:
+        vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 4,
+                            up_block_types=["UpDecoderBlock2D"] * 4, block_out_channels=(128, 256, 512, 512),
+                            layers_per_block=2, latent_channels=16, norm_num_groups=32, use_quant_conv=False,
+                            use_post_quant_conv=False, shift_factor=0.1159, scaling_factor=0.3611, sample_size=1024)
+    else:
+        vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 2,
+                            up_block_types=["UpDecoderBlock2D"] * 2, block_out_channels=(8, 8), layers_per_block=1,
+                            latent_channels=4, norm_num_groups=4, use_quant_conv=False, use_post_quant_conv=False,
+                            shift_factor=0.0609, scaling_factor=1.5035, sample_size=32)
+    clip_w, t5_w = (768, 4096) if dev else (32, 32)
     parts: Dict[str, Any] = {
         "scheduler": FlowMatchEulerDiscreteScheduler(),
-        "vae": AutoencoderKL(in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 2,
-                             up_block_types=["UpDecoderBlock2D"] * 2, block_out_channels=(8, 8), layers_per_block=1,
-                             latent_channels=4, norm_num_groups=4, use_quant_conv=False, use_post_quant_conv=False,
-                             shift_factor=0.0609, scaling_factor=1.5035, sample_size=32),
-        "text_encoder": CLIPTextModel(CLIPTextConfig(vocab_size=32, hidden_size=32, intermediate_size=37,
-                                                     num_attention_heads=4, num_hidden_layers=2, projection_dim=32,
-                                                     pad_token_id=0, bos_token_id=0, eos_token_id=1)),
+        "vae": vae,
+        "text_encoder": CLIPTextModel(CLIPTextConfig(vocab_size=32, hidden_size=clip_w, intermediate_size=37,
+                                                     num_attention_heads=4, num_hidden_layers=1 if dev else 2,
+                                                     projection_dim=clip_w, pad_token_id=0, bos_token_id=0,
+                                                     eos_token_id=1)),
         "tokenizer": tokenizer(77),
-        "text_encoder_2": T5EncoderModel(T5Config(vocab_size=32, d_model=32, d_kv=8, d_ff=37, num_layers=2,
-                                                  num_heads=4, pad_token_id=0, eos_token_id=1)),
+        "text_encoder_2": T5EncoderModel(T5Config(vocab_size=32, d_model=t5_w, d_kv=8, d_ff=37,
+                                                  num_layers=1 if dev else 2, num_heads=4, pad_token_id=0,
+                                                  eos_token_id=1)),
         "tokenizer_2": tokenizer(512),
     }
     for k in ("vae", "text_encoder", "text_encoder_2"):
         parts[k].to(torch.bfloat16).eval()  # as from_pretrained leaves them: no dropout
+    weights = os.path.join(workdir, "transformer.safetensors")
+    if dev:
+        config = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
+                      num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768,
+                      guidance_embeds=True, axes_dims_rope=[16, 56, 56])
+        import subprocess
+        import sys
+
+        subprocess.run([sys.executable, "-m", "arena", "synth", "--layout", "flux-dev", "-o", weights], check=True)
+        return parts, config, weights
     config = dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=16,
                   num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=True,
                   axes_dims_rope=[4, 6, 6])
-    weights = os.path.join(workdir, "transformer.safetensors")
     from safetensors.torch import save_file
 
     save_file(FluxTransformer2DModel(**config).to(torch.bfloat16).state_dict(), weights)
     return parts, config, weights
 
 
-def tiny_data(folder: str) -> None:
-    """Three random 32x32 images with captions."""
+def random_data(folder: str, size: int) -> None:
+    """Three random size x size images with captions."""
     os.makedirs(folder, exist_ok=True)
     rng = np.random.default_rng(0)
     for i, caption in enumerate(["a red cat", "a blue dog", "a green bird"]):
-        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(os.path.join(folder, f"{i}.png"))
+        Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(os.path.join(folder, f"{i}.png"))
         with open(os.path.join(folder, f"{i}.txt"), "w") as f:
             f.write(caption)
 
@@ -156,19 +182,25 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true", help="go on from out/checkpoint.pt")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tiny", action="store_true", help="tiny random models and images, for a test without downloads")
+    ap.add_argument("--random", choices=["tiny", "dev"],
+                    help="random weights and images, nothing downloaded: tiny models (as --tiny), or FLUX.1-dev's "
+                         "transformer and VAE (about 45 GB of files in --workdir) to measure a GPU")
+    ap.add_argument("--workdir", help="where --random writes its files (default: a new temporary folder)")
     args = ap.parse_args()
-    if not args.tiny and not (args.model and args.data):
+    args.random = args.random or ("tiny" if args.tiny else None)
+    if not args.random and not (args.model and args.data):
         ap.error("give --model and --data, or --tiny")
     os.makedirs(args.out, exist_ok=True)
-    workdir = tempfile.mkdtemp(prefix="train-lora-")
-    max_seq = 32 if args.tiny else 512
-    if args.tiny:
-        parts, config, weights = tiny_models(workdir)
+    workdir = args.workdir or tempfile.mkdtemp(prefix="train-lora-")
+    max_seq = 32 if args.random else 512
+    if args.random:
+        parts, config, weights = random_models(workdir, args.random)
         image = args.image or os.path.join(workdir, "transformer.arena")
+        if args.random == "tiny":
+            args.resolution = min(args.resolution, 32)
+            args.preview_steps = min(args.preview_steps, 2)
         args.data = args.data or os.path.join(workdir, "data")
-        tiny_data(args.data)
-        args.resolution = min(args.resolution, 32)
-        args.preview_steps = min(args.preview_steps, 2)
+        random_data(args.data, args.resolution)
     else:
         parts, config, weights = model_parts(args.model)
         image = args.image or weights.rstrip("/") + ".arena"
@@ -267,6 +299,8 @@ def main() -> None:
     FluxPipeline.save_lora_weights(args.out, transformer_lora_layers=get_peft_model_state_dict(transformer),
                                    safe_serialization=True)
     peak = f", torch's peak {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB" if device.startswith("cuda") else ""
+    p = handle.plan()
+    peak += f", arena's {(p['resident_bytes'] + p['slots'] * p['slot_bytes']) / 2**30:.2f} GiB"
     per = f", {seconds / (step - first):.3f} s a step" if step > first else ""
     print(f"wrote {os.path.join(args.out, 'pytorch_lora_weights.safetensors')}: {step} steps, "
           f"last loss {loss_v:.4f}{per}{peak}")

@@ -89,7 +89,7 @@ class Examples(unittest.TestCase):
         from diffusers import FluxPipeline, FluxTransformer2DModel
 
         ex = load_example("train_lora")
-        parts, config, weights = ex.tiny_models(self.tmp)
+        parts, config, weights = ex.random_models(self.tmp, "tiny")
         tr = FluxTransformer2DModel(**config).to(torch.bfloat16)
         tr.load_state_dict(load_file(weights))
         pipe = FluxPipeline(transformer=tr, **parts)
