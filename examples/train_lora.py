@@ -98,7 +98,8 @@ def random_models(workdir: str, size: str = "tiny") -> Tuple[Dict[str, Any], Dic
         import subprocess
         import sys
 
-        subprocess.run([sys.executable, "-m", "arena", "synth", "--layout", "flux-dev", "-o", weights], check=True)
+        if not os.path.exists(weights):  # 22 GiB, written once
+            subprocess.run([sys.executable, "-m", "arena", "synth", "--layout", "flux-dev", "-o", weights], check=True)
         return parts, config, weights
     config = dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=16,
                   num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=True,
