@@ -189,6 +189,10 @@ def main() -> None:
     ap.add_argument("--workdir", help="where --random writes its files (default: a new temporary folder)")
     args = ap.parse_args()
     args.random = args.random or ("tiny" if args.tiny else None)
+    # torch 2.11's cuDNN attention failed in the backward at FLUX.1-dev's shapes on
+    # an H200 (an illegal memory access; the plain model too, 2026-12-03): the flash
+    # and memory-efficient kernels take its place.
+    torch.backends.cuda.enable_cudnn_sdp(False)
     if not args.random and not (args.model and args.data):
         ap.error("give --model and --data, or --tiny")
     os.makedirs(args.out, exist_ok=True)
