@@ -92,13 +92,30 @@ int arena_step_end(arena *a)
 	return rc ? rc : unlock(a, arena_engine_step_end(a->e));
 }
 
-int arena_set_rest_memory(arena *a, uint64_t bytes)
+int arena_rest_report(arena *a, const arena_rest_info *r)
 {
-	int rc = lock(a, "arena_set_rest_memory");
+	int rc = lock(a, "arena_rest_report");
 	if (rc)
 		return rc;
-	arena_engine_set_rest(a->e, bytes);
-	return unlock(a, 0);
+	if (!r)
+		return unlock(a, arena_errorf(ARENA_E_USAGE, "arena_rest_report: NULL report"));
+	return unlock(a, arena_engine_rest_report(a->e, r->now, r->peak, r->work));
+}
+
+int arena_set_rest_memory(arena *a, uint64_t bytes)
+{
+	arena_rest_info r = {bytes, bytes, 0};
+	return arena_rest_report(a, &r);
+}
+
+int arena_memory_get(const arena *a, arena_memory_info *out)
+{
+	int rc = lock(a, "arena_memory_get");
+	if (rc)
+		return rc;
+	if (!out)
+		return unlock(a, arena_errorf(ARENA_E_USAGE, "arena_memory_get: NULL out"));
+	return unlock(a, arena_engine_memory(a->e, out));
 }
 
 int arena_block_keep_host(arena *a, size_t i)
@@ -380,5 +397,31 @@ int arena_sim_pressure(arena *a, uint64_t bytes)
 		rc = arena_errorf(ARENA_E_USAGE, "arena_sim_pressure: the backend is %s, not sim", a->be->ops->name);
 	else
 		rc = arena_backend_sim_pressure(a->be, bytes);
+	return unlock(a, rc);
+}
+
+int arena_sim_rest(arena *a, uint64_t bytes)
+{
+	int rc = lock(a, "arena_sim_rest");
+	if (rc)
+		return rc;
+	if (strcmp(a->be->ops->name, "sim"))
+		rc = arena_errorf(ARENA_E_USAGE, "arena_sim_rest: the backend is %s, not sim", a->be->ops->name);
+	else
+		rc = arena_backend_sim_rest(a->be, bytes);
+	return unlock(a, rc);
+}
+
+int arena_sim_peak(arena *a, int reset, uint64_t *peak)
+{
+	int rc = lock(a, "arena_sim_peak");
+	if (rc)
+		return rc;
+	if (!peak)
+		rc = arena_errorf(ARENA_E_USAGE, "arena_sim_peak: NULL peak");
+	else if (strcmp(a->be->ops->name, "sim"))
+		rc = arena_errorf(ARENA_E_USAGE, "arena_sim_peak: the backend is %s, not sim", a->be->ops->name);
+	else
+		rc = arena_backend_sim_peak(a->be, reset, peak);
 	return unlock(a, rc);
 }
