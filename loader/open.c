@@ -384,11 +384,13 @@ static int place(void *ctx, const arena_layout *l, uint64_t stage, const uint64_
 				 arena_size_str(stage, s5, sizeof(s5)));
 		}
 		arena_error_clear();
+		char cx[64] = ""; /* the process's own, when it has any */
+		if (o->other)
+			snprintf(cx, sizeof(cx), ", the process's context of %s,", arena_size_str(o->other, s6, sizeof(s6)));
 		return arena_errorf(rc,
-				    "%s: does not fit: %s; with a working reserve of %s, headroom of %s and the process's "
-				    "context of %s it needs %s of device memory, %s is %s%s",
-				    c->path, why, arena_size_str(reserve, s1, sizeof(s1)), arena_size_str(headroom, s2, sizeof(s2)),
-				    arena_size_str(o->other, s6, sizeof(s6)),
+				    "%s: does not fit: %s; with a working reserve of %s%s and headroom of %s it needs %s of "
+				    "device memory, %s is %s%s",
+				    c->path, why, arena_size_str(reserve, s1, sizeof(s1)), cx, arena_size_str(headroom, s2, sizeof(s2)),
 				    arena_size_str(p.min_need_bytes + stage + reserve + headroom + o->other, s3, sizeof(s3)),
 				    arena_size_str(avail, s4, sizeof(s4)), o->cap && o->cap <= free_b ? "the cap" : "free", hint);
 	}
