@@ -114,7 +114,8 @@ __global__ void dequant_int4_runs(arena_dequant_job j)
 	const bool small = runs < ((uint64_t)1 << 32);
 	for (uint64_t g = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; g < runs; g += (uint64_t)gridDim.x * blockDim.x) {
 		const uint64_t r = small ? (uint64_t)((uint32_t)g / (uint32_t)per_row) : g / per_row;
-		const uint64_t k = r * groups + (g - r * per_row) / per_group;
+		const uint64_t in_row = g - r * per_row; /* the run's place in its row */
+		const uint64_t k = r * groups + (small ? (uint64_t)((uint32_t)in_row / (uint32_t)per_group) : in_row / per_group);
 		const float s = SDT == ARENA_DTYPE_BF16  ? arena__bf16_to_f32(((const uint16_t *)j.scale)[k])
 				: SDT == ARENA_DTYPE_F16 ? arena__f16_to_f32(((const uint16_t *)j.scale)[k])
 							 : ((const float *)j.scale)[k];
