@@ -1,10 +1,10 @@
 /* image_read.c - the checked chunk reader: raw data bytes read from an
  * image chunk by chunk through a one-chunk cache (see image.h).
  *
- * Every chunk read is checked for structure and padding, also without
- * verify (then its checksum is taken as read): a read that returns 0 has
- * checked every chunk it read from. Uncoded images read without verify go
- * straight to the file. */
+ * A reader with buffers (verify, or a coded image) checks every chunk it
+ * reads for structure and padding, and with verify its checksum: a read
+ * that returns 0 has checked every chunk it read from. Without verify an
+ * uncoded image has no buffers: its reads go straight to the file. */
 #include "image_int.h"
 
 #include <string.h>

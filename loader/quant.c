@@ -1,7 +1,7 @@
 /* quant.c - storage schemes: planning, conversion kernels, threads; see quant.h.
  *
- * Sections: bit-level conversions (c10's algorithms, branch free), fused
- * block kernels, the thread splitter, plans, runs, dequantization, casts,
+ * Sections: fused block kernels (over formats/elem.h's element rules), the
+ * thread splitter, runs, byte ranges, dequantization, casts,
  * compressed-tensors recognition.
  *
  * Vectorization: gcc -O2 uses the "very cheap" cost model, which vectorizes a
@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "../common/err.h"
+#include "../formats/elem.h"
 
 #define E(name) ARENA_E(name)
 
@@ -34,148 +35,8 @@
 #define INLINE static inline
 #endif
 
-/* ---- bit-level conversions ------------------------------------------------
- *
- * c10's (PyTorch's) scalar algorithms, written without branches: every value
- * is computed on every path and chosen with sel(), a mask select. A `?:`
- * would let gcc move the float arithmetic of one side into a branch, and it
- * will not if-convert (so not vectorize) a float operation that may trap. */
-
-INLINE float f32_of(uint32_t u)
-{
-	float f;
-	memcpy(&f, &u, sizeof(f));
-	return f;
-}
-
-INLINE uint32_t bits_of(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, sizeof(u));
-	return u;
-}
-
-/* c ? a : b for c in {0, 1}, as masks. */
-INLINE uint32_t sel(uint32_t c, uint32_t a, uint32_t b)
-{
-	const uint32_t m = 0u - c;
-	return (a & m) | (b & ~m);
-}
-
-#define F32_448 0x43E00000u   /* 448.0f, the F8_E4M3 maximum */
-#define F32_57344 0x47600000u /* 57344.0f, the F8_E5M2 maximum */
-#define F32_127 0x42FE0000u   /* 127.0f */
-#define F32_INF 0x7F800000u   /* above it (sign cleared): NaN */
-
-/* F16 -> F32, exact (c10 fp16_ieee_to_fp32_value). */
-INLINE float f16_to_f32(uint16_t h)
-{
-	const uint32_t w = (uint32_t)h << 16;
-	const uint32_t sign = w & 0x80000000u;
-	const uint32_t two_w = w + w;
-	const float norm = f32_of((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
-	const float denorm = f32_of((two_w >> 17) | (126u << 23)) - 0.5f;
-	return f32_of(sign | sel(two_w < (1u << 27), bits_of(denorm), bits_of(norm)));
-}
-
-/* F32 -> F16, RNE, overflow to inf, NaN -> sign | 0x7E00
- * (c10 fp16_ieee_from_fp32_value; its two unsigned compares on 2w are made
- * signed compares on |w|, which SSE2 and AVX2 have). */
-INLINE uint32_t f32_to_f16(float f)
-{
-	float base = (__builtin_fabsf(f) * 0x1.0p+112f) * 0x1.0p-110f;
-	const uint32_t w = bits_of(f);
-	const uint32_t sign = w & 0x80000000u;
-	const int32_t aw = (int32_t)(w & 0x7FFFFFFFu);
-	/* bias = max(exponent, 0x71) << 23, kept in 2w's form: bits 24..31 */
-	uint32_t bias = (w << 1) & 0xFF000000u;
-	bias = sel((aw & 0x7F800000) < 0x38800000, 0x71000000u, bias);
-	base = f32_of((bias >> 1) + 0x07800000u) + base;
-	const uint32_t bits = bits_of(base);
-	const uint32_t nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
-	return (sign >> 16) | sel(aw > (int32_t)F32_INF, 0x7E00u, nonsign);
-}
-
-/* F32 -> BF16, RNE, NaN -> 0x7FC0 (c10 round_to_nearest_even). */
-INLINE uint32_t f32_to_bf16(float f)
-{
-	const uint32_t u = bits_of(f);
-	const uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-	return sel((int32_t)(u & 0x7FFFFFFFu) > (int32_t)F32_INF, 0x7FC0u, r);
-}
-
-/* F32 -> F8_E4M3 (fn: no inf, S.1111.111 is NaN), saturating: torch's
- * cast(clamp(x, -448, 448)). RNE as c10 fp8e4m3fn_from_fp32_value; |x| > 448
- * (inf included) gives +-448 (the clamp), NaN gives NaN with its sign. */
-INLINE uint32_t f32_to_e4m3_sat(float f)
-{
-	const uint32_t b = bits_of(f);
-	const uint32_t sign = b & 0x80000000u;
-	const uint32_t a = b ^ sign;
-	/* below 2^-6 (subnormal results): the f32 add does the rounding */
-	const uint32_t dn = bits_of(f32_of(a) + f32_of(141u << 23)) - (141u << 23);
-	/* normal: rebias the exponent, add half an ulp minus one plus the odd bit */
-	const uint32_t nm = (a + ((uint32_t)(7 - 127) << 23) + 0x7FFFFu + ((a >> 20) & 1u)) >> 20;
-	const int32_t sa = (int32_t)a; /* sign cleared: signed compares (SSE2 has no unsigned ones) */
-	uint32_t r = sel(sa < (int32_t)(121u << 23), dn, nm);
-	r = sel(sa > (int32_t)F32_448, 0x7Eu, r);
-	r = sel(sa > (int32_t)F32_INF, 0x7Fu, r);
-	return r | (sign >> 24);
-}
-
-/* F32 -> F8_E5M2, saturating: torch's cast(clamp(x, -57344, 57344)), RNE as
- * c10 fp8e5m2_from_fp32_value; NaN gives NaN (0x7F) with its sign. */
-INLINE uint32_t f32_to_e5m2_sat(float f)
-{
-	const uint32_t b = bits_of(f);
-	const uint32_t sign = b & 0x80000000u;
-	const uint32_t a = b ^ sign;
-	const uint32_t dn = bits_of(f32_of(a) + f32_of(134u << 23)) - (134u << 23);
-	const uint32_t nm = (a + ((uint32_t)(15 - 127) << 23) + 0xFFFFFu + ((a >> 21) & 1u)) >> 21;
-	const int32_t sa = (int32_t)a;
-	uint32_t r = sel(sa < (int32_t)(113u << 23), dn, nm);
-	r = sel(sa > (int32_t)F32_57344, 0x7Bu, r);
-	r = sel(sa > (int32_t)F32_INF, 0x7Fu, r);
-	return r | (sign >> 24);
-}
-
-/* F32 -> I8: clamp(round_half_even(v), -127, 127); NaN -> 0. */
-INLINE uint32_t f32_to_i8_sat(float v)
-{
-	const uint32_t b = bits_of(v);
-	const uint32_t neg = b >> 31;
-	const uint32_t a = b & 0x7FFFFFFFu;
-	const uint32_t c = sel((int32_t)a > (int32_t)F32_127, F32_127, a);
-	/* |v| <= 127: adding 1.5 * 2^23 leaves units in the last place, rounded
-	 * half to even by the f32 add itself; the low bits are the integer */
-	uint32_t k = bits_of(f32_of(c) + 12582912.0f) - 0x4B400000u;
-	k = (k ^ (0u - neg)) + neg; /* rounding is symmetric: negate after */
-	return sel((int32_t)a > (int32_t)F32_INF, 0u, k) & 0xFFu;
-}
-
-/* F8_E4M3 -> F32, exact; NaN (S.1111.111) -> sign | 0x7FC00000. */
-INLINE float e4m3_to_f32(uint8_t q)
-{
-	const uint32_t sign = (uint32_t)(q & 0x80u) << 24;
-	const uint32_t e = (q >> 3) & 15u, m = q & 7u;
-	const uint32_t nrm = ((e + 120u) << 23) | (m << 20);
-	const uint32_t sub = bits_of((float)(int32_t)m * 0x1.0p-9f);
-	uint32_t r = sel(e == 0, sub, nrm);
-	r = sel((q & 0x7Fu) == 0x7Fu, 0x7FC00000u, r);
-	return f32_of(r | sign);
-}
-
-/* F8_E5M2 -> F32, exact; NaN -> sign | 0x7FC00000. */
-INLINE float e5m2_to_f32(uint8_t q)
-{
-	const uint32_t sign = (uint32_t)(q & 0x80u) << 24;
-	const uint32_t e = (q >> 2) & 31u, m = q & 3u;
-	const uint32_t nrm = ((e + 112u) << 23) | (m << 21);
-	const uint32_t sub = bits_of((float)(int32_t)m * 0x1.0p-16f);
-	uint32_t r = sel(e == 0, sub, nrm);
-	r = sel(e == 31, sel(m != 0, 0x7FC00000u, F32_INF), r);
-	return f32_of(r | sign);
-}
+/* The element rules (exact widenings, roundings, bit casts) are
+ * formats/elem.h's, always inlined into the kernels below. */
 
 /* ---- fused kernels ----------------------------------------------------------- */
 
@@ -193,17 +54,17 @@ INLINE float load(int sk, const unsigned char *s, size_t i)
 	switch (sk) {
 	case SK_BF16:
 		memcpy(&h, s + 2 * i, 2);
-		return f32_of((uint32_t)h << 16);
+		return arena__bf16_to_f32(h);
 	case SK_F16:
 		memcpy(&h, s + 2 * i, 2);
-		return f16_to_f32(h);
+		return arena__f16_to_f32(h);
 	case SK_F32:
 		memcpy(&f, s + 4 * i, 4);
 		return f;
 	case SK_E4M3:
-		return e4m3_to_f32(s[i]);
+		return arena__e4m3_to_f32(s[i]);
 	case SK_E5M2:
-		return e5m2_to_f32(s[i]);
+		return arena__e5m2_to_f32(s[i]);
 	default:
 		return (float)(int8_t)s[i];
 	}
@@ -215,21 +76,21 @@ INLINE uint32_t compute(int op, float x, float scale)
 {
 	switch (op) {
 	case OP_F32:
-		return bits_of(x);
+		return arena__bits_of(x);
 	case OP_BF16:
-		return f32_to_bf16(x);
+		return arena__f32_to_bf16(x);
 	case OP_F16:
-		return f32_to_f16(x);
+		return arena__f32_to_f16(x);
 	case OP_E4M3:
-		return f32_to_e4m3_sat(x);
+		return arena__f32_to_e4m3_sat(x);
 	case OP_E5M2:
-		return f32_to_e5m2_sat(x);
+		return arena__f32_to_e5m2_sat(x);
 	case OP_E4M3_SCALED:
-		return f32_to_e4m3_sat(x / scale);
+		return arena__f32_to_e4m3_sat(x / scale);
 	case OP_I8_SCALED:
-		return f32_to_i8_sat(x / scale);
+		return arena__f32_to_i8_sat(x / scale);
 	default: /* OP_DEQ */
-		return bits_of(x * scale);
+		return arena__bits_of(x * scale);
 	}
 }
 
@@ -408,8 +269,6 @@ static uint32_t amax32(convert_fn cv, const unsigned char *s, uint64_t n)
 	return amax32_base(s, n);
 }
 
-#define F32_QNAN 0x7FC00000u
-
 /* amax(|x|) of n values of kind sk (BF16, F16, F32) as f32; any NaN gives
  * the one quiet NaN 0x7FC00000, so that no result depends on which NaN
  * payload a piece saw (and so on the thread count). */
@@ -417,18 +276,18 @@ static float amax_of(convert_fn cv, int sk, const void *src, uint64_t n)
 {
 	float m;
 	if (sk == SK_F32) {
-		m = f32_of(amax32(cv, src, n));
+		m = arena__f32_of(amax32(cv, src, n));
 	} else {
 		uint32_t h = amax16(cv, src, n);
-		m = sk == SK_BF16 ? f32_of(h << 16) : f16_to_f32((uint16_t)h);
+		m = sk == SK_BF16 ? arena__bf16_to_f32(h) : arena__f16_to_f32(h);
 	}
-	return m != m ? f32_of(F32_QNAN) : m;
+	return m != m ? arena__f32_of(ARENA_F32_QNAN) : m;
 }
 
 float arena_quant_amax_merge(float a, float b)
 {
 	if (a != a || b != b)
-		return f32_of(F32_QNAN);
+		return arena__f32_of(ARENA_F32_QNAN);
 	return a > b ? a : b;
 }
 
@@ -442,6 +301,176 @@ static float scale_of(float amax, float div)
 float arena_quant_tensor_scale(float amax)
 {
 	return scale_of(amax, ARENA_QUANT_E4M3_MAX);
+}
+
+/* ---- int4 groups ----------------------------------------------------------------
+ *
+ * One group of an int4 scheme (formats/elem.h's rules): its range, its scale
+ * as stored and its zero point and, when asked for, its codes packed two a
+ * byte. Specialized on the source kind and, for groups of 32, 64 and 128
+ * values, on the count (a constant trip count: gcc vectorizes the loops); a
+ * row's short last group takes the same code with its own count. */
+
+typedef struct int4_group {
+	uint32_t sbits; /* the scale as stored: BF16 or F16 bits (the low 16), F32 bits */
+	uint32_t z;     /* the zero point */
+	int finite;     /* 0: the group holds a NaN or an infinity, or hi - lo overflows */
+} int4_group;
+
+/* The float order of a float's bits as a signed integer (an involution: it
+ * also turns such an integer back into the bits); NaNs lie beyond +-inf. */
+INLINE int32_t order_key(uint32_t b)
+{
+	return (int32_t)(b ^ ((uint32_t)((int32_t)b >> 31) & 0x7FFFFFFFu));
+}
+
+INLINE int16_t order_key16(uint16_t h)
+{
+	return (int16_t)(h ^ ((uint16_t)((int16_t)h >> 15) & 0x7FFFu));
+}
+
+/* The group's lo = min(0, min x) and hi = max(0, max x) as f32, from the
+ * order keys of its bits (16-bit lanes for BF16 and F16: twice as many a
+ * vector); 0 when it holds a NaN or an infinity. */
+INLINE int int4_range(int sk, const unsigned char *restrict s, size_t n, float *lo, float *hi)
+{
+	if (sk == SK_F32) {
+		int32_t l = 0, h = 0;
+		for (size_t i = 0; i < n; i++) {
+			uint32_t u;
+			memcpy(&u, s + 4 * i, 4);
+			const int32_t k = order_key(u);
+			l = k < l ? k : l;
+			h = k > h ? k : h;
+		}
+		*lo = arena__f32_of((uint32_t)order_key((uint32_t)l));
+		*hi = arena__f32_of((uint32_t)h);
+		return l >= (int32_t)0x80800000u && h <= 0x7F7FFFFF; /* -FLT_MAX <= lo, hi <= FLT_MAX */
+	}
+	int16_t l = 0, h = 0;
+	for (size_t i = 0; i < n; i++) {
+		uint16_t u;
+		memcpy(&u, s + 2 * i, 2);
+		const int16_t k = order_key16(u);
+		l = k < l ? k : l;
+		h = k > h ? k : h;
+	}
+	const uint16_t lb = (uint16_t)order_key16((uint16_t)l), hb = (uint16_t)h;
+	if (sk == SK_BF16) {
+		*lo = arena__bf16_to_f32(lb);
+		*hi = arena__bf16_to_f32(hb);
+		return l >= (int16_t)0x8080 && h <= 0x7F7F;
+	}
+	*lo = arena__f16_to_f32(lb);
+	*hi = arena__f16_to_f32(hb);
+	return l >= (int16_t)0x8400 && h <= 0x7BFF;
+}
+
+INLINE int4_group int4_group_n(int sk, const unsigned char *restrict s, size_t n, unsigned char *restrict q)
+{
+	float flo, fhi;
+	int4_group g;
+	g.finite = int4_range(sk, s, n, &flo, &fhi);
+	const float t = (fhi - flo) / 15.0f;
+	g.finite &= arena__bits_of(t) < ARENA_F32_INF; /* hi - lo did not overflow */
+	float sf;
+	if (sk == SK_BF16) {
+		g.sbits = arena__f32_to_bf16(t);
+		sf = arena__bf16_to_f32(g.sbits);
+	} else if (sk == SK_F16) {
+		g.sbits = arena__f32_to_f16(t);
+		sf = arena__f16_to_f32(g.sbits);
+	} else {
+		g.sbits = arena__bits_of(t);
+		sf = t;
+	}
+	const float d = sf == 0.0f ? 1.0f : sf;
+	g.z = arena__int4_zero(flo, d);
+	if (q) {
+		uint32_t c[128];
+		for (size_t i = 0; i < n; i++)
+			c[i] = arena__int4_code(load(sk, s, i), d, g.z);
+		for (size_t k = 0; k < n / 2; k++)
+			q[k] = (unsigned char)(c[2 * k] | c[2 * k + 1] << 4);
+		if (n & 1)
+			q[n / 2] = (unsigned char)c[n - 1];
+	}
+	return g;
+}
+
+/* Groups [g, g + count) of row r of p's source (src: row 0), g + count <=
+ * p->groups: their results into out[], and with q their codes from q on (the
+ * groups' bytes, one after the other). Returns the index (from g) of the
+ * first group holding a NaN or an infinity, or count. Built twice like the
+ * converters (baseline and, on x86-64, AVX2), each specialized on the source
+ * kind and the group size; a row's whole groups take the size as a constant. */
+typedef uint64_t (*int4_fn)(const arena_quant_plan *p, int sk, const unsigned char *src, uint64_t r, uint64_t g,
+			    uint64_t count, int4_group *out, unsigned char *q);
+
+INLINE uint64_t int4_groups(const arena_quant_plan *p, int sk, size_t G, const unsigned char *src, uint64_t r,
+			    uint64_t g, uint64_t count, int4_group *out, unsigned char *q)
+{
+	const unsigned char *s = src + (r * p->cols + g * G) * sk_size[sk];
+	for (uint64_t k = 0; k < count; k++, s += G * sk_size[sk]) {
+		const uint64_t c0 = (g + k) * G;
+		unsigned char *qk = q ? q + k * (G / 2) : NULL;
+		if (p->cols - c0 >= G)
+			out[k] = int4_group_n(sk, s, G, qk);
+		else
+			out[k] = int4_group_n(sk, s, (size_t)(p->cols - c0), qk);
+		if (!out[k].finite)
+			return k;
+	}
+	return count;
+}
+
+#define ARENA__QUANT_INT4(NAME, ATTR)                                                                          \
+	ATTR static uint64_t NAME(const arena_quant_plan *p, int sk, const unsigned char *src, uint64_t r,    \
+				  uint64_t g, uint64_t count, int4_group *out, unsigned char *q)               \
+	{                                                                                                      \
+		switch (sk * 256 + (int)p->group) {                                                            \
+			I4(SK_BF16)                                                                           \
+			I4(SK_F16)                                                                            \
+			I4(SK_F32)                                                                            \
+		}                                                                                              \
+		return 0;                                                                                      \
+	}
+#define I4(SK)                                                                  \
+	case SK * 256 + 32:                                                     \
+		return int4_groups(p, SK, 32, src, r, g, count, out, q);        \
+	case SK * 256 + 64:                                                     \
+		return int4_groups(p, SK, 64, src, r, g, count, out, q);        \
+	case SK * 256 + 128:                                                    \
+		return int4_groups(p, SK, 128, src, r, g, count, out, q);
+
+ARENA__QUANT_INT4(int4_base, )
+#ifdef HAVE_AVX2_KERNELS
+ARENA__QUANT_INT4(int4_avx2, __attribute__((target("avx2"))))
+#endif
+#undef I4
+
+/* The int4 kernels that go with the converters `cv` (pick_convert). */
+static int4_fn int4_kernels(convert_fn cv)
+{
+#ifdef HAVE_AVX2_KERNELS
+	if (cv == convert_avx2)
+		return int4_avx2;
+#endif
+	(void)cv;
+	return int4_base;
+}
+
+#define INT4_BATCH 64 /* groups a kernel call does at most (the results on the stack) */
+
+static int int4_refuse(const arena_quant_plan *p, uint64_t r, uint64_t g)
+{
+	const uint64_t c0 = g * p->group, c1 = (p->cols - c0 < p->group ? p->cols : c0 + p->group) - 1;
+	return arena_errorf(E(QUANT_NOT_APPLICABLE),
+			    "%s: row %llu, columns %llu to %llu (group %llu) hold a NaN or an infinity, or values "
+			    "too far apart for an f32 scale: int4 has no code for them; leave the tensor out "
+			    "(--quant-exclude) or mend its values",
+			    arena_quant_name(p->scheme), (unsigned long long)r, (unsigned long long)c0,
+			    (unsigned long long)c1, (unsigned long long)g);
 }
 
 /* ---- threads ----------------------------------------------------------------- */
@@ -460,7 +489,12 @@ struct task {
 	const unsigned char *src2; /* row scales (dequant) */
 	unsigned char *dst;        /* unit 0 of the first output */
 	unsigned char *dst2;       /* unit 0 of the row scales */
+	const arena_quant_plan *p; /* int4 tasks: the plan; */
+	int4_fn i4;                /* their kernels; */
+	const unsigned char *src3; /* their zero points (dequant); */
+	unsigned char *dst3;       /* and unit 0 of the zero points */
 	float partial[MAX_THREADS];
+	uint64_t bad[MAX_THREADS]; /* int4: the worker's first group refused (row x groups + group), or UINT64_MAX */
 };
 
 typedef struct worker {
@@ -571,6 +605,56 @@ static void task_deq_rows(task *t, uint64_t first, uint64_t count, unsigned slot
 	}
 }
 
+/* int4: rows [first, first + count) of the range (its row 0 at src and the
+ * dst*), every group straight into its place; a worker stops at its first
+ * group refused. */
+static void task_int4_rows(task *t, uint64_t first, uint64_t count, unsigned slot)
+{
+	const arena_quant_plan *p = t->p;
+	const uint64_t rb = p->cols / 2 + p->cols % 2, es = sk_size[t->sk];
+	int4_group res[INT4_BATCH];
+	t->bad[slot] = UINT64_MAX;
+	for (uint64_t r = first; r < first + count; r++) {
+		for (uint64_t g = 0; g < p->groups; g += INT4_BATCH) {
+			const uint64_t k = p->groups - g < INT4_BATCH ? p->groups - g : INT4_BATCH;
+			const uint64_t ok = t->i4(p, t->sk, t->src, r, g, k, res, t->dst + r * rb + g * (p->group / 2));
+			for (uint64_t i = 0; i < ok; i++) {
+				const uint64_t v = r * p->groups + g + i;
+				memcpy(t->dst2 + v * es, &res[i].sbits, es); /* little-endian: the low bytes */
+				t->dst3[v] = (unsigned char)res[i].z;
+			}
+			if (ok < k) {
+				t->bad[slot] = r * p->groups + g + ok;
+				return;
+			}
+		}
+	}
+}
+
+/* int4: rows [first, first + count) of values (q - z) x scale as f32. */
+static void task_int4_deq_rows(task *t, uint64_t first, uint64_t count, unsigned slot)
+{
+	(void)slot;
+	const arena_quant_plan *p = t->p;
+	const uint64_t rb = p->cols / 2 + p->cols % 2;
+	for (uint64_t r = first; r < first + count; r++) {
+		float *d = (float *)(void *)t->dst + r * p->cols;
+		for (uint64_t c = 0; c < p->cols; c++) {
+			const uint64_t v = r * p->groups + c / p->group;
+			const uint32_t b = t->src[r * rb + c / 2];
+			uint16_t h;
+			float s;
+			if (t->sk == SK_F32) {
+				memcpy(&s, t->src2 + 4 * v, 4);
+			} else {
+				memcpy(&h, t->src2 + 2 * v, 2);
+				s = t->sk == SK_BF16 ? arena__bf16_to_f32(h) : arena__f16_to_f32(h);
+			}
+			d[c] = arena__int4_value((c & 1) ? b >> 4 : b & 15u, t->src3[v], s);
+		}
+	}
+}
+
 static float amax_parallel(int sk, const void *src, uint64_t n, unsigned threads)
 {
 	task t = {.fn = task_amax, .cv = pick_convert(), .sk = sk, .src = src};
@@ -656,7 +740,7 @@ int arena_quant_run_part(const arena_quant_plan *p, const void *src, uint64_t fi
 		return arena_errorf(E(USAGE), "quantization run: no plan");
 	if (p->prequantized)
 		return arena_errorf(E(USAGE), "quantization run: already-quantized plan needs arena_quant_run_scaled");
-	const int row = arena_quant_is_row(p->scheme);
+	const int row = arena_quant_is_row(p->scheme) || p->group;
 	const uint64_t units = row ? p->rows : p->nelem;
 	if (first > units || count > units - first)
 		return arena_errorf(E(USAGE), "quantization run: units [%llu, +%llu) outside [0, %llu)",
@@ -678,6 +762,27 @@ int arena_quant_run_part(const arena_quant_plan *p, const void *src, uint64_t fi
 		return 0;
 	}
 	const int sk = kind_of(p->src_dtype);
+	if (p->group) {
+		/* as for the row schemes below: the range seen as units [0, count) */
+		const uint64_t rb = p->cols / 2 + p->cols % 2;
+		const convert_fn cv = pick_convert();
+		task t = {.fn = task_int4_rows,
+			  .cv = cv,
+			  .i4 = int4_kernels(cv),
+			  .p = p,
+			  .sk = sk,
+			  .src = s,
+			  .dst = d0 + first * rb,
+			  .dst2 = (unsigned char *)dst[1] + first * p->groups * sk_size[sk],
+			  .dst3 = (unsigned char *)dst[2] + first * p->groups};
+		const unsigned used = parallel(&t, count, p->cols, threads);
+		uint64_t bad = UINT64_MAX;
+		for (unsigned k = 0; k < used; k++)
+			bad = t.bad[k] < bad ? t.bad[k] : bad;
+		if (bad != UINT64_MAX)
+			return int4_refuse(p, first + bad / p->groups, bad % p->groups);
+		return 0;
+	}
 	const int op = op_of(p->scheme);
 	if (row) {
 		/* row r of the range is at s + (r - first) * row bytes: the task
@@ -710,7 +815,8 @@ int arena_quant_run(const arena_quant_plan *p, const void *src, void *const dst[
 			return arena_errorf(E(USAGE), "quantization run: NULL source");
 		scale = arena_quant_tensor_scale(amax_parallel(kind_of(p->src_dtype), src, p->nelem, threads));
 	}
-	return arena_quant_run_part(p, src, 0, arena_quant_is_row(p->scheme) ? p->rows : p->nelem, scale, dst, threads);
+	return arena_quant_run_part(p, src, 0, arena_quant_is_row(p->scheme) || p->group ? p->rows : p->nelem, scale,
+				    dst, threads);
 }
 
 int arena_quant_amax(arena_dtype dt, const void *src, uint64_t n, unsigned threads, float *out)
@@ -782,6 +888,61 @@ static float row_scale(convert_fn cv, const arena_quant_plan *p, int sk, const u
 	return scale_of(amax_of(cv, sk, src + r * p->cols * sk_size[sk], p->cols), div);
 }
 
+/* int4: bytes [off, off + len) of component comp, group by group: codes
+ * (whole groups straight to d, a group cut by the range through a scratch),
+ * or the scale or zero point of each (row, group) the range touches. */
+static int int4_fill(const arena_quant_plan *p, const unsigned char *src, uint32_t comp, uint64_t off, uint64_t len,
+		     unsigned char *d)
+{
+	const int4_fn f = int4_kernels(pick_convert());
+	const int sk = kind_of(p->src_dtype);
+	const uint64_t end = off + len;
+	int4_group res[INT4_BATCH];
+	if (comp == 0) {
+		const uint64_t rb = p->cols / 2 + p->cols % 2, gb = p->group / 2; /* bytes a row, a whole group */
+		for (uint64_t r = off / rb; r * rb < end; r++) {
+			/* the row's bytes [a, z) in the range: groups [g0, g1) touch them,
+			 * the inner ones [w0, w1) lie whole inside */
+			const uint64_t a = (r * rb > off ? r * rb : off) - r * rb;
+			const uint64_t z = ((r + 1) * rb < end ? (r + 1) * rb : end) - r * rb;
+			const uint64_t g0 = a / gb, g1 = (z + gb - 1) / gb;
+			const uint64_t w0 = (a + gb - 1) / gb, w1 = z == rb ? p->groups : z / gb;
+			for (uint64_t g = g0; g < g1;) {
+				const int whole = g >= w0 && g < w1;
+				const uint64_t k = whole ? (w1 - g < INT4_BATCH ? w1 - g : INT4_BATCH) : 1;
+				unsigned char tmp[64];
+				const uint64_t ok = f(p, sk, src, r, g, k, res, whole ? d + (r * rb + g * gb - off) : tmp);
+				if (ok < k)
+					return int4_refuse(p, r, g + ok);
+				if (!whole) { /* the part of group g's bytes in [a, z) */
+					const uint64_t b0 = g * gb, b1 = b0 + gb < rb ? b0 + gb : rb;
+					const uint64_t x = b0 > a ? b0 : a, y = b1 < z ? b1 : z;
+					memcpy(d + (r * rb + x - off), tmp + (x - b0), y - x);
+				}
+				g += k;
+			}
+		}
+		return 0;
+	}
+	const uint64_t es = comp == 1 ? sk_size[sk] : 1; /* bytes a value */
+	const uint64_t last = (end - 1) / es;            /* the last value the range touches */
+	for (uint64_t v = off / es; v <= last;) {
+		/* values of one row at a time, INT4_BATCH groups a call */
+		const uint64_t r = v / p->groups, g = v % p->groups;
+		uint64_t k = p->groups - g < INT4_BATCH ? p->groups - g : INT4_BATCH;
+		k = last - v + 1 < k ? last - v + 1 : k;
+		const uint64_t ok = f(p, sk, src, r, g, k, res, NULL);
+		if (ok < k)
+			return int4_refuse(p, r, g + ok);
+		for (uint64_t i = 0; i < k; i++, v++) {
+			const uint32_t x = comp == 1 ? res[i].sbits : res[i].z; /* little-endian: the low es bytes */
+			const uint64_t a0 = v * es > off ? v * es : off, z0 = v * es + es < end ? v * es + es : end;
+			memcpy(d + (a0 - off), (const unsigned char *)&x + (a0 - v * es), z0 - a0);
+		}
+	}
+	return 0;
+}
+
 /* Bytes [off, off + len) of a 4-byte-per-value array whose value v is get(v). */
 #define FILL_F32_VALUES(get)                                                              \
 	do {                                                                              \
@@ -820,6 +981,8 @@ int arena_quant_fill(const arena_quant_plan *p, const arena_quant_input *in, uin
 		fill_elems(cv, kind_of(in->scale_dtype), OP_F32, in->scale, off, len, d, 0.0f);
 		return 0;
 	}
+	if (p->group)
+		return int4_fill(p, src, comp, off, len, d);
 	const int sk = kind_of(p->src_dtype);
 	const int op = op_of(p->scheme);
 	if (p->scheme == ARENA_QUANT_FP8_E4M3_TENSOR) {
@@ -861,6 +1024,12 @@ int arena_quant_dequant_f32(const arena_quant_plan *p, const void *const src[], 
 		if (!src[i])
 			return arena_errorf(E(USAGE), "dequantize: NULL component %zu", i);
 	const arena_quant_component *q = &p->comps[0];
+	if (p->group) {
+		task t = {.fn = task_int4_deq_rows, .p = p, .sk = kind_of(p->src_dtype), .src = src[0], .src2 = src[1],
+			  .src3 = src[2], .dst = (unsigned char *)dst};
+		parallel(&t, p->rows, p->cols, threads);
+		return 0;
+	}
 	const int sk = kind_of(q->dtype);
 	if (!arena_quant_is_scaled(p->scheme)) {
 		if (sk < 0 || sk == SK_I8)

@@ -1,5 +1,5 @@
 #!/bin/sh
-# run.sh - CLI test harness: sh tests/cli/run.sh path/to/arena
+# run.sh - CLI test harness: sh tests/cli/run.sh path/to/arena [SUMMARY]
 #
 # Sources every tests/cli/t_*.sh (in name order). Each of them defines cases
 # as shell functions and lists them with `cases NAME...`. A case runs in a
@@ -18,13 +18,17 @@
 #   expect_json_tensors N  stdout is JSON (python3) with N tensors (tensors list and totals)
 #   make_st FILE HEADER N  write a safetensors file: HEADER (JSON text) then N zero bytes
 #   fail WHY               record a failure
-# Prints each failure, then "N passed, N failed"; exits 1 if any failed.
+# Prints one line per case ("ok   <case>", or its failures), then
+# "N passed, N failed"; exits 1 if any failed. SUMMARY, when given, is a file
+# to hold "CLI N" (the cases passed) for make test's last line.
 set -u
 
-if [ $# -ne 1 ] || [ ! -x "$1" ]; then
-	echo "usage: sh tests/cli/run.sh path/to/arena (an executable)" >&2
+if [ $# -lt 1 ] || [ $# -gt 2 ] || [ ! -x "$1" ]; then
+	echo "usage: sh tests/cli/run.sh path/to/arena (an executable) [SUMMARY]" >&2
 	exit 2
 fi
+SUMMARY=${2:-}
+[ -z "$SUMMARY" ] || rm -f "$SUMMARY"
 case $1 in
 /*) ARENA=$1 ;;
 *) ARENA=$(pwd)/$1 ;;
@@ -121,6 +125,7 @@ for c in $ALL_CASES; do
 		"$c"
 		[ "$FAILED" = 0 ]
 	); then
+		echo "ok   $c"
 		passed=$((passed + 1))
 	else
 		failed=$((failed + 1))
@@ -128,4 +133,5 @@ for c in $ALL_CASES; do
 	rm -rf "$T"
 done
 echo "$passed passed, $failed failed"
-[ "$failed" = 0 ]
+[ "$failed" = 0 ] || exit 1
+[ -z "$SUMMARY" ] || echo "CLI $passed" >"$SUMMARY"

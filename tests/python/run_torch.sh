@@ -4,14 +4,18 @@
 # cache and the venv are kept between runs), and the package installed the
 # way a user does, `pip install ./python` (it builds libarena.so).
 # usage: sh tests/python/run_torch.sh BUILD
-# Exit status: 0 passed, 1 a failure, 77 skipped (the packages cannot be
-# installed: no PyPI; BUILD/python-tests.skipped then says so, and under
-# CI=true it is a failure instead).
+# Prints one line per test (unittest -v). Exit status: 0 passed (then
+# BUILD/test-summary/torch says how many), 1 a failure, 77 skipped (the
+# packages cannot be installed: no PyPI; BUILD/test-summary/torch.skipped
+# then says so, and under CI=true it is a failure instead).
 set -u
 B=${1:-build}
 V=$B/venv-torch
 REQ=tests/python/requirements-torch.txt
-SKIPPED=$B/python-tests.skipped
+S=$B/test-summary
+SKIPPED=$S/torch.skipped
+mkdir -p "$S" || exit 1
+rm -f "$S/torch" "$SKIPPED"
 fail() {
 	echo "python adapter tests: $*"
 	exit 1
@@ -41,7 +45,7 @@ install() {
 if ! [ -x "$V/bin/python" ] || ! "$V/bin/python" -c "$IMPORTS" 2>/dev/null; then
 	if ! install; then
 		[ "${CI:-}" = true ] && fail "cannot install the packages of $REQ (PyPI unreachable? disk full? pip's message is above)"
-		mkdir -p "$B" && echo "torch, diffusers and peft unavailable" >>"$SKIPPED"
+		echo "python adapter (torch, diffusers and peft unavailable)" >"$SKIPPED"
 		echo "python adapter tests: SKIPPED (cannot install the packages of $REQ; run with network access)"
 		exit 77
 	fi
@@ -55,9 +59,17 @@ PY=$(cd "$V" && pwd)/bin/python
 echo "python adapter tests: $(tail -n 1 "$B/python-mypy.log")"
 # The package as installed, not the source tree: run from elsewhere.
 cd "$B" || exit 1
+# unittest -v, each test on one line: its name, not its docstring's first line
+# on a line of its own.
 ARENA_FIXTURES_DIR=${ARENA_FIXTURES_DIR:-$R/fixtures} ARENA_BIN=$R/$B/arena PYTHONWARNINGS=ignore \
-	"$PY" "$R/tests/python/test_torch.py" -v 2>&1 | grep -v 'kept in float32' >"$R/$B/python-torch.log"
+	"$PY" -c 'import os, runpy, sys, unittest
+unittest.TextTestResult.getDescription = lambda self, test: str(test)
+sys.argv = sys.argv[1:]
+sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))  # as when the file is run
+runpy.run_path(sys.argv[0], run_name="__main__")' "$R/tests/python/test_torch.py" -v >"$R/$B/python-torch.log" 2>&1
 rc=$?
-tail -n 30 "$R/$B/python-torch.log"
-grep -q '^OK' "$R/$B/python-torch.log" || fail "failures (log: $B/python-torch.log)"
-echo "python adapter tests: passed ($(sed -n 's/^Ran \([0-9]*\) tests.*/\1/p' "$R/$B/python-torch.log") tests)"
+cat "$R/$B/python-torch.log"
+[ $rc = 0 ] && grep -q '^OK' "$R/$B/python-torch.log" || fail "failures (log: $B/python-torch.log)"
+n=$(sed -n 's/^Ran \([0-9]*\) tests.*/\1/p' "$R/$B/python-torch.log")
+echo "python adapter tests: passed ($n tests)"
+echo "python adapter $n tests + mypy" >"$R/$S/torch"

@@ -20,6 +20,7 @@ import copy
 import ctypes
 import gc
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -36,6 +37,16 @@ from safetensors.torch import load_file
 import arena
 import arena._dlpack
 import arena.torch as at
+
+# Warnings that would split unittest's "test_x (...) ... ok" line in two, each
+# silenced alone: diffusers warns at every model.to(dtype) of a model that
+# lists modules to keep in float32, even none (Flux lists none; the tests cast
+# on purpose); torch.compile imports torch's flop counter, which warns that
+# triton is missing (tests/python/run_torch.sh installs torch without it where
+# it can: the tests run torch on the CPU).
+logging.getLogger("diffusers.models.modeling_utils").addFilter(
+    lambda r: "should be kept in float32" not in r.getMessage())
+logging.getLogger("torch.utils.flop_counter").addFilter(lambda r: "triton not found" not in r.getMessage())
 
 FIX = os.environ.get("ARENA_FIXTURES_DIR", "fixtures")
 ARENA_BIN = os.environ.get("ARENA_BIN", "build/arena")

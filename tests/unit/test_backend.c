@@ -6,6 +6,7 @@
  * ARENA_TEST_BACKEND=cuda on device 0 (a machine with a GPU), as test_engine.c's
  * do; the few about the sim's own model always run on sim. */
 #include <criterion/criterion.h>
+#include <criterion/redirect.h>
 
 #include <math.h>
 #include <pthread.h>
@@ -334,7 +335,7 @@ Test(backend_sim, registered_copies)
 	arena_backend_destroy(b);
 }
 
-Test(backend_sim, dev_free_of_unknown_pointer_is_a_bug, .signal = SIGABRT)
+Test(backend_sim, dev_free_of_unknown_pointer_is_a_bug, .signal = SIGABRT, .init = cr_redirect_stderr)
 {
 	arena_backend *b = sim(MiB, 0);
 	void *p = NULL;
@@ -342,7 +343,7 @@ Test(backend_sim, dev_free_of_unknown_pointer_is_a_bug, .signal = SIGABRT)
 	b->ops->dev_free(b, (char *)p + 256);
 }
 
-Test(backend_sim, host_unregister_of_unregistered_memory_is_a_bug, .signal = SIGABRT)
+Test(backend_sim, host_unregister_of_unregistered_memory_is_a_bug, .signal = SIGABRT, .init = cr_redirect_stderr)
 {
 	arena_backend *b = sim(MiB, 0);
 	static char buf[64];
@@ -1136,8 +1137,9 @@ Test(backend, sim_decode_hb4_is_not_a_copy)
 
 /* sim: a decode whose chunk never reached the device (no copy before it) is
  * the caller's bug; the sim says so instead of following garbage exception
- * indices through host memory. */
-Test(backend, sim_decode_hb4_before_its_copy_is_a_bug, .signal = SIGABRT)
+ * indices through host memory. (The tests of a BUG() take its message off
+ * stderr: it is what they expect.) */
+Test(backend, sim_decode_hb4_before_its_copy_is_a_bug, .signal = SIGABRT, .init = cr_redirect_stderr)
 {
 	arena_backend *b = sim(64 * MiB, 0);
 	const uint64_t W = 4097, len = 2 * W;

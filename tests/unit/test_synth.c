@@ -436,9 +436,7 @@ Test(synth, flux_dev_parameter_count)
 {
 	size_t n;
 	uint64_t p = layout_params("flux-dev", -1, &n);
-	fprintf(stderr, "flux-dev: %zu tensors, %llu parameters (%.2f B), %.2f GiB in bf16\n", n,
-		(unsigned long long)p, (double)p / 1e9, (double)p * 2 / (1024.0 * 1024 * 1024));
-	cr_assert_eq(p, 11901408320ull);
+	cr_assert_eq(p, 11901408320ull, "flux-dev: %llu parameters (%zu tensors)", (unsigned long long)p, n);
 	/* 10 global linears with biases; per double block 14 linears and 4
 	 * norms; per single block 6 linears and 2 norms. */
 	cr_assert_eq(n, 10 * 2 + 19 * (14 * 2 + 4) + 38 * (6 * 2 + 2));
@@ -451,9 +449,7 @@ Test(synth, llama_8b_parameter_count)
 {
 	size_t n;
 	uint64_t p = layout_params("llama-8b", -1, &n);
-	fprintf(stderr, "llama-8b: %zu tensors, %llu parameters (%.2f B), %.2f GiB in bf16\n", n,
-		(unsigned long long)p, (double)p / 1e9, (double)p * 2 / (1024.0 * 1024 * 1024));
-	cr_assert_eq(p, 8030261248ull);
+	cr_assert_eq(p, 8030261248ull, "llama-8b: %llu parameters (%zu tensors)", (unsigned long long)p, n);
 	cr_assert_eq(n, 3 + 32 * 9);
 	arena_synth_list l = {0};
 	cr_assert_eq(arena_synth_layout_make("llama-8b", 2, &l), 0);
@@ -535,15 +531,13 @@ Test(synth, values_are_normal_with_std_0_02)
 			within[k] += z < k;
 	}
 	double mean = s1 / n, var = s2 / n - mean * mean, kurt = s4 / n / (var * var);
-	fprintf(stderr, "synth values: mean %.3g, std %.6f, kurtosis %.3f, within 1/2/3/4 sigma %.4f %.4f %.5f %.6f\n",
-		mean, sqrt(var), kurt, (double)within[1] / n, (double)within[2] / n, (double)within[3] / n,
-		(double)within[4] / n);
-	cr_assert_lt(fabs(mean), 0.02 * 5 / sqrt((double)n)); /* 5 standard errors */
-	cr_assert_lt(fabs(sqrt(var) - 0.02), 0.02 * 0.002);
-	cr_assert_lt(fabs(kurt - 3), 0.03);
+	cr_assert_lt(fabs(mean), 0.02 * 5 / sqrt((double)n), "mean %.3g", mean); /* 5 standard errors */
+	cr_assert_lt(fabs(sqrt(var) - 0.02), 0.02 * 0.002, "std %.6f", sqrt(var));
+	cr_assert_lt(fabs(kurt - 3), 0.03, "kurtosis %.3f", kurt);
 	const double mass[5] = {0, 0.682689, 0.954500, 0.997300, 0.999937};
 	for (int k = 1; k <= 4; k++)
-		cr_assert_lt(fabs((double)within[k] / n - mass[k]), 0.001, "within %d sigma", k);
+		cr_assert_lt(fabs((double)within[k] / n - mass[k]), 0.001, "within %d sigma: %.6f of the values, want %.6f", k,
+			     (double)within[k] / n, mass[k]);
 }
 
 Test(synth, values_depend_on_seed_and_name_only)
@@ -740,10 +734,8 @@ Test(synth, flux_dev_globals_read_back)
 		s1 += v, s2 += (double)v * v;
 	}
 	double mean = s1 / t->nelem, sd = sqrt(s2 / t->nelem - mean * mean);
-	fprintf(stderr, "flux-dev --blocks 0: %s: mean %.3g std %.6f over %llu values\n", t->name, mean, sd,
-		(unsigned long long)t->nelem);
-	cr_assert_lt(fabs(mean), 1e-4);
-	cr_assert_lt(fabs(sd - 0.02), 1e-4);
+	cr_assert_lt(fabs(mean), 1e-4, "%s: mean %.3g over %llu values", t->name, mean, (unsigned long long)t->nelem);
+	cr_assert_lt(fabs(sd - 0.02), 1e-4, "%s: std %.6f over %llu values", t->name, sd, (unsigned long long)t->nelem);
 	arena_st_close(f);
 	arena_synth_list_release(&l);
 }

@@ -1,0 +1,150 @@
+/* cmd_bench_report.c - `arena bench stream`'s report: the steady state of a
+ * run and its steps, as text or as JSON (schema in README.md; see
+ * cmd_bench.c).
+ *
+ * The steady state is the steps after the first and after the step after
+ * the last one that changed the plan: the plan in force at the end. */
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "arena.h"
+#include "cli.h"
+#include "cmd_bench_int.h"
+
+int bench_stream_report(const bench_stream_opts *o, const bench_stream_state *S)
+{
+	const step_out *out = S->out;
+	const arena_plan_info p = S->p;
+	const long steps = o->steps, passes = o->passes, every = o->every;
+	const int json = o->json, cuda = o->cuda, profile = o->profile, measured = S->measured;
+	const double h2d = S->h2d, bw = o->bw, flops = o->flops, tokens = o->tokens;
+	const uint64_t cap = o->cap, simcap = o->simcap, devfree = o->devfree, bheld = S->bheld;
+	const char *path = o->path;
+	int status = 0;
+	/* Steady state: the steps after the first and after the last one that
+	 * changed the plan (a demotion, promotion, the learned profile or
+	 * schedule): the plan in force at the end. */
+	long from = steps > 1 ? 1 : 0;
+	for (long st = 0; st + 1 < steps; st++) {
+		const arena_step_info *r = &out[st].rec;
+		if (r->demotions || r->promotions || r->profile_learned || r->schedule_learned)
+			from = st + 2 > from ? st + 2 : from; /* the step after a change still refills */
+	}
+	if (from >= steps)
+		from = steps > 1 ? 1 : 0;
+	double sum_t = 0, sum_b = 0, sum_c = 0;
+	for (long st = from; st < steps; st++)
+		sum_t += out[st].time_s, sum_b += out[st].bound_s, sum_c += out[st].compute_s;
+	double eff = sum_t > 0 ? sum_b / sum_t : 0;
+	long cnt = steps - from > 0 ? steps - from : 1;
+	/* all resident, over the same steps: the compute alone (sim: modelled) */
+	double res_mean = sum_c / (double)cnt;
+	const char *mname = o->ao.mode == ARENA_MODE_TRAIN ? "train" : "sample";
+	if (json) {
+		json_t *arr = json_array();
+		for (long st = 0; st < steps; st++) {
+			const arena_step_info *r = &out[st].rec;
+			json_t *j = json_pack("{s:i,s:s,s:i,s:f,s:f,s:f,s:f,s:I,s:I,s:I,s:i,s:f,s:i,s:i,s:b,s:I}", "step", (int)st,
+					      "mode", out[st].mode == ARENA_MODE_TRAIN ? "train" : "sample", "passes",
+					      out[st].passes, "time_s", out[st].time_s, "compute_s", out[st].compute_s,
+					      "bound_s", out[st].bound_s, "efficiency",
+					      out[st].time_s > 0 ? out[st].bound_s / out[st].time_s : 0.0, "streamed_bytes",
+					      (json_int_t)r->streamed_bytes, "resident_bytes", (json_int_t)r->resident_bytes,
+					      "budget", (json_int_t)r->budget, "stalls", (int)r->stalls, "stall_s", r->stall_s,
+					      "demotions", (int)r->demotions, "promotions", (int)r->promotions, "over_budget",
+					      r->over_budget, "pressure_bytes", (json_int_t)out[st].pressure_bytes);
+			json_object_set_new(j, "misses", json_integer(r->misses));
+			json_object_set_new(j, "schedule_learned", json_boolean(r->schedule_learned));
+			json_object_set_new(j, "gpu_timed", json_boolean(r->gpu_timed));
+			json_object_set_new(j, "gpu_compute_s", json_real(r->compute_s));
+			json_object_set_new(j, "profile_learned", json_boolean(r->profile_learned));
+			json_object_set_new(j, "end_s", json_real(r->end_s));
+			json_object_set_new(j, "plan_s", json_real(r->plan_s));
+			json_object_set_new(j, "move_s", json_real(r->move_s));
+			json_object_set_new(j, "disk_bytes", json_integer((json_int_t)r->disk_bytes));
+			json_object_set_new(j, "moved_bytes", json_integer((json_int_t)r->moved_bytes));
+			json_object_set_new(j, "disk_wait_s", json_real(r->disk_wait_s));
+			json_object_set_new(j, "looked", json_boolean(r->looked));
+			json_object_set_new(j, "look_s", json_real(r->look_s));
+			json_object_set_new(j, "move_est_s", json_real(r->move_est_s));
+			json_object_set_new(j, "move_gain_s", json_real(r->move_gain_s));
+			json_object_set_new(j, "move_held", json_boolean(r->move_held));
+			json_array_append_new(arr, j);
+		}
+		json_t *root = json_pack("{s:s,s:s,s:s,s:f,s:f,s:f,s:f,s:I,s:I,s:I,s:s,s:s,s:f,s:I,s:I}", "path", path, "backend",
+					 cuda ? "cuda" : "sim", "mode", mname, "tokens", tokens, "flops", flops,
+					 "h2d_bytes_per_s", h2d, "sim_bandwidth", cuda ? 0.0 : bw, "vram_cap", (json_int_t)cap,
+					 "sim_capacity", (json_int_t)(cuda ? 0 : simcap), "predicted_stream_bytes_per_step",
+					 (json_int_t)p.stream_bytes_per_step, "compute", measured || !cuda ? (cuda ? "all_resident" : "modelled") : "modelled",
+					 "profile",
+					 profile == 0 ? "none" : profile == 2 ? "learn" : cuda ? "measured" : "modelled",
+					 "predicted_step_s", p.predicted_step_s, "device_free", (json_int_t)devfree,
+					 "device_held_bytes", (json_int_t)bheld);
+		json_object_set_new(root, "piece_size", json_integer((json_int_t)p.piece_size));
+		json_object_set_new(root, "passes", json_integer(passes));
+		json_object_set_new(root, "sample_every", json_integer(every));
+		json_object_set_new(root, "steps", arr);
+		json_object_set_new(root, "summary",
+				    json_pack("{s:i,s:f,s:f,s:f,s:f,s:f}", "steady_from", (int)from, "step_s",
+					      sum_t / (double)cnt, "bound_s", sum_b / (double)cnt, "efficiency", eff,
+					      "all_resident_step_s", res_mean, "vs_all_resident",
+					      res_mean > 0 ? sum_t / (double)cnt / res_mean : 0.0));
+		status = cli_print_json(root);
+	} else {
+		char s1[32], s2[32], s3[32];
+		printf("bench stream %s on %s (%s", path, cuda ? "cuda" : "sim", mname);
+		if (passes > 1)
+			printf(", %ld passes a sample step", passes);
+		if (every)
+			printf(", a sample step every %ld", every);
+		printf(", T=%g, %.3g FLOP/s, measured h2d %.2f GB/s)\n", tokens, flops, h2d / 1e9);
+		if (cuda)
+			printf("compute: %s\n", measured ? "the all-resident run's step time" : "modelled at --flops");
+		if (p.piece_size)
+			printf("pieces: blocks streamed in pieces of at most %s\n", cli_fmt_bytes(p.piece_size, s1, sizeof(s1)));
+		if (p.n_disk)
+			printf("disk tier: %zu streamed blocks read from the image each time (host copies %s)\n", p.n_disk,
+			       cli_fmt_bytes(p.host_bytes, s1, sizeof(s1)));
+		printf("plan: %zu resident (%s), %zu streamed through %u slots x %s; predicted %s streamed per step\n",
+		       p.n_resident, cli_fmt_bytes(p.resident_bytes, s1, sizeof(s1)), p.n_streamed, p.slots,
+		       cli_fmt_bytes(p.slot_bytes, s2, sizeof(s2)), cli_fmt_bytes(p.stream_bytes_per_step, s3, sizeof(s3)));
+		if (p.predicted_step_s > 0)
+			printf("plan by the compute profile (%s): predicted %.4f s per step\n",
+			       profile == 2 ? "learned" : cuda ? "measured" : "modelled", p.predicted_step_s);
+		else
+			printf("plan by bytes (%s)\n", profile == 2 ? "no compute profile learned: nothing streamed, or too few steps"
+								  : "no compute profile");
+		printf("%5s %6s %9s %9s %9s %6s %12s %12s %6s %9s %4s %4s %4s\n", "step", "mode", "time_s", "compute",
+		       "bound", "eff", "streamed", "resident", "stalls", "gpu_wait", "miss", "dem", "pro");
+		for (long st = 0; st < steps; st++) {
+			const arena_step_info *r = &out[st].rec;
+			char pz[192] = "";
+			if (out[st].pressure_bytes)
+				snprintf(pz, sizeof(pz), " pressure %s", cli_fmt_bytes(out[st].pressure_bytes, s3, sizeof(s3)));
+			if (r->disk_bytes) /* the disk tier: read, and how long the copies waited for it */
+				snprintf(pz + strlen(pz), sizeof(pz) - strlen(pz), " disk %s (waited %.4f s)",
+					 cli_fmt_bytes(r->disk_bytes, s3, sizeof(s3)), r->disk_wait_s);
+			if (r->move_held) /* a move the prediction asked for, not worth its cost */
+				snprintf(pz + strlen(pz), sizeof(pz) - strlen(pz), " move held (%.3f s for %.4f s a step)",
+					 r->move_est_s, r->move_gain_s);
+			/* stalls and their wait as the device timed them; "-" where it could not */
+			char gs[16] = "-", gw[16] = "-";
+			if (r->gpu_timed) {
+				snprintf(gs, sizeof(gs), "%u", r->stalls);
+				snprintf(gw, sizeof(gw), "%.4f", r->stall_s);
+			}
+			printf("%5ld %6s %9.4f %9.4f %9.4f %6.3f %12s %12s %6s %9s %4u %4u %4u%s%s%s%s\n", st,
+			       out[st].mode == ARENA_MODE_TRAIN ? "train" : "sample", out[st].time_s, out[st].compute_s,
+			       out[st].bound_s, out[st].time_s > 0 ? out[st].bound_s / out[st].time_s : 0,
+			       cli_fmt_bytes(r->streamed_bytes, s1, sizeof(s1)), cli_fmt_bytes(r->resident_bytes, s2, sizeof(s2)),
+			       gs, gw, r->misses, r->demotions, r->promotions, pz,
+			       r->profile_learned ? " learned profile" : "", r->schedule_learned ? " learned order" : "",
+			       r->over_budget ? " over budget" : "");
+		}
+		printf("steady state (steps %ld..%ld): %.4f s/step, bound %.4f s, efficiency %.3f; all resident %.4f s/step (%.3fx)\n",
+		       from, steps - 1, sum_t / (double)cnt, sum_b / (double)cnt, eff, res_mean,
+		       res_mean > 0 ? sum_t / (double)cnt / res_mean : 0.0);
+	}
+	return status;
+}
