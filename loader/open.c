@@ -404,10 +404,12 @@ static int place(void *ctx, const arena_layout *l, uint64_t stage, const uint64_
 
 /* piece_size ARENA_PIECE_AUTO: what the image's whole-block layout needs
  * under the budget the device gives now (arena_residency_piece_auto). With
- * the rest's need to be learned (learn_rest), sampling keeps whole blocks
- * only when they all fit in half of what there is (then they are all
- * resident from the first step: engine.h's safe plan); pieces otherwise,
- * whose floor leaves the rest far more room. */
+ * the rest's need to be learned (learn_rest), that budget is half of what
+ * there is: sampling keeps whole blocks only when they all fit in it (then
+ * they are all resident from the first step: engine.h's safe plan), training
+ * when their floor does (Flux at 1024x1024: 8 GiB and up; at 6 GiB the
+ * whole-block ring of 2.6 GiB would leave torch too little for its 2.6 GiB
+ * of activations); pieces otherwise, whose floor leaves the rest far more. */
 static int auto_piece(arena *a, const char *path, uint64_t *piece)
 {
 	*piece = 0;
@@ -419,10 +421,10 @@ static int auto_piece(arena *a, const char *path, uint64_t *piece)
 	if (!(rc = a->be->ops->mem_info(a->be, &free_b, &total))) {
 		open_other(a, free_b, total);
 		arena_engine_opts q = a->eo;
-		if (q.learn_rest && q.mode == ARENA_MODE_SAMPLE)
+		if (q.learn_rest)
 			q.reserve = 0;
 		arena_residency_budget(total, free_b, &q, &budget, &headroom, &reserve);
-		if (q.learn_rest && q.mode == ARENA_MODE_SAMPLE)
+		if (q.learn_rest)
 			budget /= 2;
 		rc = arena_residency_piece_auto(img->layout, &a->eo, budget, piece);
 	}
