@@ -232,14 +232,15 @@ ifeq ($(SAN),)
 	$(Q)CC="$(CC)" MAKE="$(MAKE)" sh tests/api/install.sh $(BUILD) $(if $(filter 1,$(WERROR)),WERROR=1)
 endif
 
-# tests/python/run.sh exits 77 when it skips (the reference packages cannot be
-# installed) and leaves the reason in $(SUMMARY)/python.skipped;
-# tests/python/run_torch.sh likewise, for the package and the PyTorch adapter
-# (torch, diffusers and peft in $(BUILD)/venv-torch), in $(SUMMARY)/torch.skipped.
-test-python: cli
+# tests/python/run_torch.sh exits 77 when it skips (torch, diffusers and peft
+# cannot be installed in $(BUILD)/venv-torch) and leaves the reason in
+# $(SUMMARY)/torch.skipped; tests/python/run.sh likewise, for the reference
+# packages, in $(SUMMARY)/python.skipped. run_torch.sh first: run.sh's int4
+# checks use the torch it installs.
+test-python: cli lib
 	$(Q)rc=0; \
-	sh tests/python/run.sh $(BUILD) || { r=$$?; [ $$r = 77 ] && [ -s $(SUMMARY)/python.skipped ] || rc=1; }; \
 	sh tests/python/run_torch.sh $(BUILD) || { r=$$?; [ $$r = 77 ] && [ -s $(SUMMARY)/torch.skipped ] || rc=1; }; \
+	sh tests/python/run.sh $(BUILD) || { r=$$?; [ $$r = 77 ] && [ -s $(SUMMARY)/python.skipped ] || rc=1; }; \
 	exit $$rc
 
 test-fuzz: unit

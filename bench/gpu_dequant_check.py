@@ -4,15 +4,19 @@ usage: python3 bench/gpu_dequant_check.py IMAGE [IMAGE ...]
 
 For each image (opened on cuda, everything resident), every quantized
 tensor is dequantized by arena (one kernel) and by torch
-((qdata.float() * scale).to(dtype), on the same device) and compared bit
-for bit; then all of them are dequantized again, timed with CUDA events,
+((qdata.float() * scale).to(dtype), on the same device; int4:
+((q - z).float() * scale).to(dtype), the codes unpacked and the group's
+scale and zero point spread over its columns) and compared bit for bit; then all of them are dequantized again, timed with CUDA events,
 by arena and by the two torch kernels the adapter used before
-(copy_ to the dtype, then mul_ by the scale), against the device's copy
+(copy_ to the dtype, then mul_ by the scale; for int4 torch's whole
+reference instead, several kernels), against the device's copy
 rate (a device-to-device copy of as many bytes as arena moves) measured in
 the same run: the limit. Prints one JSON line per image: mismatches, the
 seconds of each, arena's GB/s and its fraction of the copy rate. Needs a
 machine with an NVIDIA GPU, torch and the arena package; images made with
-`arena convert --quant SCHEME`."""
+`arena convert --quant SCHEME` (int4-g32, int4-g64 and int4-g128 too:
+make images of BF16, F16 and F32 sources with rows that are not a multiple
+of 32 as well as ones that are, so that both of the kernel's paths run)."""
 
 from __future__ import annotations
 
@@ -24,10 +28,32 @@ import torch
 import arena
 
 
+def int4_values(ts: dict, n: str, shape: tuple, dtype: torch.dtype, group: int) -> torch.Tensor:
+    """((q - z) * scale).to(dtype) of int4 tensor n from its components."""
+    codes, scale, zero = ts[n], ts[n + "_scale"], ts[n + "_zero"]
+    rows = codes.shape[0]
+    cols = 1
+    for d in shape:
+        cols *= d
+    cols //= rows
+    q = torch.stack([codes & 15, codes >> 4], dim=2).reshape(rows, -1)[:, :cols].float()
+    z = zero.float().repeat_interleave(group, dim=1)[:, :cols]
+    s = scale.float().repeat_interleave(group, dim=1)[:, :cols]
+    return ((q - z) * s).to(dtype).reshape(shape)
+
+
+def reference(ts: dict, n: str, info, dt: torch.dtype) -> torch.Tensor:
+    if info.scheme.startswith("int4-g"):
+        return int4_values(ts, n, info.shape, dt, int(info.scheme[6:]))
+    s = ts.get(n + "_scale")
+    return (ts[n].float() * s if s is not None else ts[n].float()).to(dt)
+
+
 def main() -> None:
     for path in sys.argv[1:]:
         with arena.open(path, device="cuda") as a:
             names = [n for n in a.tensor_names() if a.tensor_info(n).scheme != "none"]
+            infos = {n: a.tensor_info(n) for n in names}
             ts = a.tensors()
             dev = {n: a.block_state(a.tensor_info(n).block)[1] for n in names}
             bad, n_el, moved = [], 0, 0
@@ -35,15 +61,15 @@ def main() -> None:
             for n in names:
                 info = a.tensor_info(n)
                 dt = arena.torch_dtype(info.dtype)
-                s = ts.get(n + "_scale")
-                want = (ts[n].float() * s if s is not None else ts[n].float()).to(dt)
+                want = reference(ts, n, info, dt)
                 got = a.dequantize(n, dev[n], torch.empty(info.shape, dtype=dt, device="cuda"),
                                    torch.cuda.current_stream().cuda_stream)
                 if not torch.equal(got.view(-1).view(torch.uint8), want.view(-1).view(torch.uint8)):
                     bad.append(n)
                 outs[n] = got
                 n_el += got.numel()
-                moved += got.numel() * got.element_size() + ts[n].numel() * ts[n].element_size()
+                moved += got.numel() * got.element_size() + sum(
+                    t.numel() * t.element_size() for k, t in ts.items() if k == n or k.startswith(n + "_"))
             torch.cuda.synchronize()
 
             def timed(fn) -> float:
@@ -66,6 +92,9 @@ def main() -> None:
             def by_torch() -> None:
                 for n in names:
                     o = outs[n]
+                    if infos[n].scheme.startswith("int4-g"):
+                        o.copy_(reference(ts, n, infos[n], o.dtype))
+                        continue
                     o.copy_(ts[n])
                     s = ts.get(n + "_scale")
                     if s is not None:

@@ -98,7 +98,7 @@ class DevPeak:
         return self.total - self.min_free - self.base
 
 
-def h2d_rate(nbytes: int = 1 << 30, n: int = 5) -> float:
+def h2d_rate(nbytes: int = 256 << 20, n: int = 5) -> float:
     """The host-to-device copy rate of pinned memory now, in bytes/s (the median of n
     copies of nbytes): the limit a streamed step is held to, measured in the same run."""
     src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
@@ -319,11 +319,15 @@ def main() -> None:
             return r
 
         at._open = timed_open
-        h = at.attach(m, a.image, mode="train" if train else "sample", vram=a.vram, reserve=a.reserve, depth=a.depth,
-                      device="cuda", piece_size=a.piece_size, keep_last=a.keep_last,
-                      **({"learn": False} if a.no_learn else {}),
-                      **({"host_budget": a.host_budget} if a.host_budget else {}),
-                      **({"offload_saved": True if a.offload_saved == "on" else a.offload_saved} if a.offload_saved else {}))
+        # only the options given: attach's defaults are the product's (vram None, the
+        # reserve learned, piece_size "auto")
+        kw = {k: v for k, v in dict(vram=a.vram, reserve=a.reserve, depth=a.depth, piece_size=a.piece_size,
+                                      keep_last=a.keep_last, host_budget=a.host_budget).items() if v is not None}
+        if a.no_learn:
+            kw["learn"] = False
+        if a.offload_saved:
+            kw["offload_saved"] = True if a.offload_saved == "on" else a.offload_saved
+        h = at.attach(m, a.image, mode="train" if train else "sample", device="cuda", **kw)
         res["setup_s"] = time.perf_counter() - t0
         res["rss_after_setup"] = rss_parts()
         res["plan"] = h.plan()
@@ -344,13 +348,7 @@ def main() -> None:
             h._rest_memory = rest
         if a.host_timing:
             host_timing(h.arena)
-        if a.vram:
-            # torch may use what arena's plan leaves of --vram: all the process uses stays under it
-            import arena
-
-            left = arena.parse_size(a.vram) - res["plan"]["need_bytes"]
-            res["torch_limit_bytes"] = left
-            torch.cuda.set_per_process_memory_fraction(max(left, 0) / peak.total)
+        res["memory_after_setup"] = h.arena.memory()
     elif a.run == "diffusers-sample":
         from safetensors.torch import load_file
 
@@ -411,6 +409,16 @@ def main() -> None:
         def step():
             with torch.no_grad():
                 m(**x)
+
+    if h is not None:  # arena's view of the process's memory after every step
+        mem_steps: list = []
+        res["memory_steps"] = mem_steps
+        inner_step = step
+
+        def step():
+            inner_step()
+            mi = h.arena.memory()
+            mem_steps.append([mi[k] for k in ("process", "other", "arena", "rest", "rest_need", "rest_limit", "learned")])
 
     t0 = time.perf_counter()
     step()
@@ -475,9 +483,14 @@ def main() -> None:
     gc.collect()
     res["gc_full_s"] = time.perf_counter() - t0
     res["gc_objects"] = len(gc.get_objects()) + (gc.get_freeze_count() if hasattr(gc, "get_freeze_count") else 0)
-    # (after the measured steps: the rate probe's 1 GiB is past what a small vram let torch have)
-    torch.cuda.set_per_process_memory_fraction(1.0)
-    res["h2d_bytes_per_s"] = h2d_rate()
+    # The rate probe last, with arena's memory given back first (detach closes the
+    # arena) and 256 MiB copies (the rate is the same from 64 MiB up): the process
+    # then holds less than it did in its steps, so a peak read from outside
+    # (bench/vram_peak.py) is the steps'.
+    if h is not None:
+        h.detach()
+    torch.cuda.empty_cache()
+    res["h2d_bytes_per_s"] = h2d_rate(256 << 20)
     print(json.dumps(res), flush=True)
 
 

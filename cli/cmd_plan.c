@@ -25,7 +25,11 @@ const char cmd_plan_usage[] =
 	"Reads only the image's manifest; needs no GPU.\n"
 	"\n"
 	"options:\n"
-	"  --vram SIZE         device memory (e.g. 8G, 24GiB); required\n"
+	"  --vram SIZE         device memory (e.g. 8G, 24GiB); required: all the\n"
+	"                      process may hold, as the driver counts it\n"
+	"  --context SIZE      of it, the process's own beside arena and torch (a CUDA\n"
+	"                      context: 0.5-0.7 GiB on a GPU; arena_open reads it from\n"
+	"                      the driver); default 0\n"
 	CLI_ENGINE_OPTIONS_HELP
 	"  --profile FILE      plan by a compute profile (each block's seconds and the\n"
 	"                      copy rate, as `arena bench stream --save-profile` writes\n"
@@ -46,9 +50,10 @@ const char cmd_plan_usage[] =
 
 int cmd_plan(int argc, char **argv)
 {
-	enum { O_VRAM = 256, O_PROFILE, O_JSON, O_SVG };
+	enum { O_VRAM = 256, O_PROFILE, O_JSON, O_SVG, O_CONTEXT };
 	static const struct option opts[] = {
 		{"vram", required_argument, NULL, O_VRAM},
+		{"context", required_argument, NULL, O_CONTEXT},
 		CLI_ENGINE_OPTIONS,
 		{"profile", required_argument, NULL, O_PROFILE},
 		{"json", no_argument, NULL, O_JSON},
@@ -57,7 +62,7 @@ int cmd_plan(int argc, char **argv)
 	};
 	arena_open_options ao = {0};
 	arena_engine_opts o;
-	uint64_t vram = 0, piece = 0;
+	uint64_t vram = 0, piece = 0, context = 0;
 	int json = 0, ch, rc;
 	const char *profile = NULL, *svg = NULL;
 	optind = 0;
@@ -66,6 +71,10 @@ int cmd_plan(int argc, char **argv)
 		switch (ch) {
 		case O_VRAM:
 			if ((rc = cli_size_arg("plan", "--vram", optarg, 1, &vram)))
+				return rc;
+			break;
+		case O_CONTEXT:
+			if ((rc = cli_size_arg("plan", "--context", optarg, 0, &context)))
 				return rc;
 			break;
 		case O_PROFILE:
@@ -94,6 +103,11 @@ int cmd_plan(int argc, char **argv)
 	piece = ao.piece_size;
 	if ((rc = arena__engine_opts(&ao, &o)))
 		return cli_fail(rc);
+	if (context >= vram)
+		return cli_usage_error("plan", "--context %llu is not less than --vram %llu", (unsigned long long)context,
+				       (unsigned long long)vram);
+	o.other = context; /* the process's own, under the cap that --vram is */
+	o.cap = context ? vram : 0;
 	arena_image *img;
 	if ((rc = arena_img_open(path, &img)))
 		return cli_fail(rc);
@@ -187,7 +201,7 @@ int cmd_plan(int argc, char **argv)
 		q.mode = md ? ARENA_MODE_TRAIN : ARENA_MODE_SAMPLE;
 		if ((rc = arena_residency_floor(l, &q, &floor_v[md], &floor_w[md])))
 			goto out;
-		floor_v[md] += stage; /* the floor streams: coded, with its stages */
+		floor_v[md] += stage + context; /* the floor streams: coded, with its stages; the context beside it */
 	}
 	/* --host-budget: the streamed blocks that would be read from the image. */
 	uint64_t hb = ao.host_budget == ARENA_ZERO_BYTES ? 0 : ao.host_budget, hbytes = 0, dbytes = 0;
@@ -250,6 +264,7 @@ int cmd_plan(int argc, char **argv)
 			json_object_set_new(root, "predicted_copy_s", json_real(copy));
 		}
 		json_object_set_new(root, "piece_size", piece ? json_integer((json_int_t)piece) : json_null());
+		json_object_set_new(root, "context", json_integer((json_int_t)context));
 		json_object_set_new(root, "floor",
 				    json_pack("{s:{s:I,s:I},s:{s:I,s:I}}", "sample", "vram", (json_int_t)floor_v[0], "weights",
 					      (json_int_t)floor_w[0], "train", "vram", (json_int_t)floor_v[1], "weights",
@@ -271,6 +286,10 @@ int cmd_plan(int argc, char **argv)
 		printf("plan for %s, %s, %s of device memory: %s for weights (headroom %s, working reserve %s)\n", path,
 		       mode, cli_fmt_bytes(vram, a, sizeof(a)), cli_fmt_bytes(budget, b, sizeof(b)),
 		       cli_fmt_bytes(headroom, c, sizeof(c)), cli_fmt_bytes(reserve, d, sizeof(d)));
+		printf("assumed beside the weights: the rest of the process (torch) %s at its peak in a step (--reserve; "
+		       "arena.torch learns it), the process's context %s (--context), headroom %s\n",
+		       cli_fmt_bytes(reserve, a, sizeof(a)), cli_fmt_bytes(context, b, sizeof(b)),
+		       cli_fmt_bytes(headroom, c, sizeof(c)));
 		if (pl)
 			printf("pieces: %zu streaming units of at most %s from %zu blocks (a module's tensors larger than that "
 			       "are a piece of their own)\n",

@@ -614,16 +614,18 @@ static int sim_decode_hb4(arena_backend *base, void *dst, const void *src, const
 static int sim_dequant(arena_backend *base, const arena_dequant_job *j, arena_stream *s)
 {
 	sim_backend *b = (sim_backend *)base;
-	const uint64_t bytes = j->n * (j->src_dtype == ARENA_DTYPE_BF16 ? 2 : 1);
+	const uint64_t bytes = arena__dq_src_bytes(j), scale_bytes = arena__dq_scale_bytes(j);
 	pthread_mutex_lock(&b->mu);
 	const int src_ok = !j->n || sim_find(b, j->src, bytes);
-	const int scale_ok = !j->scale_n || sim_find(b, j->scale, j->scale_n * sizeof(float));
+	const int scale_ok = !j->scale_n || sim_find(b, j->scale, scale_bytes);
+	const int zero_ok = !j->group || !j->scale_n || sim_find(b, j->zero, j->scale_n);
 	pthread_mutex_unlock(&b->mu);
-	if (!src_ok || !scale_ok)
+	if (!src_ok || !scale_ok || !zero_ok)
 		return arena_errorf(ARENA_E_USAGE, "sim: dequantize from %p: the tensor's %llu bytes%s are not inside one "
-				    "device allocation", src_ok ? (const void *)j->scale : j->src,
-				    (unsigned long long)(src_ok ? j->scale_n * sizeof(float) : bytes),
-				    src_ok ? " of scale" : "");
+				    "device allocation",
+				    !src_ok ? j->src : !scale_ok ? j->scale : (const void *)j->zero,
+				    (unsigned long long)(!src_ok ? bytes : !scale_ok ? scale_bytes : j->scale_n),
+				    !src_ok ? "" : !scale_ok ? " of scale" : " of zero points");
 	int rc = sim_stream_sync(base, s);
 	for (uint64_t i = 0; i < j->n && !rc; i++)
 		arena__dq_one(j, i);

@@ -6,7 +6,9 @@
  * scale, 32 or 64 bytes stored in 16-byte stores. A row scale is looked up
  * once a run when the rows are a multiple of 16 long (every weight of a
  * diffusion model), with a 32-bit division when the tensor has fewer than
- * 2^32 elements.
+ * 2^32 elements. int4 (groups of 32, 64 or 128 along a row) goes by runs of
+ * 32 codes, one 16-byte load, inside one group (its scale and zero point
+ * read once), when the rows are a multiple of 32 long.
  * Tensors whose bytes are not aligned for those loads, or whose rows are
  * not, take the one-element path of dequant.h. Reading 1 byte and writing 2
  * an element (fp8 to bf16), it runs at the device's memory rate. */
@@ -90,11 +92,60 @@ __global__ void dequant_runs(arena_dequant_job j)
 			uint64_t r = 0;
 			if (j.scale_n != 1)
 				r = small ? (uint64_t)((uint32_t)i0 / (uint32_t)j.cols) : i0 / j.cols;
-			const float s = j.scale[r];
+			const float s = ((const float *)j.scale)[r];
 			for (int k = 0; k < kRun; k++)
 				v[k] = __fmul_rn(v[k], s);
 		}
 		store_run<DST>(j.dst, i0, v);
+	}
+}
+
+const int kRun4 = 32; /* int4 codes a thread converts at a time: 16 bytes */
+
+/* int4 runs of kRun4: the rows a multiple of kRun4 long, so a run is 16
+ * bytes of one row's codes, at 16 x its index, inside one group (the groups
+ * are a multiple of kRun4 long); SDT is the scale's dtype. */
+template <int DST, int SDT>
+__global__ void dequant_int4_runs(arena_dequant_job j)
+{
+	const uint64_t runs = j.n / kRun4;
+	const uint64_t per_row = j.cols / kRun4, per_group = j.group / kRun4;
+	const uint64_t groups = (j.cols + j.group - 1) / j.group;
+	const bool small = runs < ((uint64_t)1 << 32);
+	for (uint64_t g = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; g < runs; g += (uint64_t)gridDim.x * blockDim.x) {
+		const uint64_t r = small ? (uint64_t)((uint32_t)g / (uint32_t)per_row) : g / per_row;
+		const uint64_t in_row = g - r * per_row; /* the run's place in its row */
+		const uint64_t k = r * groups + (small ? (uint64_t)((uint32_t)in_row / (uint32_t)per_group) : in_row / per_group);
+		const float s = SDT == ARENA_DTYPE_BF16  ? arena__bf16_to_f32(((const uint16_t *)j.scale)[k])
+				: SDT == ARENA_DTYPE_F16 ? arena__f16_to_f32(((const uint16_t *)j.scale)[k])
+							 : ((const float *)j.scale)[k];
+		const uint32_t z = j.zero[k];
+		const uint4 w = *(const uint4 *)((const uint8_t *)j.src + g * 16);
+		const uint32_t q[4] = {w.x, w.y, w.z, w.w};
+		float v[kRun4];
+		for (int b = 0; b < 16; b++) {
+			const uint32_t byte = (q[b / 4] >> (8 * (b & 3))) & 0xFFu;
+			v[2 * b] = arena__int4_value(byte & 15u, z, s);
+			v[2 * b + 1] = arena__int4_value(byte >> 4, z, s);
+		}
+		store_run<DST>(j.dst, g * kRun4, v);
+		store_run<DST>(j.dst, g * kRun4 + kRun, v + kRun);
+	}
+}
+
+template <int SDT>
+void launch_int4(const arena_dequant_job &j, unsigned blocks, cudaStream_t s)
+{
+	switch (j.dst_dtype) {
+	case ARENA_DTYPE_BF16:
+		dequant_int4_runs<ARENA_DTYPE_BF16, SDT><<<blocks, kThreads, 0, s>>>(j);
+		break;
+	case ARENA_DTYPE_F16:
+		dequant_int4_runs<ARENA_DTYPE_F16, SDT><<<blocks, kThreads, 0, s>>>(j);
+		break;
+	default:
+		dequant_int4_runs<ARENA_DTYPE_F32, SDT><<<blocks, kThreads, 0, s>>>(j);
+		break;
 	}
 }
 
@@ -126,13 +177,20 @@ extern "C" int arena__dequant_cuda(const arena_dequant_job *j, cudaStream_t s)
 {
 	if (!j->n)
 		return 0;
-	const bool runs = j->n % kRun == 0 && (j->scale_n <= 1 || j->cols % kRun == 0) &&
-			  (uintptr_t)j->src % 16 == 0 && (uintptr_t)j->dst % 16 == 0;
-	const uint64_t work = runs ? j->n / kRun : j->n;
+	const bool aligned = (uintptr_t)j->src % 16 == 0 && (uintptr_t)j->dst % 16 == 0;
+	const bool int4 = j->group && j->cols % kRun4 == 0 && j->group % kRun4 == 0 && aligned;
+	const bool runs = !j->group && j->n % kRun == 0 && (j->scale_n <= 1 || j->cols % kRun == 0) && aligned;
+	const uint64_t work = int4 ? j->n / kRun4 : runs ? j->n / kRun : j->n;
 	uint64_t blocks = (work + kThreads - 1) / kThreads;
 	if (blocks > kMaxBlocks)
 		blocks = kMaxBlocks;
-	if (!runs)
+	if (int4 && j->scale_dtype == ARENA_DTYPE_BF16)
+		launch_int4<ARENA_DTYPE_BF16>(*j, (unsigned)blocks, s);
+	else if (int4 && j->scale_dtype == ARENA_DTYPE_F16)
+		launch_int4<ARENA_DTYPE_F16>(*j, (unsigned)blocks, s);
+	else if (int4)
+		launch_int4<ARENA_DTYPE_F32>(*j, (unsigned)blocks, s);
+	else if (!runs)
 		dequant1<<<(unsigned)blocks, kThreads, 0, s>>>(*j);
 	else if (j->src_dtype == ARENA_DTYPE_F8_E4M3)
 		launch_runs<ARENA_DTYPE_F8_E4M3>(*j, (unsigned)blocks, s);

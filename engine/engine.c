@@ -256,8 +256,6 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	int rc = be->ops->mem_info(be, &free_b, &total);
 	if (rc)
 		return rc;
-	arena_residency_budget(total, free_b + m->dev_bytes + arena__engine_own_rounding(m, NULL), o, &budget, &headroom,
-			       &reserve);
 	arena_engine *e = arena_calloc(1, sizeof(*e));
 	if (!e)
 		return arena_errorf(ARENA_E_NOMEM, "engine: out of memory");
@@ -265,6 +263,10 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	e->be = be;
 	e->l = l;
 	e->o = *o;
+	e->reserve_given = o->reserve;
+	e->o.learn_rest = o->learn_rest && o->reserve == ARENA_ENGINE_AUTO; /* a reserve given is used as it is */
+	if (e->o.learn_rest)
+		e->o.reserve = ARENA_ENGINE_REST_UNKNOWN; /* nothing seen yet: the safe plan */
 	e->move_scale = 1;
 	e->ahead = SIZE_MAX;
 	for (uint32_t b = 0; b < l->n_blocks; b++)
@@ -283,22 +285,35 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 		e->cost = c;
 		e->o.cost = c;
 	}
-	if ((rc = arena__engine_wire_init(e, o, &budget)))
+	uint64_t b0 = 0;
+	if ((rc = arena__engine_wire_init(e, o, &b0)))
 		goto fail;
+	/* The budget as a step end reads it (the stages are allocated now). */
+	if ((rc = be->ops->mem_info(be, &free_b, &total)))
+		goto fail;
+	const uint64_t held = m->dev_bytes + arena__engine_wire_stage_bytes(e) + arena__engine_own_rounding(m, e);
+	const uint64_t st = e->wstage ? arena__engine_wire_stage_bytes(e) +
+						arena__engine_gran_loss(be, arena__engine_wire_stage_bytes(e))
+				      : 0;
+	budget = arena__engine_budget(e, free_b, total, held, st, &headroom, &reserve);
+	budget = budget > st ? budget - st : 0;
 	arena_engine_opts po = *o;
 	po.moved = e->moved;
+	po.reserve = e->o.reserve;
+	po.learn_rest = e->o.learn_rest;
+	po.other = e->o.other;
 	if ((rc = arena_residency_plan_make(l, &po, budget, &e->plan))) {
 		if (rc == ARENA_E(BUDGET)) {
 			char msg[1024];
 			snprintf(msg, sizeof(msg), "%s", arena_last_error());
-			uint64_t avail = free_b + m->dev_bytes + arena__engine_own_rounding(m, NULL);
+			uint64_t avail = free_b + held;
 			if (o->cap && o->cap < avail)
 				avail = o->cap;
 			arena_errorf(rc,
 				     "%s: does not fit: %s; with a working reserve of %s and headroom of %s it needs %s of "
 				     "device memory, %s is available%s",
 				     be->ops->name, msg, arena__fmtb(reserve), arena__fmtb(headroom),
-				     arena__fmtb(e->plan.min_need_bytes + reserve + headroom), arena__fmtb(avail),
+				     arena__fmtb(e->plan.min_need_bytes + reserve + headroom + e->o.other), arena__fmtb(avail),
 				     o->cap ? " under the cap" : "");
 		}
 		goto fail;
@@ -580,6 +595,7 @@ int arena_engine_step_end(arena_engine *e)
 	}
 	e->fetched = carry;
 	rc = arena__engine_release_hosts(e);
+	arena__engine_rest_step_end(e);
 	if (!rc)
 		rc = arena__engine_adapt(e, learned);
 	if (!rc)

@@ -12,11 +12,17 @@
  *           again once for recompute + backward (2n entries).
  * In train a block's entries after its first are backward entries (their
  * compute costs backward_factor times the forward's).
- * The budget is the device memory the engine may use for weights:
- *   min(cap, free + what the model already holds) - headroom - reserve
- * and with a cap, less what the rest of the process (torch) holds past the
- * reserve, as the caller last said (arena_engine_set_rest): the cap is the
- * whole process's.
+ * The budget is the device memory the engine may use for weights. The cap
+ * is the whole process's (include/arena.h, "The process's device memory"):
+ *   with a cap:  cap - other - max(rest, reserve) - headroom
+ *   always:      free + what the engine holds - max(0, reserve - rest) - headroom
+ * the lesser of the two, where `other` is what the process holds beside
+ * the engine and the rest of it (its CUDA context: opts other, measured),
+ * `rest` what the rest (torch's allocator) holds now, as the caller last
+ * said (arena_engine_rest_report), and `reserve` what the rest needs at its
+ * peak in a step: given, the default, or learned per mode and work
+ * (learn_rest; a work not seen plans the smallest plan unless the whole
+ * model fits in half of what there is).
  * headroom (physical slack) defaults to min(512 MiB, 2% of total); reserve
  * (working memory for activations) to 1 GiB for sample and 4 GiB for train,
  * at most a quarter of what is left after the headroom. If everything fits,
@@ -163,7 +169,12 @@ struct arena_wire;
 
 typedef struct arena_engine_opts {
 	int mode;             /* ARENA_MODE_SAMPLE (default) or ARENA_MODE_TRAIN */
-	uint64_t cap;         /* device bytes arena may use at most; 0 = no cap */
+	uint64_t cap;         /* device bytes the process may hold at most (arena's, the rest's and
+			       * `other`); 0 = no cap */
+	uint64_t other;       /* the process's device bytes beside the engine's and the rest's (its
+			       * context): counted against the cap */
+	uint64_t rest;        /* what the rest of the process holds now (arena_engine_rest_report) */
+	int learn_rest;       /* reserve learned from the rest's reports (engine.h above) */
 	uint64_t headroom;    /* ARENA_ENGINE_AUTO = min(512 MiB, 2% of total) */
 	uint64_t reserve;     /* ARENA_ENGINE_AUTO = 1 GiB sample / 4 GiB train, <= 1/4 */
 	unsigned depth;       /* ring = (depth + 1 [+ keep_last]) x largest streamed block;
@@ -312,6 +323,21 @@ typedef struct arena_residency_plan {
  * ARENA_ENGINE_AUTO or bytes. Writes the weights budget and what was used. */
 void arena_residency_budget(uint64_t total, uint64_t free_bytes, const arena_engine_opts *o, uint64_t *budget,
 			    uint64_t *headroom, uint64_t *reserve);
+/* The reserve that stands for a rest whose need is not known (learning, a
+ * work not seen yet): everything past the smallest plan. */
+#define ARENA_ENGINE_REST_UNKNOWN (UINT64_MAX - 1)
+/* The budget for a rest whose need is not known: `b0` is the budget with no
+ * reserve (arena_residency_budget with reserve 0); `stage` the device
+ * stages streaming takes beside the weights. Half of b0 when the whole
+ * model and its stages fit in it (then all of it is resident and the rest
+ * has the other half), else the smallest plan's need (plus the stages when
+ * anything streams), or 0 when that does not fit b0 (BUDGET follows). */
+uint64_t arena_residency_budget_unknown(const arena_layout *l, const arena_engine_opts *o, uint64_t b0, uint64_t stage);
+/* The margin a learned need carries over the peak it was learned from:
+ * 1/32 of it and min(64 MiB, 1/64 of the cap or the device) (allocators
+ * vary a little from step to step: cuBLAS's choice of workspace, where a
+ * block splits). */
+uint64_t arena_residency_rest_margin(uint64_t peak, uint64_t base);
 
 /* The floor: the least device memory (`vram`, as a cap on a device of that
  * size: headroom and reserve from o as arena_residency_budget takes them)
@@ -486,10 +512,17 @@ int arena_engine_step_end(arena_engine *e);
  * for a switch and back); what does not fit is demoted at once. USAGE
  * inside a step or for an unknown mode. */
 int arena_engine_set_mode(arena_engine *e, int mode);
-/* Under a cap: the device memory the rest of the process holds now (the
- * adapter: torch's allocator). What it holds past the reserve comes out of
- * the budget from the next step end on (see the budget above). */
+/* What the rest of the process (the adapter: torch's allocator) holds now,
+ * the most it held since the last report (0: now), and the key of the next
+ * step's work (0: the same): include/arena.h's arena_rest_report. Counted
+ * from the next step end on (see the budget above); between steps, another
+ * work is planned for at once (demotions when it needs more room). Errors:
+ * the engine's device errors. */
+int arena_engine_rest_report(arena_engine *e, uint64_t now, uint64_t peak, uint64_t work);
+/* The same with now = peak = bytes and the same work. */
 void arena_engine_set_rest(arena_engine *e, uint64_t bytes);
+/* The process's device memory as the engine sees it now (arena_memory_get). */
+int arena_engine_memory(arena_engine *e, arena_memory_info *out);
 /* Between steps: plan by this compute profile (cost: the layout's n_blocks
  * entries; as opts cost/h2d/backward_factor) and move to that plan now. */
 int arena_engine_set_profile(arena_engine *e, const double *cost, double h2d_bytes_per_s, double backward_factor);

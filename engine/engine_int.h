@@ -36,7 +36,7 @@
 #include "trace.h"
 
 enum { ST_IDLE, ST_STEP, ST_FAILED };
-enum { ENGINE_COPY_PAIRS = 32, ENGINE_MEMO_STEPS = 64, ENGINE_WIRE_STAGES = ARENA_WIRE_STAGES, ENGINE_WIRE_RUN = 16 };
+enum { ENGINE_REST_WORKS = 16, ENGINE_COPY_PAIRS = 32, ENGINE_MEMO_STEPS = 64, ENGINE_WIRE_STAGES = ARENA_WIRE_STAGES, ENGINE_WIRE_RUN = 16 };
 
 struct arena_engine {
 	/* --- engine.c: the model, the plan, the step and the ring ------------------ */
@@ -130,15 +130,32 @@ struct arena_engine {
 	uint64_t memo_budget, memo_gen, plan_gen;
 	unsigned memo_age;
 	uint64_t plans_made; /* by arena_residency_plan_make, for tests */
-	/* With a cap, the cap is all the process's device memory: the rest of
-	 * it (torch's allocator) is to stay within the reserve. `rest` is what
-	 * the caller last said the rest holds (arena_engine_set_rest): what it
-	 * holds past the reserve comes out of the budget when planning
-	 * (budget_now), at once, as free memory below the headroom does, and
-	 * comes back the same way (after `hysteresis` steps of room). The
-	 * device's free memory cannot say it: other programs' memory is in it
-	 * too. */
-	uint64_t rest;
+	/* The rest of the process (torch's allocator) and the rest of its
+	 * memory (include/arena.h, "The process's device memory"). What the
+	 * rest holds now is e->o.rest (the caller's last report) and `other`
+	 * e->o.other (read at each budget: the process's figure less the
+	 * engine's allocations and the rest's). With learn_rest, the most the
+	 * rest held in a step is kept per (mode, work): e->o.reserve is then
+	 * what the next step's work needs (its peak and a margin), or
+	 * ARENA_ENGINE_REST_UNKNOWN for a work not seen (the safe plan).
+	 *   1. rest_peak >= every `now` and `peak` reported since the last
+	 *      step end; it is learned at the step end under the step's mode
+	 *      and `work`, then `work` becomes `next_work`.
+	 *   2. works[0, n_works) hold distinct (mode, key) pairs; past
+	 *      ENGINE_REST_WORKS the least recently used one goes. */
+	uint64_t rest_peak;
+	int rest_reported;
+	uint64_t work, next_work;
+	struct engine_work {
+		uint64_t key, peak, used;
+		int mode;
+	} works[ENGINE_REST_WORKS];
+	unsigned n_works;
+	uint64_t work_clock;
+	uint64_t reserve_given; /* o.reserve as opened (ARENA_ENGINE_AUTO or bytes) */
+	int other_measured;     /* o.other read from the backend's proc_mem (0: estimated) */
+	uint64_t proc;          /* the process's device bytes at the last read (0: unknown) */
+	int room_now;           /* the rest needs less than planned: promote at the next adapt */
 	/* --- engine_learn.c: timing, the profile, looks, the order run ------------- */
 	double *cost;    /* the engine's copy of a given o->cost (o.cost points at it); NULL: none given */
 	/* device timing (be can time): per step parity, block, occurrence (2:
@@ -306,6 +323,20 @@ void arena__engine_memo_keep(arena_engine *e, const arena_residency_plan *t, uin
 /* At a step's end: the budget read again and the move it asks for
  * (new_sched: the schedule was learned this step). */
 int arena__engine_adapt(arena_engine *e, int new_sched);
+/* The weights budget before the coded copies' stages, from the device read
+ * now (free, total), the engine's allocations (`held`: its device bytes,
+ * counted in free memory's stead) and the rest as reported: reads the
+ * process's memory into o.other first; a rest of unknown need gets the safe
+ * budget (stage: the stages' bytes, for that choice). headroom and reserve
+ * as used (may be NULL). */
+uint64_t arena__engine_budget(arena_engine *e, uint64_t free_b, uint64_t total, uint64_t held, uint64_t stage,
+			      uint64_t *headroom, uint64_t *reserve);
+/* The device bytes the engine has allocated: resident blocks, the ring, the
+ * stages, with their rounding. */
+uint64_t arena__engine_alloc_bytes(const arena_engine *e);
+/* At a step's end, before adapt: learn what the rest held in the step under
+ * its mode and work, and plan the next work's need (learn_rest). */
+void arena__engine_rest_step_end(arena_engine *e);
 
 /* --- engine_learn.c: timing, the learned profile, looks, the order run ------ */
 

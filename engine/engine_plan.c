@@ -3,11 +3,15 @@
  * move adapt makes to it, and the mode, profile and rest the caller sets.
  *
  * Invariants:
- *   1. The budget is engine.h's: min(cap, free + what the engine holds)
- *      less headroom and reserve; under a cap, less what the rest of the
- *      process holds past the reserve (rest, as the caller last said); less
- *      the coded copies' stages. What the engine holds counts the rounding
- *      of its device allocations (own_rounding).
+ *   1. The budget is engine.h's: under a cap, cap - other - max(rest,
+ *      reserve) - headroom, and never more than free + what the engine holds
+ *      - max(0, reserve - rest) - headroom; less the coded copies' stages.
+ *      What the engine holds counts the rounding of its device allocations
+ *      (own_rounding). `other` is read at each budget (measure_other).
+ *   5. With learn_rest, the reserve is the need learned for the next
+ *      step's mode and work (the peak the rest reported in such a step and
+ *      a margin), or ARENA_ENGINE_REST_UNKNOWN: then the budget is the safe
+ *      one (arena_residency_budget_unknown).
  *   2. A plan is taken from the memo only when it was made under the same
  *      options (memo_gen == plan_gen), has been taken fewer than
  *      ENGINE_MEMO_STEPS times, and holds for the budget now (plan_holds).
@@ -93,6 +97,8 @@ void arena__engine_plan_changed(arena_engine *e)
 	e->plan_gen++;
 }
 
+static void rest_need(arena_engine *e);
+
 /* arena_residency_plan_make, counted. */
 static int make_plan(arena_engine *e, uint64_t budget, arena_residency_plan *t)
 {
@@ -137,29 +143,69 @@ int arena__engine_plan_holds(const arena_engine *e, const arena_residency_plan *
 	return !t->n_streamed || budget < e->all_bytes;
 }
 
+uint64_t arena__engine_alloc_bytes(const arena_engine *e)
+{
+	uint64_t b = e->m->dev_bytes + arena__engine_wire_stage_bytes(e) + arena__engine_own_rounding(e->m, e);
+	if (e->ring_dptr)
+		b += (uint64_t)e->n_slots * e->slot_bytes;
+	return b;
+}
+
+/* The process's device memory beside the engine's and the rest's, into
+ * o.other: the backend's figure for the process less both; where the
+ * backend cannot read it, the device's use less both, at most 1 GiB (other
+ * programs' memory would be in it). `held`: the engine's device bytes. */
+static void measure_other(arena_engine *e, uint64_t free_b, uint64_t total, uint64_t held)
+{
+	arena_backend *be = e->be;
+	uint64_t proc = 0, known = held + e->o.rest;
+	if (be->ops->proc_mem && be->ops->proc_mem(be, &proc) == 0) {
+		e->proc = proc;
+		e->o.other = proc > known ? proc - known : 0;
+		e->other_measured = 1;
+		return;
+	}
+	arena_error_clear();
+	e->proc = 0;
+	e->other_measured = 0;
+	uint64_t used = total > free_b ? total - free_b : 0;
+	uint64_t est = used > known ? used - known : 0;
+	e->o.other = est < (1ull << 30) ? est : 1ull << 30;
+}
+
+uint64_t arena__engine_budget(arena_engine *e, uint64_t free_b, uint64_t total, uint64_t held, uint64_t stage,
+			      uint64_t *headroom, uint64_t *reserve)
+{
+	uint64_t b, h, w;
+	measure_other(e, free_b, total, held);
+	arena_residency_budget(total, free_b + held, &e->o, &b, &h, &w);
+	if (e->o.reserve == ARENA_ENGINE_REST_UNKNOWN)
+		b = arena_residency_budget_unknown(e->l, &e->o, b, stage);
+	if (headroom)
+		*headroom = h;
+	if (reserve)
+		*reserve = w;
+	return b;
+}
+
 /* The weights budget now (engine.h): the device's free memory read again,
  * what the engine holds (`used`, its stages, the rounding of its
- * allocations) counted in; under a cap, less what the rest of the process
- * holds past the reserve (rest, as the caller last said); less the coded
- * copies' stages. *free_out: the free memory read. */
+ * allocations) counted in; less what the process holds beside the engine
+ * (the rest at its need, `other`); less the coded copies' stages. *free_out:
+ * the free memory read. */
 static int budget_now(arena_engine *e, uint64_t used, uint64_t *budget, uint64_t *free_out)
 {
 	arena_backend *be = e->be;
-	uint64_t free_b, total, h, w;
+	uint64_t free_b, total;
 	int rc = be->ops->mem_info(be, &free_b, &total);
 	if (rc)
 		return rc;
 	const uint64_t held = used + arena__engine_wire_stage_bytes(e) + arena__engine_own_rounding(e->m, e);
-	arena_residency_budget(total, free_b + held, &e->o, budget, &h, &w);
-	if (e->o.cap && e->rest > w) { /* the rest of the process past its reserve comes out of ours */
-		uint64_t over = e->rest - w;
-		*budget = *budget > over ? *budget - over : 0;
-	}
-	if (e->wstage) { /* the coded copies' stages stay */
-		uint64_t st = arena__engine_wire_stage_bytes(e) +
-			      arena__engine_gran_loss(be, arena__engine_wire_stage_bytes(e));
-		*budget = *budget > st ? *budget - st : 0;
-	}
+	uint64_t st = e->wstage ? arena__engine_wire_stage_bytes(e) +
+					  arena__engine_gran_loss(be, arena__engine_wire_stage_bytes(e))
+				: 0;
+	*budget = arena__engine_budget(e, free_b, total, held, st, &e->plan.headroom, &e->plan.reserve);
+	*budget = *budget > st ? *budget - st : 0; /* the coded copies' stages stay */
 	*free_out = free_b;
 	return 0;
 }
@@ -183,7 +229,7 @@ static int plan_now(arena_engine *e, uint64_t used, uint64_t *budget, uint64_t *
 	}
 	rc = make_plan(e, *budget, t);
 	if (rc == ARENA_E(BUDGET)) {
-		if (e->o.strict) {
+		if (e->o.strict && e->o.reserve != ARENA_ENGINE_REST_UNKNOWN) {
 			char why[512];
 			snprintf(why, sizeof(why), "%s", arena_last_error());
 			return arena_errorf(ARENA_E(BUDGET), "engine: the budget for weights fell to %s (%s free): %s",
@@ -212,6 +258,7 @@ int arena__engine_adapt(arena_engine *e, int new_sched)
 		return rc;
 	e->rec.budget = budget;
 	e->rec.free_bytes = free_b;
+	e->plan.budget = budget;
 	if (new_sched) {
 		take_sched(e, &t);
 		arena__engine_refresh(e);
@@ -221,13 +268,14 @@ int arena__engine_adapt(arena_engine *e, int new_sched)
 		e->room_steps = 0;
 		rc = arena__engine_apply(e, arena__engine_near_set(e, &t, budget, 0));
 	} else if (room_better(e, &t)) {
-		if (++e->room_steps >= hyst) {
+		if (++e->room_steps >= hyst || e->room_now) {
 			e->room_steps = 0;
 			rc = arena__engine_apply(e, arena__engine_near_set(e, &t, budget, 1));
 		}
 	} else {
 		e->room_steps = 0;
 	}
+	e->room_now = 0;
 	arena_residency_plan_release(&t);
 	if (!rc && dev_used(e) > budget) {
 		e->rec.over_budget = 1;
@@ -261,6 +309,7 @@ int arena_engine_set_mode(arena_engine *e, int mode)
 	int md = mode == ARENA_MODE_TRAIN;
 	arena_engine_opts old = e->o;
 	e->o.mode = mode;
+	rest_need(e);
 	e->o.sched = e->mn[md] ? e->msched[md] : NULL;
 	e->o.n_sched = e->mn[md];
 	e->ahead = SIZE_MAX;
@@ -321,9 +370,134 @@ int arena_engine_set_profile(arena_engine *e, const double *cost, double h2d_byt
 	return arena__engine_fail(e, rc);
 }
 
+/* --- the rest of the process ---------------------------------------------------- */
+
+/* The learned entry of (mode, key), or NULL. */
+static struct engine_work *work_find(arena_engine *e, int mode, uint64_t key)
+{
+	for (unsigned i = 0; i < e->n_works; i++)
+		if (e->works[i].key == key && e->works[i].mode == mode)
+			return &e->works[i];
+	return NULL;
+}
+
+/* o.reserve for the next step: what its mode and work need, learned (its
+ * peak and a margin), or unknown (learn_rest only). */
+static void rest_need(arena_engine *e)
+{
+	if (!e->o.learn_rest)
+		return;
+	struct engine_work *w = work_find(e, e->o.mode, e->work);
+	uint64_t old = e->o.reserve;
+	if (!w) {
+		e->o.reserve = ARENA_ENGINE_REST_UNKNOWN;
+	} else {
+		uint64_t total = 0, f = 0;
+		if (e->be->ops->mem_info(e->be, &f, &total))
+			arena_error_clear();
+		uint64_t base = e->o.cap && (e->o.cap < total || !total) ? e->o.cap : total;
+		e->o.reserve = w->peak + arena_residency_rest_margin(w->peak, base);
+		w->used = ++e->work_clock;
+	}
+	if (e->o.reserve != old) {
+		arena__engine_plan_changed(e);
+		if (old == ARENA_ENGINE_REST_UNKNOWN || (e->o.reserve != ARENA_ENGINE_REST_UNKNOWN && e->o.reserve < old))
+			e->room_now = 1; /* room the rest does not need: take it now, not after hysteresis */
+	}
+}
+
+void arena__engine_rest_step_end(arena_engine *e)
+{
+	if (e->o.learn_rest && e->rest_reported) {
+		struct engine_work *w = work_find(e, e->o.mode, e->work);
+		if (!w) {
+			unsigned k = e->n_works;
+			if (k == ENGINE_REST_WORKS) { /* the least recently used goes */
+				k = 0;
+				for (unsigned i = 1; i < e->n_works; i++)
+					if (e->works[i].used < e->works[k].used)
+						k = i;
+			} else {
+				e->n_works++;
+			}
+			w = &e->works[k];
+			*w = (struct engine_work){.key = e->work, .mode = e->o.mode};
+		}
+		if (e->rest_peak > w->peak)
+			w->peak = e->rest_peak;
+		w->used = ++e->work_clock;
+	}
+	if (e->rest_reported)
+		e->work = e->next_work;
+	e->rest_peak = e->o.rest;
+	e->rest_reported = 0;
+	rest_need(e);
+}
+
+int arena_engine_rest_report(arena_engine *e, uint64_t now, uint64_t peak, uint64_t work)
+{
+	if (e->state == ST_FAILED)
+		return e->failed_rc;
+	e->o.rest = now;
+	if (peak < now)
+		peak = now;
+	if (peak > e->rest_peak)
+		e->rest_peak = peak;
+	if (e->state == ST_STEP) { /* the step that ends: its successor's work */
+		e->next_work = work ? work : e->work;
+		e->rest_reported = 1;
+		return 0;
+	}
+	if (!work || work == e->work)
+		return 0;
+	/* Between steps, another work: the step about to begin is planned for it
+	 * now, as a mode change is (what was fetched for it under the old plan
+	 * goes; a need larger than the room demotes at once). */
+	e->work = e->next_work = work;
+	uint64_t old = e->o.reserve;
+	rest_need(e);
+	if (e->o.reserve == old)
+		return 0;
+	e->cur = 0;
+	arena__engine_drop_ahead(e);
+	e->begun = 0;
+	return arena__engine_fail(e, arena__engine_adapt(e, 0));
+}
+
 void arena_engine_set_rest(arena_engine *e, uint64_t bytes)
 {
-	e->rest = bytes;
+	(void)arena_engine_rest_report(e, bytes, bytes, 0); /* (work 0: nothing planned here) */
+}
+
+int arena_engine_memory(arena_engine *e, arena_memory_info *out)
+{
+	arena_backend *be = e->be;
+	uint64_t free_b = 0, total = 0;
+	int rc = be->ops->mem_info(be, &free_b, &total);
+	if (rc)
+		return rc;
+	uint64_t alloc = arena__engine_alloc_bytes(e), b, h, need;
+	measure_other(e, free_b, total, alloc);
+	arena_residency_budget(total, free_b + alloc, &e->o, &b, &h, &need);
+	uint64_t limit = 0;
+	if (e->o.cap) {
+		uint64_t used = e->o.other + alloc + h / 2;
+		limit = e->o.cap > used ? e->o.cap - used : 0;
+	}
+	if (e->o.reserve == ARENA_ENGINE_REST_UNKNOWN) /* all it may take */
+		need = e->o.cap ? limit : (free_b + e->o.rest > h ? free_b + e->o.rest - h : 0);
+	*out = (arena_memory_info){.cap = e->o.cap,
+				   .process = e->proc,
+				   .other = e->o.other,
+				   .arena = alloc,
+				   .rest = e->o.rest,
+				   .rest_need = need,
+				   .rest_limit = limit,
+				   .headroom = h,
+				   .learned = e->o.learn_rest && e->o.reserve != ARENA_ENGINE_REST_UNKNOWN,
+				   .other_measured = e->other_measured,
+				   .works = e->n_works};
+	return 0;
 }
 
 uint64_t arena_engine_plans_made(const arena_engine *e)

@@ -78,9 +78,6 @@ uint64_t arena__min_slot(const arena_engine_opts *o)
 void arena_residency_budget(uint64_t total, uint64_t free_bytes, const arena_engine_opts *o, uint64_t *budget,
 			    uint64_t *headroom, uint64_t *reserve)
 {
-	uint64_t avail = free_bytes;
-	if (o->cap && o->cap < avail)
-		avail = o->cap;
 	uint64_t h = o->headroom, w = o->reserve;
 	if (h == ARENA_ENGINE_AUTO) {
 		uint64_t base = o->cap && o->cap < total ? o->cap : total;
@@ -88,15 +85,62 @@ void arena_residency_budget(uint64_t total, uint64_t free_bytes, const arena_eng
 		if (h > (512ull << 20))
 			h = 512ull << 20;
 	}
-	uint64_t left = avail > h ? avail - h : 0;
+	/* what the cap leaves past `other` (the context), and what the device
+	 * has free past what the rest already holds: both less the headroom */
+	uint64_t capleft = UINT64_MAX;
+	if (o->cap)
+		capleft = o->cap > o->other + h ? o->cap - o->other - h : 0;
+	uint64_t physleft = free_bytes > h ? free_bytes - h : 0;
+	uint64_t left = capleft < physleft ? capleft : physleft;
 	if (w == ARENA_ENGINE_AUTO) {
 		w = o->mode == ARENA_MODE_TRAIN ? (4ull << 30) : (1ull << 30);
 		if (w > left / 4)
 			w = left / 4;
 	}
+	if (w == ARENA_ENGINE_REST_UNKNOWN)
+		w = 0; /* arena_residency_budget_unknown takes it from there */
+	uint64_t rest = o->rest;
+	uint64_t from_cap = rest > w ? rest : w;        /* the rest at its peak, under the cap */
+	uint64_t from_free = w > rest ? w - rest : 0;   /* what it will take of free memory */
+	uint64_t b = capleft > from_cap ? capleft - from_cap : 0;
+	uint64_t bp = physleft > from_free ? physleft - from_free : 0;
 	*headroom = h;
 	*reserve = w;
-	*budget = left > w ? left - w : 0;
+	*budget = b < bp ? b : bp;
+}
+
+uint64_t arena_residency_rest_margin(uint64_t peak, uint64_t base)
+{
+	uint64_t fixed = base / 64;
+	if (fixed > (64ull << 20))
+		fixed = 64ull << 20;
+	return peak / 32 + fixed;
+}
+
+uint64_t arena_residency_budget_unknown(const arena_layout *l, const arena_engine_opts *o, uint64_t b0, uint64_t stage)
+{
+	uint64_t all = 0;
+	for (size_t b = 0; b < l->n_blocks; b++)
+		all += l->blocks[b].bytes;
+	if (all <= b0 / 2)
+		return b0 / 2;
+	arena_engine_opts q = *o;
+	q.cost = NULL; /* the least memory; a profile only chooses within it */
+	q.h2d_bytes_per_s = 0;
+	arena_residency_plan p;
+	int rc = arena_residency_plan_make(l, &q, 0, &p);
+	uint64_t need;
+	if (rc == ARENA_E(BUDGET)) {
+		arena_error_clear();
+		need = p.min_need_bytes + stage;
+	} else if (rc) {
+		arena_error_clear();
+		return 0;
+	} else { /* nothing streams at all */
+		need = p.need_bytes;
+		arena_residency_plan_release(&p);
+	}
+	return need <= b0 ? need : 0;
 }
 
 int arena_residency_floor(const arena_layout *l, const arena_engine_opts *o, uint64_t *vram, uint64_t *weights)

@@ -203,18 +203,19 @@ ARENA_ELEM uint32_t arena__f32_to_i8_sat(float v)
  * The caller refuses groups holding a NaN or an infinity, or whose hi - lo
  * overflows (docs/QUANT.md). */
 
-/* round_half_even(v) as an integer, for |v| <= 32 (callers clamp): adding
- * 1.5 x 2^23 leaves units in the last place, rounded by the f32 add itself. */
-ARENA_ELEM int32_t arena__rne_small(float v)
+/* round_half_even(clamp(v, -32, 32)) as an integer (a NaN counts as 32):
+ * |v| clamped on its bits, rounded by adding 1.5 x 2^23 (the f32 add leaves
+ * units in the last place, rounded half to even), the sign put back (the
+ * rounding is symmetric). The clamp does not change what the callers make
+ * of it (codes and zero points lie in [0, 15]). */
+ARENA_ELEM int32_t arena__rne_clamp32(float v)
 {
-	return (int32_t)(arena__bits_of(ARENA__ADD(v, 12582912.0f)) - 0x4B400000u);
-}
-
-/* clamp(v, -32, 32) (v finite). */
-ARENA_ELEM float arena__clamp32(float v)
-{
-	v = v < -32.0f ? -32.0f : v;
-	return v > 32.0f ? 32.0f : v;
+	const uint32_t b = arena__bits_of(v);
+	const uint32_t neg = b >> 31;
+	const uint32_t a = b & 0x7FFFFFFFu;
+	const uint32_t c = arena__sel((int32_t)a > (int32_t)0x42000000u /* 32 */, 0x42000000u, a);
+	const uint32_t k = arena__bits_of(ARENA__ADD(arena__f32_of(c), 12582912.0f)) - 0x4B400000u;
+	return (int32_t)((k ^ (0u - neg)) + neg);
 }
 
 /* clamp(k, 0, 15). */
@@ -227,13 +228,13 @@ ARENA_ELEM uint32_t arena__clamp_u4(int32_t k)
 /* The zero point of a group whose lo is `lo`, with divisor d. */
 ARENA_ELEM uint32_t arena__int4_zero(float lo, float d)
 {
-	return arena__clamp_u4(arena__rne_small(arena__clamp32(ARENA__DIV(-lo, d))));
+	return arena__clamp_u4(arena__rne_clamp32(ARENA__DIV(-lo, d)));
 }
 
 /* The code of x in a group with divisor d and zero point z. */
 ARENA_ELEM uint32_t arena__int4_code(float x, float d, uint32_t z)
 {
-	return arena__clamp_u4(arena__rne_small(arena__clamp32(ARENA__DIV(x, d))) + (int32_t)z);
+	return arena__clamp_u4(arena__rne_clamp32(ARENA__DIV(x, d)) + (int32_t)z);
 }
 
 /* The value of code q in a group of scale s (widened) and zero point z:

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "../common/err.h"
+#include "dequant.h"
 
 #define E(name) ARENA_E(name)
 
@@ -48,7 +49,22 @@ int arena_quant_from_name(const char *name, arena_quant_scheme *out)
 
 int arena_quant_is_scaled(arena_quant_scheme s)
 {
-	return s == ARENA_QUANT_FP8_E4M3_TENSOR || s == ARENA_QUANT_FP8_E4M3_ROW || s == ARENA_QUANT_INT8_ROW;
+	return s == ARENA_QUANT_FP8_E4M3_TENSOR || s == ARENA_QUANT_FP8_E4M3_ROW || s == ARENA_QUANT_INT8_ROW ||
+	       arena_quant_group(s);
+}
+
+unsigned arena_quant_group(arena_quant_scheme s)
+{
+	switch (s) {
+	case ARENA_QUANT_INT4_G32:
+		return 32;
+	case ARENA_QUANT_INT4_G64:
+		return 64;
+	case ARENA_QUANT_INT4_G128:
+		return 128;
+	default:
+		return 0;
+	}
 }
 
 int arena_quant_is_row(arena_quant_scheme s)
@@ -139,8 +155,9 @@ static int plan(arena_quant_plan *out, arena_quant_scheme scheme, arena_dtype sr
 			break;
 		default:
 			ok = is_wide_float(src);
-			takes = src == ARENA_DTYPE_F8_E4M3 ? "BF16, F16 or F32; F8_E4M3 data needs its scale tensor"
-							   : "BF16, F16 or F32";
+			takes = src == ARENA_DTYPE_F8_E4M3 && !arena_quant_group(scheme)
+					? "BF16, F16 or F32; F8_E4M3 data needs its scale tensor"
+					: "BF16, F16 or F32";
 			break;
 		}
 		if (!ok)
@@ -159,6 +176,11 @@ static int plan(arena_quant_plan *out, arena_quant_scheme scheme, arena_dtype sr
 		return arena_errorf(E(QUANT_NOT_APPLICABLE), "%s: shape %s of %s is not a whole number of bytes",
 				    lbl, shape_str(sb, sizeof(sb), rank, shape), arena_dtype_name(src));
 	uint64_t rows = 1, cols = nelem;
+	const uint64_t group = arena_quant_group(scheme);
+	if (group && rank >= 2) {
+		rows = shape[0];
+		cols = rows ? nelem / rows : 0;
+	}
 	if (arena_quant_is_row(scheme)) {
 		if (rank < 2)
 			return arena_errorf(E(QUANT_NOT_APPLICABLE),
@@ -182,6 +204,10 @@ static int plan(arena_quant_plan *out, arena_quant_scheme scheme, arena_dtype sr
 	p.src_nbytes = nelem * bits / 8;
 	p.rows = rows;
 	p.cols = cols;
+	if (group) {
+		p.group = group;
+		p.groups = (cols + group - 1) / group;
+	}
 	p.prequantized = prequant;
 	switch (scheme) {
 	case ARENA_QUANT_NONE:
@@ -196,11 +222,22 @@ static int plan(arena_quant_plan *out, arena_quant_scheme scheme, arena_dtype sr
 	case ARENA_QUANT_INT8_ROW:
 		set_comp(&p.comps[0], "qdata", ARENA_DTYPE_I8, rank, shape, nelem);
 		break;
+	case ARENA_QUANT_INT4_G32:
+	case ARENA_QUANT_INT4_G64:
+	case ARENA_QUANT_INT4_G128: {
+		const uint64_t qs[2] = {rows, cols / 2 + cols % 2}, gs[2] = {rows, p.groups};
+		set_comp(&p.comps[0], "qdata", ARENA_DTYPE_U8, 2, qs, rows * qs[1]);
+		set_comp(&p.comps[1], "scale", src, 2, gs, rows * p.groups);
+		set_comp(&p.comps[2], "zero", ARENA_DTYPE_U8, 2, gs, rows * p.groups);
+		p.n_comps = 3;
+		break;
+	}
 	default:
 		set_comp(&p.comps[0], "qdata", ARENA_DTYPE_F8_E4M3, rank, shape, nelem);
 		break;
 	}
-	p.n_comps = 1;
+	if (!group)
+		p.n_comps = 1;
 	if (scheme == ARENA_QUANT_FP8_E4M3_TENSOR) {
 		const uint64_t one = 1;
 		set_comp(&p.comps[1], "scale", ARENA_DTYPE_F32, 1, &one, 1);
@@ -289,5 +326,45 @@ int arena_quant_plan_from_tensor(const arena_tensor *t, arena_quant_plan *out)
 		}
 	}
 	*out = p;
+	return 0;
+}
+
+/* ---- dequantization ---------------------------------------------------------------- */
+
+int arena_quant_dequant_job(const arena_tensor *t, const void *block, void *dst, arena_dequant_job *j)
+{
+	arena_quant_scheme q = ARENA_QUANT_COUNT;
+	if (arena_quant_from_name(t->scheme, &q) || q == ARENA_QUANT_NONE)
+		return arena_errorf(E(USAGE), "'%s' is stored %s: %s", arena_q(t->name), t->scheme,
+				    q == ARENA_QUANT_NONE ? "view its bytes instead" : "an unknown scheme");
+	const arena_dtype sd = t->comp[0].dtype, dd = t->dtype;
+	const unsigned group = arena_quant_group(q);
+	if ((group ? sd != ARENA_DTYPE_U8
+		   : sd != ARENA_DTYPE_F8_E4M3 && sd != ARENA_DTYPE_F8_E5M2 && sd != ARENA_DTYPE_I8 &&
+			     sd != ARENA_DTYPE_BF16) ||
+	    (dd != ARENA_DTYPE_BF16 && dd != ARENA_DTYPE_F16 && dd != ARENA_DTYPE_F32))
+		return arena_errorf(E(USAGE), "'%s': %s to %s is not a dequantization", arena_q(t->name),
+				    arena_dtype_name(sd), arena_dtype_name(dd));
+	arena_quant_plan p;
+	int rc = arena_quant_plan_from_tensor(t, &p);
+	if (rc)
+		return rc;
+	const uint8_t *base = block;
+	*j = (arena_dequant_job){.dst = dst,
+				 .src = base + t->comp[0].offset,
+				 .n = p.nelem,
+				 .cols = p.cols,
+				 .src_dtype = sd,
+				 .dst_dtype = dd,
+				 .scale_dtype = ARENA_DTYPE_F32};
+	if (arena_quant_is_scaled(q)) {
+		j->scale = base + t->comp[1].offset;
+		j->scale_n = p.comps[1].nelem;
+		j->scale_dtype = p.comps[1].dtype;
+	}
+	if (group) {
+		j->zero = base + t->comp[2].offset;
+		j->group = group;
+	}
 	return 0;
 }

@@ -17,6 +17,17 @@
  *   int8-row          BF16 F16 F32          qdata   I8           <shape>
  *                                           scale   F32          [rows, 1, ...]
  *   fp8-e5m2          BF16 F16 F32 F8_E5M2  qdata   F8_E5M2      <shape>
+ *   int4-g32, -g64,   BF16 F16 F32          qdata   U8           [rows, ceil(cols / 2)]
+ *   -g128                                   scale   <src dtype>  [rows, groups]
+ *                                           zero    U8           [rows, groups]
+ *
+ * int4-gN: each row's columns in groups of N (the last one of a row shorter
+ * when N does not divide cols), groups = ceil(cols / N); a group's values are
+ * codes q in [0, 15], two a byte (the even column in the low nibble, the odd
+ * one in the high nibble; a row of odd cols ends with a high nibble of 0),
+ * with one scale (in the source's dtype) and one zero point z in [0, 15]:
+ * value = (q - z) x scale. rows = shape[0] for rank >= 2, else 1 (a vector
+ * is one row); cols = the product of the other dims (the whole vector).
  *
  * Row schemes need rank >= 2: rows = shape[0] (the output dimension of a
  * weight), cols = the product of the other dims; the scale has the source's
@@ -55,7 +66,10 @@
 	X(FP8_E4M3_TENSOR, "fp8-e4m3-tensor")     \
 	X(FP8_E4M3_ROW, "fp8-e4m3-row")           \
 	X(INT8_ROW, "int8-row")                   \
-	X(FP8_E5M2, "fp8-e5m2")
+	X(FP8_E5M2, "fp8-e5m2")                   \
+	X(INT4_G32, "int4-g32")                   \
+	X(INT4_G64, "int4-g64")                   \
+	X(INT4_G128, "int4-g128")
 
 typedef enum arena_quant_scheme {
 #define ARENA__QS_ENUM(e, n) ARENA_QUANT_##e,
@@ -65,7 +79,7 @@ typedef enum arena_quant_scheme {
 } arena_quant_scheme;
 
 #define ARENA_QUANT_MAX_RANK 8
-#define ARENA_QUANT_MAX_COMPONENTS 2
+#define ARENA_QUANT_MAX_COMPONENTS 3
 
 /* Find the scheme called `name` ("fp8-e4m3-row"): 0, or QUANT_UNKNOWN_SCHEME
  * with a message listing the known names. `name` NULL is USAGE. */
@@ -74,12 +88,15 @@ int arena_quant_from_name(const char *name, arena_quant_scheme *out);
 const char *arena_quant_name(arena_quant_scheme s);
 
 /* Scaled schemes (a scale component beside qdata): fp8-e4m3-tensor,
- * fp8-e4m3-row, int8-row; of those, the row schemes (one scale per row). */
+ * fp8-e4m3-row, int8-row and the int4 ones; of those, the row schemes (one
+ * F32 scale per row: fp8-e4m3-row, int8-row). */
 int arena_quant_is_scaled(arena_quant_scheme s);
 int arena_quant_is_row(arena_quant_scheme s);
+/* The group size of an int4 scheme (32, 64, 128); 0 for the others. */
+unsigned arena_quant_group(arena_quant_scheme s);
 
 typedef struct arena_quant_component {
-	const char *name;  /* "data", "qdata" or "scale"; static storage */
+	const char *name;  /* "data", "qdata", "scale" or "zero"; static storage */
 	arena_dtype dtype;
 	uint32_t rank;
 	uint64_t shape[ARENA_QUANT_MAX_RANK];
@@ -96,7 +113,9 @@ typedef struct arena_quant_plan {
 	uint64_t shape[ARENA_QUANT_MAX_RANK];
 	uint64_t nelem;
 	uint64_t src_nbytes;     /* bytes the source holds */
-	uint64_t rows, cols;     /* row schemes: shape[0] and nelem / rows; else 1, nelem */
+	uint64_t rows, cols;     /* row and int4 schemes: rows and the elements of a row
+				  * (above); else 1, nelem */
+	uint64_t group, groups;  /* int4: elements a group, groups a row; else 0 */
 	int prequantized;        /* from arena_quant_plan_prequant: use run_scaled */
 	size_t n_comps;
 	arena_quant_component comps[ARENA_QUANT_MAX_COMPONENTS];
@@ -111,7 +130,8 @@ typedef struct arena_quant_plan {
  *                         above: integer, F64, F8_E4M3 for a scaled scheme
  *                         (it needs its scale: arena_quant_plan_prequant),
  *                         other FP8, sub-byte ...), a row
- *                         scheme on rank < 2, a scaled scheme on an empty
+ *                         scheme on rank < 2, a scaled (int4 included)
+ *                         scheme on an empty
  *                         tensor (0 rows or 0 columns: there is no amax), rank
  *                         over ARENA_QUANT_MAX_RANK, or a byte count that
  *                         overflows 64 bits or is not whole;
@@ -146,5 +166,16 @@ int arena_quant_describe(const arena_quant_plan *p, arena_tensor *t);
  * swapped or of another dtype, shape or size); the caller adds the file.
  * formats/image.c calls it for every tensor of every image it opens. */
 int arena_quant_plan_from_tensor(const arena_tensor *t, arena_quant_plan *out);
+
+/* ---- dequantization (formats/dequant.h) ----------------------------------------- */
+
+/* The job that writes the values of t (a tensor of a checked layout) in its
+ * original dtype to dst from its block's bytes at `block` (its components
+ * at block + comp[i].offset). Returns 0, or USAGE naming the tensor when it
+ * is stored as is (none: "view its bytes instead"), under an unknown scheme,
+ * or its stored and original dtypes are not a dequantization (an 8-bit
+ * original, say). */
+struct arena_dequant_job;
+int arena_quant_dequant_job(const arena_tensor *t, const void *block, void *dst, struct arena_dequant_job *j);
 
 #endif

@@ -151,9 +151,10 @@ ARENA_API const char *arena_last_error(void);
 ARENA_API const char *arena_version(void);
 /* sizeof one of this header's structs by its name ("arena_open_options",
  * "arena_tensor_info", "arena_block_info", "arena_step_info",
- * "arena_plan_info", "arena_convert_options", "arena_convert_info",
- * "arena_bad_chunk", "arena_verify_options", "arena_verify_info"), for
- * bindings that check their layouts; 0 for other names. */
+ * "arena_plan_info", "arena_rest_info", "arena_memory_info",
+ * "arena_convert_options", "arena_convert_info", "arena_bad_chunk",
+ * "arena_verify_options", "arena_verify_info"), for bindings that check
+ * their layouts; 0 for other names. */
 ARENA_API size_t arena_sizeof(const char *type_name);
 
 /* ---- arenas: a model's weights on a device, as much of them as fits ----------
@@ -241,16 +242,23 @@ enum { ARENA_MODE_SAMPLE = 0, ARENA_MODE_TRAIN = 1 };
  * arena_tensor_get then stay valid only while their block is streamed,
  * unless arena_block_keep_host() keeps that block's for good. */
 #define ARENA_OPEN_RELEASE_HOST 16u
+/* The caller reports the rest of the process's device memory at every step
+ * (arena_rest_report), so the reserve is learned (see "The process's device
+ * memory"): a work not seen yet runs the smallest plan, which leaves the
+ * rest all the room there is, unless the whole model fits in half of it.
+ * arena.torch sets it. An explicit reserve turns the learning off. */
+#define ARENA_OPEN_LEARN_REST 32u
 
 /* Zero-initialize and set what you need; every 0 is the default (the CLI's
  * defaults are these). NULL options = all defaults. */
 typedef struct arena_open_options {
 	const char *backend;   /* "cuda", "sim", or NULL: cuda when a GPU is usable, else sim */
 	int device;            /* CUDA device number */
-	uint64_t vram_cap;     /* device bytes the process may use, arena's and the rest's: the
-				* rest (torch) has `reserve` of it, and what it holds past that
-				* (arena_set_rest_memory) comes out of arena's budget; 0 = what
-				* is free */
+	uint64_t vram_cap;     /* device bytes the process may hold as the driver counts them (its
+				* CUDA context and modules, the rest of the process's memory,
+				* torch's allocator, and arena's), at its peak; 0 = no cap: what
+				* the device has free (following other programs as they take
+				* and give back memory). See "The process's device memory". */
 	uint64_t pin_budget;   /* cap on pinned host bytes; 0 = what the OS allows */
 	unsigned threads;      /* reader threads; 0 = CPUs */
 	const char *quant;     /* safetensors only: storage scheme for block weights, or NULL */
@@ -258,8 +266,11 @@ typedef struct arena_open_options {
 	int mode;              /* ARENA_MODE_SAMPLE (default) or ARENA_MODE_TRAIN: forward, then
 				* backward in reverse with each block needed again (checkpointing) */
 	uint64_t headroom;     /* physical slack; 0 = min(512 MiB, 2% of the device or cap) */
-	uint64_t reserve;      /* working memory for activations; 0 = 1 GiB sample, 4 GiB train,
-				* at most a quarter of what is left after the headroom */
+	uint64_t reserve;      /* device memory the rest of the process (the caller's framework:
+				* torch's allocator) needs at its peak in a step; 0 = learned when
+				* the caller reports it (ARENA_OPEN_LEARN_REST), else 1 GiB
+				* sample, 4 GiB train, at most a quarter of what is left after
+				* the headroom; a value given is used as it is (nothing learned) */
 	unsigned depth;        /* the ring holds depth + 1 of the largest streamed block; 0 = 2,
 				* and in train mode in pieces as many as one block's pieces
 				* (a checkpointed recompute holds them) when that is more */
@@ -300,6 +311,10 @@ typedef struct arena_open_options {
 	 * is more than the move's own (estimated, then timed): 0 = 16. A short
 	 * run gains less from a move; a long training run more. */
 	unsigned payback_steps;
+	/* sim backend only: the process's own device memory beside allocations
+	 * (a CUDA context: 0.5-0.7 GiB on an H200), counted in the process's
+	 * memory under the cap; 0 = none. */
+	uint64_t sim_context;
 } arena_open_options;
 
 /* arena_open_options.piece_size: chosen from the budget (see there). */
@@ -432,16 +447,81 @@ ARENA_API int arena_block_release(arena *a, size_t block, void *stream);
  * (demotes at once under pressure, promotes after `hysteresis` steps of
  * room), learns the order run, and issues the next step's first copies. */
 ARENA_API int arena_step_end(arena *a);
-/* Under a vram_cap (all the device memory the process uses): the bytes the
- * rest of the process holds on the device now, torch's caching allocator's
- * (torch.cuda.memory_reserved(); arena.torch passes it before each step
- * end). What it holds past the reserve comes out of the weights' budget at
- * the next step end (blocks demoted at once), and goes back to them after
- * `hysteresis` steps once the rest holds less. 0, the default: nothing
- * counted. Without a cap nothing changes (free memory says it). Other
- * programs' memory does not count against the cap. USAGE for a handle not
- * live. */
+/* ---- the process's device memory -------------------------------------------
+ *
+ * A process holds, besides arena's device memory (resident blocks, the ring,
+ * decode stages), its CUDA context and loaded modules (0.5-0.7 GiB on an
+ * H200) and the memory of the rest of it: the caller's framework, whose
+ * caching allocator (torch's) holds what it reserved, not only what is in
+ * use. The cap (vram_cap) is on all of it, as the driver counts it (NVML's
+ * per-process figure on cuda; sim models it: a context size and
+ * arena_sim_rest). So the weights' budget for a step is
+ *
+ *     with a cap:  cap - other - max(rest now, rest need) - headroom
+ *     always:      free + arena's own - max(0, rest need - rest now) - headroom
+ *
+ * (the lesser of the two), where `other` is what the process holds beside
+ * arena and the rest (its context: the process's figure less both, read at
+ * each step end; where the backend cannot read it, the device's use at
+ * open less both, at most 1 GiB) and `rest need` is what the rest needs at
+ * its peak in the next step: the reserve given; or, learned
+ * (ARENA_OPEN_LEARN_REST), the most it held in a step of the same mode and
+ * work (arena_rest_report's peak, for each work key), plus a margin (1/32
+ * and 64 MiB); for a work not seen yet, everything past the smallest plan
+ * (unless the whole model fits in half of what there is). Blocks are
+ * demoted or promoted at the step end to fit.
+ *
+ * Inside a step arena's own memory does not change; the rest must then stay
+ * within `rest_limit` (arena_memory_get): cap - other - arena's -
+ * headroom / 2. arena.torch gives torch's allocator that limit
+ * (torch.cuda.set_per_process_memory_fraction), so that a process under
+ * vram="8G" behaves as it would on an 8 GiB card, and says what a step
+ * needed when torch runs out inside it. */
+
+/* What the rest of the process held on the device, reported at a step's
+ * end (before arena_step_end; between steps it counts for the next one): `now` the bytes it holds at this moment (torch:
+ * torch.cuda.memory_reserved()), `peak` the most it held during the step
+ * that ends (torch.cuda.max_memory_reserved() since the last report, its
+ * peak statistics reset then; 0 = now), and `work` a key naming the work of
+ * the next step: steps with equal keys need the same memory (arena.torch:
+ * a hash of the mode, autograd and the inputs' shapes and dtypes); 0 = the
+ * same work as the step that ends. The engine learns the peak of the step
+ * that ends under its own mode and work, and plans the next step's budget
+ * for the next work at arena_step_end (and at arena_set_mode); told between
+ * steps, another work is planned for at once (blocks demoted when it needs
+ * more room). Without ARENA_OPEN_LEARN_REST only `now` counts (the reserve
+ * stays as given). USAGE for a handle not live or a NULL report; the
+ * engine's device errors. */
+typedef struct arena_rest_info {
+	uint64_t now;
+	uint64_t peak;
+	uint64_t work;
+} arena_rest_info;
+ARENA_API int arena_rest_report(arena *a, const arena_rest_info *r);
+/* The same with now = peak = bytes, work 0 (the call of releases before
+ * learning; kept as it was). */
 ARENA_API int arena_set_rest_memory(arena *a, uint64_t bytes);
+
+/* The process's device memory as the engine sees it now. */
+typedef struct arena_memory_info {
+	uint64_t cap;        /* vram_cap; 0 = none */
+	uint64_t process;    /* the process's bytes as the driver counts them, read now (0: unknown) */
+	uint64_t other;      /* of it, neither arena's nor the rest's (context, modules); measured
+			      * or estimated (other_measured) */
+	uint64_t arena;      /* arena's device bytes: resident blocks, ring, stages, as allocated */
+	uint64_t rest;       /* the rest's, as last reported */
+	uint64_t rest_need;  /* what the plan in force leaves the rest at its peak */
+	uint64_t rest_limit; /* the most the rest may hold in a step for the process to stay within
+			      * the cap (0: no cap) */
+	uint64_t headroom;
+	int learned;         /* rest_need was learned for the work of the next step (0: the reserve
+			      * given or the default; or, learning, a work not seen: the safe plan) */
+	int other_measured;  /* other was read from the driver (1) or estimated (0) */
+	unsigned works;      /* works learned so far */
+} arena_memory_info;
+/* 0, or USAGE (not live, NULL out). */
+ARENA_API int arena_memory_get(const arena *a, arena_memory_info *out);
+
 /* Between steps: run in `mode` from the next step on (a trainer drawing
  * previews switches to sample and back). The blocks resident stay where the
  * new mode's budget allows. USAGE inside a step or for an unknown mode. */
@@ -704,6 +784,16 @@ ARENA_API void arena_string_free(char *s);
 /* sim only: take `bytes` of the simulated device, as another program would
  * (0 gives it back). USAGE on other backends; DEV_OOM when it is not free. */
 ARENA_API int arena_sim_pressure(arena *a, uint64_t bytes);
+/* sim only: the rest of this process (its framework's allocator) holds
+ * `bytes` of the simulated device from now on, counted as the process's
+ * (the modelled torch; report it with arena_rest_report). USAGE on other
+ * backends; DEV_OOM when the device has not that much free (as cudaMalloc
+ * would fail), the rest unchanged. */
+ARENA_API int arena_sim_rest(arena *a, uint64_t bytes);
+/* sim only: the most device memory the simulated process held since the
+ * arena was opened or the last call with reset set (context, rest and
+ * every allocation: what NVML would have shown at its worst). */
+ARENA_API int arena_sim_peak(arena *a, int reset, uint64_t *peak);
 
 #ifdef __cplusplus
 }

@@ -164,7 +164,8 @@ size_t arena_sizeof(const char *n)
 	} t[] = {
 		{"arena_open_options", sizeof(arena_open_options)}, {"arena_tensor_info", sizeof(arena_tensor_info)},
 		{"arena_block_info", sizeof(arena_block_info)},     {"arena_step_info", sizeof(arena_step_info)},
-		{"arena_plan_info", sizeof(arena_plan_info)},       {"arena_convert_options", sizeof(arena_convert_options)},
+		{"arena_plan_info", sizeof(arena_plan_info)},       {"arena_rest_info", sizeof(arena_rest_info)},
+		{"arena_memory_info", sizeof(arena_memory_info)},   {"arena_convert_options", sizeof(arena_convert_options)},
 		{"arena_convert_info", sizeof(arena_convert_info)}, {"arena_bad_chunk", sizeof(arena_bad_chunk)},
 		{"arena_verify_options", sizeof(arena_verify_options)},
 		{"arena_verify_info", sizeof(arena_verify_info)},
@@ -185,7 +186,7 @@ int arena__engine_opts(const arena_open_options *o, arena_engine_opts *e)
 		return arena_errorf(ARENA_E_USAGE, "arena_open: mode %d is neither ARENA_MODE_SAMPLE nor ARENA_MODE_TRAIN",
 				    o->mode);
 	if (o->flags & ~(ARENA_OPEN_STRICT | ARENA_OPEN_NO_LEARN | ARENA_OPEN_FIXED_SCHEDULE | ARENA_OPEN_PLAIN_STREAM |
-			 ARENA_OPEN_RELEASE_HOST))
+			 ARENA_OPEN_RELEASE_HOST | ARENA_OPEN_LEARN_REST))
 		return arena_errorf(ARENA_E_USAGE, "arena_open: unknown flags 0x%x", o->flags);
 	if (o->depth > 64 || (o->keep_last > 64 && o->keep_last != ARENA_ZERO_COUNT))
 		return arena_errorf(ARENA_E_USAGE, "arena_open: depth %u or keep_last %u over 64", o->depth, o->keep_last);
@@ -208,6 +209,8 @@ int arena__engine_opts(const arena_open_options *o, arena_engine_opts *e)
 	e->no_learn = !!(o->flags & ARENA_OPEN_NO_LEARN);
 	e->fixed_schedule = !!(o->flags & ARENA_OPEN_FIXED_SCHEDULE);
 	e->release_host = !!(o->flags & ARENA_OPEN_RELEASE_HOST);
+	/* a reserve given is used as it is: nothing to learn */
+	e->learn_rest = (o->flags & ARENA_OPEN_LEARN_REST) && !o->reserve;
 	return 0;
 }
 
@@ -301,6 +304,22 @@ static uint64_t host_budget_of(const arena *a, const arena_open_options *o)
 	return avail > b->reserve ? avail - b->reserve : 0;
 }
 
+/* What the process holds on the device before arena allocates anything
+ * (the CUDA context, the caller's framework): the backend's figure for the
+ * process, or the device's use at most 1 GiB (engine.h: `other`); the
+ * engine reads it again at every step end, less the rest as reported. */
+static void open_other(arena *a, uint64_t free_b, uint64_t total)
+{
+	uint64_t proc = 0;
+	if (a->be->ops->proc_mem && a->be->ops->proc_mem(a->be, &proc) == 0) {
+		a->eo.other = proc;
+		return;
+	}
+	arena_error_clear();
+	uint64_t used = total > free_b ? total - free_b : 0;
+	a->eo.other = used < (1ull << 30) ? used : 1ull << 30;
+}
+
 /* Once the layout is known, before anything is allocated: read the profile
  * (if one is given), plan for the device as it is now, and put on the device
  * what the plan keeps resident. A model that cannot run is BUDGET here. */
@@ -324,8 +343,32 @@ static int place(void *ctx, const arena_layout *l, uint64_t stage, const uint64_
 	uint64_t free_b = 0, total = 0, budget, headroom, reserve;
 	if ((rc = a->be->ops->mem_info(a->be, &free_b, &total)))
 		return rc;
+	open_other(a, free_b, total);
 	arena_residency_budget(total, free_b, o, &budget, &headroom, &reserve);
 	arena_residency_plan p;
+	if (o->learn_rest) { /* nothing seen yet: the safe plan (engine.h) */
+		uint64_t b0 = budget; /* with no reserve (learn_rest: reserve unknown) */
+		budget = arena_residency_budget_unknown(l, o, b0, stage);
+		if (!budget) {
+			uint64_t need = stage; /* the smallest plan's */
+			if (arena_residency_plan_make(l, o, 0, &p) == ARENA_E(BUDGET))
+				need += p.min_need_bytes;
+			else
+				arena_residency_plan_release(&p);
+			arena_error_clear();
+			char s1[32], s2[32], s3[32], s4[32], s5[32];
+			uint64_t avail = o->cap && o->cap < free_b + o->other ? o->cap : free_b + o->other;
+			return arena_errorf(ARENA_E(BUDGET),
+					    "%s: does not fit: %s %s leaves %s after the process's context (%s) and headroom "
+					    "(%s); its smallest plan needs %s: give vram of at least %s, plus what torch "
+					    "needs at its peak in a step",
+					    c->path, o->cap && o->cap <= free_b + o->other ? "vram" : "the device's free",
+					    arena_size_str(avail, s1, sizeof(s1)), arena_size_str(b0, s2, sizeof(s2)),
+					    arena_size_str(o->other, s3, sizeof(s3)), arena_size_str(headroom, s4, sizeof(s4)),
+					    arena_size_str(need, s5, sizeof(s5)),
+					    arena_size_arg(need + o->other + headroom, s1, sizeof(s1)));
+		}
+	}
 	rc = arena_residency_plan_staged(l, o, &budget, stage, &p); /* streaming coded takes stages too */
 	if (rc == ARENA_E(BUDGET)) {
 		char why[512], s1[32], s2[32], s3[32], s4[32];
@@ -344,11 +387,14 @@ static int place(void *ctx, const arena_layout *l, uint64_t stage, const uint64_
 				 arena_size_str(stage, s5, sizeof(s5)));
 		}
 		arena_error_clear();
+		char cx[64] = ""; /* the process's own, when it has any */
+		if (o->other)
+			snprintf(cx, sizeof(cx), ", the process's context of %s,", arena_size_str(o->other, s6, sizeof(s6)));
 		return arena_errorf(rc,
-				    "%s: does not fit: %s; with a working reserve of %s and headroom of %s it needs %s of "
+				    "%s: does not fit: %s; with a working reserve of %s%s and headroom of %s it needs %s of "
 				    "device memory, %s is %s%s",
-				    c->path, why, arena_size_str(reserve, s1, sizeof(s1)), arena_size_str(headroom, s2, sizeof(s2)),
-				    arena_size_str(p.min_need_bytes + stage + reserve + headroom, s3, sizeof(s3)),
+				    c->path, why, arena_size_str(reserve, s1, sizeof(s1)), cx, arena_size_str(headroom, s2, sizeof(s2)),
+				    arena_size_str(p.min_need_bytes + stage + reserve + headroom + o->other, s3, sizeof(s3)),
 				    arena_size_str(avail, s4, sizeof(s4)), o->cap && o->cap <= free_b ? "the cap" : "free", hint);
 	}
 	if (rc)
@@ -360,7 +406,13 @@ static int place(void *ctx, const arena_layout *l, uint64_t stage, const uint64_
 }
 
 /* piece_size ARENA_PIECE_AUTO: what the image's whole-block layout needs
- * under the budget the device gives now (arena_residency_piece_auto). */
+ * under the budget the device gives now (arena_residency_piece_auto). With
+ * the rest's need to be learned (learn_rest), that budget is half of what
+ * there is: sampling keeps whole blocks only when they all fit in it (then
+ * they are all resident from the first step: engine.h's safe plan), training
+ * when their floor does (Flux at 1024x1024: 8 GiB and up; at 6 GiB the
+ * whole-block ring of 2.6 GiB would leave torch too little for its 2.6 GiB
+ * of activations); pieces otherwise, whose floor leaves the rest far more. */
 static int auto_piece(arena *a, const char *path, uint64_t *piece)
 {
 	*piece = 0;
@@ -370,7 +422,13 @@ static int auto_piece(arena *a, const char *path, uint64_t *piece)
 		return rc;
 	uint64_t free_b = 0, total = 0, budget, headroom, reserve;
 	if (!(rc = a->be->ops->mem_info(a->be, &free_b, &total))) {
-		arena_residency_budget(total, free_b, &a->eo, &budget, &headroom, &reserve);
+		open_other(a, free_b, total);
+		arena_engine_opts q = a->eo;
+		if (q.learn_rest)
+			q.reserve = 0;
+		arena_residency_budget(total, free_b, &q, &budget, &headroom, &reserve);
+		if (q.learn_rest)
+			budget /= 2;
 		rc = arena_residency_piece_auto(img->layout, &a->eo, budget, piece);
 	}
 	arena_img_close(img);
@@ -402,7 +460,7 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 	if ((rc = arena__engine_opts(o, &a->eo)))
 		goto fail;
 	uint64_t simcap = o->sim_capacity ? o->sim_capacity : o->vram_cap > (16ull << 30) ? o->vram_cap : (16ull << 30);
-	arena_sim_opts so = {.capacity = simcap, .h2d_bytes_per_s = o->sim_bandwidth};
+	arena_sim_opts so = {.capacity = simcap, .h2d_bytes_per_s = o->sim_bandwidth, .context = o->sim_context};
 	if (!o->backend) {
 		rc = arena_backend_create("cuda", o->device, NULL, &a->be);
 		if (rc == ARENA_E_NO_DEVICE)

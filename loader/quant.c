@@ -303,6 +303,176 @@ float arena_quant_tensor_scale(float amax)
 	return scale_of(amax, ARENA_QUANT_E4M3_MAX);
 }
 
+/* ---- int4 groups ----------------------------------------------------------------
+ *
+ * One group of an int4 scheme (formats/elem.h's rules): its range, its scale
+ * as stored and its zero point and, when asked for, its codes packed two a
+ * byte. Specialized on the source kind and, for groups of 32, 64 and 128
+ * values, on the count (a constant trip count: gcc vectorizes the loops); a
+ * row's short last group takes the same code with its own count. */
+
+typedef struct int4_group {
+	uint32_t sbits; /* the scale as stored: BF16 or F16 bits (the low 16), F32 bits */
+	uint32_t z;     /* the zero point */
+	int finite;     /* 0: the group holds a NaN or an infinity, or hi - lo overflows */
+} int4_group;
+
+/* The float order of a float's bits as a signed integer (an involution: it
+ * also turns such an integer back into the bits); NaNs lie beyond +-inf. */
+INLINE int32_t order_key(uint32_t b)
+{
+	return (int32_t)(b ^ ((uint32_t)((int32_t)b >> 31) & 0x7FFFFFFFu));
+}
+
+INLINE int16_t order_key16(uint16_t h)
+{
+	return (int16_t)(h ^ ((uint16_t)((int16_t)h >> 15) & 0x7FFFu));
+}
+
+/* The group's lo = min(0, min x) and hi = max(0, max x) as f32, from the
+ * order keys of its bits (16-bit lanes for BF16 and F16: twice as many a
+ * vector); 0 when it holds a NaN or an infinity. */
+INLINE int int4_range(int sk, const unsigned char *restrict s, size_t n, float *lo, float *hi)
+{
+	if (sk == SK_F32) {
+		int32_t l = 0, h = 0;
+		for (size_t i = 0; i < n; i++) {
+			uint32_t u;
+			memcpy(&u, s + 4 * i, 4);
+			const int32_t k = order_key(u);
+			l = k < l ? k : l;
+			h = k > h ? k : h;
+		}
+		*lo = arena__f32_of((uint32_t)order_key((uint32_t)l));
+		*hi = arena__f32_of((uint32_t)h);
+		return l >= (int32_t)0x80800000u && h <= 0x7F7FFFFF; /* -FLT_MAX <= lo, hi <= FLT_MAX */
+	}
+	int16_t l = 0, h = 0;
+	for (size_t i = 0; i < n; i++) {
+		uint16_t u;
+		memcpy(&u, s + 2 * i, 2);
+		const int16_t k = order_key16(u);
+		l = k < l ? k : l;
+		h = k > h ? k : h;
+	}
+	const uint16_t lb = (uint16_t)order_key16((uint16_t)l), hb = (uint16_t)h;
+	if (sk == SK_BF16) {
+		*lo = arena__bf16_to_f32(lb);
+		*hi = arena__bf16_to_f32(hb);
+		return l >= (int16_t)0x8080 && h <= 0x7F7F;
+	}
+	*lo = arena__f16_to_f32(lb);
+	*hi = arena__f16_to_f32(hb);
+	return l >= (int16_t)0x8400 && h <= 0x7BFF;
+}
+
+INLINE int4_group int4_group_n(int sk, const unsigned char *restrict s, size_t n, unsigned char *restrict q)
+{
+	float flo, fhi;
+	int4_group g;
+	g.finite = int4_range(sk, s, n, &flo, &fhi);
+	const float t = (fhi - flo) / 15.0f;
+	g.finite &= arena__bits_of(t) < ARENA_F32_INF; /* hi - lo did not overflow */
+	float sf;
+	if (sk == SK_BF16) {
+		g.sbits = arena__f32_to_bf16(t);
+		sf = arena__bf16_to_f32(g.sbits);
+	} else if (sk == SK_F16) {
+		g.sbits = arena__f32_to_f16(t);
+		sf = arena__f16_to_f32(g.sbits);
+	} else {
+		g.sbits = arena__bits_of(t);
+		sf = t;
+	}
+	const float d = sf == 0.0f ? 1.0f : sf;
+	g.z = arena__int4_zero(flo, d);
+	if (q) {
+		uint32_t c[128];
+		for (size_t i = 0; i < n; i++)
+			c[i] = arena__int4_code(load(sk, s, i), d, g.z);
+		for (size_t k = 0; k < n / 2; k++)
+			q[k] = (unsigned char)(c[2 * k] | c[2 * k + 1] << 4);
+		if (n & 1)
+			q[n / 2] = (unsigned char)c[n - 1];
+	}
+	return g;
+}
+
+/* Groups [g, g + count) of row r of p's source (src: row 0), g + count <=
+ * p->groups: their results into out[], and with q their codes from q on (the
+ * groups' bytes, one after the other). Returns the index (from g) of the
+ * first group holding a NaN or an infinity, or count. Built twice like the
+ * converters (baseline and, on x86-64, AVX2), each specialized on the source
+ * kind and the group size; a row's whole groups take the size as a constant. */
+typedef uint64_t (*int4_fn)(const arena_quant_plan *p, int sk, const unsigned char *src, uint64_t r, uint64_t g,
+			    uint64_t count, int4_group *out, unsigned char *q);
+
+INLINE uint64_t int4_groups(const arena_quant_plan *p, int sk, size_t G, const unsigned char *src, uint64_t r,
+			    uint64_t g, uint64_t count, int4_group *out, unsigned char *q)
+{
+	const unsigned char *s = src + (r * p->cols + g * G) * sk_size[sk];
+	for (uint64_t k = 0; k < count; k++, s += G * sk_size[sk]) {
+		const uint64_t c0 = (g + k) * G;
+		unsigned char *qk = q ? q + k * (G / 2) : NULL;
+		if (p->cols - c0 >= G)
+			out[k] = int4_group_n(sk, s, G, qk);
+		else
+			out[k] = int4_group_n(sk, s, (size_t)(p->cols - c0), qk);
+		if (!out[k].finite)
+			return k;
+	}
+	return count;
+}
+
+#define ARENA__QUANT_INT4(NAME, ATTR)                                                                          \
+	ATTR static uint64_t NAME(const arena_quant_plan *p, int sk, const unsigned char *src, uint64_t r,    \
+				  uint64_t g, uint64_t count, int4_group *out, unsigned char *q)               \
+	{                                                                                                      \
+		switch (sk * 256 + (int)p->group) {                                                            \
+			I4(SK_BF16)                                                                           \
+			I4(SK_F16)                                                                            \
+			I4(SK_F32)                                                                            \
+		}                                                                                              \
+		return 0;                                                                                      \
+	}
+#define I4(SK)                                                                  \
+	case SK * 256 + 32:                                                     \
+		return int4_groups(p, SK, 32, src, r, g, count, out, q);        \
+	case SK * 256 + 64:                                                     \
+		return int4_groups(p, SK, 64, src, r, g, count, out, q);        \
+	case SK * 256 + 128:                                                    \
+		return int4_groups(p, SK, 128, src, r, g, count, out, q);
+
+ARENA__QUANT_INT4(int4_base, )
+#ifdef HAVE_AVX2_KERNELS
+ARENA__QUANT_INT4(int4_avx2, __attribute__((target("avx2"))))
+#endif
+#undef I4
+
+/* The int4 kernels that go with the converters `cv` (pick_convert). */
+static int4_fn int4_kernels(convert_fn cv)
+{
+#ifdef HAVE_AVX2_KERNELS
+	if (cv == convert_avx2)
+		return int4_avx2;
+#endif
+	(void)cv;
+	return int4_base;
+}
+
+#define INT4_BATCH 64 /* groups a kernel call does at most (the results on the stack) */
+
+static int int4_refuse(const arena_quant_plan *p, uint64_t r, uint64_t g)
+{
+	const uint64_t c0 = g * p->group, c1 = (p->cols - c0 < p->group ? p->cols : c0 + p->group) - 1;
+	return arena_errorf(E(QUANT_NOT_APPLICABLE),
+			    "%s: row %llu, columns %llu to %llu (group %llu) hold a NaN or an infinity, or values "
+			    "too far apart for an f32 scale: int4 has no code for them; leave the tensor out "
+			    "(--quant-exclude) or mend its values",
+			    arena_quant_name(p->scheme), (unsigned long long)r, (unsigned long long)c0,
+			    (unsigned long long)c1, (unsigned long long)g);
+}
+
 /* ---- threads ----------------------------------------------------------------- */
 
 typedef struct task task;
@@ -319,7 +489,12 @@ struct task {
 	const unsigned char *src2; /* row scales (dequant) */
 	unsigned char *dst;        /* unit 0 of the first output */
 	unsigned char *dst2;       /* unit 0 of the row scales */
+	const arena_quant_plan *p; /* int4 tasks: the plan; */
+	int4_fn i4;                /* their kernels; */
+	const unsigned char *src3; /* their zero points (dequant); */
+	unsigned char *dst3;       /* and unit 0 of the zero points */
 	float partial[MAX_THREADS];
+	uint64_t bad[MAX_THREADS]; /* int4: the worker's first group refused (row x groups + group), or UINT64_MAX */
 };
 
 typedef struct worker {
@@ -430,6 +605,56 @@ static void task_deq_rows(task *t, uint64_t first, uint64_t count, unsigned slot
 	}
 }
 
+/* int4: rows [first, first + count) of the range (its row 0 at src and the
+ * dst*), every group straight into its place; a worker stops at its first
+ * group refused. */
+static void task_int4_rows(task *t, uint64_t first, uint64_t count, unsigned slot)
+{
+	const arena_quant_plan *p = t->p;
+	const uint64_t rb = p->cols / 2 + p->cols % 2, es = sk_size[t->sk];
+	int4_group res[INT4_BATCH];
+	t->bad[slot] = UINT64_MAX;
+	for (uint64_t r = first; r < first + count; r++) {
+		for (uint64_t g = 0; g < p->groups; g += INT4_BATCH) {
+			const uint64_t k = p->groups - g < INT4_BATCH ? p->groups - g : INT4_BATCH;
+			const uint64_t ok = t->i4(p, t->sk, t->src, r, g, k, res, t->dst + r * rb + g * (p->group / 2));
+			for (uint64_t i = 0; i < ok; i++) {
+				const uint64_t v = r * p->groups + g + i;
+				memcpy(t->dst2 + v * es, &res[i].sbits, es); /* little-endian: the low bytes */
+				t->dst3[v] = (unsigned char)res[i].z;
+			}
+			if (ok < k) {
+				t->bad[slot] = r * p->groups + g + ok;
+				return;
+			}
+		}
+	}
+}
+
+/* int4: rows [first, first + count) of values (q - z) x scale as f32. */
+static void task_int4_deq_rows(task *t, uint64_t first, uint64_t count, unsigned slot)
+{
+	(void)slot;
+	const arena_quant_plan *p = t->p;
+	const uint64_t rb = p->cols / 2 + p->cols % 2;
+	for (uint64_t r = first; r < first + count; r++) {
+		float *d = (float *)(void *)t->dst + r * p->cols;
+		for (uint64_t c = 0; c < p->cols; c++) {
+			const uint64_t v = r * p->groups + c / p->group;
+			const uint32_t b = t->src[r * rb + c / 2];
+			uint16_t h;
+			float s;
+			if (t->sk == SK_F32) {
+				memcpy(&s, t->src2 + 4 * v, 4);
+			} else {
+				memcpy(&h, t->src2 + 2 * v, 2);
+				s = t->sk == SK_BF16 ? arena__bf16_to_f32(h) : arena__f16_to_f32(h);
+			}
+			d[c] = arena__int4_value((c & 1) ? b >> 4 : b & 15u, t->src3[v], s);
+		}
+	}
+}
+
 static float amax_parallel(int sk, const void *src, uint64_t n, unsigned threads)
 {
 	task t = {.fn = task_amax, .cv = pick_convert(), .sk = sk, .src = src};
@@ -515,7 +740,7 @@ int arena_quant_run_part(const arena_quant_plan *p, const void *src, uint64_t fi
 		return arena_errorf(E(USAGE), "quantization run: no plan");
 	if (p->prequantized)
 		return arena_errorf(E(USAGE), "quantization run: already-quantized plan needs arena_quant_run_scaled");
-	const int row = arena_quant_is_row(p->scheme);
+	const int row = arena_quant_is_row(p->scheme) || p->group;
 	const uint64_t units = row ? p->rows : p->nelem;
 	if (first > units || count > units - first)
 		return arena_errorf(E(USAGE), "quantization run: units [%llu, +%llu) outside [0, %llu)",
@@ -537,6 +762,27 @@ int arena_quant_run_part(const arena_quant_plan *p, const void *src, uint64_t fi
 		return 0;
 	}
 	const int sk = kind_of(p->src_dtype);
+	if (p->group) {
+		/* as for the row schemes below: the range seen as units [0, count) */
+		const uint64_t rb = p->cols / 2 + p->cols % 2;
+		const convert_fn cv = pick_convert();
+		task t = {.fn = task_int4_rows,
+			  .cv = cv,
+			  .i4 = int4_kernels(cv),
+			  .p = p,
+			  .sk = sk,
+			  .src = s,
+			  .dst = d0 + first * rb,
+			  .dst2 = (unsigned char *)dst[1] + first * p->groups * sk_size[sk],
+			  .dst3 = (unsigned char *)dst[2] + first * p->groups};
+		const unsigned used = parallel(&t, count, p->cols, threads);
+		uint64_t bad = UINT64_MAX;
+		for (unsigned k = 0; k < used; k++)
+			bad = t.bad[k] < bad ? t.bad[k] : bad;
+		if (bad != UINT64_MAX)
+			return int4_refuse(p, first + bad / p->groups, bad % p->groups);
+		return 0;
+	}
 	const int op = op_of(p->scheme);
 	if (row) {
 		/* row r of the range is at s + (r - first) * row bytes: the task
@@ -569,7 +815,8 @@ int arena_quant_run(const arena_quant_plan *p, const void *src, void *const dst[
 			return arena_errorf(E(USAGE), "quantization run: NULL source");
 		scale = arena_quant_tensor_scale(amax_parallel(kind_of(p->src_dtype), src, p->nelem, threads));
 	}
-	return arena_quant_run_part(p, src, 0, arena_quant_is_row(p->scheme) ? p->rows : p->nelem, scale, dst, threads);
+	return arena_quant_run_part(p, src, 0, arena_quant_is_row(p->scheme) || p->group ? p->rows : p->nelem, scale,
+				    dst, threads);
 }
 
 int arena_quant_amax(arena_dtype dt, const void *src, uint64_t n, unsigned threads, float *out)
@@ -641,6 +888,61 @@ static float row_scale(convert_fn cv, const arena_quant_plan *p, int sk, const u
 	return scale_of(amax_of(cv, sk, src + r * p->cols * sk_size[sk], p->cols), div);
 }
 
+/* int4: bytes [off, off + len) of component comp, group by group: codes
+ * (whole groups straight to d, a group cut by the range through a scratch),
+ * or the scale or zero point of each (row, group) the range touches. */
+static int int4_fill(const arena_quant_plan *p, const unsigned char *src, uint32_t comp, uint64_t off, uint64_t len,
+		     unsigned char *d)
+{
+	const int4_fn f = int4_kernels(pick_convert());
+	const int sk = kind_of(p->src_dtype);
+	const uint64_t end = off + len;
+	int4_group res[INT4_BATCH];
+	if (comp == 0) {
+		const uint64_t rb = p->cols / 2 + p->cols % 2, gb = p->group / 2; /* bytes a row, a whole group */
+		for (uint64_t r = off / rb; r * rb < end; r++) {
+			/* the row's bytes [a, z) in the range: groups [g0, g1) touch them,
+			 * the inner ones [w0, w1) lie whole inside */
+			const uint64_t a = (r * rb > off ? r * rb : off) - r * rb;
+			const uint64_t z = ((r + 1) * rb < end ? (r + 1) * rb : end) - r * rb;
+			const uint64_t g0 = a / gb, g1 = (z + gb - 1) / gb;
+			const uint64_t w0 = (a + gb - 1) / gb, w1 = z == rb ? p->groups : z / gb;
+			for (uint64_t g = g0; g < g1;) {
+				const int whole = g >= w0 && g < w1;
+				const uint64_t k = whole ? (w1 - g < INT4_BATCH ? w1 - g : INT4_BATCH) : 1;
+				unsigned char tmp[64];
+				const uint64_t ok = f(p, sk, src, r, g, k, res, whole ? d + (r * rb + g * gb - off) : tmp);
+				if (ok < k)
+					return int4_refuse(p, r, g + ok);
+				if (!whole) { /* the part of group g's bytes in [a, z) */
+					const uint64_t b0 = g * gb, b1 = b0 + gb < rb ? b0 + gb : rb;
+					const uint64_t x = b0 > a ? b0 : a, y = b1 < z ? b1 : z;
+					memcpy(d + (r * rb + x - off), tmp + (x - b0), y - x);
+				}
+				g += k;
+			}
+		}
+		return 0;
+	}
+	const uint64_t es = comp == 1 ? sk_size[sk] : 1; /* bytes a value */
+	const uint64_t last = (end - 1) / es;            /* the last value the range touches */
+	for (uint64_t v = off / es; v <= last;) {
+		/* values of one row at a time, INT4_BATCH groups a call */
+		const uint64_t r = v / p->groups, g = v % p->groups;
+		uint64_t k = p->groups - g < INT4_BATCH ? p->groups - g : INT4_BATCH;
+		k = last - v + 1 < k ? last - v + 1 : k;
+		const uint64_t ok = f(p, sk, src, r, g, k, res, NULL);
+		if (ok < k)
+			return int4_refuse(p, r, g + ok);
+		for (uint64_t i = 0; i < k; i++, v++) {
+			const uint32_t x = comp == 1 ? res[i].sbits : res[i].z; /* little-endian: the low es bytes */
+			const uint64_t a0 = v * es > off ? v * es : off, z0 = v * es + es < end ? v * es + es : end;
+			memcpy(d + (a0 - off), (const unsigned char *)&x + (a0 - v * es), z0 - a0);
+		}
+	}
+	return 0;
+}
+
 /* Bytes [off, off + len) of a 4-byte-per-value array whose value v is get(v). */
 #define FILL_F32_VALUES(get)                                                              \
 	do {                                                                              \
@@ -679,6 +981,8 @@ int arena_quant_fill(const arena_quant_plan *p, const arena_quant_input *in, uin
 		fill_elems(cv, kind_of(in->scale_dtype), OP_F32, in->scale, off, len, d, 0.0f);
 		return 0;
 	}
+	if (p->group)
+		return int4_fill(p, src, comp, off, len, d);
 	const int sk = kind_of(p->src_dtype);
 	const int op = op_of(p->scheme);
 	if (p->scheme == ARENA_QUANT_FP8_E4M3_TENSOR) {
@@ -720,6 +1024,12 @@ int arena_quant_dequant_f32(const arena_quant_plan *p, const void *const src[], 
 		if (!src[i])
 			return arena_errorf(E(USAGE), "dequantize: NULL component %zu", i);
 	const arena_quant_component *q = &p->comps[0];
+	if (p->group) {
+		task t = {.fn = task_int4_deq_rows, .p = p, .sk = kind_of(p->src_dtype), .src = src[0], .src2 = src[1],
+			  .src3 = src[2], .dst = (unsigned char *)dst};
+		parallel(&t, p->rows, p->cols, threads);
+		return 0;
+	}
 	const int sk = kind_of(q->dtype);
 	if (!arena_quant_is_scaled(p->scheme)) {
 		if (sk < 0 || sk == SK_I8)

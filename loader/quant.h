@@ -17,6 +17,9 @@
  *   int8-row          BF16 F16 F32          qdata   I8           <shape>
  *                                           scale   F32          [rows, 1, ...]
  *   fp8-e5m2          BF16 F16 F32 F8_E5M2  qdata   F8_E5M2      <shape>
+ *   int4-g32, -g64,   BF16 F16 F32          qdata   U8           [rows, ceil(cols / 2)]
+ *   -g128                                   scale   <src dtype>  [rows, groups]
+ *                                           zero    U8           [rows, groups]
  *
  * Row schemes need rank >= 2: rows = shape[0] (the output dimension of a
  * weight), cols = the product of the other dims; the scale has the source's
@@ -38,6 +41,16 @@
  *   fp8-e4m3-row:    per row: scale = max(amax(|row|) / 448, 1e-12); q as above.
  *   int8-row:        per row: scale = max(amax(|row|) / 127, 1e-12);
  *                    q = clamp(round_half_even(x / scale), -127, 127).
+ *   int4-gN:         per row, per group of N columns (the last one of a row
+ *                    shorter): lo = min(0, min x), hi = max(0, max x);
+ *                    scale = round_to_src_dtype((hi - lo) / 15); d = scale, or 1
+ *                    where scale is 0; z = clamp(round_half_even(-lo / d), 0, 15);
+ *                    q = clamp(round_half_even(x / d) + z, 0, 15), two a byte, the
+ *                    even column in the low nibble; value = (q - z) * scale. A
+ *                    group holding a NaN or an infinity, or whose hi - lo
+ *                    overflows f32, is refused (QUANT_NOT_APPLICABLE naming its
+ *                    row, columns and group; the components are then partly
+ *                    written). rows = shape[0] for rank >= 2, else 1.
  * x / scale is a true f32 division (not x * (1/scale)), as torch computes it.
  * The tensor scale's 1e-12 floor is ours (torch's rule is amax / 448, which
  * makes an all-zero tensor all NaN); it changes nothing unless amax < 4.5e-10.
@@ -52,6 +65,10 @@
  * arena_quant_ct_classify. Such a pair is stored as fp8-e4m3-tensor or
  * fp8-e4m3-row with the F8_E4M3 source dtype (arena_quant_plan_prequant),
  * qdata copied and scale widened exactly to F32 (arena_quant_run_scaled).
+ *
+ * The element rules (widenings, roundings, the int4 codes) are
+ * formats/elem.h's, shared with the dequantization kernels; this file holds
+ * the conversion driver: the kernels over blocks, threads, tensor walks.
  *
  * Use, whole tensors (loading a safetensors file straight into slabs):
  *   arena_quant_plan p;
@@ -109,13 +126,15 @@ int arena_quant_run(const arena_quant_plan *p, const void *src, void *const dst[
 
 /* Streaming form of arena_quant_run, for sources read in pieces: convert
  * units [first, first + count) where a unit is a row (p->cols elements) for
- * row schemes and one element otherwise; `src` points at the first unit's
+ * row and int4 schemes and one element otherwise; `src` points at the first unit's
  * bytes, dst[] are the component buffers' starts (as for arena_quant_run: the
  * units are written at their own offsets). For fp8-e4m3-tensor pass
  * `tensor_scale` = arena_quant_tensor_scale(amax over the whole tensor) (the
  * scale component is written by every call); it is ignored otherwise.
  * Returns 0, or USAGE (NULL pointers, units out of range, prequantized plan,
- * a sub-byte `none` source with first or count not whole bytes). */
+ * a sub-byte `none` source with first or count not whole bytes), or for int4
+ * QUANT_NOT_APPLICABLE (a group refused: the first one, whatever the thread
+ * count). */
 int arena_quant_run_part(const arena_quant_plan *p, const void *src, uint64_t first, uint64_t count,
 			 float tensor_scale, void *const dst[], unsigned threads);
 
@@ -141,9 +160,11 @@ int arena_quant_scan(const arena_quant_plan *p, arena_quant_input *in, unsigned 
  * `off`), computed from `in` alone: any range, in any order, from any number
  * of threads at once (each call runs on the calling thread). A range that
  * starts or ends inside a row recomputes that row's scale (one extra read of
- * the row). The bytes are those arena_quant_run writes. Returns 0, or USAGE
- * (NULL pointers, comp or range out of bounds, a prequantized plan without
- * in->scale or with another scale dtype). */
+ * the row; for int4, a group's, a group at a time). The bytes are those
+ * arena_quant_run writes. Returns 0, or USAGE (NULL pointers, comp or range
+ * out of bounds, a prequantized plan without in->scale or with another scale
+ * dtype), or for int4 QUANT_NOT_APPLICABLE (a group the range touches is
+ * refused; the message names it). */
 int arena_quant_fill(const arena_quant_plan *p, const arena_quant_input *in, uint32_t comp, uint64_t off,
 		     uint64_t len, void *dst);
 
@@ -168,7 +189,7 @@ int arena_quant_run_scaled(const arena_quant_plan *p, const void *qsrc, arena_dt
 
 /* The tensor's values as f32 (p->nelem of them, source order) from its
  * components src[0 .. p->n_comps): q * scale for the scaled schemes (one f32
- * multiply), widened values otherwise. For `none` the source dtype must be
+ * multiply; int4: (q - z) * scale), widened values otherwise. For `none` the source dtype must be
  * F32, BF16, F16, F8_E4M3 or F8_E5M2 (QUANT_NOT_APPLICABLE otherwise). USAGE
  * for NULL pointers (with values to write). */
 int arena_quant_dequant_f32(const arena_quant_plan *p, const void *const src[], float *dst, unsigned threads);

@@ -209,5 +209,12 @@ int arena_quant_state_fill(arena_quant_state *qs, const arena_layout *l, const a
 			   uint64_t off, uint64_t len, uint8_t *dst)
 {
 	size_t i = (size_t)(t - l->tensors);
-	return arena_quant_fill(&qs->plans[i], &qs->in[i], comp, off, len, dst);
+	int rc = arena_quant_fill(&qs->plans[i], &qs->in[i], comp, off, len, dst);
+	if (rc) { /* an int4 group refused: name the file and the tensor */
+		const arena_st_tensor *src = t->src;
+		char who[1400];
+		snprintf(who, sizeof(who), "%s: tensor '%s'", src ? src->file->path : "?", arena_q(t->name));
+		arena_error_prefix(who);
+	}
+	return rc;
 }

@@ -92,13 +92,30 @@ int arena_step_end(arena *a)
 	return rc ? rc : unlock(a, arena_engine_step_end(a->e));
 }
 
-int arena_set_rest_memory(arena *a, uint64_t bytes)
+int arena_rest_report(arena *a, const arena_rest_info *r)
 {
-	int rc = lock(a, "arena_set_rest_memory");
+	int rc = lock(a, "arena_rest_report");
 	if (rc)
 		return rc;
-	arena_engine_set_rest(a->e, bytes);
-	return unlock(a, 0);
+	if (!r)
+		return unlock(a, arena_errorf(ARENA_E_USAGE, "arena_rest_report: NULL report"));
+	return unlock(a, arena_engine_rest_report(a->e, r->now, r->peak, r->work));
+}
+
+int arena_set_rest_memory(arena *a, uint64_t bytes)
+{
+	arena_rest_info r = {bytes, bytes, 0};
+	return arena_rest_report(a, &r);
+}
+
+int arena_memory_get(const arena *a, arena_memory_info *out)
+{
+	int rc = lock(a, "arena_memory_get");
+	if (rc)
+		return rc;
+	if (!out)
+		return unlock(a, arena_errorf(ARENA_E_USAGE, "arena_memory_get: NULL out"));
+	return unlock(a, arena_engine_memory(a->e, out));
 }
 
 int arena_block_keep_host(arena *a, size_t i)
@@ -137,33 +154,14 @@ int arena_sync(arena *a)
 	return unlock(a, rc);
 }
 
-/* Tensor t's dequantization job into dst from its block's bytes at `block`:
- * 0, or USAGE naming the tensor when it is stored as is or its dtypes are not
- * ones dequant.h converts. */
+/* Tensor t's dequantization job into dst from its block's bytes at `block`
+ * (formats/scheme.h's arena_quant_dequant_job, its message prefixed). */
 static int dequant_job(const arena_tensor *t, const void *block, void *dst, arena_dequant_job *j)
 {
-	arena_quant_scheme q = ARENA_QUANT_COUNT;
-	if (arena_quant_from_name(t->scheme, &q) || q == ARENA_QUANT_NONE)
-		return arena_errorf(ARENA_E_USAGE, "arena_tensor_dequantize: '%s' is stored %s: %s", arena_q(t->name),
-				    t->scheme, q == ARENA_QUANT_NONE ? "view its bytes instead" : "an unknown scheme");
-	const arena_dtype sd = t->comp[0].dtype, dd = t->dtype;
-	if ((sd != ARENA_DTYPE_F8_E4M3 && sd != ARENA_DTYPE_F8_E5M2 && sd != ARENA_DTYPE_I8 && sd != ARENA_DTYPE_BF16) ||
-	    (dd != ARENA_DTYPE_BF16 && dd != ARENA_DTYPE_F16 && dd != ARENA_DTYPE_F32))
-		return arena_errorf(ARENA_E_USAGE, "arena_tensor_dequantize: '%s': %s to %s is not a dequantization",
-				    arena_q(t->name), arena_dtype_name(sd), arena_dtype_name(dd));
-	uint64_t n = 1;
-	for (uint32_t d = 0; d < t->rank; d++)
-		n *= t->shape[d];
-	const uint8_t *base = block;
-	*j = (arena_dequant_job){.dst = dst, .src = base + t->comp[0].offset, .n = n, .cols = n,
-				 .src_dtype = sd, .dst_dtype = dd};
-	if (arena_quant_is_scaled(q)) {
-		j->scale = (const float *)(const void *)(base + t->comp[1].offset);
-		j->scale_n = t->comp[1].bytes / sizeof(float);
-		if (j->scale_n > 1)
-			j->cols = n / j->scale_n;
-	}
-	return 0;
+	int rc = arena_quant_dequant_job(t, block, dst, j);
+	if (rc)
+		arena_error_prefix("arena_tensor_dequantize");
+	return rc;
 }
 
 int arena_tensor_dequantize(arena *a, size_t tensor, const void *block, void *dst, void *stream)
@@ -380,5 +378,31 @@ int arena_sim_pressure(arena *a, uint64_t bytes)
 		rc = arena_errorf(ARENA_E_USAGE, "arena_sim_pressure: the backend is %s, not sim", a->be->ops->name);
 	else
 		rc = arena_backend_sim_pressure(a->be, bytes);
+	return unlock(a, rc);
+}
+
+int arena_sim_rest(arena *a, uint64_t bytes)
+{
+	int rc = lock(a, "arena_sim_rest");
+	if (rc)
+		return rc;
+	if (strcmp(a->be->ops->name, "sim"))
+		rc = arena_errorf(ARENA_E_USAGE, "arena_sim_rest: the backend is %s, not sim", a->be->ops->name);
+	else
+		rc = arena_backend_sim_rest(a->be, bytes);
+	return unlock(a, rc);
+}
+
+int arena_sim_peak(arena *a, int reset, uint64_t *peak)
+{
+	int rc = lock(a, "arena_sim_peak");
+	if (rc)
+		return rc;
+	if (!peak)
+		rc = arena_errorf(ARENA_E_USAGE, "arena_sim_peak: NULL peak");
+	else if (strcmp(a->be->ops->name, "sim"))
+		rc = arena_errorf(ARENA_E_USAGE, "arena_sim_peak: the backend is %s, not sim", a->be->ops->name);
+	else
+		rc = arena_backend_sim_peak(a->be, reset, peak);
 	return unlock(a, rc);
 }

@@ -406,15 +406,36 @@ class Arena:
         _check(_native.lib.arena_step_end(self._handle()))
 
     def set_rest_memory(self, nbytes: int) -> None:
-        """Under a ``vram`` cap (all the device memory the process uses): the bytes the rest
-        of the process holds on the device now (torch's allocator: what
-        ``torch.cuda.memory_reserved()`` says; ``arena.torch`` passes it before each step
-        end). What it holds past ``reserve`` comes out of the weights' budget at the next
-        step end (blocks demoted at once), and goes back to them after ``hysteresis`` steps
-        once it holds less. Without a cap it changes nothing."""
-        if nbytes < 0:
-            raise ValueError(f"set_rest_memory: {nbytes} bytes is negative")
-        _check(_native.lib.arena_set_rest_memory(self._handle(), int(nbytes)))
+        """The bytes the rest of the process holds on the device now (its peak too; the
+        same work): :meth:`rest_report` with ``now = peak = nbytes``."""
+        self.rest_report(nbytes)
+
+    def rest_report(self, now: int, peak: Optional[int] = None, work: int = 0) -> None:
+        """What the rest of the process (torch's allocator) held on the device, told at a
+        step's end before :meth:`step_end`: ``now`` what it holds at this moment
+        (``torch.cuda.memory_reserved()``), ``peak`` the most it held in the step that ends
+        (``torch.cuda.max_memory_reserved()`` since the last report; None: ``now``) and
+        ``work`` a key of the next step's work (steps with the same key need the same
+        memory; 0: the same as the step that ends). Told between steps, ``work`` names
+        the step about to begin. With ``learn_rest`` the engine learns each work's peak
+        and plans the weights around it (include/arena.h, "The process's device
+        memory"); ``arena.torch`` does all this itself."""
+        if now < 0 or (peak is not None and peak < 0):
+            raise ValueError(f"rest_report: negative bytes ({now}, {peak})")
+        r = _native.RestInfo(int(now), int(peak if peak is not None else now), int(work) & (2**64 - 1))
+        _check(_native.lib.arena_rest_report(self._handle(), ctypes.byref(r)))
+
+    def memory(self) -> Dict[str, int]:
+        """The process's device memory as the engine sees it now: ``cap`` (0: none),
+        ``process`` (the driver's figure for the process; 0: unknown), ``other`` (what
+        it holds beside arena and the rest: its CUDA context), ``arena`` (arena's own
+        bytes), ``rest`` (the rest's, as last told), ``rest_need`` (what the plan leaves
+        it at its peak), ``rest_limit`` (the most it may hold in a step for the process
+        to stay within the cap; 0: no cap), ``headroom``, ``learned`` (the need of the
+        next step's work is learned), ``other_measured``, ``works`` (learned so far)."""
+        m = _native.MemoryInfo()
+        _check(_native.lib.arena_memory_get(self._handle(), ctypes.byref(m)))
+        return {f[0]: int(getattr(m, f[0])) for f in _native.MemoryInfo._fields_}
 
     def acquire(self, block: Union[int, str], stream: Optional[int] = None) -> int:
         """Make ``stream`` (a native stream handle; None: the default stream, and on
@@ -532,6 +553,18 @@ class Arena:
         """sim only: hold ``nbytes`` of the simulated device as another program would (0 frees)."""
         _check(_native.lib.arena_sim_pressure(self._handle(), parse_size(nbytes, "sim_pressure") or 0))
 
+    def sim_rest(self, nbytes: Size) -> None:
+        """sim only: the rest of this process (a modelled framework allocator) holds
+        ``nbytes`` of the simulated device from now on (DEV_OOM when it is not free)."""
+        _check(_native.lib.arena_sim_rest(self._handle(), parse_size(nbytes, "sim_rest") or 0))
+
+    def sim_peak(self, reset: bool = False) -> int:
+        """sim only: the most device memory the simulated process held (context, rest and
+        arena's) since the arena was opened or the last call with ``reset``."""
+        v = ctypes.c_uint64()
+        _check(_native.lib.arena_sim_peak(self._handle(), int(bool(reset)), ctypes.byref(v)))
+        return int(v.value)
+
 
 def _mode(mode: str) -> int:
     if mode == "sample":
@@ -569,6 +602,8 @@ def open(
     learn: bool = True,
     sim_capacity: Size = None,
     sim_bandwidth: Optional[float] = None,
+    sim_context: Size = None,
+    learn_rest: bool = False,
     piece_size: Size = None,
     host_budget: Size = None,
     plain_stream: bool = False,
@@ -579,16 +614,25 @@ def open(
 
     device: ``"cuda"``, ``"cuda:N"``, ``N``, ``"sim"`` (the simulator) or None (the
       GPU when one is usable, else the simulator).
-    vram: device memory arena may use (bytes or "8G"); None = what is free. When
-      the model does not fit, what fits stays resident and the rest is streamed.
+    vram: all the device memory the process may hold, as the driver counts it (its
+      CUDA context, torch's allocator and arena's own; bytes or "8G"); None = what
+      the device has free, following other programs as they take and give back
+      memory. When the model does not fit, what fits stays resident and the rest
+      is streamed.
     quant: safetensors inputs only: store block weights quantized
       ("fp8-e4m3-row", "int8-row", ...; see docs/QUANT.md).
     mode: "sample" (forward) or "train" (forward, then backward with recompute).
-    headroom, reserve: device slack and working memory for activations kept out
-      of the weights budget (None: the library's defaults; 0: none).
+    headroom, reserve: device slack, and the memory the rest of the process
+      (torch) needs at its peak in a step, kept out of the weights budget (None:
+      the library's defaults, or with ``learn_rest`` the reserve learned; 0: none).
     depth, keep_last: the ring's depth and train's extra slots (None: defaults).
     profile: a compute profile file to plan by; learn: learn one on the device.
-    sim_capacity, sim_bandwidth: the simulated device's size and copy rate.
+    sim_capacity, sim_bandwidth: the simulated device's size and copy rate;
+      sim_context: its modelled CUDA context, counted in the process's memory.
+    learn_rest: the caller tells the engine what the rest of the process (torch)
+      holds at each step's end (:meth:`Arena.rest_report`): the reserve is learned
+      per mode and work instead of ``reserve`` (a reserve given turns it off).
+      ``arena.torch.attach`` sets it on CUDA.
     piece_size: images only: stream blocks larger than this in pieces (the
       arena's blocks are then the pieces, "transformer_blocks.3#0", ...): the
       model runs in less memory, and more of it stays resident beside a
@@ -662,10 +706,12 @@ def open(
     o.keep_last = 0 if keep_last is None else (keep_last or _native.ZERO_COUNT)
     o.flags = ((_native.OPEN_STRICT if strict else 0) | (0 if learn else _native.OPEN_NO_LEARN)
                | (_native.OPEN_PLAIN_STREAM if plain_stream else 0)
-               | (_native.OPEN_RELEASE_HOST if release_host else 0))
+               | (_native.OPEN_RELEASE_HOST if release_host else 0)
+               | (_native.OPEN_LEARN_REST if learn_rest else 0))
     o.profile = os.fsencode(profile) if profile else None
     o.sim_capacity = parse_size(sim_capacity, "sim_capacity") or 0
     o.sim_bandwidth = float(sim_bandwidth or 0)
+    o.sim_context = parse_size(sim_context, "sim_context") or 0
     if isinstance(piece_size, str) and piece_size.strip().lower() == "auto":
         o.piece_size = _native.PIECE_AUTO
     else:

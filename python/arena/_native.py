@@ -34,6 +34,7 @@ OPEN_NO_LEARN = 2
 OPEN_FIXED_SCHEDULE = 4
 OPEN_PLAIN_STREAM = 8
 OPEN_RELEASE_HOST = 16
+OPEN_LEARN_REST = 32
 
 
 class OpenOptions(Structure):
@@ -57,6 +58,27 @@ class OpenOptions(Structure):
         ("piece_size", c_uint64),
         ("host_budget", c_uint64),
         ("payback_steps", c_uint),
+        ("sim_context", c_uint64),
+    ]
+
+
+class RestInfo(Structure):
+    _fields_ = [("now", c_uint64), ("peak", c_uint64), ("work", c_uint64)]
+
+
+class MemoryInfo(Structure):
+    _fields_ = [
+        ("cap", c_uint64),
+        ("process", c_uint64),
+        ("other", c_uint64),
+        ("arena", c_uint64),
+        ("rest", c_uint64),
+        ("rest_need", c_uint64),
+        ("rest_limit", c_uint64),
+        ("headroom", c_uint64),
+        ("learned", c_int),
+        ("other_measured", c_int),
+        ("works", c_uint),
     ]
 
 
@@ -278,6 +300,8 @@ _SIGS = {
     "arena_step_end": (c_int, [_P]),
     "arena_set_mode": (c_int, [_P, c_int]),
     "arena_set_rest_memory": (c_int, [_P, c_uint64]),
+    "arena_rest_report": (c_int, [_P, POINTER(RestInfo)]),
+    "arena_memory_get": (c_int, [_P, POINTER(MemoryInfo)]),
     "arena_block_keep_host": (c_int, [_P, c_size_t]),
     "arena_mode": (c_int, [_P]),
     "arena_sync": (c_int, [_P]),
@@ -295,6 +319,8 @@ _SIGS = {
     # the JSON string comes back as a raw pointer: it is freed by arena_string_free
     "arena_inspect": (c_int, [c_char_p, POINTER(c_void_p)]),
     "arena_string_free": (None, [c_void_p]),
+    "arena_sim_rest": (c_int, [_P, c_uint64]),
+    "arena_sim_peak": (c_int, [_P, c_int, POINTER(c_uint64)]),
 }
 for _name, (_res, _args) in _SIGS.items():
     _f = getattr(lib, _name)
@@ -312,6 +338,8 @@ for _cls, _cname in (
     (BadChunk, b"arena_bad_chunk"),
     (VerifyOptions, b"arena_verify_options"),
     (VerifyInfo, b"arena_verify_info"),
+    (RestInfo, b"arena_rest_info"),
+    (MemoryInfo, b"arena_memory_info"),
 ):
     _want = lib.arena_sizeof(_cname)
     if _want != ctypes.sizeof(_cls):

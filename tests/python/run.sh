@@ -59,10 +59,31 @@ arena export -q "$T/dtypes-zstd.arena" -o "$T/dtypes-zstd.safetensors"
 arena convert -q "$REF/tiny_flux.safetensors" --quant fp8-e4m3-row -o "$T/flux-q.arena"
 arena verify "$T/flux-q.arena" >/dev/null
 arena export -q "$T/flux-q.arena" -o "$T/flux-q.safetensors"
-# The quantized export against its source, tensor by tensor (40 pairs at least).
+arena convert -q "$REF/tiny_flux.safetensors" --quant int4-g64 -o "$T/flux-q4.arena"
+arena verify "$T/flux-q4.arena" >/dev/null
+arena export -q "$T/flux-q4.arena" -o "$T/flux-q4.safetensors"
+# The quantized exports against their source, tensor by tensor (40 quantized at least).
 "$V/bin/python" tests/python/check_quant.py "$REF/tiny_flux.safetensors" "$T/flux-q.safetensors" 40 >"$T/quant.out" 2>&1
 q=$?
 sed 's/^/quantized export of tiny_flux: /' "$T/quant.out"
+"$V/bin/python" tests/python/check_quant.py "$REF/tiny_flux.safetensors" "$T/flux-q4.safetensors" 40 >"$T/quant4.out" 2>&1
+q4=$?
+sed 's/^/int4 export of tiny_flux: /' "$T/quant4.out"
+# The int4 schemes against torch ops (images, exports, Arena.dequantize on
+# sim): with the torch of BUILD/venv-torch (run_torch.sh makes it), the
+# package from python/ and BUILD's libarena.so.
+TV=$B/venv-torch
+i4=0
+if [ -x "$TV/bin/python" ] && "$TV/bin/python" -c "import torch, safetensors" 2>/dev/null && [ -f "$B/libarena.so" ]; then
+	ARENA_LIBRARY=$(pwd)/$B/libarena.so PYTHONPATH=$(pwd)/python "$TV/bin/python" tests/python/check_int4.py "$A" "$T" >"$T/int4.out" 2>&1
+	i4=$?
+	sed 's/^/int4 against torch: /' "$T/int4.out"
+	i4n="$(sed -n 's/^\([0-9]*\) passed, 0 failed$/\1/p' "$T/int4.out") int4 checks against torch"
+else
+	echo "int4 against torch: SKIPPED (no torch in $TV yet, or no $B/libarena.so: run_torch.sh makes the one, make lib the other)"
+	echo "python int4 against torch (no torch in $TV, or no $B/libarena.so)" >"$SKIPPED"
+	i4n=
+fi
 "$V/bin/python" tests/python/check_export.py \
 	"$REF/tiny_flux.safetensors" "$T/flux.safetensors" \
 	"$REF/tiny_llama_sharded" "$T/llama.safetensors" \
@@ -72,5 +93,5 @@ sed 's/^/quantized export of tiny_flux: /' "$T/quant.out"
 	"$REF/tiny_flux.safetensors" "$T/flux-zstd.safetensors" \
 	"$REF/dtypes.safetensors" "$T/dtypes-zstd.safetensors" | tee "$T/export.out"
 e=$(sed -n 's/^\([0-9]*\) passed, 0 failed$/\1/p' "$T/export.out")
-[ -n "$e" ] && [ $q = 0 ] || exit 1
-echo "python interop $(sed -n 's/^\([0-9]*\) passed, 0 failed$/\1/p' "$T/quant.out") tensors + $e files" >"$S/python"
+[ -n "$e" ] && [ $q = 0 ] && [ $q4 = 0 ] && [ $i4 = 0 ] || exit 1
+echo "python interop $(sed -n 's/^\([0-9]*\) passed, 0 failed$/\1/p' "$T/quant.out") + $(sed -n 's/^\([0-9]*\) passed, 0 failed$/\1/p' "$T/quant4.out") tensors + $e files${i4n:+ + $i4n}" >"$S/python"

@@ -58,7 +58,7 @@ IMG = os.path.join(TMP, "tiny_flux.arena")
 subprocess.run([ARENA_BIN, "convert", "-q", os.path.join(FIX, "tiny_flux.safetensors"), "-o", IMG], check=True)
 
 # Streaming on the simulator: a device smaller than the model.
-STREAM = dict(device="sim", sim_capacity="295K", headroom=0, reserve=0, keep_last=0)
+STREAM = dict(device="sim", sim_capacity="295K", headroom=0, reserve=0, keep_last=0, piece_size=0)  # whole blocks
 RESIDENT = dict(device="sim", sim_capacity="16G")
 
 
@@ -452,6 +452,95 @@ class Sampling(unittest.TestCase):
         h.detach()
 
 
+def inputs_t(T: int, seed: int = 0) -> dict:
+    """inputs() with T image tokens: another resolution, another work."""
+    x = inputs(seed)
+    g = torch.Generator().manual_seed(seed + 100)
+    x["hidden_states"] = torch.randn(1, T, 16, generator=g).to(torch.bfloat16)
+    x["img_ids"] = torch.zeros(T, 3)
+    return x
+
+
+class ZeroSettings(unittest.TestCase):
+    """attach(module, image) with nothing else runs, equal to the plain model; under
+    vram, torch's need is learned per work and the process stays within it."""
+
+    def test_no_arguments_sampling_equals_plain(self):
+        want = model(meta=False)(**inputs()).sample
+        for opts in ({}, {"sim_capacity": "200K"}):  # the default card, and one smaller than the model
+            with self.subTest(**opts):
+                m = model()
+                h = at.attach(m, IMG, **opts)
+                with torch.no_grad():
+                    for _ in range(3):
+                        self.assertTrue(torch.equal(m(**inputs()).sample, want))
+                h.end_step()
+                if opts:
+                    self.assertGreater(h.plan()["n_streamed"], 0, "the small card streams")
+                    self.assertGreater(h.plan()["piece_size"], 0, "in pieces: piece_size defaults to auto")
+                h.detach()
+
+    def test_no_arguments_training_equals_plain(self):
+        m0 = model(meta=False)
+        add_lora(m0)
+        want = train_steps(m0)
+        for opts in ({}, {"sim_capacity": "260K"}):
+            with self.subTest(**opts):
+                m = model()
+                h = at.attach(m, IMG, mode="train", **opts)
+                add_lora(m)
+                same_step(self, train_steps(m), want)
+                h.end_step()
+                if opts:
+                    self.assertGreater(h.plan()["n_streamed"], 0)
+                h.detach()
+
+    def test_torch_need_is_learned_per_work_and_vram_holds(self):
+        """A modelled torch on the simulator (its allocator's memory in the simulated
+        process, held as a cache between steps): 40 KiB at 16 tokens, 120 KiB at 48.
+        Each new resolution's first step runs with the weights at their smallest, then
+        its need is learned; the simulated process never holds more than vram, torch
+        never asks past the limit arena leaves it, every output equals the plain model's."""
+        cap = 420 << 10
+        m = model()
+        h = at.attach(m, IMG, device="sim", sim_capacity="16G", sim_context="24K", vram=cap, learn_rest=True)
+        self.assertTrue(h.arena.memory()["cap"] == cap)
+        torch_ = {"held": 0, "peak": 0}
+
+        def demand(mod, args, kwargs):  # the first block's input: its tokens say the work
+            T = (kwargs.get("hidden_states") if "hidden_states" in kwargs else args[0]).shape[1]
+            need = 40 << 10 if T == 16 else 120 << 10
+            if need > torch_["held"]:
+                lim = h.arena.memory()["rest_limit"]
+                self.assertLessEqual(need, lim, f"torch at {T} tokens asked past its limit")
+                h.arena.sim_rest(need)
+                torch_["held"] = need
+            torch_["peak"] = max(torch_["peak"], need)
+
+        hook = m.single_transformer_blocks[0].register_forward_pre_hook(demand, with_kwargs=True)
+        h._rest_memory = lambda: torch_["held"]
+        h._rest_peak = lambda: torch_["peak"]
+        h._rest_reset = lambda: torch_.update(peak=torch_["held"])
+        plain = model(meta=False)
+        wants = {T: plain(**inputs_t(T)).sample for T in (16, 48)}
+        at_open = h.plan()["resident_bytes"]
+        with torch.no_grad():
+            for k, T in enumerate([16, 16, 16, 48, 48, 48, 16, 16]):
+                self.assertTrue(torch.equal(m(**inputs_t(T)).sample, wants[T]), (k, T))
+                h.end_step()
+                peak = h.arena.sim_peak(reset=True)
+                self.assertLessEqual(peak, cap, f"step {k} ({T} tokens): the process held {peak} over vram {cap}")
+        mem = h.arena.memory()
+        self.assertEqual(mem["works"], 2)
+        self.assertTrue(mem["learned"])
+        self.assertEqual(mem["other"], 24 << 10, "the context is what the process holds beside arena and torch")
+        st = h.stats()
+        self.assertGreater(st[0]["resident_bytes"], at_open, "the learned need gave the weights room")
+        self.assertLess(st[3]["resident_bytes"], st[2]["resident_bytes"], "the new resolution's need took room back")
+        hook.remove()
+        h.detach()
+
+
 class Training(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -577,7 +666,7 @@ class Pieces(unittest.TestCase):
     def test_sampling_below_the_whole_block_floor(self):
         # Whole blocks need 280.5 KiB; in 4 KiB pieces the model runs in 120 KiB.
         with self.assertRaises(arena.Error) as cm:
-            at.attach(model(), IMG, device="sim", sim_capacity="120K", headroom=0, reserve=0, keep_last=0)
+            at.attach(model(), IMG, device="sim", sim_capacity="120K", headroom=0, reserve=0, keep_last=0, piece_size=0)
         self.assertEqual(cm.exception.code, "BUDGET")
         for cap in ("120K", "200K", "295K", "16G"):
             m = model()
@@ -823,7 +912,7 @@ class Quantized(unittest.TestCase):
 
     SCHEMES = ("fp8-e4m3-row", "fp8-e4m3-tensor", "fp8-e4m3", "fp8-e5m2", "int8-row")
     # the images are ~183 KiB: whole blocks stream with a ring of two slots
-    STREAM = dict(device="sim", sim_capacity="150K", headroom=0, reserve=0, keep_last=0, depth=1)
+    STREAM = dict(device="sim", sim_capacity="150K", headroom=0, reserve=0, keep_last=0, depth=1, piece_size=0)
     PIECES = dict(device="sim", sim_capacity="120K", headroom=0, reserve=0, keep_last=0, piece_size="16K")
 
     @classmethod

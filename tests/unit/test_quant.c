@@ -105,6 +105,30 @@ static void *xmalloc(size_t n)
 	return p;
 }
 
+static int is_int4(int s)
+{
+	return arena_quant_group((arena_quant_scheme)s) != 0;
+}
+
+/* A copy of n values of dtype dt (F32, BF16 or F16) that the int4 schemes
+ * take: NaN, infinities and |x| >= 2^126 (a group's range would overflow)
+ * made 0 (int4 refuses them: the int4_refuses_* tests). */
+static void *int4_safe(const void *src, arena_dtype dt, uint64_t n)
+{
+	void *out = xmalloc(n * (dt == ARENA_DTYPE_F32 ? 4 : 2));
+	for (uint64_t i = 0; i < n; i++) {
+		if (dt == ARENA_DTYPE_F32) {
+			float v = ((const float *)src)[i];
+			((float *)out)[i] = isfinite(v) && fabsf(v) < 0x1p126f ? v : 0.0f;
+		} else {
+			uint16_t h = ((const uint16_t *)src)[i];
+			const int bad = dt == ARENA_DTYPE_BF16 ? (h & 0x7F00) >= 0x7E00 : (h & 0x7C00) == 0x7C00;
+			((uint16_t *)out)[i] = bad ? 0 : h;
+		}
+	}
+	return out;
+}
+
 /* ---- the reference file --------------------------------------------------------- */
 
 static arena_st_file *ref;
@@ -295,6 +319,99 @@ Test(quant_ref, inputs_cover_the_edges)
 		  sub, past_e4m3, past_e5m2);
 }
 
+/* ---- the int4 reference file (fixtures/int4_reference.safetensors) ------------------------- */
+
+/* Every input of the file (the tensors not named int4_*), under every group
+ * size: codes, scales and zero points byte for byte, and the values in the
+ * input's dtype (dequant_f32, then the cast) against torch's
+ * ((q - z) * s).to(dtype). */
+Test(int4_ref, every_input_and_group_size)
+{
+	arena_st_file *f;
+	const char *path = fixture_path("int4_reference.safetensors");
+	cr_assert_eq(arena_st_open(path, &f), 0, "%s: %s", path, arena_last_error());
+	arena_st_file *saved = ref;
+	ref = f; /* meta_says reads `ref` */
+	meta_says("int4", (const char *[]){"min(0,min(x))", "(hi-lo)/15", "round(-lo/d)", "round(x/d)+z",
+					    "low nibble", NULL});
+	meta_says("int4_dq", (const char *[]){"(q-z)", "to(source dtype)", NULL});
+	ref = saved;
+	const arena_quant_scheme schemes[] = {ARENA_QUANT_INT4_G32, ARENA_QUANT_INT4_G64, ARENA_QUANT_INT4_G128};
+	size_t inputs = 0;
+	for (size_t i = 0; i < f->n_tensors; i++) {
+		const arena_st_tensor *in = &f->tensors[i];
+		if (!strncmp(in->name, "int4_", 5))
+			continue;
+		inputs++;
+		for (size_t g = 0; g < 3; g++) {
+			outbuf o;
+			run_scheme(&o, schemes[g], in->dtype, in->rank, in->shape, arena_st_data(in), 0);
+			const char *sfx[] = {"q", "s", "z"};
+			for (size_t c = 0; c < 3; c++) {
+				char nm[128];
+				snprintf(nm, sizeof(nm), "int4_g%u_%s_%s", arena_quant_group(schemes[g]), in->name, sfx[c]);
+				const arena_st_tensor *w = arena_st_find(f, nm);
+				cr_assert_not_null(w, "%s missing", nm);
+				cr_assert_eq(w->dtype, o.p.comps[c].dtype, "%s: %s", nm, arena_dtype_name(w->dtype));
+				cr_assert_eq(w->rank, o.p.comps[c].rank, "%s", nm);
+				for (uint32_t k = 0; k < w->rank; k++)
+					cr_assert_eq(w->shape[k], o.p.comps[c].shape[k], "%s dim %u", nm, k);
+				cr_assert_eq(w->nbytes, o.p.comps[c].nbytes, "%s", nm);
+				assert_same_bytes(o.comp[c], arena_st_data(w), w->nbytes, nm);
+			}
+			char nm[128];
+			snprintf(nm, sizeof(nm), "int4_g%u_%s_dq", arena_quant_group(schemes[g]), in->name);
+			const arena_st_tensor *dq = arena_st_find(f, nm);
+			cr_assert_not_null(dq, "%s missing", nm);
+			cr_assert(dq->dtype == in->dtype && dq->nelem == in->nelem, "%s", nm);
+			float *v = xmalloc(in->nelem * 4);
+			unsigned char *out = xmalloc(dq->nbytes);
+			cr_assert_eq(arena_quant_dequant_f32(&o.p, (const void *const[]){o.comp[0], o.comp[1], o.comp[2]}, v, 0), 0);
+			cr_assert_eq(arena_quant_cast(in->dtype, out, ARENA_DTYPE_F32, v, in->nelem, 0), 0);
+			assert_same_bytes(out, arena_st_data(dq), dq->nbytes, nm);
+			free(v);
+			free(out);
+			out_free(&o);
+		}
+	}
+	cr_assert_eq(inputs, 6);
+	arena_st_close(f);
+}
+
+/* The reference inputs hold what the rule's edges need: a group of zeros
+ * (scale 0), an f16 scale that underflows, all-positive and all-negative
+ * groups, rows not a multiple of the groups, odd rows, rank 1 and 3. */
+Test(int4_ref, inputs_cover_the_edges)
+{
+	arena_st_file *f;
+	cr_assert_eq(arena_st_open(fixture_path("int4_reference.safetensors"), &f), 0, "%s", arena_last_error());
+	int zero_scale = 0, tiny_f16 = 0, z0 = 0, z15 = 0, odd = 0, rank1 = 0, rank3 = 0;
+	for (size_t i = 0; i < f->n_tensors; i++) {
+		const arena_st_tensor *t = &f->tensors[i];
+		size_t n = strlen(t->name);
+		if (!strncmp(t->name, "int4_", 5) && t->name[n - 1] == 's' && t->name[n - 2] == '_') {
+			for (uint64_t k = 0; k < t->nelem; k++) {
+				uint16_t h = t->dtype == ARENA_DTYPE_F32 ? 1 : ((const uint16_t *)(const void *)arena_st_data(t))[k];
+				zero_scale += h == 0;
+				tiny_f16 += t->dtype == ARENA_DTYPE_F16 && h > 0 && h < 0x0400; /* subnormal */
+			}
+		}
+		if (!strncmp(t->name, "int4_", 5) && t->name[n - 1] == 'z' && t->name[n - 2] == '_')
+			for (uint64_t k = 0; k < t->nelem; k++) {
+				z0 += arena_st_data(t)[k] == 0;
+				z15 += arena_st_data(t)[k] == 15;
+			}
+		if (strncmp(t->name, "int4_", 5)) {
+			odd += t->rank == 2 && t->shape[1] % 2 && t->shape[1] % 32;
+			rank1 += t->rank == 1;
+			rank3 += t->rank == 3;
+		}
+	}
+	cr_expect(zero_scale && tiny_f16 && z0 && z15 && odd && rank1 && rank3, "%d %d %d %d %d %d %d", zero_scale,
+		  tiny_f16, z0, z15, odd, rank1, rank3);
+	arena_st_close(f);
+}
+
 /* F16 sources take the same path after an exact widening: a scheme on F16
  * data equals the scheme on the same values as F32. */
 Test(quant, f16_source_equals_f32_source)
@@ -306,7 +423,9 @@ Test(quant, f16_source_equals_f32_source)
 	for (uint64_t i = 0; i < n; i++)
 		h[i] = (uint16_t)rnd();
 	cr_assert_eq(arena_quant_cast(ARENA_DTYPE_F32, f, ARENA_DTYPE_F16, h, n, 0), 0);
-	for (int s = 1; s < ARENA_QUANT_COUNT; s++) {
+	/* not int4: its scale is stored in the source's dtype, so F16 and F32
+	 * sources differ by design (int4_against_scalar_reference checks both) */
+	for (int s = 1; s < ARENA_QUANT_COUNT && !is_int4(s); s++) {
 		outbuf a, b;
 		run_scheme(&a, (arena_quant_scheme)s, ARENA_DTYPE_F16, 2, shape, h, 0);
 		run_scheme(&b, (arena_quant_scheme)s, ARENA_DTYPE_F32, 2, shape, f, 0);
@@ -341,8 +460,9 @@ static void expect_plan_error(int want, arena_quant_scheme s, arena_dtype dt, ui
 Test(quant, names)
 {
 	arena_quant_scheme s;
-	const char *names[] = {"none", "bf16", "fp8-e4m3", "fp8-e4m3-tensor", "fp8-e4m3-row", "int8-row", "fp8-e5m2"};
-	cr_assert_eq(ARENA_QUANT_COUNT, 7);
+	const char *names[] = {"none",     "bf16",     "fp8-e4m3", "fp8-e4m3-tensor", "fp8-e4m3-row",
+			       "int8-row", "fp8-e5m2", "int4-g32", "int4-g64",        "int4-g128"};
+	cr_assert_eq(ARENA_QUANT_COUNT, 10);
 	for (int i = 0; i < ARENA_QUANT_COUNT; i++) {
 		cr_assert_eq(arena_quant_from_name(names[i], &s), 0, "%s", names[i]);
 		cr_assert_eq((int)s, i);
@@ -358,6 +478,13 @@ Test(quant, names)
 	cr_assert_eq(arena_quant_from_name("FP8-E4M3", &s), ARENA_E(QUANT_UNKNOWN_SCHEME));
 	cr_assert_eq(arena_quant_from_name("", &s), ARENA_E(QUANT_UNKNOWN_SCHEME));
 	cr_assert_eq(arena_quant_from_name(NULL, &s), ARENA_E_USAGE);
+	cr_assert_eq(arena_quant_from_name("int4", &s), ARENA_E(QUANT_UNKNOWN_SCHEME));
+	cr_assert_not_null(strstr(arena_last_error(), "int4-g64"), "%s", arena_last_error());
+	cr_assert_eq(arena_quant_group(ARENA_QUANT_INT4_G32), 32);
+	cr_assert_eq(arena_quant_group(ARENA_QUANT_INT4_G64), 64);
+	cr_assert_eq(arena_quant_group(ARENA_QUANT_INT4_G128), 128);
+	cr_assert_eq(arena_quant_group(ARENA_QUANT_INT8_ROW), 0);
+	cr_assert(arena_quant_is_scaled(ARENA_QUANT_INT4_G64) && !arena_quant_is_row(ARENA_QUANT_INT4_G64));
 }
 
 Test(quant, plan_errors)
@@ -390,6 +517,12 @@ Test(quant, plan_errors)
 	expect_plan_error(NA, ARENA_QUANT_FP8_E4M3_ROW, ARENA_DTYPE_BF16, 2, zr, "empty");
 	expect_plan_error(NA, ARENA_QUANT_INT8_ROW, ARENA_DTYPE_BF16, 2, zc, "empty");
 	expect_plan_error(NA, ARENA_QUANT_FP8_E4M3_TENSOR, ARENA_DTYPE_BF16, 1, z1, "empty");
+	/* int4: any rank, but values; only wide float sources */
+	expect_plan_error(NA, ARENA_QUANT_INT4_G64, ARENA_DTYPE_BF16, 2, zr, "empty");
+	expect_plan_error(NA, ARENA_QUANT_INT4_G32, ARENA_DTYPE_F16, 2, zc, "empty");
+	expect_plan_error(NA, ARENA_QUANT_INT4_G128, ARENA_DTYPE_F32, 1, z1, "empty");
+	expect_plan_error(NA, ARENA_QUANT_INT4_G64, ARENA_DTYPE_F8_E4M3, 2, w, "BF16, F16 or F32");
+	expect_plan_error(NA, ARENA_QUANT_INT4_G64, ARENA_DTYPE_U8, 2, w, "U8");
 	/* sizes */
 	expect_plan_error(NA, ARENA_QUANT_NONE, ARENA_DTYPE_BF16, 9, r9, "rank 9");
 	expect_plan_error(NA, ARENA_QUANT_NONE, ARENA_DTYPE_F32, 2, big, NULL);
@@ -402,6 +535,7 @@ Test(quant, plan_errors)
 	cr_assert_eq(arena_quant_plan_prequant(&p, ARENA_QUANT_INT8_ROW, 2, w, "x"), NA);
 	cr_assert_eq(arena_quant_plan_prequant(&p, ARENA_QUANT_FP8_E4M3, 2, w, "x"), NA);
 	cr_assert_eq(arena_quant_plan_prequant(&p, ARENA_QUANT_FP8_E4M3_ROW, 1, v, "x"), NA);
+	cr_assert_eq(arena_quant_plan_prequant(&p, ARENA_QUANT_INT4_G64, 2, w, "x"), NA);
 	cr_assert_eq(arena_err_class(NA), ARENA_CLASS_USAGE);
 }
 
@@ -453,6 +587,26 @@ Test(quant, plan_components)
 	expect_comp(&p.comps[1], "scale", ARENA_DTYPE_F32, 4, (const uint64_t[]){8, 1, 1, 1}, 32);
 	cr_assert_eq(p.rows, 8);
 	cr_assert_eq(p.cols, 75);
+
+	/* int4: codes [rows, ceil(cols / 2)], scale [rows, groups] in the
+	 * source's dtype, zero points [rows, groups]; a vector is one row, a
+	 * rank-4 tensor rows of the other dims */
+	cr_assert_eq(arena_quant_plan_init(&p, ARENA_QUANT_INT4_G64, ARENA_DTYPE_BF16, 2, w, NULL), 0);
+	cr_assert_eq(p.n_comps, 3);
+	expect_comp(&p.comps[0], "qdata", ARENA_DTYPE_U8, 2, (const uint64_t[]){64, 128}, 64 * 128);
+	expect_comp(&p.comps[1], "scale", ARENA_DTYPE_BF16, 2, (const uint64_t[]){64, 4}, 64 * 4 * 2);
+	expect_comp(&p.comps[2], "zero", ARENA_DTYPE_U8, 2, (const uint64_t[]){64, 4}, 64 * 4);
+	cr_assert(p.rows == 64 && p.cols == 256 && p.group == 64 && p.groups == 4);
+	cr_assert_eq(arena_quant_plan_init(&p, ARENA_QUANT_INT4_G32, ARENA_DTYPE_F32, 1, v, NULL), 0);
+	expect_comp(&p.comps[0], "qdata", ARENA_DTYPE_U8, 2, (const uint64_t[]){1, 4}, 4);
+	expect_comp(&p.comps[1], "scale", ARENA_DTYPE_F32, 2, (const uint64_t[]){1, 1}, 4);
+	expect_comp(&p.comps[2], "zero", ARENA_DTYPE_U8, 2, (const uint64_t[]){1, 1}, 1);
+	cr_assert_eq(arena_quant_plan_init(&p, ARENA_QUANT_INT4_G128, ARENA_DTYPE_F16, 4, c4, NULL), 0);
+	expect_comp(&p.comps[0], "qdata", ARENA_DTYPE_U8, 2, (const uint64_t[]){8, 38}, 8 * 38);
+	expect_comp(&p.comps[1], "scale", ARENA_DTYPE_F16, 2, (const uint64_t[]){8, 1}, 16);
+	cr_assert(p.rows == 8 && p.cols == 75 && p.groups == 1);
+	cr_assert_eq(arena_quant_plan_init(&p, ARENA_QUANT_INT4_G32, ARENA_DTYPE_BF16, 0, NULL, NULL), 0);
+	expect_comp(&p.comps[0], "qdata", ARENA_DTYPE_U8, 2, (const uint64_t[]){1, 1}, 1); /* a scalar: one row of 1 */
 
 	/* empty tensors are fine for unscaled schemes */
 	cr_assert_eq(arena_quant_plan_init(&p, ARENA_QUANT_FP8_E4M3, ARENA_DTYPE_BF16, 2, (const uint64_t[]){0, 4}, NULL),
@@ -506,7 +660,9 @@ Test(quant, unaligned_pointers)
 {
 	const uint64_t w[] = {3, 1100};
 	const uint64_t n = w[0] * w[1];
-	unsigned char *src = xmalloc(n * 4 + 1), *a0 = xmalloc(n * 2 + 1), *a1 = xmalloc(16 + 1);
+	unsigned char *src = xmalloc(n * 4 + 1), *a[ARENA_QUANT_MAX_COMPONENTS];
+	for (size_t c = 0; c < ARENA_QUANT_MAX_COMPONENTS; c++)
+		a[c] = xmalloc(n * 2 + 1);
 	float *f = xmalloc(n * 4);
 	for (uint64_t i = 0; i < n; i++)
 		f[i] = rnd_finite();
@@ -514,15 +670,14 @@ Test(quant, unaligned_pointers)
 	for (int s = 1; s < ARENA_QUANT_COUNT; s++) {
 		outbuf ref_out;
 		run_scheme(&ref_out, (arena_quant_scheme)s, ARENA_DTYPE_F32, 2, w, f, 1);
-		cr_assert_eq(arena_quant_run(&ref_out.p, src + 1, (void *[]){a0 + 1, a1 + 1}, 1), 0);
-		assert_same_bytes(a0 + 1, ref_out.comp[0], ref_out.p.comps[0].nbytes, arena_quant_name((arena_quant_scheme)s));
-		if (ref_out.p.n_comps > 1)
-			assert_same_bytes(a1 + 1, ref_out.comp[1], ref_out.p.comps[1].nbytes, "scale");
+		cr_assert_eq(arena_quant_run(&ref_out.p, src + 1, (void *[]){a[0] + 1, a[1] + 1, a[2] + 1}, 1), 0);
+		for (size_t c = 0; c < ref_out.p.n_comps; c++)
+			assert_same_bytes(a[c] + 1, ref_out.comp[c], ref_out.p.comps[c].nbytes, ref_out.p.comps[c].name);
 		out_free(&ref_out);
 	}
 	free(src);
-	free(a0);
-	free(a1);
+	for (size_t c = 0; c < ARENA_QUANT_MAX_COMPONENTS; c++)
+		free(a[c]);
 	free(f);
 }
 
@@ -538,11 +693,13 @@ Test(quant, thread_count_does_not_change_results)
 		f[i] = rnd_value(); /* NaN rows included */
 	uint16_t *b = xmalloc(n * 2);
 	cr_assert_eq(arena_quant_cast(ARENA_DTYPE_BF16, b, ARENA_DTYPE_F32, f, n, 1), 0);
+	float *f4 = int4_safe(f, ARENA_DTYPE_F32, n);
+	uint16_t *b4 = int4_safe(b, ARENA_DTYPE_BF16, n);
 	const unsigned threads[] = {2, 3, 7, 0, 64};
 	for (int dt = 0; dt < 2; dt++) {
 		arena_dtype sdt = dt ? ARENA_DTYPE_BF16 : ARENA_DTYPE_F32;
-		const void *src = dt ? (const void *)b : (const void *)f;
 		for (int s = 0; s < ARENA_QUANT_COUNT; s++) {
+			const void *src = dt ? (const void *)(is_int4(s) ? b4 : b) : (const void *)(is_int4(s) ? f4 : f);
 			outbuf one;
 			run_scheme(&one, (arena_quant_scheme)s, sdt, 2, w, src, 1);
 			for (size_t t = 0; t < sizeof(threads) / sizeof(threads[0]); t++) {
@@ -562,6 +719,8 @@ Test(quant, thread_count_does_not_change_results)
 	cr_assert_eq(bits_of(m1), bits_of(m7));
 	free(f);
 	free(b);
+	free(f4);
+	free(b4);
 }
 
 /* Converting in pieces (rows, elements) gives the bytes of one run. */
@@ -578,7 +737,7 @@ Test(quant, pieces_equal_one_run)
 		run_scheme(&parts, (arena_quant_scheme)s, ARENA_DTYPE_BF16, 2, w, b, 1);
 		for (size_t c = 0; c < parts.p.n_comps; c++)
 			memset(parts.comp[c], 0x55, parts.p.comps[c].nbytes);
-		const int row = s == ARENA_QUANT_FP8_E4M3_ROW || s == ARENA_QUANT_INT8_ROW;
+		const int row = s == ARENA_QUANT_FP8_E4M3_ROW || s == ARENA_QUANT_INT8_ROW || is_int4(s);
 		const uint64_t units = row ? w[0] : n, unit_bytes = row ? w[1] * 2 : 2;
 		float scale = 0;
 		if (s == ARENA_QUANT_FP8_E4M3_TENSOR) {
@@ -677,7 +836,7 @@ Test(quant, fill_prequantized)
 		q[i] = (uint8_t)rnd();
 	for (size_t i = 0; i < 8; i++)
 		sc[i] = (uint16_t)(0x3C00 + i * 0x40); /* f16 1.0, 1.0625, ... */
-	outbuf whole;
+	outbuf whole = {0};
 	cr_assert_eq(arena_quant_plan_prequant(&whole.p, ARENA_QUANT_FP8_E4M3_ROW, 2, w, "x"), 0);
 	whole.comp[0] = xmalloc(whole.p.comps[0].nbytes);
 	whole.comp[1] = xmalloc(whole.p.comps[1].nbytes);
@@ -741,6 +900,26 @@ Test(quant, describe_and_plan_from_tensor)
 	bad = good, bad.dtype = ARENA_DTYPE_F8_E4M3;
 	cr_assert_eq(arena_quant_plan_from_tensor(&bad, &back), 0, "%s", arena_last_error());
 	cr_assert_eq(back.prequantized, 1);
+	/* int4: the scale in the source's dtype, three components, packed codes */
+	t.dtype = ARENA_DTYPE_BF16;
+	cr_assert_eq(arena_quant_plan_init(&p, ARENA_QUANT_INT4_G32, t.dtype, t.rank, t.shape, t.name), 0);
+	cr_assert_eq(arena_quant_describe(&p, &t), 0);
+	good = t;
+	cr_assert_eq(arena_quant_plan_from_tensor(&good, &back), 0, "%s", arena_last_error());
+	bad = good, bad.comp[1].dtype = ARENA_DTYPE_F32, bad.comp[1].bytes *= 2;
+	cr_assert_eq(arena_quant_plan_from_tensor(&bad, &back), MB);
+	cr_assert_not_null(strstr(arena_last_error(), "expected 'scale' BF16 [64, 1]"), "%s", arena_last_error());
+	bad = good, bad.n_comp = 2;
+	cr_assert_eq(arena_quant_plan_from_tensor(&bad, &back), MB);
+	cr_assert_not_null(strstr(arena_last_error(), "has 3 components, the manifest 2"), "%s", arena_last_error());
+	bad = good, bad.comp[0].shape[1] = 9, bad.comp[0].bytes = 64 * 9; /* codes of 18 columns, not 9 */
+	cr_assert_eq(arena_quant_plan_from_tensor(&bad, &back), MB);
+	cr_assert_not_null(strstr(arena_last_error(), "expected 'qdata' U8 [64, 5]"), "%s", arena_last_error());
+	bad = good, snprintf(bad.comp[2].name, sizeof(bad.comp[2].name), "zeros");
+	cr_assert_eq(arena_quant_plan_from_tensor(&bad, &back), MB);
+	bad = good, snprintf(bad.scheme, sizeof(bad.scheme), "int4-g16");
+	cr_assert_eq(arena_quant_plan_from_tensor(&bad, &back), MB);
+	cr_assert_not_null(strstr(arena_last_error(), "int4-g16"), "%s", arena_last_error());
 }
 
 /* ---- exhaustive casts against slow references ------------------------------------------- */
@@ -960,6 +1139,7 @@ Test(quant, baseline_kernels_equal_the_default_ones)
 		h[i] = (uint16_t)rnd();
 	}
 	const arena_dtype srcs[] = {ARENA_DTYPE_F32, ARENA_DTYPE_BF16, ARENA_DTYPE_F16};
+	void *safe[3] = {int4_safe(f, srcs[0], n), int4_safe(h, srcs[1], n), int4_safe(h, srcs[2], n)};
 	const arena_dtype outs[] = {ARENA_DTYPE_F32, ARENA_DTYPE_BF16, ARENA_DTYPE_F16, ARENA_DTYPE_F8_E4M3,
 				    ARENA_DTYPE_F8_E5M2};
 	unsigned char *a = xmalloc(n * 4), *b = xmalloc(n * 4);
@@ -967,10 +1147,11 @@ Test(quant, baseline_kernels_equal_the_default_ones)
 		const void *src = si ? (const void *)h : (const void *)f;
 		for (int s = 0; s < ARENA_QUANT_COUNT; s++) {
 			outbuf x, y;
+			const void *in = is_int4(s) ? safe[si] : src;
 			unsetenv("ARENA_QUANT_ISA");
-			run_scheme(&x, (arena_quant_scheme)s, srcs[si], 2, w, src, 0);
+			run_scheme(&x, (arena_quant_scheme)s, srcs[si], 2, w, in, 0);
 			setenv("ARENA_QUANT_ISA", "baseline", 1);
-			run_scheme(&y, (arena_quant_scheme)s, srcs[si], 2, w, src, 0);
+			run_scheme(&y, (arena_quant_scheme)s, srcs[si], 2, w, in, 0);
 			for (size_t c = 0; c < x.p.n_comps; c++)
 				assert_same_bytes(x.comp[c], y.comp[c], x.p.comps[c].nbytes, arena_quant_name((arena_quant_scheme)s));
 			out_free(&x);
@@ -985,6 +1166,8 @@ Test(quant, baseline_kernels_equal_the_default_ones)
 		}
 	}
 	unsetenv("ARENA_QUANT_ISA");
+	for (size_t k = 0; k < 3; k++)
+		free(safe[k]);
 	free(f);
 	free(h);
 	free(a);
@@ -1125,6 +1308,214 @@ Test(quant, scaled_schemes_against_scalar_reference)
 	free(sc);
 	free(deq);
 	free(q);
+}
+
+/* ---- int4 ------------------------------------------------------------------------------------ */
+
+/* int4 in plain scalar C from docs/QUANT.md's rule (fminf/fmaxf, rintf for
+ * round half even), the scale rounded to the source's dtype by the cast
+ * checked above; writes the three components and the f32 values. */
+static void ref_int4(arena_dtype dt, const float *x, uint64_t rows, uint64_t cols, unsigned n, uint8_t *q, void *scale,
+		     uint8_t *zero, float *val)
+{
+	const uint64_t groups = (cols + n - 1) / n, rb = (cols + 1) / 2;
+	memset(q, 0, rows * rb);
+	for (uint64_t r = 0; r < rows; r++) {
+		for (uint64_t g = 0; g < groups; g++) {
+			const uint64_t c0 = g * n, c1 = c0 + n < cols ? c0 + n : cols;
+			float lo = 0, hi = 0;
+			for (uint64_t c = c0; c < c1; c++) {
+				lo = fminf(lo, x[r * cols + c]);
+				hi = fmaxf(hi, x[r * cols + c]);
+			}
+			const float t = (hi - lo) / 15.0f;
+			float sw;
+			uint16_t h = 0;
+			if (dt == ARENA_DTYPE_F32) {
+				sw = t;
+				memcpy((char *)scale + 4 * (r * groups + g), &t, 4);
+			} else {
+				cr_assert_eq(arena_quant_cast(dt, &h, ARENA_DTYPE_F32, &t, 1, 1), 0);
+				cr_assert_eq(arena_quant_cast(ARENA_DTYPE_F32, &sw, dt, &h, 1, 1), 0);
+				memcpy((char *)scale + 2 * (r * groups + g), &h, 2);
+			}
+			const float d = sw == 0 ? 1.0f : sw;
+			float z = rintf(-lo / d);
+			z = z < 0 ? 0 : z > 15 ? 15 : z;
+			zero[r * groups + g] = (uint8_t)z;
+			for (uint64_t c = c0; c < c1; c++) {
+				float v = rintf(x[r * cols + c] / d) + z;
+				v = v < 0 ? 0 : v > 15 ? 15 : v;
+				q[r * rb + c / 2] |= (uint8_t)((unsigned)v << (4 * (c & 1)));
+				val[r * cols + c] = (v - z) * sw;
+			}
+		}
+	}
+}
+
+/* Values with the edges of the rule: ties of x / d, groups of zeros (scale
+ * 0), all positive (z = 0), all negative (z = 15), +-0, tiny (an f16 scale
+ * underflows), and ordinary ones; exactly representable in BF16. */
+static void int4_values(float *x, uint64_t rows, uint64_t cols)
+{
+	for (uint64_t i = 0; i < rows * cols; i++)
+		x[i] = bf16_val((uint16_t)(bits_of(ldexpf((float)(rnd() % 2001) - 1000.0f, -8)) >> 16));
+	for (uint64_t r = 0; r < rows; r++) {
+		float *row = x + r * cols;
+		switch (r % 6) {
+		case 0: /* ties: lo -7, hi 8: scale 1, z 7 */
+			for (uint64_t c = 0; c < cols && c < 8; c++)
+				row[c] = (const float[]){-7.0f, -3.5f, -0.5f, 0.0f, 0.5f, 1.5f, 2.5f, 8.0f}[c];
+			break;
+		case 1:
+			for (uint64_t c = 0; c < cols && c < 40; c++)
+				row[c] = c & 1 ? -0.0f : 0.0f;
+			break;
+		case 2:
+			for (uint64_t c = 0; c < cols; c++)
+				row[c] = fabsf(row[c]);
+			break;
+		case 3:
+			for (uint64_t c = 0; c < cols; c++)
+				row[c] = -fabsf(row[c]) - 1.0f;
+			break;
+		case 4:
+			for (uint64_t c = 0; c < cols; c++)
+				row[c] = row[c] * 0x1p-30f;
+			break;
+		default:
+			break;
+		}
+	}
+}
+
+Test(quant, int4_against_scalar_reference)
+{
+	/* every group-size edge: cols a multiple of the group, not, under it,
+	 * odd, one column; one row; rank 1 and 3 */
+	const uint64_t shapes[][3] = {{6, 256, 0}, {6, 77, 0}, {7, 31, 0}, {6, 129, 0}, {1, 7, 0}, {5, 1, 0},
+				      {1, 1, 0},   {300, 0, 0}, {6, 5, 7}};
+	const uint32_t ranks[] = {2, 2, 2, 2, 2, 2, 2, 1, 3};
+	const arena_quant_scheme schemes[] = {ARENA_QUANT_INT4_G32, ARENA_QUANT_INT4_G64, ARENA_QUANT_INT4_G128};
+	const arena_dtype dts[] = {ARENA_DTYPE_BF16, ARENA_DTYPE_F16, ARENA_DTYPE_F32};
+	for (size_t k = 0; k < sizeof(ranks) / sizeof(ranks[0]); k++) {
+		const uint64_t rows = ranks[k] >= 2 ? shapes[k][0] : 1;
+		uint64_t n = 1;
+		for (uint32_t d = 0; d < ranks[k]; d++)
+			n *= shapes[k][d];
+		const uint64_t cols = n / rows;
+		float *x = xmalloc(n * 4), *val = xmalloc(n * 4), *deq = xmalloc(n * 4);
+		int4_values(x, rows, cols);
+		uint8_t *q = xmalloc(n), *z = xmalloc(n);
+		unsigned char *sc = xmalloc(n * 4), *src = xmalloc(n * 4);
+		for (size_t si = 0; si < 3; si++) {
+			cr_assert_eq(arena_quant_cast(dts[si], src, ARENA_DTYPE_F32, x, n, 1), 0);
+			float *xs = xmalloc(n * 4); /* the values as the source holds them */
+			cr_assert_eq(arena_quant_cast(ARENA_DTYPE_F32, xs, dts[si], src, n, 1), 0);
+			for (size_t g = 0; g < 3; g++) {
+				char what[96];
+				snprintf(what, sizeof(what), "%s from %s, shape %zu", arena_quant_name(schemes[g]),
+					 arena_dtype_name(dts[si]), k);
+				outbuf o;
+				run_scheme(&o, schemes[g], dts[si], ranks[k], shapes[k], src, 0);
+				cr_assert(o.p.rows == rows && o.p.cols == cols, "%s", what);
+				ref_int4(dts[si], xs, rows, cols, arena_quant_group(schemes[g]), q, sc, z, val);
+				assert_same_bytes(o.comp[0], q, o.p.comps[0].nbytes, what);
+				assert_same_bytes(o.comp[1], sc, o.p.comps[1].nbytes, what);
+				assert_same_bytes(o.comp[2], z, o.p.comps[2].nbytes, what);
+				const void *comps[] = {o.comp[0], o.comp[1], o.comp[2]};
+				cr_assert_eq(arena_quant_dequant_f32(&o.p, comps, deq, 0), 0);
+				assert_same_bytes(deq, val, n * 4, what);
+				/* any byte range of any component, as convert asks for them */
+				arena_quant_input in = {.data = src};
+				check_fill(&o, &in);
+				out_free(&o);
+			}
+			free(xs);
+		}
+		free(x);
+		free(val);
+		free(deq);
+		free(q);
+		free(z);
+		free(sc);
+		free(src);
+	}
+}
+
+/* The layout spelled out: codes two a byte, the even column low; a row of
+ * odd length ends in a high nibble of 0; value = (q - z) x scale. */
+Test(quant, int4_layout)
+{
+	const float x[2][5] = {{-7.0f, -3.5f, 0.5f, 1.5f, 8.0f}, {0.0f, 0.0f, 0.0f, 0.0f, 0.0f}};
+	const uint64_t w[] = {2, 5};
+	outbuf o;
+	run_scheme(&o, ARENA_QUANT_INT4_G32, ARENA_DTYPE_F32, 2, w, x, 1);
+	const uint8_t *q = o.comp[0], *z = o.comp[2];
+	const float *s = o.comp[1];
+	/* row 0: lo -7, hi 8, scale 1, z 7: codes 0, 3 (-3.5 -> -4), 7 (0.5 -> 0), 9 (1.5 -> 2), 15 */
+	cr_assert(s[0] == 1.0f && z[0] == 7, "scale %a, zero %u", (double)s[0], z[0]);
+	cr_assert(q[0] == 0x30 && q[1] == 0x97 && q[2] == 0x0F, "%02x %02x %02x", q[0], q[1], q[2]);
+	/* row 1: all zero: scale 0, zero point 0, codes 0 */
+	cr_assert(s[1] == 0.0f && z[1] == 0 && q[3] == 0 && q[4] == 0 && q[5] == 0);
+	float v[10];
+	cr_assert_eq(arena_quant_dequant_f32(&o.p, (const void *const[]){q, s, z}, v, 1), 0);
+	const float want[10] = {-7, -4, 0, 2, 8, 0, 0, 0, 0, 0};
+	assert_same_bytes(v, want, sizeof(v), "values");
+	out_free(&o);
+}
+
+/* NaN, infinities and groups whose range overflows f32 are refused, naming
+ * the row, columns and group: the same first group whatever the thread
+ * count, and by any byte range that touches it (fill), not by others. */
+Test(quant, int4_refuses_nan_inf_and_overflow)
+{
+	const uint64_t w[] = {2000, 1100}; /* 2.2 Mi elements: several threads */
+	const uint64_t n = w[0] * w[1];
+	float *f = xmalloc(n * 4);
+	for (uint64_t i = 0; i < n; i++)
+		f[i] = rnd_finite() * 0x1p-20f;
+	const float bad[] = {NAN, -INFINITY, INFINITY};
+	for (size_t b = 0; b < 4; b++) {
+		float *x = xmalloc(n * 4);
+		memcpy(x, f, n * 4);
+		if (b < 3) {
+			x[1500 * w[1] + 130] = bad[b];
+			x[1700 * w[1] + 5] = bad[b]; /* a later one: not named */
+		} else {                             /* f32 range: 3e38 - -3e38 overflows */
+			x[1500 * w[1] + 130] = 3e38f;
+			x[1500 * w[1] + 131] = -3e38f;
+		}
+		for (unsigned threads = 1; threads <= 7; threads += 6) {
+			arena_quant_plan p;
+			cr_assert_eq(arena_quant_plan_init(&p, ARENA_QUANT_INT4_G64, ARENA_DTYPE_F32, 2, w, "t"), 0);
+			void *comp[3] = {xmalloc(p.comps[0].nbytes), xmalloc(p.comps[1].nbytes), xmalloc(p.comps[2].nbytes)};
+			cr_assert_eq(arena_quant_run(&p, x, comp, threads), ARENA_E(QUANT_NOT_APPLICABLE));
+			const char *m = arena_last_error();
+			cr_assert(strstr(m, "int4-g64: row 1500, columns 128 to 191 (group 2)"), "%s", m);
+			cr_assert(strstr(m, "NaN or an infinity") && strstr(m, "--quant-exclude"), "%s", m);
+			for (int c = 0; c < 3; c++)
+				free(comp[c]);
+		}
+		arena_quant_plan p;
+		cr_assert_eq(arena_quant_plan_init(&p, ARENA_QUANT_INT4_G64, ARENA_DTYPE_F32, 2, w, "t"), 0);
+		arena_quant_input in = {.data = x};
+		unsigned char buf[600];
+		const uint64_t rb = w[1] / 2, v = 1500 * p.groups + 2;
+		cr_assert_eq(arena_quant_fill(&p, &in, 0, 1500 * rb + 65, 1, buf), ARENA_E(QUANT_NOT_APPLICABLE));
+		cr_assert(strstr(arena_last_error(), "row 1500, columns 128 to 191"), "%s", arena_last_error());
+		cr_assert_eq(arena_quant_fill(&p, &in, 0, 1500 * rb + 64 - 10, 10, buf), 0, "%s", arena_last_error());
+		cr_assert_eq(arena_quant_fill(&p, &in, 1, 4 * v + 3, 1, buf), ARENA_E(QUANT_NOT_APPLICABLE));
+		cr_assert_eq(arena_quant_fill(&p, &in, 2, v - 1, 1, buf), 0);
+		cr_assert_eq(arena_quant_fill(&p, &in, 2, v, 500, buf), ARENA_E(QUANT_NOT_APPLICABLE));
+		free(x);
+	}
+	/* values near the f32 maximum in one group are fine when their range is */
+	const float big[4] = {3e38f, 2e38f, 1e38f, 0.0f};
+	outbuf o;
+	run_scheme(&o, ARENA_QUANT_INT4_G32, ARENA_DTYPE_F32, 1, (const uint64_t[]){4}, big, 1);
+	out_free(&o);
+	free(f);
 }
 
 /* NaN keeps its sign in every cast but BF16 (c10: 0x7FC0). */

@@ -1,6 +1,8 @@
 /* test_quant_convert.c - arena convert --quant end to end: bit-exact with the
  * torch reference through convert -> export, compressed-tensors round trips,
- * and bad requests refused before anything is written. */
+ * and bad requests refused before anything is written; int4 through convert,
+ * export and arena_tensor_dequantize (sim) against its torch reference, its
+ * refusals, and convert under injected allocation, write and read failures. */
 #include <criterion/criterion.h>
 
 #include <dirent.h>
@@ -11,6 +13,9 @@
 #include <xxhash.h>
 
 #include "arena.h"
+#include "../../common/alloc.h"
+#include "../../common/io.h"
+#include "../../common/outfile.h"
 #include "../../formats/image.h"
 #include "../../formats/safetensors.h"
 #include "../../loader/convert.h"
@@ -376,4 +381,204 @@ Test(qconvert, export_names_a_clash_once)
 	cr_expect(strstr(e, "'transformer_blocks.0.attn.to_q.weight'"), "%s", e);
 	cr_expect(strstr(e, "'transformer_blocks.0.attn.to_q.weight_scale'"), "%s", e);
 	cr_expect(access(out, F_OK) != 0, "export left %s", out);
+}
+
+/* ---- int4 ---------------------------------------------------------------------------- */
+
+static const char *const int4_inputs[] = {"w_bf16", "o_*", "v_bf16", "c_f16"}; /* int4_reference's inputs */
+
+/* int4_reference.safetensors converted with `scheme` on its inputs (chunks
+ * of 64 KiB: components cut across chunks), then exported: every input's
+ * codes, scale and zero points are the torch reference's, byte for byte. */
+static void int4_through(const char *scheme, unsigned n)
+{
+	const char *in = fixture_path("int4_reference.safetensors");
+	arena_convert_opts o = {.threads = 2,
+				.chunk_size = 64 << 10,
+				.quant = {.scheme = scheme, .include = int4_inputs, .n_include = 4}};
+	cr_assert_eq(arena_convert(&in, 1, tmp("i.arena"), &o, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_export(tmp("i.arena"), tmp("i.safetensors"), 1, NULL), 0, "%s", arena_last_error());
+	arena_st_file *f, *r;
+	cr_assert_eq(arena_st_open(tmp("i.safetensors"), &f), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_st_open(in, &r), 0);
+	static const char *const names[] = {"w_bf16", "o_bf16", "o_f16", "o_f32", "v_bf16", "c_f16"};
+	for (size_t i = 0; i < 6; i++) {
+		char g[64], w[64];
+		static const char *const comp[][2] = {{"", "q"}, {"_scale", "s"}, {"_zero", "z"}};
+		for (size_t c = 0; c < 3; c++) {
+			snprintf(g, sizeof(g), "%s%s", names[i], comp[c][0]);
+			snprintf(w, sizeof(w), "int4_g%u_%s_%s", n, names[i], comp[c][1]);
+			same(f, g, r, w);
+		}
+	}
+	same(f, "int4_g64_o_f16_q", r, "int4_g64_o_f16_q"); /* the rest as stored */
+	arena_st_close(f);
+	arena_st_close(r);
+}
+
+Test(qconvert, int4_bit_exact_through_convert_and_export)
+{
+	int4_through("int4-g32", 32);
+	int4_through("int4-g64", 64);
+	int4_through("int4-g128", 128);
+}
+
+/* arena_tensor_dequantize on sim (formats/dequant.h's loop) writes torch's
+ * ((q - z) * s).to(dtype) for every input and group size; the tensor's
+ * description names its three components. */
+Test(qconvert, int4_dequantize_on_sim_equals_the_reference)
+{
+	arena_st_file *r;
+	cr_assert_eq(arena_st_open(fixture_path("int4_reference.safetensors"), &r), 0);
+	const char *in = fixture_path("int4_reference.safetensors");
+	static const char *const schemes[] = {"int4-g32", "int4-g64", "int4-g128"};
+	for (size_t k = 0; k < 3; k++) {
+		arena_convert_opts o = {.threads = 1, .quant = {.scheme = schemes[k], .include = int4_inputs, .n_include = 4}};
+		cr_assert_eq(arena_convert(&in, 1, tmp("d.arena"), &o, NULL), 0, "%s", arena_last_error());
+		arena_open_options ao = {.backend = "sim", .vram_cap = 64 << 20};
+		arena *a;
+		cr_assert_eq(arena_open(tmp("d.arena"), &ao, &a), 0, "%s", arena_last_error());
+		size_t n_int4 = 0;
+		for (size_t i = 0; i < arena_tensor_count(a); i++) {
+			arena_tensor_info t;
+			cr_assert_eq(arena_tensor_get(a, i, &t), 0);
+			if (strcmp(t.scheme, schemes[k]))
+				continue;
+			n_int4++;
+			cr_assert_eq(t.n_components, 3);
+			cr_assert(!strcmp(t.component[0].name, "qdata") && !strcmp(t.component[0].dtype, "U8"));
+			cr_assert(!strcmp(t.component[1].name, "scale") && !strcmp(t.component[1].dtype, t.dtype));
+			cr_assert(!strcmp(t.component[2].name, "zero") && !strcmp(t.component[2].dtype, "U8"));
+			char nm[96];
+			snprintf(nm, sizeof(nm), "int4_g%s_%s_dq", schemes[k] + 6, t.name);
+			const arena_st_tensor *want = arena_st_find(r, nm);
+			cr_assert_not_null(want, "%s", nm);
+			unsigned char *out = malloc(want->nbytes);
+			memset(out, 0xEE, want->nbytes);
+			cr_assert_eq(arena_tensor_dequantize(a, i, arena_block_device(a, t.block), out, NULL), 0, "%s",
+				     arena_last_error());
+			size_t bad = 0;
+			for (uint64_t b = 0; b < want->nbytes; b++)
+				bad += out[b] != arena_st_data(want)[b];
+			cr_assert_eq(bad, 0, "%s: %zu bytes differ from %s", t.name, bad, nm);
+			free(out);
+		}
+		cr_assert_eq(n_int4, 6, "%s", schemes[k]);
+		arena_close(a);
+		unlink(tmp("d.arena"));
+	}
+	arena_st_close(r);
+}
+
+/* A safetensors file of one BF16 tensor with the given values. */
+static void write_bf16(const char *path, const char *name, uint64_t rows, uint64_t cols, const uint16_t *v)
+{
+	char hdr[512];
+	int n = snprintf(hdr, sizeof(hdr), "{\"%s\":{\"dtype\":\"BF16\",\"shape\":[%llu,%llu],\"data_offsets\":[0,%llu]}}",
+			 name, (unsigned long long)rows, (unsigned long long)cols, (unsigned long long)(rows * cols * 2));
+	FILE *f = fopen(path, "wb");
+	cr_assert_not_null(f);
+	uint64_t hl = (uint64_t)n;
+	fwrite(&hl, 8, 1, f);
+	fwrite(hdr, 1, (size_t)n, f);
+	fwrite(v, 2, rows * cols, f);
+	fclose(f);
+}
+
+/* A NaN or an infinity in a weight: convert refuses, naming the file, the
+ * tensor, the row, columns and group, and writes nothing (the refusal comes
+ * from a chunk's filler, after other chunks were written). */
+Test(qconvert, int4_refuses_nan_and_inf_and_writes_nothing)
+{
+	const uint64_t rows = 512, cols = 300;
+	uint16_t *v = malloc(rows * cols * 2);
+	for (uint64_t i = 0; i < rows * cols; i++)
+		v[i] = (uint16_t)(0x3C00 + (i * 7919) % 0x200) ^ (uint16_t)(i & 1 ? 0x8000 : 0); /* +-0.0078 .. 0.03 */
+	const uint16_t bad[] = {0x7FC0, 0xFF80};
+	for (size_t b = 0; b < 2; b++) {
+		v[400 * cols + 70] = bad[b];
+		write_bf16(tmp("n.safetensors"), "transformer_blocks.0.ff.weight", rows, cols, v);
+		char inp[512];
+		snprintf(inp, sizeof(inp), "%s", tmp("n.safetensors"));
+		const char *in = inp;
+		arena_convert_opts o = {.threads = 2, .chunk_size = 64 << 10, .quant = {.scheme = "int4-g64"}};
+		cr_assert_eq(arena_convert(&in, 1, tmp("n.arena"), &o, NULL), ARENA_E(QUANT_NOT_APPLICABLE));
+		const char *m = arena_last_error();
+		cr_expect(strstr(m, inp) == m, "the file first: %s", m);
+		cr_expect(strstr(m, "tensor 'transformer_blocks.0.ff.weight': int4-g64: row 400, columns 64 to 127 (group 1)"),
+			  "%s", m);
+		cr_expect(strstr(m, "--quant-exclude"), "%s", m);
+		cr_assert_eq(entries(), 1, "a refused convert wrote something");
+		/* left out, the tensor converts (stored as it is) */
+		const char *exc = "*.ff.weight";
+		arena_convert_opts x = {.threads = 2, .quant = {.scheme = "int4-g64", .exclude = &exc, .n_exclude = 1}};
+		cr_assert_eq(arena_convert(&in, 1, tmp("n.arena"), &x, NULL), 0, "%s", arena_last_error());
+		unlink(tmp("n.arena"));
+		unlink(tmp("n.safetensors"));
+	}
+	free(v);
+}
+
+/* Convert of tiny_flux with --quant int4-g64 under injected failures: the
+ * nth allocation (every 7th n), the nth write (disk full), a read; each
+ * ends in its error with nothing left behind, and the convert that runs
+ * whole gives the image a plain run gives. */
+Test(qconvert, int4_convert_under_faults_leaves_nothing)
+{
+	const char *in = fixture_path("tiny_flux.safetensors");
+	arena_convert_opts o = {.threads = 2, .chunk_size = 64 << 10, .quant = {.scheme = "int4-g64"}};
+	cr_assert_eq(arena_convert(&in, 1, tmp("ref.arena"), &o, NULL), 0, "%s", arena_last_error());
+	arena_image *img;
+	cr_assert_eq(arena_img_open(tmp("ref.arena"), &img), 0);
+	cr_assert_eq(arena_img_verify_data(img, 2, NULL, NULL, NULL), 0);
+	size_t nq = 0;
+	for (size_t i = 0; i < img->layout->n_tensors; i++)
+		nq += !strcmp(img->layout->tensors[i].scheme, "int4-g64");
+	cr_assert_gt(nq, 40);
+	arena_img_close(img);
+	long n;
+	for (n = 1; n < 1000000; n += 7) {
+		arena_fault_alloc(n);
+		int rc = arena_convert(&in, 1, tmp("x.arena"), &o, NULL);
+		int fired = arena_fault_alloc_fired();
+		arena_fault_alloc(0);
+		if (!fired) {
+			cr_assert_eq(rc, 0, "%s", arena_last_error());
+			break;
+		}
+		cr_assert(rc == ARENA_E_NOMEM || rc == 0, "n=%ld: %s: %s", n, arena_err_name(rc), arena_last_error());
+		cr_assert_eq(entries(), 1 + (rc == 0), "n=%ld left a file", n);
+		unlink(tmp("x.arena"));
+	}
+	cr_assert_gt(n, 100);
+	unlink(tmp("x.arena"));
+	int fired = 0;
+	for (n = 1; n < 64; n++) {
+		arena_fault_write(n);
+		int rc = arena_convert(&in, 1, tmp("x.arena"), &o, NULL);
+		arena_fault_write(0);
+		if (rc == 0)
+			break;
+		fired++;
+		cr_assert_eq(rc, ARENA_E(IO), "n=%ld: %s", n, arena_last_error());
+		cr_assert_eq(entries(), 1, "a failed write left a file (n=%ld)", n);
+	}
+	cr_assert_gt(fired, 2);
+	unlink(tmp("x.arena"));
+	arena_fault_read(3);
+	int rc = arena_convert(&in, 1, tmp("x.arena"), &o, NULL);
+	arena_fault_read(0);
+	cr_assert_eq(rc, ARENA_E(IO), "%s", arena_last_error());
+	cr_assert_eq(entries(), 1);
+	/* and whole, the same bytes as the first run */
+	cr_assert_eq(arena_convert(&in, 1, tmp("x.arena"), &o, NULL), 0, "%s", arena_last_error());
+	FILE *a = fopen(tmp("ref.arena"), "rb"), *b = fopen(tmp("x.arena"), "rb");
+	int ca, cb;
+	do {
+		ca = fgetc(a);
+		cb = fgetc(b);
+		cr_assert_eq(ca, cb, "the convert after the faults differs");
+	} while (ca != EOF);
+	fclose(a);
+	fclose(b);
 }

@@ -2,7 +2,7 @@
  * and PyTorch libraries (fixtures/, made by fixtures/make_fixtures.py):
  * every dtype, shape and value of dtypes.safetensors against
  * dtypes.expected.json, decoded here independently of the library; the tiny
- * Flux model; the sharded tiny Llama. */
+ * Flux model; the sharded tiny Llama; the quantization references open. */
 #include <criterion/criterion.h>
 
 #include <errno.h>
@@ -509,6 +509,18 @@ Test(reference, quant_reference_opens)
 	int rc = arena_st_open(fixture_path("quant_reference.safetensors"), &f);
 	cr_assert_eq(rc, 0, "%s", arena_last_error());
 	cr_assert_eq(f->n_tensors, 12);
+	cr_assert_gt(f->n_meta, 0);
+	arena_st_close(f);
+}
+
+/* The int4 reference: 6 inputs, and for each of 3 group sizes their codes,
+ * scales, zero points and values (tests/unit/test_quant.c compares them). */
+Test(reference, int4_reference_opens)
+{
+	arena_st_file *f;
+	int rc = arena_st_open(fixture_path("int4_reference.safetensors"), &f);
+	cr_assert_eq(rc, 0, "%s", arena_last_error());
+	cr_assert_eq(f->n_tensors, 6 + 6 * 3 * 4);
 	cr_assert_gt(f->n_meta, 0);
 	arena_st_close(f);
 }

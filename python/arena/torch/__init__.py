@@ -76,6 +76,16 @@ from ._handle import Handle, Trace
 __all__ = ["attach", "Handle", "Trace"]
 
 
+def _on_cuda(device: Union[str, int, None]) -> bool:
+    """The arena attach opens will be on a GPU (device None: when one is usable),
+    where torch's allocator is the rest of the process whose need is learned."""
+    if device is None:
+        import torch
+
+        return torch.cuda.is_available()
+    return not (isinstance(device, str) and device == "sim")
+
+
 def attach(
     module: nn.Module,
     path: Union[str, Arena],
@@ -89,19 +99,33 @@ def attach(
     keep_last: Optional[int] = None,
     trainable: Union[Iterable[str], Callable[[str], bool], None] = None,
     offload_saved: Union[bool, Size] = False,
+    piece_size: Size = "auto",
     **open_kwargs: Any,
 ) -> Handle:
     """Bind ``module``'s weights to the arena at ``path`` (or an open :class:`arena.Arena`).
+
+    Nothing needs tuning: ``attach(module, path)`` (``mode="train"`` to train)
+    runs on any card. arena learns what torch needs at its peak in a step of
+    each kind of work (the mode, autograd, the inputs' shapes; again when they
+    change) and gives the weights the rest; a work not seen yet runs with the
+    weights at their smallest, so that its first step fits too.
 
     module: built on the meta device (``with torch.device("meta"): M(config)``:
       torch allocates nothing) or already materialized (its weights are
       released once bound); peft adapters may be added before or after.
     mode: "sample" or "train" (checkpointed training: forward, backward in reverse).
-    vram: all device memory the process may use, arena's and torch's: arena
-      takes ``vram`` less ``reserve`` (torch's working memory: default 1 GiB
-      sample, 4 GiB train) and ``headroom``; what torch's allocator holds past
-      ``reserve`` (read before each step end) leaves arena's share at that step's
-      end, and returns once torch holds less.
+    vram: all the device memory the process may hold, as the driver counts it:
+      its CUDA context, torch's allocator (what it reserved, not only what it
+      uses) and arena's own. None (the default): what the device has free,
+      following other programs as they take and give back memory. A size
+      ("8G") is a strict cap on a card of any size: torch's allocator is held
+      to what arena's plan leaves it in each step (its per-process memory
+      fraction, given back at ``detach()``), as on a card of that size; if torch
+      runs out inside a step the error (``arena.Error`` ``DEV_OOM``) says what
+      the step needed, and the next step of that work plans for it.
+    reserve: what torch needs at its peak in a step; None (the default):
+      learned. A size turns the learning off and is used as it is.
+    headroom: device slack kept out of everything (None: min(512 MiB, 2%)).
     trainable: names (or a predicate on names) of parameters of your own that
       stay torch parameters; peft adapter parameters are recognized.
     offload_saved: training: the tensors autograd saves in a step's forward for
@@ -109,16 +133,18 @@ def attach(
       1024x1024) wait in pinned host memory instead of device memory, copied
       out beside the forward and back ahead of the backward; bit for bit the
       same gradients. True: tensors of 1 MiB or more; a size: of at least that
-      size. Lowers what torch needs, so give a smaller ``reserve`` with it.
-      ``Handle.offload_stats()`` says what moved.
-    Other keywords go to :func:`arena.open` (``piece_size``: stream blocks in pieces
-      of at most this size, or "auto", each module acquiring its own; ``host_budget``:
-      host memory for streamed blocks, the rest read from the image when streamed;
+      size. Lowers what torch needs. ``Handle.offload_stats()`` says what moved.
+    piece_size: "auto" (the default): whole blocks when they all fit (training:
+      where they fit at all), else pieces, each module acquiring its own; a
+      size ("128M"), or 0 for whole blocks always.
+    Other keywords go to :func:`arena.open` (``host_budget``: host memory for
+      streamed blocks, the rest read from the image when streamed;
       ``plain_stream``: an hb4 image's streamed blocks are copied coded and
       decoded by the device unless True; ``sim_capacity``, ``profile``...).
 
     Raises :class:`arena.Error`: ``BUDGET`` when the model cannot run in
-    ``vram``, ``USAGE`` listing every mismatch between module and image.
+    ``vram`` at all (the message says the least that works), ``USAGE`` listing
+    every mismatch between module and image.
     """
     min_saved = None
     if offload_saved is not False and offload_saved is not None:
@@ -128,8 +154,9 @@ def attach(
     if isinstance(path, Arena):
         h.arena = path
     else:
+        learn = open_kwargs.pop("learn_rest", reserve is None and _on_cuda(device))
         h.arena = _open(path, mode=mode, vram=vram, device=device, reserve=reserve, headroom=headroom,
-                        depth=depth, keep_last=keep_last, **open_kwargs)
+                        depth=depth, keep_last=keep_last, piece_size=piece_size, learn_rest=learn, **open_kwargs)
         h._owns_arena = True
     try:
         _bind(h, module, mode, trainable, min_saved)

@@ -15,7 +15,7 @@ from torch import nn
 from .. import Component, Error, TensorInfo, _view, torch_dtype
 from ._blocks import _DEQUANT, _BlockBinding, _as_component, _dequantize, _placeholder
 from ._guards import _guard_apply, _guard_merge, _is_adapter_param, _peft_tuners, _reorder
-from ._handle import Handle
+from ._handle import Handle, _observe_oom
 from ._offload import _SavedOffload
 from ._pieces import _LeafRef, _PiecedBinding
 
@@ -216,14 +216,38 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any, min_saved: Op
         _guard_apply(h, owner, [leaf for o, leaf, _, _ in bound.values() if o is owner])
     for name, tuner in _peft_tuners(module).items():
         _guard_merge(h, name, tuner)
-    hook = module.register_forward_pre_hook(h._root_pre_hook)
+    hook = module.register_forward_pre_hook(h._root_pre_hook, with_kwargs=True)
     h._restore.append(hook.remove)
+    _wrap_forward(h, module)
+    h._compile_probe = [module] + [h._module_of[i] for i in h._whole]
+    if h._device.type == "cuda":
+        _observe_oom(h)
+        h._cap = a.memory()["cap"]
+        if h._cap:  # torch's allocator is held to what the plan leaves it, step by step
+            h._fraction0 = torch.cuda.get_per_process_memory_fraction(h._device)
+            h._limit_torch()
     if min_saved is not None:
         h._offload = _SavedOffload(h._device, min_saved)
         post = module.register_forward_hook(h._root_post_hook, always_call=True)
         h._restore.append(post.remove)
     setattr(module, "_arena_handle", weakref.ref(h))  # (a plain attribute: nn.Module keeps it in __dict__)
     h._restore.append(lambda: module.__dict__.pop("_arena_handle", None))
+
+
+def _wrap_forward(h: Handle, module: nn.Module) -> None:
+    """torch running out of device memory inside a step of the module comes out as
+    arena.Error DEV_OOM saying what the step needed and what to do (the step's
+    blocks are released on the way out; the next step plans for the need)."""
+    inner = module.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return inner(*args, **kwargs)
+        except torch.OutOfMemoryError as e:
+            raise h._oom_error(e) from e
+
+    module.__dict__["forward"] = forward
+    h._restore.append(lambda: module.__dict__.pop("forward", None))
 
 
 def _check_train_ring(h: Handle) -> None:

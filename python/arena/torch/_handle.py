@@ -4,6 +4,7 @@ statistics, ``detach``) and the trace it records."""
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import torch
@@ -47,12 +48,107 @@ class Handle:
         # The device memory the rest of the process holds (torch's allocator on
         # CUDA; None: nothing to say, as on sim, whose tensors are host memory).
         self._rest_memory: Callable[[], Optional[int]] = self._torch_reserved
+        # ... and the most it held since the last report (its peak statistics are
+        # reset at each report).
+        self._rest_peak: Callable[[], Optional[int]] = self._torch_peak
+        self._rest_reset: Callable[[], None] = self._torch_reset
         self._offload: Optional[_SavedOffload] = None
+        # vram given on CUDA: torch's allocator is held to what arena's plan leaves it
+        # in a step (its per-process memory fraction), as on a card of that size; the
+        # fraction it had before attach comes back at detach.
+        self._cap = 0
+        self._fraction0: Optional[float] = None
+        self._work = 0  # the work key of the step in progress
+        self._oom_asked = 0
+        self._compile_probe: List[nn.Module] = []  # the root and whole blocks: compiled or not
+        self._oom_need = 0  # torch ran out in this step: what it held and asked for
 
     def _torch_reserved(self) -> Optional[int]:
         if self._device.type != "cuda":
             return None
         return int(torch.cuda.memory_reserved(self._device))
+
+    def _torch_peak(self) -> Optional[int]:
+        if self._device.type != "cuda":
+            return None
+        return int(torch.cuda.max_memory_reserved(self._device))
+
+    def _torch_reset(self) -> None:
+        if self._device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self._device)
+
+    # --- the process's device memory -------------------------------------------------
+    def _work_key(self, module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> int:
+        """A key for what a step of the module needs beside the weights: the mode,
+        autograd, training, compiled blocks and the inputs' shapes and dtypes.
+        Steps with the same key need the same memory (the engine learns each key's)."""
+        parts: List[Any] = [self.arena.mode, torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
+                            module.training, self._offload is not None]
+        for m in self._compile_probe:
+            parts.append(m.__dict__.get("_compiled_call_impl") is not None)
+
+        def add(k: Any, v: Any) -> None:
+            if isinstance(v, torch.Tensor):
+                parts.append((k, tuple(v.shape), v.dtype, v.requires_grad))
+            elif isinstance(v, (list, tuple)):
+                for i, x in enumerate(v):
+                    if isinstance(x, torch.Tensor):
+                        parts.append((k, i, tuple(x.shape), x.dtype, x.requires_grad))
+
+        for i, a in enumerate(args):
+            add(i, a)
+        for k, v in kwargs.items():
+            add(k, v)
+        return (hash(tuple(parts)) & 0xFFFFFFFFFFFFFFFF) or 1
+
+    def _report(self, work: int) -> None:
+        """Tell the engine what torch held (now, and its peak since the last report)
+        and the next step's work; then start torch's peak anew."""
+        now = self._rest_memory()
+        if now is None:
+            return
+        peak = max(self._rest_peak() or now, now, self._oom_need)
+        self.arena.rest_report(now, peak, work)
+        self._oom_need = 0
+        self._rest_reset()
+
+    def _limit_torch(self) -> None:
+        """vram given: torch's allocator may hold what the plan leaves it in a step
+        (the engine's rest_limit: vram less the context, arena's memory and half the
+        headroom), so the process stays within vram as on a card of that size."""
+        if not self._cap or self._device.type != "cuda":
+            return
+        lim = self.arena.memory()["rest_limit"]
+        total = torch.cuda.mem_get_info(self._device)[1]
+        torch.cuda.set_per_process_memory_fraction(min(1.0, max(0.0, lim / total)), self._device)
+
+    def _oom(self, asked: int) -> None:
+        """torch ran out of device memory (its allocator's observer): the step needed
+        what it held and what it asked for; the next step of this work plans for it."""
+        held = self._rest_memory() or 0
+        self._oom_need = max(self._oom_need, held + asked)
+        self._oom_asked = asked
+
+
+    def _oom_error(self, e: BaseException) -> Error:
+        """torch's out of memory inside a step of the module, said in arena's terms."""
+        mi = self.arena.memory()
+        asked = self._oom_asked
+        held = self._rest_memory() or 0
+        need = max(self._oom_need, held + asked)
+        if mi["cap"]:
+            where = (f"under vram={_fmt_size(mi['cap'])} torch may hold {_fmt_size(mi['rest_limit'])} in a step "
+                     f"(arena holds {_fmt_size(mi['arena'])}, the process's context {_fmt_size(mi['other'])})")
+        else:
+            free, total = self.arena.device_memory()
+            where = (f"the device ({_fmt_size(total)}) had {_fmt_size(free)} free, arena holding "
+                     f"{_fmt_size(mi['arena'])}")
+        return Error("DEV_OOM",
+                     f"{self.arena.path}: torch ran out of device memory in a step: it held {_fmt_size(held)} and "
+                     f"asked for {_fmt_size(asked)} more; {where}. The next step of this work leaves torch "
+                     f"{_fmt_size(need)}: run it again (the arena and the module are as they were), or give more "
+                     f"vram, a smaller batch or resolution, or offload_saved=True when training",
+                     error_class="system")
 
     # --- steps ---------------------------------------------------------------------
     def _stream(self) -> Optional[int]:
@@ -95,31 +191,37 @@ class Handle:
             idx = list(self._whole) + [i for pb in self._pieced for i in pb.pieces]
             self._resident_at = {i: self.arena.block_state(i)[1] for i in idx}
 
-    def _end_step(self) -> None:
+    def _end_step(self, work: int = 0) -> None:
+        """End the step in progress (telling the engine what torch held in it and
+        the next step's work), or, between steps, tell it the next step's work."""
         if self._offload is not None:
             self._offload.end()
         if self._step_open:
             self._release_deferred()
             self._step_open = False
-            rest = self._rest_memory()
-            if rest is not None:  # under a vram cap, torch's past the reserve leaves arena's budget
-                self.arena.set_rest_memory(rest)
+            self._report(work)
             self.arena.step_end()
+            self._limit_torch()
             if self._tracing and self._trace_left is not None:
                 self._trace_left -= 1
                 if self._trace_left <= 0:
                     self._trace_stop()
+        elif work and work != self._work:
+            self._report(work)
+            self._limit_torch()
+        if work:
+            self._work = work
 
     def _trace_stop(self) -> None:
         if self._tracing:
             self._tracing = False
             self.arena.trace_end()
 
-    def _root_pre_hook(self, module: nn.Module, args: Any) -> None:
+    def _root_pre_hook(self, module: nn.Module, args: Any, kwargs: Dict[str, Any]) -> None:
         if _in_backward():
             return
         self._guard_new_tuners()
-        self._end_step()
+        self._end_step(self._work_key(module, args, kwargs))
         self._begin_step()
         if self._offload is not None:
             self._offload.begin(torch.is_grad_enabled())
@@ -154,12 +256,22 @@ class Handle:
         """Run sample steps inside training (previews) and go back: ``with h.sampling(): pipe(...)``."""
         self._end_step()
         prev = self.arena.mode
-        self.arena.set_mode("sample")
+        self._set_mode("sample")
         try:
             yield self
         finally:
             self._end_step()
-            self.arena.set_mode(prev)
+            self._set_mode(prev)
+
+    def _set_mode(self, mode: str) -> None:
+        # The other mode's steps need their own memory: what torch cached for this
+        # one goes back to the device first (else it holds on to it, and arena
+        # cannot have it), and torch's limit follows the new plan.
+        if self._device.type == "cuda" and self.arena.mode != mode:
+            torch.cuda.empty_cache()
+            self._report(0)
+        self.arena.set_mode(mode)
+        self._limit_torch()
 
     def trace(self, path: str, steps: Optional[int] = None, max_events: int = 0) -> "Trace":
         """Record what the device does, step by step, into ``path``: a Chrome trace-event
@@ -209,6 +321,9 @@ class Handle:
             self._end_step()
             self._trace_stop()
         finally:
+            if self._fraction0 is not None:
+                torch.cuda.set_per_process_memory_fraction(self._fraction0, self._device)
+                self._fraction0 = None
             for undo in reversed(self._restore):
                 undo()
             self._restore.clear()
@@ -250,3 +365,35 @@ class Trace:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+# torch's allocator tells its out-of-memory observers before it raises: the
+# handles attached on that device hear of it (one observer for the process).
+_live: "weakref.WeakSet[Handle]" = weakref.WeakSet()
+_observing = False
+
+
+def _observe_oom(h: Handle) -> None:
+    global _observing
+    _live.add(h)
+    if _observing or h._device.type != "cuda":
+        return
+    attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+    if attach is None:  # pragma: no cover - a torch without it: the error still comes, unlearned
+        return
+
+    def observer(device: int, alloc: int, device_allocated: int, device_free: int) -> None:
+        for hh in list(_live):
+            if hh._attached and hh._device.index == device:
+                hh._oom(int(alloc))
+
+    attach(observer)
+    _observing = True
+
+
+def _fmt_size(n: int) -> str:
+    """Bytes as the library writes them: 8.00 GiB, 512.00 MiB."""
+    for unit, k in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << k:
+            return f"{n / (1 << k):.2f} {unit}"
+    return f"{n} bytes"

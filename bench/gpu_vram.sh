@@ -1,0 +1,146 @@
+#!/bin/sh
+# gpu_vram.sh - the PyTorch adapter with nothing to tune, on a real card:
+# attach(module, image[, vram=V]) and nothing else, the process's device
+# memory read from the driver.
+#
+# Measures (FLUX.1-dev diffusers transformer, 1024x1024, synthesized weights,
+# a plain image; bench/torch_flux.py runs, one process each, every one under
+# bench/vram_peak.py: NVML's device-wide used memory polled every 2 ms from
+# before the process's CUDA context):
+#   sample    the resident step (no vram: the H200 holds it all), then
+#             sampling at each V of SAMPLE_V (default 12G 8G 4G 3G)
+#   floor     sampling at each V of FLOOR_V (default 2G 1792M): the smallest
+#             that runs
+#   train     LoRA (r16 on to_q/to_k/to_v/to_out.0, AdamW, checkpointing)
+#             resident, then at each V of TRAIN_V (default 12G 8G 6G)
+#   pressure  a card with FREE (default 16G) free (a filler process holds the
+#             rest), vram None, 150 sampling steps; another process takes
+#             PRESSURE (default 4G) at T0 s and gives it back at T1 s
+#             (PRESSURE_AT, default 30-45)
+# Limit, same run: each run's pinned host-to-device rate (torch_flux.py
+#   measures it after its steps): a sampling step's limit is max(the resident
+#   step, its moved bytes / that rate); a training step's is bench/
+#   train_bound.py's (each phase's copies against the resident run's phase).
+# Prints: one JSON line a run appended to OUT/vram.jsonl (torch_flux.py's
+#   record with "name" and vram_peak.py's "nvml" beside it); read it with
+#   python3 bench/vram_summary.py OUT/vram.jsonl (a line a run: step, limit,
+#   ratio, NVML peak against V, first step, set-up).
+# Run: A=build/arena OUT=dir sh bench/gpu_vram.sh WORKDIR [SET...]
+#   (default SETs: sample floor train pressure) on a machine with an NVIDIA
+#   GPU, a CUDA build, torch and diffusers, the arena package importable
+#   (PYTHONPATH=python ARENA_LIBRARY=build/libarena.so beside a build);
+#   ~50 GB free in WORKDIR. DEADLINE: seconds after which no run starts
+#   (default none).
+set -u
+A=${A:-build/arena}
+OUT=${OUT:-.}
+W=$1
+shift
+mkdir -p "$W" "$OUT"
+T0=$(date +%s)
+log() { echo "== $(date +%T) $*" >&2; }
+IMG=$W/f.arena
+if [ ! -f "$IMG" ]; then
+	log synth
+	"$A" synth --layout flux-dev -q -o "$W/f.safetensors" || exit 1
+	log convert
+	"$A" convert -q "$W/f.safetensors" -o "$IMG" || exit 1
+	rm -f "$W/f.safetensors"
+fi
+cat "$IMG" >/dev/null # the page cache warm, as a second start would find it
+
+# run NAME [vram_peak options] -- torch_flux.py arguments
+run() {
+	n=$1
+	shift
+	if [ -n "${DEADLINE:-}" ] && [ $(($(date +%s) - T0)) -gt "$DEADLINE" ]; then
+		log "skip $n (deadline)"
+		return
+	fi
+	log "$n"
+	vp=
+	while [ "$1" != -- ]; do
+		vp="$vp $1"
+		shift
+	done
+	shift
+	timeout "${TO:-240}" python3 bench/vram_peak.py $vp -- python3 bench/torch_flux.py "$@" --image "$IMG" \
+		>"$W/run.out" 2>"$OUT/$n.err"
+	python3 - "$n" "$W/run.out" >>"$OUT/vram.jsonl" <<'PY' || { log "failed: $n"; tail -n 3 "$OUT/$n.err" >&2; }
+import json, sys
+name, path = sys.argv[1], sys.argv[2]
+rec, peak = None, None
+for line in open(path):
+    if line.startswith("VRAM_PEAK "):
+        peak = json.loads(line[10:])
+    elif line.startswith("{"):
+        rec = json.loads(line)
+if rec is None:
+    sys.exit(1)
+rec["name"] = name
+rec["nvml"] = peak
+print(json.dumps(rec))
+PY
+}
+
+# A process holding all of the device but `free` bytes (plain cudaMalloc),
+# until it is killed: the card then looks that small to the others.
+filler() {
+	python3 - "$1" <<'PY' &
+import ctypes, sys, time
+rt = None
+for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+    try:
+        rt = ctypes.CDLL(name)
+        break
+    except OSError:
+        pass
+rt.cudaFree(None)
+f, t = ctypes.c_size_t(), ctypes.c_size_t()
+rt.cudaMemGetInfo(ctypes.byref(f), ctypes.byref(t))
+want = f.value - int(float(sys.argv[1]) * 2**30)
+p = ctypes.c_void_p()
+if want > 0 and rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(want)) != 0:
+    sys.exit("filler: cudaMalloc failed")
+print("filler holds %.2f GiB" % (max(want, 0) / 2**30), file=sys.stderr, flush=True)
+while True:
+    time.sleep(3600)
+PY
+	FILLER=$!
+	sleep "${FILLER_WAIT:-8}"
+}
+
+gib() { echo "$1" | sed 's/G$//'; }
+
+SETS=${*:-sample floor train pressure}
+for set in $SETS; do
+	case $set in
+	sample)
+		run sample-resident -- arena-sample --steps 10
+		for v in ${SAMPLE_V:-12G 8G 4G 3G}; do
+			run "sample-$v" -- arena-sample --vram "$v" --steps 10
+		done
+		;;
+	floor)
+		for v in ${FLOOR_V:-2G 1792M}; do
+			run "sample-$v" -- arena-sample --vram "$v" --steps 10
+		done
+		;;
+	train)
+		run train-resident -- arena-train --steps 6
+		for v in ${TRAIN_V:-12G 8G 6G}; do
+			run "train-$v" -- arena-train --vram "$v" --steps 6
+		done
+		;;
+	pressure)
+		filler "$(gib "${FREE:-16G}")"
+		run pressure --pressure "${PRESSURE:-4G}@${PRESSURE_AT:-30-45}" -- arena-sample --steps "${PRESSURE_STEPS:-150}"
+		kill "$FILLER" 2>/dev/null
+		wait "$FILLER" 2>/dev/null
+		;;
+	*)
+		echo "gpu_vram.sh: unknown set $set (sample floor train pressure)" >&2
+		exit 2
+		;;
+	esac
+done
