@@ -396,7 +396,7 @@ static void int4_through(const char *scheme, unsigned n)
 	arena_convert_opts o = {.threads = 2,
 				.chunk_size = 64 << 10,
 				.quant = {.scheme = scheme, .include = int4_inputs, .n_include = 4}};
-	cr_assert_eq(arena_convert(&in, 1, tmp("i.arena"), &o, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(&in, 1, tmp("i.arena"), &o, NULL), 0, "%s", arena_last_error());
 	cr_assert_eq(arena_export(tmp("i.arena"), tmp("i.safetensors"), 1, NULL), 0, "%s", arena_last_error());
 	arena_st_file *f, *r;
 	cr_assert_eq(arena_st_open(tmp("i.safetensors"), &f), 0, "%s", arena_last_error());
@@ -434,7 +434,7 @@ Test(qconvert, int4_dequantize_on_sim_equals_the_reference)
 	static const char *const schemes[] = {"int4-g32", "int4-g64", "int4-g128"};
 	for (size_t k = 0; k < 3; k++) {
 		arena_convert_opts o = {.threads = 1, .quant = {.scheme = schemes[k], .include = int4_inputs, .n_include = 4}};
-		cr_assert_eq(arena_convert(&in, 1, tmp("d.arena"), &o, NULL), 0, "%s", arena_last_error());
+		cr_assert_eq(arena_convert_inputs(&in, 1, tmp("d.arena"), &o, NULL), 0, "%s", arena_last_error());
 		arena_open_options ao = {.backend = "sim", .vram_cap = 64 << 20};
 		arena *a;
 		cr_assert_eq(arena_open(tmp("d.arena"), &ao, &a), 0, "%s", arena_last_error());
@@ -502,7 +502,7 @@ Test(qconvert, int4_refuses_nan_and_inf_and_writes_nothing)
 		snprintf(inp, sizeof(inp), "%s", tmp("n.safetensors"));
 		const char *in = inp;
 		arena_convert_opts o = {.threads = 2, .chunk_size = 64 << 10, .quant = {.scheme = "int4-g64"}};
-		cr_assert_eq(arena_convert(&in, 1, tmp("n.arena"), &o, NULL), ARENA_E(QUANT_NOT_APPLICABLE));
+		cr_assert_eq(arena_convert_inputs(&in, 1, tmp("n.arena"), &o, NULL), ARENA_E(QUANT_NOT_APPLICABLE));
 		const char *m = arena_last_error();
 		cr_expect(strstr(m, inp) == m, "the file first: %s", m);
 		cr_expect(strstr(m, "tensor 'transformer_blocks.0.ff.weight': int4-g64: row 400, columns 64 to 127 (group 1)"),
@@ -512,7 +512,7 @@ Test(qconvert, int4_refuses_nan_and_inf_and_writes_nothing)
 		/* left out, the tensor converts (stored as it is) */
 		const char *exc = "*.ff.weight";
 		arena_convert_opts x = {.threads = 2, .quant = {.scheme = "int4-g64", .exclude = &exc, .n_exclude = 1}};
-		cr_assert_eq(arena_convert(&in, 1, tmp("n.arena"), &x, NULL), 0, "%s", arena_last_error());
+		cr_assert_eq(arena_convert_inputs(&in, 1, tmp("n.arena"), &x, NULL), 0, "%s", arena_last_error());
 		unlink(tmp("n.arena"));
 		unlink(tmp("n.safetensors"));
 	}
@@ -527,7 +527,7 @@ Test(qconvert, int4_convert_under_faults_leaves_nothing)
 {
 	const char *in = fixture_path("tiny_flux.safetensors");
 	arena_convert_opts o = {.threads = 2, .chunk_size = 64 << 10, .quant = {.scheme = "int4-g64"}};
-	cr_assert_eq(arena_convert(&in, 1, tmp("ref.arena"), &o, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(&in, 1, tmp("ref.arena"), &o, NULL), 0, "%s", arena_last_error());
 	arena_image *img;
 	cr_assert_eq(arena_img_open(tmp("ref.arena"), &img), 0);
 	cr_assert_eq(arena_img_verify_data(img, 2, NULL, NULL, NULL), 0);
@@ -539,7 +539,7 @@ Test(qconvert, int4_convert_under_faults_leaves_nothing)
 	long n;
 	for (n = 1; n < 1000000; n += 7) {
 		arena_fault_alloc(n);
-		int rc = arena_convert(&in, 1, tmp("x.arena"), &o, NULL);
+		int rc = arena_convert_inputs(&in, 1, tmp("x.arena"), &o, NULL);
 		int fired = arena_fault_alloc_fired();
 		arena_fault_alloc(0);
 		if (!fired) {
@@ -555,7 +555,7 @@ Test(qconvert, int4_convert_under_faults_leaves_nothing)
 	int fired = 0;
 	for (n = 1; n < 64; n++) {
 		arena_fault_write(n);
-		int rc = arena_convert(&in, 1, tmp("x.arena"), &o, NULL);
+		int rc = arena_convert_inputs(&in, 1, tmp("x.arena"), &o, NULL);
 		arena_fault_write(0);
 		if (rc == 0)
 			break;
@@ -566,12 +566,12 @@ Test(qconvert, int4_convert_under_faults_leaves_nothing)
 	cr_assert_gt(fired, 2);
 	unlink(tmp("x.arena"));
 	arena_fault_read(3);
-	int rc = arena_convert(&in, 1, tmp("x.arena"), &o, NULL);
+	int rc = arena_convert_inputs(&in, 1, tmp("x.arena"), &o, NULL);
 	arena_fault_read(0);
 	cr_assert_eq(rc, ARENA_E(IO), "%s", arena_last_error());
 	cr_assert_eq(entries(), 1);
 	/* and whole, the same bytes as the first run */
-	cr_assert_eq(arena_convert(&in, 1, tmp("x.arena"), &o, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(&in, 1, tmp("x.arena"), &o, NULL), 0, "%s", arena_last_error());
 	FILE *a = fopen(tmp("ref.arena"), "rb"), *b = fopen(tmp("x.arena"), "rb");
 	int ca, cb;
 	do {

@@ -26,7 +26,7 @@ static void setup(void)
 	const char *in = fixture_path("tiny_flux.safetensors");
 	img = tmpdir_file(dir, "r.arena");
 	arena_convert_opts co = {.chunk_size = 64 << 10, .threads = 1};
-	cr_assert_eq(arena_convert(&in, 1, img, &co, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_convert_inputs(&in, 1, img, &co, NULL), 0, "%s", arena_last_error());
 }
 
 static void teardown(void)
