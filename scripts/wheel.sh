@@ -203,6 +203,10 @@ WHL=$(ls "$W/dist"/arena-"$VERSION"-py3-none-"$PLAT".whl 2>/dev/null) || die "no
 tag=$(tr '\n' ' ' <"$W/auditwheel.txt" | sed -n 's/.*is consistent with the following platform tag: *"manylinux_\([0-9]*\)_\([0-9]*\)_'"$ARCH"'".*/\1 \2/p')
 [ -n "$tag" ] && [ "${tag% *}" = 2 ] && [ "${tag#* }" -le 28 ] ||
 	{ cat "$W/auditwheel.txt"; die "auditwheel does not accept $PLAT"; }
-cuda=$("$BIN" version | grep -i cuda || true)
+if [ "$(uname -m)" = "$ARCH" ]; then
+	cuda=$("$BIN" version | grep -i cuda || true)
+else
+	cuda="for $ARCH, the simulator only; not run here"
+fi
 say "$WHL ($(du -k "$WHL" | cut -f1) KiB; $cuda)"
 say "auditwheel show: $(tr '\n' ' ' <"$W/auditwheel.txt" | sed 's/  */ /g')"
