@@ -409,6 +409,11 @@ ARENA_API size_t arena_tensor_count(const arena *a);
 ARENA_API int arena_tensor_get(const arena *a, size_t i, arena_tensor_info *out);
 /* The index of the tensor called `name`: 0, or NOT_FOUND. */
 ARENA_API int arena_tensor_find(const arena *a, const char *name, size_t *index);
+/* Tensor i stored torch-subclass (the inner tensors of a PyTorch tensor
+ * subclass as its components, docs/QUANT.md "Tensor subclasses"): the
+ * manifest's "subclass" object, compact JSON, borrowed (valid while the
+ * arena lives). NULL for another scheme or i out of range. */
+ARENA_API const char *arena_tensor_subclass(const arena *a, size_t i);
 /* Write the values of tensor `tensor`, stored quantized (docs/QUANT.md), in
  * its original dtype (BF16, F16 or F32) and shape, contiguous, to `dst`:
  * qdata x scale in f32, rounded once to nearest even, bit for bit what
@@ -421,6 +426,19 @@ ARENA_API int arena_tensor_find(const arena *a, const char *name, size_t *index)
  * from an 8-bit source, a stream handle or a block outside the device's
  * memory on sim; DEV_ERROR when the launch fails. */
 ARENA_API int arena_tensor_dequantize(arena *a, size_t tensor, const void *block, void *dst, void *stream);
+
+/* ---- writing images ---------------------------------------------------------- */
+
+/* `arena convert INPUTS -o OUT [--codec CODEC]`: write the image of the
+ * safetensors checkpoint made of `inputs` (files, index .json files or
+ * folders) to `out`, which appears only when whole. `codec` NULL or "none",
+ * "hb4" or "zstd"; `threads` 0: one per CPU. Tensor subclasses' inner
+ * tensors (docs/QUANT.md, "Tensor subclasses") become torch-subclass
+ * tensors as convert makes them. 0, or the convert's errors (USAGE for a
+ * NULL argument or an unknown codec, NOT_FOUND, ST_*, QUANT_*,
+ * OUTPUT_IS_INPUT, IO, NOMEM...). */
+ARENA_API int arena_convert_files(const char *const *inputs, size_t n_inputs, const char *out, const char *codec,
+				  unsigned threads);
 
 /* ---- steps: acquire and release blocks ------------------------------------- */
 

@@ -901,6 +901,19 @@ class Coded(unittest.TestCase):
         h.detach()
 
 
+def int4_values(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, shape, group: int) -> torch.Tensor:
+    """An int4-gN tensor's values in f32 from its components, the torch way: codes two
+    a byte (even column low nibble), (q - z) x scale per group of `group` columns."""
+    rows = shape[0] if len(shape) >= 2 else 1
+    cols = 1
+    for d in shape:
+        cols *= d
+    cols //= rows
+    codes = torch.stack([q & 15, q >> 4], dim=-1).reshape(rows, -1)[:, :cols].float()
+    g = torch.arange(cols) // group
+    return ((codes - zero.float()[:, g]) * scale.float()[:, g]).reshape(shape)
+
+
 class Quantized(unittest.TestCase):
     """Images converted with --quant: each block tensor stored quantized is dequantized
     to its original dtype when its block is bound (qdata x scale in f32, rounded once:
@@ -909,6 +922,7 @@ class Quantized(unittest.TestCase):
     resident and streamed, in whole blocks and in pieces."""
 
     SCHEMES = ("fp8-e4m3-row", "fp8-e4m3-tensor", "fp8-e4m3", "fp8-e5m2", "int8-row")
+    INT4 = ("int4-g32", "int4-g64", "int4-g128")  # (value = (q - z) x scale: docs/QUANT.md)
     # the images are ~183 KiB: whole blocks stream with a ring of two slots
     STREAM = dict(device="sim", sim_capacity="150K", headroom=0, reserve=0, keep_last=0, depth=1, piece_size=0)
     PIECES = dict(device="sim", sim_capacity="120K", headroom=0, reserve=0, keep_last=0, piece_size="16K")
@@ -940,6 +954,9 @@ class Quantized(unittest.TestCase):
                     continue
                 dt = arena.torch_dtype(info.dtype)
                 scale = ts.get(name + "_scale")
+                if info.scheme.startswith("int4-"):
+                    sd[name] = int4_values(q, scale, ts[name + "_zero"], info.shape, int(info.scheme[6:])).to(dt)
+                    continue
                 v = q.float() * scale if scale is not None else q.float()
                 sd[name] = v.to(dt)
         with torch.device("meta"):
@@ -949,12 +966,14 @@ class Quantized(unittest.TestCase):
         return m
 
     def test_sampling_equals_plain(self):
-        for scheme in self.SCHEMES:
+        for scheme in self.SCHEMES + self.INT4:
             path = self.image(scheme)
             with torch.no_grad():
                 want = self.plain(path)(**inputs()).sample
             self.assertFalse(torch.equal(want, self.unquantized), "the scheme changes the weights")
-            for opts in (RESIDENT, self.STREAM, self.PIECES):
+            # int4 images are ~148 KiB, whole blocks stream from 110.5 KiB
+            stream = dict(self.STREAM, sim_capacity="120K") if scheme in self.INT4 else self.STREAM
+            for opts in (RESIDENT, stream, self.PIECES):
                 with self.subTest(scheme=scheme, opts=opts):
                     m = model()
                     h = at.attach(m, path, **opts)
@@ -1022,7 +1041,7 @@ class Quantized(unittest.TestCase):
         """Training holds a recomputed block until its backward: the ring needs three
         slots, which stream nothing with this tiny model's quantized blocks alone; its
         double blocks are quantized here, the single ones stored as they are."""
-        for scheme in ("fp8-e4m3-row", "int8-row"):
+        for scheme in ("fp8-e4m3-row", "int8-row", "int4-g32"):
             path = self.image(scheme, "--quant-exclude", "single_transformer_blocks.*")
             m0 = self.plain(path)
             add_lora(m0)

@@ -62,6 +62,7 @@ class Handle:
         self._oom_asked = 0
         self._compile_probe: List[nn.Module] = []  # the root and whole blocks: compiled or not
         self._oom_need = 0  # torch ran out in this step: what it held and asked for
+        self._fp8_compute: Any = "auto"  # attach's fp8_compute (_quant.fp8_native)
 
     def _torch_reserved(self) -> Optional[int]:
         if self._device.type != "cuda":
