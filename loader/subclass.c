@@ -100,6 +100,27 @@ static int add(arena_subclass_set *s, const arena_ckpt *ck, const char *file, co
 	return 0;
 }
 
+/* The outer size and contiguous stride of a tensor of `rank` dims `shape`, as
+ * the subclass object lists them. NULL when out of memory. */
+static json_t *size_stride(json_t *meta, uint32_t rank, const uint64_t *shape)
+{
+	json_t *size = json_array(), *stride = json_array();
+	uint64_t st[ARENA_MAX_RANK], acc = 1;
+	for (uint32_t k = rank; k-- > 0;) {
+		st[k] = acc;
+		acc *= shape[k];
+	}
+	int fail = !meta || !size || !stride;
+	for (uint32_t k = 0; !fail && k < rank; k++)
+		fail = json_array_append_new(size, json_integer((json_int_t)shape[k])) ||
+		       json_array_append_new(stride, json_integer((json_int_t)st[k]));
+	if (fail || json_object_set_new(meta, "size", size) || json_object_set_new(meta, "stride", stride)) {
+		json_decref(meta);
+		return NULL;
+	}
+	return meta;
+}
+
 /* ---- arena's own: __metadata__ "arena.subclass" ----------------------------------- */
 
 static int from_arena(arena_subclass_set *s, const arena_ckpt *ck, const arena_st_file *f, const char *text)
@@ -164,12 +185,12 @@ static int from_arena(arena_subclass_set *s, const arena_ckpt *ck, const arena_s
 /* ---- torchao's safetensors --------------------------------------------------------- */
 
 /* The torchao types whose "qdata" has the weight's own shape, and where
- * they live (the "type" of the subclass object: module.qualname). */
+ * they live (the "type" of the subclass object: the class's __module__ and
+ * __qualname__ as torchao 0.18 sets them). */
 static const char *const torchao_types[][2] = {
-	{"Float8Tensor", "torchao.quantization.quantize_.workflows.float8.float8_tensor.Float8Tensor"},
-	{"Int8Tensor", "torchao.quantization.quantize_.workflows.int8.int8_tensor.Int8Tensor"},
-	{"IntxUnpackedToInt8Tensor",
-	 "torchao.quantization.quantize_.workflows.intx.intx_unpacked_to_int8_tensor.IntxUnpackedToInt8Tensor"},
+	{"Float8Tensor", "torchao.quantization.Float8Tensor"},
+	{"Int8Tensor", "torchao.quantization.Int8Tensor"},
+	{"IntxUnpackedToInt8Tensor", "torchao.quantization.IntxUnpackedToInt8Tensor"},
 };
 
 static arena_dtype torch_dtype_name(const char *s)
@@ -258,9 +279,13 @@ static int from_torchao(arena_subclass_set *s, const arena_ckpt *ck, const arena
 			if (!rc && !qdata)
 				rc = arena_errorf(E(ST_BAD_METADATA), "%s: torchao metadata: tensor '%s' has no \"qdata\"",
 						  f->path, arena_q(name));
+			else if (!rc && qdata->rank > ARENA_MAX_RANK)
+				rc = arena_errorf(E(QUANT_NOT_APPLICABLE), "%s: tensor '%s': rank %u is over %d", f->path,
+						  arena_q(name), qdata->rank, ARENA_MAX_RANK);
 			if (!rc) {
-				json_t *meta = json_pack("{s:s,s:s,s:s,s:O}", "library", "torchao", "type", full, "encoding",
-							 "torchao", "attributes", data);
+				json_t *meta = size_stride(json_pack("{s:s,s:s,s:s,s:O}", "library", "torchao", "type", full,
+								     "encoding", "torchao", "attributes", data),
+							   qdata->rank, qdata->shape);
 				rc = meta ? add(s, ck, f->path, name, dt, qdata->rank, qdata->shape, meta, n, cn, ct)
 					  : arena_errorf(ARENA_E_NOMEM, "out of memory");
 			}
@@ -290,7 +315,7 @@ static int from_quanto(arena_subclass_set *s, const arena_ckpt *ck)
 			continue;
 		const char *path = d->file->path;
 		snprintf(nm, sizeof(nm), "%s._data._data", base);
-		if (arena_ckpt_find(ck, nm) || d->rank < 1)
+		if (arena_ckpt_find(ck, nm) || d->rank < 1 || d->rank > ARENA_MAX_RANK)
 			continue;
 		snprintf(nm, sizeof(nm), "%s._shift", base);
 		const arena_st_tensor *sh = arena_ckpt_find(ck, nm);
@@ -329,6 +354,7 @@ static int from_quanto(arena_subclass_set *s, const arena_ckpt *ck)
 					 "optimum.quanto.tensor.weights.qbytes.WeightQBytesTensor", "encoding", "json",
 					 "attributes", "qtype", qtype, "axis", "0", "size", size, "stride", stride,
 					 "activation_qtype", "none");
+		meta = size_stride(meta, d->rank, d->shape);
 		const char *cn[2] = {"_data", "_scale"};
 		const arena_st_tensor *ct[2] = {d, sc};
 		rc = meta ? add(s, ck, path, base, sc->dtype, d->rank, d->shape, meta, 2, cn, ct)

@@ -338,6 +338,18 @@ def _check_inner(name: str, sub: torch.Tensor, info: TensorInfo, meta: Dict[str,
     return None
 
 
+def _unflatten_like(t: torch.Tensor, inner: Dict[str, torch.Tensor], prefix: str = "") -> torch.Tensor:
+    """A subclass like ``t`` (its type and flatten context: the protocol alone, no
+    binding) holding ``inner`` (by path; nested subclasses made the same way)."""
+    names, ctx = t.__tensor_flatten__()  # type: ignore[attr-defined]
+    mine: Dict[str, torch.Tensor] = {}
+    for n in names:
+        v = getattr(t, n)
+        mine[n] = _unflatten_like(v, inner, prefix + n + ".") if is_subclass(v) else inner[prefix + n]
+    out: torch.Tensor = type(t).__tensor_unflatten__(mine, ctx, t.size(), t.stride())  # type: ignore[attr-defined]
+    return out
+
+
 def _rebuild(meta: Dict[str, Any], inner: Dict[str, torch.Tensor], prefix: str = "") -> torch.Tensor:
     """A subclass made from the image's subclass object (nested ones first)."""
     tp = meta.get("type", "")
@@ -367,14 +379,21 @@ def match(h: "Handle", full: str, t: torch.Tensor, info: TensorInfo) -> Tuple[Op
     if tuple(t.shape) != info.shape or t.dtype != want:
         return None, f"'{full}' is {tuple(t.shape)} {t.dtype}, the image's '{info.name}' is {info.shape} {info.dtype}"
     tp = meta.get("type", "?")
-    if is_subclass(t) and type_name(t) == tp:
-        why = _check_inner(full, t, info, meta)
-        return (None, why) if why else (t, None)
     perms = meta.get("permute", {})
     inner = {}
     for c in info.components:
         ph = placeholder(h, c)
         inner[c.name] = ph if c.name not in perms else ph.permute(perms[c.name])
+    if is_subclass(t) and type_name(t) == tp:
+        why = _check_inner(full, t, info, meta)
+        if why:
+            return None, why
+        if t.device == h._device:
+            return t, None
+        # quantized on another device (meta): a new one of the module's own, on arena's
+        # device (a wrapper subclass's device is its own, whatever its inner tensors')
+        with torch.no_grad():
+            return _unflatten_like(t, inner), None
     try:
         with torch.no_grad():
             sub = _rebuild(meta, inner)
