@@ -1058,6 +1058,143 @@ class Quantized(unittest.TestCase):
                     same_step(self, (losses, grads, after), want)
                     h.detach()
 
+    def test_fp8_weights_bound_as_fp8(self):
+        """fp8_compute=True: an fp8-e4m3 image's Linear weights are bound as FP8 weights
+        (arena's Fp8Weight: qdata and scale viewing the block's bytes, no copy at bind);
+        without FP8 matmuls (the CPU) each product dequantizes for itself: outputs and
+        LoRA gradients are the dequantized path's bit for bit. "auto" on sim and False
+        dequantize at each bind as before."""
+        from arena.torch._fp8 import Fp8Weight, device_has_fp8
+
+        self.assertFalse(device_has_fp8(torch.device("cpu")))
+        for scheme in ("fp8-e4m3-row", "fp8-e4m3-tensor", "fp8-e4m3"):
+            path = self.image(scheme)
+            with torch.no_grad():
+                want = self.plain(path)(**inputs()).sample
+            for opts in (self.STREAM, self.PIECES):
+                with self.subTest(scheme=scheme, pieces=opts["piece_size"]):
+                    m = model()
+                    h = at.attach(m, path, fp8_compute=True, **opts)
+                    self.assertGreater(h.plan()["n_streamed"], 0)
+                    w = m.transformer_blocks[0].attn.to_q.weight
+                    self.assertIsInstance(w, Fp8Weight)
+                    self.assertEqual((w.dtype, tuple(w.shape), w.native), (torch.bfloat16, (32, 32), False))
+                    with torch.no_grad():
+                        for _ in range(2):
+                            self.assertTrue(torch.equal(m(**inputs()).sample, want))
+                    slabs = {b.nbytes for b in h.arena.blocks}
+                    self.assertIn(w.qdata.untyped_storage().nbytes(), slabs, "a view of the block, not a copy")
+                    self.assertEqual(w.qdata.dtype, torch.float8_e4m3fn)
+                    h.detach()
+            for mode in (False, "auto"):
+                m = model()
+                h = at.attach(m, path, fp8_compute=mode, **self.STREAM)
+                self.assertNotIsInstance(m.transformer_blocks[0].attn.to_q.weight, Fp8Weight)
+                h.detach()
+        # training through the FP8 weights: the dequantized path's gradients
+        path = self.image("fp8-e4m3-row", "--quant-exclude", "single_transformer_blocks.*")
+        m0 = self.plain(path)
+        add_lora(m0)
+        want = train_steps(m0)
+        for opts in (RESIDENT, dict(self.STREAM, sim_capacity="200K", depth=2), self.PIECES):
+            with self.subTest(train=opts):
+                m = model()
+                h = at.attach(m, path, mode="train", fp8_compute=True, **opts)
+                add_lora(m)
+                same_step(self, train_steps(m), want)
+                h.detach()
+        with self.assertRaises(ValueError):
+            at.attach(model(), path, fp8_compute="yes", **RESIDENT)
+
+    def test_native_fp8_product(self):
+        """The native path's arithmetic, checked where it can run here: the input quantized
+        per row as arena's fp8-e4m3-row (amax / 448, floor 1e-12), and the product
+        _scaled_mm computes, against f32 arithmetic on the same FP8 values, and the input's
+        gradient (W dequantized). torch's _scaled_mm on the CPU takes only scales of one
+        element, so here the call runs on one output row and column; the shapes of a model
+        run on the GPU only (bench/gpu_fp8_check.py)."""
+        from arena.torch._fp8 import quantize_rows
+
+        g = torch.Generator().manual_seed(3)
+        x = (torch.randn(8, 64, generator=g) * torch.logspace(-3, 2, 8)[:, None]).to(torch.bfloat16)
+        x[3] = 0
+        q, s = quantize_rows(x)
+        self.assertEqual((q.dtype, s.shape, s.dtype), (torch.float8_e4m3fn, (8, 1), torch.float32))
+        self.assertEqual(s[3].item(), torch.tensor(1e-12).item(), "a row of zeros: the floor")
+        want_s = (x.float().abs().amax(1, keepdim=True) / 448).clamp(min=1e-12)
+        self.assertTrue(torch.equal(s, want_s))
+        self.assertTrue(torch.equal(q, (x.float() / want_s).clamp(-448, 448).to(torch.float8_e4m3fn)))
+        err = ((q.float() * s) - x.float()).abs().max() / x.float().abs().max()
+        self.assertLess(err.item(), 2 ** -4, "FP8 e4m3 keeps 3 mantissa bits")
+        # the call itself where the CPU's _scaled_mm takes it (one output row and column:
+        # both scales have one element): operands, scales and bias as the GPU gets them
+        from arena.torch._fp8 import _ScaledLinear, dequantize, scaled_linear
+
+        w = torch.randn(1, 64, generator=g) * 0.02
+        ws = (w.abs().amax(1, keepdim=True) / 448).clamp(min=1e-12)
+        wq = (w / ws).clamp(-448, 448).to(torch.float8_e4m3fn)
+        b = torch.tensor([0.25]).to(torch.bfloat16)
+        for row in range(8):
+            xr = x[row:row + 1].clone().requires_grad_(True)
+            y = _ScaledLinear.apply(xr, wq, ws, b, torch.bfloat16)
+            xq, xs = quantize_rows(x[row:row + 1])
+            want = (xq.float() * xs) @ (wq.float() * ws).t() + b.float()
+            self.assertEqual(y.dtype, torch.bfloat16)
+            self.assertLessEqual((y.float() - want).abs().item(), want.abs().item() * 2 ** -8 + 1e-30, row)
+            self.assertTrue(torch.equal(y, scaled_linear(x[row:row + 1], wq, ws, b, torch.bfloat16)))
+            go = torch.tensor([[1.5]]).to(torch.bfloat16)
+            y.backward(go)
+            self.assertTrue(torch.equal(xr.grad, go.matmul(dequantize(wq, ws, torch.bfloat16))), "grad: W dequantized")
+
+    def test_dequantized_copies_count_in_vram(self):
+        """The dequantized copies are torch's memory: a modelled allocator on the simulator
+        (what the copies of the blocks being run take, held as a cache) is what the
+        adapter reports; the learned need makes room for it and the process (weights,
+        ring, copies) never holds more than vram; outputs are the plain model's."""
+        import weakref
+
+        import arena.torch._blocks as blocks
+
+        path = self.image("fp8-e4m3-row")
+        with torch.no_grad():
+            want = self.plain(path)(**inputs()).sample
+        cap = 270 << 10
+        m = model()
+        h = at.attach(m, path, device="sim", sim_capacity="16G", vram=cap, headroom=0, piece_size=0,
+                      learn_rest=True)
+        live, cache = [0], {"held": 0, "peak": 0}
+        real = blocks._dequantize
+
+        def counted(hh, info, index, addr):
+            out = real(hh, info, index, addr)
+            n = out.untyped_storage().nbytes()
+            live[0] += n
+            weakref.finalize(out.untyped_storage(), lambda n=n: live.__setitem__(0, live[0] - n))
+            if live[0] > cache["held"]:
+                cache["held"] = live[0]
+                self.assertLessEqual(live[0], h.arena.memory()["rest_limit"], "torch asked past its limit")
+                h.arena.sim_rest(live[0])
+            cache["peak"] = max(cache["peak"], live[0])
+            return out
+
+        blocks._dequantize = counted
+        try:
+            h._rest_memory = lambda: cache["held"]
+            h._rest_peak = lambda: cache["peak"]
+            h._rest_reset = lambda: cache.update(peak=cache["held"])
+            with torch.no_grad():
+                for k in range(5):
+                    self.assertTrue(torch.equal(m(**inputs()).sample, want), k)
+                    h.end_step()
+                    peak = h.arena.sim_peak(reset=True)
+                    self.assertLessEqual(peak, cap, f"step {k}: the process held {peak} over vram {cap}")
+            self.assertGreater(cache["held"], 0)
+            self.assertTrue(h.arena.memory()["learned"])
+            self.assertGreater(h.plan()["n_streamed"], 0)
+        finally:
+            blocks._dequantize = real
+        h.detach()
+
     def test_dequantize_matches_the_reference(self):
         """arena_tensor_dequantize, every scheme from BF16, F16 and F32 sources (special
         values, rows of 5 elements, 1e-6 to 100 in a row), streamed blocks through

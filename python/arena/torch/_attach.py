@@ -198,6 +198,7 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any, min_saved: Op
     groups: Dict[str, List[int]] = {}
     for idx in block_mod:
         groups.setdefault(parent_of[idx], []).append(idx)
+    h._copy_bytes = _quant.copy_bytes(groups, per_block_q)
     for parent, idxs in groups.items():
         m = block_mod[idxs[0]]
         bs: Dict[int, _BlockBinding] = {}

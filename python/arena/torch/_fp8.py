@@ -152,8 +152,9 @@ class Fp8Weight(torch.Tensor):
                     out: torch.Tensor = _ScaledLinear.apply(x, w.qdata, w.scale, b, w.dtype)
                     return out
                 return F.linear(x, w.dequantize(), b)
+        # anything else goes down to __torch_dispatch__ (detach keeps the type there)
         with torch._C.DisableTorchFunctionSubclass():
-            return func(*_plain(args), **_plain(kwargs))
+            return func(*args, **kwargs)
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]

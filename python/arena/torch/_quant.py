@@ -467,6 +467,22 @@ def to_meta(sub: torch.Tensor) -> None:
         r.data = torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device="meta")
 
 
+def copy_bytes(groups: Dict[str, List[int]], quant: Dict[int, List[Tuple[torch.Tensor, TensorInfo, int]]]) -> int:
+    """The largest image block's dequantized copies, in bytes (its pieces together:
+    a block's call binds them all)."""
+    most = 0
+    for idxs in groups.values():
+        n = 0
+        for i in idxs:
+            for _, info, _ in quant.get(i, []):
+                k = torch_dtype(info.dtype).itemsize
+                for d in info.shape:
+                    k *= d
+                n += k
+        most = max(most, n)
+    return most
+
+
 # --- writing an image from a module quantized in memory --------------------------------
 def _tensors_of(module: nn.Module) -> Dict[str, torch.Tensor]:
     """Every parameter and persistent buffer of ``module`` by name (the names attach
