@@ -51,6 +51,13 @@ pieces"), so the ring holds pieces, not blocks. Training in pieces needs a
 ring that holds one block and a piece: the default depth does; a smaller
 ``depth`` given is refused with the value that is enough.
 
+Quantized weights: an image's own schemes are dequantized at each bind (fp8
+weights computed with natively on GPUs with FP8: ``fp8_compute``); a model
+quantized by torchao or optimum-quanto (tensor subclasses) is written with
+``save_image(module, path)`` and bound with its inner tensors pointed at
+arena memory, the library's kernels running on them (docs/QUANT.md, "Tensor
+subclasses"; ``register_binding`` for a library of your own).
+
 Between calls, a streamed block's parameters view ring memory that other
 blocks reuse: read weights through ``handle.arena.tensors()``, not through
 the module, outside a forward.
@@ -59,7 +66,8 @@ the module, outside a forward.
 # The modules, by concern: _attach (a module matched to an image and bound,
 # the guards set), _blocks (whole blocks; the training checks), _pieces (blocks
 # in pieces), _offload (saved tensors in host memory), _handle (Handle, Trace),
-# _guards (conversions, moves and merges of arena's weights refused).
+# _guards (conversions, moves and merges of arena's weights refused), _quant
+# (tensor subclasses: matched, rebuilt, bound; save_image), _fp8 (native FP8 weights).
 
 from __future__ import annotations
 
