@@ -610,7 +610,9 @@ Test(image, scheme_torch_subclass)
 	raw_image r;
 	small_raw(&r);
 	/* valid with the flag (1.3): its object kept as written, its bytes read as any */
-	char *s = json_dumps(as_subclass(&r), JSON_COMPACT);
+	json_t *j = as_subclass(&r);
+	char *s = json_dumps(j, JSON_COMPACT);
+	json_decref(j);
 	raw_write(&r, s, tmp("o.arena"), subclass_flag);
 	free(s);
 	cr_assert_eq(open_verify(tmp("o.arena")), 0, "%s", arena_last_error());
