@@ -1505,6 +1505,23 @@ class Subclasses(unittest.TestCase):
         finally:
             at._quant._bindings.pop(0)
 
+    def test_compiled_blocks(self):
+        """Every block compiled (fullgraph, aot_eager) over tensor subclasses bound to arena
+        memory (torchao's, quanto's, arena's own FP8 weights): the outputs of the model
+        not attached, no recompile after the first step while the inner tensors move."""
+        for how in ("torchao-float8", "quanto-qint8"):
+            with self.subTest(how=how):
+                path = self.image(how)
+                with torch.no_grad():
+                    want = quantize(model(meta=False), how)(**inputs()).sample
+                m = quantize(model(), how)
+                compiled_steps(self, m, at.attach(m, path, **self.tight(path, self.STREAM)), want)
+        path = Quantized.image("fp8-e4m3-row")
+        with torch.no_grad():
+            want = Quantized.plain(path)(**inputs()).sample
+        m = model()
+        compiled_steps(self, m, at.attach(m, path, fp8_compute=True, **Quantized.STREAM), want)
+
     def test_refusals(self):
         # the module quantized otherwise (int4 in groups of 32, the image's of 16): its inner
         # tensors are not the image's
