@@ -110,6 +110,7 @@ int arena_img_header_decode(const uint8_t page[ARENA_IMG_HEADER_SIZE], uint64_t 
 typedef struct mctx {
 	const char *label;
 	char where[96];
+	uint32_t flags; /* the header's */
 } mctx;
 
 static int mbad(const mctx *m, const char *fmt, ...) ARENA_PRINTF(2, 3);
@@ -240,9 +241,15 @@ static int parse_tensors(const mctx *m0, json_t *arr, arena_layout *l)
 				return rc;
 			strcpy(cp->name, cname);
 		}
+		json_t *sub = json_object_get(o, "subclass");
+		if (sub && !json_is_object(sub))
+			return mbad(&m, "\"subclass\" is not an object");
 		t->name = arena_strdup(name);
-		if (!t->name)
+		t->subclass = sub ? json_dumps(sub, JSON_COMPACT) : NULL;
+		if (!t->name || (sub && !t->subclass))
 			return arena_errorf(ARENA_E_NOMEM, "%s: out of memory reading the manifest", m.label);
+		if (sub && !(m.flags & ARENA_IMG_FLAG_SUBCLASS))
+			return mbad(&m, "a \"subclass\" object in an image without the torch-subclass flag (bit 2)");
 	}
 	return 0;
 }
@@ -290,7 +297,7 @@ static int build_used(arena_image *img)
 
 static int parse_manifest(arena_image *img, const char *text, size_t len)
 {
-	mctx m = {.label = img->path, .where = ""};
+	mctx m = {.label = img->path, .where = "", .flags = img->hdr.flags};
 	json_error_t jerr;
 	unsigned long mark = arena_json_parse_begin();
 	json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);

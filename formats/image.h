@@ -13,14 +13,17 @@
 
 #define ARENA_IMG_MAGIC "ARENAIMG"
 #define ARENA_IMG_MAJOR 1
-#define ARENA_IMG_MINOR 2 /* the newest minor this reader knows */
+#define ARENA_IMG_MINOR 3 /* the newest minor this reader knows */
 /* Header flag bit 0 (required, 1.1): the data region holds coded chunks,
  * packed (docs/FORMAT.md, "Coded images"). */
 #define ARENA_IMG_FLAG_CODED 1u
 /* Header flag bit 1 (required, 1.2): chunks may be stored with codec 2,
  * zstd; set only with bit 0. */
 #define ARENA_IMG_FLAG_ZSTD 2u
-#define ARENA_IMG_KNOWN_FLAGS (ARENA_IMG_FLAG_CODED | ARENA_IMG_FLAG_ZSTD)
+/* Header flag bit 2 (required, 1.3): tensors may be stored torch-subclass
+ * (formats/scheme.h: named components and a "subclass" object). */
+#define ARENA_IMG_FLAG_SUBCLASS 4u
+#define ARENA_IMG_KNOWN_FLAGS (ARENA_IMG_FLAG_CODED | ARENA_IMG_FLAG_ZSTD | ARENA_IMG_FLAG_SUBCLASS)
 #define ARENA_IMG_HEADER_SIZE 4096u
 #define ARENA_IMG_CHUNK_ENTRY 32u
 #define ARENA_IMG_DEFAULT_CHUNK (4u << 20)
@@ -63,6 +66,8 @@ void arena_img_header_plan(arena_img_header *h, uint64_t manifest_length, uint64
 void arena_img_header_set_coded(arena_img_header *h);
 /* A coded image whose chunks may be zstd (version 1.2). */
 void arena_img_header_set_zstd(arena_img_header *h);
+/* The image holds torch-subclass tensors: flag bit 2, minor 3. */
+void arena_img_header_set_subclass(arena_img_header *h);
 void arena_img_header_set_stored(arena_img_header *h, uint64_t stored_length);
 /* Bytes of the data region as stored in the file. */
 static inline uint64_t arena_img_stored_data(const arena_img_header *h)

@@ -43,6 +43,12 @@ void arena_img_header_set_zstd(arena_img_header *h)
 	h->minor = 2;
 }
 
+void arena_img_header_set_subclass(arena_img_header *h)
+{
+	h->flags |= ARENA_IMG_FLAG_SUBCLASS;
+	h->minor = 3;
+}
+
 void arena_img_header_set_stored(arena_img_header *h, uint64_t stored_length)
 {
 	h->stored_length = stored_length;
@@ -144,6 +150,8 @@ int arena_img_manifest_build(const arena_layout *l, const void *sources, const v
 		jset(o, "shape", shape_json(t->rank, t->shape), &fail);
 		jset(o, "block", json_integer(t->block), &fail);
 		jset(o, "scheme", json_string(t->scheme), &fail);
+		if (t->subclass)
+			jset(o, "subclass", json_loads(t->subclass, JSON_REJECT_DUPLICATES, NULL), &fail);
 		for (uint32_t c = 0; comps && c < t->n_comp; c++) {
 			const arena_component *cp = &t->comp[c];
 			json_t *co = json_object();

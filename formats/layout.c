@@ -35,8 +35,10 @@ void arena_layout_free(arena_layout *l)
 		arena_free(l->blocks[i].name);
 		arena_free(l->blocks[i].container);
 	}
-	for (size_t i = 0; l->tensors && i < l->n_tensors; i++)
+	for (size_t i = 0; l->tensors && i < l->n_tensors; i++) {
 		arena_free(l->tensors[i].name);
+		arena_free(l->tensors[i].subclass);
+	}
 	arena_free(l->blocks);
 	arena_free(l->tensors);
 	arena_free(l->order);
@@ -351,13 +353,15 @@ int arena_layout_pieces(const arena_layout *l, uint64_t piece, arena_layout **ou
 			arena_tensor *dt = &o->tensors[ti];
 			*dt = *src;
 			dt->name = NULL;
+			dt->subclass = NULL;
 			dt->block = (uint32_t)(j - k + q);
 			for (uint32_t c = 0; c < dt->n_comp; c++)
 				dt->comp[c].offset -= cuts[q];
 		}
 	}
 	for (size_t i = 0; i < l->n_tensors; i++) {
-		if (!(o->tensors[i].name = arena_strdup(l->tensors[i].name))) {
+		if (!(o->tensors[i].name = arena_strdup(l->tensors[i].name)) ||
+		    (l->tensors[i].subclass && !(o->tensors[i].subclass = arena_strdup(l->tensors[i].subclass)))) {
 			rc = arena_errorf(ARENA_E_NOMEM, "pieces: out of memory");
 			goto out;
 		}

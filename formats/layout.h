@@ -41,10 +41,12 @@ typedef struct arena_tensor {
 	uint32_t rank;
 	uint64_t shape[ARENA_MAX_RANK];
 	uint32_t block;
-	char scheme[24]; /* "none" or a quant scheme name */
+	char scheme[24]; /* "none", a quant scheme name or "torch-subclass" */
 	uint32_t n_comp;
 	arena_component comp[ARENA_MAX_COMPONENTS];
+	char *subclass;  /* owned: torch-subclass only, the manifest's "subclass" object as compact JSON; else NULL */
 	const void *src; /* convert only: the source (arena_st_tensor), borrowed */
+	const void *comp_src[ARENA_MAX_COMPONENTS]; /* convert, torch-subclass: each component's source, borrowed */
 } arena_tensor;
 
 typedef struct arena_block {

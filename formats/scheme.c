@@ -288,11 +288,53 @@ int arena_quant_describe(const arena_quant_plan *p, arena_tensor *t)
 	return 0;
 }
 
+int arena_subclass_check(const arena_tensor *t)
+{
+	const char *name = t->name ? t->name : "?";
+	if (t->n_comp < 1 || t->n_comp > ARENA_MAX_COMPONENTS)
+		return arena_errorf(E(IMG_MANIFEST_BAD), "tensor '%s': scheme %s: %u components, not 1 to %d", arena_q(name),
+				    ARENA_SCHEME_SUBCLASS, t->n_comp, ARENA_MAX_COMPONENTS);
+	if (!t->subclass)
+		return arena_errorf(E(IMG_MANIFEST_BAD), "tensor '%s': scheme %s without its \"subclass\" object",
+				    arena_q(name), ARENA_SCHEME_SUBCLASS);
+	for (uint32_t i = 0; i < t->n_comp; i++) {
+		const char *c = t->comp[i].name;
+		size_t n = strnlen(c, sizeof(t->comp[i].name));
+		int ok = n >= 1 && n < sizeof(t->comp[i].name);
+		for (size_t k = 0; ok && k < n; k++)
+			ok = (c[k] >= 'a' && c[k] <= 'z') || (c[k] >= 'A' && c[k] <= 'Z') || (c[k] >= '0' && c[k] <= '9') ||
+			     c[k] == '_' || c[k] == '.';
+		for (uint32_t k = 0; ok && k < i; k++)
+			ok = strcmp(t->comp[k].name, c) != 0;
+		if (!ok)
+			return arena_errorf(E(IMG_MANIFEST_BAD),
+					    "tensor '%s': scheme %s: component %u's name '%s' is empty, repeated, too long or "
+					    "not made of [A-Za-z0-9_.]",
+					    arena_q(name), ARENA_SCHEME_SUBCLASS, i, arena_q(c));
+		if (!arena_dtype_bits(t->comp[i].dtype))
+			return arena_errorf(E(IMG_MANIFEST_BAD), "tensor '%s': scheme %s: component '%s' has no dtype",
+					    arena_q(name), ARENA_SCHEME_SUBCLASS, arena_q(c));
+	}
+	return 0;
+}
+
 int arena_quant_plan_from_tensor(const arena_tensor *t, arena_quant_plan *out)
 {
 	if (!t || !out)
 		return arena_errorf(E(USAGE), "quantization plan: NULL argument");
 	const char *name = t->name ? t->name : "?";
+	if (!strcmp(t->scheme, ARENA_SCHEME_SUBCLASS)) {
+		int rc = arena_subclass_check(t);
+		if (rc)
+			return rc;
+		memset(out, 0, sizeof(*out));
+		out->scheme = ARENA_QUANT_NONE;
+		out->src_dtype = t->dtype;
+		return 0;
+	}
+	if (t->subclass)
+		return arena_errorf(E(IMG_MANIFEST_BAD), "tensor '%s': a \"subclass\" object on scheme %s (only %s has one)",
+				    arena_q(name), arena_q(t->scheme), ARENA_SCHEME_SUBCLASS);
 	arena_quant_scheme s;
 	if (arena_quant_from_name(t->scheme, &s))
 		return arena_errorf(E(IMG_MANIFEST_BAD), "tensor '%s': unknown storage scheme '%s'", arena_q(name),
@@ -334,6 +376,9 @@ int arena_quant_plan_from_tensor(const arena_tensor *t, arena_quant_plan *out)
 int arena_quant_dequant_job(const arena_tensor *t, const void *block, void *dst, arena_dequant_job *j)
 {
 	arena_quant_scheme q = ARENA_QUANT_COUNT;
+	if (!strcmp(t->scheme, ARENA_SCHEME_SUBCLASS))
+		return arena_errorf(E(USAGE), "'%s' is stored %s: its components are a tensor subclass's, which its "
+				    "library computes with (arena.torch binds them)", arena_q(t->name), t->scheme);
 	if (arena_quant_from_name(t->scheme, &q) || q == ARENA_QUANT_NONE)
 		return arena_errorf(E(USAGE), "'%s' is stored %s: %s", arena_q(t->name), t->scheme,
 				    q == ARENA_QUANT_NONE ? "view its bytes instead" : "an unknown scheme");

@@ -157,7 +157,9 @@ int arena_quant_plan_prequant(arena_quant_plan *out, arena_quant_scheme scheme, 
  * USAGE (NULL). */
 int arena_quant_describe(const arena_quant_plan *p, arena_tensor *t);
 
-/* The plan of a tensor read from an image's manifest: re-plans t->scheme for
+/* The plan of a tensor read from an image's manifest (a torch-subclass
+ * tensor: arena_subclass_check, and a plan of scheme NONE with no
+ * components, whose bytes are nobody's to compute): re-plans t->scheme for
  * t->dtype and t->shape (F8_E4M3 with a scaled scheme: a prequantized plan)
  * and checks that t's components are exactly the plan's (count, order,
  * names, dtypes, shapes, bytes). Returns 0, or IMG_MANIFEST_BAD with a
@@ -166,6 +168,24 @@ int arena_quant_describe(const arena_quant_plan *p, arena_tensor *t);
  * swapped or of another dtype, shape or size); the caller adds the file.
  * formats/image.c calls it for every tensor of every image it opens. */
 int arena_quant_plan_from_tensor(const arena_tensor *t, arena_quant_plan *out);
+
+/* ---- tensor subclasses (format 1.3) ------------------------------------------ */
+
+/* The scheme of a tensor stored as the inner tensors of a PyTorch tensor
+ * subclass (torchao's, optimum-quanto's: docs/QUANT.md, "Tensor subclasses"):
+ * its components are the subclass's plain tensors under their attribute
+ * names, and the manifest entry's "subclass" object says how the library
+ * rebuilds the tensor from them. The format does not interpret either: it
+ * checks their form (arena_subclass_check), streams the bytes and hands them
+ * out. Images holding one set ARENA_IMG_FLAG_SUBCLASS (a required feature). */
+#define ARENA_SCHEME_SUBCLASS "torch-subclass"
+
+/* A torch-subclass tensor is well formed: 1 to ARENA_MAX_COMPONENTS
+ * components of any dtype and shape with distinct names of 1 to 15
+ * characters from [A-Za-z0-9_.], and its "subclass" object present (the
+ * caller parsed it: t->subclass not NULL). Returns 0, or IMG_MANIFEST_BAD
+ * "tensor '<name>': <rule broken>". */
+int arena_subclass_check(const arena_tensor *t);
 
 /* ---- dequantization (formats/dequant.h) ----------------------------------------- */
 

@@ -411,6 +411,11 @@ ARENA_API size_t arena_tensor_count(const arena *a);
 ARENA_API int arena_tensor_get(const arena *a, size_t i, arena_tensor_info *out);
 /* The index of the tensor called `name`: 0, or NOT_FOUND. */
 ARENA_API int arena_tensor_find(const arena *a, const char *name, size_t *index);
+/* Tensor i stored torch-subclass (the inner tensors of a PyTorch tensor
+ * subclass as its components, docs/QUANT.md "Tensor subclasses"): the
+ * manifest's "subclass" object, compact JSON, borrowed (valid while the
+ * arena lives). NULL for another scheme or i out of range. */
+ARENA_API const char *arena_tensor_subclass(const arena *a, size_t i);
 /* Write the values of tensor `tensor`, stored quantized (docs/QUANT.md), in
  * its original dtype (BF16, F16 or F32) and shape, contiguous, to `dst`:
  * qdata x scale in f32, rounded once to nearest even, bit for bit what
@@ -424,6 +429,8 @@ ARENA_API int arena_tensor_find(const arena *a, const char *name, size_t *index)
  * from an 8-bit source, a stream handle or a block outside the device's
  * memory on sim; DEV_ERROR when the launch fails. */
 ARENA_API int arena_tensor_dequantize(arena *a, size_t tensor, const void *block, void *dst, void *stream);
+
+/* ---- writing images ---------------------------------------------------------- */
 
 /* ---- steps: acquire and release blocks ------------------------------------- */
 

@@ -18,6 +18,7 @@
 #include "../common/outfile.h"
 #include "../formats/codec.h"
 #include "../formats/image.h"
+#include "arena.h"
 
 /* One contiguous component in the data region. */
 typedef struct extent {
@@ -103,8 +104,9 @@ static int fill_chunk(job *j, uint64_t c0, uint64_t len, uint8_t *buf)
 		if (a > done)
 			memset(buf + (done - c0), 0, a - done); /* padding */
 		done = z;
-		if (!strcmp(e->t->scheme, "none")) {
-			const arena_st_tensor *s = e->t->src;
+		if (!strcmp(e->t->scheme, "none") || !strcmp(e->t->scheme, ARENA_SCHEME_SUBCLASS)) {
+			/* as is: the tensor's bytes, or a subclass's inner tensor's */
+			const arena_st_tensor *s = e->t->comp_src[e->comp] ? e->t->comp_src[e->comp] : e->t->src;
 			rc = arena_pread_full(s->file->fd, dst, z - a, s->file->data_off + s->begin + off, s->file->path);
 		} else {
 			rc = arena_quant_state_fill(j->qs, j->l, e->t, e->comp, off, z - a, dst);
@@ -290,22 +292,30 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 	job j = {0};
 	arena_quant_state qs = {0};
 	arena_quant_ctx qc = {0};
+	arena_subclass_set sub = {0};
 	arena_plan_opts po = o->plan;
 	arena_first_error_init(&j.err);
 	pthread_mutex_init(&j.mu, NULL);
 	pthread_cond_init(&j.cv, NULL);
 	int rc;
+	if ((rc = arena_subclass_find(ck, &sub)))
+		goto out;
 	if ((rc = arena_quant_select_init(&qc, &o->quant, &po)))
 		goto out;
+	qc.sub = &sub;
 	rc = arena_plan_build(ck, &po, &l);
 	if (rc) {
 		arena_quant_select_free(&qc);
 		goto out;
 	}
+	int subclass = 0; /* format 1.3: torch-subclass tensors */
+	for (size_t i = 0; i < l->n_tensors; i++)
+		subclass |= l->tensors[i].subclass != NULL;
 	if ((rc = arena_quant_select_finish(&qc)) || (rc = arena_quant_state_init(&qs, l, ck)) ||
 	    (rc = build_sources(ck, &sources, &meta)) ||
-	    (rc = arena_img_manifest_build(l, sources, meta, cs, o->codec == ARENA_CODEC_ZSTD ? 2 : o->codec ? 1 : 0,
-					    &manifest, &mlen)))
+	    (rc = arena_img_manifest_build(l, sources, meta, cs,
+					    subclass ? 3 : o->codec == ARENA_CODEC_ZSTD ? 2 : o->codec ? 1 : 0, &manifest,
+					    &mlen)))
 		goto out;
 	j.qs = &qs;
 	arena_img_header h;
@@ -314,6 +324,8 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 		arena_img_header_set_coded(&h);
 	else if (o->codec == ARENA_CODEC_ZSTD)
 		arena_img_header_set_zstd(&h);
+	if (subclass)
+		arena_img_header_set_subclass(&h);
 
 	size_t n_ext = 0;
 	for (size_t i = 0; i < l->n_tensors; i++)
@@ -427,6 +439,7 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 	}
 out:
 	arena_outfile_abort(of);
+	arena_subclass_free(&sub);
 	arena_quant_state_free(&qs);
 	arena_quant_select_free(&qc);
 	arena_first_error_destroy(&j.err);

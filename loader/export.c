@@ -12,6 +12,7 @@
 #include "../common/io.h"
 #include "../common/outfile.h"
 #include "../formats/image.h"
+#include "../formats/scheme.h"
 #include "../formats/st_write.h"
 
 typedef struct piece {
@@ -25,9 +26,12 @@ static int cmp_piece(const void *a, const void *b)
 	return strcmp(((const piece *)a)->name, ((const piece *)b)->name);
 }
 
+/* "<name>" for data and qdata, "<name>_<component>" for the others; every
+ * component of a torch-subclass tensor "<name>_<component>" (and the
+ * metadata "arena.subclass" says how they group again: subclass_meta). */
 static char *export_name(const arena_tensor *t, const arena_component *c)
 {
-	if (!strcmp(c->name, "data") || !strcmp(c->name, "qdata"))
+	if ((!strcmp(c->name, "data") || !strcmp(c->name, "qdata")) && strcmp(t->scheme, ARENA_SCHEME_SUBCLASS))
 		return arena_strdup(t->name);
 	size_t n = strlen(t->name) + strlen(c->name) + 2;
 	char *s = arena_malloc(n);
@@ -59,6 +63,37 @@ static int check_names(const arena_image *img)
 		}
 	}
 	return 0;
+}
+
+/* The image's torch-subclass tensors in arena's convention (loader/subclass.h):
+ * __metadata__ "arena.subclass", so that convert groups the exported
+ * components again. NULL text and 0 when there are none. */
+static int subclass_meta(const arena_layout *l, char **out)
+{
+	*out = NULL;
+	json_t *root = json_object();
+	int fail = !root, any = 0;
+	for (size_t i = 0; !fail && i < l->n_tensors; i++) {
+		const arena_tensor *t = &l->tensors[i];
+		if (!t->subclass)
+			continue;
+		any = 1;
+		json_t *shape = json_array(), *comps = json_array();
+		for (uint32_t k = 0; shape && k < t->rank; k++)
+			fail |= json_array_append_new(shape, json_integer((json_int_t)t->shape[k]));
+		for (uint32_t c = 0; comps && c < t->n_comp; c++) {
+			char *nm = export_name(t, &t->comp[c]);
+			fail |= !nm || json_array_append_new(comps, json_pack("[ss]", t->comp[c].name, nm));
+			arena_free(nm);
+		}
+		json_t *o = json_pack("{s:s,s:o,s:o,s:o}", "dtype", arena_dtype_name(t->dtype), "shape", shape, "subclass",
+				      json_loads(t->subclass, 0, NULL), "components", comps);
+		fail |= !shape || !comps || !o || json_object_set_new(root, t->name, o);
+	}
+	if (!fail && any)
+		fail = !(*out = json_dumps(root, JSON_COMPACT));
+	json_decref(root);
+	return fail ? arena_errorf(ARENA_E_NOMEM, "out of memory") : 0;
 }
 
 /* Progress over both passes: the verification's stored bytes, then the
@@ -128,11 +163,24 @@ int arena_export_progress(const char *image, const char *out, unsigned threads, 
 		goto out;
 	const char *k;
 	json_t *v;
+	char *sub = NULL;
+	if ((rc = subclass_meta(l, &sub)))
+		goto out;
 	if (img->metadata)
 		json_object_foreach((json_t *)(uintptr_t)img->metadata, k, v) {
-			if ((rc = arena_stw_meta(w, k, json_string_value(v))))
+			if (sub && !strcmp(k, "arena.subclass"))
+				continue; /* the source's: the image's own below */
+			if ((rc = arena_stw_meta(w, k, json_string_value(v)))) {
+				arena_free(sub);
 				goto out;
+			}
 		}
+	if (sub) {
+		rc = arena_stw_meta(w, "arena.subclass", sub);
+		arena_free(sub);
+		if (rc)
+			goto out;
+	}
 	for (size_t i = 0; i < l->n_tensors; i++) {
 		const arena_tensor *t = &l->tensors[i];
 		const arena_block *b = &l->blocks[t->block];

@@ -705,6 +705,15 @@ int arena_tensor_get(const arena *ca, size_t i, arena_tensor_info *out)
 	return 0;
 }
 
+const char *arena_tensor_subclass(const arena *a, size_t i)
+{
+	if (arena__enter(a))
+		return NULL;
+	const char *s = i < a->m->layout->n_tensors ? a->m->layout->tensors[i].subclass : NULL;
+	arena__leave(a);
+	return s;
+}
+
 int arena_tensor_find(const arena *a, const char *name, size_t *index)
 {
 	int rc = arena__enter(a);

@@ -80,6 +80,15 @@ static int choose(void *arg, const arena_st_tensor *src, const arena_ckpt *ck, c
 	const arena_quant_opts *o = c->o;
 	arena_quant_plan p;
 	int rc;
+	arena_subclass_group *g = c->sub ? arena_subclass_member(c->sub, src) : NULL;
+	if (g) { /* one tensor of its inner tensors, planned at the first met */
+		if (g->planned) {
+			*skip = 1;
+			return 0;
+		}
+		g->planned = 1;
+		return arena_subclass_describe(g, t);
+	}
 	if (arena_quant_ct_is_scale(ck, src->name)) {
 		*skip = 1;
 		return 0;
@@ -174,7 +183,7 @@ int arena_quant_state_init(arena_quant_state *qs, const arena_layout *l, const a
 	}
 	for (size_t i = 0; i < l->n_tensors; i++) {
 		const arena_tensor *t = &l->tensors[i];
-		if (!strcmp(t->scheme, "none"))
+		if (!strcmp(t->scheme, "none") || !strcmp(t->scheme, ARENA_SCHEME_SUBCLASS))
 			continue;
 		const arena_st_tensor *src = t->src;
 		int rc = arena_quant_plan_from_tensor(t, &qs->plans[i]);

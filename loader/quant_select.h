@@ -26,6 +26,7 @@
 #include "../formats/layout.h"
 #include "plan.h"
 #include "quant.h"
+#include "subclass.h"
 
 typedef struct arena_quant_opts {
 	const char *scheme; /* NULL or "none" = no quantization */
@@ -48,6 +49,7 @@ typedef struct arena_quant_ctx {
 	const arena_quant_opts *o;
 	arena_quant_scheme scheme;
 	unsigned char *inc_used, *exc_used; /* which globs matched something */
+	arena_subclass_set *sub; /* convert: tensor subclasses, each planned as one torch-subclass tensor; or NULL */
 } arena_quant_ctx;
 int arena_quant_select_init(arena_quant_ctx *ctx, const arena_quant_opts *qo, arena_plan_opts *po);
 /* After the plan: every glob matched a tensor? (USAGE otherwise). Frees ctx. */

@@ -128,6 +128,9 @@ class TensorInfo:
     scheme: str  # "none" or a storage scheme such as "fp8-e4m3-row"
     block: int
     components: Tuple[Component, ...]
+    # scheme "torch-subclass": the manifest's "subclass" object (JSON text), how the
+    # library rebuilds the tensor from its components (docs/QUANT.md); else None
+    subclass: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -234,9 +237,11 @@ class Arena:
                           int(c.offset))
                 for c in ti.component[: ti.n_components]
             )
+            sub = _native.lib.arena_tensor_subclass(handle, i)
             self._tensors[ti.name.decode()] = TensorInfo(ti.name.decode(), ti.dtype.decode(),
                                                          tuple(ti.shape[k] for k in range(ti.rank)),
-                                                         ti.scheme.decode(), int(ti.block), comps)
+                                                         ti.scheme.decode(), int(ti.block), comps,
+                                                         sub.decode() if sub else None)
             self._tensor_index[ti.name.decode()] = i
 
     # --- life -------------------------------------------------------------------

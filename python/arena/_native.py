@@ -293,6 +293,7 @@ _SIGS = {
     "arena_tensor_count": (c_size_t, [_P]),
     "arena_tensor_get": (c_int, [_P, c_size_t, POINTER(TensorInfo)]),
     "arena_tensor_find": (c_int, [_P, c_char_p, POINTER(c_size_t)]),
+    "arena_tensor_subclass": (c_char_p, [_P, c_size_t]),
     "arena_tensor_dequantize": (c_int, [_P, c_size_t, c_void_p, c_void_p, c_void_p]),
     "arena_step_begin": (c_int, [_P]),
     "arena_block_acquire": (c_int, [_P, c_size_t, c_void_p, POINTER(c_void_p)]),

@@ -351,6 +351,8 @@ static void raw_write(raw_image *r, const char *manifest, const char *path, void
 			arena_img_header_set_zstd(&nh);
 		arena_img_header_set_stored(&nh, h.stored_length);
 	}
+	if (h.flags & ARENA_IMG_FLAG_SUBCLASS)
+		arena_img_header_set_subclass(&nh);
 	nh.manifest_xxh3 = XXH3_64bits(m, mlen);
 	nh.chunk_table_xxh3 = XXH3_64bits(table, h.chunk_table_length);
 	if (edit)
@@ -402,7 +404,7 @@ Test(image, resealed_unchanged_is_valid)
 
 static void major2(arena_img_header *h) { h->major = 2; }
 static void minor9(arena_img_header *h) { h->minor = 9; }
-static void req_flag(arena_img_header *h) { h->flags = 4; }
+static void req_flag(arena_img_header *h) { h->flags = 8; }
 static void zstd_flag_alone(arena_img_header *h) { h->flags = ARENA_IMG_FLAG_ZSTD; }
 static void opt_flag(arena_img_header *h) { h->flags = 1u << 20; }
 static void bad_chunk_size(arena_img_header *h) { h->chunk_size = 3000; }
@@ -585,6 +587,86 @@ Test(image, scheme_resealed_quantized_is_valid)
 	with_manifest(&r, raw_manifest(&r), tmp("o.arena"));
 	cr_assert_eq(open_verify(tmp("o.arena")), 0, "%s", arena_last_error());
 	cr_assert_eq(arena_export(tmp("o.arena"), tmp("e.safetensors"), 1, NULL), 0, "%s", arena_last_error());
+	free(r.buf);
+}
+
+static void subclass_flag(arena_img_header *h)
+{
+	arena_img_header_set_subclass(h);
+}
+
+/* blocks.0.w as a tensor subclass's one inner tensor "qdata" (its bytes as they are). */
+static json_t *as_subclass(raw_image *r)
+{
+	json_t *j = raw_manifest(r), *t = mtensor(j, "blocks.0.w");
+	json_object_set_new(t, "scheme", json_string("torch-subclass"));
+	json_object_set_new(t, "subclass", json_pack("{s:s,s:{s:i}}", "type", "mylib.Q", "attributes", "k", 1));
+	json_object_set_new(json_array_get(mcomps(j, "blocks.0.w"), 0), "name", json_string("qdata"));
+	return j;
+}
+
+Test(image, scheme_torch_subclass)
+{
+	raw_image r;
+	small_raw(&r);
+	/* valid with the flag (1.3): its object kept as written, its bytes read as any */
+	json_t *j = as_subclass(&r);
+	char *s = json_dumps(j, JSON_COMPACT);
+	json_decref(j);
+	raw_write(&r, s, tmp("o.arena"), subclass_flag);
+	free(s);
+	cr_assert_eq(open_verify(tmp("o.arena")), 0, "%s", arena_last_error());
+	arena_open_options o = {.backend = "sim", .vram_cap = 64 << 20};
+	arena *a = NULL;
+	cr_assert_eq(arena_open(tmp("o.arena"), &o, &a), 0, "%s", arena_last_error());
+	size_t i;
+	cr_assert_eq(arena_tensor_find(a, "blocks.0.w", &i), 0);
+	cr_assert_str_eq(arena_tensor_subclass(a, i), "{\"type\":\"mylib.Q\",\"attributes\":{\"k\":1}}");
+	arena_tensor_info ti;
+	cr_assert_eq(arena_tensor_get(a, i, &ti), 0);
+	cr_assert_str_eq(ti.scheme, "torch-subclass");
+	cr_assert_str_eq(ti.component[0].name, "qdata");
+	uint8_t out[64];
+	cr_assert_eq(arena_tensor_dequantize(a, i, (uint8_t *)ti.component[0].device - ti.component[0].offset, out, NULL),
+		     ARENA_E(USAGE));
+	cr_assert(strstr(arena_last_error(), "tensor subclass's"), "%s", arena_last_error());
+	cr_assert_eq(arena_tensor_find(a, "blocks.1.w", &i), 0);
+	cr_assert_null(arena_tensor_subclass(a, i));
+	arena_close(a);
+	/* the flag is required: a reader of 1.2 refuses it by the flag, this one by the manifest */
+	with_manifest(&r, as_subclass(&r), tmp("o.arena"));
+	expect_manifest_bad(tmp("o.arena"), "'blocks.0.w'", "without the torch-subclass flag");
+	free(r.buf);
+}
+
+Test(image, scheme_torch_subclass_rules)
+{
+	raw_image r;
+	small_raw(&r);
+	struct {
+		const char *what, *rule;
+	} cases[] = {
+		{"no object", "scheme torch-subclass without its \"subclass\" object"},
+		{"not an object", "\"subclass\" is not an object"},
+		{"on another scheme", "a \"subclass\" object on scheme none"},
+		{"bad name", "component 0's name 'a b' is empty, repeated, too long or not made of [A-Za-z0-9_.]"},
+	};
+	for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+		json_t *j = as_subclass(&r), *t = mtensor(j, "blocks.0.w");
+		if (k == 0)
+			json_object_del(t, "subclass");
+		else if (k == 1)
+			json_object_set_new(t, "subclass", json_string("mylib.Q"));
+		else if (k == 2)
+			json_object_set_new(t, "scheme", json_string("none"));
+		else
+			json_object_set_new(json_array_get(mcomps(j, "blocks.0.w"), 0), "name", json_string("a b"));
+		char *s = json_dumps(j, JSON_COMPACT);
+		json_decref(j);
+		raw_write(&r, s, tmp("o.arena"), subclass_flag);
+		free(s);
+		expect_manifest_bad(tmp("o.arena"), "'blocks.0.w'", cases[k].rule);
+	}
 	free(r.buf);
 }
 

@@ -51,6 +51,13 @@ pieces"), so the ring holds pieces, not blocks. Training in pieces needs a
 ring that holds one block and a piece: the default depth does; a smaller
 ``depth`` given is refused with the value that is enough.
 
+Quantized weights: an image's own schemes are dequantized at each bind (fp8
+weights computed with natively on GPUs with FP8: ``fp8_compute``); a model
+quantized by torchao or optimum-quanto (tensor subclasses) is written with
+``save_image(module, path)`` and bound with its inner tensors pointed at
+arena memory, the library's kernels running on them (docs/QUANT.md, "Tensor
+subclasses"; ``register_binding`` for a library of your own).
+
 Between calls, a streamed block's parameters view ring memory that other
 blocks reuse: read weights through ``handle.arena.tensors()``, not through
 the module, outside a forward.
@@ -59,7 +66,8 @@ the module, outside a forward.
 # The modules, by concern: _attach (a module matched to an image and bound,
 # the guards set), _blocks (whole blocks; the training checks), _pieces (blocks
 # in pieces), _offload (saved tensors in host memory), _handle (Handle, Trace),
-# _guards (conversions, moves and merges of arena's weights refused).
+# _guards (conversions, moves and merges of arena's weights refused), _quant
+# (tensor subclasses: matched, rebuilt, bound; save_image), _fp8 (native FP8 weights).
 
 from __future__ import annotations
 
@@ -72,8 +80,9 @@ from .. import open as _open  # attach's opener, by this name here (bench/torch_
 from ._attach import _bind
 from ._blocks import _BlockBinding, _in_backward  # (bench/gpu_quant_check.py watches the binds)
 from ._handle import Handle, Trace
+from ._quant import Binding, register_binding, save_image
 
-__all__ = ["attach", "Handle", "Trace"]
+__all__ = ["attach", "Handle", "Trace", "save_image", "register_binding", "Binding"]
 
 
 def _on_cuda(device: Union[str, int, None]) -> bool:
@@ -100,6 +109,7 @@ def attach(
     trainable: Union[Iterable[str], Callable[[str], bool], None] = None,
     offload_saved: Union[bool, Size] = False,
     piece_size: Size = "auto",
+    fp8_compute: Union[bool, str] = "auto",
     **open_kwargs: Any,
 ) -> Handle:
     """Bind ``module``'s weights to the arena at ``path`` (or an open :class:`arena.Arena`).
@@ -137,6 +147,15 @@ def attach(
     piece_size: "auto" (the default): whole blocks when they all fit (training:
       where they fit at all), else pieces, each module acquiring its own; a
       size ("128M"), or 0 for whole blocks always.
+    fp8_compute: an image's fp8-e4m3 Linear weights (any of the three fp8-e4m3
+      schemes): "auto" (the default) computes with their FP8 bytes as they are
+      (``torch._scaled_mm``, the input quantized per row on the fly; no
+      dequantized copy) on a GPU with FP8 matmuls (compute capability 8.9 or
+      more), and dequantizes them at each bind elsewhere; False always
+      dequantizes at each bind (bit for bit the plain model holding the
+      dequantized weights); True binds them as FP8 weights everywhere (where
+      the device has no FP8 matmuls, each call dequantizes for its product).
+      The FP8 product is not bit-identical to the dequantized one (docs/QUANT.md).
     Other keywords go to :func:`arena.open` (``host_budget``: host memory for
       streamed blocks, the rest read from the image when streamed;
       ``plain_stream``: an hb4 image's streamed blocks are copied coded and
@@ -149,8 +168,11 @@ def attach(
     min_saved = None
     if offload_saved is not False and offload_saved is not None:
         min_saved = 1 << 20 if offload_saved is True else parse_size(offload_saved, "offload_saved")
+    if fp8_compute not in (True, False, "auto"):
+        raise ValueError(f"fp8_compute: {fp8_compute!r}: True, False or 'auto'")
     h = Handle()
     h.module = module
+    h._fp8_compute = fp8_compute
     if isinstance(path, Arena):
         h.arena = path
     else:

@@ -7,7 +7,7 @@ binding (whole, or in pieces); the guards set; all of it undone by
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, cast
 
 import torch
 from torch import nn
@@ -18,6 +18,7 @@ from ._guards import _guard_apply, _guard_merge, _is_adapter_param, _peft_tuners
 from ._handle import Handle, _observe_oom
 from ._offload import _SavedOffload
 from ._pieces import _LeafRef, _PiecedBinding
+from . import _quant
 
 
 _STRIP = ("base_model.model.",)  # a peft PeftModel's prefix
@@ -70,6 +71,7 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any, min_saved: Op
     # 1. Every parameter and persistent buffer against the image, all problems at once.
     problems: List[str] = []
     bound: Dict[str, Tuple[nn.Module, str, torch.Tensor, Any]] = {}  # image name -> (owner, leaf, tensor, info)
+    subs: Dict[str, torch.Tensor] = {}  # image name -> the tensor subclass that holds its components (_quant)
     seen_ids: Set[int] = set()
     for full, t in list(module.named_parameters(remove_duplicate=False)) + [
         (n, b) for n, b in module.named_buffers(remove_duplicate=False) if _persistent(module, n)
@@ -90,6 +92,15 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any, min_saved: Op
             continue
         if iname in bound:
             problems.append(f"'{full}' and another parameter both map to '{iname}'")
+            continue
+        if info.scheme == _quant.SCHEME or _quant.fp8_native(h, info, full, module):
+            sub, why = _quant.match(h, full, t, info)
+            if why is not None or sub is None:
+                problems.append(why or f"'{full}': no tensor subclass")
+                continue
+            subs[iname] = sub
+            owner_name, _, leaf = full.rpartition(".")
+            bound[iname] = (module.get_submodule(owner_name) if owner_name else module, leaf, t, info)
             continue
         if info.scheme not in ("none",) + _DEQUANT or (info.scheme == "none" and len(info.components) != 1):
             problems.append(f"'{iname}' is stored {info.scheme} ({len(info.components)} components), "
@@ -154,6 +165,15 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any, min_saved: Op
     owners: Dict[int, nn.Module] = {}
     for iname, (owner, leaf, t, info) in bound.items():
         resident, dev, host = a.block_state(info.block)
+        if iname in subs:  # inner tensors of a tensor subclass, bound as parameters are
+            refs = _quant.bind(h, owner, leaf, t, subs[iname], info)
+            if info.block not in block_mod or resident:
+                for r, c in refs:
+                    r.data = _view(a.slab(info.block, dev, "device"), c)
+            if info.block in block_mod:
+                per_block.setdefault(info.block, []).extend(cast(List[Tuple[torch.Tensor, Component]], refs))
+                owners[id(owner)] = owner
+            continue
         c = info.components[0]
         quant = info.scheme != "none"
         is_buf = leaf in owner._buffers
@@ -178,6 +198,7 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any, min_saved: Op
     groups: Dict[str, List[int]] = {}
     for idx in block_mod:
         groups.setdefault(parent_of[idx], []).append(idx)
+    h._copy_bytes = _quant.copy_bytes(groups, per_block_q)
     for parent, idxs in groups.items():
         m = block_mod[idxs[0]]
         bs: Dict[int, _BlockBinding] = {}

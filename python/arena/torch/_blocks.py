@@ -31,7 +31,8 @@ def _under_checkpoint() -> bool:
 
 
 # every scheme of docs/QUANT.md: arena_tensor_dequantize writes their values
-_DEQUANT = ("bf16", "fp8-e4m3", "fp8-e5m2", "fp8-e4m3-tensor", "fp8-e4m3-row", "int8-row")
+_DEQUANT = ("bf16", "fp8-e4m3", "fp8-e5m2", "fp8-e4m3-tensor", "fp8-e4m3-row", "int8-row", "int4-g32", "int4-g64",
+            "int4-g128")
 
 
 def _dequantize(h: "Handle", info: TensorInfo, index: int, addr: int) -> torch.Tensor:

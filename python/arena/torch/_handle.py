@@ -62,6 +62,8 @@ class Handle:
         self._oom_asked = 0
         self._compile_probe: List[nn.Module] = []  # the root and whole blocks: compiled or not
         self._oom_need = 0  # torch ran out in this step: what it held and asked for
+        self._fp8_compute: Any = "auto"  # attach's fp8_compute (_quant.fp8_native)
+        self._copy_bytes = 0  # the largest block's dequantized copies (bytes): _copy_floor
 
     def _torch_reserved(self) -> Optional[int]:
         if self._device.type != "cuda":
@@ -107,10 +109,21 @@ class Handle:
         now = self._rest_memory()
         if now is None:
             return
+        # The dequantized copies of the blocks being run are torch's memory in every
+        # step: said from the first step of a work on, before their peak is learned
+        # (the first step of a work not seen yet leaves torch only what is past the
+        # weights' smallest plan, which knows nothing of them).
+        now = max(now, self._copy_floor())
         peak = max(self._rest_peak() or now, now, self._oom_need)
         self.arena.rest_report(now, peak, work)
         self._oom_need = 0
         self._rest_reset()
+
+    def _copy_floor(self) -> int:
+        """What torch holds at least in a step for the dequantized copies: the largest
+        block's (sampling), two blocks' (training: a recomputed block is held until its
+        backward, past the next one's recompute)."""
+        return self._copy_bytes * (2 if self.arena.mode == "train" else 1)
 
     def _limit_torch(self) -> None:
         """vram given: torch's allocator may hold what the plan leaves it in a step

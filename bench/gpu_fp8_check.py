@@ -1,0 +1,195 @@
+"""gpu_fp8_check.py - native FP8 (attach's fp8_compute) against the dequantized path, on the GPU.
+
+usage: python3 bench/gpu_fp8_check.py [--image FLUX-FP8.arena [--bf16 FLUX.arena]] [--iters 20]
+
+1. FLUX.1-dev-shaped Linears (4608 tokens: 4096 image + 512 text; each of
+   flux-dev's weight shapes), weights bf16 (normal, std 0.02) quantized
+   fp8-e4m3-row and fp8-e4m3-tensor the way arena converts them: the native
+   product (arena.torch._fp8.scaled_linear: the input quantized per row,
+   torch._scaled_mm on the FP8 bytes with both scales) against F.linear on the
+   dequantized weight, and both against the bf16 weight: the largest absolute
+   difference and the cosine of the outputs, the input's gradient the same
+   way, and the median time of each product (CUDA events, --iters runs).
+2. With --image (flux-dev converted with --quant fp8-e4m3-row or
+   fp8-e4m3-tensor): the whole transformer, 1024x1024, one sampling step and
+   one checkpointed LoRA training step (r16, as bench/torch_flux.py), attached
+   resident with fp8_compute=True and with fp8_compute=False, and at
+   vram="8G" with each: step times, how many products ran natively, and the
+   outputs' and LoRA gradients' differences (native against dequantized; with
+   --bf16, each against the bf16 image's).
+
+Prints one JSON line. Needs a GPU with FP8 matmuls (compute capability 8.9
+or more: Ada, Hopper and later), torch, diffusers, peft and the arena package
+(bench/torch_flux.py's model and inputs)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import arena.torch as at  # noqa: E402
+from arena.torch import _fp8  # noqa: E402
+
+# flux-dev's Linear shapes (in, out): attention q/k/v/out and the context's, the
+# feed-forward up and down, a single block's MLP and output, the modulations.
+SHAPES = [(3072, 3072), (3072, 12288), (12288, 3072), (15360, 3072), (3072, 18432), (3072, 9216)]
+TOKENS = 4608
+
+
+def quantize(w: torch.Tensor, rows: bool):
+    """arena's fp8-e4m3-row / fp8-e4m3-tensor (docs/QUANT.md): scale = max(amax / 448, 1e-12)."""
+    wf = w.float()
+    a = wf.abs().amax(dim=1, keepdim=True) if rows else wf.abs().amax().reshape(1)
+    s = (a / 448.0).clamp(min=1e-12)
+    return (wf / s).clamp(-448, 448).to(torch.float8_e4m3fn), s
+
+
+def compare(a: torch.Tensor, b: torch.Tensor) -> dict:
+    a, b = a.float().flatten(), b.float().flatten()
+    return {"max_abs": (a - b).abs().max().item(), "cosine": F.cosine_similarity(a, b, dim=0).item(),
+            "ref_max_abs": b.abs().max().item()}
+
+
+def timed(fn, iters: int) -> float:
+    for _ in range(3):
+        fn()
+    ts = []
+    for _ in range(iters):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1) / 1e3)
+    return sorted(ts)[len(ts) // 2]
+
+
+def linears(iters: int) -> list:
+    out = []
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for k, n in SHAPES:
+        for rows in (True, False):
+            w = (torch.randn(n, k, generator=g, device="cuda") * 0.02).to(torch.bfloat16)
+            b = (torch.randn(n, generator=g, device="cuda") * 0.02).to(torch.bfloat16)
+            x = torch.randn(TOKENS, k, generator=g, device="cuda").to(torch.bfloat16)
+            q, s = quantize(w, rows)
+            wd = _fp8.dequantize(q, s, torch.bfloat16)
+            assert _fp8.native_ok(q, x, torch.bfloat16), "no FP8 matmul on this device or shape"
+            y_nat = _fp8.scaled_linear(x, q, s, b, torch.bfloat16)
+            y_deq = F.linear(x, wd, b)
+            y_bf = F.linear(x, w, b)
+            # the input's gradient through the frozen weight
+            go = torch.randn(TOKENS, n, generator=g, device="cuda").to(torch.bfloat16)
+            xn = x.clone().requires_grad_(True)
+            _fp8._ScaledLinear.apply(xn, q, s, b, torch.bfloat16).backward(go)
+            xd = x.clone().requires_grad_(True)
+            F.linear(xd, wd, b).backward(go)
+            out.append({
+                "in": k, "out": n, "scale": "row" if rows else "tensor",
+                "native_vs_dequantized": compare(y_nat, y_deq),
+                "native_vs_bf16": compare(y_nat, y_bf), "dequantized_vs_bf16": compare(y_deq, y_bf),
+                "grad_native_vs_dequantized": compare(xn.grad, xd.grad),
+                "s_native": timed(lambda: _fp8.scaled_linear(x, q, s, b, torch.bfloat16), iters),
+                "s_dequantized_weight": timed(lambda: F.linear(x, wd, b), iters),
+                "s_dequantize_and_linear": timed(lambda: F.linear(x, _fp8.dequantize(q, s, torch.bfloat16), b), iters),
+                "s_bf16": timed(lambda: F.linear(x, w, b), iters),
+            })
+            del w, b, x, q, s, wd, y_nat, y_deq, y_bf, go, xn, xd
+            torch.cuda.empty_cache()
+    return out
+
+
+def model_runs(image: str, bf16: str | None, iters: int) -> dict:
+    import torch_flux as tf
+
+    calls = [0]
+    real = _fp8.scaled_linear
+
+    def counted(*a, **k):
+        calls[0] += 1
+        return real(*a, **k)
+
+    _fp8.scaled_linear = counted
+    torch.backends.cuda.enable_cudnn_sdp(False)
+
+    def run(path: str, train: bool, **opts) -> dict:
+        m = tf.meta_model()
+        h = at.attach(m, path, mode="train" if train else "sample", device="cuda", **opts)
+        calls[0] = 0
+        res: dict = {}
+        if train:
+            tf.add_lora(m)
+            m.enable_gradient_checkpointing()
+            m.train()
+            ps = {n: p for n, p in m.named_parameters() if p.requires_grad}
+
+            def step() -> None:
+                for p in ps.values():
+                    p.grad = None
+                m(**tf.inputs()).sample.float().square().mean().backward()
+
+            step()
+            res["grads"] = {n: p.grad.detach().float().cpu() for n, p in ps.items()}
+        else:
+            def step() -> None:
+                with torch.no_grad():
+                    res["out"] = m(**tf.inputs()).sample.float().cpu()
+
+            step()
+        res["native_calls"] = calls[0]
+        res["s_step"] = timed(step, iters)
+        res["streamed"] = h.plan()["n_streamed"]
+        res["peak_reserved"] = torch.cuda.max_memory_reserved()
+        h.detach()
+        del m, h
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        return res
+
+    def grads_cmp(a: dict, b: dict) -> dict:
+        ks = sorted(a["grads"])
+        return compare(torch.cat([a["grads"][k].flatten() for k in ks]), torch.cat([b["grads"][k].flatten() for k in ks]))
+
+    out: dict = {}
+    for train in (False, True):
+        kind = "train" if train else "sample"
+        for vram in (None, "8G"):
+            nat = run(image, train, vram=vram, fp8_compute=True)
+            deq = run(image, train, vram=vram, fp8_compute=False)
+            r = {"native": {k: v for k, v in nat.items() if k not in ("out", "grads")},
+                 "dequantized": {k: v for k, v in deq.items() if k not in ("out", "grads")}}
+            r["native_vs_dequantized"] = grads_cmp(nat, deq) if train else compare(nat["out"], deq["out"])
+            if bf16 is not None and vram is None:
+                ref = run(bf16, train)
+                r["bf16"] = {k: v for k, v in ref.items() if k not in ("out", "grads")}
+                r["native_vs_bf16"] = grads_cmp(nat, ref) if train else compare(nat["out"], ref["out"])
+                r["dequantized_vs_bf16"] = grads_cmp(deq, ref) if train else compare(deq["out"], ref["out"])
+            out[f"{kind}_{vram or 'resident'}"] = r
+    _fp8.scaled_linear = real
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--image")
+    ap.add_argument("--bf16")
+    ap.add_argument("--iters", type=int, default=20)
+    a = ap.parse_args()
+    dev = torch.device("cuda")
+    res: dict = {"device": torch.cuda.get_device_name(dev), "capability": list(torch.cuda.get_device_capability(dev)),
+                 "has_fp8": _fp8.device_has_fp8(dev), "torch": torch.__version__}
+    res["linears"] = linears(a.iters)
+    if a.image:
+        res["model"] = model_runs(a.image, a.bf16, max(3, a.iters // 4))
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""Native FP8: a Linear's weight stored fp8-e4m3 (no scale, one scale, or one a
+row) computed with as its FP8 bytes are, no dequantized copy.
+
+``Fp8Weight`` is a tensor subclass of the weight's dtype and shape holding
+``qdata`` (F8_E4M3, the image's bytes) and ``scale`` (F32, [1] or [rows, 1];
+none for fp8-e4m3), bound to arena memory as any tensor subclass's inner
+tensors are (_quant.py). ``F.linear`` on it:
+
+- native (a GPU with FP8 matmuls: compute capability 8.9 or more): the input
+  is quantized to FP8 per row on the fly (scale = max(amax(|row|) / 448,
+  1e-12), as arena's fp8-e4m3-row), and ``torch._scaled_mm`` multiplies the
+  FP8 bytes with both scales (the weight's per row, or its one scale spread
+  to every row), bias added in the kernel, the output in the weight's dtype.
+  The input's gradient (what LoRA training needs through a frozen weight) is
+  ``grad_out @ W`` with W dequantized for that product only (in the weight's
+  dtype: not an FP8 product, whose gradient quantization would add its error
+  to the adapters' gradients, and which would need the weight transposed
+  into a second FP8 copy anyway): a transient copy of one weight at a time.
+  Not bit-identical to the dequantized path: the input is rounded to FP8
+  (3 mantissa bits); bench/gpu_fp8_check.py measures the difference.
+- otherwise (CPU, the simulated device, a GPU without FP8, a shape
+  ``_scaled_mm`` does not take: dimensions not multiples of 16): ``F.linear``
+  on the dequantized weight, ``(qdata.float() * scale).to(dtype)``, made for
+  the call and let go after it (autograd keeps it for the backward): bit for
+  bit the dequantized path's outputs and gradients.
+
+Any other operation on the weight sees its dequantized values.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch.utils._pytree import tree_map
+
+_FP8_MAX = 448.0
+
+
+def device_has_fp8(device: torch.device) -> bool:
+    """A CUDA device whose tensor cores multiply FP8 (Ada, Hopper and later)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def dequantize(qdata: torch.Tensor, scale: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """The weight's values: (qdata x scale) in f32, rounded once to dtype (docs/QUANT.md)."""
+    v = qdata.float()
+    if scale is not None:
+        v = v * scale
+    return v.to(dtype)
+
+
+def quantize_rows(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] to FP8 e4m3 with one f32 scale a row, [M, 1] (arena's fp8-e4m3-row rule)."""
+    xf = x.float()
+    s = (xf.abs().amax(dim=1, keepdim=True) / _FP8_MAX).clamp(min=1e-12)
+    q = (xf / s).clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn)
+    return q, s
+
+
+def scaled_linear(x: torch.Tensor, qdata: torch.Tensor, scale: Optional[torch.Tensor],
+                  bias: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """x @ W.T (+ bias) with torch._scaled_mm: x quantized per row, W's FP8 bytes as
+    they are (qdata [N, K] row-major is the column-major [K, N] _scaled_mm wants)."""
+    n, k = qdata.shape
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    xq, xs = quantize_rows(x2)
+    if scale is None:
+        ws = torch.ones(1, n, dtype=torch.float32, device=qdata.device)
+    else:
+        ws = scale.reshape(-1, 1).float().expand(n, 1).reshape(1, n).contiguous()
+    out = torch._scaled_mm(xq, qdata.t(), scale_a=xs, scale_b=ws, bias=bias.to(dtype) if bias is not None else None,
+                           out_dtype=dtype)
+    return out.reshape(*lead, n)
+
+
+class _ScaledLinear(torch.autograd.Function):
+    """Native FP8 linear through a frozen weight: the input's gradient only."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, qdata: torch.Tensor, scale: Optional[torch.Tensor],
+                bias: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        ctx.save_for_backward(qdata, scale)
+        ctx.dtype = dtype
+        ctx.bias_grad = bias is not None and bias.requires_grad
+        return scaled_linear(x, qdata, scale, bias, dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
+        qdata, scale = ctx.saved_tensors
+        gx = None
+        if ctx.needs_input_grad[0]:
+            w = dequantize(qdata, scale, ctx.dtype)
+            gx = grad.to(ctx.dtype).matmul(w)
+        gb = grad.reshape(-1, grad.shape[-1]).sum(0) if ctx.bias_grad else None
+        return gx, None, None, gb, None
+
+
+def native_ok(qdata: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> bool:
+    """_scaled_mm takes it: FP8 device, K and N multiples of 16, a bf16 output
+    (row-wise scaling gives bf16), the input on the weight's device."""
+    n, k = qdata.shape
+    return (dtype == torch.bfloat16 and n % 16 == 0 and k % 16 == 0 and x.shape[-1] == k
+            and x.device == qdata.device and x.is_floating_point() and device_has_fp8(qdata.device))
+
+
+class Fp8Weight(torch.Tensor):
+    """A frozen FP8 weight (arena's fp8-e4m3 schemes) that a Linear computes with natively."""
+
+    qdata: torch.Tensor
+    scale: Optional[torch.Tensor]
+    native: bool
+
+    @staticmethod
+    def __new__(cls, qdata: torch.Tensor, scale: Optional[torch.Tensor], dtype: torch.dtype,
+                native: bool) -> "Fp8Weight":
+        return torch.Tensor._make_wrapper_subclass(
+            cls, qdata.shape, dtype=dtype, device=qdata.device, requires_grad=False)
+
+    def __init__(self, qdata: torch.Tensor, scale: Optional[torch.Tensor], dtype: torch.dtype, native: bool):
+        self.qdata = qdata
+        self.scale = scale
+        self.native = native
+
+    def __repr__(self) -> str:  # type: ignore[override]
+        return f"Fp8Weight({tuple(self.shape)}, {self.dtype}, native={self.native})"
+
+    def __tensor_flatten__(self) -> Tuple[list, Dict[str, Any]]:
+        names = ["qdata"] if self.scale is None else ["qdata", "scale"]
+        return names, {"dtype": self.dtype, "native": self.native}
+
+    @staticmethod
+    def __tensor_unflatten__(inner: Dict[str, torch.Tensor], ctx: Dict[str, Any], size: Any,
+                             stride: Any) -> "Fp8Weight":
+        return Fp8Weight(inner["qdata"], inner.get("scale"), ctx["dtype"], ctx["native"])
+
+    def dequantize(self) -> torch.Tensor:
+        return dequantize(self.qdata, self.scale, self.dtype)
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.linear:
+            x, w = args[0], args[1]
+            b = args[2] if len(args) > 2 else kwargs.get("bias")
+            if isinstance(w, Fp8Weight) and not isinstance(x, Fp8Weight) and not isinstance(b, Fp8Weight):
+                if w.native and native_ok(w.qdata, x, w.dtype):
+                    out: torch.Tensor = _ScaledLinear.apply(x, w.qdata, w.scale, b, w.dtype)
+                    return out
+                return F.linear(x, w.dequantize(), b)
+        # anything else goes down to __torch_dispatch__ (detach keeps the type there)
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
+        kwargs = kwargs or {}
+        if func is torch.ops.aten.detach.default:  # nn.Parameter(w) and .detach(): the same bytes
+            w = args[0]
+            return Fp8Weight(w.qdata, w.scale, w.dtype, w.native)
+        return func(*_plain(args), **_plain(kwargs))
+
+
+def _plain(tree: Any) -> Any:
+    return tree_map(lambda a: a.dequantize() if isinstance(a, Fp8Weight) else a, tree)
