@@ -312,6 +312,7 @@ int arena_engine_set_mode(arena_engine *e, int mode)
 	rest_need(e);
 	e->o.sched = e->mn[md] ? e->msched[md] : NULL;
 	e->o.n_sched = e->mn[md];
+	arena__engine_profile_cover(e);
 	e->ahead = SIZE_MAX;
 	arena_residency_plan t;
 	arena__engine_plan_changed(e);

@@ -320,6 +320,21 @@ Test(engine_plan, profile_places_residents_where_copies_dominate)
 	cost[5] = -1;
 	arena_residency_plan bad;
 	cr_assert_eq(arena_residency_plan_make(l, &o, budget, &bad), ARENA_E_USAGE);
+	/* ... of a block the schedule names: a block it does not name is never
+	 * run, and has no cost to learn (a pipeline's VAE encoder). */
+	uint32_t sched[56];
+	for (uint32_t b = 1, k = 0; b < 58; b++)
+		if (b != 5)
+			sched[k++] = b;
+	o.sched = sched;
+	o.n_sched = 56;
+	arena_residency_plan unnamed;
+	cr_assert_eq(arena_residency_plan_make(l, &o, budget, &unnamed), 0, "%s", arena_last_error());
+	cr_assert_eq(unnamed.resident[5], 0, "a block the schedule does not name is not kept before one it does");
+	arena_residency_plan_release(&unnamed);
+	sched[0] = 5;
+	cr_assert_eq(arena_residency_plan_make(l, &o, budget, &bad), ARENA_E_USAGE);
+	o.sched = NULL;
 	arena_residency_plan_release(&bytes_plan);
 	arena_residency_plan_release(&prof_plan);
 	arena_layout_free(l);

@@ -22,11 +22,21 @@ class Handle:
 
     def __init__(self) -> None:
         self.arena: Arena
-        self.module: nn.Module
+        self.module: Any  # the module, or the pipeline (its components bound)
         self._device: torch.device  # the arena's device (set when bound)
         self._owns_arena = False
         self._step_open = False
-        self._deferred: List[Tuple[int, Optional[int]]] = []
+        # Units held for a backward (whole blocks; blocks in pieces with loose pieces),
+        # released when their block's backward has run, or at the step's end.
+        self._bw_units: Dict[int, _BlockBinding] = {}
+        self._bw_groups: Set[_PiecedBinding] = set()
+        self._active = 0  # block calls in progress
+        # The modules bound, each with the prefix of its names in the image (a
+        # pipeline's components: "text_encoder.", ...; one module: ""). A step is
+        # the calls of one of them: a call of another (its forward, or a block of
+        # it, as a VAE's decode) ends the step and begins the next.
+        self._roots: List[Tuple[str, nn.Module]] = []
+        self._step_comp = ""
         self._hooks: List[Any] = []
         self._whole: Dict[int, _BlockBinding] = {}  # whole blocks, by arena block
         self._pieced: List[_PiecedBinding] = []  # blocks in pieces
@@ -83,7 +93,7 @@ class Handle:
         autograd, training, compiled blocks and the inputs' shapes and dtypes.
         Steps with the same key need the same memory (the engine learns each key's)."""
         parts: List[Any] = [self.arena.mode, torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
-                            module.training, self._offload is not None]
+                            module.training, self._offload is not None, id(module)]
         for m in self._compile_probe:
             parts.append(m.__dict__.get("_compiled_call_impl") is not None)
 
@@ -157,29 +167,37 @@ class Handle:
         return torch.cuda.current_stream(self._device).cuda_stream
 
     def _release_deferred(self) -> None:
-        while self._deferred:
-            i, s = self._deferred.pop(0)
-            self.arena.release(i, s)
-            self._whole[i].drop()
+        for u in list(self._bw_units.values()):
+            u.release_bw(at_step_end=True)
+        self._bw_groups.clear()
         for pb in self._pieced:
             pb.release_all()
         for hk in self._hooks:
             hk.remove()
         self._hooks.clear()
 
-    def _release_recomputed(self, block: int) -> None:
-        for k, (i, s) in enumerate(self._deferred):
-            if i == block:
-                del self._deferred[k]
-                self.arena.release(i, self._stream())
-                self._whole[i].drop()
-                return
-
-    def _watch_backward(self, block: int, grads: List[torch.Tensor]) -> None:
-        # When every gradient the block's backward makes is made, its backward
-        # kernels are queued: a recompute's hold on the block can go.
-        hk = torch.autograd.graph.register_multi_grad_hook(grads, lambda _g: self._release_recomputed(block), mode="all")
+    def _watch(self, grads: List[torch.Tensor], done: Callable[[], None]) -> None:
+        # When every gradient in grads is made (a block's parameters'), the backward
+        # kernels that needed its weights are queued: its holds can go.
+        hk = torch.autograd.graph.register_multi_grad_hook(grads, lambda _g: done(), mode="all")
         self._hooks.append(hk)
+
+    def _enter(self, comp: str, backward: bool) -> None:
+        """A block of component ``comp`` is about to run: begin a step if none is open;
+        a block of another component than the step's, in a forward with nothing held,
+        ends it and begins the next (a pipeline's VAE decode after denoising)."""
+        if not self._step_open:
+            self._begin_step()
+            self._step_comp = comp
+        elif comp != self._step_comp and not backward and not self._active and not self._bw_units \
+                and not self._bw_groups:
+            self._end_step(self._comp_work(comp))
+            self._begin_step()
+            self._step_comp = comp
+
+    def _comp_work(self, comp: str) -> int:
+        """The work key of a step begun by a block of ``comp`` (no forward call to key it by)."""
+        return (hash(("component", comp, self.arena.mode, torch.is_grad_enabled())) & 0xFFFFFFFFFFFFFFFF) or 1
 
     def _begin_step(self) -> None:
         self.arena.step_begin()
@@ -218,11 +236,12 @@ class Handle:
             self.arena.trace_end()
 
     def _root_pre_hook(self, module: nn.Module, args: Any, kwargs: Dict[str, Any]) -> None:
-        if _in_backward():
+        if _in_backward() or self._active:
             return
         self._guard_new_tuners()
         self._end_step(self._work_key(module, args, kwargs))
         self._begin_step()
+        self._step_comp = next((p for p, m in self._roots if m is module), "")
         if self._offload is not None:
             self._offload.begin(torch.is_grad_enabled())
 
@@ -238,13 +257,14 @@ class Handle:
 
     def _guard_new_tuners(self) -> None:
         # Adapters added after attach get the same guard against merges.
-        n = sum(1 for _ in self.module.modules())
+        n = sum(1 for _, r in self._roots for _ in r.modules())
         if n != self._n_modules:
             self._n_modules = n
             self._param_lists.clear()
-            for name, tuner in _peft_tuners(self.module).items():
-                if id(tuner) not in self._guarded:
-                    _guard_merge(self, name, tuner)
+            for prefix, r in self._roots:
+                for name, tuner in _peft_tuners(r).items():
+                    if id(tuner) not in self._guarded:
+                        _guard_merge(self, prefix + name, tuner)
 
     def end_step(self) -> None:
         """End the step in progress now (the next forward would otherwise do it)."""
