@@ -16,10 +16,12 @@ tests/python/test_torch.py (tests/python/run_torch.sh runs both).
 from __future__ import annotations
 
 import atexit
+import os
+
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # (save_pretrained's shards bar)
 import functools
 import json
 import logging
-import os
 import shutil
 import subprocess
 import tempfile
@@ -38,6 +40,7 @@ import arena.torch as at
 for name in ("diffusers", "transformers"):
     logging.getLogger(name).setLevel(logging.ERROR)
 tf.logging.set_verbosity_error()
+tf.utils.logging.disable_progress_bar()
 diffusers.utils.logging.set_verbosity_error()
 diffusers.utils.logging.disable_progress_bar()
 
@@ -304,7 +307,8 @@ _floors: Dict[Any, int] = {}
 LORA_SEED = 1
 
 
-def add_lora(m: torch.nn.Module, targets: List[str]) -> None:
+def add_lora(m: torch.nn.Module, targets: Any) -> None:
+    """LoRA adapters on ``targets`` (peft's target_modules), seeded: the same in every model."""
     torch.manual_seed(LORA_SEED)
     inject_adapter_in_model(LoraConfig(r=4, lora_alpha=4, target_modules=targets, init_lora_weights="gaussian"), m)
     torch.manual_seed(LORA_SEED + 1)
@@ -333,7 +337,12 @@ def train_steps(name: str, m: torch.nn.Module, steps: int = 2, reentrant: bool =
     grads: Dict[str, torch.Tensor] = {}
     for s in range(steps):
         opt.zero_grad(set_to_none=True)
-        loss = fam.out(m(**fam.inputs(s))).float().square().mean()
+        x = fam.inputs(s)
+        if reentrant:  # (a reentrant checkpoint's output needs a gradient only if an input does)
+            for k in ("hidden_states", "sample"):
+                if k in x:
+                    x[k].requires_grad_(True)
+        loss = fam.out(m(**x)).float().square().mean()
         loss.backward()
         losses.append(loss.item())
         grads = {n: p.grad.clone() for n, p in ps.items()}
@@ -410,6 +419,279 @@ def _add(name: str) -> None:
 
 for _n in ZOO:
     _add(_n)
+
+
+class Checkpointing(unittest.TestCase):
+    """Reentrant checkpointing: around the block (diffusers' Flux with a reentrant
+    function), inside the blocks (the UNet's resnets and transformers), inside the
+    layer's forward (transformers' Llama, T5): LoRA gradients bit for bit, streamed."""
+
+    def reentrant(self, name: str) -> None:
+        fam, path = ZOO[name], image(name)
+        plain = make(name, meta=False)
+        add_lora(plain, fam.lora)
+        want = train_steps(name, plain, reentrant=True)
+        for piece in (None, "4K"):
+            with self.subTest(piece=piece):
+                m = make(name, meta=True)
+                h = at.attach(m, path, mode="train", **streaming(path, "train", piece, depth=10 if piece else 2))
+                add_lora(m, fam.lora)
+                got = train_steps(name, m, reentrant=True)
+                self.assertEqual(got[0], want[0])
+                self.assertEqual(differ(got[1], want[1]), [])
+                streamed(self, h)
+                h.detach()
+
+    def test_flux_around_the_block(self):
+        self.reentrant("flux")
+
+    def test_unet_inside_the_blocks(self):
+        self.reentrant("unet")
+
+    def test_llama_inside_the_layers(self):
+        self.reentrant("llama")
+
+    def test_t5_inside_the_layers(self):
+        self.reentrant("t5")
+
+    def test_without_checkpointing(self):
+        """No checkpointing: the weights each block's forward saves come back in its backward."""
+        for name in ("unet", "llama"):
+            fam, path = ZOO[name], image(name)
+            plain = make(name, meta=False)
+            add_lora(plain, fam.lora)
+            want = train_steps(name, plain, checkpointing=False)
+            with self.subTest(name=name):
+                m = make(name, meta=True)
+                h = at.attach(m, path, mode="train", **streaming(path, "train", None, depth=2))
+                add_lora(m, fam.lora)
+                got = train_steps(name, m, checkpointing=False)
+                self.assertEqual(differ(got[1], want[1]), [])
+                streamed(self, h)
+                h.detach()
+
+
+class Order(unittest.TestCase):
+    def test_image_order_is_not_the_call_order(self):
+        """HunyuanVideo's token refiner runs before its transformer blocks; the image
+        orders its blocks after them. The first step acquires out of the image's order
+        (misses); the order run is learned and later steps prefetch by it."""
+        fam, path = ZOO["hunyuan"], image("hunyuan")
+        with arena.open(path, device="sim") as a:
+            names = [b.name for b in a.blocks]
+        self.assertLess(names.index("transformer_blocks.0"), names.index("context_embedder.token_refiner.refiner_blocks.0"))
+        m = make("hunyuan", meta=True)
+        h = at.attach(m, path, learn=False, **streaming(path))
+        plain = make("hunyuan", meta=False)
+        with torch.no_grad():
+            want = fam.out(plain(**fam.inputs(0)))
+            for _ in range(4):
+                self.assertTrue(torch.equal(fam.out(m(**fam.inputs(0))), want))
+        h.end_step()
+        st = h.stats()
+        self.assertGreater(st[0]["misses"], 0)
+        self.assertTrue(any(r["schedule_learned"] for r in st))
+        self.assertEqual([r["misses"] for r in st[2:]], [0, 0])
+        sched = h.arena.plan()["schedule_length"]
+        self.assertEqual(sched, len(names) - 1)
+        h.detach()
+
+
+class PlainTorch(unittest.TestCase):
+    """A model of plain torch modules: blocks that are lists never called themselves
+    (each of their layers called by the model), an output layer tied to the
+    embedding, a buffer computed in __init__."""
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(16, 32)
+            self.stages = torch.nn.ModuleList(
+                [torch.nn.ModuleList([torch.nn.Linear(32, 32), torch.nn.LayerNorm(32), torch.nn.Linear(32, 32)])
+                 for _ in range(5)])
+            self.head = torch.nn.Linear(32, 16, bias=False)
+            self.head.weight = self.embed.weight
+            self.register_buffer("scale", torch.linspace(0.5, 1.5, 32), persistent=False)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            x = self.embed(ids) * self.scale
+            for up, norm, down in self.stages:
+                x = x + down(torch.nn.functional.gelu(up(norm(x))))
+            return self.head(x)
+
+    @classmethod
+    def make(cls, meta: bool, seed: int = 0) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        with torch.device("meta" if meta else "cpu"):
+            m = cls.Model()
+        return m.to(BF16).requires_grad_(False)
+
+    @classmethod
+    def setUpClass(cls):
+        from safetensors.torch import save_model
+
+        plain = cls.make(meta=False)
+        src = os.path.join(TMP, "plain.safetensors")
+        save_model(plain, src)  # one name of the tied pair
+        cls.path = os.path.join(TMP, "plain.arena")
+        subprocess.run([ARENA_BIN, "convert", "-q", src, "-o", cls.path], check=True)
+        cls.ids = torch.randint(0, 16, (2, 8), generator=torch.Generator().manual_seed(3))
+        with torch.no_grad():
+            cls.want = plain(cls.ids)
+
+    def test_sampling_and_training(self):
+        m = self.make(meta=False, seed=7)
+        h = at.attach(m, self.path, **streaming(self.path))
+        self.assertEqual([b.name for b in h.arena.blocks[1:]], [f"stages.{i}" for i in range(5)])
+        self.assertIs(m.head.weight, m.embed.weight, "one copy for both names")
+        with torch.no_grad():
+            for _ in range(2):
+                self.assertTrue(torch.equal(m(self.ids), self.want))
+        streamed(self, h)
+        h.detach()
+        # training adapters of the layers, no checkpointing
+        plain = self.make(meta=False)
+        add_lora(plain, r"stages\.\d\.[02]")
+        m = self.make(meta=False, seed=7)
+        add_lora(m, r"stages\.\d\.[02]")
+        h = at.attach(m, self.path, mode="train", **streaming(self.path, "train", None, depth=2))
+
+        def steps(model: torch.nn.Module) -> Tuple[List[float], Dict[str, torch.Tensor]]:
+            ps = lora_params(model)
+            losses = []
+            for s in range(2):
+                for p in ps.values():
+                    p.grad = None
+                loss = model(self.ids + s).float().square().mean()
+                loss.backward()
+                losses.append(loss.item())
+            return losses, {n: p.grad.clone() for n, p in ps.items()}
+
+        want = steps(plain)
+        got = steps(m)
+        self.assertEqual(got[0], want[0])
+        self.assertEqual(differ(got[1], want[1]), [])
+        streamed(self, h)
+        h.detach()
+
+    def test_a_buffer_on_meta_it_cannot_compute(self):
+        m = self.make(meta=True)
+        with self.assertRaises(arena.Error) as cm:
+            at.attach(m, self.path, device="sim")
+        msg = cm.exception.message
+        self.assertIn("'scale' is a buffer the model computes", msg)
+        self.assertIn("no module above it is built from a config alone", msg)
+        self.assertIn("accelerate.init_empty_weights()", msg)
+        m.scale = torch.linspace(0.5, 1.5, 32).to(BF16)  # set before attach: then it runs
+        h = at.attach(m, self.path, device="sim")
+        with torch.no_grad():
+            self.assertTrue(torch.equal(m(self.ids), self.want))
+        h.detach()
+
+
+# --- a whole pipeline under one budget ----------------------------------------------------
+
+def word_tokenizer(max_length: int) -> Any:
+    """A tokenizer of a few words (the pipeline calls it as any tokenizer; no files needed)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[PAD]": 0, "[UNK]": 1, "</s>": 2}
+    for i, w in enumerate("a photo of cat dog red blue on the mat".split()):
+        vocab[w] = 3 + i
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tf.PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]", eos_token="</s>",
+                                      model_max_length=max_length)
+
+
+def flux_pipeline(meta: bool, seed: int = 0) -> Any:
+    """A tiny FluxPipeline: CLIP (4 layers), T5 (4 blocks), the transformer of
+    fixtures/tiny_flux.json, a VAE (latents of 4 channels: the transformer's 16 packed
+    2 x 2), in bf16, on meta or with the random weights of ``seed``."""
+    cfg = json.load(open(os.path.join(FIX, "tiny_flux.json")))["config"]
+    ctx = torch.device("meta") if meta else torch.device("cpu")
+    torch.manual_seed(seed)
+    with ctx:
+        transformer = diffusers.FluxTransformer2DModel(**cfg)
+        vae = diffusers.AutoencoderKL(block_out_channels=(32, 64), down_block_types=("DownEncoderBlock2D",) * 2,
+                                      up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4, norm_num_groups=8,
+                                      layers_per_block=1, shift_factor=0.0)
+        clip = tf.CLIPTextModel(tf.CLIPTextConfig(vocab_size=1000, hidden_size=16, intermediate_size=32,
+                                                  num_hidden_layers=4, num_attention_heads=2,
+                                                  max_position_embeddings=77, projection_dim=16))
+        t5 = tf.T5EncoderModel(tf.T5Config(vocab_size=1000, d_model=32, d_kv=8, d_ff=64, num_layers=4, num_heads=4,
+                                           relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                                           dropout_rate=0.0))
+    for m in (transformer, vae, clip, t5):
+        m.to(BF16).requires_grad_(False).eval()
+    pipe = diffusers.FluxPipeline(scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=clip,
+                                  tokenizer=word_tokenizer(77), text_encoder_2=t5, tokenizer_2=word_tokenizer(16),
+                                  transformer=transformer)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def generate(pipe: Any, prompt: str, seed: int) -> torch.Tensor:
+    with torch.no_grad():
+        return pipe(prompt, height=32, width=32, num_inference_steps=3, max_sequence_length=16, output_type="pt",
+                    generator=torch.Generator().manual_seed(seed)).images
+
+
+class Pipeline(unittest.TestCase):
+    """A FluxPipeline's folder (save_pretrained: model_index.json, a folder per
+    component) converted in one command into one image; its T5, CLIP, transformer
+    and VAE attached to one arena whose device holds less than the pipeline: the
+    plain pipeline's images bit for bit, each component's call a step."""
+
+    @classmethod
+    def setUpClass(cls):
+        plain = flux_pipeline(meta=False)
+        cls.want = [generate(plain, "a photo of a cat", 0), generate(plain, "a red dog on the mat", 1)]
+        d = os.path.join(TMP, "flux_pipeline")
+        plain.save_pretrained(d)
+        cls.path = d + ".arena"
+        subprocess.run([ARENA_BIN, "convert", "-q", d, "-o", cls.path], check=True)
+
+    def test_one_image_of_the_components(self):
+        with arena.open(self.path, device="sim") as a:
+            firsts = {n.split(".", 1)[0] for n in a.tensor_names()}
+            self.assertEqual(firsts, {"text_encoder", "text_encoder_2", "transformer", "vae"})
+            containers = [b.container for b in a.blocks if b.container]
+            for want in ("text_encoder.encoder.layers", "text_encoder_2.encoder.block",
+                         "transformer.transformer_blocks", "transformer.single_transformer_blocks",
+                         "vae.decoder.up_blocks", "vae.decoder.mid_block"):
+                self.assertIn(want, containers)
+
+    def test_under_one_budget(self):
+        total = os.path.getsize(self.path)
+        for meta in (True, False):
+            with self.subTest(meta=meta):
+                pipe = flux_pipeline(meta=meta, seed=7)
+                opts = streaming(self.path)
+                h = at.attach(pipe, self.path, **opts)
+                self.assertLess(opts["sim_capacity"], total, "the device holds less than the pipeline")
+                got = [generate(pipe, "a photo of a cat", 0), generate(pipe, "a red dog on the mat", 1)]
+                for g, w in zip(got, self.want):
+                    self.assertTrue(torch.equal(g, w))
+                h.end_step()
+                st = h.stats()
+                # a step per component call: CLIP, T5, 3 denoising steps, the VAE decode; twice
+                self.assertEqual(len(st), 12, [r["acquires"] for r in st])
+                self.assertGreater(sum(r["streamed_bytes"] for r in st), 0)
+                self.assertGreater(h.plan()["n_streamed"], 0)
+                for comp, m in pipe.components.items():
+                    if isinstance(m, torch.nn.Module):
+                        self.assertIs(getattr(m, "_arena_handle")(), h, comp)
+                h.detach()
+                self.assertFalse(hasattr(pipe.transformer, "_arena_handle"))
+
+    def test_a_component_missing(self):
+        pipe = flux_pipeline(meta=True)
+        pipe.vae = None
+        with self.assertRaises(arena.Error) as cm:
+            at.attach(pipe, self.path, device="sim")
+        self.assertIn("the image's component 'vae' has no module in the pipeline", cm.exception.message)
+        self.assertEqual({p.device.type for p in pipe.transformer.parameters()}, {"meta"}, "nothing bound")
 
 
 if __name__ == "__main__":

@@ -159,7 +159,28 @@ def _outputs(v: Any, out: List[torch.Tensor], depth: int = 0) -> List[torch.Tens
     return out
 
 
-def _track(h: "Handle", start: int, out: Any, done: Callable[[], None], index: int) -> None:
+def _leaf_inputs(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[Any]:
+    """The gradient nodes of a call's inputs that are leaves needing a gradient (a
+    reentrant checkpoint's recompute gets its inputs detached: leaves)."""
+    out: List[Any] = []
+
+    def walk(v: Any, depth: int) -> None:
+        if isinstance(v, torch.Tensor):
+            if v.requires_grad and v.grad_fn is None:
+                out.append(torch.autograd.graph.get_gradient_edge(v).node)
+        elif depth < 2 and isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x, depth + 1)
+
+    for v in args:
+        walk(v, 0)
+    for v in kwargs.values():
+        walk(v, 0)
+    return out
+
+
+def _track(h: "Handle", start: int, out: Any, done: Callable[[], None], index: int,
+           inputs: Sequence[Any] = ()) -> None:
     """After a block's call with autograd on (its nodes made from sequence number
     ``start`` on): ``done`` runs when its backward has run, that is when every node
     of the block with an edge out of it (to its inputs' nodes, made before it) has
@@ -169,8 +190,11 @@ def _track(h: "Handle", start: int, out: Any, done: Callable[[], None], index: i
     nodes leads out of it (no input needs a gradient: the first block, its adapters
     training) has its backward last: when its parameters' gradients are made, or at
     the step's end. Under a reentrant checkpoint the block's node is the
-    checkpoint's, whose backward recomputes and backpropagates the block."""
+    checkpoint's, whose backward recomputes and backpropagates the block; the
+    recompute's own backward leads out of it to its inputs (``inputs``: the nodes of
+    inputs that are leaves, made whenever)."""
     entries: List[Any] = []
+    outside = {id(n) for n in inputs}
     seen = set()
     kept: List[Any] = []  # (the nodes walked, held so that no id is reused during the walk)
     stack: List[Any] = [t.grad_fn for t in _outputs(out, [])]
@@ -184,7 +208,7 @@ def _track(h: "Handle", start: int, out: Any, done: Callable[[], None], index: i
         for nxt, _ in node.next_functions:
             if nxt is None:
                 continue
-            if nxt._sequence_nr() < start:
+            if nxt._sequence_nr() < start or id(nxt) in outside:
                 leaves = True
             elif id(nxt) not in seen:
                 stack.append(nxt)
@@ -331,7 +355,7 @@ class _BlockBinding:
             # a reentrant checkpoint's recompute of the block: its own backward follows
             start = _seq_now()
             out = self._call(call, mod, args, kwargs)
-            _track(h, start, out, self.release_bw, self.index)
+            _track(h, start, out, self.release_bw, self.index, _leaf_inputs(args, kwargs))
             return out
         h._enter(self.comp, False)
         start = -1
@@ -355,7 +379,7 @@ class _BlockBinding:
                 h.arena.release(self.index, stream)
                 self.drop()
         if start >= 0:
-            _track(h, start, out, self.release_bw, self.index)
+            _track(h, start, out, self.release_bw, self.index, _leaf_inputs(args, kwargs))
         return out
 
 

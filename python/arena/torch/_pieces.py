@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tupl
 import torch
 from torch import nn
 
-from ._blocks import (_BlockBinding, _check_training, _in_backward, _SavedWeights, _seq_now, _track,
-                      _under_checkpoint)
+from ._blocks import (_BlockBinding, _check_training, _in_backward, _leaf_inputs, _SavedWeights, _seq_now,
+                      _track, _under_checkpoint)
 
 if TYPE_CHECKING:
     from ._handle import Handle
@@ -175,7 +175,7 @@ class _PiecedBinding:
                 b.bind(h._resident_at[idx])
             out = self._call(call, mod, args, kwargs)
             if start >= 0:
-                _track(h, start, out, self.release_loose, self.index)
+                _track(h, start, out, self.release_loose, self.index, _leaf_inputs(args, kwargs))
             return out
         saved = None
         if grad and not backward and not _under_checkpoint() and (
@@ -207,7 +207,7 @@ class _PiecedBinding:
         if done and not backward:
             self._learn()
         if start >= 0:
-            _track(h, start, out, self.release_loose, self.index)
+            _track(h, start, out, self.release_loose, self.index, _leaf_inputs(args, kwargs))
         return out
 
     def leaf(self, key: int, call: Callable[..., Any], mod: nn.Module, args: Tuple[Any, ...],
@@ -314,5 +314,5 @@ class _PiecedBinding:
                 if idx in self.held and not self.bw_ref.get(idx) and idx not in self.loose:
                     self._release(idx)
         if start >= 0:
-            _track(h, start, out, self.release_loose, self.index)
+            _track(h, start, out, self.release_loose, self.index, _leaf_inputs(args, kwargs))
         return out
