@@ -112,7 +112,8 @@ PY
 
 gib() { echo "$1" | sed 's/G$//'; }
 
-for set in ${*:-sample floor train pressure}; do
+SETS=${*:-sample floor train pressure}
+for set in $SETS; do
 	case $set in
 	sample)
 		run sample-resident -- arena-sample --steps 10

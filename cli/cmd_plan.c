@@ -201,7 +201,7 @@ int cmd_plan(int argc, char **argv)
 		q.mode = md ? ARENA_MODE_TRAIN : ARENA_MODE_SAMPLE;
 		if ((rc = arena_residency_floor(l, &q, &floor_v[md], &floor_w[md])))
 			goto out;
-		floor_v[md] += stage; /* the floor streams: coded, with its stages */
+		floor_v[md] += stage + context; /* the floor streams: coded, with its stages; the context beside it */
 	}
 	/* --host-budget: the streamed blocks that would be read from the image. */
 	uint64_t hb = ao.host_budget == ARENA_ZERO_BYTES ? 0 : ao.host_budget, hbytes = 0, dbytes = 0;

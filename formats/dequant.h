@@ -51,12 +51,6 @@ ARENA_ELEM uint64_t arena__dq_scale_bytes(const arena_dequant_job *j)
 	return j->scale_n * (j->scale_dtype == ARENA_DTYPE_BF16 || j->scale_dtype == ARENA_DTYPE_F16 ? 2 : 4);
 }
 
-/* The names tests/unit/test_api.c checks the element rules under. */
-#define arena__dq_e4m3 arena__e4m3_to_f32
-#define arena__dq_e5m2 arena__e5m2_to_f32
-#define arena__dq_to_bf16 arena__f32_to_bf16
-#define arena__dq_to_f16 arena__f32_to_f16
-
 /* Source element i as f32 (exact). */
 ARENA_DQ float arena__dq_load(const void *src, int dt, uint64_t i)
 {

@@ -413,7 +413,8 @@ ARENA_API int arena_tensor_find(const arena *a, const char *name, size_t *index)
  * its original dtype (BF16, F16 or F32) and shape, contiguous, to `dst`:
  * qdata x scale in f32, rounded once to nearest even, bit for bit what
  * torch's (qdata.float() * scale).to(dtype) gives (a NaN becomes 0x7FC0 in
- * BF16). `block` holds the bytes of the tensor's block: an acquire's
+ * BF16); int4 schemes: ((q - zero) x scale) per group, the same way.
+ * `block` holds the bytes of the tensor's block: an acquire's
  * address (valid until its release) or a resident block's device address.
  * cuda: one kernel queued on `stream` after the work queued there so far,
  * dst device memory; sim: done before it returns, dst host memory.

@@ -317,7 +317,7 @@ Test(api, dequantize_decodes_every_fp8_byte)
 	for (unsigned b = 0; b < 256; b++) {
 		for (int e5m2 = 0; e5m2 < 2; e5m2++) {
 			const float want = ref_fp8((uint8_t)b, e5m2);
-			const float got = e5m2 ? arena__dq_e5m2(b) : arena__dq_e4m3(b);
+			const float got = e5m2 ? arena__e5m2_to_f32(b) : arena__e4m3_to_f32(b);
 			if (isnan(want))
 				cr_assert(isnan(got), "%s %02x: %g, want NaN", e5m2 ? "e5m2" : "e4m3", b, got);
 			else
@@ -326,12 +326,12 @@ Test(api, dequantize_decodes_every_fp8_byte)
 		}
 	}
 	/* rounding to bf16 and f16 (ties to even, overflow, NaN) */
-	cr_assert_eq(arena__dq_to_bf16(1.00390625f), 0x3F80);  /* 1 + 2^-8: a tie, to even */
-	cr_assert_eq(arena__dq_to_bf16(1.01171875f), 0x3F82);  /* 1 + 3 x 2^-8: a tie, to even (up) */
-	cr_assert_eq(arena__dq_to_bf16(NAN), 0x7FC0);
-	cr_assert_eq(arena__dq_to_f16(65520.0f), 0x7C00);      /* past the largest f16: infinity */
-	cr_assert_eq(arena__dq_to_f16(1.0f + 0x1p-11f), 0x3C00); /* a tie, to even */
-	cr_assert_eq(arena__dq_to_f16(0x1p-25f), 0x0000);      /* half the smallest subnormal: a tie, to 0 */
-	cr_assert_eq(arena__dq_to_f16(0x1.8p-25f), 0x0001);
-	cr_assert_eq(arena__dq_to_f16(-NAN) & 0x7E00, 0x7E00);
+	cr_assert_eq(arena__f32_to_bf16(1.00390625f), 0x3F80);  /* 1 + 2^-8: a tie, to even */
+	cr_assert_eq(arena__f32_to_bf16(1.01171875f), 0x3F82);  /* 1 + 3 x 2^-8: a tie, to even (up) */
+	cr_assert_eq(arena__f32_to_bf16(NAN), 0x7FC0);
+	cr_assert_eq(arena__f32_to_f16(65520.0f), 0x7C00);      /* past the largest f16: infinity */
+	cr_assert_eq(arena__f32_to_f16(1.0f + 0x1p-11f), 0x3C00); /* a tie, to even */
+	cr_assert_eq(arena__f32_to_f16(0x1p-25f), 0x0000);      /* half the smallest subnormal: a tie, to 0 */
+	cr_assert_eq(arena__f32_to_f16(0x1.8p-25f), 0x0001);
+	cr_assert_eq(arena__f32_to_f16(-NAN) & 0x7E00, 0x7E00);
 }

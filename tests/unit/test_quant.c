@@ -836,7 +836,7 @@ Test(quant, fill_prequantized)
 		q[i] = (uint8_t)rnd();
 	for (size_t i = 0; i < 8; i++)
 		sc[i] = (uint16_t)(0x3C00 + i * 0x40); /* f16 1.0, 1.0625, ... */
-	outbuf whole;
+	outbuf whole = {0};
 	cr_assert_eq(arena_quant_plan_prequant(&whole.p, ARENA_QUANT_FP8_E4M3_ROW, 2, w, "x"), 0);
 	whole.comp[0] = xmalloc(whole.p.comps[0].nbytes);
 	whole.comp[1] = xmalloc(whole.p.comps[1].nbytes);
@@ -900,6 +900,26 @@ Test(quant, describe_and_plan_from_tensor)
 	bad = good, bad.dtype = ARENA_DTYPE_F8_E4M3;
 	cr_assert_eq(arena_quant_plan_from_tensor(&bad, &back), 0, "%s", arena_last_error());
 	cr_assert_eq(back.prequantized, 1);
+	/* int4: the scale in the source's dtype, three components, packed codes */
+	t.dtype = ARENA_DTYPE_BF16;
+	cr_assert_eq(arena_quant_plan_init(&p, ARENA_QUANT_INT4_G32, t.dtype, t.rank, t.shape, t.name), 0);
+	cr_assert_eq(arena_quant_describe(&p, &t), 0);
+	good = t;
+	cr_assert_eq(arena_quant_plan_from_tensor(&good, &back), 0, "%s", arena_last_error());
+	bad = good, bad.comp[1].dtype = ARENA_DTYPE_F32, bad.comp[1].bytes *= 2;
+	cr_assert_eq(arena_quant_plan_from_tensor(&bad, &back), MB);
+	cr_assert_not_null(strstr(arena_last_error(), "expected 'scale' BF16 [64, 1]"), "%s", arena_last_error());
+	bad = good, bad.n_comp = 2;
+	cr_assert_eq(arena_quant_plan_from_tensor(&bad, &back), MB);
+	cr_assert_not_null(strstr(arena_last_error(), "has 3 components, the manifest 2"), "%s", arena_last_error());
+	bad = good, bad.comp[0].shape[1] = 9, bad.comp[0].bytes = 64 * 9; /* codes of 18 columns, not 9 */
+	cr_assert_eq(arena_quant_plan_from_tensor(&bad, &back), MB);
+	cr_assert_not_null(strstr(arena_last_error(), "expected 'qdata' U8 [64, 5]"), "%s", arena_last_error());
+	bad = good, snprintf(bad.comp[2].name, sizeof(bad.comp[2].name), "zeros");
+	cr_assert_eq(arena_quant_plan_from_tensor(&bad, &back), MB);
+	bad = good, snprintf(bad.scheme, sizeof(bad.scheme), "int4-g16");
+	cr_assert_eq(arena_quant_plan_from_tensor(&bad, &back), MB);
+	cr_assert_not_null(strstr(arena_last_error(), "int4-g16"), "%s", arena_last_error());
 }
 
 /* ---- exhaustive casts against slow references ------------------------------------------- */
