@@ -692,6 +692,18 @@ class Pipeline(unittest.TestCase):
             at.attach(pipe, self.path, device="sim")
         self.assertIn("the image's component 'vae' has no module in the pipeline", cm.exception.message)
         self.assertEqual({p.device.type for p in pipe.transformer.parameters()}, {"meta"}, "nothing bound")
+        # a dict of modules; one the image does not hold, on meta, could not run
+        comps = dict(flux_pipeline(meta=True).components)
+        with torch.device("meta"):
+            comps["image_encoder"] = torch.nn.Linear(4, 4)
+        with self.assertRaises(arena.Error) as cm:
+            at.attach(comps, self.path, device="sim")
+        self.assertIn("component 'image_encoder' is on the meta device and the image holds none of it",
+                      cm.exception.message)
+        comps["image_encoder"] = torch.nn.Linear(4, 4)  # materialized: it runs as it is
+        h = at.attach(comps, self.path, device="sim")
+        self.assertEqual(len(h._roots), 4)
+        h.detach()
 
 
 if __name__ == "__main__":

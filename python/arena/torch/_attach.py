@@ -196,6 +196,11 @@ def _bind(h: Handle, target: Any, mode: str, trainable: Any, min_saved: Optional
         have = {p[:-1] for p, _ in roots}
         for comp in sorted({n.split(".", 1)[0] for n in image} - have):
             problems.append(f"the image's component '{comp}' has no module in the pipeline")
+        comps = getattr(target, "components", target)
+        for name, m in comps.items():  # the others run as they are: not on meta
+            if isinstance(m, nn.Module) and name not in have and any(p.is_meta for p in m.parameters()):
+                problems.append(f"component '{name}' is on the meta device and the image holds none of it: "
+                                f"convert the pipeline's folder with it, or materialize it")
     # 2. The image's blocks are modules of the module (a list's members, a UNet's
     # mid_block, a nested list's: encoder.block.3, text_model.encoder.layers.3).
     block_mod: Dict[int, nn.Module] = {}  # arena block (or piece) -> the block module
