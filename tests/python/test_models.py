@@ -474,26 +474,44 @@ class Checkpointing(unittest.TestCase):
 class Order(unittest.TestCase):
     def test_image_order_is_not_the_call_order(self):
         """HunyuanVideo's token refiner runs before its transformer blocks; the image
-        orders its blocks after them. The first step acquires out of the image's order
-        (misses); the order run is learned and later steps prefetch by it."""
+        orders its blocks after them. attach takes the order from the module (the
+        order its modules are made in): the engine prefetches by it from the first
+        step, which misses nothing."""
         fam, path = ZOO["hunyuan"], image("hunyuan")
         with arena.open(path, device="sim") as a:
             names = [b.name for b in a.blocks]
         self.assertLess(names.index("transformer_blocks.0"), names.index("context_embedder.token_refiner.refiner_blocks.0"))
         m = make("hunyuan", meta=True)
         h = at.attach(m, path, learn=False, **streaming(path))
+        sched = [names[i] for i in h.arena.schedule()]
+        self.assertEqual(sched[:2], ["context_embedder.token_refiner.refiner_blocks.0",
+                                     "context_embedder.token_refiner.refiner_blocks.1"])
+        self.assertEqual(sorted(sched), sorted(names[1:]))
         plain = make("hunyuan", meta=False)
         with torch.no_grad():
             want = fam.out(plain(**fam.inputs(0)))
-            for _ in range(4):
+            for _ in range(3):
+                self.assertTrue(torch.equal(fam.out(m(**fam.inputs(0))), want))
+        h.end_step()
+        self.assertEqual([r["misses"] for r in h.stats()], [0, 0, 0])
+        self.assertEqual([names[i] for i in h.arena.schedule()], sched, "the order run is the module's")
+        h.detach()
+        # an order given that is not the order run: the first step misses, the
+        # order run is learned and later steps prefetch by it
+        m = make("hunyuan", meta=True)
+        h = at.attach(m, path, learn=False, **streaming(path))
+        h.arena.set_schedule(list(range(1, len(names))))  # the image's order
+        with torch.no_grad():
+            for _ in range(3):
                 self.assertTrue(torch.equal(fam.out(m(**fam.inputs(0))), want))
         h.end_step()
         st = h.stats()
         self.assertGreater(st[0]["misses"], 0)
-        self.assertTrue(any(r["schedule_learned"] for r in st))
-        self.assertEqual([r["misses"] for r in st[2:]], [0, 0])
-        sched = h.arena.plan()["schedule_length"]
-        self.assertEqual(sched, len(names) - 1)
+        self.assertTrue(st[0]["schedule_learned"])
+        self.assertEqual([r["misses"] for r in st[1:]], [0, 0])
+        with self.assertRaises(arena.Error) as cm:
+            h.arena.set_schedule([0])
+        self.assertIn("the globals block", cm.exception.message)
         h.detach()
 
 
@@ -677,6 +695,11 @@ class Pipeline(unittest.TestCase):
                 st = h.stats()
                 # a step per component call: CLIP, T5, 3 denoising steps, the VAE decode; twice
                 self.assertEqual(len(st), 12, [r["acquires"] for r in st])
+                # each component's order is kept and set before its next call: the
+                # second image misses nothing (the first VAE decode ran blocks of the
+                # decoder only, whose order the VAE module could not say)
+                self.assertEqual([r["misses"] for r in st[:5]], [0] * 5)
+                self.assertEqual([r["misses"] for r in st[6:]], [0] * 6)
                 self.assertGreater(sum(r["streamed_bytes"] for r in st), 0)
                 self.assertGreater(h.plan()["n_streamed"], 0)
                 for comp, m in pipe.components.items():

@@ -308,6 +308,17 @@ def _bind(h: Handle, target: Any, mode: str, trainable: Any, min_saved: Optional
         _wrap_block(h, m, pb)  # type: ignore[arg-type]
     if mode == "train":
         _check_train_ring(h)
+    # The order the blocks run in, from the module: its modules' order (the order
+    # they are made in, as their forward calls them: HunyuanVideo's token refiner
+    # before its transformer blocks, which the image orders after them), each
+    # component's apart; the engine prefetches by it from the first step, and
+    # learns the order run from then on.
+    for prefix, module in roots:
+        pos = {id(m): i for i, (_, m) in enumerate(module.named_modules(remove_duplicate=False))}
+        units = [i for i in block_mod if comp_of[i] == prefix]
+        h._orders[prefix] = sorted(units, key=lambda i: (pos.get(id(block_mod[i]), len(pos)), i))
+    if len(roots) == 1 and h._orders[""]:
+        h._use_order("")
     # 4. Guards: moves and conversions of bound weights, adapter merges, a second attach.
     owner_leaves: Dict[int, Tuple[nn.Module, List[str]]] = {}
     for owners, _, _, _ in bound.values():

@@ -37,6 +37,13 @@ class Handle:
         # it, as a VAE's decode) ends the step and begins the next.
         self._roots: List[Tuple[str, nn.Module]] = []
         self._step_comp = ""
+        # The order each component's blocks run in: from the module at attach
+        # (_orders), then as the engine learned it from the component's steps
+        # (_scheds, by component and mode); set as the engine's schedule before a
+        # step of another component than the last (arena_schedule_set).
+        self._orders: Dict[str, List[int]] = {}
+        self._scheds: Dict[Tuple[str, str], List[int]] = {}
+        self._sched_key: Optional[Tuple[str, str]] = None
         self._hooks: List[Any] = []
         self._whole: Dict[int, _BlockBinding] = {}  # whole blocks, by arena block
         self._pieced: List[_PiecedBinding] = []  # blocks in pieces
@@ -187,13 +194,34 @@ class Handle:
         a block of another component than the step's, in a forward with nothing held,
         ends it and begins the next (a pipeline's VAE decode after denoising)."""
         if not self._step_open:
+            self._use_order(comp)
             self._begin_step()
             self._step_comp = comp
         elif comp != self._step_comp and not backward and not self._active and not self._bw_units \
                 and not self._bw_groups:
             self._end_step(self._comp_work(comp))
+            self._use_order(comp)
             self._begin_step()
             self._step_comp = comp
+
+    def _use_order(self, comp: str) -> None:
+        """Between steps, before a step of ``comp``: the engine's schedule is the order
+        its blocks ran in the last time (or, never run, the module's order) when the
+        step before was another component's or mode's; the schedule the engine has
+        now (learned from the steps that ended) is kept for those."""
+        key = (comp, self.arena.mode)
+        if key == self._sched_key:
+            return
+        if self._sched_key is not None:
+            self._scheds[self._sched_key] = self.arena.schedule()
+        self._sched_key = key
+        want = self._scheds.get(key)
+        if want is None:
+            order = self._orders.get(comp)
+            if not order:
+                return
+            want = order + order[::-1] if key[1] == "train" else list(order)
+        self.arena.set_schedule(want)
 
     def _comp_work(self, comp: str) -> int:
         """The work key of a step begun by a block of ``comp`` (no forward call to key it by)."""
@@ -240,8 +268,10 @@ class Handle:
             return
         self._guard_new_tuners()
         self._end_step(self._work_key(module, args, kwargs))
+        comp = next((p for p, m in self._roots if m is module), "")
+        self._use_order(comp)
         self._begin_step()
-        self._step_comp = next((p for p, m in self._roots if m is module), "")
+        self._step_comp = comp
         if self._offload is not None:
             self._offload.begin(torch.is_grad_enabled())
 
