@@ -95,6 +95,7 @@
  *   | adapt: demote / promote, new ring  | step_end                         |
  *   | adopt the observed schedule        | step_end                         |
  *   | another mode's schedule and budget | arena_engine_set_mode            |
+ *   | a schedule given between steps     | arena_engine_set_schedule        |
  *   | device timing read; learned plan   | step_end, arena_engine_collect   |
  *   | drop device copies, slots          | arena_engine_free                |
  *
@@ -512,6 +513,14 @@ int arena_engine_step_end(arena_engine *e);
  * for a switch and back); what does not fit is demoted at once. USAGE
  * inside a step or for an unknown mode. */
 int arena_engine_set_mode(arena_engine *e, int mode);
+/* Between steps: `sched` (n block indices, globals excluded, at most
+ * arena_residency_max_sched) is the schedule of the mode in force from the
+ * next step on, as if the caller had run it: the plan takes it and keeps its
+ * resident blocks unless they no longer fit (demoted at once), the next
+ * step's copies follow it, and the engine goes on learning the order run.
+ * A learned profile that has not timed its blocks is not planned by until it
+ * has. USAGE inside a step or for a bad schedule. */
+int arena_engine_set_schedule(arena_engine *e, const uint32_t *sched, size_t n);
 /* What the rest of the process (the adapter: torch's allocator) holds now,
  * the most it held since the last report (0: now), and the key of the next
  * step's work (0: the same): include/arena.h's arena_rest_report. Counted

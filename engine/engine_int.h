@@ -357,6 +357,9 @@ int arena__engine_read_copy(arena_engine *e, unsigned k);
  * seen as the schedule (1 when it did). */
 void arena__engine_observe(arena_engine *e, uint32_t b);
 int arena__engine_adopt_order(arena_engine *e);
+/* The learned profile in force does not time every block of the schedule now
+ * (another caller's blocks): plan by bytes until it does (engine_learn.c). */
+void arena__engine_profile_cover(arena_engine *e);
 /* At a step's end, after adapt: the gap, what the device timed, the look
  * started at the last step end taken, a new one started. */
 int arena__engine_learn_end(arena_engine *e);

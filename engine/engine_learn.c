@@ -354,6 +354,7 @@ int arena__engine_adopt_order(arena_engine *e)
 		e->rec.schedule_learned = learned = 1;
 		e->ahead = SIZE_MAX; /* the order just seen: prefetch as far as the ring goes */
 		arena__engine_plan_changed(e);
+		arena__engine_profile_cover(e);
 	}
 	e->n_obs = 0;
 	e->obs_over = 0;
@@ -361,6 +362,24 @@ int arena__engine_adopt_order(arena_engine *e)
 }
 
 /* --- the learned profile and looks at it --------------------------------------- */
+
+/* A schedule whose blocks the learned profile has not all timed (a caller
+ * that runs other blocks from one step to the next: a pipeline's text
+ * encoder, then its transformer, then its VAE decoder, through one arena)
+ * is planned by bytes until they are timed; the profile is looked at again
+ * then (learn). A profile given stays. */
+void arena__engine_profile_cover(arena_engine *e)
+{
+	if (!e->lcost || e->o.cost != e->lcost)
+		return;
+	size_t n = e->o.sched ? e->o.n_sched : e->l->n_blocks; /* (no schedule: the mode's default, every block) */
+	for (size_t i = 0; i < n; i++)
+		if (e->lcost[e->o.sched ? e->o.sched[i] : i] < 0) {
+			e->o.cost = e->o.hold = e->o.bcost = e->o.bhold = NULL;
+			e->profile_learned = 0;
+			return;
+		}
+}
 
 /* The learned copy rate: the median of the last copies timed (one copy held
  * up by something else does not move it); 0 before any. */

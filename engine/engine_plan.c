@@ -288,6 +288,64 @@ int arena__engine_adapt(arena_engine *e, int new_sched)
 	return rc;
 }
 
+int arena_engine_set_schedule(arena_engine *e, const uint32_t *sched, size_t n)
+{
+	if (e->state == ST_FAILED)
+		return e->failed_rc;
+	if (e->state != ST_IDLE)
+		return arena_errorf(ARENA_E_USAGE, "engine: set_schedule inside a step (end the step first)");
+	if (!sched || !n || n > e->max_sched)
+		return arena_errorf(ARENA_E_USAGE, "engine: a schedule of %zu entries (1 to %zu for this model)", n,
+				    e->max_sched);
+	for (size_t i = 0; i < n; i++)
+		if (sched[i] >= e->l->n_blocks || arena_block_is_globals(e->l, sched[i]))
+			return arena_errorf(ARENA_E_USAGE, "engine: schedule entry %zu is block %u, %s", i, sched[i],
+					    sched[i] >= e->l->n_blocks ? "out of range" : "the globals block (always resident)");
+	int md = e->o.mode == ARENA_MODE_TRAIN;
+	if (e->o.sched == e->msched[md] && e->o.n_sched == n && !memcmp(e->msched[md], sched, n * sizeof(*sched)))
+		return 0;
+	/* The copies issued for the next step in the old order are forgotten. */
+	e->cur = 0;
+	arena__engine_drop_ahead(e);
+	e->begun = 0;
+	uint64_t used = dev_used(e), budget, free_b;
+	arena_engine_opts old = e->o;
+	uint32_t *keep = arena_malloc(e->max_sched * sizeof(*keep));
+	if (!keep)
+		return arena_errorf(ARENA_E_NOMEM, "engine: out of memory for a schedule");
+	size_t keep_n = e->mn[md];
+	memcpy(keep, e->msched[md], keep_n * sizeof(*keep));
+	memcpy(e->msched[md], sched, n * sizeof(*sched));
+	e->mn[md] = n;
+	e->o.sched = e->msched[md];
+	e->o.n_sched = n;
+	arena__engine_profile_cover(e);
+	e->ahead = SIZE_MAX;
+	arena_residency_plan t;
+	arena__engine_plan_changed(e);
+	int rc = plan_now(e, used, &budget, &free_b, &t, 0);
+	if (rc) {
+		memcpy(e->msched[md], keep, keep_n * sizeof(*keep));
+		e->mn[md] = keep_n;
+		e->o = old;
+		arena_free(keep);
+		return rc == ARENA_E_USAGE ? rc : arena__engine_fail(e, rc);
+	}
+	arena_free(keep);
+	e->n_slots = arena__ring_slots(&e->o);
+	take_sched(e, &t);
+	arena__engine_refresh(e); /* the resident blocks as they are, with the new schedule */
+	if (e->plan.need_bytes > budget)
+		rc = arena__engine_apply(e, t.resident);
+	else
+		rc = arena__engine_fit_ring(e);
+	if (!rc)
+		arena__engine_refresh(e);
+	arena_residency_plan_release(&t);
+	e->room_steps = 0;
+	return arena__engine_fail(e, rc);
+}
+
 int arena_engine_set_mode(arena_engine *e, int mode)
 {
 	int rc;
@@ -312,6 +370,7 @@ int arena_engine_set_mode(arena_engine *e, int mode)
 	rest_need(e);
 	e->o.sched = e->mn[md] ? e->msched[md] : NULL;
 	e->o.n_sched = e->mn[md];
+	arena__engine_profile_cover(e);
 	e->ahead = SIZE_MAX;
 	arena_residency_plan t;
 	arena__engine_plan_changed(e);

@@ -655,11 +655,6 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 	if (o->cost && !(o->h2d_bytes_per_s >= 0 && o->h2d_bytes_per_s < 1e15 && o->backward_factor >= 0 &&
 			 o->backward_factor < 1e6))
 		return arena_errorf(ARENA_E_USAGE, "engine: the profile's rate or backward factor is not a finite number >= 0");
-	for (size_t b = 0; o->cost && b < l->n_blocks; b++)
-		if (!(o->cost[b] >= 0 && o->cost[b] < 1e9) || (o->bcost && !(o->bcost[b] < 1e9)) ||
-		    (o->bhold && !(o->bhold[b] < 1e9)))
-			return arena_errorf(ARENA_E_USAGE, "engine: the cost of block '%s' is not a finite number >= 0",
-					    l->blocks[b].name);
 	if (opt_depth(o) > ARENA__MAX_DEPTH || o->keep_last > ARENA__MAX_KEEP)
 		return arena_errorf(ARENA_E_USAGE, "engine: depth %u or keep_last %u over %u", opt_depth(o),
 				    o->keep_last, ARENA__MAX_DEPTH);
@@ -712,6 +707,18 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 				p->sched[j++] = (uint32_t)b;
 		for (size_t i = 0; i < k && p->n_sched == 2 * k; i++)
 			p->sched[k + i] = p->sched[k - 1 - i];
+	}
+	/* A profile's costs, of the blocks the schedule names (the timed dry run
+	 * reads no other: a learned profile has none for blocks never run, as a
+	 * pipeline's VAE encoder). */
+	for (size_t i = 0; o->cost && i < p->n_sched; i++) {
+		uint32_t b = p->sched[i];
+		if (!(o->cost[b] >= 0 && o->cost[b] < 1e9) || (o->bcost && !(o->bcost[b] < 1e9)) ||
+		    (o->bhold && !(o->bhold[b] < 1e9))) {
+			rc = arena_errorf(ARENA_E_USAGE, "engine: the cost of block '%s' is not a finite number >= 0",
+					  l->blocks[b].name);
+			goto out;
+		}
 	}
 	/* The blocks in the order the schedule first needs them, then those it
 	 * does not name (streamed unless room is left: they may still be

@@ -221,26 +221,43 @@ out:
 	return rc;
 }
 
-/* Pick the checkpoint inside a folder: an index, else the only .safetensors. */
-static int open_dir(arena_ckpt *c, const char *dir)
+/* The weights' file names diffusers and transformers save without a variant. */
+static int plain_name(const char *n)
+{
+	return strcmp(n, "model.safetensors") == 0 || strcmp(n, "diffusion_pytorch_model.safetensors") == 0 ||
+	       strcmp(n, "model.safetensors.index.json") == 0 ||
+	       strcmp(n, "diffusion_pytorch_model.safetensors.index.json") == 0;
+}
+
+/* Pick the checkpoint inside a folder: an index, else the only .safetensors.
+ * `plain`: a pipeline's component folder, which may hold variants beside the
+ * weights saved without one ("diffusion_pytorch_model.fp16.safetensors"):
+ * among several, the one named without a variant. */
+static int open_dir(arena_ckpt *c, const char *dir, int plain)
 {
 	DIR *d = opendir(dir);
 	if (!d)
 		return arena_input_syserror(dir, errno);
 	char *index = NULL, *single = NULL;
-	int n_st = 0, n_idx = 0, rc = 0;
+	int n_st = 0, n_idx = 0, rc = 0, plain_idx = 0, plain_st = 0;
 	struct dirent *e;
 	while ((e = readdir(d))) {
 		if (ends_with(e->d_name, ".safetensors.index.json")) {
 			n_idx++;
-			if (!index || strcmp(e->d_name, "model.safetensors.index.json") == 0) {
+			int p = plain && plain_name(e->d_name);
+			plain_idx += p;
+			if (!index || strcmp(e->d_name, "model.safetensors.index.json") == 0 || p) {
 				arena_free(index);
 				index = arena_strdup(e->d_name);
 			}
 		} else if (ends_with(e->d_name, ".safetensors")) {
 			n_st++;
-			arena_free(single);
-			single = arena_strdup(e->d_name);
+			int p = plain && plain_name(e->d_name);
+			if (p || !plain_st) {
+				arena_free(single);
+				single = arena_strdup(e->d_name);
+			}
+			plain_st += p;
 		}
 		if ((n_idx && !index) || (n_st && !single)) {
 			rc = arena_errorf(ARENA_E_NOMEM, "%s: out of memory", dir);
@@ -248,12 +265,12 @@ static int open_dir(arena_ckpt *c, const char *dir)
 		}
 	}
 	const char *pick = NULL;
-	if (n_idx > 1 && strcmp(index, "model.safetensors.index.json") != 0)
+	if (n_idx > 1 && strcmp(index, "model.safetensors.index.json") != 0 && plain_idx != 1)
 		rc = arena_errorf(E(NO_CHECKPOINT), "%s: %d index files and none is model.safetensors.index.json; name one",
 				  dir, n_idx);
 	else if (n_idx)
 		pick = index;
-	else if (n_st == 1)
+	else if (n_st == 1 || (n_st > 1 && plain_st == 1))
 		pick = single;
 	else if (n_st > 1)
 		rc = arena_errorf(E(NO_CHECKPOINT), "%s: %d .safetensors files and no index; name the files", dir, n_st);
@@ -276,13 +293,173 @@ out:
 	return rc;
 }
 
+/* What a pipeline's component folder holds: 1 safetensors weights (or an
+ * index), 2 only PyTorch pickles (.bin, .pt, .pth), 0 neither (a tokenizer, a
+ * scheduler); negative: an error reading it. */
+static int component_weights(const char *dir)
+{
+	DIR *d = opendir(dir);
+	if (!d)
+		return arena_input_syserror(dir, errno);
+	int st = 0, bin = 0;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (ends_with(e->d_name, ".safetensors") || ends_with(e->d_name, ".safetensors.index.json"))
+			st = 1;
+		else if (ends_with(e->d_name, ".bin") || ends_with(e->d_name, ".pt") || ends_with(e->d_name, ".pth"))
+			bin = 1;
+	}
+	closedir(d);
+	return st ? 1 : bin ? 2 : 0;
+}
+
+/* Move sub's files and indexes into c (sub keeps none). */
+static int adopt(arena_ckpt *c, arena_ckpt *sub)
+{
+	arena_st_file **nf = arena_realloc(c->files, (c->n_files + sub->n_files) * sizeof(*nf));
+	if (!nf)
+		return arena_errorf(ARENA_E_NOMEM, "out of memory");
+	c->files = nf;
+	arena_ckpt_file_id *ids =
+		sub->n_indexes ? arena_realloc(c->indexes, (c->n_indexes + sub->n_indexes) * sizeof(*ids)) : c->indexes;
+	if (sub->n_indexes && !ids)
+		return arena_errorf(ARENA_E_NOMEM, "out of memory");
+	c->indexes = ids;
+	for (size_t k = 0; k < sub->n_files; k++)
+		c->files[c->n_files++] = sub->files[k];
+	sub->n_files = 0;
+	for (size_t k = 0; k < sub->n_indexes; k++)
+		c->indexes[c->n_indexes++] = sub->indexes[k];
+	sub->n_indexes = 0;
+	return 0;
+}
+
+/* A diffusers pipeline's folder: model_index.json names its components
+ * ("transformer": ["diffusers", "FluxTransformer2DModel"]); each component's
+ * folder holding safetensors weights is opened as a checkpoint of its own and
+ * its tensors are named "<component>.<name>". Components without weights (a
+ * tokenizer, a scheduler) are passed over; one with only pickled weights is
+ * an error. */
+static int open_pipeline(arena_ckpt *c, const char *dir, const char *mi)
+{
+	arena_alloc_init(); /* jansson allocates through arena's allocator */
+	int fd;
+	struct stat st;
+	int rc = arena_open_input(mi, 0, &fd, &st);
+	if (rc)
+		return rc;
+	char *ip = arena_strdup(mi);
+	arena_ckpt_file_id *ids = ip ? arena_realloc(c->indexes, (c->n_indexes + 1) * sizeof(*ids)) : NULL;
+	if (!ids) {
+		arena_free(ip);
+		close(fd);
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", mi);
+	}
+	c->indexes = ids;
+	ids[c->n_indexes++] = (arena_ckpt_file_id){ip, (uint64_t)st.st_dev, (uint64_t)st.st_ino};
+	json_error_t jerr;
+	unsigned long mark = arena_json_parse_begin();
+	json_t *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &jerr);
+	int err = errno, oom = arena_json_parse_end(mark);
+	close(fd);
+	if (!root) {
+		enum json_error_code code = json_error_code(&jerr);
+		if (code == json_error_cannot_open_file)
+			return arena_syserrorf(ARENA_E_IO, err, "%s: cannot read", mi);
+		if (code == json_error_out_of_memory || oom)
+			return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", mi);
+		return arena_errorf(E(IDX_JSON), "%s: line %d column %d: %s", mi, jerr.line, jerr.column,
+				    arena_q(jerr.text));
+	}
+	if (oom) {
+		json_decref(root);
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", mi);
+	}
+	if (!json_is_object(root)) {
+		json_decref(root);
+		return arena_errorf(E(IDX_BAD), "%s: not a JSON object", mi);
+	}
+	/* The components, by name: a key not starting with '_' whose value is
+	 * [library, class]. */
+	size_t n = 0;
+	const char **names = arena_calloc(json_object_size(root) + 1, sizeof(*names));
+	if (!names) {
+		json_decref(root);
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", mi);
+	}
+	const char *key;
+	json_t *v;
+	json_object_foreach(root, key, v) {
+		if (key[0] == '_' || !json_is_array(v) || json_array_size(v) != 2 ||
+		    !json_is_string(json_array_get(v, 0)) || !json_is_string(json_array_get(v, 1)))
+			continue;
+		if (!valid_shard_name(key)) {
+			rc = arena_errorf(E(IDX_BAD), "%s: component '%s' is not a plain folder name", mi, arena_q(key));
+			goto out;
+		}
+		names[n++] = key;
+	}
+	qsort(names, n, sizeof(*names), cmp_str);
+	size_t with = 0;
+	for (size_t i = 0; i < n && !rc; i++) {
+		char *sub_dir = path_join(dir, names[i]);
+		if (!sub_dir) {
+			rc = arena_errorf(ARENA_E_NOMEM, "%s: out of memory", mi);
+			break;
+		}
+		struct stat sst;
+		int w = stat(sub_dir, &sst) == 0 && S_ISDIR(sst.st_mode) ? component_weights(sub_dir) : 0;
+		if (w < 0) {
+			rc = w;
+		} else if (w == 2) {
+			rc = arena_errorf(E(NO_CHECKPOINT), "%s: component '%s' has only pickled weights (.bin, .pt): save it "
+					  "as safetensors (save_pretrained(..., safe_serialization=True))", sub_dir,
+					  arena_q(names[i]));
+		} else if (w == 1) {
+			arena_ckpt *sub = arena_calloc(1, sizeof(*sub));
+			size_t lp = strlen(names[i]);
+			char *prefix = arena_malloc(lp + 2);
+			if (!sub || !prefix) {
+				rc = arena_errorf(ARENA_E_NOMEM, "%s: out of memory", mi);
+			} else {
+				memcpy(prefix, names[i], lp);
+				memcpy(prefix + lp, ".", 2);
+				rc = open_dir(sub, sub_dir, 1);
+				for (size_t k = 0; k < sub->n_files && !rc; k++)
+					rc = arena_st_prefix(sub->files[k], prefix);
+				if (!rc)
+					rc = adopt(c, sub);
+				with++;
+			}
+			arena_free(prefix);
+			arena_ckpt_close(sub);
+		}
+		arena_free(sub_dir);
+	}
+	if (!rc && !with)
+		rc = arena_errorf(E(NO_CHECKPOINT), "%s: no component of the pipeline has safetensors weights", mi);
+	if (!rc)
+		rc = merge_tensors(c);
+out:
+	arena_free(names);
+	json_decref(root);
+	return rc;
+}
+
 static int open_one(arena_ckpt *c, const char *path)
 {
 	struct stat st;
 	if (stat(path, &st) < 0)
 		return arena_input_syserror(path, errno);
-	if (S_ISDIR(st.st_mode))
-		return open_dir(c, path);
+	if (S_ISDIR(st.st_mode)) {
+		char *mi = path_join(path, "model_index.json");
+		if (!mi)
+			return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", path);
+		struct stat ms;
+		int rc = stat(mi, &ms) == 0 ? open_pipeline(c, path, mi) : open_dir(c, path, 0);
+		arena_free(mi);
+		return rc;
+	}
 	if (ends_with(path, ".json"))
 		return open_index(c, path);
 	return add_file(c, path);
@@ -307,29 +484,7 @@ int arena_ckpt_open_many(const char *const *paths, size_t n, arena_ckpt **out)
 			rc = arena_ckpt_open(paths[i], &sub);
 			if (rc)
 				break;
-			/* Adopt sub's files. */
-			arena_st_file **nf = arena_realloc(c->files, (c->n_files + sub->n_files) * sizeof(*nf));
-			if (!nf) {
-				arena_ckpt_close(sub);
-				rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
-				break;
-			}
-			c->files = nf;
-			for (size_t k = 0; k < sub->n_files; k++)
-				c->files[c->n_files++] = sub->files[k];
-			sub->n_files = 0;
-			arena_ckpt_file_id *ids =
-				sub->n_indexes ? arena_realloc(c->indexes, (c->n_indexes + sub->n_indexes) * sizeof(*ids))
-					       : c->indexes;
-			if (sub->n_indexes && !ids) {
-				arena_ckpt_close(sub);
-				rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
-				break;
-			}
-			c->indexes = ids;
-			for (size_t k = 0; k < sub->n_indexes; k++)
-				c->indexes[c->n_indexes++] = sub->indexes[k];
-			sub->n_indexes = 0;
+			rc = adopt(c, sub);
 			arena_ckpt_close(sub);
 		}
 		if (!rc)

@@ -36,7 +36,15 @@ typedef struct arena_ckpt {
 
 /* Open PATH: a .safetensors file, an index .json, or a folder holding either
  * (an index is preferred; a folder with several .safetensors files and no
- * index is an error asking for the files to be named). */
+ * index is an error asking for the files to be named), or a diffusers
+ * pipeline's folder (it holds model_index.json): every component named there
+ * ("text_encoder": [library, class]) whose folder holds safetensors weights,
+ * its tensors named "<component>.<name>" (within a component's folder the
+ * weights saved without a variant are preferred:
+ * diffusion_pytorch_model.safetensors over diffusion_pytorch_model.fp16.
+ * safetensors); components without weights (tokenizers, schedulers) are
+ * passed over; one with only pickled weights (.bin, .pt) is NO_CHECKPOINT, as
+ * is a pipeline none of whose components has weights. */
 int arena_ckpt_open(const char *path, arena_ckpt **out);
 
 /* Open several inputs (each as arena_ckpt_open would) as one checkpoint. */

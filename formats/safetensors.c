@@ -466,10 +466,32 @@ void arena_st_close(arena_st_file *f)
 	json_decref((json_t *)f->json);
 	arena_free(f->tensors);
 	arena_free(f->shape_pool);
+	arena_free(f->name_pool);
 	arena_free(f->meta_keys);
 	arena_free(f->meta_vals);
 	arena_free(f->path);
 	arena_free(f);
+}
+
+int arena_st_prefix(arena_st_file *f, const char *prefix)
+{
+	size_t lp = strlen(prefix), total = 0;
+	for (size_t i = 0; i < f->n_tensors; i++)
+		total += lp + strlen(f->tensors[i].name) + 1;
+	char *pool = arena_malloc(total ? total : 1);
+	if (!pool)
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", f->path);
+	char *at = pool;
+	for (size_t i = 0; i < f->n_tensors; i++) {
+		size_t ln = strlen(f->tensors[i].name);
+		memcpy(at, prefix, lp);
+		memcpy(at + lp, f->tensors[i].name, ln + 1);
+		f->tensors[i].name = at;
+		at += lp + ln + 1;
+	}
+	arena_free(f->name_pool); /* (names prefixed before: the new ones hold them) */
+	f->name_pool = pool;
+	return 0;
 }
 
 static int cmp_key_name(const void *key, const void *t)

@@ -58,6 +58,7 @@ struct arena_st_file {
 	/* private */
 	void *json;              /* json_t root that owns every string above */
 	uint64_t *shape_pool;
+	char *name_pool;         /* the tensors' names when prefixed (arena_st_prefix) */
 	int mapped;
 };
 
@@ -71,6 +72,11 @@ int arena_st_open(const char *path, arena_st_file **out);
 int arena_st_parse(const uint8_t *buf, uint64_t size, const char *label, arena_st_file **out);
 
 void arena_st_close(arena_st_file *f);
+
+/* Name every tensor of f "<prefix><name>" from now on (a pipeline's component
+ * "text_encoder." before its own names; the order by name is kept). Messages
+ * about the file still name its path. Errors: NOMEM (f unchanged). */
+int arena_st_prefix(arena_st_file *f, const char *prefix);
 
 /* Binary search by name; NULL if absent. */
 const arena_st_tensor *arena_st_find(const arena_st_file *f, const char *name);

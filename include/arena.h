@@ -624,6 +624,18 @@ ARENA_API int arena_plan_get(const arena *a, arena_plan_info *out);
 /* The schedule the engine prefetches by: up to `cap` block indices into
  * `blocks`, the length into *n. */
 ARENA_API int arena_schedule_get(const arena *a, uint32_t *blocks, size_t cap, size_t *n);
+/* Between steps: the order the caller will acquire blocks in from the next
+ * step on (n block indices, repeats allowed, the globals block not; at most
+ * 8 entries a block), in the mode in force, as if a step had run it: the
+ * engine prefetches by it and plans for it (the blocks resident stay where
+ * the budget allows), and goes on learning the order run (unless
+ * ARENA_OPEN_FIXED_SCHEDULE). For a caller whose steps run different sets of
+ * blocks (a pipeline's components through one arena: each one's order, read
+ * with arena_schedule_get after its step, set before its next), or that knows
+ * the order before the first step. USAGE inside a step, for an empty or too
+ * long schedule or an entry out of range or the globals block; the engine's
+ * device errors. */
+ARENA_API int arena_schedule_set(arena *a, const uint32_t *blocks, size_t n);
 
 /* The device's free and total memory now, as the backend sees it (sim: its
  * capacity less what is allocated and held as pressure). */

@@ -283,6 +283,12 @@ int arena_schedule_get(const arena *a, uint32_t *blocks, size_t cap, size_t *n)
 	return unlock(a, 0);
 }
 
+int arena_schedule_set(arena *a, const uint32_t *blocks, size_t n)
+{
+	int rc = lock(a, "arena_schedule_set");
+	return rc ? rc : unlock(a, arena_engine_set_schedule(a->e, blocks, n));
+}
+
 int arena_profile_get(const arena *a, double *cost, size_t n, double *h2d, double *bwd)
 {
 	int rc = lock(a, "arena_profile_get");

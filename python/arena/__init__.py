@@ -534,6 +534,22 @@ class Arena:
         d["mode"] = "train" if p.mode == _native.MODE_TRAIN else "sample"
         return d
 
+    def schedule(self) -> List[int]:
+        """The order the engine prefetches by: block indices, as the steps run them."""
+        h = self._handle()
+        n = ctypes.c_size_t()
+        _check(_native.lib.arena_schedule_get(h, None, 0, ctypes.byref(n)))
+        buf = (ctypes.c_uint32 * max(1, n.value))()
+        _check(_native.lib.arena_schedule_get(h, buf, n.value, ctypes.byref(n)))
+        return list(buf[: n.value])
+
+    def set_schedule(self, blocks: Sequence[int]) -> None:
+        """Between steps: the order the next steps acquire blocks in (block indices,
+        repeats allowed, not the globals block), in the mode in force; the engine
+        prefetches and plans by it and goes on learning the order run."""
+        arr = (ctypes.c_uint32 * max(1, len(blocks)))(*blocks)
+        _check(_native.lib.arena_schedule_set(self._handle(), arr, len(blocks)))
+
     def device_memory(self) -> Tuple[int, int]:
         """(free, total) bytes of the device now."""
         f, t = ctypes.c_uint64(), ctypes.c_uint64()

@@ -310,6 +310,7 @@ _SIGS = {
     "arena_step_get": (c_int, [_P, c_uint64, POINTER(StepInfo)]),
     "arena_plan_get": (c_int, [_P, POINTER(PlanInfo)]),
     "arena_schedule_get": (c_int, [_P, POINTER(c_uint32), c_size_t, POINTER(c_size_t)]),
+    "arena_schedule_set": (c_int, [_P, POINTER(c_uint32), c_size_t]),
     "arena_device_memory": (c_int, [_P, POINTER(c_uint64), POINTER(c_uint64)]),
     "arena_profile_save": (c_int, [_P, c_char_p]),
     "arena_trace_begin": (c_int, [_P, c_char_p, c_size_t]),

@@ -1,5 +1,6 @@
 #!/bin/sh
-# The Python package and the PyTorch adapter (tests/python/test_torch.py),
+# The Python package and the PyTorch adapter (tests/python/test_torch.py and
+# test_models.py),
 # in BUILD/venv-torch: torch, diffusers and peft from PyPI (pinned; pip's
 # cache and the venv are kept between runs), and the package installed the
 # way a user does, `pip install ./python` (it builds libarena.so).
@@ -28,7 +29,7 @@ lean=1
 for l in $TOOLKIT_LIBS; do
 	/sbin/ldconfig -p 2>/dev/null | grep -q "^[[:space:]]*$l " || lean=0
 done
-IMPORTS="import torch, diffusers, peft, safetensors, numpy, ml_dtypes, mypy"
+IMPORTS="import torch, diffusers, transformers, tokenizers, peft, safetensors, numpy, ml_dtypes, mypy"
 install() {
 	python3 -m venv "$V" || return 1
 	if [ $lean = 1 ]; then
@@ -60,17 +61,21 @@ echo "python adapter tests: $(tail -n 1 "$B/python-mypy.log")"
 # The package as installed, not the source tree: run from elsewhere.
 cd "$B" || exit 1
 # unittest -v, each test on one line: its name, not its docstring's first line
-# on a line of its own.
-ARENA_FIXTURES_DIR=${ARENA_FIXTURES_DIR:-$R/fixtures} ARENA_BIN=$R/$B/arena PYTHONWARNINGS=ignore \
-	"$PY" -c 'import os, runpy, sys, unittest
+# on a line of its own. The adapter's tests (test_torch.py), then any model's
+# (test_models.py: families of diffusers and transformers, a whole pipeline).
+n=0
+for t in test_torch test_models; do
+	ARENA_FIXTURES_DIR=${ARENA_FIXTURES_DIR:-$R/fixtures} ARENA_BIN=$R/$B/arena PYTHONWARNINGS=ignore \
+		"$PY" -c 'import os, runpy, sys, unittest
 unittest.TextTestResult.getDescription = lambda self, test: str(test)
 sys.argv = sys.argv[1:]
 sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))  # as when the file is run
-runpy.run_path(sys.argv[0], run_name="__main__")' "$R/tests/python/test_torch.py" -v >"$R/$B/python-torch.log" 2>&1
-rc=$?
-cat "$R/$B/python-torch.log"
-[ $rc = 0 ] && grep -q '^OK' "$R/$B/python-torch.log" || fail "failures (log: $B/python-torch.log)"
-n=$(sed -n 's/^Ran \([0-9]*\) tests.*/\1/p' "$R/$B/python-torch.log")
+runpy.run_path(sys.argv[0], run_name="__main__")' "$R/tests/python/$t.py" -v >"$R/$B/python-$t.log" 2>&1
+	rc=$?
+	cat "$R/$B/python-$t.log"
+	[ $rc = 0 ] && grep -q '^OK' "$R/$B/python-$t.log" || fail "failures in $t.py (log: $B/python-$t.log)"
+	n=$((n + $(sed -n 's/^Ran \([0-9]*\) tests.*/\1/p' "$R/$B/python-$t.log")))
+done
 echo "python adapter tests: passed ($n tests)"
 # arena.convert, verify, inspect and the package's arena command (tests/python/test_files.py),
 # then examples/sample_flux.py and examples/train_lora.py at their tiny configs

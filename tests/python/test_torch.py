@@ -105,10 +105,11 @@ def lora_params(m):
     return {n: p for n, p in m.named_parameters() if "lora_" in n}
 
 
-def train_steps(m, steps: int = 2, each=None):
+def train_steps(m, steps: int = 2, each=None, checkpointing: bool = True):
     """Checkpointed LoRA steps with AdamW; returns (losses, grads of the last step, lora params after).
-    each: called after every step."""
-    m.enable_gradient_checkpointing()
+    each: called after every step. checkpointing=False: the blocks' forward saves what it saves."""
+    if checkpointing:
+        m.enable_gradient_checkpointing()
     m.train()
     ps = lora_params(m)
     opt = torch.optim.AdamW(ps.values(), lr=1e-3)
@@ -577,6 +578,26 @@ class Training(unittest.TestCase):
         h, (losses, grads, after) = self.run_attached(STREAM, lora_first=True)
         self.assertEqual(same(grads, self.grads), [], "peft's base_layer names map to the image's")
         h.detach()
+
+    def test_without_checkpointing(self):
+        """No checkpointing: what a streamed block's forward saves of its weights is kept
+        as references, and the block is acquired again when its backward unpacks them
+        (held until its backward has run): the plain model's gradients, whole blocks and
+        in pieces."""
+        m0 = model(meta=False)
+        add_lora(m0)
+        want = train_steps(m0, checkpointing=False)
+        for opts in (STREAM, dict(STREAM, sim_capacity="200K", piece_size="8K", depth=8)):
+            with self.subTest(opts=opts):
+                m = model()
+                h = at.attach(m, IMG, mode="train", **opts)
+                add_lora(m)
+                same_step(self, train_steps(m, checkpointing=False), want)
+                h.end_step()
+                self.assertGreater(h.plan()["n_streamed"], 0)
+                st = h.stats()[-1]
+                self.assertGreater(st["acquires"], len(h.arena.blocks) - 1, "the backward acquired blocks again")
+                h.detach()
 
     def test_saved_tensors_in_host_memory(self):
         """offload_saved: what the forward saves for the backward waits in host memory
@@ -1197,6 +1218,21 @@ class Quantized(unittest.TestCase):
             blocks._dequantize = real
         h.detach()
 
+    def test_training_without_checkpointing(self):
+        """A quantized block's dequantized weights are let go at its release; saved as
+        references, its backward dequantizes them again: the plain model's gradients."""
+        path = self.image("fp8-e4m3-row")
+        m0 = self.plain(path)
+        add_lora(m0)
+        want = train_steps(m0, checkpointing=False)
+        for opts in (RESIDENT, self.PIECES):
+            with self.subTest(opts=opts):
+                m = model()
+                h = at.attach(m, path, mode="train", **opts)
+                add_lora(m)
+                same_step(self, train_steps(m, checkpointing=False), want)
+                h.detach()
+
     def test_dequantize_matches_the_reference(self):
         """arena_tensor_dequantize, every scheme from BF16, F16 and F32 sources (special
         values, rows of 5 elements, 1e-6 to 100 in a row), streamed blocks through
@@ -1630,16 +1666,6 @@ class Refusals(unittest.TestCase):
         self.assertIn("arena.Error", r.stderr)
         self.assertIn("[BUDGET]", r.stderr)
 
-    def test_streamed_block_without_checkpointing(self):
-        m = model()
-        h = at.attach(m, IMG, mode="train", **STREAM)
-        add_lora(m)
-        m.train()
-        self.expect("USAGE", "outside gradient checkpointing", m, **inputs())
-        m.enable_gradient_checkpointing()
-        train_steps(m, 1)  # and then it runs
-        h.detach()
-
     def test_training_the_bound_weights(self):
         m = model()
         h = at.attach(m, IMG, mode="train", **RESIDENT)
@@ -1712,14 +1738,16 @@ class Refusals(unittest.TestCase):
         subprocess.run([ARENA_BIN, "convert", "-q", "--quant", "fp8-e4m3", src, "-o", path], check=True)
         self.expect("USAGE", f"'{w}' is stored fp8-e4m3 from F8_E4M3", at.attach, model(), path, **RESIDENT)
 
-    def test_quantized_block_without_checkpointing(self):
-        """A resident quantized block's weights are let go after its forward: training it
-        without checkpointing is refused, saying what to do."""
+    def test_saved_tensor_hooks_disabled(self):
+        """Without checkpointing, a streamed block's saved weights are kept as references
+        through saved-tensor hooks: where those are disabled, the refusal says why."""
         m = model()
-        h = at.attach(m, Quantized.image("fp8-e4m3-row"), mode="train", **RESIDENT)
+        h = at.attach(m, IMG, mode="train", **STREAM)
         add_lora(m)
-        e = self.expect("USAGE", "stored quantized (fp8-e4m3-row)", m, **inputs())
-        self.assertIn("enable_gradient_checkpointing", e.message)
+        m.train()
+        with torch.autograd.graph.disable_saved_tensors_hooks("a framework's own reason"):
+            e = self.expect("USAGE", "saved-tensor hooks are disabled", m, **inputs())
+        self.assertIn("a framework's own reason", e.message)
         h.detach()
 
 

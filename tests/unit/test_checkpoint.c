@@ -317,3 +317,90 @@ Test(ckpt, not_found)
 	arena_ckpt *c;
 	cr_assert_eq(arena_ckpt_open_many(paths, 1, &c), ARENA_E_NOT_FOUND);
 }
+
+/* --- a diffusers pipeline's folder ------------------------------------------ */
+
+#define PIPE_INDEX                                                                                             \
+	"{\"_class_name\":\"FluxPipeline\",\"_diffusers_version\":\"0.42.1\",\"scheduler\":[\"diffusers\","   \
+	"\"FlowMatchEulerDiscreteScheduler\"],\"text_encoder\":[\"transformers\",\"CLIPTextModel\"],"         \
+	"\"tokenizer\":[\"transformers\",\"CLIPTokenizer\"],\"transformer\":[\"diffusers\",\"Flux\"],"         \
+	"\"vae\":[\"diffusers\",\"AutoencoderKL\"],\"image_encoder\":[null,null]}"
+
+/* A pipeline: a component with one file, one sharded, one with a variant beside
+ * its plain weights, and components without weights (scheduler, tokenizer, one
+ * named null). */
+static void write_pipeline(void)
+{
+	const char *dirs[] = {"pipe", "pipe/scheduler", "pipe/text_encoder", "pipe/tokenizer", "pipe/transformer", "pipe/vae"};
+	for (size_t i = 0; i < sizeof(dirs) / sizeof(*dirs); i++)
+		cr_assert_eq(mkdir(at(dirs[i]), 0755), 0);
+	write_text("pipe/model_index.json", PIPE_INDEX);
+	write_text("pipe/scheduler/scheduler_config.json", "{}");
+	write_text("pipe/tokenizer/vocab.json", "{}");
+	write_st("pipe/text_encoder/model.safetensors", "{" ENT("x", "[1]", 0, 1) "}", 1);
+	write_st("pipe/transformer/diffusion_pytorch_model-00001-of-00002.safetensors",
+		 "{" ENT("x", "[1]", 0, 1) "," ENT("y", "[2]", 1, 3) "}", 3);
+	write_st("pipe/transformer/diffusion_pytorch_model-00002-of-00002.safetensors", "{" ENT("z", "[1]", 0, 1) "}", 1);
+	write_text("pipe/transformer/diffusion_pytorch_model.safetensors.index.json",
+		   INDEX("\"x\":\"diffusion_pytorch_model-00001-of-00002.safetensors\","
+			 "\"y\":\"diffusion_pytorch_model-00001-of-00002.safetensors\","
+			 "\"z\":\"diffusion_pytorch_model-00002-of-00002.safetensors\""));
+	write_st("pipe/vae/diffusion_pytorch_model.safetensors", "{" ENT("w", "[2]", 0, 2) "}", 2);
+	write_st("pipe/vae/diffusion_pytorch_model.fp16.safetensors", "{" ENT("w16", "[1]", 0, 1) "}", 1);
+}
+
+Test(ckpt, pipeline_components_named_by_folder)
+{
+	write_pipeline();
+	arena_ckpt *c;
+	cr_assert_eq(arena_ckpt_open(at("pipe"), &c), 0, "%s", arena_last_error());
+	const char *want[] = {"text_encoder.x", "transformer.x", "transformer.y", "transformer.z", "vae.w"};
+	cr_assert_eq(c->n_tensors, 5);
+	for (size_t i = 0; i < 5; i++)
+		cr_assert_str_eq(c->tensors[i]->name, want[i]);
+	cr_assert_eq(c->n_files, 4, "text_encoder 1, transformer 2 shards, vae the file without a variant");
+	cr_assert_not_null(arena_ckpt_find(c, "transformer.z"));
+	cr_assert_null(arena_ckpt_find(c, "z"));
+	cr_assert_eq(arena_ckpt_bytes(c), 7);
+	/* the names' own files still name them in messages */
+	cr_assert(strstr(arena_ckpt_find(c, "vae.w")->file->path, "pipe/vae/diffusion_pytorch_model.safetensors"));
+	arena_ckpt_close(c);
+	/* beside another input, as one model */
+	write_st("extra.safetensors", "{" ENT("lora.a", "[1]", 0, 1) "}", 1);
+	const char *paths[] = {at("pipe"), at("extra.safetensors")};
+	cr_assert_eq(arena_ckpt_open_many(paths, 2, &c), 0, "%s", arena_last_error());
+	cr_assert_eq(c->n_tensors, 6);
+	cr_assert_str_eq(c->tensors[0]->name, "lora.a");
+	arena_ckpt_close(c);
+}
+
+Test(ckpt, pipeline_errors)
+{
+	write_pipeline();
+	/* a component with only pickled weights */
+	cr_assert_eq(remove(at("pipe/text_encoder/model.safetensors")), 0);
+	write_text("pipe/text_encoder/pytorch_model.bin", "pickle");
+	expect_err(at("pipe"), NO_CHECKPOINT, "component 'text_encoder' has only pickled weights");
+	cr_assert_eq(remove(at("pipe/text_encoder/pytorch_model.bin")), 0);
+	/* a component's own checkpoint errors come through, naming its file */
+	write_text("pipe/text_encoder/model.safetensors", "short");
+	int rc = open_rc(at("pipe"));
+	cr_assert_lt(rc, 0);
+	cr_assert(strstr(arena_last_error(), "pipe/text_encoder/model.safetensors"), "%s", arena_last_error());
+	cr_assert_eq(remove(at("pipe/text_encoder/model.safetensors")), 0);
+	/* variants alone: none is named without one */
+	cr_assert_eq(remove(at("pipe/vae/diffusion_pytorch_model.safetensors")), 0);
+	write_st("pipe/vae/diffusion_pytorch_model.bf16.safetensors", "{" ENT("w", "[2]", 0, 2) "}", 2);
+	expect_err(at("pipe"), NO_CHECKPOINT, "2 .safetensors files");
+	/* no component with weights */
+	write_text("pipe/model_index.json", "{\"_class_name\":\"P\",\"scheduler\":[\"diffusers\",\"S\"]}");
+	expect_err(at("pipe"), NO_CHECKPOINT, "no component of the pipeline");
+	/* model_index.json that is not an object, or not JSON */
+	write_text("pipe/model_index.json", "[1]");
+	expect_err(at("pipe"), IDX_BAD, "model_index.json");
+	write_text("pipe/model_index.json", "{");
+	expect_err(at("pipe"), IDX_JSON, "model_index.json");
+	/* a component whose name is a path */
+	write_text("pipe/model_index.json", "{\"../x\":[\"diffusers\",\"M\"]}");
+	expect_err(at("pipe"), IDX_BAD, "not a plain folder name");
+}

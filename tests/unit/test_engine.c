@@ -320,6 +320,21 @@ Test(engine_plan, profile_places_residents_where_copies_dominate)
 	cost[5] = -1;
 	arena_residency_plan bad;
 	cr_assert_eq(arena_residency_plan_make(l, &o, budget, &bad), ARENA_E_USAGE);
+	/* ... of a block the schedule names: a block it does not name is never
+	 * run, and has no cost to learn (a pipeline's VAE encoder). */
+	uint32_t sched[56];
+	for (uint32_t b = 1, k = 0; b < 58; b++)
+		if (b != 5)
+			sched[k++] = b;
+	o.sched = sched;
+	o.n_sched = 56;
+	arena_residency_plan unnamed;
+	cr_assert_eq(arena_residency_plan_make(l, &o, budget, &unnamed), 0, "%s", arena_last_error());
+	cr_assert_eq(unnamed.resident[5], 0, "a block the schedule does not name is not kept before one it does");
+	arena_residency_plan_release(&unnamed);
+	sched[0] = 5;
+	cr_assert_eq(arena_residency_plan_make(l, &o, budget, &bad), ARENA_E_USAGE);
+	o.sched = NULL;
 	arena_residency_plan_release(&bytes_plan);
 	arena_residency_plan_release(&prof_plan);
 	arena_layout_free(l);
@@ -2233,6 +2248,63 @@ Test(engine, out_of_order_is_a_miss_then_learned)
 		if (step > 1)
 			cr_assert_eq(r.streamed_bytes, arena_engine_plan(e)->stream_bytes_per_step);
 	}
+	expect_whole(e, m);
+	be->ops->stream_destroy(be, s);
+	arena_engine_free(e);
+	arena_slab_reader_close(rr);
+	expect_whole_after_free(m);
+	arena_model_free(m);
+}
+
+/* A schedule given between steps (a caller that knows the order before it
+ * runs it, or runs other blocks from step to step: a pipeline's components)
+ * is prefetched by from the next step: no miss; the order run is still
+ * learned. Given inside a step, empty, or naming the globals, it is refused
+ * and the schedule stays. */
+Test(engine, a_schedule_given_between_steps)
+{
+	arena_model *m = load(0);
+	arena_slab_reader *rr;
+	arena_engine *e = mk_engine(m, &rr, ARENA_MODE_SAMPLE, G + 3 * MAXB + 150000);
+	arena_stream *s;
+	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	const arena_residency_plan *p = arena_engine_plan(e);
+	cr_assert_gt(p->n_streamed, 2);
+	size_t n = p->n_sched;
+	uint32_t rev[NB], half[NB];
+	for (size_t i = 0; i < n; i++)
+		rev[i] = p->sched[n - 1 - i];
+	cr_assert_eq(arena_engine_set_schedule(e, rev, n), 0, "%s", arena_last_error());
+	p = arena_engine_plan(e);
+	cr_assert(p->n_sched == n && memcmp(p->sched, rev, n * sizeof(*rev)) == 0);
+	arena_engine_step r;
+	for (int step = 0; step < 3; step++) {
+		run_seq(e, m, s, rev, n, &r);
+		cr_assert_eq(r.misses, 0, "step %d: prefetched in the order given", step);
+		cr_assert(!r.schedule_learned);
+	}
+	/* half the blocks, as another caller's step would run them; then back */
+	size_t k = n / 2;
+	for (size_t i = 0; i < k; i++)
+		half[i] = rev[i];
+	cr_assert_eq(arena_engine_set_schedule(e, half, k), 0, "%s", arena_last_error());
+	run_seq(e, m, s, half, k, &r);
+	cr_assert_eq(r.misses, 0);
+	cr_assert_eq(arena_engine_set_schedule(e, rev, n), 0, "%s", arena_last_error());
+	run_seq(e, m, s, rev, n, &r);
+	cr_assert_eq(r.misses, 0);
+	/* refused */
+	uint32_t glob[1] = {0};
+	cr_assert_eq(arena_engine_set_schedule(e, glob, 1), ARENA_E_USAGE);
+	cr_assert(strstr(arena_last_error(), "the globals block"), "%s", arena_last_error());
+	cr_assert_eq(arena_engine_set_schedule(e, rev, 0), ARENA_E_USAGE);
+	uint32_t out_of_range[1] = {NB + 5};
+	cr_assert_eq(arena_engine_set_schedule(e, out_of_range, 1), ARENA_E_USAGE);
+	cr_assert_eq(arena_engine_step_begin(e), 0);
+	cr_assert_eq(arena_engine_set_schedule(e, half, k), ARENA_E_USAGE);
+	cr_assert_eq(arena_engine_step_end(e), 0);
+	p = arena_engine_plan(e);
+	cr_assert(p->n_sched == n && memcmp(p->sched, rev, n * sizeof(*rev)) == 0, "the schedule stays");
 	expect_whole(e, m);
 	be->ops->stream_destroy(be, s);
 	arena_engine_free(e);

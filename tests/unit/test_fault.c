@@ -123,6 +123,47 @@ Test(fault, tiny_llama_sharded)
 		   fixture_path("tiny_llama_sharded/model.safetensors.index.json"), 0);
 }
 
+/* A copy of src at dst (tests' own small files). */
+static void copy_file(const char *src, const char *dst)
+{
+	FILE *in = fopen(src, "rb"), *out = fopen(dst, "wb");
+	cr_assert(in && out, "%s -> %s", src, dst);
+	char buf[65536];
+	size_t n;
+	while ((n = fread(buf, 1, sizeof(buf), in)) > 0)
+		cr_assert_eq(fwrite(buf, 1, n, out), n);
+	fclose(in);
+	cr_assert_eq(fclose(out), 0);
+}
+
+/* A pipeline's folder: a component of one file, one sharded, one without weights. */
+Test(fault, pipeline)
+{
+	char dir[1024], sub[1200];
+	tmpdir_make(dir, sizeof(dir), "fault-pipe");
+	const char *comps[] = {"transformer", "text_encoder", "scheduler"};
+	for (size_t i = 0; i < 3; i++) {
+		snprintf(sub, sizeof(sub), "%s/%s", dir, comps[i]);
+		cr_assert_eq(mkdir(sub, 0755), 0);
+	}
+	FILE *f = fopen(tmpdir_file(dir, "model_index.json"), "w");
+	cr_assert_not_null(f);
+	fputs("{\"_class_name\":\"P\",\"transformer\":[\"diffusers\",\"F\"],\"text_encoder\":[\"transformers\","
+	      "\"L\"],\"scheduler\":[\"diffusers\",\"S\"]}", f);
+	cr_assert_eq(fclose(f), 0);
+	copy_file(fixture_path("tiny_flux.safetensors"), tmpdir_file(dir, "transformer/diffusion_pytorch_model.safetensors"));
+	const char *shards[] = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+				"model.safetensors.index.json"};
+	for (size_t i = 0; i < 3; i++) {
+		char from[1200];
+		snprintf(from, sizeof(from), "tiny_llama_sharded/%s", shards[i]);
+		snprintf(sub, sizeof(sub), "text_encoder/%s", shards[i]);
+		copy_file(fixture_path(from), tmpdir_file(dir, sub));
+	}
+	fault_loop("ckpt_open pipeline", ckpt_open_close, dir, 0);
+	tmpdir_remove(dir);
+}
+
 Test(fault, dtypes)
 {
 	fault_loop("st_open dtypes", st_open_close, fixture_path("dtypes.safetensors"), 0);

@@ -1,11 +1,16 @@
 """Bind a PyTorch module to an arena: the module's weights live in arena memory.
 
-``attach(module, path)`` matches the module's repeated blocks (children of a
-``ModuleList``: ``transformer_blocks.N``, ``single_transformer_blocks.N``,
-``model.layers.N``) to the image's blocks by name and every parameter to the
-image's tensor of the same name (peft's ``...base_layer.weight`` maps to
-``...weight``), checking shape and dtype; all mismatches are reported in one
-error before anything changes. Then:
+``attach(module, path)`` binds any module whose parameter names are the
+image's (diffusers, transformers, plain torch): each of the image's blocks
+(found by ``arena convert`` from the checkpoint's structure) to the module at
+its path (``transformer_blocks.N``, ``encoder.block.N``, a UNet's
+``mid_block``), and every parameter and buffer to the image's tensor of the
+same name (peft's ``...base_layer.weight`` maps to ``...weight``; tied names
+share one copy), checking shape and dtype; buffers the model computes rather
+than stores are computed by its own code when it was built on meta; all
+problems are reported in one error before anything changes. A diffusers
+pipeline (or a dict of modules) binds all its components to one arena, made
+by ``arena convert PIPELINE_DIR`` (docs/PYTHON.md, "Any model"). Then:
 
 - the globals (tensors outside the blocks) are bound once, as views of their
   device memory;
@@ -22,13 +27,13 @@ error before anything changes. Then:
 
 Training: the bound weights are frozen (``requires_grad=False``); trainable
 parameters (peft LoRA layers, or those ``trainable`` names) stay ordinary
-torch parameters. A streamed block must run under gradient checkpointing
-(non-reentrant, as diffusers' ``enable_gradient_checkpointing``): its
-forward then saves no weights, and its recompute in backward acquires the
-block again and holds it until the next block's recompute (the backward
-kernels of a block are queued by then). Refused early, with a message
-saying what to do: a streamed block running with autograd outside
-checkpointing, training the bound weights themselves, merging adapters
+torch parameters. Any checkpointing of the model's own (around a block,
+inside it, inside a layer's forward; reentrant or not) or none: a recompute
+in the backward acquires the block again, and the weights a forward outside
+checkpointing saves are kept as references and bound again when its
+backward needs them; a block held for its backward is released once its
+backward has run (docs/PYTHON.md, "Training"). Refused early, with a message
+saying what to do: training the bound weights themselves, merging adapters
 into them (``merge_adapter``), and converting them with ``module.to(dtype)``
 or moving them to another device (``module.to("cuda")`` onto the device
 they are on is fine, and moves the other parameters as usual).
@@ -96,7 +101,7 @@ def _on_cuda(device: Union[str, int, None]) -> bool:
 
 
 def attach(
-    module: nn.Module,
+    module: Union[nn.Module, Any],
     path: Union[str, Arena],
     mode: str = "sample",
     vram: Size = None,
@@ -122,7 +127,10 @@ def attach(
 
     module: built on the meta device (``with torch.device("meta"): M(config)``:
       torch allocates nothing) or already materialized (its weights are
-      released once bound); peft adapters may be added before or after.
+      released once bound); peft adapters may be added before or after. Or a
+      diffusers pipeline (``pipe.components``) or a dict of modules, whose
+      components the image holds as ``<component>.<name>`` (``arena convert``
+      of the pipeline's folder): all bound to one arena, one budget.
     mode: "sample" or "train" (checkpointed training: forward, backward in reverse).
     vram: all the device memory the process may hold, as the driver counts it:
       its CUDA context, torch's allocator (what it reserved, not only what it

@@ -6,6 +6,7 @@ binding (whole, or in pieces); the guards set; all of it undone by
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple, cast
 
@@ -13,7 +14,8 @@ import torch
 from torch import nn
 
 from .. import Component, Error, TensorInfo, _view, torch_dtype
-from ._blocks import _DEQUANT, _BlockBinding, _as_component, _dequantize, _placeholder
+from ._blocks import _DEQUANT, _BlockBinding, _as_component, _dequantize, _in_backward, _Member, _placeholder
+from ._buffers import computed_buffers
 from ._guards import _guard_apply, _guard_merge, _is_adapter_param, _peft_tuners, _reorder
 from ._handle import Handle, _observe_oom
 from ._offload import _SavedOffload
@@ -32,8 +34,16 @@ def _image_name(name: str) -> str:
     return name.replace(".base_layer.", ".").replace("._orig_mod.", ".").replace("_orig_mod.", "")
 
 
+def _checkpoints_forward(cls: type) -> bool:
+    """transformers' layers checkpoint their own forward (GradientCheckpointingLayer):
+    the recompute calls it directly, not through the module's call."""
+    return any(c.__name__ == "GradientCheckpointingLayer" for c in cls.__mro__)
+
+
 def _bound_cls(cls: type) -> type:
-    """A subclass of a block's class whose __call__ goes through its binding."""
+    """A subclass of a block's (or a module's inside one) class whose __call__ goes
+    through its binding; where the class checkpoints its own forward, the forward
+    too, so that the recompute in the backward finds the module's tensors."""
     if cls in _cls_cache:
         return _cls_cache[cls]
     base_call = cls.__call__
@@ -44,115 +54,197 @@ def _bound_cls(cls: type) -> type:
             return base_call(self, *args, **kwargs)
         return b.run(base_call, self, args, kwargs)
 
-    new = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__, "_arena_base": cls})
+    ns: Dict[str, Any] = {"__call__": __call__, "__module__": cls.__module__, "_arena_base": cls}
+    if _checkpoints_forward(cls):
+        base_forward = cls.forward  # type: ignore[attr-defined]
+
+        def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            b = self.__dict__.get("_arena_binding")
+            if b is not None and _in_backward():
+                b.recomputed()
+            return base_forward(self, *args, **kwargs)
+
+        ns["forward"] = forward
+    new = type(cls.__name__, (cls,), ns)
     _cls_cache[cls] = new
     return new
 
 
-def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any, min_saved: Optional[int] = None) -> None:
+def _roots_of(target: Any, image: Dict[str, TensorInfo]) -> List[Tuple[str, nn.Module]]:
+    """The modules to bind and the prefix of each one's names in the image: a module
+    (""), or the components of a pipeline (``pipe.components``) or of a dict of
+    modules whose names are the image's first components ("text_encoder.", ...)."""
+    if isinstance(target, nn.Module):
+        return [("", target)]
+    comps = getattr(target, "components", target)
+    if not isinstance(comps, dict):
+        raise Error("USAGE", f"attach: a {type(target).__name__} is neither an nn.Module nor a pipeline "
+                             f"(an object with .components, or a dict of modules)")
+    firsts = {n.split(".", 1)[0] for n in image}
+    roots = [(name + ".", m) for name, m in comps.items() if isinstance(m, nn.Module) and name in firsts]
+    if not roots:
+        raise Error("USAGE", f"attach: none of the components {sorted(k for k, v in comps.items() if v is not None)} "
+                             f"has tensors in the image (its names start with {sorted(firsts)[:8]}): convert the "
+                             f"pipeline's folder (arena convert PIPELINE_DIR)")
+    return roots
+
+
+def _needs_members(m: nn.Module) -> bool:
+    """A whole block whose modules must be bound at their own calls too: one that
+    checkpoints inside itself (a module in it with gradient checkpointing: diffusers'
+    UNet blocks, transformers' layers), whose recompute in the backward calls the
+    modules inside, not the block; or a container that is never called."""
+    if isinstance(m, (nn.ModuleList, nn.ModuleDict)):
+        return True
+    return any(hasattr(sub, "gradient_checkpointing") or _checkpoints_forward(type(sub)) for sub in m.modules())
+
+
+def _bind(h: Handle, target: Any, mode: str, trainable: Any, min_saved: Optional[int] = None) -> None:
     a = h.arena
     if h.arena.mode != mode:
         a.set_mode(mode)
     h._device = torch.device(a.device)
-    ref = getattr(module, "_arena_handle", None)
-    if ref is not None and ref() is not None:
-        raise Error("USAGE", f"{type(module).__name__} is attached to an arena already: detach() it first")
+    image = {n: a.tensor_info(n) for n in a.tensor_names()}
+    roots = _roots_of(target, image)
+    h._roots = roots
+    for _, module in roots:
+        ref = getattr(module, "_arena_handle", None)
+        if ref is not None and ref() is not None:
+            raise Error("USAGE", f"{type(module).__name__} is attached to an arena already: detach() it first")
     is_trainable: Callable[[str], bool]
     if trainable is None:
         is_trainable = lambda n: False  # noqa: E731
     elif callable(trainable):
         is_trainable = trainable
     else:
-        names = set(trainable)
-        is_trainable = names.__contains__
-    tuners = _peft_tuners(module)
-    image = {n: a.tensor_info(n) for n in a.tensor_names()}
+        tnames = set(trainable)
+        is_trainable = tnames.__contains__
 
-    # 1. Every parameter and persistent buffer against the image, all problems at once.
     problems: List[str] = []
-    bound: Dict[str, Tuple[nn.Module, str, torch.Tensor, Any]] = {}  # image name -> (owner, leaf, tensor, info)
+    # image name -> (owners (module, leaf), tensor, info, is a buffer)
+    bound: Dict[str, Tuple[List[Tuple[nn.Module, str]], torch.Tensor, TensorInfo, bool]] = {}
+    spare: Set[str] = set()  # image names of tied weights bound through another name
     subs: Dict[str, torch.Tensor] = {}  # image name -> the tensor subclass that holds its components (_quant)
-    seen_ids: Set[int] = set()
-    for full, t in list(module.named_parameters(remove_duplicate=False)) + [
-        (n, b) for n, b in module.named_buffers(remove_duplicate=False) if _persistent(module, n)
-    ]:
-        if id(t) in seen_ids:
-            problems.append(f"'{full}' shares its tensor with another name (tied weights are not supported)")
-            continue
-        seen_ids.add(id(t))
-        iname = _image_name(full)
-        info = image.get(iname)
-        if info is None:
-            if _is_adapter_param(full, set(tuners)) or is_trainable(full):
-                if t.device.type == "meta":
-                    problems.append(f"'{full}' is on the meta device and arena holds no tensor for it: add "
-                                    f"adapters after attach (or to a module with real tensors), or materialize it")
+    buffers: List[Tuple[List[Tuple[nn.Module, str]], torch.Tensor, torch.Tensor]] = []
+    peft_of: Dict[int, str] = {}
+    for prefix, module in roots:
+        tuners = set(_peft_tuners(module))
+        # 1. Every parameter and buffer against the image, all problems at once. Names
+        # sharing one tensor (tied weights: T5's shared and encoder.embed_tokens, an LM
+        # head tied to the embeddings) are bound to one copy: the image holds one of
+        # the names, as Hugging Face checkpoints store them.
+        groups: Dict[int, Tuple[List[str], torch.Tensor, bool]] = {}
+        for full, prm in module.named_parameters(remove_duplicate=False):
+            groups.setdefault(id(prm), ([], prm, False))[0].append(full)
+        for mname, mod in module.named_modules(remove_duplicate=False):
+            for leaf, buf in mod._buffers.items():
+                if buf is None:
+                    continue
+                full = f"{mname}.{leaf}" if mname else leaf
+                if leaf in mod._non_persistent_buffers_set and prefix + _image_name(full) not in image:
+                    continue  # computed by the model: below
+                groups.setdefault(id(buf), ([], buf, True))[0].append(full)
+        for names, t, is_buf in groups.values():
+            full = names[0]
+            inames = [prefix + _image_name(n) for n in names]
+            present = [i for i in dict.fromkeys(inames) if i in image]
+            tied = f" (tied to {', '.join(repr(n) for n in names[1:])})" if len(names) > 1 else ""
+            if not present:
+                if all(_is_adapter_param(n, tuners) or is_trainable(n) for n in names):
+                    if t.device.type == "meta":
+                        problems.append(f"'{full}' is on the meta device and arena holds no tensor for it: add "
+                                        f"adapters after attach (or to a module with real tensors), or materialize it")
+                    continue
+                problems.append(f"'{full}'{tied} has no tensor '{inames[0]}' in the image")
                 continue
-            problems.append(f"'{full}' has no tensor '{iname}' in the image")
-            continue
-        if iname in bound:
-            problems.append(f"'{full}' and another parameter both map to '{iname}'")
-            continue
-        if info.scheme == _quant.SCHEME or _quant.fp8_native(h, info, full, module):
-            sub, why = _quant.match(h, full, t, info)
-            if why is not None or sub is None:
-                problems.append(why or f"'{full}': no tensor subclass")
+            iname = present[0]
+            spare.update(present[1:])
+            info = image[iname]
+            if iname in bound:
+                problems.append(f"'{full}' and another parameter both map to '{iname}'")
                 continue
-            subs[iname] = sub
-            owner_name, _, leaf = full.rpartition(".")
-            bound[iname] = (module.get_submodule(owner_name) if owner_name else module, leaf, t, info)
-            continue
-        if info.scheme not in ("none",) + _DEQUANT or (info.scheme == "none" and len(info.components) != 1):
-            problems.append(f"'{iname}' is stored {info.scheme} ({len(info.components)} components), "
-                            f"which this adapter cannot bind")
-            continue
-        if info.scheme != "none" and info.dtype not in ("BF16", "F16", "F32"):
-            problems.append(f"'{iname}' is stored {info.scheme} from {info.dtype}: its values are not "
-                            f"{info.dtype} values (arena dequantizes to BF16, F16 or F32)")
-            continue
-        try:
-            want = torch_dtype(info.dtype)
-        except Error as e:
-            problems.append(f"'{iname}': {e.message}")
-            continue
-        if tuple(t.shape) != info.shape or t.dtype != want:
-            problems.append(
-                f"'{full}' is {tuple(t.shape)} {t.dtype}, the image's '{iname}' is {info.shape} {info.dtype}"
-            )
-            continue
-        owner_name, _, leaf = full.rpartition(".")
-        owner = module.get_submodule(owner_name) if owner_name else module
-        bound[iname] = (owner, leaf, t, info)
-    missing = sorted(set(image) - set(bound))
-    for n in missing:
+            owners = []
+            for n in names:
+                owner_name, _, leaf = n.rpartition(".")
+                owners.append((module.get_submodule(owner_name) if owner_name else module, leaf))
+            if info.scheme == _quant.SCHEME or _quant.fp8_native(h, info, full, module):
+                sub, why = _quant.match(h, full, t, info)
+                if why is not None or sub is None:
+                    problems.append(why or f"'{full}': no tensor subclass")
+                    continue
+                if len(owners) > 1:
+                    problems.append(f"'{full}'{tied}: a tensor subclass tied to other names is not supported")
+                    continue
+                subs[iname] = sub
+                bound[iname] = (owners, t, info, is_buf)
+                continue
+            if info.scheme not in ("none",) + _DEQUANT or (info.scheme == "none" and len(info.components) != 1):
+                problems.append(f"'{iname}' is stored {info.scheme} ({len(info.components)} components), "
+                                f"which this adapter cannot bind")
+                continue
+            if info.scheme != "none" and info.dtype not in ("BF16", "F16", "F32"):
+                problems.append(f"'{iname}' is stored {info.scheme} from {info.dtype}: its values are not "
+                                f"{info.dtype} values (arena dequantizes to BF16, F16 or F32)")
+                continue
+            try:
+                want = torch_dtype(info.dtype)
+            except Error as e:
+                problems.append(f"'{iname}': {e.message}")
+                continue
+            if tuple(t.shape) != info.shape or t.dtype != want:
+                problems.append(
+                    f"'{full}' is {tuple(t.shape)} {t.dtype}, the image's '{iname}' is {info.shape} {info.dtype}"
+                )
+                continue
+            bound[iname] = (owners, t, info, is_buf)
+        # Buffers the model computes: materialized (built on meta) or moved to the arena's device.
+        got, bproblems = computed_buffers(module, h._device, lambda n, p=prefix: p + _image_name(n) in image)
+        buffers += got
+        problems += bproblems
+        peft_of[id(module)] = next((p for p in _STRIP if any(n.startswith(p) for n, _ in module.named_modules())), "")
+    mine = [n for n in image if any(n.startswith(p) for p, _ in roots)]
+    for n in sorted(set(mine) - set(bound) - spare):
         problems.append(f"the image's '{n}' has no parameter in the module")
-    # 2. The image's blocks are ModuleList children of the module.
-    prefix = next((p for p in _STRIP if any(n.startswith(p) for n, _ in module.named_modules())), "")
+    if roots[0][0]:  # a pipeline: every component of the image has its module
+        have = {p[:-1] for p, _ in roots}
+        for comp in sorted({n.split(".", 1)[0] for n in image} - have):
+            problems.append(f"the image's component '{comp}' has no module in the pipeline")
+        comps = getattr(target, "components", target)
+        for name, m in comps.items():  # the others run as they are: not on meta
+            if isinstance(m, nn.Module) and name not in have and any(p.is_meta for p in m.parameters()):
+                problems.append(f"component '{name}' is on the meta device and the image holds none of it: "
+                                f"convert the pipeline's folder with it, or materialize it")
+    # 2. The image's blocks are modules of the module (a list's members, a UNet's
+    # mid_block, a nested list's: encoder.block.3, text_model.encoder.layers.3).
     block_mod: Dict[int, nn.Module] = {}  # arena block (or piece) -> the block module
     parent_of: Dict[int, str] = {}  # arena block (or piece) -> the image block's name
+    comp_of: Dict[int, str] = {}
     for b in a.blocks:
         if b.container is None:
             continue
         parent = b.name.partition("#")[0]  # a piece ("transformer_blocks.3#1") is part of its block
+        root = next(((p, m) for p, m in roots if parent.startswith(p)), None)
+        if root is None:
+            continue
+        prefix, module = root
         parent_of[b.index] = parent
+        comp_of[b.index] = prefix
         try:
-            m = module.get_submodule(prefix + parent)
+            m = module.get_submodule(peft_of[id(module)] + parent[len(prefix):])
         except AttributeError:
             if b.name == parent or b.name.endswith("#0"):
                 problems.append(f"the image's block '{parent}' is not a submodule of the module")
             continue
-        container = module.get_submodule((prefix + b.container).rstrip("."))
-        if not isinstance(container, nn.ModuleList):
-            problems.append(f"'{b.container}' is a {type(container).__name__}, not a ModuleList of blocks")
-            continue
         block_mod[b.index] = m
-    for iname, (owner, leaf, t, info) in bound.items():
+    for iname, (owners, t, info, _) in bound.items():
         if info.block in block_mod:
-            blk = a.blocks[info.block]
-            if not _is_within(module, owner, block_mod[info.block]):
-                problems.append(f"'{iname}' is in image block '{parent_of[info.block]}' but not inside that submodule")
+            for owner, leaf in owners:
+                if not _is_within(owner, block_mod[info.block]):
+                    problems.append(f"'{iname}' is in image block '{parent_of[info.block]}' but "
+                                    f"{type(owner).__name__}.{leaf} is not inside that submodule")
     if problems:
-        head = f"cannot attach {type(module).__name__} to {a.path}: {len(problems)} problem(s): "
+        what = type(target).__name__
+        head = f"cannot attach {what} to {a.path}: {len(problems)} problem(s): "
         shown = "; ".join(problems[:40]) + ("; ..." if len(problems) > 40 else "")
         raise Error("USAGE", head + shown)
 
@@ -160,66 +252,73 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any, min_saved: Op
     # the module's own tensors are released.
     # Tensors stored quantized are dequantized: globals once, here; block tensors at
     # each call of their block (placeholders until then).
+    for owners, old, new in buffers:
+        _set_buffer(h, owners, old, new)
     per_block: Dict[int, List[Tuple[torch.Tensor, Component]]] = {}
     per_block_q: Dict[int, List[Tuple[torch.Tensor, TensorInfo, int]]] = {}
-    owners: Dict[int, nn.Module] = {}
-    for iname, (owner, leaf, t, info) in bound.items():
+    for iname, (owners, t, info, is_buf) in bound.items():
         resident, dev, host = a.block_state(info.block)
         if iname in subs:  # inner tensors of a tensor subclass, bound as parameters are
+            (owner, leaf), = owners
             refs = _quant.bind(h, owner, leaf, t, subs[iname], info)
             if info.block not in block_mod or resident:
                 for r, c in refs:
                     r.data = _view(a.slab(info.block, dev, "device"), c)
             if info.block in block_mod:
                 per_block.setdefault(info.block, []).extend(cast(List[Tuple[torch.Tensor, Component]], refs))
-                owners[id(owner)] = owner
             continue
         c = info.components[0]
         quant = info.scheme != "none"
-        is_buf = leaf in owner._buffers
         if info.block not in block_mod:  # globals: resident for good
             if quant:
                 with torch.no_grad():
                     view = _dequantize(h, info, a.tensor_index(iname), dev)
             else:
                 view = _view(a.slab(info.block, dev, "device"), c)
-            _swap(h, owner, leaf, is_buf, view, t)
+            _swap(h, owners, is_buf, view, t)
             continue
         if resident and not quant:
             view = _view(a.slab(info.block, dev, "device"), c)
         else:  # no memory until the block is acquired: a placeholder of the right shape on the device
             view = _placeholder(h, _as_component(info))
-        p = _swap(h, owner, leaf, is_buf, view, t)
+        p = _swap(h, owners, is_buf, view, t)
         if quant:
             per_block_q.setdefault(info.block, []).append((p, info, a.tensor_index(iname)))
         else:
             per_block.setdefault(info.block, []).append((p, c))
-        owners[id(owner)] = owner
-    groups: Dict[str, List[int]] = {}
+    groups2: Dict[str, List[int]] = {}
     for idx in block_mod:
-        groups.setdefault(parent_of[idx], []).append(idx)
-    h._copy_bytes = _quant.copy_bytes(groups, per_block_q)
-    for parent, idxs in groups.items():
+        groups2.setdefault(parent_of[idx], []).append(idx)
+    h._copy_bytes = _quant.copy_bytes(groups2, per_block_q)
+    for parent, idxs in groups2.items():
         m = block_mod[idxs[0]]
         bs: Dict[int, _BlockBinding] = {}
         for idx in idxs:
-            bb = _BlockBinding(h, idx, a.blocks[idx].name, per_block.get(idx, []), per_block_q.get(idx))
+            bb = _BlockBinding(h, idx, a.blocks[idx].name, per_block.get(idx, []), per_block_q.get(idx),
+                               comp=comp_of[idx])
             resident, dev, host = a.block_state(idx)
             bb.addr = dev if resident else -1  # host views are placeholders: bind at the first call
             bs[idx] = bb
             h._module_of[idx] = m
-        if len(idxs) == 1 and a.blocks[idxs[0]].name == parent:  # a whole block
-            h._whole[idxs[0]] = bs[idxs[0]]
-            _wrap_block(h, m, bs[idxs[0]])
-            continue
-        # In pieces: the modules owning its tensors acquire the pieces they need.
+        # The modules inside the block that own its tensors.
         leaf_need: Dict[int, Set[int]] = {}
         leaf_mod: Dict[int, nn.Module] = {}
         for idx in idxs:
-            for iname in [n for n, (o, _, _, info) in bound.items() if info.block == idx]:
-                owner = bound[iname][0]
-                leaf_need.setdefault(id(owner), set()).add(idx)
-                leaf_mod[id(owner)] = owner
+            for owners, _, info, _ in bound.values():
+                if info.block == idx:
+                    for owner, _ in owners:
+                        leaf_need.setdefault(id(owner), set()).add(idx)
+                        leaf_mod[id(owner)] = owner
+        if len(idxs) == 1 and a.blocks[idxs[0]].name == parent:  # a whole block
+            bb = bs[idxs[0]]
+            h._whole[idxs[0]] = bb
+            _wrap_block(h, m, bb)
+            if _needs_members(m):
+                for oid, leaf_m in leaf_mod.items():
+                    if leaf_m is not m:
+                        _wrap_block(h, leaf_m, _Member(bb))  # type: ignore[arg-type]
+            continue
+        # In pieces: the modules owning its tensors acquire the pieces they need.
         keys = list(leaf_mod)
         pb = _PiecedBinding(h, parent, bs, [tuple(sorted(leaf_need[k])) for k in keys])
         h._pieced.append(pb)
@@ -232,15 +331,31 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any, min_saved: Op
         _wrap_block(h, m, pb)  # type: ignore[arg-type]
     if mode == "train":
         _check_train_ring(h)
+    # The order the blocks run in, from the module: its modules' order (the order
+    # they are made in, as their forward calls them: HunyuanVideo's token refiner
+    # before its transformer blocks, which the image orders after them), each
+    # component's apart; the engine prefetches by it from the first step, and
+    # learns the order run from then on.
+    for prefix, module in roots:
+        pos = {id(m): i for i, (_, m) in enumerate(module.named_modules(remove_duplicate=False))}
+        units = [i for i in block_mod if comp_of[i] == prefix]
+        h._orders[prefix] = sorted(units, key=lambda i: (pos.get(id(block_mod[i]), len(pos)), i))
+    if len(roots) == 1 and h._orders[""]:
+        h._use_order("")
     # 4. Guards: moves and conversions of bound weights, adapter merges, a second attach.
-    for owner in {id(o): o for o, _, _, _ in bound.values()}.values():
-        _guard_apply(h, owner, [leaf for o, leaf, _, _ in bound.values() if o is owner])
-    for name, tuner in _peft_tuners(module).items():
-        _guard_merge(h, name, tuner)
-    hook = module.register_forward_pre_hook(h._root_pre_hook, with_kwargs=True)
-    h._restore.append(hook.remove)
-    _wrap_forward(h, module)
-    h._compile_probe = [module] + [h._module_of[i] for i in h._whole]
+    owner_leaves: Dict[int, Tuple[nn.Module, List[str]]] = {}
+    for owners, _, _, _ in bound.values():
+        for o, leaf in owners:
+            owner_leaves.setdefault(id(o), (o, []))[1].append(leaf)
+    for o, leaves in owner_leaves.values():
+        _guard_apply(h, o, leaves)
+    for prefix, module in roots:
+        for name, tuner in _peft_tuners(module).items():
+            _guard_merge(h, prefix + name, tuner)
+        hook = module.register_forward_pre_hook(h._root_pre_hook, with_kwargs=True)
+        h._restore.append(hook.remove)
+        _wrap_forward(h, module)
+    h._compile_probe = [m for _, m in roots] + [h._module_of[i] for i in h._whole]
     if h._device.type == "cuda":
         _observe_oom(h)
         h._cap = a.memory()["cap"]
@@ -249,10 +364,12 @@ def _bind(h: Handle, module: nn.Module, mode: str, trainable: Any, min_saved: Op
             h._limit_torch()
     if min_saved is not None:
         h._offload = _SavedOffload(h._device, min_saved)
-        post = module.register_forward_hook(h._root_post_hook, always_call=True)
-        h._restore.append(post.remove)
-    setattr(module, "_arena_handle", weakref.ref(h))  # (a plain attribute: nn.Module keeps it in __dict__)
-    h._restore.append(lambda: module.__dict__.pop("_arena_handle", None))
+        for _, module in roots:
+            post = module.register_forward_hook(h._root_post_hook, always_call=True)
+            h._restore.append(post.remove)
+    for _, module in roots:
+        setattr(module, "_arena_handle", weakref.ref(h))  # (a plain attribute: nn.Module keeps it in __dict__)
+        h._restore.append(functools.partial(module.__dict__.pop, "_arena_handle", None))
 
 
 def _wrap_forward(h: Handle, module: nn.Module) -> None:
@@ -304,34 +421,47 @@ def _check_train_ring(h: Handle) -> None:
     )
 
 
-def _persistent(module: nn.Module, name: str) -> bool:
-    owner_name, _, leaf = name.rpartition(".")
-    owner = module.get_submodule(owner_name) if owner_name else module
-    return leaf not in owner._non_persistent_buffers_set
-
-
-def _is_within(root: nn.Module, inner: nn.Module, outer: nn.Module) -> bool:
+def _is_within(inner: nn.Module, outer: nn.Module) -> bool:
     return any(m is inner for m in outer.modules())
 
 
-def _swap(h: Handle, owner: nn.Module, leaf: str, is_buf: bool, view: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
-    table: Dict[str, Any] = owner._buffers if is_buf else owner._parameters
-    if is_buf:
-        new: torch.Tensor = view
-    else:
-        new = nn.Parameter(view, requires_grad=False)
-    keys = list(table.keys())
-    table[leaf] = new
-    h._names[id(new)] = leaf
+def _swap(h: Handle, owners: List[Tuple[nn.Module, str]], is_buf: bool, view: torch.Tensor,
+          old: torch.Tensor) -> torch.Tensor:
+    """The tensor of every owner's name (tied names share it) replaced by ``view``
+    (a frozen Parameter viewing it); at detach, one meta tensor for all of them."""
+    new: torch.Tensor = view if is_buf else nn.Parameter(view, requires_grad=False)
     shape, dtype, rg = tuple(old.shape), old.dtype, bool(getattr(old, "requires_grad", False))
+    made: List[torch.Tensor] = []
 
-    def undo() -> None:
-        ph = torch.empty(shape, dtype=dtype, device="meta")
-        table[leaf] = ph if is_buf else nn.Parameter(ph, requires_grad=rg)
-        _reorder(table, keys)
+    def placeholder() -> torch.Tensor:
+        if not made:
+            ph = torch.empty(shape, dtype=dtype, device="meta")
+            made.append(ph if is_buf else nn.Parameter(ph, requires_grad=rg))
+        return made[0]
 
-    h._restore.append(undo)
+    for owner, leaf in owners:
+        table: Dict[str, Any] = owner._buffers if is_buf else owner._parameters
+        keys = list(table.keys())
+        table[leaf] = new
+        h._names[id(new)] = leaf
+
+        def undo(table: Dict[str, Any] = table, leaf: str = leaf, keys: List[str] = keys) -> None:
+            table[leaf] = placeholder()
+            _reorder(table, keys)
+
+        h._restore.append(undo)
     return new
+
+
+def _set_buffer(h: Handle, owners: List[Tuple[nn.Module, str]], old: torch.Tensor, new: torch.Tensor) -> None:
+    """A buffer the model computes, on the arena's device (the one it had comes back at detach)."""
+    for owner, leaf in owners:
+        owner._buffers[leaf] = new
+
+        def undo(owner: nn.Module = owner, leaf: str = leaf) -> None:
+            owner._buffers[leaf] = old
+
+        h._restore.append(undo)
 
 
 def _wrap_block(h: Handle, m: nn.Module, b: _BlockBinding) -> None:

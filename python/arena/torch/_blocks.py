@@ -1,12 +1,13 @@
 """Whole blocks: a block module's parameters bound to its arena block's bytes
-at each call (views; quantized tensors dequantized into torch memory), and the
-checks a block's forward with autograd on must pass (what training cannot do
-with arena's weights)."""
+at each call (views; quantized tensors dequantized into torch memory); what a
+block's forward with autograd on saves of its weights (references, bound
+again when its backward needs them); when a block's backward has run (the
+node at its inputs); and what training cannot do with arena's weights."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -21,13 +22,24 @@ def _in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
-def _under_checkpoint() -> bool:
-    """Inside the forward of a non-reentrant torch.utils.checkpoint (its saved-tensor hooks are on top)."""
+def _top_hooks() -> Optional[Tuple[Callable[[torch.Tensor], Any], Callable[[Any], torch.Tensor]]]:
+    """The saved-tensor hooks in force on this thread (pack, unpack), or None."""
     try:
         hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
     except Exception:  # pragma: no cover - a torch without it
+        return None
+    return hooks or None
+
+
+def _under_checkpoint() -> bool:
+    """Inside a non-reentrant torch.utils.checkpoint's forward or recompute (its
+    saved-tensor hooks are on top): autograd saves nothing there that outlives
+    the recompute, and hooks of arena's must not come between."""
+    hooks = _top_hooks()
+    if not hooks:
         return False
-    return bool(hooks) and "_checkpoint_hook" in getattr(hooks[0], "__qualname__", "")
+    q = getattr(hooks[0], "__qualname__", "")
+    return "_checkpoint_hook" in q or "_recomputation_hook" in q
 
 
 # every scheme of docs/QUANT.md: arena_tensor_dequantize writes their values
@@ -45,25 +57,212 @@ def _dequantize(h: "Handle", info: TensorInfo, index: int, addr: int) -> torch.T
     return out
 
 
+# --- what a block's forward saves of its weights ----------------------------------------
+
+class _WeightRef:
+    """A view of a bound weight that autograd saved for the backward, kept as a
+    reference: the unit (block or piece) that holds it, the parameter, and the
+    view's geometry against it. The backward gets the view of the unit's bytes
+    where they are then (acquired again if they left)."""
+
+    __slots__ = ("unit", "param", "size", "stride", "offset")
+
+    def __init__(self, unit: "_BlockBinding", param: torch.Tensor, t: torch.Tensor):
+        self.unit = unit
+        self.param = param
+        self.size = tuple(t.size())
+        self.stride = tuple(t.stride())
+        self.offset = t.storage_offset() - param.storage_offset()
+
+
+class _SavedWeights:
+    """Saved-tensor hooks over a streamed (or quantized) block's forward with
+    autograd on, outside checkpointing: a weight (or a view of one) that autograd
+    saves is kept as a reference, not as the tensor, whose bytes are the ring's
+    and are overwritten by the blocks after it (or, quantized, a copy let go at
+    the release). When the backward unpacks it, the unit is acquired again (held
+    until the block's backward has run: ``_track``) and the view is made anew on
+    its bytes: the same values, so the same gradients. Other tensors go to the
+    hooks in force outside (``offload_saved``'s, a user's), or are kept as they are.
+    Inside a checkpoint its own hooks are on top and these are not set."""
+
+    def __init__(self, units: Sequence["_BlockBinding"], name: str):
+        self.by_id: Dict[int, Tuple["_BlockBinding", torch.Tensor]] = {}
+        for u in units:
+            for p in u.weights:
+                self.by_id[id(p)] = (u, p)
+        self.outer = _top_hooks()
+        self.name = name
+        self.ctx = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+    def __enter__(self) -> "_SavedWeights":
+        try:
+            self.ctx.__enter__()
+        except RuntimeError as e:  # saved-tensor hooks disabled here (torch.autograd.graph.disable_saved_tensors_hooks)
+            raise Error(
+                "USAGE",
+                f"{self.name} is streamed and runs with autograd outside checkpointing where saved-tensor hooks "
+                f"are disabled ({e}): its backward would read weights the ring has overwritten; checkpoint the "
+                f"block (diffusers: module.enable_gradient_checkpointing()), or give arena the vram to keep it "
+                f"resident",
+            ) from None
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.ctx.__exit__(*exc)
+
+    def pack(self, t: torch.Tensor) -> Any:
+        base = t._base if t._base is not None else t
+        hit = self.by_id.get(id(base))
+        if hit is not None and hit[1] is base:
+            if t.dtype == base.dtype:
+                return _WeightRef(hit[0], base, t)
+            t = t.clone()  # a view in another dtype: its values now, in torch memory
+        return self.outer[0](t) if self.outer is not None else t
+
+    def unpack(self, x: Any) -> torch.Tensor:
+        if isinstance(x, _WeightRef):
+            x.unit.hold_bw()
+            d = x.param.data
+            return d.as_strided(x.size, x.stride, d.storage_offset() + x.offset)
+        return self.outer[1](x) if self.outer is not None else x
+
+
+# --- when a block's backward has run -----------------------------------------------------
+
+_probe: Optional[torch.Tensor] = None
+
+
+def _seq_now() -> int:
+    """The autograd sequence number the next node made on this thread gets (a view
+    of a leaf makes one): the nodes a block's call makes have this one or later."""
+    global _probe
+    if _probe is None:
+        _probe = torch.zeros((), requires_grad=True)
+    with torch.enable_grad():
+        return int(_probe.view_as(_probe).grad_fn._sequence_nr())  # type: ignore[union-attr]
+
+
+def _outputs(v: Any, out: List[torch.Tensor], depth: int = 0) -> List[torch.Tensor]:
+    if isinstance(v, torch.Tensor):
+        if v.grad_fn is not None:
+            out.append(v)
+    elif depth < 3:
+        if isinstance(v, dict):
+            for x in v.values():
+                _outputs(x, out, depth + 1)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                _outputs(x, out, depth + 1)
+        elif hasattr(v, "__dataclass_fields__"):
+            for k in v.__dataclass_fields__:
+                _outputs(getattr(v, k, None), out, depth + 1)
+    return out
+
+
+def _leaf_inputs(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[Any]:
+    """The gradient nodes of a call's inputs that are leaves needing a gradient (a
+    reentrant checkpoint's recompute gets its inputs detached: leaves)."""
+    out: List[Any] = []
+
+    def walk(v: Any, depth: int) -> None:
+        if isinstance(v, torch.Tensor):
+            if v.requires_grad and v.grad_fn is None:
+                out.append(torch.autograd.graph.get_gradient_edge(v).node)
+        elif depth < 2 and isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x, depth + 1)
+
+    for v in args:
+        walk(v, 0)
+    for v in kwargs.values():
+        walk(v, 0)
+    return out
+
+
+def _track(h: "Handle", start: int, out: Any, done: Callable[[], None], index: int,
+           inputs: Sequence[Any] = ()) -> None:
+    """After a block's call with autograd on (its nodes made from sequence number
+    ``start`` on): ``done`` runs when its backward has run, that is when every node
+    of the block with an edge out of it (to its inputs' nodes, made before it) has
+    run: a post hook on each, found by walking the block's nodes from its outputs.
+    The graph is not changed (a node between the block and its inputs would change
+    the order gradients are summed in, and so their bits). A block none of whose
+    nodes leads out of it (no input needs a gradient: the first block, its adapters
+    training) has its backward last: when its parameters' gradients are made, or at
+    the step's end. Under a reentrant checkpoint the block's node is the
+    checkpoint's, whose backward recomputes and backpropagates the block; the
+    recompute's own backward leads out of it to its inputs (``inputs``: the nodes of
+    inputs that are leaves, made whenever)."""
+    entries: List[Any] = []
+    outside = {id(n) for n in inputs}
+    seen = set()
+    kept: List[Any] = []  # (the nodes walked, held so that no id is reused during the walk)
+    stack: List[Any] = [t.grad_fn for t in _outputs(out, [])]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        kept.append(node)
+        leaves = False
+        for nxt, _ in node.next_functions:
+            if nxt is None:
+                continue
+            if nxt._sequence_nr() < start or id(nxt) in outside:
+                leaves = True
+            elif id(nxt) not in seen:
+                stack.append(nxt)
+        if leaves:
+            entries.append(node)
+    if not entries:
+        if torch.is_grad_enabled():
+            ps: List[torch.Tensor] = [p for p in h._params_of(index) if p.requires_grad]
+            if ps:
+                h._watch(ps, done)
+        return
+    left = [len(entries)]
+
+    def hook(_gi: Any, _go: Any) -> None:
+        left[0] -= 1
+        if left[0] == 0:
+            done()
+
+    for node in entries:
+        h._hooks.append(node.register_hook(hook))
+
+
 class _BlockBinding:
-    """A block module bound to an arena block: its parameters, the views at each address.
+    """A unit of arena memory bound to a module's parameters: a whole block (its
+    module's calls go through ``run``), or a piece of one (``group``, the
+    ``_PiecedBinding``, runs it).
 
     Tensors stored quantized (``quant``) are dequantized into torch memory at
-    each bind and let go at ``drop()`` (the block's release): the module always
-    sees its original dtype, and only the blocks being run hold a dequantized
-    copy."""
+    each bind and let go at ``drop()`` (the unit's release): the module always
+    sees its original dtype, and only the units being run hold a dequantized
+    copy.
+
+    A unit used by a backward (a checkpoint's recompute of the block or of a
+    module inside it, a saved weight unpacked) is acquired once and held until
+    the block's backward has run (``hold_bw``; ``_track`` calls ``release_bw``)."""
 
     def __init__(self, handle: "Handle", index: int, name: str, params: List[Tuple[torch.Tensor, Component]],
-                 quant: Optional[List[Tuple[torch.Tensor, TensorInfo, int]]] = None):
+                 quant: Optional[List[Tuple[torch.Tensor, TensorInfo, int]]] = None, comp: str = ""):
         self.handle = handle
         self.index = index
         self.name = name
+        self.comp = comp  # the component (a pipeline's) it belongs to: a step is one component's calls
         self.params = params  # stored as they are: views
         self.quant = quant or []  # stored quantized (parameter, its tensor, its C index): dequantized at bind
         self.weights = [p for p, _ in self.params] + [q[0] for q in self.quant]
         self.live = False  # the quantized parameters hold their values (bound and not dropped)
         self.addr = -1
         self.cache: "OrderedDict[int, List[torch.Tensor]]" = OrderedDict()
+        self.group: Any = None  # the _PiecedBinding of a piece
+        self.active = 0  # calls of the block in progress: the modules inside it run as they are
+        self.bw_held = False  # acquired for a backward
+        self.bw_addr = 0
+        self.bw_stream: Optional[int] = None
 
     def bind(self, addr: int, where: str = "device") -> None:
         if addr == self.addr and (self.live or not self.quant):
@@ -89,68 +288,124 @@ class _BlockBinding:
         self.addr = addr
 
     def drop(self) -> None:
-        """Let the dequantized values go (the block is released): placeholders again."""
-        if not self.live:
+        """Let the dequantized values go (the unit is released): placeholders again."""
+        if not self.live or self.bw_held:
             return
         with torch.no_grad():
             for p, info, _ in self.quant:
                 p.data = _placeholder(self.handle, _as_component(info))
         self.live = False
 
-    def run(self, call: Callable[..., Any], mod: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    # --- held for a backward ---
+    def hold_bw(self) -> None:
+        """The unit's bytes for a backward: acquired the first time, bound each time."""
+        if self.group is not None:
+            self.group.hold_loose((self.index,))
+            return
         h = self.handle
-        a = h.arena
+        h._enter(self.comp, True)
+        if not self.bw_held:
+            if h._all_resident and not self.quant:
+                self.bind(h._resident_at[self.index])
+                return
+            s = h._stream()
+            addr = h.arena.acquire(self.index, s)
+            self.bw_held, self.bw_addr, self.bw_stream = True, addr, s
+            h._bw_units[self.index] = self
+        self.bind(self.bw_addr)
+
+    def recomputed(self) -> None:
+        """Its forward runs in a backward outside its call (transformers' layers
+        checkpoint their forward): held for it."""
+        if not self.active:
+            self.hold_bw()
+
+    def release_bw(self, at_step_end: bool = False) -> None:
+        if not self.bw_held:
+            return
+        h = self.handle
+        self.bw_held = False
+        h._bw_units.pop(self.index, None)
+        h.arena.release(self.index, self.bw_stream if at_step_end else h._stream())
+        self.drop()
+
+    # --- the block's calls ---
+    def _call(self, call: Callable[..., Any], mod: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        self.active += 1
+        self.handle._active += 1
+        try:
+            return call(mod, *args, **kwargs)
+        finally:
+            self.active -= 1
+            self.handle._active -= 1
+
+    def run(self, call: Callable[..., Any], mod: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any],
+            member: bool = False) -> Any:
+        """A call of the block (or, ``member``, of a module inside it outside the block's call)."""
+        h = self.handle
+        if self.active:  # inside the block's call: as it is
+            return call(mod, *args, **kwargs)
         backward = _in_backward()
-        if not h._step_open:
-            h._begin_step()
+        grad = torch.is_grad_enabled()
+        if backward:
+            # A recompute (checkpointing around the block, or around a module inside
+            # it): what it saves views the unit until the block's backward has run.
+            self.hold_bw()
+            if not grad or member or _under_checkpoint():
+                return self._call(call, mod, args, kwargs)
+            # a reentrant checkpoint's recompute of the block: its own backward follows
+            start = _seq_now()
+            out = self._call(call, mod, args, kwargs)
+            _track(h, start, out, self.release_bw, self.index, _leaf_inputs(args, kwargs))
+            return out
+        h._enter(self.comp, False)
+        start = -1
+        if grad:
+            _check_training(h, self.name, self.weights)
+            start = _seq_now()
         if h._all_resident and not self.quant:  # nothing streams this step: the blocks stay where they are
             self.bind(h._resident_at[self.index])
-            if torch.is_grad_enabled() and not backward:
-                self._check_training(args, kwargs)
-            return call(mod, *args, **kwargs)
-        stream = h._stream()
-        addr = a.acquire(self.index, stream)
-        grads: List[torch.Tensor] = []
-        try:
-            self.bind(addr)
-            if torch.is_grad_enabled() and not backward:
-                grads = self._check_training(args, kwargs)
-            out = call(mod, *args, **kwargs)
-        except BaseException:
-            # A recompute may stop early on purpose (checkpoint raises once it has
-            # the tensors it needs): what it saved views the block until the
-            # block's backward has run, so the hold stays for the hook.
-            if backward:
-                h._deferred.append((self.index, stream))
-            else:
-                a.release(self.index, stream)
-                self.drop()
-            raise
-        if backward:
-            # A recompute (checkpointing): its saved tensors view the block until
-            # the block's backward has run; the hook set at its forward releases it.
-            h._deferred.append((self.index, stream))
+            out = self._call(call, mod, args, kwargs)
         else:
-            a.release(self.index, stream)
-            self.drop()
-            if grads:
-                h._watch_backward(self.index, grads)
+            stream = h._stream()
+            addr = h.arena.acquire(self.index, stream)
+            try:
+                self.bind(addr)
+                if grad and not _under_checkpoint() and (self.quant or not h.arena.block_state(self.index)[0]):
+                    with _SavedWeights([self], self.name):
+                        out = self._call(call, mod, args, kwargs)
+                else:
+                    out = self._call(call, mod, args, kwargs)
+            finally:
+                h.arena.release(self.index, stream)
+                self.drop()
+        if start >= 0:
+            _track(h, start, out, self.release_bw, self.index, _leaf_inputs(args, kwargs))
         return out
 
-    def _check_training(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[torch.Tensor]:
-        """Refuse what training cannot do with this block; return the tensors whose
-        gradients end its backward (inputs and its own parameters that need one)."""
-        resident = self.handle.arena.block_state(self.index)[0]
-        return _check_training(self.handle, self.name, self.weights, self.index, resident,
-                               self.quant[0][1].scheme if self.quant else None, args, kwargs)
+
+class _Member:
+    """A module inside a whole block that owns bound tensors, wrapped where the
+    block's own call does not cover its calls: a checkpoint inside the block
+    (diffusers' UNet blocks checkpoint their resnets; transformers' layers
+    checkpoint their forward) recomputes the module in the backward, and a
+    block that is a container (a ModuleList) is never called itself. Inside the
+    block's call it runs as it is; outside, it runs through the block's binding
+    (acquired for the call, or held for the backward)."""
+
+    def __init__(self, unit: _BlockBinding):
+        self.unit = unit
+
+    @torch.compiler.disable
+    def run(self, call: Callable[..., Any], mod: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        return self.unit.run(call, mod, args, kwargs, member=True)
+
+    def recomputed(self) -> None:
+        self.unit.recomputed()
 
 
-def _check_training(h: "Handle", name: str, weights: List[torch.Tensor], index: int, resident: bool,
-                    scheme: Optional[str], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[torch.Tensor]:
-    """A block's forward with autograd on: refuse training its bound weights, and a
-    streamed or quantized (``scheme``) block outside checkpointing; return the
-    tensors whose gradients end its backward (its inputs and its module's
-    parameters that need one)."""
+def _check_training(h: "Handle", name: str, weights: List[torch.Tensor]) -> None:
+    """A block's forward with autograd on: training its bound weights is refused."""
     for p in weights:
         if p.requires_grad:
             raise Error(
@@ -159,25 +414,6 @@ def _check_training(h: "Handle", name: str, weights: List[torch.Tensor], index: 
                 f"requires_grad on '{h._pname(p)}') is not supported: train adapters "
                 f"(peft LoRA) or parameters of your own instead",
             )
-    grads = [x for x in list(args) + list(kwargs.values()) if isinstance(x, torch.Tensor) and x.requires_grad]
-    grads += [p for p in h._params_of(index) if p.requires_grad]
-    if (resident and scheme is None) or _under_checkpoint() or not grads:
-        return grads
-    if resident:
-        raise Error(
-            "USAGE",
-            f"{name} is stored quantized ({scheme}) and runs with autograd outside gradient checkpointing: "
-            f"its weights are dequantized for each call and let go after it, so its backward would not "
-            f"find them; enable non-reentrant checkpointing of every block (diffusers: "
-            f"module.enable_gradient_checkpointing()), or use an image without --quant",
-        )
-    raise Error(
-        "USAGE",
-        f"{name} is streamed and runs with autograd outside gradient checkpointing: the "
-        f"weights its backward needs would be overwritten in the ring; enable non-reentrant "
-        f"checkpointing of every block (diffusers: module.enable_gradient_checkpointing()), or "
-        f"give arena more vram so that the block stays resident",
-    )
 
 
 def _placeholder(h: Handle, c: Component) -> torch.Tensor:

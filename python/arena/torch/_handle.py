@@ -22,11 +22,28 @@ class Handle:
 
     def __init__(self) -> None:
         self.arena: Arena
-        self.module: nn.Module
+        self.module: Any  # the module, or the pipeline (its components bound)
         self._device: torch.device  # the arena's device (set when bound)
         self._owns_arena = False
         self._step_open = False
-        self._deferred: List[Tuple[int, Optional[int]]] = []
+        # Units held for a backward (whole blocks; blocks in pieces with loose pieces),
+        # released when their block's backward has run, or at the step's end.
+        self._bw_units: Dict[int, _BlockBinding] = {}
+        self._bw_groups: Set[_PiecedBinding] = set()
+        self._active = 0  # block calls in progress
+        # The modules bound, each with the prefix of its names in the image (a
+        # pipeline's components: "text_encoder.", ...; one module: ""). A step is
+        # the calls of one of them: a call of another (its forward, or a block of
+        # it, as a VAE's decode) ends the step and begins the next.
+        self._roots: List[Tuple[str, nn.Module]] = []
+        self._step_comp = ""
+        # The order each component's blocks run in: from the module at attach
+        # (_orders), then as the engine learned it from the component's steps
+        # (_scheds, by component and mode); set as the engine's schedule before a
+        # step of another component than the last (arena_schedule_set).
+        self._orders: Dict[str, List[int]] = {}
+        self._scheds: Dict[Tuple[str, str], List[int]] = {}
+        self._sched_key: Optional[Tuple[str, str]] = None
         self._hooks: List[Any] = []
         self._whole: Dict[int, _BlockBinding] = {}  # whole blocks, by arena block
         self._pieced: List[_PiecedBinding] = []  # blocks in pieces
@@ -85,7 +102,7 @@ class Handle:
         autograd, training, compiled blocks and the inputs' shapes and dtypes.
         Steps with the same key need the same memory (the engine learns each key's)."""
         parts: List[Any] = [self.arena.mode, torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
-                            module.training, self._offload is not None]
+                            module.training, self._offload is not None, id(module)]
         for m in self._compile_probe:
             parts.append(m.__dict__.get("_compiled_call_impl") is not None)
 
@@ -170,29 +187,58 @@ class Handle:
         return torch.cuda.current_stream(self._device).cuda_stream
 
     def _release_deferred(self) -> None:
-        while self._deferred:
-            i, s = self._deferred.pop(0)
-            self.arena.release(i, s)
-            self._whole[i].drop()
+        for u in list(self._bw_units.values()):
+            u.release_bw(at_step_end=True)
+        self._bw_groups.clear()
         for pb in self._pieced:
             pb.release_all()
         for hk in self._hooks:
             hk.remove()
         self._hooks.clear()
 
-    def _release_recomputed(self, block: int) -> None:
-        for k, (i, s) in enumerate(self._deferred):
-            if i == block:
-                del self._deferred[k]
-                self.arena.release(i, self._stream())
-                self._whole[i].drop()
-                return
-
-    def _watch_backward(self, block: int, grads: List[torch.Tensor]) -> None:
-        # When every gradient the block's backward makes is made, its backward
-        # kernels are queued: a recompute's hold on the block can go.
-        hk = torch.autograd.graph.register_multi_grad_hook(grads, lambda _g: self._release_recomputed(block), mode="all")
+    def _watch(self, grads: List[torch.Tensor], done: Callable[[], None]) -> None:
+        # When every gradient in grads is made (a block's parameters'), the backward
+        # kernels that needed its weights are queued: its holds can go.
+        hk = torch.autograd.graph.register_multi_grad_hook(grads, lambda _g: done(), mode="all")
         self._hooks.append(hk)
+
+    def _enter(self, comp: str, backward: bool) -> None:
+        """A block of component ``comp`` is about to run: begin a step if none is open;
+        a block of another component than the step's, in a forward with nothing held,
+        ends it and begins the next (a pipeline's VAE decode after denoising)."""
+        if not self._step_open:
+            self._use_order(comp)
+            self._begin_step()
+            self._step_comp = comp
+        elif comp != self._step_comp and not backward and not self._active and not self._bw_units \
+                and not self._bw_groups:
+            self._end_step(self._comp_work(comp))
+            self._use_order(comp)
+            self._begin_step()
+            self._step_comp = comp
+
+    def _use_order(self, comp: str) -> None:
+        """Between steps, before a step of ``comp``: the engine's schedule is the order
+        its blocks ran in the last time (or, never run, the module's order) when the
+        step before was another component's or mode's; the schedule the engine has
+        now (learned from the steps that ended) is kept for those."""
+        key = (comp, self.arena.mode)
+        if key == self._sched_key:
+            return
+        if self._sched_key is not None:
+            self._scheds[self._sched_key] = self.arena.schedule()
+        self._sched_key = key
+        want = self._scheds.get(key)
+        if want is None:
+            order = self._orders.get(comp)
+            if not order:
+                return
+            want = order + order[::-1] if key[1] == "train" else list(order)
+        self.arena.set_schedule(want)
+
+    def _comp_work(self, comp: str) -> int:
+        """The work key of a step begun by a block of ``comp`` (no forward call to key it by)."""
+        return (hash(("component", comp, self.arena.mode, torch.is_grad_enabled())) & 0xFFFFFFFFFFFFFFFF) or 1
 
     def _begin_step(self) -> None:
         self.arena.step_begin()
@@ -231,11 +277,14 @@ class Handle:
             self.arena.trace_end()
 
     def _root_pre_hook(self, module: nn.Module, args: Any, kwargs: Dict[str, Any]) -> None:
-        if _in_backward():
+        if _in_backward() or self._active:
             return
         self._guard_new_tuners()
         self._end_step(self._work_key(module, args, kwargs))
+        comp = next((p for p, m in self._roots if m is module), "")
+        self._use_order(comp)
         self._begin_step()
+        self._step_comp = comp
         if self._offload is not None:
             self._offload.begin(torch.is_grad_enabled())
 
@@ -251,13 +300,14 @@ class Handle:
 
     def _guard_new_tuners(self) -> None:
         # Adapters added after attach get the same guard against merges.
-        n = sum(1 for _ in self.module.modules())
+        n = sum(1 for _, r in self._roots for _ in r.modules())
         if n != self._n_modules:
             self._n_modules = n
             self._param_lists.clear()
-            for name, tuner in _peft_tuners(self.module).items():
-                if id(tuner) not in self._guarded:
-                    _guard_merge(self, name, tuner)
+            for prefix, r in self._roots:
+                for name, tuner in _peft_tuners(r).items():
+                    if id(tuner) not in self._guarded:
+                        _guard_merge(self, prefix + name, tuner)
 
     def end_step(self) -> None:
         """End the step in progress now (the next forward would otherwise do it)."""

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tupl
 import torch
 from torch import nn
 
-from ._blocks import _BlockBinding, _check_training, _in_backward
+from ._blocks import (_BlockBinding, _check_training, _in_backward, _leaf_inputs, _SavedWeights, _seq_now,
+                      _track, _under_checkpoint)
 
 if TYPE_CHECKING:
     from ._handle import Handle
@@ -30,6 +31,10 @@ class _LeafRef:
     def run(self, call: Callable[..., Any], mod: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         return self.block.leaf(self.key, call, mod, args, kwargs)
 
+    def recomputed(self) -> None:
+        if not self.block.active:
+            self.block.hold_loose(self.block.need[self.key])
+
 
 class _PiecedBinding:
     """A block module whose image block is streamed in pieces (``piece_size``).
@@ -42,7 +47,12 @@ class _PiecedBinding:
     another), so the ring holds a few pieces, not the block. A recompute in
     backward (checkpointing) holds each piece until the backward of every
     module that used it has run (its input's gradient is made), so a train
-    step holds at most one block's pieces at a time."""
+    step holds at most one block's pieces at a time.
+
+    A backward that needs pieces outside a recompute of the block (a weight
+    its forward saved, unpacked; a checkpoint inside the block recomputing a
+    module of it; a reentrant checkpoint's recompute) holds them "loose" until
+    the block's backward has run (``_track``) or the step ends."""
 
     def __init__(self, handle: "Handle", name: str, pieces: Dict[int, "_BlockBinding"], need: List[Tuple[int, ...]]):
         self.handle = handle
@@ -68,6 +78,10 @@ class _PiecedBinding:
         # on each (by id, with a weak reference that tells a tensor gone, whose id
         # a new one may take, from the same one)
         self.waiting: Dict[int, Tuple[Any, List[int]]] = {}
+        self.loose: Set[int] = set()  # pieces held for a backward until the block's backward has run
+        self.comp = next(iter(pieces.values())).comp
+        for b in pieces.values():
+            b.group = self
 
     # --- pieces ---
     def _acquire(self, idx: int) -> None:
@@ -88,6 +102,7 @@ class _PiecedBinding:
 
     def release_all(self) -> None:
         """Step end: whatever is still held goes."""
+        self.loose.clear()
         self.bw.clear()
         self.bw_ref.clear()
         self.watched.clear()
@@ -99,8 +114,36 @@ class _PiecedBinding:
             self.bw_ref[idx] -= 1
             if not self.bw_ref[idx]:
                 del self.bw_ref[idx]
-                if idx in self.held:
+                if idx in self.held and idx not in self.loose:
                     self._release(idx)
+
+    def hold_loose(self, idxs: Tuple[int, ...]) -> None:
+        """Pieces for a backward: held until the block's backward has run (or the step ends)."""
+        h = self.handle
+        h._enter(self.comp, True)
+        if h._all_resident and self.scheme is None:
+            for idx in idxs:
+                self.pieces[idx].bind(h._resident_at[idx])
+            return
+        for idx in idxs:
+            if idx not in self.held:
+                self._acquire(idx)
+            else:
+                self.pieces[idx].bind(self.pieces[idx].addr)
+            self.loose.add(idx)
+        h._bw_groups.add(self)
+
+    def recomputed(self) -> None:
+        """Its forward runs in a backward outside its call (transformers' layers
+        checkpoint their forward): the block's own tensors held for it."""
+        if not self.active and self.keep:
+            self.hold_loose(self.keep)
+
+    def release_loose(self, at_step_end: bool = False) -> None:
+        loose, self.loose = self.loose, set()
+        for idx in loose:
+            if idx in self.held and not self.bw_ref.get(idx) and not self.active:
+                self._release(idx)
 
     def _learn(self) -> None:
         if self.rec == self.seq:
@@ -117,18 +160,29 @@ class _PiecedBinding:
     # --- calls ---
     def run(self, call: Callable[..., Any], mod: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         h = self.handle
+        if self.active:  # a block calling itself: its pieces stay as they are
+            return call(mod, *args, **kwargs)
         backward = _in_backward()
-        if not h._step_open:
-            h._begin_step()
-        if torch.is_grad_enabled() and not backward:
-            self._check_training(args, kwargs)
+        grad = torch.is_grad_enabled()
+        h._enter(self.comp, backward)
+        if grad and not backward:
+            _check_training(h, self.name, self.weights)
+        # its backward's holds go when its backward has run (a reentrant checkpoint's
+        # recompute: its own backward, inside this one)
+        start = _seq_now() if grad and not (backward and _under_checkpoint()) else -1
         if h._all_resident and self.scheme is None:
             for idx, b in self.pieces.items():
                 b.bind(h._resident_at[idx])
-            return call(mod, *args, **kwargs)
-        if self.active:  # a block calling itself: its pieces stay as they are
-            return call(mod, *args, **kwargs)
+            out = self._call(call, mod, args, kwargs)
+            if start >= 0:
+                _track(h, start, out, self.release_loose, self.index, _leaf_inputs(args, kwargs))
+            return out
+        saved = None
+        if grad and not backward and not _under_checkpoint() and (
+                self.scheme is not None or not all(h.arena.block_state(i)[0] for i in self.pieces)):
+            saved = _SavedWeights(list(self.pieces.values()), self.name)
         self.active, self.backward, self.pos = True, backward, 0
+        h._active += 1
         self.rec = []
         self.follow = self.seq is not None and not backward
         if not backward:
@@ -137,46 +191,54 @@ class _PiecedBinding:
         done = False
         try:
             self._hold(keep)
-            out = call(mod, *args, **kwargs)
+            if saved is not None:
+                with saved:
+                    out = call(mod, *args, **kwargs)
+            else:
+                out = call(mod, *args, **kwargs)
             done = True
         finally:
             self.active = False
+            h._active -= 1
             self.waiting = {}
             for idx in list(self.held):
-                if not (backward and (self.bw_ref.get(idx) or idx in keep)):
+                if not (backward and (self.bw_ref.get(idx) or idx in keep)) and idx not in self.loose:
                     self._release(idx)
         if done and not backward:
             self._learn()
+        if start >= 0:
+            _track(h, start, out, self.release_loose, self.index, _leaf_inputs(args, kwargs))
         return out
 
     def leaf(self, key: int, call: Callable[..., Any], mod: nn.Module, args: Tuple[Any, ...],
              kwargs: Dict[str, Any]) -> Any:
         h = self.handle
         need = self.need[key]
-        if not h._step_open:
-            h._begin_step()
+        h._enter(self.comp, _in_backward())
         if h._all_resident and self.scheme is None:
             for idx in need:
                 self.pieces[idx].bind(h._resident_at[idx])
             return call(mod, *args, **kwargs)
-        if not self.active:  # called on its own, outside its block: its pieces for this call
-            self._hold(need)
-            try:
-                return call(mod, *args, **kwargs)
-            finally:
-                for idx in need:
-                    if idx in self.held and not self.bw_ref.get(idx):
-                        self._release(idx)
+        if not self.active:
+            if _in_backward():  # a checkpoint inside the block recomputing this module
+                self.hold_loose(need)
+                return self._call(call, mod, args, kwargs)
+            return self._alone(need, call, mod, args, kwargs)
         pos = self.pos
         self.pos += 1
         if self.backward:  # a recompute: held until this module's backward has run
             self._hold(need)
-            out = call(mod, *args, **kwargs)
+            # (held before the call: a checkpoint stops its recompute by raising from
+            # inside the module that saves its last tensor, whose backward needs them)
             if pos in self.watched and pos not in self.bw:
                 self.bw[pos] = need
                 for idx in need:
                     self.bw_ref[idx] = self.bw_ref.get(idx, 0) + 1
-            return out
+            elif pos not in self.bw:  # (a reentrant checkpoint's recompute: nothing watched in its forward)
+                for idx in need:
+                    self.loose.add(idx)
+                h._bw_groups.add(self)
+            return call(mod, *args, **kwargs)
         self.rec.append(key)
         seq = self.seq or []
         if self.follow and (pos >= len(seq) or seq[pos] != key):
@@ -221,6 +283,36 @@ class _PiecedBinding:
 
         self.handle._hooks.append(t.register_hook(done))
 
-    def _check_training(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
-        resident = all(self.handle.arena.block_state(i)[0] for i in self.pieces)
-        _check_training(self.handle, self.name, self.weights, self.index, resident, self.scheme, args, kwargs)
+    def _call(self, call: Callable[..., Any], mod: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        self.handle._active += 1
+        try:
+            return call(mod, *args, **kwargs)
+        finally:
+            self.handle._active -= 1
+
+    def _alone(self, need: Tuple[int, ...], call: Callable[..., Any], mod: nn.Module, args: Tuple[Any, ...],
+               kwargs: Dict[str, Any]) -> Any:
+        """A module of the block called on its own, outside the block's call, in a
+        forward: its pieces for the call; what its backward needs of them, as a
+        whole block's (saved as references, held until its backward has run)."""
+        h = self.handle
+        grad = torch.is_grad_enabled()
+        start = -1
+        if grad:
+            _check_training(h, self.name, self.weights)
+            start = _seq_now()
+        self._hold(need)
+        try:
+            if grad and not _under_checkpoint() and (
+                    self.scheme is not None or not all(h.arena.block_state(i)[0] for i in need)):
+                with _SavedWeights([self.pieces[i] for i in need], self.name):
+                    out = self._call(call, mod, args, kwargs)
+            else:
+                out = self._call(call, mod, args, kwargs)
+        finally:
+            for idx in need:
+                if idx in self.held and not self.bw_ref.get(idx) and idx not in self.loose:
+                    self._release(idx)
+        if start >= 0:
+            _track(h, start, out, self.release_loose, self.index, _leaf_inputs(args, kwargs))
+        return out

@@ -32,7 +32,7 @@ import importlib
 import json
 import os
 import tempfile
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 from torch import nn
@@ -486,16 +486,23 @@ def copy_bytes(groups: Dict[str, List[int]], quant: Dict[int, List[Tuple[torch.T
 # --- writing an image from a module quantized in memory --------------------------------
 def _tensors_of(module: nn.Module) -> Dict[str, torch.Tensor]:
     """Every parameter and persistent buffer of ``module`` by name (the names attach
-    matches: tensor subclasses as they are, not as a library's state_dict flattens them)."""
-    from ._attach import _image_name, _persistent
+    matches: tensor subclasses as they are, not as a library's state_dict flattens them).
+    Names that share one tensor (tied weights) are stored once, under the first name,
+    as Hugging Face checkpoints store them (attach binds the others to it)."""
+    from ._attach import _image_name
+
+    def persistent(name: str) -> bool:
+        owner_name, _, leaf = name.rpartition(".")
+        owner = module.get_submodule(owner_name) if owner_name else module
+        return leaf not in owner._non_persistent_buffers_set
 
     out: Dict[str, torch.Tensor] = {}
-    seen: Dict[int, str] = {}
+    seen: Set[int] = set()
     for full, t in list(module.named_parameters(remove_duplicate=False)) + [
-            (n, b) for n, b in module.named_buffers(remove_duplicate=False) if _persistent(module, n)]:
+            (n, b) for n, b in module.named_buffers(remove_duplicate=False) if persistent(n)]:
         if id(t) in seen:
-            raise Error("USAGE", f"save_image: '{full}' shares its tensor with '{seen[id(t)]}' (tied weights)")
-        seen[id(t)] = full
+            continue
+        seen.add(id(t))
         out[_image_name(full)] = t
     return out
 

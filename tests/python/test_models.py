@@ -1,0 +1,733 @@
+"""Any model: families of diffusers and transformers, each at a tiny random
+config, saved the way each library saves it (save_pretrained), converted with
+the default `arena convert` (blocks found from the checkpoint's structure, no
+--block-pattern), attached built on the meta device and materialized, with
+blocks streamed on the simulator: outputs and LoRA gradients equal the plain
+model's bit for bit, training with each model's own checkpointing (around the
+block, inside it, inside the layer's forward; non-reentrant and reentrant).
+Then a tiny FluxPipeline (T5, CLIP, transformer, VAE) from its folder, one
+image, one arena under one budget smaller than the pipeline: the plain
+pipeline's image bit for bit.
+
+Runs on CPU (the simulated device's memory is host memory): usage as
+tests/python/test_torch.py (tests/python/run_torch.sh runs both).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # (save_pretrained's shards bar)
+import functools
+import json
+import logging
+import shutil
+import subprocess
+import tempfile
+import time
+import unittest
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import diffusers
+import transformers as tf
+from peft import LoraConfig, inject_adapter_in_model
+
+import arena
+import arena.torch as at
+
+for name in ("diffusers", "transformers"):
+    logging.getLogger(name).setLevel(logging.ERROR)
+tf.logging.set_verbosity_error()
+tf.utils.logging.disable_progress_bar()
+diffusers.utils.logging.set_verbosity_error()
+diffusers.utils.logging.disable_progress_bar()
+
+FIX = os.environ.get("ARENA_FIXTURES_DIR", "fixtures")
+ARENA_BIN = os.environ.get("ARENA_BIN", "build/arena")
+TMP = tempfile.mkdtemp(prefix="arena-models-")
+atexit.register(shutil.rmtree, TMP, ignore_errors=True)
+BF16 = torch.bfloat16
+
+
+def rn(seed: int, *shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(BF16)
+
+
+# --- the families ------------------------------------------------------------------------
+
+class Family:
+    """A model family at a tiny config: build() (random weights), inputs(seed), out(result)."""
+
+    lora = ["to_q", "to_k", "to_v", "to_out.0"]  # diffusers' attention
+    checkpointing = "around the block"
+
+    def build(self) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def inputs(self, seed: int) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def out(self, o: Any) -> torch.Tensor:
+        return o.sample
+
+    def enable_checkpointing(self, m: torch.nn.Module, reentrant: bool = False) -> None:
+        if reentrant:
+            def func(module: Any, *args: Any) -> Any:
+                return torch.utils.checkpoint.checkpoint(module.__call__, *args, use_reentrant=True)
+
+            m.enable_gradient_checkpointing(func)
+        else:
+            m.enable_gradient_checkpointing()
+
+
+class Flux(Family):
+    def build(self):
+        cfg = json.load(open(os.path.join(FIX, "tiny_flux.json")))["config"]
+        return diffusers.FluxTransformer2DModel(**cfg)
+
+    def inputs(self, s):
+        return dict(hidden_states=rn(s, 1, 16, 16), encoder_hidden_states=rn(s + 1, 1, 8, 32),
+                    pooled_projections=rn(s + 2, 1, 16), timestep=torch.tensor([0.5]), img_ids=torch.zeros(16, 3),
+                    txt_ids=torch.zeros(8, 3), guidance=torch.tensor([3.5]))
+
+
+class SD3(Family):
+    def build(self):
+        return diffusers.SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=5,
+                                               attention_head_dim=8, num_attention_heads=2, joint_attention_dim=16,
+                                               caption_projection_dim=16, pooled_projection_dim=16, out_channels=4,
+                                               pos_embed_max_size=8)
+
+    def inputs(self, s):
+        return dict(hidden_states=rn(s, 1, 4, 8, 8), encoder_hidden_states=rn(s + 1, 1, 6, 16),
+                    pooled_projections=rn(s + 2, 1, 16), timestep=torch.tensor([500.0]))
+
+
+class UNet(Family):
+    checkpointing = "inside the blocks (their resnets and transformers)"
+
+    def build(self):
+        return diffusers.UNet2DConditionModel(
+            sample_size=16, in_channels=4, out_channels=4, block_out_channels=(32, 32, 64), layers_per_block=2,
+            down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
+            up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=16,
+            attention_head_dim=8, norm_num_groups=8)
+
+    def inputs(self, s):
+        return dict(sample=rn(s, 1, 4, 16, 16), timestep=torch.tensor([500.0]),
+                    encoder_hidden_states=rn(s + 1, 1, 6, 16))
+
+
+class Wan(Family):
+    def build(self):
+        return diffusers.WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8,
+                                               in_channels=4, out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32,
+                                               num_layers=5, rope_max_seq_len=32)
+
+    def inputs(self, s):
+        return dict(hidden_states=rn(s, 1, 4, 2, 8, 8), timestep=torch.tensor([500]),
+                    encoder_hidden_states=rn(s + 1, 1, 6, 16))
+
+
+class HunyuanVideo(Family):
+    """Its token refiner's blocks run before the transformer blocks; the image orders them after."""
+
+    def build(self):
+        return diffusers.HunyuanVideoTransformer3DModel(
+            in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=2,
+            num_single_layers=2, num_refiner_layers=2, patch_size=1, patch_size_t=1, text_embed_dim=16,
+            pooled_projection_dim=8, rope_axes_dim=(2, 2, 4), guidance_embeds=True)
+
+    def inputs(self, s):
+        return dict(hidden_states=rn(s, 1, 4, 1, 8, 8), timestep=torch.tensor([500]),
+                    encoder_hidden_states=rn(s + 1, 1, 6, 16), encoder_attention_mask=torch.ones(1, 6, dtype=torch.bool),
+                    pooled_projections=rn(s + 2, 1, 8), guidance=torch.tensor([3500.0]))
+
+
+class LTX(Family):
+    def build(self):
+        return diffusers.LTXVideoTransformer3DModel(in_channels=8, out_channels=8, num_attention_heads=2,
+                                                    attention_head_dim=8, cross_attention_dim=16, num_layers=5,
+                                                    caption_channels=16)
+
+    def inputs(self, s):
+        return dict(hidden_states=rn(s, 1, 32, 8), encoder_hidden_states=rn(s + 1, 1, 6, 16), timestep=torch.tensor([500]),
+                    encoder_attention_mask=torch.ones(1, 6, dtype=torch.bool), num_frames=2, height=4, width=4)
+
+
+class CogVideoX(Family):
+    def build(self):
+        return diffusers.CogVideoXTransformer3DModel(num_attention_heads=2, attention_head_dim=8, in_channels=4,
+                                                     out_channels=4, time_embed_dim=8, text_embed_dim=16, num_layers=5,
+                                                     sample_width=8, sample_height=8, sample_frames=9, patch_size=2,
+                                                     max_text_seq_length=6)
+
+    def inputs(self, s):
+        return dict(hidden_states=rn(s, 1, 3, 4, 8, 8), encoder_hidden_states=rn(s + 1, 1, 6, 16),
+                    timestep=torch.tensor([500]))
+
+
+class PixArt(Family):
+    def build(self):
+        return diffusers.PixArtTransformer2DModel(num_attention_heads=2, attention_head_dim=8, in_channels=4,
+                                                  out_channels=8, num_layers=5, cross_attention_dim=16, sample_size=8,
+                                                  patch_size=2, caption_channels=16)
+
+    def inputs(self, s):
+        return dict(hidden_states=rn(s, 1, 4, 8, 8), encoder_hidden_states=rn(s + 1, 1, 6, 16),
+                    timestep=torch.tensor([500]), added_cond_kwargs={"resolution": None, "aspect_ratio": None})
+
+
+class AutoencoderKL(Family):
+    lora = ["to_q", "to_k", "to_v", "conv1"]
+
+    def build(self):
+        return diffusers.AutoencoderKL(block_out_channels=(32, 64), down_block_types=("DownEncoderBlock2D",) * 2,
+                                       up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4,
+                                       norm_num_groups=8, layers_per_block=1)
+
+    def inputs(self, s):
+        return dict(sample=rn(s, 1, 3, 16, 16))
+
+
+class T5Encoder(Family):
+    """Its tied shared/encoder.embed_tokens; block 0 alone holds the relative attention bias."""
+
+    lora = ["q", "k", "v", "o"]
+    checkpointing = "inside the layer's forward (transformers)"
+
+    def build(self):
+        return tf.T5EncoderModel(tf.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=5, num_heads=4,
+                                             relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                                             dropout_rate=0.0))
+
+    def inputs(self, s):
+        return dict(input_ids=torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(s)))
+
+    def out(self, o):
+        return o.last_hidden_state
+
+    def enable_checkpointing(self, m, reentrant=False):
+        m.activation_checkpointing_enable({"use_reentrant": reentrant})
+
+
+class CLIPText(T5Encoder):
+    """Its position ids: a buffer the model computes."""
+
+    lora = ["q_proj", "k_proj", "v_proj", "out_proj"]
+
+    def build(self):
+        return tf.CLIPTextModel(tf.CLIPTextConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                                  num_hidden_layers=5, num_attention_heads=4, max_position_embeddings=16,
+                                                  projection_dim=16, bos_token_id=0, eos_token_id=1, pad_token_id=1))
+
+
+class Llama(T5Encoder):
+    """Its rotary inv_freq: a buffer the model computes."""
+
+    lora = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+    def build(self):
+        return tf.LlamaForCausalLM(tf.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                                  num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=2,
+                                                  max_position_embeddings=64))
+
+    def out(self, o):
+        return o.logits
+
+
+class Qwen2(Llama):
+    """Its LM head tied to the embeddings."""
+
+    def build(self):
+        return tf.Qwen2ForCausalLM(tf.Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                                  num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=2,
+                                                  max_position_embeddings=64, tie_word_embeddings=True))
+
+
+ZOO: Dict[str, Family] = dict(flux=Flux(), sd3=SD3(), unet=UNet(), wan=Wan(), hunyuan=HunyuanVideo(), ltx=LTX(),
+                              cogvideox=CogVideoX(), pixart=PixArt(), vae=AutoencoderKL(), t5=T5Encoder(),
+                              clip=CLIPText(), llama=Llama(), qwen2=Qwen2())
+
+
+def make(name: str, meta: bool, seed: int = 0) -> torch.nn.Module:
+    """The family's model in bf16, frozen, in eval mode: on meta, or materialized with
+    the random weights of ``seed`` (0: those of the image)."""
+    fam = ZOO[name]
+    if meta:
+        with torch.device("meta"):
+            m = fam.build()
+    else:
+        torch.manual_seed(seed)
+        m = fam.build()
+    m = m.to(BF16)
+    m.requires_grad_(False)
+    return m.eval()
+
+
+_images: Dict[str, str] = {}
+
+
+def image(name: str) -> str:
+    """The family's model (seed 0) saved by its library and converted, once."""
+    if name not in _images:
+        d = os.path.join(TMP, name)
+        make(name, meta=False).save_pretrained(d)
+        path = d + ".arena"
+        subprocess.run([ARENA_BIN, "convert", "-q", d, "-o", path], check=True)
+        _images[name] = path
+    return _images[name]
+
+
+def streaming(path: str, mode: str = "sample", piece: Optional[str] = None, **extra: Any) -> Dict[str, Any]:
+    """Options that stream on the simulator: a device as small as the smallest plan
+    (in whole blocks, or in pieces of ``piece``) allows."""
+    base = dict(device="sim", headroom=0, reserve=0, keep_last=0, piece_size=piece or 0, **extra)
+    key = (path, mode, piece, tuple(sorted(extra.items())))
+    if key not in _floors:
+        lo, hi = 0, os.path.getsize(path)  # opens at hi (everything resident), not at lo
+        while hi - lo > 1024:
+            mid = (lo + hi) // 2
+            try:
+                arena.open(path, mode=mode, sim_capacity=mid, **base).close()
+                hi = mid
+            except arena.Error as e:
+                if e.code != "BUDGET":
+                    raise
+                lo = mid
+        _floors[key] = hi
+    return dict(base, sim_capacity=_floors[key])
+
+
+_floors: Dict[Any, int] = {}
+
+
+LORA_SEED = 1
+
+
+def add_lora(m: torch.nn.Module, targets: Any) -> None:
+    """LoRA adapters on ``targets`` (peft's target_modules), seeded: the same in every model."""
+    torch.manual_seed(LORA_SEED)
+    inject_adapter_in_model(LoraConfig(r=4, lora_alpha=4, target_modules=targets, init_lora_weights="gaussian"), m)
+    torch.manual_seed(LORA_SEED + 1)
+    for n, p in m.named_parameters():
+        if "lora_" in n:
+            p.data = p.data.to(BF16)
+            if "lora_B" in n:
+                torch.nn.init.normal_(p, std=0.02)
+
+
+def lora_params(m: torch.nn.Module) -> Dict[str, torch.nn.Parameter]:
+    return {n: p for n, p in m.named_parameters() if "lora_" in n}
+
+
+def train_steps(name: str, m: torch.nn.Module, steps: int = 2, reentrant: bool = False,
+                checkpointing: bool = True) -> Tuple[List[float], Dict[str, torch.Tensor], Dict[str, torch.Tensor]]:
+    """LoRA steps with the model's own checkpointing and AdamW: (losses, the last
+    step's gradients, the adapters after)."""
+    fam = ZOO[name]
+    if checkpointing:
+        fam.enable_checkpointing(m, reentrant)
+    m.train()
+    ps = lora_params(m)
+    opt = torch.optim.AdamW(ps.values(), lr=1e-3)
+    losses: List[float] = []
+    grads: Dict[str, torch.Tensor] = {}
+    for s in range(steps):
+        opt.zero_grad(set_to_none=True)
+        x = fam.inputs(s)
+        if reentrant:  # (a reentrant checkpoint's output needs a gradient only if an input does)
+            for k in ("hidden_states", "sample"):
+                if k in x:
+                    x[k].requires_grad_(True)
+        loss = fam.out(m(**x)).float().square().mean()
+        loss.backward()
+        losses.append(loss.item())
+        grads = {n: p.grad.clone() for n, p in ps.items()}
+        opt.step()
+    return losses, grads, {n: p.detach().clone() for n, p in ps.items()}
+
+
+def differ(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> List[str]:
+    assert a.keys() == b.keys(), (sorted(a)[:3], sorted(b)[:3])
+    return [k for k in a if not torch.equal(a[k], b[k])]
+
+
+def streamed(tc: unittest.TestCase, h: at.Handle) -> None:
+    h.end_step()
+    tc.assertGreater(h.plan()["n_streamed"], 0, "blocks streamed")
+    tc.assertGreater(sum(r["streamed_bytes"] for r in h.stats()), 0)
+
+
+class Models(unittest.TestCase):
+    """Every family, sampling and LoRA training, streamed (tests added below, two per family)."""
+
+    def sampling(self, name: str) -> None:
+        fam, path = ZOO[name], image(name)
+        plain = make(name, meta=False)
+        with torch.no_grad():
+            want = [fam.out(plain(**fam.inputs(s))) for s in (0, 1)]
+        for meta in (True, False):
+            with self.subTest(meta=meta):
+                m = make(name, meta=meta, seed=7)  # materialized: other weights, replaced by the image's
+                h = at.attach(m, path, **streaming(path))
+                with torch.no_grad():
+                    for _ in range(2):
+                        for s, w in zip((0, 1), want):
+                            self.assertTrue(torch.equal(fam.out(m(**fam.inputs(s))), w), f"input {s}")
+                streamed(self, h)
+                h.detach()
+
+    def training(self, name: str) -> None:
+        fam, path = ZOO[name], image(name)
+        plain = make(name, meta=False)
+        add_lora(plain, fam.lora)
+        want = train_steps(name, plain)
+        for meta, piece in ((True, None), (False, "4K")):
+            with self.subTest(meta=meta, piece=piece):
+                m = make(name, meta=meta, seed=7)
+                if not meta:
+                    add_lora(m, fam.lora)  # before attach: peft's base_layer names map to the image's
+                # (in pieces, a ring of more slots than a block's pieces: a recompute holds them
+                # all, acquired in the modules' order, which the ring's first-in-first-out places
+                # with gaps between them)
+                h = at.attach(m, path, mode="train", **streaming(path, "train", piece, depth=10 if piece else 2))
+                if meta:
+                    add_lora(m, fam.lora)
+                got = train_steps(name, m)
+                self.assertEqual(got[0], want[0], "losses")
+                self.assertEqual(differ(got[1], want[1]), [], f"gradients ({fam.checkpointing})")
+                self.assertEqual(differ(got[2], want[2]), [], "adapters after the steps")
+                streamed(self, h)
+                h.detach()
+
+
+def _add(name: str) -> None:
+    def s(self: Models) -> None:
+        self.sampling(name)
+
+    def t(self: Models) -> None:
+        self.training(name)
+
+    s.__doc__ = f"{type(ZOO[name]).__name__}: sampling, meta-built and materialized, streamed."
+    t.__doc__ = f"{type(ZOO[name]).__name__}: LoRA training with its checkpointing, whole blocks and pieces."
+    setattr(Models, f"test_{name}_sampling", s)
+    setattr(Models, f"test_{name}_training", t)
+
+
+for _n in ZOO:
+    _add(_n)
+
+
+class Checkpointing(unittest.TestCase):
+    """Reentrant checkpointing: around the block (diffusers' Flux with a reentrant
+    function), inside the blocks (the UNet's resnets and transformers), inside the
+    layer's forward (transformers' Llama, T5): LoRA gradients bit for bit, streamed."""
+
+    def reentrant(self, name: str) -> None:
+        fam, path = ZOO[name], image(name)
+        plain = make(name, meta=False)
+        add_lora(plain, fam.lora)
+        want = train_steps(name, plain, reentrant=True)
+        for piece in (None, "4K"):
+            with self.subTest(piece=piece):
+                m = make(name, meta=True)
+                h = at.attach(m, path, mode="train", **streaming(path, "train", piece, depth=10 if piece else 2))
+                add_lora(m, fam.lora)
+                got = train_steps(name, m, reentrant=True)
+                self.assertEqual(got[0], want[0])
+                self.assertEqual(differ(got[1], want[1]), [])
+                streamed(self, h)
+                h.detach()
+
+    def test_flux_around_the_block(self):
+        self.reentrant("flux")
+
+    def test_unet_inside_the_blocks(self):
+        self.reentrant("unet")
+
+    def test_llama_inside_the_layers(self):
+        self.reentrant("llama")
+
+    def test_t5_inside_the_layers(self):
+        self.reentrant("t5")
+
+    def test_without_checkpointing(self):
+        """No checkpointing: the weights each block's forward saves come back in its backward."""
+        for name in ("unet", "llama"):
+            fam, path = ZOO[name], image(name)
+            plain = make(name, meta=False)
+            add_lora(plain, fam.lora)
+            want = train_steps(name, plain, checkpointing=False)
+            with self.subTest(name=name):
+                m = make(name, meta=True)
+                h = at.attach(m, path, mode="train", **streaming(path, "train", None, depth=2))
+                add_lora(m, fam.lora)
+                got = train_steps(name, m, checkpointing=False)
+                self.assertEqual(differ(got[1], want[1]), [])
+                streamed(self, h)
+                h.detach()
+
+
+class Order(unittest.TestCase):
+    def test_image_order_is_not_the_call_order(self):
+        """HunyuanVideo's token refiner runs before its transformer blocks; the image
+        orders its blocks after them. attach takes the order from the module (the
+        order its modules are made in): the engine prefetches by it from the first
+        step, which misses nothing."""
+        fam, path = ZOO["hunyuan"], image("hunyuan")
+        with arena.open(path, device="sim") as a:
+            names = [b.name for b in a.blocks]
+        self.assertLess(names.index("transformer_blocks.0"), names.index("context_embedder.token_refiner.refiner_blocks.0"))
+        m = make("hunyuan", meta=True)
+        h = at.attach(m, path, learn=False, **streaming(path))
+        sched = [names[i] for i in h.arena.schedule()]
+        self.assertEqual(sched[:2], ["context_embedder.token_refiner.refiner_blocks.0",
+                                     "context_embedder.token_refiner.refiner_blocks.1"])
+        self.assertEqual(sorted(sched), sorted(names[1:]))
+        plain = make("hunyuan", meta=False)
+        with torch.no_grad():
+            want = fam.out(plain(**fam.inputs(0)))
+            for _ in range(3):
+                self.assertTrue(torch.equal(fam.out(m(**fam.inputs(0))), want))
+        h.end_step()
+        self.assertEqual([r["misses"] for r in h.stats()], [0, 0, 0])
+        self.assertEqual([names[i] for i in h.arena.schedule()], sched, "the order run is the module's")
+        h.detach()
+        # an order given that is not the order run: the first step misses, the
+        # order run is learned and later steps prefetch by it
+        m = make("hunyuan", meta=True)
+        h = at.attach(m, path, learn=False, **streaming(path))
+        h.arena.set_schedule(list(range(1, len(names))))  # the image's order
+        with torch.no_grad():
+            for _ in range(3):
+                self.assertTrue(torch.equal(fam.out(m(**fam.inputs(0))), want))
+        h.end_step()
+        st = h.stats()
+        self.assertGreater(st[0]["misses"], 0)
+        self.assertTrue(st[0]["schedule_learned"])
+        self.assertEqual([r["misses"] for r in st[1:]], [0, 0])
+        with self.assertRaises(arena.Error) as cm:
+            h.arena.set_schedule([0])
+        self.assertIn("the globals block", cm.exception.message)
+        h.detach()
+
+
+class PlainTorch(unittest.TestCase):
+    """A model of plain torch modules: blocks that are lists never called themselves
+    (each of their layers called by the model), an output layer tied to the
+    embedding, a buffer computed in __init__."""
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(16, 32)
+            self.stages = torch.nn.ModuleList(
+                [torch.nn.ModuleList([torch.nn.Linear(32, 32), torch.nn.LayerNorm(32), torch.nn.Linear(32, 32)])
+                 for _ in range(5)])
+            self.head = torch.nn.Linear(32, 16, bias=False)
+            self.head.weight = self.embed.weight
+            self.register_buffer("scale", torch.linspace(0.5, 1.5, 32), persistent=False)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            x = self.embed(ids) * self.scale
+            for up, norm, down in self.stages:
+                x = x + down(torch.nn.functional.gelu(up(norm(x))))
+            return self.head(x)
+
+    @classmethod
+    def make(cls, meta: bool, seed: int = 0) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        with torch.device("meta" if meta else "cpu"):
+            m = cls.Model()
+        return m.to(BF16).requires_grad_(False)
+
+    @classmethod
+    def setUpClass(cls):
+        from safetensors.torch import save_model
+
+        plain = cls.make(meta=False)
+        src = os.path.join(TMP, "plain.safetensors")
+        save_model(plain, src)  # one name of the tied pair
+        cls.path = os.path.join(TMP, "plain.arena")
+        subprocess.run([ARENA_BIN, "convert", "-q", src, "-o", cls.path], check=True)
+        cls.ids = torch.randint(0, 16, (2, 8), generator=torch.Generator().manual_seed(3))
+        with torch.no_grad():
+            cls.want = plain(cls.ids)
+
+    def test_sampling_and_training(self):
+        m = self.make(meta=False, seed=7)
+        h = at.attach(m, self.path, **streaming(self.path))
+        self.assertEqual([b.name for b in h.arena.blocks[1:]], [f"stages.{i}" for i in range(5)])
+        self.assertIs(m.head.weight, m.embed.weight, "one copy for both names")
+        with torch.no_grad():
+            for _ in range(2):
+                self.assertTrue(torch.equal(m(self.ids), self.want))
+        streamed(self, h)
+        h.detach()
+        # training adapters of the layers, no checkpointing
+        plain = self.make(meta=False)
+        add_lora(plain, r"stages\.\d\.[02]")
+        m = self.make(meta=False, seed=7)
+        add_lora(m, r"stages\.\d\.[02]")
+        h = at.attach(m, self.path, mode="train", **streaming(self.path, "train", None, depth=2))
+
+        def steps(model: torch.nn.Module) -> Tuple[List[float], Dict[str, torch.Tensor]]:
+            ps = lora_params(model)
+            losses = []
+            for s in range(2):
+                for p in ps.values():
+                    p.grad = None
+                loss = model(self.ids + s).float().square().mean()
+                loss.backward()
+                losses.append(loss.item())
+            return losses, {n: p.grad.clone() for n, p in ps.items()}
+
+        want = steps(plain)
+        got = steps(m)
+        self.assertEqual(got[0], want[0])
+        self.assertEqual(differ(got[1], want[1]), [])
+        streamed(self, h)
+        h.detach()
+
+    def test_a_buffer_on_meta_it_cannot_compute(self):
+        m = self.make(meta=True)
+        with self.assertRaises(arena.Error) as cm:
+            at.attach(m, self.path, device="sim")
+        msg = cm.exception.message
+        self.assertIn("'scale' is a buffer the model computes", msg)
+        self.assertIn("no module above it is built from a config alone", msg)
+        self.assertIn("accelerate.init_empty_weights()", msg)
+        m.scale = torch.linspace(0.5, 1.5, 32).to(BF16)  # set before attach: then it runs
+        h = at.attach(m, self.path, device="sim")
+        with torch.no_grad():
+            self.assertTrue(torch.equal(m(self.ids), self.want))
+        h.detach()
+
+
+# --- a whole pipeline under one budget ----------------------------------------------------
+
+def word_tokenizer(max_length: int) -> Any:
+    """A tokenizer of a few words (the pipeline calls it as any tokenizer; no files needed)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[PAD]": 0, "[UNK]": 1, "</s>": 2}
+    for i, w in enumerate("a photo of cat dog red blue on the mat".split()):
+        vocab[w] = 3 + i
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tf.PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]", eos_token="</s>",
+                                      model_max_length=max_length)
+
+
+def flux_pipeline(meta: bool, seed: int = 0) -> Any:
+    """A tiny FluxPipeline: CLIP (4 layers), T5 (4 blocks), the transformer of
+    fixtures/tiny_flux.json, a VAE (latents of 4 channels: the transformer's 16 packed
+    2 x 2), in bf16, on meta or with the random weights of ``seed``."""
+    cfg = json.load(open(os.path.join(FIX, "tiny_flux.json")))["config"]
+    ctx = torch.device("meta") if meta else torch.device("cpu")
+    torch.manual_seed(seed)
+    with ctx:
+        transformer = diffusers.FluxTransformer2DModel(**cfg)
+        vae = diffusers.AutoencoderKL(block_out_channels=(32, 64), down_block_types=("DownEncoderBlock2D",) * 2,
+                                      up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4, norm_num_groups=8,
+                                      layers_per_block=1, shift_factor=0.0)
+        clip = tf.CLIPTextModel(tf.CLIPTextConfig(vocab_size=1000, hidden_size=16, intermediate_size=32,
+                                                  num_hidden_layers=4, num_attention_heads=2,
+                                                  max_position_embeddings=77, projection_dim=16))
+        t5 = tf.T5EncoderModel(tf.T5Config(vocab_size=1000, d_model=32, d_kv=8, d_ff=64, num_layers=4, num_heads=4,
+                                           relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                                           dropout_rate=0.0))
+    for m in (transformer, vae, clip, t5):
+        m.to(BF16).requires_grad_(False).eval()
+    pipe = diffusers.FluxPipeline(scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=clip,
+                                  tokenizer=word_tokenizer(77), text_encoder_2=t5, tokenizer_2=word_tokenizer(16),
+                                  transformer=transformer)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def generate(pipe: Any, prompt: str, seed: int) -> torch.Tensor:
+    with torch.no_grad():
+        return pipe(prompt, height=32, width=32, num_inference_steps=3, max_sequence_length=16, output_type="pt",
+                    generator=torch.Generator().manual_seed(seed)).images
+
+
+class Pipeline(unittest.TestCase):
+    """A FluxPipeline's folder (save_pretrained: model_index.json, a folder per
+    component) converted in one command into one image; its T5, CLIP, transformer
+    and VAE attached to one arena whose device holds less than the pipeline: the
+    plain pipeline's images bit for bit, each component's call a step."""
+
+    @classmethod
+    def setUpClass(cls):
+        plain = flux_pipeline(meta=False)
+        cls.want = [generate(plain, "a photo of a cat", 0), generate(plain, "a red dog on the mat", 1)]
+        d = os.path.join(TMP, "flux_pipeline")
+        plain.save_pretrained(d)
+        cls.path = d + ".arena"
+        subprocess.run([ARENA_BIN, "convert", "-q", d, "-o", cls.path], check=True)
+
+    def test_one_image_of_the_components(self):
+        with arena.open(self.path, device="sim") as a:
+            firsts = {n.split(".", 1)[0] for n in a.tensor_names()}
+            self.assertEqual(firsts, {"text_encoder", "text_encoder_2", "transformer", "vae"})
+            containers = [b.container for b in a.blocks if b.container]
+            for want in ("text_encoder.encoder.layers", "text_encoder_2.encoder.block",
+                         "transformer.transformer_blocks", "transformer.single_transformer_blocks",
+                         "vae.decoder.up_blocks", "vae.decoder.mid_block"):
+                self.assertIn(want, containers)
+
+    def test_under_one_budget(self):
+        total = os.path.getsize(self.path)
+        for meta in (True, False):
+            with self.subTest(meta=meta):
+                pipe = flux_pipeline(meta=meta, seed=7)
+                opts = streaming(self.path)
+                h = at.attach(pipe, self.path, **opts)
+                self.assertLess(opts["sim_capacity"], total, "the device holds less than the pipeline")
+                got = [generate(pipe, "a photo of a cat", 0), generate(pipe, "a red dog on the mat", 1)]
+                for g, w in zip(got, self.want):
+                    self.assertTrue(torch.equal(g, w))
+                h.end_step()
+                st = h.stats()
+                # a step per component call: CLIP, T5, 3 denoising steps, the VAE decode; twice
+                self.assertEqual(len(st), 12, [r["acquires"] for r in st])
+                # each component's order is kept and set before its next call: the
+                # second image misses nothing (the first VAE decode ran blocks of the
+                # decoder only, whose order the VAE module could not say)
+                self.assertEqual([r["misses"] for r in st[:5]], [0] * 5)
+                self.assertEqual([r["misses"] for r in st[6:]], [0] * 6)
+                self.assertGreater(sum(r["streamed_bytes"] for r in st), 0)
+                self.assertGreater(h.plan()["n_streamed"], 0)
+                for comp, m in pipe.components.items():
+                    if isinstance(m, torch.nn.Module):
+                        self.assertIs(getattr(m, "_arena_handle")(), h, comp)
+                h.detach()
+                self.assertFalse(hasattr(pipe.transformer, "_arena_handle"))
+
+    def test_a_component_missing(self):
+        pipe = flux_pipeline(meta=True)
+        pipe.vae = None
+        with self.assertRaises(arena.Error) as cm:
+            at.attach(pipe, self.path, device="sim")
+        self.assertIn("the image's component 'vae' has no module in the pipeline", cm.exception.message)
+        self.assertEqual({p.device.type for p in pipe.transformer.parameters()}, {"meta"}, "nothing bound")
+        # a dict of modules; one the image does not hold, on meta, could not run
+        comps = dict(flux_pipeline(meta=True).components)
+        with torch.device("meta"):
+            comps["image_encoder"] = torch.nn.Linear(4, 4)
+        with self.assertRaises(arena.Error) as cm:
+            at.attach(comps, self.path, device="sim")
+        self.assertIn("component 'image_encoder' is on the meta device and the image holds none of it",
+                      cm.exception.message)
+        comps["image_encoder"] = torch.nn.Linear(4, 4)  # materialized: it runs as it is
+        h = at.attach(comps, self.path, device="sim")
+        self.assertEqual(len(h._roots), 4)
+        h.detach()
+
+
+if __name__ == "__main__":
+    unittest.main()
