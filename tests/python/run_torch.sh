@@ -29,7 +29,7 @@ lean=1
 for l in $TOOLKIT_LIBS; do
 	/sbin/ldconfig -p 2>/dev/null | grep -q "^[[:space:]]*$l " || lean=0
 done
-IMPORTS="import torch, diffusers, transformers, tokenizers, peft, safetensors, numpy, ml_dtypes, mypy"
+IMPORTS="import torch, diffusers, transformers, tokenizers, peft, safetensors, numpy, ml_dtypes, mypy, torchao, optimum.quanto"
 install() {
 	python3 -m venv "$V" || return 1
 	if [ $lean = 1 ]; then

@@ -1280,14 +1280,6 @@ class Quantized(unittest.TestCase):
             self.assertIn(f"'{w}' is stored none: view its bytes instead", cm.exception.message)
 
 
-def _have(mod: str) -> bool:
-    try:
-        __import__(mod)
-        return True
-    except Exception:
-        return False
-
-
 def _in_blocks(fqn: str) -> bool:
     return "transformer_blocks" in fqn
 
@@ -1328,7 +1320,6 @@ def quantize(m, how: str):
     return m
 
 
-@unittest.skipUnless(_have("torchao") and _have("optimum.quanto"), "torchao and optimum-quanto are not installed")
 class Subclasses(unittest.TestCase):
     """Models quantized by torchao and optimum-quanto: their weights are tensor subclasses
     whose inner tensors arena stores (scheme torch-subclass) and binds zero copy. Attached
