@@ -407,12 +407,15 @@ static int place(void *ctx, const arena_layout *l, uint64_t stage, const uint64_
 
 /* piece_size ARENA_PIECE_AUTO: what the image's whole-block layout needs
  * under the budget the device gives now (arena_residency_piece_auto). With
- * the rest's need to be learned (learn_rest), that budget is half of what
- * there is: sampling keeps whole blocks only when they all fit in it (then
- * they are all resident from the first step: engine.h's safe plan), training
- * when their floor does (Flux at 1024x1024: 8 GiB and up; at 6 GiB the
- * whole-block ring of 2.6 GiB would leave torch too little for its 2.6 GiB
- * of activations); pieces otherwise, whose floor leaves the rest far more. */
+ * the rest's need to be learned (learn_rest), that budget is a share of what
+ * there is: sampling keeps whole blocks only when they all fit in half of it
+ * (then they are all resident from the first step: engine.h's safe plan);
+ * training when their floor fits in two fifths, leaving torch three: on the
+ * H200 (2026-12-03, FLUX.1-dev, 1024x1024, LoRA) the whole-block floor is
+ * 2.63 GiB and torch's checkpointed step held 2.60 GiB, so at vram 6G whole
+ * blocks (half of the 5.3 GiB there is) peaked at 6.04 GiB over budget,
+ * where 8G (whole blocks, 7.74 GiB) and pieces below it fit. Pieces
+ * otherwise, whose floor leaves the rest far more. */
 static int auto_piece(arena *a, const char *path, uint64_t *piece)
 {
 	*piece = 0;
@@ -428,7 +431,7 @@ static int auto_piece(arena *a, const char *path, uint64_t *piece)
 			q.reserve = 0;
 		arena_residency_budget(total, free_b, &q, &budget, &headroom, &reserve);
 		if (q.learn_rest)
-			budget /= 2;
+			budget = q.mode == ARENA_MODE_TRAIN ? budget / 5 * 2 : budget / 2;
 		rc = arena_residency_piece_auto(img->layout, &a->eo, budget, piece);
 	}
 	arena_img_close(img);
