@@ -67,8 +67,8 @@ const char cmd_bench_usage[] =
 	"  --trace FILE        write a timeline of the run's steps (the device's timing of\n"
 	"                      every copy, acquire and release, stalls, demotions,\n"
 	"                      promotions, memory) as Chrome trace-event JSON: open it\n"
-	"                      in https://ui.perfetto.dev (tracks in README.md)\n"
-	"  --json              machine-readable report (schema in README.md)\n"
+	"                      in https://ui.perfetto.dev (tracks in docs/CLI.md)\n"
+	"  --json              machine-readable report (schema in docs/CLI.md)\n"
 	"  -h, --help          this text\n"
 	"\n"
 	CLI_SIZE_HELP

@@ -1,5 +1,5 @@
 /* cmd_bench_report.c - `arena bench stream`'s report: the steady state of a
- * run and its steps, as text or as JSON (schema in README.md; see
+ * run and its steps, as text or as JSON (schema in docs/CLI.md; see
  * cmd_bench.c).
  *
  * The steady state is the steps after the first and after the step after

@@ -23,7 +23,7 @@ const char cmd_inspect_usage[] =
 	"at most 8, say); an invalid file is an error (exit 1).\n"
 	"\n"
 	"options:\n"
-	"  --json     machine-readable output (schema in README.md, 'arena inspect --json')\n"
+	"  --json     machine-readable output (schema in docs/CLI.md, 'arena inspect --json')\n"
 	"  -h, --help this text\n";
 
 static const char *base_name(const char *p)

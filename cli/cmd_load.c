@@ -56,7 +56,7 @@ const char cmd_load_usage[] =
 	"  --no-probe          skip the limit measurements\n"
 	"  -q, --quiet         no progress line (one goes to stderr while loading when\n"
 	"                      it is a terminal)\n"
-	"  --json              machine-readable report (schema in README.md)\n"
+	"  --json              machine-readable report (schema in docs/CLI.md)\n"
 	"  -h, --help          this text\n"
 	"\n"
 	CLI_SIZE_HELP

@@ -40,7 +40,7 @@ const char cmd_plan_usage[] =
 	"                      streamed, globals) as wide as their bytes, the device\n"
 	"                      memory with the ring's slots, and with --profile one\n"
 	"                      step's predicted copies and compute in time (SVG)\n"
-	"  --json              machine-readable plan (schema in README.md)\n"
+	"  --json              machine-readable plan (schema in docs/CLI.md)\n"
 	"  -h, --help          this text\n"
 	"\n"
 	CLI_SIZE_HELP

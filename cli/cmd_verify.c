@@ -18,7 +18,7 @@ const char cmd_verify_usage[] =
 	"are bad; --json lists every bad chunk.\n"
 	"\n"
 	"options:\n"
-	"  --json        machine-readable result (schema in README.md)\n"
+	"  --json        machine-readable result (schema in docs/CLI.md)\n"
 	"  --threads N   reader threads (default: number of CPUs, at most 8)\n"
 	"  -q, --quiet   no progress line (one goes to stderr when it is a terminal)\n"
 	"  -h, --help    this text\n";

@@ -668,7 +668,7 @@ ARENA_API int arena_profile_save(const arena *a, const char *path);
  * promotions, mode switches) with counters of resident, ring and free
  * device bytes. Copies and the caller's work are timed by the device
  * (cuda events; sim markers), so the picture is what the GPU did. The
- * tracks and fields are described in README.md. */
+ * tracks and fields are described in docs/CLI.md. */
 
 /* Start recording a trace, to be written to `path` by arena_trace_end.
  * Between steps. max_events: records kept (a copy, an acquire-release, an
@@ -704,7 +704,7 @@ typedef int (*arena_progress_fn)(void *ctx, uint64_t done, uint64_t total);
 /* Zero-initialize and set what you need; every 0 / NULL is the default (the
  * CLI's defaults are these). */
 typedef struct arena_convert_options {
-	/* Blocks (README.md, "Blocks"): POSIX extended regexes with one capture
+	/* Blocks (docs/CLI.md, "Blocks"): POSIX extended regexes with one capture
 	 * group for the index ("layers\\.([0-9]+)\\."), replacing the built-in
 	 * patterns; and containers in execution order. */
 	const char *const *block_patterns;
@@ -787,7 +787,7 @@ typedef struct arena_verify_info {
 ARENA_API int arena_verify(const char *path, const arena_verify_options *opt, arena_verify_info *info);
 
 /* What the checkpoint or image at `path` holds, as the JSON document `arena
- * inspect --json` prints (schema in README.md): for a safetensors file, an
+ * inspect --json` prints (schema in docs/CLI.md): for a safetensors file, an
  * index or a folder (validated by the rules convert applies), its files,
  * metadata, tensors and totals by dtype; for an arena image (its header,
  * manifest and chunk table checked, not its data: arena_verify), its

@@ -1,5 +1,5 @@
 /* inspect.c - what a checkpoint or image holds, as JSON (inspect.h). The
- * schema is README.md's, "arena inspect --json". */
+ * schema is docs/CLI.md's, "arena inspect --json". */
 #include "inspect.h"
 
 #include <string.h>

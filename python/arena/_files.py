@@ -141,7 +141,7 @@ def convert(
       load) or ``"zstd"`` (``zstd_level`` 1..19; the CPU decodes: for slow disks).
     quant: store selected weights quantized (``"fp8-e4m3-row"``, ``"int8-row"``...,
       docs/QUANT.md); ``quant_include`` / ``quant_exclude``: globs of names.
-    block_patterns, block_order: how tensors group into blocks (README, "Blocks").
+    block_patterns, block_order: how tensors group into blocks (docs/CLI.md, "Blocks").
     chunk_size: checksum chunk, a power of two from 64K to 1G (default 4M).
     progress: None (a tqdm bar when tqdm is installed and stderr is a terminal),
       True (a tqdm bar always), False (nothing), or ``f(done, total)`` in bytes,
@@ -231,7 +231,7 @@ def verify(path: PathLike, *, threads: Optional[int] = None, progress: Progress 
 
 def inspect(path: PathLike) -> Dict[str, Any]:
     """What a checkpoint or image holds, as ``arena inspect --json`` prints it (schema in
-    README.md): ``kind`` ("safetensors" or "arena-image"), tensors, metadata, totals;
+    docs/CLI.md): ``kind`` ("safetensors" or "arena-image"), tensors, metadata, totals;
     for an image also its blocks, layout and coding. Raises :class:`arena.Error`."""
     s = ctypes.c_void_p()
     rc = _native.lib.arena_inspect(os.fsencode(os.fspath(path)), ctypes.byref(s))

@@ -338,7 +338,7 @@ class Handle:
 
     def trace(self, path: str, steps: Optional[int] = None, max_events: int = 0) -> "Trace":
         """Record what the device does, step by step, into ``path``: a Chrome trace-event
-        JSON file (open it in https://ui.perfetto.dev; tracks in README.md): every
+        JSON file (open it in https://ui.perfetto.dev; tracks in docs/CLI.md): every
         block's copy and its work on torch's stream, stalls, step boundaries.
 
         The trace starts between steps (a step in progress is ended first) and is
