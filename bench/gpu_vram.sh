@@ -24,7 +24,8 @@
 # Prints: one JSON line a run appended to OUT/vram.jsonl (torch_flux.py's
 #   record with "name" and vram_peak.py's "nvml" beside it); read it with
 #   python3 bench/vram_summary.py OUT/vram.jsonl (a line a run: step, limit,
-#   ratio, NVML peak against V, first step, set-up).
+#   ratio, NVML peak against V, first step, set-up); each run's last stderr
+#   lines in OUT/vram-errors.txt (two files in OUT, whatever the runs).
 # Run: A=build/arena OUT=dir sh bench/gpu_vram.sh WORKDIR [SET...]
 #   (default SETs: sample floor train pressure) on a machine with an NVIDIA
 #   GPU, a CUDA build, torch and diffusers, the arena package importable
@@ -65,8 +66,9 @@ run() {
 	done
 	shift
 	timeout "${TO:-240}" python3 bench/vram_peak.py $vp -- python3 bench/torch_flux.py "$@" --image "$IMG" \
-		>"$W/run.out" 2>"$OUT/$n.err"
-	python3 - "$n" "$W/run.out" >>"$OUT/vram.jsonl" <<'PY' || { log "failed: $n"; tail -n 3 "$OUT/$n.err" >&2; }
+		>"$W/run.out" 2>"$W/$n.err"
+	python3 - "$n" "$W/run.out" >>"$OUT/vram.jsonl" <<'PY' || { log "failed: $n"; tail -n 3 "$W/$n.err" >&2; }
+	{ echo "== $n"; grep -v 'kept in float32' "$W/$n.err" | tail -n 20; } >>"$OUT/vram-errors.txt"
 import json, sys
 name, path = sys.argv[1], sys.argv[2]
 rec, peak = None, None
