@@ -1,8 +1,9 @@
-/* quant.c - storage schemes: planning, conversion kernels, threads; see quant.h.
+/* quant.c - storage schemes' conversions: fused kernels, amax, threads, runs, ranges, casts; see quant.h.
  *
  * Sections: fused block kernels (over formats/elem.h's element rules), the
  * thread splitter, runs, byte ranges, dequantization, casts,
- * compressed-tensors recognition.
+ * compressed-tensors recognition. The int4 schemes' group kernels and their
+ * drivers are quant_int4.c's (what the two share: quant_int.h).
  *
  * Vectorization: gcc -O2 uses the "very cheap" cost model, which vectorizes a
  * loop only when no scalar epilogue is needed. The kernels therefore work on
@@ -11,7 +12,7 @@
  * elements). Each kernel is a specialization, made by always_inline with a
  * constant source kind and operation, of one loop: load (memcpy from an
  * unaligned byte pointer, widened exactly to f32), operate, store. */
-#include "quant.h"
+#include "quant_int.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -21,54 +22,19 @@
 #include <unistd.h>
 
 #include "../common/err.h"
-#include "../formats/elem.h"
 
 #define E(name) ARENA_E(name)
 
 #define BLK 1024                    /* elements per kernel block */
 #define PIECE ((uint64_t)1 << 20) /* least elements worth a thread (~0.3 ms of work) */
-#define MAX_THREADS 64
-
-#if defined(__GNUC__)
-#define INLINE static inline __attribute__((always_inline))
-#else
-#define INLINE static inline
-#endif
 
 /* The element rules (exact widenings, roundings, bit casts) are
- * formats/elem.h's, always inlined into the kernels below. */
+ * formats/elem.h's, always inlined into the kernels below (loads: quant_int.h's
+ * load). */
 
 /* ---- fused kernels ----------------------------------------------------------- */
 
-/* Source kinds and operations; kernels are specialized on both. */
-enum { SK_BF16, SK_F16, SK_F32, SK_E4M3, SK_E5M2, SK_I8 };
-enum { OP_F32, OP_BF16, OP_F16, OP_E4M3, OP_E5M2, OP_E4M3_SCALED, OP_I8_SCALED, OP_DEQ };
-
-static const unsigned sk_size[] = {2, 2, 4, 1, 1, 1};
 static const unsigned op_size[] = {4, 2, 2, 1, 1, 1, 1, 4};
-
-INLINE float load(int sk, const unsigned char *s, size_t i)
-{
-	uint16_t h;
-	float f;
-	switch (sk) {
-	case SK_BF16:
-		memcpy(&h, s + 2 * i, 2);
-		return arena__bf16_to_f32(h);
-	case SK_F16:
-		memcpy(&h, s + 2 * i, 2);
-		return arena__f16_to_f32(h);
-	case SK_F32:
-		memcpy(&f, s + 4 * i, 4);
-		return f;
-	case SK_E4M3:
-		return arena__e4m3_to_f32(s[i]);
-	case SK_E5M2:
-		return arena__e5m2_to_f32(s[i]);
-	default:
-		return (float)(int8_t)s[i];
-	}
-}
 
 /* The output of `op` for x, as 32 bits: the code in the low bits, or the
  * f32's bits. */
@@ -129,13 +95,6 @@ INLINE void kern(int sk, int op, unsigned char *restrict d, const unsigned char 
 		kern_n(sk, op, d + i * ds, s + i * ss, (size_t)(n - i), scale);
 }
 
-/* convert(sk, op, d, s, n, scale): run kernel (sk, op) over n elements;
- * returns -1 for a pair not built. Made twice: for the baseline ISA and, on
- * x86-64, for AVX2 (chosen at run time, see pick_convert). Both are the same
- * C: integer operations and IEEE f32 operations with no contraction (ISO C
- * mode), so they give the same bits. */
-typedef int (*convert_fn)(int sk, int op, void *d, const void *s, uint64_t n, float scale);
-
 #define ARENA__QUANT_CONVERT(NAME, ATTR)                                                          \
 	ATTR static int NAME(int sk, int op, void *d, const void *s, uint64_t n, float scale)    \
 	{                                                                                         \
@@ -172,16 +131,13 @@ typedef int (*convert_fn)(int sk, int op, void *d, const void *s, uint64_t n, fl
 	K(SK, OP_I8_SCALED)
 
 ARENA__QUANT_CONVERT(convert_base, )
-#if defined(__x86_64__) && defined(__GNUC__)
-#define HAVE_AVX2_KERNELS 1
+#ifdef HAVE_AVX2_KERNELS
 ARENA__QUANT_CONVERT(convert_avx2, __attribute__((target("avx2"))))
 #endif
 #undef K_FLOAT_SRC
 #undef K
 
-/* The kernels for this CPU; ARENA_QUANT_ISA=baseline forces the baseline
- * ones (tests compare both). */
-static convert_fn pick_convert(void)
+convert_fn arena__quant_pick_convert(void)
 {
 #ifdef HAVE_AVX2_KERNELS
 	const char *isa = getenv("ARENA_QUANT_ISA");
@@ -189,6 +145,16 @@ static convert_fn pick_convert(void)
 		return convert_avx2;
 #endif
 	return convert_base;
+}
+
+int arena__quant_is_avx2(convert_fn cv)
+{
+#ifdef HAVE_AVX2_KERNELS
+	return cv == convert_avx2;
+#else
+	(void)cv;
+	return 0;
+#endif
 }
 
 /* amax as the bits of |x|: for non-negative floats the integer order is the
@@ -248,7 +214,7 @@ ARENA__QUANT_AMAX(amax16_base, amax32_base, )
 ARENA__QUANT_AMAX(amax16_avx2, amax32_avx2, __attribute__((target("avx2"))))
 #endif
 
-/* The amax kernels that go with the converters `cv` (pick_convert). */
+/* The amax kernels that go with the converters `cv` (arena__quant_pick_convert). */
 static uint32_t amax16(convert_fn cv, const unsigned char *s, uint64_t n)
 {
 #ifdef HAVE_AVX2_KERNELS
@@ -303,199 +269,7 @@ float arena_quant_tensor_scale(float amax)
 	return scale_of(amax, ARENA_QUANT_E4M3_MAX);
 }
 
-/* ---- int4 groups ----------------------------------------------------------------
- *
- * One group of an int4 scheme (formats/elem.h's rules): its range, its scale
- * as stored and its zero point and, when asked for, its codes packed two a
- * byte. Specialized on the source kind and, for groups of 32, 64 and 128
- * values, on the count (a constant trip count: gcc vectorizes the loops); a
- * row's short last group takes the same code with its own count. */
-
-typedef struct int4_group {
-	uint32_t sbits; /* the scale as stored: BF16 or F16 bits (the low 16), F32 bits */
-	uint32_t z;     /* the zero point */
-	int finite;     /* 0: the group holds a NaN or an infinity, or hi - lo overflows */
-} int4_group;
-
-/* The float order of a float's bits as a signed integer (an involution: it
- * also turns such an integer back into the bits); NaNs lie beyond +-inf. */
-INLINE int32_t order_key(uint32_t b)
-{
-	return (int32_t)(b ^ ((uint32_t)((int32_t)b >> 31) & 0x7FFFFFFFu));
-}
-
-INLINE int16_t order_key16(uint16_t h)
-{
-	return (int16_t)(h ^ ((uint16_t)((int16_t)h >> 15) & 0x7FFFu));
-}
-
-/* The group's lo = min(0, min x) and hi = max(0, max x) as f32, from the
- * order keys of its bits (16-bit lanes for BF16 and F16: twice as many a
- * vector); 0 when it holds a NaN or an infinity. */
-INLINE int int4_range(int sk, const unsigned char *restrict s, size_t n, float *lo, float *hi)
-{
-	if (sk == SK_F32) {
-		int32_t l = 0, h = 0;
-		for (size_t i = 0; i < n; i++) {
-			uint32_t u;
-			memcpy(&u, s + 4 * i, 4);
-			const int32_t k = order_key(u);
-			l = k < l ? k : l;
-			h = k > h ? k : h;
-		}
-		*lo = arena__f32_of((uint32_t)order_key((uint32_t)l));
-		*hi = arena__f32_of((uint32_t)h);
-		return l >= (int32_t)0x80800000u && h <= 0x7F7FFFFF; /* -FLT_MAX <= lo, hi <= FLT_MAX */
-	}
-	int16_t l = 0, h = 0;
-	for (size_t i = 0; i < n; i++) {
-		uint16_t u;
-		memcpy(&u, s + 2 * i, 2);
-		const int16_t k = order_key16(u);
-		l = k < l ? k : l;
-		h = k > h ? k : h;
-	}
-	const uint16_t lb = (uint16_t)order_key16((uint16_t)l), hb = (uint16_t)h;
-	if (sk == SK_BF16) {
-		*lo = arena__bf16_to_f32(lb);
-		*hi = arena__bf16_to_f32(hb);
-		return l >= (int16_t)0x8080 && h <= 0x7F7F;
-	}
-	*lo = arena__f16_to_f32(lb);
-	*hi = arena__f16_to_f32(hb);
-	return l >= (int16_t)0x8400 && h <= 0x7BFF;
-}
-
-INLINE int4_group int4_group_n(int sk, const unsigned char *restrict s, size_t n, unsigned char *restrict q)
-{
-	float flo, fhi;
-	int4_group g;
-	g.finite = int4_range(sk, s, n, &flo, &fhi);
-	const float t = (fhi - flo) / 15.0f;
-	g.finite &= arena__bits_of(t) < ARENA_F32_INF; /* hi - lo did not overflow */
-	float sf;
-	if (sk == SK_BF16) {
-		g.sbits = arena__f32_to_bf16(t);
-		sf = arena__bf16_to_f32(g.sbits);
-	} else if (sk == SK_F16) {
-		g.sbits = arena__f32_to_f16(t);
-		sf = arena__f16_to_f32(g.sbits);
-	} else {
-		g.sbits = arena__bits_of(t);
-		sf = t;
-	}
-	const float d = sf == 0.0f ? 1.0f : sf;
-	g.z = arena__int4_zero(flo, d);
-	if (q) {
-		uint32_t c[128];
-		for (size_t i = 0; i < n; i++)
-			c[i] = arena__int4_code(load(sk, s, i), d, g.z);
-		for (size_t k = 0; k < n / 2; k++)
-			q[k] = (unsigned char)(c[2 * k] | c[2 * k + 1] << 4);
-		if (n & 1)
-			q[n / 2] = (unsigned char)c[n - 1];
-	}
-	return g;
-}
-
-/* Groups [g, g + count) of row r of p's source (src: row 0), g + count <=
- * p->groups: their results into out[], and with q their codes from q on (the
- * groups' bytes, one after the other). Returns the index (from g) of the
- * first group holding a NaN or an infinity, or count. Built twice like the
- * converters (baseline and, on x86-64, AVX2), each specialized on the source
- * kind and the group size; a row's whole groups take the size as a constant. */
-typedef uint64_t (*int4_fn)(const arena_quant_plan *p, int sk, const unsigned char *src, uint64_t r, uint64_t g,
-			    uint64_t count, int4_group *out, unsigned char *q);
-
-INLINE uint64_t int4_groups(const arena_quant_plan *p, int sk, size_t G, const unsigned char *src, uint64_t r,
-			    uint64_t g, uint64_t count, int4_group *out, unsigned char *q)
-{
-	const unsigned char *s = src + (r * p->cols + g * G) * sk_size[sk];
-	for (uint64_t k = 0; k < count; k++, s += G * sk_size[sk]) {
-		const uint64_t c0 = (g + k) * G;
-		unsigned char *qk = q ? q + k * (G / 2) : NULL;
-		if (p->cols - c0 >= G)
-			out[k] = int4_group_n(sk, s, G, qk);
-		else
-			out[k] = int4_group_n(sk, s, (size_t)(p->cols - c0), qk);
-		if (!out[k].finite)
-			return k;
-	}
-	return count;
-}
-
-#define ARENA__QUANT_INT4(NAME, ATTR)                                                                          \
-	ATTR static uint64_t NAME(const arena_quant_plan *p, int sk, const unsigned char *src, uint64_t r,    \
-				  uint64_t g, uint64_t count, int4_group *out, unsigned char *q)               \
-	{                                                                                                      \
-		switch (sk * 256 + (int)p->group) {                                                            \
-			I4(SK_BF16)                                                                           \
-			I4(SK_F16)                                                                            \
-			I4(SK_F32)                                                                            \
-		}                                                                                              \
-		return 0;                                                                                      \
-	}
-#define I4(SK)                                                                  \
-	case SK * 256 + 32:                                                     \
-		return int4_groups(p, SK, 32, src, r, g, count, out, q);        \
-	case SK * 256 + 64:                                                     \
-		return int4_groups(p, SK, 64, src, r, g, count, out, q);        \
-	case SK * 256 + 128:                                                    \
-		return int4_groups(p, SK, 128, src, r, g, count, out, q);
-
-ARENA__QUANT_INT4(int4_base, )
-#ifdef HAVE_AVX2_KERNELS
-ARENA__QUANT_INT4(int4_avx2, __attribute__((target("avx2"))))
-#endif
-#undef I4
-
-/* The int4 kernels that go with the converters `cv` (pick_convert). */
-static int4_fn int4_kernels(convert_fn cv)
-{
-#ifdef HAVE_AVX2_KERNELS
-	if (cv == convert_avx2)
-		return int4_avx2;
-#endif
-	(void)cv;
-	return int4_base;
-}
-
-#define INT4_BATCH 64 /* groups a kernel call does at most (the results on the stack) */
-
-static int int4_refuse(const arena_quant_plan *p, uint64_t r, uint64_t g)
-{
-	const uint64_t c0 = g * p->group, c1 = (p->cols - c0 < p->group ? p->cols : c0 + p->group) - 1;
-	return arena_errorf(E(QUANT_NOT_APPLICABLE),
-			    "%s: row %llu, columns %llu to %llu (group %llu) hold a NaN or an infinity, or values "
-			    "too far apart for an f32 scale: int4 has no code for them; leave the tensor out "
-			    "(--quant-exclude) or mend its values",
-			    arena_quant_name(p->scheme), (unsigned long long)r, (unsigned long long)c0,
-			    (unsigned long long)c1, (unsigned long long)g);
-}
-
 /* ---- threads ----------------------------------------------------------------- */
-
-typedef struct task task;
-/* Do units [first, first + count) of t; `slot` is the worker's index. */
-typedef void (*task_fn)(task *t, uint64_t first, uint64_t count, unsigned slot);
-
-struct task {
-	task_fn fn;
-	convert_fn cv;             /* the kernels (pick_convert) */
-	int sk, op;                /* kernel for element and row tasks */
-	float scale, div;          /* OP_*_SCALED / OP_DEQ scale; row scale divisor */
-	uint64_t cols;             /* elements per unit (row tasks) */
-	const unsigned char *src;  /* unit 0 */
-	const unsigned char *src2; /* row scales (dequant) */
-	unsigned char *dst;        /* unit 0 of the first output */
-	unsigned char *dst2;       /* unit 0 of the row scales */
-	const arena_quant_plan *p; /* int4 tasks: the plan; */
-	int4_fn i4;                /* their kernels; */
-	const unsigned char *src3; /* their zero points (dequant); */
-	unsigned char *dst3;       /* and unit 0 of the zero points */
-	float partial[MAX_THREADS];
-	uint64_t bad[MAX_THREADS]; /* int4: the worker's first group refused (row x groups + group), or UINT64_MAX */
-};
 
 typedef struct worker {
 	task *t;
@@ -532,9 +306,7 @@ static unsigned pick_workers(unsigned threads, uint64_t units, uint64_t unit_ele
 	return n < MAX_THREADS ? (unsigned)n : MAX_THREADS;
 }
 
-/* Split units into contiguous ranges, one per worker; the calling thread
- * does the first. Returns the number of workers used. */
-static unsigned parallel(task *t, uint64_t units, uint64_t unit_elems, unsigned threads)
+unsigned arena__quant_parallel(task *t, uint64_t units, uint64_t unit_elems, unsigned threads)
 {
 	unsigned n = pick_workers(threads, units, unit_elems);
 	if (n <= 1) {
@@ -605,60 +377,10 @@ static void task_deq_rows(task *t, uint64_t first, uint64_t count, unsigned slot
 	}
 }
 
-/* int4: rows [first, first + count) of the range (its row 0 at src and the
- * dst*), every group straight into its place; a worker stops at its first
- * group refused. */
-static void task_int4_rows(task *t, uint64_t first, uint64_t count, unsigned slot)
-{
-	const arena_quant_plan *p = t->p;
-	const uint64_t rb = p->cols / 2 + p->cols % 2, es = sk_size[t->sk];
-	int4_group res[INT4_BATCH];
-	t->bad[slot] = UINT64_MAX;
-	for (uint64_t r = first; r < first + count; r++) {
-		for (uint64_t g = 0; g < p->groups; g += INT4_BATCH) {
-			const uint64_t k = p->groups - g < INT4_BATCH ? p->groups - g : INT4_BATCH;
-			const uint64_t ok = t->i4(p, t->sk, t->src, r, g, k, res, t->dst + r * rb + g * (p->group / 2));
-			for (uint64_t i = 0; i < ok; i++) {
-				const uint64_t v = r * p->groups + g + i;
-				memcpy(t->dst2 + v * es, &res[i].sbits, es); /* little-endian: the low bytes */
-				t->dst3[v] = (unsigned char)res[i].z;
-			}
-			if (ok < k) {
-				t->bad[slot] = r * p->groups + g + ok;
-				return;
-			}
-		}
-	}
-}
-
-/* int4: rows [first, first + count) of values (q - z) x scale as f32. */
-static void task_int4_deq_rows(task *t, uint64_t first, uint64_t count, unsigned slot)
-{
-	(void)slot;
-	const arena_quant_plan *p = t->p;
-	const uint64_t rb = p->cols / 2 + p->cols % 2;
-	for (uint64_t r = first; r < first + count; r++) {
-		float *d = (float *)(void *)t->dst + r * p->cols;
-		for (uint64_t c = 0; c < p->cols; c++) {
-			const uint64_t v = r * p->groups + c / p->group;
-			const uint32_t b = t->src[r * rb + c / 2];
-			uint16_t h;
-			float s;
-			if (t->sk == SK_F32) {
-				memcpy(&s, t->src2 + 4 * v, 4);
-			} else {
-				memcpy(&h, t->src2 + 2 * v, 2);
-				s = t->sk == SK_BF16 ? arena__bf16_to_f32(h) : arena__f16_to_f32(h);
-			}
-			d[c] = arena__int4_value((c & 1) ? b >> 4 : b & 15u, t->src3[v], s);
-		}
-	}
-}
-
 static float amax_parallel(int sk, const void *src, uint64_t n, unsigned threads)
 {
-	task t = {.fn = task_amax, .cv = pick_convert(), .sk = sk, .src = src};
-	unsigned used = parallel(&t, n, 1, threads);
+	task t = {.fn = task_amax, .cv = arena__quant_pick_convert(), .sk = sk, .src = src};
+	unsigned used = arena__quant_parallel(&t, n, 1, threads);
 	float m = t.partial[0];
 	for (unsigned k = 1; k < used; k++)
 		m = arena_quant_amax_merge(m, t.partial[k]);
@@ -670,13 +392,19 @@ static void copy_parallel(void *dst, const void *src, uint64_t n, unsigned threa
 	if (!n)
 		return;
 	task t = {.fn = task_copy, .src = src, .dst = dst};
-	parallel(&t, n, 1, threads);
+	arena__quant_parallel(&t, n, 1, threads);
 }
 
 static void convert_parallel(int sk, int op, void *dst, const void *src, uint64_t n, float scale, unsigned threads)
 {
-	task t = {.fn = task_convert, .cv = pick_convert(), .sk = sk, .op = op, .scale = scale, .src = src, .dst = dst};
-	parallel(&t, n, 1, threads);
+	task t = {.fn = task_convert,
+		  .cv = arena__quant_pick_convert(),
+		  .sk = sk,
+		  .op = op,
+		  .scale = scale,
+		  .src = src,
+		  .dst = dst};
+	arena__quant_parallel(&t, n, 1, threads);
 }
 
 /* ---- dtypes (plans are formats/scheme.c's) -------------------------------------- */
@@ -762,33 +490,14 @@ int arena_quant_run_part(const arena_quant_plan *p, const void *src, uint64_t fi
 		return 0;
 	}
 	const int sk = kind_of(p->src_dtype);
-	if (p->group) {
-		/* as for the row schemes below: the range seen as units [0, count) */
-		const uint64_t rb = p->cols / 2 + p->cols % 2;
-		const convert_fn cv = pick_convert();
-		task t = {.fn = task_int4_rows,
-			  .cv = cv,
-			  .i4 = int4_kernels(cv),
-			  .p = p,
-			  .sk = sk,
-			  .src = s,
-			  .dst = d0 + first * rb,
-			  .dst2 = (unsigned char *)dst[1] + first * p->groups * sk_size[sk],
-			  .dst3 = (unsigned char *)dst[2] + first * p->groups};
-		const unsigned used = parallel(&t, count, p->cols, threads);
-		uint64_t bad = UINT64_MAX;
-		for (unsigned k = 0; k < used; k++)
-			bad = t.bad[k] < bad ? t.bad[k] : bad;
-		if (bad != UINT64_MAX)
-			return int4_refuse(p, first + bad / p->groups, bad % p->groups);
-		return 0;
-	}
+	if (p->group)
+		return arena__quant_int4_run(p, sk, s, first, count, dst, threads);
 	const int op = op_of(p->scheme);
 	if (row) {
 		/* row r of the range is at s + (r - first) * row bytes: the task
 		 * sees the range as units [0, count) */
 		task t = {.fn = task_rows,
-			  .cv = pick_convert(),
+			  .cv = arena__quant_pick_convert(),
 			  .sk = sk,
 			  .op = op,
 			  .div = p->scheme == ARENA_QUANT_INT8_ROW ? ARENA_QUANT_INT8_MAX : ARENA_QUANT_E4M3_MAX,
@@ -796,7 +505,7 @@ int arena_quant_run_part(const arena_quant_plan *p, const void *src, uint64_t fi
 			  .src = s,
 			  .dst = d0 + first * p->cols,
 			  .dst2 = (unsigned char *)dst[1] + 4 * first};
-		parallel(&t, count, p->cols, threads);
+		arena__quant_parallel(&t, count, p->cols, threads);
 		return 0;
 	}
 	if (p->scheme == ARENA_QUANT_FP8_E4M3_TENSOR)
@@ -838,7 +547,7 @@ int arena_quant_run_scaled(const arena_quant_plan *p, const void *qsrc, arena_dt
 	if (!qsrc || !scale_src || check_dst(p, dst))
 		return arena_errorf(E(USAGE), "quantization run: NULL source or destination");
 	copy_parallel(dst[0], qsrc, p->comps[0].nbytes, threads);
-	pick_convert()(kind_of(scale_dtype), OP_F32, dst[1], scale_src, p->comps[1].nelem, 0.0f);
+	arena__quant_pick_convert()(kind_of(scale_dtype), OP_F32, dst[1], scale_src, p->comps[1].nelem, 0.0f);
 	return 0;
 }
 
@@ -888,61 +597,6 @@ static float row_scale(convert_fn cv, const arena_quant_plan *p, int sk, const u
 	return scale_of(amax_of(cv, sk, src + r * p->cols * sk_size[sk], p->cols), div);
 }
 
-/* int4: bytes [off, off + len) of component comp, group by group: codes
- * (whole groups straight to d, a group cut by the range through a scratch),
- * or the scale or zero point of each (row, group) the range touches. */
-static int int4_fill(const arena_quant_plan *p, const unsigned char *src, uint32_t comp, uint64_t off, uint64_t len,
-		     unsigned char *d)
-{
-	const int4_fn f = int4_kernels(pick_convert());
-	const int sk = kind_of(p->src_dtype);
-	const uint64_t end = off + len;
-	int4_group res[INT4_BATCH];
-	if (comp == 0) {
-		const uint64_t rb = p->cols / 2 + p->cols % 2, gb = p->group / 2; /* bytes a row, a whole group */
-		for (uint64_t r = off / rb; r * rb < end; r++) {
-			/* the row's bytes [a, z) in the range: groups [g0, g1) touch them,
-			 * the inner ones [w0, w1) lie whole inside */
-			const uint64_t a = (r * rb > off ? r * rb : off) - r * rb;
-			const uint64_t z = ((r + 1) * rb < end ? (r + 1) * rb : end) - r * rb;
-			const uint64_t g0 = a / gb, g1 = (z + gb - 1) / gb;
-			const uint64_t w0 = (a + gb - 1) / gb, w1 = z == rb ? p->groups : z / gb;
-			for (uint64_t g = g0; g < g1;) {
-				const int whole = g >= w0 && g < w1;
-				const uint64_t k = whole ? (w1 - g < INT4_BATCH ? w1 - g : INT4_BATCH) : 1;
-				unsigned char tmp[64];
-				const uint64_t ok = f(p, sk, src, r, g, k, res, whole ? d + (r * rb + g * gb - off) : tmp);
-				if (ok < k)
-					return int4_refuse(p, r, g + ok);
-				if (!whole) { /* the part of group g's bytes in [a, z) */
-					const uint64_t b0 = g * gb, b1 = b0 + gb < rb ? b0 + gb : rb;
-					const uint64_t x = b0 > a ? b0 : a, y = b1 < z ? b1 : z;
-					memcpy(d + (r * rb + x - off), tmp + (x - b0), y - x);
-				}
-				g += k;
-			}
-		}
-		return 0;
-	}
-	const uint64_t es = comp == 1 ? sk_size[sk] : 1; /* bytes a value */
-	const uint64_t last = (end - 1) / es;            /* the last value the range touches */
-	for (uint64_t v = off / es; v <= last;) {
-		/* values of one row at a time, INT4_BATCH groups a call */
-		const uint64_t r = v / p->groups, g = v % p->groups;
-		uint64_t k = p->groups - g < INT4_BATCH ? p->groups - g : INT4_BATCH;
-		k = last - v + 1 < k ? last - v + 1 : k;
-		const uint64_t ok = f(p, sk, src, r, g, k, res, NULL);
-		if (ok < k)
-			return int4_refuse(p, r, g + ok);
-		for (uint64_t i = 0; i < k; i++, v++) {
-			const uint32_t x = comp == 1 ? res[i].sbits : res[i].z; /* little-endian: the low es bytes */
-			const uint64_t a0 = v * es > off ? v * es : off, z0 = v * es + es < end ? v * es + es : end;
-			memcpy(d + (a0 - off), (const unsigned char *)&x + (a0 - v * es), z0 - a0);
-		}
-	}
-	return 0;
-}
-
 /* Bytes [off, off + len) of a 4-byte-per-value array whose value v is get(v). */
 #define FILL_F32_VALUES(get)                                                              \
 	do {                                                                              \
@@ -974,16 +628,16 @@ int arena_quant_fill(const arena_quant_plan *p, const arena_quant_input *in, uin
 		memcpy(d, src + off, len); /* as stored, or already-quantized data */
 		return 0;
 	}
-	const convert_fn cv = pick_convert();
+	const convert_fn cv = arena__quant_pick_convert();
 	if (p->prequantized) { /* comp 1: the scale tensor, widened */
 		if (!in->scale || !is_wide_float(in->scale_dtype))
 			return arena_errorf(E(USAGE), "quantization fill: no scale tensor of dtype F32, BF16 or F16");
 		fill_elems(cv, kind_of(in->scale_dtype), OP_F32, in->scale, off, len, d, 0.0f);
 		return 0;
 	}
-	if (p->group)
-		return int4_fill(p, src, comp, off, len, d);
 	const int sk = kind_of(p->src_dtype);
+	if (p->group)
+		return arena__quant_int4_fill(p, sk, src, comp, off, len, d);
 	const int op = op_of(p->scheme);
 	if (p->scheme == ARENA_QUANT_FP8_E4M3_TENSOR) {
 		if (comp == 1)
@@ -1025,9 +679,7 @@ int arena_quant_dequant_f32(const arena_quant_plan *p, const void *const src[], 
 			return arena_errorf(E(USAGE), "dequantize: NULL component %zu", i);
 	const arena_quant_component *q = &p->comps[0];
 	if (p->group) {
-		task t = {.fn = task_int4_deq_rows, .p = p, .sk = kind_of(p->src_dtype), .src = src[0], .src2 = src[1],
-			  .src3 = src[2], .dst = (unsigned char *)dst};
-		parallel(&t, p->rows, p->cols, threads);
+		arena__quant_int4_dequant(p, kind_of(p->src_dtype), src, dst, threads);
 		return 0;
 	}
 	const int sk = kind_of(q->dtype);
@@ -1047,9 +699,14 @@ int arena_quant_dequant_f32(const arena_quant_plan *p, const void *const src[], 
 		convert_parallel(sk, OP_DEQ, dst, src[0], p->nelem, scale, threads);
 		return 0;
 	}
-	task t = {.fn = task_deq_rows, .cv = pick_convert(), .sk = sk, .cols = p->cols, .src = src[0], .src2 = src[1],
+	task t = {.fn = task_deq_rows,
+		  .cv = arena__quant_pick_convert(),
+		  .sk = sk,
+		  .cols = p->cols,
+		  .src = src[0],
+		  .src2 = src[1],
 		  .dst = (unsigned char *)dst};
-	parallel(&t, p->rows, p->cols, threads);
+	arena__quant_parallel(&t, p->rows, p->cols, threads);
 	return 0;
 }
 
