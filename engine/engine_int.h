@@ -154,7 +154,6 @@ struct arena_engine {
 	uint64_t work_clock;
 	uint64_t reserve_given; /* o.reserve as opened (ARENA_ENGINE_AUTO or bytes) */
 	int other_measured;     /* o.other read from the backend's proc_mem (0: estimated) */
-	uint64_t proc;          /* the process's device bytes at the last read (0: unknown) */
 	int room_now;           /* the rest needs less than planned: promote at the next adapt */
 	/* --- engine_learn.c: timing, the profile, looks, the order run ------------- */
 	double *cost;    /* the engine's copy of a given o->cost (o.cost points at it); NULL: none given */

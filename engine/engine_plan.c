@@ -151,26 +151,36 @@ uint64_t arena__engine_alloc_bytes(const arena_engine *e)
 	return b;
 }
 
-/* The process's device memory beside the engine's and the rest's, into
- * o.other: the backend's figure for the process less both; where the
- * backend cannot read it, the device's use less both, at most 1 GiB (other
- * programs' memory would be in it). `held`: the engine's device bytes. */
-static void measure_other(arena_engine *e, uint64_t free_b, uint64_t total, uint64_t held)
+/* The process's device memory beside the engine's and the rest's: the
+ * backend's figure for the process (*proc; 0 when it cannot read it) less
+ * both; where the backend cannot read it, the device's use less both, at
+ * most 1 GiB (other programs' memory would be in it). `held`: the engine's
+ * device bytes. Returns it; *measured says which. */
+static uint64_t other_now(arena_engine *e, uint64_t free_b, uint64_t total, uint64_t held, uint64_t *proc,
+			  int *measured)
 {
 	arena_backend *be = e->be;
-	uint64_t proc = 0, known = held + e->o.rest;
-	if (be->ops->proc_mem && be->ops->proc_mem(be, &proc) == 0) {
-		e->proc = proc;
-		e->o.other = proc > known ? proc - known : 0;
-		e->other_measured = 1;
-		return;
+	uint64_t p = 0, known = held + e->o.rest;
+	if (be->ops->proc_mem && be->ops->proc_mem(be, &p) == 0) {
+		*proc = p;
+		*measured = 1;
+		return p > known ? p - known : 0;
 	}
 	arena_error_clear();
-	e->proc = 0;
-	e->other_measured = 0;
+	*proc = 0;
+	*measured = 0;
 	uint64_t used = total > free_b ? total - free_b : 0;
 	uint64_t est = used > known ? used - known : 0;
-	e->o.other = est < (1ull << 30) ? est : 1ull << 30;
+	return est < (1ull << 30) ? est : 1ull << 30;
+}
+
+/* other_now into o.other, at a planning point (a step end, a mode change, a
+ * work told between steps), where the rest's report is fresh: read inside a
+ * step, torch's memory not yet reported would count as the process's other. */
+static void measure_other(arena_engine *e, uint64_t free_b, uint64_t total, uint64_t held)
+{
+	uint64_t proc;
+	e->o.other = other_now(e, free_b, total, held, &proc, &e->other_measured);
 }
 
 uint64_t arena__engine_budget(arena_engine *e, uint64_t free_b, uint64_t total, uint64_t held, uint64_t stage,
@@ -535,8 +545,10 @@ int arena_engine_memory(arena_engine *e, arena_memory_info *out)
 	int rc = be->ops->mem_info(be, &free_b, &total);
 	if (rc)
 		return rc;
-	uint64_t alloc = arena__engine_alloc_bytes(e), b, h, need;
-	measure_other(e, free_b, total, alloc);
+	/* what the last planning point read: the rest's limit a step runs under */
+	uint64_t alloc = arena__engine_alloc_bytes(e), b, h, need, proc = 0;
+	int measured = 0;
+	(void)other_now(e, free_b, total, alloc, &proc, &measured); /* (only the process's figure now) */
 	arena_residency_budget(total, free_b + alloc, &e->o, &b, &h, &need);
 	uint64_t limit = 0;
 	if (e->o.cap) {
@@ -546,7 +558,7 @@ int arena_engine_memory(arena_engine *e, arena_memory_info *out)
 	if (e->o.reserve == ARENA_ENGINE_REST_UNKNOWN) /* all it may take */
 		need = e->o.cap ? limit : (free_b + e->o.rest > h ? free_b + e->o.rest - h : 0);
 	*out = (arena_memory_info){.cap = e->o.cap,
-				   .process = e->proc,
+				   .process = proc,
 				   .other = e->o.other,
 				   .arena = alloc,
 				   .rest = e->o.rest,

@@ -514,8 +514,10 @@ ARENA_API int arena_set_rest_memory(arena *a, uint64_t bytes);
 typedef struct arena_memory_info {
 	uint64_t cap;        /* vram_cap; 0 = none */
 	uint64_t process;    /* the process's bytes as the driver counts them, read now (0: unknown) */
-	uint64_t other;      /* of it, neither arena's nor the rest's (context, modules); measured
-			      * or estimated (other_measured) */
+	uint64_t other;      /* of it, neither arena's nor the rest's (context, modules), as read
+			      * at the last step end, mode change or open (read inside a step,
+			      * the rest's memory not yet reported would be in it); measured or
+			      * estimated (other_measured) */
 	uint64_t arena;      /* arena's device bytes: resident blocks, ring, stages, as allocated */
 	uint64_t rest;       /* the rest's, as last reported */
 	uint64_t rest_need;  /* what the plan in force leaves the rest at its peak */
