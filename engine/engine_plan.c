@@ -298,6 +298,25 @@ int arena__engine_adapt(arena_engine *e, int new_sched)
 	return rc;
 }
 
+/* Between steps, after plan t for `budget` under new options (a mode, a
+ * schedule given): take its schedule and ring; the resident blocks stay as
+ * they are where they fit, else t's set is moved to at once. Releases t. */
+static int take_plan(arena_engine *e, arena_residency_plan *t, uint64_t budget)
+{
+	int rc;
+	take_sched(e, t);
+	arena__engine_refresh(e); /* the resident blocks as they are, with the new schedule and ring */
+	if (e->plan.need_bytes > budget)
+		rc = arena__engine_apply(e, t->resident);
+	else
+		rc = arena__engine_fit_ring(e);
+	if (!rc)
+		arena__engine_refresh(e);
+	arena_residency_plan_release(t);
+	e->room_steps = 0;
+	return rc;
+}
+
 int arena_engine_set_schedule(arena_engine *e, const uint32_t *sched, size_t n)
 {
 	if (e->state == ST_FAILED)
@@ -343,17 +362,7 @@ int arena_engine_set_schedule(arena_engine *e, const uint32_t *sched, size_t n)
 	}
 	arena_free(keep);
 	e->n_slots = arena__ring_slots(&e->o);
-	take_sched(e, &t);
-	arena__engine_refresh(e); /* the resident blocks as they are, with the new schedule */
-	if (e->plan.need_bytes > budget)
-		rc = arena__engine_apply(e, t.resident);
-	else
-		rc = arena__engine_fit_ring(e);
-	if (!rc)
-		arena__engine_refresh(e);
-	arena_residency_plan_release(&t);
-	e->room_steps = 0;
-	return arena__engine_fail(e, rc);
+	return arena__engine_fail(e, take_plan(e, &t, budget));
 }
 
 int arena_engine_set_mode(arena_engine *e, int mode)
@@ -389,17 +398,7 @@ int arena_engine_set_mode(arena_engine *e, int mode)
 		return rc == ARENA_E_USAGE ? rc : arena__engine_fail(e, rc);
 	}
 	e->n_slots = arena__ring_slots(&e->o);
-	take_sched(e, &t);
-	arena__engine_refresh(e); /* the resident blocks as they are, with the new schedule and ring */
-	if (e->plan.need_bytes > budget)
-		rc = arena__engine_apply(e, t.resident);
-	else
-		rc = arena__engine_fit_ring(e);
-	if (!rc)
-		arena__engine_refresh(e);
-	arena_residency_plan_release(&t);
-	e->room_steps = 0;
-	return arena__engine_fail(e, rc);
+	return arena__engine_fail(e, take_plan(e, &t, budget));
 }
 
 int arena_engine_set_profile(arena_engine *e, const double *cost, double h2d_bytes_per_s, double backward_factor)
