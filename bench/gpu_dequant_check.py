@@ -1,6 +1,13 @@
 """gpu_dequant_check.py - arena_tensor_dequantize on the GPU against torch.
 
 usage: python3 bench/gpu_dequant_check.py IMAGE [IMAGE ...]
+       python3 bench/gpu_dequant_check.py --make DIR ARENA_BIN [IMAGE ...]
+
+--make DIR ARENA_BIN: first make the int4 images the check needs (sources
+of BF16, F16 and F32, two blocks of 2-D weights whose columns are a
+multiple of 128, of 32 only, of none, fewer than a group, and one of
+flux-dev's 3072 x 3072; each converted with int4-g32, int4-g64 and
+int4-g128 by ARENA_BIN), then check them with the IMAGEs given.
 
 For each image (opened on cuda, everything resident), every quantized
 tensor is dequantized by arena (one kernel) and by torch
@@ -21,6 +28,7 @@ of 32 as well as ones that are, so that both of the kernel's paths run)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import torch
@@ -49,8 +57,36 @@ def reference(ts: dict, n: str, info, dt: torch.dtype) -> torch.Tensor:
     return (ts[n].float() * s if s is not None else ts[n].float()).to(dt)
 
 
+# (rows, columns) of the --make sources' weights
+SHAPES = ((64, 256), (33, 96), (7, 40), (5, 31), (3, 8), (3072, 3072))
+
+
+def make(d: str, arena_bin: str) -> list:
+    """Write the int4 sources into d and convert them; the images' paths."""
+    import subprocess
+
+    from safetensors.torch import save_file
+
+    os.makedirs(d, exist_ok=True)
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for dt in (torch.bfloat16, torch.float16, torch.float32):
+        ts = {f"blocks.{b}.w{i}.weight": (torch.randn(r, c, generator=g) * 0.05).to(dt)
+              for b in range(2) for i, (r, c) in enumerate(SHAPES)}
+        src = os.path.join(d, f"int4-src-{str(dt)[6:]}.safetensors")
+        save_file(ts, src)
+        for scheme in ("int4-g32", "int4-g64", "int4-g128"):
+            img = os.path.join(d, f"{scheme}-{str(dt)[6:]}.arena")
+            subprocess.run([arena_bin, "convert", "-q", "--quant", scheme, src, "-o", img], check=True)
+            out.append(img)
+    return out
+
+
 def main() -> None:
-    for path in sys.argv[1:]:
+    args = sys.argv[1:]
+    if args[:1] == ["--make"]:
+        args = make(args[1], args[2]) + args[3:]
+    for path in args:
         with arena.open(path, device="cuda") as a:
             names = [n for n in a.tensor_names() if a.tensor_info(n).scheme != "none"]
             infos = {n: a.tensor_info(n) for n in names}

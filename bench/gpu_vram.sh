@@ -13,10 +13,19 @@
 #             that runs
 #   train     LoRA (r16 on to_q/to_k/to_v/to_out.0, AdamW, checkpointing)
 #             resident, then at each V of TRAIN_V (default 12G 8G 6G)
+#   plain     the resident steps of torch alone (plain-sample, plain-train:
+#             the safetensors loaded to the device), preferred as the
+#             resident step by vram_summary.py
+#   quant     quantized images made from the same weights (fp8-e4m3-row,
+#             int4-g64; attach's defaults: FP8 products native on a card
+#             with FP8 matmuls): FP8 sampling resident and at 8G, FP8
+#             LoRA training at 8G (against the bf16 resident step), int4
+#             sampling resident, at 8G and at 4G (INT4_V)
 #   pressure  a card with FREE (default 16G) free (a filler process holds the
-#             rest), vram None, 150 sampling steps; another process takes
-#             PRESSURE (default 4G) at T0 s and gives it back at T1 s
-#             (PRESSURE_AT, default 30-45)
+#             rest), vram None, 200 sampling steps; another process takes
+#             PRESSURE (default 4G, in chunks of 256M, each tried until
+#             the device has it) from T0 s and gives it back at T1 s
+#             (PRESSURE_AT, default 25-45)
 # Limit, same run: each run's pinned host-to-device rate (torch_flux.py
 #   measures it after its steps): a sampling step's limit is max(the resident
 #   step, its moved bytes / that rate); a training step's is bench/
@@ -40,15 +49,38 @@ shift
 mkdir -p "$W" "$OUT"
 T0=$(date +%s)
 log() { echo "== $(date +%T) $*" >&2; }
+SETS=${*:-sample floor train pressure}
 IMG=$W/f.arena
-if [ ! -f "$IMG" ]; then
-	log synth
-	"$A" synth --layout flux-dev -q -o "$W/f.safetensors" || exit 1
-	log convert
-	"$A" convert -q "$W/f.safetensors" -o "$IMG" || exit 1
-	rm -f "$W/f.safetensors"
-fi
-cat "$IMG" >/dev/null # the page cache warm, as a second start would find it
+# image NAME [--quant SCHEME]: W/NAME.arena from the synthesized weights
+image() {
+	n=$1
+	shift
+	[ -f "$W/$n.arena" ] && return
+	if [ ! -f "$W/f.safetensors" ]; then
+		log synth
+		"$A" synth --layout flux-dev -q -o "$W/f.safetensors" || exit 1
+	fi
+	log "convert $n $*"
+	"$A" convert -q "$@" "$W/f.safetensors" -o "$W/$n.arena" || exit 1
+}
+# every image the sets need, then the safetensors go (the plain set runs
+# them first); at most the safetensors, the plain image and the quantized
+# images at once (~66 GB)
+for set in $SETS; do
+	case $set in
+	plain) ;;
+	quant)
+		image f8 --quant fp8-e4m3-row
+		image i4 --quant int4-g64
+		;;
+	*) image f ;;
+	esac
+done
+case " $SETS " in
+*" plain "*) ;;
+*) rm -f "$W/f.safetensors" ;;
+esac
+[ -f "$IMG" ] && cat "$IMG" >/dev/null # the page cache warm, as a second start would find it
 
 # run NAME [vram_peak options] -- torch_flux.py arguments
 run() {
@@ -65,10 +97,10 @@ run() {
 		shift
 	done
 	shift
-	timeout "${TO:-240}" python3 bench/vram_peak.py $vp -- python3 bench/torch_flux.py "$@" --image "$IMG" \
+	timeout "${TO:-240}" python3 bench/vram_peak.py $vp -- python3 bench/torch_flux.py "$@" --image "${RUN_IMG:-$IMG}" \
 		>"$W/run.out" 2>"$W/$n.err"
-	python3 - "$n" "$W/run.out" >>"$OUT/vram.jsonl" <<'PY' || { log "failed: $n"; tail -n 3 "$W/$n.err" >&2; }
 	{ echo "== $n"; grep -v 'kept in float32' "$W/$n.err" | tail -n 20; } >>"$OUT/vram-errors.txt"
+	python3 - "$n" "$W/run.out" >>"$OUT/vram.jsonl" <<'PY' || { log "failed: $n"; tail -n 3 "$W/$n.err" >&2; }
 import json, sys
 name, path = sys.argv[1], sys.argv[2]
 rec, peak = None, None
@@ -114,7 +146,6 @@ PY
 
 gib() { echo "$1" | sed 's/G$//'; }
 
-SETS=${*:-sample floor train pressure}
 for set in $SETS; do
 	case $set in
 	sample)
@@ -129,19 +160,45 @@ for set in $SETS; do
 		done
 		;;
 	train)
-		run train-resident -- arena-train --steps 6
+		case " $SETS " in
+		*" plain "*) ;; # plain-train is the resident step
+		*) run train-resident -- arena-train --steps 6 ;;
+		esac
 		for v in ${TRAIN_V:-12G 8G 6G}; do
 			run "train-$v" -- arena-train --vram "$v" --steps 6
 		done
 		;;
+	plain)
+		if [ ! -f "$W/f.safetensors" ]; then
+			log synth
+			"$A" synth --layout flux-dev -q -o "$W/f.safetensors" || exit 1
+		fi
+		run sample-plain -- plain-sample --steps 10 --safetensors "$W/f.safetensors"
+		run train-plain -- plain-train --steps 6 --safetensors "$W/f.safetensors"
+		rm -f "$W/f.safetensors"
+		;;
+	quant)
+		RUN_IMG=$W/f8.arena
+		cat "$RUN_IMG" >/dev/null
+		run sample-f8-resident -- arena-sample --steps 10
+		run sample-f8-8G -- arena-sample --vram 8G --steps 10
+		run train-f8-8G -- arena-train --vram 8G --steps 6
+		RUN_IMG=$W/i4.arena
+		cat "$RUN_IMG" >/dev/null
+		run sample-i4-resident -- arena-sample --steps 10
+		for v in ${INT4_V:-8G 4G}; do
+			run "sample-i4-$v" -- arena-sample --vram "$v" --steps 10
+		done
+		RUN_IMG=
+		;;
 	pressure)
 		filler "$(gib "${FREE:-16G}")"
-		run pressure --pressure "${PRESSURE:-4G}@${PRESSURE_AT:-30-45}" -- arena-sample --steps "${PRESSURE_STEPS:-150}"
+		run pressure --pressure "${PRESSURE:-4G}@${PRESSURE_AT:-25-45}" -- arena-sample --steps "${PRESSURE_STEPS:-200}"
 		kill "$FILLER" 2>/dev/null
 		wait "$FILLER" 2>/dev/null
 		;;
 	*)
-		echo "gpu_vram.sh: unknown set $set (sample floor train pressure)" >&2
+		echo "gpu_vram.sh: unknown set $set (sample floor plain train quant pressure)" >&2
 		exit 2
 		;;
 	esac

@@ -12,8 +12,10 @@ own standard output (a JSON line from bench/torch_flux.py) is passed through
 first, unchanged, so a driver can read both.
 
 --pressure SIZE@T0-T1: another process takes SIZE of the device T0 seconds
-after CMD starts and gives it back at T1 (a plain cudaMalloc through
-libcudart, no framework): memory pressure from outside. Its bytes are not
+after CMD starts and gives it back at T1 (plain cudaMallocs through
+libcudart, no framework): memory pressure from outside. It takes SIZE in
+chunks of --chunk (default 256M), trying each again every 5 ms until the
+device has it (as a program whose allocator grows does), until T1. Its bytes are not
 CMD's: the peak subtracts them while they are held (the other process's
 own context included, measured when it starts); the polls while it takes
 or gives them back (a few ms) are skipped and counted.
@@ -63,18 +65,35 @@ for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
 if rt is None:
     import torch  # its runtime
     rt = ctypes.CDLL(torch.cuda._cudart._name if hasattr(torch.cuda, "_cudart") else "libcudart.so")
-p = ctypes.c_void_p()
-rt.cudaSetDevice(int(sys.argv[2]))
+size, dev, chunk, deadline = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+rt.cudaSetDevice(dev)
 rt.cudaFree(None)  # the context
 print("ctx", flush=True)
 sys.stdin.readline()
-if rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(int(sys.argv[1]))) != 0:
-    print("oom", flush=True); sys.exit(1)
-rt.cudaMemset(p, 1, ctypes.c_size_t(int(sys.argv[1])))
-rt.cudaDeviceSynchronize()
-print("held", flush=True)
+# SIZE in chunks of CHUNK, each tried until it succeeds (as a program whose
+# allocator grows finds the device full and tries again), for DEADLINE s at
+# most; before each try the driver is told ("try") and answers, so that it
+# does not count the chunk as the measured command's meanwhile
+held, ptrs, t_end = 0, [], time.monotonic() + deadline
+while held < size and time.monotonic() < t_end:
+    n = min(chunk, size - held)
+    print("try", flush=True)
+    sys.stdin.readline()
+    p = ctypes.c_void_p()
+    if rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(n)) == 0:
+        rt.cudaMemset(p, 1, ctypes.c_size_t(n))
+        rt.cudaDeviceSynchronize()
+        ptrs.append(p)
+        held += n
+        print("held %d" % held, flush=True)
+    else:
+        rt.cudaGetLastError()
+        print("wait", flush=True)
+        time.sleep(0.005)
+print("done %d" % held, flush=True)
 sys.stdin.readline()
-rt.cudaFree(p)
+for p in ptrs:
+    rt.cudaFree(p)
 rt.cudaDeviceSynchronize()
 print("freed", flush=True)
 sys.stdin.readline()
@@ -95,13 +114,15 @@ def main() -> int:
         print(__doc__, file=sys.stderr)
         return 2
     opts, cmd = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
-    index, every, pressure = 0, 0.002, None
+    index, every, pressure, chunk = 0, 0.002, None, 256 << 20
     i = 0
     while i < len(opts):
         if opts[i] == "--device":
             index = int(opts[i + 1]); i += 2
         elif opts[i] == "--every":
             every = float(opts[i + 1]); i += 2
+        elif opts[i] == "--chunk":
+            chunk = parse_size(opts[i + 1]); i += 2
         elif opts[i] == "--pressure":
             size, _, span = opts[i + 1].partition("@")
             t0, _, t1 = span.partition("-")
@@ -115,7 +136,8 @@ def main() -> int:
     pinfo: dict = {}
     if pressure:
         b0 = nv.used()
-        pp = subprocess.Popen([sys.executable, "-c", PRESSURE_SRC, str(pressure[0]), str(index)],
+        pp = subprocess.Popen([sys.executable, "-c", PRESSURE_SRC, str(pressure[0]), str(index), str(chunk),
+                               str(max(0.0, pressure[2] - pressure[1]))],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert pp.stdout and pp.stdin
         pp.stdout.readline()  # its context exists
@@ -136,14 +158,26 @@ def main() -> int:
         time.sleep(max(0.0, pressure[1] - (time.perf_counter() - t_start)))
         if child.poll() is not None:
             return
-        state["blind"] = True  # while it takes them, nobody knows whose bytes a poll sees
         pp.stdin.write("go\n"); pp.stdin.flush()
-        line = pp.stdout.readline().strip()
-        pinfo["took_at_s"] = round(time.perf_counter() - t_start, 3)
-        pinfo["took"] = line
-        if line == "held":
-            state["other"] = other + pressure[0]
-        state["blind"] = False
+        while True:  # it takes its bytes chunk by chunk: each one known before it exists
+            line = pp.stdout.readline().strip()
+            if line == "try":
+                state["blind"] = True
+                pp.stdin.write("ok\n"); pp.stdin.flush()
+            elif line.startswith("held "):
+                held = int(line.split()[1])
+                state["other"] = other + held
+                state["blind"] = False
+                pinfo.setdefault("first_chunk_at_s", round(time.perf_counter() - t_start, 3))
+                pinfo["held_bytes"] = held
+            elif line == "wait":
+                state["blind"] = False
+                pinfo["tries_refused"] = pinfo.get("tries_refused", 0) + 1
+            else:  # "done N" (or the process is gone)
+                pinfo["took"] = line
+                pinfo["took_at_s"] = round(time.perf_counter() - t_start, 3)
+                state["blind"] = False
+                break
         time.sleep(max(0.0, pressure[2] - (time.perf_counter() - t_start)))
         state["blind"] = True
         pp.stdin.write("go\n"); pp.stdin.flush()
@@ -165,12 +199,8 @@ def main() -> int:
             peak, peak_t = u, time.perf_counter() - t_start
         time.sleep(every)
     rc = child.returncode
-    if pp:
-        try:
-            assert pp.stdin
-            pp.stdin.write("go\ngo\ngo\n"); pp.stdin.flush()
-        except (BrokenPipeError, ValueError):
-            pass
+    if pp:  # done with it, whatever it was doing: its memory goes with it
+        pp.kill()
         pp.wait(timeout=30)
     out = {"vram_peak_bytes": peak - base, "vram_peak_gib": round((peak - base) / 2**30, 3), "baseline_bytes": base,
            "polls": polls, "peak_at_s": round(peak_t, 3), "wall_s": round(time.perf_counter() - t_start, 3), "rc": rc}

@@ -43,7 +43,11 @@ def main() -> None:
     runs = [json.loads(line) for line in open(args[0]) if line.strip()]
     res = {}
     for d in runs:
-        if d["name"] in ("sample-resident", "train-resident"):
+        # the resident step: the plain weights attached with nothing held back, or
+        # torch alone (plain-*: the quant set's baseline), the latter preferred
+        if d["name"] in ("sample-resident", "train-resident") and d["name"].split("-")[0] not in res:
+            res[d["name"].split("-")[0]] = d
+        if d["name"] in ("sample-plain", "train-plain"):
             res[d["name"].split("-")[0]] = d
     print("%-18s %8s %9s %9s %6s %6s %9s %9s %6s %8s %7s" % (
         "run", "vram", "step s", "limit s", "x lim", "x res", "peak GiB", "vram GiB", "fits", "first s", "setup"))
