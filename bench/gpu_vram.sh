@@ -23,7 +23,7 @@
 #             sampling resident, at 8G and at 4G (INT4_V)
 #   pressure  a card with FREE (default 16G) free (a filler process holds the
 #             rest), vram None, 200 sampling steps; another process takes
-#             PRESSURE (default 4G, in chunks of 256M, each tried until
+#             PRESSURE (default 4G, in chunks of 64M, each tried until
 #             the device has it) from T0 s and gives it back at T1 s
 #             (PRESSURE_AT, default 25-45)
 # Limit, same run: each run's pinned host-to-device rate (torch_flux.py

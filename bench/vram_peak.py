@@ -14,7 +14,7 @@ first, unchanged, so a driver can read both.
 --pressure SIZE@T0-T1: another process takes SIZE of the device T0 seconds
 after CMD starts and gives it back at T1 (plain cudaMallocs through
 libcudart, no framework): memory pressure from outside. It takes SIZE in
-chunks of --chunk (default 256M), trying each again every 5 ms until the
+chunks of --chunk (default 64M), trying each again every 5 ms until the
 device has it (as a program whose allocator grows does), until T1. Its bytes are not
 CMD's: the peak subtracts them while they are held (the other process's
 own context included, measured when it starts); the polls while it takes
@@ -114,7 +114,7 @@ def main() -> int:
         print(__doc__, file=sys.stderr)
         return 2
     opts, cmd = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
-    index, every, pressure, chunk = 0, 0.002, None, 256 << 20
+    index, every, pressure, chunk = 0, 0.002, None, 64 << 20
     i = 0
     while i < len(opts):
         if opts[i] == "--device":
