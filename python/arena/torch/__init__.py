@@ -156,13 +156,13 @@ def attach(
       where they fit at all), else pieces, each module acquiring its own; a
       size ("128M"), or 0 for whole blocks always.
     fp8_compute: an image's fp8-e4m3 Linear weights (any of the three fp8-e4m3
-      schemes): "auto" (the default) computes with their FP8 bytes as they are
+      schemes): "auto" (the default) and False dequantize them at each bind
+      (bit for bit the plain model holding the dequantized weights; on the
+      H200 this is the faster path: docs/QUANT.md "Native FP8"); True binds
+      them as FP8 weights and computes with their FP8 bytes as they are
       (``torch._scaled_mm``, the input quantized per row on the fly; no
       dequantized copy) on a GPU with FP8 matmuls (compute capability 8.9 or
-      more), and dequantizes them at each bind elsewhere; False always
-      dequantizes at each bind (bit for bit the plain model holding the
-      dequantized weights); True binds them as FP8 weights everywhere (where
-      the device has no FP8 matmuls, each call dequantizes for its product).
+      more; elsewhere each call dequantizes for its product).
       The FP8 product is not bit-identical to the dequantized one (docs/QUANT.md).
     Other keywords go to :func:`arena.open` (``host_budget``: host memory for
       streamed blocks, the rest read from the image when streamed;

@@ -292,7 +292,8 @@ _FP8_SCHEMES = ("fp8-e4m3", "fp8-e4m3-tensor", "fp8-e4m3-row")
 def fp8_native(h: "Handle", info: TensorInfo, full: str, module: nn.Module) -> bool:
     """Bind this fp8-e4m3 image tensor as an FP8 weight (_fp8.py) rather than
     dequantize it at each bind: a Linear's weight of a floating dtype, and
-    ``fp8_compute`` True, or "auto" on a device with FP8 matmuls."""
+    ``fp8_compute`` True ("auto" dequantizes: measured faster on the H200, see
+    docs/QUANT.md "Native FP8")."""
     mode = getattr(h, "_fp8_compute", "auto")
     if info.scheme not in _FP8_SCHEMES or mode is False or info.dtype not in ("BF16", "F16", "F32"):
         return False
@@ -302,9 +303,7 @@ def fp8_native(h: "Handle", info: TensorInfo, full: str, module: nn.Module) -> b
     owner = module.get_submodule(owner_name) if owner_name else module
     if leaf != "weight" or not isinstance(owner, nn.Linear):
         return False
-    from ._fp8 import device_has_fp8
-
-    return mode is True or device_has_fp8(h._device)
+    return mode is True
 
 
 def _meta_of(info: TensorInfo, h: Optional["Handle"] = None) -> Dict[str, Any]:
