@@ -15,9 +15,11 @@ const char cmd_inspect_usage[] =
 	"usage: arena inspect PATH [--json]\n"
 	"\n"
 	"Show what PATH holds: metadata, then every tensor (name, dtype, shape, bytes,\n"
-	"file, offset), then totals by dtype. PATH is a .safetensors file, a sharded\n"
-	"checkpoint's index (model.safetensors.index.json), a folder holding either,\n"
-	"or an arena image (then also its blocks, chunk size and layout; the image's\n"
+	"file, offset), then totals by dtype. For a checkpoint, a line says which\n"
+	"blocks convert will make and why (the containers whose members repeat, single\n"
+	"modules alike them, what was looked at and left in globals). PATH is a\n"
+	".safetensors file, a sharded checkpoint's index (model.safetensors.index.json),\n"
+	"a folder holding either, a diffusers pipeline's folder, or an arena image (then also its blocks, chunk size and layout; the image's\n"
 	"header, manifest and chunk table are checked, its data is not: see verify).\n"
 	"The input is validated first, by the rules convert applies (a tensor's rank\n"
 	"at most 8, say); an invalid file is an error (exit 1).\n"
@@ -79,6 +81,8 @@ static int print_ckpt_text(const json_t *d)
 	printf("tensors:    %llu in %zu file%s, %s (%llu bytes)\n", num(tot, "tensors"), json_array_size(files),
 	       json_array_size(files) == 1 ? "" : "s", cli_fmt_bytes(num(tot, "bytes"), b1, sizeof(b1)),
 	       num(tot, "bytes"));
+	/* block discovery's verdict, as convert will make the layout */
+	printf("%s\n", str(json_object_get(d, "discovery"), "line"));
 	json_array_foreach(files, i, f) {
 		const json_t *meta = json_object_get(f, "metadata");
 		printf("\nfile %s: %llu bytes, header %llu bytes, %llu tensors\n", str(f, "path"), num(f, "size"),

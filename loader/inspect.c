@@ -33,7 +33,36 @@ static json_t *dims_json(uint32_t rank, const uint64_t *shape)
 	return a;
 }
 
-static json_t *ckpt_json(const char *path, const arena_ckpt *c)
+/* What block discovery finds in the checkpoint, and why (arena_plan_describe):
+ * the report's line, each container or module judged, and the globals. */
+static json_t *discovery_json(const arena_plan_report *r)
+{
+	static const char *verdicts[] = {"sequence", "single", "rejected"};
+	size_t n = arena_plan_report_line(r, NULL, 0);
+	char *line = arena_malloc(n + 1);
+	if (!line)
+		return NULL;
+	arena_plan_report_line(r, line, n + 1);
+	json_t *found = json_array();
+	for (size_t i = 0; i < r->n_found; i++) {
+		const arena_plan_found *f = &r->found[i];
+		json_array_append_new(
+			found, json_pack("{s:s,s:s,s:s,s:I,s:I,s:o,s:o,s:I,s:I,s:o}", "path", f->path, "verdict",
+					 verdicts[f->verdict], "reason", arena_plan_reason_text(f->reason), "members",
+					 (json_int_t)f->members, "alike", (json_int_t)f->alike, "first",
+					 f->first >= 0 ? json_integer(f->first) : json_null(), "last",
+					 f->last >= 0 ? json_integer(f->last) : json_null(), "tensors",
+					 (json_int_t)f->tensors, "bytes", (json_int_t)f->bytes, "like",
+					 f->like ? json_string(f->like) : json_null()));
+	}
+	json_t *o = json_pack("{s:s,s:I,s:I,s:I,s:o}", "line", line, "blocks", (json_int_t)r->n_blocks,
+			      "global_tensors", (json_int_t)r->global_tensors, "global_bytes",
+			      (json_int_t)r->global_bytes, "found", found);
+	arena_free(line);
+	return o;
+}
+
+static json_t *ckpt_json(const char *path, const arena_ckpt *c, const arena_plan_report *r)
 {
 	json_t *o = json_object();
 	json_object_set_new(o, "kind", json_string("safetensors"));
@@ -82,6 +111,12 @@ static json_t *ckpt_json(const char *path, const arena_ckpt *c)
 	json_object_set_new(o, "totals",
 			    json_pack("{s:I,s:I,s:o}", "tensors", (json_int_t)c->n_tensors, "bytes",
 				      (json_int_t)arena_ckpt_bytes(c), "by_dtype", by));
+	json_t *disc = discovery_json(r);
+	if (!disc) {
+		json_decref(o);
+		return NULL;
+	}
+	json_object_set_new(o, "discovery", disc);
 	return o;
 }
 
@@ -184,12 +219,14 @@ int arena_inspect_json(const char *path, json_t **out)
 		arena_img_close(img);
 	} else {
 		arena_ckpt *c;
+		arena_plan_report *r = NULL;
 		int rc = arena_ckpt_open(path, &c);
-		if (!rc && (rc = arena_plan_check_ckpt(c)))
+		if (!rc && ((rc = arena_plan_check_ckpt(c)) || (rc = arena_plan_describe(c, NULL, &r))))
 			arena_ckpt_close(c); /* the rules convert applies, the same error */
 		if (rc)
 			return rc;
-		o = ckpt_json(path, c);
+		o = ckpt_json(path, c, r);
+		arena_plan_report_free(r);
 		arena_ckpt_close(c);
 	}
 	if (!o)

@@ -109,9 +109,26 @@ inspect_tiny_flux() {
 	expect_rc 0
 	expect_no_err
 	expect_out "single_transformer_blocks.2."
+	expect_out "blocks: transformer_blocks (2, repeating), single_transformer_blocks (3, repeating); globals: 20 tensors"
 	run inspect "$REF/tiny_flux.safetensors" --json
 	expect_rc 0
 	expect_json_tensors 126
+	expect_out '"verdict": "sequence"'
+	expect_out '"reason": "repeating"'
+}
+
+# Blocks found from the structure whatever the container's name; what was
+# looked at and not taken is named with the reason.
+inspect_discovery() {
+	make_st "$T/t5.safetensors" '{"encoder.block.0.w":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"encoder.block.1.w":{"dtype":"U8","shape":[4],"data_offsets":[4,8]},"encoder.block.2.w":{"dtype":"U8","shape":[4],"data_offsets":[8,12]},"head.0.w":{"dtype":"U8","shape":[4],"data_offsets":[12,16]},"shared.weight":{"dtype":"U8","shape":[4],"data_offsets":[16,20]}}' 20
+	run inspect "$T/t5.safetensors"
+	expect_rc 0
+	expect_no_err
+	expect_out "blocks: encoder.block (3, repeating); globals: 2 tensors; rejected: head (one member)"
+	run inspect --json "$T/t5.safetensors"
+	expect_rc 0
+	expect_out '"path": "head"'
+	expect_out '"verdict": "rejected"'
 }
 
 inspect_quant_reference() {
@@ -272,4 +289,4 @@ cases inspect_blocks_t5_encoder inspect_blocks_unet_mid_block inspect_blocks_not
 
 cases inspect_help inspect_no_path inspect_two_paths inspect_unknown_option inspect_nonexistent \
 	inspect_corrupt_file inspect_short_file inspect_unknown_dtype inspect_no_checkpoint \
-	inspect_bad_index inspect_dtypes inspect_tiny_flux inspect_quant_reference inspect_llama_sharded
+	inspect_bad_index inspect_dtypes inspect_tiny_flux inspect_discovery inspect_quant_reference inspect_llama_sharded
