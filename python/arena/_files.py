@@ -232,7 +232,9 @@ def verify(path: PathLike, *, threads: Optional[int] = None, progress: Progress 
 def inspect(path: PathLike) -> Dict[str, Any]:
     """What a checkpoint or image holds, as ``arena inspect --json`` prints it (schema in
     docs/CLI.md): ``kind`` ("safetensors" or "arena-image"), tensors, metadata, totals;
-    for an image also its blocks, layout and coding. Raises :class:`arena.Error`."""
+    for a checkpoint also ``discovery`` (the blocks convert will make and why: its
+    ``line``, and each container judged under ``found``); for an image its blocks,
+    layout and coding. Raises :class:`arena.Error`."""
     s = ctypes.c_void_p()
     rc = _native.lib.arena_inspect(os.fsencode(os.fspath(path)), ctypes.byref(s))
     if rc:
