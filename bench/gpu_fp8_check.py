@@ -1,6 +1,7 @@
 """gpu_fp8_check.py - native FP8 (attach's fp8_compute) against the dequantized path, on the GPU.
 
 usage: python3 bench/gpu_fp8_check.py [--image FLUX-FP8.arena [--bf16 FLUX.arena]] [--iters 20]
+                                      [--rows-image ANY.arena]
 
 1. FLUX.1-dev-shaped Linears (4608 tokens: 4096 image + 512 text; each of
    flux-dev's weight shapes), weights bf16 (normal, std 0.02) quantized
@@ -71,6 +72,27 @@ def timed(fn, iters: int) -> float:
     return sorted(ts)[len(ts) // 2]
 
 
+ROWS_ARENA = None  # --rows-image: an arena on the GPU whose kernel quantizes the input's rows
+
+
+def one_pass(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, b: torch.Tensor, iters: int) -> dict:
+    """The native product with the input's rows quantized by arena's kernel in one pass
+    (arena_fp8_quantize_rows) against torch's ops: the same bytes? and the times."""
+    if ROWS_ARENA is None:
+        return {}
+    undo = _fp8.use_arena(ROWS_ARENA)
+    try:
+        xq, xs = _fp8.quantize_rows(x)
+        tq, ts = _fp8.quantize_rows_torch(x)
+        return {"rows_equal": bool(torch.equal(xq.view(torch.uint8), tq.view(torch.uint8))
+                                   and torch.equal(xs.view(torch.int32), ts.view(torch.int32))),
+                "s_rows_one_pass": timed(lambda: _fp8.quantize_rows(x), iters),
+                "s_rows_torch": timed(lambda: _fp8.quantize_rows_torch(x), iters),
+                "s_native_one_pass": timed(lambda: _fp8.scaled_linear(x, q, s, b, torch.bfloat16), iters)}
+    finally:
+        undo()
+
+
 def linears(iters: int) -> list:
     out = []
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -97,6 +119,7 @@ def linears(iters: int) -> list:
                 "native_vs_bf16": compare(y_nat, y_bf), "dequantized_vs_bf16": compare(y_deq, y_bf),
                 "grad_native_vs_dequantized": compare(xn.grad, xd.grad),
                 "s_native": timed(lambda: _fp8.scaled_linear(x, q, s, b, torch.bfloat16), iters),
+                **one_pass(x, q, s, b, iters),
                 "s_dequantized_weight": timed(lambda: F.linear(x, wd, b), iters),
                 "s_dequantize_and_linear": timed(lambda: F.linear(x, _fp8.dequantize(q, s, torch.bfloat16), b), iters),
                 "s_bf16": timed(lambda: F.linear(x, w, b), iters),
@@ -181,7 +204,13 @@ def main() -> None:
     ap.add_argument("--image")
     ap.add_argument("--bf16")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--rows-image", help="any image: opened on the GPU for arena's one-pass row quantization")
     a = ap.parse_args()
+    global ROWS_ARENA
+    if a.rows_image:
+        import arena
+
+        ROWS_ARENA = arena.open(a.rows_image, device="cuda")
     dev = torch.device("cuda")
     res: dict = {"device": torch.cuda.get_device_name(dev), "capability": list(torch.cuda.get_device_capability(dev)),
                  "has_fp8": _fp8.device_has_fp8(dev), "torch": torch.__version__}

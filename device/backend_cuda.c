@@ -320,6 +320,16 @@ static int cuda_dequant(arena_backend *base, const arena_dequant_job *j, arena_s
 	return rc;
 }
 
+/* The kernel is in fp8rows_cuda.cu; the arguments were checked by the caller. */
+static int cuda_fp8_rows(arena_backend *base, const void *x, uint64_t rows, uint64_t cols, void *q, float *scale,
+			 arena_stream *s)
+{
+	int rc = cuda_bind((cuda_backend *)base);
+	if (!rc)
+		rc = arena__fp8_rows_cuda(x, rows, cols, q, scale, (cudaStream_t)s);
+	return rc;
+}
+
 static void cuda_destroy(arena_backend *base)
 {
 	arena_free(base);
@@ -351,6 +361,7 @@ static const arena_backend_ops cuda_ops = {
 	.event_elapsed = cuda_event_elapsed,
 	.decode_hb4 = cuda_decode_hb4,
 	.dequant = cuda_dequant,
+	.fp8_rows = cuda_fp8_rows,
 	.destroy = cuda_destroy,
 };
 

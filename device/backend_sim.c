@@ -632,6 +632,27 @@ static int sim_dequant(arena_backend *base, const arena_dequant_job *j, arena_st
 	return rc;
 }
 
+/* Contract (sim): x, q and scale are the caller's host memory (torch CPU
+ * tensors); done on the calling thread once s's queued work is. */
+static int sim_fp8_rows(arena_backend *base, const void *x, uint64_t rows, uint64_t cols, void *q, float *scale,
+			arena_stream *s)
+{
+	int rc = sim_stream_sync(base, s);
+	const uint16_t *xs = x;
+	uint8_t *qs = q;
+	for (uint64_t r = 0; r < rows && !rc; r++) {
+		const uint16_t *xr = xs + r * cols;
+		float m = 0.0f;
+		for (uint64_t i = 0; i < cols; i++)
+			m = arena__amax_step(m, arena__bf16_to_f32(xr[i]));
+		const float sc = arena__e4m3_row_scale(m);
+		scale[r] = sc;
+		for (uint64_t i = 0; i < cols; i++)
+			qs[r * cols + i] = (uint8_t)arena__f32_to_e4m3_sat(ARENA__DIV(arena__bf16_to_f32(xr[i]), sc));
+	}
+	return rc;
+}
+
 static int sim_event_create(arena_backend *base, arena_event **out)
 {
 	sim_backend *b = (sim_backend *)base;
@@ -843,6 +864,7 @@ static const arena_backend_ops sim_ops = {
 	.event_elapsed = sim_event_elapsed,
 	.decode_hb4 = sim_decode_hb4,
 	.dequant = sim_dequant,
+	.fp8_rows = sim_fp8_rows,
 	.destroy = sim_destroy,
 };
 

@@ -1,5 +1,6 @@
 /* codec_cuda.h - the CUDA kernels of the cuda backend: the chunk codecs
- * (device/codec_cuda.cu) and dequantization (device/dequant_cuda.cu); plain C,
+ * (device/codec_cuda.cu), dequantization (device/dequant_cuda.cu) and an
+ * activation's FP8 rows (device/fp8rows_cuda.cu); plain C,
  * CUDA builds only. */
 #ifndef ARENA_CODEC_CUDA_H
 #define ARENA_CODEC_CUDA_H
@@ -37,6 +38,12 @@ int arena__hb4_decode_many_cuda(const struct arena_hb4_job *jobs, size_t n_jobs,
  * when the launch fails. */
 struct arena_dequant_job;
 int arena__dequant_cuda(const struct arena_dequant_job *j, cudaStream_t s);
+
+/* Queue on s the FP8 e4m3 rows of x (BF16 [rows, cols], device memory) into
+ * q (rows x cols bytes) and scale (rows floats): fp8rows_cuda.cu. The caller
+ * has checked the arguments (rows < 2^31) and made the device current.
+ * Returns 0 or ARENA_E(DEV_ERROR) with a message when the launch fails. */
+int arena__fp8_rows_cuda(const void *x, uint64_t rows, uint64_t cols, void *q, float *scale, cudaStream_t s);
 
 #ifdef __cplusplus
 }

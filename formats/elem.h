@@ -162,6 +162,21 @@ ARENA_ELEM uint32_t arena__f32_to_e4m3_sat(float f)
 	return r | (sign >> 24);
 }
 
+/* A row's FP8 e4m3 scale from its largest |x| (NaN if any was): as torch's
+ * (amax / 448).clamp(min=1e-12) in f32 (arena.torch._fp8.quantize_rows). */
+ARENA_ELEM float arena__e4m3_row_scale(float amax)
+{
+	const float s = ARENA__DIV(amax, 448.0f);
+	return s < 1e-12f ? 1e-12f : s; /* NaN stays NaN */
+}
+
+/* |x| folded into a running maximum, NaN sticking (torch's amax). */
+ARENA_ELEM float arena__amax_step(float m, float x)
+{
+	const float a = arena__f32_of(arena__bits_of(x) & 0x7FFFFFFFu);
+	return (a > m || a != a) && m == m ? a : m;
+}
+
 /* F32 -> F8_E5M2, saturating: torch's cast(clamp(x, -57344, 57344)), rounded
  * as c10 fp8e5m2_from_fp32_value; NaN gives NaN (0x7F) with its sign. */
 ARENA_ELEM uint32_t arena__f32_to_e5m2_sat(float f)

@@ -429,6 +429,19 @@ ARENA_API const char *arena_tensor_subclass(const arena *a, size_t i);
  * from an 8-bit source, a stream handle or a block outside the device's
  * memory on sim; DEV_ERROR when the launch fails. */
 ARENA_API int arena_tensor_dequantize(arena *a, size_t tensor, const void *block, void *dst, void *stream);
+/* An activation's rows to FP8 e4m3, for a native FP8 product
+ * (torch._scaled_mm; docs/QUANT.md "Native FP8"): x is BF16 [rows, cols],
+ * contiguous; q gets rows x cols FP8 e4m3 bytes and scale one f32 a row:
+ * scale = max(amax(|row|) / 448, 1e-12) in f32, q = x / scale rounded to
+ * nearest even and saturated to +-448 (NaN stays NaN; a NaN in a row makes
+ * its scale NaN), bit for bit torch's ((x.float() / s).clamp(-448,
+ * 448)).to(float8_e4m3fn). One pass over x. cuda: device memory, one kernel
+ * queued on `stream` after the work queued there so far; sim: host memory,
+ * done before it returns. No rows: nothing done (NULL pointers allowed where
+ * nothing is read or written). USAGE: a NULL pointer that would be used, 2^31
+ * rows or more; DEV_ERROR when the launch fails. */
+ARENA_API int arena_fp8_quantize_rows(arena *a, const void *x, uint64_t rows, uint64_t cols, void *q, float *scale,
+				      void *stream);
 
 /* ---- writing images ---------------------------------------------------------- */
 

@@ -182,6 +182,23 @@ int arena_tensor_dequantize(arena *a, size_t tensor, const void *block, void *ds
 	return unlock(a, rc);
 }
 
+int arena_fp8_quantize_rows(arena *a, const void *x, uint64_t rows, uint64_t cols, void *q, float *scale,
+			    void *stream)
+{
+	int rc = lock(a, "arena_fp8_quantize_rows");
+	if (rc)
+		return rc;
+	arena_stream *s;
+	if ((rows && cols && (!x || !q)) || (rows && !scale))
+		rc = arena_errorf(ARENA_E_USAGE, "arena_fp8_quantize_rows: NULL %s", !scale ? "scale" : !x ? "x" : "q");
+	else if (rows >= (1ull << 31) || (rows && cols > UINT64_MAX / rows))
+		rc = arena_errorf(ARENA_E_USAGE, "arena_fp8_quantize_rows: %llu rows of %llu: too many",
+				  (unsigned long long)rows, (unsigned long long)cols);
+	else if (rows && !(rc = stream_of(a, stream, &s)))
+		rc = a->be->ops->fp8_rows(a->be, x, rows, cols, q, scale, s);
+	return unlock(a, rc);
+}
+
 uint64_t arena_step_count(const arena *a)
 {
 	if (lock(a, "arena_step_count"))

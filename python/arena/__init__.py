@@ -474,6 +474,29 @@ class Arena:
         """dequantize without its checks (arena.torch: the caller made dst right)."""
         _check(_native.lib.arena_tensor_dequantize(self._handle(), index, block_address, dst, stream))
 
+    def fp8_quantize_rows(self, x: Any, q: Any, scale: Any, stream: Optional[int] = None) -> None:
+        """``x`` (a contiguous BF16 torch tensor [rows, cols] on the arena's device; a
+        CPU tensor on sim) to FP8 e4m3 a row, in one pass: ``q`` (float8_e4m3fn, x's
+        shape) and ``scale`` (float32, [rows, 1]) get what ``arena.torch``'s native
+        FP8 product takes, bit for bit torch's ``s = (amax(|row|) / 448).clamp(min=
+        1e-12)``, ``q = (x.float() / s).clamp(-448, 448).to(float8_e4m3fn)``
+        (``arena_fp8_quantize_rows``). On CUDA queued on ``stream`` (None: the default
+        stream); on sim done when this returns. Raises arena.Error USAGE for tensors
+        that are not so."""
+        import torch
+
+        dev = self.device
+        rows, cols = (x.shape[0], x.shape[1]) if x.dim() == 2 else (0, 0)
+        for t, dt, shape in ((x, torch.bfloat16, (rows, cols)), (q, torch.float8_e4m3fn, (rows, cols)),
+                             (scale, torch.float32, (rows, 1))):
+            if (x.dim() != 2 or t.dtype != dt or tuple(t.shape) != shape or not t.is_contiguous()
+                    or str(t.device) != dev):
+                raise Error("USAGE", f"fp8_quantize_rows: x, q and scale must be contiguous {dev} tensors: "
+                                     f"x [rows, cols] bfloat16, q of its shape float8_e4m3fn, scale [rows, 1] "
+                                     f"float32; got {t.dtype} {tuple(t.shape)} on {t.device}")
+        _check(_native.lib.arena_fp8_quantize_rows(self._handle(), x.data_ptr(), rows, cols, q.data_ptr(),
+                                                   scale.data_ptr(), stream))
+
     def tensor_index(self, name: str) -> int:
         """The C API's index of tensor ``name`` (its place in name order)."""
         self.tensor_info(name)

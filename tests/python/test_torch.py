@@ -1166,6 +1166,39 @@ class Quantized(unittest.TestCase):
         with self.assertRaises(ValueError):
             at.attach(model(), path, fp8_compute="yes", **RESIDENT)
 
+    def test_fp8_rows_one_pass(self):
+        """arena_fp8_quantize_rows (the native product's input quantization in one pass;
+        the CUDA kernel shares its element rules) gives torch's ops' bytes: scales and
+        FP8 codes bit for bit, rows of every magnitude, zeros (the 1e-12 floor),
+        subnormal results, exact halves, the saturation edge, an infinity and a NaN, odd
+        lengths; refusals name what is wrong."""
+        from arena.torch._fp8 import quantize_rows_torch
+
+        g = torch.Generator().manual_seed(5)
+        with arena.open(self.image("fp8-e4m3-row"), **self.STREAM) as a:
+            for rows, cols in ((16, 64), (5, 40), (3, 7), (1, 1), (0, 8)):
+                x = (torch.randn(rows, cols, generator=g) * torch.logspace(-30, 30, max(rows, 1))[:rows, None])
+                x = x.to(torch.bfloat16)
+                if rows >= 5:
+                    x[1] = 0
+                    x[2, 0] = float("inf")
+                    x[3, cols // 2] = float("nan")
+                    x[4, :4] = torch.tensor([448.0, -448.0, 2 ** -9 * 1.5, 3.0])[: min(4, cols)]
+                q = torch.empty(rows, cols, dtype=torch.float8_e4m3fn)
+                s = torch.empty(rows, 1, dtype=torch.float32)
+                a.fp8_quantize_rows(x, q, s)
+                wq, ws = quantize_rows_torch(x)
+                self.assertTrue(torch.equal(s.view(torch.int32), ws.view(torch.int32)), (rows, cols))
+                self.assertTrue(torch.equal(q.view(torch.uint8), wq.view(torch.uint8)), (rows, cols))
+            x = torch.zeros(4, 8, dtype=torch.bfloat16)
+            for bad in (dict(x=x.float()), dict(q=torch.empty(4, 8, dtype=torch.uint8)),
+                        dict(scale=torch.empty(4, dtype=torch.float32)), dict(x=x.t())):
+                args = dict(x=x, q=torch.empty(4, 8, dtype=torch.float8_e4m3fn),
+                            scale=torch.empty(4, 1, dtype=torch.float32))
+                args.update(bad)
+                with self.assertRaisesRegex(arena.Error, "fp8_quantize_rows: x, q and scale must be"):
+                    a.fp8_quantize_rows(args["x"], args["q"], args["scale"])
+
     def test_native_fp8_product(self):
         """The native path's arithmetic, checked where it can run here: the input quantized
         per row as arena's fp8-e4m3-row (amax / 448, floor 1e-12), and the product

@@ -190,6 +190,10 @@ def attach(
         h._owns_arena = True
     try:
         _bind(h, module, mode, trainable, min_saved)
+        if fp8_compute is True and str(h.arena.device).startswith("cuda"):
+            from . import _fp8
+
+            h._restore.append(_fp8.use_arena(h.arena))  # the native products' row quantization
     except BaseException:
         for undo in reversed(h._restore):
             undo()

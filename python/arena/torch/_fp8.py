@@ -29,7 +29,7 @@ Any other operation on the weight sees its dequantized values.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -53,8 +53,43 @@ def dequantize(qdata: torch.Tensor, scale: Optional[torch.Tensor], dtype: torch.
     return v.to(dtype)
 
 
+# Arenas open on a GPU whose library quantizes rows in one kernel
+# (arena_fp8_quantize_rows), by device: attach(..., fp8_compute=True) adds its
+# arena while attached. Without one, quantize_rows takes torch's ops.
+_ROWS: Dict[str, List[Any]] = {}
+
+
+def use_arena(arena: Any) -> Callable[[], None]:
+    """Let quantize_rows use ``arena``'s kernel for tensors on its device; returns
+    the undo (attach's detach runs it)."""
+    key = str(arena.device)
+    _ROWS.setdefault(key, []).append(arena)
+
+    def undo() -> None:
+        lst = _ROWS.get(key, [])
+        if arena in lst:
+            lst.remove(arena)
+        if not lst:
+            _ROWS.pop(key, None)
+
+    return undo
+
+
 def quantize_rows(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] to FP8 e4m3 with one f32 scale a row, [M, 1] (arena's fp8-e4m3-row rule)."""
+    """x [M, K] to FP8 e4m3 with one f32 scale a row, [M, 1] (arena's fp8-e4m3-row rule):
+    one pass of arena's kernel where an arena on x's GPU can (BF16, contiguous),
+    else torch's ops; the same bytes either way."""
+    arenas = _ROWS.get(str(x.device)) if x.is_cuda else None
+    if arenas and x.dtype == torch.bfloat16 and x.is_contiguous():
+        q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+        s = torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device)
+        arenas[-1].fp8_quantize_rows(x, q, s, torch.cuda.current_stream(x.device).cuda_stream)
+        return q, s
+    return quantize_rows_torch(x)
+
+
+def quantize_rows_torch(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """quantize_rows by torch's ops (several passes over x)."""
     xf = x.float()
     s = (xf.abs().amax(dim=1, keepdim=True) / _FP8_MAX).clamp(min=1e-12)
     q = (xf / s).clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn)
