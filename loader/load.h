@@ -81,6 +81,11 @@ typedef struct arena_load_opts {
 	 * decodes them each time (coded streaming). 0: host slabs hold raw
 	 * bytes. */
 	int coded_stream;
+	/* Images only: the host copies (slabs and coded copies) go into a
+	 * region shared by the processes of the host that load the same image
+	 * with the same host layout (device/hostshare.h): the first loads it,
+	 * the others map it and read only their device blocks. */
+	int share_host;
 	/* Optional: bytes done of those to do (read from files, and quantized
 	 * components), after each piece of work, from the reader threads. */
 	void (*progress)(void *ctx, uint64_t done, uint64_t total);

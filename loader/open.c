@@ -186,7 +186,7 @@ int arena__engine_opts(const arena_open_options *o, arena_engine_opts *e)
 		return arena_errorf(ARENA_E_USAGE, "arena_open: mode %d is neither ARENA_MODE_SAMPLE nor ARENA_MODE_TRAIN",
 				    o->mode);
 	if (o->flags & ~(ARENA_OPEN_STRICT | ARENA_OPEN_NO_LEARN | ARENA_OPEN_FIXED_SCHEDULE | ARENA_OPEN_PLAIN_STREAM |
-			 ARENA_OPEN_RELEASE_HOST | ARENA_OPEN_LEARN_REST))
+			 ARENA_OPEN_RELEASE_HOST | ARENA_OPEN_LEARN_REST | ARENA_OPEN_SHARE_HOST))
 		return arena_errorf(ARENA_E_USAGE, "arena_open: unknown flags 0x%x", o->flags);
 	if (o->depth > 64 || (o->keep_last > 64 && o->keep_last != ARENA_ZERO_COUNT))
 		return arena_errorf(ARENA_E_USAGE, "arena_open: depth %u or keep_last %u over 64", o->depth, o->keep_last);
@@ -479,6 +479,13 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 				  path);
 		goto fail;
 	}
+	if (!a->is_image && (o->flags & ARENA_OPEN_SHARE_HOST)) {
+		rc = arena_errorf(ARENA_E_USAGE,
+				  "%s: sharing host copies between processes (ARENA_OPEN_SHARE_HOST, share_host) needs an "
+				  "arena image, whose checksums name its bytes: arena convert it",
+				  path);
+		goto fail;
+	}
 	arena_pin_budget_probe(&a->budget, o->pin_budget, ARENA_PIN_RESERVE_AUTO, "");
 	arena_quant_opts q = {.scheme = o->quant};
 	arena_load_opts lo = {.threads = o->threads, .io = ARENA_IO_AUTO};
@@ -503,6 +510,7 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 	lo.piece_bytes = piece;
 	const char *ps = getenv("ARENA_PLAIN_STREAM"); /* for measuring: 1 = raw host copies */
 	lo.coded_stream = !(o->flags & ARENA_OPEN_PLAIN_STREAM) && !(ps && strcmp(ps, "0"));
+	lo.share_host = !!(o->flags & ARENA_OPEN_SHARE_HOST);
 	rc = a->is_image ? arena_load_image(path, &lo, &a->m, st) : arena_load_safetensors(&path, 1, NULL, &lo, &a->m, st);
 	if (rc)
 		goto fail;
