@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,7 +51,18 @@ struct arena_host_share {
 	uint8_t *map;     /* header page, host bytes, meta */
 	uint64_t total, len, meta;
 	int published;    /* named in the registry */
+	int forgotten;    /* its line dropped at exit (exit_forget) */
+	arena_host_share *next; /* in `live` */
 };
+
+/* The regions this process has published or mapped: at exit (a program
+ * that ends without closing its arenas: Python's interpreter leaves the
+ * objects DLPack tensors hold) their registry lines go, so that the last
+ * process to end removes the file as the last to close does. The memory
+ * is the kernel's to free either way. */
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+static arena_host_share *live;
+static pid_t live_pid; /* the process the list is of (a forked child's differs: it holds no line) */
 
 unsigned arena__share_publish_delay_ms;
 static atomic_long fault_at, fault_count;
@@ -208,8 +220,8 @@ static int registry_set(int lfd, const holder *h, size_t n, size_t n_before)
  * or -1 with *rc set (0 and -1: it does not exist and create is 0). The
  * file may be removed by its last holder between open and lock: then it
  * is opened again. inject: failures may be injected and are said (else
- * quiet). */
-static int registry_lock(const char *path, int create, int inject, int *rc)
+ * quiet). nonblock: fail rather than wait for the lock. */
+static int registry_lock(const char *path, int create, int inject, int nonblock, int *rc)
 {
 	*rc = 0;
 	for (int tries = 0; tries < 1000; tries++) {
@@ -231,7 +243,7 @@ static int registry_lock(const char *path, int create, int inject, int *rc)
 			return -1;
 		}
 		int e = 0;
-		while ((inject && fault()) || flock(lfd, LOCK_EX) < 0) {
+		while ((inject && fault()) || flock(lfd, LOCK_EX | (nonblock ? LOCK_NB : 0)) < 0) {
 			if (errno != EINTR) {
 				e = errno;
 				break;
@@ -361,6 +373,46 @@ static holder self_holder(const arena_host_share *s)
 	return me;
 }
 
+static void exit_forget(void)
+{
+	pthread_mutex_lock(&live_mu);
+	for (arena_host_share *s = live; s && live_pid == getpid(); s = s->next) {
+		int rc, lfd = registry_lock(s->path, 0, 0, 1, &rc); /* never waits at exit: a line left is dropped later */
+		if (lfd >= 0) {
+			registry_forget(s->path, lfd, (long)live_pid, s->fd);
+			flock(lfd, LOCK_UN);
+			close(lfd);
+		}
+		s->forgotten = 1;
+	}
+	pthread_mutex_unlock(&live_mu);
+}
+
+/* s is named in the registry now: listed for exit_forget. */
+static void live_add(arena_host_share *s)
+{
+	static int at_exit; /* exit_forget registered */
+	pthread_mutex_lock(&live_mu);
+	if (!at_exit)
+		at_exit = atexit(exit_forget) == 0;
+	if (live_pid != getpid()) /* a forked child: its parent's list is not its own */
+		live = NULL, live_pid = getpid();
+	s->next = live;
+	live = s;
+	pthread_mutex_unlock(&live_mu);
+}
+
+static void live_remove(arena_host_share *s)
+{
+	pthread_mutex_lock(&live_mu);
+	for (arena_host_share **p = &live; *p && live_pid == getpid(); p = &(*p)->next)
+		if (*p == s) {
+			*p = s->next;
+			break;
+		}
+	pthread_mutex_unlock(&live_mu);
+}
+
 int arena_host_share_open(const arena_share_key *key, uint64_t len, uint64_t meta, arena_host_share **out,
 			  int *complete)
 {
@@ -380,7 +432,7 @@ int arena_host_share_open(const arena_share_key *key, uint64_t len, uint64_t met
 	int rc;
 	holder *h = NULL;
 	size_t n = 0;
-	s->lfd = registry_lock(s->path, 1, 1, &rc);
+	s->lfd = registry_lock(s->path, 1, 1, 0, &rc);
 	if (s->lfd < 0)
 		goto fail;
 	if ((rc = registry_read(s->lfd, &h, &n, 0)))
@@ -403,6 +455,7 @@ int arena_host_share_open(const arena_share_key *key, uint64_t len, uint64_t met
 		if ((rc = registry_set(s->lfd, h, n + 1, n)))
 			goto fail;
 		s->published = 1;
+		live_add(s);
 		*complete = 1;
 		flock(s->lfd, LOCK_UN);
 		close(s->lfd);
@@ -462,6 +515,7 @@ int arena_host_share_publish(arena_host_share *s)
 		return rc;
 	mprotect(s->map, PAGE, PROT_READ); /* best effort: the header is never written again */
 	s->published = 1;
+	live_add(s);
 	flock(s->lfd, LOCK_UN);
 	close(s->lfd);
 	s->lfd = -1;
@@ -483,7 +537,8 @@ void arena_host_share_close(arena_host_share *s)
 		flock(s->lfd, LOCK_UN);
 		close(s->lfd);
 	} else if (s->published) {
-		int rc, lfd = registry_lock(s->path, 0, 0, &rc);
+		live_remove(s);
+		int rc, lfd = s->forgotten ? -1 : registry_lock(s->path, 0, 0, 0, &rc);
 		if (lfd >= 0) {
 			registry_forget(s->path, lfd, pid, s->fd);
 			flock(lfd, LOCK_UN);
