@@ -124,6 +124,7 @@ def main() -> None:
     parts: Optional[Dict[str, Any]] = None
     if rank == 0:
         workdir = args.workdir or tempfile.mkdtemp(prefix="train-lora-ddp-")
+        os.makedirs(workdir, exist_ok=True)
         if args.random:
             parts, config, weights = random_models(workdir, args.random)
             image = args.image or os.path.join(workdir, "transformer.arena")
