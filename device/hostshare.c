@@ -314,7 +314,9 @@ static int map_holder(arena_host_share *s, const holder *h)
 	}
 	void *m = fault() ? MAP_FAILED : mmap(NULL, s->total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (m == MAP_FAILED) {
+		const int e = errno;
 		close(fd);
+		errno = e;
 		return -1;
 	}
 	s->fd = fd;
