@@ -2,6 +2,7 @@
  * (see hostshare.h and docs/SHARING.md). */
 #include "hostshare.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -32,6 +33,7 @@ typedef struct share_header {
 	char magic[8];
 	uint32_t version, state;
 	uint64_t key[2];
+	uint64_t image[2];
 	uint64_t len, meta;
 } share_header;
 
@@ -287,28 +289,44 @@ static void registry_forget(const char *path, int lfd, long pid, int fd)
 
 /* ---- the region ---------------------------------------------------------------- */
 
-/* Map holder h's region when it is the complete region s names: 1 (s->fd
- * and s->map set), or 0. */
-static int map_holder(arena_host_share *s, const holder *h)
+/* Open holder h's descriptor when it is a complete region called `name`
+ * (the link names our memfd, the header says so): the descriptor (O_RDWR
+ * when `rw`), its header in *hd; or -1. */
+static int holder_open(const char *name, const holder *h, int rw, share_header *hd)
 {
 	char p[64], link[256];
 	snprintf(p, sizeof(p), "/proc/%ld/fd/%d", h->pid, h->fd);
 	ssize_t n = readlink(p, link, sizeof(link) - 1);
 	if (n <= 0)
-		return 0;
+		return -1;
 	link[n] = 0;
 	char want[64];
-	int k = snprintf(want, sizeof(want), "/memfd:%s", s->name);
+	int k = snprintf(want, sizeof(want), "/memfd:%s", name);
 	if (strncmp(link, want, (size_t)k) || (link[k] && link[k] != ' '))
-		return 0; /* that descriptor is something else now: never opened */
-	int fd = open(p, O_RDWR | O_CLOEXEC);
+		return -1; /* that descriptor is something else now: never opened */
+	int fd = open(p, (rw ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	struct stat st;
+	if (fstat(fd, &st) < 0 || pread(fd, hd, sizeof(*hd), 0) != (ssize_t)sizeof(*hd) || memcmp(hd->magic, MAGIC, 8) ||
+	    hd->version != VERSION || hd->state != COMPLETE ||
+	    (uint64_t)st.st_size != PAGE + page_up(hd->len) + page_up(hd->meta)) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* Map holder h's region when it is the complete region s names: 1 (s->fd
+ * and s->map set), 0 (not it), or -1 (it, but it could not be mapped:
+ * errno). */
+static int map_holder(arena_host_share *s, const holder *h)
+{
+	share_header hd;
+	int fd = holder_open(s->name, h, 1, &hd);
 	if (fd < 0)
 		return 0;
-	share_header hd;
-	struct stat st;
-	if (fstat(fd, &st) < 0 || (uint64_t)st.st_size != s->total || pread(fd, &hd, sizeof(hd), 0) != (ssize_t)sizeof(hd) ||
-	    memcmp(hd.magic, MAGIC, 8) || hd.version != VERSION || hd.state != COMPLETE || hd.key[0] != s->key.h[0] ||
-	    hd.key[1] != s->key.h[1] || hd.len != s->len || hd.meta != s->meta) {
+	if (hd.key[0] != s->key.h[0] || hd.key[1] != s->key.h[1] || hd.len != s->len || hd.meta != s->meta) {
 		close(fd);
 		return 0;
 	}
@@ -322,6 +340,49 @@ static int map_holder(arena_host_share *s, const holder *h)
 	s->fd = fd;
 	s->map = m;
 	return 1;
+}
+
+static const char *share_dir(void)
+{
+	const char *dir = getenv("ARENA_SHARE_DIR");
+	return dir && *dir ? dir : "/dev/shm";
+}
+
+uint64_t arena_host_share_image_bytes(const uint64_t image[2])
+{
+	DIR *d = opendir(share_dir());
+	if (!d)
+		return 0;
+	uint64_t best = 0;
+	for (struct dirent *e; (e = readdir(d));) {
+		size_t n = strlen(e->d_name);
+		if (strncmp(e->d_name, "arena-", 6) || n != 6 + 32 + 5 || strcmp(e->d_name + n - 5, ".lock"))
+			continue;
+		char name[48], path[4096];
+		snprintf(name, sizeof(name), "%.*s", (int)(n - 5), e->d_name);
+		snprintf(path, sizeof(path), "%s/%s", share_dir(), e->d_name);
+		int rc, lfd = registry_lock(path, 0, 0, 1, &rc); /* a loader holds it: skipped */
+		if (lfd < 0)
+			continue;
+		holder *h = NULL;
+		size_t k = 0;
+		if (registry_read(lfd, &h, &k, 1) == 0)
+			for (size_t i = 0; i < k; i++) {
+				share_header hd;
+				int fd = holder_open(name, &h[i], 0, &hd);
+				if (fd < 0)
+					continue;
+				close(fd);
+				if (hd.image[0] == image[0] && hd.image[1] == image[1] && hd.len + hd.meta > best)
+					best = hd.len + hd.meta;
+				break;
+			}
+		arena_free(h);
+		flock(lfd, LOCK_UN);
+		close(lfd);
+	}
+	closedir(d);
+	return best;
 }
 
 /* A new region: the memfd sized and mapped, its header LOADING. IO, NOMEM. */
@@ -351,6 +412,8 @@ static int make_region(arena_host_share *s)
 	hd->state = LOADING;
 	hd->key[0] = s->key.h[0];
 	hd->key[1] = s->key.h[1];
+	hd->image[0] = s->key.image[0];
+	hd->image[1] = s->key.image[1];
 	hd->len = s->len;
 	hd->meta = s->meta;
 	s->fd = fd;
@@ -429,8 +492,7 @@ int arena_host_share_open(const arena_share_key *key, uint64_t len, uint64_t met
 	s->meta = meta;
 	s->total = PAGE + page_up(len) + page_up(meta);
 	arena_share_key_name(key, s->name);
-	const char *dir = getenv("ARENA_SHARE_DIR");
-	snprintf(s->path, sizeof(s->path), "%s/%s.lock", dir && *dir ? dir : "/dev/shm", s->name);
+	snprintf(s->path, sizeof(s->path), "%s/%s.lock", share_dir(), s->name);
 	int rc;
 	holder *h = NULL;
 	size_t n = 0;

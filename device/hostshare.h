@@ -27,9 +27,11 @@
 typedef struct arena_host_share arena_host_share;
 
 /* The region's identity: a hash of everything that decides its bytes (the
- * image's content checksums and the host mapping's layout). */
+ * image's content checksums and the host mapping's layout), and the
+ * image's identity alone (arena_host_share_image_bytes). */
 typedef struct arena_share_key {
 	uint64_t h[2];
+	uint64_t image[2];
 } arena_share_key;
 
 /* Find the complete region `key` of `len` host bytes and `meta` bytes
@@ -51,6 +53,15 @@ int arena_host_share_publish(arena_host_share *s);
  * no live holder remains). An unpublished region is dropped (a process
  * waiting on it then loads). Accepts NULL. */
 void arena_host_share_close(arena_host_share *s);
+
+/* The host bytes (len + meta) of the largest complete region of image
+ * `image` (arena_share_key.image) that a live process holds, found through
+ * the registry files; 0 when there is none. A process that opens the image
+ * with a layout like that one maps those bytes instead of allocating them,
+ * yet the host's free memory (MemAvailable, the cgroup's) no longer counts
+ * them: open adds them back to its host and pinned budgets. Never waits
+ * (a registry being loaded is skipped); sets no error. */
+uint64_t arena_host_share_image_bytes(const uint64_t image[2]);
 
 /* The region's name, "arena-<32 hex>" (a buffer of 48 bytes). */
 void arena_share_key_name(const arena_share_key *key, char name[48]);

@@ -265,7 +265,9 @@ enum { ARENA_MODE_SAMPLE = 0, ARENA_MODE_TRAIN = 1 };
  * and the disk tier stay per process: releasing a block's copy drops this
  * process's view of it (the bytes stay for the others; the kernel frees
  * the region with its last process, a kill -9 included); copies a process
- * makes later (a block leaving the device) are its own. The region is a
+ * makes later (a block leaving the device) are its own. The default host
+ * budget and the pinned budget of a process that will map a region add its
+ * bytes back (the host's free memory no longer counts them). The region is a
  * memfd; processes find it through a registry file
  * $ARENA_SHARE_DIR/arena-<32 hex>.lock (default /dev/shm) that names the
  * processes holding it, removed by the last one to close (docs/SHARING.md).

@@ -127,6 +127,12 @@ typedef struct arena_load_stats {
 	double cpu_decode_s;      /* CPU seconds checking and decoding coded chunks, all threads */
 } arena_load_stats;
 
+/* The image's identity for sharing host copies between processes (its
+ * checksums of the manifest and the chunk table, and its sizes):
+ * arena_share_key.image. */
+struct arena_img_header;
+void arena__image_share_id(const struct arena_img_header *h, uint64_t id[2]);
+
 /* Load the image at `path`. On success *out owns the model. `st` may be NULL. */
 int arena_load_image(const char *path, const arena_load_opts *o, arena_model **out, arena_load_stats *st);
 

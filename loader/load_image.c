@@ -357,6 +357,17 @@ static void key_u64(arena_hash h[2], uint64_t v)
 	key_feed(h, &v, sizeof(v));
 }
 
+void arena__image_share_id(const arena_img_header *hd, uint64_t id[2])
+{
+	const uint64_t f[] = {hd->major, hd->minor, hd->flags, hd->file_size, hd->manifest_xxh3, hd->chunk_table_xxh3,
+			      hd->data_length, hd->chunk_size, hd->chunk_count, hd->stored_length, 0};
+	uint64_t g[sizeof(f) / sizeof(f[0])];
+	memcpy(g, f, sizeof(f));
+	id[0] = arena_xxh3(g, sizeof(g));
+	g[sizeof(g) / sizeof(g[0]) - 1] = 1; /* the second half: another hash of the same fields */
+	id[1] = arena_xxh3(g, sizeof(g));
+}
+
 /* The shared host region's key (device/hostshare.h): the image's identity
  * (its header's checksums of the manifest and of the chunk table, which
  * holds every chunk's checksum, and its sizes) and everything that decides
@@ -393,6 +404,7 @@ static void share_key(const arena_image *img, const arena_layout *l, const uint8
 	}
 	k->h[0] = arena_hash_digest(&h[0]);
 	k->h[1] = arena_hash_digest(&h[1]);
+	arena__image_share_id(hd, k->image);
 }
 
 /* The host blocks of a model that mapped a complete shared region are

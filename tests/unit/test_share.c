@@ -30,6 +30,7 @@
 #include "../../common/hash.h"
 #include "../../formats/codec.h"
 #include "../../device/hostshare.h"
+#include "../../formats/image.h"
 #include "../../loader/convert.h"
 #include "../../loader/open.h"
 #include "testutil.h"
@@ -643,4 +644,33 @@ Test(share, a_process_that_exits_without_closing_leaves_no_registry)
 	cr_assert_eq(waitpid(pid, &st, 0), pid);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child could not open (status %d)", st);
 	cr_assert_eq(registries(), 0, "the registry outlived its only process");
+}
+
+Test(share, a_region_held_counts_as_host_memory_a_process_will_map)
+{
+	/* the budgets of a process that will map the region add its bytes
+	 * back: the host's free memory no longer counts them */
+	arena_image *im;
+	cr_assert_eq(arena_img_open(img, &im), 0, "%s", arena_last_error());
+	uint64_t id[2], other[2];
+	arena__image_share_id(&im->hdr, id);
+	arena_img_close(im);
+	cr_assert_eq(arena_img_open(hb4, &im), 0, "%s", arena_last_error());
+	arena__image_share_id(&im->hdr, other);
+	arena_img_close(im);
+	cr_assert(id[0] != other[0] || id[1] != other[1], "two images, two identities");
+	cr_assert_eq(arena_host_share_image_bytes(id), 0, "no region yet");
+	arena_open_options o = opts(1, 0);
+	arena *a;
+	cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
+	const uint64_t held = arena_host_share_image_bytes(id);
+	cr_assert_geq(held, a->m->host_len, "the region's bytes (%llu) are found (%llu host bytes)", (unsigned long long)held,
+		      (unsigned long long)a->m->host_len);
+	cr_assert_eq(arena_host_share_image_bytes(other), 0, "another image's are not");
+	arena *b; /* a second open maps it, with the budgets widened by it */
+	cr_assert_eq(arena_open(img, &o, &b), 0, "%s", arena_last_error());
+	cr_assert(b->m->host_mapped);
+	arena_close(b);
+	arena_close(a);
+	cr_assert_eq(arena_host_share_image_bytes(id), 0, "gone with its last process");
 }
