@@ -5,6 +5,7 @@ region and the others mapping it; every block each acquires on its GPU must
 hold the bytes a process without sharing gets.
 
     python3 bench/gpu_share_check.py IMAGE [--nproc N] [--vram 8G] [--steps 3]
+    python3 bench/gpu_share_check.py TINY_FLUX.arena --sim --nproc 3 --vram 295K    (a dry run on the CPU)
 
 Prints one JSON line a process (open seconds, bytes read as the stats say,
 host copies, the region's size and this process's PSS of it, pinned or not
@@ -52,7 +53,8 @@ def digests(a: Any, steps: int) -> List[str]:
         for b in a.blocks:
             addr = a.acquire(b.index)
             t = a.slab(b.index, addr)
-            torch.cuda.synchronize()
+            if t.is_cuda:
+                torch.cuda.synchronize()
             out.append(hashlib.sha1(t.cpu().numpy().tobytes()).hexdigest())
             del t
             a.release(b.index)
@@ -60,18 +62,24 @@ def digests(a: Any, steps: int) -> List[str]:
     return out
 
 
+def sim_opts(args: Any) -> Dict[str, Any]:
+    """--sim: the simulator with no slack, so that a small vram streams."""
+    return dict(headroom=0, reserve=0, keep_last=0, piece_size=0) if args.sim else {}
+
+
 def worker(i: int, args: Any, turn: Any, done: Any, q: Any) -> None:
     import torch
 
     import arena
 
-    ngpu = torch.cuda.device_count()
-    dev = i % ngpu
-    torch.cuda.set_device(dev)
+    dev: Any = "sim"
+    if not args.sim:
+        dev = i % torch.cuda.device_count()
+        torch.cuda.set_device(dev)
     if i:
         turn.wait()  # the first loads; the others map what it loaded
     t0 = time.perf_counter()
-    a = arena.open(args.image, device=dev, vram=args.vram, share_host=True)
+    a = arena.open(args.image, device=dev, vram=args.vram, share_host=True, **sim_opts(args))
     t_open = time.perf_counter() - t0
     if not i:
         turn.set()
@@ -93,13 +101,14 @@ def main() -> None:
     ap.add_argument("--nproc", type=int, default=0, help="processes (default: one per GPU)")
     ap.add_argument("--vram", default="8G")
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--sim", action="store_true", help="the simulator instead of GPUs (a dry run of this script)")
     args = ap.parse_args()
     import torch
 
     import arena
 
-    n = args.nproc or torch.cuda.device_count()
-    ref = arena.open(args.image, device=0, vram=args.vram)  # no sharing: the reference
+    n = args.nproc or (2 if args.sim else torch.cuda.device_count())
+    ref = arena.open(args.image, device="sim" if args.sim else 0, vram=args.vram, **sim_opts(args))  # no sharing
     want = digests(ref, args.steps)
     ref.close()
     ctx = mp.get_context("spawn")
