@@ -41,8 +41,52 @@ static void drop_host_wires(const arena_layout *layout, const uint8_t *on_device
 		}
 }
 
+/* Bytes of the coded host copies' segment tables in a shared region. */
+static uint64_t share_meta_len(const arena_model *m, const uint8_t *on_device)
+{
+	uint64_t n = 0;
+	for (size_t b = 0; on_device && b < m->layout->n_blocks; b++)
+		if (on_device[b] == ARENA_PLACE_HOST && m->mem[b].wire)
+			n += m->mem[b].wire->n * sizeof(arena_wire_seg);
+	return n;
+}
+
+/* The coded host copies' segment tables to (put) or from the region's meta
+ * bytes, their plane pointers as offsets into the copy's buffer there (the
+ * processes map the region at different addresses). */
+static void share_meta_move(arena_model *m, int put)
+{
+	uint8_t *meta = arena_host_share_meta(m->share);
+	for (size_t b = 0; b < m->layout->n_blocks; b++) {
+		arena_wire *w = m->mem[b].wire;
+		if (!w || m->mem[b].dev || m->mem[b].own_host)
+			continue;
+		arena_wire_seg *t = (arena_wire_seg *)(void *)meta;
+		if (put)
+			memcpy(t, w->seg, w->n * sizeof(*t));
+		for (size_t i = 0; i < w->n; i++) {
+			arena_wire_seg *g = put ? &t[i] : &w->seg[i];
+			if (!put)
+				*g = t[i];
+			if (g->codec != ARENA_CODEC_HB4 || !g->filled)
+				continue;
+			const uint8_t **pp[4] = {&g->v.nib, &g->v.low, &g->v.exc_idx, &g->v.exc_hi};
+			for (int k = 0; k < 4; k++)
+				*pp[k] = put ? (const uint8_t *)(uintptr_t)(*pp[k] - w->buf) : w->buf + (uintptr_t)*pp[k];
+		}
+		meta += w->n * sizeof(*t);
+	}
+}
+
 int arena_model_prepare_wire(arena_layout *layout, arena_backend *be, arena_pin_budget *budget,
 			     const uint8_t *on_device, arena_wire **wires, arena_model **out)
+{
+	return arena_model_prepare_shared(layout, be, budget, on_device, wires, NULL, out);
+}
+
+int arena_model_prepare_shared(arena_layout *layout, arena_backend *be, arena_pin_budget *budget,
+			       const uint8_t *on_device, arena_wire **wires, const arena_share_key *key,
+			       arena_model **out)
 {
 	*out = NULL;
 	arena_model *m = arena_calloc(1, sizeof(*m));
@@ -87,7 +131,12 @@ int arena_model_prepare_wire(arena_layout *layout, arena_backend *be, arena_pin_
 			goto fail;
 		}
 	}
-	if (m->host_len) {
+	if (m->host_len && key) {
+		if ((rc = arena_host_share_open(key, m->host_len, share_meta_len(m, on_device), &m->share,
+						&m->host_mapped)))
+			goto fail;
+		m->host_base = arena_host_share_base(m->share);
+	} else if (m->host_len) {
 		void *p = mmap(NULL, m->host_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		if (p == MAP_FAILED) {
 			rc = arena_syserrorf(ARENA_E_NOMEM, errno, "cannot map %" PRIu64 " bytes for host slabs",
@@ -118,6 +167,8 @@ int arena_model_prepare_wire(arena_layout *layout, arena_backend *be, arena_pin_
 			m->dev_bytes += blk->bytes;
 		}
 	}
+	if (m->host_mapped)
+		share_meta_move(m, 0);
 	*out = m;
 	return 0;
 fail:
@@ -214,11 +265,21 @@ void arena_model_free(arena_model *m)
 		if (bm->dev)
 			m->backend->ops->dev_free(m->backend, bm->dev);
 	}
-	if (m->host_base)
+	if (m->share)
+		arena_host_share_close(m->share); /* its mapping; the region goes with its last holder */
+	else if (m->host_base)
 		munmap(m->host_base, m->host_len);
 	arena_free(m->mem);
 	arena_layout_free(m->layout);
 	arena_free(m);
+}
+
+int arena_model_share_publish(arena_model *m)
+{
+	if (!m->share || m->host_mapped)
+		return 0;
+	share_meta_move(m, 1);
+	return arena_host_share_publish(m->share);
 }
 
 int arena_model_host_add(arena_model *m, uint32_t b, uint8_t **slab)

@@ -22,6 +22,7 @@
 #include "../formats/layout.h"
 #include "backend.h"
 #include "budget.h"
+#include "hostshare.h"
 
 typedef struct arena_block_mem {
 	void *dev;        /* device copy of the slab, or NULL */
@@ -52,6 +53,12 @@ typedef struct arena_model {
 	uint64_t host_len;
 	uint64_t dev_bytes, host_bytes, pinned_bytes;
 	int committed;
+	/* The host mapping is a region shared by the processes of the host
+	 * (arena_model_prepare_shared), or NULL: a private one. */
+	arena_host_share *share;
+	int host_mapped;          /* it was complete: its bytes (and coded copies'
+				   * segment tables) came from another process; the
+				   * loader reads no host block */
 } arena_model;
 
 /* on_device[b] values: a host slab, device memory, or neither (the disk
@@ -74,6 +81,19 @@ int arena_model_prepare(arena_layout *layout, arena_backend *be, arena_pin_budge
 int arena_model_prepare_wire(arena_layout *layout, arena_backend *be, arena_pin_budget *budget,
 			     const uint8_t *on_device, struct arena_wire **wires, arena_model **out);
 
+/* The same with the host mapping shared (device/hostshare.h) as the region
+ * named `key` (key NULL: private, as arena_model_prepare_wire): found
+ * complete (m->host_mapped: the host slabs and the coded copies' segments
+ * are filled already; the caller must not write them), or made for the
+ * caller to fill, then arena_model_share_publish once committed. */
+int arena_model_prepare_shared(arena_layout *layout, arena_backend *be, arena_pin_budget *budget,
+			       const uint8_t *on_device, struct arena_wire **wires, const arena_share_key *key,
+			       arena_model **out);
+/* A committed model whose shared region it filled: the coded copies'
+ * segment tables written beside it, the region marked complete for the
+ * other processes. 0 (also for a model that shares nothing) or IO. */
+int arena_model_share_publish(arena_model *m);
+
 /* Make host slabs read-only and pin them in place, block by block, while the
  * budget allows (the rest stay pageable). */
 int arena_model_commit(arena_model *m);
@@ -91,7 +111,10 @@ void arena_model_host_seal(arena_model *m, uint32_t b);
 void arena_model_host_discard(arena_model *m, uint32_t b);
 /* Give block b's host copy (raw or coded, in its own mapping or the
  * shared one) back to the OS: unpinned, its pages discarded, host and wire
- * NULL. For a block on the device whose copy nothing else holds. */
+ * NULL. For a block on the device whose copy nothing else holds. In a
+ * region shared with other processes only this process's view of the
+ * pages goes (the bytes stay for the others; the kernel frees them with
+ * the region). */
 void arena_model_host_release(arena_model *m, uint32_t b);
 /* The same for a host copy kept coded: block b (no host copy, its coded
  * form's plan in disk_wire) gets a wire of that plan in a writable mapping

@@ -248,6 +248,32 @@ enum { ARENA_MODE_SAMPLE = 0, ARENA_MODE_TRAIN = 1 };
  * rest all the room there is, unless the whole model fits in half of it.
  * arena.torch sets it. An explicit reserve turns the learning off. */
 #define ARENA_OPEN_LEARN_REST 32u
+/* Images only: one host copy of the streamed blocks for every process of
+ * the host (data-parallel training: torchrun, one process per GPU). The
+ * first process to open the image with a given host layout loads the host
+ * copies into a memory region shared by the host's processes; a process
+ * that opens it with the same layout maps those pages instead of loading
+ * them (and one that opens while it is being loaded waits for it, then
+ * maps it; if the loader died, it loads it itself). The layout is
+ * everything that decides those bytes: the image's content (its
+ * checksums), which blocks have host copies (the residency plan: vram_cap,
+ * piece_size, host_budget), raw or coded copies, the library's version;
+ * processes whose layouts differ hold a copy each (still correct). Each
+ * process keeps its own engine, plan and device blocks (read from the
+ * image by each), pins its view of the region within its own pinned
+ * budget, and sees the copies read-only as always. ARENA_OPEN_RELEASE_HOST
+ * and the disk tier stay per process: releasing a block's copy drops this
+ * process's view of it (the bytes stay for the others; the kernel frees
+ * the region with its last process, a kill -9 included); copies a process
+ * makes later (a block leaving the device) are its own. The default host
+ * budget and the pinned budget of a process that will map a region add its
+ * bytes back (the host's free memory no longer counts them). The region is a
+ * memfd; processes find it through a registry file
+ * $ARENA_SHARE_DIR/arena-<32 hex>.lock (default /dev/shm) that names the
+ * processes holding it, removed by the last one to close (docs/SHARING.md).
+ * USAGE for a safetensors checkpoint; IO / NOMEM when the region cannot be
+ * made or mapped. */
+#define ARENA_OPEN_SHARE_HOST 64u
 
 /* Zero-initialize and set what you need; every 0 is the default (the CLI's
  * defaults are these). NULL options = all defaults. */

@@ -81,6 +81,11 @@ typedef struct arena_load_opts {
 	 * decodes them each time (coded streaming). 0: host slabs hold raw
 	 * bytes. */
 	int coded_stream;
+	/* Images only: the host copies (slabs and coded copies) go into a
+	 * region shared by the processes of the host that load the same image
+	 * with the same host layout (device/hostshare.h): the first loads it,
+	 * the others map it and read only their device blocks. */
+	int share_host;
 	/* Optional: bytes done of those to do (read from files, and quantized
 	 * components), after each piece of work, from the reader threads. */
 	void (*progress)(void *ctx, uint64_t done, uint64_t total);
@@ -121,6 +126,12 @@ typedef struct arena_load_stats {
 	double w_all, w_ring, w_wait, w_read, w_decode;
 	double cpu_decode_s;      /* CPU seconds checking and decoding coded chunks, all threads */
 } arena_load_stats;
+
+/* The image's identity for sharing host copies between processes (its
+ * checksums of the manifest and the chunk table, and its sizes):
+ * arena_share_key.image. */
+struct arena_img_header;
+void arena__image_share_id(const struct arena_img_header *h, uint64_t id[2]);
 
 /* Load the image at `path`. On success *out owns the model. `st` may be NULL. */
 int arena_load_image(const char *path, const arena_load_opts *o, arena_model **out, arena_load_stats *st);

@@ -344,6 +344,84 @@ int arena__load_img_stages(loader *L, worker *w)
 	return 0;
 }
 
+/* ---- a shared host region's name ------------------------------------------------ */
+
+static void key_feed(arena_hash h[2], const void *p, size_t n)
+{
+	arena_hash_update(&h[0], p, n);
+	arena_hash_update(&h[1], p, n);
+}
+
+static void key_u64(arena_hash h[2], uint64_t v)
+{
+	key_feed(h, &v, sizeof(v));
+}
+
+void arena__image_share_id(const arena_img_header *hd, uint64_t id[2])
+{
+	const uint64_t f[] = {hd->major, hd->minor, hd->flags, hd->file_size, hd->manifest_xxh3, hd->chunk_table_xxh3,
+			      hd->data_length, hd->chunk_size, hd->chunk_count, hd->stored_length, 0};
+	uint64_t g[sizeof(f) / sizeof(f[0])];
+	memcpy(g, f, sizeof(f));
+	id[0] = arena_xxh3(g, sizeof(g));
+	g[sizeof(g) / sizeof(g[0]) - 1] = 1; /* the second half: another hash of the same fields */
+	id[1] = arena_xxh3(g, sizeof(g));
+}
+
+/* The shared host region's key (device/hostshare.h): the image's identity
+ * (its header's checksums of the manifest and of the chunk table, which
+ * holds every chunk's checksum, and its sizes) and everything that decides
+ * the host mapping's bytes and places: each block's placement, place in
+ * the image and size (pieces included), and a coded copy's segments; the
+ * library's version and the sizes of the structs the region holds. */
+static void share_key(const arena_image *img, const arena_layout *l, const uint8_t *od, arena_wire *const *wplan,
+		      uint64_t piece_bytes, arena_share_key *k)
+{
+	static const char tag[] = "arena host share 1 " ARENA_VERSION_STRING;
+	arena_hash h[2];
+	arena_hash_reset(&h[0]);
+	arena_hash_reset(&h[1]);
+	arena_hash_update(&h[1], "\x5a", 1); /* the second half: another hash of the same bytes */
+	key_feed(h, tag, sizeof(tag));
+	const arena_img_header *hd = &img->hdr;
+	const uint64_t id[] = {hd->major, hd->minor, hd->flags, hd->file_size, hd->manifest_xxh3, hd->chunk_table_xxh3,
+			       hd->data_length, hd->chunk_size, hd->chunk_count, hd->stored_length, piece_bytes,
+			       sizeof(arena_wire_seg), sizeof(arena_hb4), ARENA_SLAB_ALIGN, l->n_blocks};
+	key_feed(h, id, sizeof(id));
+	for (size_t b = 0; b < l->n_blocks; b++) {
+		const uint64_t place = od ? od[b] : ARENA_PLACE_DEVICE;
+		key_u64(h, place);
+		key_u64(h, l->blocks[b].offset);
+		key_u64(h, l->blocks[b].bytes);
+		const arena_wire *w = place == ARENA_PLACE_HOST && wplan ? wplan[b] : NULL;
+		key_u64(h, w ? w->n : UINT64_MAX);
+		key_u64(h, w ? w->cap : 0);
+		for (size_t i = 0; w && i < w->n; i++) {
+			const arena_wire_seg *g = &w->seg[i];
+			const uint64_t f[] = {g->dst, g->raw, g->src, g->cap, g->chunk, g->coff, g->codec, (uint64_t)g->first};
+			key_feed(h, f, sizeof(f));
+		}
+	}
+	k->h[0] = arena_hash_digest(&h[0]);
+	k->h[1] = arena_hash_digest(&h[1]);
+	arena__image_share_id(hd, k->image);
+}
+
+/* The host blocks of a model that mapped a complete shared region are
+ * there already: not read (the ranges only they want are skipped, as the
+ * disk tier's are). */
+static void drop_host_segs(loader *L)
+{
+	size_t k = 0;
+	for (size_t i = 0; i < L->n_segs; i++) {
+		const arena_block_mem *bm = &L->m->mem[L->segs[i].block];
+		if (bm->dev)
+			L->segs[k++] = L->segs[i];
+	}
+	L->disk |= k != L->n_segs;
+	L->n_segs = k;
+}
+
 /* ---- the load ---------------------------------------------------------------- */
 
 /* Coded streaming: each block's coded form where it saves bytes (NULL
@@ -449,8 +527,11 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 	if (o->coded_stream && L.hb4 && o->backend->ops->decode_hb4 && od && (rc = arena__load_wire_plans(&L, own)))
 		goto fail;
 	img->layout = NULL;
+	arena_share_key key;
+	if (o->share_host)
+		share_key(img, own, od, L.wplan, o->piece_bytes, &key);
 	arena_model *m; /* takes the host blocks' coded forms from the plans */
-	if ((rc = arena_model_prepare_wire(own, o->backend, o->budget, od, L.wplan, &m)))
+	if ((rc = arena_model_prepare_shared(own, o->backend, o->budget, od, L.wplan, o->share_host ? &key : NULL, &m)))
 		goto fail;
 	/* The disk tier of an hb4 image reads blocks coded too (engine), and a
 	 * block that leaves the device later gets a coded host copy. */
@@ -462,8 +543,14 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 	/* Chunk descriptions need the layout: lend the model's. */
 	img->layout = m->layout;
 	L.m = m;
+	if (m->host_mapped)
+		drop_host_segs(&L);
 	rc = arena__load_run(&L, out, st, t0);
 	img->layout = NULL;
+	if (!rc && (rc = arena_model_share_publish(*out))) { /* whole, then the others may map it */
+		arena_model_free(*out);
+		*out = NULL;
+	}
 fail:
 	arena__load_files_close(&L);
 	arena_img_close(img);

@@ -186,7 +186,7 @@ int arena__engine_opts(const arena_open_options *o, arena_engine_opts *e)
 		return arena_errorf(ARENA_E_USAGE, "arena_open: mode %d is neither ARENA_MODE_SAMPLE nor ARENA_MODE_TRAIN",
 				    o->mode);
 	if (o->flags & ~(ARENA_OPEN_STRICT | ARENA_OPEN_NO_LEARN | ARENA_OPEN_FIXED_SCHEDULE | ARENA_OPEN_PLAIN_STREAM |
-			 ARENA_OPEN_RELEASE_HOST | ARENA_OPEN_LEARN_REST))
+			 ARENA_OPEN_RELEASE_HOST | ARENA_OPEN_LEARN_REST | ARENA_OPEN_SHARE_HOST))
 		return arena_errorf(ARENA_E_USAGE, "arena_open: unknown flags 0x%x", o->flags);
 	if (o->depth > 64 || (o->keep_last > 64 && o->keep_last != ARENA_ZERO_COUNT))
 		return arena_errorf(ARENA_E_USAGE, "arena_open: depth %u or keep_last %u over 64", o->depth, o->keep_last);
@@ -290,8 +290,10 @@ static int place_host(open_ctx *c, const arena_layout *l, const arena_residency_
 }
 
 /* The host budget for streamed blocks' copies: given, or what the memory
- * sources the pinned budget probed allow less its reserve. */
-static uint64_t host_budget_of(const arena *a, const arena_open_options *o)
+ * sources the pinned budget probed allow less its reserve, plus `shared`
+ * (host copies another process holds that this one will map: memory the
+ * sources no longer count as free). */
+static uint64_t host_budget_of(const arena *a, const arena_open_options *o, uint64_t shared)
 {
 	if (o->host_budget == ARENA_ZERO_BYTES)
 		return 0;
@@ -299,9 +301,26 @@ static uint64_t host_budget_of(const arena *a, const arena_open_options *o)
 		return o->host_budget;
 	const arena_pin_budget *b = &a->budget;
 	uint64_t avail = b->mem_available < b->cgroup_free ? b->mem_available : b->cgroup_free;
-	if (avail == UINT64_MAX)
+	if (avail == UINT64_MAX || avail + shared < avail)
 		return UINT64_MAX;
+	avail += shared;
 	return avail > b->reserve ? avail - b->reserve : 0;
+}
+
+/* ARENA_OPEN_SHARE_HOST: the host bytes of the image's region that another
+ * process holds complete (0: none, or not an image that opens), which this
+ * process maps rather than allocates when its layout is that one's. */
+static uint64_t shared_bytes_of(const char *path)
+{
+	arena_image *img;
+	if (arena_img_open(path, &img)) {
+		arena_error_clear(); /* the load says what is wrong with it */
+		return 0;
+	}
+	uint64_t id[2];
+	arena__image_share_id(&img->hdr, id);
+	arena_img_close(img);
+	return arena_host_share_image_bytes(id);
 }
 
 /* What the process holds on the device before arena allocates anything
@@ -479,7 +498,21 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 				  path);
 		goto fail;
 	}
+	if (!a->is_image && (o->flags & ARENA_OPEN_SHARE_HOST)) {
+		rc = arena_errorf(ARENA_E_USAGE,
+				  "%s: sharing host copies between processes (ARENA_OPEN_SHARE_HOST, share_host) needs an "
+				  "arena image, whose checksums name its bytes: arena convert it",
+				  path);
+		goto fail;
+	}
 	arena_pin_budget_probe(&a->budget, o->pin_budget, ARENA_PIN_RESERVE_AUTO, "");
+	/* Host copies another process of the host holds for this image: mapped,
+	 * not allocated, and pinned in place; the free memory the budgets were
+	 * probed from no longer counts them. */
+	const uint64_t shared = a->is_image && (o->flags & ARENA_OPEN_SHARE_HOST) ? shared_bytes_of(path) : 0;
+	if (shared && !o->pin_budget && a->budget.limit + shared > a->budget.limit &&
+	    a->budget.memlock > a->budget.limit + shared) /* never past RLIMIT_MEMLOCK */
+		a->budget.limit += shared;
 	arena_quant_opts q = {.scheme = o->quant};
 	arena_load_opts lo = {.threads = o->threads, .io = ARENA_IO_AUTO};
 	if (tune)
@@ -491,7 +524,7 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 		goto fail;
 	a->piece_size = piece;
 	const uint64_t staging = arena_engine_disk_staging();
-	open_ctx pc = {a,         path, o->profile, a->is_image, piece != 0, o->depth != 0, host_budget_of(a, o),
+	open_ctx pc = {a,         path, o->profile, a->is_image, piece != 0, o->depth != 0, host_budget_of(a, o, shared),
 		       o->host_budget != 0, staging, 0};
 	lo.backend = a->be;
 	lo.budget = &a->budget;
@@ -503,6 +536,7 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 	lo.piece_bytes = piece;
 	const char *ps = getenv("ARENA_PLAIN_STREAM"); /* for measuring: 1 = raw host copies */
 	lo.coded_stream = !(o->flags & ARENA_OPEN_PLAIN_STREAM) && !(ps && strcmp(ps, "0"));
+	lo.share_host = !!(o->flags & ARENA_OPEN_SHARE_HOST);
 	rc = a->is_image ? arena_load_image(path, &lo, &a->m, st) : arena_load_safetensors(&path, 1, NULL, &lo, &a->m, st);
 	if (rc)
 		goto fail;

@@ -653,6 +653,7 @@ def open(
     plain_stream: bool = False,
     release_host: bool = True,
     payback_steps: Optional[int] = None,
+    share_host: bool = False,
 ) -> Arena:
     """Open an arena image, a safetensors file or a sharded checkpoint folder.
 
@@ -714,6 +715,13 @@ def open(
       when the time it is predicted to save a step, this many times over, is more
       than the move's own (its copies and re-reads, estimated, then as timed);
       ``stats()``' ``move_held`` marks one held back. None = 16.
+    share_host: images only: one host copy of the streamed blocks for every
+      process of the host that opens this image with the same host layout (the
+      same caps and options): the first loads them into memory shared by the
+      host's processes, the others map those pages (one that opens while the
+      first loads waits for it). Each process keeps its own plan, engine and
+      device blocks. ``arena.torch.attach`` sets it under torch.distributed
+      (docs/PYTHON.md, "Several processes: share_host"; docs/SHARING.md).
 
     Raises :class:`Error` (``code`` "BUDGET" when the model cannot run within
     ``vram`` at all; the message says what it needs).
@@ -751,7 +759,8 @@ def open(
     o.flags = ((_native.OPEN_STRICT if strict else 0) | (0 if learn else _native.OPEN_NO_LEARN)
                | (_native.OPEN_PLAIN_STREAM if plain_stream else 0)
                | (_native.OPEN_RELEASE_HOST if release_host else 0)
-               | (_native.OPEN_LEARN_REST if learn_rest else 0))
+               | (_native.OPEN_LEARN_REST if learn_rest else 0)
+               | (_native.OPEN_SHARE_HOST if share_host else 0))
     o.profile = os.fsencode(profile) if profile else None
     o.sim_capacity = parse_size(sim_capacity, "sim_capacity") or 0
     o.sim_bandwidth = float(sim_bandwidth or 0)

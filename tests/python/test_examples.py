@@ -1,4 +1,4 @@
-"""examples/sample_flux.py and examples/train_lora.py at their tiny configs, run as a user runs them.
+"""examples/sample_flux.py, examples/train_lora.py and examples/train_lora_ddp.py at their tiny configs, run as a user runs them.
 
     python tests/python/test_examples.py -v      (torch, diffusers, peft and arena installed)
 
@@ -6,7 +6,12 @@ sample_flux: the PNG is the size asked for, and the same pixels as the plain
 transformer's (--plain). train_lora: finite losses, previews, a run resumed
 from its checkpoint ends with the same LoRA bit for bit as one that was not
 stopped, and the LoRA file loads back into a FLUX pipeline (diffusers'
-load_lora_weights) and changes its transformer's output.
+load_lora_weights) and changes its transformer's output. train_lora_ddp: two
+processes (torchrun, gloo) compute the LoRA gradients one process computes
+with --grad-accum 2, bit for bit, and hold one host copy of the streamed
+blocks (the sum of their PSS of the shared region is its size, each holding
+about half), which is gone once they end; with --share-host off they share
+nothing.
 """
 
 from __future__ import annotations
@@ -30,8 +35,11 @@ from safetensors.torch import load_file
 EXAMPLES = Path(os.environ.get("ARENA_EXAMPLES_DIR", Path(__file__).resolve().parent.parent.parent / "examples"))
 
 
-def run(script: str, *args: str) -> str:
-    r = subprocess.run([sys.executable, str(EXAMPLES / script), *args], capture_output=True, text=True)
+def run(script: str, *args: str, nproc: int = 0, env: Any = None) -> str:
+    """The example run as a user runs it: ``python script``, or with nproc
+    ``torchrun --standalone --nproc_per_node=nproc script`` (a free port)."""
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc else [sys.executable]
+    r = subprocess.run([*launch, str(EXAMPLES / script), *args], capture_output=True, text=True, env=env)
     if r.returncode != 0:
         raise AssertionError(f"{script} {' '.join(args)}: exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
     return r.stdout
@@ -106,6 +114,48 @@ class Examples(unittest.TestCase):
             after = tr(**inputs)[0]
         self.assertTrue(torch.isfinite(after).all())
         self.assertFalse(torch.equal(before, after), "the LoRA changed nothing")
+
+    def test_train_lora_ddp(self) -> None:
+        shm = tempfile.mkdtemp(dir=self.tmp)  # the registry of shared regions: this test's own
+        env = dict(os.environ, ARENA_SHARE_DIR=shm, OMP_NUM_THREADS="1")
+        common = ["--tiny", "--rank", "4", "--steps", "2", "--preview-every", "0", "--checkpoint-every", "0"]
+        d = {k: os.path.join(self.tmp, f"ddp-{k}") for k in ("two", "one", "off", "w2", "w1", "w0")}
+        g2, g1 = os.path.join(self.tmp, "grads-2.pt"), os.path.join(self.tmp, "grads-1.pt")
+        line = re.compile(r"host copies of the streamed blocks: (\d+) bytes; shared region (\d+) bytes; "
+                          r"its PSS in the (\d+) processes: ([\d +]+) = (\d+) bytes")
+        out = run("train_lora_ddp.py", *common, "--out", d["two"], "--workdir", d["w2"], "--save-grads", g2,
+                  nproc=2, env=env)
+        self.assertIn("2 processes", out)
+        m = line.search(out)
+        assert m, out
+        host, size, n = int(m[1]), int(m[2]), int(m[3])
+        pss = [int(x) for x in m[4].split(" + ")]
+        self.assertEqual(n, 2)
+        self.assertGreater(host, 100_000, "the tiny caps stream most blocks")
+        self.assertGreaterEqual(size, host, out)  # the slabs, page aligned, and a header page
+        self.assertLess(size, 2 * host, out)
+        # One copy between them: their PSS of it sums to its size, each about half.
+        self.assertLessEqual(abs(sum(pss) - size), size // 10, out)
+        self.assertTrue(all(0.3 * size < p < 0.7 * size for p in pss), out)
+        self.assertEqual(os.listdir(shm), [], "the registry outlived the processes")
+        # One process taking both examples of each step: the same gradients.
+        out1 = run("train_lora_ddp.py", *common, "--out", d["one"], "--workdir", d["w1"], "--grad-accum", "2",
+                   "--save-grads", g1, env=env)
+        self.assertIn("1 processes", out1)
+        a, b = torch.load(g2), torch.load(g1)
+        self.assertTrue(a and sorted(a) == sorted(b), (sorted(a)[:3], sorted(b)[:3]))
+        self.assertTrue(all(".lora_" in k for k in a), list(a)[:3])
+        diff = [k for k in a if not torch.equal(a[k], b[k])]
+        self.assertEqual(diff, [], "two processes' LoRA gradients differ from one process's")
+        la = load_file(os.path.join(d["two"], "pytorch_lora_weights.safetensors"))
+        lb = load_file(os.path.join(d["one"], "pytorch_lora_weights.safetensors"))
+        self.assertTrue(la and all(torch.equal(la[k], lb[k]) for k in la), "the LoRAs after 2 steps differ")
+        # share_host off: no shared region at all.
+        out0 = run("train_lora_ddp.py", *common, "--out", d["off"], "--workdir", d["w0"], "--share-host", "off",
+                   nproc=2, env=env)
+        m = line.search(out0)
+        assert m, out0
+        self.assertEqual((int(m[2]), int(m[5])), (0, 0), out0)
 
 
 if __name__ == "__main__":

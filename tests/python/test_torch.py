@@ -468,6 +468,68 @@ def inputs_t(T: int, seed: int = 0) -> dict:
     return x
 
 
+class ShareHost(unittest.TestCase):
+    """share_host and group outside torch.distributed (the processes' case is
+    tests/python/test_examples.py's train_lora_ddp, and tests/unit/test_share.c)."""
+
+    def setUp(self):
+        self.shm = tempfile.mkdtemp(dir=TMP)
+        os.environ["ARENA_SHARE_DIR"] = self.shm
+
+    def tearDown(self):
+        del os.environ["ARENA_SHARE_DIR"]
+
+    @staticmethod
+    def regions() -> dict:
+        """The arena regions this process maps: {(name, inode): number of mappings}
+        (two memory files of one name would be two entries)."""
+        seen: dict = {}
+        for line in open("/proc/self/maps"):
+            if "/memfd:arena-" in line:
+                key = (line.split("/memfd:")[1].split()[0], line.split()[4])
+                seen[key] = seen.get(key, 0) + 1
+        return seen
+
+    def test_two_attaches_share_one_region_and_equal_plain(self):
+        with torch.no_grad():
+            want = model(meta=False)(**inputs()).sample
+        m1, m2 = model(), model()
+        h1 = at.attach(m1, IMG, share_host=True, **STREAM)
+        h2 = at.attach(m2, IMG, share_host=True, **STREAM)
+        self.assertGreater(h2.plan()["n_streamed"], 0)
+        r = self.regions()
+        self.assertEqual(len(r), 1, f"one region for one layout: {r}")
+        self.assertGreaterEqual(list(r.values())[0], 4, "each arena maps its header and its slabs")
+        self.assertEqual(len(os.listdir(self.shm)), 1)
+        with torch.no_grad():
+            for _ in range(2):
+                self.assertTrue(torch.equal(m1(**inputs()).sample, want))
+                self.assertTrue(torch.equal(m2(**inputs()).sample, want))
+        h1.detach()
+        h2.detach()
+
+    def test_share_host_off_by_default_without_distributed(self):
+        self.assertEqual(at.local_ranks(), (0, 1))
+        h = at.attach(model(), IMG, **STREAM)
+        self.assertEqual(self.regions(), {}, "no region without share_host outside torch.distributed")
+        h.detach()
+
+    def test_refused_combinations(self):
+        with self.assertRaises(arena.Error) as cm:
+            at.attach(model(), IMG, group=object(), **STREAM)
+        self.assertEqual(cm.exception.code, "USAGE")
+        self.assertIn("torch.distributed is not initialized", cm.exception.message)
+        with arena.open(IMG, **STREAM) as a:
+            with self.assertRaises(arena.Error) as cm:
+                at.attach(model(), a, share_host=True)
+            self.assertEqual(cm.exception.code, "USAGE")
+        ckpt = os.path.join(FIX, "tiny_flux.safetensors")
+        with self.assertRaises(arena.Error) as cm:
+            arena.open(ckpt, share_host=True, **STREAM)
+        self.assertEqual(cm.exception.code, "USAGE")
+        self.assertIn("arena convert it", cm.exception.message)
+
+
 class ZeroSettings(unittest.TestCase):
     """attach(module, image) with nothing else runs, equal to the plain model; under
     vram, torch's need is learned per work and the process stays within it."""

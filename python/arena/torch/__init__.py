@@ -80,14 +80,15 @@ from typing import Any, Callable, Iterable, Optional, Union
 
 from torch import nn
 
-from .. import Arena, Size, parse_size
+from .. import Arena, Error, Size, parse_size
 from .. import open as _open  # attach's opener, by this name here (bench/torch_flux.py times it)
 from ._attach import _bind
 from ._blocks import _BlockBinding, _in_backward  # (bench/gpu_quant_check.py watches the binds)
 from ._handle import Handle, Trace
 from ._quant import Binding, register_binding, save_image
+from ._share import local_ranks, open_shared
 
-__all__ = ["attach", "Handle", "Trace", "save_image", "register_binding", "Binding"]
+__all__ = ["attach", "Handle", "Trace", "save_image", "register_binding", "Binding", "local_ranks"]
 
 
 def _on_cuda(device: Union[str, int, None]) -> bool:
@@ -115,6 +116,8 @@ def attach(
     offload_saved: Union[bool, Size] = False,
     piece_size: Size = "auto",
     fp8_compute: Union[bool, str] = "auto",
+    share_host: Optional[bool] = None,
+    group: Any = None,
     **open_kwargs: Any,
 ) -> Handle:
     """Bind ``module``'s weights to the arena at ``path`` (or an open :class:`arena.Arena`).
@@ -164,6 +167,20 @@ def attach(
       dequantized copy) on a GPU with FP8 matmuls (compute capability 8.9 or
       more; elsewhere each call dequantizes for its product).
       The FP8 product is not bit-identical to the dequantized one (docs/QUANT.md).
+    share_host: one host copy of the streamed blocks for every process of the host
+      (data-parallel training: torchrun, accelerate, one process per GPU): the
+      first process of the host loads them into memory the host's processes
+      share, the others map those pages instead of reading the image again (each
+      keeps its own plan, engine and device blocks). None (the default): on when
+      torch.distributed is initialized and ``group`` has more than one process on
+      this host, else off. Processes share when they open the same image with the
+      same caps and options (the same host layout); others hold a copy each.
+    group: the torch.distributed process group whose processes attach together
+      (None: the default group). Under torch.distributed ``attach`` is then a
+      collective of the group: every process of it calls it; one process per
+      host opens first (found with the group's ``all_gather_object``), the others
+      after the group's ``barrier``. On NCCL, set each process's CUDA device first
+      (``torch.cuda.set_device(local_rank)``), as DDP needs.
     Other keywords go to :func:`arena.open` (``host_budget``: host memory for
       streamed blocks, the rest read from the image when streamed;
       ``plain_stream``: an hb4 image's streamed blocks are copied coded and
@@ -182,11 +199,19 @@ def attach(
     h.module = module
     h._fp8_compute = fp8_compute
     if isinstance(path, Arena):
+        if share_host or group is not None:
+            raise Error("USAGE", "attach: share_host and group apply when attach opens the image; an arena opened "
+                                 "already was opened with its own share_host (arena.open(..., share_host=True))")
         h.arena = path
     else:
         learn = open_kwargs.pop("learn_rest", reserve is None and _on_cuda(device))
-        h.arena = _open(path, mode=mode, vram=vram, device=device, reserve=reserve, headroom=headroom,
-                        depth=depth, keep_last=keep_last, piece_size=piece_size, learn_rest=learn, **open_kwargs)
+
+        def opener(share: bool) -> Arena:
+            return _open(path, mode=mode, vram=vram, device=device, reserve=reserve, headroom=headroom, depth=depth,
+                         keep_last=keep_last, piece_size=piece_size, learn_rest=learn, share_host=share,
+                         **open_kwargs)
+
+        h.arena = open_shared(opener, share_host, group)
         h._owns_arena = True
     try:
         _bind(h, module, mode, trainable, min_saved)
