@@ -38,21 +38,7 @@ run() {
 		--steps "${STEPS:-28}" >"$OUT/run.out" 2>"$e"
 	{ echo "== $n"; grep -v -e 'kept in float32' -e 'Unable to import' "$e" | tail -n 12; } >>"$OUT/pipeline-errors.txt"
 	rm -f "$e"
-	python3 - "$n" "$OUT/run.out" >>"$OUT/pipeline.jsonl" <<'PY' || log "failed: $n"
-import json, sys
-name, path = sys.argv[1], sys.argv[2]
-rec, peak = None, None
-for line in open(path):
-    if line.startswith("VRAM_PEAK "):
-        peak = json.loads(line[10:])
-    elif line.startswith("{"):
-        rec = json.loads(line)
-if rec is None:
-    sys.exit(1)
-rec["name"] = name
-rec["nvml"] = peak
-print(json.dumps(rec))
-PY
+	python3 bench/peak_record.py "$n" "$OUT/run.out" >>"$OUT/pipeline.jsonl" || log "failed: $n"
 	rm -f "$OUT/run.out"
 }
 

@@ -100,21 +100,7 @@ run() {
 	timeout "${TO:-240}" python3 bench/vram_peak.py $vp -- python3 bench/torch_flux.py "$@" --image "${RUN_IMG:-$IMG}" \
 		>"$W/run.out" 2>"$W/$n.err"
 	{ echo "== $n"; grep -v 'kept in float32' "$W/$n.err" | tail -n 20; } >>"$OUT/vram-errors.txt"
-	python3 - "$n" "$W/run.out" >>"$OUT/vram.jsonl" <<'PY' || { log "failed: $n"; tail -n 3 "$W/$n.err" >&2; }
-import json, sys
-name, path = sys.argv[1], sys.argv[2]
-rec, peak = None, None
-for line in open(path):
-    if line.startswith("VRAM_PEAK "):
-        peak = json.loads(line[10:])
-    elif line.startswith("{"):
-        rec = json.loads(line)
-if rec is None:
-    sys.exit(1)
-rec["name"] = name
-rec["nvml"] = peak
-print(json.dumps(rec))
-PY
+	python3 bench/peak_record.py "$n" "$W/run.out" >>"$OUT/vram.jsonl" || { log "failed: $n"; tail -n 3 "$W/$n.err" >&2; }
 }
 
 # A process holding all of the device but `free` bytes (plain cudaMalloc),
