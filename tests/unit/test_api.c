@@ -335,3 +335,58 @@ Test(api, dequantize_decodes_every_fp8_byte)
 	cr_assert_eq(arena__f32_to_f16(0x1.8p-25f), 0x0001);
 	cr_assert_eq(arena__f32_to_f16(-NAN) & 0x7E00, 0x7E00);
 }
+
+/* arena_fp8_quantize_rows on sim: the scale is amax / 448 (a row of zeros:
+ * the 1e-12 floor), each code decodes to x / scale within half an e4m3 step
+ * (subnormal codes: within half the smallest, 2^-10); no rows does nothing;
+ * refusals name what is wrong. */
+Test(api, fp8_quantize_rows_on_sim)
+{
+	arena_open_options o = {.backend = "sim", .vram_cap = 64 << 20};
+	arena *a;
+	cr_assert_eq(arena_open(fixture_path("tiny_flux.safetensors"), &o, &a), 0, "%s", arena_last_error());
+	enum { R = 3, C = 9 };
+	const float vals[R][C] = {{1.0f, -2.0f, 0.5f, 448.0f, -3.0f, 0.001f, 7.0f, -0.25f, 100.0f},
+				  {0},
+				  {1e-30f, -2e-30f, 3e-30f, 0, 0, 0, 0, 0, -1e-30f}};
+	uint16_t x[R][C];
+	for (int r = 0; r < R; r++)
+		for (int c = 0; c < C; c++) {
+			uint32_t u;
+			memcpy(&u, &vals[r][c], 4);
+			x[r][c] = (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16); /* to bf16, nearest even */
+		}
+	uint8_t q[R][C];
+	float s[R];
+	cr_assert_eq(arena_fp8_quantize_rows(a, x, R, C, q, s, NULL), 0, "%s", arena_last_error());
+	for (int r = 0; r < R; r++) {
+		float amax = 0;
+		for (int c = 0; c < C; c++) {
+			uint32_t u = (uint32_t)x[r][c] << 16;
+			float v;
+			memcpy(&v, &u, 4);
+			amax = fabsf(v) > amax ? fabsf(v) : amax;
+		}
+		const float want = amax / 448.0f < 1e-12f ? 1e-12f : amax / 448.0f;
+		cr_assert_eq(s[r], want, "row %d: scale %g, want %g", r, (double)s[r], (double)want);
+		for (int c = 0; c < C; c++) {
+			uint32_t u = (uint32_t)x[r][c] << 16;
+			float v;
+			memcpy(&v, &u, 4);
+			const float d = ref_fp8(q[r][c], 0), t = v / s[r];
+			cr_assert(fabsf(d - t) <= fabsf(t) / 16 + 0x1p-10f, "row %d col %d: code %02x is %g, want %g", r, c,
+				  q[r][c], (double)d, (double)t);
+		}
+	}
+	cr_assert_eq(ref_fp8(q[0][3], 0), 448.0f, "the row's largest is the format's largest");
+	cr_assert_eq(arena_fp8_quantize_rows(a, NULL, 0, 8, NULL, NULL, NULL), 0, "no rows: nothing to do");
+	cr_assert_eq(arena_fp8_quantize_rows(a, NULL, R, C, q, s, NULL), ARENA_E_USAGE);
+	cr_assert(strstr(arena_last_error(), "NULL x"), "%s", arena_last_error());
+	cr_assert_eq(arena_fp8_quantize_rows(a, x, R, C, q, NULL, NULL), ARENA_E_USAGE);
+	cr_assert(strstr(arena_last_error(), "NULL scale"), "%s", arena_last_error());
+	cr_assert_eq(arena_fp8_quantize_rows(a, x, 1ull << 31, C, q, s, NULL), ARENA_E_USAGE);
+	cr_assert(strstr(arena_last_error(), "too many"), "%s", arena_last_error());
+	cr_assert_eq(arena_fp8_quantize_rows(a, x, R, C, q, s, (void *)8), ARENA_E_USAGE);
+	cr_assert(strstr(arena_last_error(), "the simulator has none"), "%s", arena_last_error());
+	arena_close(a);
+}
