@@ -595,6 +595,38 @@ class ZeroSettings(unittest.TestCase):
         hook.remove()
         h.detach()
 
+    def test_all_resident_after_a_move_waits_for_the_copies(self):
+        """A step end whose move makes every block resident queues the promoted blocks'
+        copies; the next step, which binds resident blocks without acquiring them, waits
+        for those copies first (slow simulated copies make the race certain): every
+        output equals the plain model's."""
+        cap = 420 << 10
+        m = model()
+        h = at.attach(m, IMG, device="sim", sim_capacity="16G", sim_context="24K", vram=cap, learn_rest=True,
+                      sim_bandwidth=2e6)
+        torch_ = {"held": 0, "peak": 0}
+
+        def demand(mod, args, kwargs):
+            if torch_["held"] < 40 << 10:
+                h.arena.sim_rest(40 << 10)
+                torch_["held"] = 40 << 10
+            torch_["peak"] = torch_["held"]
+
+        hook = m.single_transformer_blocks[0].register_forward_pre_hook(demand, with_kwargs=True)
+        h._rest_memory = lambda: torch_["held"]
+        h._rest_peak = lambda: torch_["peak"]
+        h._rest_reset = lambda: torch_.update(peak=torch_["held"])
+        want = model(meta=False)(**inputs_t(16)).sample
+        with torch.no_grad():
+            for k in range(4):
+                self.assertTrue(torch.equal(m(**inputs_t(16)).sample, want), k)
+                h.end_step()
+        st = h.stats()
+        self.assertGreater(st[0]["promotions"], 0, "the first step's end promoted blocks")
+        self.assertEqual(h.plan()["n_streamed"], 0, "then everything is resident")
+        hook.remove()
+        h.detach()
+
     def test_torch_need_is_learned_per_work_and_vram_holds(self):
         """A modelled torch on the simulator (its allocator's memory in the simulated
         process, held as a cache between steps): 40 KiB at 16 tokens, 120 KiB at 48.

@@ -245,10 +245,20 @@ class Handle:
         self._step_open = True
         # When the plan streams nothing (everything fits), blocks need no
         # acquire: their device addresses hold until a step end changes the plan.
+        was = self._resident_at if self._all_resident else None
         self._all_resident = self.arena.plan()["n_streamed"] == 0
         if self._all_resident:
             idx = list(self._whole) + [i for pb in self._pieced for i in pb.pieces]
             self._resident_at = {i: self.arena.block_state(i)[1] for i in idx}
+            if self._resident_at != was:
+                # The plan changed at the last step end: blocks promoted then are
+                # being copied to the device still. An acquire makes torch's stream
+                # wait for each block's copy (the host, on sim) before the bound
+                # addresses are used.
+                st = self._stream()
+                for i in idx:
+                    self.arena.acquire(i, st)
+                    self.arena.release(i, st)
 
     def _end_step(self, work: int = 0) -> None:
         """End the step in progress (telling the engine what torch held in it and
