@@ -103,24 +103,24 @@ static int valid_shard_name(const char *s)
 	return *s && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..");
 }
 
-static int open_index(arena_ckpt *c, const char *index_path)
+/* Read the JSON document at path (a sharded checkpoint's index, a pipeline's
+ * model_index.json) into *out (the caller's). The file is known by its
+ * identity from then on: an output must not replace it. */
+static int read_index_json(arena_ckpt *c, const char *path, json_t **out)
 {
-	arena_alloc_init();
-	c->index_path = arena_strdup(index_path);
-	if (!c->index_path)
-		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", index_path);
+	*out = NULL;
+	arena_alloc_init(); /* jansson allocates through arena's allocator */
 	int fd;
 	struct stat st;
-	int rc = arena_open_input(index_path, 0, &fd, &st);
+	int rc = arena_open_input(path, 0, &fd, &st);
 	if (rc)
 		return rc;
-	/* Known by its identity once closed: an output must not replace it. */
-	char *ip = arena_strdup(index_path);
+	char *ip = arena_strdup(path);
 	arena_ckpt_file_id *ids = ip ? arena_realloc(c->indexes, (c->n_indexes + 1) * sizeof(*ids)) : NULL;
 	if (!ids) {
 		arena_free(ip);
 		close(fd);
-		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", index_path);
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", path);
 	}
 	c->indexes = ids;
 	ids[c->n_indexes++] = (arena_ckpt_file_id){ip, (uint64_t)st.st_dev, (uint64_t)st.st_ino};
@@ -132,16 +132,32 @@ static int open_index(arena_ckpt *c, const char *index_path)
 	if (!root) {
 		enum json_error_code code = json_error_code(&jerr);
 		if (code == json_error_cannot_open_file)
-			return arena_syserrorf(ARENA_E_IO, err, "%s: cannot read", index_path);
+			return arena_syserrorf(ARENA_E_IO, err, "%s: cannot read", path);
 		if (code == json_error_out_of_memory || oom)
-			return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", index_path);
-		return arena_errorf(E(IDX_JSON), "%s: line %d column %d: %s", index_path, jerr.line, jerr.column,
+			return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", path);
+		return arena_errorf(E(IDX_JSON), "%s: line %d column %d: %s", path, jerr.line, jerr.column,
 				    arena_q(jerr.text));
 	}
-	c->index_json = root;
 	/* A parse can succeed on altered text after an allocation failed. */
-	if (oom)
+	if (oom) {
+		json_decref(root);
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", path);
+	}
+	*out = root;
+	return 0;
+}
+
+static int open_index(arena_ckpt *c, const char *index_path)
+{
+	arena_alloc_init();
+	c->index_path = arena_strdup(index_path);
+	if (!c->index_path)
 		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", index_path);
+	json_t *root;
+	int rc = read_index_json(c, index_path, &root);
+	if (rc)
+		return rc;
+	c->index_json = root;
 	json_t *wm = json_is_object(root) ? json_object_get(root, "weight_map") : NULL;
 	if (!json_is_object(wm))
 		return arena_errorf(E(IDX_BAD), "%s: no \"weight_map\" object", index_path);
@@ -342,39 +358,10 @@ static int adopt(arena_ckpt *c, arena_ckpt *sub)
  * an error. */
 static int open_pipeline(arena_ckpt *c, const char *dir, const char *mi)
 {
-	arena_alloc_init(); /* jansson allocates through arena's allocator */
-	int fd;
-	struct stat st;
-	int rc = arena_open_input(mi, 0, &fd, &st);
+	json_t *root;
+	int rc = read_index_json(c, mi, &root);
 	if (rc)
 		return rc;
-	char *ip = arena_strdup(mi);
-	arena_ckpt_file_id *ids = ip ? arena_realloc(c->indexes, (c->n_indexes + 1) * sizeof(*ids)) : NULL;
-	if (!ids) {
-		arena_free(ip);
-		close(fd);
-		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", mi);
-	}
-	c->indexes = ids;
-	ids[c->n_indexes++] = (arena_ckpt_file_id){ip, (uint64_t)st.st_dev, (uint64_t)st.st_ino};
-	json_error_t jerr;
-	unsigned long mark = arena_json_parse_begin();
-	json_t *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &jerr);
-	int err = errno, oom = arena_json_parse_end(mark);
-	close(fd);
-	if (!root) {
-		enum json_error_code code = json_error_code(&jerr);
-		if (code == json_error_cannot_open_file)
-			return arena_syserrorf(ARENA_E_IO, err, "%s: cannot read", mi);
-		if (code == json_error_out_of_memory || oom)
-			return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", mi);
-		return arena_errorf(E(IDX_JSON), "%s: line %d column %d: %s", mi, jerr.line, jerr.column,
-				    arena_q(jerr.text));
-	}
-	if (oom) {
-		json_decref(root);
-		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", mi);
-	}
 	if (!json_is_object(root)) {
 		json_decref(root);
 		return arena_errorf(E(IDX_BAD), "%s: not a JSON object", mi);
