@@ -494,8 +494,11 @@ class Arena:
                 raise Error("USAGE", f"fp8_quantize_rows: x, q and scale must be contiguous {dev} tensors: "
                                      f"x [rows, cols] bfloat16, q of its shape float8_e4m3fn, scale [rows, 1] "
                                      f"float32; got {t.dtype} {tuple(t.shape)} on {t.device}")
-        _check(_native.lib.arena_fp8_quantize_rows(self._handle(), x.data_ptr(), rows, cols, q.data_ptr(),
-                                                   scale.data_ptr(), stream))
+        self._fp8_quantize_rows(x.data_ptr(), rows, cols, q.data_ptr(), scale.data_ptr(), stream)
+
+    def _fp8_quantize_rows(self, x: int, rows: int, cols: int, q: int, scale: int, stream: Optional[int]) -> None:
+        """fp8_quantize_rows without its checks (arena.torch: the caller made the tensors right)."""
+        _check(_native.lib.arena_fp8_quantize_rows(self._handle(), x, rows, cols, q, scale, stream))
 
     def tensor_index(self, name: str) -> int:
         """The C API's index of tensor ``name`` (its place in name order)."""

@@ -80,10 +80,11 @@ def quantize_rows(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     one pass of arena's kernel where an arena on x's GPU can (BF16, contiguous),
     else torch's ops; the same bytes either way."""
     arenas = _ROWS.get(str(x.device)) if x.is_cuda else None
-    if arenas and x.dtype == torch.bfloat16 and x.is_contiguous():
+    if arenas and x.dim() == 2 and x.dtype == torch.bfloat16 and x.is_contiguous():
         q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
         s = torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device)
-        arenas[-1].fp8_quantize_rows(x, q, s, torch.cuda.current_stream(x.device).cuda_stream)
+        arenas[-1]._fp8_quantize_rows(x.data_ptr(), x.shape[0], x.shape[1], q.data_ptr(), s.data_ptr(),
+                                      torch.cuda.current_stream(x.device).cuda_stream)
         return q, s
     return quantize_rows_torch(x)
 
