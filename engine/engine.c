@@ -302,7 +302,7 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	po.reserve = e->o.reserve;
 	po.learn_rest = e->o.learn_rest;
 	po.other = e->o.other;
-	if ((rc = arena_residency_plan_make(l, &po, budget, &e->plan))) {
+	if ((rc = arena_residency_plan_rounded(l, &po, be->alloc_granularity, budget, &e->plan))) {
 		if (rc == ARENA_E(BUDGET)) {
 			char msg[1024];
 			snprintf(msg, sizeof(msg), "%s", arena_last_error());

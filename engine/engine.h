@@ -399,6 +399,18 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
  * *budget less the stages, and *budget says what the plan had. */
 int arena_residency_plan_staged(const arena_layout *l, const arena_engine_opts *o, uint64_t *budget, uint64_t stage,
 				arena_residency_plan *p);
+/* The bytes a backend that allocates in units of `gran` (its
+ * alloc_granularity; 0 or 1: exact) adds to plan p's allocations: each
+ * resident block rounded up, and the ring (one allocation). */
+uint64_t arena_residency_plan_rounding(const arena_layout *l, const arena_residency_plan *p, uint64_t gran);
+/* arena_residency_plan_make on a device that allocates in units of `gran`:
+ * a plan whose bytes and their rounding pass `budget` is made again for the
+ * budget less its rounding (a few times at most: fewer resident blocks round
+ * less), so that what the backend allocates for it fits the budget; when
+ * no smaller plan fits the budget less the rounding, the first one is kept
+ * (the smallest plan: the caller's over-budget rules apply). */
+int arena_residency_plan_rounded(const arena_layout *l, const arena_engine_opts *o, uint64_t gran, uint64_t budget,
+				 arena_residency_plan *p);
 void arena_residency_plan_release(arena_residency_plan *p);
 /* A deep copy of src into dst (NOMEM: dst holds nothing to release). */
 int arena_residency_plan_copy(const arena_residency_plan *src, arena_residency_plan *dst);

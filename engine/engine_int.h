@@ -211,6 +211,7 @@ struct arena_engine {
 		uint64_t *moved;
 		uint32_t *sched;
 		uint64_t budget, gen;
+		uint64_t gran; /* the backend's alloc_granularity (arena_residency_plan_rounded) */
 		double need;
 		arena_residency_plan t; /* its plan (zero until made, and once taken) */
 		double took_s;          /* the thread's seconds making it */

@@ -403,7 +403,7 @@ static void *look_thread(void *arg)
 {
 	struct look *k = arg;
 	const double t0 = arena_now_s();
-	k->rc = arena_residency_plan_make(k->l, &k->o, k->budget, &k->t);
+	k->rc = arena_residency_plan_rounded(k->l, &k->o, k->gran, k->budget, &k->t);
 	k->took_s = arena_now_s() - t0;
 	if (k->rc)
 		snprintf(k->msg, sizeof(k->msg), "%s", arena_last_error());
@@ -437,7 +437,12 @@ static int look_start(arena_engine *e, double need)
 	struct look *k = &e->look;
 	const size_t n = e->l->n_blocks;
 	arena__engine_look_free(k); /* (one is taken before another starts: nothing to drop) */
-	*k = (struct look){.l = e->l, .o = e->o, .budget = e->rec.budget, .need = need, .gen = e->plan_gen};
+	*k = (struct look){.l = e->l,
+			   .o = e->o,
+			   .gran = e->be->alloc_granularity,
+			   .budget = e->rec.budget,
+			   .need = need,
+			   .gen = e->plan_gen};
 	k->prof = arena_malloc((n ? 4 * n : 1) * sizeof(*k->prof));
 	k->moved = e->o.moved ? arena_malloc((n ? n : 1) * sizeof(*k->moved)) : NULL;
 	k->sched = e->o.sched && e->o.n_sched ? arena_malloc(e->o.n_sched * sizeof(*k->sched)) : NULL;

@@ -99,12 +99,65 @@ void arena__engine_plan_changed(arena_engine *e)
 
 static void rest_need(arena_engine *e);
 
-/* arena_residency_plan_make, counted. */
-static int make_plan(arena_engine *e, uint64_t budget, arena_residency_plan *t)
+uint64_t arena_residency_plan_rounding(const arena_layout *l, const arena_residency_plan *p, uint64_t gran)
+{
+	if (gran <= 1 || !p->resident)
+		return 0;
+	uint64_t r = 0, ring = p->n_streamed ? (uint64_t)p->slots * p->slot_bytes : 0;
+	for (size_t b = 0; b < l->n_blocks; b++)
+		if (p->resident[b] && l->blocks[b].bytes % gran)
+			r += gran - l->blocks[b].bytes % gran;
+	return r + (ring % gran ? gran - ring % gran : 0);
+}
+
+int arena_residency_plan_rounded(const arena_layout *l, const arena_engine_opts *o, uint64_t gran, uint64_t budget,
+				 arena_residency_plan *p)
+{
+	int rc = arena_residency_plan_make(l, o, budget, p);
+	uint64_t b = budget;
+	for (int k = 0; !rc && gran > 1; k++) {
+		uint64_t r = arena_residency_plan_rounding(l, p, gran);
+		if (p->need_bytes + r <= budget)
+			return 0; /* it fits as allocated */
+		uint64_t over = p->need_bytes + r - budget;
+		b = b > over ? b - over : 0;
+		arena_residency_plan t;
+		if (k == 4 || arena_residency_plan_make(l, o, b, &t)) {
+			/* The smallest plan, if it fits as allocated; else BUDGET. */
+			arena_error_clear();
+			arena_residency_plan_release(p);
+			if ((rc = arena_residency_plan_make(l, o, 0, p)) == ARENA_E(BUDGET)) { /* its need */
+				uint64_t need = p->min_need_bytes;
+				arena_error_clear();
+				if ((rc = arena_residency_plan_make(l, o, need, p)) == 0) {
+					need += arena_residency_plan_rounding(l, p, gran);
+					if (need <= budget)
+						return 0;
+					arena_residency_plan_release(p);
+					p->min_need_bytes = need;
+					rc = arena_errorf(ARENA_E(BUDGET),
+							  "the smallest plan needs %s for weights as the device allocates them "
+							  "(in units of %s), the budget for weights is %s",
+							  arena__fmtb(need), arena__fmtb(gran), arena__fmtb(budget));
+				}
+			}
+			return rc;
+		}
+		arena_residency_plan_release(p);
+		*p = t;
+	}
+	return rc;
+}
+
+/* arena_residency_plan_make, counted, for what the backend allocates
+ * (`rounded`: arena_residency_plan_rounded; 0: for the smallest plan, made
+ * for its own need when nothing fits). */
+static int make_plan(arena_engine *e, uint64_t budget, arena_residency_plan *t, int rounded)
 {
 	e->plans_made++;
 	const double t0 = arena_now_s();
-	int rc = arena_residency_plan_make(e->l, &e->o, budget, t);
+	int rc = rounded ? arena_residency_plan_rounded(e->l, &e->o, e->be->alloc_granularity, budget, t)
+			 : arena_residency_plan_make(e->l, &e->o, budget, t);
 	e->rec.plan_s += arena_now_s() - t0;
 	return rc;
 }
@@ -136,7 +189,7 @@ int arena__engine_plan_holds(const arena_engine *e, const arena_residency_plan *
 		if (!t->resident[b] && e->l->blocks[b].bytes < slack)
 			slack = e->l->blocks[b].bytes;
 	}
-	if (budget < t->need_bytes && budget != made)
+	if (budget < t->need_bytes + arena_residency_plan_rounding(e->l, t, e->be->alloc_granularity) && budget != made)
 		return 0;
 	if (budget > made + (slack == UINT64_MAX ? 0 : slack))
 		return 0;
@@ -237,7 +290,7 @@ static int plan_now(arena_engine *e, uint64_t used, uint64_t *budget, uint64_t *
 			e->memo_age++;
 		return rc;
 	}
-	rc = make_plan(e, *budget, t);
+	rc = make_plan(e, *budget, t, 1);
 	if (rc == ARENA_E(BUDGET)) {
 		if (e->o.strict && e->o.reserve != ARENA_ENGINE_REST_UNKNOWN) {
 			char why[512];
@@ -246,7 +299,9 @@ static int plan_now(arena_engine *e, uint64_t used, uint64_t *budget, uint64_t *
 					    arena__fmtb(*budget), arena__fmtb(free_b), why);
 		}
 		arena_error_clear();
-		rc = make_plan(e, t->min_need_bytes, t); /* the smallest plan */
+		if (make_plan(e, 0, t, 0) == ARENA_E(BUDGET)) /* the smallest plan's need, unrounded */
+			arena_error_clear();
+		rc = make_plan(e, t->min_need_bytes, t, 0); /* the smallest plan */
 	}
 	if (!rc && memo)
 		arena__engine_memo_keep(e, t, *budget);

@@ -389,6 +389,10 @@ static int place(void *ctx, const arena_layout *l, uint64_t stage, const uint64_
 		}
 	}
 	rc = arena_residency_plan_staged(l, o, &budget, stage, &p); /* streaming coded takes stages too */
+	if (!rc && p.need_bytes + arena_residency_plan_rounding(l, &p, a->be->alloc_granularity) > budget) {
+		arena_residency_plan_release(&p); /* as the device allocates it (cuda: in 2 MiB units) */
+		rc = arena_residency_plan_rounded(l, o, a->be->alloc_granularity, budget, &p);
+	}
 	if (rc == ARENA_E(BUDGET)) {
 		char why[512], s1[32], s2[32], s3[32], s4[32];
 		snprintf(why, sizeof(why), "%s", arena_last_error());

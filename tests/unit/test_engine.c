@@ -1387,9 +1387,10 @@ Test(engine, over_budget_steps_do_not_plan_again)
 }
 
 /* Rounding: cuda rounds allocations up (to 2 MiB), and so does sim with a
- * granularity (64 KiB here); free memory loses that beyond the bytes asked for. The engine counts it as its
- * own: a model that fits with a little headroom left stays resident (it
- * used to read the rounding as outside pressure and demote at once). */
+ * granularity (64 KiB here); free memory loses that beyond the bytes asked
+ * for. The engine counts it as its own: a model that fits as allocated
+ * with its headroom stays resident (it used to read the rounding as outside
+ * pressure and demote at once). */
 Test(engine, allocation_rounding_is_not_pressure)
 {
 	sim_only();
@@ -1405,9 +1406,9 @@ Test(engine, allocation_rounding_is_not_pressure)
 	arena_img_close(img);
 	cr_assert_gt(loss, H, "the rounding loses more than the headroom");
 	arena_backend_destroy(be);
-	/* Room for every block rounded and half the headroom: it fits,
-	 * physically, with less slack than the rounding takes. */
-	arena_sim_opts so = {.capacity = rounded + H / 2, .h2d_bytes_per_s = 4e9, .alloc_granularity = g};
+	/* Room for every block rounded and the headroom, and less than the
+	 * rounding takes beside: read as pressure, the rounding would demote. */
+	arena_sim_opts so = {.capacity = rounded + H + H / 2, .h2d_bytes_per_s = 4e9, .alloc_granularity = g};
 	cr_assert_eq(arena_backend_sim_create(&so, &be), 0);
 	arena_model *m = load(0);
 	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
@@ -1428,6 +1429,56 @@ Test(engine, allocation_rounding_is_not_pressure)
 	be->ops->stream_destroy(be, s);
 	arena_engine_free(e);
 	arena_model_free(m);
+}
+
+/* Rounding under a cap: a plan's resident blocks are allocated rounded up
+ * (cuda: to 2 MiB; sim here: 64 KiB, on blocks of 32 to 77 KiB), so the
+ * plan counts each block as allocated: the process stays within the cap at
+ * every step, promotions included (it was over by the rounding of the
+ * blocks it made resident). */
+Test(engine, a_cap_holds_with_allocation_rounding)
+{
+	sim_only();
+	arena_image *img;
+	cr_assert_eq(arena_img_open(img_path, &img), 0);
+	const uint64_t g = 64 << 10;
+	uint64_t rounded = 0;
+	for (size_t b = 0; b < img->layout->n_blocks; b++)
+		rounded += (img->layout->blocks[b].bytes + g - 1) / g * g;
+	arena_img_close(img);
+	arena_backend_destroy(be);
+	arena_sim_opts so = {.capacity = 4 * rounded, .h2d_bytes_per_s = 4e9, .alloc_granularity = g};
+	cr_assert_eq(arena_backend_sim_create(&so, &be), 0);
+	/* Caps from the smallest plan's up to nearly all resident. */
+	for (uint64_t cap = rounded / 2; cap < rounded; cap += g / 2) {
+		arena_model *m = load(0);
+		arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+		o.cap = cap;
+		arena_engine *e;
+		int rc = arena_engine_create(m, &o, &e);
+		if (rc) {
+			cr_assert_eq(rc, ARENA_E(BUDGET), "%s", arena_last_error());
+			arena_model_free(m);
+			continue;
+		}
+		arena_stream *s;
+		cr_assert_eq(be->ops->stream_create(be, &s), 0);
+		uint64_t peak;
+		cr_assert_eq(arena_backend_sim_peak(be, 1, &peak), 0);
+		for (int step = 0; step < 6; step++) {
+			run_step(e, m, s, 0, 0);
+			cr_assert_eq(arena_backend_sim_peak(be, 1, &peak), 0);
+			arena_engine_step r;
+			cr_assert_eq(arena_engine_step_record(e, (uint64_t)step, &r), 0);
+			if (!r.over_budget)
+				cr_assert_leq(peak, cap, "cap %llu, step %d: the process peaked at %llu (%u resident)",
+					      (unsigned long long)cap, step, (unsigned long long)peak,
+					      (unsigned)arena_engine_plan(e)->n_resident);
+		}
+		be->ops->stream_destroy(be, s);
+		arena_engine_free(e);
+		arena_model_free(m);
+	}
 }
 
 Test(engine, strict_cap_is_an_error)
