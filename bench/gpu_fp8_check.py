@@ -19,13 +19,14 @@ usage: python3 bench/gpu_fp8_check.py [--image FLUX-FP8.arena [--bf16 FLUX.arena
    outputs' and LoRA gradients' differences (native against dequantized; with
    --bf16, each against the bf16 image's).
 
-Prints one JSON line. Needs a GPU with FP8 matmuls (compute capability 8.9
+Prints a JSON line for 1 and, with --image, one for 2. Needs a GPU with FP8 matmuls (compute capability 8.9
 or more: Ada, Hopper and later), torch, diffusers, peft and the arena package
 (bench/torch_flux.py's model and inputs)."""
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -171,7 +172,8 @@ def model_runs(image: str, bf16: str | None, iters: int) -> dict:
         res["streamed"] = h.plan()["n_streamed"]
         res["peak_reserved"] = torch.cuda.max_memory_reserved()
         h.detach()
-        del m, h
+        del m, h, step
+        gc.collect()  # the module's cycles: its memory back before the next run's attach counts the process
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         return res
@@ -215,9 +217,12 @@ def main() -> None:
     res: dict = {"device": torch.cuda.get_device_name(dev), "capability": list(torch.cuda.get_device_capability(dev)),
                  "has_fp8": _fp8.device_has_fp8(dev), "torch": torch.__version__}
     res["linears"] = linears(a.iters)
+    if ROWS_ARENA is not None:
+        ROWS_ARENA.close()  # its resident weights are this process's: closed before the model runs' caps
+        ROWS_ARENA = None
+    print(json.dumps(res), flush=True)  # the products' line, kept if a model run fails
     if a.image:
-        res["model"] = model_runs(a.image, a.bf16, max(3, a.iters // 4))
-    print(json.dumps(res))
+        print(json.dumps({"model": model_runs(a.image, a.bf16, max(3, a.iters // 4))}), flush=True)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,10 @@ before the first step) and its parts build_s, quantize_s (and attach_s),
 torch_max_reserved (torch's allocator; arena resets the peak statistics at
 every step end, so for arena runs it is the last step's), h2d_bytes_per_s
 (pinned host-to-device copies, measured last: bench/torch_flux.py h2d_rate).
+epoch_first_step and epoch_steps_end (time.time() when the first step starts and
+the timed steps end: against bench/vram_peak.py --timeline), and for arena
+runs memory_steps (h.arena.memory() after each step: process, other, arena,
+rest, rest_need, rest_limit, learned).
 resident adds save_image_s and image_bytes; arena adds plan (h.plan() after
 attach) and records (h.stats(), one per step: streamed_bytes, moved_bytes,
 misses...). quanto runs record quanto_marlin: false (see no_marlin).
@@ -160,11 +164,23 @@ def main() -> None:
         with torch.no_grad():
             m(**x)
 
+    if h is not None:  # arena's view of the process's memory after every step (bench/torch_flux.py's)
+        mem_steps: list = []
+        res["memory_steps"] = mem_steps
+        inner_step = step
+
+        def step():
+            inner_step()
+            mi = h.arena.memory()
+            mem_steps.append([mi[k] for k in ("process", "other", "arena", "rest", "rest_need", "rest_limit", "learned")])
+
+    res["epoch_first_step"] = time.time()
     t0 = time.perf_counter()
     step()
     torch.cuda.synchronize()
     res["first_step_s"] = time.perf_counter() - t0
     res["step_s"] = time_steps(step, a.steps)
+    res["epoch_steps_end"] = time.time()
     ss = sorted(res["step_s"])
     res["step_s_median"] = ss[len(ss) // 2]
     res["torch_max_reserved"] = torch.cuda.max_memory_reserved()

@@ -1,6 +1,6 @@
 """vram_peak.py - a command's peak device memory as the driver counts it (GPU machine).
 
-  python bench/vram_peak.py [--device 0] [--every 0.002] [--pressure SIZE@T0-T1] -- CMD ARGS...
+  python bench/vram_peak.py [--device 0] [--every 0.002] [--pressure SIZE@T0-T1] [--timeline FILE] -- CMD ARGS...
 
 Reads NVML's device-wide used memory (nvmlDeviceGetMemoryInfo().used) before
 CMD starts (so before CMD's process has a CUDA context), runs CMD, polls the
@@ -19,6 +19,11 @@ device has it (as a program whose allocator grows does), until T1. Its bytes are
 CMD's: the peak subtracts them while they are held (the other process's
 own context included, measured when it starts); the polls while it takes
 or gives them back (a few ms) are skipped and counted.
+
+--timeline FILE: writes "EPOCH_SECONDS BYTES" lines, the command's use (as the
+peak counts it) at each poll where it moved 16 MiB or more from the last line
+written, and at the peak: when the peak happened, against the times a
+harness prints (time.time()).
 
 Nothing is installed: NVML is libnvidia-ml.so.1 through ctypes (it comes with
 the driver). Exit status: CMD's.
@@ -114,13 +119,15 @@ def main() -> int:
         print(__doc__, file=sys.stderr)
         return 2
     opts, cmd = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
-    index, every, pressure, chunk = 0, 0.002, None, 64 << 20
+    index, every, pressure, chunk, timeline = 0, 0.002, None, 64 << 20, None
     i = 0
     while i < len(opts):
         if opts[i] == "--device":
             index = int(opts[i + 1]); i += 2
         elif opts[i] == "--every":
             every = float(opts[i + 1]); i += 2
+        elif opts[i] == "--timeline":
+            timeline = open(opts[i + 1], "w"); i += 2
         elif opts[i] == "--chunk":
             chunk = parse_size(opts[i + 1]); i += 2
         elif opts[i] == "--pressure":
@@ -150,6 +157,7 @@ def main() -> int:
     child = subprocess.Popen(cmd)
     state = {"other": other, "blind": False}
     blind = 0
+    last = None  # the last use the timeline wrote
 
     def drive() -> None:
         if not pp:
@@ -197,8 +205,13 @@ def main() -> int:
         polls += 1
         if u > peak:
             peak, peak_t = u, time.perf_counter() - t_start
+        if timeline and (last is None or abs(u - last) >= 16 << 20 or u == peak):
+            timeline.write(f"{time.time():.3f} {u - base}\n")
+            last = u
         time.sleep(every)
     rc = child.returncode
+    if timeline:
+        timeline.close()
     if pp:  # done with it, whatever it was doing: its memory goes with it
         pp.kill()
         pp.wait(timeout=30)
