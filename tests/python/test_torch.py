@@ -1260,6 +1260,25 @@ class Quantized(unittest.TestCase):
         with self.assertRaises(ValueError):
             at.attach(model(), path, fp8_compute="yes", **RESIDENT)
 
+    def test_fp8_auto_is_native_in_sampling_on_fp8_gpus(self):
+        """fp8_compute="auto" chooses FP8 products for sampling on a device with FP8
+        matmuls and the dequantized path in training or without them (the rule
+        _quant.fp8_auto_native; the device's capability stood in for, the CPU has none)."""
+        from arena.torch import _fp8, _quant
+
+        path = self.image("fp8-e4m3-row")
+        real = _fp8.device_has_fp8
+        for mode in ("sample", "train"):
+            m = model()
+            h = at.attach(m, path, mode=mode, **dict(self.STREAM, sim_capacity="200K", depth=2))
+            self.assertFalse(_quant.fp8_auto_native(h), "the CPU has no FP8 matmuls")
+            try:
+                _fp8.device_has_fp8 = lambda d: True
+                self.assertEqual(_quant.fp8_auto_native(h), mode == "sample", mode)
+            finally:
+                _fp8.device_has_fp8 = real
+            h.detach()
+
     def test_fp8_rows_one_pass(self):
         """arena_fp8_quantize_rows (the native product's input quantization in one pass;
         the CUDA kernel shares its element rules) gives torch's ops' bytes: scales and

@@ -159,14 +159,15 @@ def attach(
       where they fit at all), else pieces, each module acquiring its own; a
       size ("128M"), or 0 for whole blocks always.
     fp8_compute: an image's fp8-e4m3 Linear weights (any of the three fp8-e4m3
-      schemes): "auto" (the default) and False dequantize them at each bind
-      (bit for bit the plain model holding the dequantized weights; on the
-      H200 this is the faster path: docs/QUANT.md "Native FP8"); True binds
-      them as FP8 weights and computes with their FP8 bytes as they are
-      (``torch._scaled_mm``, the input quantized per row on the fly; no
-      dequantized copy) on a GPU with FP8 matmuls (compute capability 8.9 or
-      more; elsewhere each call dequantizes for its product).
-      The FP8 product is not bit-identical to the dequantized one (docs/QUANT.md).
+      schemes): True binds them as FP8 weights and computes with their FP8
+      bytes as they are (``torch._scaled_mm``, the input quantized per row in
+      one pass by arena's kernel; no dequantized copy) on a GPU with FP8
+      matmuls (compute capability 8.9 or more; elsewhere each call
+      dequantizes for its product); False dequantizes them at each bind (bit
+      for bit the plain model holding the dequantized weights). "auto" (the
+      default): True for sampling on a GPU with FP8 matmuls (on the H200
+      faster than BF16: docs/QUANT.md "Native FP8"), False in training and
+      elsewhere. The FP8 product is not bit-identical to the dequantized one.
     share_host: one host copy of the streamed blocks for every process of the host
       (data-parallel training: torchrun, accelerate, one process per GPU): the
       first process of the host loads them into memory the host's processes
@@ -215,7 +216,7 @@ def attach(
         h._owns_arena = True
     try:
         _bind(h, module, mode, trainable, min_saved)
-        if fp8_compute is True and str(h.arena.device).startswith("cuda"):
+        if fp8_compute is not False and str(h.arena.device).startswith("cuda"):
             from . import _fp8
 
             h._restore.append(_fp8.use_arena(h.arena))  # the native products' row quantization

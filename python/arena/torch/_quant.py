@@ -289,11 +289,20 @@ class InnerRef:
 _FP8_SCHEMES = ("fp8-e4m3", "fp8-e4m3-tensor", "fp8-e4m3-row")
 
 
+def fp8_auto_native(h: "Handle") -> bool:
+    """What ``fp8_compute="auto"`` chooses: FP8 products in sampling on a GPU with FP8
+    matmuls (the input's rows quantized in one pass by arena's kernel: faster than
+    BF16 on the H200), the dequantized path in training (the backward's products
+    dequantize anyway; measured slower natively). docs/QUANT.md "Native FP8"."""
+    from . import _fp8
+
+    return h.arena.mode == "sample" and _fp8.device_has_fp8(h._device)
+
+
 def fp8_native(h: "Handle", info: TensorInfo, full: str, module: nn.Module) -> bool:
     """Bind this fp8-e4m3 image tensor as an FP8 weight (_fp8.py) rather than
     dequantize it at each bind: a Linear's weight of a floating dtype, and
-    ``fp8_compute`` True ("auto" dequantizes: measured faster on the H200, see
-    docs/QUANT.md "Native FP8")."""
+    ``fp8_compute`` True, or "auto" where fp8_auto_native says so."""
     mode = getattr(h, "_fp8_compute", "auto")
     if info.scheme not in _FP8_SCHEMES or mode is False or info.dtype not in ("BF16", "F16", "F32"):
         return False
@@ -303,7 +312,7 @@ def fp8_native(h: "Handle", info: TensorInfo, full: str, module: nn.Module) -> b
     owner = module.get_submodule(owner_name) if owner_name else module
     if leaf != "weight" or not isinstance(owner, nn.Linear):
         return False
-    return mode is True
+    return mode is True or fp8_auto_native(h)
 
 
 def _meta_of(info: TensorInfo, h: Optional["Handle"] = None) -> Dict[str, Any]:
