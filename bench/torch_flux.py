@@ -280,6 +280,11 @@ def main() -> None:
     ap.add_argument("--trace", default=None, help="arena runs: after the timed steps, trace 3 more into this file")
     ap.add_argument("--trace-timed", default=None, metavar="T.json",
                     help="arena runs: trace the timed steps themselves into this file (moves, looks and all)")
+    ap.add_argument("--contend-bwd", default=None, metavar="SIZE",
+                    help="train runs: host-to-device copies of SIZE in all (pinned, 256 MiB each, on a stream "
+                         "of their own) started with each backward, beside its compute: the resident backward "
+                         "as a streamed run's copies leave it (the copy engines share the device's memory); "
+                         "records contend_bwd_bytes and contend_copy_s (the copies' own seconds a step)")
     a = ap.parse_args()
     global BLOCKS, SYNC, PHASES
     BLOCKS = a.blocks
@@ -382,6 +387,29 @@ def main() -> None:
                 HOST[name + "_host_s"] = time.perf_counter() - t0
                 HOST[name + "_device_waiting"] = bool(ev.query())
 
+        contend = None
+        if a.contend_bwd:
+            import arena as _arena
+
+            n_copies = max(1, _arena.parse_size(a.contend_bwd) // (256 << 20))
+            contend = {"src": torch.empty(256 << 20, dtype=torch.uint8, pin_memory=True),
+                       "dst": torch.empty(256 << 20, dtype=torch.uint8, device="cuda"),
+                       "stream": torch.cuda.Stream(), "n": n_copies, "evs": []}
+            res["contend_bwd_bytes"] = n_copies * (256 << 20)
+
+        def copies_beside() -> None:
+            # the copies start with the backward (the side stream waits for the forward)
+            # and run beside it; the step's end waits for them
+            c = contend
+            c["stream"].wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(c["stream"]):
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                for _ in range(c["n"]):
+                    c["dst"].copy_(c["src"], non_blocking=True)
+                e1.record()
+            c["evs"].append((e0, e1))
+
         def step():
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
@@ -392,6 +420,8 @@ def main() -> None:
                 PHASES[-1][0].record()
                 ev = PHASES[-1][0]
             caught_up("fwd", t0, ev)
+            if contend is not None:
+                copies_beside()
             t0 = time.perf_counter()
             loss.backward()
             ev = None
@@ -404,6 +434,8 @@ def main() -> None:
             t0 = time.perf_counter()
             opt.step()
             caught_up("opt", t0)
+            if contend is not None:
+                torch.cuda.current_stream().wait_stream(contend["stream"])
     else:
 
         def step():
@@ -451,6 +483,8 @@ def main() -> None:
                             round(b.elapsed_time(s1) / 1e3, 4)]
                            for s0, (f, b), s1 in zip(TIMING_EVENTS[:-1], PHASES, TIMING_EVENTS[1:])]
     PHASES = None
+    if train and contend is not None:  # the copies beside each backward: their own seconds
+        res["contend_copy_s"] = [round(e0.elapsed_time(e1) / 1e3, 4) for e0, e1 in contend["evs"]]
     ss = sorted(res["steps_s"][1:])
     res["step_s_median"] = ss[len(ss) // 2]
     res["device_peak_bytes"] = peak.used()
