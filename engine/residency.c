@@ -213,6 +213,58 @@ uint64_t arena_residency_largest_block(const arena_layout *l)
 	return big;
 }
 
+/* The ring's rule (engine.h, arena_residency_ring). A caller holds blocks
+ * while it acquires the next: in sample mode, whole blocks none (a block is
+ * released before the next is acquired: 2 slots), pieces of a block one
+ * (its call holds a piece while a module acquires the next; held anywhere
+ * in the ring, it leaves room for a slot's bytes only in a ring of 3);
+ * in train mode a recompute holds a whole block past the next block's
+ * recompute (3 slots), and in pieces all of a block's pieces until its
+ * backward: the ring holds the largest block and one piece more. */
+int arena_residency_ring(const arena_layout *l, int pieces, unsigned depth, arena_engine_opts *o)
+{
+	uint64_t hold = 0, big = 0, run = 0;
+	for (size_t b = 0; b < l->n_blocks; b++) {
+		const arena_block *k = &l->blocks[b];
+		if (!k->container)
+			continue;
+		const arena_block *prev = b ? &l->blocks[b - 1] : NULL;
+		int same = prev && prev->container && prev->index == k->index && !strcmp(prev->container, k->container);
+		run = same ? run + k->bytes : k->bytes;
+		hold = run > hold ? run : hold;
+		big = k->bytes > big ? k->bytes : big;
+	}
+	const int train = o->mode == ARENA_MODE_TRAIN, split = pieces && hold > big;
+	const unsigned kl = train ? o->keep_last : 0;
+	uint64_t per = split ? (hold + big - 1) / big : 1; /* slots of the largest piece a block takes */
+	uint64_t need = train ? (per + 1 > 3 ? per + 1 : 3) : split ? 3 : 2; /* the least slots */
+	uint64_t least = need > 2 + (uint64_t)kl ? need - 1 - kl : 1;  /* the least depth */
+	uint64_t dflt = ARENA_ENGINE_DEFAULT_DEPTH;
+	if (train && split && per > dflt) /* a block's pieces, keep_last on top */
+		dflt = per < ARENA__MAX_DEPTH ? per : ARENA__MAX_DEPTH;
+	o->min_slot = pieces ? big : 0;
+	const char *why = !train ? "sampling in pieces holds a piece while its block's next one is acquired"
+		: split ? "training in pieces holds a block's pieces from its recompute to its backward"
+			: "training holds a block from its recompute to its backward, past the next block's recompute";
+	char extra[128] = "";
+	if (train && split)
+		snprintf(extra, sizeof(extra), " (the largest block, %s, and a piece more)", arena__fmtb(hold));
+	if (least > ARENA__MAX_DEPTH)
+		return arena_errorf(ARENA_E_USAGE,
+				    "pieces of %s are too small to train: %s, a ring of %llu slots of %s%s, over the %u "
+				    "a ring may have: give a larger piece size",
+				    arena__fmtb(big), why, (unsigned long long)need, arena__fmtb(big), extra,
+				    ARENA__MAX_DEPTH + 1);
+	if (depth && depth < least)
+		return arena_errorf(ARENA_E_USAGE,
+				    "depth %u is too small: %s, so the ring needs %llu slots%s%s and depth %u%s gives %u; "
+				    "give depth %llu or more, or leave it unset",
+				    depth, why, (unsigned long long)need, pieces ? " of the largest piece" : "", extra, depth,
+				    kl ? " with keep_last" : "", depth + 1 + kl, (unsigned long long)least);
+	o->depth = depth ? depth : (unsigned)(dflt > least ? dflt : least);
+	return 0;
+}
+
 /* Whether l in pieces of `piece` has a plan under budget: 1, 0 (BUDGET,
  * cleared), or an error. */
 static int pieces_fit(const arena_layout *l, const arena_engine_opts *q, uint64_t budget, uint64_t piece)
@@ -222,7 +274,13 @@ static int pieces_fit(const arena_layout *l, const arena_engine_opts *q, uint64_
 	if (rc)
 		return rc;
 	arena_residency_plan t;
-	rc = arena_residency_plan_make(pl, q, budget, &t);
+	arena_engine_opts r = *q; /* the ring those pieces need */
+	if (arena_residency_ring(pl, 1, q->depth, &r)) {
+		arena_layout_free(pl);
+		arena_error_clear(); /* a depth given too small for them: they do not run */
+		return 0;
+	}
+	rc = arena_residency_plan_make(pl, &r, budget, &t);
 	arena_layout_free(pl);
 	if (rc == 0) {
 		arena_residency_plan_release(&t);
@@ -360,8 +418,11 @@ int arena_residency_piece_auto(const arena_layout *l, const arena_engine_opts *o
 {
 	*piece = 0;
 	const arena_engine_opts q = by_bytes(o);
+	arena_engine_opts w = q; /* whole blocks: their ring (a depth it refuses: as given, refused at open) */
+	if (arena_residency_ring(l, 0, q.depth, &w))
+		arena_error_clear(), w = q;
 	arena_residency_plan t;
-	int rc = arena_residency_plan_make(l, &q, budget, &t);
+	int rc = arena_residency_plan_make(l, &w, budget, &t);
 	if (rc == 0) {
 		size_t streamed = t.n_streamed;
 		arena_residency_plan_release(&t);
