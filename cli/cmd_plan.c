@@ -150,6 +150,14 @@ int cmd_plan(int argc, char **argv)
 	}
 	if (pl)
 		l = pl;
+	/* The ring by the rule arena_open goes by: its depth, its least slot. */
+	const arena_engine_opts given = o; /* the depth as given (0: none), for the floors */
+	if ((rc = arena_residency_ring(l, pl != NULL, given.depth, &o))) {
+		char why[512];
+		snprintf(why, sizeof(why), "%s", arena_last_error());
+		rc = arena_errorf(rc, "%s: %s", path, why);
+		goto out;
+	}
 	/* As arena_open: streaming an hb4 image coded takes device stages too
 	 * (unless ARENA_PLAIN_STREAM asks for raw host copies). */
 	const char *ps = getenv("ARENA_PLAIN_STREAM");
@@ -194,11 +202,21 @@ int cmd_plan(int argc, char **argv)
 		if ((rc = plan_svg_write(svg, &in)))
 			goto out;
 	}
-	/* The floor of each mode with these options. */
-	uint64_t floor_v[2], floor_w[2];
+	/* The floor of each mode with these options, each with its mode's ring
+	 * (none where the depth given is too small for that mode). */
+	uint64_t floor_v[2] = {0, 0}, floor_w[2] = {0, 0};
+	unsigned floor_least[2] = {0, 0}; /* a mode the depth given does not run: the least it needs */
 	for (int md = 0; md < 2; md++) {
-		arena_engine_opts q = o;
+		arena_engine_opts q = given;
 		q.mode = md ? ARENA_MODE_TRAIN : ARENA_MODE_SAMPLE;
+		if (arena_residency_ring(l, pl != NULL, given.depth, &q)) {
+			arena_error_clear();
+			for (floor_least[md] = given.depth + 1; floor_least[md] < 64; floor_least[md]++)
+				if (!arena_residency_ring(l, pl != NULL, floor_least[md], &q))
+					break;
+			arena_error_clear();
+			continue;
+		}
 		if ((rc = arena_residency_floor(l, &q, &floor_v[md], &floor_w[md])))
 			goto out;
 		floor_v[md] += stage + context; /* the floor streams: coded, with its stages; the context beside it */
@@ -265,10 +283,14 @@ int cmd_plan(int argc, char **argv)
 		}
 		json_object_set_new(root, "piece_size", piece ? json_integer((json_int_t)piece) : json_null());
 		json_object_set_new(root, "context", json_integer((json_int_t)context));
-		json_object_set_new(root, "floor",
-				    json_pack("{s:{s:I,s:I},s:{s:I,s:I}}", "sample", "vram", (json_int_t)floor_v[0], "weights",
-					      (json_int_t)floor_w[0], "train", "vram", (json_int_t)floor_v[1], "weights",
-					      (json_int_t)floor_w[1]));
+		json_t *fl = json_object();
+		for (int md = 0; md < 2; md++)
+			json_object_set_new(fl, md ? "train" : "sample",
+					    floor_least[md] ? json_pack("{s:n,s:n,s:i}", "vram", "weights", "least_depth",
+									 (int)floor_least[md])
+							    : json_pack("{s:I,s:I}", "vram", (json_int_t)floor_v[md], "weights",
+									(json_int_t)floor_w[md]));
+		json_object_set_new(root, "floor", fl);
 		json_object_set_new(root, "disk_tier",
 				    ao.host_budget ? json_pack("{s:I,s:I,s:I,s:I,s:I}", "host_budget", (json_int_t)hb, "host_bytes",
 							       (json_int_t)hbytes, "blocks", (json_int_t)dn, "bytes",
@@ -323,9 +345,15 @@ int cmd_plan(int argc, char **argv)
 		else if (ao.host_budget)
 			printf("disk tier: none, the streamed blocks' host copies (%s) fit the %s budget\n",
 			       cli_fmt_bytes(hbytes, b, sizeof(b)), cli_fmt_bytes(hb, c, sizeof(c)));
-		printf("floor: sample %s (%s for weights), train %s (%s): the least --vram these options run in\n",
-		       cli_fmt_bytes(floor_v[0], a, sizeof(a)), cli_fmt_bytes(floor_w[0], b, sizeof(b)),
-		       cli_fmt_bytes(floor_v[1], c, sizeof(c)), cli_fmt_bytes(floor_w[1], d, sizeof(d)));
+		char fs[2][96];
+		for (int md = 0; md < 2; md++) {
+			if (floor_least[md])
+				snprintf(fs[md], sizeof(fs[md]), "none (--depth %u or more)", floor_least[md]);
+			else
+				snprintf(fs[md], sizeof(fs[md]), "%s (%s for weights)", cli_fmt_bytes(floor_v[md], a, sizeof(a)),
+					 cli_fmt_bytes(floor_w[md], b, sizeof(b)));
+		}
+		printf("floor: sample %s, train %s: the least --vram these options run in\n", fs[0], fs[1]);
 		printf("blocks (R resident, s streamed, %sG globals):\n  ", dn ? "d streamed from the image, " : "");
 		for (size_t i = 0; i < l->n_blocks; i++)
 			putchar(arena_block_is_globals(l, (uint32_t)i) ? 'G' : p.resident[i] ? 'R' : disk[i] ? 'd' : 's');

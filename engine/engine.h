@@ -374,6 +374,24 @@ int arena_residency_host_split(const arena_layout *l, const arena_residency_plan
 			       uint64_t staging, const uint64_t *host_len, uint8_t *disk, uint64_t *host,
 			       uint64_t *disk_b);
 
+/* The ring's rule: the one arena_open, arena_set_mode, arena plan (its plan
+ * and both floors), arena load and arena.torch's attach go by. Sets o->depth
+ * and o->min_slot for a caller of `l` (a layout in pieces when `pieces`) in
+ * o->mode with o->keep_last, from `depth` (the caller's; 0: the rule's). A
+ * caller holds blocks while it acquires the next, so the ring has at least:
+ * sampling 2 slots, 3 in pieces (a block's call holds a piece while the
+ * next is acquired: held anywhere in a ring of 2 slots it can leave no room
+ * for a slot's bytes); training 3 (a recompute holds its block past the
+ * next block's recompute), in pieces the largest block's bytes in slots of
+ * its largest piece, plus one (a recompute holds all of a block's pieces
+ * until its backward). Slots = depth + 1 (+ keep_last in train). Without a
+ * depth: ARENA_ENGINE_DEFAULT_DEPTH, training in pieces the largest block's
+ * slots (keep_last on top), at least what the mode needs; in pieces
+ * min_slot is the largest piece (engine_opts.min_slot). USAGE, saying the
+ * least depth that works, for a depth given below it, or for pieces too
+ * small for any depth (a larger piece size then). Pure. */
+int arena_residency_ring(const arena_layout *l, int pieces, unsigned depth, arena_engine_opts *o);
+
 /* The largest block that is a container's member (what pieces split; in a
  * layout in pieces, its largest piece); 0 when there is none. */
 uint64_t arena_residency_largest_block(const arena_layout *l);
@@ -525,6 +543,9 @@ int arena_engine_step_end(arena_engine *e);
  * for a switch and back); what does not fit is demoted at once. USAGE
  * inside a step or for an unknown mode. */
 int arena_engine_set_mode(arena_engine *e, int mode);
+/* The same with that mode's ring depth (arena_residency_ring; 0: the one in
+ * force). */
+int arena_engine_set_mode_ring(arena_engine *e, int mode, unsigned depth);
 /* Between steps: `sched` (n block indices, globals excluded, at most
  * arena_residency_max_sched) is the schedule of the mode in force from the
  * next step on, as if the caller had run it: the plan takes it and keeps its

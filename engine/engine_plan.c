@@ -422,6 +422,11 @@ int arena_engine_set_schedule(arena_engine *e, const uint32_t *sched, size_t n)
 
 int arena_engine_set_mode(arena_engine *e, int mode)
 {
+	return arena_engine_set_mode_ring(e, mode, 0);
+}
+
+int arena_engine_set_mode_ring(arena_engine *e, int mode, unsigned depth)
+{
 	int rc;
 	if (e->state == ST_FAILED)
 		return e->failed_rc;
@@ -441,6 +446,8 @@ int arena_engine_set_mode(arena_engine *e, int mode)
 	int md = mode == ARENA_MODE_TRAIN;
 	arena_engine_opts old = e->o;
 	e->o.mode = mode;
+	if (depth)
+		e->o.depth = depth;
 	rest_need(e);
 	e->o.sched = e->mn[md] ? e->msched[md] : NULL;
 	e->o.n_sched = e->mn[md];

@@ -19,6 +19,7 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../common/alloc.h"
@@ -213,6 +214,58 @@ uint64_t arena_residency_largest_block(const arena_layout *l)
 	return big;
 }
 
+/* The ring's rule (engine.h, arena_residency_ring). A caller holds blocks
+ * while it acquires the next: in sample mode, whole blocks none (a block is
+ * released before the next is acquired: 2 slots), pieces of a block one
+ * (its call holds a piece while a module acquires the next; held anywhere
+ * in the ring, it leaves room for a slot's bytes only in a ring of 3);
+ * in train mode a recompute holds a whole block past the next block's
+ * recompute (3 slots), and in pieces all of a block's pieces until its
+ * backward: the ring holds the largest block and one piece more. */
+int arena_residency_ring(const arena_layout *l, int pieces, unsigned depth, arena_engine_opts *o)
+{
+	uint64_t hold = 0, big = 0, run = 0;
+	for (size_t b = 0; b < l->n_blocks; b++) {
+		const arena_block *k = &l->blocks[b];
+		if (!k->container)
+			continue;
+		const arena_block *prev = b ? &l->blocks[b - 1] : NULL;
+		int same = prev && prev->container && prev->index == k->index && !strcmp(prev->container, k->container);
+		run = same ? run + k->bytes : k->bytes;
+		hold = run > hold ? run : hold;
+		big = k->bytes > big ? k->bytes : big;
+	}
+	const int train = o->mode == ARENA_MODE_TRAIN, split = pieces && hold > big;
+	const unsigned kl = train ? o->keep_last : 0;
+	uint64_t per = split ? (hold + big - 1) / big : 1; /* slots of the largest piece a block takes */
+	uint64_t need = train ? (per + 1 > 3 ? per + 1 : 3) : split ? 3 : 2; /* the least slots */
+	uint64_t least = need > 2 + (uint64_t)kl ? need - 1 - kl : 1;  /* the least depth */
+	uint64_t dflt = ARENA_ENGINE_DEFAULT_DEPTH;
+	if (train && split && per > dflt) /* a block's pieces, keep_last on top */
+		dflt = per < ARENA__MAX_DEPTH ? per : ARENA__MAX_DEPTH;
+	o->min_slot = pieces ? big : 0;
+	const char *why = !train ? "sampling in pieces holds a piece while its block's next one is acquired"
+		: split ? "training in pieces holds a block's pieces from its recompute to its backward"
+			: "training holds a block from its recompute to its backward, past the next block's recompute";
+	char extra[128] = "";
+	if (train && split)
+		snprintf(extra, sizeof(extra), " (the largest block, %s, and a piece more)", arena__fmtb(hold));
+	if (least > ARENA__MAX_DEPTH)
+		return arena_errorf(ARENA_E_USAGE,
+				    "pieces of %s are too small to train: %s, a ring of %llu slots of %s%s, over the %u "
+				    "a ring may have: give a larger piece size",
+				    arena__fmtb(big), why, (unsigned long long)need, arena__fmtb(big), extra,
+				    ARENA__MAX_DEPTH + 1);
+	if (depth && depth < least)
+		return arena_errorf(ARENA_E_USAGE,
+				    "depth %u is too small: %s, so the ring needs %llu slots%s%s and depth %u%s gives %u; "
+				    "give depth %llu or more, or leave it unset",
+				    depth, why, (unsigned long long)need, pieces ? " of the largest piece" : "", extra, depth,
+				    kl ? " with keep_last" : "", depth + 1 + kl, (unsigned long long)least);
+	o->depth = depth ? depth : (unsigned)(dflt > least ? dflt : least);
+	return 0;
+}
+
 /* Whether l in pieces of `piece` has a plan under budget: 1, 0 (BUDGET,
  * cleared), or an error. */
 static int pieces_fit(const arena_layout *l, const arena_engine_opts *q, uint64_t budget, uint64_t piece)
@@ -222,7 +275,13 @@ static int pieces_fit(const arena_layout *l, const arena_engine_opts *q, uint64_
 	if (rc)
 		return rc;
 	arena_residency_plan t;
-	rc = arena_residency_plan_make(pl, q, budget, &t);
+	arena_engine_opts r = *q; /* the ring those pieces need */
+	if (arena_residency_ring(pl, 1, q->depth, &r)) {
+		arena_layout_free(pl);
+		arena_error_clear(); /* a depth given too small for them: they do not run */
+		return 0;
+	}
+	rc = arena_residency_plan_make(pl, &r, budget, &t);
 	arena_layout_free(pl);
 	if (rc == 0) {
 		arena_residency_plan_release(&t);
@@ -360,8 +419,11 @@ int arena_residency_piece_auto(const arena_layout *l, const arena_engine_opts *o
 {
 	*piece = 0;
 	const arena_engine_opts q = by_bytes(o);
+	arena_engine_opts w = q; /* whole blocks: their ring (a depth it refuses: as given, refused at open) */
+	if (arena_residency_ring(l, 0, q.depth, &w))
+		arena_error_clear(), w = q;
 	arena_residency_plan t;
-	int rc = arena_residency_plan_make(l, &q, budget, &t);
+	int rc = arena_residency_plan_make(l, &w, budget, &t);
 	if (rc == 0) {
 		size_t streamed = t.n_streamed;
 		arena_residency_plan_release(&t);
@@ -420,6 +482,7 @@ void arena__ring_release(arena__ring *r)
 	arena_free(r->off);
 	arena_free(r->pending);
 	arena_free(r->order);
+	arena_free(r->span);
 	memset(r, 0, sizeof(*r));
 }
 
@@ -430,7 +493,9 @@ int arena__ring_init(arena__ring *r, size_t n)
 	r->off = arena_calloc(n ? n : 1, sizeof(*r->off));
 	r->pending = arena_calloc(n ? n : 1, sizeof(*r->pending));
 	r->order = arena_calloc(n ? n : 1, sizeof(*r->order));
-	if (r->present && r->off && r->pending && r->order)
+	r->n_span = n ? n : 1;
+	r->span = arena_calloc(4 * r->n_span, sizeof(*r->span)); /* and as much for spans_sort */
+	if (r->present && r->off && r->pending && r->order && r->span)
 		return 0;
 	arena__ring_release(r); /* all or nothing */
 	return -1;
@@ -445,8 +510,66 @@ void arena__ring_reset(arena__ring *r, size_t n, uint64_t bytes)
 	memset(r->pending, 0, (n ? n : 1) * sizeof(*r->pending));
 }
 
-/* Does [lo, lo + sz) overlap a pending block of the ring? */
-static int overlaps_pending(const arena__ring *r, const arena_layout *l, uint64_t lo, uint64_t sz)
+/* Sort the m [lo, hi) pairs of a by lo: a natural merge sort (tmp: room for
+ * m more), linear in the usual case, pairs in the ring's first-in-first-out
+ * order that wrap once (two ascending runs). */
+static void spans_sort(uint64_t *a, uint64_t *tmp, size_t m)
+{
+	uint64_t *src = a, *dst = tmp;
+	for (;;) {
+		size_t runs = 0, i = 0, o = 0;
+		while (i < m) {
+			size_t j = i + 1;
+			while (j < m && src[2 * j] >= src[2 * (j - 1)])
+				j++;
+			size_t k = j + 1; /* the next run: [j, k) */
+			while (k < m && k > j && src[2 * k] >= src[2 * (k - 1)])
+				k++;
+			if (j >= m)
+				k = j;
+			size_t x = i, y = j;
+			while (x < j || y < k) {
+				size_t from = y >= k || (x < j && src[2 * x] <= src[2 * y]) ? x++ : y++;
+				dst[2 * o] = src[2 * from];
+				dst[2 * o + 1] = src[2 * from + 1];
+				o++;
+			}
+			runs++;
+			i = k;
+		}
+		uint64_t *t = src;
+		src = dst;
+		dst = t;
+		if (runs <= 1)
+			break;
+	}
+	if (src != a)
+		memcpy(a, src, 2 * m * sizeof(*a));
+}
+
+/* The pending blocks of the ring, [lo, hi) pairs in span[], sorted by lo
+ * (blocks in the ring do not overlap, so by hi too); their count. */
+static size_t pending_spans(const arena__ring *r, const arena_layout *l)
+{
+	size_t m = 0;
+	int sorted = 1;
+	for (size_t i = 0; i < r->n_order; i++) {
+		uint32_t q = r->order[i];
+		if (!r->pending[q])
+			continue;
+		if (m && r->off[q] < r->span[2 * (m - 1)])
+			sorted = 0;
+		r->span[2 * m] = r->off[q];
+		r->span[2 * m + 1] = r->off[q] + l->blocks[q].bytes;
+		m++;
+	}
+	if (!sorted)
+		spans_sort(r->span, r->span + 2 * r->n_span, m);
+	return m;
+}
+
+/* Does [lo, lo + sz) overlap a pending block of the ring? (A look at each.) */
+static int overlaps_any(const arena__ring *r, const arena_layout *l, uint64_t lo, uint64_t sz)
 {
 	for (size_t i = 0; i < r->n_order; i++) {
 		uint32_t q = r->order[i];
@@ -455,6 +578,23 @@ static int overlaps_pending(const arena__ring *r, const arena_layout *l, uint64_
 			return 1;
 	}
 	return 0;
+}
+
+/* Does [lo, lo + sz) overlap one of the m pending spans? A binary search
+ * for the first that ends past lo: O(log m), where a look at every block
+ * in the ring for every place tried made a placement quadratic in the
+ * ring's population (4 KiB pieces, 2026-07: 70 % of a plan's time). */
+static int overlaps_pending(const arena__ring *r, size_t m, uint64_t lo, uint64_t sz)
+{
+	size_t a = 0, z = m;
+	while (a < z) {
+		size_t mid = a + (z - a) / 2;
+		if (r->span[2 * mid + 1] <= lo)
+			a = mid + 1;
+		else
+			z = mid;
+	}
+	return a < m && r->span[2 * a] < lo + sz;
 }
 
 /* Where block b would go: 0 with *at (*reuse = 1 if it is in the ring
@@ -480,18 +620,19 @@ int arena__ring_place(const arena__ring *r, const arena_layout *l, uint32_t b, u
 	 * size is not a multiple of it leaves the next one aligned all the same. */
 	const uint64_t head = arena_align_up(r->head, ARENA_TENSOR_ALIGN);
 	uint64_t lo = head + sz <= r->bytes ? head : 0;
-	if (!overlaps_pending(r, l, lo, sz)) {
+	if (!overlaps_any(r, l, lo, sz)) { /* the usual case: one look at each block */
 		*at = lo;
 		return 0;
 	}
-	if (lo && !overlaps_pending(r, l, 0, sz)) {
+	const size_t m = pending_spans(r, l); /* the other places: a search each */
+	if (lo && !overlaps_pending(r, m, 0, sz)) {
 		*at = 0;
 		return 0;
 	}
-	for (size_t i = 0; i < r->n_order; i++) {
+	for (size_t i = 0; m && i < r->n_order; i++) {
 		uint32_t q = r->order[i];
 		uint64_t a = arena_align_up(r->off[q] + l->blocks[q].bytes, ARENA_TENSOR_ALIGN);
-		if (a + sz <= r->bytes && !overlaps_pending(r, l, a, sz)) {
+		if (a + sz <= r->bytes && !overlaps_pending(r, m, a, sz)) {
 			*at = a;
 			return 0;
 		}
@@ -539,6 +680,7 @@ static void dry_run(const arena_layout *l, const uint32_t *seq, size_t len, aren
 	enum { STEPS = 9 };
 	uint64_t by[STEPS] = {0}, co[STEPS] = {0};
 	size_t fetched = 0;
+	int blocked = 0; /* a placement failed: none can succeed before a block's last release */
 	arena__ring_reset(r, l->n_blocks, ring_bytes);
 	*bytes = *copies = 0;
 	for (size_t i = 0; i <= STEPS * len; i++) {
@@ -547,9 +689,11 @@ static void dry_run(const arena_layout *l, const uint32_t *seq, size_t len, aren
 			uint32_t b = seq[fetched % len];
 			uint64_t at;
 			int reuse;
-			if (arena__ring_place(r, l, b, &at, &reuse)) {
-				if (fetched > i)
+			if (blocked || arena__ring_place(r, l, b, &at, &reuse)) {
+				if (fetched > i) {
+					blocked = 1;
 					break;
+				}
 				return; /* cannot happen: the ring holds two of the largest block */
 			}
 			if (!reuse) {
@@ -560,8 +704,8 @@ static void dry_run(const arena_layout *l, const uint32_t *seq, size_t len, aren
 			r->pending[b]++;
 			fetched++;
 		}
-		if (i < STEPS * len)
-			r->pending[seq[i % len]]--;
+		if (i < STEPS * len && !--r->pending[seq[i % len]])
+			blocked = 0;
 	}
 	for (int s = 1; s < STEPS; s++)
 		*bytes += by[s], *copies += co[s];
@@ -684,6 +828,8 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 	int rok = arena__ring_init(&r, n);
 	if (!rok && prof)
 		rok = arena__timed_init(&ts, n, p->n_sched);
+	if (!rok && prof && k > ARENA__GREEDY_SWAP_MAX)
+		rok = arena__timed_log(&ts, n, p->n_sched);
 	if (!p->resident || !p->sched || !p->bwd || !cand || !seq || !order || rok) {
 		rc = arena_errorf(ARENA_E_NOMEM, "engine: out of memory for a plan");
 		goto out;
@@ -751,6 +897,31 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 	uint64_t best_res = 0, S = UINT64_MAX, tried = UINT64_MAX;
 	double best_t = 0;
 	int have = 0;
+	if (prof && k > ARENA__GREEDY_SWAP_MAX) {
+		/* Many blocks: the plan by bytes (this schedule) is the first
+		 * candidate, so the greedy's estimates never make a plan predicted
+		 * slower than it. */
+		arena_engine_opts q = *o;
+		q.cost = NULL;
+		q.h2d_bytes_per_s = 0;
+		arena_residency_plan bp;
+		int brc = arena_residency_plan_make(l, &q, budget, &bp);
+		if (brc == ARENA_E(BUDGET)) {
+			arena_error_clear();
+		} else if (brc) {
+			rc = brc;
+			goto out;
+		} else {
+			double t = arena__timed_run(l, o, p->sched, p->bwd, p->n_sched, bp.resident, p->slots, &ts);
+			if (t >= 0) {
+				have = 1;
+				best_t = t;
+				best_res = bp.need_bytes;
+				memcpy(p->resident, bp.resident, n);
+			}
+			arena_residency_plan_release(&bp);
+		}
+	}
 	for (;;) {
 		uint64_t next = 0;
 		for (size_t i = 0; i < k; i++) {

@@ -33,6 +33,8 @@ typedef struct arena__ring {
 	unsigned *pending;
 	uint32_t *order;
 	size_t n_order;
+	uint64_t *span; /* scratch of arena__ring_place: the pending blocks' [lo, hi), by offset */
+	size_t n_span;  /* pairs span holds (and as many more, a sort's) */
 } arena__ring;
 
 /* 0, or -1 (nothing allocated) when out of memory. */
@@ -59,9 +61,30 @@ typedef struct arena__timed {
 	uint32_t *seq;          /* the streamed entries' blocks */
 	arena_plan_span *spans; /* when not NULL: every copy and entry of the run, in time */
 	size_t n_spans;
+	/* When cl_b is not NULL (3 x n_sched entries; cp_of of the layout's
+	 * blocks): every copy of the run in order (its block, start, end) and
+	 * the compute the steady step waited for it (cl_stall); cp_of[b] is
+	 * block b's latest copy. */
+	uint32_t *cl_b, *cp_of;
+	double *cl_t0, *cl_t1, *cl_stall;
+	double *cl_left; /* the stall a period of copies (at its first copy) has left to remove */
+	uint32_t *cl_per; /* a copy's period: the first copy of the copy stream's busy run it is in */
+	struct arena__pick *picks; /* the greedy's candidates of a round, sorted (of the layout's blocks) */
+	size_t n_cl;
 } arena__timed;
 
+/* A candidate of the greedy past ARENA__GREEDY_SWAP_MAX blocks. */
+typedef struct arena__pick {
+	double per_byte; /* its estimated gain per byte */
+	uint64_t bytes;
+	uint32_t b, c; /* the block, the copy its gain is from */
+	uint32_t pos;  /* its place in the greedy's order (ties) */
+} arena__pick;
+
 int arena__timed_init(arena__timed *t, size_t n, size_t n_sched);
+/* The copy log (cl_* above) and the greedy's picks for a layout of n
+ * blocks, a schedule of n_sched: 0, or -1 (out of memory; t as it was). */
+int arena__timed_log(arena__timed *t, size_t n, size_t n_sched);
 
 /* Threads the timed greedy may use for a layout of many blocks (pieces):
  * 0 = as many as there are cores, at most 8; tests set 1 to compare. */
@@ -72,10 +95,14 @@ void arena__timed_release(arena__timed *t);
 double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const uint32_t *sched, const uint8_t *bwd,
 			size_t n_sched, const uint8_t *res, unsigned slots, arena__timed *t);
 
-/* Past this many blocks (pieces), the timed greedy adds k / 128 more a
- * round, skips the swaps, and tries fewer slot sizes: each try is a timed
- * run of the whole schedule per candidate, and 457 pieces took 26 s. */
+/* Past this many blocks (pieces), the timed greedy does not time each
+ * candidate (a timed run of the whole schedule per candidate per round: 457
+ * pieces took 26 s, 1,000 over a minute) but promotes, a batch a round, the
+ * blocks whose copies the compute waits for, in at most
+ * ARENA__GREEDY_ROUNDS timed runs, and tries fewer slot sizes; the plan by
+ * bytes is a candidate too, so the plan is never predicted slower than it. */
 #define ARENA__GREEDY_SWAP_MAX 128
+#define ARENA__GREEDY_ROUNDS 16
 
 /* With a profile: from the resident set `cand` of plan p's candidate slot
  * size (room bytes left), make blocks resident one at a time, each the one

@@ -18,7 +18,9 @@
  *      joined, so a plan does not depend on arena__greedy_threads. */
 #include "residency_int.h"
 
+#include <math.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -36,7 +38,33 @@ void arena__timed_release(arena__timed *t)
 	arena_free(t->swappable);
 	arena_free(t->cands);
 	arena_free(t->seq);
+	arena_free(t->cl_b);
+	arena_free(t->cp_of);
+	arena_free(t->cl_t0);
+	arena_free(t->cl_t1);
+	arena_free(t->cl_stall);
+	arena_free(t->cl_left);
+	arena_free(t->cl_per);
+	arena_free(t->picks);
 	memset(t, 0, sizeof(*t));
+}
+
+int arena__timed_log(arena__timed *t, size_t n, size_t n_sched)
+{
+	const size_t m = 3 * (n_sched ? n_sched : 1);
+	uint32_t *b = arena_calloc(m, sizeof(*b)), *of = arena_calloc(n ? n : 1, sizeof(*of)),
+		 *per = arena_calloc(m, sizeof(*per));
+	double *t0 = arena_calloc(m, sizeof(*t0)), *t1 = arena_calloc(m, sizeof(*t1)),
+	       *st = arena_calloc(m, sizeof(*st)), *left = arena_calloc(m, sizeof(*left));
+	arena__pick *pk = arena_calloc(n ? n : 1, sizeof(*pk));
+	if (!b || !of || !per || !t0 || !t1 || !st || !left || !pk) {
+		arena_free(b), arena_free(of), arena_free(per), arena_free(t0);
+		arena_free(t1), arena_free(st), arena_free(left), arena_free(pk);
+		return -1;
+	}
+	t->cl_b = b, t->cp_of = of, t->cl_per = per, t->cl_t0 = t0;
+	t->cl_t1 = t1, t->cl_stall = st, t->cl_left = left, t->picks = pk;
+	return 0;
 }
 
 int arena__timed_init(arena__timed *t, size_t n, size_t n_sched)
@@ -117,6 +145,8 @@ double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const
 	memset(t->rel_t, 0, l->n_blocks * sizeof(*t->rel_t));
 	double copy_free = 0, comp = 0, t0 = 0, t1 = 0;
 	size_t fetched = 0, cur = 0; /* streamed entries, counted across steps */
+	int blocked = 0;             /* a placement failed: none can succeed before a block's last release */
+	t->n_cl = 0;
 	for (int step = 0; step < 3; step++) {
 		if (step == 1)
 			t0 = comp;
@@ -139,9 +169,11 @@ double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const
 				uint32_t f = t->seq[fetched % len];
 				uint64_t at;
 				int reuse;
-				if (arena__ring_place(&t->r, l, f, &at, &reuse)) {
-					if (fetched > cur)
+				if (blocked || arena__ring_place(&t->r, l, f, &at, &reuse)) {
+					if (fetched > cur) {
+						blocked = 1;
 						break;
+					}
 					return -1;
 				}
 				if (!reuse) {
@@ -151,6 +183,13 @@ double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const
 					copy_free = start + (double)(o->moved ? o->moved[f] : l->blocks[f].bytes) /
 									o->h2d_bytes_per_s;
 					t->fill_t[f] = copy_free;
+					if (t->cl_b) {
+						t->cp_of[f] = (uint32_t)t->n_cl;
+						t->cl_b[t->n_cl] = f;
+						t->cl_t0[t->n_cl] = start;
+						t->cl_t1[t->n_cl] = copy_free;
+						t->cl_stall[t->n_cl++] = 0;
+					}
 					if (t->spans)
 						t->spans[t->n_spans++] =
 							(arena_plan_span){f, UINT32_MAX, 1, 0, start, copy_free};
@@ -159,13 +198,16 @@ double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const
 				fetched++;
 			}
 			double start = comp > t->fill_t[b] ? comp : t->fill_t[b];
+			if (t->cl_b && step == 1 && start > comp)
+				t->cl_stall[t->cp_of[b]] += start - comp;
 			comp = start + c;
 			if (t->spans)
 				t->spans[t->n_spans++] = (arena_plan_span){b, (uint32_t)i, 0, bwd && bwd[i], start, comp};
 			t->rel_t[b] = comp;
 			if (o->hold && start + entry_hold(o, sched, bwd, i) > comp)
 				t->rel_t[b] = start + entry_hold(o, sched, bwd, i); /* held past the next acquire */
-			t->r.pending[b]--;
+			if (!--t->r.pending[b])
+				blocked = 0;
 			cur++;
 		}
 	}
@@ -281,6 +323,112 @@ static int greedy_round(greedy_worker *w, unsigned nw, const arena_layout *l, co
 	return failed ? -1 : 0;
 }
 
+/* Picks by gain per byte, most first; ties: the larger, then the first in
+ * order. */
+static int pick_by_gain(const void *x, const void *y)
+{
+	const arena__pick *a = x, *b = y;
+	if (a->per_byte != b->per_byte)
+		return a->per_byte > b->per_byte ? -1 : 1;
+	if (a->bytes != b->bytes)
+		return a->bytes > b->bytes ? -1 : 1;
+	return a->pos < b->pos ? -1 : a->pos > b->pos;
+}
+
+/* Picks by size, largest first; ties: the first in order. */
+static int pick_by_size(const void *x, const void *y)
+{
+	const arena__pick *a = x, *b = y;
+	if (a->bytes != b->bytes)
+		return a->bytes > b->bytes ? -1 : 1;
+	return a->pos < b->pos ? -1 : a->pos > b->pos;
+}
+
+/* The greedy past ARENA__GREEDY_SWAP_MAX blocks (ts carries the copy log,
+ * arena__timed_log). A round is one timed run: the compute's waits are
+ * charged to the copies they waited for; a copy's removal shortens the
+ * copies after it in its busy run of the copy stream (the copies back to
+ * back, none waiting for a release), so a block made resident saves at most
+ * its copy's time and at most the waits left from its copy to the run's
+ * end. The round promotes, best gain per byte first, blocks until each busy
+ * run's waits are covered; at most ARENA__GREEDY_ROUNDS rounds, then what
+ * room is left is filled largest first (the plan by bytes fills the same
+ * way). Cost: ARENA__GREEDY_ROUNDS + 1 timed runs and a sort a round. */
+static double greedy_stalls(const arena_layout *l, const arena_engine_opts *o, const arena_residency_plan *p,
+			    const uint32_t *order, size_t k, uint8_t *cand, uint64_t *room, double *gain, arena__timed *ts)
+{
+	arena__pick *pk = ts->picks;
+	double cur = -1;
+	for (int round = 0; round < ARENA__GREEDY_ROUNDS; round++) {
+		cur = arena__timed_run(l, o, p->sched, p->bwd, p->n_sched, cand, p->slots, ts);
+		if (cur < 0)
+			return -1;
+		/* Busy runs, from the end: a copy's waits to come within its run. */
+		const size_t m = ts->n_cl;
+		double waits = 0;
+		for (size_t c = m; c-- > 0;) {
+			const int joined = c + 1 < m && ts->cl_t0[c + 1] <= ts->cl_t1[c];
+			ts->cl_left[c] = ts->cl_stall[c] + (joined ? ts->cl_left[c + 1] : 0);
+			waits += ts->cl_stall[c];
+		}
+		for (size_t c = 0; c < m; c++)
+			ts->cl_per[c] = c && ts->cl_t0[c] <= ts->cl_t1[c - 1] ? ts->cl_per[c - 1] : (uint32_t)c;
+		if (!(waits > cur * 1e-9))
+			break; /* the compute waits for no copy */
+		/* A block's gain: the best of its copies', min(its time, the waits after it). */
+		for (size_t i = 0; i < k; i++)
+			gain[order[i]] = 0;
+		for (size_t c = 0; c < m; c++) {
+			const uint32_t b = ts->cl_b[c];
+			const double g = fmin(ts->cl_t1[c] - ts->cl_t0[c], ts->cl_left[c]);
+			if (g > gain[b])
+				gain[b] = g, ts->cp_of[b] = (uint32_t)c;
+		}
+		size_t n = 0;
+		for (size_t i = 0; i < k; i++) {
+			const uint32_t b = order[i];
+			const uint64_t sz = l->blocks[b].bytes;
+			if (!cand[b] && sz && sz <= *room && gain[b] > 0)
+				pk[n++] = (arena__pick){gain[b] / (double)sz, sz, b, ts->cp_of[b], (uint32_t)i};
+		}
+		if (!n)
+			break;
+		qsort(pk, n, sizeof(*pk), pick_by_gain);
+		/* Each busy run's waits (its first copy's cl_left) to be covered. */
+		size_t took = 0;
+		for (size_t i = 0; i < n; i++) {
+			const uint32_t b = pk[i].b, per = ts->cl_per[pk[i].c];
+			if (pk[i].bytes > *room || !(ts->cl_left[per] > 0))
+				continue;
+			cand[b] = 1;
+			*room -= pk[i].bytes;
+			ts->cl_left[per] -= gain[b];
+			took++;
+		}
+		if (!took)
+			break;
+		cur = -1;
+	}
+	/* The room left, largest first. */
+	size_t n = 0;
+	for (size_t i = 0; i < k; i++) {
+		const uint32_t b = order[i];
+		if (!cand[b] && l->blocks[b].bytes <= *room)
+			pk[n++] = (arena__pick){0, l->blocks[b].bytes, b, 0, (uint32_t)i};
+	}
+	qsort(pk, n, sizeof(*pk), pick_by_size);
+	size_t added = 0;
+	for (size_t i = 0; i < n; i++)
+		if (pk[i].bytes <= *room) {
+			cand[pk[i].b] = 1;
+			*room -= pk[i].bytes;
+			added++;
+		}
+	if (added || cur < 0)
+		cur = arena__timed_run(l, o, p->sched, p->bwd, p->n_sched, cand, p->slots, ts);
+	return cur;
+}
+
 /* With a profile: from the resident set `cand` (room bytes left), make
  * blocks resident one at a time (a few at a time past ARENA__GREEDY_SWAP_MAX),
  * each the one that shortens the predicted step most per byte, or the
@@ -289,6 +437,8 @@ static int greedy_round(greedy_worker *w, unsigned nw, const arena_layout *l, co
 double arena__greedy_timed(const arena_layout *l, const arena_engine_opts *o, const arena_residency_plan *p,
 			   const uint32_t *order, size_t k, uint8_t *cand, uint64_t *room, double *gain, arena__timed *ts)
 {
+	if (k > ARENA__GREEDY_SWAP_MAX && ts->cl_b)
+		return greedy_stalls(l, o, p, order, k, cand, room, gain, ts);
 	uint8_t *swappable = ts->swappable; /* not resident by force (larger than a slot) */
 	for (size_t b = 0; b < l->n_blocks; b++)
 		swappable[b] = !cand[b];

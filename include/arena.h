@@ -299,7 +299,14 @@ typedef struct arena_open_options {
 				* the headroom; a value given is used as it is (nothing learned) */
 	unsigned depth;        /* the ring holds depth + 1 of the largest streamed block; 0 = 2,
 				* and in train mode in pieces as many as one block's pieces
-				* (a checkpointed recompute holds them) when that is more */
+				* (a checkpointed recompute holds them) when that is more. A
+				* depth given must leave what the mode holds room: at least 1;
+				* 2 sampling in pieces (a block's call holds a piece while it
+				* acquires the next); training 3 slots with keep_last, in
+				* pieces the largest block's pieces and one more: less is
+				* USAGE at arena_open (and at arena_set_mode to that mode),
+				* saying the least that works; so are pieces too small for any
+				* ring to train in */
 	unsigned keep_last;    /* train: extra ring slots keeping the last forward blocks; 0 = 1 */
 	unsigned hysteresis;   /* steps of room before promoting blocks again; 0 = 3 */
 	unsigned flags;        /* ARENA_OPEN_* */
@@ -572,8 +579,10 @@ typedef struct arena_memory_info {
 ARENA_API int arena_memory_get(const arena *a, arena_memory_info *out);
 
 /* Between steps: run in `mode` from the next step on (a trainer drawing
- * previews switches to sample and back). The blocks resident stay where the
- * new mode's budget allows. USAGE inside a step or for an unknown mode. */
+ * previews switches to sample and back), with that mode's ring (its depth
+ * as arena_open_options.depth says). The blocks resident stay where the
+ * new mode's budget allows. USAGE inside a step, for an unknown mode, or
+ * for a depth given at open too small for the mode (the mode stays). */
 ARENA_API int arena_set_mode(arena *a, int mode);
 /* The mode now, or -1 for a handle that is not live. */
 ARENA_API int arena_mode(const arena *a);

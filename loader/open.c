@@ -198,8 +198,7 @@ int arena__engine_opts(const arena_open_options *o, arena_engine_opts *e)
 		e->headroom = o->headroom == ARENA_ZERO_BYTES ? 0 : o->headroom;
 	if (o->reserve)
 		e->reserve = o->reserve == ARENA_ZERO_BYTES ? 0 : o->reserve;
-	if (o->depth)
-		e->depth = o->depth;
+	e->depth = o->depth; /* 0: the ring's rule chooses (arena_residency_ring) */
 	if (o->keep_last)
 		e->keep_last = o->keep_last == ARENA_ZERO_COUNT ? 0 : o->keep_last;
 	if (o->hysteresis)
@@ -220,39 +219,11 @@ typedef struct open_ctx {
 	const char *path;
 	const char *profile;
 	int image, pieces; /* an image; opened in pieces */
-	int depth_given;   /* the caller chose the ring's depth */
 	uint64_t host_budget; /* host memory for streamed blocks' copies (UINT64_MAX: no limit) */
 	int host_given;       /* the caller chose it */
 	uint64_t staging;     /* the disk tier's staging, out of the host budget when there is one */
 	int disk_tier;        /* set by place_host: some streamed blocks stay in the image */
 } open_ctx;
-
-/* Training in pieces: a checkpointed caller's recompute holds a block's
- * pieces until that block's backward has run, so unless the caller chose a
- * depth, the ring holds the largest block's pieces and one more (depth =
- * the block's bytes over its largest piece, rounded up), never less than
- * the default. Pieces of one block share its container and index. */
-static void train_depth(const arena_layout *l, arena_engine_opts *o)
-{
-	uint64_t hold = 0, big = 0, run = 0;
-	for (size_t b = 0; b < l->n_blocks; b++) {
-		const arena_block *k = &l->blocks[b];
-		if (!k->container)
-			continue;
-		const arena_block *prev = b ? &l->blocks[b - 1] : NULL;
-		int same = prev && prev->container && prev->index == k->index && !strcmp(prev->container, k->container);
-		run = same ? run + k->bytes : k->bytes;
-		hold = run > hold ? run : hold;
-		big = k->bytes > big ? k->bytes : big;
-	}
-	if (!big)
-		return;
-	uint64_t d = (hold + big - 1) / big;
-	if (d > 64)
-		d = 64;
-	if (d > (o->depth ? o->depth : ARENA_ENGINE_DEFAULT_DEPTH))
-		o->depth = (unsigned)d;
-}
 
 /* Streamed blocks get host copies within the host budget; an image's
  * others, spread through the schedule (arena_residency_host_split), stay
@@ -348,10 +319,11 @@ static int place(void *ctx, const arena_layout *l, uint64_t stage, const uint64_
 	arena *a = c->a;
 	arena_engine_opts *o = &a->eo;
 	int rc;
-	if (c->pieces && !c->depth_given && o->mode == ARENA_MODE_TRAIN)
-		train_depth(l, o);
-	if (c->pieces) /* the ring that depth holds a block in stays, whatever streams (train) */
-		o->min_slot = arena_residency_largest_block(l);
+	if ((rc = arena_residency_ring(l, c->pieces, o->depth, o))) { /* its depth and least slot */
+		char why[512];
+		snprintf(why, sizeof(why), "%s", arena_last_error());
+		return arena_errorf(rc, "%s: %s", c->path, why);
+	}
 	if (c->profile) {
 		if (!(a->cost = arena_calloc(l->n_blocks ? l->n_blocks : 1, sizeof(*a->cost))))
 			return arena_errorf(ARENA_E_NOMEM, "out of memory");
@@ -527,8 +499,9 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 	if (piece == ARENA_PIECE_AUTO && (rc = auto_piece(a, path, &piece)))
 		goto fail;
 	a->piece_size = piece;
+	a->depth = o->depth;
 	const uint64_t staging = arena_engine_disk_staging();
-	open_ctx pc = {a,         path, o->profile, a->is_image, piece != 0, o->depth != 0, host_budget_of(a, o, shared),
+	open_ctx pc = {a,         path, o->profile, a->is_image, piece != 0, host_budget_of(a, o, shared),
 		       o->host_budget != 0, staging, 0};
 	lo.backend = a->be;
 	lo.budget = &a->budget;

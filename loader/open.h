@@ -28,6 +28,7 @@ struct arena {
 	char *path;               /* what it was opened from (traces name it) */
 	int is_image;
 	uint64_t piece_size;      /* the pieces it was opened in (auto resolved); 0 whole blocks */
+	unsigned depth;           /* the ring's depth as the caller gave it (0: the ring's rule's) */
 	pthread_mutex_t mu;
 	int mu_init;
 	int closed;

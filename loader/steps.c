@@ -133,7 +133,18 @@ int arena_block_keep_host(arena *a, size_t i)
 int arena_set_mode(arena *a, int mode)
 {
 	int rc = lock(a, "arena_set_mode");
-	return rc ? rc : unlock(a, arena_engine_set_mode(a->e, mode));
+	if (rc)
+		return rc;
+	/* the new mode's ring, by the rule arena_open went by */
+	arena_engine_opts r = a->eo;
+	r.mode = mode;
+	if ((mode == ARENA_MODE_SAMPLE || mode == ARENA_MODE_TRAIN) &&
+	    (rc = arena_residency_ring(a->m->layout, a->piece_size != 0, a->depth, &r))) {
+		char why[512];
+		snprintf(why, sizeof(why), "%s", arena_last_error());
+		return unlock(a, arena_errorf(rc, "%s: %s", a->path, why));
+	}
+	return unlock(a, arena_engine_set_mode_ring(a->e, mode, r.depth));
 }
 
 int arena_mode(const arena *a)

@@ -491,7 +491,7 @@ coded_stream() {
 	python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["steps"][1:]; assert all(x["moved_bytes"] == x["streamed_bytes"] > 0 for x in s), s' "$T/out" ||
 		fail "bench stream with ARENA_PLAIN_STREAM=1: raw copies expected"
 	unset ARENA_WIRE_POOL ARENA_WIRE_SEGMENT
-	run plan "$T/c.arena" --vram 100M --headroom 0 --reserve 0 --depth 1 --piece-size 16K --json
+	run plan "$T/c.arena" --vram 100M --headroom 0 --reserve 0 --depth 2 --piece-size 16K --json
 	expect_rc 0
 	python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); c=d["coded_stream"]; assert c is None or c["host_bytes"] < c["raw_bytes"], c; assert d["floor"]["sample"]["vram"] > 64 << 20, d["floor"]' "$T/out" ||
 		fail "plan: coded streaming's stages not in the floor"
@@ -547,3 +547,65 @@ PY
 		fail "a budget of all of it read from the image"
 }
 cases disk_tier_rss
+
+# The ring's rule is one: plan's verdict and floor say what load accepts, at
+# the boundary, in both modes, in whole blocks and in pieces (training in
+# pieces: the ring holds a block's pieces, 7 slots of 16K pieces for the
+# demo model's 77 KiB block); a depth a mode cannot run in is refused by
+# both, naming the least that works.
+ring_rule_plan_equals_load() {
+	"$ARENA" synth --layout flux-tiny --seed 1 -o "$T/demo.safetensors" >/dev/null 2>&1 || fail "synth"
+	"$ARENA" convert -q "$T/demo.safetensors" -o "$T/demo.arena" || fail "convert"
+	opts="--headroom 0 --reserve 0 --keep-last 0"
+	# the issue's case: plan said it fits at 150K, load refused
+	run plan "$T/demo.arena" --vram 150K --mode train --piece-size 16K $opts
+	expect_rc 2
+	expect_error_line
+	expect_err "a ring of 7 slots"
+	run load "$T/demo.arena" --backend sim --no-probe --vram-cap 150K --mode train --piece-size 16K $opts
+	expect_rc 2
+	expect_error_line
+	expect_err "a ring of 7 slots"
+	for mode in sample train; do
+		for ps in "" "--piece-size 16K"; do
+			run plan "$T/demo.arena" --vram 1G --mode $mode $ps $opts --json
+			expect_rc 0
+			v=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["floor"][sys.argv[2]]["vram"])' "$T/out" $mode) ||
+				fail "plan --json: no $mode floor"
+			run plan "$T/demo.arena" --vram "$v" --mode $mode $ps $opts --json
+			expect_rc 0
+			slots=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["slots"])' "$T/out")
+			run load "$T/demo.arena" --backend sim --no-probe --vram-cap "$v" --mode $mode $ps $opts --check
+			[ "$rc" = 0 ] || fail "$mode $ps: plan's floor $v fits, load refuses: $(cat "$T/err")"
+			run plan "$T/demo.arena" --vram $((v - 1)) --mode $mode $ps $opts
+			expect_rc 2
+			expect_err "a ring of $slots slots"
+			run load "$T/demo.arena" --backend sim --no-probe --vram-cap $((v - 1)) --mode $mode $ps $opts
+			expect_rc 2
+			expect_error_line
+			expect_err "a ring of $slots slots"
+		done
+	done
+	# depths too small: refused by plan and load alike, saying what is enough
+	for args in "--mode train --piece-size 16K --depth 2:give depth 6 or more" \
+		"--mode sample --piece-size 16K --depth 1:give depth 2 or more" \
+		"--mode train --depth 1:give depth 2 or more"; do
+		a=${args%%:*}
+		say=${args#*:}
+		run plan "$T/demo.arena" --vram 1G $a $opts
+		expect_rc 2
+		expect_error_line
+		expect_err "$say"
+		run load "$T/demo.arena" --backend sim --no-probe --vram-cap 1G $a $opts
+		expect_rc 2
+		expect_error_line
+		expect_err "$say"
+	done
+	# the floor of a mode the depth given does not run in says so
+	run plan "$T/demo.arena" --vram 1G --piece-size 16K --depth 2 $opts --json
+	expect_rc 0
+	python3 -c 'import json,sys; f=json.load(open(sys.argv[1]))["floor"]; assert f["train"] == {"vram": None, "weights": None, "least_depth": 6} and f["sample"]["vram"] > 0, f' "$T/out" ||
+		fail "plan --json: the train floor at a depth too small"
+}
+
+cases ring_rule_plan_equals_load

@@ -967,10 +967,11 @@ class Pieces(unittest.TestCase):
         # block; a depth chosen too small is refused, saying what is enough.
         with self.assertRaises(arena.Error) as cm:
             at.attach(m, IMG, mode="train", sim_capacity="200K", depth=2, **self.PIECES)
-        self.assertEqual(cm.exception.code, "BUDGET")
+        self.assertEqual(cm.exception.code, "USAGE")
         # (the ring's slot is the largest piece: 12800 bytes; 7 + 1 of them hold
         # the 78848-byte block and one piece more)
-        self.assertIn("attach with depth=7", cm.exception.message)
+        self.assertIn("give depth 7 or more", cm.exception.message)
+        self.assertNotIn("\n", cm.exception.message)
         h = at.attach(m, IMG, mode="train", sim_capacity="200K", **self.PIECES)  # the depth that holds one
         self.assertGreater(h.plan()["n_streamed"], 0)
         pl = h.plan()
@@ -1822,21 +1823,29 @@ class Refusals(unittest.TestCase):
         return cm.exception
 
     def test_a_refused_attach_left_to_the_interpreter_exits_cleanly(self):
-        # The refusal comes after globals and resident blocks are bound: the
-        # traceback Python keeps for an uncaught error holds their tensors until
-        # the interpreter shuts down, and torch frees them then. (Their DLPack
-        # deleter was a ctypes callback: the process died of SIGSEGV there.)
+        # A refusal after globals and resident blocks are bound (made here: no
+        # refusal of attach comes that late since the ring is checked at open):
+        # the traceback Python keeps for an uncaught error holds their tensors
+        # until the interpreter shuts down, and torch frees them then. (Their
+        # DLPack deleter was a ctypes callback: the process died of SIGSEGV there.)
         script = (
             "import json, os, sys, torch\n"
             "from diffusers import FluxTransformer2DModel\n"
+            "import arena\n"
             "import arena.torch as at\n"
+            "from arena.torch import _attach\n"
+            "def refuse(*args, **kwargs):\n"
+            "    print('refused after binding', file=sys.stderr)\n"
+            "    raise arena.Error('BUDGET', 'refused after binding')\n"
+            "_attach._quant.copy_bytes = refuse\n"
             "with torch.device('meta'):\n"
             "    m = FluxTransformer2DModel(**json.loads(sys.argv[2])).to(torch.bfloat16)\n"
-            "at.attach(m, sys.argv[1], mode='train', device='sim', sim_capacity='200K', depth=2, piece_size='4K')\n"
+            "at.attach(m, sys.argv[1], mode='train', device='sim', sim_capacity='16G')\n"
         )
         r = subprocess.run([sys.executable, "-c", script, IMG, json.dumps(CFG)], capture_output=True, text=True,
                            timeout=300)
         self.assertEqual(r.returncode, 1, r.stderr[-2000:])
+        self.assertIn("refused after binding", r.stderr)
         self.assertIn("arena.Error", r.stderr)
         self.assertIn("[BUDGET]", r.stderr)
 
@@ -1887,11 +1896,33 @@ class Refusals(unittest.TestCase):
         """A recomputed block is held past the next block's recompute: two slots of
         whole blocks would stop in the backward; refused at attach, saying what to do."""
         opts = dict(STREAM, sim_capacity="230K", depth=1)
-        e = self.expect("BUDGET", "the ring needs 3 slots and has 2", at.attach, model(), IMG, mode="train", **opts)
-        self.assertIn("depth=2", e.message)
+        e = self.expect("USAGE", "the ring needs 3 slots", at.attach, model(), IMG, mode="train", **opts)
+        self.assertIn("give depth 2 or more", e.message)
         h = at.attach(model(), IMG, **opts)  # sampling holds nothing past its forward
         self.assertEqual(h.plan()["slots"], 2)
         h.detach()  # (three slots train: Training.test_streamed_lora_equals_plain)
+        # an arena opened for sampling, attached to train: its set_mode refuses the same
+        with arena.open(IMG, **opts) as a:
+            e = self.expect("USAGE", "give depth 2 or more", at.attach, model(), a, mode="train")
+            self.assertEqual(a.mode, "sample")
+
+    def test_a_sampling_ring_of_two_slots_in_pieces(self):
+        """Sampling in pieces holds a piece while the block's next one is acquired: a
+        ring of two slots (depth=1) is refused at attach, naming the depth that runs,
+        not in the middle of a forward; that depth gives the plain model's output."""
+        opts = dict(device="sim", sim_capacity="120K", headroom=0, reserve=0, keep_last=0, piece_size="16K")
+        e = self.expect("USAGE", "give depth 2 or more", at.attach, model(), IMG, depth=1, **opts)
+        self.assertNotIn("\n", e.message)
+        with torch.no_grad():
+            want = model(meta=False)(**inputs()).sample
+        m = model()
+        h = at.attach(m, IMG, depth=2, **opts)
+        self.assertGreater(h.plan()["n_streamed"], 0)
+        with torch.no_grad():
+            for _ in range(2):
+                self.assertTrue(torch.equal(m(**inputs()).sample, want))
+                h.end_step()
+        h.detach()
 
     def test_second_attach(self):
         m = model()

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "arena.h"
@@ -470,6 +471,82 @@ Test(engine_plan, many_blocks_the_same_plan_with_threads)
 		arena_residency_plan_release(&one);
 		arena_residency_plan_release(&many);
 	}
+	arena_layout_free(l);
+}
+
+/* Timing bounds hold on a plain build; under a sanitizer (ASan, TSan) the
+ * same code runs several times slower, so only the results are checked. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define UNDER_SANITIZER 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define UNDER_SANITIZER 1
+#endif
+#endif
+#ifndef UNDER_SANITIZER
+#define UNDER_SANITIZER 0
+#endif
+
+static double thread_cpu_s(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Tiny pieces (1,000 of 2-4 KiB) and a learned profile: a replan at a step's
+ * end costs at most a few ms, not seconds (480 pieces took 0.5-2 s, 1,000
+ * over a minute: every candidate timed with a dry run a round, each
+ * placement in the ring looking at every block for every place). Both
+ * modes, with a profile and by bytes, copies hidden and not: at most 50 ms
+ * of this thread's time each (the planner uses no other thread past 128
+ * blocks), and the profile's plan is never predicted slower than the plan
+ * by bytes. */
+Test(engine_plan, a_thousand_pieces_replan_in_milliseconds)
+{
+	enum { N = 1000 };
+	uint64_t sizes[N], all = 0;
+	double cost[N + 1], csum = 0;
+	cost[0] = 0;
+	for (size_t i = 0; i < N; i++) {
+		sizes[i] = 2048 + 256 * ((i * 2654435761u >> 7) % 9);
+		cost[i + 1] = 1e-5 * (0.5 + (double)((i * 40503u) % 1000) / 1000.0);
+		all += sizes[i];
+		csum += cost[i + 1];
+	}
+	arena_layout *l = mk_layout(sizes, N, 16384);
+	for (int mode = ARENA_MODE_SAMPLE; mode <= ARENA_MODE_TRAIN; mode++)
+		for (int copy_bound = 0; copy_bound < 2; copy_bound++) {
+			arena_engine_opts o = base_opts(mode);
+			cr_assert_eq(arena_residency_ring(l, 1, 0, &o), 0, "%s", arena_last_error());
+			arena_residency_plan p, b;
+			cr_assert_eq(arena_residency_plan_make(l, &o, 0, &p), ARENA_E(BUDGET));
+			arena_error_clear();
+			uint64_t budget = p.min_need_bytes + (16384 + all - p.min_need_bytes) / 2;
+			double t = thread_cpu_s();
+			cr_assert_eq(arena_residency_plan_make(l, &o, budget, &b), 0, "%s", arena_last_error());
+			double t_bytes = thread_cpu_s() - t;
+			check_plan(l, &b, budget);
+			o.cost = cost;
+			o.h2d_bytes_per_s = (double)all / (csum * (copy_bound ? 3.0 : 1.0));
+			t = thread_cpu_s();
+			cr_assert_eq(arena_residency_plan_make(l, &o, budget, &p), 0, "%s", arena_last_error());
+			double t_prof = thread_cpu_s() - t;
+			check_plan(l, &p, budget);
+			cr_assert_gt(p.n_streamed, 100);
+			double pb = arena_residency_plan_predict(l, &o, &b);
+			cr_assert_gt(p.step_s, 0);
+			cr_assert_leq(p.step_s, pb * (1 + 1e-9), "mode %d: the profile's plan %.6g s, by bytes %.6g s", mode,
+				      p.step_s, pb);
+			if (!UNDER_SANITIZER) {
+				cr_assert_leq(t_bytes, 50e-3, "mode %d: a plan by bytes of %d pieces took %.1f ms", mode, N,
+					      t_bytes * 1e3);
+				cr_assert_leq(t_prof, 50e-3, "mode %d (copies %s): a plan with a profile of %d pieces took %.1f ms",
+					      mode, copy_bound ? "the bound" : "hidden", N, t_prof * 1e3);
+			}
+			arena_residency_plan_release(&p);
+			arena_residency_plan_release(&b);
+		}
 	arena_layout_free(l);
 }
 

@@ -323,10 +323,140 @@ Test(pieces, auto_size_from_the_budget)
 	cr_assert_geq((uint64_t)pi.slots * pi.slot_bytes, big + pi.slot_bytes, "%u slots of %llu for a block of %llu",
 		      pi.slots, (unsigned long long)pi.slot_bytes, (unsigned long long)big);
 	arena_close(a);
-	t.depth = 2; /* given: as given */
+	/* A depth given too small for that ring is refused at open, naming the
+	 * least that works (arena_residency_ring); that one is taken as given. */
+	const unsigned least = pi.depth;
+	t.depth = 2;
+	cr_assert_eq(arena_open(path, &t, &a), ARENA_E_USAGE);
+	cr_assert_null(a);
+	char say[64];
+	snprintf(say, sizeof(say), "give depth %u or more", least);
+	cr_assert(strstr(arena_last_error(), say) && strstr(arena_last_error(), path) && !strchr(arena_last_error(), '\n'),
+		  "%s (want '%s')", arena_last_error(), say);
+	t.depth = least;
 	cr_assert_eq(arena_open(path, &t, &a), 0, "%s", arena_last_error());
 	cr_assert_eq(arena_plan_get(a, &pi), 0);
+	cr_assert_eq(pi.depth, least);
+	arena_close(a);
+	tmpdir_remove(dir);
+}
+
+/* The ring's rule on a layout of three blocks, the second in 5 pieces of
+ * 10000 bytes (a block of 50000): the least depth of each mode, whole and in
+ * pieces, and what it chooses when none is given. */
+Test(pieces, the_ring_rule)
+{
+	arena_layout *l;
+	cr_assert_eq(arena_layout_create(8, 0, &l), 0);
+	const char *names[8] = {"globals", "b.0", "b.1#0", "b.1#1", "b.1#2", "b.1#3", "b.1#4", "b.2"};
+	for (size_t b = 0; b < 8; b++) {
+		l->blocks[b].name = arena_strdup(names[b]);
+		l->blocks[b].container = b ? arena_strdup("b") : NULL;
+		l->blocks[b].index = b == 0 ? -1 : b == 1 ? 0 : b == 7 ? 2 : 1;
+		l->blocks[b].bytes = b == 0 ? 4096 : b == 1 || b == 7 ? 9000 : 10000;
+	}
+	struct {
+		int mode, pieces;
+		unsigned keep_last, depth; /* depth given, 0: none */
+		int rc;
+		unsigned want; /* the depth set, or the least named */
+	} cases[] = {
+		{ARENA_MODE_SAMPLE, 0, 0, 0, 0, 2}, {ARENA_MODE_SAMPLE, 0, 0, 1, 0, 1},
+		{ARENA_MODE_SAMPLE, 1, 0, 0, 0, 2}, {ARENA_MODE_SAMPLE, 1, 0, 1, ARENA_E_USAGE, 2},
+		{ARENA_MODE_SAMPLE, 1, 0, 2, 0, 2}, {ARENA_MODE_TRAIN, 0, 0, 1, ARENA_E_USAGE, 2},
+		{ARENA_MODE_TRAIN, 0, 1, 1, 0, 1},  {ARENA_MODE_TRAIN, 0, 0, 0, 0, 2},
+		/* a block of 5 slots and a piece more: 6 slots */
+		{ARENA_MODE_TRAIN, 1, 0, 0, 0, 5},  {ARENA_MODE_TRAIN, 1, 1, 0, 0, 5},
+		{ARENA_MODE_TRAIN, 1, 0, 4, ARENA_E_USAGE, 5}, {ARENA_MODE_TRAIN, 1, 1, 4, 0, 4},
+		{ARENA_MODE_TRAIN, 1, 1, 3, ARENA_E_USAGE, 4}, {ARENA_MODE_TRAIN, 1, 0, 9, 0, 9},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		arena_engine_opts o = {.mode = cases[i].mode, .keep_last = cases[i].keep_last};
+		int rc = arena_residency_ring(l, cases[i].pieces, cases[i].depth, &o);
+		cr_assert_eq(rc, cases[i].rc, "case %zu: %s", i, rc ? arena_last_error() : "accepted");
+		if (rc) {
+			char say[64];
+			snprintf(say, sizeof(say), "give depth %u or more", cases[i].want);
+			cr_assert(strstr(arena_last_error(), say), "case %zu: %s (want '%s')", i, arena_last_error(), say);
+			continue;
+		}
+		cr_assert_eq(o.depth, cases[i].want, "case %zu: depth %u", i, o.depth);
+		cr_assert_eq(o.min_slot, cases[i].pieces ? 10000u : 0u, "case %zu", i);
+		/* what the rule accepts, a plan of it can hold: the block and a piece (train) */
+		if (cases[i].pieces && cases[i].mode == ARENA_MODE_TRAIN)
+			cr_assert_geq((uint64_t)(o.depth + 1 + o.keep_last) * o.min_slot, 60000u, "case %zu", i);
+	}
+	/* Pieces too small for any ring: a block of 70 pieces. */
+	arena_layout *m;
+	cr_assert_eq(arena_layout_create(71, 0, &m), 0);
+	for (size_t b = 0; b < 71; b++) {
+		m->blocks[b].name = arena_strdup(b ? "b.0#" : "globals");
+		m->blocks[b].container = b ? arena_strdup("b") : NULL;
+		m->blocks[b].index = b ? 0 : -1;
+		m->blocks[b].bytes = 4096;
+	}
+	arena_engine_opts o = {.mode = ARENA_MODE_TRAIN};
+	cr_assert_eq(arena_residency_ring(m, 1, 0, &o), ARENA_E_USAGE);
+	cr_assert(strstr(arena_last_error(), "give a larger piece size"), "%s", arena_last_error());
+	o.mode = ARENA_MODE_SAMPLE;
+	cr_assert_eq(arena_residency_ring(m, 1, 0, &o), 0, "%s", arena_last_error());
+	arena_layout_free(m);
+	arena_layout_free(l);
+}
+
+/* A ring too small for what the mode holds is refused at arena_open and at
+ * arena_set_mode, in one line naming the least depth, not at an acquire in
+ * the middle of a step: sampling in pieces with depth 1, training whole
+ * blocks in two slots, training in pieces with a ring that cannot hold a
+ * block. A refused set_mode leaves the arena in the mode it was. */
+Test(pieces, a_ring_too_small_is_refused_at_open)
+{
+	tmpdir_make(dir, sizeof(dir), "test-pieces-ring");
+	arena_img_close(image_of("tiny_flux.safetensors", NULL));
+	const char *path = tmpdir_file(dir, "p.arena");
+	arena_open_options o = {.backend = "sim", .piece_size = 16384, .sim_capacity = 120 << 10, .depth = 1,
+				.keep_last = ARENA_ZERO_COUNT, .headroom = ARENA_ZERO_BYTES, .reserve = ARENA_ZERO_BYTES, .flags = ARENA_OPEN_NO_LEARN};
+	arena *a = NULL;
+	cr_assert_eq(arena_open(path, &o, &a), ARENA_E_USAGE);
+	cr_assert_null(a);
+	cr_assert(strstr(arena_last_error(), "give depth 2 or more") && !strchr(arena_last_error(), '\n'), "%s",
+		  arena_last_error());
+	o.piece_size = 0; /* whole blocks sample in two slots */
+	o.sim_capacity = 0;
+	cr_assert_eq(arena_open(path, &o, &a), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_set_mode(a, ARENA_MODE_TRAIN), ARENA_E_USAGE, "two slots cannot train");
+	cr_assert(strstr(arena_last_error(), "give depth 2 or more"), "%s", arena_last_error());
+	cr_assert_eq(arena_mode(a), ARENA_MODE_SAMPLE);
+	arena_close(a);
+	o.mode = ARENA_MODE_TRAIN;
+	cr_assert_eq(arena_open(path, &o, &a), ARENA_E_USAGE);
+	cr_assert(strstr(arena_last_error(), "give depth 2 or more"), "%s", arena_last_error());
+	o.keep_last = 1; /* three slots */
+	cr_assert_eq(arena_open(path, &o, &a), 0, "%s", arena_last_error());
+	arena_close(a);
+	/* In pieces: sampling at the default depth; training asks for the ring
+	 * that holds a block, none given: set_mode takes it, and back. */
+	o = (arena_open_options){.backend = "sim", .piece_size = 16384, .keep_last = ARENA_ZERO_COUNT,
+				 .flags = ARENA_OPEN_NO_LEARN};
+	cr_assert_eq(arena_open(path, &o, &a), 0, "%s", arena_last_error());
+	arena_plan_info pi;
+	cr_assert_eq(arena_plan_get(a, &pi), 0);
 	cr_assert_eq(pi.depth, 2);
+	cr_assert_eq(arena_set_mode(a, ARENA_MODE_TRAIN), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_plan_get(a, &pi), 0);
+	cr_assert_gt(pi.depth, 2, "training in pieces: the ring holds a block");
+	const unsigned train_depth = pi.depth;
+	cr_assert_eq(arena_set_mode(a, ARENA_MODE_SAMPLE), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_plan_get(a, &pi), 0);
+	cr_assert_eq(pi.depth, 2);
+	arena_close(a);
+	o.depth = 2; /* given: sampling runs, training refuses it */
+	cr_assert_eq(arena_open(path, &o, &a), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_set_mode(a, ARENA_MODE_TRAIN), ARENA_E_USAGE);
+	char say[64];
+	snprintf(say, sizeof(say), "give depth %u or more", train_depth);
+	cr_assert(strstr(arena_last_error(), say), "%s (want '%s')", arena_last_error(), say);
+	cr_assert_eq(arena_mode(a), ARENA_MODE_SAMPLE);
 	arena_close(a);
 	tmpdir_remove(dir);
 }

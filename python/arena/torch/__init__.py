@@ -52,9 +52,12 @@ torch, the same gradients (docs/PYTHON.md, "Saved tensors in host memory").
 Blocks in pieces (``piece_size``): each module inside a block that owns bound
 tensors acquires the piece holding them when it is called; the block's call
 holds a piece from its first use to its last (docs/PYTHON.md, "Blocks in
-pieces"), so the ring holds pieces, not blocks. Training in pieces needs a
-ring that holds one block and a piece: the default depth does; a smaller
-``depth`` given is refused with the value that is enough.
+pieces"), so the ring holds pieces, not blocks. Sampling in pieces needs a
+ring of three slots (a piece held while the next is acquired), training in
+pieces one that holds a block and a piece, training in whole blocks three
+slots: the default depth does; a smaller ``depth`` given is refused at
+attach (``arena.open``'s USAGE, the library's one rule), with the value that
+is enough.
 
 Quantized weights: an image's own schemes are dequantized at each bind (fp8
 weights computed with natively on GPUs with FP8: ``fp8_compute``); a model

@@ -329,8 +329,6 @@ def _bind(h: Handle, target: Any, mode: str, trainable: Any, min_saved: Optional
                 continue
             _wrap_block(h, leaf_m, _LeafRef(pb, key))  # type: ignore[arg-type]
         _wrap_block(h, m, pb)  # type: ignore[arg-type]
-    if mode == "train":
-        _check_train_ring(h)
     # The order the blocks run in, from the module: its modules' order (the order
     # they are made in, as their forward calls them: HunyuanVideo's token refiner
     # before its transformer blocks, which the image orders after them), each
@@ -386,39 +384,6 @@ def _wrap_forward(h: Handle, module: nn.Module) -> None:
 
     module.__dict__["forward"] = forward
     h._restore.append(lambda: module.__dict__.pop("forward", None))
-
-
-def _check_train_ring(h: Handle) -> None:
-    """Training: a block's recompute holds it until its backward has run (its
-    input's and its adapters' gradients are made), which may come after the
-    next block's recompute has started: whole blocks need a ring of three slots
-    (the ring fills in order, so one held slot of two stops it). In pieces the
-    ring must hold a whole block beside the next piece."""
-    a = h.arena
-    pl = a.plan()
-    if not pl["n_streamed"]:
-        return
-    if not h._pieced:
-        if pl["slots"] >= 3:
-            return
-        raise Error(
-            "BUDGET",
-            f"{a.path}: training holds a streamed block from its recompute until its backward has run, past "
-            f"the next block's recompute: the ring needs 3 slots and has {pl['slots']}; attach with depth=2 "
-            f"(or keep_last=1), or more vram",
-        )
-    slot = pl["slot_bytes"] or max(a.blocks[i].nbytes for pb in h._pieced for i in pb.pieces)
-    block = max(sum(a.blocks[i].nbytes for i in pb.pieces) for pb in h._pieced)
-    ring = pl["slots"] * slot
-    if ring >= block + slot:
-        return
-    depth = -(-block // slot)  # the ring holds depth + 1 pieces: a whole block and one more
-    raise Error(
-        "BUDGET",
-        f"{a.path}: training in pieces holds a block's pieces from its recompute to its backward: the ring "
-        f"({pl['slots']} x {slot} bytes) must hold the largest block ({block} bytes) and one piece more; "
-        f"attach with depth={depth} (keep_last=0), or larger pieces",
-    )
 
 
 def _is_within(inner: nn.Module, outer: nn.Module) -> bool:
