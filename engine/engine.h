@@ -425,8 +425,9 @@ uint64_t arena_residency_plan_rounding(const arena_layout *l, const arena_reside
  * a plan whose bytes and their rounding pass `budget` is made again for the
  * budget less its rounding (a few times at most: fewer resident blocks round
  * less), so that what the backend allocates for it fits the budget; when
- * no smaller plan fits the budget less the rounding, the first one is kept
- * (the smallest plan: the caller's over-budget rules apply). */
+ * none does, the smallest plan (its bytes fit the budget, its rounding may
+ * not: the caller's over-budget rules apply, as below the smallest plan's
+ * need). */
 int arena_residency_plan_rounded(const arena_layout *l, const arena_engine_opts *o, uint64_t gran, uint64_t budget,
 				 arena_residency_plan *p);
 void arena_residency_plan_release(arena_residency_plan *p);

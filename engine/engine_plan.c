@@ -123,23 +123,14 @@ int arena_residency_plan_rounded(const arena_layout *l, const arena_engine_opts 
 		b = b > over ? b - over : 0;
 		arena_residency_plan t;
 		if (k == 4 || arena_residency_plan_make(l, o, b, &t)) {
-			/* The smallest plan, if it fits as allocated; else BUDGET. */
+			/* None smaller fits as allocated: the smallest plan (its bytes fit
+			 * the budget, its rounding may not: the caller's over-budget rules
+			 * apply, as to a budget below the smallest plan). */
 			arena_error_clear();
 			arena_residency_plan_release(p);
-			if ((rc = arena_residency_plan_make(l, o, 0, p)) == ARENA_E(BUDGET)) { /* its need */
-				uint64_t need = p->min_need_bytes;
+			if ((rc = arena_residency_plan_make(l, o, 0, p)) == ARENA_E(BUDGET)) {
 				arena_error_clear();
-				if ((rc = arena_residency_plan_make(l, o, need, p)) == 0) {
-					need += arena_residency_plan_rounding(l, p, gran);
-					if (need <= budget)
-						return 0;
-					arena_residency_plan_release(p);
-					p->min_need_bytes = need;
-					rc = arena_errorf(ARENA_E(BUDGET),
-							  "the smallest plan needs %s for weights as the device allocates them "
-							  "(in units of %s), the budget for weights is %s",
-							  arena__fmtb(need), arena__fmtb(gran), arena__fmtb(budget));
-				}
+				rc = arena_residency_plan_make(l, o, p->min_need_bytes, p);
 			}
 			return rc;
 		}
