@@ -12,7 +12,7 @@ through a ring of device memory when it is used (the residency engine)::
 Make an image once with ``arena.convert("model.safetensors", "model.arena")``
 (``arena.verify`` checks one, ``arena.inspect`` says what a file holds; the
 ``arena`` command does the same from a shell). Bind a PyTorch module to an
-arena with ``arena.torch.attach`` (``pip install 'arena[torch]'``). Errors from
+arena with ``arena.torch.attach`` (torch: the package's ``[torch]`` extra). Errors from
 the C library are raised as :class:`arena.Error` with its one-line message
 and error name (``e.code``, e.g. ``"IMG_CHUNK_CHECKSUM"``).
 
@@ -162,8 +162,15 @@ _TORCH_DTYPES = {
 }
 
 
+# What each optional import needs, as python/pyproject.toml's extras name it
+# (tests/python/test_files.py checks that they agree).
+_EXTRAS = {"torch": "'torch>=2.4'", "numpy": "numpy ml_dtypes"}
+
+
 def _import(module: str, what: str, extra: str) -> Any:
-    """``module``, or an ImportError that says how to install it."""
+    """``module``, or an ImportError that says what to install: the packages of
+    the package's ``extra``, by pip's name, and the extra itself (``pip install
+    ./python`` from a checkout installs no extra)."""
     import importlib
 
     try:
@@ -171,12 +178,14 @@ def _import(module: str, what: str, extra: str) -> Any:
     except ModuleNotFoundError as e:
         if e.name != module:
             raise
-        raise ModuleNotFoundError(f"arena: {what} needs {module}, which is not installed: "
-                                  f"pip install 'arena[{extra}]' (or {module} itself)", name=module) from None
+        raise ModuleNotFoundError(f"arena: {what} needs {module}, which is not installed: pip install "
+                                  f"{_EXTRAS[extra]} (what arena's [{extra}] extra installs: pip install "
+                                  f"'./python[{extra}]' from a checkout, 'arena-*.whl[{extra}]' for the wheel)",
+                                  name=module) from None
 
 
 def _torch() -> Any:
-    return _import("torch", "tensors as torch tensors (Arena.tensors, slab, arena.torch)", "torch")
+    return _import("torch", "Arena.tensors, Arena.slab and arena.torch", "torch")
 
 
 def torch_dtype(name: str) -> Any:

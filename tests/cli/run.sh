@@ -8,7 +8,8 @@
 #   $REF     the test fixtures (ARENA_FIXTURES_DIR, or fixtures/ in the project root)
 #   $T       an empty temporary folder, removed afterwards
 # and these helpers (each failed check prints "FAIL <case>: <why>"):
-#   run ARGS...            run "$ARENA" ARGS; sets $rc, stdout in $T/out, stderr in $T/err
+#   run ARGS...            run "$ARENA" ARGS; sets $rc, stdout in $T/out, stderr in $T/err;
+#                          a BUG() report in stderr fails the case
 #   expect_rc N            exit status is N
 #   expect_out TEXT        stdout contains TEXT (fixed string)
 #   expect_err TEXT        stderr contains TEXT
@@ -57,6 +58,9 @@ run() {
 	LAST_CMD="arena $*"
 	"$ARENA" "$@" >"$T/out" 2>"$T/err"
 	rc=$?
+	# arena never reports a BUG() (common/err.c) to its user: one fails the
+	# case, whatever exit status or message the case expects.
+	! grep -q '^BUG: ' "$T/err" || fail "a BUG() report: $(grep -m 1 '^BUG: ' "$T/err")"
 }
 
 expect_rc() {

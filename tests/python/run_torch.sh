@@ -1,9 +1,10 @@
 #!/bin/sh
 # The Python package and the PyTorch adapter (tests/python/test_torch.py and
-# test_models.py),
-# in BUILD/venv-torch: torch, diffusers and peft from PyPI (pinned; pip's
-# cache and the venv are kept between runs), and the package installed the
-# way a user does, `pip install ./python` (it builds libarena.so).
+# test_models.py), in BUILD/venv-torch: torch, diffusers and peft from PyPI
+# (pinned in tests/python/requirements-torch.txt; pip's cache and the venv
+# are kept between runs, the venv brought to the file's pins when they
+# change), and the package installed the way a user does, `pip install
+# ./python` (it builds libarena.so).
 # usage: sh tests/python/run_torch.sh BUILD
 # Prints one line per test (unittest -v). Exit status: 0 passed (then
 # BUILD/test-summary/torch says how many), 1 a failure, 77 skipped (the
@@ -21,6 +22,11 @@ fail() {
 	echo "python adapter tests: $*"
 	exit 1
 }
+# A BUG() report of the library (common/err.c: "BUG: file:line: ...") is never
+# expected: one in a log fails the run, whatever the tests said.
+no_bug() {
+	! grep -q '^BUG: ' "$1" || fail "a BUG() report in $1: $(grep -m 1 '^BUG: ' "$1")"
+}
 # The CUDA libraries torch's wheel links to, by soname: where ldconfig finds all
 # of them (a CUDA 13 toolkit), torch goes in without its nvidia-* and triton
 # dependencies (3 GB less on disk; these tests run torch on the CPU only).
@@ -30,26 +36,33 @@ for l in $TOOLKIT_LIBS; do
 	/sbin/ldconfig -p 2>/dev/null | grep -q "^[[:space:]]*$l " || lean=0
 done
 IMPORTS="import torch, diffusers, transformers, tokenizers, peft, safetensors, numpy, ml_dtypes, mypy, torchao, optimum.quanto"
+# The pins the venv holds: a copy of $REQ as it was installed. A venv kept
+# from an earlier run (a cached build folder) with other pins imports all the
+# same: a changed pin is installed over it (pip replaces what differs).
+STAMP=$V/arena-requirements.txt
 install() {
 	python3 -m venv "$V" || return 1
 	if [ $lean = 1 ]; then
-		echo "python adapter tests: installing $REQ into $V, torch's CUDA libraries from this machine's toolkit (once; a few minutes, 2 GB)"
+		echo "python adapter tests: installing $REQ into $V, torch's CUDA libraries from this machine's toolkit (once, and when its pins change; a few minutes, 2 GB)"
 		"$V/bin/pip" install -q --disable-pip-version-check --no-deps -r "$REQ" \
 			nvidia-cufile==1.15.1.6 nvidia-cusparselt-cu13==0.8.0 nvidia-nvshmem-cu13==3.4.5 || return 1
-		"$V/bin/python" -c "$IMPORTS" && return 0
+		"$V/bin/python" -c "$IMPORTS" >"$B/python-imports.log" 2>&1 && return 0
+		tail -n 5 "$B/python-imports.log"
 		echo "python adapter tests: torch does not load with this machine's CUDA libraries; installing its own"
 	else
-		echo "python adapter tests: installing $REQ into $V with torch's CUDA libraries (once; a few minutes, 5 GB)"
+		echo "python adapter tests: installing $REQ into $V with torch's CUDA libraries (once, and when its pins change; a few minutes, 5 GB)"
 	fi
 	"$V/bin/pip" install -q --disable-pip-version-check -r "$REQ"
 }
-if ! [ -x "$V/bin/python" ] || ! "$V/bin/python" -c "$IMPORTS" 2>/dev/null; then
+if ! [ -x "$V/bin/python" ] || ! "$V/bin/python" -c "$IMPORTS" 2>/dev/null || ! cmp -s "$REQ" "$STAMP"; then
+	rm -f "$STAMP"
 	if ! install; then
 		[ "${CI:-}" = true ] && fail "cannot install the packages of $REQ (PyPI unreachable? disk full? pip's message is above)"
 		echo "python adapter (torch, diffusers and peft unavailable)" >"$SKIPPED"
 		echo "python adapter tests: SKIPPED (cannot install the packages of $REQ; run with network access)"
 		exit 77
 	fi
+	cp "$REQ" "$STAMP" || exit 1
 fi
 "$V/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall ./python || fail "pip install ./python"
 R=$(pwd)
@@ -74,6 +87,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")' "$R/tests/python/$t.py" -v >"$
 	rc=$?
 	cat "$R/$B/python-$t.log"
 	[ $rc = 0 ] && grep -q '^OK' "$R/$B/python-$t.log" || fail "failures in $t.py (log: $B/python-$t.log)"
+	no_bug "$R/$B/python-$t.log"
 	n=$((n + $(sed -n 's/^Ran \([0-9]*\) tests.*/\1/p' "$R/$B/python-$t.log")))
 done
 echo "python adapter tests: passed ($n tests)"
@@ -90,12 +104,14 @@ ARENA_FIXTURES_DIR=${ARENA_FIXTURES_DIR:-$R/fixtures} "$PY" -c "$one_per_line" "
 rc=$?
 cat "$R/$B/python-files.log"
 [ $rc = 0 ] && grep -q '^OK' "$R/$B/python-files.log" || fail "arena.convert/verify/inspect: failures (log: $B/python-files.log)"
+no_bug "$R/$B/python-files.log"
 nf=$(sed -n 's/^Ran \([0-9]*\) tests.*/\1/p' "$R/$B/python-files.log")
 ARENA_EXAMPLES_DIR=$R/examples PYTHONWARNINGS=ignore "$PY" -c "$one_per_line" "$R/tests/python/test_examples.py" -v \
 	>"$R/$B/python-examples.log" 2>&1
 rc=$?
 cat "$R/$B/python-examples.log"
 [ $rc = 0 ] && grep -q '^OK' "$R/$B/python-examples.log" || fail "examples: failures (log: $B/python-examples.log)"
+no_bug "$R/$B/python-examples.log"
 ne=$(sed -n 's/^Ran \([0-9]*\) tests.*/\1/p' "$R/$B/python-examples.log")
 echo "python package tests: passed ($nf tests of convert/verify/inspect, $ne of the examples)"
 echo "python adapter $n tests + mypy, package $nf, examples $ne" >"$R/$S/torch"

@@ -27,6 +27,14 @@ import unittest
 from pathlib import Path
 from typing import Any
 
+# The LoRA file is checked here, in this process, with models of transformers
+# and diffusers, whose warnings (a processor without torchvision, modules kept
+# in float32 at .to(dtype), no LoRA keys for the text encoder) would split
+# unittest's "test_x ... ok" line in two: their errors only (the examples'
+# runs inherit it; their output is captured and shown on a failure).
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+
 import numpy as np
 import torch
 from PIL import Image

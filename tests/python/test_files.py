@@ -210,20 +210,44 @@ class Files(unittest.TestCase):
         self.assertEqual((r.returncode, r.stderr), (0, ""))
         os.unlink(out)
 
-    def test_tensors_without_torch_say_how_to_install_it(self) -> None:
+    def test_tensors_without_torch_say_what_to_install(self) -> None:
+        """Where torch cannot be imported (``pip install ./python`` installs no extra),
+        tensors() and ``import arena.torch`` raise an ImportError naming the packages
+        of python/pyproject.toml's [torch] extra, by pip's name, and the extra."""
+        import re
+
+        extra = re.search(r'^torch = \[(.*)\]$', (ROOT / "python" / "pyproject.toml").read_text(), re.M)
+        assert extra, "python/pyproject.toml has no [torch] extra"
+        pkgs = " ".join(f"'{p}'" if ">" in p or "<" in p else p for p in re.findall(r'"([^"]+)"', extra[1]))
+        # A finder first on sys.meta_path that refuses torch and its modules, as where
+        # torch is not installed (whatever this interpreter has).
         script = textwrap.dedent(f"""
-            import sys
-            sys.modules["torch"] = None  # as where torch is not installed
+            import importlib.abc, sys
+
+            class NoTorch(importlib.abc.MetaPathFinder):
+                def find_spec(self, name, path=None, target=None):
+                    if name == "torch" or name.startswith("torch."):
+                        raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+                    return None
+
+            sys.meta_path.insert(0, NoTorch())
             import arena
             a = arena.open({FLUX!r}, device="sim")
-            try:
-                a.tensors()
-            except ImportError as e:
-                print(e)
+            for f in (a.tensors, lambda: a.slab(0, 0, "host"), lambda: __import__("arena.torch")):
+                try:
+                    f()
+                    print("no error")
+                except ImportError as e:
+                    print(type(e).__name__, e.name, e)
         """)
         r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("pip install 'arena[torch]'", r.stdout)
+        self.assertEqual((r.returncode, r.stderr), (0, ""))
+        lines = r.stdout.splitlines()
+        self.assertEqual(len(lines), 3, r.stdout)
+        for line in lines:
+            self.assertTrue(line.startswith("ModuleNotFoundError torch arena: "), line)
+            self.assertIn(f"needs torch, which is not installed: pip install {pkgs} ", line)
+            self.assertIn("pip install './python[torch]' from a checkout", line)
 
     def test_the_command(self) -> None:
         r = cli("version")

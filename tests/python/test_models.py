@@ -307,10 +307,16 @@ _floors: Dict[Any, int] = {}
 LORA_SEED = 1
 
 
-def add_lora(m: torch.nn.Module, targets: Any) -> None:
-    """LoRA adapters on ``targets`` (peft's target_modules), seeded: the same in every model."""
+def add_lora(m: torch.nn.Module, targets: Any, library: bool = False) -> None:
+    """LoRA adapters on ``targets`` (peft's target_modules), seeded: the same in every model.
+    ``library``: through the model's own ``add_adapter`` (diffusers' or transformers', which
+    check peft's version), not peft's ``inject_adapter_in_model``."""
     torch.manual_seed(LORA_SEED)
-    inject_adapter_in_model(LoraConfig(r=4, lora_alpha=4, target_modules=targets, init_lora_weights="gaussian"), m)
+    config = LoraConfig(r=4, lora_alpha=4, target_modules=targets, init_lora_weights="gaussian")
+    if library:
+        m.add_adapter(config)
+    else:
+        inject_adapter_in_model(config, m)
     torch.manual_seed(LORA_SEED + 1)
     for n, p in m.named_parameters():
         if "lora_" in n:
@@ -469,6 +475,36 @@ class Checkpointing(unittest.TestCase):
                 self.assertEqual(differ(got[1], want[1]), [])
                 streamed(self, h)
                 h.detach()
+
+
+class AddAdapter(unittest.TestCase):
+    """LoRA added the way a user adds it, the model library's ``add_adapter`` (a text
+    encoder's in transformers, a transformer's in diffusers), after attach: training
+    streamed equals the plain model's with the same call, bit for bit. transformers'
+    refuses a peft older than it needs (transformers 5.24 with peft 0.21.2: "use a
+    version >= 0.22.0"): tests/python/requirements-torch.txt's pins must agree."""
+
+    def check(self, name: str) -> None:
+        fam, path = ZOO[name], image(name)
+        plain = make(name, meta=False)
+        add_lora(plain, fam.lora, library=True)
+        want = train_steps(name, plain)
+        m = make(name, meta=True)
+        h = at.attach(m, path, mode="train", **streaming(path, "train", None, depth=2))
+        add_lora(m, fam.lora, library=True)
+        self.assertEqual(sorted(m.peft_config), ["default"])
+        got = train_steps(name, m)
+        self.assertEqual(got[0], want[0], "losses")
+        self.assertEqual(differ(got[1], want[1]), [], "gradients")
+        self.assertEqual(differ(got[2], want[2]), [], "adapters after the steps")
+        streamed(self, h)
+        h.detach()
+
+    def test_transformers_clip_text_encoder(self):
+        self.check("clip")
+
+    def test_diffusers_flux_transformer(self):
+        self.check("flux")
 
 
 class Order(unittest.TestCase):

@@ -7,7 +7,8 @@
 # tests were skipped, BUILD/test-summary/unit.skipped (how many, and why), for
 # make test's last line.
 # usage: sh tests/unit/run.sh BUILD [WRAPPER...]
-# Exit status: the program's (0: every test that ran passed).
+# Exit status: the program's (0: every test that ran passed), or 1 when the
+# output holds a BUG() report.
 set -u
 B=$1
 shift
@@ -26,6 +27,15 @@ syn=$(grep '^\[====\] Synthesis: ' "$log" | tail -n 1)
 	echo "unit tests: no synthesis from $B/tests/unit (log: $log)"
 	exit 1
 }
+# A BUG() report (common/err.c: "BUG: file:line: ...", then abort) is never
+# expected in the output: the tests of a BUG() take its message off stderr
+# (cr_redirect_stderr); one printed here came from code that hit it where a
+# test did not ask for it (a child process, a test that tolerates a crash).
+if grep -q '^BUG: ' "$log"; then
+	echo "unit tests: FAIL: unexpected BUG() reports in the output (a test of a BUG() takes it off stderr with cr_redirect_stderr):"
+	grep '^BUG: ' "$log" | sort | uniq -c | head -n 10
+	exit 1
+fi
 passing=$(echo "$syn" | sed -n 's/.*Passing: \([0-9]*\).*/\1/p')
 echo "unit ${passing:-0}" >"$S/unit"
 # Skipped tests of the last run (a wrapper may run the program twice): how

@@ -9,7 +9,8 @@
 #     verify, inspect; Ctrl-C) and examples/sample_flux.py --tiny.
 # The venv gets the wheel (reinstalled every run) and the example's packages,
 # pinned as tests/python/requirements-torch.txt has them (pip's cache keeps
-# them); it is kept in BUILD/wheel/venv-test between runs.
+# them); it is kept in BUILD/wheel/venv-test between runs, and brought to the
+# file's pins when they change.
 # usage: sh tests/wheel/run.sh BUILD
 # Exit status: 0 passed (BUILD/test-summary/wheel says what), 1 a failure,
 # 77 skipped: zig, the sources or the packages cannot be fetched (no PyPI or
@@ -51,17 +52,24 @@ lean=1
 for l in $TOOLKIT_LIBS; do
 	/sbin/ldconfig -p 2>/dev/null | grep -q "^[[:space:]]*$l " || lean=0
 done
+# The pins the venv holds (a copy of $REQ as installed): a venv kept with
+# other pins gets the changed ones installed over it, as run_torch.sh does.
+STAMP=$V/arena-requirements.txt
 if ! [ -x "$V/bin/python" ] || ! "$V/bin/python" -c "import torch, diffusers, transformers, safetensors, PIL" 2>/dev/null; then
 	rm -rf "$V"
 	python3 -m venv "$V" || fail "python3 -m venv"
+fi
+if ! cmp -s "$REQ" "$STAMP"; then
+	rm -f "$STAMP"
 	echo "wheel tests: installing the example's packages ($REQ) into $V"
 	if [ $lean = 1 ]; then # torch's CUDA libraries from this machine's toolkit, as tests/python/run_torch.sh does
 		"$V/bin/pip" install -q --disable-pip-version-check --no-deps -r "$REQ" \
 			nvidia-cufile==1.15.1.6 nvidia-cusparselt-cu13==0.8.0 nvidia-nvshmem-cu13==3.4.5 &&
-			"$V/bin/python" -c "import torch" || lean=0
+			"$V/bin/python" -c "import torch" >"$W/imports.log" 2>&1 || lean=0
 	fi
 	[ $lean = 1 ] || "$V/bin/pip" install -q --disable-pip-version-check -r "$REQ" ||
 		skip "the packages of $REQ cannot be installed (no PyPI?)"
+	cp "$REQ" "$STAMP" || fail "cp $REQ $STAMP"
 fi
 "$V/bin/pip" uninstall -q -y arena >/dev/null 2>&1
 "$V/bin/pip" install -q --disable-pip-version-check --no-deps "$WHL" || fail "pip install $WHL"

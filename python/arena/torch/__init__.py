@@ -81,7 +81,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Optional, Union
 
-from torch import nn
+from .. import _torch
+
+_torch()  # without torch: an ImportError that says what to install, not "No module named 'torch'"
+
+from torch import nn  # noqa: E402
 
 from .. import Arena, Error, Size, parse_size
 from .. import open as _open  # attach's opener, by this name here (bench/torch_flux.py times it)
