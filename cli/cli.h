@@ -47,10 +47,10 @@ const cli_cmd *cli_find(const char *name);
  * and returns 2 (the usage exit status).
  * cli_size_arg: a SIZE of at least `min` bytes ("8G", "512M", "1.5GiB").
  * cli_count_arg: a whole number from min to max, decimal digits only.
- * cli_rate_arg: a number above 0 and at most max, exponent allowed ("700e12"). */
+ * cli_rate_arg: a number above 0, at least min and at most max, exponent allowed ("700e12"). */
 int cli_size_arg(const char *cmd, const char *opt, const char *arg, uint64_t min, uint64_t *out);
 int cli_count_arg(const char *cmd, const char *opt, const char *arg, uint64_t min, uint64_t max, uint64_t *out);
-int cli_rate_arg(const char *cmd, const char *opt, const char *arg, double max, double *out);
+int cli_rate_arg(const char *cmd, const char *opt, const char *arg, double min, double max, double *out);
 /* SIZE@STEP (bench stream --pressure): a SIZE above 0 and a step from 0 to 100000. */
 int cli_pressure_arg(const char *cmd, const char *opt, const char *arg, uint64_t *size, uint64_t *step);
 /* What a SIZE is, for the --help of each command that takes one. */

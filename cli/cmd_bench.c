@@ -41,7 +41,7 @@ const char cmd_bench_usage[] =
 	"  --backend sim|cuda  device backend (default sim; cuda uses device 0)\n"
 	"  --vram-cap SIZE     device memory arena may use (default: all of the device)\n"
 	"  --sim-capacity SIZE the simulated device (default 24G, or the cap if larger)\n"
-	"  --sim-bandwidth R   sim host-to-device bytes per second (default 55e9)\n"
+	"  --sim-bandwidth R   sim host-to-device bytes per second, 1e3 to 1e15 (default 55e9)\n"
 	"  --device-free SIZE  cuda: hold the device's memory but SIZE from the start,\n"
 	"                      as another program would (a smaller card)\n"
 	"  --flops R           modelled compute rate, FLOP/s (default 700e12)\n"
@@ -133,7 +133,7 @@ static int bench_options(int argc, char **argv, bench_stream_opts *o)
 			simopt = 1;
 			break;
 		case O_SIMBW:
-			if ((rc = cli_rate_arg("bench", "--sim-bandwidth", optarg, 1e15, &bw)))
+			if ((rc = cli_rate_arg("bench", "--sim-bandwidth", optarg, 1e3, 1e15, &bw)))
 				return rc;
 			simopt = 1;
 			break;
@@ -142,7 +142,7 @@ static int bench_options(int argc, char **argv, bench_stream_opts *o)
 				return rc;
 			break;
 		case O_FLOPS:
-			if ((rc = cli_rate_arg("bench", "--flops", optarg, 1e18, &flops)))
+			if ((rc = cli_rate_arg("bench", "--flops", optarg, 0, 1e18, &flops)))
 				return rc;
 			break;
 		case O_STEPS:

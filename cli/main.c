@@ -155,11 +155,16 @@ int cli_count_arg(const char *cmd, const char *opt, const char *arg, uint64_t mi
 	return 0;
 }
 
-int cli_rate_arg(const char *cmd, const char *opt, const char *arg, double max, double *out)
+int cli_rate_arg(const char *cmd, const char *opt, const char *arg, double min, double max, double *out)
 {
-	if (arena_rate_parse(arg, max, out))
+	if (arena_rate_parse(arg, max, out) || *out < min) {
+		if (min > 0)
+			return cli_usage_error(cmd, "%s '%s' is not a number from %g to %g: digits, an optional fraction and "
+						    "exponent, e.g. 55e9",
+					       opt, arena_q(arg), min, max);
 		return cli_usage_error(cmd, "%s '%s' is not a number above 0 and at most %g: digits, an optional fraction and exponent, e.g. 55e9",
 				       opt, arena_q(arg), max);
+	}
 	return 0;
 }
 

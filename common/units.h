@@ -29,6 +29,16 @@ int arena_count_parse(const char *s, uint64_t min, uint64_t max, uint64_t *out);
  * ARENA_PARSE_BAD, or ARENA_PARSE_RANGE (0, or past max, or past a double). */
 int arena_rate_parse(const char *s, double max, double *out);
 
+/* a + b bytes, saturated: UINT64_MAX when the sum does not fit. Sizes a
+ * user gives (headroom, reserve, cap: up to 2^64 - 2 bytes) are summed so:
+ * a wrapped sum says a small number where "more than any device" is meant
+ * (a headroom of 16 EiB "needed 469.50 KiB"). */
+static inline uint64_t arena_size_add(uint64_t a, uint64_t b)
+{
+	uint64_t s;
+	return __builtin_add_overflow(a, b, &s) ? UINT64_MAX : s;
+}
+
 /* n bytes in the unit that fits the number: "512 B", "1.50 KiB", "22.17 GiB"
  * (B, KiB, MiB, GiB, TiB, PiB, EiB; two decimals from KiB on). Returns buf. */
 const char *arena_size_str(uint64_t n, char *buf, size_t len);

@@ -143,9 +143,19 @@ struct arena_backend {
 	uint64_t alloc_granularity;
 };
 
+/* The simulator's modelled copy rate: 0 (unmodelled), or from 1 KB/s to
+ * 1e15 B/s. A lower one puts a copy's end past any clock (1e-300 B/s: a
+ * 50 KiB copy would end in 5e304 s) and models nothing a device does. */
+#define ARENA_SIM_RATE_MIN 1e3
+#define ARENA_SIM_RATE_MAX 1e15
+static inline int arena_sim_rate_ok(double rate)
+{
+	return rate == 0 || (rate >= ARENA_SIM_RATE_MIN && rate <= ARENA_SIM_RATE_MAX);
+}
+
 typedef struct arena_sim_opts {
 	uint64_t capacity;       /* device bytes (default 8 GiB) */
-	double h2d_bytes_per_s;  /* modelled copy rate; 0 = as fast as memcpy */
+	double h2d_bytes_per_s;  /* modelled copy rate (arena_sim_rate_ok); 0 = as fast as memcpy */
 	uint64_t alloc_granularity; /* allocations count rounded up to this (a power of
 				     * two; default and at least 256) */
 	/* The process's own device memory beside allocations (a CUDA context

@@ -139,12 +139,7 @@ static void sim_sleep_until(sim_backend *b, arena_stream *s, double until)
 {
 	double t;
 	while (!b->cancel && (t = arena_now_s()) < until) {
-		struct timespec ts;
-		double whole = floor(until);
-		ts.tv_sec = (time_t)whole;
-		ts.tv_nsec = (long)((until - whole) * 1e9);
-		if (ts.tv_nsec > 999999999L)
-			ts.tv_nsec = 999999999L;
+		struct timespec ts = arena_timespec_at(until); /* saturated: never a deadline in the past */
 		pthread_cond_timedwait(&s->cv, &b->mu, &ts);
 	}
 }
@@ -875,8 +870,9 @@ int arena_backend_sim_create(const arena_sim_opts *o, arena_backend **out)
 	*out = NULL;
 	uint64_t capacity = o && o->capacity ? o->capacity : SIM_DEFAULT_CAPACITY;
 	double rate = o ? o->h2d_bytes_per_s : 0;
-	if (!(rate >= 0) || isinf(rate))
-		return arena_errorf(ARENA_E_USAGE, "sim: h2d_bytes_per_s must be a finite number >= 0, not %g", rate);
+	if (!arena_sim_rate_ok(rate))
+		return arena_errorf(ARENA_E_USAGE, "sim: h2d_bytes_per_s %g is not 0 (unmodelled) or a rate from %g to %g bytes/s",
+				    rate, ARENA_SIM_RATE_MIN, ARENA_SIM_RATE_MAX);
 	uint64_t gran = o && o->alloc_granularity ? o->alloc_granularity : SIM_ALIGN;
 	if (gran < SIM_ALIGN || (gran & (gran - 1)) || gran > (1ull << 30))
 		return arena_errorf(ARENA_E_USAGE, "sim: alloc_granularity %llu is not a power of two from 256 to 1 GiB",

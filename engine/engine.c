@@ -306,14 +306,16 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 		if (rc == ARENA_E(BUDGET)) {
 			char msg[1024];
 			snprintf(msg, sizeof(msg), "%s", arena_last_error());
-			uint64_t avail = free_b + held;
+			uint64_t avail = arena_size_add(free_b, held);
 			if (o->cap && o->cap < avail)
 				avail = o->cap;
 			arena_errorf(rc,
 				     "%s: does not fit: %s; with a working reserve of %s and headroom of %s it needs %s of "
 				     "device memory, %s is available%s",
 				     be->ops->name, msg, arena__fmtb(reserve), arena__fmtb(headroom),
-				     arena__fmtb(e->plan.min_need_bytes + reserve + headroom + e->o.other), arena__fmtb(avail),
+				     arena__fmtb(arena_size_add(arena_size_add(e->plan.min_need_bytes, reserve),
+								arena_size_add(headroom, e->o.other))),
+				     arena__fmtb(avail),
 				     o->cap ? " under the cap" : "");
 		}
 		goto fail;
@@ -687,6 +689,18 @@ uint64_t arena_engine_steps(const arena_engine *e)
 int arena_engine_is_resident(const arena_engine *e, uint32_t block)
 {
 	return block < e->l->n_blocks && e->plan.resident[block];
+}
+
+int arena_engine_block_at(const arena_engine *e, uint32_t block, const void *p)
+{
+	if (!p || block >= e->l->n_blocks)
+		return 0;
+	if (e->plan.resident[block])
+		return p == e->m->mem[block].dev;
+	for (size_t h = 0; h < e->n_held; h++) /* held: its slot stays its own until the release */
+		if (e->held[h].block == block)
+			return p == (const uint8_t *)e->ring_dptr + e->ring.off[block];
+	return 0;
 }
 
 arena_stream *arena_engine_copy_stream(const arena_engine *e)

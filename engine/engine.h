@@ -623,6 +623,10 @@ int arena_engine_looking(const arena_engine *e);
 double arena_engine_step_gap(const arena_engine *e);
 /* Where block b is now: 1 resident, 0 streamed. */
 int arena_engine_is_resident(const arena_engine *e, uint32_t block);
+/* Is p where block b's bytes are for the caller now (1, else 0): its device
+ * slab while it is resident, or its ring slot while an acquire of it is held
+ * (what arena_block_acquire gave)? An address inside the bytes is not. */
+int arena_engine_block_at(const arena_engine *e, uint32_t block, const void *p);
 /* Tests: what a move from the resident set now to `want` (per block, 1
  * resident) would copy to the device, read from the image now, and read
  * from it each step more than now (the estimates a move is weighed by). */

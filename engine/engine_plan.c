@@ -32,6 +32,7 @@
 #include "../common/alloc.h"
 #include "../common/clock.h"
 #include "../common/err.h"
+#include "../common/units.h"
 
 /* What rounding device allocations to the backend's granularity adds to
  * `bytes` (0 for none). */
@@ -204,7 +205,7 @@ static uint64_t other_now(arena_engine *e, uint64_t free_b, uint64_t total, uint
 			  int *measured)
 {
 	arena_backend *be = e->be;
-	uint64_t p = 0, known = held + e->o.rest;
+	uint64_t p = 0, known = arena_size_add(held, e->o.rest); /* (rest: as the caller reported it) */
 	if (be->ops->proc_mem && be->ops->proc_mem(be, &p) == 0) {
 		*proc = p;
 		*measured = 1;
@@ -232,7 +233,7 @@ uint64_t arena__engine_budget(arena_engine *e, uint64_t free_b, uint64_t total, 
 {
 	uint64_t b, h, w;
 	measure_other(e, free_b, total, held);
-	arena_residency_budget(total, free_b + held, &e->o, &b, &h, &w);
+	arena_residency_budget(total, arena_size_add(free_b, held), &e->o, &b, &h, &w);
 	if (e->o.reserve == ARENA_ENGINE_REST_UNKNOWN)
 		b = arena_residency_budget_unknown(e->l, &e->o, b, stage);
 	if (headroom)
@@ -517,7 +518,9 @@ static void rest_need(arena_engine *e)
 		if (e->be->ops->mem_info(e->be, &f, &total))
 			arena_error_clear();
 		uint64_t base = e->o.cap && (e->o.cap < total || !total) ? e->o.cap : total;
-		e->o.reserve = w->peak + arena_residency_rest_margin(w->peak, base);
+		e->o.reserve = arena_size_add(w->peak, arena_residency_rest_margin(w->peak, base));
+		if (e->o.reserve >= ARENA_ENGINE_REST_UNKNOWN) /* (a peak near 2^64: as large, not "unknown") */
+			e->o.reserve = ARENA_ENGINE_REST_UNKNOWN - 1;
 		w->used = ++e->work_clock;
 	}
 	if (e->o.reserve != old) {
@@ -601,14 +604,14 @@ int arena_engine_memory(arena_engine *e, arena_memory_info *out)
 	uint64_t alloc = arena__engine_alloc_bytes(e), b, h, need, proc = 0;
 	int measured = 0;
 	(void)other_now(e, free_b, total, alloc, &proc, &measured); /* (only the process's figure now) */
-	arena_residency_budget(total, free_b + alloc, &e->o, &b, &h, &need);
+	arena_residency_budget(total, arena_size_add(free_b, alloc), &e->o, &b, &h, &need);
 	uint64_t limit = 0;
 	if (e->o.cap) {
-		uint64_t used = e->o.other + alloc + h / 2;
+		uint64_t used = arena_size_add(arena_size_add(e->o.other, alloc), h / 2);
 		limit = e->o.cap > used ? e->o.cap - used : 0;
 	}
 	if (e->o.reserve == ARENA_ENGINE_REST_UNKNOWN) /* all it may take */
-		need = e->o.cap ? limit : (free_b + e->o.rest > h ? free_b + e->o.rest - h : 0);
+		need = e->o.cap ? limit : (arena_size_add(free_b, e->o.rest) > h ? arena_size_add(free_b, e->o.rest) - h : 0);
 	*out = (arena_memory_info){.cap = e->o.cap,
 				   .process = proc,
 				   .other = e->o.other,

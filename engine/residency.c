@@ -90,7 +90,7 @@ void arena_residency_budget(uint64_t total, uint64_t free_bytes, const arena_eng
 	 * has free past what the rest already holds: both less the headroom */
 	uint64_t capleft = UINT64_MAX;
 	if (o->cap)
-		capleft = o->cap > o->other + h ? o->cap - o->other - h : 0;
+		capleft = o->cap > arena_size_add(o->other, h) ? o->cap - o->other - h : 0;
 	uint64_t physleft = free_bytes > h ? free_bytes - h : 0;
 	uint64_t left = capleft < physleft ? capleft : physleft;
 	if (w == ARENA_ENGINE_AUTO) {

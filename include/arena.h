@@ -216,7 +216,8 @@ ARENA_API size_t arena_sizeof(const char *type_name);
  * Out-of-range input: functions returning int give USAGE (block or tensor
  * index out of range, bad mode, NULL where a pointer is required) or
  * NOT_FOUND (a name not in the model, a step record not kept); accessors
- * that cannot fail return 0 / NULL for an index out of range, as each says. */
+ * that cannot fail return 0 / NULL for an index out of range, as each says,
+ * and for a handle closed or not live (arena_last_error says which). */
 
 typedef struct arena arena;
 
@@ -314,7 +315,8 @@ typedef struct arena_open_options {
 				* --save-profile` writes one), or NULL: learned on the device */
 	/* sim backend only */
 	uint64_t sim_capacity; /* the simulated device; 0 = 16 GiB, or vram_cap when larger */
-	double sim_bandwidth;  /* host-to-device bytes per second; 0 = as fast as memcpy */
+	double sim_bandwidth;  /* host-to-device bytes per second, from 1e3 (1 KB/s) to 1e15 (USAGE
+				* otherwise); 0 = as fast as memcpy */
 	/* images only: stream blocks larger than this in pieces, each cut where a
 	 * tensor starts (not between a module's weight and bias) and at most this
 	 * size unless one module's tensors are larger; the
@@ -375,11 +377,12 @@ ARENA_API void arena_release(arena *a);
  * reference and frees the struct (code of the library only: a consumer may
  * free it from any thread, or while an interpreter shuts down). On success
  * *out is the DLManagedTensor *; on failure NULL. Errors: USAGE (not a live
- * arena, NULL out, NULL data with nbytes > 0, nbytes past INT64_MAX, another
+ * arena or closed, NULL out, NULL data with nbytes > 0, nbytes past INT64_MAX, another
  * device type), NOMEM. */
 ARENA_API int arena_dlpack(arena *a, void *data, uint64_t nbytes, int device_type, int device_id, void **out);
 
-/* The backend in use: "cuda" or "sim"; NULL for a handle that is not live. */
+/* The backend in use: "cuda" or "sim"; NULL for a handle that is not live
+ * or is closed. */
 ARENA_API const char *arena_backend_name(const arena *a);
 
 /* ---- blocks and tensors ---------------------------------------------------- */
@@ -454,13 +457,15 @@ ARENA_API const char *arena_tensor_subclass(const arena *a, size_t i);
  * qdata x scale in f32, rounded once to nearest even, bit for bit what
  * torch's (qdata.float() * scale).to(dtype) gives (a NaN becomes 0x7FC0 in
  * BF16); int4 schemes: ((q - zero) x scale) per group, the same way.
- * `block` holds the bytes of the tensor's block: an acquire's
- * address (valid until its release) or a resident block's device address.
+ * `block` is the address of the tensor's block, exactly: an acquire's
+ * (while it is held: until its release) or a resident block's device
+ * address (arena_block_get, arena_block_device); any other pointer, one
+ * inside the block's bytes too, is USAGE.
  * cuda: one kernel queued on `stream` after the work queued there so far,
  * dst device memory; sim: done before it returns, dst host memory.
- * USAGE: index out of range, NULL block or dst, a tensor stored as is or
- * from an 8-bit source, a stream handle or a block outside the device's
- * memory on sim; DEV_ERROR when the launch fails. */
+ * USAGE: index out of range, NULL block or dst, a block address that is
+ * not the tensor's block's, a tensor stored as is or from an 8-bit source,
+ * a stream handle on sim; DEV_ERROR when the launch fails. */
 ARENA_API int arena_tensor_dequantize(arena *a, size_t tensor, const void *block, void *dst, void *stream);
 /* An activation's rows to FP8 e4m3, for a native FP8 product
  * (torch._scaled_mm; docs/QUANT.md "Native FP8"): x is BF16 [rows, cols],

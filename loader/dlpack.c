@@ -67,7 +67,7 @@ int arena_dlpack(arena *a, void *data, uint64_t nbytes, int device_type, int dev
 	dl_owned *o = arena_calloc(1, sizeof(*o));
 	if (!o)
 		return arena_errorf(ARENA_E_NOMEM, "arena_dlpack: out of memory");
-	int rc = arena_retain(a);
+	int rc = arena__enter_open(a, "arena_dlpack"); /* the reference the tensor holds */
 	if (rc) {
 		arena_free(o);
 		return rc;

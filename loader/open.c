@@ -101,6 +101,22 @@ int arena__enter(const arena *ca)
 	return 0;
 }
 
+int arena__enter_open(const arena *ca, const char *what)
+{
+	int rc = arena__enter(ca);
+	if (rc)
+		return rc;
+	arena *a = arena__mut(ca);
+	pthread_mutex_lock(&a->mu);
+	const int closed = a->closed;
+	pthread_mutex_unlock(&a->mu);
+	if (closed) {
+		arena__leave(a);
+		return arena_errorf(ARENA_E_USAGE, "%s: the arena is closed", what);
+	}
+	return 0;
+}
+
 /* Drop a reference; the last frees the arena. */
 void arena__leave(const arena *ca)
 {
@@ -190,14 +206,20 @@ int arena__engine_opts(const arena_open_options *o, arena_engine_opts *e)
 		return arena_errorf(ARENA_E_USAGE, "arena_open: unknown flags 0x%x", o->flags);
 	if (o->depth > 64 || (o->keep_last > 64 && o->keep_last != ARENA_ZERO_COUNT))
 		return arena_errorf(ARENA_E_USAGE, "arena_open: depth %u or keep_last %u over 64", o->depth, o->keep_last);
-	if (!(o->sim_bandwidth >= 0 && o->sim_bandwidth < 1e15))
-		return arena_errorf(ARENA_E_USAGE, "arena_open: sim_bandwidth %g is not a rate in bytes/s", o->sim_bandwidth);
+	if (!arena_sim_rate_ok(o->sim_bandwidth))
+		return arena_errorf(ARENA_E_USAGE,
+				    "arena_open: sim_bandwidth %g is not 0 (as fast as memcpy) or a rate from %g to %g bytes/s",
+				    o->sim_bandwidth, ARENA_SIM_RATE_MIN, ARENA_SIM_RATE_MAX);
 	e->mode = o->mode;
 	e->cap = o->vram_cap;
 	if (o->headroom)
 		e->headroom = o->headroom == ARENA_ZERO_BYTES ? 0 : o->headroom;
+	/* A reserve given is used as it is, short of the engine's own "not learned
+	 * yet" (ARENA_ENGINE_REST_UNKNOWN, 2^64 - 2): one byte less is as large. */
 	if (o->reserve)
-		e->reserve = o->reserve == ARENA_ZERO_BYTES ? 0 : o->reserve;
+		e->reserve = o->reserve == ARENA_ZERO_BYTES			? 0
+			     : o->reserve >= ARENA_ENGINE_REST_UNKNOWN ? ARENA_ENGINE_REST_UNKNOWN - 1
+								       : o->reserve;
 	e->depth = o->depth; /* 0: the ring's rule chooses (arena_residency_ring) */
 	if (o->keep_last)
 		e->keep_last = o->keep_last == ARENA_ZERO_COUNT ? 0 : o->keep_last;
@@ -343,21 +365,22 @@ static int place(void *ctx, const arena_layout *l, uint64_t stage, const uint64_
 		if (!budget) {
 			uint64_t need = stage; /* the smallest plan's */
 			if (arena_residency_plan_make(l, o, 0, &p) == ARENA_E(BUDGET))
-				need += p.min_need_bytes;
+				need = arena_size_add(need, p.min_need_bytes);
 			else
 				arena_residency_plan_release(&p);
 			arena_error_clear();
-			char s1[32], s2[32], s3[32], s4[32], s5[32];
-			uint64_t avail = o->cap && o->cap < free_b + o->other ? o->cap : free_b + o->other;
+			char s1[32], s2[32], s3[32], s4[32], s5[32], s6[32];
+			const uint64_t dev = arena_size_add(free_b, o->other);
+			uint64_t avail = o->cap && o->cap < dev ? o->cap : dev;
 			return arena_errorf(ARENA_E(BUDGET),
 					    "%s: does not fit: %s %s leaves %s after the process's context (%s) and headroom "
 					    "(%s); its smallest plan needs %s: give vram of at least %s, plus what torch "
 					    "needs at its peak in a step",
-					    c->path, o->cap && o->cap <= free_b + o->other ? "vram" : "the device's free",
+					    c->path, o->cap && o->cap <= dev ? "vram" : "the device's free",
 					    arena_size_str(avail, s1, sizeof(s1)), arena_size_str(b0, s2, sizeof(s2)),
 					    arena_size_str(o->other, s3, sizeof(s3)), arena_size_str(headroom, s4, sizeof(s4)),
 					    arena_size_str(need, s5, sizeof(s5)),
-					    arena_size_arg(need + o->other + headroom, s1, sizeof(s1)));
+					    arena_size_arg(arena_size_add(need, arena_size_add(o->other, headroom)), s6, sizeof(s6)));
 		}
 	}
 	rc = arena_residency_plan_staged(l, o, &budget, stage, &p); /* streaming coded takes stages too */
@@ -389,7 +412,9 @@ static int place(void *ctx, const arena_layout *l, uint64_t stage, const uint64_
 				    "%s: does not fit: %s; with a working reserve of %s%s and headroom of %s it needs %s of "
 				    "device memory, %s is %s%s",
 				    c->path, why, arena_size_str(reserve, s1, sizeof(s1)), cx, arena_size_str(headroom, s2, sizeof(s2)),
-				    arena_size_str(p.min_need_bytes + stage + reserve + headroom + o->other, s3, sizeof(s3)),
+				    arena_size_str(arena_size_add(arena_size_add(p.min_need_bytes, stage),
+								  arena_size_add(arena_size_add(reserve, headroom), o->other)),
+						   s3, sizeof(s3)),
 				    arena_size_str(avail, s4, sizeof(s4)), o->cap && o->cap <= free_b ? "the cap" : "free", hint);
 	}
 	if (rc)
@@ -566,7 +591,7 @@ int arena_open(const char *path, const arena_open_options *opt, arena **out)
 
 const char *arena_backend_name(const arena *a)
 {
-	if (arena__enter(a))
+	if (arena__enter_open(a, "arena_backend_name"))
 		return NULL;
 	const char *n = a->be->ops->name;
 	arena__leave(a);
@@ -575,7 +600,7 @@ const char *arena_backend_name(const arena *a)
 
 size_t arena_block_count(const arena *a)
 {
-	if (arena__enter(a))
+	if (arena__enter_open(a, "arena_block_count"))
 		return 0;
 	size_t n = a->m->layout->n_blocks;
 	arena__leave(a);
@@ -590,7 +615,7 @@ static int resident(const arena *a, size_t b)
 
 int arena_block_get(const arena *ca, size_t i, arena_block_info *out)
 {
-	int rc = arena__enter(ca);
+	int rc = arena__enter_open(ca, "arena_block_get");
 	if (rc)
 		return rc;
 	arena *a = arena__mut(ca);
@@ -618,7 +643,7 @@ int arena_block_get(const arena *ca, size_t i, arena_block_info *out)
 
 int arena_block_find(const arena *a, const char *name, size_t *index)
 {
-	int rc = arena__enter(a);
+	int rc = arena__enter_open(a, "arena_block_find");
 	if (rc)
 		return rc;
 	const arena_layout *l = a->m->layout;
@@ -638,7 +663,7 @@ int arena_block_find(const arena *a, const char *name, size_t *index)
 
 const char *arena_block_name(const arena *a, size_t i)
 {
-	if (arena__enter(a))
+	if (arena__enter_open(a, "arena_block_name"))
 		return NULL;
 	const char *n = i < a->m->layout->n_blocks ? a->m->layout->blocks[i].name : NULL;
 	arena__leave(a);
@@ -647,7 +672,7 @@ const char *arena_block_name(const arena *a, size_t i)
 
 void *arena_block_device(const arena *ca, size_t i)
 {
-	if (arena__enter(ca))
+	if (arena__enter_open(ca, "arena_block_device"))
 		return NULL;
 	arena *a = arena__mut(ca);
 	void *d = NULL;
@@ -661,7 +686,7 @@ void *arena_block_device(const arena *ca, size_t i)
 
 uint64_t arena_block_bytes(const arena *a, size_t i)
 {
-	if (arena__enter(a))
+	if (arena__enter_open(a, "arena_block_bytes"))
 		return 0;
 	uint64_t n = i < a->m->layout->n_blocks ? a->m->layout->blocks[i].bytes : 0;
 	arena__leave(a);
@@ -670,7 +695,7 @@ uint64_t arena_block_bytes(const arena *a, size_t i)
 
 size_t arena_tensor_count(const arena *a)
 {
-	if (arena__enter(a))
+	if (arena__enter_open(a, "arena_tensor_count"))
 		return 0;
 	size_t n = a->m->layout->n_tensors;
 	arena__leave(a);
@@ -679,7 +704,7 @@ size_t arena_tensor_count(const arena *a)
 
 int arena_tensor_get(const arena *ca, size_t i, arena_tensor_info *out)
 {
-	int rc = arena__enter(ca);
+	int rc = arena__enter_open(ca, "arena_tensor_get");
 	if (rc)
 		return rc;
 	arena *a = arena__mut(ca);
@@ -721,7 +746,7 @@ int arena_tensor_get(const arena *ca, size_t i, arena_tensor_info *out)
 
 const char *arena_tensor_subclass(const arena *a, size_t i)
 {
-	if (arena__enter(a))
+	if (arena__enter_open(a, "arena_tensor_subclass"))
 		return NULL;
 	const char *s = i < a->m->layout->n_tensors ? a->m->layout->tensors[i].subclass : NULL;
 	arena__leave(a);
@@ -730,7 +755,7 @@ const char *arena_tensor_subclass(const arena *a, size_t i)
 
 int arena_tensor_find(const arena *a, const char *name, size_t *index)
 {
-	int rc = arena__enter(a);
+	int rc = arena__enter_open(a, "arena_tensor_find");
 	if (rc)
 		return rc;
 	const arena_tensor *t = name ? arena_layout_find(a->m->layout, name) : NULL;

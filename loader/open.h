@@ -54,12 +54,16 @@ int arena__engine_opts(const arena_open_options *o, arena_engine_opts *e);
 
 /* Free the engine and the model now (the CLI's `load` measures limits after
  * the load with the device memory given back); the handle is closed for
- * everything but arena_backend_name and arena_close. */
+ * everything but arena_close (and retain and release). */
 void arena__drop_model(arena *a);
 
 /* A reference for the duration of a call: 0, or USAGE for a handle that is
  * not live; arena__leave drops it. */
 int arena__enter(const arena *a);
 void arena__leave(const arena *a);
+/* arena__enter, and USAGE "`what`: the arena is closed" (the reference
+ * dropped again) after arena_close: every public call but retain, release
+ * and close enters so (include/arena.h, Lifetime). */
+int arena__enter_open(const arena *a, const char *what);
 
 #endif

@@ -188,8 +188,18 @@ int arena_tensor_dequantize(arena *a, size_t tensor, const void *block, void *ds
 				  tensor, l->n_tensors);
 	else if (!block || !dst)
 		rc = arena_errorf(ARENA_E_USAGE, "arena_tensor_dequantize: NULL %s", block ? "dst" : "block");
-	else if (!(rc = dequant_job(&l->tensors[tensor], block, dst, &j)) && !(rc = stream_of(a, stream, &s)))
-		rc = a->be->ops->dequant(a->be, &j, s);
+	else if (!(rc = dequant_job(&l->tensors[tensor], block, dst, &j))) { /* (reads nothing yet) */
+		const arena_tensor *t = &l->tensors[tensor];
+		if (!arena_engine_block_at(a->e, t->block, block))
+			/* an address inside a slab reads misaligned or past the block (another ring slot) */
+			rc = arena_errorf(ARENA_E_USAGE,
+					  "arena_tensor_dequantize: %p is not the address of block '%s' (tensor '%s'): pass "
+					  "what arena_block_acquire gave while it is held, or the block's device address while "
+					  "it is resident",
+					  block, l->blocks[t->block].name, t->name);
+		else if (!(rc = stream_of(a, stream, &s)))
+			rc = a->be->ops->dequant(a->be, &j, s);
+	}
 	return unlock(a, rc);
 }
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _dlpack, _native
+from ._native import check_int as _check_int
 
 __all__ = [
     "Error",
@@ -99,7 +100,7 @@ def parse_size(v: Size, what: str = "size") -> Optional[int]:
     if isinstance(v, int):
         if v < 0:
             raise ValueError(f"{what}: {v} is negative")
-        return v
+        return _check_int(what, v, ctypes.c_uint64)
     m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]?)(?:I?B)?", v.upper())
     if not m or (not m.group(2) and v.upper().endswith("IB")):
         raise ValueError(f"{what}: '{v}' is not a size (digits, an optional fraction, then K, M, G or T)")
@@ -320,27 +321,31 @@ class Arena:
         ``release_host`` (the default), a host address holds while its block is
         streamed: :meth:`keep_host` the block to use it longer."""
         bi = _native.BlockInfo()
-        _check(_native.lib.arena_block_get(self._handle(), block, ctypes.byref(bi)))
+        i = _check_int("block_state(block)", block, ctypes.c_size_t)
+        _check(_native.lib.arena_block_get(self._handle(), i, ctypes.byref(bi)))
         return bool(bi.resident), int(bi.device or 0), int(bi.host or 0)
 
     def keep_host(self, block: int) -> None:
         """Keep block ``block``'s host copy for the arena's life (an arena opened with
         ``release_host``, the default, gives it back once the block is on the device for
         good): before using a host address from :meth:`block_state` beyond the next step."""
-        _check(_native.lib.arena_block_keep_host(self._handle(), block))
+        _check(_native.lib.arena_block_keep_host(self._handle(), _check_int("keep_host(block)", block, ctypes.c_size_t)))
 
     def coded(self, block: int) -> bool:
         """Whether the block's host copy holds its image's hb4 chunks rather than its
         bytes (coded streaming: an hb4 image's streamed blocks, whose copies move
         about 3/4 of the bytes and are decoded by the device)."""
         bi = _native.BlockInfo()
-        _check(_native.lib.arena_block_get(self._handle(), block, ctypes.byref(bi)))
+        i = _check_int("coded(block)", block, ctypes.c_size_t)
+        _check(_native.lib.arena_block_get(self._handle(), i, ctypes.byref(bi)))
         return bool(bi.coded)
 
     # --- tensors -------------------------------------------------------------------
     def slab(self, block: int, address: int, where: str = "device") -> Any:
         """A torch uint8 tensor over block ``block``'s slab at ``address`` (zero copy;
         it holds a reference to the arena). ``where``: "device" or "host"."""
+        block = _check_int("slab(block)", block, ctypes.c_size_t)
+        address = _check_int("slab(address)", address, ctypes.c_void_p)
         torch = _torch()
 
         nbytes = self.blocks[block].nbytes
@@ -422,7 +427,7 @@ class Arena:
     def set_rest_memory(self, nbytes: int) -> None:
         """The bytes the rest of the process holds on the device now (its peak too; the
         same work): :meth:`rest_report` with ``now = peak = nbytes``."""
-        self.rest_report(nbytes)
+        self.rest_report(_check_int("set_rest_memory(nbytes)", nbytes, ctypes.c_uint64))
 
     def rest_report(self, now: int, peak: Optional[int] = None, work: int = 0) -> None:
         """What the rest of the process (torch's allocator) held on the device, told at a
@@ -430,13 +435,17 @@ class Arena:
         (``torch.cuda.memory_reserved()``), ``peak`` the most it held in the step that ends
         (``torch.cuda.max_memory_reserved()`` since the last report; None: ``now``) and
         ``work`` a key of the next step's work (steps with the same key need the same
-        memory; 0: the same as the step that ends). Told between steps, ``work`` names
+        memory; 0: the same as the step that ends; an int from -2**63 to 2**64 - 1, a
+        negative one, as ``hash()`` gives, taken modulo 2**64). Told between steps, ``work`` names
         the step about to begin. With ``learn_rest`` the engine learns each work's peak
         and plans the weights around it (include/arena.h, "The process's device
         memory"); ``arena.torch`` does all this itself."""
-        if now < 0 or (peak is not None and peak < 0):
-            raise ValueError(f"rest_report: negative bytes ({now}, {peak})")
-        r = _native.RestInfo(int(now), int(peak if peak is not None else now), int(work) & (2**64 - 1))
+        now = _check_int("rest_report(now)", now, ctypes.c_uint64)
+        peak = now if peak is None else _check_int("rest_report(peak)", peak, ctypes.c_uint64)
+        # work is a key, not a quantity: a negative one (a hash()) is taken modulo 2**64
+        neg = isinstance(work, int) and work < 0
+        w = _check_int("rest_report(work)", work, ctypes.c_int64 if neg else ctypes.c_uint64) & (2**64 - 1)
+        r = _native.RestInfo(now, peak, w)
         _check(_native.lib.arena_rest_report(self._handle(), ctypes.byref(r)))
 
     def memory(self) -> Dict[str, int]:
@@ -454,17 +463,18 @@ class Arena:
     def acquire(self, block: Union[int, str], stream: Optional[int] = None) -> int:
         """Make ``stream`` (a native stream handle; None: the default stream, and on
         sim the host) wait for the block's bytes; returns their address."""
-        i = self.block_index(block) if isinstance(block, str) else block
+        i = self.block_index(block) if isinstance(block, str) else _check_int("acquire(block)", block, ctypes.c_size_t)
+        s = None if stream is None else _check_int("acquire(stream)", stream, ctypes.c_void_p)
         p = ctypes.c_void_p()
-        _check(_native.lib.arena_block_acquire(self._handle(), i, stream, ctypes.byref(p)))
+        _check(_native.lib.arena_block_acquire(self._handle(), i, s, ctypes.byref(p)))
         return int(p.value or 0)
 
     def dequantize(self, name: str, block_address: int, out: Any, stream: Optional[int] = None) -> Any:
         """Write the values of tensor ``name``, stored quantized (docs/QUANT.md), into
         ``out``: a contiguous torch tensor of the tensor's original dtype and shape on
-        the arena's device (a CPU tensor on sim). ``block_address``: the bytes of the
-        tensor's block (what :meth:`acquire` returned, until the release; or a
-        resident block's address). qdata x scale in f32, rounded once: bit for bit
+        the arena's device (a CPU tensor on sim). ``block_address``: the address of the
+        tensor's block, exactly (what :meth:`acquire` returned, until the release; or a
+        resident block's address; another, one inside the block too, is USAGE). qdata x scale in f32, rounded once: bit for bit
         ``(qdata.float() * scale).to(dtype)``. On CUDA the work is queued on
         ``stream`` (None: the default stream) after what is queued there; on sim it
         is done when this returns. Returns ``out``."""
@@ -480,8 +490,12 @@ class Arena:
         return out
 
     def _dequantize(self, index: int, block_address: int, dst: int, stream: Optional[int]) -> None:
-        """dequantize without its checks (arena.torch: the caller made dst right)."""
-        _check(_native.lib.arena_tensor_dequantize(self._handle(), index, block_address, dst, stream))
+        """dequantize without its checks of ``out`` (arena.torch: the caller made dst right)."""
+        args = (_check_int("dequantize(index)", index, ctypes.c_size_t),
+                _check_int("dequantize(block_address)", block_address, ctypes.c_void_p),
+                _check_int("dequantize(dst)", dst, ctypes.c_void_p),
+                None if stream is None else _check_int("dequantize(stream)", stream, ctypes.c_void_p))
+        _check(_native.lib.arena_tensor_dequantize(self._handle(), *args))
 
     def fp8_quantize_rows(self, x: Any, q: Any, scale: Any, stream: Optional[int] = None) -> None:
         """``x`` (a contiguous BF16 torch tensor [rows, cols] on the arena's device; a
@@ -506,8 +520,13 @@ class Arena:
         self._fp8_quantize_rows(x.data_ptr(), rows, cols, q.data_ptr(), scale.data_ptr(), stream)
 
     def _fp8_quantize_rows(self, x: int, rows: int, cols: int, q: int, scale: int, stream: Optional[int]) -> None:
-        """fp8_quantize_rows without its checks (arena.torch: the caller made the tensors right)."""
-        _check(_native.lib.arena_fp8_quantize_rows(self._handle(), x, rows, cols, q, scale, stream))
+        """fp8_quantize_rows without its checks of the tensors (arena.torch: the caller made them right)."""
+        P, U = ctypes.c_void_p, ctypes.c_uint64
+        args = (_check_int("fp8_quantize_rows(x)", x, P), _check_int("fp8_quantize_rows(rows)", rows, U),
+                _check_int("fp8_quantize_rows(cols)", cols, U), _check_int("fp8_quantize_rows(q)", q, P),
+                _check_int("fp8_quantize_rows(scale)", scale, P),
+                None if stream is None else _check_int("fp8_quantize_rows(stream)", stream, P))
+        _check(_native.lib.arena_fp8_quantize_rows(self._handle(), *args))
 
     def tensor_index(self, name: str) -> int:
         """The C API's index of tensor ``name`` (its place in name order)."""
@@ -515,8 +534,9 @@ class Arena:
         return self._tensor_index[name]
 
     def release(self, block: Union[int, str], stream: Optional[int] = None) -> None:
-        i = self.block_index(block) if isinstance(block, str) else block
-        _check(_native.lib.arena_block_release(self._handle(), i, stream))
+        i = self.block_index(block) if isinstance(block, str) else _check_int("release(block)", block, ctypes.c_size_t)
+        s = None if stream is None else _check_int("release(stream)", stream, ctypes.c_void_p)
+        _check(_native.lib.arena_block_release(self._handle(), i, s))
 
     def set_mode(self, mode: str) -> None:
         """"sample" or "train", between steps."""
@@ -582,7 +602,8 @@ class Arena:
         """Between steps: the order the next steps acquire blocks in (block indices,
         repeats allowed, not the globals block), in the mode in force; the engine
         prefetches and plans by it and goes on learning the order run."""
-        arr = (ctypes.c_uint32 * max(1, len(blocks)))(*blocks)
+        arr = (ctypes.c_uint32 * max(1, len(blocks)))(
+            *[_check_int("set_schedule(blocks)", b, ctypes.c_uint32) for b in blocks])
         _check(_native.lib.arena_schedule_set(self._handle(), arr, len(blocks)))
 
     def device_memory(self) -> Tuple[int, int]:
@@ -599,7 +620,8 @@ class Arena:
         """Start recording a trace of the engine's work (between steps), written to ``path``
         by :meth:`trace_end`: Chrome trace-event JSON, for https://ui.perfetto.dev.
         ``max_events``: records kept (0: 65536); what does not fit is dropped and counted."""
-        _check(_native.lib.arena_trace_begin(self._handle(), os.fsencode(os.fspath(path)), int(max_events)))
+        n = _check_int("trace_begin(max_events)", max_events, ctypes.c_size_t)
+        _check(_native.lib.arena_trace_begin(self._handle(), os.fsencode(os.fspath(path)), n))
 
     def trace_end(self) -> None:
         """Wait for the device's times of the work traced and write the trace (whole or not at all)."""
@@ -684,7 +706,8 @@ def open(
       the library's defaults, or with ``learn_rest`` the reserve learned; 0: none).
     depth, keep_last: the ring's depth and train's extra slots (None: defaults).
     profile: a compute profile file to plan by; learn: learn one on the device.
-    sim_capacity, sim_bandwidth: the simulated device's size and copy rate;
+    sim_capacity, sim_bandwidth: the simulated device's size and copy rate (bytes
+      a second, from 1e3 to 1e15; None: as fast as memcpy);
       sim_context: its modelled CUDA context, counted in the process's memory.
     learn_rest: the caller tells the engine what the rest of the process (torch)
       holds at each step's end (:meth:`Arena.rest_report`): the reserve is learned
@@ -743,7 +766,7 @@ def open(
     dev_id = 0
     if device is not None:
         if isinstance(device, int) and not isinstance(device, bool):
-            backend, dev_id = "cuda", device
+            backend, dev_id = "cuda", _check_int("device", device, ctypes.c_int)
         elif isinstance(device, str) and device == "sim":
             backend = "sim"
         elif isinstance(device, str) and (device == "cuda" or device.startswith("cuda:")):
@@ -753,21 +776,26 @@ def open(
                     dev_id = int(device.split(":", 1)[1])
                 except ValueError:
                     raise ValueError(f"device '{device}': expected cuda:N") from None
+                dev_id = _check_int("device", dev_id, ctypes.c_int)
         else:
             raise ValueError(f"device {device!r}: use 'cuda', 'cuda:N', N, 'sim' or None")
     o.backend = backend.encode() if backend else None
     o.device = dev_id
     o.vram_cap = parse_size(vram, "vram") or 0
     o.pin_budget = parse_size(pin_budget, "pin_budget") or 0
-    o.threads = threads or 0
+    o.threads = 0 if threads is None else _check_int("threads", threads, ctypes.c_uint)
     o.quant = quant.encode() if quant else None
     o.mode = _mode(mode)
+    # (2**64 - 1 is ARENA_ZERO_BYTES, "none": what 0 says here)
     h = parse_size(headroom, "headroom")
+    h = None if h is None else _check_int("headroom", h, ctypes.c_uint64, top=_native.ZERO_BYTES)
     r = parse_size(reserve, "reserve")
+    r = None if r is None else _check_int("reserve", r, ctypes.c_uint64, top=_native.ZERO_BYTES)
     o.headroom = 0 if h is None else (h or _native.ZERO_BYTES)
     o.reserve = 0 if r is None else (r or _native.ZERO_BYTES)
-    o.depth = depth or 0
-    o.keep_last = 0 if keep_last is None else (keep_last or _native.ZERO_COUNT)
+    o.depth = 0 if depth is None else _check_int("depth", depth, ctypes.c_uint)
+    o.keep_last = 0 if keep_last is None else (
+        _check_int("keep_last", keep_last, ctypes.c_uint, top=_native.ZERO_COUNT) or _native.ZERO_COUNT)
     o.flags = ((_native.OPEN_STRICT if strict else 0) | (0 if learn else _native.OPEN_NO_LEARN)
                | (_native.OPEN_PLAIN_STREAM if plain_stream else 0)
                | (_native.OPEN_RELEASE_HOST if release_host else 0)
@@ -781,10 +809,12 @@ def open(
         o.piece_size = _native.PIECE_AUTO
     else:
         try:
-            o.piece_size = parse_size(piece_size, "piece_size") or 0
+            ps = parse_size(piece_size, "piece_size") or 0
         except ValueError as e:
             raise ValueError(str(e).replace("is not a size", "is not a size or 'auto'", 1)) from None
+        o.piece_size = _check_int("piece_size", ps, ctypes.c_uint64, top=_native.PIECE_AUTO)
     hb = parse_size(host_budget, "host_budget")
+    hb = None if hb is None else _check_int("host_budget", hb, ctypes.c_uint64, top=_native.ZERO_BYTES)
     o.host_budget = 0 if hb is None else (hb or _native.ZERO_BYTES)
     if payback_steps is not None and (isinstance(payback_steps, bool) or not isinstance(payback_steps, int)
                                       or not 1 <= payback_steps < 2**32):

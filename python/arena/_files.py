@@ -167,12 +167,10 @@ def convert(
     o.quant = quant.encode() if quant else None
     o.codec = codec.encode() if codec else None
     o.chunk_size = parse_size(chunk_size, "chunk_size") or 0
-    if zstd_level is not None and (isinstance(zstd_level, bool) or not isinstance(zstd_level, int)):
-        raise TypeError(f"zstd_level: expected an int, got {type(zstd_level).__name__}")
-    o.zstd_level = zstd_level or 0
+    o.zstd_level = 0 if zstd_level is None else _native.check_int("zstd_level", zstd_level, ctypes.c_int)
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads: {threads!r}: a whole number, 1 or more")
-    o.threads = threads or 0
+    o.threads = 0 if threads is None else _native.check_int("threads", threads, ctypes.c_uint)
     info = _native.ConvertInfo()
     dst = os.fsencode(os.fspath(out))
 
@@ -200,7 +198,7 @@ def verify(path: PathLike, *, threads: Optional[int] = None, progress: Progress 
     o = _native.VerifyOptions()
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads: {threads!r}: a whole number, 1 or more")
-    o.threads = threads or 0
+    o.threads = 0 if threads is None else _native.check_int("threads", threads, ctypes.c_uint)
     bad: List[Dict[str, Any]] = []
 
     def on_bad(_ctx: Any, b: Any) -> None:

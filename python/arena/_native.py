@@ -8,6 +8,7 @@ import, so a binding and a library that disagree fail at once, not later.
 from __future__ import annotations
 
 import ctypes
+import operator
 import os
 from ctypes import (
     POINTER,
@@ -23,6 +24,7 @@ from ctypes import (
     c_void_p,
 )
 from pathlib import Path
+from typing import Any, Optional
 
 ZERO_BYTES = (1 << 64) - 1  # ARENA_ZERO_BYTES: headroom / reserve explicitly none
 ZERO_COUNT = (1 << 32) - 1  # ARENA_ZERO_COUNT: keep_last explicitly none
@@ -351,6 +353,29 @@ for _cls, _cname in (
             f"arena: the binding's {_cname.decode()} is {ctypes.sizeof(_cls)} bytes, "
             f"libarena's {_want}: the library and the package are from different versions"
         )
+
+
+def check_int(name: str, value: Any, ctype: Any, top: Optional[int] = None) -> int:
+    """``value`` as an argument of C type ``ctype`` (``c_uint64``, ``c_size_t``, ``c_uint``,
+    ``c_int``, ``c_void_p``...) takes it: an int (or an object with ``__index__``, not a
+    bool) within the type's range, and below ``top`` where given (the values from it on
+    mean something else to the library: ARENA_ZERO_BYTES, ARENA_PIECE_AUTO). ctypes
+    would cut one outside to the type's low bits without a word (block ``2**64 + 5``
+    would be block 5): TypeError, or ValueError naming the argument, instead."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name}: expected an int, got bool")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}") from None
+    bits = 8 * ctypes.sizeof(ctype)
+    signed = ctype(-1).value == -1
+    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    if top is not None and top - 1 < hi:
+        hi = top - 1
+    if not lo <= v <= hi:
+        raise ValueError(f"{name}: {v} is out of range (from {lo} to {hi})")
+    return v
 
 
 def last_error() -> str:

@@ -355,6 +355,12 @@ static void run(const char *image)
 	FAILS(arena_set_rest_memory(a, 0), ARENA_E_USAGE, "closed");
 	FAILS(arena_block_keep_host(a, 1), ARENA_E_USAGE, "closed");
 	FAILS(arena_block_acquire(a, 1, NULL, &d), ARENA_E_USAGE, "closed");
+	FAILS(arena_block_get(a, 1, &bi), ARENA_E_USAGE, "closed");
+	FAILS(arena_tensor_get(a, t3, &ti), ARENA_E_USAGE, "closed");
+	CHECK(arena_block_count(a) == 0 && strstr(arena_last_error(), "closed"), "block_count after close");
+	CHECK(arena_block_name(a, 1) == NULL && strstr(arena_last_error(), "closed"), "block_name after close");
+	CHECK(arena_backend_name(a) == NULL && strstr(arena_last_error(), "closed"), "backend_name after close");
+	CHECK(arena_tensor_count(a) == 0 && arena_block_bytes(a, 1) == 0, "counts after close");
 	arena_release(a);
 	FAILS(arena_block_acquire(a, 1, NULL, &d), ARENA_E_USAGE, "not an open arena");
 	FAILS(arena_retain(a), ARENA_E_USAGE, "not an open arena");

@@ -102,6 +102,64 @@ options_numbers_refused() {
 	[ ! -e "$T/x.arena" ] && [ ! -e "$T/s.st" ] || fail "a refused command wrote its output"
 }
 
+# --sim-bandwidth: from 1 KB/s to 1e15 B/s. A rate near 0 put a copy's end
+# past any clock (1e-300 B/s: 5e304 s), and the simulator spun a core on it
+# for good; each refused value is one error line, at once.
+options_sim_bandwidth_bounds() {
+	"$ARENA" convert -q "$REF/tiny_flux.safetensors" -o "$T/f.arena"
+	for v in 1e-300 1e-3 999 999.99 1.01e15 1e16; do
+		LAST_CMD="arena bench stream $T/f.arena --sim-bandwidth $v --steps 1"
+		timeout 20 "$ARENA" bench stream "$T/f.arena" --sim-bandwidth "$v" --steps 1 >"$T/out" 2>"$T/err"
+		rc=$?
+		expect_rc 2
+		expect_error_line
+		expect_err "--sim-bandwidth '$v'"
+		expect_err "from 1000 to 1e+15"
+	done
+	for v in 1e7 1e15; do # (1e3 is the backend's test: a load at 1 KB/s takes minutes)
+		run bench stream "$T/f.arena" --sim-bandwidth "$v" --steps 1 --json
+		expect_rc 0
+	done
+}
+
+# Sizes near 2^64 given to load and plan are summed without wrapping: a
+# headroom of 16 EiB needs 16 EiB, not what the sum wrapped to ("it needs
+# 280.50 KiB"), and a reserve that large is that large (it was read as the
+# library's own "not learned yet" and became 0).
+options_huge_sizes_summed_without_wrapping() {
+	"$ARENA" convert -q "$REF/tiny_flux.safetensors" -o "$T/f.arena"
+	big=18446744073709551614 # 2^64 - 2
+	run load "$T/f.arena" --backend sim --headroom $big
+	expect_rc 2
+	expect_error_line
+	expect_err "headroom of 16.00 EiB it needs 16.00 EiB of device memory"
+	run load "$T/f.arena" --backend sim --reserve $big
+	expect_rc 2
+	expect_error_line
+	expect_err "working reserve of 16.00 EiB"
+	expect_err "it needs 16.00 EiB of device memory"
+	run load "$T/f.arena" --backend sim --vram-cap $big --headroom 18446744073709551000 --reserve $big
+	expect_rc 2
+	expect_error_line
+	expect_err "it needs 16.00 EiB of device memory"
+	run plan "$T/f.arena" --vram 1G --reserve $big
+	expect_rc 2
+	expect_error_line
+	expect_err "does not fit in 1.00 GiB"
+	run plan "$T/f.arena" --vram $big --headroom $big --reserve $big --json
+	expect_rc 2
+	expect_error_line
+	# (JSON integers stop at 2^63 - 1, the floor's search at 2^62: 4000000T is below)
+	run plan "$T/f.arena" --vram 4000000T --headroom 3999999T --reserve 1000G --context 1G --json
+	expect_rc 0
+	python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+if d["budget"] != 23 * 2**30 or d["headroom"] != 3999999 * 2**40:  # 1T - 1000G - 1G
+    sys.exit("budget %d, headroom %d: want 23G and 3999999T" % (d["budget"], d["headroom"]))
+' <"$T/out" 2>"$T/json-err" || fail "$(tail -n 1 "$T/json-err")"
+}
+
 options_help_says_what_a_size_is() {
 	for c in plan bench load convert; do
 		run "$c" --help
@@ -119,4 +177,4 @@ options_help_percent() {
 }
 
 cases options_help_percent options_sizes_refused options_sizes_accepted options_numbers_refused \
-	options_help_says_what_a_size_is
+	options_help_says_what_a_size_is options_sim_bandwidth_bounds options_huge_sizes_summed_without_wrapping

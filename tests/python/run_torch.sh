@@ -1,10 +1,10 @@
 #!/bin/sh
-# The Python package and the PyTorch adapter (tests/python/test_torch.py and
-# test_models.py), in BUILD/venv-torch: torch, diffusers and peft from PyPI
-# (pinned in tests/python/requirements-torch.txt; pip's cache and the venv
-# are kept between runs, the venv brought to the file's pins when they
-# change), and the package installed the way a user does, `pip install
-# ./python` (it builds libarena.so).
+# The Python package and the PyTorch adapter (tests/python/test_torch.py,
+# test_args.py and test_models.py), in BUILD/venv-torch: torch, diffusers
+# and peft from PyPI (pinned in tests/python/requirements-torch.txt; pip's
+# cache and the venv are kept between runs, the venv brought to the file's
+# pins when they change), and the package installed the way a user does,
+# `pip install ./python` (it builds libarena.so).
 # usage: sh tests/python/run_torch.sh BUILD
 # Prints one line per test (unittest -v). Exit status: 0 passed (then
 # BUILD/test-summary/torch says how many), 1 a failure, 77 skipped (the
@@ -74,10 +74,11 @@ echo "python adapter tests: $(tail -n 1 "$B/python-mypy.log")"
 # The package as installed, not the source tree: run from elsewhere.
 cd "$B" || exit 1
 # unittest -v, each test on one line: its name, not its docstring's first line
-# on a line of its own. The adapter's tests (test_torch.py), then any model's
+# on a line of its own. The adapter's tests (test_torch.py), the package's
+# checks of the ints it passes to C (test_args.py), then any model's
 # (test_models.py: families of diffusers and transformers, a whole pipeline).
 n=0
-for t in test_torch test_models; do
+for t in test_torch test_args test_models; do
 	ARENA_FIXTURES_DIR=${ARENA_FIXTURES_DIR:-$R/fixtures} ARENA_BIN=$R/$B/arena PYTHONWARNINGS=ignore \
 		"$PY" -c 'import os, runpy, sys, unittest
 unittest.TextTestResult.getDescription = lambda self, test: str(test)

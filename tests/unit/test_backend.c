@@ -170,6 +170,39 @@ static void sim_slow(arena_backend *b, arena_stream *s)
 	cr_assert_eq(arena_backend_sim_compute(b, s, 0.05), 0, "%s", arena_last_error());
 }
 
+/* A wait whose end lies past what time_t holds (a compute op of 1e300 s; a
+ * copy at a rate near 0 was one) sleeps until the backend ends it: its
+ * deadline saturates, where a cast of 1e300 to time_t gave a deadline in the
+ * past and the worker spun on it, a core busy for good. */
+Test(backend_sim, a_wait_past_any_clock_sleeps)
+{
+	arena_backend *b = sim(MiB, 0);
+	arena_stream *s = NULL;
+	cr_assert_eq(b->ops->stream_create(b, &s), 0);
+	cr_assert_eq(arena_backend_sim_compute(b, s, 1e300), 0, "%s", arena_last_error());
+	struct timespec c0, c1;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+	arena_sleep_s(0.3);
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+	const double cpu = (double)(c1.tv_sec - c0.tv_sec) + (double)(c1.tv_nsec - c0.tv_nsec) * 1e-9;
+	cr_assert_lt(cpu, 0.1, "the worker used %.3f s of CPU in 0.3 s of waiting", cpu);
+	arena_backend_destroy(b); /* cancels the wait */
+	/* the deadlines themselves: saturated, never negative */
+	const double at[] = {1e300, 5e304, 1.0 / 0.0, 9.3e18, 1e12};
+	for (size_t k = 0; k < sizeof(at) / sizeof(*at); k++) {
+		struct timespec t = arena_timespec_at(at[k]);
+		cr_assert_eq(t.tv_sec, ARENA_TIME_MAX_S, "%g", at[k]);
+		cr_assert_eq(t.tv_nsec, 0);
+	}
+	const double none[] = {-1, -1e300, 0.0 / 0.0, 0};
+	for (size_t k = 0; k < sizeof(none) / sizeof(*none); k++) {
+		struct timespec t = arena_timespec_at(none[k]);
+		cr_assert(t.tv_sec == 0 && t.tv_nsec == 0, "%g", none[k]);
+	}
+	struct timespec t = arena_timespec_at(12.25);
+	cr_assert(t.tv_sec == 12 && t.tv_nsec == 250000000L);
+}
+
 /* --- sim: memory ------------------------------------------------------------ */
 
 Test(backend_sim, alloc_up_to_capacity_then_oom)
@@ -264,6 +297,20 @@ Test(backend_sim, options)
 	cr_assert_null(b);
 	o.h2d_bytes_per_s = 1.0 / 0.0;
 	cr_assert_eq(arena_backend_sim_create(&o, &b), ARENA_E_USAGE);
+	/* A rate so low that a copy's end lies past any clock (1e-300 B/s: 5e304 s
+	 * for 50 KiB) is refused: from 1 KB/s to 1e15 B/s, or 0 (unmodelled). */
+	const double bad_rates[] = {1e-300, 1e-3, 999, 1.01e15};
+	for (size_t k = 0; k < sizeof(bad_rates) / sizeof(*bad_rates); k++) {
+		o.h2d_bytes_per_s = bad_rates[k];
+		cr_assert_eq(arena_backend_sim_create(&o, &b), ARENA_E_USAGE, "%g", bad_rates[k]);
+		cr_assert(strstr(arena_last_error(), "h2d_bytes_per_s"), "%s", arena_last_error());
+	}
+	const double good_rates[] = {1e3, 1e15};
+	for (size_t k = 0; k < sizeof(good_rates) / sizeof(*good_rates); k++) {
+		o.h2d_bytes_per_s = good_rates[k];
+		cr_assert_eq(arena_backend_sim_create(&o, &b), 0, "%g: %s", good_rates[k], arena_last_error());
+		arena_backend_destroy(b);
+	}
 	/* Allocation granularity: a power of two from 256; sizes count rounded up to it. */
 	o.h2d_bytes_per_s = 0;
 	o.alloc_granularity = 300;
