@@ -1,7 +1,7 @@
-# t_inputs.sh - inputs that change while they are read: every command that
-# reads them ends with one error line and the exit status of an invalid
-# input (1), never a signal, and a convert that fails leaves nothing.
-# Sourced by run.sh; see there for the helpers.
+# t_inputs.sh - inputs that change while they are read, and empty models:
+# every command that reads them ends with one error line and the exit status
+# of an invalid input (1), never a signal, and a convert that fails leaves
+# nothing. Sourced by run.sh; see there for the helpers.
 
 # What $T holds besides the files a case made ($1...): nothing, or fail.
 expect_only() {
@@ -104,3 +104,25 @@ inputs_cut_under_the_disk_tier() {
 	expect_err "file changed while reading"
 }
 cases inputs_cut_under_the_disk_tier
+
+# A model without tensors (an index with an empty weight_map, a `{}`
+# safetensors, a folder holding one): inspect refuses it as convert and load
+# do, with the same line and exit status.
+inputs_empty_model() {
+	printf '{"weight_map": {}}' >"$T/model.safetensors.index.json"
+	make_st "$T/e.safetensors" '{}' 0
+	mkdir "$T/dir"
+	make_st "$T/dir/model.safetensors" '{}' 0
+	for p in "$T/model.safetensors.index.json" "$T/e.safetensors" "$T/dir"; do
+		for c in "inspect $p" "inspect --json $p" "convert -q $p -o $T/x.arena" "load $p --backend sim"; do
+			# shellcheck disable=SC2086
+			run $c
+			expect_rc 1
+			expect_no_out
+			expect_error_line
+			expect_err "checkpoint has no tensors"
+			[ ! -e "$T/x.arena" ] || fail "convert left $T/x.arena"
+		done
+	done
+}
+cases inputs_empty_model
