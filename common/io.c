@@ -13,6 +13,14 @@
 #include "err.h"
 
 static atomic_long read_fault_at, read_count;
+static void (*_Atomic opened_fn)(int fd, const char *path, void *ctx);
+static void *_Atomic opened_ctx;
+
+void arena_fault_opened(void (*fn)(int fd, const char *path, void *ctx), void *ctx)
+{
+	atomic_store(&opened_ctx, ctx);
+	atomic_store(&opened_fn, fn);
+}
 
 void arena_fault_read(long n)
 {
@@ -45,8 +53,9 @@ static int pread_all(int fd, void *buf, size_t n, uint64_t off, const char *labe
 		if (r < 0)
 			return arena_syserrorf(ARENA_E_IO, errno, "%s: read failed at byte %llu", label,
 					       (unsigned long long)off);
-		if (r == 0 || (size_t)r % unit)
-			return arena_errorf(ARENA_E_IO, "%s: unexpected end of file at byte %llu (file changed?)", label,
+		if (r == 0 || (size_t)r % unit) /* its size was checked when opened: it shrank since */
+			return arena_errorf(ARENA_E(INPUT_CHANGED),
+					    "%s: file changed while reading: unexpected end of file at byte %llu", label,
 					    (unsigned long long)(off + (uint64_t)r));
 		p += r, n -= (size_t)r, off += (uint64_t)r;
 	}
@@ -207,6 +216,9 @@ int arena_open_input(const char *path, int flags, int *fd, struct stat *st)
 		errno = e;
 		return rc;
 	}
+	void (*hook)(int, const char *, void *) = atomic_load(&opened_fn);
+	if (hook)
+		hook(f, path, atomic_load(&opened_ctx));
 	if (st)
 		*st = s;
 	*fd = f;

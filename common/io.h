@@ -24,8 +24,10 @@ int arena_open_input(const char *path, int flags, int *fd, struct stat *st);
 int arena_input_syserror(const char *path, int errnum);
 
 /* Read exactly n bytes at off (retrying short reads and EINTR). A read that
- * ends early returns IO with "unexpected
- * end of file"; `label` names the file in messages. */
+ * meets the end of the file returns INPUT_CHANGED ("file changed while
+ * reading: unexpected end of file"): every reader checks what it reads
+ * against the size the file had when opened, so the file shrank since; a
+ * failed read, IO. `label` names the file in messages. */
 int arena_pread_full(int fd, void *buf, size_t n, uint64_t off, const char *label);
 
 /* Reads of a file that the page cache may or may not hold: what it holds
@@ -62,5 +64,10 @@ int arena_fault_read_fired(void);
 /* For readers that do not go through arena_pread_full: 1 if this read must
  * fail by injection (counts as one read). */
 int arena__read_fault(void);
+/* Fault injection (tests only): fn(fd, path, ctx) runs as arena_open_input
+ * returns each file it opened, after the fstat whose size the readers go
+ * by (a test truncates the file there: the point between the open and the
+ * reads); NULL disarms. */
+void arena_fault_opened(void (*fn)(int fd, const char *path, void *ctx), void *ctx);
 
 #endif

@@ -150,8 +150,15 @@ int arena_img_manifest_build(const arena_layout *l, const void *sources, const v
 		jset(o, "shape", shape_json(t->rank, t->shape), &fail);
 		jset(o, "block", json_integer(t->block), &fail);
 		jset(o, "scheme", json_string(t->scheme), &fail);
-		if (t->subclass)
-			jset(o, "subclass", json_loads(t->subclass, JSON_REJECT_DUPLICATES, NULL), &fail);
+		if (t->subclass) {
+			unsigned long mark = arena_json_parse_begin(); /* (alloc.h: jansson and failed allocations) */
+			json_t *sub = json_loads(t->subclass, JSON_REJECT_DUPLICATES, NULL);
+			if (arena_json_parse_end(mark)) {
+				json_decref(sub);
+				sub = NULL;
+			}
+			jset(o, "subclass", sub, &fail);
+		}
 		for (uint32_t c = 0; comps && c < t->n_comp; c++) {
 			const arena_component *cp = &t->comp[c];
 			json_t *co = json_object();
@@ -172,8 +179,9 @@ int arena_img_manifest_build(const arena_layout *l, const void *sources, const v
 	/* jansson 2.14 can drop a key when an allocation fails inside the dump
 	 * and still return text: read it back before trusting it. */
 	if (text) {
+		unsigned long mark = arena_json_parse_begin(); /* (alloc.h: jansson and failed allocations) */
 		json_t *back = json_loads(text, JSON_REJECT_DUPLICATES, NULL);
-		if (!back || !json_equal(back, root)) {
+		if (arena_json_parse_end(mark) || !back || !json_equal(back, root)) {
 			arena_free(text);
 			text = NULL;
 		}

@@ -109,9 +109,8 @@ static int fix_neg_zeros(json_t *v, neg_zeros *z)
 	return 0;
 }
 
-static int neg_zeros_to_reals(arena_st_file *f, json_t *root)
+static int neg_zeros_to_reals(arena_st_file *f, json_t *root, const char *text)
 {
-	const char *text = (const char *)f->base + 8;
 	neg_zeros z = {0};
 	z.n = scan_neg_zeros(text, (size_t)f->header_len, &z);
 	if (!z.n)
@@ -295,9 +294,10 @@ static int check_layout(arena_st_file *f, arena_st_tensor **by_off, size_t n, ui
 	return 0;
 }
 
-static int parse_header(arena_st_file *f)
+/* Validate the file whose first bytes are at buf: its first 8 (when it has
+ * them), and all 8 + N of the header when N passes the length checks. */
+static int parse_header(arena_st_file *f, const uint8_t *buf)
 {
-	const uint8_t *buf = f->base;
 	if (f->size < 8)
 		return arena_errorf(E(ST_TOO_SHORT), "%s: file is %llu bytes, shorter than the 8-byte header length",
 				    f->path, (unsigned long long)f->size);
@@ -333,7 +333,7 @@ static int parse_header(arena_st_file *f)
 	/* A parse can also succeed, on altered text, after an allocation failed. */
 	if (oom)
 		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory parsing the header", f->path);
-	int rc = neg_zeros_to_reals(f, root);
+	int rc = neg_zeros_to_reals(f, root, (const char *)buf + 8);
 	if (rc)
 		return rc;
 	if (!json_is_object(root))
@@ -408,13 +408,35 @@ int arena_st_parse(const uint8_t *buf, uint64_t size, const char *label, arena_s
 	f->base = buf;
 	f->size = size;
 	f->fd = -1;
-	rc = parse_header(f);
+	rc = parse_header(f, buf);
 	if (rc) {
 		arena_st_close(f);
 		return rc;
 	}
 	*out = f;
 	return 0;
+}
+
+/* The file's first bytes as parse_header reads them, with pread: the
+ * length, and the header when the length passes its checks (else only
+ * the length: parse_header refuses it from those). A file that shrinks
+ * meanwhile is INPUT_CHANGED, never a fault. *buf is the caller's. */
+static int read_header(arena_st_file *f, uint8_t **buf)
+{
+	*buf = NULL;
+	uint8_t len[8];
+	const uint64_t have = f->size < 8 ? f->size : 8;
+	int rc = arena_pread_full(f->fd, len, (size_t)have, 0, f->path);
+	if (rc)
+		return rc;
+	const uint64_t n = f->size < 8 ? 0 : le64(len);
+	const uint64_t want = n <= ARENA_ST_MAX_HEADER && n <= f->size - have ? have + n : have;
+	*buf = arena_malloc(want ? (size_t)want : 1);
+	if (!*buf)
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory for a header of %llu bytes", f->path,
+				    (unsigned long long)n);
+	memcpy(*buf, len, (size_t)have);
+	return want > have ? arena_pread_full(f->fd, *buf + have, (size_t)(want - have), have, f->path) : 0;
 }
 
 int arena_st_open(const char *path, arena_st_file **out)
@@ -431,22 +453,24 @@ int arena_st_open(const char *path, arena_st_file **out)
 		close(fd);
 		return rc;
 	}
-	f->fd = -1;
 	f->size = (uint64_t)st.st_size;
 	f->fd = fd;
-	if (f->size > 0) {
+	f->base = (const uint8_t *)"";
+	/* The header is read, not mapped: only tensor data is read through the
+	 * mapping (quantized on the way), each such read guarded
+	 * (common/mapguard.h). */
+	uint8_t *hdr;
+	rc = read_header(f, &hdr);
+	if (!rc)
+		rc = parse_header(f, hdr);
+	arena_free(hdr);
+	if (!rc && f->size > 0) {
 		void *m = mmap(NULL, (size_t)f->size, PROT_READ, MAP_PRIVATE, fd, 0);
-		if (m == MAP_FAILED) {
-			int e = errno;
-			arena_st_close(f);
-			return arena_syserrorf(ARENA_E_IO, e, "%s: cannot map", path);
-		}
-		f->base = m;
-		f->mapped = 1;
-	} else {
-		f->base = (const uint8_t *)"";
+		if (m == MAP_FAILED)
+			rc = arena_syserrorf(ARENA_E_IO, errno, "%s: cannot map", path);
+		else
+			f->base = m, f->mapped = 1;
 	}
-	rc = parse_header(f);
 	if (rc) {
 		arena_st_close(f);
 		return rc;

@@ -62,9 +62,13 @@ struct arena_st_file {
 	int mapped;
 };
 
-/* Map and validate the file at `path`. On success *out owns the mapping.
+/* Read the header of the file at `path` (pread: a file that shrinks
+ * meanwhile is INPUT_CHANGED, never a fault) and validate it against the
+ * size the file had when opened; then map the file for its tensors' bytes
+ * (arena_st_data). On success *out owns the descriptor and the mapping.
  * Errors: NOT_FOUND, INPUT_NOT_READABLE (not a readable regular file: see
- * arena_open_input), IO, NOMEM, or an ST_* error naming the rule broken. */
+ * arena_open_input), INPUT_CHANGED, IO, NOMEM, or an ST_* error naming the
+ * rule broken. */
 int arena_st_open(const char *path, arena_st_file **out);
 
 /* Validate `size` bytes at `buf` (borrowed: must outlive *out). `label` names
@@ -81,7 +85,12 @@ int arena_st_prefix(arena_st_file *f, const char *prefix);
 /* Binary search by name; NULL if absent. */
 const arena_st_tensor *arena_st_find(const arena_st_file *f, const char *name);
 
-/* Pointer to a tensor's bytes (nbytes of them) inside the file's bytes. */
+/* Pointer to a tensor's bytes (nbytes of them) inside the file's bytes.
+ * For an opened file they are its mapping: a page the file no longer has
+ * (cut since it was opened) raises SIGBUS, so every read of them runs
+ * under arena_map_guard_run (common/mapguard.h) with the file's mapping
+ * (base, size), and checks the size again after (the page the new end
+ * falls in reads as zeros past it). */
 static inline const uint8_t *arena_st_data(const arena_st_tensor *t)
 {
 	return t->file->base + t->file->data_off + t->begin;

@@ -117,7 +117,8 @@ enum {
 	X(IMG_PADDING, INVALID, "image padding byte is not zero")                         \
 	/* paths (common/io.h, common/outfile.h) */                                       \
 	X(INPUT_NOT_READABLE, INVALID, "input is not a readable regular file")           \
-	X(OUTPUT_IS_INPUT, USAGE, "output is the same file as an input")
+	X(OUTPUT_IS_INPUT, USAGE, "output is the same file as an input")                 \
+	X(INPUT_CHANGED, INVALID, "input changed while it was read")
 
 typedef enum arena_err {
 #define ARENA__ERR_ENUM(name, cls, desc) ARENA__ERRNUM_##name,
@@ -338,7 +339,11 @@ typedef struct arena_open_options {
 	 * staging, which comes out of a budget of at least four times that
 	 * (on top of a smaller one). 0 = what
 	 * MemAvailable (and the cgroup) allow less a reserve of 2 GiB or a
-	 * tenth; ARENA_ZERO_BYTES = none (every streamed block from disk). */
+	 * tenth; ARENA_ZERO_BYTES = none (every streamed block from disk).
+	 * A block the image cannot give again fails the step's call that
+	 * needs it (acquire, step_end), naming the block: IO (a read fault),
+	 * INPUT_CHANGED (the image is shorter than when it was opened),
+	 * IMG_CHUNK_CHECKSUM (its bytes changed). */
 	uint64_t host_budget;
 	/* A move between resident sets that only a prediction asks for (the
 	 * learned profile's, or a plan made anew at another budget) is made
@@ -357,10 +362,11 @@ typedef struct arena_open_options {
 
 /* Open `path` with `opt` (NULL = defaults). On success *out holds the one
  * reference; on failure *out is NULL and arena_last_error() says why.
- * Errors: NOT_FOUND, any IMG_* / ST_* / IDX_* error of the input, BUDGET
- * (the model cannot run within the device budget: the message says what
- * it needs), USAGE (bad options), DEV_OOM, NO_DEVICE, NOMEM, IO,
- * PROFILE_BAD. */
+ * Errors: NOT_FOUND, any IMG_* / ST_* / IDX_* error of the input,
+ * INPUT_CHANGED (an input shorter than when it was opened: rewritten or cut
+ * meanwhile), BUDGET (the model cannot run within the device budget: the
+ * message says what it needs), USAGE (bad options), DEV_OOM, NO_DEVICE,
+ * NOMEM, IO, PROFILE_BAD. */
 ARENA_API int arena_open(const char *path, const arena_open_options *opt, arena **out);
 /* End the opener's use and drop its reference (see Lifetime). Accepts NULL. */
 ARENA_API void arena_close(arena *a);
@@ -798,7 +804,8 @@ typedef struct arena_convert_info {
  * temporary; an existing file there is replaced. `info` may be NULL.
  * Errors: USAGE (bad options: the message names the field; no inputs),
  * OUTPUT_IS_INPUT, NOT_FOUND, the inputs' ST_* / IDX_* / DUPLICATE_TENSOR /
- * PLAN_* errors, QUANT_*, IO, NOMEM, CANCELLED. */
+ * PLAN_* errors, INPUT_CHANGED (an input shorter than when it was opened),
+ * QUANT_*, IO, NOMEM, CANCELLED. */
 ARENA_API int arena_convert(const char *const *inputs, size_t n_inputs, const char *out,
 			    const arena_convert_options *opt, arena_convert_info *info);
 
@@ -837,7 +844,8 @@ typedef struct arena_verify_info {
  * Errors: IMG_CHUNK_CHECKSUM (its message names the first bad chunk and the
  * blocks and tensors it holds; every bad chunk goes to bad_chunk and is
  * counted in info), any other IMG_* error, NOT_FOUND, INPUT_NOT_READABLE,
- * IO, NOMEM, CANCELLED. `opt` and `info` may be NULL; info is filled on
+ * INPUT_CHANGED (the file is shorter than when it was opened), IO, NOMEM,
+ * CANCELLED. `opt` and `info` may be NULL; info is filled on
  * failure too. */
 ARENA_API int arena_verify(const char *path, const arena_verify_options *opt, arena_verify_info *info);
 
@@ -849,7 +857,8 @@ ARENA_API int arena_verify(const char *path, const arena_verify_options *opt, ar
  * layout, coding, metadata, sources, blocks and tensors. On success *json
  * is a NUL-terminated UTF-8 string for arena_string_free. Errors: those of
  * reading the input (ST_*, IDX_*, IMG_*, NOT_FOUND, NO_CHECKPOINT,
- * INPUT_NOT_READABLE, IO), NOMEM. */
+ * INPUT_NOT_READABLE, INPUT_CHANGED, IO), PLAN_EMPTY (no tensors, as for
+ * convert), NOMEM. */
 ARENA_API int arena_inspect(const char *path, char **json);
 /* Free a string the library returned. Accepts NULL. */
 ARENA_API void arena_string_free(char *s);

@@ -45,9 +45,10 @@ static int64_t read_some(const lsrc *f, int fd, uint8_t *buf, uint64_t n, uint64
 				continue;
 			return arena_syserrorf(ARENA_E_IO, errno, "%s: read failed at byte %" PRIu64, f->path, off + got);
 		}
-		if (r == 0)
-			return arena_errorf(ARENA_E_IO, "%s: unexpected end of file at byte %" PRIu64 " (file changed?)",
-					    f->path, off + got);
+		if (r == 0) /* its size was checked when opened: it shrank since */
+			return arena_errorf(ARENA_E(INPUT_CHANGED),
+					    "%s: file changed while reading: unexpected end of file at byte %" PRIu64, f->path,
+					    off + got);
 		got += (uint64_t)r;
 	}
 	return (int64_t)(got > want ? want : got);

@@ -553,11 +553,16 @@ int arena_quant_run_scaled(const arena_quant_plan *p, const void *qsrc, arena_dt
 
 /* ---- byte ranges ---------------------------------------------------------------- */
 
+int arena_quant_scan_needed(const arena_quant_plan *p)
+{
+	return p->scheme == ARENA_QUANT_FP8_E4M3_TENSOR && !p->prequantized;
+}
+
 int arena_quant_scan(const arena_quant_plan *p, arena_quant_input *in, unsigned threads)
 {
 	if (!p || !in)
 		return arena_errorf(E(USAGE), "quantization scan: NULL argument");
-	if (p->scheme != ARENA_QUANT_FP8_E4M3_TENSOR || p->prequantized)
+	if (!arena_quant_scan_needed(p))
 		return 0;
 	if (!in->data)
 		return arena_errorf(E(USAGE), "quantization scan: NULL source");

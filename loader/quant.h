@@ -155,6 +155,11 @@ typedef struct arena_quant_input {
  * (keep `in` with the tensor), before arena_quant_fill. Returns 0, or USAGE
  * (NULL pointers). */
 int arena_quant_scan(const arena_quant_plan *p, arena_quant_input *in, unsigned threads);
+/* 1 when arena_quant_scan has work for p (fp8-e4m3-tensor from a wide
+ * source), else 0. A caller that reads the source itself sets
+ * in->tensor_scale = arena_quant_tensor_scale(amax over all of it), in
+ * pieces merged with arena_quant_amax_merge: the same value. */
+int arena_quant_scan_needed(const arena_quant_plan *p);
 
 /* Write bytes [off, off + len) of component `comp` to dst (dst[0] is byte
  * `off`), computed from `in` alone: any range, in any order, from any number

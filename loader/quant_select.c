@@ -4,9 +4,12 @@
 #include <fnmatch.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "../common/alloc.h"
 #include "../common/err.h"
+#include "../common/io.h"
+#include "../common/mapguard.h"
 
 int arena_quant_default_selects(const char *name, arena_dtype dt, uint32_t rank, int in_block)
 {
@@ -171,13 +174,45 @@ void arena_quant_select_free(arena_quant_ctx *c)
 	c->inc_used = c->exc_used = NULL;
 }
 
+/* The whole-tensor pass of arena_quant_scan, over src's bytes read with
+ * pread a piece at a time rather than through the mapping: a file that
+ * shrinks meanwhile is INPUT_CHANGED (and the amax still runs on every
+ * core). Sources parsed from memory (no descriptor) are scanned there. */
+static int scan_source(const arena_quant_plan *p, const arena_st_tensor *src, arena_quant_input *in)
+{
+	const arena_st_file *f = src->file;
+	if (!arena_quant_scan_needed(p) || f->fd < 0)
+		return arena_quant_scan(p, in, 0);
+	enum { PIECE = 16 << 20 }; /* a whole number of elements of any wide float */
+	const uint64_t esize = arena_dtype_bits(src->dtype) / 8;
+	uint8_t *buf = arena_malloc(src->nbytes < PIECE ? (size_t)src->nbytes + 1 : PIECE);
+	if (!buf)
+		return arena_errorf(ARENA_E_NOMEM, "out of memory");
+	float m = 0.0f;
+	int rc = 0;
+	for (uint64_t off = 0; !rc && off < src->nbytes; off += PIECE) {
+		const uint64_t len = src->nbytes - off < PIECE ? src->nbytes - off : PIECE;
+		float a;
+		rc = arena_pread_full(f->fd, buf, (size_t)len, f->data_off + src->begin + off, f->path);
+		if (!rc)
+			rc = arena_quant_amax(src->dtype, buf, len / esize, 0, &a);
+		if (!rc)
+			m = off ? arena_quant_amax_merge(m, a) : a;
+	}
+	arena_free(buf);
+	if (!rc)
+		in->tensor_scale = arena_quant_tensor_scale(m);
+	return rc;
+}
+
 int arena_quant_state_init(arena_quant_state *qs, const arena_layout *l, const arena_ckpt *ck)
 {
 	memset(qs, 0, sizeof(*qs));
 	qs->n = l->n_tensors;
 	qs->plans = arena_calloc(l->n_tensors, sizeof(*qs->plans));
 	qs->in = arena_calloc(l->n_tensors, sizeof(*qs->in));
-	if (!qs->plans || !qs->in) {
+	qs->scale_src = arena_calloc(l->n_tensors, sizeof(*qs->scale_src));
+	if (!qs->plans || !qs->in || !qs->scale_src) {
 		arena_quant_state_free(qs);
 		return arena_errorf(ARENA_E_NOMEM, "out of memory");
 	}
@@ -193,11 +228,12 @@ int arena_quant_state_init(arena_quant_state *qs, const arena_layout *l, const a
 			if (!scale)
 				rc = arena_errorf(ARENA_E_INTERNAL, "tensor '%s': lost its scale", arena_q(t->name));
 			else
-				qs->in[i].scale = arena_st_data(scale), qs->in[i].scale_dtype = scale->dtype;
+				qs->in[i].scale = arena_st_data(scale), qs->in[i].scale_dtype = scale->dtype,
+				qs->scale_src[i] = scale;
 		}
 		qs->in[i].data = arena_st_data(src);
 		if (!rc)
-			rc = arena_quant_scan(&qs->plans[i], &qs->in[i], 0);
+			rc = scan_source(&qs->plans[i], src, &qs->in[i]);
 		if (rc) {
 			arena_quant_state_free(qs);
 			return rc;
@@ -210,17 +246,63 @@ void arena_quant_state_free(arena_quant_state *qs)
 {
 	arena_free(qs->plans);
 	arena_free(qs->in);
+	arena_free(qs->scale_src);
 	qs->plans = NULL;
 	qs->in = NULL;
+	qs->scale_src = NULL;
+}
+
+typedef struct fill_call {
+	const arena_quant_plan *p;
+	const arena_quant_input *in;
+	uint32_t comp;
+	uint64_t off, len;
+	uint8_t *dst;
+} fill_call;
+
+static int fill_mapped(void *ctx)
+{
+	const fill_call *c = ctx;
+	return arena_quant_fill(c->p, c->in, c->comp, c->off, c->len, c->dst);
+}
+
+/* Add f's mapping to the n files and regions at fs and r (once); the new
+ * count. */
+static size_t add_file(const arena_st_file **fs, arena_map_region *r, size_t n, const arena_st_file *f)
+{
+	if (!f || !f->mapped || (n && fs[0] == f))
+		return n;
+	fs[n] = f;
+	r[n].base = f->base;
+	r[n].len = f->size;
+	r[n].label = f->path;
+	return n + 1;
 }
 
 int arena_quant_state_fill(arena_quant_state *qs, const arena_layout *l, const arena_tensor *t, uint32_t comp,
 			   uint64_t off, uint64_t len, uint8_t *dst)
 {
 	size_t i = (size_t)(t - l->tensors);
-	int rc = arena_quant_fill(&qs->plans[i], &qs->in[i], comp, off, len, dst);
-	if (rc) { /* an int4 group refused: name the file and the tensor */
-		const arena_st_tensor *src = t->src;
+	const arena_st_tensor *src = t->src;
+	/* The bytes come through the mappings of the source's file and its
+	 * scale tensor's (another shard, maybe): reads guarded, so a file cut
+	 * meanwhile is INPUT_CHANGED rather than a SIGBUS. */
+	fill_call c = {&qs->plans[i], &qs->in[i], comp, off, len, dst};
+	const arena_st_file *fs[2];
+	arena_map_region r[2];
+	size_t n = add_file(fs, r, 0, src ? src->file : NULL);
+	n = add_file(fs, r, n, qs->scale_src && qs->scale_src[i] ? qs->scale_src[i]->file : NULL);
+	int rc = n ? arena_map_guard_run(r, n, fill_mapped, &c) : fill_mapped(&c);
+	/* The last page of a file cut inside it reads as zeros past the new
+	 * end, without a fault: the files are as long as when opened, after
+	 * the reads, or the bytes made are not used. */
+	struct stat st;
+	for (size_t k = 0; !rc && k < n; k++)
+		if (fstat(fs[k]->fd, &st) == 0 && (uint64_t)st.st_size < fs[k]->size)
+			rc = arena_errorf(ARENA_E(INPUT_CHANGED),
+					  "%s: file changed while reading: %llu bytes now, %llu when it was opened; read it again once it is whole",
+					  fs[k]->path, (unsigned long long)st.st_size, (unsigned long long)fs[k]->size);
+	if (rc && rc != ARENA_E(INPUT_CHANGED)) { /* an int4 group refused: name the file and the tensor */
 		char who[1400];
 		snprintf(who, sizeof(who), "%s: tensor '%s'", src ? src->file->path : "?", arena_q(t->name));
 		arena_error_prefix(who);

@@ -41,6 +41,7 @@ typedef struct arena_quant_state {
 	size_t n;                 /* = layout's n_tensors */
 	arena_quant_plan *plans;  /* indexed like layout->tensors; scheme NONE = plain */
 	arena_quant_input *in;
+	const arena_st_tensor **scale_src; /* prequantized plans: the scale tensor read, else NULL */
 } arena_quant_state;
 
 /* Set up `po` (choose callback) for `qo`; `ctx` must outlive the plan build.
@@ -60,11 +61,13 @@ void arena_quant_select_free(arena_quant_ctx *ctx);
 int arena_quant_default_selects(const char *name, arena_dtype dt, uint32_t rank, int in_block);
 
 /* Plans and inputs for every non-"none" tensor of a placed layout built from
- * `ck` (sources must be mapped), with the whole-tensor scans done. */
+ * `ck` (sources must be mapped), with the whole-tensor scans done (read
+ * with pread). */
 int arena_quant_state_init(arena_quant_state *qs, const arena_layout *l, const arena_ckpt *ck);
 void arena_quant_state_free(arena_quant_state *qs);
 /* Bytes [off, off+len) of component `comp` of t (one of l's tensors), from
- * the state built for l. */
+ * the state built for l, read through the files' mappings under a guard
+ * (common/mapguard.h): a file cut since it was opened is INPUT_CHANGED. */
 int arena_quant_state_fill(arena_quant_state *qs, const arena_layout *l, const arena_tensor *t, uint32_t comp, uint64_t off,
 			   uint64_t len, uint8_t *dst);
 

@@ -249,6 +249,52 @@ class Files(unittest.TestCase):
             self.assertIn(f"needs torch, which is not installed: pip install {pkgs} ", line)
             self.assertIn("pip install './python[torch]' from a checkout", line)
 
+    def test_a_checkpoint_cut_while_it_is_read_is_an_error_not_a_signal(self) -> None:
+        # 40,000 tensors: a 2.6 MB header, half a second of parsing. Cut to 4 KiB
+        # at several delays after the call starts: the call fails with an
+        # arena.Error of class invalid (or ends whole, having read everything
+        # first), never a SIGBUS that kills the interpreter.
+        n = 40000
+        h = {f"t.{i}": {"dtype": "U8", "shape": [1], "data_offsets": [i, i + 1]} for i in range(n)}
+        text = json.dumps(h, separators=(",", ":")).encode()
+        whole = len(text).to_bytes(8, "little") + text + bytes(n)
+        path = self.path("cut.safetensors")
+        child = textwrap.dedent("""
+            import sys
+            import arena
+            path, what = sys.argv[1], sys.argv[2]
+            print("ready", flush=True)
+            sys.stdin.readline()
+            try:
+                if what == "inspect":
+                    arena.inspect(path)
+                else:
+                    with arena.open(path, device="sim", learn=False):
+                        pass
+            except arena.Error as e:
+                print(e.code, e.error_class, flush=True)
+                sys.exit(1)
+        """)
+        for what in ("inspect", "open"):
+            for delay in (0.0, 0.005, 0.02, 0.05, 0.2):
+                with open(path, "wb") as f:
+                    f.write(whole)
+                p = subprocess.Popen([sys.executable, "-c", child, path, what], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                assert p.stdin is not None and p.stdout is not None
+                self.assertEqual(p.stdout.readline().strip(), "ready")
+                p.stdin.write("go\n")
+                p.stdin.flush()
+                time.sleep(delay)
+                os.truncate(path, 4096)
+                out, err = p.communicate(timeout=120)
+                at = f"{what}, cut after {delay} s: exit {p.returncode}, {out.strip()!r} {err.strip()[-300:]!r}"
+                self.assertIn(p.returncode, (0, 1), at)
+                if p.returncode:
+                    self.assertTrue(out.strip().endswith(" invalid"), at)
+        os.unlink(path)
+        self.assertEqual(self.leftovers(), [])
+
     def test_the_command(self) -> None:
         r = cli("version")
         self.assertEqual(r.returncode, 0, r.stderr)

@@ -175,7 +175,8 @@ Test(disk, read_faults_while_streaming)
 }
 
 /* The image truncated, or its bytes changed, after it was opened: the
- * block read from it is refused (IO, or the chunk's checksum), not used. */
+ * block read from it is refused (INPUT_CHANGED, or the chunk's checksum:
+ * both of class INVALID, as IMG_TRUNCATED is at the open), not used. */
 Test(disk, a_truncated_or_corrupted_image_while_streaming)
 {
 	for (int k = 0; k < 2; k++) {
@@ -212,9 +213,11 @@ Test(disk, a_truncated_or_corrupted_image_while_streaming)
 		int rc = try_step_over_blocks(a, NULL);
 		cr_assert_neq(rc, 0, "k=%d: a changed image streamed without an error", k);
 		if (k == 0)
-			cr_assert(rc == ARENA_E_IO || rc == ARENA_E(IMG_CHUNK_CHECKSUM), "%s", arena_last_error());
+			cr_assert(rc == ARENA_E(INPUT_CHANGED) || rc == ARENA_E(IMG_CHUNK_CHECKSUM), "%s: %s", arena_err_name(rc),
+				  arena_last_error());
 		else
 			cr_assert_eq(rc, ARENA_E(IMG_CHUNK_CHECKSUM), "%s: %s", arena_err_name(rc), arena_last_error());
+		cr_assert_eq(arena_err_class(rc), ARENA_CLASS_INVALID);
 		cr_assert(strstr(arena_last_error(), "blocks.") != NULL, "names no block: %s", arena_last_error());
 		arena_close(a);
 	}
@@ -368,9 +371,10 @@ Test(disk, reads_from_the_page_cache_or_around_it)
 	cr_assert_eq(direct, 0);
 	/* The end of the file inside the range. */
 	int rc = arena_pread_cached_or_direct(fd, dfd, map, got, N, 4096, path, &direct);
-	cr_assert_eq(rc, ARENA_E_IO);
-	cr_assert(strstr(arena_last_error(), "unexpected end of file") && strstr(arena_last_error(), "direct.bin"), "%s",
-		  arena_last_error());
+	cr_assert_eq(rc, ARENA_E(INPUT_CHANGED));
+	cr_assert(strstr(arena_last_error(), "file changed while reading: unexpected end of file") &&
+			  strstr(arena_last_error(), "direct.bin"),
+		  "%s", arena_last_error());
 	/* An injected failure, cached or not. */
 	for (int k = 0; k < 2; k++) {
 		arena_fault_read(k + 1);
