@@ -56,7 +56,7 @@ import time
 
 import torch
 
-from torch_flux import FLUX_DEV, h2d_rate, inputs
+from torch_flux import FLUX_DEV, h2d_rate, inputs, with_memory_steps
 
 LIBS = ("torchao-f8", "quanto-f8")
 
@@ -164,15 +164,8 @@ def main() -> None:
         with torch.no_grad():
             m(**x)
 
-    if h is not None:  # arena's view of the process's memory after every step (bench/torch_flux.py's)
-        mem_steps: list = []
-        res["memory_steps"] = mem_steps
-        inner_step = step
-
-        def step():
-            inner_step()
-            mi = h.arena.memory()
-            mem_steps.append([mi[k] for k in ("process", "other", "arena", "rest", "rest_need", "rest_limit", "learned")])
+    if h is not None:  # arena's view of the process's memory after every step
+        step = with_memory_steps(step, h, res)
 
     res["epoch_first_step"] = time.time()
     t0 = time.perf_counter()

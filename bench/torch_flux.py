@@ -116,6 +116,21 @@ def h2d_rate(nbytes: int = 256 << 20, n: int = 5) -> float:
     return sorted(rates)[n // 2]
 
 
+def with_memory_steps(step, h, res: dict):
+    """step, then arena's view of the process's memory (h.arena.memory()) appended to
+    res["memory_steps"]: process, other, arena, rest, rest_need, rest_limit, learned."""
+    mem_steps: list = []
+    res["memory_steps"] = mem_steps
+    keys = ("process", "other", "arena", "rest", "rest_need", "rest_limit", "learned")
+
+    def recorded():
+        step()
+        mi = h.arena.memory()
+        mem_steps.append([mi[k] for k in keys])
+
+    return recorded
+
+
 def inputs(seed: int = 0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     dev, dt = "cuda", torch.bfloat16
@@ -442,15 +457,8 @@ def main() -> None:
             with torch.no_grad():
                 m(**x)
 
-    if h is not None:  # arena's view of the process's memory after every step
-        mem_steps: list = []
-        res["memory_steps"] = mem_steps
-        inner_step = step
-
-        def step():
-            inner_step()
-            mi = h.arena.memory()
-            mem_steps.append([mi[k] for k in ("process", "other", "arena", "rest", "rest_need", "rest_limit", "learned")])
+    if h is not None:
+        step = with_memory_steps(step, h, res)
 
     t0 = time.perf_counter()
     step()

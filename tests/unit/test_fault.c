@@ -123,19 +123,6 @@ Test(fault, tiny_llama_sharded)
 		   fixture_path("tiny_llama_sharded/model.safetensors.index.json"), 0);
 }
 
-/* A copy of src at dst (tests' own small files). */
-static void copy_file(const char *src, const char *dst)
-{
-	FILE *in = fopen(src, "rb"), *out = fopen(dst, "wb");
-	cr_assert(in && out, "%s -> %s", src, dst);
-	char buf[65536];
-	size_t n;
-	while ((n = fread(buf, 1, sizeof(buf), in)) > 0)
-		cr_assert_eq(fwrite(buf, 1, n, out), n);
-	fclose(in);
-	cr_assert_eq(fclose(out), 0);
-}
-
 /* A pipeline's folder: a component of one file, one sharded, one without weights. */
 Test(fault, pipeline)
 {

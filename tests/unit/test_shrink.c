@@ -41,16 +41,16 @@ static void teardown(void)
 
 TestSuite(shrink, .init = setup, .fini = teardown);
 
-static void copy_file(const char *from, const char *to)
+/* A new file of `len` zero bytes in the test's folder, mapped read-only
+ * (*fd open read-write, to cut it). */
+static unsigned char *map_new_file(const char *name, off_t len, int *fd)
 {
-	FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
-	cr_assert(in && out, "%s -> %s: %s", from, to, strerror(errno));
-	char buf[65536];
-	size_t n;
-	while ((n = fread(buf, 1, sizeof(buf), in)) > 0)
-		cr_assert_eq(fwrite(buf, 1, n, out), n);
-	fclose(in);
-	cr_assert_eq(fclose(out), 0);
+	*fd = open(tmpdir_file(dir, name), O_RDWR | O_CREAT | O_TRUNC, 0644);
+	cr_assert_geq(*fd, 0);
+	cr_assert_eq(ftruncate(*fd, len), 0);
+	unsigned char *m = mmap(NULL, (size_t)len, PROT_READ, MAP_SHARED, *fd, 0);
+	cr_assert_neq(m, MAP_FAILED);
+	return m;
 }
 
 static off_t file_size(const char *p)
@@ -85,12 +85,8 @@ static int nested(void *c)
 
 Test(shrink, a_fault_in_a_guarded_mapping_returns_input_changed)
 {
-	const char *p = tmpdir_file(dir, "m.bin");
-	int fd = open(p, O_RDWR | O_CREAT | O_TRUNC, 0644);
-	cr_assert_geq(fd, 0);
-	cr_assert_eq(ftruncate(fd, 16 * 4096), 0);
-	unsigned char *m = mmap(NULL, 16 * 4096, PROT_READ, MAP_SHARED, fd, 0);
-	cr_assert_neq(m, MAP_FAILED);
+	int fd;
+	unsigned char *m = map_new_file("m.bin", 16 * 4096, &fd);
 	arena_map_region r = {m, 16 * 4096, "m.bin"};
 	sum_ctx s = {.p = m, .n = 16 * 4096};
 	/* whole: fn's result */
@@ -125,12 +121,8 @@ Test(shrink, a_fault_in_a_guarded_mapping_returns_input_changed)
  * own handler would otherwise be). */
 Test(shrink, a_fault_outside_the_guarded_regions_is_not_caught)
 {
-	const char *p = tmpdir_file(dir, "u.bin");
-	int fd = open(p, O_RDWR | O_CREAT | O_TRUNC, 0644);
-	cr_assert_geq(fd, 0);
-	cr_assert_eq(ftruncate(fd, 8 * 4096), 0);
-	unsigned char *m = mmap(NULL, 8 * 4096, PROT_READ, MAP_SHARED, fd, 0);
-	cr_assert_neq(m, MAP_FAILED);
+	int fd;
+	unsigned char *m = map_new_file("u.bin", 8 * 4096, &fd);
 	cr_assert_eq(ftruncate(fd, 4096), 0);
 	fflush(NULL);
 	pid_t pid = fork();

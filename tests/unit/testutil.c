@@ -51,6 +51,18 @@ const char *tmpdir_file(const char *dir, const char *name)
 	return p;
 }
 
+void copy_file(const char *src, const char *dst)
+{
+	FILE *in = fopen(src, "rb"), *out = fopen(dst, "wb");
+	cr_assert(in && out, "%s -> %s: %s", src, dst, strerror(errno));
+	char buf[65536];
+	size_t n;
+	while ((n = fread(buf, 1, sizeof(buf), in)) > 0)
+		cr_assert_eq(fwrite(buf, 1, n, out), n);
+	fclose(in);
+	cr_assert_eq(fclose(out), 0);
+}
+
 int dir_entries(const char *dir)
 {
 	DIR *d = opendir(dir);

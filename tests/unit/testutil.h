@@ -19,6 +19,8 @@ void tmpdir_make(char *dir, size_t size, const char *tag);
 
 /* dir/name, in one of 8 rotating buffers (as fixture_path). */
 const char *tmpdir_file(const char *dir, const char *name);
+/* A copy of src at dst (tests' own small files); a failure fails the test. */
+void copy_file(const char *src, const char *dst);
 
 /* Entries in a folder, "." and ".." aside (an assertion fails when it cannot
  * be opened). */
