@@ -115,30 +115,32 @@ int arena_residency_plan_rounded(const arena_layout *l, const arena_engine_opts 
 				 arena_residency_plan *p)
 {
 	int rc = arena_residency_plan_make(l, o, budget, p);
-	uint64_t b = budget;
-	for (int k = 0; !rc && gran > 1; k++) {
-		uint64_t r = arena_residency_plan_rounding(l, p, gran);
-		if (p->need_bytes + r <= budget)
+	if (rc || gran <= 1)
+		return rc;
+	for (int k = 0;; k++) {
+		uint64_t need = p->need_bytes + arena_residency_plan_rounding(l, p, gran);
+		if (need <= budget)
 			return 0; /* it fits as allocated */
-		uint64_t over = p->need_bytes + r - budget;
-		b = b > over ? b - over : 0;
+		if (k == 4)
+			break; /* fewer resident blocks round less: a few tries are enough */
+		uint64_t over = need - budget, b = p->budget > over ? p->budget - over : 0;
 		arena_residency_plan t;
-		if (k == 4 || arena_residency_plan_make(l, o, b, &t)) {
-			/* None smaller fits as allocated: the smallest plan (its bytes fit
-			 * the budget, its rounding may not: the caller's over-budget rules
-			 * apply, as to a budget below the smallest plan). */
-			arena_error_clear();
-			arena_residency_plan_release(p);
-			if ((rc = arena_residency_plan_make(l, o, 0, p)) == ARENA_E(BUDGET)) {
-				arena_error_clear();
-				rc = arena_residency_plan_make(l, o, p->min_need_bytes, p);
-			}
-			return rc;
-		}
+		if ((rc = arena_residency_plan_make(l, o, b, &t)) == ARENA_E(BUDGET))
+			break;
 		arena_residency_plan_release(p);
+		if (rc)
+			return rc;
 		*p = t;
 	}
-	return rc;
+	/* None fits as allocated: the smallest plan (its bytes fit the budget,
+	 * its rounding may not: the caller's over-budget rules apply, as to a
+	 * budget below the smallest plan's need). */
+	arena_error_clear();
+	arena_residency_plan_release(p);
+	if ((rc = arena_residency_plan_make(l, o, 0, p)) != ARENA_E(BUDGET))
+		return rc; /* NOMEM, or a plan that needs nothing */
+	arena_error_clear();
+	return arena_residency_plan_make(l, o, p->min_need_bytes, p);
 }
 
 /* arena_residency_plan_make, counted, for what the backend allocates
@@ -291,9 +293,7 @@ static int plan_now(arena_engine *e, uint64_t used, uint64_t *budget, uint64_t *
 					    arena__fmtb(*budget), arena__fmtb(free_b), why);
 		}
 		arena_error_clear();
-		if (make_plan(e, 0, t, 0) == ARENA_E(BUDGET)) /* the smallest plan's need, unrounded */
-			arena_error_clear();
-		rc = make_plan(e, t->min_need_bytes, t, 0); /* the smallest plan */
+		rc = make_plan(e, t->min_need_bytes, t, 0); /* the smallest plan (its need: BUDGET's, unrounded) */
 	}
 	if (!rc && memo)
 		arena__engine_memo_keep(e, t, *budget);
