@@ -1,7 +1,7 @@
 """gpu_fp8_check.py - native FP8 (attach's fp8_compute) against the dequantized path, on the GPU.
 
 usage: python3 bench/gpu_fp8_check.py [--image FLUX-FP8.arena [--bf16 FLUX.arena]] [--iters 20]
-                                      [--rows-image ANY.arena]
+                                      [--rows-image ANY.arena] [--model-vram none,8G]
 
 1. FLUX.1-dev-shaped Linears (4608 tokens: 4096 image + 512 text; each of
    flux-dev's weight shapes), weights bf16 (normal, std 0.02) quantized
@@ -10,14 +10,18 @@ usage: python3 bench/gpu_fp8_check.py [--image FLUX-FP8.arena [--bf16 FLUX.arena
    torch._scaled_mm on the FP8 bytes with both scales) against F.linear on the
    dequantized weight, and both against the bf16 weight: the largest absolute
    difference and the cosine of the outputs, the input's gradient the same
-   way, and the median time of each product (CUDA events, --iters runs).
+   way (dequantized for it, and as an FP8 product: _fp8.scaled_grad_input),
+   and the median time of each product and of each gradient (CUDA events,
+   --iters runs).
 2. With --image (flux-dev converted with --quant fp8-e4m3-row or
    fp8-e4m3-tensor): the whole transformer, 1024x1024, one sampling step and
    one checkpointed LoRA training step (r16, as bench/torch_flux.py), attached
    resident with fp8_compute=True and with fp8_compute=False, and at
-   vram="8G" with each: step times, how many products ran natively, and the
-   outputs' and LoRA gradients' differences (native against dequantized; with
-   --bf16, each against the bf16 image's).
+   vram="8G" with each (--model-vram: which), training natively also with
+   the input's gradient as an FP8 product (_fp8.GRAD_FP8): step times, how
+   many products ran natively, and the outputs' and LoRA gradients'
+   differences (native against dequantized; with --bf16, each against the
+   bf16 image's).
 
 Prints a JSON line for 1 and, with --image, one for 2. Needs a GPU with FP8 matmuls (compute capability 8.9
 or more: Ada, Hopper and later), torch, diffusers, peft and the arena package
@@ -111,26 +115,38 @@ def linears(iters: int) -> list:
             # the input's gradient through the frozen weight
             go = torch.randn(TOKENS, n, generator=g, device="cuda").to(torch.bfloat16)
             xn = x.clone().requires_grad_(True)
-            _fp8._ScaledLinear.apply(xn, q, s, b, torch.bfloat16).backward(go)
+            _fp8._ScaledLinear.apply(xn, q, s, b, torch.bfloat16, False).backward(go)
             xd = x.clone().requires_grad_(True)
             F.linear(xd, wd, b).backward(go)
+            xb = x.clone().requires_grad_(True)
+            F.linear(xb, w, b).backward(go)
+            undo = _fp8.use_arena(ROWS_ARENA) if ROWS_ARENA is not None else (lambda: None)
+            try:
+                gx8 = _fp8.scaled_grad_input(go, q, s, torch.bfloat16)
+                s_grad_fp8 = timed(lambda: _fp8.scaled_grad_input(go, q, s, torch.bfloat16), iters)
+            finally:
+                undo()
             out.append({
                 "in": k, "out": n, "scale": "row" if rows else "tensor",
                 "native_vs_dequantized": compare(y_nat, y_deq),
                 "native_vs_bf16": compare(y_nat, y_bf), "dequantized_vs_bf16": compare(y_deq, y_bf),
                 "grad_native_vs_dequantized": compare(xn.grad, xd.grad),
+                "grad_fp8_vs_bf16": compare(gx8, xb.grad), "grad_dequantized_vs_bf16": compare(xd.grad, xb.grad),
+                "s_grad_fp8": s_grad_fp8,
+                "s_grad_dequantize_and_matmul": timed(lambda: go.matmul(_fp8.dequantize(q, s, torch.bfloat16)), iters),
+                "s_grad_bf16": timed(lambda: go.matmul(w), iters),
                 "s_native": timed(lambda: _fp8.scaled_linear(x, q, s, b, torch.bfloat16), iters),
                 **one_pass(x, q, s, b, iters),
                 "s_dequantized_weight": timed(lambda: F.linear(x, wd, b), iters),
                 "s_dequantize_and_linear": timed(lambda: F.linear(x, _fp8.dequantize(q, s, torch.bfloat16), b), iters),
                 "s_bf16": timed(lambda: F.linear(x, w, b), iters),
             })
-            del w, b, x, q, s, wd, y_nat, y_deq, y_bf, go, xn, xd
+            del w, b, x, q, s, wd, y_nat, y_deq, y_bf, go, xn, xd, xb, gx8
             torch.cuda.empty_cache()
     return out
 
 
-def model_runs(image: str, bf16: str | None, iters: int) -> dict:
+def model_runs(image: str, bf16: str | None, iters: int, vrams: tuple = (None, "8G")) -> dict:
     import torch_flux as tf
 
     calls = [0]
@@ -185,17 +201,27 @@ def model_runs(image: str, bf16: str | None, iters: int) -> dict:
     out: dict = {}
     for train in (False, True):
         kind = "train" if train else "sample"
-        for vram in (None, "8G"):
+        for vram in vrams:
             nat = run(image, train, vram=vram, fp8_compute=True)
             deq = run(image, train, vram=vram, fp8_compute=False)
             r = {"native": {k: v for k, v in nat.items() if k not in ("out", "grads")},
                  "dequantized": {k: v for k, v in deq.items() if k not in ("out", "grads")}}
             r["native_vs_dequantized"] = grads_cmp(nat, deq) if train else compare(nat["out"], deq["out"])
+            if train:  # the input's gradient as an FP8 product (GRAD_FP8 on)
+                _fp8.GRAD_FP8 = True
+                try:
+                    ndg = run(image, train, vram=vram, fp8_compute=True)
+                finally:
+                    _fp8.GRAD_FP8 = False
+                r["native_fp8_grad"] = {k: v for k, v in ndg.items() if k not in ("out", "grads")}
+                r["native_fp8_grad_vs_dequantized"] = grads_cmp(ndg, deq)
             if bf16 is not None and vram is None:
                 ref = run(bf16, train)
                 r["bf16"] = {k: v for k, v in ref.items() if k not in ("out", "grads")}
                 r["native_vs_bf16"] = grads_cmp(nat, ref) if train else compare(nat["out"], ref["out"])
                 r["dequantized_vs_bf16"] = grads_cmp(deq, ref) if train else compare(deq["out"], ref["out"])
+                if train:
+                    r["native_fp8_grad_vs_bf16"] = grads_cmp(ndg, ref)
             out[f"{kind}_{vram or 'resident'}"] = r
     _fp8.scaled_linear = real
     return out
@@ -207,6 +233,8 @@ def main() -> None:
     ap.add_argument("--bf16")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--rows-image", help="any image: opened on the GPU for arena's one-pass row quantization")
+    ap.add_argument("--model-vram", default="none,8G",
+                    help="the model runs' vram values, comma-separated (none: resident); default none,8G")
     a = ap.parse_args()
     global ROWS_ARENA
     if a.rows_image:
@@ -222,7 +250,8 @@ def main() -> None:
         ROWS_ARENA = None
     print(json.dumps(res), flush=True)  # the products' line, kept if a model run fails
     if a.image:
-        print(json.dumps({"model": model_runs(a.image, a.bf16, max(3, a.iters // 4))}), flush=True)
+        vrams = tuple(None if v == "none" else v for v in a.model_vram.split(","))
+        print(json.dumps({"model": model_runs(a.image, a.bf16, max(3, a.iters // 4), vrams)}), flush=True)
 
 
 if __name__ == "__main__":

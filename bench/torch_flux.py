@@ -220,6 +220,23 @@ def cpu_steal() -> float:
         return 0.0
 
 
+def profile_step(step, path: str) -> None:
+    """One step under torch.profiler (CPU and CUDA activity): the kernels' device
+    seconds, top 40 by CUDA time, and the step's, written to path."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        step()
+        e1.record()
+        torch.cuda.synchronize()
+    with open(path, "w") as f:
+        f.write(f"step {e0.elapsed_time(e1) / 1e3:.4f} s (device, under the profiler)\n")
+        f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=60))
+
+
 def time_steps(step, n: int, peak: DevPeak, res: dict | None = None):
     """Seconds of each of n steps on the device: between CUDA events recorded on
     torch's stream after each step, the host never waiting in between (as a
@@ -286,6 +303,14 @@ def main() -> None:
     ap.add_argument("--host-budget", default=None, metavar="SIZE",
                     help="arena runs: attach(host_budget=SIZE): host copies of streamed blocks up to SIZE, the rest read from the image")
     ap.add_argument("--no-learn", action="store_true", help="arena runs: plan by bytes, no learned profile (learn=False)")
+    ap.add_argument("--fp8-compute", default=None, choices=["on", "off", "auto"],
+                    help="arena runs on an fp8-e4m3 image: attach(fp8_compute=True|False|'auto'); default attach's")
+    ap.add_argument("--fp8-grad", default=None, choices=["on", "off"],
+                    help="native FP8 training: the input's gradient as an FP8 product (on) or with the weight "
+                         "dequantized for it (off, the default: arena.torch._fp8.GRAD_FP8)")
+    ap.add_argument("--profile", default=None, metavar="FILE",
+                    help="after the timed steps, one more under torch.profiler: its kernels' device time "
+                         "(top 40 by CUDA time) and the step's device seconds written to FILE")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() before the timed steps (the collector stays on)")
     ap.add_argument("--no-gc", action="store_true", help="Python's cyclic collector off during the timed steps (gc.freeze + gc.disable)")
@@ -345,6 +370,12 @@ def main() -> None:
                                       keep_last=a.keep_last, host_budget=a.host_budget).items() if v is not None}
         if a.no_learn:
             kw["learn"] = False
+        if a.fp8_compute is not None:
+            kw["fp8_compute"] = {"on": True, "off": False, "auto": "auto"}[a.fp8_compute]
+        if a.fp8_grad is not None:
+            from arena.torch import _fp8
+
+            _fp8.GRAD_FP8 = a.fp8_grad == "on"
         if a.offload_saved:
             kw["offload_saved"] = True if a.offload_saved == "on" else a.offload_saved
         h = at.attach(m, a.image, mode="train" if train else "sample", device="cuda", **kw)
@@ -508,9 +539,12 @@ def main() -> None:
     if h is not None and a.trace:
         with h.trace(a.trace):
             res["traced_steps_s"] = time_steps(step, 3, peak)
+    if a.profile:
+        profile_step(step, a.profile)
     if h is not None:
         h.end_step()
         h.arena.sync()
+        res["plan_after"] = h.plan()
         st = h.stats()
         res["records"] = [{k: r[k] for k in ("mode", "streamed_bytes", "moved_bytes", "misses", "stalls", "stall_s", "resident_bytes",
                                              "demotions", "promotions", "schedule_learned", "end_s", "plan_s", "move_s", "budget", "over_budget",

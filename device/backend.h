@@ -123,14 +123,15 @@ typedef struct arena_backend_ops {
 	 * (arena__dequant_args). */
 	int (*dequant)(arena_backend *b, const struct arena_dequant_job *j, arena_stream *s);
 
-	/* x (BF16 [rows, cols]) to FP8 e4m3 a row: q (rows x cols bytes) and
-	 * scale (rows floats), the rule of formats/elem.h's
+	/* x (BF16 [rows, cols]; with col_scale, each element times its
+	 * column's f32 scale first, in f32) to FP8 e4m3 a row: q (rows x cols
+	 * bytes) and scale (rows floats), the rule of formats/elem.h's
 	 * arena__e4m3_row_scale and arena__f32_to_e4m3_sat, after the work queued
 	 * on s so far. cuda: device memory, one kernel queued on s; sim: host
 	 * memory (a torch CPU tensor's), s's queued work waited for, then done on
 	 * the calling thread. The caller has checked the arguments. */
-	int (*fp8_rows)(arena_backend *b, const void *x, uint64_t rows, uint64_t cols, void *q, float *scale,
-			arena_stream *s);
+	int (*fp8_rows)(arena_backend *b, const void *x, uint64_t rows, uint64_t cols, const float *col_scale, void *q,
+			float *scale, arena_stream *s);
 
 	void (*destroy)(arena_backend *b);
 } arena_backend_ops;

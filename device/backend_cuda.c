@@ -321,12 +321,12 @@ static int cuda_dequant(arena_backend *base, const arena_dequant_job *j, arena_s
 }
 
 /* The kernel is in fp8rows_cuda.cu; the arguments were checked by the caller. */
-static int cuda_fp8_rows(arena_backend *base, const void *x, uint64_t rows, uint64_t cols, void *q, float *scale,
-			 arena_stream *s)
+static int cuda_fp8_rows(arena_backend *base, const void *x, uint64_t rows, uint64_t cols, const float *col_scale,
+			 void *q, float *scale, arena_stream *s)
 {
 	int rc = cuda_bind((cuda_backend *)base);
 	if (!rc)
-		rc = arena__fp8_rows_cuda(x, rows, cols, q, scale, (cudaStream_t)s);
+		rc = arena__fp8_rows_cuda(x, rows, cols, col_scale, q, scale, (cudaStream_t)s);
 	return rc;
 }
 

@@ -629,8 +629,14 @@ static int sim_dequant(arena_backend *base, const arena_dequant_job *j, arena_st
 
 /* Contract (sim): x, q and scale are the caller's host memory (torch CPU
  * tensors); done on the calling thread once s's queued work is. */
-static int sim_fp8_rows(arena_backend *base, const void *x, uint64_t rows, uint64_t cols, void *q, float *scale,
-			arena_stream *s)
+static float sim_elem(const uint16_t *xr, const float *cs, uint64_t i)
+{
+	const float v = arena__bf16_to_f32(xr[i]);
+	return cs ? v * cs[i] : v;
+}
+
+static int sim_fp8_rows(arena_backend *base, const void *x, uint64_t rows, uint64_t cols, const float *col_scale,
+			void *q, float *scale, arena_stream *s)
 {
 	int rc = sim_stream_sync(base, s);
 	const uint16_t *xs = x;
@@ -639,11 +645,11 @@ static int sim_fp8_rows(arena_backend *base, const void *x, uint64_t rows, uint6
 		const uint16_t *xr = xs + r * cols;
 		float m = 0.0f;
 		for (uint64_t i = 0; i < cols; i++)
-			m = arena__amax_step(m, arena__bf16_to_f32(xr[i]));
+			m = arena__amax_step(m, sim_elem(xr, col_scale, i));
 		const float sc = arena__e4m3_row_scale(m);
 		scale[r] = sc;
 		for (uint64_t i = 0; i < cols; i++)
-			qs[r * cols + i] = (uint8_t)arena__f32_to_e4m3_sat(ARENA__DIV(arena__bf16_to_f32(xr[i]), sc));
+			qs[r * cols + i] = (uint8_t)arena__f32_to_e4m3_sat(ARENA__DIV(sim_elem(xr, col_scale, i), sc));
 	}
 	return rc;
 }

@@ -43,7 +43,8 @@ int arena__dequant_cuda(const struct arena_dequant_job *j, cudaStream_t s);
  * q (rows x cols bytes) and scale (rows floats): fp8rows_cuda.cu. The caller
  * has checked the arguments (rows < 2^31) and made the device current.
  * Returns 0 or ARENA_E(DEV_ERROR) with a message when the launch fails. */
-int arena__fp8_rows_cuda(const void *x, uint64_t rows, uint64_t cols, void *q, float *scale, cudaStream_t s);
+int arena__fp8_rows_cuda(const void *x, uint64_t rows, uint64_t cols, const float *col_scale, void *q, float *scale,
+			  cudaStream_t s);
 
 #ifdef __cplusplus
 }

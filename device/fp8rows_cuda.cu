@@ -3,7 +3,8 @@
  *
  * A block of 256 threads a row: the row's largest |x| (a block reduction),
  * its scale, then x / scale rounded to e4m3 and saturated, written with the
- * scale. Rows of a multiple of 8 BF16 elements on 16-byte boundaries go by
+ * scale. With column scales (a gradient times a weight's row scales, for the
+ * FP8 backward), x is each element times its column's scale, in f32. Rows of a multiple of 8 BF16 elements on 16-byte boundaries go by
  * 16-byte loads and 8-byte stores; others one element at a time. The second
  * read of a row comes from the cache: a row is one block's. */
 #include <stdint.h>
@@ -21,9 +22,17 @@ namespace {
 
 const unsigned kThreads = 256;
 
-template <bool VEC>
-__global__ void rows_e4m3(const uint16_t *__restrict__ x, uint64_t cols, uint8_t *__restrict__ q,
-			  float *__restrict__ scale)
+/* Element k of x's row times its column's scale (COL), in f32. */
+template <bool COL>
+__device__ __forceinline__ float elem(uint32_t bits, const float *__restrict__ cs, uint64_t k)
+{
+	const float v = arena__bf16_to_f32(bits);
+	return COL ? __fmul_rn(v, cs[k]) : v;
+}
+
+template <bool VEC, bool COL>
+__global__ void rows_e4m3(const uint16_t *__restrict__ x, uint64_t cols, const float *__restrict__ cs,
+			  uint8_t *__restrict__ q, float *__restrict__ scale)
 {
 	__shared__ float part[kThreads / 32];
 	const uint64_t row = blockIdx.x;
@@ -35,13 +44,13 @@ __global__ void rows_e4m3(const uint16_t *__restrict__ x, uint64_t cols, uint8_t
 			const uint4 w = *(const uint4 *)(xr + i);
 			const uint32_t v[4] = {w.x, w.y, w.z, w.w};
 			for (int k = 0; k < 4; k++) {
-				m = arena__amax_step(m, arena__bf16_to_f32(v[k] & 0xFFFFu));
-				m = arena__amax_step(m, arena__bf16_to_f32(v[k] >> 16));
+				m = arena__amax_step(m, elem<COL>(v[k] & 0xFFFFu, cs, i + 2 * k));
+				m = arena__amax_step(m, elem<COL>(v[k] >> 16, cs, i + 2 * k + 1));
 			}
 		}
 	} else {
 		for (uint64_t i = threadIdx.x; i < cols; i += kThreads)
-			m = arena__amax_step(m, arena__bf16_to_f32(xr[i]));
+			m = arena__amax_step(m, elem<COL>(xr[i], cs, i));
 	}
 	for (int off = 16; off; off >>= 1)
 		m = arena__amax_step(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
@@ -60,30 +69,41 @@ __global__ void rows_e4m3(const uint16_t *__restrict__ x, uint64_t cols, uint8_t
 			const uint32_t v[4] = {w.x, w.y, w.z, w.w};
 			uint32_t o[2] = {0, 0};
 			for (int k = 0; k < 4; k++) {
-				const uint32_t lo = arena__f32_to_e4m3_sat(ARENA__DIV(arena__bf16_to_f32(v[k] & 0xFFFFu), s));
-				const uint32_t hi = arena__f32_to_e4m3_sat(ARENA__DIV(arena__bf16_to_f32(v[k] >> 16), s));
+				const uint32_t lo = arena__f32_to_e4m3_sat(ARENA__DIV(elem<COL>(v[k] & 0xFFFFu, cs, i + 2 * k), s));
+				const uint32_t hi = arena__f32_to_e4m3_sat(ARENA__DIV(elem<COL>(v[k] >> 16, cs, i + 2 * k + 1), s));
 				o[k / 2] |= (lo | hi << 8) << (16 * (k & 1));
 			}
 			*(uint2 *)(qr + i) = make_uint2(o[0], o[1]);
 		}
 	} else {
 		for (uint64_t i = threadIdx.x; i < cols; i += kThreads)
-			qr[i] = (uint8_t)arena__f32_to_e4m3_sat(ARENA__DIV(arena__bf16_to_f32(xr[i]), s));
+			qr[i] = (uint8_t)arena__f32_to_e4m3_sat(ARENA__DIV(elem<COL>(xr[i], cs, i), s));
 	}
+}
+
+template <bool COL>
+void launch(const void *x, uint64_t rows, uint64_t cols, const float *cs, void *q, float *scale, cudaStream_t s)
+{
+	const bool vec = cols % 8 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)q & 7) == 0;
+	if (vec)
+		rows_e4m3<true, COL><<<(unsigned)rows, kThreads, 0, s>>>((const uint16_t *)x, cols, cs, (uint8_t *)q,
+									 scale);
+	else
+		rows_e4m3<false, COL><<<(unsigned)rows, kThreads, 0, s>>>((const uint16_t *)x, cols, cs, (uint8_t *)q,
+									  scale);
 }
 
 } // namespace
 
-extern "C" int arena__fp8_rows_cuda(const void *x, uint64_t rows, uint64_t cols, void *q, float *scale,
-				    cudaStream_t s)
+extern "C" int arena__fp8_rows_cuda(const void *x, uint64_t rows, uint64_t cols, const float *col_scale, void *q,
+				    float *scale, cudaStream_t s)
 {
 	if (!rows)
 		return 0;
-	const bool vec = cols % 8 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)q & 7) == 0;
-	if (vec)
-		rows_e4m3<true><<<(unsigned)rows, kThreads, 0, s>>>((const uint16_t *)x, cols, (uint8_t *)q, scale);
+	if (col_scale)
+		launch<true>(x, rows, cols, col_scale, q, scale, s);
 	else
-		rows_e4m3<false><<<(unsigned)rows, kThreads, 0, s>>>((const uint16_t *)x, cols, (uint8_t *)q, scale);
+		launch<false>(x, rows, cols, NULL, q, scale, s);
 	const cudaError_t e = cudaGetLastError();
 	if (e != cudaSuccess)
 		return arena_errorf(ARENA_E(DEV_ERROR), "cuda: FP8 rows of %llu x %llu: %s", (unsigned long long)rows,

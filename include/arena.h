@@ -486,6 +486,15 @@ ARENA_API int arena_tensor_dequantize(arena *a, size_t tensor, const void *block
  * rows or more; DEV_ERROR when the launch fails. */
 ARENA_API int arena_fp8_quantize_rows(arena *a, const void *x, uint64_t rows, uint64_t cols, void *q, float *scale,
 				      void *stream);
+/* The same with each element first multiplied by its column's scale,
+ * col_scale[cols] (f32, on x's device), in f32: the row rule applies to
+ * x[r][c] * col_scale[c], bit for bit torch's (x.float() * col_scale) then
+ * as above. For the FP8 backward through a weight with one scale a row
+ * (docs/QUANT.md "Native FP8"): the output's gradient times the weight's
+ * row scales, quantized a row. USAGE also for a NULL col_scale with rows and
+ * cols. */
+ARENA_API int arena_fp8_quantize_rows_scaled(arena *a, const void *x, uint64_t rows, uint64_t cols,
+					     const float *col_scale, void *q, float *scale, void *stream);
 
 /* ---- writing images ---------------------------------------------------------- */
 

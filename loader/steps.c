@@ -203,21 +203,35 @@ int arena_tensor_dequantize(arena *a, size_t tensor, const void *block, void *ds
 	return unlock(a, rc);
 }
 
-int arena_fp8_quantize_rows(arena *a, const void *x, uint64_t rows, uint64_t cols, void *q, float *scale,
-			    void *stream)
+/* arena_fp8_quantize_rows and its _scaled form (scaled: col_scale required). */
+static int fp8_rows(arena *a, const char *fn, int scaled, const void *x, uint64_t rows, uint64_t cols,
+		    const float *col_scale, void *q, float *scale, void *stream)
 {
-	int rc = lock(a, "arena_fp8_quantize_rows");
+	int rc = lock(a, fn);
 	if (rc)
 		return rc;
 	arena_stream *s;
-	if ((rows && cols && (!x || !q)) || (rows && !scale))
-		rc = arena_errorf(ARENA_E_USAGE, "arena_fp8_quantize_rows: NULL %s", !scale ? "scale" : !x ? "x" : "q");
+	if ((rows && cols && (!x || !q || (scaled && !col_scale))) || (rows && !scale))
+		rc = arena_errorf(ARENA_E_USAGE, "%s: NULL %s", fn,
+				  !scale ? "scale" : !x ? "x" : !q ? "q" : "col_scale");
 	else if (rows >= (1ull << 31) || (rows && cols > UINT64_MAX / rows))
-		rc = arena_errorf(ARENA_E_USAGE, "arena_fp8_quantize_rows: %llu rows of %llu: too many",
-				  (unsigned long long)rows, (unsigned long long)cols);
+		rc = arena_errorf(ARENA_E_USAGE, "%s: %llu rows of %llu: too many", fn, (unsigned long long)rows,
+				  (unsigned long long)cols);
 	else if (rows && !(rc = stream_of(a, stream, &s)))
-		rc = a->be->ops->fp8_rows(a->be, x, rows, cols, q, scale, s);
+		rc = a->be->ops->fp8_rows(a->be, x, rows, cols, col_scale, q, scale, s);
 	return unlock(a, rc);
+}
+
+int arena_fp8_quantize_rows(arena *a, const void *x, uint64_t rows, uint64_t cols, void *q, float *scale,
+			    void *stream)
+{
+	return fp8_rows(a, "arena_fp8_quantize_rows", 0, x, rows, cols, NULL, q, scale, stream);
+}
+
+int arena_fp8_quantize_rows_scaled(arena *a, const void *x, uint64_t rows, uint64_t cols, const float *col_scale,
+				   void *q, float *scale, void *stream)
+{
+	return fp8_rows(a, "arena_fp8_quantize_rows_scaled", 1, x, rows, cols, col_scale, q, scale, stream);
 }
 
 uint64_t arena_step_count(const arena *a)

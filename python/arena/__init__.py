@@ -497,36 +497,51 @@ class Arena:
                 None if stream is None else _check_int("dequantize(stream)", stream, ctypes.c_void_p))
         _check(_native.lib.arena_tensor_dequantize(self._handle(), *args))
 
-    def fp8_quantize_rows(self, x: Any, q: Any, scale: Any, stream: Optional[int] = None) -> None:
+    def fp8_quantize_rows(self, x: Any, q: Any, scale: Any, stream: Optional[int] = None,
+                          col_scale: Any = None) -> None:
         """``x`` (a contiguous BF16 torch tensor [rows, cols] on the arena's device; a
         CPU tensor on sim) to FP8 e4m3 a row, in one pass: ``q`` (float8_e4m3fn, x's
         shape) and ``scale`` (float32, [rows, 1]) get what ``arena.torch``'s native
         FP8 product takes, bit for bit torch's ``s = (amax(|row|) / 448).clamp(min=
         1e-12)``, ``q = (x.float() / s).clamp(-448, 448).to(float8_e4m3fn)``
-        (``arena_fp8_quantize_rows``). On CUDA queued on ``stream`` (None: the default
-        stream); on sim done when this returns. Raises arena.Error USAGE for tensors
-        that are not so."""
+        (``arena_fp8_quantize_rows``). With ``col_scale`` (float32 [cols], contiguous,
+        on x's device) each element is first multiplied by its column's scale, in f32:
+        the same rule on ``x.float() * col_scale`` (``arena_fp8_quantize_rows_scaled``:
+        the FP8 backward's gradient times a weight's row scales). On CUDA queued on
+        ``stream`` (None: the default stream); on sim done when this returns. Raises
+        arena.Error USAGE for tensors that are not so."""
         import torch
 
         dev = self.device
         rows, cols = (x.shape[0], x.shape[1]) if x.dim() == 2 else (0, 0)
-        for t, dt, shape in ((x, torch.bfloat16, (rows, cols)), (q, torch.float8_e4m3fn, (rows, cols)),
-                             (scale, torch.float32, (rows, 1))):
+        want: List[Tuple[Any, Any, Tuple[int, ...]]] = [
+            (x, torch.bfloat16, (rows, cols)), (q, torch.float8_e4m3fn, (rows, cols)), (scale, torch.float32, (rows, 1))]
+        if col_scale is not None:
+            want.append((col_scale, torch.float32, (cols,)))
+        for t, dt, shape in want:
             if (x.dim() != 2 or t.dtype != dt or tuple(t.shape) != shape or not t.is_contiguous()
                     or str(t.device) != dev):
-                raise Error("USAGE", f"fp8_quantize_rows: x, q and scale must be contiguous {dev} tensors: "
-                                     f"x [rows, cols] bfloat16, q of its shape float8_e4m3fn, scale [rows, 1] "
-                                     f"float32; got {t.dtype} {tuple(t.shape)} on {t.device}")
-        self._fp8_quantize_rows(x.data_ptr(), rows, cols, q.data_ptr(), scale.data_ptr(), stream)
+                raise Error("USAGE", f"fp8_quantize_rows: x, q, scale and col_scale must be contiguous {dev} "
+                                     f"tensors: x [rows, cols] bfloat16, q of its shape float8_e4m3fn, scale "
+                                     f"[rows, 1] float32, col_scale [cols] float32; got {t.dtype} "
+                                     f"{tuple(t.shape)} on {t.device}")
+        self._fp8_quantize_rows(x.data_ptr(), rows, cols, q.data_ptr(), scale.data_ptr(), stream,
+                                0 if col_scale is None else col_scale.data_ptr())
 
-    def _fp8_quantize_rows(self, x: int, rows: int, cols: int, q: int, scale: int, stream: Optional[int]) -> None:
-        """fp8_quantize_rows without its checks of the tensors (arena.torch: the caller made them right)."""
+    def _fp8_quantize_rows(self, x: int, rows: int, cols: int, q: int, scale: int, stream: Optional[int],
+                           col_scale: int = 0) -> None:
+        """fp8_quantize_rows without its checks of the tensors (arena.torch: the caller made
+        them right); col_scale 0: none."""
         P, U = ctypes.c_void_p, ctypes.c_uint64
         args = (_check_int("fp8_quantize_rows(x)", x, P), _check_int("fp8_quantize_rows(rows)", rows, U),
                 _check_int("fp8_quantize_rows(cols)", cols, U), _check_int("fp8_quantize_rows(q)", q, P),
                 _check_int("fp8_quantize_rows(scale)", scale, P),
                 None if stream is None else _check_int("fp8_quantize_rows(stream)", stream, P))
-        _check(_native.lib.arena_fp8_quantize_rows(self._handle(), *args))
+        if col_scale:
+            cs = _check_int("fp8_quantize_rows(col_scale)", col_scale, P)
+            _check(_native.lib.arena_fp8_quantize_rows_scaled(self._handle(), *args[:3], cs, *args[3:]))
+        else:
+            _check(_native.lib.arena_fp8_quantize_rows(self._handle(), *args))
 
     def tensor_index(self, name: str) -> int:
         """The C API's index of tensor ``name`` (its place in name order)."""

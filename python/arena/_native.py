@@ -299,6 +299,8 @@ _SIGS = {
     "arena_tensor_subclass": (c_char_p, [_P, c_size_t]),
     "arena_tensor_dequantize": (c_int, [_P, c_size_t, c_void_p, c_void_p, c_void_p]),
     "arena_fp8_quantize_rows": (c_int, [_P, c_void_p, c_uint64, c_uint64, c_void_p, c_void_p, c_void_p]),
+    "arena_fp8_quantize_rows_scaled": (c_int, [_P, c_void_p, c_uint64, c_uint64, c_void_p, c_void_p, c_void_p,
+                                               c_void_p]),
     "arena_step_begin": (c_int, [_P]),
     "arena_block_acquire": (c_int, [_P, c_size_t, c_void_p, POINTER(c_void_p)]),
     "arena_block_release": (c_int, [_P, c_size_t, c_void_p]),

@@ -125,6 +125,7 @@ class Args(unittest.TestCase):
             ("index", lambda v: aq._dequantize(v, qaddr, 1, None), -1, U64 + aq.tensor_index(qname)),
             ("rows", lambda v: a._fp8_quantize_rows(1, v, 1, 1, 1, None), -1, U64),
             ("cols", lambda v: a._fp8_quantize_rows(1, 1, v, 1, 1, None), -1, U64),
+            ("col_scale", lambda v: a._fp8_quantize_rows(1, 1, 1, 1, 1, None, v), -1, U64),
             ("device", lambda v: arena.open(self.img, device=v), -(2**31) - 1, 2**31),
             ("vram", lambda v: sim(self.img, vram=v), -1, U64),
             ("pin_budget", lambda v: sim(self.img, pin_budget=v), -1, U64),

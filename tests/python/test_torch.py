@@ -1304,14 +1304,24 @@ class Quantized(unittest.TestCase):
                 wq, ws = quantize_rows_torch(x)
                 self.assertTrue(torch.equal(s.view(torch.int32), ws.view(torch.int32)), (rows, cols))
                 self.assertTrue(torch.equal(q.view(torch.uint8), wq.view(torch.uint8)), (rows, cols))
+                # with column scales (the FP8 backward's gradient times a weight's row
+                # scales): the product in f32, then the same rule
+                cs = torch.rand(cols, generator=g) * torch.logspace(-6, 3, max(cols, 1))[:cols]
+                if cols > 2:
+                    cs[1] = 0
+                a.fp8_quantize_rows(x, q, s, col_scale=cs)
+                wq, ws = quantize_rows_torch(x, cs)
+                self.assertTrue(torch.equal(s.view(torch.int32), ws.view(torch.int32)), ("col", rows, cols))
+                self.assertTrue(torch.equal(q.view(torch.uint8), wq.view(torch.uint8)), ("col", rows, cols))
             x = torch.zeros(4, 8, dtype=torch.bfloat16)
             for bad in (dict(x=x.float()), dict(q=torch.empty(4, 8, dtype=torch.uint8)),
-                        dict(scale=torch.empty(4, dtype=torch.float32)), dict(x=x.t())):
+                        dict(scale=torch.empty(4, dtype=torch.float32)), dict(x=x.t()),
+                        dict(col_scale=torch.ones(4)), dict(col_scale=torch.ones(8, dtype=torch.float64))):
                 args = dict(x=x, q=torch.empty(4, 8, dtype=torch.float8_e4m3fn),
-                            scale=torch.empty(4, 1, dtype=torch.float32))
+                            scale=torch.empty(4, 1, dtype=torch.float32), col_scale=None)
                 args.update(bad)
-                with self.assertRaisesRegex(arena.Error, "fp8_quantize_rows: x, q and scale must be"):
-                    a.fp8_quantize_rows(args["x"], args["q"], args["scale"])
+                with self.assertRaisesRegex(arena.Error, "fp8_quantize_rows: x, q, scale and col_scale must be"):
+                    a.fp8_quantize_rows(args["x"], args["q"], args["scale"], col_scale=args["col_scale"])
 
     def test_native_fp8_product(self):
         """The native path's arithmetic, checked where it can run here: the input quantized
@@ -1352,6 +1362,59 @@ class Quantized(unittest.TestCase):
             go = torch.tensor([[1.5]]).to(torch.bfloat16)
             y.backward(go)
             self.assertTrue(torch.equal(xr.grad, go.matmul(dequantize(wq, ws, torch.bfloat16))), "grad: W dequantized")
+
+    def test_native_fp8_grad(self):
+        """The input's gradient as an FP8 product (_fp8.scaled_grad_input), checked where it
+        can run here: _scaled_mm stood in for by f32 arithmetic on the operands it is given
+        (the CPU's takes only scales of one element), which must be the output's gradient
+        times the weight's row scales quantized per row, and the weight's FP8 bytes
+        transposed, column-major; the result against grad @ W within FP8's rounding, for
+        row scales, one scale and none."""
+        from arena.torch import _fp8
+
+        g = torch.Generator().manual_seed(4)
+        n, k, m = 48, 32, 10
+        w = torch.randn(n, k, generator=g) * torch.logspace(-3, 1, n)[:, None]
+        grad = (torch.randn(2, m // 2, n, generator=g) * torch.logspace(-2, 2, m // 2)[None, :, None])
+        grad = grad.to(torch.bfloat16)
+        seen = []
+
+        def mm(a, b, scale_a, scale_b, out_dtype, **kw):
+            self.assertEqual((a.dtype, b.dtype), (torch.float8_e4m3fn, torch.float8_e4m3fn))
+            self.assertEqual(b.stride(0), 1, "the second operand column-major")
+            self.assertEqual((tuple(scale_a.shape), tuple(scale_b.shape)), ((a.shape[0], 1), (1, b.shape[1])))
+            seen.append((a, scale_a, b, scale_b))
+            return ((a.float() * scale_a) @ (b.float() * scale_b)).to(out_dtype)
+
+        real = torch._scaled_mm
+        torch._scaled_mm = mm
+        try:
+            for kind in ("row", "tensor", "none"):
+                if kind == "row":
+                    s = (w.abs().amax(1, keepdim=True) / 448).clamp(min=1e-12)
+                elif kind == "tensor":
+                    s = (w.abs().amax() / 448).reshape(1)
+                else:
+                    s = None
+                q = (w / (s if s is not None else 1)).clamp(-448, 448).to(torch.float8_e4m3fn)
+                seen.clear()
+                gx = _fp8.scaled_grad_input(grad, q, s, torch.bfloat16)
+                self.assertEqual((gx.shape, gx.dtype), ((2, m // 2, k), torch.bfloat16), kind)
+                a, sa, b, sb = seen[0]
+                g2 = grad.reshape(-1, n)
+                cs = s.reshape(n) if kind == "row" else None
+                wq, ws = _fp8.quantize_rows_torch(g2, cs)
+                self.assertTrue(torch.equal(a.view(torch.uint8), wq.view(torch.uint8)), kind)
+                self.assertTrue(torch.equal(sa, ws), kind)
+                self.assertTrue(torch.equal(b.view(torch.uint8), q.view(torch.uint8)), kind)
+                want_sb = s.reshape(1, 1).expand(1, k) if kind == "tensor" else torch.ones(1, k)
+                self.assertTrue(torch.equal(sb, want_sb), kind)
+                wd = _fp8.dequantize(q, s, torch.float32)
+                exact, bound = g2.float() @ wd, g2.float().abs() @ wd.abs()
+                err = (gx.reshape(-1, k).float() - exact).abs()
+                self.assertTrue(bool((err <= bound * 2 ** -3).all()), (kind, (err / bound).max().item()))
+        finally:
+            torch._scaled_mm = real
 
     def test_dequantized_copies_count_in_vram(self):
         """The dequantized copies are torch's memory: a modelled allocator on the simulator

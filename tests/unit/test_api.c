@@ -390,3 +390,45 @@ Test(api, fp8_quantize_rows_on_sim)
 	cr_assert(strstr(arena_last_error(), "the simulator has none"), "%s", arena_last_error());
 	arena_close(a);
 }
+
+/* arena_fp8_quantize_rows_scaled on sim: each element times its column's
+ * scale in f32, then the row rule: the scale is amax(|x * cs|) / 448 and each
+ * code decodes to x * cs / scale within half an e4m3 step; scales of 1 give
+ * the unscaled call's bytes; a NULL col_scale is refused. */
+Test(api, fp8_quantize_rows_scaled_on_sim)
+{
+	arena_open_options o = {.backend = "sim", .vram_cap = 64 << 20};
+	arena *a;
+	cr_assert_eq(arena_open(fixture_path("tiny_flux.safetensors"), &o, &a), 0, "%s", arena_last_error());
+	enum { R = 2, C = 6 };
+	const uint16_t x[R][C] = {{0x3F80, 0xC000, 0x3F00, 0x43E0, 0xC040, 0x3A83}, /* 1 -2 .5 448 -3 .001 */
+				  {0x4120, 0x0000, 0xBF80, 0x4000, 0x3E80, 0xC2C8}}; /* 10 0 -1 2 .25 -100 */
+	const float cs[C] = {3.0f, 0.001f, 1.0f, 0.0f, 7.5f, 1e6f}, ones[C] = {1, 1, 1, 1, 1, 1};
+	uint8_t q[R][C], q1[R][C];
+	float s[R], s1[R];
+	cr_assert_eq(arena_fp8_quantize_rows_scaled(a, x, R, C, cs, q, s, NULL), 0, "%s", arena_last_error());
+	for (int r = 0; r < R; r++) {
+		float v[C], amax = 0;
+		for (int c = 0; c < C; c++) {
+			uint32_t u = (uint32_t)x[r][c] << 16;
+			memcpy(&v[c], &u, 4);
+			v[c] *= cs[c];
+			amax = fabsf(v[c]) > amax ? fabsf(v[c]) : amax;
+		}
+		const float want = amax / 448.0f < 1e-12f ? 1e-12f : amax / 448.0f;
+		cr_assert_eq(s[r], want, "row %d: scale %g, want %g", r, (double)s[r], (double)want);
+		for (int c = 0; c < C; c++) {
+			const float d = ref_fp8(q[r][c], 0), t = v[c] / s[r];
+			cr_assert(fabsf(d - t) <= fabsf(t) / 16 + 0x1p-10f, "row %d col %d: code %02x is %g, want %g", r, c,
+				  q[r][c], (double)d, (double)t);
+		}
+	}
+	cr_assert_eq(arena_fp8_quantize_rows_scaled(a, x, R, C, ones, q, s, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_fp8_quantize_rows(a, x, R, C, q1, s1, NULL), 0, "%s", arena_last_error());
+	cr_assert(!memcmp(q, q1, sizeof(q)) && !memcmp(s, s1, sizeof(s)), "scales of 1: the unscaled bytes");
+	cr_assert_eq(arena_fp8_quantize_rows_scaled(a, x, R, C, NULL, q, s, NULL), ARENA_E_USAGE);
+	cr_assert(strstr(arena_last_error(), "arena_fp8_quantize_rows_scaled: NULL col_scale"), "%s",
+		  arena_last_error());
+	cr_assert_eq(arena_fp8_quantize_rows_scaled(a, NULL, 0, C, NULL, NULL, NULL, NULL), 0, "no rows");
+	arena_close(a);
+}

@@ -11,13 +11,20 @@ tensors are (_quant.py). ``F.linear`` on it:
   1e-12), as arena's fp8-e4m3-row), and ``torch._scaled_mm`` multiplies the
   FP8 bytes with both scales (the weight's per row, or its one scale spread
   to every row), bias added in the kernel, the output in the weight's dtype.
-  The input's gradient (what LoRA training needs through a frozen weight) is
-  ``grad_out @ W`` with W dequantized for that product only (in the weight's
-  dtype: not an FP8 product, whose gradient quantization would add its error
-  to the adapters' gradients, and which would need the weight transposed
-  into a second FP8 copy anyway): a transient copy of one weight at a time.
-  Not bit-identical to the dequantized path: the input is rounded to FP8
-  (3 mantissa bits); bench/gpu_fp8_check.py measures the difference.
+  The input's gradient (what LoRA training needs through a frozen weight),
+  ``grad_out @ W``, takes W dequantized for that product only (a transient
+  copy of one weight at a time). With ``GRAD_FP8`` it is an FP8 product
+  instead: the output's gradient times the weight's row scales (W = diag(s)
+  Q, so grad_out @ W = (grad_out s) @ Q) quantized per row the same way (one
+  pass: arena_fp8_quantize_rows_scaled), multiplied with the weight's FP8
+  bytes transposed (a transient copy, which _scaled_mm needs column-major),
+  a tensor scale as the second operand's. Off by default: on the H200 it is
+  slower than the BF16 product on every one of FLUX.1-dev's shapes (the
+  transpose and the gradient's quantization cost more than the FP8 product
+  saves) and the whole model's training step too (docs/QUANT.md). Not
+  bit-identical to the dequantized path: the input (and with GRAD_FP8 the
+  gradient) is rounded to FP8 (3 mantissa bits); bench/gpu_fp8_check.py
+  measures the difference.
 - otherwise (CPU, the simulated device, a GPU without FP8, a shape
   ``_scaled_mm`` does not take: dimensions not multiples of 16): ``F.linear``
   on the dequantized weight, ``(qdata.float() * scale).to(dtype)``, made for
@@ -36,6 +43,11 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_map
 
 _FP8_MAX = 448.0
+
+# The input's gradient through a native FP8 weight as an FP8 product (True) or
+# with the weight dequantized for it (False, the default: faster on the H200;
+# bench/gpu_fp8_check.py measures both).
+GRAD_FP8 = False
 
 
 def device_has_fp8(device: torch.device) -> bool:
@@ -75,23 +87,29 @@ def use_arena(arena: Any) -> Callable[[], None]:
     return undo
 
 
-def quantize_rows(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] to FP8 e4m3 with one f32 scale a row, [M, 1] (arena's fp8-e4m3-row rule):
-    one pass of arena's kernel where an arena on x's GPU can (BF16, contiguous),
-    else torch's ops; the same bytes either way."""
+def quantize_rows(x: torch.Tensor, col_scale: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (times col_scale [K], f32, column by column, where given) to FP8 e4m3
+    with one f32 scale a row, [M, 1] (arena's fp8-e4m3-row rule): one pass of arena's
+    kernel where an arena on x's GPU can (BF16, contiguous), else torch's ops; the
+    same bytes either way."""
     arenas = _ROWS.get(str(x.device)) if x.is_cuda else None
-    if arenas and x.dim() == 2 and x.dtype == torch.bfloat16 and x.is_contiguous():
+    if (arenas and x.dim() == 2 and x.dtype == torch.bfloat16 and x.is_contiguous()
+            and (col_scale is None or (col_scale.dtype == torch.float32 and col_scale.is_contiguous()
+                                       and col_scale.device == x.device and col_scale.shape == (x.shape[1],)))):
         q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
         s = torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device)
         arenas[-1]._fp8_quantize_rows(x.data_ptr(), x.shape[0], x.shape[1], q.data_ptr(), s.data_ptr(),
-                                      torch.cuda.current_stream(x.device).cuda_stream)
+                                      torch.cuda.current_stream(x.device).cuda_stream,
+                                      0 if col_scale is None else col_scale.data_ptr())
         return q, s
-    return quantize_rows_torch(x)
+    return quantize_rows_torch(x, col_scale)
 
 
-def quantize_rows_torch(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows_torch(x: torch.Tensor, col_scale: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """quantize_rows by torch's ops (several passes over x)."""
     xf = x.float()
+    if col_scale is not None:
+        xf = xf * col_scale.float()
     s = (xf.abs().amax(dim=1, keepdim=True) / _FP8_MAX).clamp(min=1e-12)
     q = (xf / s).clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn)
     return q, s
@@ -114,14 +132,37 @@ def scaled_linear(x: torch.Tensor, qdata: torch.Tensor, scale: Optional[torch.Te
     return out.reshape(*lead, n)
 
 
+def scaled_grad_input(grad: torch.Tensor, qdata: torch.Tensor, scale: Optional[torch.Tensor],
+                      dtype: torch.dtype) -> torch.Tensor:
+    """grad @ W (the input's gradient through W = diag(scale) Q) as an FP8 product:
+    grad times the weight's row scales, quantized per row, against Q's bytes
+    transposed (_scaled_mm's second operand is column-major: Q.T's rows); a weight
+    with one scale gives it as the second operand's, spread to every column."""
+    n, k = qdata.shape
+    lead = grad.shape[:-1]
+    g2 = grad.reshape(-1, n).to(torch.bfloat16).contiguous()
+    if scale is not None and scale.numel() == n and n > 1:
+        gq, gs = quantize_rows(g2, scale.reshape(n).float().contiguous())
+        sb = torch.ones(1, k, dtype=torch.float32, device=qdata.device)
+    else:
+        gq, gs = quantize_rows(g2)
+        one = scale.reshape(1, 1).float() if scale is not None else torch.ones(1, 1, device=qdata.device)
+        sb = one.expand(1, k).contiguous()
+    qt = qdata.view(torch.uint8).t().contiguous().view(torch.float8_e4m3fn)  # [k, n]: Q.T row-major
+    out = torch._scaled_mm(gq, qt.t(), scale_a=gs, scale_b=sb, out_dtype=dtype)
+    return out.reshape(*lead, k)
+
+
 class _ScaledLinear(torch.autograd.Function):
-    """Native FP8 linear through a frozen weight: the input's gradient only."""
+    """Native FP8 linear through a frozen weight: the input's gradient only (an FP8
+    product too when ``fp8_grad``, else with W dequantized for it)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, qdata: torch.Tensor, scale: Optional[torch.Tensor],
-                bias: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+                bias: Optional[torch.Tensor], dtype: torch.dtype, fp8_grad: bool = False) -> torch.Tensor:
         ctx.save_for_backward(qdata, scale)
         ctx.dtype = dtype
+        ctx.fp8_grad = fp8_grad
         ctx.bias_grad = bias is not None and bias.requires_grad
         return scaled_linear(x, qdata, scale, bias, dtype)
 
@@ -130,10 +171,12 @@ class _ScaledLinear(torch.autograd.Function):
         qdata, scale = ctx.saved_tensors
         gx = None
         if ctx.needs_input_grad[0]:
-            w = dequantize(qdata, scale, ctx.dtype)
-            gx = grad.to(ctx.dtype).matmul(w)
+            if ctx.fp8_grad:
+                gx = scaled_grad_input(grad, qdata, scale, ctx.dtype)
+            else:
+                gx = grad.to(ctx.dtype).matmul(dequantize(qdata, scale, ctx.dtype))
         gb = grad.reshape(-1, grad.shape[-1]).sum(0) if ctx.bias_grad else None
-        return gx, None, None, gb, None
+        return gx, None, None, gb, None, None
 
 
 def native_ok(qdata: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> bool:
@@ -185,7 +228,7 @@ class Fp8Weight(torch.Tensor):
             b = args[2] if len(args) > 2 else kwargs.get("bias")
             if isinstance(w, Fp8Weight) and not isinstance(x, Fp8Weight) and not isinstance(b, Fp8Weight):
                 if w.native and native_ok(w.qdata, x, w.dtype):
-                    out: torch.Tensor = _ScaledLinear.apply(x, w.qdata, w.scale, b, w.dtype)
+                    out: torch.Tensor = _ScaledLinear.apply(x, w.qdata, w.scale, b, w.dtype, GRAD_FP8)
                     return out
                 return F.linear(x, w.dequantize(), b)
         # anything else goes down to __torch_dispatch__ (detach keeps the type there)
