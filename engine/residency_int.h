@@ -71,6 +71,10 @@ typedef struct arena__timed {
 	uint32_t *cl_per; /* a copy's period: the first copy of the copy stream's busy run it is in */
 	struct arena__pick *picks; /* the greedy's candidates of a round, sorted (of the layout's blocks) */
 	size_t n_cl;
+	uint8_t *cl_step; /* a copy's step: the step (0, 1, 2) of the entry it was fetched for */
+	double *cl_sum;   /* per block: its steady copies' savings together (the greedy's) */
+	uint8_t *sum;     /* per block: its gain is cl_sum's (else its best copy's) */
+	uint8_t *alt;     /* per block: the other greedy's resident set (greedy_stalls) */
 } arena__timed;
 
 /* A candidate of the greedy past ARENA__GREEDY_SWAP_MAX blocks. */
@@ -89,6 +93,10 @@ int arena__timed_log(arena__timed *t, size_t n, size_t n_sched);
 /* Threads the timed greedy may use for a layout of many blocks (pieces):
  * 0 = as many as there are cores, at most 8; tests set 1 to compare. */
 extern unsigned arena__greedy_threads;
+/* Which gain rules the greedy past ARENA__GREEDY_SWAP_MAX blocks tries in
+ * training (greedy_stalls): 0 both (the default), 1 a block's best copy
+ * only, 2 the sum of its steady copies where more only. For the tests. */
+extern unsigned arena__greedy_rules;
 void arena__timed_release(arena__timed *t);
 /* Predicted seconds of a steady step of `sched` with the blocks in `res`
  * resident under o's profile; negative when a block cannot be placed. */

@@ -45,6 +45,10 @@ void arena__timed_release(arena__timed *t)
 	arena_free(t->cl_stall);
 	arena_free(t->cl_left);
 	arena_free(t->cl_per);
+	arena_free(t->cl_step);
+	arena_free(t->cl_sum);
+	arena_free(t->sum);
+	arena_free(t->alt);
 	arena_free(t->picks);
 	memset(t, 0, sizeof(*t));
 }
@@ -57,11 +61,15 @@ int arena__timed_log(arena__timed *t, size_t n, size_t n_sched)
 	double *t0 = arena_calloc(m, sizeof(*t0)), *t1 = arena_calloc(m, sizeof(*t1)),
 	       *st = arena_calloc(m, sizeof(*st)), *left = arena_calloc(m, sizeof(*left));
 	arena__pick *pk = arena_calloc(n ? n : 1, sizeof(*pk));
-	if (!b || !of || !per || !t0 || !t1 || !st || !left || !pk) {
+	uint8_t *stp = arena_calloc(m, 1), *sum = arena_calloc(n ? n : 1, 1), *alt = arena_calloc(n ? n : 1, 1);
+	double *csum = arena_calloc(n ? n : 1, sizeof(*csum));
+	if (!b || !of || !per || !t0 || !t1 || !st || !left || !pk || !stp || !sum || !csum || !alt) {
 		arena_free(b), arena_free(of), arena_free(per), arena_free(t0);
-		arena_free(t1), arena_free(st), arena_free(left), arena_free(pk);
+		arena_free(t1), arena_free(st), arena_free(left), arena_free(pk), arena_free(stp);
+		arena_free(sum), arena_free(csum), arena_free(alt);
 		return -1;
 	}
+	t->cl_step = stp, t->sum = sum, t->cl_sum = csum, t->alt = alt;
 	t->cl_b = b, t->cp_of = of, t->cl_per = per, t->cl_t0 = t0;
 	t->cl_t1 = t1, t->cl_stall = st, t->cl_left = left, t->picks = pk;
 	return 0;
@@ -188,6 +196,7 @@ double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const
 						t->cl_b[t->n_cl] = f;
 						t->cl_t0[t->n_cl] = start;
 						t->cl_t1[t->n_cl] = copy_free;
+						t->cl_step[t->n_cl] = (uint8_t)(fetched / len);
 						t->cl_stall[t->n_cl++] = 0;
 					}
 					if (t->spans)
@@ -344,6 +353,12 @@ static int pick_by_size(const void *x, const void *y)
 	return a->pos < b->pos ? -1 : a->pos > b->pos;
 }
 
+/* Copy c of the log is for one of the steady step's entries. */
+static int steady_copy(const arena__timed *ts, size_t c)
+{
+	return ts->cl_step[c] == 1;
+}
+
 /* The greedy past ARENA__GREEDY_SWAP_MAX blocks (ts carries the copy log,
  * arena__timed_log). A round is one timed run: the compute's waits are
  * charged to the copies they waited for; a copy's removal shortens the
@@ -351,11 +366,14 @@ static int pick_by_size(const void *x, const void *y)
  * back, none waiting for a release), so a block made resident saves at most
  * its copy's time and at most the waits left from its copy to the run's
  * end. The round promotes, best gain per byte first, blocks until each busy
- * run's waits are covered; at most ARENA__GREEDY_ROUNDS rounds, then what
+ * run's waits are covered (a block's gain is the sum of its copies' in the
+ * steady step: in training, its forward's and its backward's); at most
+ * ARENA__GREEDY_ROUNDS rounds, then what
  * room is left is filled largest first (the plan by bytes fills the same
  * way). Cost: ARENA__GREEDY_ROUNDS + 1 timed runs and a sort a round. */
-static double greedy_stalls(const arena_layout *l, const arena_engine_opts *o, const arena_residency_plan *p,
-			    const uint32_t *order, size_t k, uint8_t *cand, uint64_t *room, double *gain, arena__timed *ts)
+static double greedy_stalls_by(const arena_layout *l, const arena_engine_opts *o, const arena_residency_plan *p,
+			       const uint32_t *order, size_t k, uint8_t *cand, uint64_t *room, double *gain,
+			       arena__timed *ts, int by_sum)
 {
 	arena__pick *pk = ts->picks;
 	double cur = -1;
@@ -375,14 +393,24 @@ static double greedy_stalls(const arena_layout *l, const arena_engine_opts *o, c
 			ts->cl_per[c] = c && ts->cl_t0[c] <= ts->cl_t1[c - 1] ? ts->cl_per[c - 1] : (uint32_t)c;
 		if (!(waits > cur * 1e-9))
 			break; /* the compute waits for no copy */
-		/* A block's gain: the best of its copies', min(its time, the waits after it). */
+		/* A block's gain: the best of its copies' (min(its time, the waits
+		 * after it in its run), or, when more, what its copies for the
+		 * steady step save together: made resident, a block is copied
+		 * neither for its forward nor for its backward. sum[] marks which. */
 		for (size_t i = 0; i < k; i++)
-			gain[order[i]] = 0;
+			gain[order[i]] = 0, ts->sum[order[i]] = 0, ts->cl_sum[order[i]] = 0;
 		for (size_t c = 0; c < m; c++) {
 			const uint32_t b = ts->cl_b[c];
 			const double g = fmin(ts->cl_t1[c] - ts->cl_t0[c], ts->cl_left[c]);
 			if (g > gain[b])
 				gain[b] = g, ts->cp_of[b] = (uint32_t)c;
+			if (steady_copy(ts, c))
+				ts->cl_sum[b] += g;
+		}
+		for (size_t i = 0; i < k && by_sum; i++) {
+			const uint32_t b = order[i];
+			if (ts->cl_sum[b] > gain[b])
+				gain[b] = ts->cl_sum[b], ts->sum[b] = 1;
 		}
 		size_t n = 0;
 		for (size_t i = 0; i < k; i++) {
@@ -394,15 +422,28 @@ static double greedy_stalls(const arena_layout *l, const arena_engine_opts *o, c
 		if (!n)
 			break;
 		qsort(pk, n, sizeof(*pk), pick_by_gain);
-		/* Each busy run's waits (its first copy's cl_left) to be covered. */
+		/* Each busy run's waits (its first copy's cl_left) to be covered: a
+		 * block is taken while the run of its best copy (or of one of its
+		 * steady copies, by sum) has waits left; what it saves comes off. */
 		size_t took = 0;
 		for (size_t i = 0; i < n; i++) {
-			const uint32_t b = pk[i].b, per = ts->cl_per[pk[i].c];
-			if (pk[i].bytes > *room || !(ts->cl_left[per] > 0))
+			const uint32_t b = pk[i].b;
+			if (pk[i].bytes > *room)
+				continue;
+			int open = 0;
+			if (!ts->sum[b])
+				open = ts->cl_left[ts->cl_per[pk[i].c]] > 0;
+			for (size_t c = 0; ts->sum[b] && c < m && !open; c++)
+				open = ts->cl_b[c] == b && steady_copy(ts, c) && ts->cl_left[ts->cl_per[c]] > 0;
+			if (!open)
 				continue;
 			cand[b] = 1;
 			*room -= pk[i].bytes;
-			ts->cl_left[per] -= gain[b];
+			if (!ts->sum[b])
+				ts->cl_left[ts->cl_per[pk[i].c]] -= gain[b];
+			for (size_t c = 0; ts->sum[b] && c < m; c++)
+				if (ts->cl_b[c] == b && steady_copy(ts, c))
+					ts->cl_left[ts->cl_per[c]] -= fmin(ts->cl_t1[c] - ts->cl_t0[c], ts->cl_left[c]);
 			took++;
 		}
 		if (!took)
@@ -427,6 +468,35 @@ static double greedy_stalls(const arena_layout *l, const arena_engine_opts *o, c
 	if (added || cur < 0)
 		cur = arena__timed_run(l, o, p->sched, p->bwd, p->n_sched, cand, p->slots, ts);
 	return cur;
+}
+
+unsigned arena__greedy_rules;
+
+/* The greedy past ARENA__GREEDY_SWAP_MAX blocks: by each block's best copy,
+ * and by the sum of its steady copies where more (a training step copies a
+ * streamed block for its forward and again for its backward); the plan
+ * predicted faster (the first on a tie). Two greedies' cost. */
+static double greedy_stalls(const arena_layout *l, const arena_engine_opts *o, const arena_residency_plan *p,
+			    const uint32_t *order, size_t k, uint8_t *cand, uint64_t *room, double *gain, arena__timed *ts)
+{
+	const size_t n = l->n_blocks;
+	if (arena__greedy_rules == 1 || arena__greedy_rules == 2)
+		return greedy_stalls_by(l, o, p, order, k, cand, room, gain, ts, arena__greedy_rules == 2);
+	uint8_t *first = ts->alt;
+	memcpy(first, cand, n);
+	uint64_t room1 = *room;
+	double t1 = greedy_stalls_by(l, o, p, order, k, first, &room1, gain, ts, 0);
+	if (o->mode != ARENA_MODE_TRAIN) { /* one copy a block a step: the rules agree */
+		memcpy(cand, first, n);
+		*room = room1;
+		return t1;
+	}
+	double t2 = greedy_stalls_by(l, o, p, order, k, cand, room, gain, ts, 1);
+	if (t2 >= 0 && (t1 < 0 || t2 < t1))
+		return t2;
+	memcpy(cand, first, n);
+	*room = room1;
+	return t1;
 }
 
 /* With a profile: from the resident set `cand` (room bytes left), make
