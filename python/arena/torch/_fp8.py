@@ -50,11 +50,19 @@ _FP8_MAX = 448.0
 GRAD_FP8 = False
 
 
+_HAS_FP8: Dict[Any, bool] = {}  # by device: asked for every product, answered once
+
+
 def device_has_fp8(device: torch.device) -> bool:
     """A CUDA device whose tensor cores multiply FP8 (Ada, Hopper and later)."""
-    if device.type != "cuda" or not torch.cuda.is_available():
+    if device.type != "cuda":
         return False
-    return torch.cuda.get_device_capability(device) >= (8, 9)
+    key = device.index
+    have = _HAS_FP8.get(key)
+    if have is None:
+        have = torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 9)
+        _HAS_FP8[key] = have
+    return have
 
 
 def dequantize(qdata: torch.Tensor, scale: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
@@ -125,10 +133,13 @@ def scaled_linear(x: torch.Tensor, qdata: torch.Tensor, scale: Optional[torch.Te
     xq, xs = quantize_rows(x2)
     if scale is None:
         ws = torch.ones(1, n, dtype=torch.float32, device=qdata.device)
+    elif scale.numel() == n and scale.dtype == torch.float32 and scale.is_contiguous():
+        ws = scale.view(1, n)  # one a row: [n, 1] and [1, n] are the same bytes
     else:
         ws = scale.reshape(-1, 1).float().expand(n, 1).reshape(1, n).contiguous()
-    out = torch._scaled_mm(xq, qdata.t(), scale_a=xs, scale_b=ws, bias=bias.to(dtype) if bias is not None else None,
-                           out_dtype=dtype)
+    if bias is not None and bias.dtype != dtype:
+        bias = bias.to(dtype)
+    out = torch._scaled_mm(xq, qdata.t(), scale_a=xs, scale_b=ws, bias=bias, out_dtype=dtype)
     return out.reshape(*lead, n)
 
 
