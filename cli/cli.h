@@ -119,5 +119,8 @@ void cli_progress_end(cli_progress *p);
 /* Print a jansson value to stdout (indented, keys in insertion order) and
  * release it. Returns 0, or 3 if writing failed. */
 int cli_print_json(void *json);
+/* A byte count as a JSON number (a json_t *): an integer up to INT64_MAX,
+ * past it (a size given up to 2^64 - 1) a real, never a negative integer. */
+void *cli_json_u64(uint64_t v);
 
 #endif

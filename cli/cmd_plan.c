@@ -260,46 +260,46 @@ int cmd_plan(int argc, char **argv)
 	if (json) {
 		json_t *blocks = json_array();
 		for (size_t b = 0; b < l->n_blocks; b++)
-			json_array_append_new(blocks, json_pack("{s:s,s:I,s:s}", "name", l->blocks[b].name, "bytes",
-								(json_int_t)l->blocks[b].bytes, "where",
+			json_array_append_new(blocks, json_pack("{s:s,s:o,s:s}", "name", l->blocks[b].name, "bytes",
+								cli_json_u64(l->blocks[b].bytes), "where",
 								arena_block_is_globals(l, (uint32_t)b) ? "globals"
 								: p.resident[b]                        ? "resident"
 								: disk[b]                              ? "disk"
 													: "streamed"));
 		json_t *root = json_pack(
-			"{s:s,s:s,s:I,s:I,s:I,s:I,s:i,s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:i,s:i}", "path", path, "mode", mode,
-			"vram", (json_int_t)vram, "headroom", (json_int_t)headroom, "reserve", (json_int_t)reserve, "budget",
-			(json_int_t)budget, "depth", (int)p.depth, "slots", (int)(p.n_streamed ? p.slots : 0), "slot_bytes",
-			(json_int_t)p.slot_bytes, "globals_bytes", (json_int_t)p.globals_bytes, "resident_bytes",
-			(json_int_t)p.resident_bytes, "streamed_block_bytes", (json_int_t)p.streamed_block_bytes,
-			"need_bytes", (json_int_t)p.need_bytes, "stream_bytes_per_step",
-			(json_int_t)p.stream_bytes_per_step, "copies_per_step", (json_int_t)p.copies_per_step,
-			"schedule_entries", (json_int_t)p.n_sched, "resident_blocks", (int)p.n_resident, "streamed_blocks",
+			"{s:s,s:s,s:o,s:o,s:o,s:o,s:i,s:i,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:i,s:i}", "path", path, "mode", mode,
+			"vram", cli_json_u64(vram), "headroom", cli_json_u64(headroom), "reserve", cli_json_u64(reserve), "budget",
+			cli_json_u64(budget), "depth", (int)p.depth, "slots", (int)(p.n_streamed ? p.slots : 0), "slot_bytes",
+			cli_json_u64(p.slot_bytes), "globals_bytes", cli_json_u64(p.globals_bytes), "resident_bytes",
+			cli_json_u64(p.resident_bytes), "streamed_block_bytes", cli_json_u64(p.streamed_block_bytes),
+			"need_bytes", cli_json_u64(p.need_bytes), "stream_bytes_per_step",
+			cli_json_u64(p.stream_bytes_per_step), "copies_per_step", cli_json_u64(p.copies_per_step),
+			"schedule_entries", cli_json_u64(p.n_sched), "resident_blocks", (int)p.n_resident, "streamed_blocks",
 			(int)p.n_streamed);
 		if (cost) {
 			json_object_set_new(root, "predicted_step_s", json_real(p.step_s));
 			json_object_set_new(root, "predicted_compute_s", json_real(comp));
 			json_object_set_new(root, "predicted_copy_s", json_real(copy));
 		}
-		json_object_set_new(root, "piece_size", piece ? json_integer((json_int_t)piece) : json_null());
-		json_object_set_new(root, "context", json_integer((json_int_t)context));
+		json_object_set_new(root, "piece_size", piece ? cli_json_u64(piece) : json_null());
+		json_object_set_new(root, "context", cli_json_u64(context));
 		json_t *fl = json_object();
 		for (int md = 0; md < 2; md++)
 			json_object_set_new(fl, md ? "train" : "sample",
 					    floor_least[md] ? json_pack("{s:n,s:n,s:i}", "vram", "weights", "least_depth",
 									 (int)floor_least[md])
-							    : json_pack("{s:I,s:I}", "vram", (json_int_t)floor_v[md], "weights",
-									(json_int_t)floor_w[md]));
+							    : json_pack("{s:o,s:o}", "vram", cli_json_u64(floor_v[md]), "weights",
+									cli_json_u64(floor_w[md])));
 		json_object_set_new(root, "floor", fl);
 		json_object_set_new(root, "disk_tier",
-				    ao.host_budget ? json_pack("{s:I,s:I,s:I,s:I,s:I}", "host_budget", (json_int_t)hb, "host_bytes",
-							       (json_int_t)hbytes, "blocks", (json_int_t)dn, "bytes",
-							       (json_int_t)dbytes, "staging_max",
-							       (json_int_t)(dn ? staging : 0))
+				    ao.host_budget ? json_pack("{s:o,s:o,s:o,s:o,s:o}", "host_budget", cli_json_u64(hb), "host_bytes",
+							       cli_json_u64(hbytes), "blocks", cli_json_u64(dn), "bytes",
+							       cli_json_u64(dbytes), "staging_max",
+							       cli_json_u64(dn ? staging : 0))
 						   : json_null());
 		json_object_set_new(root, "coded_stream",
-				    coded ? json_pack("{s:I,s:I,s:I}", "host_bytes", (json_int_t)wire_host, "raw_bytes",
-						      (json_int_t)wire_raw, "moved_bytes_per_step", (json_int_t)moved)
+				    coded ? json_pack("{s:o,s:o,s:o}", "host_bytes", cli_json_u64(wire_host), "raw_bytes",
+						      cli_json_u64(wire_raw), "moved_bytes_per_step", cli_json_u64(moved))
 					  : json_null());
 		json_object_set_new(root, "blocks", blocks);
 		status = cli_print_json(root);

@@ -184,6 +184,11 @@ int cli_print_json(void *json)
 	return 0;
 }
 
+void *cli_json_u64(uint64_t v)
+{
+	return v <= (uint64_t)INT64_MAX ? json_integer((json_int_t)v) : json_real((double)v);
+}
+
 int main(int argc, char **argv)
 {
 	arena_alloc_init();

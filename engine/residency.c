@@ -168,11 +168,11 @@ int arena_residency_floor(const arena_layout *l, const arena_engine_opts *o, uin
 		arena_residency_budget(hi, hi, &q, &b, &h, &w);
 		if (b >= need)
 			break;
-		if (hi > (UINT64_MAX >> 2))
+		if (hi == UINT64_MAX) /* the sizes given (a reserve, a headroom) leave too little of any device */
 			return arena_errorf(ARENA_E(BUDGET), "no device is large enough for %s of weights with these options",
 					    arena__fmtb(need));
 		lo = hi;
-		hi *= 2;
+		hi = hi > UINT64_MAX / 2 ? UINT64_MAX : hi * 2;
 	}
 	while (lo < hi) { /* the least hi whose budget holds need */
 		uint64_t mid = lo + (hi - lo) / 2;

@@ -54,6 +54,30 @@ assert sum(b["bytes"] for b in d["blocks"] if b["where"] != "streamed") == d["re
 PY
 }
 
+# Sizes past 2^63 - 1 (a --vram up to 2^64 - 1, a reserve of exabytes):
+# --json gives them as numbers, never negative, and the floor is found
+# above 2^62 too (it gave up there before: "no device is large enough").
+plan_huge_sizes() {
+	engine_image
+	run plan "$T/f.arena" --vram 18446744073709551615 --json
+	expect_rc 0
+	python3 - "$T/out" <<'PY' || fail "plan --json: a size past 2^63 - 1 is not a positive number"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["vram"] > 1.8e19 and d["budget"] > 1.8e19, (d["vram"], d["budget"])
+assert all(v >= 0 for k, v in d.items() if isinstance(v, (int, float)))
+PY
+	run plan "$T/f.arena" --vram 16000000T --reserve 10000000T --json
+	expect_rc 0
+	python3 - "$T/out" <<'PY' || fail "plan --json: the floor past 2^62 is not found"
+import json, sys
+d = json.load(open(sys.argv[1]))
+r = 10000000 << 40
+for m in ("sample", "train"):
+    assert r < d["floor"][m]["vram"] < r + (1 << 44), (m, d["floor"][m])
+PY
+}
+
 plan_too_small() {
 	engine_image
 	run plan "$T/f.arena" --vram 100K --headroom 0 --reserve 0
@@ -467,7 +491,7 @@ PY
 }
 
 cases plan_svg disk_tier
-cases plan_help plan_usage_errors plan_text_and_json plan_too_small plan_floor plan_pieces bench_usage_errors bench_planner_options bench_cuda bench_json \
+cases plan_help plan_usage_errors plan_text_and_json plan_huge_sizes plan_too_small plan_floor plan_pieces bench_usage_errors bench_planner_options bench_cuda bench_json \
 	profile_round_trip profile_errors
 
 # Coded streaming: an hb4 image's streamed blocks are held coded, copied
