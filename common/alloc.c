@@ -1,5 +1,6 @@
 /* alloc.c - allocation wrappers with an injectable Nth-call failure. */
 #include "alloc.h"
+#include "fault.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -7,22 +8,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-static atomic_long fault_at;    /* 0 = disarmed */
-static atomic_long alloc_count; /* allocations since arming */
-static atomic_int fault_fired;
+static arena__fault alloc_fault; /* counts allocations since arming */
 static _Thread_local unsigned long failed_here;
 static atomic_long live; /* allocations not yet freed */
 
 static int should_fail(void)
 {
-	long at = atomic_load_explicit(&fault_at, memory_order_relaxed);
-	long n = atomic_fetch_add_explicit(&alloc_count, 1, memory_order_relaxed) + 1;
-	if (at > 0 && n == at) {
-		atomic_store(&fault_fired, 1);
-		failed_here++;
-		return 1;
-	}
-	return 0;
+	if (!arena__fault_hit(&alloc_fault))
+		return 0;
+	failed_here++;
+	return 1;
 }
 
 /* Count a new block, or a failure. */
@@ -136,17 +131,15 @@ void arena_alloc_init(void)
 
 void arena_fault_alloc(long n)
 {
-	atomic_store(&alloc_count, 0);
-	atomic_store(&fault_fired, 0);
-	atomic_store(&fault_at, n);
+	arena__fault_arm(&alloc_fault, n);
 }
 
 long arena_fault_alloc_count(void)
 {
-	return atomic_load(&alloc_count);
+	return arena__fault_count(&alloc_fault);
 }
 
 int arena_fault_alloc_fired(void)
 {
-	return atomic_load(&fault_fired);
+	return arena__fault_fired(&alloc_fault);
 }

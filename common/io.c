@@ -11,8 +11,9 @@
 #include <unistd.h>
 
 #include "err.h"
+#include "fault.h"
 
-static atomic_long read_fault_at, read_count;
+static arena__fault read_fault;
 static void (*_Atomic opened_fn)(int fd, const char *path, void *ctx);
 static void *_Atomic opened_ctx;
 
@@ -24,20 +25,17 @@ void arena_fault_opened(void (*fn)(int fd, const char *path, void *ctx), void *c
 
 void arena_fault_read(long n)
 {
-	atomic_store(&read_count, 0);
-	atomic_store(&read_fault_at, n);
+	arena__fault_arm(&read_fault, n);
 }
 
 int arena_fault_read_fired(void)
 {
-	long at = atomic_load(&read_fault_at);
-	return at > 0 && atomic_load(&read_count) >= at;
+	return arena__fault_fired(&read_fault);
 }
 
 int arena__read_fault(void)
 {
-	long at = atomic_load_explicit(&read_fault_at, memory_order_relaxed);
-	return at > 0 && atomic_fetch_add(&read_count, 1) + 1 == at;
+	return arena__fault_hit(&read_fault);
 }
 
 /* n bytes at off, retrying short reads and EINTR; a read that comes back

@@ -17,14 +17,14 @@
 
 #include "alloc.h"
 #include "err.h"
+#include "fault.h"
 
-static atomic_long write_fault_at, write_count;
+static arena__fault write_fault;
 static atomic_int force_named;
 
 void arena_fault_write(long n)
 {
-	atomic_store(&write_count, 0);
-	atomic_store(&write_fault_at, n);
+	arena__fault_arm(&write_fault, n);
 }
 
 void arena__outfile_force_named(int on)
@@ -34,8 +34,7 @@ void arena__outfile_force_named(int on)
 
 static int write_should_fail(void)
 {
-	long at = atomic_load_explicit(&write_fault_at, memory_order_relaxed);
-	return at > 0 && atomic_fetch_add(&write_count, 1) + 1 == at;
+	return arena__fault_hit(&write_fault);
 }
 
 static char *dir_part(const char *path)

@@ -20,6 +20,7 @@
 
 #include "../common/alloc.h"
 #include "../common/err.h"
+#include "../common/fault.h"
 
 #define PAGE 4096u
 #define MAGIC "ARENASHR"
@@ -67,29 +68,25 @@ static arena_host_share *live;
 static pid_t live_pid; /* the process the list is of (a forked child's differs: it holds no line) */
 
 unsigned arena__share_publish_delay_ms;
-static atomic_long fault_at, fault_count;
+static arena__fault share_fault;
 
 void arena_fault_share(long n)
 {
-	atomic_store(&fault_count, 0);
-	atomic_store(&fault_at, n);
+	arena__fault_arm(&share_fault, n);
 }
 
 int arena_fault_share_fired(void)
 {
-	long at = atomic_load(&fault_at);
-	return at > 0 && atomic_load(&fault_count) >= at;
+	return arena__fault_fired(&share_fault);
 }
 
 /* 1 when this system call must fail by injection (errno EIO). */
 static int fault(void)
 {
-	long at = atomic_load_explicit(&fault_at, memory_order_relaxed);
-	if (at > 0 && atomic_fetch_add(&fault_count, 1) + 1 == at) {
-		errno = EIO;
-		return 1;
-	}
-	return 0;
+	if (!arena__fault_hit(&share_fault))
+		return 0;
+	errno = EIO;
+	return 1;
 }
 
 void arena_share_key_name(const arena_share_key *key, char name[48])
