@@ -9,6 +9,11 @@ One run per process (peak host RSS and device memory are the process's own):
                                                 training phase and whether the device waited
                                                 for the host at its end, the host thread's
                                                 CPU seconds, CPU stolen by the hypervisor)
+                            [--fp8-compute on|off|auto] [--fp8-grad on|off]
+                                               (an fp8 image: attach's fp8_compute, and the
+                                                input's gradient as an FP8 product or not)
+                            [--profile P.txt]  (one more step under torch's profiler: its
+                                                kernels' device time, the top 40)
 
 RUN is one of
   plain-sample     the plain model, weights loaded with safetensors to the GPU: the resident step
