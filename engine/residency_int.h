@@ -73,7 +73,7 @@ typedef struct arena__timed {
 	size_t n_cl;
 	uint8_t *cl_step; /* a copy's step: the step (0, 1, 2) of the entry it was fetched for */
 	double *cl_sum;   /* per block: its steady copies' savings together (the greedy's) */
-	uint8_t *sum;     /* per block: its gain is cl_sum's (else its best copy's) */
+	uint32_t *cl_head, *cl_next; /* per block its last steady copy, per copy the one before it */
 	uint8_t *alt;     /* per block: the other greedy's resident set (greedy_stalls) */
 } arena__timed;
 

@@ -47,7 +47,8 @@ void arena__timed_release(arena__timed *t)
 	arena_free(t->cl_per);
 	arena_free(t->cl_step);
 	arena_free(t->cl_sum);
-	arena_free(t->sum);
+	arena_free(t->cl_head);
+	arena_free(t->cl_next);
 	arena_free(t->alt);
 	arena_free(t->picks);
 	memset(t, 0, sizeof(*t));
@@ -61,15 +62,16 @@ int arena__timed_log(arena__timed *t, size_t n, size_t n_sched)
 	double *t0 = arena_calloc(m, sizeof(*t0)), *t1 = arena_calloc(m, sizeof(*t1)),
 	       *st = arena_calloc(m, sizeof(*st)), *left = arena_calloc(m, sizeof(*left));
 	arena__pick *pk = arena_calloc(n ? n : 1, sizeof(*pk));
-	uint8_t *stp = arena_calloc(m, 1), *sum = arena_calloc(n ? n : 1, 1), *alt = arena_calloc(n ? n : 1, 1);
+	uint8_t *stp = arena_calloc(m, 1), *alt = arena_calloc(n ? n : 1, 1);
+	uint32_t *head = arena_calloc(n ? n : 1, sizeof(*head)), *next = arena_calloc(m, sizeof(*next));
 	double *csum = arena_calloc(n ? n : 1, sizeof(*csum));
-	if (!b || !of || !per || !t0 || !t1 || !st || !left || !pk || !stp || !sum || !csum || !alt) {
+	if (!b || !of || !per || !t0 || !t1 || !st || !left || !pk || !stp || !head || !next || !csum || !alt) {
 		arena_free(b), arena_free(of), arena_free(per), arena_free(t0);
 		arena_free(t1), arena_free(st), arena_free(left), arena_free(pk), arena_free(stp);
-		arena_free(sum), arena_free(csum), arena_free(alt);
+		arena_free(head), arena_free(next), arena_free(csum), arena_free(alt);
 		return -1;
 	}
-	t->cl_step = stp, t->sum = sum, t->cl_sum = csum, t->alt = alt;
+	t->cl_step = stp, t->cl_head = head, t->cl_next = next, t->cl_sum = csum, t->alt = alt;
 	t->cl_b = b, t->cp_of = of, t->cl_per = per, t->cl_t0 = t0;
 	t->cl_t1 = t1, t->cl_stall = st, t->cl_left = left, t->picks = pk;
 	return 0;
@@ -353,11 +355,14 @@ static int pick_by_size(const void *x, const void *y)
 	return a->pos < b->pos ? -1 : a->pos > b->pos;
 }
 
-/* Copy c of the log is for one of the steady step's entries. */
-static int steady_copy(const arena__timed *ts, size_t c)
+/* What copy c of the log saves made away with: its time, at most the waits
+ * after it in its busy run. */
+static double copy_gain(const arena__timed *ts, size_t c)
 {
-	return ts->cl_step[c] == 1;
+	return fmin(ts->cl_t1[c] - ts->cl_t0[c], ts->cl_left[c]);
 }
+
+#define BY_SUM UINT32_MAX /* cp_of[b] and the chains' end: a gain by a block's steady copies */
 
 /* The greedy past ARENA__GREEDY_SWAP_MAX blocks (ts carries the copy log,
  * arena__timed_log). A round is one timed run: the compute's waits are
@@ -394,23 +399,29 @@ static double greedy_stalls_by(const arena_layout *l, const arena_engine_opts *o
 		if (!(waits > cur * 1e-9))
 			break; /* the compute waits for no copy */
 		/* A block's gain: the best of its copies' (min(its time, the waits
-		 * after it in its run), or, when more, what its copies for the
-		 * steady step save together: made resident, a block is copied
-		 * neither for its forward nor for its backward. sum[] marks which. */
+		 * after it in its run), cp_of[b] that copy, or, when more, what its
+		 * copies for the steady step save together (cp_of[b] BY_SUM; they
+		 * are chained from cl_head[b] by cl_next, in order): made resident, a block is
+		 * copied neither for its forward nor for its backward. */
 		for (size_t i = 0; i < k; i++)
-			gain[order[i]] = 0, ts->sum[order[i]] = 0, ts->cl_sum[order[i]] = 0;
+			gain[order[i]] = 0, ts->cl_sum[order[i]] = 0, ts->cl_head[order[i]] = BY_SUM;
 		for (size_t c = 0; c < m; c++) {
 			const uint32_t b = ts->cl_b[c];
-			const double g = fmin(ts->cl_t1[c] - ts->cl_t0[c], ts->cl_left[c]);
+			const double g = copy_gain(ts, c);
 			if (g > gain[b])
 				gain[b] = g, ts->cp_of[b] = (uint32_t)c;
-			if (steady_copy(ts, c))
+			if (ts->cl_step[c] == 1)
 				ts->cl_sum[b] += g;
 		}
+		for (size_t c = m; c-- > 0;) /* the chains in the log's order */
+			if (ts->cl_step[c] == 1) {
+				ts->cl_next[c] = ts->cl_head[ts->cl_b[c]];
+				ts->cl_head[ts->cl_b[c]] = (uint32_t)c;
+			}
 		for (size_t i = 0; i < k && by_sum; i++) {
 			const uint32_t b = order[i];
 			if (ts->cl_sum[b] > gain[b])
-				gain[b] = ts->cl_sum[b], ts->sum[b] = 1;
+				gain[b] = ts->cl_sum[b], ts->cp_of[b] = BY_SUM;
 		}
 		size_t n = 0;
 		for (size_t i = 0; i < k; i++) {
@@ -427,23 +438,20 @@ static double greedy_stalls_by(const arena_layout *l, const arena_engine_opts *o
 		 * steady copies, by sum) has waits left; what it saves comes off. */
 		size_t took = 0;
 		for (size_t i = 0; i < n; i++) {
-			const uint32_t b = pk[i].b;
+			const uint32_t b = pk[i].b, c0 = pk[i].c;
 			if (pk[i].bytes > *room)
 				continue;
-			int open = 0;
-			if (!ts->sum[b])
-				open = ts->cl_left[ts->cl_per[pk[i].c]] > 0;
-			for (size_t c = 0; ts->sum[b] && c < m && !open; c++)
-				open = ts->cl_b[c] == b && steady_copy(ts, c) && ts->cl_left[ts->cl_per[c]] > 0;
+			int open = c0 != BY_SUM && ts->cl_left[ts->cl_per[c0]] > 0;
+			for (uint32_t c = c0 == BY_SUM ? ts->cl_head[b] : BY_SUM; c != BY_SUM && !open; c = ts->cl_next[c])
+				open = ts->cl_left[ts->cl_per[c]] > 0;
 			if (!open)
 				continue;
 			cand[b] = 1;
 			*room -= pk[i].bytes;
-			if (!ts->sum[b])
-				ts->cl_left[ts->cl_per[pk[i].c]] -= gain[b];
-			for (size_t c = 0; ts->sum[b] && c < m; c++)
-				if (ts->cl_b[c] == b && steady_copy(ts, c))
-					ts->cl_left[ts->cl_per[c]] -= fmin(ts->cl_t1[c] - ts->cl_t0[c], ts->cl_left[c]);
+			if (c0 != BY_SUM)
+				ts->cl_left[ts->cl_per[c0]] -= gain[b];
+			for (uint32_t c = c0 == BY_SUM ? ts->cl_head[b] : BY_SUM; c != BY_SUM; c = ts->cl_next[c])
+				ts->cl_left[ts->cl_per[c]] -= copy_gain(ts, c);
 			took++;
 		}
 		if (!took)
@@ -482,15 +490,12 @@ static double greedy_stalls(const arena_layout *l, const arena_engine_opts *o, c
 	const size_t n = l->n_blocks;
 	if (arena__greedy_rules == 1 || arena__greedy_rules == 2)
 		return greedy_stalls_by(l, o, p, order, k, cand, room, gain, ts, arena__greedy_rules == 2);
+	if (o->mode != ARENA_MODE_TRAIN) /* one copy a block a step: the rules agree */
+		return greedy_stalls_by(l, o, p, order, k, cand, room, gain, ts, 0);
 	uint8_t *first = ts->alt;
 	memcpy(first, cand, n);
 	uint64_t room1 = *room;
 	double t1 = greedy_stalls_by(l, o, p, order, k, first, &room1, gain, ts, 0);
-	if (o->mode != ARENA_MODE_TRAIN) { /* one copy a block a step: the rules agree */
-		memcpy(cand, first, n);
-		*room = room1;
-		return t1;
-	}
 	double t2 = greedy_stalls_by(l, o, p, order, k, cand, room, gain, ts, 1);
 	if (t2 >= 0 && (t1 < 0 || t2 < t1))
 		return t2;
