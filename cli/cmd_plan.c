@@ -1,6 +1,7 @@
 /* cmd_plan.c - `arena plan`: the residency plan for an image and a VRAM size, without a GPU. */
 #include <getopt.h>
 #include <jansson.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -205,15 +206,18 @@ int cmd_plan(int argc, char **argv)
 	/* The floor of each mode with these options, each with its mode's ring
 	 * (none where the depth given is too small for that mode). */
 	uint64_t floor_v[2] = {0, 0}, floor_w[2] = {0, 0};
-	unsigned floor_least[2] = {0, 0}; /* a mode the depth given does not run: the least it needs */
+	/* a mode the depth given does not run: the least depth it needs, or
+	 * UINT_MAX when none does (pieces too small for it) */
+	unsigned floor_least[2] = {0, 0};
 	for (int md = 0; md < 2; md++) {
 		arena_engine_opts q = given;
 		q.mode = md ? ARENA_MODE_TRAIN : ARENA_MODE_SAMPLE;
 		if (arena_residency_ring(l, pl != NULL, given.depth, &q)) {
 			arena_error_clear();
-			for (floor_least[md] = given.depth + 1; floor_least[md] < 64; floor_least[md]++)
-				if (!arena_residency_ring(l, pl != NULL, floor_least[md], &q))
-					break;
+			floor_least[md] = UINT_MAX;
+			for (unsigned d = given.depth + 1; d <= ARENA_ENGINE_MAX_DEPTH && floor_least[md] == UINT_MAX; d++)
+				if (!arena_residency_ring(l, pl != NULL, d, &q))
+					floor_least[md] = d;
 			arena_error_clear();
 			continue;
 		}
@@ -286,7 +290,8 @@ int cmd_plan(int argc, char **argv)
 		json_t *fl = json_object();
 		for (int md = 0; md < 2; md++)
 			json_object_set_new(fl, md ? "train" : "sample",
-					    floor_least[md] ? json_pack("{s:n,s:n,s:i}", "vram", "weights", "least_depth",
+					    floor_least[md] == UINT_MAX ? json_pack("{s:n,s:n,s:n}", "vram", "weights", "least_depth")
+					    : floor_least[md]	      ? json_pack("{s:n,s:n,s:i}", "vram", "weights", "least_depth",
 									 (int)floor_least[md])
 							    : json_pack("{s:o,s:o}", "vram", cli_json_u64(floor_v[md]), "weights",
 									cli_json_u64(floor_w[md])));
@@ -347,7 +352,9 @@ int cmd_plan(int argc, char **argv)
 			       cli_fmt_bytes(hbytes, b, sizeof(b)), cli_fmt_bytes(hb, c, sizeof(c)));
 		char fs[2][96];
 		for (int md = 0; md < 2; md++) {
-			if (floor_least[md])
+			if (floor_least[md] == UINT_MAX)
+				snprintf(fs[md], sizeof(fs[md]), "none (pieces too small: a larger --piece-size)");
+			else if (floor_least[md])
 				snprintf(fs[md], sizeof(fs[md]), "none (--depth %u or more)", floor_least[md]);
 			else
 				snprintf(fs[md], sizeof(fs[md]), "%s (%s for weights)", cli_fmt_bytes(floor_v[md], a, sizeof(a)),

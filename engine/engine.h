@@ -140,6 +140,7 @@
 
 #define ARENA_ENGINE_AUTO UINT64_MAX /* headroom / reserve: the default */
 #define ARENA_ENGINE_DEFAULT_DEPTH 2u
+#define ARENA_ENGINE_MAX_DEPTH 64u /* the most a ring's depth may be (arena_residency_ring) */
 #define ARENA_ENGINE_DEFAULT_HYSTERESIS 3u
 /* A move between resident sets that a prediction asks for (see
  * arena_engine_opts.payback_steps) is to pay for itself within this many

@@ -10,7 +10,7 @@
 
 #include "engine.h"
 
-#define ARENA__MAX_DEPTH 64u
+#define ARENA__MAX_DEPTH ARENA_ENGINE_MAX_DEPTH
 #define ARENA__MAX_KEEP 64u
 
 /* "12.34 GiB" into one of 4 rotating buffers (per thread). */

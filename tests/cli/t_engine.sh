@@ -634,6 +634,36 @@ ring_rule_plan_equals_load() {
 
 cases ring_rule_plan_equals_load
 
+# Pieces too small to train at any depth (a block of 80 tensors of 1 KiB in
+# pieces of one: 81 slots, past the 65 a ring may have): planning sampling
+# says the train floor is none and why, not a depth that would not run
+# either (it said "--depth 64 or more").
+plan_pieces_too_small_to_train() {
+	hdr=$(python3 -c '
+import json
+h, off = {}, 0
+for b in range(2):
+    for j in range(80):
+        h["transformer_blocks.%d.m%d.weight" % (b, j)] = {"dtype": "F32", "shape": [16, 16], "data_offsets": [off, off + 1024]}
+        off += 1024
+h["proj_out.weight"] = {"dtype": "F32", "shape": [16, 16], "data_offsets": [off, off + 1024]}
+print(json.dumps(h))')
+	make_st "$T/p.safetensors" "$hdr" $((161 * 1024))
+	run convert -q "$T/p.safetensors" -o "$T/p.arena"
+	expect_rc 0
+	run plan "$T/p.arena" --vram 1G --mode sample --piece-size 1K
+	expect_rc 0
+	expect_out "train none (pieces too small: a larger --piece-size)"
+	run plan "$T/p.arena" --vram 1G --mode sample --piece-size 1K --json
+	expect_rc 0
+	python3 -c 'import json,sys; f=json.load(open(sys.argv[1]))["floor"]; assert f["train"] == {"vram": None, "weights": None, "least_depth": None} and f["sample"]["vram"] > 0, f' "$T/out" ||
+		fail "plan --json: the train floor of pieces too small to train"
+	run plan "$T/p.arena" --vram 1G --mode train --piece-size 1K
+	expect_rc 2
+	expect_err "too small to train"
+}
+cases plan_pieces_too_small_to_train
+
 # A thousand pieces: 50 blocks of 20 tensors of 4 KiB streamed in pieces of
 # one tensor under a cap, the engine learning its profile and planning again
 # at step ends. A replan's cost grows gently with the pieces: a steady step
