@@ -4,9 +4,10 @@
  * A block of 256 threads a row: the row's largest |x| (a block reduction),
  * its scale, then x / scale rounded to e4m3 and saturated, written with the
  * scale. With column scales (a gradient times a weight's row scales, for the
- * FP8 backward), x is each element times its column's scale, in f32. Rows of a multiple of 8 BF16 elements on 16-byte boundaries go by
- * 16-byte loads and 8-byte stores; others one element at a time. The second
- * read of a row comes from the cache: a row is one block's. */
+ * FP8 backward), x is each element times its column's scale, in f32. Rows
+ * of a multiple of 8 BF16 elements on 16-byte boundaries go by 16-byte
+ * loads and 8-byte stores; others one element at a time. The second read of
+ * a row comes from the cache: a row is one block's. */
 #include <stdint.h>
 
 #include "arena.h"
