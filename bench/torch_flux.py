@@ -242,6 +242,32 @@ def profile_step(step, path: str) -> None:
         f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=60))
 
 
+def cprofile_steps(step, path: str, n: int = 2) -> None:
+    """n steps under Python's cProfile (the host's time by Python function and
+    the C calls it makes: where a host-bound step goes), the top 60 by own
+    time and by cumulative time, written to path."""
+    import cProfile
+    import io
+    import pstats
+
+    torch.cuda.synchronize()
+    pr = cProfile.Profile()
+    t0 = time.perf_counter()
+    pr.enable()
+    for _ in range(n):
+        step()
+    torch.cuda.synchronize()
+    pr.disable()
+    wall = time.perf_counter() - t0
+    out = io.StringIO()
+    out.write(f"{n} steps under cProfile: {wall:.3f} s wall\n")
+    st = pstats.Stats(pr, stream=out)
+    st.sort_stats("tottime").print_stats(60)
+    st.sort_stats("cumulative").print_stats(60)
+    with open(path, "w") as f:
+        f.write(out.getvalue())
+
+
 def time_steps(step, n: int, peak: DevPeak, res: dict | None = None):
     """Seconds of each of n steps on the device: between CUDA events recorded on
     torch's stream after each step, the host never waiting in between (as a
@@ -316,6 +342,9 @@ def main() -> None:
     ap.add_argument("--profile", default=None, metavar="FILE",
                     help="after the timed steps, one more under torch.profiler: its kernels' device time "
                          "(top 40 by CUDA time) and the step's device seconds written to FILE")
+    ap.add_argument("--cprofile", default=None, metavar="FILE",
+                    help="after the timed steps, two more under Python's cProfile: the host's time by function, "
+                         "the top 60 by own and by cumulative time")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() before the timed steps (the collector stays on)")
     ap.add_argument("--no-gc", action="store_true", help="Python's cyclic collector off during the timed steps (gc.freeze + gc.disable)")
@@ -546,6 +575,8 @@ def main() -> None:
             res["traced_steps_s"] = time_steps(step, 3, peak)
     if a.profile:
         profile_step(step, a.profile)
+    if a.cprofile:
+        cprofile_steps(step, a.cprofile)
     if h is not None:
         h.end_step()
         h.arena.sync()

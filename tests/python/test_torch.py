@@ -1363,6 +1363,37 @@ class Quantized(unittest.TestCase):
             y.backward(go)
             self.assertTrue(torch.equal(xr.grad, go.matmul(dequantize(wq, ws, torch.bfloat16))), "grad: W dequantized")
 
+    def test_dequantize_fast(self):
+        """The native backward's dequantization in fewer passes (_fp8.dequantize_fast):
+        bit for bit dequantize's (f32 product, rounded once) for row scales, one scale
+        and none, whichever way torch takes here, the way learned once and kept, and
+        dequantize's own where torch takes neither."""
+        from arena.torch import _fp8
+
+        g = torch.Generator().manual_seed(5)
+        w = torch.randn(40, 24, generator=g) * torch.logspace(-4, 2, 40)[:, None]
+        rows = (w.abs().amax(1, keepdim=True) / 448).clamp(min=1e-12)
+        one = (w.abs().amax() / 448).reshape(1)
+        saved = dict(_fp8._DEQ_WAY)
+        try:
+            for forced in (None, 2, 1, 0):
+                _fp8._DEQ_WAY.clear()
+                if forced is not None:
+                    _fp8._DEQ_WAY["cpu"] = forced
+                for s in (rows, one, None):
+                    q = (w / (s if s is not None else 1)).clamp(-448, 448).to(torch.float8_e4m3fn)
+                    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+                        want = _fp8.dequantize(q, s, dtype)
+                        got = _fp8.dequantize_fast(q, s, dtype)  # a way torch does not take: dequantize's
+                        self.assertEqual(got.dtype, dtype)
+                        self.assertTrue(torch.equal(got.view(torch.uint8), want.view(torch.uint8)),
+                                        (forced, s is None, dtype))
+                if forced is None:
+                    self.assertIn(_fp8._DEQ_WAY.get("cpu"), (1, 2), "learned at the first use")
+        finally:
+            _fp8._DEQ_WAY.clear()
+            _fp8._DEQ_WAY.update(saved)
+
     def test_native_fp8_grad(self):
         """The input's gradient as an FP8 product (_fp8.scaled_grad_input), checked where it
         can run here: _scaled_mm stood in for by f32 arithmetic on the operands it is given

@@ -42,6 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils._pytree import tree_map
 
+from .. import Error, _native
+
 _FP8_MAX = 448.0
 
 # The input's gradient through a native FP8 weight as an FP8 product (True) or
@@ -73,17 +75,67 @@ def dequantize(qdata: torch.Tensor, scale: Optional[torch.Tensor], dtype: torch.
     return v.to(dtype)
 
 
+# How dequantize_fast computes on a kind of device: 2, ``torch.mul(qdata, scale,
+# out=<dtype>)`` (one pass: the FP8 bytes read, dtype written); 1, qdata as f32 and
+# then that mul (two); 0, dequantize's three. Learned at the first use, each
+# way checked against dequantize there.
+_DEQ_WAY: Dict[str, int] = {}
+
+
+def _deq_way(qdata: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, way: int) -> bool:
+    """dequantize into out in way 2 or 1; False where torch does not take it."""
+    try:
+        torch.mul(qdata if way == 2 else qdata.float(), scale, out=out)
+    except (RuntimeError, TypeError):
+        return False
+    return True
+
+
+def dequantize_fast(qdata: torch.Tensor, scale: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """dequantize's bits in fewer passes over memory where torch can (the f32
+    product rounded once to dtype on the store; dequantize writes and reads an f32
+    copy twice more): the input's gradient through a native FP8 weight takes one
+    such copy per product."""
+    if scale is None or scale.dtype != torch.float32:
+        return dequantize(qdata, scale, dtype)
+    kind = qdata.device.type
+    way = _DEQ_WAY.get(kind)
+    if way == 0:
+        return dequantize(qdata, scale, dtype)
+    out = torch.empty(qdata.shape, dtype=dtype, device=qdata.device)
+    if way is not None:
+        if _deq_way(qdata, scale, out, way):
+            return out
+        _DEQ_WAY[kind] = 0  # (not for this dtype or layout: dequantize's from now on)
+        return dequantize(qdata, scale, dtype)
+    want = dequantize(qdata, scale, dtype)
+    for way in (2, 1):
+        if _deq_way(qdata, scale, out, way) and torch.equal(out, want):
+            _DEQ_WAY[kind] = way
+            return out
+    _DEQ_WAY[kind] = 0
+    return want
+
+
 # Arenas open on a GPU whose library quantizes rows in one kernel
 # (arena_fp8_quantize_rows), by device: attach(..., fp8_compute=True) adds its
 # arena while attached. Without one, quantize_rows takes torch's ops.
 _ROWS: Dict[str, List[Any]] = {}
 
 
+# The same arenas by CUDA device index (quantize_rows' lookup: x.get_device()).
+_ROWS_CUDA: Dict[int, List[Any]] = {}
+
+
 def use_arena(arena: Any) -> Callable[[], None]:
     """Let quantize_rows use ``arena``'s kernel for tensors on its device; returns
     the undo (attach's detach runs it)."""
     key = str(arena.device)
+    dev = torch.device(key)
+    idx = dev.index if dev.index is not None else 0
     _ROWS.setdefault(key, []).append(arena)
+    if dev.type == "cuda":
+        _ROWS_CUDA.setdefault(idx, []).append(arena)
 
     def undo() -> None:
         lst = _ROWS.get(key, [])
@@ -91,8 +143,21 @@ def use_arena(arena: Any) -> Callable[[], None]:
             lst.remove(arena)
         if not lst:
             _ROWS.pop(key, None)
+        by_index = _ROWS_CUDA.get(idx, [])
+        if arena in by_index:
+            by_index.remove(arena)
+        if not by_index:
+            _ROWS_CUDA.pop(idx, None)
 
     return undo
+
+
+def _raw_stream(index: int) -> int:
+    """The current CUDA stream of device ``index``, as a pointer."""
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+_raw_stream_fast: Callable[[int], int] = getattr(torch._C, "_cuda_getCurrentRawStream", _raw_stream)
 
 
 def quantize_rows(x: torch.Tensor, col_scale: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -100,15 +165,26 @@ def quantize_rows(x: torch.Tensor, col_scale: Optional[torch.Tensor] = None) -> 
     with one f32 scale a row, [M, 1] (arena's fp8-e4m3-row rule): one pass of arena's
     kernel where an arena on x's GPU can (BF16, contiguous), else torch's ops; the
     same bytes either way."""
-    arenas = _ROWS.get(str(x.device)) if x.is_cuda else None
-    if (arenas and x.dim() == 2 and x.dtype == torch.bfloat16 and x.is_contiguous()
+    idx = x.get_device()  # -1 on the CPU
+    arenas = _ROWS_CUDA.get(idx) if idx >= 0 and x.is_cuda else None
+    if (arenas and x.dtype == torch.bfloat16 and x.dim() == 2 and x.is_contiguous()
             and (col_scale is None or (col_scale.dtype == torch.float32 and col_scale.is_contiguous()
-                                       and col_scale.device == x.device and col_scale.shape == (x.shape[1],)))):
-        q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
-        s = torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device)
-        arenas[-1]._fp8_quantize_rows(x.data_ptr(), x.shape[0], x.shape[1], q.data_ptr(), s.data_ptr(),
-                                      torch.cuda.current_stream(x.device).cuda_stream,
-                                      0 if col_scale is None else col_scale.data_ptr())
+                                       and col_scale.get_device() == idx and col_scale.shape == (x.shape[1],)))):
+        rows, cols = x.shape
+        q = torch.empty((rows, cols), dtype=torch.float8_e4m3fn, device=x.device)
+        s = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
+        a = arenas[-1]
+        st = _raw_stream_fast(idx)
+        # torch's pointers and sizes, in range: the library's entries without the
+        # Python binding's argument checks (one call per product)
+        if col_scale is None:
+            rc = _native.lib.arena_fp8_quantize_rows(a._handle(), x.data_ptr(), rows, cols, q.data_ptr(),
+                                                     s.data_ptr(), st)
+        else:
+            rc = _native.lib.arena_fp8_quantize_rows_scaled(a._handle(), x.data_ptr(), rows, cols,
+                                                            col_scale.data_ptr(), q.data_ptr(), s.data_ptr(), st)
+        if rc:
+            raise Error.from_code(rc)
         return q, s
     return quantize_rows_torch(x, col_scale)
 
@@ -129,18 +205,22 @@ def scaled_linear(x: torch.Tensor, qdata: torch.Tensor, scale: Optional[torch.Te
     they are (qdata [N, K] row-major is the column-major [K, N] _scaled_mm wants)."""
     n, k = qdata.shape
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, k)
-    xq, xs = quantize_rows(x2)
-    if scale is None:
-        ws = torch.ones(1, n, dtype=torch.float32, device=qdata.device)
-    elif scale.numel() == n and scale.dtype == torch.float32 and scale.is_contiguous():
+    xq, xs = quantize_rows(x.reshape(-1, k))
+    if scale is not None and scale.dtype == torch.float32 and scale.numel() == n and scale.is_contiguous():
         ws = scale.view(1, n)  # one a row: [n, 1] and [1, n] are the same bytes
     else:
-        ws = scale.reshape(-1, 1).float().expand(n, 1).reshape(1, n).contiguous()
+        ws = _spread_scale(scale, n, qdata.device)
     if bias is not None and bias.dtype != dtype:
         bias = bias.to(dtype)
     out = torch._scaled_mm(xq, qdata.t(), scale_a=xs, scale_b=ws, bias=bias, out_dtype=dtype)
     return out.reshape(*lead, n)
+
+
+def _spread_scale(scale: Optional[torch.Tensor], n: int, device: torch.device) -> torch.Tensor:
+    """A weight's one scale (or none: 1) as _scaled_mm's [1, n] row-wise operand."""
+    if scale is None:
+        return torch.ones(1, n, dtype=torch.float32, device=device)
+    return scale.reshape(-1, 1).float().expand(n, 1).reshape(1, n).contiguous()
 
 
 def scaled_grad_input(grad: torch.Tensor, qdata: torch.Tensor, scale: Optional[torch.Tensor],
@@ -185,7 +265,7 @@ class _ScaledLinear(torch.autograd.Function):
             if ctx.fp8_grad:
                 gx = scaled_grad_input(grad, qdata, scale, ctx.dtype)
             else:
-                gx = grad.to(ctx.dtype).matmul(dequantize(qdata, scale, ctx.dtype))
+                gx = grad.to(ctx.dtype).matmul(dequantize_fast(qdata, scale, ctx.dtype))
         gb = grad.reshape(-1, grad.shape[-1]).sum(0) if ctx.bias_grad else None
         return gx, None, None, gb, None, None
 
@@ -193,9 +273,18 @@ class _ScaledLinear(torch.autograd.Function):
 def native_ok(qdata: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> bool:
     """_scaled_mm takes it: FP8 device, K and N multiples of 16, a bf16 output
     (row-wise scaling gives bf16), the input on the weight's device."""
+    return _weight_native(qdata, dtype) and _input_ok(qdata, x)
+
+
+def _weight_native(qdata: torch.Tensor, dtype: torch.dtype) -> bool:
+    """native_ok's part that is the weight's own (its shape, dtype and device)."""
     n, k = qdata.shape
-    return (dtype == torch.bfloat16 and n % 16 == 0 and k % 16 == 0 and x.shape[-1] == k
-            and x.device == qdata.device and x.is_floating_point() and device_has_fp8(qdata.device))
+    return dtype == torch.bfloat16 and n % 16 == 0 and k % 16 == 0 and device_has_fp8(qdata.device)
+
+
+def _input_ok(qdata: torch.Tensor, x: torch.Tensor) -> bool:
+    """native_ok's part that is the input's: a float on the weight's device, K wide."""
+    return x.shape[-1] == qdata.shape[1] and x.is_floating_point() and x.get_device() == qdata.get_device()
 
 
 class Fp8Weight(torch.Tensor):
@@ -215,6 +304,9 @@ class Fp8Weight(torch.Tensor):
         self.qdata = qdata
         self.scale = scale
         self.native = native
+        # the weight's part of native_ok, asked once: binding repoints qdata and scale
+        # (setattr) at other bytes of the same shape, dtype and device
+        self._native_here = native and _weight_native(qdata, dtype)
 
     def __repr__(self) -> str:  # type: ignore[override]
         return f"Fp8Weight({tuple(self.shape)}, {self.dtype}, native={self.native})"
@@ -238,7 +330,7 @@ class Fp8Weight(torch.Tensor):
             x, w = args[0], args[1]
             b = args[2] if len(args) > 2 else kwargs.get("bias")
             if isinstance(w, Fp8Weight) and not isinstance(x, Fp8Weight) and not isinstance(b, Fp8Weight):
-                if w.native and native_ok(w.qdata, x, w.dtype):
+                if w._native_here and _input_ok(w.qdata, x):
                     out: torch.Tensor = _ScaledLinear.apply(x, w.qdata, w.scale, b, w.dtype, GRAD_FP8)
                     return out
                 return F.linear(x, w.dequantize(), b)
