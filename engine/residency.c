@@ -1009,6 +1009,14 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 				  arena__fmtb(p->min_need_bytes), arena__fmtb(p->globals_bytes), p->slots, arena__fmtb(budget));
 		goto out;
 	}
+	if (prof && k > ARENA__GREEDY_SWAP_MAX && !arena__no_refine) {
+		double t = arena__refine_swaps(l, o, p, order, k, p->resident, budget, &ts);
+		if (t < 0) {
+			rc = t < -1 ? arena_errorf(ARENA_E_NOMEM, "engine: out of memory for a plan")
+				    : arena_errorf(ARENA_E_INTERNAL, "engine: the timed dry run could not place a block");
+			goto out;
+		}
+	}
 	arena__plan_derive(l, p, seq, &r);
 	if (prof)
 		p->step_s = arena__timed_run(l, o, p->sched, p->bwd, p->n_sched, p->resident, p->slots, &ts);

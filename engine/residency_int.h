@@ -97,6 +97,8 @@ extern unsigned arena__greedy_threads;
  * training (greedy_stalls): 0 both (the default), 1 a block's best copy
  * only, 2 the sum of its steady copies where more only. For the tests. */
 extern unsigned arena__greedy_rules;
+/* Nonzero: no refinement (arena__refine_swaps) after the greedy. For the tests. */
+extern unsigned arena__no_refine;
 void arena__timed_release(arena__timed *t);
 /* Predicted seconds of a steady step of `sched` with the blocks in `res`
  * resident under o's profile; negative when a block cannot be placed. */
@@ -111,6 +113,23 @@ double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const
  * bytes is a candidate too, so the plan is never predicted slower than it. */
 #define ARENA__GREEDY_SWAP_MAX 128
 #define ARENA__GREEDY_ROUNDS 16
+
+/* Past ARENA__GREEDY_SWAP_MAX blocks, after the plan is chosen: swaps of a
+ * resident block for a streamed one, each timed (residency_timed.c). A round
+ * times the plan (its copy log: what each streamed block's steady copies
+ * would save at most), each resident block that could go (no larger than a
+ * slot) demoted, and then the pairs of the REFINE_Q streamed blocks that
+ * would save most per byte and the REFINE_R resident ones that lose least,
+ * most promising first; the pair that shortens the step most is taken (the
+ * set still fits `budget`). Until a round finds none, at most REFINE_ROUNDS
+ * rounds and REFINE_RUNS timed runs in all. Returns the predicted step of
+ * res (changed in place); -2 out of memory, -1 a block cannot be placed. */
+#define REFINE_Q 8
+#define REFINE_R 8
+#define REFINE_ROUNDS 12
+#define REFINE_RUNS 1200
+double arena__refine_swaps(const arena_layout *l, const arena_engine_opts *o, const arena_residency_plan *p,
+			   const uint32_t *order, size_t k, uint8_t *res, uint64_t budget, arena__timed *ts);
 
 /* With a profile: from the resident set `cand` of plan p's candidate slot
  * size (room bytes left), make blocks resident one at a time, each the one

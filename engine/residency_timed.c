@@ -246,7 +246,8 @@ typedef struct greedy_worker {
 	uint8_t *cand; /* its own resident set */
 	arena__timed ts;
 	double cur, *gain;
-	int failed; /* a candidate could not be placed */
+	double *t_of; /* when not NULL: each candidate's predicted step (t_of[b]) */
+	int failed;   /* a candidate could not be placed */
 	pthread_t th;
 } greedy_worker;
 
@@ -255,14 +256,16 @@ static void greedy_eval(greedy_worker *w)
 	for (size_t i = w->first; i < w->n; i += w->step) {
 		uint32_t b = w->cands[i];
 		uint64_t sz = w->l->blocks[b].bytes;
-		w->cand[b] = 1;
+		w->cand[b] ^= 1; /* a greedy's candidate made resident; the refinement's resident block demoted */
 		double t = arena__timed_run(w->l, w->o, w->p->sched, w->p->bwd, w->p->n_sched, w->cand, w->p->slots, &w->ts);
-		w->cand[b] = 0;
+		w->cand[b] ^= 1;
 		if (t < 0) {
 			w->failed = 1;
 			return;
 		}
 		w->gain[b] = w->cur - t > w->cur * 1e-9 && sz ? (w->cur - t) / (double)sz : 0;
+		if (w->t_of)
+			w->t_of[b] = t;
 	}
 }
 
@@ -299,16 +302,19 @@ static void greedy_workers_free(greedy_worker *w, unsigned n)
 	}
 }
 
-/* Time the n candidates `cands` added one at a time to `cand` (gains per
- * byte into gain[]); -1 when one cannot be placed. */
+/* Time the n candidates `cands` each flipped in `cand` (added one at a time
+ * to a resident set, or taken out of it) with the others as they are: gains
+ * per byte into gain[] (of an addition), and with t_of each one's predicted
+ * step; -1 when one cannot be placed. */
 static int greedy_round(greedy_worker *w, unsigned nw, const arena_layout *l, const arena_engine_opts *o,
 			const arena_residency_plan *p, const uint32_t *cands, size_t n, uint8_t *cand, double cur,
-			double *gain, arena__timed *ts)
+			double *gain, double *t_of, arena__timed *ts)
 {
 	unsigned started = 1;
 	for (unsigned j = 0; j < nw; j++) {
 		w[j] = (greedy_worker){.l = l, .o = o, .p = p, .cands = cands, .n = n, .first = j, .step = nw,
-				      .cand = j ? w[j].cand : cand, .ts = j ? w[j].ts : *ts, .cur = cur, .gain = gain};
+				      .cand = j ? w[j].cand : cand, .ts = j ? w[j].ts : *ts, .cur = cur, .gain = gain,
+				      .t_of = t_of};
 		if (j) {
 			memcpy(w[j].cand, cand, l->n_blocks);
 			if (pthread_create(&w[j].th, NULL, greedy_thread, &w[j]))
@@ -364,6 +370,24 @@ static double copy_gain(const arena__timed *ts, size_t c)
 
 #define BY_SUM UINT32_MAX /* cp_of[b] and the chains' end: a gain by a block's steady copies */
 
+/* The copy log of the last timed run read by busy runs (the copies back to
+ * back on the copy stream), from the end: each copy's waits to come within
+ * its run (cl_left) and its run's first copy (cl_per). Returns the waits of
+ * the steady step. */
+static double log_waits(arena__timed *ts)
+{
+	const size_t m = ts->n_cl;
+	double waits = 0;
+	for (size_t c = m; c-- > 0;) {
+		const int joined = c + 1 < m && ts->cl_t0[c + 1] <= ts->cl_t1[c];
+		ts->cl_left[c] = ts->cl_stall[c] + (joined ? ts->cl_left[c + 1] : 0);
+		waits += ts->cl_stall[c];
+	}
+	for (size_t c = 0; c < m; c++)
+		ts->cl_per[c] = c && ts->cl_t0[c] <= ts->cl_t1[c - 1] ? ts->cl_per[c - 1] : (uint32_t)c;
+	return waits;
+}
+
 /* The greedy past ARENA__GREEDY_SWAP_MAX blocks (ts carries the copy log,
  * arena__timed_log). A round is one timed run: the compute's waits are
  * charged to the copies they waited for; a copy's removal shortens the
@@ -386,16 +410,8 @@ static double greedy_stalls_by(const arena_layout *l, const arena_engine_opts *o
 		cur = arena__timed_run(l, o, p->sched, p->bwd, p->n_sched, cand, p->slots, ts);
 		if (cur < 0)
 			return -1;
-		/* Busy runs, from the end: a copy's waits to come within its run. */
 		const size_t m = ts->n_cl;
-		double waits = 0;
-		for (size_t c = m; c-- > 0;) {
-			const int joined = c + 1 < m && ts->cl_t0[c + 1] <= ts->cl_t1[c];
-			ts->cl_left[c] = ts->cl_stall[c] + (joined ? ts->cl_left[c + 1] : 0);
-			waits += ts->cl_stall[c];
-		}
-		for (size_t c = 0; c < m; c++)
-			ts->cl_per[c] = c && ts->cl_t0[c] <= ts->cl_t1[c - 1] ? ts->cl_per[c - 1] : (uint32_t)c;
+		const double waits = log_waits(ts);
 		if (!(waits > cur * 1e-9))
 			break; /* the compute waits for no copy */
 		/* A block's gain: the best of its copies' (min(its time, the waits
@@ -479,6 +495,7 @@ static double greedy_stalls_by(const arena_layout *l, const arena_engine_opts *o
 }
 
 unsigned arena__greedy_rules;
+unsigned arena__no_refine;
 
 /* The greedy past ARENA__GREEDY_SWAP_MAX blocks: by each block's best copy,
  * and by the sum of its steady copies where more (a training step copies a
@@ -535,7 +552,7 @@ double arena__greedy_timed(const arena_layout *l, const arena_engine_opts *o, co
 				big = b;
 			cands[n++] = b;
 		}
-		if (greedy_round(w, nw, l, o, p, cands, n, cand, cur, gain, ts)) {
+		if (greedy_round(w, nw, l, o, p, cands, n, cand, cur, gain, NULL, ts)) {
 			greedy_workers_free(w, nw);
 			return -1;
 		}
@@ -606,6 +623,157 @@ double arena__greedy_timed(const arena_layout *l, const arena_engine_opts *o, co
 		cur = best_t;
 	}
 	greedy_workers_free(w, nw);
+	return cur;
+}
+
+/* The weights a resident set needs: the globals, the ring's slots at the
+ * largest streamed block (at least the mode's least slot; none when nothing
+ * streams) and the resident blocks. */
+static uint64_t set_need(const arena_layout *l, const arena_engine_opts *o, const arena_residency_plan *p,
+			 const uint8_t *res)
+{
+	uint64_t need = 0, slot = 0;
+	for (size_t b = 0; b < l->n_blocks; b++) {
+		const uint64_t sz = l->blocks[b].bytes;
+		if (res[b] || arena_block_is_globals(l, (uint32_t)b))
+			need += sz;
+		else if (sz > slot)
+			slot = sz;
+	}
+	if (slot && slot < arena__min_slot(o))
+		slot = arena__min_slot(o);
+	return need + (uint64_t)p->slots * slot;
+}
+
+/* A move of the refinement: resident block r for streamed block q. */
+typedef struct refine_try {
+	double est;
+	uint32_t r, q;
+} refine_try;
+
+static int by_est(const void *x, const void *y)
+{
+	const refine_try *a = x, *b = y;
+	if (a->est != b->est)
+		return a->est > b->est ? -1 : 1;
+	return a->r != b->r ? (a->r < b->r ? -1 : 1) : (a->q < b->q ? -1 : a->q > b->q);
+}
+
+double arena__refine_swaps(const arena_layout *l, const arena_engine_opts *o, const arena_residency_plan *p,
+			   const uint32_t *order, size_t k, uint8_t *res, uint64_t budget, arena__timed *ts)
+{
+	const size_t n = l->n_blocks;
+	double cur = arena__timed_run(l, o, p->sched, p->bwd, p->n_sched, res, p->slots, ts);
+	if (cur < 0 || !ts->cl_b)
+		return cur;
+	double *loss = arena_malloc(n * sizeof(*loss)), *gsum = arena_malloc(n * sizeof(*gsum));
+	double *scratch = arena_malloc(n * sizeof(*scratch));
+	uint32_t *rs = arena_malloc(n * sizeof(*rs)), *qs = arena_malloc(n * sizeof(*qs));
+	refine_try *tr = arena_malloc(REFINE_Q * REFINE_R * sizeof(*tr));
+	greedy_worker w[GREEDY_THREADS];
+	memset(w, 0, sizeof(w));
+	const unsigned nw = loss && gsum && scratch && rs && qs && tr ? greedy_workers(l, p, k, w) : 1;
+	if (!loss || !gsum || !scratch || !rs || !qs || !tr) {
+		cur = -2;
+		goto done;
+	}
+	size_t runs = 0;
+	for (int round = 0; round < REFINE_ROUNDS && runs < REFINE_RUNS; round++) {
+		cur = arena__timed_run(l, o, p->sched, p->bwd, p->n_sched, res, p->slots, ts);
+		runs++;
+		if (cur < 0)
+			break;
+		/* What each streamed block's steady copies would save, at most. */
+		log_waits(ts);
+		for (size_t i = 0; i < k; i++)
+			gsum[order[i]] = 0;
+		for (size_t c = 0; c < ts->n_cl; c++)
+			if (ts->cl_step[c] == 1)
+				gsum[ts->cl_b[c]] += copy_gain(ts, c);
+		uint64_t slot = 0;
+		for (size_t i = 0; i < k; i++)
+			if (!res[order[i]] && l->blocks[order[i]].bytes > slot)
+				slot = l->blocks[order[i]].bytes;
+		/* The streamed blocks that would save most per byte; the resident
+		 * ones (no larger than a slot: demoted, the ring stays) timed
+		 * demoted, the least lost per byte first. */
+		size_t nq = 0, nr = 0;
+		for (size_t i = 0; i < k; i++) {
+			const uint32_t b = order[i];
+			if (!res[b] && gsum[b] > 0 && l->blocks[b].bytes)
+				qs[nq++] = b;
+		}
+		for (size_t i = 0; i < nq; i++) /* the best REFINE_Q first (a partial selection) */
+			for (size_t j = i + 1; j < nq && i < REFINE_Q; j++)
+				if (gsum[qs[j]] / (double)l->blocks[qs[j]].bytes > gsum[qs[i]] / (double)l->blocks[qs[i]].bytes) {
+					uint32_t t = qs[i];
+					qs[i] = qs[j];
+					qs[j] = t;
+				}
+		nq = nq < REFINE_Q ? nq : REFINE_Q;
+		if (!nq)
+			break;
+		for (size_t i = 0; i < k; i++) {
+			const uint32_t b = order[i];
+			if (res[b] && l->blocks[b].bytes <= slot && l->blocks[b].bytes)
+				rs[nr++] = b;
+		}
+		if (!nr)
+			break;
+		if (greedy_round(w, nw, l, o, p, rs, nr, res, cur, scratch, loss, ts)) {
+			cur = -1;
+			goto done;
+		}
+		runs += nr;
+		for (size_t i = 0; i < nr; i++)
+			loss[rs[i]] -= cur;
+		for (size_t i = 0; i < nr; i++)
+			for (size_t j = i + 1; j < nr && i < REFINE_R; j++)
+				if (loss[rs[j]] / (double)l->blocks[rs[j]].bytes < loss[rs[i]] / (double)l->blocks[rs[i]].bytes) {
+					uint32_t t = rs[i];
+					rs[i] = rs[j];
+					rs[j] = t;
+				}
+		nr = nr < REFINE_R ? nr : REFINE_R;
+		/* The pairs that fit, by what the estimates say they save; each timed. */
+		size_t nt = 0;
+		for (size_t i = 0; i < nq; i++)
+			for (size_t j = 0; j < nr; j++) {
+				const uint32_t q = qs[i], r = rs[j];
+				const double est = fmin(gsum[q], (double)l->blocks[q].bytes / o->h2d_bytes_per_s * 2) - loss[r];
+				if (est > 0)
+					tr[nt++] = (refine_try){est, r, q};
+			}
+		qsort(tr, nt, sizeof(*tr), by_est);
+		double best = cur * (1 - 1e-6);
+		int64_t pick = -1;
+		for (size_t i = 0; i < nt && runs < REFINE_RUNS; i++) {
+			res[tr[i].r] = 0;
+			res[tr[i].q] = 1;
+			if (set_need(l, o, p, res) <= budget) {
+				double t = arena__timed_run(l, o, p->sched, p->bwd, p->n_sched, res, p->slots, ts);
+				runs++;
+				if (t >= 0 && t < best)
+					best = t, pick = (int64_t)i;
+			}
+			res[tr[i].q] = 0;
+			res[tr[i].r] = 1;
+		}
+		if (pick < 0)
+			break;
+		res[tr[pick].r] = 0;
+		res[tr[pick].q] = 1;
+		cur = best;
+	}
+	cur = arena__timed_run(l, o, p->sched, p->bwd, p->n_sched, res, p->slots, ts);
+done:
+	greedy_workers_free(w, nw);
+	arena_free(scratch);
+	arena_free(loss);
+	arena_free(gsum);
+	arena_free(rs);
+	arena_free(qs);
+	arena_free(tr);
 	return cur;
 }
 
