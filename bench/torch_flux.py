@@ -581,6 +581,9 @@ def main() -> None:
         h.end_step()
         h.arena.sync()
         res["plan_after"] = h.plan()
+        res["resident_blocks"] = sorted(nm for nm, i in h.arena._block_index.items() if h.arena.block_state(i)[0])
+        from arena.torch import _fp8
+        res["fp8_dequantize_way"] = dict(_fp8._DEQ_WAY)
         st = h.stats()
         res["records"] = [{k: r[k] for k in ("mode", "streamed_bytes", "moved_bytes", "misses", "stalls", "stall_s", "resident_bytes",
                                              "demotions", "promotions", "schedule_learned", "end_s", "plan_s", "move_s", "budget", "over_budget",
