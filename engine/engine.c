@@ -114,14 +114,14 @@ static int evict_wait(void *ctx, uint32_t q)
 
 /* Put block b in the ring for one more use: its copy is issued unless it
  * is there already (the copy counts in the record of the step whose entry
- * it is for: this one, or the next when `next`); 0, 1 no room in the ring
- * now, or an error. */
-static int fetch_block(arena_engine *e, uint32_t b, int next)
+ * it is for: this one, or the next when `next`); `ahead`: fetched ahead of
+ * its use (arena__ring_place); 0, 1 no room in the ring now, or an error. */
+static int fetch_block(arena_engine *e, uint32_t b, int next, int ahead)
 {
 	arena_backend *be = e->be;
 	uint64_t at, sz = e->l->blocks[b].bytes;
 	int reuse, rc;
-	if (arena__ring_place(&e->ring, e->l, b, &at, &reuse))
+	if (arena__ring_place(&e->ring, e->l, b, ahead && arena__ring_in_order(&e->o), &at, &reuse))
 		return 1;
 	if (!reuse) {
 		unsigned k = e->cp_next % ENGINE_COPY_PAIRS;
@@ -164,9 +164,9 @@ static int fetch_block(arena_engine *e, uint32_t b, int next)
 	return 0;
 }
 
-static int fetch_one(arena_engine *e, size_t j)
+static int fetch_one(arena_engine *e, size_t j, int ahead)
 {
-	return fetch_block(e, arena__engine_seq_at(e, j), j >= e->n_seq);
+	return fetch_block(e, arena__engine_seq_at(e, j), j >= e->n_seq, ahead);
 }
 
 /* Forget the entries fetched ahead and not yet acquired (their copies stay
@@ -191,7 +191,7 @@ static int prefetch(arena_engine *e)
 	}
 	const size_t ahead = e->ahead < e->n_seq ? e->ahead : e->n_seq;
 	while (e->fetched < e->cur + ahead && e->fetched < 2 * e->n_seq) {
-		int rc = fetch_one(e, e->fetched);
+		int rc = fetch_one(e, e->fetched, 1);
 		if (rc < 0)
 			return rc;
 		if (rc > 0)
@@ -500,7 +500,7 @@ int arena_engine_acquire(arena_engine *e, uint32_t block, arena_stream *stream, 
 				    e->l->blocks[block].name);
 	size_t j = locate(e, block);
 	if (j == SIZE_MAX || e->fetched <= j) {
-		if ((rc = j == SIZE_MAX ? fetch_block(e, block, 0) : fetch_one(e, j)) < 0)
+		if ((rc = j == SIZE_MAX ? fetch_block(e, block, 0, 0) : fetch_one(e, j, 0)) < 0)
 			return arena__engine_fail(e, rc);
 		if (rc > 0)
 			return arena_errorf(ARENA_E_USAGE,

@@ -406,6 +406,12 @@ uint64_t arena_residency_largest_block(const arena_layout *l);
  * largest piece size that fits when that one does not
  * (arena_residency_piece_fit). By bytes, in o->mode. Errors: NOMEM. */
 int arena_residency_piece_auto(const arena_layout *l, const arena_engine_opts *o, uint64_t budget, uint64_t *piece);
+/* The budget arena_residency_piece_auto is asked with while the rest's need
+ * is still to be learned, of `b0`, the budget with no reserve: half in
+ * sample mode (whole blocks only when they all fit in it, all resident from
+ * the first step), a third in train mode (whole blocks when their floor fits
+ * it), two fifths when the image streams coded (`coded`). Pure. */
+uint64_t arena_residency_piece_auto_share(int mode, int coded, uint64_t b0);
 
 /* Plan `l` for `budget` weight bytes. Errors: BUDGET (the smallest plan does
  * not fit; the message says what it needs: globals, ring, reserve), USAGE

@@ -414,6 +414,11 @@ int arena_residency_host_split(const arena_layout *l, const arena_residency_plan
 	return 0;
 }
 
+uint64_t arena_residency_piece_auto_share(int mode, int coded, uint64_t b0)
+{
+	return mode != ARENA_MODE_TRAIN ? b0 / 2 : coded ? b0 / 5 * 2 : b0 / 3;
+}
+
 int arena_residency_piece_auto(const arena_layout *l, const arena_engine_opts *o, uint64_t budget, uint64_t *piece)
 {
 	*piece = 0;
@@ -599,7 +604,8 @@ static int overlaps_pending(const arena__ring *r, size_t m, uint64_t lo, uint64_
 /* Where block b would go: 0 with *at (*reuse = 1 if it is in the ring
  * already), or 1 when it cannot go now (a block it would overwrite is
  * pending, or it is larger than the ring). */
-int arena__ring_place(const arena__ring *r, const arena_layout *l, uint32_t b, uint64_t *at, int *reuse)
+int arena__ring_place(const arena__ring *r, const arena_layout *l, uint32_t b, int in_order, uint64_t *at,
+		      int *reuse)
 {
 	uint64_t sz = l->blocks[b].bytes;
 	*reuse = 0;
@@ -614,7 +620,14 @@ int arena__ring_place(const arena__ring *r, const arena_layout *l, uint32_t b, u
 	/* First in, first out: at the head, or at 0 when the block does not fit
 	 * before the end. Where that overlaps a pending block (a caller holding
 	 * several blocks at once, as a backward does), the first other place that
-	 * does not: 0, then right after each block in the ring, oldest first. */
+	 * does not: 0, then right after each block in the ring, oldest first;
+	 * but a fetch ahead in a ring that keeps its order waits, so that the
+	 * blocks fetched ahead lie one after another and the ring's only gap is
+	 * at its end. Training in pieces, fetched ahead into other places, a
+	 * backward's pieces scattered over the ring and the gaps between them
+	 * grew from block to block until a block's pieces no longer fitted a
+	 * ring of twice their bytes (FLUX.1-dev in 24-64 MiB pieces: 'blocks
+	 * held fill the ring' at a recompute). */
 	/* Every place is ARENA_TENSOR_ALIGN-aligned: a block (a piece) whose
 	 * size is not a multiple of it leaves the next one aligned all the same. */
 	const uint64_t head = arena_align_up(r->head, ARENA_TENSOR_ALIGN);
@@ -623,6 +636,8 @@ int arena__ring_place(const arena__ring *r, const arena_layout *l, uint32_t b, u
 		*at = lo;
 		return 0;
 	}
+	if (in_order)
+		return 1;
 	const size_t m = pending_spans(r, l); /* the other places: a search each */
 	if (lo && !overlaps_pending(r, m, 0, sz)) {
 		*at = 0;
@@ -674,7 +689,7 @@ int arena__ring_take(arena__ring *r, const arena_layout *l, uint32_t b, uint64_t
  * the first, a step's mean (the ring's first-in-first-out placement need
  * not repeat from one step to the next). */
 static void dry_run(const arena_layout *l, const uint32_t *seq, size_t len, arena__ring *r, uint64_t ring_bytes,
-		    uint64_t *bytes, uint64_t *copies)
+		    int in_order, uint64_t *bytes, uint64_t *copies)
 {
 	enum { STEPS = 9 };
 	uint64_t by[STEPS] = {0}, co[STEPS] = {0};
@@ -688,7 +703,7 @@ static void dry_run(const arena_layout *l, const uint32_t *seq, size_t len, aren
 			uint32_t b = seq[fetched % len];
 			uint64_t at;
 			int reuse;
-			if (blocked || arena__ring_place(r, l, b, &at, &reuse)) {
+			if (blocked || arena__ring_place(r, l, b, in_order && fetched > i, &at, &reuse)) {
 				if (fetched > i) {
 					blocked = 1;
 					break;
@@ -778,7 +793,7 @@ void arena__plan_derive(const arena_layout *l, arena_residency_plan *p, uint32_t
 	unsigned slots = p->n_streamed ? p->slots : 0;
 	p->need_bytes = p->resident_bytes + (uint64_t)slots * p->slot_bytes;
 	if (len)
-		dry_run(l, seq, len, r, (uint64_t)p->slots * p->slot_bytes, &p->stream_bytes_per_step,
+		dry_run(l, seq, len, r, (uint64_t)p->slots * p->slot_bytes, p->min_slot != 0, &p->stream_bytes_per_step,
 			&p->copies_per_step);
 }
 

@@ -43,8 +43,18 @@ void arena__ring_release(arena__ring *r);
 void arena__ring_reset(arena__ring *r, size_t n, uint64_t bytes);
 /* Where block b would go: 0 with *at (*reuse = 1 if it is in the ring
  * already), or 1 when it cannot go now (a block it would overwrite is
- * pending, or it is larger than the ring). */
-int arena__ring_place(const arena__ring *r, const arena_layout *l, uint32_t b, uint64_t *at, int *reuse);
+ * pending, or it is larger than the ring). `in_order`: a fetch ahead of
+ * its use in a ring that keeps its order (arena__ring_in_order), which
+ * goes only where that order puts it (the head, or 0 when it does not fit
+ * before the end); else the first place that overwrites nothing pending. */
+int arena__ring_place(const arena__ring *r, const arena_layout *l, uint32_t b, int in_order, uint64_t *at,
+		      int *reuse);
+/* Whether fetches ahead keep the ring's order: training in pieces, where
+ * a backward holds a block's pieces at once (arena__ring_place). */
+static inline int arena__ring_in_order(const arena_engine_opts *o)
+{
+	return o->mode == ARENA_MODE_TRAIN && o->min_slot;
+}
 /* Put block b at `at` (from arena__ring_place): the blocks it overlaps leave
  * the ring, each passed to evict(ctx, q) first; the first error of evict is
  * returned, the ring's state is updated either way. */

@@ -179,7 +179,8 @@ double arena__timed_run(const arena_layout *l, const arena_engine_opts *o, const
 				uint32_t f = t->seq[fetched % len];
 				uint64_t at;
 				int reuse;
-				if (blocked || arena__ring_place(&t->r, l, f, &at, &reuse)) {
+				if (blocked ||
+				    arena__ring_place(&t->r, l, f, arena__ring_in_order(o) && fetched > cur, &at, &reuse)) {
 					if (fetched > cur) {
 						blocked = 1;
 						break;

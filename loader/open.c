@@ -430,13 +430,18 @@ static int place(void *ctx, const arena_layout *l, uint64_t stage, const uint64_
  * the rest's need to be learned (learn_rest), that budget is a share of what
  * there is: sampling keeps whole blocks only when they all fit in half of it
  * (then they are all resident from the first step: engine.h's safe plan);
- * training when their floor fits in two fifths, leaving torch three: on the
- * H200 (2026-12-03, FLUX.1-dev, 1024x1024, LoRA) the whole-block floor is
- * 2.63 GiB and torch's checkpointed step held 2.60 GiB, so at vram 6G whole
- * blocks (half of the 5.3 GiB there is) peaked at 6.04 GiB over budget,
- * where 8G (whole blocks, 7.74 GiB) and pieces below it fit. Pieces
+ * training when their floor fits in a third (two fifths when the image
+ * streams coded). On the H200 (FLUX.1-dev, 1024x1024, LoRA) the
+ * whole-block floor is 2.85 GB, a ring of four 648 MiB blocks: at vram 6G
+ * it left torch's 2.60 GiB no room (6.04 GiB peak, 2026-12-03). At 8G,
+ * where it is over half of the weights' budget, a plain image trained in
+ * 128 MiB pieces (a ring of 1.06 GB) at 0.855-0.866 s a step against
+ * 0.912 s in whole blocks (1.021-1.031 and 1.050 x their limits), but an
+ * hb4 image, streamed coded, at 0.817 s in pieces against 0.794 s in whole
+ * blocks (its pieces' decodes cost more than the ring saves); at 12G whole
+ * blocks trained at 0.774 s against 0.826 in pieces (2026-12-04). Pieces
  * otherwise, whose floor leaves the rest far more. */
-static int auto_piece(arena *a, const char *path, uint64_t *piece)
+static int auto_piece(arena *a, const char *path, int coded_stream, uint64_t *piece)
 {
 	*piece = 0;
 	arena_image *img;
@@ -450,8 +455,9 @@ static int auto_piece(arena *a, const char *path, uint64_t *piece)
 		if (q.learn_rest)
 			q.reserve = 0;
 		arena_residency_budget(total, free_b, &q, &budget, &headroom, &reserve);
+		const int coded = coded_stream && (img->hdr.flags & ARENA_IMG_FLAG_CODED);
 		if (q.learn_rest)
-			budget = q.mode == ARENA_MODE_TRAIN ? budget / 5 * 2 : budget / 2;
+			budget = arena_residency_piece_auto_share(q.mode, coded, budget);
 		rc = arena_residency_piece_auto(img->layout, &a->eo, budget, piece);
 	}
 	arena_img_close(img);
@@ -521,7 +527,9 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 	uint64_t piece = o->piece_size; /* "auto": chosen for an image, whole blocks for a checkpoint */
 	if (piece == ARENA_PIECE_AUTO && !a->is_image)
 		piece = 0;
-	if (piece == ARENA_PIECE_AUTO && (rc = auto_piece(a, path, &piece)))
+	const char *ps = getenv("ARENA_PLAIN_STREAM"); /* for measuring: 1 = raw host copies */
+	const int coded_stream = !(o->flags & ARENA_OPEN_PLAIN_STREAM) && !(ps && strcmp(ps, "0"));
+	if (piece == ARENA_PIECE_AUTO && (rc = auto_piece(a, path, coded_stream, &piece)))
 		goto fail;
 	a->piece_size = piece;
 	a->depth = o->depth;
@@ -536,8 +544,7 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 	lo.place = place;
 	lo.place_ctx = &pc;
 	lo.piece_bytes = piece;
-	const char *ps = getenv("ARENA_PLAIN_STREAM"); /* for measuring: 1 = raw host copies */
-	lo.coded_stream = !(o->flags & ARENA_OPEN_PLAIN_STREAM) && !(ps && strcmp(ps, "0"));
+	lo.coded_stream = coded_stream;
 	lo.share_host = !!(o->flags & ARENA_OPEN_SHARE_HOST);
 	rc = a->is_image ? arena_load_image(path, &lo, &a->m, st) : arena_load_safetensors(&path, 1, NULL, &lo, &a->m, st);
 	if (rc)

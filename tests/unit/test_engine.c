@@ -441,8 +441,9 @@ static arena_layout *flux_dev_pieces(uint64_t piece, uint32_t **parent, arena_la
  * the forward. The forward's copies outlast its compute everywhere; the
  * backward's only over the double blocks, run last, the large ones. A block
  * made resident saves its forward's copy and its backward's: the greedy that
- * counts both beats the one that counts a block's best copy (6 % at a 4.4
- * GiB budget), and the planner, which tries both, is never slower than
+ * counts both beats the one that counts a block's best copy (3.8 % at
+ * some budget, with the ring's fetches ahead kept in its order; 6 % at 4.4
+ * GiB before), and the planner, which tries both, is never slower than
  * either. */
 Test(engine_plan, training_pieces_count_the_forward_and_the_backward)
 {
@@ -482,7 +483,7 @@ Test(engine_plan, training_pieces_count_the_forward_and_the_backward)
 		cr_assert_leq(t[0], t[2] * (1 + 1e-12), "%.1f GiB: %.4f s, by the sums %.4f s", gib10 / 10.0, t[0], t[2]);
 		best = t[2] / t[1] < best ? t[2] / t[1] : best;
 	}
-	cr_assert_lt(best, 0.96, "by the sums at best %.3f x by the best copy", best);
+	cr_assert_lt(best, 0.97, "by the sums at best %.3f x by the best copy", best);
 	arena_free(cost);
 	arena_free(parent);
 	arena_layout_free(l);
@@ -2847,7 +2848,8 @@ Test(engine_learn, a_moves_reads_fill_the_host_budget_in_order)
  * block 4.0 ms forward, 9.2 ms recompute and backward; a single one 3.2 and
  * 8.4 ms): the swaps after the greedy (arena__refine_swaps) never make the
  * plan predicted slower and keep it within the budget, and find a faster
- * one at some budget (0.86 % at 2.2 GiB when written). */
+ * one at some budget (0.23 % with the ring's fetches ahead kept in its
+ * order; 0.86 % at 2.2 GiB before). */
 Test(engine_plan, training_pieces_refined_by_swaps)
 {
 	uint32_t *parent;
@@ -2888,7 +2890,7 @@ Test(engine_plan, training_pieces_refined_by_swaps)
 			      (unsigned long long)mib, t[1], t[0]);
 		best = t[1] / t[0] < best ? t[1] / t[0] : best;
 	}
-	cr_assert_lt(best, 0.995, "refined at best %.4f x the greedy's plan", best);
+	cr_assert_lt(best, 0.999, "refined at best %.4f x the greedy's plan", best);
 	arena_free(cost);
 	arena_free(bcost);
 	arena_free(parent);

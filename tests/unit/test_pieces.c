@@ -14,8 +14,10 @@
 #include "../../common/alloc.h"
 #include "../../common/err.h"
 #include "../../engine/engine.h"
+#include "../../formats/codec.h"
 #include "../../formats/image.h"
 #include "../../formats/layout.h"
+#include "../../formats/st_write.h"
 #include "../../loader/convert.h"
 #include "testutil.h"
 
@@ -458,5 +460,156 @@ Test(pieces, a_ring_too_small_is_refused_at_open)
 	cr_assert(strstr(arena_last_error(), say), "%s (want '%s')", arena_last_error(), say);
 	cr_assert_eq(arena_mode(a), ARENA_MODE_SAMPLE);
 	arena_close(a);
+	tmpdir_remove(dir);
+}
+
+/* Six blocks cut as FLUX.1-dev's double block is in 64 MiB pieces, in KiB:
+ * 54, 54, 36, 72, 72, 72, 72, 108 and 108 (648 KiB, a module each), and a
+ * global. */
+static void write_flux_like(const char *path)
+{
+	static const uint64_t kib[9] = {54, 54, 36, 72, 72, 72, 72, 108, 108};
+	arena_stw *w;
+	cr_assert_eq(arena_stw_create(path, &w), 0, "%s", arena_last_error());
+	char name[64];
+	for (int b = 0; b < 6; b++)
+		for (int m = 0; m < 9; m++) {
+			const uint64_t shape[2] = {kib[m] * 8, 64}; /* bf16: 1 KiB a 8 x 64 */
+			snprintf(name, sizeof(name), "transformer_blocks.%d.m%d.weight", b, m);
+			cr_assert_eq(arena_stw_add(w, name, ARENA_DTYPE_BF16, 2, shape), 0, "%s", arena_last_error());
+		}
+	const uint64_t g[1] = {4096};
+	cr_assert_eq(arena_stw_add(w, "proj_out.weight", ARENA_DTYPE_BF16, 1, g), 0);
+	cr_assert_eq(arena_stw_begin(w), 0, "%s", arena_last_error());
+	uint8_t buf[65536];
+	for (size_t i = 0; i < sizeof(buf); i++)
+		buf[i] = (uint8_t)(i * 13 + 5);
+	for (uint64_t left = arena_stw_data_size(w); left;) {
+		const size_t n = left < sizeof(buf) ? (size_t)left : sizeof(buf);
+		cr_assert_eq(arena_stw_write(w, buf, n), 0, "%s", arena_last_error());
+		left -= n;
+	}
+	cr_assert_eq(arena_stw_commit(w), 0, "%s", arena_last_error());
+}
+
+/* Block b's pieces: [*lo, *hi) of a's blocks, those named as b is before '#'. */
+static void pieces_of(arena *a, size_t b, size_t *lo, size_t *hi)
+{
+	const char *nb = arena_block_name(a, b), *hb = strchr(nb, '#');
+	const size_t len = hb ? (size_t)(hb - nb) : strlen(nb);
+	*lo = *hi = b;
+	while (*lo > 1 && !strncmp(arena_block_name(a, *lo - 1), nb, len) && arena_block_name(a, *lo - 1)[len] == '#')
+		(*lo)--;
+	*hi = b + 1;
+}
+
+/* Training in pieces smaller than the ring's slots (the largest piece) at
+ * the least depth the ring rule takes, at every cap from the floor up: a
+ * checkpointed step's forward (each piece acquired and released) and its
+ * backward (each block's pieces acquired in order for its recompute, all
+ * held until its backward, released in reverse). Fetched ahead into any
+ * place that overwrote nothing pending, the pieces of a backward scattered
+ * over the ring until a block's pieces no longer fitted a ring that holds
+ * their bytes ("blocks held fill the ring"); fetched ahead in the ring's
+ * order, every step runs. */
+Test(pieces, training_holds_a_block_of_small_pieces_at_every_cap)
+{
+	tmpdir_make(dir, sizeof(dir), "test-pieces-frag");
+	const char *in = tmpdir_file(dir, "f.safetensors");
+	write_flux_like(in);
+	const char *path = tmpdir_file(dir, "f.arena");
+	arena_convert_opts co = {.chunk_size = 64 << 10, .threads = 1};
+	cr_assert_eq(arena_convert_inputs(&in, 1, path, &co, NULL), 0, "%s", arena_last_error());
+	unsigned runs = 0;
+	for (uint64_t cap = 900 << 10; cap <= 3800 << 10; cap += 100 << 10) {
+		arena_open_options o = {.backend = "sim", .piece_size = 64 << 10, .mode = ARENA_MODE_TRAIN,
+					.vram_cap = cap, .headroom = ARENA_ZERO_BYTES, .reserve = ARENA_ZERO_BYTES,
+					.flags = ARENA_OPEN_NO_LEARN};
+		arena *a = NULL;
+		int rc = ARENA_E_USAGE;
+		for (o.depth = 1; o.depth < 40 && rc == ARENA_E_USAGE; o.depth++) { /* the least depth taken */
+			rc = arena_open(path, &o, &a);
+			cr_assert(rc == 0 || rc == ARENA_E_USAGE || rc == ARENA_E(BUDGET), "%s", arena_last_error());
+		}
+		if (rc)
+			continue; /* below the floor */
+		arena_plan_info pi;
+		cr_assert_eq(arena_plan_get(a, &pi), 0);
+		const size_t n = arena_block_count(a);
+		for (int step = 0; step < 4; step++) {
+			void *d;
+			cr_assert_eq(arena_step_begin(a), 0, "%s", arena_last_error());
+			for (size_t i = 1; i < n; i++) {
+				cr_assert_eq(arena_block_acquire(a, i, NULL, &d), 0, "forward %s", arena_last_error());
+				cr_assert_eq(arena_block_release(a, i, NULL), 0, "%s", arena_last_error());
+			}
+			for (size_t hi = n; hi > 1;) {
+				size_t lo, z;
+				pieces_of(a, hi - 1, &lo, &z);
+				for (size_t i = lo; i < hi; i++)
+					cr_assert_eq(arena_block_acquire(a, i, NULL, &d), 0,
+						     "cap %llu KiB, %u slots of %llu KiB (depth %u), step %d, backward of %s: %s",
+						     (unsigned long long)(cap >> 10), pi.slots,
+						     (unsigned long long)(pi.slot_bytes >> 10), pi.depth, step,
+						     arena_block_name(a, i), arena_last_error());
+				for (size_t i = hi; i-- > lo;)
+					cr_assert_eq(arena_block_release(a, i, NULL), 0, "%s", arena_last_error());
+				hi = lo;
+			}
+			cr_assert_eq(arena_step_end(a), 0, "%s", arena_last_error());
+		}
+		arena_close(a);
+		runs++;
+	}
+	cr_assert_gt(runs, 10, "caps that ran: %u", runs);
+	tmpdir_remove(dir);
+}
+
+/* The share of the budget piece_size "auto" asks with while the reserve is
+ * learned (arena_residency_piece_auto_share): half sampling, a third
+ * training, two fifths training an image that streams coded; through
+ * arena_open a plain image and the same weights coded but streamed raw
+ * (ARENA_OPEN_PLAIN_STREAM) train whole blocks from the same cap. */
+Test(pieces, auto_in_training_by_the_whole_blocks_share)
+{
+	cr_assert_eq(arena_residency_piece_auto_share(ARENA_MODE_SAMPLE, 0, 3000), 1500);
+	cr_assert_eq(arena_residency_piece_auto_share(ARENA_MODE_SAMPLE, 1, 3000), 1500);
+	cr_assert_eq(arena_residency_piece_auto_share(ARENA_MODE_TRAIN, 0, 3000), 1000);
+	cr_assert_eq(arena_residency_piece_auto_share(ARENA_MODE_TRAIN, 1, 3000), 1200);
+	cr_assert_eq(arena_residency_piece_auto_share(ARENA_MODE_TRAIN, 1, UINT64_MAX), UINT64_MAX / 5 * 2);
+	tmpdir_make(dir, sizeof(dir), "test-pieces-share");
+	const char *in = fixture_path("tiny_flux.safetensors");
+	char plain[512], coded[512];
+	snprintf(plain, sizeof(plain), "%s", tmpdir_file(dir, "p.arena"));
+	snprintf(coded, sizeof(coded), "%s", tmpdir_file(dir, "c.arena"));
+	arena_convert_opts co = {.chunk_size = 64 << 10, .threads = 1};
+	cr_assert_eq(arena_convert_inputs(&in, 1, plain, &co, NULL), 0, "%s", arena_last_error());
+	co.codec = ARENA_CODEC_HB4;
+	cr_assert_eq(arena_convert_inputs(&in, 1, coded, &co, NULL), 0, "%s", arena_last_error());
+	/* Through arena_open, the reserve learned: the least cap at which "auto"
+	 * trains whole blocks, for the plain image and for the coded one streamed
+	 * raw. */
+	uint64_t whole = 0, raw = 0;
+	for (uint64_t cap = 4096; cap < (64u << 20) && !(whole && raw); cap += 1024) {
+		arena_open_options o = {.backend = "sim", .mode = ARENA_MODE_TRAIN, .vram_cap = cap,
+					.piece_size = ARENA_PIECE_AUTO, .headroom = ARENA_ZERO_BYTES,
+					.flags = ARENA_OPEN_NO_LEARN | ARENA_OPEN_LEARN_REST};
+		arena *a = NULL;
+		arena_plan_info pi;
+		if (!whole && !arena_open(plain, &o, &a)) {
+			cr_assert_eq(arena_plan_get(a, &pi), 0);
+			whole = pi.piece_size ? 0 : cap;
+			arena_close(a);
+		}
+		o.flags |= ARENA_OPEN_PLAIN_STREAM;
+		if (!raw && !arena_open(coded, &o, &a)) {
+			cr_assert_eq(arena_plan_get(a, &pi), 0);
+			raw = pi.piece_size ? 0 : cap;
+			arena_close(a);
+		}
+	}
+	cr_assert(whole, "no cap trains whole blocks");
+	cr_assert_eq(raw, whole, "a coded image streamed raw: whole blocks from %llu, a plain one from %llu",
+		     (unsigned long long)raw, (unsigned long long)whole);
 	tmpdir_remove(dir);
 }
