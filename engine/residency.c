@@ -626,7 +626,7 @@ int arena__ring_place(const arena__ring *r, const arena_layout *l, uint32_t b, i
 	 * at its end. Training in pieces, fetched ahead into other places, a
 	 * backward's pieces scattered over the ring and the gaps between them
 	 * grew from block to block until a block's pieces no longer fitted a
-	 * ring of twice their bytes (FLUX.1-dev in 24-64 MiB pieces: 'blocks
+	 * ring of 1.5 times their bytes (FLUX.1-dev in 24-64 MiB pieces: 'blocks
 	 * held fill the ring' at a recompute). */
 	/* Every place is ARENA_TENSOR_ALIGN-aligned: a block (a piece) whose
 	 * size is not a multiple of it leaves the next one aligned all the same. */
@@ -793,8 +793,8 @@ void arena__plan_derive(const arena_layout *l, arena_residency_plan *p, uint32_t
 	unsigned slots = p->n_streamed ? p->slots : 0;
 	p->need_bytes = p->resident_bytes + (uint64_t)slots * p->slot_bytes;
 	if (len)
-		dry_run(l, seq, len, r, (uint64_t)p->slots * p->slot_bytes, p->min_slot != 0, &p->stream_bytes_per_step,
-			&p->copies_per_step);
+		dry_run(l, seq, len, r, (uint64_t)p->slots * p->slot_bytes, p->min_slot != 0 /* arena__ring_in_order */,
+			&p->stream_bytes_per_step, &p->copies_per_step);
 }
 
 int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o, uint64_t budget,
