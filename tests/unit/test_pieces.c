@@ -492,15 +492,16 @@ static void write_flux_like(const char *path)
 	cr_assert_eq(arena_stw_commit(w), 0, "%s", arena_last_error());
 }
 
-/* Block b's pieces: [*lo, *hi) of a's blocks, those named as b is before '#'. */
-static void pieces_of(arena *a, size_t b, size_t *lo, size_t *hi)
+/* The first of the pieces of the block whose piece `last` is: the blocks
+ * before it named as it is up to its '#' (block 0 is the globals). */
+static size_t first_piece(arena *a, size_t last)
 {
-	const char *nb = arena_block_name(a, b), *hb = strchr(nb, '#');
+	const char *nb = arena_block_name(a, last), *hb = strchr(nb, '#');
 	const size_t len = hb ? (size_t)(hb - nb) : strlen(nb);
-	*lo = *hi = b;
-	while (*lo > 1 && !strncmp(arena_block_name(a, *lo - 1), nb, len) && arena_block_name(a, *lo - 1)[len] == '#')
-		(*lo)--;
-	*hi = b + 1;
+	size_t lo = last;
+	while (lo > 1 && !strncmp(arena_block_name(a, lo - 1), nb, len) && arena_block_name(a, lo - 1)[len] == '#')
+		lo--;
+	return lo;
 }
 
 /* Training in pieces smaller than the ring's slots (the largest piece) at
@@ -544,8 +545,7 @@ Test(pieces, training_holds_a_block_of_small_pieces_at_every_cap)
 				cr_assert_eq(arena_block_release(a, i, NULL), 0, "%s", arena_last_error());
 			}
 			for (size_t hi = n; hi > 1;) {
-				size_t lo, z;
-				pieces_of(a, hi - 1, &lo, &z);
+				const size_t lo = first_piece(a, hi - 1);
 				for (size_t i = lo; i < hi; i++)
 					cr_assert_eq(arena_block_acquire(a, i, NULL, &d), 0,
 						     "cap %llu KiB, %u slots of %llu KiB (depth %u), step %d, backward of %s: %s",
@@ -567,9 +567,11 @@ Test(pieces, training_holds_a_block_of_small_pieces_at_every_cap)
 
 /* The share of the budget piece_size "auto" asks with while the reserve is
  * learned (arena_residency_piece_auto_share): half sampling, a third
- * training, two fifths training an image that streams coded; through
- * arena_open a plain image and the same weights coded but streamed raw
- * (ARENA_OPEN_PLAIN_STREAM) train whole blocks from the same cap. */
+ * training, two fifths training an image that streams coded. Through
+ * arena_open a plain image trains whole blocks from three times their
+ * floor, and the same weights coded but streamed raw
+ * (ARENA_OPEN_PLAIN_STREAM) from the same cap (with the coded share they
+ * went whole from 6.7 MB where the plain one did from 8.0). */
 Test(pieces, auto_in_training_by_the_whole_blocks_share)
 {
 	cr_assert_eq(arena_residency_piece_auto_share(ARENA_MODE_SAMPLE, 0, 3000), 1500);
@@ -578,7 +580,8 @@ Test(pieces, auto_in_training_by_the_whole_blocks_share)
 	cr_assert_eq(arena_residency_piece_auto_share(ARENA_MODE_TRAIN, 1, 3000), 1200);
 	cr_assert_eq(arena_residency_piece_auto_share(ARENA_MODE_TRAIN, 1, UINT64_MAX), UINT64_MAX / 5 * 2);
 	tmpdir_make(dir, sizeof(dir), "test-pieces-share");
-	const char *in = fixture_path("tiny_flux.safetensors");
+	const char *in = tmpdir_file(dir, "f.safetensors");
+	write_flux_like(in);
 	char plain[512], coded[512];
 	snprintf(plain, sizeof(plain), "%s", tmpdir_file(dir, "p.arena"));
 	snprintf(coded, sizeof(coded), "%s", tmpdir_file(dir, "c.arena"));
@@ -586,16 +589,22 @@ Test(pieces, auto_in_training_by_the_whole_blocks_share)
 	cr_assert_eq(arena_convert_inputs(&in, 1, plain, &co, NULL), 0, "%s", arena_last_error());
 	co.codec = ARENA_CODEC_HB4;
 	cr_assert_eq(arena_convert_inputs(&in, 1, coded, &co, NULL), 0, "%s", arena_last_error());
-	/* Through arena_open, the reserve learned: the least cap at which "auto"
-	 * trains whole blocks, for the plain image and for the coded one streamed
-	 * raw. */
-	uint64_t whole = 0, raw = 0;
-	for (uint64_t cap = 4096; cap < (64u << 20) && !(whole && raw); cap += 1024) {
+	/* Through arena_open: the whole-block floor in training (no reserve), and
+	 * the least cap at which "auto", the reserve learned, trains whole blocks
+	 * (a third of it for the floor: three floors), for the plain image and
+	 * for the coded one streamed raw. */
+	const uint64_t step = 32 << 10;
+	uint64_t floor = 0, whole = 0, raw = 0;
+	for (uint64_t cap = 1 << 20; cap < (64u << 20) && !(whole && raw); cap += step) {
 		arena_open_options o = {.backend = "sim", .mode = ARENA_MODE_TRAIN, .vram_cap = cap,
-					.piece_size = ARENA_PIECE_AUTO, .headroom = ARENA_ZERO_BYTES,
-					.flags = ARENA_OPEN_NO_LEARN | ARENA_OPEN_LEARN_REST};
+					.headroom = ARENA_ZERO_BYTES, .reserve = ARENA_ZERO_BYTES, .flags = ARENA_OPEN_NO_LEARN};
 		arena *a = NULL;
 		arena_plan_info pi;
+		if (!floor && !arena_open(plain, &o, &a))
+			floor = cap, arena_close(a);
+		o.piece_size = ARENA_PIECE_AUTO;
+		o.reserve = 0;
+		o.flags |= ARENA_OPEN_LEARN_REST;
 		if (!whole && !arena_open(plain, &o, &a)) {
 			cr_assert_eq(arena_plan_get(a, &pi), 0);
 			whole = pi.piece_size ? 0 : cap;
@@ -608,7 +617,11 @@ Test(pieces, auto_in_training_by_the_whole_blocks_share)
 			arena_close(a);
 		}
 	}
-	cr_assert(whole, "no cap trains whole blocks");
+	cr_assert(floor && whole, "floor %llu, whole blocks from %llu", (unsigned long long)floor,
+		  (unsigned long long)whole);
+	cr_assert(whole + 3 * step >= 3 * floor && whole <= 3 * floor + 3 * step,
+		  "whole blocks from %llu, the floor %llu: not three floors", (unsigned long long)whole,
+		  (unsigned long long)floor);
 	cr_assert_eq(raw, whole, "a coded image streamed raw: whole blocks from %llu, a plain one from %llu",
 		     (unsigned long long)raw, (unsigned long long)whole);
 	tmpdir_remove(dir);
