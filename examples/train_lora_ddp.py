@@ -4,6 +4,9 @@
     torchrun --nproc_per_node=8 train_lora_ddp.py --model ~/models/FLUX.1-dev --data ./my-images --out ./my-lora
     torchrun --nproc_per_node=2 train_lora_ddp.py --tiny --out ./tiny-lora     (the CPU, gloo: what CI runs)
 
+(On a host whose own name does not resolve, torchrun --standalone waits for
+good at its rendezvous: add --local-addr 127.0.0.1 for a run on one host.)
+
 The data-parallel form of train_lora.py (same options, same caches, the same
 LoRA file at the end): each process (torchrun starts one per GPU; NCCL on
 GPUs, gloo on the CPU) attaches the transformer to the image

@@ -22,6 +22,19 @@ fail() {
 	echo "python adapter tests: $*"
 	exit 1
 }
+# Every Python test file runs under a watchdog: one that has not ended after
+# LIMIT seconds (the whole suite takes 2-4 minutes on a 2-core machine) gets
+# SIGABRT, which Python's faulthandler (on) answers with each thread's stack in
+# its log, and the run fails saying so, where a hang would have run until CI
+# cut it off with nothing shown.
+LIMIT=${ARENA_TEST_TIMEOUT:-1800}
+export PYTHONFAULTHANDLER=1
+guarded() {
+	timeout -s ABRT -k 30 "$LIMIT" "$@"
+	r=$?
+	[ $r = 124 ] && echo "(stopped: still running after $LIMIT s; the stacks above say where)"
+	return $r
+}
 # A BUG() report of the library (common/err.c: "BUG: file:line: ...") is never
 # expected: one in a log fails the run, whatever the tests said.
 no_bug() {
@@ -80,7 +93,7 @@ cd "$B" || exit 1
 n=0
 for t in test_torch test_args test_models; do
 	ARENA_FIXTURES_DIR=${ARENA_FIXTURES_DIR:-$R/fixtures} ARENA_BIN=$R/$B/arena PYTHONWARNINGS=ignore \
-		"$PY" -c 'import os, runpy, sys, unittest
+		guarded "$PY" -c 'import os, runpy, sys, unittest
 unittest.TextTestResult.getDescription = lambda self, test: str(test)
 sys.argv = sys.argv[1:]
 sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))  # as when the file is run
@@ -100,14 +113,14 @@ unittest.TextTestResult.getDescription = lambda self, test: str(test)
 sys.argv = sys.argv[1:]
 sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))  # as when the file is run
 runpy.run_path(sys.argv[0], run_name="__main__")'
-ARENA_FIXTURES_DIR=${ARENA_FIXTURES_DIR:-$R/fixtures} "$PY" -c "$one_per_line" "$R/tests/python/test_files.py" -v \
+ARENA_FIXTURES_DIR=${ARENA_FIXTURES_DIR:-$R/fixtures} guarded "$PY" -c "$one_per_line" "$R/tests/python/test_files.py" -v \
 	>"$R/$B/python-files.log" 2>&1
 rc=$?
 cat "$R/$B/python-files.log"
 [ $rc = 0 ] && grep -q '^OK' "$R/$B/python-files.log" || fail "arena.convert/verify/inspect: failures (log: $B/python-files.log)"
 no_bug "$R/$B/python-files.log"
 nf=$(sed -n 's/^Ran \([0-9]*\) tests.*/\1/p' "$R/$B/python-files.log")
-ARENA_EXAMPLES_DIR=$R/examples PYTHONWARNINGS=ignore "$PY" -c "$one_per_line" "$R/tests/python/test_examples.py" -v \
+ARENA_EXAMPLES_DIR=$R/examples PYTHONWARNINGS=ignore guarded "$PY" -c "$one_per_line" "$R/tests/python/test_examples.py" -v \
 	>"$R/$B/python-examples.log" 2>&1
 rc=$?
 cat "$R/$B/python-examples.log"

@@ -20,6 +20,7 @@ import importlib.util
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -43,14 +44,40 @@ from safetensors.torch import load_file
 EXAMPLES = Path(os.environ.get("ARENA_EXAMPLES_DIR", Path(__file__).resolve().parent.parent.parent / "examples"))
 
 
+# A run that has not ended after this many seconds is stopped and fails the
+# test (a tiny config takes 5-40 s on a 2-core machine): a hang is a failure
+# that says where each of its Python processes was, not a CI run cut off.
+TIMEOUT = float(os.environ.get("ARENA_EXAMPLE_TIMEOUT", "600"))
+
+
 def run(script: str, *args: str, nproc: int = 0, env: Any = None) -> str:
     """The example run as a user runs it: ``python script``, or with nproc
-    ``torchrun --standalone --nproc_per_node=nproc script`` (a free port)."""
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc else [sys.executable]
-    r = subprocess.run([*launch, str(EXAMPLES / script), *args], capture_output=True, text=True, env=env)
-    if r.returncode != 0:
-        raise AssertionError(f"{script} {' '.join(args)}: exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
-    return r.stdout
+    ``torchrun --standalone --nproc_per_node=nproc script`` (a free port), its
+    store on 127.0.0.1: torchrun's own default, the host's name, need not
+    resolve on a CI machine (the rendezvous then waits for good).
+
+    In a session of its own, so that on a timeout SIGABRT reaches every process
+    of it (torchrun's workers too) and Python's faulthandler (on for the run)
+    writes each one's threads' stacks to the stderr shown in the failure."""
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--local-addr", "127.0.0.1",
+              f"--nproc_per_node={nproc}"] if nproc else [sys.executable]
+    env = dict(os.environ if env is None else env, PYTHONFAULTHANDLER="1")
+    p = subprocess.Popen([*launch, str(EXAMPLES / script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGABRT)
+        try:
+            out, err = p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out, err = p.communicate()
+        raise AssertionError(f"{script} {' '.join(args)}: still running after {TIMEOUT:.0f} s, stopped; "
+                             f"its output and stacks:\n{out[-2000:]}\n{err[-12000:]}") from None
+    if p.returncode != 0:
+        raise AssertionError(f"{script} {' '.join(args)}: exit {p.returncode}\n{out[-2000:]}\n{err[-3000:]}")
+    return out
 
 
 def load_example(name: str) -> Any:
