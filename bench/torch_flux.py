@@ -82,8 +82,33 @@ def rss_parts() -> dict:
 
 
 TIMING_EVENTS: list = []  # the step boundaries of the last time_steps
-# train runs: (forward end, backward end) CUDA events of each timed step
+# train runs: (forward end, backward end, the last double block's recompute
+# start or None) CUDA events of each timed step
 PHASES: list | None = None
+# the backward's turn from the single blocks to the double blocks: an event
+# recorded when the last double block's recompute starts (its forward's
+# pre-hook, first of its hooks, while a backward runs)
+SPLIT: dict = {"in_backward": False, "ev": None}
+
+
+def split_hook(module, args) -> None:
+    if SPLIT["in_backward"] and SPLIT["ev"] is None and PHASES is not None:
+        SPLIT["ev"] = torch.cuda.Event(enable_timing=True)
+        SPLIT["ev"].record()
+
+
+def block_table(h) -> list:
+    """[name, bytes, resident] of each of the arena's blocks (pieces) now."""
+    import ctypes
+
+    from arena import _native
+
+    out = []
+    for name, i in sorted(h.arena._block_index.items(), key=lambda kv: kv[1]):
+        bi = _native.BlockInfo()
+        if _native.lib.arena_block_get(h.arena._handle(), i, ctypes.byref(bi)) == 0:
+            out.append([name, int(bi.bytes), bool(bi.resident)])
+    return out
 
 
 class DevPeak:
@@ -451,6 +476,7 @@ def main() -> None:
         add_lora(m)
         m.enable_gradient_checkpointing()
         m.train()
+        m.transformer_blocks[-1].register_forward_pre_hook(split_hook, prepend=True)
         ps = {n: p for n, p in m.named_parameters() if p.requires_grad}
         res["lora_params"] = sum(p.numel() for p in ps.values())
         opt = torch.optim.AdamW(ps.values(), lr=1e-4)
@@ -503,10 +529,13 @@ def main() -> None:
             if contend is not None:
                 copies_beside()
             t0 = time.perf_counter()
+            SPLIT["in_backward"], SPLIT["ev"] = True, None
             loss.backward()
+            SPLIT["in_backward"] = False
             ev = None
             if PHASES is not None:
                 PHASES[-1][1].record()
+                PHASES[-1] = (*PHASES[-1], SPLIT["ev"])
                 ev = PHASES[-1][1]
             caught_up("bwd", t0, ev)
             if not first:
@@ -554,7 +583,12 @@ def main() -> None:
         # forward (step start to the loss), backward, the rest (optimizer): device seconds
         res["phases_s"] = [[round(s0.elapsed_time(f) / 1e3, 4), round(f.elapsed_time(b) / 1e3, 4),
                             round(b.elapsed_time(s1) / 1e3, 4)]
-                           for s0, (f, b), s1 in zip(TIMING_EVENTS[:-1], PHASES, TIMING_EVENTS[1:])]
+                           for s0, (f, b, _), s1 in zip(TIMING_EVENTS[:-1], PHASES, TIMING_EVENTS[1:])]
+        # the backward's two parts: the single blocks (to the last double block's
+        # recompute), then the double blocks
+        if all(d is not None for _, _, d in PHASES):
+            res["backward_parts_s"] = [[round(f.elapsed_time(d) / 1e3, 4), round(d.elapsed_time(b) / 1e3, 4)]
+                                       for f, b, d in PHASES]
     PHASES = None
     if train and contend is not None:  # the copies beside each backward: their own seconds
         res["contend_copy_s"] = [round(e0.elapsed_time(e1) / 1e3, 4) for e0, e1 in contend["evs"]]
@@ -582,6 +616,7 @@ def main() -> None:
         h.arena.sync()
         res["plan_after"] = h.plan()
         res["resident_blocks"] = sorted(nm for nm, i in h.arena._block_index.items() if h.arena.block_state(i)[0])
+        res["blocks"] = block_table(h)
         from arena.torch import _fp8
         res["fp8_dequantize_way"] = dict(_fp8._DEQ_WAY)
         st = h.stats()
