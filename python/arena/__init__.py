@@ -543,6 +543,18 @@ class Arena:
         else:
             _check(_native.lib.arena_fp8_quantize_rows(self._handle(), *args))
 
+    def _acquire_at(self, block: int, stream: Optional[int]) -> int:
+        """acquire() for the PyTorch adapter, once a step for each block or piece it
+        runs: a block index and a stream handle of its own making, in range (the
+        public method's checks of its arguments cost as much as the call)."""
+        p = ctypes.c_void_p()
+        _check(_native.lib.arena_block_acquire(self._handle(), block, stream, ctypes.byref(p)))
+        return int(p.value or 0)
+
+    def _release_at(self, block: int, stream: Optional[int]) -> None:
+        """release() for the PyTorch adapter (as _acquire_at)."""
+        _check(_native.lib.arena_block_release(self._handle(), block, stream))
+
     def tensor_index(self, name: str) -> int:
         """The C API's index of tensor ``name`` (its place in name order)."""
         self.tensor_info(name)

@@ -196,23 +196,24 @@ def _track(h: "Handle", start: int, out: Any, done: Callable[[], None], index: i
     inputs that are leaves, made whenever)."""
     entries: List[Any] = []
     outside = {id(n) for n in inputs}
-    seen = set()
-    kept: List[Any] = []  # (the nodes walked, held so that no id is reused during the walk)
+    seen: Dict[int, Any] = {}  # the nodes walked by id (held: no id is reused during the walk)
     stack: List[Any] = [t.grad_fn for t in _outputs(out, [])]
+    pop, push = stack.pop, stack.append  # (a block's graph is ~130 nodes: once a block call)
     while stack:
-        node = stack.pop()
-        if id(node) in seen:
+        node = pop()
+        k = id(node)
+        if k in seen:
             continue
-        seen.add(id(node))
-        kept.append(node)
+        seen[k] = node
         leaves = False
         for nxt, _ in node.next_functions:
             if nxt is None:
                 continue
-            if nxt._sequence_nr() < start or id(nxt) in outside:
+            j = id(nxt)
+            if j in outside or nxt._sequence_nr() < start:
                 leaves = True
-            elif id(nxt) not in seen:
-                stack.append(nxt)
+            elif j not in seen:
+                push(nxt)
         if leaves:
             entries.append(node)
     if not entries:
@@ -309,7 +310,7 @@ class _BlockBinding:
                 self.bind(h._resident_at[self.index])
                 return
             s = h._stream()
-            addr = h.arena.acquire(self.index, s)
+            addr = h.arena._acquire_at(self.index, s)
             self.bw_held, self.bw_addr, self.bw_stream = True, addr, s
             h._bw_units[self.index] = self
         self.bind(self.bw_addr)
@@ -326,7 +327,7 @@ class _BlockBinding:
         h = self.handle
         self.bw_held = False
         h._bw_units.pop(self.index, None)
-        h.arena.release(self.index, self.bw_stream if at_step_end else h._stream())
+        h.arena._release_at(self.index, self.bw_stream if at_step_end else h._stream())
         self.drop()
 
     # --- the block's calls ---
@@ -368,7 +369,7 @@ class _BlockBinding:
             out = self._call(call, mod, args, kwargs)
         else:
             stream = h._stream()
-            addr = h.arena.acquire(self.index, stream)
+            addr = h.arena._acquire_at(self.index, stream)
             try:
                 self.bind(addr)
                 if grad and not _under_checkpoint() and (self.quant or not h.arena.block_state(self.index)[0]):
@@ -377,7 +378,7 @@ class _BlockBinding:
                 else:
                     out = self._call(call, mod, args, kwargs)
             finally:
-                h.arena.release(self.index, stream)
+                h.arena._release_at(self.index, stream)
                 self.drop()
         if start >= 0:
             _track(h, start, out, self.release_bw, self.index, _leaf_inputs(args, kwargs))
