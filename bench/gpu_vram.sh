@@ -29,7 +29,9 @@
 # Limit, same run: each run's pinned host-to-device rate (torch_flux.py
 #   measures it after its steps): a sampling step's limit is max(the resident
 #   step, its moved bytes / that rate); a training step's is bench/
-#   train_bound.py's (each phase's copies against the resident run's phase).
+#   train_bound.py's (each phase's copies against the resident run's phase;
+#   and, where the runs recorded the backward's two parts, that plan's limit
+#   with the ring counted).
 # Prints: one JSON line a run appended to OUT/vram.jsonl (torch_flux.py's
 #   record with "name" and vram_peak.py's "nvml" beside it); read it with
 #   python3 bench/vram_summary.py OUT/vram.jsonl (a line a run: step, limit,
