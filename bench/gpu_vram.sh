@@ -12,7 +12,11 @@
 #   floor     sampling at each V of FLOOR_V (default 2G 1792M): the smallest
 #             that runs
 #   train     LoRA (r16 on to_q/to_k/to_v/to_out.0, AdamW, checkpointing)
-#             resident, then at each V of TRAIN_V (default 12G 8G 6G)
+#             resident, then at each V of TRAIN_V (default 12G 8G 6G), and
+#             at each V again with each piece size of TRAIN_PIECES (default
+#             none: attach's "auto" only); TRAIN_STEPS steps a run (default
+#             6; the quiet steps train_bound.py takes are those the plan
+#             did not change before: 12 or more give several)
 #   plain     the resident steps of torch alone (plain-sample, plain-train:
 #             the safetensors loaded to the device), preferred as the
 #             resident step by vram_summary.py
@@ -150,10 +154,13 @@ for set in $SETS; do
 	train)
 		case " $SETS " in
 		*" plain "*) ;; # plain-train is the resident step
-		*) run train-resident -- arena-train --steps 6 ;;
+		*) run train-resident -- arena-train --steps "${TRAIN_STEPS:-6}" ;;
 		esac
 		for v in ${TRAIN_V:-12G 8G 6G}; do
-			run "train-$v" -- arena-train --vram "$v" --steps 6
+			run "train-$v" -- arena-train --vram "$v" --steps "${TRAIN_STEPS:-6}"
+			for p in ${TRAIN_PIECES:-}; do
+				run "train-$v-p$p" -- arena-train --vram "$v" --piece-size "$p" --steps "${TRAIN_STEPS:-6}"
+			done
 		done
 		;;
 	plain)
@@ -162,7 +169,7 @@ for set in $SETS; do
 			"$A" synth --layout flux-dev -q -o "$W/f.safetensors" || exit 1
 		fi
 		run sample-plain -- plain-sample --steps 10 --safetensors "$W/f.safetensors"
-		run train-plain -- plain-train --steps 6 --safetensors "$W/f.safetensors"
+		run train-plain -- plain-train --steps "${TRAIN_STEPS:-6}" --safetensors "$W/f.safetensors"
 		rm -f "$W/f.safetensors"
 		;;
 	quant)

@@ -8,7 +8,9 @@ shown apart; a work's first step runs the weights at their smallest) against
 max(the resident run's step, the step's moved bytes / the run's own pinned
 host-to-device rate). Training: bench/train_bound.py's limit (each phase's
 copies against the resident run's phase, the optimizer's time added), over
-its quiet steps. The peak is the process's whole device memory as the driver
+its quiet steps; "x plan", the step against that plan's limit with the
+ring counted (train_bound.py's second line), where the runs recorded the
+backward's two parts. The peak is the process's whole device memory as the driver
 counts it (bench/vram_peak.py), beside the vram it ran under. -v: each step's
 time, and arena's view of the process after each step (process, context,
 arena's, torch's, torch's need and limit: GiB).
@@ -17,7 +19,11 @@ arena's, torch's, torch's need and limit: GiB).
 from __future__ import annotations
 
 import json
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_bound import plan_backward  # noqa: E402
 
 G = 2**30
 
@@ -49,8 +55,9 @@ def main() -> None:
             res[d["name"].split("-")[0]] = d
         if d["name"] in ("sample-plain", "train-plain"):
             res[d["name"].split("-")[0]] = d
-    print("%-18s %8s %9s %9s %6s %6s %9s %9s %6s %8s %7s" % (
-        "run", "vram", "step s", "limit s", "x lim", "x res", "peak GiB", "vram GiB", "fits", "first s", "setup"))
+    print("%-18s %8s %9s %9s %6s %6s %6s %9s %9s %6s %8s %7s" % (
+        "run", "vram", "step s", "limit s", "x lim", "x plan", "x res", "peak GiB", "vram GiB", "fits", "first s",
+        "setup"))
     for d in runs:
         kind = "train" if d["run"].endswith("-train") else "sample"
         r = res.get(kind)
@@ -59,6 +66,7 @@ def main() -> None:
         rate = d.get("h2d_bytes_per_s") or float("nan")
         recs = d.get("records", [])[1:]
         steps = d["steps_s"]
+        plan_lim = 0.0
         if kind == "sample":
             s = med(steps[1:])
             moved = med([x["moved_bytes"] for x in recs[1:]]) if len(recs) > 1 else 0
@@ -75,10 +83,14 @@ def main() -> None:
                 F, B, rest = (med([p[i] for p in ph]) for i in range(3))
                 moved = med([recs[i]["moved_bytes"] for i in quiet if i < len(recs)]) if recs else 0
                 lim = max(F, moved / 2 / rate) + max(B, moved / 2 / rate) + rest
+                pb = plan_backward(r.get("backward_parts_s", [])[1:], d, moved / 2, rate)
+                if pb is not None:
+                    plan_lim = max(F, moved / 2 / rate) + pb[0] + rest
             else:
                 lim = rs
-        print("%-18s %8s %9.4f %9.4f %6.3f %6.3f %9s %9s %6s %8.2f %7.2f" % (
-            d["name"], d.get("vram") or "none", s, lim, s / lim, s / rs,
+        print("%-18s %8s %9.4f %9.4f %6.3f %6s %6.3f %9s %9s %6s %8.2f %7.2f" % (
+            d["name"], d.get("vram") or "none", s, lim, s / lim, "%.3f" % (s / plan_lim) if plan_lim else "-",
+            s / rs,
             "%.3f" % (peak / G) if peak is not None else "?", "%.3f" % (v / G) if v else "-",
             ("yes" if peak <= v else "NO") if (v and peak is not None) else "-",
             d.get("first_step_s", float("nan")), d.get("setup_s", float("nan"))))
