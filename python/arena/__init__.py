@@ -543,7 +543,7 @@ class Arena:
         else:
             _check(_native.lib.arena_fp8_quantize_rows(self._handle(), *args))
 
-    def _acquire_at(self, block: int, stream: Optional[int]) -> int:
+    def _acquire_unchecked(self, block: int, stream: Optional[int]) -> int:
         """acquire() for the PyTorch adapter, once a step for each block or piece it
         runs: a block index and a stream handle of its own making, in range (the
         public method's checks of its arguments cost as much as the call)."""
@@ -551,8 +551,8 @@ class Arena:
         _check(_native.lib.arena_block_acquire(self._handle(), block, stream, ctypes.byref(p)))
         return int(p.value or 0)
 
-    def _release_at(self, block: int, stream: Optional[int]) -> None:
-        """release() for the PyTorch adapter (as _acquire_at)."""
+    def _release_unchecked(self, block: int, stream: Optional[int]) -> None:
+        """release() for the PyTorch adapter (as _acquire_unchecked)."""
         _check(_native.lib.arena_block_release(self._handle(), block, stream))
 
     def tensor_index(self, name: str) -> int:

@@ -310,7 +310,7 @@ class _BlockBinding:
                 self.bind(h._resident_at[self.index])
                 return
             s = h._stream()
-            addr = h.arena._acquire_at(self.index, s)
+            addr = h.arena._acquire_unchecked(self.index, s)
             self.bw_held, self.bw_addr, self.bw_stream = True, addr, s
             h._bw_units[self.index] = self
         self.bind(self.bw_addr)
@@ -327,7 +327,7 @@ class _BlockBinding:
         h = self.handle
         self.bw_held = False
         h._bw_units.pop(self.index, None)
-        h.arena._release_at(self.index, self.bw_stream if at_step_end else h._stream())
+        h.arena._release_unchecked(self.index, self.bw_stream if at_step_end else h._stream())
         self.drop()
 
     # --- the block's calls ---
@@ -369,7 +369,7 @@ class _BlockBinding:
             out = self._call(call, mod, args, kwargs)
         else:
             stream = h._stream()
-            addr = h.arena._acquire_at(self.index, stream)
+            addr = h.arena._acquire_unchecked(self.index, stream)
             try:
                 self.bind(addr)
                 if grad and not _under_checkpoint() and (self.quant or not h.arena.block_state(self.index)[0]):
@@ -378,7 +378,7 @@ class _BlockBinding:
                 else:
                     out = self._call(call, mod, args, kwargs)
             finally:
-                h.arena._release_at(self.index, stream)
+                h.arena._release_unchecked(self.index, stream)
                 self.drop()
         if start >= 0:
             _track(h, start, out, self.release_bw, self.index, _leaf_inputs(args, kwargs))

@@ -86,7 +86,7 @@ class _PiecedBinding:
     # --- pieces ---
     def _acquire(self, idx: int) -> None:
         h = self.handle
-        addr = h.arena._acquire_at(idx, h._stream())
+        addr = h.arena._acquire_unchecked(idx, h._stream())
         self.held.add(idx)
         self.pieces[idx].bind(addr)
 
@@ -97,7 +97,7 @@ class _PiecedBinding:
 
     def _release(self, idx: int) -> None:
         self.held.discard(idx)
-        self.handle.arena._release_at(idx, self.handle._stream())
+        self.handle.arena._release_unchecked(idx, self.handle._stream())
         self.pieces[idx].drop()
 
     def release_all(self) -> None:
