@@ -87,7 +87,9 @@ TIMING_EVENTS: list = []  # the step boundaries of the last time_steps
 PHASES: list | None = None
 # the backward's turn from the single blocks to the double blocks: an event
 # recorded when the last double block's recompute starts (its forward's
-# pre-hook, first of its hooks, while a backward runs)
+# pre-hook, first of its hooks, while a backward runs; arena's acquire of a
+# whole block runs around the module's call, so a wait for its bytes falls
+# before the event, one for a piece's after it)
 SPLIT: dict = {"in_backward": False, "ev": None}
 
 
