@@ -617,8 +617,8 @@ def main() -> None:
         h.end_step()
         h.arena.sync()
         res["plan_after"] = h.plan()
-        res["resident_blocks"] = sorted(nm for nm, i in h.arena._block_index.items() if h.arena.block_state(i)[0])
         res["blocks"] = block_table(h)
+        res["resident_blocks"] = sorted(nm for nm, _, resident in res["blocks"] if resident)
         from arena.torch import _fp8
         res["fp8_dequantize_way"] = dict(_fp8._DEQ_WAY)
         st = h.stats()

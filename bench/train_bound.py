@@ -84,6 +84,14 @@ def plan_backward(parts, d, moved_b, rate):
     return max(bs, cs) + max(bd, cd - carry / rate), bs, bd, cs, cd, carry
 
 
+def limits(F, B, rest, parts, d, moved, rate):
+    """A training run's limits: (per phase, that plan's with the ring counted or
+    None, plan_backward's figures or None); moved: the bytes a step moved."""
+    half = moved / 2 / rate
+    pb = plan_backward(parts, d, moved / 2, rate)
+    return max(F, half) + max(B, half) + rest, (max(F, half) + pb[0] + rest) if pb else None, pb
+
+
 def main() -> None:
     if len(sys.argv) < 3:
         sys.exit(__doc__)
@@ -108,16 +116,14 @@ def main() -> None:
         b = med([d["phases_s"][i][1] for i in quiet])
         moved = med([recs[i]["moved_bytes"] for i in quiet])
         rate = d["h2d_bytes_per_s"]
-        lim = max(F, moved / 2 / rate) + max(B, moved / 2 / rate) + rest
+        lim, lim_p, pb = limits(F, B, rest, parts, d, moved, rate)
         s = med(st)
         print("%s: %d quiet steps %.4f s (%.4f-%.4f), forward %.4f, backward %.4f; moved %.2f GB at %.2f GB/s: "
               "limit %.4f s; %.3f x the limit, %.3f x resident; device %.2f GiB, RSS %.2f GiB" % (
                   path, len(st), s, min(st), max(st), f, b, moved / 1e9, rate / 1e9, lim, s / lim, s / res_step,
                   d["device_peak_bytes"] / 2**30, d["host_peak_rss"] / 2**30))
-        pb = plan_backward(parts, d, moved / 2, rate)
         if pb is not None:
             bp, bs, bd, cs, cd, carry = pb
-            lim_p = max(F, moved / 2 / rate) + bp + rest
             got = d.get("backward_parts_s")
             mine = " (its backward: single %.4f, double %.4f)" % (
                 med([got[i][0] for i in quiet]), med([got[i][1] for i in quiet])) if got else ""

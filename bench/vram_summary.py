@@ -23,7 +23,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_bound import plan_backward  # noqa: E402
+from train_bound import limits  # noqa: E402
 
 G = 2**30
 
@@ -66,7 +66,7 @@ def main() -> None:
         rate = d.get("h2d_bytes_per_s") or float("nan")
         recs = d.get("records", [])[1:]
         steps = d["steps_s"]
-        plan_lim = 0.0
+        plan_lim = None
         if kind == "sample":
             s = med(steps[1:])
             moved = med([x["moved_bytes"] for x in recs[1:]]) if len(recs) > 1 else 0
@@ -82,10 +82,7 @@ def main() -> None:
                 ph = r["phases_s"][1:]
                 F, B, rest = (med([p[i] for p in ph]) for i in range(3))
                 moved = med([recs[i]["moved_bytes"] for i in quiet if i < len(recs)]) if recs else 0
-                lim = max(F, moved / 2 / rate) + max(B, moved / 2 / rate) + rest
-                pb = plan_backward(r.get("backward_parts_s", [])[1:], d, moved / 2, rate)
-                if pb is not None:
-                    plan_lim = max(F, moved / 2 / rate) + pb[0] + rest
+                lim, plan_lim, _ = limits(F, B, rest, r.get("backward_parts_s", [])[1:], d, moved, rate)
             else:
                 lim = rs
         print("%-18s %8s %9.4f %9.4f %6.3f %6s %6.3f %9s %9s %6s %8.2f %7.2f" % (
