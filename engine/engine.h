@@ -401,8 +401,8 @@ uint64_t arena_residency_largest_block(const arena_layout *l);
  * 0 (whole blocks) when whole blocks all fit on the device, or when no
  * piece size has a plan (the whole-block error then stands); else the
  * largest power of two no larger than an eighth of the largest block in
- * sample mode, a quarter in train mode (64 and 128 MiB for a 648 MiB Flux
- * double block: a ring of three pieces instead of three blocks), or the
+ * sample mode, in train mode a third of the largest block rounded down to a
+ * multiple of that (64 and 192 MiB for a 648 MiB Flux double block), or the
  * largest piece size that fits when that one does not
  * (arena_residency_piece_fit). By bytes, in o->mode. Errors: NOMEM. */
 int arena_residency_piece_auto(const arena_layout *l, const arena_engine_opts *o, uint64_t budget, uint64_t *piece);

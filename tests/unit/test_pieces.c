@@ -232,8 +232,8 @@ Test(pieces, streamed_pieces_hold_the_image_bytes)
 }
 
 /* piece_size "auto": whole blocks when they all fit (train: when they fit
- * at all); pieces of an eighth of the largest block (a power of two; a
- * quarter in train mode) when blocks stream or do not fit; smaller ones when those do not fit; whole blocks
+ * at all); pieces of an eighth of the largest block (a power of two; in
+ * train mode a third, in whole eighths) when blocks stream or do not fit; smaller ones when those do not fit; whole blocks
  * (and the whole-block error) when nothing fits. arena_open says what it
  * chose. */
 Test(pieces, auto_size_from_the_budget)
@@ -248,16 +248,20 @@ Test(pieces, auto_size_from_the_budget)
 		if (l->blocks[b].container && l->blocks[b].bytes > big)
 			big = l->blocks[b].bytes;
 	}
-	uint64_t quarter = 1, eighth = 1;
-	while (quarter * 2 <= big / 4)
-		quarter *= 2;
+	uint64_t eighth = 1;
 	while (eighth * 2 <= big / 8)
 		eighth *= 2;
-	cr_assert_eq(eighth * 2, quarter);
+	/* training: a third, in whole eighths */
+	const uint64_t third = eighth * (big / 3 / eighth > 1 ? big / 3 / eighth : 1);
+	cr_assert_gt(third, eighth, "the layout's largest block makes a third of more than one eighth");
 	arena_engine_opts eo = {.mode = ARENA_MODE_TRAIN, .headroom = 0, .reserve = 0, .keep_last = 0, .depth = 7};
 	uint64_t p = 1;
+	/* with room for its ring: a third of the largest block in whole eighths */
+	cr_assert_eq(arena_residency_piece_auto(l, &eo, total - big + big / 8, &p), 0, "%s", arena_last_error());
+	cr_assert_eq(p, third, "train: pieces of %llu, got %llu", (unsigned long long)third, (unsigned long long)p);
+	/* without: a smaller one (a power of two) that fits */
 	cr_assert_eq(arena_residency_piece_auto(l, &eo, total - big, &p), 0, "%s", arena_last_error());
-	cr_assert_eq(p, quarter, "train: pieces of %llu, got %llu", (unsigned long long)quarter, (unsigned long long)p);
+	cr_assert(p && p < third && !(p & (p - 1)), "train, a third's ring too large: %llu", (unsigned long long)p);
 	/* Training where whole blocks stream and fit: whole blocks. */
 	eo.depth = 1;
 	uint64_t glob = 0;
@@ -316,7 +320,7 @@ Test(pieces, auto_size_from_the_budget)
 	arena_close(a);
 	/* Training in pieces: unless a depth is given, the ring holds the
 	 * largest block's pieces and one more (a recompute holds them). */
-	arena_open_options t = {.backend = "sim", .piece_size = quarter, .vram_cap = 2 * total, .mode = ARENA_MODE_TRAIN,
+	arena_open_options t = {.backend = "sim", .piece_size = third, .vram_cap = 2 * total, .mode = ARENA_MODE_TRAIN,
 				.keep_last = ARENA_ZERO_COUNT, .headroom = ARENA_ZERO_BYTES, .reserve = ARENA_ZERO_BYTES};
 	t.vram_cap = total - big; /* some blocks stream */
 	cr_assert_eq(arena_open(path, &t, &a), 0, "%s", arena_last_error());

@@ -163,8 +163,9 @@ def attach(
       same gradients. True: tensors of 1 MiB or more; a size: of at least that
       size. Lowers what torch needs. ``Handle.offload_stats()`` says what moved.
     piece_size: "auto" (the default): whole blocks when they all fit (training:
-      where they fit at all), else pieces, each module acquiring its own; a
-      size ("128M"), or 0 for whole blocks always.
+      where their floor fits a third of the device), else pieces, each module
+      acquiring its own (for Flux 64 MiB sampling, 192 MiB training); a size
+      ("128M"), or 0 for whole blocks always.
     fp8_compute: an image's fp8-e4m3 Linear weights (any of the three fp8-e4m3
       schemes): True binds them as FP8 weights and computes with their FP8
       bytes as they are (``torch._scaled_mm``, the input quantized per row in
