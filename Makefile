@@ -194,7 +194,8 @@ $(BUILD)/tests/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(BUILD)/libare
 .PHONY: bench bench-cpu
 bench-cpu: $(BUILD)/bench/codec_bench $(BUILD)/bench/dio_probe
 ifeq ($(HAVE_CUDA),1)
-bench: bench-cpu $(BUILD)/bench/gpu_probe $(BUILD)/bench/reg_probe $(BUILD)/bench/overlap_probe $(BUILD)/bench/engine_trace
+bench: bench-cpu $(BUILD)/bench/gpu_probe $(BUILD)/bench/reg_probe $(BUILD)/bench/overlap_probe $(BUILD)/bench/engine_trace \
+       $(BUILD)/bench/dequant_rules
 else
 bench:
 	@echo "make bench: needs CUDA; $(CUDA_MSG) ('make bench-cpu' builds the CPU probes)" >&2; exit 1

@@ -6,7 +6,9 @@
  * and the GPU (dequant_cuda.cu) alike, so both give the same bits: those of
  * torch's (qdata.float() * scale).to(dtype) (int4: ((q - z) * scale)), except
  * that a NaN becomes 0x7FC0 in BF16 (c10's CPU rule; its CUDA one gives
- * 0x7FFF).
+ * 0x7FFF), and that in F16 and F32 a NaN times a scale is the GPU's one
+ * canonical NaN where the CPU keeps the operand's sign and payload (torch
+ * alike on each).
  *
  * Sources: F8_E4M3 (fn), F8_E5M2, I8, BF16 (the bf16 scheme: a wider
  * original) and int4 codes (U8, two a byte); destinations: BF16, F16, F32.
