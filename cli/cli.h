@@ -88,8 +88,8 @@ enum { CLI_O_MODE = 1000, CLI_O_DEPTH, CLI_O_KEEP, CLI_O_HEAD, CLI_O_RES, CLI_O_
 	"                      resident, the model runs in less memory (plan shows the\n"        \
 	"                      floor); auto: whole blocks when all fit (train: when they\n"   \
 	"                      fit at all), else pieces of an eighth of the largest\n"        \
-	"                      block (64M for Flux; train: a quarter, 128M) or smaller\n"     \
-	"                      ones that fit; default whole blocks\n"                         \
+	"                      block (64M for Flux; train: a third in whole eighths,\n"      \
+	"                      192M) or smaller ones that fit; default whole blocks\n"       \
 	"  --host-budget SIZE  images: host memory for streamed blocks; those beyond it\n"      \
 	"                      are read from the image when streamed, checked, ahead of\n"     \
 	"                      use through 384M of staging (within a budget of 1536M or\n"    \
