@@ -101,16 +101,7 @@ def split_hook(module, args) -> None:
 
 def block_table(h) -> list:
     """[name, bytes, resident] of each of the arena's blocks (pieces) now."""
-    import ctypes
-
-    from arena import _native
-
-    out = []
-    for name, i in sorted(h.arena._block_index.items(), key=lambda kv: kv[1]):
-        bi = _native.BlockInfo()
-        if _native.lib.arena_block_get(h.arena._handle(), i, ctypes.byref(bi)) == 0:
-            out.append([name, int(bi.bytes), bool(bi.resident)])
-    return out
+    return [[b.name, b.nbytes, h.arena.block_state(b.index)[0]] for b in h.arena.blocks]
 
 
 class DevPeak:

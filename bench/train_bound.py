@@ -36,7 +36,8 @@ bytes of each kind's blocks in the backward (moved_b shared between them by
 their streamed bytes) over the rate, carry = min(ring - the last single
 block's streamed bytes, the single part's idle copy time x rate, the
 double blocks' bytes); that plan's limit is max(F, moved_f / rate) + B_plan
-+ rest, never less than the per-phase limit.
++ rest (a little under the per-phase one where copies bound both parts:
+the ring's carry counted).
 The runs: bench/torch_flux.py plain-train or arena-train (no --vram) for
 RESIDENT, arena-train --vram ... for each RUN, on the same machine, each
 JSON line saved to its own file."""

@@ -461,7 +461,7 @@ int arena_residency_piece_auto(const arena_layout *l, const arena_engine_opts *o
 	while (unit <= big / 16)
 		unit <<= 1; /* the largest power of two <= big / 8 */
 	if (o->mode == ARENA_MODE_TRAIN)
-		unit *= big / 3 / unit > 1 ? big / 3 / unit : 1;
+		unit *= big / 3 / unit; /* at least 1: unit is 1 or at most big / 8 */
 	if ((rc = pieces_fit(l, &q, budget, unit)) < 0)
 		return rc;
 	if (rc) {

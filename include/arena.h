@@ -325,12 +325,13 @@ typedef struct arena_open_options {
 	 * same container and index), acquired and released one by one, so the
 	 * ring holds pieces and the model runs in less memory (`arena plan
 	 * --piece-size` shows the floor). 0 = whole blocks; ARENA_PIECE_AUTO =
-	 * whole blocks when they all fit on the device (train mode: when their
-	 * floor fits a third of it, streamed or not), else pieces of an eighth
-	 * of the largest block rounded down to a power of two (64 MiB for Flux;
-	 * in train mode a third of the block in whole eighths, 192 MiB), or
-	 * smaller ones when those do not fit (arena_plan_get's piece_size says
-	 * what was chosen). */
+	 * whole blocks when they all fit on the device (train mode: when they
+	 * fit at all, streamed or not; with ARENA_OPEN_LEARN_REST, when their
+	 * floor fits a third of what there is, two fifths for an image streamed
+	 * coded), else pieces of an eighth of the largest block rounded down to
+	 * a power of two (64 MiB for Flux; in train mode a third of the block in
+	 * whole eighths, 192 MiB), or smaller ones when those do not fit
+	 * (arena_plan_get's piece_size says what was chosen). */
 	uint64_t piece_size;
 	/* images only: host memory for the copies of streamed blocks. Blocks
 	 * beyond it (spread through the order they run, each read while the

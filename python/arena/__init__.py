@@ -744,10 +744,10 @@ def open(
       arena's blocks are then the pieces, "transformer_blocks.3#0", ...): the
       model runs in less memory, and more of it stays resident beside a
       smaller ring. "auto": whole blocks when they all fit (train mode: when
-      their floor fits a third of the device, streamed or not), else pieces
-      of an eighth of the largest block in sample mode (64 MiB for Flux), a
-      third in whole eighths in train mode (192 MiB), or smaller ones when
-      those do not fit;
+      they fit at all, streamed or not; with ``learn_rest``, when their floor
+      fits a third of what there is), else pieces of an eighth of the largest
+      block in sample mode (64 MiB for Flux), a third in whole eighths in
+      train mode (192 MiB), or smaller ones when those do not fit;
       ``plan()["piece_size"]`` says what was chosen.
       ``arena.torch.attach`` binds an arena in pieces module by module.
     host_budget: images only: host memory for the copies of streamed blocks;

@@ -252,7 +252,7 @@ Test(pieces, auto_size_from_the_budget)
 	while (eighth * 2 <= big / 8)
 		eighth *= 2;
 	/* training: a third, in whole eighths */
-	const uint64_t third = eighth * (big / 3 / eighth > 1 ? big / 3 / eighth : 1);
+	const uint64_t third = big / 3 / eighth * eighth;
 	cr_assert_gt(third, eighth, "the layout's largest block makes a third of more than one eighth");
 	arena_engine_opts eo = {.mode = ARENA_MODE_TRAIN, .headroom = 0, .reserve = 0, .keep_last = 0, .depth = 7};
 	uint64_t p = 1;
