@@ -1219,6 +1219,7 @@ class Quantized(unittest.TestCase):
         without FP8 matmuls (the CPU) each product dequantizes for itself: outputs and
         LoRA gradients are the dequantized path's bit for bit. "auto" on sim and False
         dequantize at each bind as before."""
+        from arena.torch import _fp8
         from arena.torch._fp8 import Fp8Weight, device_has_fp8
 
         self.assertFalse(device_has_fp8(torch.device("cpu")))
@@ -1239,6 +1240,26 @@ class Quantized(unittest.TestCase):
                             self.assertTrue(torch.equal(m(**inputs()).sample, want))
                     slabs = {b.nbytes for b in h.arena.blocks}
                     self.assertIn(w.qdata.untyped_storage().nbytes(), slabs, "a view of the block, not a copy")
+                    # each product dequantizes by arena's kernel from where qdata's block
+                    # is bound (src: the tensor's C index and qdata's offset in its unit),
+                    # the outputs above bit for bit; an address that is not the block's
+                    # is the library's USAGE, not other bytes read
+                    self.assertEqual(w.src[1], h.arena.tensor_index("transformer_blocks.0.attn.to_q.weight"))
+                    seen: list[bool] = []
+
+                    def probe(mod: object, args: object, w: Fp8Weight = w) -> None:
+                        ar, index, off = w.src
+                        ok = _fp8.dequantize_bound(w.qdata, w.scale, w.dtype, w.src)
+                        seen.append(torch.equal(ok, _fp8.dequantize(w.qdata, w.scale, w.dtype)))
+                        with self.assertRaises(arena.Error) as e:
+                            _fp8.dequantize_bound(w.qdata, w.scale, w.dtype, (ar, index, off + 16))
+                        seen.append(e.exception.code == "USAGE" and "is not the address of block" in str(e.exception))
+
+                    hk = m.transformer_blocks[0].attn.to_q.register_forward_pre_hook(probe)
+                    with torch.no_grad():
+                        m(**inputs())
+                    hk.remove()
+                    self.assertEqual(seen, [True, True])
                     self.assertEqual(w.qdata.dtype, torch.float8_e4m3fn)
                     h.detach()
             for mode in (False, "auto"):
@@ -1393,6 +1414,58 @@ class Quantized(unittest.TestCase):
         finally:
             _fp8._DEQ_WAY.clear()
             _fp8._DEQ_WAY.update(saved)
+
+    def test_rows_once_per_tensor(self):
+        """The Linears reading one activation quantize it once (_fp8.rows_of): the same
+        tensor unchanged gives the same rows; changed in place (its version), another
+        tensor, or an inference tensor (no version) is quantized anew; the rows go
+        with the tensor. The product on rows given is the product on x's own."""
+        from arena.torch import _fp8
+
+        g = torch.Generator().manual_seed(7)
+        x = torch.randn(6, 32, generator=g).to(torch.bfloat16)
+        q1, s1 = _fp8.rows_of(x, 32)
+        want = _fp8.quantize_rows(x)
+        self.assertTrue(torch.equal(q1.view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(s1, want[1]))
+        q2, s2 = _fp8.rows_of(x, 32)
+        self.assertTrue(q2 is q1 and s2 is s1, "the same tensor, unchanged: quantized once")
+        x.mul_(2)
+        q3, s3 = _fp8.rows_of(x, 32)
+        self.assertIsNot(q3, q1)
+        self.assertTrue(torch.equal(s3, want[1] * 2), "changed in place: quantized again")
+        y = x.clone()
+        self.assertIsNot(_fp8.rows_of(y, 32)[0], q3, "another tensor")
+        x3 = torch.randn(2, 3, 32, generator=g).to(torch.bfloat16)  # [..., k]: rows of x3.reshape(-1, k)
+        self.assertEqual(tuple(_fp8.rows_of(x3, 32)[0].shape), (6, 32))
+        with torch.inference_mode():
+            xi = torch.randn(4, 32, generator=g).to(torch.bfloat16)
+            self.assertIsNot(_fp8.rows_of(xi, 32)[0], _fp8.rows_of(xi, 32)[0], "inference tensors keep no version")
+        del y, x3
+        gc.collect()
+        z = torch.randn(4, 32, generator=g).to(torch.bfloat16)
+        _fp8.rows_of(z, 32)
+        del z
+        self.assertIsNone(_fp8._LAST, "the rows go with their tensor")
+        # one output row and column (the CPU's _scaled_mm takes it): rows given or not, one product
+        w = torch.randn(1, 32, generator=g) * 0.02
+        ws = (w.abs().amax(1, keepdim=True) / 448).clamp(min=1e-12)
+        wq = (w / ws).clamp(-448, 448).to(torch.float8_e4m3fn)
+        xr = x[:1].clone()
+        xq, xs = _fp8.rows_of(xr, 32)
+        a = _fp8._ScaledLinear.apply(xr, wq, ws, None, torch.bfloat16, False, None, xq, xs)
+        self.assertTrue(torch.equal(a, _fp8.scaled_linear(xr, wq, ws, None, torch.bfloat16)))
+        # the native F.linear: through the autograd function where autograd records it,
+        # the product alone where not; the same output either way
+        fw = _fp8.Fp8Weight(wq, ws, torch.bfloat16, False)
+        with torch.no_grad():
+            self.assertTrue(torch.equal(_fp8._native_linear(xr, fw, None), a))
+        xg = xr.clone().requires_grad_(True)
+        yg = _fp8._native_linear(xg, fw, None)
+        self.assertTrue(torch.equal(yg, a) and yg.grad_fn is not None)
+        yg.backward(torch.ones_like(yg))
+        self.assertTrue(torch.equal(xg.grad, torch.ones_like(yg).matmul(_fp8.dequantize(wq, ws, torch.bfloat16))))
+        _fp8.forget_rows()
+        self.assertIsNone(_fp8._LAST)
 
     def test_native_fp8_grad(self):
         """The input's gradient as an FP8 product (_fp8.scaled_grad_input), checked where it

@@ -20,7 +20,7 @@ from ._guards import _guard_apply, _guard_merge, _is_adapter_param, _peft_tuners
 from ._handle import Handle, _observe_oom
 from ._offload import _SavedOffload
 from ._pieces import _LeafRef, _PiecedBinding
-from . import _quant
+from . import _fp8, _quant
 
 
 _STRIP = ("base_model.model.",)  # a peft PeftModel's prefix
@@ -175,6 +175,9 @@ def _bind(h: Handle, target: Any, mode: str, trainable: Any, min_saved: Optional
                 if len(owners) > 1:
                     problems.append(f"'{full}'{tied}: a tensor subclass tied to other names is not supported")
                     continue
+                if isinstance(sub, _fp8.Fp8Weight):  # the backward dequantizes by arena's kernel
+                    sub.src = (h.arena, h.arena.tensor_index(iname),
+                               next(c.offset for c in info.components if c.name == "qdata"))
                 subs[iname] = sub
                 bound[iname] = (owners, t, info, is_buf)
                 continue

@@ -8,15 +8,20 @@ tensors are (_quant.py). ``F.linear`` on it:
 
 - native (a GPU with FP8 matmuls: compute capability 8.9 or more): the input
   is quantized to FP8 per row on the fly (scale = max(amax(|row|) / 448,
-  1e-12), as arena's fp8-e4m3-row), and ``torch._scaled_mm`` multiplies the
-  FP8 bytes with both scales (the weight's per row, or its one scale spread
-  to every row), bias added in the kernel, the output in the weight's dtype.
+  1e-12), as arena's fp8-e4m3-row; once for the Linears that read the same
+  tensor unchanged, as a block's q, k and v projections do), and
+  ``torch._scaled_mm`` multiplies the FP8 bytes with both scales (the
+  weight's per row, or its one scale spread to every row), bias added in
+  the kernel, the output in the weight's dtype; through an autograd
+  function where autograd records the product, alone where not.
   The input's gradient (what LoRA training needs through a frozen weight),
   ``grad_out @ W``, takes W dequantized for that product only (a transient
-  copy of one weight at a time). With ``GRAD_FP8`` it is an FP8 product
-  instead: the output's gradient times the weight's row scales (W = diag(s)
-  Q, so grad_out @ W = (grad_out s) @ Q) quantized per row the same way (one
-  pass: arena_fp8_quantize_rows_scaled), multiplied with the weight's FP8
+  copy of one weight at a time): by arena's kernel (one pass, as at a bind)
+  where the weight is bound to an arena's block (``src``), else by torch.
+  With ``GRAD_FP8`` it is an FP8 product instead: the output's gradient
+  times the weight's row scales (W = diag(s) Q, so grad_out @ W = (grad_out
+  s) @ Q) quantized per row the same way (one pass:
+  arena_fp8_quantize_rows_scaled), multiplied with the weight's FP8
   bytes transposed (a transient copy, which _scaled_mm needs column-major),
   a tensor scale as the second operand's. Off by default: on the H200 it is
   slower than the BF16 product on every one of FLUX.1-dev's shapes (the
@@ -27,15 +32,17 @@ tensors are (_quant.py). ``F.linear`` on it:
   measures the difference.
 - otherwise (CPU, the simulated device, a GPU without FP8, a shape
   ``_scaled_mm`` does not take: dimensions not multiples of 16): ``F.linear``
-  on the dequantized weight, ``(qdata.float() * scale).to(dtype)``, made for
-  the call and let go after it (autograd keeps it for the backward): bit for
-  bit the dequantized path's outputs and gradients.
+  on the dequantized weight, ``(qdata.float() * scale).to(dtype)`` (arena's
+  kernel where bound, as above), made for the call and let go after it
+  (autograd keeps it for the backward): bit for bit the dequantized path's
+  outputs and gradients.
 
 Any other operation on the weight sees its dequantized values.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -189,23 +196,68 @@ def quantize_rows(x: torch.Tensor, col_scale: Optional[torch.Tensor] = None) -> 
     return quantize_rows_torch(x, col_scale)
 
 
+_MAX_ON: Dict[torch.device, torch.Tensor] = {}  # 448 on each device (quantize_rows_torch)
+
+
 def quantize_rows_torch(x: torch.Tensor, col_scale: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    """quantize_rows by torch's ops (several passes over x)."""
+    """quantize_rows by torch's ops (several passes over x). The 448 is a tensor on
+    x's device: torch's CUDA kernels divide by a CPU scalar as a product by its
+    reciprocal, which is not the rule's division (another scale for some rows)."""
     xf = x.float()
     if col_scale is not None:
         xf = xf * col_scale.float()
-    s = (xf.abs().amax(dim=1, keepdim=True) / _FP8_MAX).clamp(min=1e-12)
+    d = _MAX_ON.get(x.device)
+    if d is None:
+        d = _MAX_ON[x.device] = torch.tensor(_FP8_MAX, device=x.device)
+    s = (xf.abs().amax(dim=1, keepdim=True) / d).clamp(min=1e-12)
     q = (xf / s).clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn)
     return q, s
 
 
+# The last input a native product quantized: (a weak reference to it, its version,
+# its FP8 rows and their scales). The Linears that read one activation (a block's
+# q, k and v projections) quantize it once; a tensor changed in place since (its
+# version) or another tensor is quantized anew. Weak: the activation's life is
+# its own; the rows go with it.
+_LAST: Optional[Tuple[Any, int, torch.Tensor, torch.Tensor]] = None
+
+
+def _forget(ref: Any) -> None:
+    global _LAST
+    last = _LAST
+    if last is not None and last[0] is ref:
+        _LAST = None
+
+
+def forget_rows() -> None:
+    """Let the last input's rows go (a step's end: its activations are not the next
+    step's)."""
+    global _LAST
+    _LAST = None
+
+
+def rows_of(x: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """quantize_rows of x as [-1, k], or what the last call gave for this very tensor
+    unchanged (not for inference tensors, which keep no version)."""
+    global _LAST
+    last = _LAST
+    if last is not None and last[0]() is x and not x.is_inference() and last[1] == x._version:
+        return last[2], last[3]
+    xq, xs = quantize_rows(x.reshape(-1, k))
+    if not x.is_inference():
+        _LAST = (weakref.ref(x, _forget), x._version, xq, xs)
+    return xq, xs
+
+
 def scaled_linear(x: torch.Tensor, qdata: torch.Tensor, scale: Optional[torch.Tensor],
-                  bias: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-    """x @ W.T (+ bias) with torch._scaled_mm: x quantized per row, W's FP8 bytes as
-    they are (qdata [N, K] row-major is the column-major [K, N] _scaled_mm wants)."""
+                  bias: Optional[torch.Tensor], dtype: torch.dtype,
+                  xqs: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+    """x @ W.T (+ bias) with torch._scaled_mm: x quantized per row (or ``xqs``, its
+    quantize_rows already made), W's FP8 bytes as they are (qdata [N, K] row-major
+    is the column-major [K, N] _scaled_mm wants)."""
     n, k = qdata.shape
     lead = x.shape[:-1]
-    xq, xs = quantize_rows(x.reshape(-1, k))
+    xq, xs = xqs if xqs is not None else quantize_rows(x.reshape(-1, k))
     if scale is not None and scale.dtype == torch.float32 and scale.numel() == n and scale.is_contiguous():
         ws = scale.view(1, n)  # one a row: [n, 1] and [1, n] are the same bytes
     else:
@@ -244,18 +296,41 @@ def scaled_grad_input(grad: torch.Tensor, qdata: torch.Tensor, scale: Optional[t
     return out.reshape(*lead, k)
 
 
+def dequantize_bound(qdata: torch.Tensor, scale: Optional[torch.Tensor], dtype: torch.dtype,
+                     src: Optional[Tuple[Any, int, int]]) -> torch.Tensor:
+    """The weight's values for the input's gradient: by arena's kernel in one pass
+    where ``src`` (the arena, the C index of the image tensor, qdata's offset in its
+    block or piece) says where qdata's block starts, on torch's current stream (the
+    same bits as dequantize: docs/QUANT.md); else dequantize_fast."""
+    if src is None:
+        return dequantize_fast(qdata, scale, dtype)
+    arena, index, offset = src
+    out = torch.empty(qdata.shape, dtype=dtype, device=qdata.device)
+    idx = qdata.get_device()  # -1: the simulated device's host memory, no stream
+    # the block's address is what the bind gave (checked by the library: USAGE if not)
+    rc = _native.lib.arena_tensor_dequantize(arena._handle(), index, qdata.data_ptr() - offset, out.data_ptr(),
+                                            _raw_stream_fast(idx) if idx >= 0 else None)
+    if rc:
+        raise Error.from_code(rc)
+    return out
+
+
 class _ScaledLinear(torch.autograd.Function):
     """Native FP8 linear through a frozen weight: the input's gradient only (an FP8
-    product too when ``fp8_grad``, else with W dequantized for it)."""
+    product too when ``fp8_grad``, else with W dequantized for it: by arena's kernel
+    where ``src`` is given, see dequantize_bound)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, qdata: torch.Tensor, scale: Optional[torch.Tensor],
-                bias: Optional[torch.Tensor], dtype: torch.dtype, fp8_grad: bool = False) -> torch.Tensor:
+                bias: Optional[torch.Tensor], dtype: torch.dtype, fp8_grad: bool = False,
+                src: Optional[Tuple[Any, int, int]] = None, xq: Optional[torch.Tensor] = None,
+                xs: Optional[torch.Tensor] = None) -> torch.Tensor:
         ctx.save_for_backward(qdata, scale)
         ctx.dtype = dtype
         ctx.fp8_grad = fp8_grad
+        ctx.src = src
         ctx.bias_grad = bias is not None and bias.requires_grad
-        return scaled_linear(x, qdata, scale, bias, dtype)
+        return scaled_linear(x, qdata, scale, bias, dtype, None if xq is None or xs is None else (xq, xs))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
@@ -265,9 +340,9 @@ class _ScaledLinear(torch.autograd.Function):
             if ctx.fp8_grad:
                 gx = scaled_grad_input(grad, qdata, scale, ctx.dtype)
             else:
-                gx = grad.to(ctx.dtype).matmul(dequantize_fast(qdata, scale, ctx.dtype))
+                gx = grad.to(ctx.dtype).matmul(dequantize_bound(qdata, scale, ctx.dtype, ctx.src))
         gb = grad.reshape(-1, grad.shape[-1]).sum(0) if ctx.bias_grad else None
-        return gx, None, None, gb, None, None
+        return gx, None, None, gb, None, None, None, None, None
 
 
 def native_ok(qdata: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> bool:
@@ -293,6 +368,9 @@ class Fp8Weight(torch.Tensor):
     qdata: torch.Tensor
     scale: Optional[torch.Tensor]
     native: bool
+    # (arena, C index of the image tensor, qdata's offset in its block or piece):
+    # set by attach, for the backward's dequantization by arena's kernel
+    src: Optional[Tuple[Any, int, int]]
 
     @staticmethod
     def __new__(cls, qdata: torch.Tensor, scale: Optional[torch.Tensor], dtype: torch.dtype,
@@ -304,9 +382,14 @@ class Fp8Weight(torch.Tensor):
         self.qdata = qdata
         self.scale = scale
         self.native = native
-        # the weight's part of native_ok, asked once: binding repoints qdata and scale
-        # (setattr) at other bytes of the same shape, dtype and device
+        self.src = None
+        # the weight's part of native_ok and the product's operands' form, asked once:
+        # binding repoints qdata and scale (setattr) at other bytes of the same shape,
+        # dtype and device
         self._native_here = native and _weight_native(qdata, dtype)
+        n, k = qdata.shape
+        self._n, self._k, self._dev = n, k, qdata.get_device()
+        self._row_scales = scale is not None and scale.dtype == torch.float32 and scale.numel() == n
 
     def __repr__(self) -> str:  # type: ignore[override]
         return f"Fp8Weight({tuple(self.shape)}, {self.dtype}, native={self.native})"
@@ -330,10 +413,10 @@ class Fp8Weight(torch.Tensor):
             x, w = args[0], args[1]
             b = args[2] if len(args) > 2 else kwargs.get("bias")
             if isinstance(w, Fp8Weight) and not isinstance(x, Fp8Weight) and not isinstance(b, Fp8Weight):
-                if w._native_here and _input_ok(w.qdata, x):
-                    out: torch.Tensor = _ScaledLinear.apply(x, w.qdata, w.scale, b, w.dtype, GRAD_FP8)
-                    return out
-                return F.linear(x, w.dequantize(), b)
+                if (w._native_here and x.shape[-1] == w._k and x.get_device() == w._dev
+                        and x.is_floating_point()):
+                    return _native_linear(x, w, b)
+                return F.linear(x, dequantize_bound(w.qdata, w.scale, w.dtype, w.src), b)
         # anything else goes down to __torch_dispatch__ (detach keeps the type there)
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
@@ -343,8 +426,25 @@ class Fp8Weight(torch.Tensor):
         kwargs = kwargs or {}
         if func is torch.ops.aten.detach.default:  # nn.Parameter(w) and .detach(): the same bytes
             w = args[0]
-            return Fp8Weight(w.qdata, w.scale, w.dtype, w.native)
+            out = Fp8Weight(w.qdata, w.scale, w.dtype, w.native)
+            out.src = w.src
+            return out
         return func(*_plain(args), **_plain(kwargs))
+
+
+def _native_linear(x: torch.Tensor, w: Fp8Weight, b: Optional[torch.Tensor]) -> torch.Tensor:
+    """F.linear(x, w, b) natively (native_ok holds): through _ScaledLinear where autograd
+    records it, else the product alone (sampling: no autograd function's cost)."""
+    xq, xs = rows_of(x, w._k)
+    if torch.is_grad_enabled() and (x.requires_grad or (b is not None and b.requires_grad)):
+        out: torch.Tensor = _ScaledLinear.apply(x, w.qdata, w.scale, b, w.dtype, GRAD_FP8, w.src, xq, xs)
+        return out
+    n = w._n
+    ws = w.scale.view(1, n) if w._row_scales else _spread_scale(w.scale, n, w.qdata.device)  # type: ignore[union-attr]
+    if b is not None and b.dtype != w.dtype:
+        b = b.to(w.dtype)
+    y = torch._scaled_mm(xq, w.qdata.t(), scale_a=xs, scale_b=ws, bias=b, out_dtype=w.dtype)
+    return y.reshape(*x.shape[:-1], n)
 
 
 def _plain(tree: Any) -> Any:

@@ -15,6 +15,7 @@ from ._blocks import _BlockBinding, _in_backward
 from ._guards import _guard_merge, _peft_tuners
 from ._offload import _SavedOffload
 from ._pieces import _PiecedBinding
+from . import _fp8
 
 
 class Handle:
@@ -123,6 +124,7 @@ class Handle:
     def _report(self, work: int) -> None:
         """Tell the engine what torch held (now, and its peak since the last report)
         and the next step's work; then start torch's peak anew."""
+        _fp8.forget_rows()  # (the native products' last input's rows: not torch's memory to keep)
         now = self._rest_memory()
         if now is None:
             return
