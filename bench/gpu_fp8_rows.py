@@ -45,20 +45,7 @@ import torch
 
 import arena
 from arena.torch import _fp8
-
-
-def timed(fn, iters: int) -> float:
-    for _ in range(3):
-        fn()
-    ts = []
-    for _ in range(iters):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        fn()
-        e1.record()
-        torch.cuda.synchronize()
-        ts.append(e0.elapsed_time(e1) / 1e3)
-    return sorted(ts)[len(ts) // 2]
+from gpu_fp8_check import timed  # (bench/ is this script's folder: on sys.path)
 
 
 def bad_rows(q: torch.Tensor, s: torch.Tensor, tq: torch.Tensor, ts: torch.Tensor) -> int:
