@@ -383,13 +383,11 @@ class Fp8Weight(torch.Tensor):
         self.scale = scale
         self.native = native
         self.src = None
-        # the weight's part of native_ok and the product's operands' form, asked once:
-        # binding repoints qdata and scale (setattr) at other bytes of the same shape,
-        # dtype and device
+        # the weight's part of native_ok (and its width and device for the input's
+        # part), asked once: binding repoints qdata and scale (setattr) at other bytes
+        # of the same shape, dtype and device
         self._native_here = native and _weight_native(qdata, dtype)
-        n, k = qdata.shape
-        self._n, self._k, self._dev = n, k, qdata.get_device()
-        self._row_scales = scale is not None and scale.dtype == torch.float32 and scale.numel() == n
+        self._k, self._dev = qdata.shape[1], qdata.get_device()
 
     def __repr__(self) -> str:  # type: ignore[override]
         return f"Fp8Weight({tuple(self.shape)}, {self.dtype}, native={self.native})"
@@ -439,12 +437,7 @@ def _native_linear(x: torch.Tensor, w: Fp8Weight, b: Optional[torch.Tensor]) -> 
     if torch.is_grad_enabled() and (x.requires_grad or (b is not None and b.requires_grad)):
         out: torch.Tensor = _ScaledLinear.apply(x, w.qdata, w.scale, b, w.dtype, GRAD_FP8, w.src, xq, xs)
         return out
-    n = w._n
-    ws = w.scale.view(1, n) if w._row_scales else _spread_scale(w.scale, n, w.qdata.device)  # type: ignore[union-attr]
-    if b is not None and b.dtype != w.dtype:
-        b = b.to(w.dtype)
-    y = torch._scaled_mm(xq, w.qdata.t(), scale_a=xs, scale_b=ws, bias=b, out_dtype=w.dtype)
-    return y.reshape(*x.shape[:-1], n)
+    return scaled_linear(x, w.qdata, w.scale, b, w.dtype, (xq, xs))
 
 
 def _plain(tree: Any) -> Any:
