@@ -215,11 +215,12 @@ def quantize_rows_torch(x: torch.Tensor, col_scale: Optional[torch.Tensor] = Non
 
 
 # The last input a native product quantized: (a weak reference to it, its version,
-# its FP8 rows and their scales). The Linears that read one activation (a block's
-# q, k and v projections) quantize it once; a tensor changed in place since (its
-# version) or another tensor is quantized anew. Weak: the activation's life is
-# its own; the rows go with it.
-_LAST: Optional[Tuple[Any, int, torch.Tensor, torch.Tensor]] = None
+# the stream its rows were made on, its FP8 rows and their scales). The Linears
+# that read one activation (a block's q, k and v projections) quantize it once; a
+# tensor changed in place since (its version), another tensor, or a product on
+# another stream (the rows would be read unordered with their making) quantizes
+# anew. Weak: the activation's life is its own; the rows go with it.
+_LAST: Optional[Tuple[Any, int, int, torch.Tensor, torch.Tensor]] = None
 
 
 def _forget(ref: Any) -> None:
@@ -238,14 +239,17 @@ def forget_rows() -> None:
 
 def rows_of(x: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """quantize_rows of x as [-1, k], or what the last call gave for this very tensor
-    unchanged (not for inference tensors, which keep no version)."""
+    unchanged on the same stream (not for inference tensors, which keep no version)."""
     global _LAST
     last = _LAST
-    if last is not None and last[0]() is x and not x.is_inference() and last[1] == x._version:
-        return last[2], last[3]
+    idx = x.get_device()
+    st = _raw_stream_fast(idx) if idx >= 0 and x.is_cuda else 0
+    if (last is not None and last[0]() is x and not x.is_inference() and last[1] == x._version
+            and last[2] == st):
+        return last[3], last[4]
     xq, xs = quantize_rows(x.reshape(-1, k))
     if not x.is_inference():
-        _LAST = (weakref.ref(x, _forget), x._version, xq, xs)
+        _LAST = (weakref.ref(x, _forget), x._version, st, xq, xs)
     return xq, xs
 
 
