@@ -79,7 +79,8 @@ __device__ __forceinline__ uint2 quantize8(uint4 w, const float *__restrict__ cs
 	return make_uint2(o[0], o[1]);
 }
 
-template <bool COL, unsigned T>
+/* Eight elements folded into a thread's largest |x| and its NaN flag. */
+template <bool COL>
 __device__ __forceinline__ void amax8(uint4 w, const float *__restrict__ cs, uint64_t i, float &m, bool &nan)
 {
 	const uint32_t v[4] = {w.x, w.y, w.z, w.w};
@@ -110,12 +111,12 @@ __global__ void __launch_bounds__(T) rows_vec(const uint16_t *__restrict__ x, ui
 			const uint64_t i = threadIdx.x + (uint64_t)j * T;
 			if (i < n) {
 				keep[j] = xr[i];
-				amax8<COL, T>(keep[j], cs, 8 * i, m, nan);
+				amax8<COL>(keep[j], cs, 8 * i, m, nan);
 			}
 		}
 	} else {
 		for (uint64_t i = threadIdx.x; i < n; i += T)
-			amax8<COL, T>(xr[i], cs, 8 * i, m, nan);
+			amax8<COL>(xr[i], cs, 8 * i, m, nan);
 	}
 	const float s = arena__e4m3_row_scale(block_amax<T>(m, nan, part));
 	if (threadIdx.x == 0)

@@ -352,7 +352,7 @@ class _ScaledLinear(torch.autograd.Function):
 def native_ok(qdata: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> bool:
     """_scaled_mm takes it: FP8 device, K and N multiples of 16, a bf16 output
     (row-wise scaling gives bf16), the input on the weight's device."""
-    return _weight_native(qdata, dtype) and _input_ok(qdata, x)
+    return _weight_native(qdata, dtype) and _input_ok(qdata.shape[1], qdata.get_device(), x)
 
 
 def _weight_native(qdata: torch.Tensor, dtype: torch.dtype) -> bool:
@@ -361,9 +361,10 @@ def _weight_native(qdata: torch.Tensor, dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 and n % 16 == 0 and k % 16 == 0 and device_has_fp8(qdata.device)
 
 
-def _input_ok(qdata: torch.Tensor, x: torch.Tensor) -> bool:
-    """native_ok's part that is the input's: a float on the weight's device, K wide."""
-    return x.shape[-1] == qdata.shape[1] and x.is_floating_point() and x.get_device() == qdata.get_device()
+def _input_ok(k: int, device: int, x: torch.Tensor) -> bool:
+    """native_ok's part that is the input's: a float on the weight's device (its
+    index), as wide as the weight (k)."""
+    return x.shape[-1] == k and x.get_device() == device and x.is_floating_point()
 
 
 class Fp8Weight(torch.Tensor):
@@ -415,8 +416,7 @@ class Fp8Weight(torch.Tensor):
             x, w = args[0], args[1]
             b = args[2] if len(args) > 2 else kwargs.get("bias")
             if isinstance(w, Fp8Weight) and not isinstance(x, Fp8Weight) and not isinstance(b, Fp8Weight):
-                if (w._native_here and x.shape[-1] == w._k and x.get_device() == w._dev
-                        and x.is_floating_point()):
+                if w._native_here and _input_ok(w._k, w._dev, x):
                     return _native_linear(x, w, b)
                 return F.linear(x, dequantize_bound(w.qdata, w.scale, w.dtype, w.src), b)
         # anything else goes down to __torch_dispatch__ (detach keeps the type there)
