@@ -1366,7 +1366,7 @@ class Quantized(unittest.TestCase):
         self.assertLess(err.item(), 2 ** -4, "FP8 e4m3 keeps 3 mantissa bits")
         # the call itself where the CPU's _scaled_mm takes it (one output row and column:
         # both scales have one element): operands, scales and bias as the GPU gets them
-        from arena.torch._fp8 import _ScaledLinear, dequantize, scaled_linear
+        from arena.torch._fp8 import _ScaledLinear, dequantize, native_args, scaled_linear
 
         w = torch.randn(1, 64, generator=g) * 0.02
         ws = (w.abs().amax(1, keepdim=True) / 448).clamp(min=1e-12)
@@ -1374,7 +1374,7 @@ class Quantized(unittest.TestCase):
         b = torch.tensor([0.25]).to(torch.bfloat16)
         for row in range(8):
             xr = x[row:row + 1].clone().requires_grad_(True)
-            y = _ScaledLinear.apply(xr, wq, ws, b, torch.bfloat16)
+            y = _ScaledLinear.apply(xr, b, None, None, native_args(wq, ws, torch.bfloat16))
             xq, xs = quantize_rows(x[row:row + 1])
             want = (xq.float() * xs) @ (wq.float() * ws).t() + b.float()
             self.assertEqual(y.dtype, torch.bfloat16)
@@ -1452,7 +1452,7 @@ class Quantized(unittest.TestCase):
         wq = (w / ws).clamp(-448, 448).to(torch.float8_e4m3fn)
         xr = x[:1].clone()
         xq, xs = _fp8.rows_of(xr, 32)
-        a = _fp8._ScaledLinear.apply(xr, wq, ws, None, torch.bfloat16, False, None, xq, xs)
+        a = _fp8._ScaledLinear.apply(xr, None, xq, xs, _fp8.native_args(wq, ws, torch.bfloat16))
         self.assertTrue(torch.equal(a, _fp8.scaled_linear(xr, wq, ws, None, torch.bfloat16)))
         # the native F.linear: through the autograd function where autograd records it,
         # the product alone where not; the same output either way

@@ -253,23 +253,46 @@ def rows_of(x: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
     return xq, xs
 
 
-def scaled_linear(x: torch.Tensor, qdata: torch.Tensor, scale: Optional[torch.Tensor],
-                  bias: Optional[torch.Tensor], dtype: torch.dtype,
-                  xqs: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
-    """x @ W.T (+ bias) with torch._scaled_mm: x quantized per row (or ``xqs``, its
-    quantize_rows already made), W's FP8 bytes as they are (qdata [N, K] row-major
-    is the column-major [K, N] _scaled_mm wants)."""
-    n, k = qdata.shape
-    lead = x.shape[:-1]
-    xq, xs = xqs if xqs is not None else quantize_rows(x.reshape(-1, k))
+# What a native product needs of its weight, made once a binding (Fp8Weight.native_args):
+# (qdata [N, K], scale, qdata.t() (the column-major [K, N] _scaled_mm wants: the same
+# bytes), the weight's scales as _scaled_mm's [1, N] row operand, the output dtype, the
+# weight's src (dequantize_bound)).
+Native = Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor, torch.Tensor, torch.dtype,
+               Optional[Tuple[Any, int, int]]]
+
+
+def native_args(qdata: torch.Tensor, scale: Optional[torch.Tensor], dtype: torch.dtype,
+                src: Optional[Tuple[Any, int, int]] = None) -> Native:
+    """A weight's Native: its FP8 bytes transposed as a view and its scales as _scaled_mm's
+    row operand (one a row: the same bytes; one scale or none: spread to every row)."""
+    n = qdata.shape[0]
     if scale is not None and scale.dtype == torch.float32 and scale.numel() == n and scale.is_contiguous():
         ws = scale.view(1, n)  # one a row: [n, 1] and [1, n] are the same bytes
     else:
         ws = _spread_scale(scale, n, qdata.device)
-    if bias is not None and bias.dtype != dtype:
-        bias = bias.to(dtype)
-    out = torch._scaled_mm(xq, qdata.t(), scale_a=xs, scale_b=ws, bias=bias, out_dtype=dtype)
-    return out.reshape(*lead, n)
+    return (qdata, scale, qdata.t(), ws, dtype, src)
+
+
+def product(x: torch.Tensor, b: Optional[torch.Tensor], xq: torch.Tensor, xs: torch.Tensor,
+            nat: Native) -> torch.Tensor:
+    """x @ W.T (+ b) by torch._scaled_mm from x's FP8 rows (xq, xs: quantize_rows of x as
+    [-1, K]) and the weight's ``nat``: bias added in the kernel, the output in the
+    weight's dtype, shaped as x with N last."""
+    qt, ws, dtype = nat[2], nat[3], nat[4]
+    if b is not None and b.dtype != dtype:
+        b = b.to(dtype)
+    out = torch._scaled_mm(xq, qt, scale_a=xs, scale_b=ws, bias=b, out_dtype=dtype)
+    return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[1])
+
+
+def scaled_linear(x: torch.Tensor, qdata: torch.Tensor, scale: Optional[torch.Tensor],
+                  bias: Optional[torch.Tensor], dtype: torch.dtype,
+                  xqs: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+    """x @ W.T (+ bias) with torch._scaled_mm: x quantized per row (or ``xqs``, its
+    quantize_rows already made), W's FP8 bytes as they are (product on the weight's
+    native_args)."""
+    xq, xs = xqs if xqs is not None else quantize_rows(x.reshape(-1, qdata.shape[1]))
+    return product(x, bias, xq, xs, native_args(qdata, scale, dtype))
 
 
 def _spread_scale(scale: Optional[torch.Tensor], n: int, device: torch.device) -> torch.Tensor:
@@ -320,33 +343,40 @@ def dequantize_bound(qdata: torch.Tensor, scale: Optional[torch.Tensor], dtype: 
 
 
 class _ScaledLinear(torch.autograd.Function):
-    """Native FP8 linear through a frozen weight: the input's gradient only (an FP8
-    product too when ``fp8_grad``, else with W dequantized for it: by arena's kernel
-    where ``src`` is given, see dequantize_bound)."""
+    """Native FP8 linear through a frozen weight (its ``nat``, as bound when the forward
+    ran): x's gradient (an FP8 product too when GRAD_FP8 was on at the forward, else
+    with W dequantized for it: by arena's kernel where the weight's src is given, see
+    dequantize_bound) and the bias's. ``xq``/``xs``: x's rows, or None to quantize x here."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, qdata: torch.Tensor, scale: Optional[torch.Tensor],
-                bias: Optional[torch.Tensor], dtype: torch.dtype, fp8_grad: bool = False,
-                src: Optional[Tuple[Any, int, int]] = None, xq: Optional[torch.Tensor] = None,
-                xs: Optional[torch.Tensor] = None) -> torch.Tensor:
-        ctx.save_for_backward(qdata, scale)
-        ctx.dtype = dtype
-        ctx.fp8_grad = fp8_grad
-        ctx.src = src
-        ctx.bias_grad = bias is not None and bias.requires_grad
-        return scaled_linear(x, qdata, scale, bias, dtype, None if xq is None or xs is None else (xq, xs))
+    def forward(ctx: Any, x: torch.Tensor, b: Optional[torch.Tensor], xq: Optional[torch.Tensor],
+                xs: Optional[torch.Tensor], nat: Native) -> torch.Tensor:
+        ctx.nat = nat  # (not save_for_backward: frozen weight bytes, never an output or changed)
+        ctx.fp8_grad = GRAD_FP8
+        if xq is None or xs is None:
+            xq, xs = quantize_rows(x.reshape(-1, nat[0].shape[1]))
+        return product(x, b, xq, xs, nat)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
-        qdata, scale = ctx.saved_tensors
-        gx = None
+        qdata, scale, _, _, dtype, src = ctx.nat
+        gx = gb = None
         if ctx.needs_input_grad[0]:
             if ctx.fp8_grad:
-                gx = scaled_grad_input(grad, qdata, scale, ctx.dtype)
+                gx = scaled_grad_input(grad, qdata, scale, dtype)
             else:
-                gx = grad.to(ctx.dtype).matmul(dequantize_bound(qdata, scale, ctx.dtype, ctx.src))
-        gb = grad.reshape(-1, grad.shape[-1]).sum(0) if ctx.bias_grad else None
-        return gx, None, None, gb, None, None, None, None, None
+                gx = grad.to(dtype).matmul(dequantize_bound(qdata, scale, dtype, src))
+        if ctx.needs_input_grad[1]:
+            gb = grad.reshape(-1, grad.shape[-1]).sum(0)
+        return gx, gb, None, None, None
+
+
+# _ScaledLinear.apply without autograd.Function.apply's Python part (default arguments
+# bound, functorch's wrappers unwrapped: nothing to do for this function's arguments
+# outside functorch's transforms, which take the documented apply); about 5 µs of host
+# a product, hundreds of products a step.
+_apply_base: Callable[..., Any] = torch._C._FunctionBase.__dict__["apply"].__get__(None, _ScaledLinear)
+_functorch_active: Callable[[], bool] = torch._C._are_functorch_transforms_active
 
 
 def native_ok(qdata: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> bool:
@@ -370,12 +400,19 @@ def _input_ok(k: int, device: int, x: torch.Tensor) -> bool:
 class Fp8Weight(torch.Tensor):
     """A frozen FP8 weight (arena's fp8-e4m3 schemes) that a Linear computes with natively."""
 
-    qdata: torch.Tensor
-    scale: Optional[torch.Tensor]
+    # qdata, scale and src are properties: setting one (a binding repoints qdata and
+    # scale at other bytes of the same shape, dtype and device) drops the products'
+    # Native made from them. A tensor subclass's own properties (dtype...) go through
+    # __torch_function__, a microsecond each: the hot path reads plain attributes.
+    _q: torch.Tensor
+    _s: Optional[torch.Tensor]
+    _src: Optional[Tuple[Any, int, int]]
+    _nat: Optional[Native]
+    _dt: torch.dtype
+    _native_here: bool
+    _k: int
+    _dev: int
     native: bool
-    # (arena, C index of the image tensor, qdata's offset in its block or piece):
-    # set by attach, for the backward's dequantization by arena's kernel
-    src: Optional[Tuple[Any, int, int]]
 
     @staticmethod
     def __new__(cls, qdata: torch.Tensor, scale: Optional[torch.Tensor], dtype: torch.dtype,
@@ -384,22 +421,61 @@ class Fp8Weight(torch.Tensor):
             cls, qdata.shape, dtype=dtype, device=qdata.device, requires_grad=False)
 
     def __init__(self, qdata: torch.Tensor, scale: Optional[torch.Tensor], dtype: torch.dtype, native: bool):
-        self.qdata = qdata
-        self.scale = scale
+        self._q = qdata
+        self._s = scale
+        self._src = None
+        self._nat = None
+        self._dt = dtype
         self.native = native
-        self.src = None
         # the weight's part of native_ok (and its width and device for the input's
-        # part), asked once: binding repoints qdata and scale (setattr) at other bytes
-        # of the same shape, dtype and device
+        # part), asked once: a binding keeps shape, dtype and device
         self._native_here = native and _weight_native(qdata, dtype)
         self._k, self._dev = qdata.shape[1], qdata.get_device()
+
+    @property
+    def qdata(self) -> torch.Tensor:
+        """The FP8 bytes, [N, K] (F8_E4M3)."""
+        return self._q
+
+    @qdata.setter
+    def qdata(self, v: torch.Tensor) -> None:
+        self._q = v
+        self._nat = None
+
+    @property
+    def scale(self) -> Optional[torch.Tensor]:
+        """F32 scales: [1], [N, 1], or None (fp8-e4m3: 1)."""
+        return self._s
+
+    @scale.setter
+    def scale(self, v: Optional[torch.Tensor]) -> None:
+        self._s = v
+        self._nat = None
+
+    @property
+    def src(self) -> Optional[Tuple[Any, int, int]]:
+        """(arena, C index of the image tensor, qdata's offset in its block or piece):
+        set by attach, for the backward's dequantization by arena's kernel."""
+        return self._src
+
+    @src.setter
+    def src(self, v: Optional[Tuple[Any, int, int]]) -> None:
+        self._src = v
+        self._nat = None
+
+    def native_args(self) -> Native:
+        """The products' Native of the bytes bound now (made once a binding)."""
+        nat = self._nat
+        if nat is None:
+            nat = self._nat = native_args(self._q, self._s, self._dt, self._src)
+        return nat
 
     def __repr__(self) -> str:  # type: ignore[override]
         return f"Fp8Weight({tuple(self.shape)}, {self.dtype}, native={self.native})"
 
     def __tensor_flatten__(self) -> Tuple[list, Dict[str, Any]]:
-        names = ["qdata"] if self.scale is None else ["qdata", "scale"]
-        return names, {"dtype": self.dtype, "native": self.native}
+        names = ["qdata"] if self._s is None else ["qdata", "scale"]
+        return names, {"dtype": self._dt, "native": self.native}
 
     @staticmethod
     def __tensor_unflatten__(inner: Dict[str, torch.Tensor], ctx: Dict[str, Any], size: Any,
@@ -407,29 +483,28 @@ class Fp8Weight(torch.Tensor):
         return Fp8Weight(inner["qdata"], inner.get("scale"), ctx["dtype"], ctx["native"])
 
     def dequantize(self) -> torch.Tensor:
-        return dequantize(self.qdata, self.scale, self.dtype)
+        return dequantize(self._q, self._s, self._dt)
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
         if func is F.linear:
             x, w = args[0], args[1]
-            b = args[2] if len(args) > 2 else kwargs.get("bias")
+            b = args[2] if len(args) > 2 else (kwargs.get("bias") if kwargs else None)
             if isinstance(w, Fp8Weight) and not isinstance(x, Fp8Weight) and not isinstance(b, Fp8Weight):
-                if w._native_here and _input_ok(w._k, w._dev, x):
+                if w._native_here and x.shape[-1] == w._k and x.get_device() == w._dev and x.is_floating_point():
                     return _native_linear(x, w, b)
-                return F.linear(x, dequantize_bound(w.qdata, w.scale, w.dtype, w.src), b)
+                return F.linear(x, dequantize_bound(w._q, w._s, w._dt, w._src), b)
         # anything else goes down to __torch_dispatch__ (detach keeps the type there)
         with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **kwargs)
+            return func(*args, **(kwargs or {}))
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
         kwargs = kwargs or {}
         if func is torch.ops.aten.detach.default:  # nn.Parameter(w) and .detach(): the same bytes
             w = args[0]
-            out = Fp8Weight(w.qdata, w.scale, w.dtype, w.native)
-            out.src = w.src
+            out = Fp8Weight(w._q, w._s, w._dt, w.native)
+            out.src = w._src
             return out
         return func(*_plain(args), **_plain(kwargs))
 
@@ -437,11 +512,17 @@ class Fp8Weight(torch.Tensor):
 def _native_linear(x: torch.Tensor, w: Fp8Weight, b: Optional[torch.Tensor]) -> torch.Tensor:
     """F.linear(x, w, b) natively (native_ok holds): through _ScaledLinear where autograd
     records it, else the product alone (sampling: no autograd function's cost)."""
+    nat = w._nat
+    if nat is None:
+        nat = w.native_args()
     xq, xs = rows_of(x, w._k)
     if torch.is_grad_enabled() and (x.requires_grad or (b is not None and b.requires_grad)):
-        out: torch.Tensor = _ScaledLinear.apply(x, w.qdata, w.scale, b, w.dtype, GRAD_FP8, w.src, xq, xs)
+        if _functorch_active():
+            out: torch.Tensor = _ScaledLinear.apply(x, b, xq, xs, nat)
+        else:
+            out = _apply_base(x, b, xq, xs, nat)
         return out
-    return scaled_linear(x, w.qdata, w.scale, b, w.dtype, (xq, xs))
+    return product(x, b, xq, xs, nat)
 
 
 def _plain(tree: Any) -> Any:
