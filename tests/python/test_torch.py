@@ -1282,6 +1282,54 @@ class Quantized(unittest.TestCase):
         with self.assertRaises(ValueError):
             at.attach(model(), path, fp8_compute="yes", **RESIDENT)
 
+    def test_native_fp8_training_streamed(self):
+        """LoRA training through native FP8 products, checkpointed and not, the device's
+        FP8 matmuls stood in for (device_has_fp8 true; torch._scaled_mm by f32 arithmetic
+        on the operands it is given): streamed and in pieces, where a block's address at
+        its backward is not the one its forward saw, the losses, gradients and LoRA
+        weights after are the resident attach's bit for bit and every Linear of the
+        quantized blocks went through the FP8 product (the backward's weight is the
+        binding current then: arena's kernel refuses another address)."""
+        from arena.torch import _fp8
+
+        calls = [0]
+
+        def mm(a, b, scale_a, scale_b, bias=None, out_dtype=None):
+            calls[0] += 1
+            self.assertEqual((a.dtype, b.dtype), (torch.float8_e4m3fn, torch.float8_e4m3fn))
+            out = (a.float() * scale_a) @ (b.float() * scale_b)
+            return (out if bias is None else out + bias.float()).to(out_dtype)
+
+        path = self.image("fp8-e4m3-row", "--quant-exclude", "single_transformer_blocks.*")
+        real_has, real_mm = _fp8.device_has_fp8, torch._scaled_mm
+        _fp8.device_has_fp8 = lambda d: True
+        torch._scaled_mm = mm
+        try:
+            for ckpt in (True, False):
+                want = None
+                for opts in (RESIDENT, dict(self.STREAM, sim_capacity="200K", depth=2), self.PIECES):
+                    with self.subTest(checkpointing=ckpt, opts=opts):
+                        m = model()
+                        h = at.attach(m, path, mode="train", fp8_compute=True, **opts)
+                        if opts is not RESIDENT:
+                            self.assertGreater(h.plan()["n_streamed"], 0)
+                        self.assertTrue(m.transformer_blocks[0].attn.to_q.weight._native_here)
+                        add_lora(m)
+                        calls[0] = 0
+                        got = train_steps(m, checkpointing=ckpt)
+                        # 2 steps, a forward (and with checkpointing its recompute) of
+                        # every quantized Linear of the double blocks
+                        n = sum(1 for mod in m.transformer_blocks.modules()
+                                if isinstance(mod, torch.nn.Linear) and isinstance(mod.weight, _fp8.Fp8Weight))
+                        self.assertEqual(calls[0], 2 * n * (2 if ckpt else 1))
+                        if want is None:
+                            want = got
+                        else:
+                            same_step(self, got, want, "native: the resident attach's, bit for bit")
+                        h.detach()
+        finally:
+            _fp8.device_has_fp8, torch._scaled_mm = real_has, real_mm
+
     def test_fp8_auto_is_native_in_sampling_on_fp8_gpus(self):
         """fp8_compute="auto" chooses FP8 products for sampling on a device with FP8
         matmuls and the dequantized path in training or without them (the rule

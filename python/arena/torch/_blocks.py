@@ -67,12 +67,12 @@ class _WeightRef:
 
     __slots__ = ("unit", "param", "size", "stride", "offset")
 
-    def __init__(self, unit: "_BlockBinding", param: torch.Tensor, t: torch.Tensor):
+    def __init__(self, unit: "_BlockBinding", param: Any, t: torch.Tensor):
         self.unit = unit
-        self.param = param
+        self.param = param  # a Parameter, or a tensor subclass's InnerRef (its .data: the inner tensor)
         self.size = tuple(t.size())
         self.stride = tuple(t.stride())
-        self.offset = t.storage_offset() - param.storage_offset()
+        self.offset = t.storage_offset() - param.data.storage_offset()
 
 
 class _SavedWeights:
@@ -84,13 +84,21 @@ class _SavedWeights:
     until the block's backward has run: ``_track``) and the view is made anew on
     its bytes: the same values, so the same gradients. Other tensors go to the
     hooks in force outside (``offload_saved``'s, a user's), or are kept as they are.
+    A tensor subclass's inner tensors (a native FP8 product saves its weight's
+    qdata and scale) are new tensors at each bind: one saved, or a view of one in
+    its dtype, is found by its bytes (the same storage, inside the inner tensor's)
+    and kept as a reference to the InnerRef the same way.
     Inside a checkpoint its own hooks are on top and these are not set."""
 
     def __init__(self, units: Sequence["_BlockBinding"], name: str):
         self.by_id: Dict[int, Tuple["_BlockBinding", torch.Tensor]] = {}
+        self.inner: List[Tuple["_BlockBinding", Any]] = []
         for u in units:
             for p in u.weights:
-                self.by_id[id(p)] = (u, p)
+                if isinstance(p, torch.Tensor):
+                    self.by_id[id(p)] = (u, p)
+                else:
+                    self.inner.append((u, p))
         self.outer = _top_hooks()
         self.name = name
         self.ctx = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
@@ -118,7 +126,27 @@ class _SavedWeights:
             if t.dtype == base.dtype:
                 return _WeightRef(hit[0], base, t)
             t = t.clone()  # a view in another dtype: its values now, in torch memory
+        elif self.inner:
+            ref = self._inner_of(t)
+            if ref is not None:
+                return ref
         return self.outer[0](t) if self.outer is not None else t
+
+    def _inner_of(self, t: torch.Tensor) -> Optional[_WeightRef]:
+        """t as a reference to the bound inner tensor whose bytes it views, if one does."""
+        if t.device.type == "meta" or t.numel() == 0:
+            return None
+        st = t.untyped_storage().data_ptr()
+        lo = t.storage_offset()
+        hi = lo + sum((n - 1) * s for n, s in zip(t.size(), t.stride()))
+        for u, r in self.inner:
+            d = r.data
+            if d.dtype != t.dtype or d.device != t.device or d.numel() == 0 or d.untyped_storage().data_ptr() != st:
+                continue
+            dlo = d.storage_offset()
+            if dlo <= lo and hi <= dlo + sum((n - 1) * s for n, s in zip(d.size(), d.stride())):
+                return _WeightRef(u, r, t)
+        return None
 
     def unpack(self, x: Any) -> torch.Tensor:
         if isinstance(x, _WeightRef):

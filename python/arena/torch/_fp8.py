@@ -343,15 +343,19 @@ def dequantize_bound(qdata: torch.Tensor, scale: Optional[torch.Tensor], dtype: 
 
 
 class _ScaledLinear(torch.autograd.Function):
-    """Native FP8 linear through a frozen weight (its ``nat``, as bound when the forward
-    ran): x's gradient (an FP8 product too when GRAD_FP8 was on at the forward, else
-    with W dequantized for it: by arena's kernel where the weight's src is given, see
-    dequantize_bound) and the bias's. ``xq``/``xs``: x's rows, or None to quantize x here."""
+    """Native FP8 linear through a frozen weight (its ``nat``): x's gradient (an FP8
+    product too when GRAD_FP8 was on at the forward, else with W dequantized for it: by
+    arena's kernel where the weight's src is given, see dequantize_bound) and the
+    bias's. ``xq``/``xs``: x's rows, or None to quantize x here."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, b: Optional[torch.Tensor], xq: Optional[torch.Tensor],
                 xs: Optional[torch.Tensor], nat: Native) -> torch.Tensor:
-        ctx.nat = nat  # (not save_for_backward: frozen weight bytes, never an output or changed)
+        # the weight's tensors through save_for_backward: checkpointing and arena's
+        # saved-tensor hooks give the backward the binding current then (a streamed
+        # block's forward-time address may hold another block by its backward)
+        ctx.save_for_backward(nat[0], nat[1])
+        ctx.dtype_src = (nat[4], nat[5])
         ctx.fp8_grad = GRAD_FP8
         if xq is None or xs is None:
             xq, xs = quantize_rows(x.reshape(-1, nat[0].shape[1]))
@@ -359,7 +363,8 @@ class _ScaledLinear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
-        qdata, scale, _, _, dtype, src = ctx.nat
+        qdata, scale = ctx.saved_tensors
+        dtype, src = ctx.dtype_src
         gx = gb = None
         if ctx.needs_input_grad[0]:
             if ctx.fp8_grad:
