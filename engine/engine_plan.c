@@ -63,6 +63,17 @@ static uint64_t dev_used(const arena_engine *e)
 	return e->plan.resident_bytes + (uint64_t)(e->plan.n_streamed ? e->n_slots : 0) * e->plan.slot_bytes;
 }
 
+/* dev_used as the backend allocates it: with the rounding of the blocks on
+ * the device and of the ring, what a budget is held against (a rounded
+ * plan's need, near_set's sets). */
+static uint64_t dev_alloc(const arena_engine *e)
+{
+	uint64_t r = arena__engine_own_rounding(e->m, e);
+	if (e->wstage) /* (the stages are the budget's already: budget_now) */
+		r -= arena__engine_gran_loss(e->be, arena__engine_wire_stage_bytes(e));
+	return dev_used(e) + r;
+}
+
 /* Room: a plan t for the budget now is worth moving to when it keeps more
  * resident and is not predicted slower (within 0.5%: fewer copies for the
  * same time), or, with a profile, is predicted 2% faster. */
@@ -321,7 +332,7 @@ int arena__engine_adapt(arena_engine *e, int new_sched)
 		arena__engine_refresh(e);
 	}
 	unsigned hyst = e->o.hysteresis ? e->o.hysteresis : ARENA_ENGINE_DEFAULT_HYSTERESIS;
-	if (used > budget) {
+	if (dev_alloc(e) > budget) {
 		e->room_steps = 0;
 		rc = arena__engine_apply(e, arena__engine_near_set(e, &t, budget, 0));
 	} else if (room_better(e, &t)) {
@@ -334,13 +345,13 @@ int arena__engine_adapt(arena_engine *e, int new_sched)
 	}
 	e->room_now = 0;
 	arena_residency_plan_release(&t);
-	if (!rc && dev_used(e) > budget) {
+	if (!rc && dev_alloc(e) > budget) {
 		e->rec.over_budget = 1;
 		if (e->o.strict)
 			rc = arena_errorf(ARENA_E(BUDGET),
 					  "engine: %s of device memory needed, over the budget of %s (%s free), and "
 					  "nothing left to demote",
-					  arena__fmtb(dev_used(e)), arena__fmtb(budget), arena__fmtb(free_b));
+					  arena__fmtb(dev_alloc(e)), arena__fmtb(budget), arena__fmtb(free_b));
 	}
 	return rc;
 }
