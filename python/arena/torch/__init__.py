@@ -174,11 +174,13 @@ def attach(
       dequantizes for its product); False dequantizes them at each bind (bit
       for bit the plain model holding the dequantized weights). "auto" (the
       default): True for sampling on a GPU with FP8 matmuls (on the H200
-      and the H100 faster than BF16: docs/QUANT.md "Native FP8"), False in
+      and on H100s whose host keeps up faster than BF16: docs/QUANT.md
+      "Native FP8"), False in
       training and elsewhere (a native training step is bound by the host
-      as much as by the GPU: 0.99 x the BF16 model's resident step at 8 GiB
-      on an H100 whose host kept up, slower on others; dequantized, a steady
-      1.05 x). The FP8 product is not bit-identical to the dequantized one.
+      as much as by the GPU: 0.98-0.99 x the BF16 model's resident step at
+      8 GiB on H100s whose host kept up, up to 1.17 x on others; dequantized,
+      a steady 1.05-1.06 x). The FP8 product is not bit-identical to the
+      dequantized one.
     share_host: one host copy of the streamed blocks for every process of the host
       (data-parallel training: torchrun, accelerate, one process per GPU): the
       first process of the host loads them into memory the host's processes
