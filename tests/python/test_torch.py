@@ -1330,6 +1330,37 @@ class Quantized(unittest.TestCase):
         finally:
             _fp8.device_has_fp8, torch._scaled_mm = real_has, real_mm
 
+    def test_saved_inner_tensors_are_references(self):
+        """A streamed block's saved-tensor hooks (outside checkpointing) keep a saved inner
+        tensor of a bound tensor subclass, or a view of one, as a reference to its unit
+        (found by its bytes: the same storage, inside the inner tensor's), a view in
+        another dtype as a copy of its values now, and anything else as it is."""
+        from arena.torch import _blocks, _fp8, _quant
+
+        slab = torch.arange(256, dtype=torch.uint8)  # a unit's bytes: two weights' qdata
+        q0 = slab[:96].view(torch.float8_e4m3fn).view(6, 16)
+        q1 = slab[96:192].view(torch.float8_e4m3fn).view(6, 16)
+        w0 = _fp8.Fp8Weight(q0, None, torch.bfloat16, False)
+
+        class Unit:
+            weights = [_quant.InnerRef(w0, "qdata", None)]
+
+        unit = Unit()
+        sw = _blocks._SavedWeights([unit], "block")  # type: ignore[list-item]
+        for t in (q0, q0[2:4], q0.t()):
+            ref = sw.pack(t)
+            self.assertIsInstance(ref, _blocks._WeightRef)
+            self.assertIs(ref.unit, unit)
+            d = ref.param.data
+            got = d.as_strided(ref.size, ref.stride, d.storage_offset() + ref.offset)
+            self.assertTrue(torch.equal(got.view(torch.uint8), t.view(torch.uint8)))
+        v = q0.view(torch.uint8)  # another dtype: its values, in memory of its own
+        c = sw.pack(v)
+        self.assertNotIsInstance(c, _blocks._WeightRef)
+        self.assertTrue(torch.equal(c, v) and c.untyped_storage().data_ptr() != slab.untyped_storage().data_ptr())
+        for other in (q1, torch.zeros(3)):  # the slab's other weight (not bound here), another tensor
+            self.assertIs(sw.pack(other), other)
+
     def test_fp8_auto_is_native_in_sampling_on_fp8_gpus(self):
         """fp8_compute="auto" chooses FP8 products for sampling on a device with FP8
         matmuls and the dequantized path in training or without them (the rule

@@ -75,6 +75,13 @@ class _WeightRef:
         self.offset = t.storage_offset() - param.data.storage_offset()
 
 
+def _span(t: torch.Tensor) -> Tuple[int, int]:
+    """The bytes of its storage that t's elements lie in: [first, last + 1)."""
+    es = t.element_size()
+    lo = int(t.storage_offset()) * es
+    return lo, lo + (sum(int(n - 1) * int(s) for n, s in zip(t.size(), t.stride())) + 1) * es
+
+
 class _SavedWeights:
     """Saved-tensor hooks over a streamed (or quantized) block's forward with
     autograd on, outside checkpointing: a weight (or a view of one) that autograd
@@ -85,9 +92,9 @@ class _SavedWeights:
     its bytes: the same values, so the same gradients. Other tensors go to the
     hooks in force outside (``offload_saved``'s, a user's), or are kept as they are.
     A tensor subclass's inner tensors (a native FP8 product saves its weight's
-    qdata and scale) are new tensors at each bind: one saved, or a view of one in
-    its dtype, is found by its bytes (the same storage, inside the inner tensor's)
-    and kept as a reference to the InnerRef the same way.
+    qdata and scale) are new tensors at each bind: one saved, or a view of one, is
+    found by its bytes (the same storage, inside the inner tensor's) and kept as a
+    reference to the InnerRef the same way (a view in another dtype: cloned).
     Inside a checkpoint its own hooks are on top and these are not set."""
 
     def __init__(self, units: Sequence["_BlockBinding"], name: str):
@@ -127,25 +134,26 @@ class _SavedWeights:
                 return _WeightRef(hit[0], base, t)
             t = t.clone()  # a view in another dtype: its values now, in torch memory
         elif self.inner:
-            ref = self._inner_of(t)
-            if ref is not None:
-                return ref
+            inner = self._inner_of(t)
+            if inner is not None:
+                if t.dtype == inner[1].data.dtype:
+                    return _WeightRef(inner[0], inner[1], t)
+                t = t.clone()  # as above
         return self.outer[0](t) if self.outer is not None else t
 
-    def _inner_of(self, t: torch.Tensor) -> Optional[_WeightRef]:
-        """t as a reference to the bound inner tensor whose bytes it views, if one does."""
+    def _inner_of(self, t: torch.Tensor) -> Optional[Tuple["_BlockBinding", Any]]:
+        """The unit and InnerRef of the bound inner tensor whose bytes t views, if one does."""
         if t.device.type == "meta" or t.numel() == 0:
             return None
         st = t.untyped_storage().data_ptr()
-        lo = t.storage_offset()
-        hi = lo + sum((n - 1) * s for n, s in zip(t.size(), t.stride()))
+        lo, hi = _span(t)
         for u, r in self.inner:
             d = r.data
-            if d.dtype != t.dtype or d.device != t.device or d.numel() == 0 or d.untyped_storage().data_ptr() != st:
+            if d.device != t.device or d.numel() == 0 or d.untyped_storage().data_ptr() != st:
                 continue
-            dlo = d.storage_offset()
-            if dlo <= lo and hi <= dlo + sum((n - 1) * s for n, s in zip(d.size(), d.stride())):
-                return _WeightRef(u, r, t)
+            dlo, dhi = _span(d)
+            if dlo <= lo and hi <= dhi:
+                return u, r
         return None
 
     def unpack(self, x: Any) -> torch.Tensor:
