@@ -380,8 +380,16 @@ class _ScaledLinear(torch.autograd.Function):
 # bound, functorch's wrappers unwrapped: nothing to do for this function's arguments
 # outside functorch's transforms, which take the documented apply); about 5 µs of host
 # a product, hundreds of products a step.
-_apply_base: Callable[..., Any] = torch._C._FunctionBase.__dict__["apply"].__get__(None, _ScaledLinear)
-_functorch_active: Callable[[], bool] = torch._C._are_functorch_transforms_active
+def _bare_apply() -> Callable[..., Any]:
+    """_ScaledLinear's apply from torch's C base class, or the documented one where a
+    torch has none to give."""
+    raw = getattr(getattr(torch._C, "_FunctionBase", None), "__dict__", {}).get("apply")
+    get = getattr(raw, "__get__", None)
+    return get(None, _ScaledLinear) if get is not None else _ScaledLinear.apply
+
+
+_apply_base: Callable[..., Any] = _bare_apply()
+_functorch_active: Callable[[], bool] = getattr(torch._C, "_are_functorch_transforms_active", lambda: True)
 
 
 def native_ok(qdata: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> bool:
