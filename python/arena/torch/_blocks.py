@@ -76,10 +76,9 @@ class _WeightRef:
 
 
 def _span(t: torch.Tensor) -> Tuple[int, int]:
-    """The bytes of its storage that t's elements lie in: [first, last + 1)."""
-    es = t.element_size()
-    lo = int(t.storage_offset()) * es
-    return lo, lo + (sum(int(n - 1) * int(s) for n, s in zip(t.size(), t.stride())) + 1) * es
+    """The addresses t's elements lie in: [first, last + 1) (its strides are not negative)."""
+    lo = t.data_ptr()
+    return lo, lo + (sum(int(n - 1) * int(s) for n, s in zip(t.size(), t.stride())) + 1) * t.element_size()
 
 
 class _SavedWeights:
@@ -93,8 +92,9 @@ class _SavedWeights:
     hooks in force outside (``offload_saved``'s, a user's), or are kept as they are.
     A tensor subclass's inner tensors (a native FP8 product saves its weight's
     qdata and scale) are new tensors at each bind: one saved, or a view of one, is
-    found by its bytes (the same storage, inside the inner tensor's) and kept as a
-    reference to the InnerRef the same way (a view in another dtype: cloned).
+    found by its bytes (its addresses inside the inner tensor's, on its device) and
+    kept as a reference to the InnerRef the same way (a view in another dtype:
+    cloned).
     Inside a checkpoint its own hooks are on top and these are not set."""
 
     def __init__(self, units: Sequence["_BlockBinding"], name: str):
@@ -145,11 +145,11 @@ class _SavedWeights:
         """The unit and InnerRef of the bound inner tensor whose bytes t views, if one does."""
         if t.device.type == "meta" or t.numel() == 0:
             return None
-        st = t.untyped_storage().data_ptr()
+        dev = t.get_device()
         lo, hi = _span(t)
         for u, r in self.inner:
             d = r.data
-            if d.device != t.device or d.numel() == 0 or d.untyped_storage().data_ptr() != st:
+            if d.numel() == 0 or d.get_device() != dev or d.device.type == "meta":
                 continue
             dlo, dhi = _span(d)
             if dlo <= lo and hi <= dhi:
