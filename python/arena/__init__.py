@@ -505,8 +505,9 @@ class Arena:
         FP8 product takes, bit for bit torch's ``s = (amax(|row|) / 448).clamp(min=
         1e-12)``, ``q = (x.float() / s).clamp(-448, 448).to(float8_e4m3fn)``
         (``arena_fp8_quantize_rows``), a true division by 448 (on CUDA torch divides
-        by a Python number as a product by its reciprocal: hold 448 as a tensor). With ``col_scale`` (float32 [cols], contiguous,
-        on x's device) each element is first multiplied by its column's scale, in f32:
+        by a Python number as a product by its reciprocal: hold 448 as a tensor).
+        With ``col_scale`` (float32 [cols], contiguous, on x's device) each element
+        is first multiplied by its column's scale, in f32:
         the same rule on ``x.float() * col_scale`` (``arena_fp8_quantize_rows_scaled``:
         the FP8 backward's gradient times a weight's row scales). On CUDA queued on
         ``stream`` (None: the default stream); on sim done when this returns. Raises

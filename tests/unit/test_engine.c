@@ -1789,6 +1789,11 @@ static void setup_learn(void)
 
 TestSuite(engine_learn, .init = setup_learn, .fini = teardown);
 
+/* The rest's levels above R the two tests below step through: more, less,
+ * back to none, in both directions by small and large amounts. */
+static const uint64_t rest_over[] = {0, 500000, 1300000, 2100000, 700000, 0, 2900000,
+				    170000, 1500000, 0, 900000, 3500000, 0};
+
 /* A budget that moves moves only what it must: less demotes, never
  * promoting what the plan made anew would swap in; more (after the
  * hysteresis) promotes and demotes nothing; within the budget each time and
@@ -1809,11 +1814,10 @@ Test(engine_learn, a_budget_that_moves_moves_only_what_it_must)
 	arena_stream *s;
 	cr_assert_eq(be->ops->stream_create(be, &s), 0);
 	run_step(e, m, s, 1, 0);
-	const uint64_t over[] = {0, 500000, 1300000, 2100000, 700000, 0, 2900000, 170000, 1500000, 0, 900000, 3500000, 0};
 	unsigned swaps_avoided = 0;
-	for (size_t k = 0; k < sizeof(over) / sizeof(*over); k++) {
+	for (size_t k = 0; k < sizeof(rest_over) / sizeof(*rest_over); k++) {
 		const uint64_t before = arena_engine_plan(e)->resident_bytes;
-		arena_engine_set_rest(e, R + over[k]);
+		arena_engine_set_rest(e, R + rest_over[k]);
 		arena_engine_step r;
 		unsigned dem = 0, pro = 0;
 		for (int i = 0; i < 3; i++) { /* the change, and the hysteresis */
@@ -1869,11 +1873,10 @@ Test(engine_learn, room_is_grown_into_within_the_cap_with_allocation_rounding)
 	cr_assert_eq(be->ops->stream_create(be, &s), 0);
 	cr_assert_eq(arena_backend_sim_rest(be, R), 0);
 	run_step(e, m, s, 1, 0);
-	const uint64_t over[] = {0, 500000, 1300000, 2100000, 700000, 0, 2900000, 170000, 1500000, 0, 900000, 3500000, 0};
 	unsigned grown = 0;
-	for (size_t k = 0; k < sizeof(over) / sizeof(*over); k++) {
-		arena_engine_set_rest(e, R + over[k]);
-		cr_assert_eq(arena_backend_sim_rest(be, R + over[k]), 0);
+	for (size_t k = 0; k < sizeof(rest_over) / sizeof(*rest_over); k++) {
+		arena_engine_set_rest(e, R + rest_over[k]);
+		cr_assert_eq(arena_backend_sim_rest(be, R + rest_over[k]), 0);
 		uint64_t peak;
 		for (int i = 0; i < 4; i++) { /* the change, the hysteresis, and steps after the move */
 			run_step(e, m, s, 1, 0);
@@ -2948,4 +2951,3 @@ Test(engine_plan, training_pieces_refined_by_swaps)
 	arena_layout_free(whole);
 	arena_ckpt_close(ck);
 }
-

@@ -125,31 +125,23 @@ def dequantize_fast(qdata: torch.Tensor, scale: Optional[torch.Tensor], dtype: t
 
 
 # Arenas open on a GPU whose library quantizes rows in one kernel
-# (arena_fp8_quantize_rows), by device: attach(..., fp8_compute=True) adds its
-# arena while attached. Without one, quantize_rows takes torch's ops.
-_ROWS: Dict[str, List[Any]] = {}
-
-
-# The same arenas by CUDA device index (quantize_rows' lookup: x.get_device()).
+# (arena_fp8_quantize_rows), by CUDA device index (quantize_rows' lookup:
+# x.get_device()): attach(..., fp8_compute=True) adds its arena while attached.
+# Without one, quantize_rows takes torch's ops.
 _ROWS_CUDA: Dict[int, List[Any]] = {}
 
 
 def use_arena(arena: Any) -> Callable[[], None]:
-    """Let quantize_rows use ``arena``'s kernel for tensors on its device; returns
-    the undo (attach's detach runs it)."""
-    key = str(arena.device)
-    dev = torch.device(key)
+    """Let quantize_rows use ``arena``'s kernel for tensors on its GPU; returns the
+    undo (attach's detach runs it). An arena elsewhere (the simulated device) has no
+    kernel to lend: nothing to undo."""
+    dev = torch.device(str(arena.device))
+    if dev.type != "cuda":
+        return lambda: None
     idx = dev.index if dev.index is not None else 0
-    _ROWS.setdefault(key, []).append(arena)
-    if dev.type == "cuda":
-        _ROWS_CUDA.setdefault(idx, []).append(arena)
+    _ROWS_CUDA.setdefault(idx, []).append(arena)
 
     def undo() -> None:
-        lst = _ROWS.get(key, [])
-        if arena in lst:
-            lst.remove(arena)
-        if not lst:
-            _ROWS.pop(key, None)
         by_index = _ROWS_CUDA.get(idx, [])
         if arena in by_index:
             by_index.remove(arena)
@@ -253,7 +245,7 @@ def rows_of(x: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
     return xq, xs
 
 
-# What a native product needs of its weight, made once a binding (Fp8Weight.native_args):
+# What a native product needs of its weight, made once a binding (Fp8Weight.bound_native):
 # (qdata [N, K], scale, qdata.t() (the column-major [K, N] _scaled_mm wants: the same
 # bytes), the weight's scales as _scaled_mm's [1, N] row operand, the output dtype, the
 # weight's src (dequantize_bound)).
@@ -476,8 +468,8 @@ class Fp8Weight(torch.Tensor):
         self._src = v
         self._nat = None
 
-    def native_args(self) -> Native:
-        """The products' Native of the bytes bound now (made once a binding)."""
+    def bound_native(self) -> Native:
+        """native_args of the bytes bound now (made once a binding)."""
         nat = self._nat
         if nat is None:
             nat = self._nat = native_args(self._q, self._s, self._dt, self._src)
@@ -504,7 +496,7 @@ class Fp8Weight(torch.Tensor):
             x, w = args[0], args[1]
             b = args[2] if len(args) > 2 else (kwargs.get("bias") if kwargs else None)
             if isinstance(w, Fp8Weight) and not isinstance(x, Fp8Weight) and not isinstance(b, Fp8Weight):
-                if w._native_here and x.shape[-1] == w._k and x.get_device() == w._dev and x.is_floating_point():
+                if w._native_here and _input_ok(w._k, w._dev, x):
                     return _native_linear(x, w, b)
                 return F.linear(x, dequantize_bound(w._q, w._s, w._dt, w._src), b)
         # anything else goes down to __torch_dispatch__ (detach keeps the type there)
@@ -525,9 +517,7 @@ class Fp8Weight(torch.Tensor):
 def _native_linear(x: torch.Tensor, w: Fp8Weight, b: Optional[torch.Tensor]) -> torch.Tensor:
     """F.linear(x, w, b) natively (native_ok holds): through _ScaledLinear where autograd
     records it, else the product alone (sampling: no autograd function's cost)."""
-    nat = w._nat
-    if nat is None:
-        nat = w.native_args()
+    nat = w.bound_native()
     xq, xs = rows_of(x, w._k)
     if torch.is_grad_enabled() and (x.requires_grad or (b is not None and b.requires_grad)):
         if _functorch_active():
