@@ -122,31 +122,70 @@ uint64_t arena_residency_plan_rounding(const arena_layout *l, const arena_reside
 	return r + (ring % gran ? gran - ring % gran : 0);
 }
 
+/* Does p fit `budget` as a device allocating in `gran` granules holds it? */
+static int fits_allocated(const arena_layout *l, const arena_residency_plan *p, uint64_t gran, uint64_t budget)
+{
+	return p->need_bytes + arena_residency_plan_rounding(l, p, gran) <= budget;
+}
+
+/* Is t a better plan than p by the planner's rule: with a profile the
+ * shorter predicted step (ties: more resident), else more resident bytes? */
+static int plan_better(const arena_residency_plan *t, const arena_residency_plan *p)
+{
+	if (t->step_s > 0 && p->step_s > 0)
+		return t->step_s < p->step_s * (1 - 1e-9) ||
+		       (t->step_s <= p->step_s * (1 + 1e-9) && t->resident_bytes > p->resident_bytes);
+	return t->resident_bytes > p->resident_bytes;
+}
+
 int arena_residency_plan_rounded(const arena_layout *l, const arena_engine_opts *o, uint64_t gran, uint64_t budget,
 				 arena_residency_plan *p)
 {
 	int rc = arena_residency_plan_make(l, o, budget, p);
-	if (rc || gran <= 1)
+	if (rc || gran <= 1 || fits_allocated(l, p, gran, budget))
 		return rc;
-	for (int k = 0;; k++) {
-		uint64_t need = p->need_bytes + arena_residency_plan_rounding(l, p, gran);
-		if (need <= budget)
-			return 0; /* it fits as allocated */
-		if (k == 4)
-			break; /* fewer resident blocks round less: a few tries are enough */
-		uint64_t over = need - budget, b = p->budget > over ? p->budget - over : 0;
-		arena_residency_plan t;
-		if ((rc = arena_residency_plan_make(l, o, b, &t)) == ARENA_E(BUDGET))
+	/* Over as allocated: the plan for the budget less what it is over, a
+	 * few times (fewer resident blocks round less), ... */
+	arena_residency_plan t;
+	int have = 0;
+	for (int k = 0; k < 4 && !have; k++) {
+		uint64_t over = p->need_bytes + arena_residency_plan_rounding(l, p, gran) - budget;
+		rc = arena_residency_plan_make(l, o, p->budget > over ? p->budget - over : 0, &t);
+		if (rc == ARENA_E(BUDGET))
 			break;
 		arena_residency_plan_release(p);
 		if (rc)
 			return rc;
 		*p = t;
+		have = fits_allocated(l, p, gran, budget);
 	}
+	arena_error_clear();
+	/* ... and the plan for the budget less the most rounding can add (a
+	 * granule for each block and the ring), which fits: a plan that fills
+	 * the room it freed refills it with other blocks and their rounding
+	 * again, and the planner's fill is not monotonic in the budget. The
+	 * better of the two. */
+	const uint64_t most = ((uint64_t)l->n_blocks + 1) * gran;
+	rc = budget > most ? arena_residency_plan_make(l, o, budget - most, &t) : ARENA_E(BUDGET);
+	if (rc == 0) {
+		if (!have || plan_better(&t, p)) {
+			arena_residency_plan_release(p);
+			*p = t;
+		} else {
+			arena_residency_plan_release(&t);
+		}
+		return 0;
+	}
+	if (rc != ARENA_E(BUDGET)) {
+		arena_residency_plan_release(p);
+		return rc;
+	}
+	arena_error_clear();
+	if (have)
+		return 0;
 	/* None fits as allocated: the smallest plan (its bytes fit the budget,
 	 * its rounding may not: the caller's over-budget rules apply, as to a
 	 * budget below the smallest plan's need). */
-	arena_error_clear();
 	arena_residency_plan_release(p);
 	if ((rc = arena_residency_plan_make(l, o, 0, p)) != ARENA_E(BUDGET))
 		return rc; /* NOMEM, or a plan that needs nothing */

@@ -936,7 +936,7 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 			if (t >= 0) {
 				have = 1;
 				best_t = t;
-				best_res = bp.need_bytes;
+				best_res = bp.resident_bytes;
 				memcpy(p->resident, bp.resident, n);
 			}
 			arena_residency_plan_release(&bp);
@@ -1011,9 +1011,12 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 			room -= l->blocks[pick].bytes;
 		}
 	chosen:;
-		uint64_t res = budget - room;
-		/* Without a profile the most resident bytes win; with one the
-		 * shortest predicted step (ties: the most resident bytes). */
+		/* the resident weights: what the budget holds less the ring */
+		uint64_t res = budget - room - (uint64_t)p->slots * (S > p->min_slot ? S : p->min_slot);
+		/* Without a profile the most resident bytes win (not a larger
+		 * ring: a plan of larger slots that keeps less resident copies
+		 * more each step); with one the shortest predicted step (ties:
+		 * the most resident bytes). */
 		int better = !have || (prof ? t_cand < best_t * (1 - 1e-9) || (t_cand <= best_t * (1 + 1e-9) && res > best_res)
 					   : res > best_res);
 		if (better) {

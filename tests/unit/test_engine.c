@@ -272,6 +272,60 @@ static arena_layout *flux_like_layout(void)
 	return mk_layout(sizes, 57, 2125824);
 }
 
+/* flux-dev's transformer at FP8 (the globals, 19 double blocks of 324.5 MiB,
+ * 38 single ones of 135.2 MiB) planned for a device that allocates in 2 MiB
+ * granules, at budgets 3 MiB apart from the floor up, in both modes: every
+ * plan fits as allocated, and keeps at least as much resident as the plan
+ * by bytes for the budget less one granule a block and the ring (the most
+ * the rounding can take). A plan that lost its room to rounding once fell
+ * back to the smallest plan: 128 MB resident of a 4.6 GB budget, from the
+ * first step of an FP8 training run at vram 8G until a learned profile's
+ * plan replaced it. */
+Test(engine_plan, rounded_plans_keep_the_room_they_can_fill)
+{
+	uint64_t sizes[57];
+	for (size_t i = 0; i < 57; i++)
+		sizes[i] = i < 19 ? 340292608 : 141761024;
+	arena_layout *l = mk_layout(sizes, 57, 128250112);
+	const uint64_t g = 2 << 20, most = (uint64_t)(l->n_blocks + 1) * g;
+	for (int mode = ARENA_MODE_SAMPLE; mode <= ARENA_MODE_TRAIN; mode++) {
+		arena_engine_opts o = base_opts(mode);
+		o.depth = 2;
+		o.keep_last = mode == ARENA_MODE_TRAIN;
+		unsigned planned = 0, short_of = 0;
+		for (uint64_t budget = 1000 << 20; budget < 11500ull << 20; budget += 3 << 20) {
+			arena_residency_plan p, q;
+			int rc = arena_residency_plan_rounded(l, &o, g, budget, &p);
+			if (rc == ARENA_E(BUDGET)) {
+				arena_error_clear();
+				continue;
+			}
+			cr_assert_eq(rc, 0, "%s", arena_last_error());
+			rc = arena_residency_plan_make(l, &o, budget - most, &q);
+			if (rc == ARENA_E(BUDGET)) {
+				arena_error_clear();
+			} else {
+				cr_assert_eq(rc, 0, "%s", arena_last_error());
+				planned++;
+				uint64_t as_alloc = p.need_bytes + arena_residency_plan_rounding(l, &p, g);
+				cr_assert_leq(as_alloc, budget, "mode %d, budget %llu: needs %llu as allocated", mode,
+					      (unsigned long long)budget, (unsigned long long)as_alloc);
+				if (p.resident_bytes < q.resident_bytes)
+					short_of++;
+				cr_assert_geq(p.resident_bytes, q.resident_bytes,
+					      "mode %d, budget %llu: %llu resident, the plan by bytes for %llu keeps %llu",
+					      mode, (unsigned long long)budget, (unsigned long long)p.resident_bytes,
+					      (unsigned long long)(budget - most), (unsigned long long)q.resident_bytes);
+				arena_residency_plan_release(&q);
+			}
+			arena_residency_plan_release(&p);
+		}
+		cr_assert_gt(planned, 2000, "mode %d: %u budgets planned", mode, planned);
+		cr_assert_eq(short_of, 0);
+	}
+	arena_layout_free(l);
+}
+
 /* A Flux-like mix (19 large blocks, then 38 of 0.42 x their size) whose
  * compute is the same per block, not per byte: the large blocks are
  * copy-heavy, the small ones balanced. With the profile the planner keeps
