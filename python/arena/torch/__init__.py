@@ -178,7 +178,7 @@ def attach(
       "Native FP8"), False in
       training and elsewhere (a native training step is bound by the host
       as much as by the GPU: 0.98-0.99 x the BF16 model's resident step at
-      8 GiB on H100s whose host kept up, up to 1.17 x on others; dequantized,
+      8 GiB on H100s whose host kept up, up to 1.21 x on others; dequantized,
       a steady 1.05-1.06 x). The FP8 product is not bit-identical to the
       dequantized one.
     share_host: one host copy of the streamed blocks for every process of the host
