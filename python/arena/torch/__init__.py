@@ -177,7 +177,7 @@ def attach(
       and on H100s whose host keeps up faster than BF16: docs/QUANT.md
       "Native FP8"), False in
       training and elsewhere (a native training step is bound by the host
-      as much as by the GPU: 0.98-0.99 x the BF16 model's resident step at
+      as much as by the GPU: 0.98-1.00 x the BF16 model's resident step at
       8 GiB on H100s whose host kept up, up to 1.21 x on others; dequantized,
       a steady 1.05-1.06 x). The FP8 product is not bit-identical to the
       dequantized one.
