@@ -345,8 +345,15 @@ class _ScaledLinear(torch.autograd.Function):
                 xs: Optional[torch.Tensor], nat: Native) -> torch.Tensor:
         # the weight's tensors through save_for_backward: checkpointing and arena's
         # saved-tensor hooks give the backward the binding current then (a streamed
-        # block's forward-time address may hold another block by its backward)
-        ctx.save_for_backward(nat[0], nat[1])
+        # block's forward-time address may hold another block by its backward). A
+        # weight bound to an arena's block (src) is dequantized by arena's kernel
+        # from its bytes' address alone (the scales are read from the block): its
+        # qdata only, one saved tensor a product fewer (each one a pack and an
+        # unpack through checkpointing's hooks, and their objects).
+        if nat[5] is not None and not GRAD_FP8:
+            ctx.save_for_backward(nat[0])
+        else:
+            ctx.save_for_backward(nat[0], nat[1])
         ctx.dtype_src = (nat[4], nat[5])
         ctx.fp8_grad = GRAD_FP8
         if xq is None or xs is None:
@@ -355,7 +362,8 @@ class _ScaledLinear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
-        qdata, scale = ctx.saved_tensors
+        saved = ctx.saved_tensors
+        qdata, scale = saved[0], saved[1] if len(saved) > 1 else None
         dtype, src = ctx.dtype_src
         gx = gb = None
         if ctx.needs_input_grad[0]:
