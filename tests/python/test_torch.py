@@ -1330,6 +1330,44 @@ class Quantized(unittest.TestCase):
         finally:
             _fp8.device_has_fp8, torch._scaled_mm = real_has, real_mm
 
+    def test_native_product_saves_the_bytes_it_needs(self):
+        """A native product through a weight bound to an arena's block saves that
+        weight's qdata only (arena's kernel dequantizes it for the backward from the
+        block, scales and all); a weight not bound to one saves its scale too, for
+        torch's dequantization; either way the input's gradient is the product with
+        the dequantized weight."""
+        from arena.torch import _fp8
+
+        def mm(a, b, scale_a, scale_b, bias=None, out_dtype=None):
+            out = (a.float() * scale_a) @ (b.float() * scale_b)
+            return (out if bias is None else out + bias.float()).to(out_dtype)
+
+        path = self.image("fp8-e4m3-row", "--quant-exclude", "single_transformer_blocks.*")
+        real_has, real_mm = _fp8.device_has_fp8, torch._scaled_mm
+        _fp8.device_has_fp8 = lambda d: True
+        torch._scaled_mm = mm
+        try:
+            m = model()
+            h = at.attach(m, path, mode="train", fp8_compute=True, **RESIDENT)
+            bound = m.transformer_blocks[0].attn.to_q.weight
+            self.assertIsNotNone(bound.src)
+            loose = _fp8.Fp8Weight(bound.qdata.clone(), bound.scale.clone(), torch.bfloat16, True)
+            for w, want in ((bound, [bound.qdata]), (loose, [loose.qdata, loose.scale])):
+                with self.subTest(bound=w is bound):
+                    x = torch.randn(1, 5, w.shape[1], dtype=torch.bfloat16, requires_grad=True)
+                    packed: list = []
+                    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+                        y = torch.nn.functional.linear(x, w)
+                    self.assertEqual(len(packed), len(want))
+                    for got, t in zip(packed, want):
+                        self.assertEqual((got.data_ptr(), got.shape, got.dtype), (t.data_ptr(), t.shape, t.dtype))
+                    g = torch.randn_like(y)
+                    (gx,) = torch.autograd.grad(y, x, g)
+                    self.assertTrue(torch.equal(gx, g.matmul(_fp8.dequantize(w.qdata, w.scale, torch.bfloat16))))
+            h.detach()
+        finally:
+            _fp8.device_has_fp8, torch._scaled_mm = real_has, real_mm
+
     def test_saved_inner_tensors_are_references(self):
         """A streamed block's saved-tensor hooks (outside checkpointing) keep a saved inner
         tensor of a bound tensor subclass, or a view of one, as a reference to its unit

@@ -239,7 +239,10 @@ def rows_of(x: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
     if (last is not None and last[0]() is x and not x.is_inference() and last[1] == x._version
             and last[2] == st):
         return last[3], last[4]
-    xq, xs = quantize_rows(x.reshape(-1, k))
+    # (detached: the rows are not differentiated, and torch's ops where arena's
+    # kernel does not take x would otherwise record them and keep what they save,
+    # an f32 copy of x among it, until the backward)
+    xq, xs = quantize_rows(x.detach().reshape(-1, k))
     if not x.is_inference():
         _LAST = (weakref.ref(x, _forget), x._version, st, xq, xs)
     return xq, xs
