@@ -16,6 +16,7 @@ tests/python/run_torch.sh makes one)
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
 import ctypes
 import gc
@@ -148,6 +149,30 @@ def same_step(tc: unittest.TestCase, got, want, msg: str = "gradients equal the 
     tc.assertEqual(got[0], want[0])
     tc.assertEqual(same(got[1], want[1]), [], msg)
     tc.assertEqual(same(got[2], want[2]), [])
+
+
+@contextlib.contextmanager
+def fp8_matmul_stood_in(calls: list | None = None):
+    """The device's FP8 matmuls stood in for on any device: device_has_fp8 true, and
+    torch._scaled_mm by f32 arithmetic on the FP8 operands it is given (counted in
+    calls[0] where calls is given)."""
+    from arena.torch import _fp8
+
+    def mm(a, b, scale_a, scale_b, bias=None, out_dtype=None):
+        if calls is not None:
+            calls[0] += 1
+        if (a.dtype, b.dtype) != (torch.float8_e4m3fn, torch.float8_e4m3fn):
+            raise AssertionError(f"_scaled_mm given {a.dtype} and {b.dtype}, not FP8")
+        out = (a.float() * scale_a) @ (b.float() * scale_b)
+        return (out if bias is None else out + bias.float()).to(out_dtype)
+
+    real_has, real_mm = _fp8.device_has_fp8, torch._scaled_mm
+    _fp8.device_has_fp8 = lambda d: True
+    torch._scaled_mm = mm
+    try:
+        yield
+    finally:
+        _fp8.device_has_fp8, torch._scaled_mm = real_has, real_mm
 
 
 def compiled_steps(tc: unittest.TestCase, m, h, want) -> None:
@@ -1293,18 +1318,8 @@ class Quantized(unittest.TestCase):
         from arena.torch import _fp8
 
         calls = [0]
-
-        def mm(a, b, scale_a, scale_b, bias=None, out_dtype=None):
-            calls[0] += 1
-            self.assertEqual((a.dtype, b.dtype), (torch.float8_e4m3fn, torch.float8_e4m3fn))
-            out = (a.float() * scale_a) @ (b.float() * scale_b)
-            return (out if bias is None else out + bias.float()).to(out_dtype)
-
         path = self.image("fp8-e4m3-row", "--quant-exclude", "single_transformer_blocks.*")
-        real_has, real_mm = _fp8.device_has_fp8, torch._scaled_mm
-        _fp8.device_has_fp8 = lambda d: True
-        torch._scaled_mm = mm
-        try:
+        with fp8_matmul_stood_in(calls):
             for ckpt in (True, False):
                 want = None
                 for opts in (RESIDENT, dict(self.STREAM, sim_capacity="200K", depth=2), self.PIECES):
@@ -1327,8 +1342,6 @@ class Quantized(unittest.TestCase):
                         else:
                             same_step(self, got, want, "native: the resident attach's, bit for bit")
                         h.detach()
-        finally:
-            _fp8.device_has_fp8, torch._scaled_mm = real_has, real_mm
 
     def test_native_product_saves_the_bytes_it_needs(self):
         """A native product through a weight bound to an arena's block saves that
@@ -1338,15 +1351,8 @@ class Quantized(unittest.TestCase):
         the dequantized weight."""
         from arena.torch import _fp8
 
-        def mm(a, b, scale_a, scale_b, bias=None, out_dtype=None):
-            out = (a.float() * scale_a) @ (b.float() * scale_b)
-            return (out if bias is None else out + bias.float()).to(out_dtype)
-
         path = self.image("fp8-e4m3-row", "--quant-exclude", "single_transformer_blocks.*")
-        real_has, real_mm = _fp8.device_has_fp8, torch._scaled_mm
-        _fp8.device_has_fp8 = lambda d: True
-        torch._scaled_mm = mm
-        try:
+        with fp8_matmul_stood_in():
             m = model()
             h = at.attach(m, path, mode="train", fp8_compute=True, **RESIDENT)
             bound = m.transformer_blocks[0].attn.to_q.weight
@@ -1365,8 +1371,6 @@ class Quantized(unittest.TestCase):
                     (gx,) = torch.autograd.grad(y, x, g)
                     self.assertTrue(torch.equal(gx, g.matmul(_fp8.dequantize(w.qdata, w.scale, torch.bfloat16))))
             h.detach()
-        finally:
-            _fp8.device_has_fp8, torch._scaled_mm = real_has, real_mm
 
     def test_saved_inner_tensors_are_references(self):
         """A streamed block's saved-tensor hooks (outside checkpointing) keep a saved inner
