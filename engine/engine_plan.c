@@ -233,7 +233,7 @@ int arena__engine_plan_holds(const arena_engine *e, const arena_residency_plan *
 		if (!t->resident[b] && e->l->blocks[b].bytes < slack)
 			slack = e->l->blocks[b].bytes;
 	}
-	if (budget < t->need_bytes + arena_residency_plan_rounding(e->l, t, e->be->alloc_granularity) && budget != made)
+	if (!fits_allocated(e->l, t, e->be->alloc_granularity, budget) && budget != made)
 		return 0;
 	if (budget > made + (slack == UINT64_MAX ? 0 : slack))
 		return 0;

@@ -1375,7 +1375,7 @@ class Quantized(unittest.TestCase):
     def test_saved_inner_tensors_are_references(self):
         """A streamed block's saved-tensor hooks (outside checkpointing) keep a saved inner
         tensor of a bound tensor subclass, or a view of one, as a reference to its unit
-        (found by its bytes: the same storage, inside the inner tensor's), a view in
+        (found by its bytes: its addresses inside the inner tensor's), a view in
         another dtype as a copy of its values now, and anything else as it is."""
         from arena.torch import _blocks, _fp8, _quant
 

@@ -129,21 +129,18 @@ class _SavedWeights:
     def pack(self, t: torch.Tensor) -> Any:
         base = t._base if t._base is not None else t
         hit = self.by_id.get(id(base))
-        if hit is not None and hit[1] is base:
-            if t.dtype == base.dtype:
-                return _WeightRef(hit[0], base, t)
+        found = (hit[0], base, base) if hit is not None and hit[1] is base else self._inner_of(t)
+        if found is not None:
+            unit, owner, bound = found
+            if t.dtype == bound.dtype:
+                return _WeightRef(unit, owner, t)
             t = t.clone()  # a view in another dtype: its values now, in torch memory
-        elif self.inner:
-            inner = self._inner_of(t)
-            if inner is not None:
-                if t.dtype == inner[1].data.dtype:
-                    return _WeightRef(inner[0], inner[1], t)
-                t = t.clone()  # as above
         return self.outer[0](t) if self.outer is not None else t
 
-    def _inner_of(self, t: torch.Tensor) -> Optional[Tuple["_BlockBinding", Any]]:
-        """The unit and InnerRef of the bound inner tensor whose bytes t views, if one does."""
-        if t.device.type == "meta" or t.numel() == 0:
+    def _inner_of(self, t: torch.Tensor) -> Optional[Tuple["_BlockBinding", Any, torch.Tensor]]:
+        """The unit, InnerRef and bound tensor of the inner tensor whose bytes t views,
+        if one does."""
+        if not self.inner or t.device.type == "meta" or t.numel() == 0:
             return None
         dev = t.get_device()
         lo, hi = _span(t)
@@ -153,7 +150,7 @@ class _SavedWeights:
                 continue
             dlo, dhi = _span(d)
             if dlo <= lo and hi <= dhi:
-                return u, r
+                return u, r, d
         return None
 
     def unpack(self, x: Any) -> torch.Tensor:
