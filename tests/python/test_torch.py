@@ -2146,13 +2146,20 @@ class Refusals(unittest.TestCase):
         h.detach()
 
     def test_merging_an_adapter(self):
+        from torch.nn.modules import module as tm
+
+        hooks0 = len(tm._global_module_registration_hooks)
         m = model()
         h = at.attach(m, IMG, **STREAM)
+        with torch.no_grad():
+            m(**inputs())  # steps before the adapters come: the walk for them is done
         add_lora(m)
         with torch.no_grad():
             m(**inputs())  # adapters added after attach are guarded from the next call on
         self.expect("USAGE", "merging an adapter", m.fuse_lora)
         h.detach()
+        # the registrations were watched from attach to detach only
+        self.assertEqual(len(tm._global_module_registration_hooks), hooks0)
 
     def test_converting_or_moving_bound_weights(self):
         m = model()

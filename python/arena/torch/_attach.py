@@ -107,6 +107,7 @@ def _bind(h: Handle, target: Any, mode: str, trainable: Any, min_saved: Optional
     image = {n: a.tensor_info(n) for n in a.tensor_names()}
     roots = _roots_of(target, image)
     h._roots = roots
+    h._watch_registrations()
     for _, module in roots:
         ref = getattr(module, "_arena_handle", None)
         if ref is not None and ref() is not None:

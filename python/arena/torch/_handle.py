@@ -55,10 +55,14 @@ class Handle:
         self._all_resident = False
         self._resident_at: Dict[int, int] = {}
         self._guarded: Set[int] = set()
-        self._n_modules = 0
+        # A module was registered somewhere since the last look (torch's global
+        # registration hook, from attach to detach: peft adding adapters): the
+        # roots are walked for new tuners then, not at every step (FLUX.1-dev
+        # with LoRA has some 3,000 modules, a few ms of the host's time a walk).
+        self._modules_changed = True
         # Each block module's parameters (adapters' included), listed once: walking
         # a Flux block's modules at every call took ~0.25 ms of the host's time a
-        # block. Listed again when the module count changes (_guard_new_tuners).
+        # block. Listed again when modules were registered (_guard_new_tuners).
         self._param_lists: Dict[int, List[nn.Parameter]] = {}
         self._attached = False
         self._tracing = False
@@ -312,14 +316,29 @@ class Handle:
 
     def _guard_new_tuners(self) -> None:
         # Adapters added after attach get the same guard against merges.
-        n = sum(1 for _, r in self._roots for _ in r.modules())
-        if n != self._n_modules:
-            self._n_modules = n
-            self._param_lists.clear()
-            for prefix, r in self._roots:
-                for name, tuner in _peft_tuners(r).items():
-                    if id(tuner) not in self._guarded:
-                        _guard_merge(self, prefix + name, tuner)
+        if not self._modules_changed:
+            return
+        self._modules_changed = False
+        self._param_lists.clear()
+        for prefix, r in self._roots:
+            for name, tuner in _peft_tuners(r).items():
+                if id(tuner) not in self._guarded:
+                    _guard_merge(self, prefix + name, tuner)
+
+    def _watch_registrations(self) -> None:
+        """From now until detach, a module registered anywhere in the process (torch
+        calls the hook for every submodule set or added) marks the roots for
+        _guard_new_tuners' walk. The hook holds the handle weakly: torch's global
+        table does not keep one let go without detach alive."""
+        ref = weakref.ref(self)
+
+        def registered(_parent: nn.Module, _name: str, _sub: Any) -> None:
+            h = ref()
+            if h is not None:
+                h._modules_changed = True
+
+        hk = nn.modules.module.register_module_module_registration_hook(registered)
+        self._restore.append(hk.remove)
 
     def end_step(self) -> None:
         """End the step in progress now (the next forward would otherwise do it)."""
