@@ -2138,12 +2138,17 @@ class Refusals(unittest.TestCase):
         self.assertIn("[BUDGET]", r.stderr)
 
     def test_training_the_bound_weights(self):
-        m = model()
-        h = at.attach(m, IMG, mode="train", **RESIDENT)
-        m.requires_grad_(True)
-        m.enable_gradient_checkpointing()
-        self.expect("USAGE", "full fine-tuning", m, **inputs())
-        h.detach()
+        # plain weights, and FP8 weights bound as a tensor subclass (asked through
+        # their inner tensors' references)
+        for path, kw in ((IMG, {}), (Quantized.image("fp8-e4m3-row"), dict(fp8_compute=True))):
+            with self.subTest(path=os.path.basename(path)):
+                m = model()
+                h = at.attach(m, path, mode="train", **RESIDENT, **kw)
+                m.requires_grad_(True)
+                m.enable_gradient_checkpointing()
+                e = self.expect("USAGE", "full fine-tuning", m, **inputs())
+                self.assertIn("requires_grad on 'weight'", e.message)  # the weight, not an inner tensor
+                h.detach()
 
     def test_merging_an_adapter(self):
         from torch.nn.modules import module as tm

@@ -470,15 +470,20 @@ class _Member:
 
 
 def _check_training(h: "Handle", name: str, weights: List[torch.Tensor]) -> None:
-    """A block's forward with autograd on: training its bound weights is refused."""
-    for p in weights:
-        if p.requires_grad:
-            raise Error(
-                "USAGE",
-                f"{name}: the weights arena holds are frozen; training them (full fine-tuning, "
-                f"requires_grad on '{h._pname(p)}') is not supported: train adapters "
-                f"(peft LoRA) or parameters of your own instead",
-            )
+    """A block's forward with autograd on: training its bound weights is refused.
+    Asked with subclasses' __torch_function__ off: a bound subclass's inner tensors
+    (InnerRef) ask their weight, and each question would otherwise go through the
+    subclass's Python (two a FLUX.1-dev FP8 weight, ~1,000 a forward)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        p = next((w for w in weights if w.requires_grad), None)
+    if p is not None:
+        p = getattr(p, "owner", p)  # an inner tensor's reference: its weight
+        raise Error(
+            "USAGE",
+            f"{name}: the weights arena holds are frozen; training them (full fine-tuning, "
+            f"requires_grad on '{h._pname(p)}') is not supported: train adapters "
+            f"(peft LoRA) or parameters of your own instead",
+        )
 
 
 def _placeholder(h: Handle, c: Component) -> torch.Tensor:
