@@ -218,52 +218,20 @@ def _track(h: "Handle", start: int, out: Any, done: Callable[[], None], index: i
     """After a block's call with autograd on (its nodes made from sequence number
     ``start`` on): ``done`` runs when its backward has run, that is when every node
     of the block with an edge out of it (to its inputs' nodes, made before it) has
-    run: a post hook on each, found by walking the block's nodes from its outputs
-    (_hook_exits). The graph is not changed (a node between the block and its
-    inputs would change the order gradients are summed in, and so their bits).
-
-    In a forward, the walk waits for the block's backward to begin: a pre hook on
-    its outputs' nodes walks then, before any node of the block has run (each is
-    reached from an output's node, which runs first). A block's graph is some 130
-    nodes, about a microsecond each in Python, 57 blocks a FLUX.1-dev forward:
-    the forward is where the host issues a step's kernels with the least time to
-    spare, and the backward, bound by the device, has it. Inside a backward (a
-    reentrant checkpoint's recompute, whose own backward follows at once) it walks
-    now. A block whose outputs have no node has its backward last (see
-    _hook_exits)."""
-    roots: List[Any] = []
-    for t in _outputs(out, []):
-        fn = t.grad_fn
-        if all(fn is not r for r in roots):
-            roots.append(fn)
-    if not roots or _in_backward():
-        _hook_exits(h, start, roots, done, index, inputs)
-        return
-    pending = [roots]  # walked once, by the first of the outputs' nodes to run
-
-    def begin(_grads: Any) -> None:
-        if pending:
-            _hook_exits(h, start, pending.pop(), done, index, inputs)
-
-    for fn in roots:
-        h._hooks.append(fn.register_prehook(begin))
-
-
-def _hook_exits(h: "Handle", start: int, roots: List[Any], done: Callable[[], None], index: int,
-                inputs: Sequence[Any]) -> None:
-    """_track's walk from the block's outputs' nodes (``roots``): a post hook on every
-    node with an edge out of the block, ``done`` when all have run. A block none of
-    whose nodes leads out of it (no input needs a gradient: the first block, its
-    adapters training) has its backward last: when its parameters' gradients are
-    made, or at the step's end. Under a reentrant checkpoint the block's node is the
+    run: a post hook on each, found by walking the block's nodes from its outputs.
+    The graph is not changed (a node between the block and its inputs would change
+    the order gradients are summed in, and so their bits). A block none of whose
+    nodes leads out of it (no input needs a gradient: the first block, its adapters
+    training) has its backward last: when its parameters' gradients are made, or at
+    the step's end. Under a reentrant checkpoint the block's node is the
     checkpoint's, whose backward recomputes and backpropagates the block; the
     recompute's own backward leads out of it to its inputs (``inputs``: the nodes of
     inputs that are leaves, made whenever)."""
     entries: List[Any] = []
     outside = {id(n) for n in inputs}
     seen: Dict[int, Any] = {}  # the nodes walked by id (held: no id is reused during the walk)
-    stack: List[Any] = list(roots)
-    pop, push = stack.pop, stack.append
+    stack: List[Any] = [t.grad_fn for t in _outputs(out, [])]
+    pop, push = stack.pop, stack.append  # (a block's graph is ~130 nodes: once a block call)
     while stack:
         node = pop()
         k = id(node)
@@ -282,9 +250,10 @@ def _hook_exits(h: "Handle", start: int, roots: List[Any], done: Callable[[], No
         if leaves:
             entries.append(node)
     if not entries:
-        ps: List[torch.Tensor] = [p for p in h._params_of(index) if p.requires_grad]
-        if ps:
-            h._watch(ps, done)
+        if torch.is_grad_enabled():
+            ps: List[torch.Tensor] = [p for p in h._params_of(index) if p.requires_grad]
+            if ps:
+                h._watch(ps, done)
         return
     left = [len(entries)]
 
