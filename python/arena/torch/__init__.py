@@ -176,10 +176,10 @@ def attach(
       default): True for sampling on a GPU with FP8 matmuls (on the H200
       and on H100s whose host keeps up faster than BF16: docs/QUANT.md
       "Native FP8"), False in
-      training and elsewhere (a native training step is bound by the host
-      as much as by the GPU: 0.98-1.00 x the BF16 model's resident step at
-      8 GiB on H100s whose host kept up, up to 1.21 x on others; dequantized,
-      a steady 1.05-1.06 x). The FP8 product is not bit-identical to the
+      training and elsewhere (a native training step at 8 GiB is
+      0.98-1.00 x the BF16 model's resident step on the H100s whose host and
+      link kept up, four of five measured, 1.07-1.12 x on one whose forward
+      waited for its copies; dequantized, a steady 1.05-1.06 x). The FP8 product is not bit-identical to the
       dequantized one.
     share_host: one host copy of the streamed blocks for every process of the host
       (data-parallel training: torchrun, accelerate, one process per GPU): the
