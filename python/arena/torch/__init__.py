@@ -179,8 +179,9 @@ def attach(
       training and elsewhere (a native training step at 8 GiB is
       0.98-1.00 x the BF16 model's resident step on the H100s whose host and
       link kept up, four of five measured, 1.07-1.12 x on one whose forward
-      waited on the device, most likely for its copies; dequantized, a steady 1.05-1.06 x). The FP8
-      product is not bit-identical to the dequantized one.
+      waited on the device, most likely for its copies; dequantized, a
+      steady 1.05-1.06 x). The FP8 product is not bit-identical to the
+      dequantized one.
     share_host: one host copy of the streamed blocks for every process of the host
       (data-parallel training: torchrun, accelerate, one process per GPU): the
       first process of the host loads them into memory the host's processes
