@@ -67,6 +67,8 @@ int bench_stream_report(const bench_stream_opts *o, const bench_stream_state *S)
 			json_object_set_new(j, "disk_wait_s", json_real(r->disk_wait_s));
 			json_object_set_new(j, "looked", json_boolean(r->looked));
 			json_object_set_new(j, "look_s", json_real(r->look_s));
+			json_object_set_new(j, "look_now_s", json_real(r->look_now_s));
+			json_object_set_new(j, "look_plan_s", json_real(r->look_plan_s));
 			json_object_set_new(j, "move_est_s", json_real(r->move_est_s));
 			json_object_set_new(j, "move_gain_s", json_real(r->move_gain_s));
 			json_object_set_new(j, "move_held", json_boolean(r->move_held));
@@ -125,6 +127,9 @@ int bench_stream_report(const bench_stream_opts *o, const bench_stream_state *S)
 			if (r->disk_bytes) /* the disk tier: read, and how long the copies waited for it */
 				snprintf(pz + strlen(pz), sizeof(pz) - strlen(pz), " disk %s (waited %.4f s)",
 					 cli_fmt_bytes(r->disk_bytes, s3, sizeof(s3)), r->disk_wait_s);
+			if (r->looked && r->look_now_s > 0) /* a look at the learned profile: its two predictions */
+				snprintf(pz + strlen(pz), sizeof(pz) - strlen(pz), " look %.4f s a step, %.4f s now%s",
+					 r->look_plan_s, r->look_now_s, r->profile_learned ? ": moved" : "");
 			if (r->move_held) /* a move the prediction asked for, not worth its cost */
 				snprintf(pz + strlen(pz), sizeof(pz) - strlen(pz), " move held (%.3f s for %.4f s a step)",
 					 r->move_est_s, r->move_gain_s);

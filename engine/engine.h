@@ -500,9 +500,14 @@ typedef struct arena_engine_step {
 	double disk_wait_s;      /* host seconds disk-tier copies waited for their reads */
 	/* A look at the learned profile was taken at this step's end (moved to
 	 * or not: profile_learned says), and the seconds its plan took on its
-	 * thread (beside the steps, not in plan_s unless waited for). */
+	 * thread (beside the steps, not in plan_s unless waited for), and the
+	 * steady step the profile it learned predicts for the plan in force
+	 * (look_now_s) and for the look's plan (look_plan_s): it is moved to
+	 * when look_plan_s < look_now_s x 0.98 (the first look; later ones
+	 * 0.96) and the move pays. 0 where not predicted (no look, or one
+	 * dropped or not planned for the budget now). */
 	int looked;
-	double look_s;
+	double look_s, look_now_s, look_plan_s;
 	/* The last move this step's end weighed against its cost
 	 * (payback_steps): its estimated host seconds, the seconds a step it was
 	 * predicted to save less the disk tier's reads it adds a step

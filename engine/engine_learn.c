@@ -521,6 +521,8 @@ static int look_take(arena_engine *e)
 	k->t = (arena_residency_plan){0}; /* ours now */
 	arena__engine_look_free(k);
 	double now_t = arena__engine_predict(e);
+	e->rec.look_now_s = now_t > 0 ? now_t : 0;
+	e->rec.look_plan_s = t.step_s > 0 ? t.step_s : 0;
 	arena__engine_memo_keep(e, &t, budget); /* the next step's adapt plans for the same budget: it takes this one */
 	if (now_t > 0 && t.step_s > 0 && t.step_s < now_t * need &&
 	    arena__engine_move_pays(e, t.resident, NULL, now_t - t.step_s)) {

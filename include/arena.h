@@ -651,9 +651,12 @@ typedef struct arena_step_info {
 				  * time beyond what the steps' work hid) */
 	/* A look at the learned compute profile was taken at its end (whether
 	 * moved to or not: profile_learned), and the seconds its plan took on
-	 * a thread of its own beside the steps. */
+	 * a thread of its own beside the steps; the steady step the profile it
+	 * learned predicts for the plan in force and for the look's plan (moved
+	 * to when the look's is 2 % faster at the first look, 4 % at later
+	 * ones, and the move pays; 0 where not predicted). */
 	int looked;
-	double look_s;
+	double look_s, look_now_s, look_plan_s;
 	/* A move only a prediction asked for (a look, or a plan made anew
 	 * whose own set is predicted faster than the one nearest the set
 	 * resident) is made when it pays for itself within payback_steps

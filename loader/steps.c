@@ -281,6 +281,8 @@ int arena_step_get(const arena *a, uint64_t step, arena_step_info *out)
 					 .disk_wait_s = r.disk_wait_s,
 					 .looked = r.looked,
 					 .look_s = r.look_s,
+					 .look_now_s = r.look_now_s,
+					 .look_plan_s = r.look_plan_s,
 					 .move_est_s = r.move_est_s,
 					 .move_gain_s = r.move_gain_s,
 					 .move_held = r.move_held};

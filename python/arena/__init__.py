@@ -591,7 +591,9 @@ class Arena:
         (the disk tier: read from the image, and how long copies waited for it),
         ``end_s``/``plan_s``/``move_s`` (host seconds at the step's end),
         ``looked``/``look_s`` (a look at the learned profile taken at its end, and
-        the seconds it planned on its own thread), ``move_est_s``/``move_gain_s``/
+        the seconds it planned on its own thread), ``look_now_s``/``look_plan_s``
+        (the steady step that look's profile predicts for the plan in force and for
+        its own plan; 0 where not predicted), ``move_est_s``/``move_gain_s``/
         ``move_held`` (a move a prediction asked for: its estimated cost, the
         seconds a step it was to save, held back when it would not pay for itself
         within ``payback_steps`` steps)."""

@@ -155,6 +155,8 @@ class StepInfo(Structure):
         ("disk_wait_s", c_double),
         ("looked", c_int),
         ("look_s", c_double),
+        ("look_now_s", c_double),
+        ("look_plan_s", c_double),
         ("move_est_s", c_double),
         ("move_gain_s", c_double),
         ("move_held", c_int),

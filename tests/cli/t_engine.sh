@@ -253,7 +253,8 @@ assert int(sys.argv[2]) > 0 and d["predicted_stream_bytes_per_step"] == int(sys.
 # planned by bytes, nothing looks or is held back
 for s in d["steps"]:
     assert s["looked"] is False and s["move_held"] is False, s
-    assert all(isinstance(s[k], float) and s[k] == 0 for k in ("look_s", "move_est_s", "move_gain_s")), s
+    assert all(isinstance(s[k], float) and s[k] == 0 for k in ("look_s", "look_now_s", "look_plan_s", "move_est_s",
+                                                             "move_gain_s")), s
 PY
 }
 

@@ -405,7 +405,8 @@ class Sampling(unittest.TestCase):
         for r in h.stats():  # the record's fields from arena_step_info, typed
             self.assertIsInstance(r["looked"], bool)
             self.assertIsInstance(r["move_held"], bool)
-            self.assertTrue(all(isinstance(r[k], float) and r[k] >= 0 for k in ("look_s", "move_est_s", "move_gain_s")))
+            self.assertTrue(all(isinstance(r[k], float) and r[k] >= 0
+                                for k in ("look_s", "look_now_s", "look_plan_s", "move_est_s", "move_gain_s")))
         h.detach()
 
     def test_resident_equals_plain(self):

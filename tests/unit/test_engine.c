@@ -8,6 +8,7 @@
  * the tests that inject outside pressure need sim's exact accounting and are
  * skipped there (bench stream --pressure measures pressure on cuda). */
 #include <criterion/criterion.h>
+#include <math.h>
 
 #include <stdint.h>
 #include <stdio.h>
@@ -2034,6 +2035,18 @@ Test(engine_learn, a_move_that_does_not_pay_for_itself_is_held_back)
 			cr_assert_eq(arena_engine_step_record(e, (uint64_t)step, &r), 0);
 			looked += r.looked;
 			cr_assert(!r.looked || r.look_s > 0, "step %d: the look's own seconds", step);
+			/* a look's record says what it predicted and why it moved or not
+			 * (the budget does not move here: every look is predicted) */
+			cr_assert(!r.looked || (r.look_now_s > 0 && r.look_plan_s > 0), "step %d: predicted %.4g, %.4g s",
+				  step, r.look_now_s, r.look_plan_s);
+			cr_assert(r.looked || (r.look_now_s == 0 && r.look_plan_s == 0), "step %d: no look, no prediction",
+				  step);
+			if (r.looked && (r.profile_learned || r.move_held)) /* 2 % faster at least, and weighed */
+				cr_assert(r.look_plan_s < 0.98 * r.look_now_s && fabs(r.move_gain_s - (r.look_now_s - r.look_plan_s)) < 1e-9,
+					  "step %d: look %.6f s against %.6f now, gain %.6f", step, r.look_plan_s, r.look_now_s,
+					  r.move_gain_s);
+			else if (r.looked) /* not fast enough to be weighed */
+				cr_assert_geq(r.look_plan_s, 0.96 * r.look_now_s, "step %d", step);
 			moved += r.profile_learned;
 			dem += r.demotions;
 			pro += r.promotions;
@@ -2345,6 +2358,8 @@ Test(engine_learn, a_look_plans_on_a_thread_and_is_taken_the_step_after)
 	cr_assert_eq(arena_engine_step_record(e, (uint64_t)at + 1, &r), 0);
 	cr_assert(r.looked, "taken at the next step_end");
 	cr_assert_gt(r.look_s, 0, "its plan's seconds on its thread");
+	cr_assert(r.look_now_s > 0 && r.look_plan_s > 0, "its predictions: %.4g s now, %.4g s its plan", r.look_now_s,
+		  r.look_plan_s);
 	/* (whether it moves depends on the gain the profile timed on the sim
 	 * predicts: times_blocks_and_moves_to_the_faster_plan sees that) */
 	cr_assert_gt(arena_engine_plan(e)->step_s, 0, "planned by the learned profile");
