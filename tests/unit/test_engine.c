@@ -8,8 +8,8 @@
  * the tests that inject outside pressure need sim's exact accounting and are
  * skipped there (bench stream --pressure measures pressure on cuda). */
 #include <criterion/criterion.h>
-#include <math.h>
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -2042,7 +2042,8 @@ Test(engine_learn, a_move_that_does_not_pay_for_itself_is_held_back)
 			cr_assert(r.looked || (r.look_now_s == 0 && r.look_plan_s == 0), "step %d: no look, no prediction",
 				  step);
 			if (r.looked && (r.profile_learned || r.move_held)) /* 2 % faster at least, and weighed */
-				cr_assert(r.look_plan_s < 0.98 * r.look_now_s && fabs(r.move_gain_s - (r.look_now_s - r.look_plan_s)) < 1e-9,
+				cr_assert(r.look_plan_s < 0.98 * r.look_now_s &&
+						  fabs(r.move_gain_s - (r.look_now_s - r.look_plan_s)) < 1e-9,
 					  "step %d: look %.6f s against %.6f now, gain %.6f", step, r.look_plan_s, r.look_now_s,
 					  r.move_gain_s);
 			else if (r.looked) /* not fast enough to be weighed */
