@@ -67,6 +67,17 @@ static int harvest_copies(arena_engine *e)
 	return 0;
 }
 
+/* The first step the profile learns from: a caller's first steps are not
+ * its steady ones (its kernels warm up, the first plan's copies settle),
+ * and kept in the running mean they hid a move's gain. An H100 sampling
+ * flux-dev in FP8 at 8 GiB (2026-12-06), first steps 0.32 and 0.31 s,
+ * steady 0.204: learning from step 0, the look at step 2 predicted its plan
+ * slower, the one at step 4 3.7 % faster (held: 4 % asked), and only step
+ * 7's moved (to 0.191 s); from step 2, the look at step 4 predicted 7.7 %
+ * and moved (0.192 s from step 6). Their records still say what the device
+ * timed. */
+#define LEARN_FROM 2
+
 /* A learned time taken in: the first as it is, then a running mean. */
 static void learned(double *v, double x)
 {
@@ -113,15 +124,17 @@ static int harvest(arena_engine *e, unsigned par)
 				const double cost = g >= 0 ? g : c;
 				const int fw = k == 0 || e->tm_mode[par] != ARENA_MODE_TRAIN; /* sample: a later pass too */
 				*(fw ? &fwd : &bwd) += cost;
-				learned(fw ? &e->lcost[b] : &e->lbcost[b], cost);
-				learned(fw ? &e->lhold[b] : &e->lbhold[b], c);
+				if (e->tm_step[par] >= LEARN_FROM) {
+					learned(fw ? &e->lcost[b] : &e->lbcost[b], cost);
+					learned(fw ? &e->lhold[b] : &e->lbhold[b], c);
+				}
 				e->tm_rec[i] = 0;
 			}
 		}
 	}
 	if (!any)
 		return 0;
-	if (bwd > 0) {
+	if (bwd > 0 && e->tm_step[par] >= LEARN_FROM) {
 		e->lbwd_sum += bwd;
 		e->lfwd_sum += fwd;
 	}
