@@ -169,6 +169,8 @@ struct arena_engine {
 	size_t tm_prev;       /* the slot of this step's last timed acquire (SIZE_MAX: none) */
 	uint64_t tm_step[2];  /* the step each parity holds */
 	int tm_mode[2];       /* and the mode it ran in */
+	uint8_t tm_settling[2]; /* and whether it began right after a move (its times are not learned) */
+	int moved_end;        /* blocks moved since the last step began */
 	unsigned *acq_n, *rel_n; /* per block, this step */
 	/* copy timing: pairs of timed events around ring copies, used round robin
 	 * (a block copied again before its last copy was read loses nothing) */

@@ -348,8 +348,11 @@ int arena__engine_apply(arena_engine *e, const uint8_t *want)
 {
 	const double est = move_cost_raw(e, want, NULL);
 	const double t0 = arena_now_s();
+	const unsigned n0 = e->rec.promotions + e->rec.demotions;
 	int rc = apply_moves(e, want);
 	const double took = arena_now_s() - t0;
+	if (e->rec.promotions + e->rec.demotions != n0)
+		e->moved_end = 1; /* the next step settles: engine_learn.c does not learn its times */
 	e->rec.move_s += took;
 	if (!rc && est > 1e-3) {
 		double r = took / est;
