@@ -178,9 +178,9 @@ def attach(
       "Native FP8"), False in
       training and elsewhere (a native training step at 8 GiB is
       0.98-1.00 x the BF16 model's resident step on the H100s whose host and
-      link kept up, five of seven measured, 0.98-1.02 x on one whose host
-      thread's CPU time varied, 1.07-1.12 x on one whose forward waited on
-      the device, most likely for its copies; dequantized, a
+      link kept up, five of eight measured, 0.98-1.16 x on two whose host
+      thread's CPU time for a forward varied past the device's, 1.07-1.12 x
+      on one whose forward waited on the device, most likely for its copies; dequantized, a
       steady 1.05-1.06 x). The FP8 product is not bit-identical to the
       dequantized one.
     share_host: one host copy of the streamed blocks for every process of the host
