@@ -67,18 +67,19 @@ static int harvest_copies(arena_engine *e)
 	return 0;
 }
 
-/* The first step the profile learns from: a caller's first steps are not
- * its steady ones (its kernels warm up, the first plan's copies settle),
- * nor is a step that begins right after a move (nothing was fetched ahead
- * for it, its copies settle: on an H100, 0.29 s against 0.19 after; learned,
- * the next look predicted the plan just moved to 0.27 s and moved again),
- * and kept in the running mean they hid a move's gain. An H100 sampling
- * flux-dev in FP8 at 8 GiB (2026-12-06), first steps 0.32 and 0.31 s,
- * steady 0.204: learning from step 0, the look at step 2 predicted its plan
- * slower, the one at step 4 3.7 % faster (held: 4 % asked), and only step
- * 7's moved (to 0.191 s); from step 2, the look at step 4 predicted 7.7 %
- * and moved (0.192 s from step 6). Their records still say what the device
- * timed. */
+/* The steps the profile learns from (harvest's `steady`): from a caller's
+ * third on, and none that begins right after a move. Neither kind is
+ * steady (the first warm up kernels and settle the first plan's copies; a
+ * step after a move has nothing fetched ahead and its copies settle), and
+ * in the running mean they misled the looks. Measured on H100s sampling
+ * flux-dev in FP8 at 8 GiB (2026-12-06): first steps 0.32 and 0.31 s,
+ * steady 0.204; learning from step 0 the look at step 2 predicted its plan
+ * slower, the one at step 4 3.7 % faster (4 % asked) and only step 7's
+ * moved (to 0.191 s); from step 2 the look at step 4 predicted 7.7 % and
+ * moved (0.192 s from step 6). On another, the step after a move ran 0.29
+ * s against 0.19 after; learned, it made the next look predict the plan
+ * just moved to at 0.27 s, and that look moved again. The records of the
+ * steps left out still say what the device timed. */
 #define LEARN_FROM 2
 
 /* A learned time taken in: the first as it is, then a running mean. */
