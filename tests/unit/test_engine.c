@@ -2243,6 +2243,18 @@ Test(engine_learn, work_between_blocks_counts_for_the_block_before)
 	arena_model_free(m);
 }
 
+/* The learned forward cost of the schedule's blocks, their mean. */
+static double mean_learned_cost(arena_engine *e)
+{
+	double cost[NL + 1], h2d, bwd; /* the globals too */
+	cr_assert_eq(arena_engine_profile(e, cost, &h2d, &bwd), 0, "%s", arena_last_error());
+	const arena_residency_plan *p = arena_engine_plan(e);
+	double sum = 0;
+	for (size_t i = 0; i < p->n_sched; i++)
+		sum += cost[p->sched[i]];
+	return sum / (double)p->n_sched;
+}
+
 /* 10 ms a block for the first two steps, 0.8 ms after. */
 static double held_slow_start(const void *ctx, const arena_model *m, uint32_t b)
 {
@@ -2269,13 +2281,7 @@ Test(engine_learn, the_first_two_steps_are_not_learned)
 		cr_assert_geq(r.compute_s, 0.95 * 0.010 * (double)arena_engine_plan(e)->n_sched, "step %llu: its compute %.4f s",
 			      (unsigned long long)step, r.compute_s);
 	}
-	double cost[NL + 1], h2d, bwd;
-	cr_assert_eq(arena_engine_profile(e, cost, &h2d, &bwd), 0, "%s", arena_last_error());
-	const arena_residency_plan *p = arena_engine_plan(e);
-	double sum = 0;
-	for (size_t i = 0; i < p->n_sched; i++)
-		sum += cost[p->sched[i]];
-	const double mean = sum / (double)p->n_sched;
+	const double mean = mean_learned_cost(e);
 	/* Steps 2 and 3 alone: 0.8 ms (a loaded machine only adds time); with
 	 * steps 0 and 1 in the running mean it was 3.1 ms. */
 	cr_assert(mean >= 0.0008 * 0.95 && mean < 0.0024, "mean cost %.6f s, steady 0.8 ms, the first steps 10 ms", mean);
@@ -2319,13 +2325,7 @@ Test(engine_learn, the_step_after_a_move_is_not_learned)
 	cr_assert_eq(arena_engine_step_record(e, (uint64_t)ctx[1], &r), 0);
 	cr_assert(r.gpu_timed && r.compute_s >= 0.95 * 0.010 * (double)arena_engine_plan(e)->n_sched,
 		  "the step after the move was timed: %.4f s", r.compute_s);
-	double cost[NL + 1], h2d, bwd;
-	cr_assert_eq(arena_engine_profile(e, cost, &h2d, &bwd), 0, "%s", arena_last_error());
-	const arena_residency_plan *p = arena_engine_plan(e);
-	double sum = 0;
-	for (size_t i = 0; i < p->n_sched; i++)
-		sum += cost[p->sched[i]];
-	const double mean = sum / (double)p->n_sched;
+	const double mean = mean_learned_cost(e);
 	cr_assert(mean >= 0.0008 * 0.95 && mean < 0.0024, "mean cost %.6f s a step after the settling one (step %d)", mean,
 		  ctx[1]);
 	be->ops->stream_destroy(be, s);
