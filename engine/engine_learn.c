@@ -79,7 +79,8 @@ static int harvest_copies(arena_engine *e)
  * moved (0.192 s from step 6). On another, the step after a move ran 0.29
  * s against 0.19 after; learned, it made the next look predict the plan
  * just moved to at 0.27 s, and that look moved again. The records of the
- * steps left out still say what the device timed. */
+ * steps left out still say what the device timed; a caller that moves
+ * blocks every step is learned from every other one (time_begin). */
 #define LEARN_FROM 2
 
 /* A learned time taken in: the first as it is, then a running mean. */
@@ -277,11 +278,14 @@ void arena__engine_time_free(arena_engine *e)
  * steps ago goes) and say which step and mode they time. */
 void arena__engine_time_begin(arena_engine *e)
 {
-	const int settling = e->moved_end;
+	const int moved = e->moved_end;
 	e->moved_end = 0;
 	if (!e->timed)
 		return;
 	unsigned par = (unsigned)(e->steps & 1);
+	/* never two in a row: a caller whose every step moves blocks (its
+	 * memory swinging) is still learned from every other step */
+	const int settling = moved && !(e->steps && e->tm_step[par ^ 1] == e->steps - 1 && e->tm_settling[par ^ 1]);
 	memset(e->acq_n, 0, e->l->n_blocks * sizeof(*e->acq_n));
 	memset(e->rel_n, 0, e->l->n_blocks * sizeof(*e->rel_n));
 	memset(e->tm_rec + tm_at(e, par, 0, 0), 0, e->l->n_blocks * 2); /* unread timing of 2 steps ago goes */

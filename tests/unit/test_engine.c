@@ -2333,6 +2333,41 @@ Test(engine_learn, the_step_after_a_move_is_not_learned)
 	arena_model_free(m);
 }
 
+/* A caller whose memory swings every step (the rest holding 3 large
+ * blocks' worth in one step and nothing in the next) moves blocks before
+ * every step; its steps still teach the profile, every other one: every
+ * scheduled block is timed, at its 0.8 ms. */
+Test(engine_learn, a_caller_that_moves_every_step_is_still_learned_from)
+{
+	sim_only();
+	arena_model *m = load(0);
+	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	o.cap = G + 11 * MAXB;
+	o.hysteresis = 1; /* room is taken at the first step's end that has it */
+	arena_engine *e;
+	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+	arena_stream *s;
+	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	unsigned moved = 0;
+	char seen[1024];
+	size_t at = 0;
+	for (int step = 0; step < 12; step++) {
+		arena_engine_set_rest(e, step % 2 ? 3 * MAXB : 0);
+		run_step(e, m, s, 0, 0.0008);
+		expect_whole(e, m);
+		arena_engine_step r;
+		cr_assert_eq(arena_engine_step_record(e, (uint64_t)step, &r), 0);
+		moved += step >= 1 && (r.promotions || r.demotions);
+		at += (size_t)snprintf(seen + at, sizeof(seen) - at, " [%d: +%u -%u]", step, r.promotions, r.demotions);
+	}
+	cr_assert_geq(moved, 9, "blocks moved at %u of 11 step ends:%s", moved, seen);
+	const double mean = mean_learned_cost(e); /* asserts every scheduled block timed */
+	cr_assert(mean >= 0.0008 * 0.95 && mean < 0.0024, "mean cost %.6f s, 0.8 ms", mean);
+	be->ops->stream_destroy(be, s);
+	arena_engine_free(e);
+	arena_model_free(m);
+}
+
 /* The same 0.8 ms a block for 6 steps, then 3 ms a large block and 0.1 ms
  * a small one. */
 static double held_by_step(const void *ctx, const arena_model *m, uint32_t b)
