@@ -543,9 +543,14 @@ static int look_take(arena_engine *e)
 	arena_residency_plan t = k->t;
 	const double need = k->need;
 	const uint64_t budget = k->budget;
+	/* The plan in force, predicted by the profile the look planned with:
+	 * the two predictions compared are of one profile (the engine's has
+	 * learned a step more since; that step, after a move, once made the
+	 * plan in force look 0.27 s against the look's 0.19 on an H100). */
+	const double now_t = arena__timed_run(e->l, &k->o, e->plan.sched, e->plan.bwd, e->plan.n_sched, e->plan.resident,
+					      e->plan.slots, &e->tscr);
 	k->t = (arena_residency_plan){0}; /* ours now */
 	arena__engine_look_free(k);
-	double now_t = arena__engine_predict(e);
 	e->rec.look_now_s = now_t > 0 ? now_t : 0;
 	e->rec.look_plan_s = t.step_s > 0 ? t.step_s : 0;
 	arena__engine_memo_keep(e, &t, budget); /* the next step's adapt plans for the same budget: it takes this one */
@@ -554,8 +559,10 @@ static int look_take(arena_engine *e)
 		e->rec.profile_learned = 1;
 		e->room_steps = 0;
 		rc = arena__engine_apply(e, t.resident);
-	} else if (now_t > 0) {
-		e->plan.step_s = now_t; /* the plan stays; the profile predicts it now */
+	} else {
+		const double p = arena__engine_predict(e); /* the plan stays; the profile predicts it now */
+		if (p > 0)
+			e->plan.step_s = p;
 	}
 	arena_residency_plan_release(&t);
 	return rc;

@@ -2368,6 +2368,48 @@ Test(engine_learn, a_caller_that_moves_every_step_is_still_learned_from)
 	arena_model_free(m);
 }
 
+/* 0.8 ms a block, 10 ms in the step given (ctx[1]). */
+static double held_slow_at(const void *ctx, const arena_model *m, uint32_t b)
+{
+	(void)m, (void)b;
+	const int *c = ctx;
+	return c[0] == c[1] ? 0.010 : 0.0008;
+}
+
+/* A look compares two predictions of one profile: the one it planned with.
+ * The step whose end starts it (here 10 ms a block against 0.8 ms) is
+ * learned by the engine before the look is taken; predicting the plan in
+ * force with that profile made it look several times slower than the
+ * look's own. */
+Test(engine_learn, a_look_predicts_both_plans_by_one_profile)
+{
+	sim_only();
+	arena_model *m = load(0);
+	arena_stream *s;
+	int ctx[2] = {0, -1}; /* the step, the slow one */
+	int at = -1;
+	for (int run = 0; run < 2; run++) { /* the first finds the step that starts the look */
+		arena_engine *e = learn_engine(m, ARENA_MODE_SAMPLE, 1, &s);
+		ctx[1] = at;
+		for (ctx[0] = 0; ctx[0] < 8 && !arena_engine_looking(e); ctx[0]++)
+			run_step_work(e, m, s, held_slow_at, ctx, 0);
+		cr_assert(arena_engine_looking(e), "a look started within 8 steps");
+		cr_assert(!run || ctx[0] - 1 == at, "run %d: the look started at step %d, at %d before", run, ctx[0] - 1, at);
+		at = ctx[0] - 1;
+		if (run) {
+			run_step_work(e, m, s, held_slow_at, ctx, 0); /* takes the look */
+			arena_engine_step r;
+			cr_assert_eq(arena_engine_step_record(e, (uint64_t)ctx[0], &r), 0);
+			cr_assert(r.looked && r.look_now_s > 0 && r.look_plan_s > 0, "step %d took the look", ctx[0]);
+			cr_assert_lt(r.look_now_s, 1.5 * r.look_plan_s, "the plan in force %.4f s, the look's %.4f s",
+				     r.look_now_s, r.look_plan_s);
+		}
+		be->ops->stream_destroy(be, s);
+		arena_engine_free(e);
+	}
+	arena_model_free(m);
+}
+
 /* The same 0.8 ms a block for 6 steps, then 3 ms a large block and 0.1 ms
  * a small one. */
 static double held_by_step(const void *ctx, const arena_model *m, uint32_t b)
