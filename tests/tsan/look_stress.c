@@ -1,9 +1,9 @@
 /* look_stress.c - looks at the learned profile under ThreadSanitizer: an
  * image opened on the sim backend with learning on, under a cap that
  * streams blocks, so that the engine times them and looks at what it
- * learned at steps 2, 4, 8, 16, ...: each look is planned on a thread of
- * its own beside the caller's steps (and the sim's workers) and taken at
- * the next step end; the mode changes while a look may be running (the
+ * learned (from the third step on) at the ends of steps 3, 5, 10, 20:
+ * each look is planned on a thread of its own beside the caller's steps
+ * (and the sim's workers) and taken at the next step end; the mode changes while a look may be running (the
  * look is dropped) and the arena is closed while one may be (it is waited
  * for). Every acquired block's bytes equal those of the same image opened
  * all resident. Built and run by `make test-tsan`.
@@ -39,11 +39,11 @@ int main(int argc, char **argv)
 			}
 			int train = 0;
 			/* round 0 runs 20 sample steps; round 1 changes the mode at
-			 * steps 3, 5 and 9 (a look started at 2, 4 or 8 is dropped);
-			 * round 2 closes the arena after step 4 (a look may be running) */
-			const int n = round == 2 ? 5 : 20;
+			 * steps 4, 6 and 11 (a look started at 3, 5 or 10 is dropped);
+			 * round 2 closes the arena after step 5 (a look may be running) */
+			const int n = round == 2 ? 6 : 20;
 			for (int s = 0; s < n; s++, steps++) {
-				if (round == 1 && (s == 3 || s == 5 || s == 9)) {
+				if (round == 1 && (s == 4 || s == 6 || s == 11)) {
 					train = !train;
 					if (arena_set_mode(a, train ? ARENA_MODE_TRAIN : ARENA_MODE_SAMPLE)) {
 						fprintf(stderr, "look_stress: %s\n", arena_last_error());
