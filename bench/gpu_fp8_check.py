@@ -134,6 +134,8 @@ def linears(iters: int) -> list:
                 "grad_fp8_vs_bf16": compare(gx8, xb.grad), "grad_dequantized_vs_bf16": compare(xd.grad, xb.grad),
                 "s_grad_fp8": s_grad_fp8,
                 "s_grad_dequantize_and_matmul": timed(lambda: go.matmul(_fp8.dequantize(q, s, torch.bfloat16)), iters),
+                "s_grad_dequantize_fast_and_matmul":
+                    timed(lambda: go.matmul(_fp8.dequantize_fast(q, s, torch.bfloat16)), iters),
                 "s_grad_bf16": timed(lambda: go.matmul(w), iters),
                 "s_native": timed(lambda: _fp8.scaled_linear(x, q, s, b, torch.bfloat16), iters),
                 **one_pass(x, q, s, b, iters),

@@ -1,6 +1,7 @@
 """gpu_fp8_rows.py - arena's row quantization kernel (arena_fp8_quantize_rows, the
-native FP8 product's input) on the GPU: its bits against torch's ops on every BF16
-value, and its time against the device's copy rate.
+native FP8 product's input) and its FP8 transpose (arena_fp8_transpose, the FP8
+input gradient's weight operand) on the GPU: their bytes against torch's ops, and
+their times against the device's copy rate.
 
 usage: python3 bench/gpu_fp8_rows.py ANY.arena [--iters 50]
 
@@ -29,6 +30,12 @@ usage: python3 bench/gpu_fp8_rows.py ANY.arena [--iters 50]
    (the native path: dispatch, rows, autograd function, product) with and
    without autograd; and the device time of the BF16 and the native product
    (CUDA events over 50 calls).
+
+4. Transpose. arena_fp8_transpose against torch's t().contiguous() byte for byte
+   on FLUX.1-dev's weight shapes, shapes of multiples of 16 whose last tiles are
+   partial, odd shapes and an address off the 16-byte grid (a byte a thread);
+   its median time on FLUX.1-dev's shapes against torch's transposing copy and
+   against a device-to-device copy of as many bytes (the limit, same run).
 
 Prints one JSON line. Needs a CUDA GPU, torch and the arena package; ANY.arena
 is any image (its arena gives the kernel)."""
@@ -129,6 +136,37 @@ def host_costs(dev: torch.device) -> Tuple[dict, dict]:
     return h, d
 
 
+FLUX_WEIGHTS = ((3072, 3072), (12288, 3072), (3072, 12288), (3072, 15360), (18432, 3072), (9216, 3072))
+
+
+def transposes(a: arena.Arena, dev: torch.device, g: torch.Generator, iters: int) -> Tuple[list, list]:
+    """Section 4: (checks, times)."""
+    checks = []
+    for rows, cols, off in [(r, c, 0) for r, c in FLUX_WEIGHTS] + [(144, 400, 0), (16, 16, 0), (4096, 16, 0),
+                                                                     (33, 77, 0), (1, 3072, 0), (3072, 1, 0),
+                                                                     (256, 256, 1)]:
+        base = torch.randint(0, 256, (rows * cols + off,), generator=g, dtype=torch.uint8).to(dev)
+        x = base[off:].view(rows, cols).view(torch.float8_e4m3fn)  # off: x's address off the 16-byte grid
+        t = torch.empty(cols, rows, dtype=torch.float8_e4m3fn, device=dev)
+        a.fp8_transpose(x, t)
+        want = x.view(torch.uint8).t().contiguous()
+        checks.append({"rows": rows, "cols": cols, "offset": off,
+                       "bad_bytes": int((t.view(torch.uint8) != want).sum())})
+    times = []
+    for rows, cols in FLUX_WEIGHTS:
+        x = torch.randint(0, 256, (rows, cols), generator=g, dtype=torch.uint8).to(dev).view(torch.float8_e4m3fn)
+        t = torch.empty(cols, rows, dtype=torch.float8_e4m3fn, device=dev)
+        src = x.view(torch.uint8).view(-1)
+        dst = torch.empty_like(src)
+        t_k = timed(lambda: a.fp8_transpose(x, t), iters)
+        t_t = timed(lambda: x.view(torch.uint8).t().contiguous(), iters)
+        t_c = timed(lambda: dst.copy_(src), iters)
+        times.append({"rows": rows, "cols": cols, "kernel_us": round(t_k * 1e6, 2), "torch_us": round(t_t * 1e6, 2),
+                      "copy_us": round(t_c * 1e6, 2), "copy_over_kernel": round(t_c / t_k, 3),
+                      "kernel_GBps": round(rows * cols * 2 / t_k / 1e9, 1)})
+    return checks, times
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("image")
@@ -174,13 +212,15 @@ def main() -> int:
                           "copy_us": round(t_c * 1e6, 2), "copy_over_kernel": round(t_c / t_k, 3),
                           "kernel_GBps": round(rows * cols * 3 / t_k / 1e9, 1)})
         out["times"] = times
+        out["transpose_checks"], out["transpose_times"] = transposes(a, dev, g, args.iters)
+        out["transpose_mismatches"] = sum(c["bad_bytes"] for c in out["transpose_checks"])
         undo = _fp8.use_arena(a)
         try:
             out["host_us"], out["device_us"] = host_costs(dev)
         finally:
             undo()
     print(json.dumps(out))
-    return 0 if out["mismatched_rows"] == 0 else 1
+    return 0 if out["mismatched_rows"] == 0 and out["transpose_mismatches"] == 0 else 1
 
 
 if __name__ == "__main__":

@@ -132,6 +132,11 @@ typedef struct arena_backend_ops {
 	 * the calling thread. The caller has checked the arguments. */
 	int (*fp8_rows)(arena_backend *b, const void *x, uint64_t rows, uint64_t cols, const float *col_scale, void *q,
 			float *scale, arena_stream *s);
+	/* x (rows x cols one-byte elements, row-major) transposed into t (cols
+	 * x rows: t[c][r] = x[r][c]), after the work queued on s so far; the
+	 * same memory rules as fp8_rows. The caller has checked the
+	 * arguments (x and t do not overlap). */
+	int (*transpose8)(arena_backend *b, const void *x, uint64_t rows, uint64_t cols, void *t, arena_stream *s);
 
 	void (*destroy)(arena_backend *b);
 } arena_backend_ops;

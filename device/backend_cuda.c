@@ -330,6 +330,15 @@ static int cuda_fp8_rows(arena_backend *base, const void *x, uint64_t rows, uint
 	return rc;
 }
 
+/* The kernel is in transpose_cuda.cu; the arguments were checked by the caller. */
+static int cuda_transpose8(arena_backend *base, const void *x, uint64_t rows, uint64_t cols, void *t, arena_stream *s)
+{
+	int rc = cuda_bind((cuda_backend *)base);
+	if (!rc)
+		rc = arena__transpose8_cuda(x, rows, cols, t, (cudaStream_t)s);
+	return rc;
+}
+
 static void cuda_destroy(arena_backend *base)
 {
 	arena_free(base);
@@ -362,6 +371,7 @@ static const arena_backend_ops cuda_ops = {
 	.decode_hb4 = cuda_decode_hb4,
 	.dequant = cuda_dequant,
 	.fp8_rows = cuda_fp8_rows,
+	.transpose8 = cuda_transpose8,
 	.destroy = cuda_destroy,
 };
 

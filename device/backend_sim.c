@@ -654,6 +654,17 @@ static int sim_fp8_rows(arena_backend *base, const void *x, uint64_t rows, uint6
 	return rc;
 }
 
+static int sim_transpose8(arena_backend *base, const void *x, uint64_t rows, uint64_t cols, void *t, arena_stream *s)
+{
+	int rc = sim_stream_sync(base, s);
+	const uint8_t *xs = x;
+	uint8_t *ts = t;
+	for (uint64_t r = 0; r < rows && !rc; r++)
+		for (uint64_t c = 0; c < cols; c++)
+			ts[c * rows + r] = xs[r * cols + c];
+	return rc;
+}
+
 static int sim_event_create(arena_backend *base, arena_event **out)
 {
 	sim_backend *b = (sim_backend *)base;
@@ -866,6 +877,7 @@ static const arena_backend_ops sim_ops = {
 	.decode_hb4 = sim_decode_hb4,
 	.dequant = sim_dequant,
 	.fp8_rows = sim_fp8_rows,
+	.transpose8 = sim_transpose8,
 	.destroy = sim_destroy,
 };
 

@@ -1,6 +1,7 @@
 /* codec_cuda.h - the CUDA kernels of the cuda backend: the chunk codecs
- * (device/codec_cuda.cu), dequantization (device/dequant_cuda.cu) and an
- * activation's FP8 rows (device/fp8rows_cuda.cu); plain C,
+ * (device/codec_cuda.cu), dequantization (device/dequant_cuda.cu), an
+ * activation's FP8 rows (device/fp8rows_cuda.cu) and a one-byte matrix's
+ * transpose (device/transpose_cuda.cu); plain C,
  * CUDA builds only. */
 #ifndef ARENA_CODEC_CUDA_H
 #define ARENA_CODEC_CUDA_H
@@ -45,6 +46,12 @@ int arena__dequant_cuda(const struct arena_dequant_job *j, cudaStream_t s);
  * Returns 0 or ARENA_E(DEV_ERROR) with a message when the launch fails. */
 int arena__fp8_rows_cuda(const void *x, uint64_t rows, uint64_t cols, const float *col_scale, void *q, float *scale,
 			  cudaStream_t s);
+
+/* Queue on s the transpose of x (rows x cols bytes, device memory) into t
+ * (cols x rows): transpose_cuda.cu. The caller has checked the arguments
+ * and made the device current. Returns 0 or ARENA_E(DEV_ERROR) with a
+ * message when the launch fails. */
+int arena__transpose8_cuda(const void *x, uint64_t rows, uint64_t cols, void *t, cudaStream_t s);
 
 #ifdef __cplusplus
 }

@@ -497,6 +497,17 @@ ARENA_API int arena_fp8_quantize_rows(arena *a, const void *x, uint64_t rows, ui
  * cols. */
 ARENA_API int arena_fp8_quantize_rows_scaled(arena *a, const void *x, uint64_t rows, uint64_t cols,
 					     const float *col_scale, void *q, float *scale, void *stream);
+/* An FP8 matrix (any one-byte elements) transposed: x [rows, cols],
+ * contiguous, into t [cols, rows] (t[c][r] = x[r][c]). For the FP8
+ * backward (docs/QUANT.md "Native FP8"): the input's gradient multiplies
+ * the weight's bytes [N, K] along N, and torch._scaled_mm takes that
+ * operand as [K, N] rows. One pass (rows and cols multiples of 16 with both
+ * addresses 16-byte aligned go by 16-byte words). cuda: device memory, one
+ * kernel queued on `stream` after the work queued there so far; sim: host
+ * memory, done before it returns. No rows or no cols: nothing done. USAGE:
+ * a NULL pointer that would be used, 2^31 rows or columns or more, x and t
+ * overlapping, a stream handle on sim; DEV_ERROR when the launch fails. */
+ARENA_API int arena_fp8_transpose(arena *a, const void *x, uint64_t rows, uint64_t cols, void *t, void *stream);
 
 /* ---- writing images ---------------------------------------------------------- */
 

@@ -234,6 +234,25 @@ int arena_fp8_quantize_rows_scaled(arena *a, const void *x, uint64_t rows, uint6
 	return fp8_rows(a, "arena_fp8_quantize_rows_scaled", 1, x, rows, cols, col_scale, q, scale, stream);
 }
 
+int arena_fp8_transpose(arena *a, const void *x, uint64_t rows, uint64_t cols, void *t, void *stream)
+{
+	int rc = lock(a, "arena_fp8_transpose");
+	if (rc)
+		return rc;
+	arena_stream *s;
+	const uint64_t n = rows && cols ? rows * cols : 0;
+	if (n && (!x || !t))
+		rc = arena_errorf(ARENA_E_USAGE, "arena_fp8_transpose: NULL %s", !x ? "x" : "t");
+	else if (rows >= (1ull << 31) || cols >= (1ull << 31))
+		rc = arena_errorf(ARENA_E_USAGE, "arena_fp8_transpose: %llu rows of %llu: too many", (unsigned long long)rows,
+				  (unsigned long long)cols);
+	else if (n && (uintptr_t)x < (uintptr_t)t + n && (uintptr_t)t < (uintptr_t)x + n)
+		rc = arena_errorf(ARENA_E_USAGE, "arena_fp8_transpose: x and t overlap (the transpose needs memory of its own)");
+	else if (n && !(rc = stream_of(a, stream, &s)))
+		rc = a->be->ops->transpose8(a->be, x, rows, cols, t, s);
+	return unlock(a, rc);
+}
+
 uint64_t arena_step_count(const arena *a)
 {
 	if (lock(a, "arena_step_count"))

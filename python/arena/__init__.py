@@ -545,6 +545,34 @@ class Arena:
         else:
             _check(_native.lib.arena_fp8_quantize_rows(self._handle(), *args))
 
+    def fp8_transpose(self, x: Any, t: Any, stream: Optional[int] = None) -> None:
+        """``x`` (a contiguous torch tensor [rows, cols] of one-byte elements,
+        float8_e4m3fn or uint8, on the arena's device; a CPU tensor on sim)
+        transposed into ``t`` (contiguous [cols, rows], x's dtype, another
+        tensor's memory): ``t`` equals ``x.t().contiguous()`` byte for byte, in
+        one pass (``arena_fp8_transpose``: the weight's bytes as the FP8 input
+        gradient's product takes them). On CUDA queued on ``stream`` (None: the
+        default stream); on sim done when this returns. Raises arena.Error USAGE
+        for tensors that are not so."""
+        dev = self.device
+        rows, cols = (x.shape[0], x.shape[1]) if x.dim() == 2 else (0, 0)
+        for v, shape in ((x, (rows, cols)), (t, (cols, rows))):
+            if (x.dim() != 2 or v.element_size() != 1 or v.dtype != x.dtype or tuple(v.shape) != shape
+                    or not v.is_contiguous() or str(v.device) != dev):
+                raise Error("USAGE", f"fp8_transpose: x and t must be contiguous {dev} tensors of one-byte "
+                                     f"elements, x [rows, cols] and t [cols, rows] of its dtype; got {v.dtype} "
+                                     f"{tuple(v.shape)} on {v.device}")
+        self._fp8_transpose(x.data_ptr(), rows, cols, t.data_ptr(), stream)
+
+    def _fp8_transpose(self, x: int, rows: int, cols: int, t: int, stream: Optional[int]) -> None:
+        """fp8_transpose without its checks of the tensors (arena.torch: the caller made
+        them right)."""
+        P, U = ctypes.c_void_p, ctypes.c_uint64
+        _check(_native.lib.arena_fp8_transpose(
+            self._handle(), _check_int("fp8_transpose(x)", x, P), _check_int("fp8_transpose(rows)", rows, U),
+            _check_int("fp8_transpose(cols)", cols, U), _check_int("fp8_transpose(t)", t, P),
+            None if stream is None else _check_int("fp8_transpose(stream)", stream, P)))
+
     def _acquire_unchecked(self, block: int, stream: Optional[int]) -> int:
         """acquire() for the PyTorch adapter, once a step for each block or piece it
         runs: a block index and a stream handle of its own making, in range (the

@@ -303,6 +303,7 @@ _SIGS = {
     "arena_fp8_quantize_rows": (c_int, [_P, c_void_p, c_uint64, c_uint64, c_void_p, c_void_p, c_void_p]),
     "arena_fp8_quantize_rows_scaled": (c_int, [_P, c_void_p, c_uint64, c_uint64, c_void_p, c_void_p, c_void_p,
                                                c_void_p]),
+    "arena_fp8_transpose": (c_int, [_P, c_void_p, c_uint64, c_uint64, c_void_p, c_void_p]),
     "arena_step_begin": (c_int, [_P]),
     "arena_block_acquire": (c_int, [_P, c_size_t, c_void_p, POINTER(c_void_p)]),
     "arena_block_release": (c_int, [_P, c_size_t, c_void_p]),

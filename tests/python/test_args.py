@@ -126,6 +126,8 @@ class Args(unittest.TestCase):
             ("rows", lambda v: a._fp8_quantize_rows(1, v, 1, 1, 1, None), -1, U64),
             ("cols", lambda v: a._fp8_quantize_rows(1, 1, v, 1, 1, None), -1, U64),
             ("col_scale", lambda v: a._fp8_quantize_rows(1, 1, 1, 1, 1, None, v), -1, U64),
+            ("fp8_transpose(rows)", lambda v: a._fp8_transpose(1, v, 1, 1, None), -1, U64),
+            ("fp8_transpose(cols)", lambda v: a._fp8_transpose(1, 1, v, 1, None), -1, U64),
             ("device", lambda v: arena.open(self.img, device=v), -(2**31) - 1, 2**31),
             ("vram", lambda v: sim(self.img, vram=v), -1, U64),
             ("pin_budget", lambda v: sim(self.img, pin_budget=v), -1, U64),

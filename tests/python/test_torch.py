@@ -1466,6 +1466,29 @@ class Quantized(unittest.TestCase):
                 with self.assertRaisesRegex(arena.Error, "fp8_quantize_rows: x, q, scale and col_scale must be"):
                     a.fp8_quantize_rows(args["x"], args["q"], args["scale"], col_scale=args["col_scale"])
 
+    def test_fp8_transpose_one_pass(self):
+        """arena_fp8_transpose (the FP8 input gradient's weight operand, [K, N] rows of
+        the weight's [N, K] bytes) gives torch's t().contiguous() byte for byte for every
+        shape (odd sides, one row or column, multiples of 16, none), FP8 and uint8 alike;
+        refusals name what is wrong."""
+        g = torch.Generator().manual_seed(7)
+        with arena.open(self.image("fp8-e4m3-row"), **self.STREAM) as a:
+            for rows, cols in ((32, 48), (5, 40), (3, 7), (1, 9), (9, 1), (0, 8)):
+                x = torch.randint(0, 256, (rows, cols), generator=g, dtype=torch.uint8)
+                for dt in (torch.uint8, torch.float8_e4m3fn):
+                    t = torch.full((cols, rows), 0xA5, dtype=torch.uint8).view(dt)
+                    a.fp8_transpose(x.view(dt), t)
+                    self.assertTrue(torch.equal(t.view(torch.uint8), x.t().contiguous()), (rows, cols, dt))
+            x = torch.zeros(4, 8, dtype=torch.float8_e4m3fn)
+            for bad in (dict(x=x.view(torch.uint8)), dict(t=torch.empty(4, 8, dtype=torch.float8_e4m3fn)),
+                        dict(x=torch.zeros(4, 8, dtype=torch.bfloat16), t=torch.empty(8, 4, dtype=torch.bfloat16)),
+                        dict(x=torch.zeros(8, 4, dtype=torch.float8_e4m3fn).t()),
+                        dict(x=torch.zeros(32, dtype=torch.float8_e4m3fn))):
+                args = dict(x=x, t=torch.empty(8, 4, dtype=torch.float8_e4m3fn))
+                args.update(bad)
+                with self.assertRaisesRegex(arena.Error, "fp8_transpose: x and t must be"):
+                    a.fp8_transpose(args["x"], args["t"])
+
     def test_native_fp8_product(self):
         """The native path's arithmetic, checked where it can run here: the input quantized
         per row as arena's fp8-e4m3-row (amax / 448, floor 1e-12), and the product

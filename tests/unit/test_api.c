@@ -432,3 +432,45 @@ Test(api, fp8_quantize_rows_scaled_on_sim)
 	cr_assert_eq(arena_fp8_quantize_rows_scaled(a, NULL, 0, C, NULL, NULL, NULL, NULL), 0, "no rows");
 	arena_close(a);
 }
+
+/* arena_fp8_transpose on sim: every shape's bytes land at t[c][r] (shapes of
+ * one row, one column, odd sides, multiples of 16); no rows or columns does
+ * nothing; refusals name what is wrong, overlapping memory among them. */
+Test(api, fp8_transpose_on_sim)
+{
+	arena_open_options o = {.backend = "sim", .vram_cap = 64 << 20};
+	arena *a;
+	cr_assert_eq(arena_open(fixture_path("tiny_flux.safetensors"), &o, &a), 0, "%s", arena_last_error());
+	static const uint64_t shapes[][2] = {{1, 1}, {1, 7}, {7, 1}, {3, 5}, {16, 32}, {130, 17}, {33, 160}};
+	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+		const uint64_t R = shapes[i][0], C = shapes[i][1];
+		uint8_t *x = malloc(R * C), *t = malloc(R * C);
+		cr_assert(x && t);
+		for (uint64_t k = 0; k < R * C; k++)
+			x[k] = (uint8_t)(k * 131 + k / 7);
+		memset(t, 0xA5, R * C);
+		cr_assert_eq(arena_fp8_transpose(a, x, R, C, t, NULL), 0, "%s", arena_last_error());
+		for (uint64_t r = 0; r < R; r++)
+			for (uint64_t c = 0; c < C; c++)
+				cr_assert_eq(t[c * R + r], x[r * C + c], "%llu x %llu: [%llu][%llu]", (unsigned long long)R,
+					     (unsigned long long)C, (unsigned long long)r, (unsigned long long)c);
+		free(x);
+		free(t);
+	}
+	uint8_t m[64];
+	cr_assert_eq(arena_fp8_transpose(a, NULL, 0, 8, NULL, NULL), 0, "no rows: nothing to do");
+	cr_assert_eq(arena_fp8_transpose(a, NULL, 8, 0, NULL, NULL), 0, "no columns: nothing to do");
+	cr_assert_eq(arena_fp8_transpose(a, NULL, 4, 4, m, NULL), ARENA_E_USAGE);
+	cr_assert(strstr(arena_last_error(), "NULL x"), "%s", arena_last_error());
+	cr_assert_eq(arena_fp8_transpose(a, m, 4, 4, NULL, NULL), ARENA_E_USAGE);
+	cr_assert(strstr(arena_last_error(), "NULL t"), "%s", arena_last_error());
+	cr_assert_eq(arena_fp8_transpose(a, m, 4, 4, m + 15, NULL), ARENA_E_USAGE);
+	cr_assert(strstr(arena_last_error(), "overlap"), "%s", arena_last_error());
+	cr_assert_eq(arena_fp8_transpose(a, m, 4, 4, m + 16, NULL), 0, "adjacent is not overlapping: %s",
+		     arena_last_error());
+	cr_assert_eq(arena_fp8_transpose(a, m, 1ull << 31, 1, m + 32, NULL), ARENA_E_USAGE);
+	cr_assert(strstr(arena_last_error(), "too many"), "%s", arena_last_error());
+	cr_assert_eq(arena_fp8_transpose(a, m, 4, 4, m + 16, (void *)8), ARENA_E_USAGE);
+	cr_assert(strstr(arena_last_error(), "the simulator has none"), "%s", arena_last_error());
+	arena_close(a);
+}

@@ -22,8 +22,9 @@ tensors are (_quant.py). ``F.linear`` on it:
   times the weight's row scales (W = diag(s) Q, so grad_out @ W = (grad_out
   s) @ Q) quantized per row the same way (one pass:
   arena_fp8_quantize_rows_scaled), multiplied with the weight's FP8
-  bytes transposed (a transient copy, which _scaled_mm needs column-major),
-  a tensor scale as the second operand's. Off by default: on the H200 it is
+  bytes transposed (a transient copy, which _scaled_mm needs column-major:
+  one pass of arena_fp8_transpose where attached), a tensor scale as the
+  second operand's. Off by default: on the H200 it is
   slower than the BF16 product on every one of FLUX.1-dev's shapes (the
   transpose and the gradient's quantization cost more than the FP8 product
   saves) and the whole model's training step too (docs/QUANT.md). Not
@@ -124,10 +125,11 @@ def dequantize_fast(qdata: torch.Tensor, scale: Optional[torch.Tensor], dtype: t
     return want
 
 
-# Arenas open on a GPU whose library quantizes rows in one kernel
-# (arena_fp8_quantize_rows), by CUDA device index (quantize_rows' lookup:
-# x.get_device()): attach(..., fp8_compute=True) adds its arena while attached.
-# Without one, quantize_rows takes torch's ops.
+# Arenas open on a GPU whose library quantizes rows and transposes FP8 bytes in
+# one kernel each (arena_fp8_quantize_rows, arena_fp8_transpose), by CUDA device
+# index (quantize_rows' and transposed's lookup: x.get_device()): attach(...,
+# fp8_compute=True) adds its arena while attached. Without one, they take
+# torch's ops.
 _ROWS_CUDA: Dict[int, List[Any]] = {}
 
 
@@ -297,25 +299,53 @@ def _spread_scale(scale: Optional[torch.Tensor], n: int, device: torch.device) -
     return scale.reshape(-1, 1).float().expand(n, 1).reshape(1, n).contiguous()
 
 
+_ONES: Dict[Tuple[int, int], torch.Tensor] = {}  # (device index, k): [1, k] f32 ones (scaled_grad_input)
+
+
+def transposed(qdata: torch.Tensor) -> torch.Tensor:
+    """Q [n, k] (FP8) as [k, n] rows, Q.T made contiguous: arena's kernel in one pass
+    where an arena on its GPU can (arena_fp8_transpose), else torch's copy; the same
+    bytes either way."""
+    idx = qdata.get_device()
+    arenas = _ROWS_CUDA.get(idx) if idx >= 0 and qdata.is_cuda else None
+    if arenas and qdata.dim() == 2 and qdata.is_contiguous():
+        n, k = qdata.shape
+        t = torch.empty((k, n), dtype=qdata.dtype, device=qdata.device)
+        rc = _native.lib.arena_fp8_transpose(arenas[-1]._handle(), qdata.data_ptr(), n, k, t.data_ptr(),
+                                             _raw_stream_fast(idx))
+        if rc:
+            raise Error.from_code(rc)
+        return t
+    return qdata.view(torch.uint8).t().contiguous().view(qdata.dtype)
+
+
 def scaled_grad_input(grad: torch.Tensor, qdata: torch.Tensor, scale: Optional[torch.Tensor],
                       dtype: torch.dtype) -> torch.Tensor:
     """grad @ W (the input's gradient through W = diag(scale) Q) as an FP8 product:
     grad times the weight's row scales, quantized per row, against Q's bytes
-    transposed (_scaled_mm's second operand is column-major: Q.T's rows); a weight
-    with one scale gives it as the second operand's, spread to every column."""
+    transposed (_scaled_mm's second operand is column-major: Q.T's rows; Hopper's FP8
+    products read both operands along the reduced dimension, here N); a weight with
+    one scale gives it as the second operand's, spread to every column."""
     n, k = qdata.shape
     lead = grad.shape[:-1]
-    g2 = grad.reshape(-1, n).to(torch.bfloat16).contiguous()
+    g2 = grad.reshape(-1, n)
+    if g2.dtype != torch.bfloat16:
+        g2 = g2.to(torch.bfloat16)
+    g2 = g2.contiguous()
     if scale is not None and scale.numel() == n and n > 1:
-        gq, gs = quantize_rows(g2, scale.reshape(n).float().contiguous())
-        sb = torch.ones(1, k, dtype=torch.float32, device=qdata.device)
+        cs = scale.view(n) if scale.dtype == torch.float32 and scale.is_contiguous() else \
+            scale.reshape(n).float().contiguous()
+        gq, gs = quantize_rows(g2, cs)
+        key = (qdata.get_device(), k)
+        sb = _ONES.get(key)
+        if sb is None:
+            sb = _ONES[key] = torch.ones(1, k, dtype=torch.float32, device=qdata.device)
     else:
         gq, gs = quantize_rows(g2)
         one = scale.reshape(1, 1).float() if scale is not None else torch.ones(1, 1, device=qdata.device)
         sb = one.expand(1, k).contiguous()
-    qt = qdata.view(torch.uint8).t().contiguous().view(torch.float8_e4m3fn)  # [k, n]: Q.T row-major
-    out = torch._scaled_mm(gq, qt.t(), scale_a=gs, scale_b=sb, out_dtype=dtype)
-    return out.reshape(*lead, k)
+    out = torch._scaled_mm(gq, transposed(qdata).t(), scale_a=gs, scale_b=sb, out_dtype=dtype)
+    return out.view(*lead, k)
 
 
 def dequantize_bound(qdata: torch.Tensor, scale: Optional[torch.Tensor], dtype: torch.dtype,
