@@ -355,8 +355,8 @@ def main() -> None:
     ap.add_argument("--fp8-compute", default=None, choices=["on", "off", "auto"],
                     help="arena runs on an fp8-e4m3 image: attach(fp8_compute=True|False|'auto'); default attach's")
     ap.add_argument("--fp8-grad", default=None, choices=["on", "off"],
-                    help="native FP8 training: the input's gradient as an FP8 product (on) or with the weight "
-                         "dequantized for it (off, the default: arena.torch._fp8.GRAD_FP8)")
+                    help="native FP8 training: the input's gradient as an FP8 product (on, the default: "
+                         "arena.torch._fp8.GRAD_FP8) or with the weight dequantized for it (off)")
     ap.add_argument("--profile", default=None, metavar="FILE",
                     help="after the timed steps, one more under torch.profiler: its kernels' device time "
                          "(top 40 by CUDA time) and the step's device seconds written to FILE")

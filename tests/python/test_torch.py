@@ -175,6 +175,20 @@ def fp8_matmul_stood_in(calls: list | None = None):
         _fp8.device_has_fp8, torch._scaled_mm = real_has, real_mm
 
 
+@contextlib.contextmanager
+def grad_fp8(on: bool):
+    """The native backward's input gradient as an FP8 product (on, the default) or
+    with the weight dequantized for it (off), for the block; restored after."""
+    from arena.torch import _fp8
+
+    was = _fp8.GRAD_FP8
+    _fp8.GRAD_FP8 = on
+    try:
+        yield
+    finally:
+        _fp8.GRAD_FP8 = was
+
+
 def compiled_steps(tc: unittest.TestCase, m, h, want) -> None:
     """Compile every block (fullgraph, aot_eager), run four sampling steps: each equals
     want, nothing recompiles after the first, blocks were streamed; detaches h."""
@@ -1309,47 +1323,72 @@ class Quantized(unittest.TestCase):
             at.attach(model(), path, fp8_compute="yes", **RESIDENT)
 
     def test_native_fp8_training_streamed(self):
-        """LoRA training through native FP8 products, checkpointed and not, the device's
-        FP8 matmuls stood in for (device_has_fp8 true; torch._scaled_mm by f32 arithmetic
-        on the operands it is given): streamed and in pieces, where a block's address at
-        its backward is not the one its forward saw, the losses, gradients and LoRA
-        weights after are the resident attach's bit for bit and every Linear of the
-        quantized blocks went through the FP8 product (the backward's weight is the
-        binding current then: arena's kernel refuses another address)."""
+        """LoRA training through native FP8 products, checkpointed and not, the input's
+        gradient an FP8 product (the default) and with the weight dequantized for it, the
+        device's FP8 matmuls stood in for (device_has_fp8 true; torch._scaled_mm by f32
+        arithmetic on the operands it is given): streamed and in pieces, where a block's
+        address at its backward is not the one its forward saw, the losses, gradients and
+        LoRA weights after are the resident attach's bit for bit and every Linear of the
+        quantized blocks went through the FP8 product, forward and (the FP8 gradient)
+        backward (the backward's weight is the binding current then: arena's kernel
+        refuses another address; a stale FP8 operand would change the bits)."""
         from arena.torch import _fp8
 
         calls = [0]
         path = self.image("fp8-e4m3-row", "--quant-exclude", "single_transformer_blocks.*")
+        by_grad = {}
         with fp8_matmul_stood_in(calls):
-            for ckpt in (True, False):
-                want = None
-                for opts in (RESIDENT, dict(self.STREAM, sim_capacity="200K", depth=2), self.PIECES):
-                    with self.subTest(checkpointing=ckpt, opts=opts):
-                        m = model()
-                        h = at.attach(m, path, mode="train", fp8_compute=True, **opts)
-                        if opts is not RESIDENT:
-                            self.assertGreater(h.plan()["n_streamed"], 0)
-                        self.assertTrue(m.transformer_blocks[0].attn.to_q.weight._native_here)
-                        add_lora(m)
-                        calls[0] = 0
-                        got = train_steps(m, checkpointing=ckpt)
-                        # 2 steps, a forward (and with checkpointing its recompute) of
-                        # every quantized Linear of the double blocks
-                        n = sum(1 for mod in m.transformer_blocks.modules()
-                                if isinstance(mod, torch.nn.Linear) and isinstance(mod.weight, _fp8.Fp8Weight))
-                        self.assertEqual(calls[0], 2 * n * (2 if ckpt else 1))
-                        if want is None:
-                            want = got
-                        else:
-                            same_step(self, got, want, "native: the resident attach's, bit for bit")
-                        h.detach()
+            for fp8g in (True, False):
+                for ckpt in (True, False):
+                    want = None
+                    for opts in (RESIDENT, dict(self.STREAM, sim_capacity="200K", depth=2), self.PIECES):
+                        with self.subTest(grad_fp8=fp8g, checkpointing=ckpt, opts=opts), grad_fp8(fp8g):
+                            m = model()
+                            h = at.attach(m, path, mode="train", fp8_compute=True, **opts)
+                            if opts is not RESIDENT:
+                                self.assertGreater(h.plan()["n_streamed"], 0)
+                            self.assertTrue(m.transformer_blocks[0].attn.to_q.weight._native_here)
+                            add_lora(m)
+                            calls[0] = 0
+                            bwd = [0]
+                            real = _fp8.scaled_grad_input
+
+                            def counted(*a):
+                                bwd[0] += 1
+                                return real(*a)
+
+                            _fp8.scaled_grad_input = counted
+                            try:
+                                got = train_steps(m, checkpointing=ckpt)
+                            finally:
+                                _fp8.scaled_grad_input = real
+                            # 2 steps, a forward (and with checkpointing its recompute) of
+                            # every quantized Linear of the double blocks, and with the FP8
+                            # gradient one product for each input's gradient
+                            n = sum(1 for mod in m.transformer_blocks.modules()
+                                    if isinstance(mod, torch.nn.Linear) and isinstance(mod.weight, _fp8.Fp8Weight))
+                            if fp8g:
+                                self.assertGreater(bwd[0], 0)
+                            else:
+                                self.assertEqual(bwd[0], 0)
+                            self.assertEqual(calls[0], 2 * n * (2 if ckpt else 1) + bwd[0])
+                            if want is None:
+                                want = got
+                                by_grad[fp8g, ckpt] = got
+                            else:
+                                same_step(self, got, want, "native: the resident attach's, bit for bit")
+                            h.detach()
+        # the FP8 gradient is another product: the LoRA weights after differ
+        self.assertNotEqual(same(by_grad[True, True][2], by_grad[False, True][2]), [])
 
     def test_native_product_saves_the_bytes_it_needs(self):
-        """A native product through a weight bound to an arena's block saves that
-        weight's qdata only (arena's kernel dequantizes it for the backward from the
-        block, scales and all); a weight not bound to one saves its scale too, for
-        torch's dequantization; either way the input's gradient is the product with
-        the dequantized weight."""
+        """A native product through a weight bound to an arena's block saves, with the
+        input's gradient dequantized, that weight's qdata only (arena's kernel
+        dequantizes it for the backward from the block, scales and all); a weight not
+        bound to one saves its scale too, for torch's dequantization; the input's
+        gradient is then the product with the dequantized weight. With the FP8 gradient
+        (the default) every weight saves qdata and scale, and the input's gradient is
+        scaled_grad_input's."""
         from arena.torch import _fp8
 
         path = self.image("fp8-e4m3-row", "--quant-exclude", "single_transformer_blocks.*")
@@ -1359,18 +1398,22 @@ class Quantized(unittest.TestCase):
             bound = m.transformer_blocks[0].attn.to_q.weight
             self.assertIsNotNone(bound.src)
             loose = _fp8.Fp8Weight(bound.qdata.clone(), bound.scale.clone(), torch.bfloat16, True)
-            for w, want in ((bound, [bound.qdata]), (loose, [loose.qdata, loose.scale])):
-                with self.subTest(bound=w is bound):
-                    x = torch.randn(1, 5, w.shape[1], dtype=torch.bfloat16, requires_grad=True)
-                    packed: list = []
-                    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
-                        y = torch.nn.functional.linear(x, w)
-                    self.assertEqual(len(packed), len(want))
-                    for got, t in zip(packed, want):
-                        self.assertEqual((got.data_ptr(), got.shape, got.dtype), (t.data_ptr(), t.shape, t.dtype))
-                    g = torch.randn_like(y)
-                    (gx,) = torch.autograd.grad(y, x, g)
-                    self.assertTrue(torch.equal(gx, g.matmul(_fp8.dequantize(w.qdata, w.scale, torch.bfloat16))))
+            for fp8g in (False, True):
+                for w in (bound, loose):
+                    want = [w.qdata] if w is bound and not fp8g else [w.qdata, w.scale]
+                    with self.subTest(bound=w is bound, grad_fp8=fp8g), grad_fp8(fp8g):
+                        x = torch.randn(1, 5, w.shape[1], dtype=torch.bfloat16, requires_grad=True)
+                        packed: list = []
+                        with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+                            y = torch.nn.functional.linear(x, w)
+                        self.assertEqual(len(packed), len(want))
+                        for got, t in zip(packed, want):
+                            self.assertEqual((got.data_ptr(), got.shape, got.dtype), (t.data_ptr(), t.shape, t.dtype))
+                        g = torch.randn_like(y)
+                        (gx,) = torch.autograd.grad(y, x, g)
+                        gw = _fp8.scaled_grad_input(g, w.qdata, w.scale, torch.bfloat16) if fp8g else \
+                            g.matmul(_fp8.dequantize(w.qdata, w.scale, torch.bfloat16))
+                        self.assertTrue(torch.equal(gx, gw))
             h.detach()
 
     def test_saved_inner_tensors_are_references(self):
@@ -1404,9 +1447,9 @@ class Quantized(unittest.TestCase):
         for other in (q1, torch.zeros(3)):  # the slab's other weight (not bound here), another tensor
             self.assertIs(sw.pack(other), other)
 
-    def test_fp8_auto_is_native_in_sampling_on_fp8_gpus(self):
-        """fp8_compute="auto" chooses FP8 products for sampling on a device with FP8
-        matmuls and the dequantized path in training or without them (the rule
+    def test_fp8_auto_is_native_on_fp8_gpus(self):
+        """fp8_compute="auto" chooses FP8 products on a device with FP8 matmuls, in
+        sampling and training alike, and the dequantized path without them (the rule
         _quant.fp8_auto_native; the device's capability stood in for, the CPU has none)."""
         from arena.torch import _fp8, _quant
 
@@ -1418,7 +1461,7 @@ class Quantized(unittest.TestCase):
             self.assertFalse(_quant.fp8_auto_native(h), "the CPU has no FP8 matmuls")
             try:
                 _fp8.device_has_fp8 = lambda d: True
-                self.assertEqual(_quant.fp8_auto_native(h), mode == "sample", mode)
+                self.assertTrue(_quant.fp8_auto_native(h), mode)
             finally:
                 _fp8.device_has_fp8 = real
             h.detach()
@@ -1519,7 +1562,8 @@ class Quantized(unittest.TestCase):
         b = torch.tensor([0.25]).to(torch.bfloat16)
         for row in range(8):
             xr = x[row:row + 1].clone().requires_grad_(True)
-            y = _ScaledLinear.apply(xr, b, None, None, native_args(wq, ws, torch.bfloat16))
+            with grad_fp8(False):  # (the FP8 gradient's product: test_native_fp8_grad)
+                y = _ScaledLinear.apply(xr, b, None, None, native_args(wq, ws, torch.bfloat16))
             xq, xs = quantize_rows(x[row:row + 1])
             want = (xq.float() * xs) @ (wq.float() * ws).t() + b.float()
             self.assertEqual(y.dtype, torch.bfloat16)
@@ -1605,7 +1649,8 @@ class Quantized(unittest.TestCase):
         with torch.no_grad():
             self.assertTrue(torch.equal(_fp8._native_linear(xr, fw, None), a))
         xg = xr.clone().requires_grad_(True)
-        yg = _fp8._native_linear(xg, fw, None)
+        with grad_fp8(False):  # (the CPU's _scaled_mm cannot run the FP8 gradient's: test_native_fp8_grad)
+            yg = _fp8._native_linear(xg, fw, None)
         self.assertTrue(torch.equal(yg, a) and yg.grad_fn is not None)
         yg.backward(torch.ones_like(yg))
         self.assertTrue(torch.equal(xg.grad, torch.ones_like(yg).matmul(_fp8.dequantize(wq, ws, torch.bfloat16))))

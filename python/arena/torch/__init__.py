@@ -173,16 +173,13 @@ def attach(
       matmuls (compute capability 8.9 or more; elsewhere each call
       dequantizes for its product); False dequantizes them at each bind (bit
       for bit the plain model holding the dequantized weights). "auto" (the
-      default): True for sampling on a GPU with FP8 matmuls (on the H200
-      and on H100s whose host keeps up faster than BF16: docs/QUANT.md
-      "Native FP8"), False in
-      training and elsewhere (a native training step at 8 GiB is
-      0.98-1.00 x the BF16 model's resident step on the H100s whose host and
-      link kept up, five of eight measured, 0.98-1.16 x on two whose host
-      thread's CPU time for a forward varied past the device's, 1.07-1.12 x
-      on one whose forward waited on the device, most likely for its copies; dequantized, a
-      steady 1.05-1.06 x). The FP8 product is not bit-identical to the
-      dequantized one.
+      default): True on a GPU with FP8 matmuls, sampling and training alike
+      (the backward's input gradient an FP8 product too, on the weight's bytes
+      transposed by arena's kernel: on the H200 at vram="8G" 0.89 x the BF16
+      model's resident step sampling and 0.93 x training; docs/QUANT.md
+      "Native FP8"), False elsewhere. A host slower than its device's forward
+      (some H100s measured) makes a native training step the host's. The FP8
+      product is not bit-identical to the dequantized one.
     share_host: one host copy of the streamed blocks for every process of the host
       (data-parallel training: torchrun, accelerate, one process per GPU): the
       first process of the host loads them into memory the host's processes

@@ -15,19 +15,18 @@ tensors are (_quant.py). ``F.linear`` on it:
   the kernel, the output in the weight's dtype; through an autograd
   function where autograd records the product, alone where not.
   The input's gradient (what LoRA training needs through a frozen weight),
-  ``grad_out @ W``, takes W dequantized for that product only (a transient
-  copy of one weight at a time): by arena's kernel (one pass, as at a bind)
-  where the weight is bound to an arena's block (``src``), else by torch.
-  With ``GRAD_FP8`` it is an FP8 product instead: the output's gradient
-  times the weight's row scales (W = diag(s) Q, so grad_out @ W = (grad_out
-  s) @ Q) quantized per row the same way (one pass:
-  arena_fp8_quantize_rows_scaled), multiplied with the weight's FP8
-  bytes transposed (a transient copy, which _scaled_mm needs column-major:
-  one pass of arena_fp8_transpose where attached), a tensor scale as the
-  second operand's. Off by default: on the H200 it is
-  slower than the BF16 product on every one of FLUX.1-dev's shapes (the
-  transpose and the gradient's quantization cost more than the FP8 product
-  saves) and the whole model's training step too (docs/QUANT.md). Not
+  ``grad_out @ W``, is an FP8 product too (``GRAD_FP8``, the default): the
+  output's gradient times the weight's row scales (W = diag(s) Q, so
+  grad_out @ W = (grad_out s) @ Q) quantized per row the same way (one
+  pass: arena_fp8_quantize_rows_scaled), multiplied with the weight's FP8
+  bytes transposed (a transient copy of one weight at a time, which
+  _scaled_mm needs column-major: one pass of arena_fp8_transpose where
+  attached), a tensor scale as the second operand's. On the H200 it is
+  faster than the dequantized weight's BF16 product on all six of
+  FLUX.1-dev's shapes (and than the BF16 weight's on three), and the whole
+  model's training step is 0.93 x the BF16 model's (docs/QUANT.md). With ``GRAD_FP8`` off it takes W dequantized for
+  that product only: by arena's kernel (one pass, as at a bind) where the
+  weight is bound to an arena's block (``src``), else by torch. Not
   bit-identical to the dequantized path: the input (and with GRAD_FP8 the
   gradient) is rounded to FP8 (3 mantissa bits); bench/gpu_fp8_check.py
   measures the difference.
@@ -54,10 +53,11 @@ from .. import Error, _native
 
 _FP8_MAX = 448.0
 
-# The input's gradient through a native FP8 weight as an FP8 product (True) or
-# with the weight dequantized for it (False, the default: faster on the H200;
-# bench/gpu_fp8_check.py measures both).
-GRAD_FP8 = False
+# The input's gradient through a native FP8 weight as an FP8 product (True, the
+# default: its weight's bytes transposed by arena's kernel, faster than the
+# dequantized weight's BF16 product on the H200) or with the weight dequantized
+# for it (False: the closer gradient; bench/gpu_fp8_check.py measures both).
+GRAD_FP8 = True
 
 
 _HAS_FP8: Dict[Any, bool] = {}  # by device: asked for every product, answered once
