@@ -24,9 +24,10 @@ tensors are (_quant.py). ``F.linear`` on it:
   attached), a tensor scale as the second operand's. On the H200 it is
   faster than the dequantized weight's BF16 product on all six of
   FLUX.1-dev's shapes (and than the BF16 weight's on three), and the whole
-  model's training step is 0.93 x the BF16 model's (docs/QUANT.md). With ``GRAD_FP8`` off it takes W dequantized for
-  that product only: by arena's kernel (one pass, as at a bind) where the
-  weight is bound to an arena's block (``src``), else by torch. Not
+  model's training step is 0.93 x the BF16 model's (docs/QUANT.md). With
+  ``GRAD_FP8`` off it takes W dequantized for that product only: by arena's
+  kernel (one pass, as at a bind) where the weight is bound to an arena's
+  block (``src``), else by torch. Not
   bit-identical to the dequantized path: the input (and with GRAD_FP8 the
   gradient) is rounded to FP8 (3 mantissa bits); bench/gpu_fp8_check.py
   measures the difference.
