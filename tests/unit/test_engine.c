@@ -2290,9 +2290,9 @@ Test(engine_learn, the_first_two_steps_are_not_learned)
 	arena_model_free(m);
 }
 
-/* 0.8 ms a block, 10 ms in the step after one that moved blocks (ctx:
- * that step's index, -1 none yet). */
-static double held_after_move(const void *ctx, const arena_model *m, uint32_t b)
+/* 0.8 ms a block, 10 ms in one step: ctx[0] is the step run now, ctx[1]
+ * the slow one (-1: none yet). */
+static double held_slow_at(const void *ctx, const arena_model *m, uint32_t b)
 {
 	(void)m, (void)b;
 	const int *c = ctx;
@@ -2310,11 +2310,11 @@ Test(engine_learn, the_step_after_a_move_is_not_learned)
 	arena_model *m = load(0);
 	arena_stream *s;
 	arena_engine *e = learn_engine(m, ARENA_MODE_SAMPLE, 1, &s);
-	int ctx[2] = {0, -1}; /* the step, the step after the first move */
+	int ctx[2] = {0, -1}; /* the step, the slow one: the step after the first move */
 	int step = 0;
 	for (; step < 12 && (ctx[1] < 0 || step <= ctx[1] + 1); step++) {
 		ctx[0] = step;
-		run_step_work(e, m, s, held_after_move, ctx, 0);
+		run_step_work(e, m, s, held_slow_at, ctx, 0);
 		arena_engine_step r;
 		cr_assert_eq(arena_engine_step_record(e, (uint64_t)step, &r), 0);
 		if (ctx[1] < 0 && step >= 2 && (r.promotions || r.demotions))
@@ -2366,14 +2366,6 @@ Test(engine_learn, a_caller_that_moves_every_step_is_still_learned_from)
 	be->ops->stream_destroy(be, s);
 	arena_engine_free(e);
 	arena_model_free(m);
-}
-
-/* 0.8 ms a block, 10 ms in the step given (ctx[1]). */
-static double held_slow_at(const void *ctx, const arena_model *m, uint32_t b)
-{
-	(void)m, (void)b;
-	const int *c = ctx;
-	return c[0] == c[1] ? 0.010 : 0.0008;
 }
 
 /* A look compares two predictions of one profile: the one it planned with.
