@@ -55,6 +55,12 @@ typedef struct arena_backend_ops {
 	 * is registered (CUDA refuses read-only pages; mprotect afterwards is
 	 * fine). For sim, a ledger plus that writability check. */
 	int (*host_register)(arena_backend *b, void *p, uint64_t bytes);
+	/* The same for memory mapped read-only (a region another process
+	 * loaded and sealed against writes: device/hostshare.h): the device
+	 * only reads it (cuda: cudaHostRegisterReadOnly, where the device
+	 * supports it; DEV_ERROR where not, and the memory stays pageable).
+	 * host_unregister undoes it. */
+	int (*host_register_ro)(arena_backend *b, void *p, uint64_t bytes);
 	void (*host_unregister)(arena_backend *b, void *p);
 
 	int (*stream_create)(arena_backend *b, arena_stream **s);

@@ -124,6 +124,25 @@ static int cuda_host_register(arena_backend *base, void *p, uint64_t bytes)
 	return rc;
 }
 
+/* Read-only pages: cudaHostRegisterReadOnly, where the device says it
+ * takes it (cudaDevAttrHostRegisterReadOnlySupported). */
+static int cuda_host_register_ro(arena_backend *base, void *p, uint64_t bytes)
+{
+	cuda_backend *b = (cuda_backend *)base;
+	cudaError_t e;
+	int ok = 0;
+	if (!p || !bytes)
+		return arena_errorf(ARENA_E_USAGE, "cuda: host_register of %s", p ? "0 bytes" : "a NULL pointer");
+	int rc = cuda_bind(b);
+	if (!rc && (e = cudaDeviceGetAttribute(&ok, cudaDevAttrHostRegisterReadOnlySupported, b->device)) != cudaSuccess)
+		rc = cuda_fail(e, "cudaDeviceGetAttribute");
+	if (!rc && !ok)
+		rc = arena_errorf(ARENA_E(DEV_ERROR), "cuda: device %d cannot pin read-only host memory", b->device);
+	if (!rc && (e = cudaHostRegister(p, (size_t)bytes, cudaHostRegisterReadOnly)) != cudaSuccess)
+		rc = cuda_fail(e, "cudaHostRegister(read-only)");
+	return rc;
+}
+
 static void cuda_host_unregister(arena_backend *base, void *p)
 {
 	if (!p)
@@ -351,6 +370,7 @@ static const arena_backend_ops cuda_ops = {
 	.dev_alloc = cuda_dev_alloc,
 	.dev_free = cuda_dev_free,
 	.host_register = cuda_host_register,
+	.host_register_ro = cuda_host_register_ro,
 	.host_unregister = cuda_host_unregister,
 	.stream_create = cuda_stream_create,
 	.stream_create_urgent = cuda_stream_create_urgent,

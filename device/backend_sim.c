@@ -401,14 +401,16 @@ static int range_writable(const void *p, uint64_t bytes)
 	return ok;
 }
 
-static int sim_host_register(arena_backend *base, void *p, uint64_t bytes)
+/* Pin p in the ledger; `ro`: read-only memory is taken too (as
+ * cudaHostRegisterReadOnly takes it). */
+static int sim_pin(arena_backend *base, void *p, uint64_t bytes, int ro)
 {
 	sim_backend *b = (sim_backend *)base;
 	uintptr_t c = (uintptr_t)p;
 	int rc = 0;
 	if (!p || !bytes)
 		return arena_errorf(ARENA_E_USAGE, "sim: host_register of %s", p ? "0 bytes" : "a NULL pointer");
-	if (!range_writable(p, bytes))
+	if (!ro && !range_writable(p, bytes))
 		return arena_errorf(ARENA_E(DEV_ERROR),
 				    "sim: host_register of %llu bytes at %p: not writable memory (CUDA refuses it)",
 				    (unsigned long long)bytes, p);
@@ -428,6 +430,16 @@ static int sim_host_register(arena_backend *base, void *p, uint64_t bytes)
 	}
 	pthread_mutex_unlock(&b->mu);
 	return rc;
+}
+
+static int sim_host_register(arena_backend *base, void *p, uint64_t bytes)
+{
+	return sim_pin(base, p, bytes, 0);
+}
+
+static int sim_host_register_ro(arena_backend *base, void *p, uint64_t bytes)
+{
+	return sim_pin(base, p, bytes, 1);
 }
 
 static void sim_host_unregister(arena_backend *base, void *p)
@@ -859,6 +871,7 @@ static const arena_backend_ops sim_ops = {
 	.dev_alloc = sim_dev_alloc,
 	.dev_free = sim_dev_free,
 	.host_register = sim_host_register,
+	.host_register_ro = sim_host_register_ro,
 	.host_unregister = sim_host_unregister,
 	.stream_create = sim_stream_create,
 	.stream_destroy = sim_stream_destroy,

@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -39,43 +40,6 @@ static void drop_host_wires(const arena_layout *layout, const uint8_t *on_device
 			arena_wire_free(wires[b]);
 			wires[b] = NULL;
 		}
-}
-
-/* Bytes of the coded host copies' segment tables in a shared region. */
-static uint64_t share_meta_len(const arena_model *m, const uint8_t *on_device)
-{
-	uint64_t n = 0;
-	for (size_t b = 0; on_device && b < m->layout->n_blocks; b++)
-		if (on_device[b] == ARENA_PLACE_HOST && m->mem[b].wire)
-			n += m->mem[b].wire->n * sizeof(arena_wire_seg);
-	return n;
-}
-
-/* The coded host copies' segment tables to (put) or from the region's meta
- * bytes, their plane pointers as offsets into the copy's buffer there (the
- * processes map the region at different addresses). */
-static void share_meta_move(arena_model *m, int put)
-{
-	uint8_t *meta = arena_host_share_meta(m->share);
-	for (size_t b = 0; b < m->layout->n_blocks; b++) {
-		arena_wire *w = m->mem[b].wire;
-		if (!w || m->mem[b].dev || m->mem[b].own_host)
-			continue;
-		arena_wire_seg *t = (arena_wire_seg *)(void *)meta;
-		if (put)
-			memcpy(t, w->seg, w->n * sizeof(*t));
-		for (size_t i = 0; i < w->n; i++) {
-			arena_wire_seg *g = put ? &t[i] : &w->seg[i];
-			if (!put)
-				*g = t[i];
-			if (g->codec != ARENA_CODEC_HB4 || !g->filled)
-				continue;
-			const uint8_t **pp[4] = {&g->v.nib, &g->v.low, &g->v.exc_idx, &g->v.exc_hi};
-			for (int k = 0; k < 4; k++)
-				*pp[k] = put ? (const uint8_t *)(uintptr_t)(*pp[k] - w->buf) : w->buf + (uintptr_t)*pp[k];
-		}
-		meta += w->n * sizeof(*t);
-	}
 }
 
 int arena_model_prepare_wire(arena_layout *layout, arena_backend *be, arena_pin_budget *budget,
@@ -132,11 +96,13 @@ int arena_model_prepare_shared(arena_layout *layout, arena_backend *be, arena_pi
 		}
 	}
 	if (m->host_len && key) {
-		if ((rc = arena_host_share_open(key, m->host_len, share_meta_len(m, on_device), &m->share,
-						&m->host_mapped)))
+		if ((rc = arena_host_share_open(key, m->host_len, &m->share, &m->host_mapped, m->share_why)))
 			goto fail;
-		m->host_base = arena_host_share_base(m->share);
-	} else if (m->host_len) {
+		m->share_state = !m->share ? ARENA_SHARE_PRIVATE : m->host_mapped ? ARENA_SHARE_MAPPED : ARENA_SHARE_LOADED;
+		if (m->share)
+			m->host_base = arena_host_share_base(m->share);
+	}
+	if (m->host_len && !m->share) {
 		void *p = mmap(NULL, m->host_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		if (p == MAP_FAILED) {
 			rc = arena_syserrorf(ARENA_E_NOMEM, errno, "cannot map %" PRIu64 " bytes for host slabs",
@@ -167,8 +133,6 @@ int arena_model_prepare_shared(arena_layout *layout, arena_backend *be, arena_pi
 			m->dev_bytes += blk->bytes;
 		}
 	}
-	if (m->host_mapped)
-		share_meta_move(m, 0);
 	*out = m;
 	return 0;
 fail:
@@ -198,7 +162,10 @@ static void *pin_slabs(void *arg)
 		if (!bm->pinned) /* not chosen */
 			continue;
 		uint64_t len = arena_model_host_len(m, (uint32_t)b);
-		if (m->backend->ops->host_register(m->backend, host_copy(bm), len)) {
+		/* another process's region is mapped read-only */
+		int (*reg)(arena_backend *, void *, uint64_t) =
+			m->host_mapped ? m->backend->ops->host_register_ro : m->backend->ops->host_register;
+		if (!reg || reg(m->backend, host_copy(bm), len)) {
 			arena_error_clear(); /* pageable: slower copies, still correct */
 			arena_pin_budget_give(m->budget, len);
 			bm->pinned = 0;
@@ -276,10 +243,37 @@ void arena_model_free(arena_model *m)
 
 int arena_model_share_publish(arena_model *m)
 {
-	if (!m->share || m->host_mapped)
+	if (!m->share || m->host_mapped || m->share_state != ARENA_SHARE_LOADED)
 		return 0;
-	share_meta_move(m, 1);
-	return arena_host_share_publish(m->share);
+	if (arena_host_share_publish(m->share, m->share_why))
+		m->share_state = ARENA_SHARE_PRIVATE;
+	return 0;
+}
+
+int arena_model_unshare(arena_model *m, const char *why)
+{
+	if (!m->share || !m->host_mapped || m->committed)
+		ARENA_BUG("unshare of a model that maps no region, or after commit");
+	void *p = mmap(NULL, m->host_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return arena_syserrorf(ARENA_E_NOMEM, errno, "cannot map %" PRIu64 " bytes for host slabs", m->host_len);
+	madvise(p, m->host_len, MADV_HUGEPAGE);
+	for (size_t b = 0; b < m->layout->n_blocks; b++) {
+		arena_block_mem *bm = &m->mem[b];
+		if (bm->own_host)
+			continue;
+		if (bm->wire)
+			bm->wire->buf = (uint8_t *)p + (bm->wire->buf - m->host_base);
+		else if (bm->host)
+			bm->host = (uint8_t *)p + (bm->host - m->host_base);
+	}
+	arena_host_share_close(m->share);
+	m->share = NULL;
+	m->host_mapped = 0;
+	m->host_base = p;
+	m->share_state = ARENA_SHARE_PRIVATE;
+	snprintf(m->share_why, sizeof(m->share_why), "%s", why);
+	return 0;
 }
 
 int arena_model_host_add(arena_model *m, uint32_t b, uint8_t **slab)

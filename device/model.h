@@ -56,9 +56,13 @@ typedef struct arena_model {
 	/* The host mapping is a region shared by the processes of the host
 	 * (arena_model_prepare_shared), or NULL: a private one. */
 	arena_host_share *share;
-	int host_mapped;          /* it was complete: its bytes (and coded copies'
-				   * segment tables) came from another process; the
-				   * loader reads no host block */
+	int host_mapped;          /* it was complete: its bytes came from another
+				   * process, mapped read-only; the loader checks them
+				   * against the image (and fills the coded copies'
+				   * segment tables from it) before anything reads them,
+				   * and reads no host block */
+	int share_state;          /* ARENA_SHARE_* (include/arena.h) */
+	char share_why[ARENA_SHARE_WHY]; /* PRIVATE: why */
 } arena_model;
 
 /* on_device[b] values: a host slab, device memory, or neither (the disk
@@ -83,16 +87,24 @@ int arena_model_prepare_wire(arena_layout *layout, arena_backend *be, arena_pin_
 
 /* The same with the host mapping shared (device/hostshare.h) as the region
  * named `key` (key NULL: private, as arena_model_prepare_wire): found
- * complete (m->host_mapped: the host slabs and the coded copies' segments
- * are filled already; the caller must not write them), or made for the
- * caller to fill, then arena_model_share_publish once committed. */
+ * complete (m->host_mapped: the host slabs and the coded copies' buffers
+ * are another process's bytes, read-only: the caller checks them against
+ * the image, and fills the coded copies' segment tables, before use, or
+ * gives them up with arena_model_unshare), or made for the caller to
+ * fill, then arena_model_share_publish once committed; or, where sharing
+ * is not possible, private (share_state PRIVATE, share_why says why). */
 int arena_model_prepare_shared(arena_layout *layout, arena_backend *be, arena_pin_budget *budget,
 			       const uint8_t *on_device, struct arena_wire **wires, const arena_share_key *key,
 			       arena_model **out);
-/* A committed model whose shared region it filled: the coded copies'
- * segment tables written beside it, the region marked complete for the
- * other processes. 0 (also for a model that shares nothing) or IO. */
+/* A committed model whose shared region it filled: the region sealed and
+ * marked complete for the other processes. Always 0: where that is not
+ * possible the region stays this process's (share_state PRIVATE). */
 int arena_model_share_publish(arena_model *m);
+/* A model that mapped a region (host_mapped), before commit: its host
+ * copies move to a private mapping of its own (empty, for the caller to
+ * fill), the region is let go, share_state becomes PRIVATE with `why`.
+ * NOMEM (the model is unchanged). */
+int arena_model_unshare(arena_model *m, const char *why);
 
 /* Make host slabs read-only and pin them in place, block by block, while the
  * budget allows (the rest stay pageable). */

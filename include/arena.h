@@ -250,12 +250,13 @@ enum { ARENA_MODE_SAMPLE = 0, ARENA_MODE_TRAIN = 1 };
  * rest all the room there is, unless the whole model fits in half of it.
  * arena.torch sets it. An explicit reserve turns the learning off. */
 #define ARENA_OPEN_LEARN_REST 32u
-/* Images only: one host copy of the streamed blocks for every process of
- * the host (data-parallel training: torchrun, one process per GPU). The
- * first process to open the image with a given host layout loads the host
- * copies into a memory region shared by the host's processes; a process
- * that opens it with the same layout maps those pages instead of loading
- * them (and one that opens while it is being loaded waits for it, then
+/* Images only: one host copy of the streamed blocks for the processes of
+ * one user on the host (data-parallel training: torchrun, one process per
+ * GPU). The first process to open the image with a given host layout loads
+ * the host copies into a memory region the user's processes share; a
+ * process that opens it with the same layout maps those pages instead of
+ * loading them, after checking them against its own image's chunk
+ * checksums (one that opens while it is being loaded waits for it, then
  * maps it; if the loader died, it loads it itself). The layout is
  * everything that decides those bytes: the image's content (its
  * checksums), which blocks have host copies (the residency plan: vram_cap,
@@ -270,11 +271,15 @@ enum { ARENA_MODE_SAMPLE = 0, ARENA_MODE_TRAIN = 1 };
  * makes later (a block leaving the device) are its own. The default host
  * budget and the pinned budget of a process that will map a region add its
  * bytes back (the host's free memory no longer counts them). The region is a
- * memfd; processes find it through a registry file
- * $ARENA_SHARE_DIR/arena-<32 hex>.lock (default /dev/shm) that names the
- * processes holding it, removed by the last one to close (docs/SHARING.md).
- * USAGE for a safetensors checkpoint; IO / NOMEM when the region cannot be
- * made or mapped. */
+ * sealed memfd; processes find it through a registry file
+ * $ARENA_SHARE_DIR/arena-<32 hex>.lock (default /dev/shm/arena-<uid>, a
+ * folder of the user's alone) that names the processes holding it, removed
+ * by the last one to close. Nothing of another user's is ever opened or
+ * mapped (docs/SHARING.md, "Security"). Sharing never fails the open:
+ * where it is not possible (an untrusted folder or file, a registry locked
+ * for 5 s, a loader that stalls, bytes that are not the image's, a failed
+ * system call) the process holds a private copy, and arena_share_state
+ * says why. USAGE for a safetensors checkpoint. */
 #define ARENA_OPEN_SHARE_HOST 64u
 
 /* Zero-initialize and set what you need; every 0 is the default (the CLI's
@@ -707,6 +712,17 @@ typedef struct arena_plan_info {
 } arena_plan_info;
 
 ARENA_API int arena_plan_get(const arena *a, arena_plan_info *out);
+
+/* How an arena holds its host copies (ARENA_OPEN_SHARE_HOST). */
+#define ARENA_SHARE_OFF 0     /* sharing not asked for, or no host copies to share */
+#define ARENA_SHARE_LOADED 1  /* this process loaded the region the others map */
+#define ARENA_SHARE_MAPPED 2  /* it maps a region another process loaded, checked against the image */
+#define ARENA_SHARE_PRIVATE 3 /* asked for, not possible: a private copy (why says why) */
+/* One of the ARENA_SHARE_* states; for PRIVATE, `why` (may be NULL, else
+ * why_cap bytes) gets the one-line reason, e.g. "host share: the share
+ * folder /dev/shm/arena-0 belongs to user 1000, not to this process's user
+ * 0" ("" for the others). A negative error code for a NULL arena. */
+ARENA_API int arena_share_state(const arena *a, char *why, size_t why_cap);
 /* The schedule the engine prefetches by: up to `cap` block indices into
  * `blocks`, the length into *n. */
 ARENA_API int arena_schedule_get(const arena *a, uint32_t *blocks, size_t cap, size_t *n);

@@ -125,6 +125,12 @@ typedef struct arena_load_stats {
 	 * rest is hashing, other checks and queueing copies. */
 	double w_all, w_ring, w_wait, w_read, w_decode;
 	double cpu_decode_s;      /* CPU seconds checking and decoding coded chunks, all threads */
+	/* A region another process loaded (ARENA_OPEN_SHARE_HOST), checked
+	 * against the image before use (loader/share_check.h): seconds, region
+	 * bytes hashed against chunk checksums, compared with bytes read again,
+	 * and image bytes read for it. */
+	double share_check_s;
+	uint64_t share_hashed, share_compared, share_read;
 } arena_load_stats;
 
 /* The image's identity for sharing host copies between processes (its

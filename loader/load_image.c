@@ -7,6 +7,7 @@
  * last byte has been hashed, and a bad one fails the load before anything
  * is committed. A coded chunk is decoded only once it has checked out. */
 #include "load_int.h"
+#include "share_check.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -528,6 +529,7 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 		goto fail;
 	img->layout = NULL;
 	arena_share_key key;
+	arena_share_check_stats cs = {0};
 	if (o->share_host)
 		share_key(img, own, od, L.wplan, o->piece_bytes, &key);
 	arena_model *m; /* takes the host blocks' coded forms from the plans */
@@ -543,10 +545,25 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 	/* Chunk descriptions need the layout: lend the model's. */
 	img->layout = m->layout;
 	L.m = m;
+	if (m->host_mapped) { /* another process's bytes: the image's, or not used */
+		char why[ARENA_SHARE_WHY];
+		int bad = arena__share_check(path, img, m, o->piece_bytes, why, &cs);
+		if (bad && (rc = arena_model_unshare(m, why))) {
+			arena_model_free(m);
+			img->layout = NULL;
+			goto fail;
+		}
+	}
 	if (m->host_mapped)
 		drop_host_segs(&L);
 	rc = arena__load_run(&L, out, st, t0);
 	img->layout = NULL;
+	if (st) {
+		st->share_check_s = cs.seconds;
+		st->share_hashed = cs.hashed;
+		st->share_compared = cs.compared;
+		st->share_read = cs.read;
+	}
 	if (!rc && (rc = arena_model_share_publish(*out))) { /* whole, then the others may map it */
 		arena_model_free(*out);
 		*out = NULL;

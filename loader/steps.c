@@ -343,6 +343,16 @@ int arena_plan_get(const arena *a, arena_plan_info *out)
 	return unlock(a, 0);
 }
 
+int arena_share_state(const arena *a, char *why, size_t why_cap)
+{
+	int rc = lock(a, "arena_share_state");
+	if (rc)
+		return rc;
+	if (why && why_cap)
+		snprintf(why, why_cap, "%s", a->m->share_state == ARENA_SHARE_PRIVATE ? a->m->share_why : "");
+	return unlock(a, a->m->share_state);
+}
+
 int arena_schedule_get(const arena *a, uint32_t *blocks, size_t cap, size_t *n)
 {
 	int rc = lock(a, "arena_schedule_get");

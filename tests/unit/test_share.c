@@ -180,6 +180,8 @@ typedef struct report {
 	int rc;
 	double opened; /* CLOCK_MONOTONIC seconds when its open returned (one clock for all processes) */
 	uint64_t digest, file_bytes, host_bytes;
+	uint64_t checked; /* region bytes checked against the image (hashed or compared) */
+	int state;        /* ARENA_SHARE_* */
 	char err[200];
 } report;
 
@@ -272,7 +274,11 @@ static void spawn(child *c, const char *path, int share, uint64_t cap, int steps
 	arena_plan_info p;
 	if (arena_plan_get(a, &p))
 		child_fail(c->from[1], "plan");
-	report r = {.opened = now_s(), .file_bytes = st.file_bytes, .host_bytes = p.host_bytes};
+	report r = {.opened = now_s(),
+		    .file_bytes = st.file_bytes,
+		    .host_bytes = p.host_bytes,
+		    .checked = st.share_hashed + st.share_compared};
+	r.state = arena_share_state(a, r.err, sizeof(r.err));
 	(void)!write(c->from[1], &r, sizeof(r));
 	if (!child_wait(c->to[0]))
 		_exit(0);
@@ -322,11 +328,19 @@ static uint64_t pss_growth(const char *path, int n, int share, uint64_t want, ui
 		report r;
 		parent_say(&c[i]);
 		parent_read(&c[i], &r);
-		if (share && i)
+		if (share && i) {
+			cr_assert_eq(r.state, ARENA_SHARE_MAPPED, "process %d of %d: state %d (%s)", i, n, r.state, r.err);
 			cr_assert_leq(r.file_bytes, full_read - host_bytes + MiB,
 				     "process %d of %d read %llu bytes of the image: it loaded the host copies again", i, n,
 				     (unsigned long long)r.file_bytes);
-		else
+			/* the region's bytes were checked against the image, every one */
+			cr_assert_geq(r.checked, host_bytes * 9 / 10, "process %d of %d checked %llu of %llu bytes it maps", i, n,
+				      (unsigned long long)r.checked, (unsigned long long)host_bytes);
+		} else {
+			cr_assert_eq(r.state, share ? ARENA_SHARE_LOADED : ARENA_SHARE_OFF, "process %d: state %d (%s)", i,
+				     r.state, r.err);
+		}
+		if (!(share && i))
 			cr_assert_geq(r.file_bytes, full_read, "process %d read %llu bytes of %llu", i,
 				      (unsigned long long)r.file_bytes, (unsigned long long)full_read);
 	}
@@ -581,14 +595,21 @@ static int maps_a_region(void)
 	return found;
 }
 
-Test(share, failures_of_the_sharing_path_leave_nothing_behind)
+/* Every system call of the sharing path, failed in turn (the loader's
+ * path, then a mapper's while a first arena holds the region): the open
+ * still succeeds with a private copy of the image's bytes, says why in one
+ * line, and leaves no registry file, mapping or allocation of its own. */
+Test(share, failures_of_the_sharing_path_give_a_private_copy_and_leave_nothing_behind)
 {
+	uint64_t host, full;
+	const uint64_t want = reference_digest(img, 1, &host, &full);
 	arena_open_options o = opts(1, 0);
-	/* the loader's path, then a mapper's (a first arena holds the region) */
 	for (int mapper = 0; mapper < 2; mapper++) {
 		arena *first = NULL;
-		if (mapper)
+		if (mapper) {
 			cr_assert_eq(arena_open(img, &o, &first), 0, "%s", arena_last_error());
+			cr_assert_eq(arena_share_state(first, NULL, 0), ARENA_SHARE_LOADED);
+		}
 		int failed = 0;
 		for (long n = 1; n < 64; n++) {
 			const long live = arena_alloc_live();
@@ -597,21 +618,24 @@ Test(share, failures_of_the_sharing_path_leave_nothing_behind)
 			int rc = arena_open(img, &o, &a);
 			const int fired = arena_fault_share_fired();
 			arena_fault_share(0);
+			cr_assert_eq(rc, 0, "call %ld: %s", n, arena_last_error());
+			char why[ARENA_SHARE_WHY];
+			const int state = arena_share_state(a, why, sizeof(why));
 			if (!fired) {
-				cr_assert_eq(rc, 0, "%s", arena_last_error());
+				cr_assert_eq(state, mapper ? ARENA_SHARE_MAPPED : ARENA_SHARE_LOADED, "%s", why);
 				arena_close(a);
 				break;
 			}
 			failed++;
-			cr_assert(rc == ARENA_E_IO || rc == ARENA_E_NOMEM, "call %ld: %s (%d)", n, arena_last_error(), rc);
-			cr_assert_null(a);
-			const char *msg = arena_last_error();
-			cr_assert(strstr(msg, "host share: ") && !strchr(msg, '\n'), "call %ld: %s", n, msg);
+			cr_assert_eq(state, ARENA_SHARE_PRIVATE, "call %ld: state %d", n, state);
+			cr_assert(!strncmp(why, "host share: ", 12) && !strchr(why, '\n'), "call %ld: %s", n, why);
+			cr_assert_eq(run_steps(a, 1), want, "call %ld: the private copy's bytes", n);
+			arena_close(a);
 			cr_assert_eq(arena_alloc_live(), live, "call %ld: allocations left behind", n);
-			cr_assert_eq(registries(), mapper, "call %ld: registry files left behind", n);
-			cr_assert_eq(maps_a_region(), mapper, "call %ld: a mapping left behind", n);
+			cr_assert_eq(registries(), mapper, "call %ld (%s): registry files left behind", n, why);
+			cr_assert_eq(maps_a_region(), mapper, "call %ld (%s): a mapping left behind", n, why);
 		}
-		cr_assert_geq(failed, mapper ? 2 : 5, "the injected failures reached the sharing path's calls (%d)", failed);
+		cr_assert_geq(failed, mapper ? 4 : 8, "the injected failures reached the sharing path's calls (%d)", failed);
 		if (first)
 			arena_close(first);
 		cr_assert_eq(registries(), 0);
@@ -673,4 +697,530 @@ Test(share, a_region_held_counts_as_host_memory_a_process_will_map)
 	arena_close(b);
 	arena_close(a);
 	cr_assert_eq(arena_host_share_image_bytes(id), 0, "gone with its last process");
+}
+
+/* ---- what other processes and other users can do ------------------------------
+ * The share folder, its registry files and the regions they name are
+ * outside the process: each test below is something another process (of
+ * this user, or as root of another user) can do to them, and what a
+ * process that opens the image with sharing must still get: the image's
+ * bytes, an open that returns, nothing of anyone else's written. */
+
+#include <dirent.h>
+#include <grp.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+
+#define NOBODY 65534
+
+/* The descriptor of process pid that is a region (a memfd named
+ * "arena-..."), opened here with `flags` through /proc; -1 when it holds
+ * none after waiting up to 10 s for one. */
+static int open_region_of(pid_t pid, int flags)
+{
+	char p[64], q[320], link[256];
+	for (int tries = 0; tries < 1000; tries++) {
+		snprintf(p, sizeof(p), "/proc/%d/fd", (int)pid);
+		DIR *d = opendir(p);
+		cr_assert(d, "%s: %s", p, strerror(errno));
+		int fd = -1;
+		for (struct dirent *e; fd < 0 && (e = readdir(d));) {
+			snprintf(q, sizeof(q), "%s/%s", p, e->d_name);
+			ssize_t n = readlink(q, link, sizeof(link) - 1);
+			if (n > 0 && (link[n] = 0, !strncmp(link, "/memfd:arena-", 13)))
+				fd = open(q, flags | O_CLOEXEC);
+		}
+		closedir(d);
+		if (fd >= 0)
+			return fd;
+		usleep(10 * 1000);
+	}
+	return -1;
+}
+
+/* The registry file's name that opening `path` with the test's options
+ * makes (opened once here, then closed: the file goes with it). */
+static void registry_name_of(const char *path, char *name, size_t n)
+{
+	arena_open_options o = opts(1, 0);
+	arena *a;
+	cr_assert_eq(arena_open(path, &o, &a), 0, "%s", arena_last_error());
+	DIR *d = opendir(shm);
+	cr_assert(d);
+	name[0] = 0;
+	for (struct dirent *e; (e = readdir(d));)
+		if (!strncmp(e->d_name, "arena-", 6))
+			snprintf(name, n, "%.*s", 100, e->d_name);
+	closedir(d);
+	arena_close(a);
+	cr_assert(name[0], "opening with sharing made a registry file");
+	cr_assert_eq(registries(), 0);
+}
+
+/* A child that opens `path` (sharing, the test's options), runs one step
+ * and exits with 0 when the step's digest is `want`, 2 when it differs, 1
+ * when the open or the step failed; the parent gives it `limit_s` seconds
+ * (then kills it: 3). */
+static int open_and_step_in_child(const char *path, uint64_t want, double limit_s)
+{
+	fflush(NULL);
+	pid_t pid = fork();
+	cr_assert(pid >= 0);
+	if (!pid) {
+		arena_open_options o = opts(1, 0);
+		arena *a;
+		if (arena_open(path, &o, &a)) {
+			fprintf(stderr, "open: %s\n", arena_last_error());
+			_exit(1);
+		}
+		const uint64_t d = run_steps(a, 1);
+		if (!d) {
+			fprintf(stderr, "step: %s\n", arena_last_error());
+			_exit(1);
+		}
+		arena_close(a);
+		_exit(d == want ? 0 : 2);
+	}
+	const double t0 = now_s();
+	int st = 0;
+	while (waitpid(pid, &st, WNOHANG) == 0) {
+		if (now_s() - t0 > limit_s) {
+			kill(pid, SIGKILL);
+			waitpid(pid, &st, 0);
+			return 3;
+		}
+		usleep(20 * 1000);
+	}
+	if (WIFSIGNALED(st))
+		return 100 + WTERMSIG(st);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
+}
+
+static const char *child_outcome(int rc)
+{
+	switch (rc) {
+	case 0: return "the image's bytes";
+	case 1: return "a failed open or step";
+	case 2: return "bytes that are not the image's";
+	case 3: return "no return within the time limit (a hang)";
+	default: return "death by a signal";
+	}
+}
+
+/* A loader (a child) publishes its region 1.5 s after it filled it; in
+ * that time another process of the user writes `bytes` bytes of 0x41 into
+ * the region at `at` (negative: from its end). Then another process opens
+ * the image with sharing: it must compute with the image's bytes. */
+static void region_written_before_publish(const char *path, long long at, size_t bytes)
+{
+	uint64_t host, full;
+	const uint64_t want = reference_digest(path, 1, &host, &full);
+	arena__share_publish_delay_ms = 1500;
+	child c;
+	spawn(&c, path, 1, 0, 1, 0);
+	arena__share_publish_delay_ms = 0;
+	parent_say(&c);
+	int fd = open_region_of(c.pid, O_RDWR);
+	cr_assert_geq(fd, 0, "the loader made a region");
+	usleep(700 * 1000); /* filled by now, not published */
+	struct stat st;
+	cr_assert_eq(fstat(fd, &st), 0);
+	char *junk = malloc(bytes);
+	memset(junk, 0x41, bytes);
+	const off_t where = at >= 0 ? (off_t)at : st.st_size + at;
+	cr_assert_eq(pwrite(fd, junk, bytes, where), (ssize_t)bytes, "%s", strerror(errno));
+	free(junk);
+	close(fd);
+	report r;
+	parent_read(&c, &r); /* published */
+	const int got = open_and_step_in_child(path, want, 60);
+	cr_assert_eq(got, 0, "a process that opened the region another process wrote into got %s", child_outcome(got));
+	kill(c.pid, SIGKILL); /* its own steps would read what was written */
+	parent_end(&c, -1);
+}
+
+Test(share, a_region_whose_bytes_are_not_the_image_is_not_used)
+{
+	region_written_before_publish(img, 4096, 4096); /* the first host block's first page */
+}
+
+Test(share, a_coded_region_whose_bytes_or_tables_are_not_the_image_are_not_used)
+{
+	extra_cap = 2 * MiB;
+	region_written_before_publish(hb4, 4096, 4096); /* the first coded copy's first page */
+	region_written_before_publish(hb4, -4096, 4096); /* the region's last page */
+}
+
+Test(share, a_region_cannot_be_shrunk_under_a_process_that_maps_it)
+{
+	uint64_t host, full;
+	const uint64_t want = reference_digest(img, 1, &host, &full);
+	child c[2];
+	spawn(&c[0], img, 1, 0, 1, 0);
+	spawn(&c[1], img, 1, 0, 1, 0);
+	report r;
+	for (int i = 0; i < 2; i++) {
+		parent_say(&c[i]);
+		parent_read(&c[i], &r);
+	}
+	cr_assert_leq(r.file_bytes, full - host + MiB, "the second process mapped the region");
+	int fd = open_region_of(c[0].pid, O_RDWR);
+	cr_assert_geq(fd, 0);
+	const int shrunk = ftruncate(fd, 4096) == 0;
+	close(fd);
+	parent_say(&c[1]);
+	ssize_t n = read(c[1].from[0], &r, sizeof(r));
+	cr_assert_eq(n, (ssize_t)sizeof(r), "the process that maps the region died when it was %s",
+		     shrunk ? "shrunk" : "not even shrunk");
+	cr_assert_eq(r.digest, want);
+	cr_assert_not(shrunk, "the region could be shrunk");
+	for (int i = 0; i < 2; i++)
+		parent_end(&c[i], -1);
+}
+
+/* A process holds the lock of the registry file open will use, forever
+ * (another process of the user, stuck; or, as root, a process of another
+ * user's holding a file of that user's planted in the folder, which the
+ * folder's modes let it reach): open must return, with the image's bytes. */
+static void registry_locked_by_another(uid_t uid, mode_t mode)
+{
+	uint64_t host, full;
+	const uint64_t want = reference_digest(img, 1, &host, &full);
+	char name[128];
+	registry_name_of(img, name, sizeof(name));
+	const char *path = tmpdir_file(shm, name);
+	if (uid != geteuid()) {
+		int fd = open(path, O_RDWR | O_CREAT | O_EXCL, mode);
+		cr_assert_geq(fd, 0);
+		cr_assert_eq(fchmod(fd, mode), 0);
+		cr_assert_eq(fchown(fd, uid, uid), 0);
+		close(fd);
+		cr_assert_eq(chmod(dir, 0755), 0);
+		cr_assert_eq(chmod(shm, 0711), 0); /* the other user reaches the file, cannot write the folder */
+	}
+	int ready[2];
+	cr_assert_eq(pipe(ready), 0);
+	fflush(NULL);
+	pid_t holder = fork();
+	cr_assert(holder >= 0);
+	if (!holder) {
+		if (uid != geteuid() && (setgroups(0, NULL) || setgid(uid) || setuid(uid)))
+			_exit(1);
+		int fd = open(path, O_RDWR | O_CREAT, mode);
+		if (fd < 0 || flock(fd, LOCK_EX))
+			_exit(1);
+		(void)!write(ready[1], "r", 1);
+		for (;;)
+			pause();
+	}
+	close(ready[1]);
+	char c;
+	cr_assert_eq(read(ready[0], &c, 1), 1, "the holder took the lock");
+	close(ready[0]);
+	const double t0 = now_s();
+	const int got = open_and_step_in_child(img, want, 30);
+	const double took = now_s() - t0;
+	kill(holder, SIGKILL);
+	waitpid(holder, NULL, 0);
+	cr_assert_eq(got, 0, "with the registry locked by another process, open gave %s", child_outcome(got));
+	struct stat st;
+	cr_assert_eq(stat(path, &st), 0, "the other process's file is still there");
+	cr_assert_eq(st.st_uid, uid);
+	cr_assert_eq(st.st_size, 0, "nothing was written into the other process's file");
+	if (uid != geteuid())
+		cr_assert_lt(took, 4.0, "another user's file was waited on (%.1f s)", took);
+	unlink(path);
+}
+
+Test(share, a_registry_locked_by_another_process_of_the_user_never_hangs_open)
+{
+	registry_locked_by_another(geteuid(), 0600);
+}
+
+Test(share, a_registry_file_of_another_user_is_neither_used_nor_waited_on)
+{
+	if (geteuid() != 0)
+		cr_skip_test("needs root: the test makes a file of another user (uid %d) in the share folder", NOBODY);
+	registry_locked_by_another(NOBODY, 0666);
+}
+
+/* What open does with `name` in the share folder being something that is
+ * not a registry file of this user's: it opens with a private copy, gives
+ * the image's bytes, and leaves the thing as it was. */
+static void planted(const char *what)
+{
+	uint64_t host, full;
+	const uint64_t want = reference_digest(img, 1, &host, &full);
+	char name[128];
+	registry_name_of(img, name, sizeof(name));
+	const char *path = tmpdir_file(shm, name);
+	const char *precious = tmpdir_file(dir, "precious.txt");
+	const char text[] = "a file of the user's that the registry must not write\n";
+	FILE *f = fopen(precious, "w");
+	cr_assert(f);
+	fputs(text, f);
+	fclose(f);
+	if (!strcmp(what, "symlink"))
+		cr_assert_eq(symlink(precious, path), 0);
+	else if (!strcmp(what, "hard link"))
+		cr_assert_eq(link(precious, path), 0);
+	else if (!strcmp(what, "folder"))
+		cr_assert_eq(mkdir(path, 0700), 0);
+	else if (!strcmp(what, "fifo"))
+		cr_assert_eq(mkfifo(path, 0600), 0);
+	else if (!strcmp(what, "another user's file")) {
+		int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+		cr_assert_geq(fd, 0);
+		cr_assert_eq(write(fd, text, sizeof(text) - 1), (ssize_t)sizeof(text) - 1);
+		cr_assert_eq(fchown(fd, NOBODY, NOBODY), 0);
+		close(fd);
+	}
+	const int got = open_and_step_in_child(img, want, 30);
+	cr_assert_eq(got, 0, "with a %s at the registry's path, open gave %s", what, child_outcome(got));
+	struct stat st;
+	cr_assert_eq(lstat(path, &st), 0, "the %s is still there", what);
+	if (!strcmp(what, "another user's file"))
+		cr_assert_eq(st.st_uid, NOBODY);
+	char buf[256] = {0};
+	f = fopen(!strcmp(what, "another user's file") ? path : precious, "r");
+	cr_assert(f);
+	cr_assert(fgets(buf, sizeof(buf), f));
+	fclose(f);
+	cr_assert_str_eq(buf, text, "the %s's target was written", what);
+	if (!strcmp(what, "folder"))
+		rmdir(path);
+	else
+		unlink(path);
+}
+
+Test(share, a_symlink_at_the_registry_path_is_not_followed)
+{
+	planted("symlink");
+}
+
+Test(share, a_hard_link_at_the_registry_path_is_not_written)
+{
+	planted("hard link");
+}
+
+Test(share, a_folder_or_fifo_at_the_registry_path_gives_a_private_copy)
+{
+	planted("folder");
+	planted("fifo");
+}
+
+Test(share, another_users_registry_file_is_left_alone)
+{
+	if (geteuid() != 0)
+		cr_skip_test("needs root: the test makes a file of another user (uid %d) in the share folder", NOBODY);
+	planted("another user's file");
+}
+
+/* As root: another user (nobody) opens the image with sharing in a share
+ * folder every user can write (as /dev/shm), then writes into its region.
+ * Root opens the same image with that folder: it must not compute with
+ * the other user's bytes. */
+Test(share, a_region_of_another_user_is_never_mapped)
+{
+	if (geteuid() != 0)
+		cr_skip_test("needs root: the test runs a process as another user (uid %d)", NOBODY);
+	uint64_t host, full;
+	const uint64_t want = reference_digest(img, 1, &host, &full);
+	cr_assert_eq(chmod(dir, 0755), 0);
+	cr_assert_eq(chmod(img, 0644), 0);
+	cr_assert_eq(chmod(shm, 01777), 0);
+	int ready[2];
+	cr_assert_eq(pipe(ready), 0);
+	fflush(NULL);
+	pid_t other = fork();
+	cr_assert(other >= 0);
+	if (!other) {
+		if (setgroups(0, NULL) || setgid(NOBODY) || setuid(NOBODY))
+			_exit(1);
+		arena_open_options o = opts(1, 0);
+		arena *a;
+		if (arena_open(img, &o, &a))
+			_exit(1);
+		(void)!write(ready[1], "r", 1);
+		for (;;)
+			pause();
+	}
+	close(ready[1]);
+	char c;
+	cr_assert_eq(read(ready[0], &c, 1), 1, "the other user's process opened the image");
+	close(ready[0]);
+	int fd = open_region_of(other, O_RDWR);
+	if (fd >= 0) { /* its region, written as that user could */
+		char junk[4096];
+		memset(junk, 0x41, sizeof(junk));
+		(void)!pwrite(fd, junk, sizeof(junk), 4096);
+		close(fd);
+	}
+	const int got = open_and_step_in_child(img, want, 60);
+	kill(other, SIGKILL);
+	waitpid(other, NULL, 0);
+	cr_assert_eq(got, 0, "root, opening an image another user shares, got %s", child_outcome(got));
+}
+
+/* A registry file whose line names a region with a header of any size
+ * (here 1 TiB, and a memfd as large but sparse): the bytes open adds back
+ * to its budgets are at most what the region holds. */
+Test(share, a_region_header_claims_no_more_than_the_region_holds)
+{
+	arena_image *im;
+	cr_assert_eq(arena_img_open(img, &im), 0, "%s", arena_last_error());
+	uint64_t id[2];
+	arena__image_share_id(&im->hdr, id);
+	arena_img_close(im);
+	const char name[] = "arena-0123456789abcdef0123456789abcdef";
+	int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	cr_assert_geq(fd, 0);
+	const uint64_t tib = 1ull << 40;
+	cr_assert_eq(ftruncate(fd, (off_t)(4096 + tib)), 0);
+	struct {
+		char magic[8];
+		uint32_t version, state;
+		uint64_t key[2], image[2], len, meta;
+	} hd = {.version = 1, .state = 1, .key = {1, 2}, .image = {id[0], id[1]}, .len = tib, .meta = 0};
+	memcpy(hd.magic, "ARENASHR", 8);
+	cr_assert_eq(pwrite(fd, &hd, sizeof(hd), 0), (ssize_t)sizeof(hd));
+	(void)fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE);
+	char line[160];
+	FILE *f = fopen(tmpdir_file(shm, "arena-0123456789abcdef0123456789abcdef.lock"), "w");
+	cr_assert(f);
+	char stat_path[64], buf[1024];
+	snprintf(stat_path, sizeof(stat_path), "/proc/%d/stat", (int)getpid());
+	FILE *s = fopen(stat_path, "r");
+	cr_assert(s && fgets(buf, sizeof(buf), s));
+	fclose(s);
+	const char *p = strrchr(buf, ')') + 2;
+	for (int field = 3; field < 22; field++)
+		p = strchr(p, ' ') + 1;
+	snprintf(line, sizeof(line), "%d %d %llu\n", (int)getpid(), fd, strtoull(p, NULL, 10));
+	fputs(line, f);
+	fclose(f);
+	const uint64_t claimed = arena_host_share_image_bytes(id);
+	struct stat st;
+	cr_assert_eq(fstat(fd, &st), 0);
+	close(fd);
+	unlink(tmpdir_file(shm, "arena-0123456789abcdef0123456789abcdef.lock"));
+	cr_assert_leq(claimed, (uint64_t)st.st_blocks * 512,
+		      "a region that holds %llu bytes counted as %llu bytes of host memory",
+		      (unsigned long long)st.st_blocks * 512, (unsigned long long)claimed);
+}
+
+/* A share folder whose path with a registry's name is longer than a path
+ * may be: the registry is the file it names, or there is none. */
+Test(share, a_long_share_folder_is_never_cut_short)
+{
+	uint64_t host, full;
+	const uint64_t want = reference_digest(img, 1, &host, &full);
+	/* a folder of 4080 bytes' path, made a level at a time */
+	char path[4200];
+	int n = snprintf(path, sizeof(path), "%s", shm);
+	int cwd = open(".", O_RDONLY | O_DIRECTORY);
+	cr_assert_geq(cwd, 0);
+	cr_assert_eq(chdir(shm), 0);
+	while (n < 4080) {
+		char part[256];
+		const int k = 4080 - n - 1 < 200 ? 4080 - n - 1 : 200;
+		memset(part, 'd', (size_t)k);
+		part[k] = 0;
+		cr_assert_eq(mkdir(part, 0700), 0, "%s", strerror(errno));
+		cr_assert_eq(chdir(part), 0);
+		n += snprintf(path + n, sizeof(path) - (size_t)n, "/%s", part);
+	}
+	cr_assert_eq(fchdir(cwd), 0);
+	close(cwd);
+	setenv("ARENA_SHARE_DIR", path, 1);
+	child c;
+	spawn(&c, img, 1, 0, 1, 0);
+	setenv("ARENA_SHARE_DIR", shm, 1);
+	report r;
+	parent_say(&c);
+	parent_read(&c, &r);
+	/* while it holds the arena: no file under the folders but a registry of a whole name */
+	char cmd[400];
+	snprintf(cmd, sizeof(cmd),
+		 "test -z \"$(find '%s' -type f ! -regextype posix-extended ! -regex '.*/arena-[0-9a-f]{32}[.]lock')\"", shm);
+	const int cut = system(cmd) != 0;
+	parent_say(&c);
+	parent_read(&c, &r);
+	parent_end(&c, 0);
+	cr_assert_eq(r.digest, want);
+	cr_assert_not(cut, "a file with a name cut short was made under the share folder");
+}
+
+/* Once published, nobody writes the region: a write through any
+ * descriptor of it, or a new writable mapping, is refused by its seals,
+ * and a process that maps it maps it read-only. */
+Test(share, a_published_region_is_sealed_against_writes)
+{
+	arena_open_options o = opts(1, 0);
+	arena *a, *b;
+	cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_open(img, &o, &b), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_share_state(b, NULL, 0), ARENA_SHARE_MAPPED);
+	int fd = open_region_of(getpid(), O_RDWR);
+	cr_assert_geq(fd, 0);
+	const int seals = fcntl(fd, F_GET_SEALS);
+	cr_assert_eq(seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE),
+		     F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE, "seals %#x", seals);
+	char junk[4096];
+	memset(junk, 0x41, sizeof(junk));
+	cr_assert_eq(pwrite(fd, junk, sizeof(junk), 4096), -1, "a write into a published region");
+	cr_assert_eq(errno, EPERM);
+	struct stat st;
+	cr_assert_eq(fstat(fd, &st), 0);
+	cr_assert_eq(mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), MAP_FAILED,
+		     "a new writable mapping of a published region");
+	cr_assert_neq(ftruncate(fd, 0), 0, "the region shrunk");
+	close(fd);
+	/* b's view of the region is read-only */
+	FILE *f = fopen("/proc/self/maps", "r");
+	cr_assert(f);
+	char line[512];
+	int shared_views = 0, writable = 0;
+	while (fgets(line, sizeof(line), f))
+		if (strstr(line, "memfd:arena-")) {
+			shared_views++;
+			writable += line[strcspn(line, " ") + 2] == 'w';
+		}
+	fclose(f);
+	cr_assert_geq(shared_views, 2, "two views of the region in this process");
+	cr_assert_eq(writable, 0, "a writable view of the region");
+	arena_close(b);
+	arena_close(a);
+}
+
+/* A loader that makes no progress (here: it waits before it publishes,
+ * longer than a waiter's patience): the waiter gives up on it and opens
+ * with a private copy, saying why, instead of waiting for ever. */
+Test(share, a_stalled_loader_gives_the_waiter_a_private_copy)
+{
+	uint64_t host, full;
+	const uint64_t want = reference_digest(img, 1, &host, &full);
+	arena__share_publish_delay_ms = 20000;
+	child c[2];
+	spawn(&c[0], img, 1, 0, 1, 0);
+	arena__share_publish_delay_ms = 0;
+	arena__share_stall_ms = 1000;
+	spawn(&c[1], img, 1, 0, 1, 300);
+	arena__share_stall_ms = 30000;
+	const double t0 = now_s();
+	parent_say(&c[0]);
+	parent_say(&c[1]);
+	report r;
+	parent_read(&c[1], &r);
+	const double took = now_s() - t0;
+	cr_assert_eq(r.state, ARENA_SHARE_PRIVATE, "the waiter's state %d", r.state);
+	cr_assert(strstr(r.err, "made no progress"), "%s", r.err);
+	cr_assert_lt(took, 10.0, "the waiter gave up after %.1f s", took);
+	cr_assert_geq(r.file_bytes, full, "it loaded its own copy");
+	parent_say(&c[1]);
+	parent_read(&c[1], &r);
+	cr_assert_eq(r.digest, want);
+	parent_end(&c[1], 0);
+	kill(c[0].pid, SIGKILL);
+	parent_end(&c[0], -1);
 }
