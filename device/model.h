@@ -63,6 +63,8 @@ typedef struct arena_model {
 				   * and reads no host block */
 	int share_state;          /* ARENA_SHARE_* (include/arena.h) */
 	char share_why[ARENA_SHARE_WHY]; /* PRIVATE: why */
+	double share_check_s;     /* a mapped region's check (the loader's): seconds, */
+	uint64_t share_checked, share_check_read; /* region bytes checked, image bytes read */
 } arena_model;
 
 /* on_device[b] values: a host slab, device memory, or neither (the disk

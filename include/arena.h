@@ -278,7 +278,7 @@ enum { ARENA_MODE_SAMPLE = 0, ARENA_MODE_TRAIN = 1 };
  * mapped (docs/SHARING.md, "Security"). Sharing never fails the open:
  * where it is not possible (an untrusted folder or file, a registry locked
  * for 5 s, a loader that stalls, bytes that are not the image's, a failed
- * system call) the process holds a private copy, and arena_share_state
+ * system call) the process holds a private copy, and arena_share_get
  * says why. USAGE for a safetensors checkpoint. */
 #define ARENA_OPEN_SHARE_HOST 64u
 
@@ -718,11 +718,17 @@ ARENA_API int arena_plan_get(const arena *a, arena_plan_info *out);
 #define ARENA_SHARE_LOADED 1  /* this process loaded the region the others map */
 #define ARENA_SHARE_MAPPED 2  /* it maps a region another process loaded, checked against the image */
 #define ARENA_SHARE_PRIVATE 3 /* asked for, not possible: a private copy (why says why) */
-/* One of the ARENA_SHARE_* states; for PRIVATE, `why` (may be NULL, else
- * why_cap bytes) gets the one-line reason, e.g. "host share: the share
- * folder /dev/shm/arena-0 belongs to user 1000, not to this process's user
- * 0" ("" for the others). A negative error code for a NULL arena. */
-ARENA_API int arena_share_state(const arena *a, char *why, size_t why_cap);
+typedef struct arena_share_info {
+	int state;                 /* ARENA_SHARE_* */
+	char why[320];             /* PRIVATE: the one-line reason, e.g. "host share: the share folder
+				    * /dev/shm/arena-0 belongs to user 1000, not to this process's user 0";
+				    * "" otherwise */
+	double check_s;            /* a region mapped (or given up on after its check): seconds
+				    * checking it against the image */
+	uint64_t checked_bytes;    /* region bytes checked: hashed against chunk checksums, or compared */
+	uint64_t check_read_bytes; /* image bytes read for the check */
+} arena_share_info;
+ARENA_API int arena_share_get(const arena *a, arena_share_info *out);
 /* The schedule the engine prefetches by: up to `cap` block indices into
  * `blocks`, the length into *n. */
 ARENA_API int arena_schedule_get(const arena *a, uint32_t *blocks, size_t cap, size_t *n);

@@ -548,6 +548,9 @@ int arena_load_image(const char *path, const arena_load_opts *o, arena_model **o
 	if (m->host_mapped) { /* another process's bytes: the image's, or not used */
 		char why[ARENA_SHARE_WHY];
 		int bad = arena__share_check(path, img, m, o->piece_bytes, why, &cs);
+		m->share_check_s = cs.seconds;
+		m->share_checked = cs.hashed + cs.compared;
+		m->share_check_read = cs.read;
 		if (bad && (rc = arena_model_unshare(m, why))) {
 			arena_model_free(m);
 			img->layout = NULL;

@@ -185,6 +185,7 @@ size_t arena_sizeof(const char *n)
 		{"arena_convert_info", sizeof(arena_convert_info)}, {"arena_bad_chunk", sizeof(arena_bad_chunk)},
 		{"arena_verify_options", sizeof(arena_verify_options)},
 		{"arena_verify_info", sizeof(arena_verify_info)},
+		{"arena_share_info", sizeof(arena_share_info)},
 	};
 	for (size_t i = 0; n && i < sizeof(t) / sizeof(t[0]); i++)
 		if (!strcmp(t[i].name, n))

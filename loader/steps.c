@@ -343,14 +343,21 @@ int arena_plan_get(const arena *a, arena_plan_info *out)
 	return unlock(a, 0);
 }
 
-int arena_share_state(const arena *a, char *why, size_t why_cap)
+int arena_share_get(const arena *a, arena_share_info *out)
 {
-	int rc = lock(a, "arena_share_state");
+	int rc = lock(a, "arena_share_get");
 	if (rc)
 		return rc;
-	if (why && why_cap)
-		snprintf(why, why_cap, "%s", a->m->share_state == ARENA_SHARE_PRIVATE ? a->m->share_why : "");
-	return unlock(a, a->m->share_state);
+	if (!out)
+		return unlock(a, arena_errorf(ARENA_E_USAGE, "arena_share_get: NULL out"));
+	const arena_model *m = a->m;
+	*out = (arena_share_info){.state = m->share_state,
+				  .check_s = m->share_check_s,
+				  .checked_bytes = m->share_checked,
+				  .check_read_bytes = m->share_check_read};
+	if (m->share_state == ARENA_SHARE_PRIVATE)
+		snprintf(out->why, sizeof(out->why), "%s", m->share_why);
+	return unlock(a, 0);
 }
 
 int arena_schedule_get(const arena *a, uint32_t *blocks, size_t cap, size_t *n)

@@ -26,6 +26,7 @@ import ctypes
 import os
 import re
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -34,6 +35,7 @@ from ._native import check_int as _check_int
 
 __all__ = [
     "Error",
+    "ShareWarning",
     "Arena",
     "Block",
     "Component",
@@ -57,6 +59,11 @@ _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 def library_version() -> str:
     """The version of the libarena the package runs on."""
     return _native.lib.arena_version().decode()
+
+
+class ShareWarning(UserWarning):
+    """``share_host`` was asked for and was not possible: the arena holds a private
+    host copy (:meth:`Arena.share_state` says why). The open succeeded."""
 
 
 class Error(Exception):
@@ -648,6 +655,27 @@ class Arena:
         d["mode"] = "train" if p.mode == _native.MODE_TRAIN else "sample"
         return d
 
+    def share_state(self) -> Tuple[str, str]:
+        """How this arena holds its host copies under ``share_host``: ("off", "") when
+        sharing was not asked for or nothing has a host copy; ("loaded", "") when this
+        process loaded the copies the host's other processes of this user map;
+        ("mapped", "") when it maps copies another process loaded (checked against the
+        image first: :meth:`share_info`); ("private", why) when sharing was asked for
+        and was not possible (why: one line, e.g. the share folder belongs to another
+        user): the process holds its own copy, as without ``share_host``."""
+        i = self.share_info()
+        return i["state"], i["why"]
+
+    def share_info(self) -> Dict[str, Any]:
+        """:meth:`share_state` and, for a region mapped (or given up on after its
+        check), the check against the image: ``check_s`` seconds, ``checked_bytes``
+        of the region hashed against chunk checksums or compared, and
+        ``check_read_bytes`` read from the image for it."""
+        i = _native.ShareInfo()
+        _check(_native.lib.arena_share_get(self._handle(), ctypes.byref(i)))
+        return {"state": _native.SHARE_STATES[i.state], "why": i.why.decode(errors="replace"),
+                "check_s": i.check_s, "checked_bytes": i.checked_bytes, "check_read_bytes": i.check_read_bytes}
+
     def schedule(self) -> List[int]:
         """The order the engine prefetches by: block indices, as the steps run them."""
         h = self._handle()
@@ -815,7 +843,12 @@ def open(
       same caps and options): the first loads them into memory shared by the
       host's processes, the others map those pages (one that opens while the
       first loads waits for it). Each process keeps its own plan, engine and
-      device blocks. ``arena.torch.attach`` sets it under torch.distributed
+      device blocks. Only processes of this user share, through a folder of its
+      own (``$ARENA_SHARE_DIR``, else ``/dev/shm/arena-<uid>``), and a process
+      checks the bytes it maps against its own image first. Where sharing is not
+      possible the open still succeeds with a private copy, and a
+      :class:`ShareWarning` says why (:meth:`Arena.share_state`).
+      ``arena.torch.attach`` sets it under torch.distributed
       (docs/PYTHON.md, "Several processes: share_host"; docs/SHARING.md).
 
     Raises :class:`Error` (``code`` "BUDGET" when the model cannot run within
@@ -887,6 +920,11 @@ def open(
         raise Error("INTERNAL", f"{p}: arena_open succeeded without a handle")
     a = Arena(out.value, p)
     a._device_id = dev_id
+    if share_host:
+        state, why = a.share_state()
+        if state == "private":
+            warnings.warn(f"arena: {p}: {why}; this process holds a host copy of its own", ShareWarning,
+                          stacklevel=2)
     return a
 
 

@@ -38,6 +38,7 @@ OPEN_PLAIN_STREAM = 8
 OPEN_RELEASE_HOST = 16
 OPEN_LEARN_REST = 32
 OPEN_SHARE_HOST = 64
+SHARE_STATES = ("off", "loaded", "mapped", "private")  # ARENA_SHARE_OFF .. ARENA_SHARE_PRIVATE
 
 
 class OpenOptions(Structure):
@@ -160,6 +161,16 @@ class StepInfo(Structure):
         ("move_est_s", c_double),
         ("move_gain_s", c_double),
         ("move_held", c_int),
+    ]
+
+
+class ShareInfo(Structure):
+    _fields_ = [
+        ("state", c_int),
+        ("why", ctypes.c_char * 320),
+        ("check_s", c_double),
+        ("checked_bytes", c_uint64),
+        ("check_read_bytes", c_uint64),
     ]
 
 
@@ -318,6 +329,7 @@ _SIGS = {
     "arena_step_count": (c_uint64, [_P]),
     "arena_step_get": (c_int, [_P, c_uint64, POINTER(StepInfo)]),
     "arena_plan_get": (c_int, [_P, POINTER(PlanInfo)]),
+    "arena_share_get": (c_int, [_P, POINTER(ShareInfo)]),
     "arena_schedule_get": (c_int, [_P, POINTER(c_uint32), c_size_t, POINTER(c_size_t)]),
     "arena_schedule_set": (c_int, [_P, POINTER(c_uint32), c_size_t]),
     "arena_device_memory": (c_int, [_P, POINTER(c_uint64), POINTER(c_uint64)]),
@@ -344,6 +356,7 @@ for _cls, _cname in (
     (BlockInfo, b"arena_block_info"),
     (StepInfo, b"arena_step_info"),
     (PlanInfo, b"arena_plan_info"),
+    (ShareInfo, b"arena_share_info"),
     (ConvertOptions, b"arena_convert_options"),
     (ConvertInfo, b"arena_convert_info"),
     (BadChunk, b"arena_bad_chunk"),

@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import unittest
+import warnings
 
 # Warnings that would split unittest's "test_x (...) ... ok" line in two, each
 # silenced alone: diffusers warns at every model.to(dtype) of a model that
@@ -539,7 +540,7 @@ class ShareHost(unittest.TestCase):
         self.assertGreater(h2.plan()["n_streamed"], 0)
         r = self.regions()
         self.assertEqual(len(r), 1, f"one region for one layout: {r}")
-        self.assertGreaterEqual(list(r.values())[0], 4, "each arena maps its header and its slabs")
+        self.assertGreaterEqual(list(r.values())[0], 2, "each arena maps the region")
         self.assertEqual(len(os.listdir(self.shm)), 1)
         with torch.no_grad():
             for _ in range(2):
@@ -547,6 +548,38 @@ class ShareHost(unittest.TestCase):
                 self.assertTrue(torch.equal(m2(**inputs()).sample, want))
         h1.detach()
         h2.detach()
+
+    def test_share_states_and_an_untrusted_folder_warns_and_equals_plain(self):
+        with torch.no_grad():
+            want = model(meta=False)(**inputs()).sample
+        m1, m2 = model(), model()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", arena.ShareWarning)
+            h1 = at.attach(m1, IMG, share_host=True, **STREAM)
+            h2 = at.attach(m2, IMG, share_host=True, **STREAM)
+        self.assertEqual(h1.arena.share_state(), ("loaded", ""))
+        self.assertEqual(h2.arena.share_state(), ("mapped", ""))
+        h1.detach()
+        h2.detach()
+        # a share folder other users can write: never used; a private copy, one warning
+        os.chmod(self.shm, 0o777)
+        m3 = model()
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            h3 = at.attach(m3, IMG, share_host=True, **STREAM)
+        got = [x for x in w if issubclass(x.category, arena.ShareWarning)]
+        self.assertEqual(len(got), 1, [str(x.message) for x in w])
+        msg = str(got[0].message)
+        self.assertIn("other users can write the share folder", msg)
+        self.assertNotIn("\n", msg)
+        state, why = h3.arena.share_state()
+        self.assertEqual(state, "private")
+        self.assertIn(self.shm, why)
+        self.assertEqual(os.listdir(self.shm), [], "nothing written into a folder other users can write")
+        self.assertEqual(self.regions(), {})
+        with torch.no_grad():
+            self.assertTrue(torch.equal(m3(**inputs()).sample, want))
+        h3.detach()
 
     def test_share_host_off_by_default_without_distributed(self):
         self.assertEqual(at.local_ranks(), (0, 1))

@@ -182,7 +182,7 @@ typedef struct report {
 	uint64_t digest, file_bytes, host_bytes;
 	uint64_t checked; /* region bytes checked against the image (hashed or compared) */
 	int state;        /* ARENA_SHARE_* */
-	char err[200];
+	char err[400];
 } report;
 
 typedef struct child {
@@ -278,7 +278,13 @@ static void spawn(child *c, const char *path, int share, uint64_t cap, int steps
 		    .file_bytes = st.file_bytes,
 		    .host_bytes = p.host_bytes,
 		    .checked = st.share_hashed + st.share_compared};
-	r.state = arena_share_state(a, r.err, sizeof(r.err));
+	arena_share_info si;
+	if (arena_share_get(a, &si))
+		child_fail(c->from[1], "share");
+	r.state = si.state;
+	snprintf(r.err, sizeof(r.err), "%s", si.why);
+	if (si.checked_bytes != st.share_hashed + st.share_compared)
+		child_fail(c->from[1], "the share's record and the load's differ");
 	(void)!write(c->from[1], &r, sizeof(r));
 	if (!child_wait(c->to[0]))
 		_exit(0);
@@ -608,7 +614,9 @@ Test(share, failures_of_the_sharing_path_give_a_private_copy_and_leave_nothing_b
 		arena *first = NULL;
 		if (mapper) {
 			cr_assert_eq(arena_open(img, &o, &first), 0, "%s", arena_last_error());
-			cr_assert_eq(arena_share_state(first, NULL, 0), ARENA_SHARE_LOADED);
+			arena_share_info si;
+			cr_assert_eq(arena_share_get(first, &si), 0);
+			cr_assert_eq(si.state, ARENA_SHARE_LOADED);
 		}
 		int failed = 0;
 		for (long n = 1; n < 64; n++) {
@@ -619,8 +627,10 @@ Test(share, failures_of_the_sharing_path_give_a_private_copy_and_leave_nothing_b
 			const int fired = arena_fault_share_fired();
 			arena_fault_share(0);
 			cr_assert_eq(rc, 0, "call %ld: %s", n, arena_last_error());
-			char why[ARENA_SHARE_WHY];
-			const int state = arena_share_state(a, why, sizeof(why));
+			arena_share_info si;
+			cr_assert_eq(arena_share_get(a, &si), 0);
+			const int state = si.state;
+			const char *why = si.why;
 			if (!fired) {
 				cr_assert_eq(state, mapper ? ARENA_SHARE_MAPPED : ARENA_SHARE_LOADED, "%s", why);
 				arena_close(a);
@@ -1160,7 +1170,12 @@ Test(share, a_published_region_is_sealed_against_writes)
 	arena *a, *b;
 	cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
 	cr_assert_eq(arena_open(img, &o, &b), 0, "%s", arena_last_error());
-	cr_assert_eq(arena_share_state(b, NULL, 0), ARENA_SHARE_MAPPED);
+	arena_share_info si;
+	cr_assert_eq(arena_share_get(b, &si), 0);
+	cr_assert_eq(si.state, ARENA_SHARE_MAPPED);
+	cr_assert_gt(si.check_s, 0);
+	cr_assert_geq(si.checked_bytes, b->m->host_len * 9 / 10, "the region was checked (%llu of %llu bytes)",
+		      (unsigned long long)si.checked_bytes, (unsigned long long)b->m->host_len);
 	int fd = open_region_of(getpid(), O_RDWR);
 	cr_assert_geq(fd, 0);
 	const int seals = fcntl(fd, F_GET_SEALS);
