@@ -162,6 +162,17 @@ static int hash_plain(const arena_image *img, const span *sp, size_t n_sp, const
 	return 1;
 }
 
+/* Stored bytes of the chunks raw data bytes [a, z) touch: what the slab
+ * reader reads for them. */
+static uint64_t stored_under(const arena_image *img, uint64_t a, uint64_t z)
+{
+	const uint64_t cs = img->hdr.chunk_size;
+	uint64_t n = 0;
+	for (uint64_t c = a / cs; c * cs < z && c < img->hdr.chunk_count; c++)
+		n += img->chunks[c].stored_length;
+	return n;
+}
+
 /* A coded copy's segments unfilled again (its buffer is the region's). */
 static void unfill(arena_wire *w, uint8_t *region)
 {
@@ -171,39 +182,91 @@ static void unfill(arena_wire *w, uint8_t *region)
 	w->stored = w->max_stage = 0;
 }
 
+/* Whether segment i of w is a whole hb4 chunk of the image, a region of
+ * its own: its stored bytes are then the chunk's stored bytes, as the
+ * image holds them (arena_hb4_sub of a whole chunk is the chunk). */
+static int whole_chunk(const arena_image *img, const arena_wire *w, size_t i)
+{
+	const arena_wire_seg *g = &w->seg[i];
+	if (g->codec != ARENA_CODEC_HB4 || !g->first || g->coff || g->chunk >= img->hdr.chunk_count ||
+	    arena_wire_region_end(w, i) != i + 1)
+		return 0;
+	const arena_img_chunk *ch = &img->chunks[g->chunk];
+	return ch->codec == ARENA_CODEC_HB4 && g->raw == ch->raw_length && ch->stored_length <= g->cap;
+}
+
 /* Block b's coded copy in the region (w: this process's plan of it, its
- * buffer the region's) against the same copy made from the image in
- * scratch: equal, w's segments filled and pointing into the region. 0, or
- * 1 with why. */
-static int check_wire(arena_slab_reader *r, const arena_layout *l, uint32_t b, arena_wire *w, uint8_t *scratch,
-		      char why[ARENA_SHARE_WHY], arena_share_check_stats *st)
+ * buffer the region's; its segments unfilled): each whole hb4 chunk's
+ * segment hashed in the region against the chunk's checksum (and its
+ * structure checked as a reader checks it), the segments between them (a
+ * chunk the block shares with the next, raw bytes) made again from the
+ * image in scratch and compared. Equal: w's segments filled, pointing into
+ * the region, 0. Else 1 with why (some of w's segments may be filled: the
+ * caller unfills them). */
+static int check_wire(arena_slab_reader *r, const arena_image *img, const arena_layout *l, uint32_t b, arena_wire *w,
+		      uint8_t *scratch, arena_wire_seg *tmp, char why[ARENA_SHARE_WHY], arena_share_check_stats *st)
 {
 	uint8_t *region = w->buf;
-	memset(scratch, 0, w->cap);
-	w->buf = scratch;
-	if (arena_slab_reader_read_wire(r, b, 0, l->blocks[b].bytes, w)) {
-		snprintf(why, ARENA_SHARE_WHY, "host share: block '%s' could not be checked: %s", l->blocks[b].name,
-			 arena_last_error());
-		arena_error_clear();
-		unfill(w, region);
-		return 1;
-	}
-	st->read += l->blocks[b].bytes;
-	st->compared += w->cap;
-	if (memcmp(scratch, region, w->cap)) {
-		snprintf(why, ARENA_SHARE_WHY, "host share: block '%s': the region's coded copy is not the image's bytes",
-			 l->blocks[b].name);
-		unfill(w, region);
-		return 1;
-	}
-	w->buf = region;
-	for (size_t i = 0; i < w->n; i++) {
+	const char *name = l->blocks[b].name;
+	for (size_t i = 0; i < w->n;) {
 		arena_wire_seg *g = &w->seg[i];
-		if (g->codec != ARENA_CODEC_HB4 || !g->filled)
+		if (whole_chunk(img, w, i)) {
+			const arena_img_chunk *ch = &img->chunks[g->chunk];
+			const uint8_t *p = region + g->src;
+			char what[96];
+			snprintf(what, sizeof(what), "chunk %llu", (unsigned long long)g->chunk);
+			st->hashed += ch->stored_length;
+			if (arena_xxh3(p, ch->stored_length) != ch->xxh3) {
+				snprintf(why, ARENA_SHARE_WHY,
+					 "host share: block '%s': the region's coded chunk %llu does not have the image's checksum",
+					 name, (unsigned long long)g->chunk);
+				return 1;
+			}
+			if (arena_hb4_parse(p, ch->stored_length, ch->raw_length, what, &g->v)) {
+				snprintf(why, ARENA_SHARE_WHY, "host share: block '%s': %s", name, arena_last_error());
+				arena_error_clear();
+				return 1;
+			}
+			g->filled = 1;
+			i++;
 			continue;
-		const uint8_t **pp[4] = {&g->v.nib, &g->v.low, &g->v.exc_idx, &g->v.exc_hi};
-		for (int k = 0; k < 4; k++)
-			*pp[k] = region + (*pp[k] - scratch);
+		}
+		size_t j = i;
+		while (j < w->n && (j == i || !whole_chunk(img, w, j)))
+			j = arena_wire_region_end(w, j);
+		const uint64_t base = g->src, at = g->dst, end = w->seg[j - 1].dst + w->seg[j - 1].raw;
+		arena_wire sub;
+		arena_wire_sub(w, i, j, tmp, scratch, &sub);
+		memset(scratch, 0, sub.cap);
+		if (arena_slab_reader_read_wire(r, b, at, end - at, &sub)) {
+			snprintf(why, ARENA_SHARE_WHY, "host share: block '%s' could not be checked: %s", name,
+				 arena_last_error());
+			arena_error_clear();
+			return 1;
+		}
+		st->read += stored_under(img, l->blocks[b].offset + at, l->blocks[b].offset + end);
+		st->compared += sub.cap;
+		if (memcmp(scratch, region + base, sub.cap)) {
+			snprintf(why, ARENA_SHARE_WHY, "host share: block '%s': the region's coded copy is not the image's bytes",
+				 name);
+			return 1;
+		}
+		for (size_t k = 0; k < j - i; k++) { /* this process's own tables, pointing into the region */
+			arena_wire_seg *d = &w->seg[i + k];
+			*d = sub.seg[k];
+			d->src += base;
+			if (d->codec != ARENA_CODEC_HB4 || !d->filled)
+				continue;
+			const uint8_t **pp[4] = {&d->v.nib, &d->v.low, &d->v.exc_idx, &d->v.exc_hi};
+			for (int q = 0; q < 4; q++)
+				*pp[q] = region + base + (*pp[q] - scratch);
+		}
+		i = j;
+	}
+	if (arena_wire_seal(w, name)) {
+		snprintf(why, ARENA_SHARE_WHY, "host share: %s", arena_last_error());
+		arena_error_clear();
+		return 1;
 	}
 	return 0;
 }
@@ -224,7 +287,7 @@ static int check_slab(arena_slab_reader *r, const arena_image *img, const arena_
 			arena_error_clear();
 			return 1;
 		}
-		st->read += end - at;
+		st->read += stored_under(img, s->a + at, s->a + end);
 		st->compared += end - at;
 		if (memcmp(scratch, s->p + at, end - at)) {
 			snprintf(why, ARENA_SHARE_WHY, "host share: block '%s': the region's bytes are not the image's",
@@ -250,8 +313,10 @@ int arena__share_check(const char *path, const arena_image *img, arena_model *m,
 	uint64_t *list = NULL;
 	uint8_t *scratch = MAP_FAILED;
 	uint64_t scratch_len = 0;
+	arena_wire_seg *tmp = NULL; /* a run of a coded copy's segments, made again */
+	size_t tmp_n = 0;
 	arena_slab_reader *r = NULL;
-	size_t n_sp = 0, n_list = 0, n_wire = 0;
+	size_t n_sp = 0, n_list = 0;
 	snprintf(why, ARENA_SHARE_WHY, "host share: out of memory to check the region");
 	if (!sp || !coded || !plain)
 		goto out;
@@ -260,8 +325,8 @@ int arena__share_check(const char *path, const arena_image *img, arena_model *m,
 		if (bm->own_host || !l->blocks[b].bytes)
 			continue;
 		if (bm->wire) {
-			n_wire++;
 			scratch_len = bm->wire->cap > scratch_len ? bm->wire->cap : scratch_len;
+			tmp_n = bm->wire->n > tmp_n ? bm->wire->n : tmp_n;
 		} else if (bm->host) {
 			sp[n_sp++] = (span){l->blocks[b].offset, l->blocks[b].offset + l->blocks[b].bytes, bm->host, b};
 		}
@@ -289,7 +354,7 @@ int arena__share_check(const char *path, const arena_image *img, arena_model *m,
 		}
 	if (scratch_len) { /* coded chunks or coded copies: read again from the image */
 		scratch = mmap(NULL, scratch_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-		if (scratch == MAP_FAILED)
+		if (scratch == MAP_FAILED || (tmp_n && !(tmp = arena_calloc(tmp_n, sizeof(*tmp)))))
 			goto out;
 		if (arena_slab_reader_open_pieces(path, l, piece_bytes, &r)) {
 			snprintf(why, ARENA_SHARE_WHY, "host share: the image could not be read to check the region: %s",
@@ -303,7 +368,7 @@ int arena__share_check(const char *path, const arena_image *img, arena_model *m,
 				goto out;
 		for (uint32_t b = 0; b < l->n_blocks; b++) {
 			arena_block_mem *bm = &m->mem[b];
-			if (bm->wire && !bm->own_host && l->blocks[b].bytes && check_wire(r, l, b, bm->wire, scratch, why, &st))
+			if (bm->wire && !bm->own_host && l->blocks[b].bytes && check_wire(r, img, l, b, bm->wire, scratch, tmp, why, &st))
 				goto out;
 		}
 	}
@@ -314,6 +379,7 @@ out:
 		if (m->mem[b].wire && !m->mem[b].own_host)
 			unfill(m->mem[b].wire, m->mem[b].wire->buf);
 	arena_slab_reader_close(r);
+	arena_free(tmp);
 	if (scratch != MAP_FAILED)
 		munmap(scratch, scratch_len);
 	arena_free(list);

@@ -31,6 +31,7 @@
 #include "../../formats/codec.h"
 #include "../../device/hostshare.h"
 #include "../../formats/image.h"
+#include "../../formats/wire.h"
 #include "../../loader/convert.h"
 #include "../../loader/open.h"
 #include "testutil.h"
@@ -99,6 +100,7 @@ static void setup(void)
 static void teardown(void)
 {
 	arena__share_publish_delay_ms = 0;
+	arena__wire_seg_max = 0;
 	arena_fault_share(0);
 	tmpdir_remove(dir);
 }
@@ -772,10 +774,11 @@ static void registry_name_of(const char *path, char *name, size_t n)
 }
 
 /* A child that opens `path` (sharing, the test's options), runs one step
- * and exits with 0 when the step's digest is `want`, 2 when it differs, 1
- * when the open or the step failed; the parent gives it `limit_s` seconds
- * (then kills it: 3). */
-static int open_and_step_in_child(const char *path, uint64_t want, double limit_s)
+ * and exits with 0 when the step's digest is `want` (and, when `state` is
+ * not negative, its share's state is `state`), 2 when the digest differs,
+ * 4 when the state does, 1 when the open or the step failed; the parent
+ * gives it `limit_s` seconds (then kills it: 3). */
+static int open_and_step_as(const char *path, uint64_t want, int state, double limit_s)
 {
 	fflush(NULL);
 	pid_t pid = fork();
@@ -787,13 +790,22 @@ static int open_and_step_in_child(const char *path, uint64_t want, double limit_
 			fprintf(stderr, "open: %s\n", arena_last_error());
 			_exit(1);
 		}
+		arena_share_info si;
+		if (arena_share_get(a, &si))
+			_exit(1);
 		const uint64_t d = run_steps(a, 1);
 		if (!d) {
 			fprintf(stderr, "step: %s\n", arena_last_error());
 			_exit(1);
 		}
 		arena_close(a);
-		_exit(d == want ? 0 : 2);
+		if (d != want)
+			_exit(2);
+		if (state >= 0 && si.state != state) {
+			fprintf(stderr, "share state %d, not %d (%s)\n", si.state, state, si.why);
+			_exit(4);
+		}
+		_exit(0);
 	}
 	const double t0 = now_s();
 	int st = 0;
@@ -810,6 +822,11 @@ static int open_and_step_in_child(const char *path, uint64_t want, double limit_
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
 }
 
+static int open_and_step_in_child(const char *path, uint64_t want, double limit_s)
+{
+	return open_and_step_as(path, want, -1, limit_s);
+}
+
 static const char *child_outcome(int rc)
 {
 	switch (rc) {
@@ -817,6 +834,7 @@ static const char *child_outcome(int rc)
 	case 1: return "a failed open or step";
 	case 2: return "bytes that are not the image's";
 	case 3: return "no return within the time limit (a hang)";
+	case 4: return "the image's bytes, yet a share state other than the one expected";
 	default: return "death by a signal";
 	}
 }
@@ -847,7 +865,7 @@ static void region_written_before_publish(const char *path, long long at, size_t
 	close(fd);
 	report r;
 	parent_read(&c, &r); /* published */
-	const int got = open_and_step_in_child(path, want, 60);
+	const int got = open_and_step_as(path, want, ARENA_SHARE_PRIVATE, 60);
 	cr_assert_eq(got, 0, "a process that opened the region another process wrote into got %s", child_outcome(got));
 	kill(c.pid, SIGKILL); /* its own steps would read what was written */
 	parent_end(&c, -1);
@@ -861,8 +879,49 @@ Test(share, a_region_whose_bytes_are_not_the_image_is_not_used)
 Test(share, a_coded_region_whose_bytes_or_tables_are_not_the_image_are_not_used)
 {
 	extra_cap = 2 * MiB;
-	region_written_before_publish(hb4, 4096, 4096); /* the first coded copy's first page */
+	/* segments of 256 KiB: every coded copy is made again from the image */
+	region_written_before_publish(hb4, 4096, 4096);  /* the first coded copy's first page */
 	region_written_before_publish(hb4, -4096, 4096); /* the region's last page */
+	/* a chunk's part whole (the default): whole chunks hashed in place */
+	unsetenv("ARENA_WIRE_SEGMENT");
+	arena__wire_seg_max = 0;
+	region_written_before_publish(hb4, 4096, 4096);
+	region_written_before_publish(hb4, 8 << 20, 4096); /* in the middle: a whole chunk's segment */
+	region_written_before_publish(hb4, -4096, 4096);
+}
+
+/* With a chunk's part whole in one segment (the default), a chunk that
+ * lies within a coded copy is checked in place: its segment is the
+ * chunk's stored bytes; only the chunks blocks share are read again. */
+Test(share, coded_whole_chunks_are_checked_in_place)
+{
+	extra_cap = 2 * MiB;
+	unsetenv("ARENA_WIRE_SEGMENT");
+	arena__wire_seg_max = 0;
+	arena_open_options o = opts(1, 0);
+	arena *a, *b, *ref;
+	arena_open_options po = opts(0, 0);
+	cr_assert_eq(arena_open(hb4, &po, &ref), 0, "%s", arena_last_error());
+	const uint64_t want = run_steps(ref, 1);
+	arena_close(ref);
+	cr_assert_eq(arena_open(hb4, &o, &a), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_open(hb4, &o, &b), 0, "%s", arena_last_error());
+	arena_share_info si;
+	cr_assert_eq(arena_share_get(b, &si), 0);
+	cr_assert_eq(si.state, ARENA_SHARE_MAPPED, "%s", si.why);
+	uint64_t coded = 0;
+	for (size_t k = 0; k < b->m->layout->n_blocks; k++)
+		if (b->m->mem[k].wire)
+			coded += b->m->mem[k].wire->stored;
+	cr_assert_gt(coded, 0, "coded host copies");
+	cr_assert_geq(si.checked_bytes, coded * 9 / 10, "checked %llu of %llu coded bytes",
+		      (unsigned long long)si.checked_bytes, (unsigned long long)coded);
+	cr_assert_lt(si.check_read_bytes, coded * 3 / 4, "read %llu bytes of the image to check %llu coded bytes",
+		     (unsigned long long)si.check_read_bytes, (unsigned long long)coded);
+	cr_assert_eq(run_steps(b, 1), want);
+	cr_assert_eq(run_steps(a, 1), want);
+	arena_close(b);
+	arena_close(a);
 }
 
 Test(share, a_region_cannot_be_shrunk_under_a_process_that_maps_it)
