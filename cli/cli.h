@@ -56,8 +56,8 @@ int cli_pressure_arg(const char *cmd, const char *opt, const char *arg, uint64_t
 /* What a SIZE is, for the --help of each command that takes one. */
 #define CLI_SIZE_HELP                                                                   \
 	"SIZE: a number of bytes, whole or with a fraction, with an optional unit K, M,\n" \
-	"G or T (powers of 1024; KiB or KB mean the same as K), e.g. 4096, 64K, 1.5G;\n"   \
-	"no sign, spaces, exponent or hex.\n"
+	"G or T in either case (powers of 1024; KiB or KB mean the same as K), e.g.\n"     \
+	"4096, 64K, 1.5G, 8gb; no sign, spaces, exponent or hex.\n"
 /* Bytes in the unit that fits them: "512 B", "331.50 KiB", "22.17 GiB". */
 const char *cli_fmt_bytes(uint64_t n, char *buf, size_t len);
 
