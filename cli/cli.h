@@ -53,6 +53,15 @@ int cli_count_arg(const char *cmd, const char *opt, const char *arg, uint64_t mi
 int cli_rate_arg(const char *cmd, const char *opt, const char *arg, double min, double max, double *out);
 /* SIZE@STEP (bench stream --pressure): a SIZE above 0 and a step from 0 to 100000. */
 int cli_pressure_arg(const char *cmd, const char *opt, const char *arg, uint64_t *size, uint64_t *step);
+/* The device memory a command may use (plan, load, bench stream): --vram
+ * SIZE, also accepted by its older name --vram-cap (getopt_long entries, both
+ * with the value `val`), and the --help line that says so. */
+#define CLI_VRAM_OPTIONS(val) {"vram", required_argument, NULL, (val)}, {"vram-cap", required_argument, NULL, (val)}
+#define CLI_VRAM_ALIAS_HELP "                      (--vram-cap is another name for --vram)\n"
+/* "--NAME" of the long option opts[index] (as given: an alias by its own
+ * name), for messages; "--?" when index is not one. */
+struct option;
+const char *cli_opt_name(const struct option *opts, int index, char *buf, size_t len);
 /* What a SIZE is, for the --help of each command that takes one. */
 #define CLI_SIZE_HELP                                                                   \
 	"SIZE: a number of bytes, whole or with a fraction, with an optional unit K, M,\n" \

@@ -33,11 +33,12 @@ const char cmd_load_usage[] =
 	"options:\n"
 	"  --backend cuda|sim  device backend (default: cuda when a GPU is usable, else sim)\n"
 	"  --device N          CUDA device (default 0)\n"
-	"  --vram-cap SIZE     device memory arena may use (default: what is free; sim:\n"
+	"  --vram SIZE         device memory arena may use (default: what is free; sim:\n"
 	"                      a 16G device). What the residency plan keeps resident\n"
 	"                      goes to the device, the rest to host slabs (streamed by\n"
 	"                      the engine when used); a model that cannot run within\n"
 	"                      the cap at all is an error that says what it needs\n"
+	CLI_VRAM_ALIAS_HELP
 	"  --pin-budget SIZE   cap on pinned host memory (default: what the OS allows:\n"
 	"                      RLIMIT_MEMLOCK, MemAvailable, cgroup memory.max, minus a reserve)\n"
 	"  --threads N         reader threads (default: CPUs, at most 32)\n"
@@ -162,7 +163,7 @@ int cmd_load(int argc, char **argv)
 	enum { O_BACKEND = 256, O_DEVICE, O_CAP, O_PIN, O_THREADS, O_IO, O_CHECK, O_NOPROBE, O_JSON, O_SLOT, O_SLOTS, O_QUANT };
 	static const struct option opts[] = {
 		{"backend", required_argument, NULL, O_BACKEND}, {"device", required_argument, NULL, O_DEVICE},
-		{"vram-cap", required_argument, NULL, O_CAP},    {"pin-budget", required_argument, NULL, O_PIN},
+		CLI_VRAM_OPTIONS(O_CAP),                       {"pin-budget", required_argument, NULL, O_PIN},
 		{"threads", required_argument, NULL, O_THREADS}, {"io", required_argument, NULL, O_IO},
 		{"check", no_argument, NULL, O_CHECK},           {"no-probe", no_argument, NULL, O_NOPROBE},
 		{"json", no_argument, NULL, O_JSON},             {"slot-size", required_argument, NULL, O_SLOT},
@@ -179,7 +180,9 @@ int cmd_load(int argc, char **argv)
 	arena_load_opts lo = {.io = ARENA_IO_AUTO, .cancel = &cancelled};
 	optind = 0;
 	opterr = 0;
-	while ((ch = getopt_long(argc, argv, "q", opts, NULL)) != -1) {
+	int li = -1;
+	char on[32];
+	while ((ch = getopt_long(argc, argv, "q", opts, &li)) != -1) {
 		uint64_t n;
 		int rc;
 		switch (ch) {
@@ -197,7 +200,7 @@ int cmd_load(int argc, char **argv)
 			device = (int)n;
 			break;
 		case O_CAP:
-			if ((rc = cli_size_arg("load", "--vram-cap", optarg, 1, &cap)))
+			if ((rc = cli_size_arg("load", cli_opt_name(opts, li, on, sizeof(on)), optarg, 1, &cap)))
 				return rc;
 			break;
 		case O_PIN:

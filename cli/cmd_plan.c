@@ -28,6 +28,7 @@ const char cmd_plan_usage[] =
 	"options:\n"
 	"  --vram SIZE         device memory (e.g. 8G, 24GiB); required: all the\n"
 	"                      process may hold, as the driver counts it\n"
+	CLI_VRAM_ALIAS_HELP
 	"  --context SIZE      of it, the process's own beside arena and torch (a CUDA\n"
 	"                      context: 0.5-0.7 GiB on a GPU; arena_open reads it from\n"
 	"                      the driver); default 0\n"
@@ -53,7 +54,7 @@ int cmd_plan(int argc, char **argv)
 {
 	enum { O_VRAM = 256, O_PROFILE, O_JSON, O_SVG, O_CONTEXT };
 	static const struct option opts[] = {
-		{"vram", required_argument, NULL, O_VRAM},
+		CLI_VRAM_OPTIONS(O_VRAM),
 		{"context", required_argument, NULL, O_CONTEXT},
 		CLI_ENGINE_OPTIONS,
 		{"profile", required_argument, NULL, O_PROFILE},
@@ -64,14 +65,15 @@ int cmd_plan(int argc, char **argv)
 	arena_open_options ao = {0};
 	arena_engine_opts o;
 	uint64_t vram = 0, piece = 0, context = 0;
-	int json = 0, ch, rc;
+	int json = 0, ch, rc, li = -1;
+	char on[32];
 	const char *profile = NULL, *svg = NULL;
 	optind = 0;
 	opterr = 0;
-	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+	while ((ch = getopt_long(argc, argv, "", opts, &li)) != -1) {
 		switch (ch) {
 		case O_VRAM:
-			if ((rc = cli_size_arg("plan", "--vram", optarg, 1, &vram)))
+			if ((rc = cli_size_arg("plan", cli_opt_name(opts, li, on, sizeof(on)), optarg, 1, &vram)))
 				return rc;
 			break;
 		case O_CONTEXT:

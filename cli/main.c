@@ -1,4 +1,5 @@
 /* main.c - the arena command: dispatch to one subcommand per file. */
+#include <getopt.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,6 +113,12 @@ int cli_engine_option(const char *cmd, int ch, const char *arg, arena_open_optio
 	}
 }
 
+const char *cli_opt_name(const struct option *opts, int index, char *buf, size_t len)
+{
+	snprintf(buf, len, "--%s", index >= 0 ? opts[index].name : "?");
+	return buf;
+}
+
 int cli_size_arg(const char *cmd, const char *opt, const char *arg, uint64_t min, uint64_t *out)
 {
 	uint64_t v;
@@ -137,12 +144,12 @@ int cli_pressure_arg(const char *cmd, const char *opt, const char *arg, uint64_t
 	char buf[64];
 	const char *at = strchr(arg, '@');
 	if (!at || (size_t)(at - arg) >= sizeof(buf) || arena_count_parse(at + 1, 0, 100000, step))
-		return cli_usage_error(cmd, "%s '%s' is not SIZE@STEP: a size as for --vram-cap, then a step number from 0 to 100000",
+		return cli_usage_error(cmd, "%s '%s' is not SIZE@STEP: a size as for --vram, then a step number from 0 to 100000",
 				       opt, arena_q(arg));
 	memcpy(buf, arg, (size_t)(at - arg));
 	buf[at - arg] = 0;
 	if (arena_size_parse(buf, size) || !*size)
-		return cli_usage_error(cmd, "%s '%s' is not SIZE@STEP: a size above 0 as for --vram-cap, then a step number from 0 to 100000",
+		return cli_usage_error(cmd, "%s '%s' is not SIZE@STEP: a size above 0 as for --vram, then a step number from 0 to 100000",
 				       opt, arena_q(arg));
 	return 0;
 }
