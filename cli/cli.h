@@ -67,6 +67,11 @@ const char *cli_opt_name(const struct option *opts, int index, char *buf, size_t
 	"SIZE: a number of bytes, whole or with a fraction, with an optional unit K, M,\n" \
 	"G or T in either case (powers of 1024; KiB or KB mean the same as K), e.g.\n"     \
 	"4096, 64K, 1.5G, 8gb; no sign, spaces, exponent or hex.\n"
+/* The plural ending of a count's noun: "" for 1, else "s" ("1 chunk", "2 chunks"). */
+static inline const char *cli_s(uint64_t n)
+{
+	return n == 1 ? "" : "s";
+}
 /* Bytes in the unit that fits them: "512 B", "331.50 KiB", "22.17 GiB". */
 const char *cli_fmt_bytes(uint64_t n, char *buf, size_t len);
 
