@@ -274,8 +274,8 @@ TSAN_PROGRAMS := stager_stress disk_stress look_stress
 tsan-run: $(TSAN_PROGRAMS:%=$(BUILD)/tests/%) $(BUILD)/arena
 	$(Q)mkdir -p $(SUMMARY); rm -f $(SUMMARY)/tsan
 	$(Q)TSAN_OPTIONS=halt_on_error=1 $(BUILD)/tests/stager_stress
-	$(Q)$(BUILD)/arena convert -q --chunk-size 64K fixtures/tiny_flux.safetensors -o $(BUILD)/tests/tsan-plain.arena
-	$(Q)$(BUILD)/arena convert -q --chunk-size 64K --codec hb4 fixtures/tiny_flux.safetensors -o $(BUILD)/tests/tsan-hb4.arena
+	$(Q)$(BUILD)/arena convert -q --force --chunk-size 64K fixtures/tiny_flux.safetensors -o $(BUILD)/tests/tsan-plain.arena
+	$(Q)$(BUILD)/arena convert -q --force --chunk-size 64K --codec hb4 fixtures/tiny_flux.safetensors -o $(BUILD)/tests/tsan-hb4.arena
 	$(Q)TSAN_OPTIONS=halt_on_error=1 ARENA_WIRE_SEGMENT=4K ARENA_WIRE_POOL=16K $(BUILD)/tests/disk_stress \
 		$(BUILD)/tests/tsan-plain.arena $(BUILD)/tests/tsan-hb4.arena
 	$(Q)TSAN_OPTIONS=halt_on_error=1 ARENA_WIRE_SEGMENT=4K ARENA_WIRE_POOL=16K $(BUILD)/tests/look_stress \

@@ -28,10 +28,12 @@ const char cmd_convert_usage[] =
 	"components with weights, each tensor named '<component>.<name>'\n"
 	"(text_encoder.*, transformer.*, vae.*: arena.torch.attach(pipe, image)).\n"
 	"OUT appears only when whole: a failed, interrupted or killed convert leaves\n"
-	"nothing at OUT and no temporary (docs/CLI.md). OUT may not be an input.\n"
+	"nothing at OUT and no temporary (docs/CLI.md). OUT may not be an input; an\n"
+	"existing OUT is replaced only with --force.\n"
 	"\n"
 	"options:\n"
 	"  -o, --output FILE       the image to write (required)\n"
+	"  --force                 replace FILE if it exists (when the new one is whole)\n"
 	"  --block-pattern REGEX   a block is a match of this POSIX extended regex with\n"
 	"                          one capture group for the index, e.g.\n"
 	"                          'layers\\.([0-9]+)\\.'; repeatable; replaces the\n"
@@ -186,14 +188,14 @@ out:
 
 int cmd_convert(int argc, char **argv)
 {
-	enum { O_PATTERN = 256, O_ORDER, O_CHUNK, O_THREADS, O_QUANT, O_QINC, O_QEXC, O_CODEC, O_LEVEL };
+	enum { O_PATTERN = 256, O_ORDER, O_CHUNK, O_THREADS, O_QUANT, O_QINC, O_QEXC, O_CODEC, O_LEVEL, O_FORCE };
 	static const struct option opts[] = {
 		{"output", required_argument, NULL, 'o'},      {"block-pattern", required_argument, NULL, O_PATTERN},
 		{"block-order", required_argument, NULL, O_ORDER}, {"chunk-size", required_argument, NULL, O_CHUNK},
 		{"threads", required_argument, NULL, O_THREADS}, {"quiet", no_argument, NULL, 'q'},
 		{"quant", required_argument, NULL, O_QUANT},     {"quant-include", required_argument, NULL, O_QINC},
 		{"quant-exclude", required_argument, NULL, O_QEXC}, {"codec", required_argument, NULL, O_CODEC},
-		{"zstd-level", required_argument, NULL, O_LEVEL},
+		{"zstd-level", required_argument, NULL, O_LEVEL}, {"force", no_argument, NULL, O_FORCE},
 		{NULL, 0, NULL, 0},
 	};
 	const char *out = NULL;
@@ -217,6 +219,9 @@ int cmd_convert(int argc, char **argv)
 			break;
 		case 'q':
 			quiet = 1;
+			break;
+		case O_FORCE:
+			co.force = 1;
 			break;
 		case O_PATTERN:
 			patterns[co.n_block_patterns++] = optarg;

@@ -101,7 +101,7 @@ messages_quant_name_clash() {
 		expect_rc 0
 		run export "$T/c.arena" -o "$T/c2.safetensors"
 		expect_rc 0
-		rm -f "$T/c.arena"
+		rm -f "$T/c.arena" "$T/c2.safetensors"
 	done
 	# fp8-e4m3 would make the two a compressed-tensors pair: exported and read
 	# again, the weight would be scaled by the other tensor
