@@ -533,7 +533,7 @@ def save_image(module: nn.Module, path: str, *, codec: Optional[str] = None, thr
     from safetensors.torch import save_file
 
     if not force and os.path.lexists(path):  # said before the tensors are copied and written
-        raise Error("OUTPUT_EXISTS", f"{path}: exists; force=True replaces it", 0, "usage")
+        raise Error("OUTPUT_EXISTS", f"{path}: exists; force=True replaces it")
     flat: Dict[str, torch.Tensor] = {}
     groups: Dict[str, Any] = {}
     for name, t in _tensors_of(module).items():
