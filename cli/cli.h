@@ -51,6 +51,9 @@ const cli_cmd *cli_find(const char *name);
 int cli_size_arg(const char *cmd, const char *opt, const char *arg, uint64_t min, uint64_t *out);
 int cli_count_arg(const char *cmd, const char *opt, const char *arg, uint64_t min, uint64_t max, uint64_t *out);
 int cli_rate_arg(const char *cmd, const char *opt, const char *arg, double min, double max, double *out);
+/* A quantization scheme (--quant of convert and load): 0 when `arg` names
+ * one, else a usage error that lists them. */
+int cli_quant_arg(const char *cmd, const char *arg);
 /* SIZE@STEP (bench stream --pressure): a SIZE above 0 and a step from 0 to 100000. */
 int cli_pressure_arg(const char *cmd, const char *opt, const char *arg, uint64_t *size, uint64_t *step);
 /* The device memory a command may use (plan, load, bench stream): --vram

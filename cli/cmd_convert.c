@@ -227,6 +227,8 @@ int cmd_convert(int argc, char **argv)
 			patterns[co.n_block_patterns++] = optarg;
 			break;
 		case O_QUANT:
+			if ((st = cli_quant_arg("convert", optarg)))
+				goto done;
 			co.quant = optarg;
 			break;
 		case O_QINC:

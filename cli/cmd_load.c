@@ -235,6 +235,8 @@ int cmd_load(int argc, char **argv)
 			shaped = 1;
 			break;
 		case O_QUANT:
+			if ((rc = cli_quant_arg("load", optarg)))
+				return rc;
 			quant.scheme = optarg;
 			lo.quant = &quant;
 			break;

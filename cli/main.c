@@ -11,6 +11,7 @@
 #include "../common/alloc.h"
 #include "../common/err.h"
 #include "../common/units.h"
+#include "../formats/scheme.h"
 #include "arena.h"
 #include "cli.h"
 
@@ -137,6 +138,20 @@ int cli_size_arg(const char *cmd, const char *opt, const char *arg, uint64_t min
 	}
 	*out = v;
 	return 0;
+}
+
+int cli_quant_arg(const char *cmd, const char *arg)
+{
+	arena_quant_scheme s;
+	if (!arena_quant_from_name(arg, &s))
+		return 0;
+	arena_error_clear();
+	char list[256] = "";
+	for (unsigned i = 0; i < ARENA_QUANT_COUNT; i++) {
+		size_t n = strlen(list);
+		snprintf(list + n, sizeof(list) - n, "%s%s", i ? ", " : "", arena_quant_name((arena_quant_scheme)i));
+	}
+	return cli_usage_error(cmd, "--quant '%s' is not a scheme: %s", arena_q(arg), list);
 }
 
 int cli_pressure_arg(const char *cmd, const char *opt, const char *arg, uint64_t *size, uint64_t *step)

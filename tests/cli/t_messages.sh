@@ -131,3 +131,19 @@ open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + bytes(64))' "$T/ct
 }
 
 cases messages_name_the_file messages_inspect_same_rule_as_convert messages_over_cap_in_units_that_fit messages_verify_one_line messages_quant_name_clash
+
+# An unknown --quant scheme is a usage error of the command like any other
+# bad option: named by the command, the schemes listed, a pointer to --help.
+messages_quant_scheme_unknown() {
+	for c in "convert $REF/tiny_flux.safetensors -o $T/x.arena" "load $REF/tiny_flux.safetensors --backend sim --no-probe"; do
+		# shellcheck disable=SC2086
+		run $c --quant fp8
+		expect_rc 2
+		expect_error_line
+		expect_err "error: ${c%% *}: --quant 'fp8' is not a scheme: none, bf16, fp8-e4m3, fp8-e4m3-tensor, fp8-e4m3-row"
+		expect_err "int4-g64"
+		expect_err "(see 'arena ${c%% *} --help')"
+	done
+	[ ! -e "$T/x.arena" ] || fail "a refused convert wrote its output"
+}
+cases messages_quant_scheme_unknown
