@@ -109,10 +109,10 @@ int bench_stream_report(const bench_stream_opts *o, const bench_stream_state *S)
 		if (p.piece_size)
 			printf("pieces: blocks streamed in pieces of at most %s\n", cli_fmt_bytes(p.piece_size, s1, sizeof(s1)));
 		if (p.n_disk)
-			printf("disk tier: %zu streamed blocks read from the image each time (host copies %s)\n", p.n_disk,
-			       cli_fmt_bytes(p.host_bytes, s1, sizeof(s1)));
-		printf("plan: %zu resident (%s), %zu streamed through %u slots x %s; predicted %s streamed per step\n",
-		       p.n_resident, cli_fmt_bytes(p.resident_bytes, s1, sizeof(s1)), p.n_streamed, p.slots,
+			printf("disk tier: %zu streamed block%s read from the image each time (host copies %s)\n", p.n_disk,
+			       cli_s(p.n_disk), cli_fmt_bytes(p.host_bytes, s1, sizeof(s1)));
+		printf("plan: %zu resident (%s), %zu streamed through %u slot%s x %s; predicted %s streamed per step\n",
+		       p.n_resident, cli_fmt_bytes(p.resident_bytes, s1, sizeof(s1)), p.n_streamed, p.slots, cli_s(p.slots),
 		       cli_fmt_bytes(p.slot_bytes, s2, sizeof(s2)), cli_fmt_bytes(p.stream_bytes_per_step, s3, sizeof(s3)));
 		if (p.predicted_step_s > 0)
 			printf("plan by the compute profile (%s): predicted %.4f s per step\n",

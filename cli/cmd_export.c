@@ -54,6 +54,7 @@ int cmd_export(int argc, char **argv)
 	if (rc)
 		return cli_fail(rc);
 	if (!quiet)
-		printf("wrote %s: %llu tensors, %llu bytes\n", out, res.tensors, res.file_size);
+		printf("wrote %s: %llu tensor%s, %llu byte%s\n", out, res.tensors, cli_s(res.tensors), res.file_size,
+		       cli_s(res.file_size));
 	return 0;
 }

@@ -124,8 +124,7 @@ static int check_device(const char *path, const arena_model *m, int is_image, in
 static const char *ring_str(const arena_ring_shape *r, char *buf, size_t len)
 {
 	char a[32], b[32];
-	snprintf(buf, len, "%u thread%s x %u slot%s x %s = %s", r->threads, r->threads == 1 ? "" : "s", r->slots,
-		 r->slots == 1 ? "" : "s", cli_fmt_bytes(r->slot, a, sizeof(a)),
+	snprintf(buf, len, "%u thread%s x %u slot%s x %s = %s", r->threads, cli_s(r->threads), r->slots, cli_s(r->slots), cli_fmt_bytes(r->slot, a, sizeof(a)),
 		 cli_fmt_bytes((uint64_t)r->threads * r->slots * r->slot, b, sizeof(b)));
 	return buf;
 }
@@ -372,16 +371,16 @@ int cmd_load(int argc, char **argv)
 		status = status ? status : pst;
 	} else {
 		char b1[32], b2[32], c[32], d[32], e[32];
-		printf("loaded %s on %s: %s in %.3f s = %.2f GB/s (%u threads, %s read with O_DIRECT)\n", path,
+		printf("loaded %s on %s: %s in %.3f s = %.2f GB/s (%u thread%s, %s read with O_DIRECT)\n", path,
 		       be->ops->name, cli_fmt_bytes(payload, b1, sizeof(b1)), st.seconds, gbps, st.threads,
-		       cli_fmt_bytes(st.direct_bytes, b2, sizeof(b2)));
+		       cli_s(st.threads), cli_fmt_bytes(st.direct_bytes, b2, sizeof(b2)));
 		printf("memory: %s on the device, %s in host slabs (%s pinned); ring %s %s; peak RSS %s\n",
 		       cli_fmt_bytes(st.dev_bytes, b1, sizeof(b1)), cli_fmt_bytes(st.host_bytes, b2, sizeof(b2)),
 		       cli_fmt_bytes(pinned, c, sizeof(c)), cli_fmt_bytes(st.ring_bytes, d, sizeof(d)),
 		       st.ring_pinned ? "pinned" : "pageable", cli_fmt_bytes(rss, e, sizeof(e)));
 		if (disk_blocks)
-			printf("disk tier: %zu blocks (%s) kept in the image only, read from it when streamed (--host-budget)\n",
-			       disk_blocks, cli_fmt_bytes(disk_bytes, b1, sizeof(b1)));
+			printf("disk tier: %zu block%s (%s) kept in the image only, read from it when streamed (--host-budget)\n",
+			       disk_blocks, cli_s(disk_blocks), cli_fmt_bytes(disk_bytes, b1, sizeof(b1)));
 		if (st.wire_raw)
 			printf("coded streaming: streamed blocks' host copies kept coded, %s for %s (%.1f %%): what each copy "
 			       "moves\n",

@@ -320,20 +320,22 @@ int cmd_plan(int argc, char **argv)
 		       cli_fmt_bytes(reserve, a, sizeof(a)), cli_fmt_bytes(context, b, sizeof(b)),
 		       cli_fmt_bytes(headroom, c, sizeof(c)));
 		if (pl)
-			printf("pieces: %zu streaming units of at most %s from %zu blocks (a module's tensors larger than that "
-			       "are a piece of their own)\n",
-			       pl->n_blocks, cli_fmt_bytes(piece, e, sizeof(e)), img->layout->n_blocks);
-		printf("resident: %zu of %zu blocks, %s (globals %s)\n", p.n_resident, p.n_resident + p.n_streamed,
-		       cli_fmt_bytes(p.resident_bytes, a, sizeof(a)), cli_fmt_bytes(p.globals_bytes, b, sizeof(b)));
+			printf("pieces: %zu streaming unit%s of at most %s from %zu block%s (a module's tensors larger than "
+			       "that are a piece of their own)\n",
+			       pl->n_blocks, cli_s(pl->n_blocks), cli_fmt_bytes(piece, e, sizeof(e)), img->layout->n_blocks,
+			       cli_s(img->layout->n_blocks));
+		printf("resident: %zu of %zu block%s, %s (globals %s)\n", p.n_resident, p.n_resident + p.n_streamed,
+		       cli_s(p.n_resident + p.n_streamed), cli_fmt_bytes(p.resident_bytes, a, sizeof(a)),
+		       cli_fmt_bytes(p.globals_bytes, b, sizeof(b)));
 		if (p.n_streamed)
-			printf("streamed: %zu blocks, %s through a ring of %u slots x %s (depth %u)\n", p.n_streamed,
-			       cli_fmt_bytes(p.streamed_block_bytes, a, sizeof(a)), p.slots,
-			       cli_fmt_bytes(p.slot_bytes, b, sizeof(b)), p.depth);
+			printf("streamed: %zu block%s, %s through a ring of %u slot%s x %s (depth %u)\n", p.n_streamed,
+			       cli_s(p.n_streamed), cli_fmt_bytes(p.streamed_block_bytes, a, sizeof(a)), p.slots,
+			       cli_s(p.slots), cli_fmt_bytes(p.slot_bytes, b, sizeof(b)), p.depth);
 		else
 			printf("streamed: nothing, everything is resident\n");
-		printf("device memory for weights: %s; streamed per step: %s in %llu copies\n",
+		printf("device memory for weights: %s; streamed per step: %s in %llu cop%s\n",
 		       cli_fmt_bytes(p.need_bytes, c, sizeof(c)), cli_fmt_bytes(p.stream_bytes_per_step, d, sizeof(d)),
-		       (unsigned long long)p.copies_per_step);
+		       (unsigned long long)p.copies_per_step, p.copies_per_step == 1 ? "y" : "ies");
 		if (coded)
 			printf("coded streaming (hb4 image): streamed blocks held coded, %s for %s; a copy moves at most "
 			       "%.1f %% of the bytes: %s per step\n",
@@ -344,9 +346,10 @@ int cmd_plan(int argc, char **argv)
 			       p.step_s, comp, copy, o.h2d_bytes_per_s >= 1e9 ? o.h2d_bytes_per_s / 1e9 : o.h2d_bytes_per_s / 1e6,
 			       o.h2d_bytes_per_s >= 1e9 ? "GB/s" : "MB/s");
 		if (ao.host_budget && dn)
-			printf("disk tier: %zu streamed blocks (%s) read from the image each time they stream, ahead of use "
+			printf("disk tier: %zu streamed block%s (%s) read from the image each time %s stream%s, ahead of use "
 			       "through up to %s of staging%s; host copies %s of a %s budget\n",
-			       dn, cli_fmt_bytes(dbytes, a, sizeof(a)), cli_fmt_bytes(staging, d, sizeof(d)),
+			       dn, cli_s(dn), cli_fmt_bytes(dbytes, a, sizeof(a)), dn == 1 ? "it" : "they", dn == 1 ? "s" : "",
+			       cli_fmt_bytes(staging, d, sizeof(d)),
 			       arena_residency_host_copies(hb, staging) < hb ? " (out of the budget)" : "", cli_fmt_bytes(hbytes, b, sizeof(b)),
 			       cli_fmt_bytes(hb, c, sizeof(c)));
 		else if (ao.host_budget)

@@ -203,8 +203,9 @@ int cmd_synth(int argc, char **argv)
 	uint64_t params = arena_synth_params(&list);
 	uint64_t bytes = params * (arena_dtype_bits(dtype) / 8);
 	char b1[32];
-	printf("%s: %s, %zu tensors, %llu parameters, %s %s, written in %.2f s (%.2f GB/s)\n", out, layout,
-	       list.n, (unsigned long long)params, cli_fmt_bytes(bytes, b1, sizeof(b1)), arena_dtype_name(dtype),
+	printf("%s: %s, %zu tensor%s, %llu parameter%s, %s %s, written in %.2f s (%.2f GB/s)\n", out, layout,
+	       list.n, cli_s(list.n), (unsigned long long)params, cli_s(params), cli_fmt_bytes(bytes, b1, sizeof(b1)),
+	       arena_dtype_name(dtype),
 	       secs, secs > 0 ? (double)bytes / secs / 1e9 : 0.0);
 	arena_synth_list_release(&list);
 	return 0;

@@ -147,3 +147,34 @@ messages_quant_scheme_unknown() {
 	[ ! -e "$T/x.arena" ] || fail "a refused convert wrote its output"
 }
 cases messages_quant_scheme_unknown
+
+# A count of one takes the singular: "1 block", "1 tensor", "1 chunk",
+# "1 thread" (not "1 blocks"), in every command's output on a model of one
+# tensor.
+messages_counts_singular() {
+	make_st "$T/one.safetensors" '{"w": {"dtype": "BF16", "shape": [2048], "data_offsets": [0, 4096]}}' 4096
+	: >"$T/all"
+	for c in "convert $T/one.safetensors -o $T/one.arena" "convert $T/one.safetensors -o $T/one-hb4.arena --codec hb4" \
+		"verify $T/one.arena" "inspect $T/one.arena" "inspect $T/one.safetensors" "export $T/one.arena -o $T/back.safetensors" \
+		"plan $T/one.arena --vram 1G" "load $T/one.arena --backend sim --no-probe --threads 1" \
+		"load $T/one.safetensors --backend sim --no-probe --threads 1" "bench stream $T/one.arena --steps 2"; do
+		# shellcheck disable=SC2086
+		run $c
+		expect_rc 0
+		cat "$T/out" "$T/err" >>"$T/all"
+	done
+	# a corrupt chunk: "1 bad chunk"
+	python3 -c '
+import sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+b[-100] ^= 1
+open(p, "wb").write(bytes(b))' "$T/one.arena"
+	run verify "$T/one.arena"
+	expect_rc 1
+	cat "$T/out" "$T/err" >>"$T/all"
+	grep -E '(^|[^0-9.])1 (blocks|tensors|chunks|bad chunks|threads|slots|copies|steps|files|bytes|units|parameters|streamed blocks)\b' "$T/all" &&
+		fail "a count of one with a plural noun (above)"
+	grep -q '1 block' "$T/all" || fail "no '1 block' said"
+}
+cases messages_counts_singular
