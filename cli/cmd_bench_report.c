@@ -150,18 +150,23 @@ int bench_stream_report(const bench_stream_opts *o, const bench_stream_state *S)
 			       r->profile_learned ? " learned profile" : "", r->schedule_learned ? " learned order" : "",
 			       r->over_budget ? " over budget" : "");
 		}
-		if (!streamed && !p.n_streamed) /* efficiency and the all-resident ratio would time the loop alone */
-			printf("steady state (steps %ld..%ld): %.4f s/step; everything is resident (%s): nothing was streamed, "
-			       "so there is no streaming to measure (a smaller --vram streams blocks)\n",
-			       from, steps - 1, sum_t / (double)cnt, cli_fmt_bytes(p.resident_bytes, s1, sizeof(s1)));
-		else if (!streamed)
-			printf("steady state (steps %ld..%ld): %.4f s/step; nothing was streamed in these steps, so there is "
-			       "no streaming to measure\n",
-			       from, steps - 1, sum_t / (double)cnt);
+		char which[64]; /* "steps 1..9", or "step 0" for one */
+		if (steps - 1 > from)
+			snprintf(which, sizeof(which), "steps %ld..%ld", from, steps - 1);
 		else
-			printf("steady state (steps %ld..%ld): %.4f s/step, bound %.4f s, efficiency %.3f; all resident %.4f "
-			       "s/step (%.3fx)\n",
-			       from, steps - 1, sum_t / (double)cnt, sum_b / (double)cnt, eff, res_mean,
+			snprintf(which, sizeof(which), "step %ld", from);
+		if (!streamed && !p.n_streamed) /* efficiency and the all-resident ratio would time the loop alone */
+			printf("steady state (%s): %.4f s/step; everything is resident (%s): nothing was streamed, so there "
+			       "is no streaming to measure (a smaller --vram streams blocks)\n",
+			       which, sum_t / (double)cnt, cli_fmt_bytes(p.resident_bytes, s1, sizeof(s1)));
+		else if (!streamed)
+			printf("steady state (%s): %.4f s/step; nothing was streamed in %s, so there is no streaming to "
+			       "measure\n",
+			       which, sum_t / (double)cnt, cnt == 1 ? "it" : "these steps");
+		else
+			printf("steady state (%s): %.4f s/step, bound %.4f s, efficiency %.3f; all resident %.4f s/step "
+			       "(%.3fx)\n",
+			       which, sum_t / (double)cnt, sum_b / (double)cnt, eff, res_mean,
 			       res_mean > 0 ? sum_t / (double)cnt / res_mean : 0.0);
 	}
 	return status;

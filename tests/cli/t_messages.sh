@@ -157,7 +157,8 @@ messages_counts_singular() {
 	for c in "convert $T/one.safetensors -o $T/one.arena" "convert $T/one.safetensors -o $T/one-hb4.arena --codec hb4" \
 		"verify $T/one.arena" "inspect $T/one.arena" "inspect $T/one.safetensors" "export $T/one.arena -o $T/back.safetensors" \
 		"plan $T/one.arena --vram 1G" "load $T/one.arena --backend sim --no-probe --threads 1" \
-		"load $T/one.safetensors --backend sim --no-probe --threads 1" "bench stream $T/one.arena --steps 2"; do
+		"load $T/one.safetensors --backend sim --no-probe --threads 1" "bench stream $T/one.arena --steps 2" \
+		"bench stream $T/one.arena --steps 1"; do
 		# shellcheck disable=SC2086
 		run $c
 		expect_rc 0
@@ -176,5 +177,6 @@ open(p, "wb").write(bytes(b))' "$T/one.arena"
 	grep -E '(^|[^0-9.])1 (blocks|tensors|chunks|bad chunks|threads|slots|copies|steps|files|bytes|units|parameters|streamed blocks)\b' "$T/all" &&
 		fail "a count of one with a plural noun (above)"
 	grep -q '1 block' "$T/all" || fail "no '1 block' said"
+	grep -q '^steady state (step 0): ' "$T/all" || fail "one step's steady state is not '(step 0)'"
 }
 cases messages_counts_singular
