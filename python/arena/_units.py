@@ -49,6 +49,9 @@ def _bytes_of(s: str) -> Optional[int]:
         rest = ""
     if rest:
         return None
+    whole = whole.lstrip("0")  # int() refuses thousands of digits, leading zeros too
+    if len(whole) > 20:  # 2^64 has 20 digits
+        return _U64
     frac = frac[:_FRACTION_DIGITS]
     return (int(whole or "0") << shift) + (int(frac or "0") << shift) // 10 ** len(frac)
 
