@@ -229,7 +229,7 @@ class Files(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("convert: 100%", r.stderr)
         # None: a bar on a terminal only (stderr is a pipe here)
-        script = f"import arena; arena.convert({FLUX!r}, {out!r})"
+        script = f"import arena; arena.convert({FLUX!r}, {out!r}, force=True)"
         r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
         self.assertEqual((r.returncode, r.stderr), (0, ""))
         os.unlink(out)
