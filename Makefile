@@ -127,7 +127,11 @@ help:
 	@echo "arena make targets:"
 	@echo "  make            build $(BUILD)/arena, $(BUILD)/libarena.a, $(BUILD)/libarena.so,"
 	@echo "                  $(BUILD)/examples/stream (examples/stream.c)"
-	@echo "  make demo       synth a small model, convert, verify, inspect it"
+	@echo "  make demo       the main job on a small Flux-shaped model, in a fresh $(BUILD)/demo:"
+	@echo "                  synth it, convert it to an image (plain, hb4, zstd), verify, inspect,"
+	@echo "                  load it measured, plan it for a small device and run it there"
+	@echo "                  streamed (bench stream: a trace and a plan picture), export it"
+	@echo "                  back to safetensors, byte for byte"
 	@echo "  make wheel      the self-contained wheel (manylinux_2_28) in $(BUILD)/wheel/dist"
 	@echo "  make test-wheel the wheel installed into a venv without build tools, and run"
 	@echo "  make test       unit, CLI and Python interop tests, fuzz corpus replay, then"
@@ -219,9 +223,11 @@ SUMMARY := $(BUILD)/test-summary
 test-unit: unit
 	$(Q)sh tests/unit/run.sh $(BUILD) $(RUNCHECK)
 
+# CLI_CPP: the preprocessor with the build's flags, which tests/cli/t_docs.sh
+# reads the commands' option tables with.
 test-cli: cli
 	$(Q)mkdir -p $(SUMMARY)
-	$(Q)sh tests/cli/run.sh $(BUILD)/arena $(SUMMARY)/cli
+	$(Q)CLI_CPP="$(CC) -E $(filter-out -MMD -MP,$(CPPFLAGS))" sh tests/cli/run.sh $(BUILD)/arena $(SUMMARY)/cli
 
 # The public API alone: a program built against arena.h, linked to libarena.so
 # only; and (not under a sanitizer) `make install` into a folder, a program
@@ -274,8 +280,8 @@ TSAN_PROGRAMS := stager_stress disk_stress look_stress
 tsan-run: $(TSAN_PROGRAMS:%=$(BUILD)/tests/%) $(BUILD)/arena
 	$(Q)mkdir -p $(SUMMARY); rm -f $(SUMMARY)/tsan
 	$(Q)TSAN_OPTIONS=halt_on_error=1 $(BUILD)/tests/stager_stress
-	$(Q)$(BUILD)/arena convert -q --chunk-size 64K fixtures/tiny_flux.safetensors -o $(BUILD)/tests/tsan-plain.arena
-	$(Q)$(BUILD)/arena convert -q --chunk-size 64K --codec hb4 fixtures/tiny_flux.safetensors -o $(BUILD)/tests/tsan-hb4.arena
+	$(Q)$(BUILD)/arena convert -q --force --chunk-size 64K fixtures/tiny_flux.safetensors -o $(BUILD)/tests/tsan-plain.arena
+	$(Q)$(BUILD)/arena convert -q --force --chunk-size 64K --codec hb4 fixtures/tiny_flux.safetensors -o $(BUILD)/tests/tsan-hb4.arena
 	$(Q)TSAN_OPTIONS=halt_on_error=1 ARENA_WIRE_SEGMENT=4K ARENA_WIRE_POOL=16K $(BUILD)/tests/disk_stress \
 		$(BUILD)/tests/tsan-plain.arena $(BUILD)/tests/tsan-hb4.arena
 	$(Q)TSAN_OPTIONS=halt_on_error=1 ARENA_WIRE_SEGMENT=4K ARENA_WIRE_POOL=16K $(BUILD)/tests/look_stress \

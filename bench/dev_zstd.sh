@@ -28,7 +28,7 @@ log() { echo "== $*" | tee -a "$OUT/log.txt"; }
 log "$(date -u) $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
 ST=$W/flux2.safetensors
 [ -f "$ST" ] || "$A" synth --layout flux-dev --blocks 2 --seed 7 -o "$ST" | tee -a "$OUT/log.txt"
-"$A" convert -q "$ST" -o "$W/p.arena"
+"$A" convert -q --force "$ST" -o "$W/p.arena"
 
 log "codecs on the image's data, one thread (levels 1..5: 512 MiB; 9 and 19: 64 MiB)"
 "$B/bench/codec_bench" "$W/p.arena" --levels 1,2,3,4,5 --max-bytes 512 --repeat 3 | tee "$OUT/codec_bench.json"
@@ -44,7 +44,7 @@ for r in $(seq "$REPS"); do
 		rm -f "$W/o.arena"
 		sync
 		# shellcheck disable=SC2086
-		/usr/bin/time -f "$r $c %e %U %S" -a -o "$OUT/convert.txt" "$A" convert -q "$ST" -o "$W/o.arena" --codec "$codec" $lv
+		/usr/bin/time -f "$r $c %e %U %S" -a -o "$OUT/convert.txt" "$A" convert -q --force "$ST" -o "$W/o.arena" --codec "$codec" $lv
 		echo "$r $c size $(stat -c %s "$W/o.arena")" >>"$OUT/convert_size.txt"
 	done
 	rm -f "$W/c.st"
@@ -54,8 +54,8 @@ for r in $(seq "$REPS"); do
 done
 cat "$OUT/convert.txt" "$OUT/convert_size.txt" >>"$OUT/log.txt"
 
-"$A" convert -q "$ST" -o "$W/h.arena" --codec hb4
-"$A" convert -q "$ST" -o "$W/z.arena" --codec zstd
+"$A" convert -q --force "$ST" -o "$W/h.arena" --codec hb4
+"$A" convert -q --force "$ST" -o "$W/z.arena" --codec zstd
 rm -f "$W/o.arena"
 log "loads on sim, warm then cold"
 for r in $(seq "$REPS"); do

@@ -33,10 +33,10 @@ rm -f "$W/copy"
 for _ in 1 2; do
 	rm -f "$W/p.arena"
 	sync
-	t convert_plain "$A" convert -q "$ST" -o "$W/p.arena"
+	t convert_plain "$A" convert -q --force "$ST" -o "$W/p.arena"
 	rm -f "$W/q.arena"
 	sync
-	t convert_fp8-e4m3-row "$A" convert -q "$ST" -o "$W/q.arena" --quant fp8-e4m3-row
+	t convert_fp8-e4m3-row "$A" convert -q --force "$ST" -o "$W/q.arena" --quant fp8-e4m3-row
 done
 ls -l "$W/p.arena" "$W/q.arena" | awk '{print "size", $5, $9}'
 rm -f "$W/q.arena"

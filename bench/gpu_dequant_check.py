@@ -77,7 +77,7 @@ def make(d: str, arena_bin: str) -> list:
         save_file(ts, src)
         for scheme in ("int4-g32", "int4-g64", "int4-g128"):
             img = os.path.join(d, f"{scheme}-{str(dt)[6:]}.arena")
-            subprocess.run([arena_bin, "convert", "-q", "--quant", scheme, src, "-o", img], check=True)
+            subprocess.run([arena_bin, "convert", "-q", "--force", "--quant", scheme, src, "-o", img], check=True)
             out.append(img)
     return out
 

@@ -36,8 +36,8 @@ CB=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${CB:+:$CB}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 IMG=$W/f${BLOCKS:+-$BLOCKS}${CODEC:+-$CODEC}.arena
 [ -f "$IMG" ] || {
-	"$A" synth --layout flux-dev ${BLOCKS:+--blocks "$BLOCKS"} -o "$W/f.safetensors" >/dev/null || exit 1
-	"$A" convert -q ${CODEC:+--codec "$CODEC"} "$W/f.safetensors" -o "$IMG" || exit 1
+	"$A" synth --force --layout flux-dev ${BLOCKS:+--blocks "$BLOCKS"} -o "$W/f.safetensors" >/dev/null || exit 1
+	"$A" convert -q --force ${CODEC:+--codec "$CODEC"} "$W/f.safetensors" -o "$IMG" || exit 1
 	[ -n "${KEEP:-}" ] || rm -f "$W/f.safetensors"
 }
 SIZE=$(stat -c %s "$IMG")

@@ -51,7 +51,7 @@ ST=$W/f.safetensors
 IMG=${IMG:-$W/f.arena}
 [ -f "$IMG" ] || {
 	[ -f "$ST" ] || "$A" synth --layout flux-dev -o "$ST" >/dev/null || exit 1
-	"$A" convert -q "$ST" -o "$IMG" || exit 1
+	"$A" convert -q --force "$ST" -o "$IMG" || exit 1
 	rm -f "$ST"
 }
 cat "$IMG" >/dev/null

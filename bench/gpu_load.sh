@@ -62,7 +62,7 @@ CIMG=$W/flux-dev-hb4.arena
 if [ ! -f "$CIMG" ]; then
 	[ "$(df -k --output=avail "$W" | tail -1)" -gt 30000000 ] || { log "removing the plain image for room"; rm -f "$IMG"; }
 	log "convert --codec hb4"
-	/usr/bin/time -f "convert hb4 %e s" "$A" convert "$ST" -o "$CIMG" --codec hb4 2>&1 | tee -a "$OUT/log.txt"
+	/usr/bin/time -f "convert hb4 %e s" "$A" convert --force "$ST" -o "$CIMG" --codec hb4 2>&1 | tee -a "$OUT/log.txt"
 fi
 "$A" inspect "$CIMG" | head -5 | tee -a "$OUT/log.txt"
 cat "$CIMG" >/dev/null
@@ -111,13 +111,13 @@ fi
 
 # Differential: cuda and sim give the image's bytes.
 SM=$W/flux-small.arena
-"$A" synth --layout flux-dev --blocks 2 -o "$W/flux-small.safetensors" >/dev/null 2>&1
-"$A" convert -q "$W/flux-small.safetensors" -o "$SM" --chunk-size 1M
+"$A" synth --force --layout flux-dev --blocks 2 -o "$W/flux-small.safetensors" >/dev/null 2>&1
+"$A" convert -q --force "$W/flux-small.safetensors" -o "$SM" --chunk-size 1M
 run "$A" load "$SM" --backend cuda --check --no-probe
 run "$A" load "$SM" --backend sim --vram-cap 8G --check --no-probe
 run "$A" load "$SM" --backend cuda --check --no-probe --pin-budget 16M
 SC=$W/flux-small-hb4.arena
-"$A" convert -q "$W/flux-small.safetensors" -o "$SC" --chunk-size 1M --codec hb4
+"$A" convert -q --force "$W/flux-small.safetensors" -o "$SC" --chunk-size 1M --codec hb4
 run "$A" load "$SC" --backend cuda --check --no-probe
 run "$A" load "$SC" --backend sim --vram-cap 8G --check --no-probe
 log "done"

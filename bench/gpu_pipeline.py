@@ -113,7 +113,7 @@ def make(d: str, image: str, arena_bin: str) -> dict:
     del pipe
     torch.cuda.empty_cache()
     t0 = time.perf_counter()
-    subprocess.run([arena_bin, "convert", "-q", d, "-o", image], check=True)
+    subprocess.run([arena_bin, "convert", "-q", "--force", d, "-o", image], check=True)
     res["convert_s"] = time.perf_counter() - t0
     res["image_bytes"] = os.path.getsize(image)
     return res

@@ -190,7 +190,7 @@ def main() -> None:
         import arena.torch as at
 
         t0 = time.perf_counter()
-        at.save_image(m, a.image)
+        at.save_image(m, a.image, force=True)
         res["save_image_s"] = time.perf_counter() - t0
         res["image_bytes"] = os.path.getsize(a.image)
     del m, x

@@ -67,7 +67,7 @@ image() {
 		"$A" synth --layout flux-dev -q -o "$W/f.safetensors" || exit 1
 	fi
 	log "convert $n $*"
-	"$A" convert -q "$@" "$W/f.safetensors" -o "$W/$n.arena" || exit 1
+	"$A" convert -q --force "$@" "$W/f.safetensors" -o "$W/$n.arena" || exit 1
 }
 # every image the sets need, then the safetensors go (the plain set runs
 # them first); at most the safetensors, the plain image and the quantized

@@ -50,7 +50,7 @@ convert() {
 	rm -f "$W/$f.arena"
 	cat "$ST" >/dev/null
 	sync
-	/usr/bin/time -f "convert $f %e s (user %U s, sys %S s)" "$A" convert "$ST" -o "$W/$f.arena" "$@" 2>&1 |
+	/usr/bin/time -f "convert $f %e s (user %U s, sys %S s)" "$A" convert --force "$ST" -o "$W/$f.arena" "$@" 2>&1 |
 		tee -a "$OUT/log.txt"
 	ls -l "$W/$f.arena" | tee -a "$OUT/log.txt"
 }
@@ -87,8 +87,8 @@ log "the codecs, one core (1 GiB of the image's data)"
 "$B/bench/codec_bench" "$W/zstd.arena" --levels 1,3 --max-bytes 1024 | tee "$OUT/codec_bench.json"
 
 # Differential: cuda and sim give the image's bytes.
-"$A" synth --layout flux-dev --blocks 2 -o "$W/flux-small.safetensors" >/dev/null 2>&1
-"$A" convert -q "$W/flux-small.safetensors" -o "$W/flux-small-zstd.arena" --chunk-size 1M --codec zstd
+"$A" synth --force --layout flux-dev --blocks 2 -o "$W/flux-small.safetensors" >/dev/null 2>&1
+"$A" convert -q --force "$W/flux-small.safetensors" -o "$W/flux-small-zstd.arena" --chunk-size 1M --codec zstd
 run "$A" load "$W/flux-small-zstd.arena" --backend cuda --check --no-probe
 run "$A" load "$W/flux-small-zstd.arena" --backend sim --vram-cap 8G --check --no-probe
 run "$A" load "$W/flux-small-zstd.arena" --backend cuda --check --no-probe --pin-budget 16M

@@ -51,13 +51,30 @@ const cli_cmd *cli_find(const char *name);
 int cli_size_arg(const char *cmd, const char *opt, const char *arg, uint64_t min, uint64_t *out);
 int cli_count_arg(const char *cmd, const char *opt, const char *arg, uint64_t min, uint64_t max, uint64_t *out);
 int cli_rate_arg(const char *cmd, const char *opt, const char *arg, double min, double max, double *out);
+/* A quantization scheme (--quant of convert and load): 0 when `arg` names
+ * one, else a usage error that lists them. */
+int cli_quant_arg(const char *cmd, const char *arg);
 /* SIZE@STEP (bench stream --pressure): a SIZE above 0 and a step from 0 to 100000. */
 int cli_pressure_arg(const char *cmd, const char *opt, const char *arg, uint64_t *size, uint64_t *step);
+/* The device memory a command may use (plan, load, bench stream): --vram
+ * SIZE, also accepted by its older name --vram-cap (getopt_long entries, both
+ * with the value `val`), and the --help line that says so. */
+#define CLI_VRAM_OPTIONS(val) {"vram", required_argument, NULL, (val)}, {"vram-cap", required_argument, NULL, (val)}
+#define CLI_VRAM_ALIAS_HELP "                      (--vram-cap is another name for --vram)\n"
+/* "--NAME" of the long option opts[index] (as given: an alias by its own
+ * name), for messages; "--?" when index is not one. */
+struct option;
+const char *cli_opt_name(const struct option *opts, int index, char *buf, size_t len);
 /* What a SIZE is, for the --help of each command that takes one. */
 #define CLI_SIZE_HELP                                                                   \
 	"SIZE: a number of bytes, whole or with a fraction, with an optional unit K, M,\n" \
-	"G or T (powers of 1024; KiB or KB mean the same as K), e.g. 4096, 64K, 1.5G;\n"   \
-	"no sign, spaces, exponent or hex.\n"
+	"G or T in either case (powers of 1024; KiB or KB mean the same as K), e.g.\n"     \
+	"4096, 64K, 1.5G, 8gb; no sign, spaces, exponent or hex.\n"
+/* The plural ending of a count's noun: "" for 1, else "s" ("1 chunk", "2 chunks"). */
+static inline const char *cli_s(uint64_t n)
+{
+	return n == 1 ? "" : "s";
+}
 /* Bytes in the unit that fits them: "512 B", "331.50 KiB", "22.17 GiB". */
 const char *cli_fmt_bytes(uint64_t n, char *buf, size_t len);
 

@@ -39,7 +39,8 @@ const char cmd_bench_usage[] =
 	"\n"
 	"options:\n"
 	"  --backend sim|cuda  device backend (default sim; cuda uses device 0)\n"
-	"  --vram-cap SIZE     device memory arena may use (default: all of the device)\n"
+	"  --vram SIZE         device memory arena may use (default: all of the device)\n"
+	CLI_VRAM_ALIAS_HELP
 	"  --sim-capacity SIZE the simulated device (default 24G, or the cap if larger)\n"
 	"  --sim-bandwidth R   sim host-to-device bytes per second, 1e3 to 1e15 (default 55e9)\n"
 	"  --device-free SIZE  cuda: hold the device's memory but SIZE from the start,\n"
@@ -84,7 +85,7 @@ static int bench_options(int argc, char **argv, bench_stream_opts *o)
 	static const struct option opts[] = {
 		{"backend", required_argument, NULL, O_BACKEND},
 		CLI_ENGINE_OPTIONS,
-		{"vram-cap", required_argument, NULL, O_CAP},
+		CLI_VRAM_OPTIONS(O_CAP),
 		{"sim-capacity", required_argument, NULL, O_SIMCAP},
 		{"sim-bandwidth", required_argument, NULL, O_SIMBW},
 		{"device-free", required_argument, NULL, O_DEVFREE},
@@ -114,7 +115,9 @@ static int bench_options(int argc, char **argv, bench_stream_opts *o)
 	const char *save_profile = NULL, *trace = NULL;
 	optind = 0;
 	opterr = 0;
-	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+	int li = -1;
+	char on[32];
+	while ((ch = getopt_long(argc, argv, "", opts, &li)) != -1) {
 		uint64_t n;
 		int rc;
 		switch (ch) {
@@ -124,7 +127,7 @@ static int bench_options(int argc, char **argv, bench_stream_opts *o)
 			cuda = !strcmp(optarg, "cuda");
 			break;
 		case O_CAP:
-			if ((rc = cli_size_arg("bench", "--vram-cap", optarg, 1, &cap)))
+			if ((rc = cli_size_arg("bench", cli_opt_name(opts, li, on, sizeof(on)), optarg, 1, &cap)))
 				return rc;
 			break;
 		case O_SIMCAP:

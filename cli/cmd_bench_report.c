@@ -34,8 +34,10 @@ int bench_stream_report(const bench_stream_opts *o, const bench_stream_state *S)
 	if (from >= steps)
 		from = steps > 1 ? 1 : 0;
 	double sum_t = 0, sum_b = 0, sum_c = 0;
+	uint64_t streamed = 0; /* by the steady steps: none, and there is no streaming to measure */
 	for (long st = from; st < steps; st++)
-		sum_t += out[st].time_s, sum_b += out[st].bound_s, sum_c += out[st].compute_s;
+		sum_t += out[st].time_s, sum_b += out[st].bound_s, sum_c += out[st].compute_s,
+			streamed += out[st].rec.streamed_bytes;
 	double eff = sum_t > 0 ? sum_b / sum_t : 0;
 	long cnt = steps - from > 0 ? steps - from : 1;
 	/* all resident, over the same steps: the compute alone (sim: modelled) */
@@ -88,10 +90,11 @@ int bench_stream_report(const bench_stream_opts *o, const bench_stream_state *S)
 		json_object_set_new(root, "sample_every", json_integer(every));
 		json_object_set_new(root, "steps", arr);
 		json_object_set_new(root, "summary",
-				    json_pack("{s:i,s:f,s:f,s:f,s:f,s:f}", "steady_from", (int)from, "step_s",
+				    json_pack("{s:i,s:f,s:f,s:f,s:f,s:f,s:o}", "steady_from", (int)from, "step_s",
 					      sum_t / (double)cnt, "bound_s", sum_b / (double)cnt, "efficiency", eff,
 					      "all_resident_step_s", res_mean, "vs_all_resident",
-					      res_mean > 0 ? sum_t / (double)cnt / res_mean : 0.0));
+					      res_mean > 0 ? sum_t / (double)cnt / res_mean : 0.0, "streamed_bytes",
+					      cli_json_u64(streamed)));
 		status = cli_print_json(root);
 	} else {
 		char s1[32], s2[32], s3[32];
@@ -106,10 +109,10 @@ int bench_stream_report(const bench_stream_opts *o, const bench_stream_state *S)
 		if (p.piece_size)
 			printf("pieces: blocks streamed in pieces of at most %s\n", cli_fmt_bytes(p.piece_size, s1, sizeof(s1)));
 		if (p.n_disk)
-			printf("disk tier: %zu streamed blocks read from the image each time (host copies %s)\n", p.n_disk,
-			       cli_fmt_bytes(p.host_bytes, s1, sizeof(s1)));
-		printf("plan: %zu resident (%s), %zu streamed through %u slots x %s; predicted %s streamed per step\n",
-		       p.n_resident, cli_fmt_bytes(p.resident_bytes, s1, sizeof(s1)), p.n_streamed, p.slots,
+			printf("disk tier: %zu streamed block%s read from the image each time (host copies %s)\n", p.n_disk,
+			       cli_s(p.n_disk), cli_fmt_bytes(p.host_bytes, s1, sizeof(s1)));
+		printf("plan: %zu resident (%s), %zu streamed through %u slot%s x %s; predicted %s streamed per step\n",
+		       p.n_resident, cli_fmt_bytes(p.resident_bytes, s1, sizeof(s1)), p.n_streamed, p.slots, cli_s(p.slots),
 		       cli_fmt_bytes(p.slot_bytes, s2, sizeof(s2)), cli_fmt_bytes(p.stream_bytes_per_step, s3, sizeof(s3)));
 		if (p.predicted_step_s > 0)
 			printf("plan by the compute profile (%s): predicted %.4f s per step\n",
@@ -147,9 +150,24 @@ int bench_stream_report(const bench_stream_opts *o, const bench_stream_state *S)
 			       r->profile_learned ? " learned profile" : "", r->schedule_learned ? " learned order" : "",
 			       r->over_budget ? " over budget" : "");
 		}
-		printf("steady state (steps %ld..%ld): %.4f s/step, bound %.4f s, efficiency %.3f; all resident %.4f s/step (%.3fx)\n",
-		       from, steps - 1, sum_t / (double)cnt, sum_b / (double)cnt, eff, res_mean,
-		       res_mean > 0 ? sum_t / (double)cnt / res_mean : 0.0);
+		char which[64]; /* "steps 1..9", or "step 0" for one */
+		if (steps - 1 > from)
+			snprintf(which, sizeof(which), "steps %ld..%ld", from, steps - 1);
+		else
+			snprintf(which, sizeof(which), "step %ld", from);
+		if (!streamed && !p.n_streamed) /* efficiency and the all-resident ratio would time the loop alone */
+			printf("steady state (%s): %.4f s/step; everything is resident (%s): nothing was streamed, so there "
+			       "is no streaming to measure (a smaller --vram streams blocks)\n",
+			       which, sum_t / (double)cnt, cli_fmt_bytes(p.resident_bytes, s1, sizeof(s1)));
+		else if (!streamed)
+			printf("steady state (%s): %.4f s/step; nothing was streamed in %s, so there is no streaming to "
+			       "measure\n",
+			       which, sum_t / (double)cnt, cnt == 1 ? "it" : "these steps");
+		else
+			printf("steady state (%s): %.4f s/step, bound %.4f s, efficiency %.3f; all resident %.4f s/step "
+			       "(%.3fx)\n",
+			       which, sum_t / (double)cnt, sum_b / (double)cnt, eff, res_mean,
+			       res_mean > 0 ? sum_t / (double)cnt / res_mean : 0.0);
 	}
 	return status;
 }

@@ -11,6 +11,9 @@
 #include "../common/clock.h"
 #include "../common/err.h"
 #include "../formats/codec.h"
+#include "../formats/dtype.h"
+#include "../formats/image.h"
+#include "../formats/layout.h"
 #include "arena.h"
 #include "cli.h"
 
@@ -25,10 +28,12 @@ const char cmd_convert_usage[] =
 	"components with weights, each tensor named '<component>.<name>'\n"
 	"(text_encoder.*, transformer.*, vae.*: arena.torch.attach(pipe, image)).\n"
 	"OUT appears only when whole: a failed, interrupted or killed convert leaves\n"
-	"nothing at OUT and no temporary (docs/CLI.md). OUT may not be an input.\n"
+	"nothing at OUT and no temporary (docs/CLI.md). OUT may not be an input; an\n"
+	"existing OUT is replaced only with --force.\n"
 	"\n"
 	"options:\n"
 	"  -o, --output FILE       the image to write (required)\n"
+	"  --force                 replace FILE if it exists (when the new one is whole)\n"
 	"  --block-pattern REGEX   a block is a match of this POSIX extended regex with\n"
 	"                          one capture group for the index, e.g.\n"
 	"                          'layers\\.([0-9]+)\\.'; repeatable; replaces the\n"
@@ -52,12 +57,14 @@ const char cmd_convert_usage[] =
 	"                          saves bytes. hb4 stores each 16-bit word's high byte\n"
 	"                          in 4 bits (bf16 weights: 75% of the bytes) and the GPU\n"
 	"                          decodes as it loads: the fastest load from the page\n"
-	"                          cache (format 1.1). zstd stores each byte of the\n"
-	"                          chunk's elements as a stream, zstd-compressed where\n"
-	"                          that is smaller (bf16 weights: about 69%); the CPU\n"
-	"                          decodes as it loads: for cold loads from slow disks\n"
-	"                          and for copying images (format 1.2). Older readers\n"
-	"                          refuse both (docs/FORMAT.md, docs/STORAGE.md)\n"
+	"                          cache (format 1.1); other data (f32, fp8, int4)\n"
+	"                          stays plain, and the summary says so. zstd stores\n"
+	"                          each byte of the chunk's elements as a stream,\n"
+	"                          zstd-compressed where that is smaller (bf16\n"
+	"                          weights: about 69%); the CPU decodes as it loads:\n"
+	"                          for cold loads from slow disks and for copying\n"
+	"                          images (format 1.2). Older readers refuse both\n"
+	"                          (docs/FORMAT.md, docs/STORAGE.md)\n"
 	"  --zstd-level N          zstd's level, 1..19 (default 1: faster levels lose\n"
 	"                          little, bench/RESULTS.md); with --codec zstd\n"
 	"  --threads N             worker threads (default: number of CPUs)\n"
@@ -99,16 +106,96 @@ static int split_list(char *s, const char ***out, size_t *n)
 	return 0;
 }
 
+/* Why chunks of the hb4 image at `path` stayed plain, in a line each for
+ * the two reasons: hb4 codes 16-bit words (a chunk mostly of other data, F32
+ * or FP8, is not coded), and a chunk of 16-bit data stays plain where coding
+ * would not make it a page smaller. Best effort: nothing is said when the
+ * image cannot be read back. */
+static void hb4_plain_why(const char *path)
+{
+	arena_image *img;
+	if (arena_img_open(path, &img)) {
+		arena_error_clear();
+		return;
+	}
+	const uint64_t n = img->hdr.chunk_count, cs = img->hdr.chunk_size;
+	uint64_t *w16 = arena_calloc(n ? n : 1, sizeof(*w16)), *wide = arena_calloc(n ? n : 1, sizeof(*wide));
+	/* what the other data is: a dtype's name, or a quantized tensor's scheme */
+	enum { KINDS = 32 };
+	const char *kind[KINDS];
+	uint64_t kind_bytes[KINDS] = {0};
+	int kinds = 0;
+	if (!w16 || !wide)
+		goto out;
+	/* Each chunk's bytes of 16-bit data and of other data. */
+	const arena_layout *l = img->layout;
+	for (size_t t = 0; t < l->n_tensors; t++)
+		for (uint32_t c = 0; c < l->tensors[t].n_comp; c++) {
+			const arena_component *k = &l->tensors[t].comp[c];
+			uint64_t a = l->blocks[l->tensors[t].block].offset + k->offset, z = a + k->bytes;
+			for (uint64_t i = a / cs; i < n && i * cs < z; i++) {
+				uint64_t lo = a > i * cs ? a : i * cs, hi = z < (i + 1) * cs ? z : (i + 1) * cs;
+				*(arena_dtype_bits(k->dtype) == 16 ? &w16[i] : &wide[i]) += hi - lo;
+			}
+		}
+	uint64_t n_wide = 0, n_16 = 0;
+	for (uint64_t i = 0; i < n; i++) {
+		if (img->chunks[i].codec != ARENA_CODEC_NONE)
+			continue;
+		if (wide[i] > w16[i])
+			n_wide++;
+		else
+			n_16++;
+	}
+	/* What the other data is, in the plain chunks that are mostly of it. */
+	for (size_t t = 0; n_wide && t < l->n_tensors; t++) {
+		const arena_tensor *x = &l->tensors[t];
+		int quantized = strcmp(x->scheme, "none") && strcmp(x->scheme, "torch-subclass");
+		for (uint32_t c = 0; c < x->n_comp; c++) {
+			const arena_component *k = &x->comp[c];
+			const char *name = quantized ? x->scheme : arena_dtype_name(k->dtype);
+			uint64_t a = l->blocks[x->block].offset + k->offset, z = a + k->bytes, in = 0;
+			for (uint64_t i = a / cs; arena_dtype_bits(k->dtype) != 16 && i < n && i * cs < z; i++) {
+				uint64_t lo = a > i * cs ? a : i * cs, hi = z < (i + 1) * cs ? z : (i + 1) * cs;
+				if (img->chunks[i].codec == ARENA_CODEC_NONE && wide[i] > w16[i])
+					in += hi - lo;
+			}
+			int j = 0;
+			while (j < kinds && strcmp(kind[j], name))
+				j++;
+			if (in && j == kinds && kinds < KINDS)
+				kind[kinds++] = name;
+			if (in && j < kinds)
+				kind_bytes[j] += in;
+		}
+	}
+	if (n_wide && kinds) {
+		int most = 0;
+		for (int j = 1; j < kinds; j++)
+			most = kind_bytes[j] > kind_bytes[most] ? j : most;
+		printf("%llu chunk%s %s plain: hb4 codes 16-bit words (BF16, F16), and %s data is %s%s\n",
+		       (unsigned long long)n_wide, cli_s(n_wide), n_wide == 1 ? "stays" : "stay", n_wide == 1 ? "its" : "their",
+		       kinds > 1 ? "mostly " : "", kind[most]);
+	}
+	if (n_16)
+		printf("%llu chunk%s of 16-bit data %s plain: coded, %s would not be a page smaller\n",
+		       (unsigned long long)n_16, cli_s(n_16), n_16 == 1 ? "stays" : "stay", n_16 == 1 ? "it" : "they");
+out:
+	arena_free(w16);
+	arena_free(wide);
+	arena_img_close(img);
+}
+
 int cmd_convert(int argc, char **argv)
 {
-	enum { O_PATTERN = 256, O_ORDER, O_CHUNK, O_THREADS, O_QUANT, O_QINC, O_QEXC, O_CODEC, O_LEVEL };
+	enum { O_PATTERN = 256, O_ORDER, O_CHUNK, O_THREADS, O_QUANT, O_QINC, O_QEXC, O_CODEC, O_LEVEL, O_FORCE };
 	static const struct option opts[] = {
 		{"output", required_argument, NULL, 'o'},      {"block-pattern", required_argument, NULL, O_PATTERN},
 		{"block-order", required_argument, NULL, O_ORDER}, {"chunk-size", required_argument, NULL, O_CHUNK},
 		{"threads", required_argument, NULL, O_THREADS}, {"quiet", no_argument, NULL, 'q'},
 		{"quant", required_argument, NULL, O_QUANT},     {"quant-include", required_argument, NULL, O_QINC},
 		{"quant-exclude", required_argument, NULL, O_QEXC}, {"codec", required_argument, NULL, O_CODEC},
-		{"zstd-level", required_argument, NULL, O_LEVEL},
+		{"zstd-level", required_argument, NULL, O_LEVEL}, {"force", no_argument, NULL, O_FORCE},
 		{NULL, 0, NULL, 0},
 	};
 	const char *out = NULL;
@@ -133,10 +220,15 @@ int cmd_convert(int argc, char **argv)
 		case 'q':
 			quiet = 1;
 			break;
+		case O_FORCE:
+			co.force = 1;
+			break;
 		case O_PATTERN:
 			patterns[co.n_block_patterns++] = optarg;
 			break;
 		case O_QUANT:
+			if ((st = cli_quant_arg("convert", optarg)))
+				goto done;
 			co.quant = optarg;
 			break;
 		case O_QINC:
@@ -224,14 +316,17 @@ int cmd_convert(int argc, char **argv)
 	if (!quiet) {
 		double s = arena_now_s() - p.start;
 		char a[32];
-		printf("wrote %s: %llu blocks, %llu tensors, %s in %.2f s (%.2f GB/s)\n", out,
-		       (unsigned long long)res.n_blocks, (unsigned long long)res.n_tensors,
-		       cli_fmt_bytes(res.file_size, a, sizeof(a)), s, s > 0 ? (double)res.data_bytes / s / 1e9 : 0.0);
+		printf("wrote %s: %llu block%s, %llu tensor%s, %s in %.2f s (%.2f GB/s)\n", out,
+		       (unsigned long long)res.n_blocks, cli_s(res.n_blocks), (unsigned long long)res.n_tensors,
+		       cli_s(res.n_tensors), cli_fmt_bytes(res.file_size, a, sizeof(a)), s,
+		       s > 0 ? (double)res.data_bytes / s / 1e9 : 0.0);
 		if (co.codec)
-			printf("coded %llu of %llu chunks with %s: data %.1f%% of its raw size\n",
+			printf("coded %llu of %llu chunk%s with %s: data %.1f%% of its raw size\n",
 			       (unsigned long long)res.coded_chunks, (unsigned long long)res.chunk_count,
-			       co.codec,
+			       cli_s(res.chunk_count), co.codec,
 			       res.data_bytes ? 100.0 * (double)res.stored_bytes / (double)res.data_bytes : 100.0);
+		if (co.codec && !strcmp(co.codec, "hb4") && res.coded_chunks < res.chunk_count)
+			hb4_plain_why(out);
 	}
 done:
 	arena_free(patterns);

@@ -78,15 +78,16 @@ static int print_ckpt_text(const json_t *d)
 	printf("checkpoint: %s\n", str(d, "path"));
 	if (json_is_string(json_object_get(d, "index")))
 		printf("index:      %s\n", str(d, "index"));
-	printf("tensors:    %llu in %zu file%s, %s (%llu bytes)\n", num(tot, "tensors"), json_array_size(files),
-	       json_array_size(files) == 1 ? "" : "s", cli_fmt_bytes(num(tot, "bytes"), b1, sizeof(b1)),
-	       num(tot, "bytes"));
+	printf("tensors:    %llu in %zu file%s, %s (%llu byte%s)\n", num(tot, "tensors"), json_array_size(files),
+	       cli_s(json_array_size(files)), cli_fmt_bytes(num(tot, "bytes"), b1, sizeof(b1)), num(tot, "bytes"),
+	       cli_s(num(tot, "bytes")));
 	/* block discovery's verdict, as convert will make the layout */
 	printf("%s\n", str(json_object_get(d, "discovery"), "line"));
 	json_array_foreach(files, i, f) {
 		const json_t *meta = json_object_get(f, "metadata");
-		printf("\nfile %s: %llu bytes, header %llu bytes, %llu tensors\n", str(f, "path"), num(f, "size"),
-		       num(f, "header_bytes"), num(f, "tensors"));
+		printf("\nfile %s: %llu byte%s, header %llu byte%s, %llu tensor%s\n", str(f, "path"), num(f, "size"),
+		       cli_s(num(f, "size")), num(f, "header_bytes"), cli_s(num(f, "header_bytes")), num(f, "tensors"),
+		       cli_s(num(f, "tensors")));
 		if (json_object_size(meta)) {
 			const char *k;
 			const json_t *v;
@@ -108,7 +109,8 @@ static int print_ckpt_text(const json_t *d)
 	}
 	printf("\ntotals by dtype:\n");
 	json_array_foreach(json_object_get(tot, "by_dtype"), i, t)
-		printf("  %-11s %6llu tensors %14llu bytes  %s\n", str(t, "dtype"), num(t, "tensors"), num(t, "bytes"),
+		printf("  %-11s %6llu tensor%-1s %14llu byte%-1s  %s\n", str(t, "dtype"), num(t, "tensors"),
+		       cli_s(num(t, "tensors")), num(t, "bytes"), cli_s(num(t, "bytes")),
 		       cli_fmt_bytes(num(t, "bytes"), b1, sizeof(b1)));
 	return 0;
 }
@@ -136,8 +138,8 @@ static int print_image_text(const json_t *d)
 	char a[32], b2[32], b3[32];
 	size_t i;
 	printf("image:      %s (format %s)\n", str(d, "path"), str(d, "version"));
-	printf("file:       %s (%llu bytes); data %llu bytes at %llu\n", cli_fmt_bytes(num(d, "file_size"), a, sizeof(a)),
-	       num(d, "file_size"), data_length, num(lay, "data_offset"));
+	printf("file:       %s (%llu byte%s); data %llu byte%s at %llu\n", cli_fmt_bytes(num(d, "file_size"), a, sizeof(a)),
+	       num(d, "file_size"), cli_s(num(d, "file_size")), data_length, cli_s(data_length), num(lay, "data_offset"));
 	printf("chunks:     %llu of %s, xxh3-64\n", num(lay, "chunk_count"),
 	       cli_fmt_bytes(num(lay, "chunk_size"), a, sizeof(a)));
 	if (json_is_true(json_object_get(cod, "coded_image"))) {
@@ -146,13 +148,14 @@ static int print_image_text(const json_t *d)
 		char both[64] = "";
 		if (zstd && hb4)
 			snprintf(both, sizeof(both), ", %llu hb4", hb4);
-		printf("coding:     %llu chunks %s%s, %llu as is; %s stored for %s (%.1f%%); offsets below are raw\n",
-		       zstd ? zstd : hb4, zstd ? "zstd" : "hb4", both, num(cod, "plain_chunks"),
+		printf("coding:     %llu chunk%s %s%s, %llu as is; %s stored for %s (%.1f%%); offsets below are raw\n",
+		       zstd ? zstd : hb4, cli_s(zstd ? zstd : hb4), zstd ? "zstd" : "hb4", both, num(cod, "plain_chunks"),
 		       cli_fmt_bytes(stored, a, sizeof(a)), cli_fmt_bytes(data_length, b2, sizeof(b2)),
 		       data_length ? 100.0 * (double)stored / (double)data_length : 100.0);
 	}
-	printf("layout:     %llu blocks, %llu tensors; slabs %llu-aligned, tensors %llu-aligned\n", num(tot, "blocks"),
-	       num(tot, "tensors"), num(lay, "slab_alignment"), num(lay, "tensor_alignment"));
+	printf("layout:     %llu block%s, %llu tensor%s; slabs %llu-aligned, tensors %llu-aligned\n", num(tot, "blocks"),
+	       cli_s(num(tot, "blocks")), num(tot, "tensors"), cli_s(num(tot, "tensors")), num(lay, "slab_alignment"),
+	       num(lay, "tensor_alignment"));
 	if (json_object_size(meta)) {
 		const char *k;
 		const json_t *v;
@@ -181,9 +184,11 @@ static int print_image_text(const json_t *d)
 			qlogical += logical_bytes(t);
 		}
 	}
-	printf("\ntotals: %llu tensors, %s stored", num(tot, "tensors"), cli_fmt_bytes(num(tot, "bytes"), a, sizeof(a)));
+	printf("\ntotals: %llu tensor%s, %s stored", num(tot, "tensors"), cli_s(num(tot, "tensors")),
+	       cli_fmt_bytes(num(tot, "bytes"), a, sizeof(a)));
 	if (nq)
-		printf("; %llu quantized tensors take %s instead of %s (saved %s)", (unsigned long long)nq,
+		printf("; %llu quantized tensor%s take%s %s instead of %s (saved %s)", (unsigned long long)nq, cli_s(nq),
+		       nq == 1 ? "s" : "",
 		       cli_fmt_bytes(qstored, a, sizeof(a)), cli_fmt_bytes(qlogical, b2, sizeof(b2)),
 		       cli_fmt_bytes(qlogical > qstored ? qlogical - qstored : 0, b3, sizeof(b3)));
 	printf("\n");

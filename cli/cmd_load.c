@@ -33,11 +33,12 @@ const char cmd_load_usage[] =
 	"options:\n"
 	"  --backend cuda|sim  device backend (default: cuda when a GPU is usable, else sim)\n"
 	"  --device N          CUDA device (default 0)\n"
-	"  --vram-cap SIZE     device memory arena may use (default: what is free; sim:\n"
+	"  --vram SIZE         device memory arena may use (default: what is free; sim:\n"
 	"                      a 16G device). What the residency plan keeps resident\n"
 	"                      goes to the device, the rest to host slabs (streamed by\n"
 	"                      the engine when used); a model that cannot run within\n"
 	"                      the cap at all is an error that says what it needs\n"
+	CLI_VRAM_ALIAS_HELP
 	"  --pin-budget SIZE   cap on pinned host memory (default: what the OS allows:\n"
 	"                      RLIMIT_MEMLOCK, MemAvailable, cgroup memory.max, minus a reserve)\n"
 	"  --threads N         reader threads (default: CPUs, at most 32)\n"
@@ -123,8 +124,7 @@ static int check_device(const char *path, const arena_model *m, int is_image, in
 static const char *ring_str(const arena_ring_shape *r, char *buf, size_t len)
 {
 	char a[32], b[32];
-	snprintf(buf, len, "%u thread%s x %u slot%s x %s = %s", r->threads, r->threads == 1 ? "" : "s", r->slots,
-		 r->slots == 1 ? "" : "s", cli_fmt_bytes(r->slot, a, sizeof(a)),
+	snprintf(buf, len, "%u thread%s x %u slot%s x %s = %s", r->threads, cli_s(r->threads), r->slots, cli_s(r->slots), cli_fmt_bytes(r->slot, a, sizeof(a)),
 		 cli_fmt_bytes((uint64_t)r->threads * r->slots * r->slot, b, sizeof(b)));
 	return buf;
 }
@@ -162,7 +162,7 @@ int cmd_load(int argc, char **argv)
 	enum { O_BACKEND = 256, O_DEVICE, O_CAP, O_PIN, O_THREADS, O_IO, O_CHECK, O_NOPROBE, O_JSON, O_SLOT, O_SLOTS, O_QUANT };
 	static const struct option opts[] = {
 		{"backend", required_argument, NULL, O_BACKEND}, {"device", required_argument, NULL, O_DEVICE},
-		{"vram-cap", required_argument, NULL, O_CAP},    {"pin-budget", required_argument, NULL, O_PIN},
+		CLI_VRAM_OPTIONS(O_CAP),                       {"pin-budget", required_argument, NULL, O_PIN},
 		{"threads", required_argument, NULL, O_THREADS}, {"io", required_argument, NULL, O_IO},
 		{"check", no_argument, NULL, O_CHECK},           {"no-probe", no_argument, NULL, O_NOPROBE},
 		{"json", no_argument, NULL, O_JSON},             {"slot-size", required_argument, NULL, O_SLOT},
@@ -179,7 +179,9 @@ int cmd_load(int argc, char **argv)
 	arena_load_opts lo = {.io = ARENA_IO_AUTO, .cancel = &cancelled};
 	optind = 0;
 	opterr = 0;
-	while ((ch = getopt_long(argc, argv, "q", opts, NULL)) != -1) {
+	int li = -1;
+	char on[32];
+	while ((ch = getopt_long(argc, argv, "q", opts, &li)) != -1) {
 		uint64_t n;
 		int rc;
 		switch (ch) {
@@ -197,7 +199,7 @@ int cmd_load(int argc, char **argv)
 			device = (int)n;
 			break;
 		case O_CAP:
-			if ((rc = cli_size_arg("load", "--vram-cap", optarg, 1, &cap)))
+			if ((rc = cli_size_arg("load", cli_opt_name(opts, li, on, sizeof(on)), optarg, 1, &cap)))
 				return rc;
 			break;
 		case O_PIN:
@@ -232,6 +234,8 @@ int cmd_load(int argc, char **argv)
 			shaped = 1;
 			break;
 		case O_QUANT:
+			if ((rc = cli_quant_arg("load", optarg)))
+				return rc;
 			quant.scheme = optarg;
 			lo.quant = &quant;
 			break;
@@ -367,16 +371,16 @@ int cmd_load(int argc, char **argv)
 		status = status ? status : pst;
 	} else {
 		char b1[32], b2[32], c[32], d[32], e[32];
-		printf("loaded %s on %s: %s in %.3f s = %.2f GB/s (%u threads, %s read with O_DIRECT)\n", path,
+		printf("loaded %s on %s: %s in %.3f s = %.2f GB/s (%u thread%s, %s read with O_DIRECT)\n", path,
 		       be->ops->name, cli_fmt_bytes(payload, b1, sizeof(b1)), st.seconds, gbps, st.threads,
-		       cli_fmt_bytes(st.direct_bytes, b2, sizeof(b2)));
+		       cli_s(st.threads), cli_fmt_bytes(st.direct_bytes, b2, sizeof(b2)));
 		printf("memory: %s on the device, %s in host slabs (%s pinned); ring %s %s; peak RSS %s\n",
 		       cli_fmt_bytes(st.dev_bytes, b1, sizeof(b1)), cli_fmt_bytes(st.host_bytes, b2, sizeof(b2)),
 		       cli_fmt_bytes(pinned, c, sizeof(c)), cli_fmt_bytes(st.ring_bytes, d, sizeof(d)),
 		       st.ring_pinned ? "pinned" : "pageable", cli_fmt_bytes(rss, e, sizeof(e)));
 		if (disk_blocks)
-			printf("disk tier: %zu blocks (%s) kept in the image only, read from it when streamed (--host-budget)\n",
-			       disk_blocks, cli_fmt_bytes(disk_bytes, b1, sizeof(b1)));
+			printf("disk tier: %zu block%s (%s) kept in the image only, read from it when streamed (--host-budget)\n",
+			       disk_blocks, cli_s(disk_blocks), cli_fmt_bytes(disk_bytes, b1, sizeof(b1)));
 		if (st.wire_raw)
 			printf("coded streaming: streamed blocks' host copies kept coded, %s for %s (%.1f %%): what each copy "
 			       "moves\n",

@@ -28,6 +28,7 @@ const char cmd_plan_usage[] =
 	"options:\n"
 	"  --vram SIZE         device memory (e.g. 8G, 24GiB); required: all the\n"
 	"                      process may hold, as the driver counts it\n"
+	CLI_VRAM_ALIAS_HELP
 	"  --context SIZE      of it, the process's own beside arena and torch (a CUDA\n"
 	"                      context: 0.5-0.7 GiB on a GPU; arena_open reads it from\n"
 	"                      the driver); default 0\n"
@@ -53,7 +54,7 @@ int cmd_plan(int argc, char **argv)
 {
 	enum { O_VRAM = 256, O_PROFILE, O_JSON, O_SVG, O_CONTEXT };
 	static const struct option opts[] = {
-		{"vram", required_argument, NULL, O_VRAM},
+		CLI_VRAM_OPTIONS(O_VRAM),
 		{"context", required_argument, NULL, O_CONTEXT},
 		CLI_ENGINE_OPTIONS,
 		{"profile", required_argument, NULL, O_PROFILE},
@@ -64,14 +65,15 @@ int cmd_plan(int argc, char **argv)
 	arena_open_options ao = {0};
 	arena_engine_opts o;
 	uint64_t vram = 0, piece = 0, context = 0;
-	int json = 0, ch, rc;
+	int json = 0, ch, rc, li = -1;
+	char on[32];
 	const char *profile = NULL, *svg = NULL;
 	optind = 0;
 	opterr = 0;
-	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+	while ((ch = getopt_long(argc, argv, "", opts, &li)) != -1) {
 		switch (ch) {
 		case O_VRAM:
-			if ((rc = cli_size_arg("plan", "--vram", optarg, 1, &vram)))
+			if ((rc = cli_size_arg("plan", cli_opt_name(opts, li, on, sizeof(on)), optarg, 1, &vram)))
 				return rc;
 			break;
 		case O_CONTEXT:
@@ -318,20 +320,22 @@ int cmd_plan(int argc, char **argv)
 		       cli_fmt_bytes(reserve, a, sizeof(a)), cli_fmt_bytes(context, b, sizeof(b)),
 		       cli_fmt_bytes(headroom, c, sizeof(c)));
 		if (pl)
-			printf("pieces: %zu streaming units of at most %s from %zu blocks (a module's tensors larger than that "
-			       "are a piece of their own)\n",
-			       pl->n_blocks, cli_fmt_bytes(piece, e, sizeof(e)), img->layout->n_blocks);
-		printf("resident: %zu of %zu blocks, %s (globals %s)\n", p.n_resident, p.n_resident + p.n_streamed,
-		       cli_fmt_bytes(p.resident_bytes, a, sizeof(a)), cli_fmt_bytes(p.globals_bytes, b, sizeof(b)));
+			printf("pieces: %zu streaming unit%s of at most %s from %zu block%s (a module's tensors larger than "
+			       "that are a piece of their own)\n",
+			       pl->n_blocks, cli_s(pl->n_blocks), cli_fmt_bytes(piece, e, sizeof(e)), img->layout->n_blocks,
+			       cli_s(img->layout->n_blocks));
+		printf("resident: %zu of %zu block%s, %s (globals %s)\n", p.n_resident, p.n_resident + p.n_streamed,
+		       cli_s(p.n_resident + p.n_streamed), cli_fmt_bytes(p.resident_bytes, a, sizeof(a)),
+		       cli_fmt_bytes(p.globals_bytes, b, sizeof(b)));
 		if (p.n_streamed)
-			printf("streamed: %zu blocks, %s through a ring of %u slots x %s (depth %u)\n", p.n_streamed,
-			       cli_fmt_bytes(p.streamed_block_bytes, a, sizeof(a)), p.slots,
-			       cli_fmt_bytes(p.slot_bytes, b, sizeof(b)), p.depth);
+			printf("streamed: %zu block%s, %s through a ring of %u slot%s x %s (depth %u)\n", p.n_streamed,
+			       cli_s(p.n_streamed), cli_fmt_bytes(p.streamed_block_bytes, a, sizeof(a)), p.slots,
+			       cli_s(p.slots), cli_fmt_bytes(p.slot_bytes, b, sizeof(b)), p.depth);
 		else
 			printf("streamed: nothing, everything is resident\n");
-		printf("device memory for weights: %s; streamed per step: %s in %llu copies\n",
+		printf("device memory for weights: %s; streamed per step: %s in %llu cop%s\n",
 		       cli_fmt_bytes(p.need_bytes, c, sizeof(c)), cli_fmt_bytes(p.stream_bytes_per_step, d, sizeof(d)),
-		       (unsigned long long)p.copies_per_step);
+		       (unsigned long long)p.copies_per_step, p.copies_per_step == 1 ? "y" : "ies");
 		if (coded)
 			printf("coded streaming (hb4 image): streamed blocks held coded, %s for %s; a copy moves at most "
 			       "%.1f %% of the bytes: %s per step\n",
@@ -342,9 +346,10 @@ int cmd_plan(int argc, char **argv)
 			       p.step_s, comp, copy, o.h2d_bytes_per_s >= 1e9 ? o.h2d_bytes_per_s / 1e9 : o.h2d_bytes_per_s / 1e6,
 			       o.h2d_bytes_per_s >= 1e9 ? "GB/s" : "MB/s");
 		if (ao.host_budget && dn)
-			printf("disk tier: %zu streamed blocks (%s) read from the image each time they stream, ahead of use "
+			printf("disk tier: %zu streamed block%s (%s) read from the image each time %s stream%s, ahead of use "
 			       "through up to %s of staging%s; host copies %s of a %s budget\n",
-			       dn, cli_fmt_bytes(dbytes, a, sizeof(a)), cli_fmt_bytes(staging, d, sizeof(d)),
+			       dn, cli_s(dn), cli_fmt_bytes(dbytes, a, sizeof(a)), dn == 1 ? "it" : "they", dn == 1 ? "s" : "",
+			       cli_fmt_bytes(staging, d, sizeof(d)),
 			       arena_residency_host_copies(hb, staging) < hb ? " (out of the budget)" : "", cli_fmt_bytes(hbytes, b, sizeof(b)),
 			       cli_fmt_bytes(hb, c, sizeof(c)));
 		else if (ao.host_budget)

@@ -15,12 +15,13 @@
 
 const char cmd_synth_usage[] =
 	"usage: arena synth --layout NAME [--blocks N] [--dtype bf16|f16|f32] [--seed S]\n"
-	"                   [--threads N] [--quiet] -o FILE.safetensors\n"
+	"                   [--threads N] [--force] [--quiet] -o FILE.safetensors\n"
 	"\n"
 	"Write a safetensors checkpoint with a real model's tensor names and shapes and\n"
 	"random values (normal, mean 0, std 0.02), for benchmarks and tests. It is\n"
 	"written streaming: memory stays at 4 MiB per thread whatever the model's size.\n"
-	"The file appears whole when done, or not at all.\n"
+	"The file appears whole when done, or not at all; an existing FILE is replaced\n"
+	"only with --force.\n"
 	"\n"
 	"layouts:\n"
 	"  flux-dev    diffusers FluxTransformer2DModel with the FLUX.1-dev config:\n"
@@ -46,6 +47,7 @@ const char cmd_synth_usage[] =
 	"                   --blocks\n"
 	"  --threads N      fill threads (default: one per CPU)\n"
 	"  -o, --output F   the file to write\n"
+	"  --force          replace F if it exists (when the new one is whole)\n"
 	"  -q, --quiet      no progress line and no summary\n"
 	"  -h, --help       this text\n"
 	"\n"
@@ -103,12 +105,12 @@ int cmd_synth(int argc, char **argv)
 		{"dtype", required_argument, NULL, 'd'},  {"seed", required_argument, NULL, 's'},
 		{"threads", required_argument, NULL, 't'}, {"output", required_argument, NULL, 'o'},
 		{"quiet", no_argument, NULL, 'q'},        {"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0},
+		{"force", no_argument, NULL, 'f'},        {NULL, 0, NULL, 0},
 	};
 	int ch, rc;
 	optind = 0;
 	opterr = 0;
-	int quiet = 0;
+	int quiet = 0, force = 0;
 	while ((ch = getopt_long(argc, argv, ":o:hq", opts, NULL)) != -1) {
 		switch (ch) {
 		case 'l':
@@ -146,6 +148,9 @@ int cmd_synth(int argc, char **argv)
 		case 'q':
 			quiet = 1;
 			break;
+		case 'f':
+			force = 1;
+			break;
 		case 'h':
 			fputs(cmd_synth_usage, stdout);
 			return 0;
@@ -180,7 +185,7 @@ int cmd_synth(int argc, char **argv)
 
 	progress pg = {.path = out};
 	cli_progress_start(&pg.line, "synth", quiet);
-	arena_synth_opts o = {layout, dtype, seed, threads, on_progress, &pg};
+	arena_synth_opts o = {layout, dtype, seed, threads, on_progress, &pg, force};
 	rc = arena_synth_write(out, &list, &o);
 	double secs = arena_now_s() - pg.line.start;
 
@@ -198,8 +203,9 @@ int cmd_synth(int argc, char **argv)
 	uint64_t params = arena_synth_params(&list);
 	uint64_t bytes = params * (arena_dtype_bits(dtype) / 8);
 	char b1[32];
-	printf("%s: %s, %zu tensors, %llu parameters, %s %s, written in %.2f s (%.2f GB/s)\n", out, layout,
-	       list.n, (unsigned long long)params, cli_fmt_bytes(bytes, b1, sizeof(b1)), arena_dtype_name(dtype),
+	printf("%s: %s, %zu tensor%s, %llu parameter%s, %s %s, written in %.2f s (%.2f GB/s)\n", out, layout,
+	       list.n, cli_s(list.n), (unsigned long long)params, cli_s(params), cli_fmt_bytes(bytes, b1, sizeof(b1)),
+	       arena_dtype_name(dtype),
 	       secs, secs > 0 ? (double)bytes / secs / 1e9 : 0.0);
 	arena_synth_list_release(&list);
 	return 0;

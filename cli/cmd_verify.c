@@ -109,8 +109,8 @@ int cmd_verify(int argc, char **argv)
 	} else {
 		char a[32];
 		const double s = vi.seconds;
-		printf("ok: %s: %llu chunks, %s verified in %.2f s (%.2f GB/s)\n", path, (unsigned long long)vi.chunk_count,
-		       cli_fmt_bytes(vi.file_size, a, sizeof(a)), s, s > 0 ? (double)vi.file_size / s / 1e9 : 0.0);
+		printf("ok: %s: %llu chunk%s, %s verified in %.2f s (%.2f GB/s)\n", path, (unsigned long long)vi.chunk_count,
+		       cli_s(vi.chunk_count), cli_fmt_bytes(vi.file_size, a, sizeof(a)), s, s > 0 ? (double)vi.file_size / s / 1e9 : 0.0);
 		st = 0;
 	}
 	return st;

@@ -1,4 +1,5 @@
 /* main.c - the arena command: dispatch to one subcommand per file. */
+#include <getopt.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 #include "../common/alloc.h"
 #include "../common/err.h"
 #include "../common/units.h"
+#include "../formats/scheme.h"
 #include "arena.h"
 #include "cli.h"
 
@@ -112,6 +114,12 @@ int cli_engine_option(const char *cmd, int ch, const char *arg, arena_open_optio
 	}
 }
 
+const char *cli_opt_name(const struct option *opts, int index, char *buf, size_t len)
+{
+	snprintf(buf, len, "--%s", index >= 0 ? opts[index].name : "?");
+	return buf;
+}
+
 int cli_size_arg(const char *cmd, const char *opt, const char *arg, uint64_t min, uint64_t *out)
 {
 	uint64_t v;
@@ -132,17 +140,31 @@ int cli_size_arg(const char *cmd, const char *opt, const char *arg, uint64_t min
 	return 0;
 }
 
+int cli_quant_arg(const char *cmd, const char *arg)
+{
+	arena_quant_scheme s;
+	if (!arena_quant_from_name(arg, &s))
+		return 0;
+	arena_error_clear();
+	char list[256] = "";
+	for (unsigned i = 0; i < ARENA_QUANT_COUNT; i++) {
+		size_t n = strlen(list);
+		snprintf(list + n, sizeof(list) - n, "%s%s", i ? ", " : "", arena_quant_name((arena_quant_scheme)i));
+	}
+	return cli_usage_error(cmd, "--quant '%s' is not a scheme: %s", arena_q(arg), list);
+}
+
 int cli_pressure_arg(const char *cmd, const char *opt, const char *arg, uint64_t *size, uint64_t *step)
 {
 	char buf[64];
 	const char *at = strchr(arg, '@');
 	if (!at || (size_t)(at - arg) >= sizeof(buf) || arena_count_parse(at + 1, 0, 100000, step))
-		return cli_usage_error(cmd, "%s '%s' is not SIZE@STEP: a size as for --vram-cap, then a step number from 0 to 100000",
+		return cli_usage_error(cmd, "%s '%s' is not SIZE@STEP: a size as for --vram, then a step number from 0 to 100000",
 				       opt, arena_q(arg));
 	memcpy(buf, arg, (size_t)(at - arg));
 	buf[at - arg] = 0;
 	if (arena_size_parse(buf, size) || !*size)
-		return cli_usage_error(cmd, "%s '%s' is not SIZE@STEP: a size above 0 as for --vram-cap, then a step number from 0 to 100000",
+		return cli_usage_error(cmd, "%s '%s' is not SIZE@STEP: a size above 0 as for --vram, then a step number from 0 to 100000",
 				       opt, arena_q(arg));
 	return 0;
 }

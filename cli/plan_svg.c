@@ -9,6 +9,7 @@
 #include "../common/err.h"
 #include "../common/outfile.h"
 #include "../common/units.h"
+#include "cli.h"
 
 #define W 1000.0
 #define X0 20.0
@@ -163,7 +164,7 @@ static void blocks_strip(sb *b, const plan_svg_in *in, double y)
 	double lx = X0;
 	for (int k = 0; k < 3; k++) {
 		char sz[32], s[96];
-		snprintf(s, sizeof(s), "%s: %zu block%s, %s", names[k], cnt[k], cnt[k] == 1 ? "" : "s",
+		snprintf(s, sizeof(s), "%s: %zu block%s, %s", names[k], cnt[k], cli_s(cnt[k]),
 			 fmtb(by[k], sz, sizeof(sz)));
 		sb_printf(b, "<rect x=\"%.1f\" y=\"%.1f\" width=\"10\" height=\"10\" fill=\"%s\"/>\n", lx, y + 64, color(names[k]));
 		text(b, lx + 14, y + 73, 11, "start", "", s);
@@ -202,9 +203,10 @@ static void memory_bar(sb *b, const plan_svg_in *in, double y)
 	snprintf(t, sizeof(t), "headroom %s", fmtb(in->headroom, s1, sizeof(s1)));
 	mem_rect(b, y, 24, at, at + in->headroom, total, "mem headroom", C_HEADROOM, t);
 	if (ring)
-		snprintf(t, sizeof(t), "the ring: %u slots x %s = %s, streamed per step %s in %llu copies", p->slots,
-			 fmtb(p->slot_bytes, s1, sizeof(s1)), fmtb(ring, s2, sizeof(s2)),
-			 fmtb(p->stream_bytes_per_step, s3, sizeof(s3)), (unsigned long long)p->copies_per_step);
+		snprintf(t, sizeof(t), "the ring: %u slot%s x %s = %s, streamed per step %s in %llu cop%s", p->slots,
+			 cli_s(p->slots), fmtb(p->slot_bytes, s1, sizeof(s1)), fmtb(ring, s2, sizeof(s2)),
+			 fmtb(p->stream_bytes_per_step, s3, sizeof(s3)), (unsigned long long)p->copies_per_step,
+			 p->copies_per_step == 1 ? "y" : "ies");
 	else
 		snprintf(t, sizeof(t), "no ring: everything is resident");
 	text(b, X0, y + 40, 11, "start", "", t);
@@ -282,8 +284,9 @@ int plan_svg_write(const char *path, const plan_svg_in *in)
 	snprintf(t, sizeof(t), "arena plan %s, %s, %s of device memory", base,
 		 in->o->mode == ARENA_MODE_TRAIN ? "train" : "sample", fmtb(in->vram, s1, sizeof(s1)));
 	text(&b, X0, 24, 16, "start", " font-weight=\"bold\"", t);
-	snprintf(t, sizeof(t), "%zu of %zu blocks resident (%s with globals), %zu streamed (%s)", p->n_resident,
-		 p->n_resident + p->n_streamed, fmtb(p->resident_bytes, s1, sizeof(s1)), p->n_streamed,
+	snprintf(t, sizeof(t), "%zu of %zu block%s resident (%s with globals), %zu streamed (%s)", p->n_resident,
+		 p->n_resident + p->n_streamed, cli_s(p->n_resident + p->n_streamed), fmtb(p->resident_bytes, s1, sizeof(s1)),
+		 p->n_streamed,
 		 fmtb(p->streamed_block_bytes, s2, sizeof(s2)));
 	text(&b, X0, 42, 12, "start", " fill=\"#333\"", t);
 	blocks_strip(&b, in, 78);

@@ -199,7 +199,23 @@ static void outfile_free(arena_outfile *f)
 	arena_free(f);
 }
 
+static int exists_error(const char *path)
+{
+	return arena_errorf(ARENA_E(OUTPUT_EXISTS), "%s: exists; --force replaces it (Python: force=True)", path);
+}
+
+int arena_outfile_check_new(const char *path)
+{
+	struct stat st;
+	return lstat(path, &st) == 0 ? exists_error(path) : 0;
+}
+
 int arena_outfile_open(const char *path, arena_outfile **out)
+{
+	return arena_outfile_create(path, 0, out);
+}
+
+int arena_outfile_create(const char *path, unsigned flags, arena_outfile **out)
 {
 	*out = NULL;
 	arena_outfile *f = arena_calloc(1, sizeof(*f));
@@ -223,6 +239,9 @@ int arena_outfile_open(const char *path, arena_outfile **out)
 		rc = arena_errorf(ARENA_E_USAGE, "%s: output path names a folder, not a file", path);
 	else if (exists && !S_ISREG(st.st_mode))
 		rc = arena_errorf(ARENA_E_USAGE, "%s: output path names %s, not a regular file", path, kind(st.st_mode));
+	else if (flags & ARENA_OUTFILE_NEW)
+		rc = arena_outfile_check_new(path);
+	f->keep = !!(flags & ARENA_OUTFILE_NEW);
 	if (rc) {
 		outfile_free(f);
 		return rc;
@@ -319,6 +338,8 @@ static int link_unnamed(arena_outfile *f, int *placed)
 		return 0;
 	}
 	int e = errno;
+	if (e == EEXIST && f->keep) /* a file appeared meanwhile: it stays */
+		return exists_error(f->path);
 	for (int tries = 0; e == EEXIST && tries < 100; tries++) {
 		temp_name(f);
 		if (linkat(AT_FDCWD, proc, AT_FDCWD, f->tmp_path, AT_SYMLINK_FOLLOW) == 0) {
@@ -328,6 +349,28 @@ static int link_unnamed(arena_outfile *f, int *placed)
 		e = errno;
 	}
 	return arena_syserrorf(ARENA_E_IO, e, "%s: cannot link the output into place", f->path);
+}
+
+/* Rename the named temporary to the target only where no name is, in one
+ * step: renameat2's RENAME_NOREPLACE, or where the filesystem has none a
+ * hard link (which fails where a name is) and the temporary's unlink. */
+static int place_new(arena_outfile *f)
+{
+	if (renameat2(AT_FDCWD, f->tmp_path, AT_FDCWD, f->path, RENAME_NOREPLACE) == 0)
+		return 0;
+	int e = errno;
+	if (e == EEXIST)
+		return exists_error(f->path);
+	if (e != EINVAL && e != ENOSYS && e != EOPNOTSUPP)
+		return arena_syserrorf(ARENA_E_IO, e, "%s: cannot rename the temporary into place", f->path);
+	if (link(f->tmp_path, f->path) < 0) {
+		e = errno;
+		if (e == EEXIST)
+			return exists_error(f->path);
+		return arena_syserrorf(ARENA_E_IO, e, "%s: cannot link the output into place", f->path);
+	}
+	unlink(f->tmp_path);
+	return 0;
 }
 
 int arena_outfile_commit(arena_outfile *f)
@@ -341,7 +384,9 @@ int arena_outfile_commit(arena_outfile *f)
 		rc = arena_syserrorf(ARENA_E_IO, errno, "%s: fsync failed", f->path);
 	if (!rc && !f->named)
 		rc = link_unnamed(f, &placed);
-	if (!rc && !placed && rename(f->tmp_path, f->path) < 0)
+	if (!rc && !placed && f->keep)
+		rc = place_new(f);
+	else if (!rc && !placed && rename(f->tmp_path, f->path) < 0)
 		rc = arena_syserrorf(ARENA_E_IO, errno, "%s: cannot rename the temporary into place", f->path);
 	if (!rc) {
 		f->named = 0; /* renamed: the target's now */

@@ -15,6 +15,11 @@
  * writer's can. So a killed writer's temporary lasts until the next writer
  * of the same target, never longer.
  *
+ * An output opened with ARENA_OUTFILE_NEW never replaces a file: a target
+ * that exists is OUTPUT_EXISTS at the open, and one that appears while the
+ * output is written is OUTPUT_EXISTS at commit, left as it is (the output
+ * is linked in only where no name is, in one step).
+ *
  * Writes can be made to fail by injection (tests): arena_fault_write(n) makes
  * the nth write call from now fail with ENOSPC. */
 #ifndef ARENA_COMMON_OUTFILE_H
@@ -30,13 +35,22 @@ typedef struct arena_outfile {
 	int named;      /* tmp_path exists and is this file */
 	int fd;
 	int dfd;        /* the temporary opened with O_DIRECT, or -1 */
+	int keep;       /* ARENA_OUTFILE_NEW: an existing target is never replaced */
 	uint64_t size;  /* bytes appended with arena_outfile_write */
 } arena_outfile;
 
-/* Create the temporary for `path`. Errors: USAGE (path names a folder or
- * something that is not a regular file: it would not be replaced),
- * NOT_FOUND (no such folder), IO. */
+/* Create the temporary for `path`; at commit it replaces a file there.
+ * Errors: USAGE (path names a folder or something that is not a regular
+ * file: it would not be replaced), NOT_FOUND (no such folder), IO. */
 int arena_outfile_open(const char *path, arena_outfile **out);
+/* Flags of arena_outfile_create. */
+enum { ARENA_OUTFILE_NEW = 1 /* refuse a target that exists: OUTPUT_EXISTS */ };
+/* arena_outfile_open with flags (0: the same). */
+int arena_outfile_create(const char *path, unsigned flags, arena_outfile **out);
+/* OUTPUT_EXISTS, with a message that says how to replace it, when `path`
+ * names anything (a file, a folder, a symlink, dangling or not); else 0.
+ * For a writer that would do much work before it opens its output. */
+int arena_outfile_check_new(const char *path);
 /* Append n bytes (the whole of them, retrying short writes). */
 int arena_outfile_write(arena_outfile *f, const void *buf, size_t n);
 /* Write n bytes at offset (does not move the append position). */

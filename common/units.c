@@ -42,9 +42,11 @@ int arena_size_parse(const char *s, uint64_t *out)
 	}
 	if (shift) {
 		p++;
-		if (!strcmp(p, "iB") || !strcmp(p, "B"))
-			p += strlen(p);
-	} else if (!strcmp(p, "B")) {
+		if ((p[0] == 'i' || p[0] == 'I') && (p[1] == 'b' || p[1] == 'B'))
+			p += 2;
+		else if (p[0] == 'b' || p[0] == 'B')
+			p++;
+	} else if (*p == 'b' || *p == 'B') {
 		p++;
 	}
 	if (*p)

@@ -2,12 +2,14 @@
  * byte counts as people read them: one grammar and one format for every
  * command and message.
  *
- * SIZE: digits with an optional fraction (".5", "1.5", "2."; at least one
- * digit), then an optional unit K, M, G or T in either case (powers of
- * 1024), which may be followed by "iB" or "B" with the same meaning (KB is
- * KiB); or "B" alone. A fraction is cut to whole bytes. Nothing else is a
- * size: no sign, no space anywhere, no exponent, no hex, no nan or inf.
- * Examples: 4096, 4096B, 64K, 512M, 1.5G, 24GiB, 8GB. */
+ * SIZE: ASCII digits with an optional fraction (".5", "1.5", "2."; at least
+ * one digit), then an optional unit K, M, G or T (powers of 1024), which may
+ * be followed by "iB" or "B" with the same meaning (KB is KiB); or "B"
+ * alone. Letters in either case ("8gb", "8GIB"). A fraction is cut to whole
+ * bytes. Nothing else is a size: no sign, no space anywhere, no exponent, no
+ * hex, no nan or inf. Examples: 4096, 4096B, 64K, 512M, 1.5G, 24GiB, 8GB.
+ * The Python package's arena.parse_size reads the same strings the same
+ * way; tests/sizes.json holds the cases both are tested with. */
 #ifndef ARENA_COMMON_UNITS_H
 #define ARENA_COMMON_UNITS_H
 

@@ -72,6 +72,11 @@ static int is_utf8(const char *s)
 
 int arena_stw_create(const char *path, arena_stw **out)
 {
+	return arena_stw_create_flags(path, 0, out);
+}
+
+int arena_stw_create_flags(const char *path, unsigned flags, arena_stw **out)
+{
 	*out = NULL;
 	arena_alloc_init();
 	arena_stw *w = arena_calloc(1, sizeof(*w));
@@ -84,7 +89,7 @@ int arena_stw_create(const char *path, arena_stw **out)
 		arena_free(w);
 		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", path);
 	}
-	int rc = arena_outfile_open(path, &w->out);
+	int rc = arena_outfile_create(path, flags, &w->out);
 	if (rc) {
 		pthread_mutex_destroy(&w->fail_mu);
 		json_decref(w->names);

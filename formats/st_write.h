@@ -57,9 +57,13 @@ typedef struct arena_stw_tensor {
 	uint64_t begin, end;   /* data_offsets, relative to the data section */
 } arena_stw_tensor;
 
-/* Open the temporary for `path` (the target is untouched until commit).
+/* Open the temporary for `path` (the target is untouched until commit;
+ * commit replaces a file there).
  * Errors: NOMEM, NOT_FOUND (no such folder), USAGE (path names a folder), IO. */
 int arena_stw_create(const char *path, arena_stw **out);
+/* The same with common/outfile.h's flags: ARENA_OUTFILE_NEW refuses a
+ * target that exists (OUTPUT_EXISTS, now or at commit). */
+int arena_stw_create_flags(const char *path, unsigned flags, arena_stw **out);
 
 /* Add "key": "value" to __metadata__. Both are copied and must be valid
  * UTF-8; setting a key twice is USAGE. Only before begin. */

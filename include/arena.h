@@ -118,7 +118,8 @@ enum {
 	/* paths (common/io.h, common/outfile.h) */                                       \
 	X(INPUT_NOT_READABLE, INVALID, "input is not a readable regular file")           \
 	X(OUTPUT_IS_INPUT, USAGE, "output is the same file as an input")                 \
-	X(INPUT_CHANGED, INVALID, "input changed while it was read")
+	X(INPUT_CHANGED, INVALID, "input changed while it was read")                     \
+	X(OUTPUT_EXISTS, USAGE, "output file exists and replacing it was not asked for")
 
 typedef enum arena_err {
 #define ARENA__ERR_ENUM(name, cls, desc) ARENA__ERRNUM_##name,
@@ -833,6 +834,10 @@ typedef struct arena_convert_options {
 	unsigned threads;      /* worker threads, at most 256; 0 = CPUs */
 	arena_progress_fn progress; /* or NULL */
 	void *progress_ctx;
+	/* 1: a file at `out` is replaced (whole, when the new one is); 0: it is
+	 * OUTPUT_EXISTS, said before the conversion starts (`arena convert
+	 * --force`, Python's force=True). */
+	int force;
 } arena_convert_options;
 
 typedef struct arena_convert_info {
@@ -848,9 +853,10 @@ typedef struct arena_convert_info {
  * file, a sharded checkpoint's index.json, or a folder holding either;
  * together one model) into the arena image `out`. `out` appears only when
  * whole: a failure, a cancel or a kill leaves nothing there and no
- * temporary; an existing file there is replaced. `info` may be NULL.
+ * temporary; an existing file there is replaced only with opt->force.
+ * `info` may be NULL.
  * Errors: USAGE (bad options: the message names the field; no inputs),
- * OUTPUT_IS_INPUT, NOT_FOUND, the inputs' ST_* / IDX_* / DUPLICATE_TENSOR /
+ * OUTPUT_IS_INPUT, OUTPUT_EXISTS, NOT_FOUND, the inputs' ST_* / IDX_* / DUPLICATE_TENSOR /
  * PLAN_* errors, INPUT_CHANGED (an input shorter than when it was opened),
  * QUANT_*, IO, NOMEM, CANCELLED. */
 ARENA_API int arena_convert(const char *const *inputs, size_t n_inputs, const char *out,

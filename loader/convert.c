@@ -282,6 +282,9 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 				    (unsigned long long)cs);
 	if (check_not_input(ck, out))
 		return ARENA_E(OUTPUT_IS_INPUT);
+	int rc0 = o->force ? 0 : arena_outfile_check_new(out);
+	if (rc0)
+		return rc0;
 	arena_layout *l = NULL;
 	json_t *sources = NULL, *meta = NULL;
 	char *manifest = NULL;
@@ -356,7 +359,7 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 	 * would put one write in flight at a time), and the file is cut to its
 	 * length at the end; a disk without that room is reported when a write
 	 * fails. */
-	if ((rc = arena_outfile_open(out, &of)))
+	if ((rc = arena_outfile_create(out, o->force ? 0 : ARENA_OUTFILE_NEW, &of)))
 		goto out;
 	if (!o->codec)
 		rc = arena_outfile_reserve(of, h.file_size);
@@ -536,6 +539,7 @@ int arena_convert(const char *const *inputs, size_t n_inputs, const char *out, c
 			  .exclude = o->quant_exclude, .n_exclude = o->n_quant_exclude},
 		.codec = (unsigned)codec,
 		.zstd_level = o->zstd_level,
+		.force = o->force,
 	};
 	arena_convert_result r;
 	if ((rc = arena_convert_inputs(inputs, n_inputs, out, &co, &r)))

@@ -36,6 +36,9 @@ typedef struct arena_convert_opts {
 	 * 1.1 for hb4, 1.2 for zstd). */
 	unsigned codec;
 	int zstd_level; /* 1..ARENA_ZSTD_MAX_LEVEL; 0 = ARENA_ZSTD_DEFAULT_LEVEL */
+	/* 1: a file at the output is replaced; 0: it is OUTPUT_EXISTS, said
+	 * before anything is read past the inputs' headers. */
+	int force;
 } arena_convert_opts;
 
 /* Summary of a finished conversion. */

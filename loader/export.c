@@ -114,11 +114,11 @@ static int verify_progress(void *c, uint64_t done, uint64_t total)
 
 int arena_export(const char *image, const char *out, unsigned threads, arena_export_result *res)
 {
-	return arena_export_progress(image, out, threads, res, NULL, NULL);
+	return arena_export_progress(image, out, threads, res, NULL, NULL, 1);
 }
 
 int arena_export_progress(const char *image, const char *out, unsigned threads, arena_export_result *res,
-			  arena_export_progress_fn progress, void *pctx)
+			  arena_export_progress_fn progress, void *pctx, int force)
 {
 	xprog x = {progress, pctx, 0, 0};
 	arena_image *img = NULL;
@@ -142,7 +142,7 @@ int arena_export_progress(const char *image, const char *out, unsigned threads, 
 				x.total += img->layout->tensors[i].comp[c].bytes;
 	}
 	/* Verified whole first: nothing is written from a bad image, nor over it. */
-	if (rc || (rc = arena_outfile_check_input(out, img->fd, image)) ||
+	if (rc || (rc = arena_outfile_check_input(out, img->fd, image)) || (!force && (rc = arena_outfile_check_new(out))) ||
 	    (rc = arena_img_verify_data_progress(img, threads, NULL, NULL, NULL, progress ? verify_progress : NULL, &x)) ||
 	    (rc = arena_img_reader_init(&rd, img, 0)))
 		goto out;
@@ -159,7 +159,7 @@ int arena_export_progress(const char *image, const char *out, unsigned threads, 
 		rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
 		goto out;
 	}
-	if ((rc = arena_stw_create(out, &w)))
+	if ((rc = arena_stw_create_flags(out, force ? 0 : ARENA_OUTFILE_NEW, &w)))
 		goto out;
 	const char *k;
 	json_t *v;

@@ -16,13 +16,16 @@ typedef struct arena_export_result {
 	unsigned long long tensors, data_bytes, file_size;
 } arena_export_result;
 
-/* Export `image` to `out`. `threads` for verification (0 = CPUs). `res` may be NULL. */
+/* Export `image` to `out`, replacing a file there. `threads` for
+ * verification (0 = CPUs). `res` may be NULL. */
 int arena_export(const char *image, const char *out, unsigned threads, arena_export_result *res);
 /* The same, reporting progress over both passes (verifying the image's
  * stored bytes, then writing the tensors' bytes): done of total, from the
- * verifying threads, then from the calling thread. */
+ * verifying threads, then from the calling thread. A file at `out` is
+ * replaced with `force`; without, it is OUTPUT_EXISTS, said before the
+ * image is verified. */
 typedef void (*arena_export_progress_fn)(void *ctx, uint64_t done, uint64_t total);
 int arena_export_progress(const char *image, const char *out, unsigned threads, arena_export_result *res,
-			  arena_export_progress_fn progress, void *pctx);
+			  arena_export_progress_fn progress, void *pctx, int force);
 
 #endif

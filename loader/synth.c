@@ -14,6 +14,7 @@
 
 #include "../common/alloc.h"
 #include "../common/err.h"
+#include "../common/outfile.h"
 #include "../formats/st_write.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -662,7 +663,7 @@ int arena_synth_write(const char *path, const arena_synth_list *l, const arena_s
 	atomic_init(&r.stop, 0);
 	r.dtype = dt;
 	r.esize = arena_dtype_bits(dt) / 8;
-	int rc = arena_stw_create(path, &r.w);
+	int rc = arena_stw_create_flags(path, o->force ? 0 : ARENA_OUTFILE_NEW, &r.w);
 	if (rc)
 		return rc;
 	rc = arena_stw_meta(r.w, "format", "pt");

@@ -134,6 +134,7 @@ typedef struct arena_synth_opts {
 	unsigned threads;        /* fill threads; 0: one per online CPU (at most 64) */
 	arena_synth_progress_fn progress; /* may be NULL */
 	void *progress_ctx;
+	int force;               /* 1: a file at the path is replaced; 0: it is OUTPUT_EXISTS */
 } arena_synth_opts;
 
 /* Write the tensors of `l` with synthetic values to `path` as safetensors

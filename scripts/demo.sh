@@ -5,12 +5,14 @@
 # GPU when one is usable, else the low-VRAM simulator), plain and coded
 # (--codec hb4, --codec zstd), and run it streamed
 # on a simulated device smaller than the model, with a trace of the run and
-# a picture of the plan.
+# a picture of the plan. Each run starts from an empty BUILD/demo (arena
+# replaces no file it has not been asked to: --force).
 # usage: sh scripts/demo.sh BUILD
 set -eu
 B=${1:-build}
 A=$B/arena
 D=$B/demo
+rm -rf "$D"
 mkdir -p "$D"
 step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; "$@"; }
 step "$A" synth --layout flux-tiny --seed 1 -o "$D/flux-tiny.safetensors"
@@ -34,7 +36,7 @@ step "$A" load "$D/flux-tiny-zstd.arena" --check --no-probe
 step "$A" plan "$D/flux-tiny.arena" --vram 400K
 # The run's timeline as the device timed it (open trace.json in
 # https://ui.perfetto.dev), and the compute profile the engine learned.
-step "$A" bench stream "$D/flux-tiny.arena" --vram-cap 400K --sim-capacity 1G --sim-bandwidth 2e7 --flops 1e11 --steps 6 \
+step "$A" bench stream "$D/flux-tiny.arena" --vram 400K --sim-capacity 1G --sim-bandwidth 2e7 --flops 1e11 --steps 6 \
 	--trace "$D/trace.json" --save-profile "$D/profile.json"
 # The plan as a picture, with one step's copies and compute as that profile
 # predicts them, on a device where some blocks stay resident (the README's
@@ -44,7 +46,7 @@ step "$A" plan "$D/flux-tiny.arena" --vram 280K --headroom 0 --reserve 0 --depth
 # Below its floor with whole blocks, the model still runs in pieces: blocks
 # cut where tensors start, the ring holding pieces (plan prints both floors).
 step "$A" plan "$D/flux-tiny.arena" --vram 200K --headroom 0 --reserve 0 --piece-size 16K
-step "$A" bench stream "$D/flux-tiny.arena" --vram-cap 200K --headroom 0 --reserve 0 --piece-size 16K --sim-capacity 1G \
+step "$A" bench stream "$D/flux-tiny.arena" --vram 200K --headroom 0 --reserve 0 --piece-size 16K --sim-capacity 1G \
 	--sim-bandwidth 2e7 --flops 1e11 --steps 6
 step "$A" export "$D/flux-tiny.arena" -o "$D/flux-tiny.roundtrip.safetensors"
 step cmp "$D/flux-tiny.safetensors" "$D/flux-tiny.roundtrip.safetensors"

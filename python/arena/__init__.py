@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import re
 import threading
 import warnings
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _dlpack, _native
 from ._native import check_int as _check_int
+from ._units import parse_size
 
 __all__ = [
     "Error",
@@ -52,8 +52,6 @@ __all__ = [
 __version__ = "0.2.0"
 
 Size = Union[int, str, None]
-
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def library_version() -> str:
@@ -94,27 +92,6 @@ class Error(Exception):
 def _check(rc: int) -> None:
     if rc:
         raise Error.from_code(rc)
-
-
-def parse_size(v: Size, what: str = "size") -> Optional[int]:
-    """Bytes from an int or a string like ``"8G"``, ``"512M"``, ``"1.5G"``, ``"4096"``
-    (K, M, G, T: powers of 1024, optionally followed by ``B`` or ``iB``).
-    ``None`` stays ``None``; anything else is a ``ValueError`` naming ``what``."""
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, str)):
-        raise TypeError(f"{what}: expected an int or a size string like '8G', got {type(v).__name__}")
-    if isinstance(v, int):
-        if v < 0:
-            raise ValueError(f"{what}: {v} is negative")
-        return _check_int(what, v, ctypes.c_uint64)
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]?)(?:I?B)?", v.upper())
-    if not m or (not m.group(2) and v.upper().endswith("IB")):
-        raise ValueError(f"{what}: '{v}' is not a size (digits, an optional fraction, then K, M, G or T)")
-    n = float(m.group(1)) * _UNITS[m.group(2)]
-    if n >= 2**64:
-        raise ValueError(f"{what}: '{v}' is too large")
-    return int(n)
 
 
 @dataclass(frozen=True)

@@ -130,13 +130,16 @@ def convert(
     zstd_level: Optional[int] = None,
     threads: Optional[int] = None,
     progress: Progress = None,
+    force: bool = False,
 ) -> Dict[str, int]:
     """Convert a safetensors checkpoint into an arena image, as ``arena convert`` does.
 
     src: a ``.safetensors`` file, a sharded checkpoint's ``index.json``, a folder
       holding either, or a list of those (together one model).
     out: the image to write. It appears only when whole: an error, Ctrl-C or a
-      kill leaves nothing there; an existing file is replaced.
+      kill leaves nothing there. A file there is an ``OUTPUT_EXISTS`` error (before
+      any work), unless ``force=True`` (``arena convert --force``): then it is
+      replaced when the new image is whole.
     codec: ``"none"`` (default), ``"hb4"`` (the GPU decodes as it loads: the fastest
       load) or ``"zstd"`` (``zstd_level`` 1..19; the CPU decodes: for slow disks).
     quant: store selected weights quantized (``"fp8-e4m3-row"``, ``"int8-row"``...,
@@ -171,6 +174,7 @@ def convert(
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads: {threads!r}: a whole number, 1 or more")
     o.threads = 0 if threads is None else _native.check_int("threads", threads, ctypes.c_uint)
+    o.force = 1 if force else 0
     info = _native.ConvertInfo()
     dst = os.fsencode(os.fspath(out))
 

@@ -221,6 +221,7 @@ class ConvertOptions(Structure):
         ("threads", c_uint),
         ("progress", PROGRESS_FN),
         ("progress_ctx", c_void_p),
+        ("force", c_int),
     ]
 
 

@@ -37,6 +37,31 @@ cp fixtures/tiny_flux.safetensors "$T/ex.safetensors"
 grep -q 'convert: 100%' "$T/ex.err" || fail "examples/stream.c: no progress: $(cat "$T/ex.err")"
 grep -q '^step 2: [1-9][0-9]* bytes streamed' "$T/ex.out" || fail "examples/stream.c: nothing streamed: $(cat "$T/ex.out")"
 grep -q '^ok: 3 steps, every block' "$T/ex.out" || fail "examples/stream.c: $(cat "$T/ex.out")"
+# Run again: the image is up to date (newer than the model), used as it is.
+"$B/tests/stream_example" "$T/ex.safetensors" 290k 1 >"$T/ex.out" 2>"$T/ex.err" || fail "examples/stream.c, again: $(cat "$T/ex.err")"
+grep -q 'convert' "$T/ex.err" && fail "examples/stream.c converted an up-to-date image again: $(cat "$T/ex.err")"
+grep -q "^using $T/ex.safetensors.arena (newer than $T/ex.safetensors)" "$T/ex.out" || fail "examples/stream.c: $(cat "$T/ex.out")"
+grep -q '^ok: 1 step, every block' "$T/ex.out" || fail "examples/stream.c: $(cat "$T/ex.out")"
+# The model changed since the image was made: converted again, over it.
+touch -d '1 hour ago' "$T/ex.safetensors.arena"
+"$B/tests/stream_example" "$T/ex.safetensors" 290K 2 >"$T/ex.out" 2>"$T/ex.err" || fail "examples/stream.c, changed: $(cat "$T/ex.err")"
+grep -q 'convert: 100%' "$T/ex.err" || fail "examples/stream.c did not convert a changed model: $(cat "$T/ex.out" "$T/ex.err")"
+grep -q '^ok: 2 steps' "$T/ex.out" || fail "examples/stream.c: $(cat "$T/ex.out")"
+# Its arguments: a size as arena reads one (8X is not one), STEPS a whole number.
+for bad in "8X 3" "8 G" "-1 3" "290K abc" "290K 0" "290K 3x"; do
+	# shellcheck disable=SC2086
+	"$B/tests/stream_example" "$T/ex.safetensors" $bad >"$T/ex.out" 2>"$T/ex.err"
+	rc=$?
+	[ $rc = 2 ] && [ "$(wc -l <"$T/ex.err")" = 1 ] && grep -q "^stream: \(VRAM\|STEPS\) '" "$T/ex.err" ||
+		fail "examples/stream.c $bad: exit $rc, $(cat "$T/ex.err")"
+done
+# A device too small even for pieces: one line, the image named once, no
+# option of another program suggested. (200K runs, in pieces.)
+"$B/tests/stream_example" "$T/ex.safetensors" 200K 2 >"$T/ex.out" 2>"$T/ex.err" || fail "examples/stream.c 200K (in pieces): $(cat "$T/ex.err")"
+"$B/tests/stream_example" "$T/ex.safetensors" 20K 2 >"$T/ex.out" 2>"$T/ex.err"
+rc=$?
+[ $rc = 1 ] && [ "$(wc -l <"$T/ex.err")" = 1 ] && [ "$(grep -o "$T/ex.safetensors.arena" "$T/ex.err" | wc -l)" = 1 ] &&
+	! grep -q -- '--' "$T/ex.err" || fail "examples/stream.c 20K: exit $rc, $(cat "$T/ex.err")"
 echo "api tests: examples/stream.c: ok"
 # Exports: every defined dynamic symbol is declared in arena.h.
 nm -D --defined-only "$B/libarena.so" | awk '$2 ~ /^[TDBRW]$/ {print $3}' | sort -u >"$T/exports"

@@ -695,3 +695,35 @@ print(json.dumps(h))')
 	done
 }
 cases bench_a_thousand_pieces
+
+# A model that fits: everything resident, nothing streamed; the summary says
+# so rather than an efficiency of a streaming that did not happen (0.004,
+# "224x" the all-resident run).
+bench_all_resident() {
+	engine_image
+	run bench stream "$T/f.arena" --steps 4
+	expect_rc 0
+	expect_out "steady state (steps 1..3): "
+	expect_out "everything is resident (299.50 KiB): nothing was streamed, so there is no streaming to measure"
+	grep '^steady state' "$T/out" | grep -q 'efficiency\|x)' && fail "the steady state of a resident model gives an efficiency"
+	run bench stream "$T/f.arena" --steps 4 --json
+	expect_rc 0
+	python3 -c '
+import json, sys
+d = json.load(sys.stdin)["summary"]
+assert d["streamed_bytes"] == 0, d
+' <"$T/out" || fail "--json summary: streamed_bytes is not 0"
+	# streaming: the efficiency, and the bytes the steady steps streamed
+	run bench stream "$T/f.arena" --vram 290K --headroom 0 --reserve 0 --steps 4 --json
+	expect_rc 0
+	python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+want = sum(s["streamed_bytes"] for s in d["steps"][d["summary"]["steady_from"]:])
+assert want > 0 and d["summary"]["streamed_bytes"] == want, d["summary"]
+' <"$T/out" || fail "--json summary: streamed_bytes is not the steady steps'"
+	run bench stream "$T/f.arena" --vram 290K --headroom 0 --reserve 0 --steps 4
+	expect_rc 0
+	expect_out ", efficiency "
+}
+cases bench_all_resident

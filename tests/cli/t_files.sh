@@ -213,3 +213,42 @@ files_exit_codes() {
 }
 
 cases files_fifo_input files_output_is_input files_exit_codes
+
+# An existing output is refused unless --force (one error line that says
+# so; the file as it was, no temporary left); with --force it is replaced,
+# whole. convert, export and synth alike, and a symlink at the output counts
+# as one (dangling or not).
+files_existing_output_needs_force() {
+	"$ARENA" convert -q "$REF/tiny_flux.safetensors" -o "$T/f.arena" || fail "convert"
+	for c in "convert $REF/tiny_flux.safetensors" "export $T/f.arena" "synth --layout flux-tiny"; do
+		for o in "$T/out.x" "$T/link.x"; do
+			rm -f "$T/out.x" "$T/link.x"
+			printf 'keep' >"$T/out.x"
+			[ "$o" = "$T/link.x" ] && ln -s "$T/nowhere" "$T/link.x"
+			# shellcheck disable=SC2086
+			run $c -o "$o"
+			expect_rc 2
+			expect_error_line
+			expect_err "error: $o: exists; --force replaces it"
+			[ "$(cat "$T/out.x")" = keep ] || fail "$c: the existing output changed"
+			[ ! -e "$T/nowhere" ] || fail "$c: wrote through the symlink"
+			ls -A "$T" | grep -q '^\.' && fail "$c: a temporary was left"
+			# shellcheck disable=SC2086
+			run $c -o "$o" --force
+			expect_rc 0
+			[ -f "$o" ] && [ ! -L "$o" ] || fail "$c --force: $o is not the new file"
+			[ "$(head -c 4 "$o")" != keep ] || fail "$c --force: $o not replaced"
+		done
+	done
+	# replaced whole: synth's checkpoint written over the symlink is good
+	"$ARENA" convert -q "$T/link.x" -o "$T/again.arena" || fail "the replaced checkpoint does not convert"
+	# the output is an input: that error, not 'exists'
+	run convert "$REF/tiny_flux.safetensors" -o "$REF/tiny_flux.safetensors"
+	expect_rc 2
+	expect_err "is an input"
+	for c in convert export synth; do
+		run "$c" --help
+		expect_out "--force"
+	done
+}
+cases files_existing_output_needs_force

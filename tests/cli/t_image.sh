@@ -307,3 +307,35 @@ for i in range(cc):
 }
 
 cases convert_zstd_round_trip verify_zstd_corrupt verify_zstd_padding
+
+# hb4 codes 16-bit words: chunks of other data stay plain, and the summary
+# says why, once, in words (a bare "coded 0 of 1 chunks" said nothing).
+convert_hb4_says_why() {
+	"$ARENA" synth -q --layout flux-tiny --dtype f32 -o "$T/f32.safetensors" || fail "synth"
+	run convert "$T/f32.safetensors" --codec hb4 -o "$T/a.arena"
+	expect_rc 0
+	expect_out "coded 0 of 1 chunk with hb4: data 100.0% of its raw size"
+	expect_out "1 chunk stays plain: hb4 codes 16-bit words (BF16, F16), and its data is F32"
+	[ "$(grep -c 'stay' "$T/out")" = 1 ] || fail "the reason is not said once"
+	run convert "$T/f32.safetensors" --codec hb4 --chunk-size 64K -o "$T/b.arena"
+	expect_rc 0
+	expect_out "coded 0 of 10 chunks with hb4"
+	expect_out "10 chunks stay plain: hb4 codes 16-bit words (BF16, F16), and their data is F32"
+	run convert "$REF/tiny_flux.safetensors" --codec hb4 --quant fp8-e4m3-row --chunk-size 64K -o "$T/c.arena"
+	expect_rc 0
+	expect_out "3 chunks stay plain: hb4 codes 16-bit words (BF16, F16), and their data is fp8-e4m3-row"
+	# bf16, all coded: nothing to explain
+	run convert "$REF/tiny_flux.safetensors" --codec hb4 --chunk-size 64K -o "$T/d.arena"
+	expect_rc 0
+	expect_out "coded 5 of 5 chunks with hb4"
+	grep -q 'plain' "$T/out" && fail "a reason given where every chunk was coded"
+	# 16-bit chunks that coding would not make a page smaller
+	run convert "$REF/tiny_llama_sharded" --codec hb4 --chunk-size 64K -o "$T/e.arena"
+	expect_rc 0
+	expect_out "coded 0 of 2 chunks with hb4"
+	expect_out "2 chunks of 16-bit data stay plain: coded, they would not be a page smaller"
+	run convert -q "$T/f32.safetensors" --codec hb4 -o "$T/q.arena"
+	expect_rc 0
+	expect_no_out
+}
+cases convert_hb4_says_why

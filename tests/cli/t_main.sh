@@ -39,3 +39,18 @@ main_version() {
 }
 
 cases main_help main_no_command main_unknown_command main_version
+
+# make demo (scripts/demo.sh) runs, and runs again over its own folder:
+# its outputs exist then, and arena replaces none unasked.
+main_demo_runs_twice() {
+	mkdir -p "$T/b"
+	ln -s "$ARENA" "$T/b/arena"
+	for i in 1 2; do
+		LAST_CMD="sh scripts/demo.sh $T/b (run $i)"
+		sh scripts/demo.sh "$T/b" >"$T/out" 2>"$T/err"
+		rc=$?
+		expect_rc 0
+		expect_out "demo: the round trip is byte-identical"
+	done
+}
+cases main_demo_runs_twice

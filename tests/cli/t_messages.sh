@@ -101,7 +101,7 @@ messages_quant_name_clash() {
 		expect_rc 0
 		run export "$T/c.arena" -o "$T/c2.safetensors"
 		expect_rc 0
-		rm -f "$T/c.arena"
+		rm -f "$T/c.arena" "$T/c2.safetensors"
 	done
 	# fp8-e4m3 would make the two a compressed-tensors pair: exported and read
 	# again, the weight would be scaled by the other tensor
@@ -131,3 +131,52 @@ open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + bytes(64))' "$T/ct
 }
 
 cases messages_name_the_file messages_inspect_same_rule_as_convert messages_over_cap_in_units_that_fit messages_verify_one_line messages_quant_name_clash
+
+# An unknown --quant scheme is a usage error of the command like any other
+# bad option: named by the command, the schemes listed, a pointer to --help.
+messages_quant_scheme_unknown() {
+	for c in "convert $REF/tiny_flux.safetensors -o $T/x.arena" "load $REF/tiny_flux.safetensors --backend sim --no-probe"; do
+		# shellcheck disable=SC2086
+		run $c --quant fp8
+		expect_rc 2
+		expect_error_line
+		expect_err "error: ${c%% *}: --quant 'fp8' is not a scheme: none, bf16, fp8-e4m3, fp8-e4m3-tensor, fp8-e4m3-row"
+		expect_err "int4-g64"
+		expect_err "(see 'arena ${c%% *} --help')"
+	done
+	[ ! -e "$T/x.arena" ] || fail "a refused convert wrote its output"
+}
+cases messages_quant_scheme_unknown
+
+# A count of one takes the singular: "1 block", "1 tensor", "1 chunk",
+# "1 thread" (not "1 blocks"), in every command's output on a model of one
+# tensor.
+messages_counts_singular() {
+	make_st "$T/one.safetensors" '{"w": {"dtype": "BF16", "shape": [2048], "data_offsets": [0, 4096]}}' 4096
+	: >"$T/all"
+	for c in "convert $T/one.safetensors -o $T/one.arena" "convert $T/one.safetensors -o $T/one-hb4.arena --codec hb4" \
+		"verify $T/one.arena" "inspect $T/one.arena" "inspect $T/one.safetensors" "export $T/one.arena -o $T/back.safetensors" \
+		"plan $T/one.arena --vram 1G" "load $T/one.arena --backend sim --no-probe --threads 1" \
+		"load $T/one.safetensors --backend sim --no-probe --threads 1" "bench stream $T/one.arena --steps 2" \
+		"bench stream $T/one.arena --steps 1"; do
+		# shellcheck disable=SC2086
+		run $c
+		expect_rc 0
+		cat "$T/out" "$T/err" >>"$T/all"
+	done
+	# a corrupt chunk: "1 bad chunk"
+	python3 -c '
+import sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+b[-100] ^= 1
+open(p, "wb").write(bytes(b))' "$T/one.arena"
+	run verify "$T/one.arena"
+	expect_rc 1
+	cat "$T/out" "$T/err" >>"$T/all"
+	grep -E '(^|[^0-9.])1 (blocks|tensors|chunks|bad chunks|threads|slots|copies|steps|files|bytes|units|parameters|streamed blocks)\b' "$T/all" &&
+		fail "a count of one with a plural noun (above)"
+	grep -q '1 block' "$T/all" || fail "no '1 block' said"
+	grep -q '^steady state (step 0): ' "$T/all" || fail "one step's steady state is not '(step 0)'"
+}
+cases messages_counts_singular

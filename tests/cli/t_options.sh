@@ -176,5 +176,64 @@ options_help_percent() {
 	expect_out "75% of the bytes"
 }
 
+# One size grammar: every case of tests/sizes.json (the C parser's and
+# arena.parse_size's cases) reads the same through a size option: the
+# accepted ones as plan --json reports them (as --headroom: any size below
+# the device's goes), the others one error line.
+options_sizes_as_the_shared_cases() {
+	"$ARENA" convert -q "$REF/tiny_flux.safetensors" -o "$T/f.arena"
+	python3 - "$ARENA" "$T/f.arena" tests/sizes.json <<'PY' >"$T/py-out" 2>&1 || fail "$(cat "$T/py-out")"
+import json, subprocess, sys
+arena, img, cases = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3], encoding="utf-8"))
+bad = []
+for text, want in cases["accepted"]:
+    if int(want) >= 2**61:
+        continue  # more than the device below: it does not fit
+    r = subprocess.run([arena, "plan", img, "--vram", "4000000T", "--headroom", text, "--reserve", "0", "--json"],
+                       capture_output=True, text=True)
+    got = json.loads(r.stdout)["headroom"] if r.returncode == 0 else "exit %d: %s" % (r.returncode, r.stderr.strip())
+    if got != int(want):
+        bad.append("--headroom %r: %s, want %s" % (text, got, want))
+for key in ("too_large", "not_a_size"):
+    for text in cases[key]:
+        r = subprocess.run([arena, "plan", img, "--vram", text], capture_output=True, text=True)
+        if r.returncode != 2 or not r.stderr.startswith("error: plan: --vram '"):
+            bad.append("--vram %r: exit %d, %r (%s: want exit 2, one error line)" % (text, r.returncode, r.stderr, key))
+if bad:
+    sys.exit("\n".join(bad))
+PY
+}
+
+# The VRAM a command may use has one name, --vram, on plan, load and bench
+# stream alike (--vram-cap: the same option, by its older name).
+options_one_vram_name() {
+	"$ARENA" convert -q "$REF/tiny_flux.safetensors" -o "$T/f.arena"
+	for o in --vram --vram-cap; do
+		run plan "$T/f.arena" "$o" 8gb --json
+		expect_rc 0
+		expect_out '"vram": 8589934592'
+		run load "$T/f.arena" --backend sim --no-probe "$o" 8gb --headroom 0 --reserve 0 --json
+		expect_rc 0
+		run load "$T/f.arena" --backend sim --no-probe "$o" 100K --headroom 0 --reserve 0
+		expect_rc 2
+		expect_err "100.00 KiB is the cap"
+		run bench stream "$T/f.arena" "$o" 8GiB --steps 1 --json
+		expect_rc 0
+		expect_out '"vram_cap": 8589934592'
+		run load "$T/f.arena" --backend sim "$o" 8X
+		expect_rc 2
+		expect_error_line
+		expect_err "$o '8X' is not a size"
+	done
+	for c in plan load bench; do
+		run "$c" --help
+		expect_out "  --vram SIZE "
+		expect_out "--vram-cap"
+	done
+	grep -q -- '--vram-cap' docs/CLI.md && ! grep -v 'another name\|older name' docs/CLI.md | grep -q -- '--vram-cap' ||
+		fail "docs/CLI.md names --vram-cap other than as --vram's other name"
+}
+
 cases options_help_percent options_sizes_refused options_sizes_accepted options_numbers_refused \
-	options_help_says_what_a_size_is options_sim_bandwidth_bounds options_huge_sizes_summed_without_wrapping
+	options_help_says_what_a_size_is options_sim_bandwidth_bounds options_huge_sizes_summed_without_wrapping \
+	options_sizes_as_the_shared_cases options_one_vram_name

@@ -13,6 +13,7 @@ tests/python/run_torch.sh runs it with torch, which the dequantize cases use)
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -20,7 +21,7 @@ import sys
 import tempfile
 import unittest
 from pathlib import Path
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import arena
 
@@ -193,6 +194,47 @@ class Args(unittest.TestCase):
             with self.subTest(sim_bandwidth=bw):
                 with sim(self.img, sim_bandwidth=bw, sim_capacity="16G") as a:
                     self.assertEqual(a.backend, "sim")
+
+
+class SizeGrammar(unittest.TestCase):
+    """arena.parse_size reads every size string as the C parser does (common/units.h):
+    the cases of tests/sizes.json, which tests/unit/test_units.c checks the C side with."""
+
+    cases: Dict[str, Any]
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        with open(ROOT / "tests" / "sizes.json", encoding="utf-8") as f:
+            cls.cases = json.load(f)
+
+    def test_accepted(self) -> None:
+        long = [["0" * 5000 + "1K", "1024"], ["1." + "5" * 5000 + "K", "1592"]]  # past int()'s 4300 digits
+        for text, want in self.cases["accepted"] + long:
+            with self.subTest(size=text):
+                self.assertEqual(arena.parse_size(text), int(want))
+
+    def test_too_large(self) -> None:
+        for text in self.cases["too_large"] + ["9" * 5000, "1" + "0" * 5000 + "K"]:
+            with self.subTest(size=text):
+                with self.assertRaises(ValueError) as cm:
+                    arena.parse_size(text, "vram")
+                self.assertIn("vram: ", str(cm.exception))
+                self.assertIn("2^64 bytes or more", str(cm.exception))
+
+    def test_not_a_size(self) -> None:
+        for text in self.cases["not_a_size"]:
+            with self.subTest(size=text):
+                with self.assertRaises(ValueError) as cm:
+                    arena.parse_size(text, "vram")
+                self.assertIn("is not a size", str(cm.exception))
+
+    def test_ints_and_none(self) -> None:
+        self.assertEqual(arena.parse_size(0), 0)
+        self.assertEqual(arena.parse_size(U64 - 1), U64 - 1)
+        self.assertIsNone(arena.parse_size(None))
+        for bad in (1.5, b"8G", True):
+            with self.subTest(value=bad), self.assertRaises(TypeError):
+                arena.parse_size(bad)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

@@ -119,6 +119,30 @@ class Files(unittest.TestCase):
         self.assertEqual(e.exception.code, "NOT_FOUND")
         self.assertEqual(self.leftovers(), [])
 
+    def test_existing_output_needs_force(self) -> None:
+        """An existing output is refused (OUTPUT_EXISTS, before any work: no progress)
+        and left as it was, unless force=True, as the arena command's --force."""
+        out = self.path("e.arena")
+        with open(out, "w") as f:
+            f.write("keep")
+        seen: List[Tuple[int, int]] = []
+        with self.assertRaises(arena.Error) as e:
+            arena.convert(FLUX, out, progress=lambda d, t: seen.append((d, t)))
+        self.assertEqual((e.exception.code, e.exception.error_class), ("OUTPUT_EXISTS", "usage"))
+        self.assertIn(out, e.exception.message)
+        self.assertIn("force=True", e.exception.message)
+        self.assertEqual(seen, [])
+        with open(out) as f:
+            self.assertEqual(f.read(), "keep")
+        r = cli("convert", FLUX, "-o", out)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--force", r.stderr)
+        info = arena.convert(FLUX, out, force=True, progress=False)
+        self.assertEqual(os.path.getsize(out), info["file_size"])
+        self.assertTrue(arena.verify(out, progress=False)["ok"])
+        os.unlink(out)
+        self.assertEqual(self.leftovers(), [])
+
     def test_bad_chunks(self) -> None:
         out = self.path("b.arena")
         arena.convert(FLUX, out, chunk_size="64K", progress=False)
@@ -205,7 +229,7 @@ class Files(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("convert: 100%", r.stderr)
         # None: a bar on a terminal only (stderr is a pipe here)
-        script = f"import arena; arena.convert({FLUX!r}, {out!r})"
+        script = f"import arena; arena.convert({FLUX!r}, {out!r}, force=True)"
         r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
         self.assertEqual((r.returncode, r.stderr), (0, ""))
         os.unlink(out)

@@ -2051,6 +2051,18 @@ class Subclasses(unittest.TestCase):
         self.assertTrue(torch.equal(ts["transformer_blocks.1.ff.net.2.weight__data"], w._data))
         self.assertTrue(torch.equal(ts["transformer_blocks.1.ff.net.2.weight__scale"], w._scale))
         self.assertTrue(torch.equal(ts["transformer_blocks.1.ff.net.2.bias"], q.transformer_blocks[1].ff.net[2].bias))
+        # an existing image is replaced only with force=True (arena convert --force)
+        before = os.stat(a_path)
+        with self.assertRaises(arena.Error) as e:
+            at.save_image(q, a_path)
+        self.assertEqual((e.exception.code, e.exception.error_class), ("OUTPUT_EXISTS", "usage"))
+        self.assertIn("force=True", str(e.exception))
+        self.assertEqual(os.stat(a_path).st_ino, before.st_ino)
+        self.assertEqual([f for f in os.listdir(TMP) if f.startswith(".arena-save-")], [])
+        at.save_image(q, a_path, force=True)
+        self.assertNotEqual(os.stat(a_path).st_ino, before.st_ino)
+        with arena.open(a_path, device="sim") as a:
+            self.assertEqual(sorted(a.tensor_names()), sorted(infos))
 
     def test_a_subclass_of_the_protocol_needs_no_binding(self):
         """A quantizer of its own (docs/QUANT.md's example): a subclass that declares its inner

@@ -1,7 +1,7 @@
 /* test_api_files.c - the public convert, verify and inspect of include/arena.h:
  * options checked, progress that rises to the total, a progress callback
- * that cancels and leaves nothing, bad chunks described, the inspection's
- * JSON. */
+ * that cancels and leaves nothing, an existing output replaced only when
+ * forced, bad chunks described, the inspection's JSON. */
 #include <criterion/criterion.h>
 
 #include <jansson.h>
@@ -199,6 +199,32 @@ static void on_bad(void *ctx, const arena_bad_chunk *b)
 	}
 	cr_assert_neq(b->expected, b->actual);
 	cr_assert_gt(b->length, 0);
+}
+
+/* An existing output is OUTPUT_EXISTS (said before anything is read past the
+ * input's header: no progress reported) and stays as it was, unless force:
+ * then it is replaced by the new image. */
+Test(api_files, existing_output_needs_force)
+{
+	const char *in = fixture_path("tiny_flux.safetensors");
+	const char *out = tmpdir_file(dir, "f.arena");
+	FILE *f = fopen(out, "w");
+	cr_assert_not_null(f);
+	fputs("keep", f);
+	fclose(f);
+	prog p = {0};
+	arena_convert_options o = {.progress = on_progress, .progress_ctx = &p};
+	cr_assert_eq(arena_convert(&in, 1, out, &o, NULL), ARENA_E(OUTPUT_EXISTS));
+	cr_assert(strstr(arena_last_error(), out), "%s", arena_last_error());
+	cr_assert_eq(p.calls, 0);
+	struct stat st;
+	cr_assert_eq(stat(out, &st), 0);
+	cr_assert_eq(st.st_size, 4);
+	cr_assert_eq(dir_entries(dir), 1);
+	o.force = 1;
+	cr_assert_eq(arena_convert(&in, 1, out, &o, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_verify(out, NULL, NULL), 0, "%s", arena_last_error());
+	cr_assert_eq(dir_entries(dir), 1);
 }
 
 Test(api_files, bad_chunks_are_described)

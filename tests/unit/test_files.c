@@ -259,6 +259,67 @@ Test(outfile, two_writers_one_target)
 	}
 }
 
+/* The content of the file at path (at most 63 bytes), "" when none. */
+static const char *content(const char *path)
+{
+	static char buf[64];
+	buf[0] = 0;
+	FILE *f = fopen(path, "rb");
+	if (f) {
+		buf[fread(buf, 1, sizeof(buf) - 1, f)] = 0;
+		fclose(f);
+	}
+	return buf;
+}
+
+/* ARENA_OUTFILE_NEW: a target that exists (a file, a symlink, dangling or
+ * not) is OUTPUT_EXISTS at the open; one that appears while the output is
+ * written is OUTPUT_EXISTS at commit and stays as it is; no temporary is
+ * left. Without the flag, the same target is replaced. */
+Test(outfile, new_output_never_replaces)
+{
+	for (int named = 0; named < 2; named++) {
+		arena__outfile_force_named(named);
+		arena_outfile *f = (arena_outfile *)1;
+		cr_assert_eq(write_small(target()), 0, "%s", arena_last_error());
+		cr_assert_eq(arena_outfile_create(target(), ARENA_OUTFILE_NEW, &f), ARENA_E(OUTPUT_EXISTS));
+		cr_assert_null(f);
+		cr_assert(strstr(arena_last_error(), target()) && strstr(arena_last_error(), "--force"), "%s",
+			  arena_last_error());
+		cr_assert_eq(arena_err_class(ARENA_E(OUTPUT_EXISTS)), ARENA_CLASS_USAGE);
+		cr_assert_eq(arena_outfile_check_new(target()), ARENA_E(OUTPUT_EXISTS));
+		const char *link = tmpdir_file(tmp, "dangling");
+		cr_assert_eq(symlink("nowhere", link), 0);
+		cr_assert_eq(arena_outfile_create(link, ARENA_OUTFILE_NEW, &f), ARENA_E(OUTPUT_EXISTS));
+		cr_assert_eq(unlink(link), 0);
+		/* another writer's file appears meanwhile */
+		cr_assert_eq(unlink(target()), 0);
+		cr_assert_eq(arena_outfile_check_new(target()), 0);
+		cr_assert_eq(arena_outfile_create(target(), ARENA_OUTFILE_NEW, &f), 0, "%s", arena_last_error());
+		cr_assert_eq(arena_outfile_write(f, "mine", 4), 0);
+		FILE *other = fopen(target(), "wx");
+		cr_assert_not_null(other);
+		fputs("theirs", other);
+		fclose(other);
+		cr_assert_eq(arena_outfile_commit(f), ARENA_E(OUTPUT_EXISTS), "%s", arena_last_error());
+		cr_assert_str_eq(content(target()), "theirs");
+		cr_assert_eq(dir_entries(tmp), 1, "named %d: a temporary left", named);
+		/* where none is, it is placed */
+		cr_assert_eq(unlink(target()), 0);
+		cr_assert_eq(arena_outfile_create(target(), ARENA_OUTFILE_NEW, &f), 0, "%s", arena_last_error());
+		cr_assert_eq(arena_outfile_write(f, "mine", 4), 0);
+		cr_assert_eq(arena_outfile_commit(f), 0, "%s", arena_last_error());
+		cr_assert_str_eq(content(target()), "mine");
+		/* without the flag: replaced */
+		cr_assert_eq(arena_outfile_create(target(), 0, &f), 0, "%s", arena_last_error());
+		cr_assert_eq(arena_outfile_write(f, "again", 5), 0);
+		cr_assert_eq(arena_outfile_commit(f), 0, "%s", arena_last_error());
+		cr_assert_str_eq(content(target()), "again");
+		cr_assert_eq(dir_entries(tmp), 1);
+		cr_assert_eq(unlink(target()), 0);
+	}
+}
+
 Test(outfile, output_not_a_regular_file)
 {
 	arena_outfile *f = (arena_outfile *)1;

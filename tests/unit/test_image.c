@@ -863,6 +863,7 @@ Test(image, allocation_failures_convert_and_open)
 	const char *in = in_path;
 	arena_convert_opts o = {.threads = 1};
 	convert_alloc_faults(in, &o, 1, 10, 1);
+	unlink(tmp("x.arena")); /* the last, whole one */
 	cr_assert_eq(convert1(in, tmp("x.arena")), 0);
 	cr_assert_eq(dir_entries(tmpdir), 2);
 	long n;
@@ -981,7 +982,7 @@ Test(plan, bad_patterns_and_orders)
 
 static int convert_coded(const char *in, const char *out, uint64_t chunk)
 {
-	arena_convert_opts o = {.threads = 2, .chunk_size = chunk, .codec = ARENA_CODEC_HB4};
+	arena_convert_opts o = {.threads = 2, .chunk_size = chunk, .codec = ARENA_CODEC_HB4, .force = 1};
 	return arena_convert_inputs(&in, 1, out, &o, NULL);
 }
 
@@ -1445,7 +1446,7 @@ Test(image, coded_disk_full_and_allocation_failures_leave_nothing)
 
 static int convert_zstd(const char *in, const char *out, uint64_t chunk, int level)
 {
-	arena_convert_opts o = {.threads = 2, .chunk_size = chunk, .codec = ARENA_CODEC_ZSTD, .zstd_level = level};
+	arena_convert_opts o = {.threads = 2, .chunk_size = chunk, .codec = ARENA_CODEC_ZSTD, .zstd_level = level, .force = 1};
 	return arena_convert_inputs(&in, 1, out, &o, NULL);
 }
 
@@ -1478,7 +1479,8 @@ Test(image, zstd_round_trip_is_lossless)
 	cr_assert_eq(convert1(in, tmp("p.arena")), 0);
 	for (int level = 0; level <= 19; level += level < 3 ? 1 : 8) {
 		arena_convert_result res;
-		arena_convert_opts o = {.threads = 3, .chunk_size = 64 << 10, .codec = ARENA_CODEC_ZSTD, .zstd_level = level};
+		arena_convert_opts o = {.threads = 3, .chunk_size = 64 << 10, .codec = ARENA_CODEC_ZSTD, .zstd_level = level,
+					.force = 1};
 		cr_assert_eq(arena_convert_inputs(&in, 1, tmp("z.arena"), &o, &res), 0, "%s", arena_last_error());
 		cr_assert_eq(res.coded_chunks, res.chunk_count);
 		cr_assert_lt(res.stored_bytes, res.data_bytes * 3 / 4, "level %d: %llu of %llu", level,

@@ -64,7 +64,7 @@ static arena_st_file *through(const char *scheme, const char *glob)
 	snprintf(img, sizeof(img), "%s", tmp("q.arena"));
 	snprintf(out, sizeof(out), "%s", tmp("q.safetensors"));
 	const char *in = fixture_path("quant_reference.safetensors");
-	arena_convert_opts o = {.threads = 2, .quant = {.scheme = scheme, .include = &glob, .n_include = 1}};
+	arena_convert_opts o = {.threads = 2, .quant = {.scheme = scheme, .include = &glob, .n_include = 1}, .force = 1};
 	cr_assert_eq(arena_convert_inputs(&in, 1, img, &o, NULL), 0, "%s", arena_last_error());
 	cr_assert_eq(arena_export(img, out, 1, NULL), 0, "%s", arena_last_error());
 	arena_st_file *f;
@@ -329,7 +329,7 @@ Test(qconvert, quantized_names_that_clash_are_refused)
 	snprintf(ctp, sizeof(ctp), "%s", tmp("ct.safetensors"));
 	const char *in4 = ctp;
 	for (size_t i = 0; i < 3; i++) {
-		arena_convert_opts o = {.threads = 1, .quant = {.scheme = scaled[i]}};
+		arena_convert_opts o = {.threads = 1, .quant = {.scheme = scaled[i]}, .force = 1};
 		cr_assert_eq(arena_convert_inputs(&in4, 1, tmp("ct.arena"), &o, NULL), 0, "%s: %s", scaled[i], arena_last_error());
 		cr_assert_eq(arena_export(tmp("ct.arena"), tmp("ct2.safetensors"), 1, NULL), 0, "%s", arena_last_error());
 	}
@@ -395,7 +395,8 @@ static void int4_through(const char *scheme, unsigned n)
 	const char *in = fixture_path("int4_reference.safetensors");
 	arena_convert_opts o = {.threads = 2,
 				.chunk_size = 64 << 10,
-				.quant = {.scheme = scheme, .include = int4_inputs, .n_include = 4}};
+				.quant = {.scheme = scheme, .include = int4_inputs, .n_include = 4},
+				.force = 1};
 	cr_assert_eq(arena_convert_inputs(&in, 1, tmp("i.arena"), &o, NULL), 0, "%s", arena_last_error());
 	cr_assert_eq(arena_export(tmp("i.arena"), tmp("i.safetensors"), 1, NULL), 0, "%s", arena_last_error());
 	arena_st_file *f, *r;

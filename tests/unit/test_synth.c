@@ -598,7 +598,7 @@ Test(synth, same_bytes_whatever_the_thread_count)
 	for (int d = 0; d < 3; d++) {
 		arena_dtype dt = d == 0 ? ARENA_DTYPE_BF16 : d == 1 ? ARENA_DTYPE_F16 : ARENA_DTYPE_F32;
 		for (size_t k = 0; k < 4; k++) {
-			arena_synth_opts o = {.layout = "odd", .dtype = dt, .seed = 42, .threads = threads[k]};
+			arena_synth_opts o = {.layout = "odd", .dtype = dt, .seed = 42, .threads = threads[k], .force = 1};
 			char name[32];
 			snprintf(name, sizeof(name), "t%u.st", threads[k]);
 			cr_assert_eq(arena_synth_write(tmpdir_file(tmp_dir, name), &l, &o), 0, "%s", arena_last_error());

@@ -517,18 +517,23 @@ def _tensors_of(module: nn.Module) -> Dict[str, torch.Tensor]:
     return out
 
 
-def save_image(module: nn.Module, path: str, *, codec: Optional[str] = None, threads: int = 0) -> None:
+def save_image(module: nn.Module, path: str, *, codec: Optional[str] = None, threads: int = 0,
+               force: bool = False) -> None:
     """Write ``module``'s weights as an arena image at ``path``: plain tensors as they
     are, tensor subclasses (a model quantized with torchao's ``quantize_``, or
     optimum-quanto's ``quantize`` and ``freeze``) as ``torch-subclass`` tensors of
     their inner tensors. The image is what ``arena convert`` makes of the same
     weights saved to safetensors in arena's convention: they are written to a
     temporary file beside ``path`` (removed after) and converted by the library.
-    codec: None, "hb4" or "zstd" (``arena convert --codec``). Raises arena.Error:
-    USAGE naming a tensor that cannot be stored (a meta tensor, a subclass of
-    more than 4 inner tensors or of a dtype an image has not)."""
+    codec: None, "hb4" or "zstd" (``arena convert --codec``). A file at ``path`` is
+    replaced only with ``force=True`` (as :func:`arena.convert`). Raises arena.Error:
+    OUTPUT_EXISTS (a file at ``path``, before anything is written); USAGE naming a
+    tensor that cannot be stored (a meta tensor, a subclass of more than 4 inner
+    tensors or of a dtype an image has not)."""
     from safetensors.torch import save_file
 
+    if not force and os.path.lexists(path):  # said before the tensors are copied and written
+        raise Error("OUTPUT_EXISTS", f"{path}: exists; force=True replaces it")
     flat: Dict[str, torch.Tensor] = {}
     groups: Dict[str, Any] = {}
     for name, t in _tensors_of(module).items():
@@ -550,13 +555,14 @@ def save_image(module: nn.Module, path: str, *, codec: Optional[str] = None, thr
     os.close(fd)
     try:
         save_file(flat, tmp, metadata={"arena.subclass": json.dumps(groups)} if groups else None)
-        convert([tmp], path, codec=codec, threads=threads)
+        convert([tmp], path, codec=codec, threads=threads, force=force)
     finally:
         os.unlink(tmp)
 
 
-def convert(inputs: Sequence[str], out: str, *, codec: Optional[str] = None, threads: int = 0) -> None:
+def convert(inputs: Sequence[str], out: str, *, codec: Optional[str] = None, threads: int = 0,
+            force: bool = False) -> None:
     """``arena convert INPUTS -o OUT`` through the library (:func:`arena.convert`)."""
     from .. import convert as _convert
 
-    _convert(list(inputs), out, codec=codec, threads=threads or None, progress=False)
+    _convert(list(inputs), out, codec=codec, threads=threads or None, progress=False, force=force)
