@@ -704,6 +704,10 @@ typedef struct arena_plan_info {
 	uint64_t piece_size;     /* blocks streamed in pieces of at most this; 0 whole blocks */
 	uint64_t host_bytes;     /* host copies of blocks held (streamed blocks, and demoted ones) */
 	size_t n_disk;           /* blocks with no copy but in the image (the disk tier) */
+	uint64_t host_budget;    /* all the host memory the weights may take: host copies and staging
+				  * (0: no limit) */
+	uint64_t staging_bytes;  /* an image's: of the host budget, the disk tier's reads' (the stager's
+				  * slots and the re-readers' chunk buffers), host copies never use it */
 } arena_plan_info;
 
 ARENA_API int arena_plan_get(const arena *a, arena_plan_info *out);

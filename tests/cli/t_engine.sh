@@ -573,6 +573,54 @@ PY
 }
 cases disk_tier_rss
 
+# The host budget is all the host memory the weights take: host copies, the
+# disk tier's staging (the stager's slots) and the re-readers' chunk
+# buffers. FLUX.1-dev's layout (synth, one block of each kind: 1.02 GiB)
+# streamed on sim through 768 MiB of device memory in 64 MiB pieces, 810 MiB
+# a step. The weights' share of a run's peak RSS (GNU time's maximum
+# resident set: the kernel's VmHWM) is that peak less the rest of the
+# process: the peak of the same run without a host budget, less its host
+# copies (every streamed block: its streamed bytes a step). With a budget of
+# 512 MiB, and with the least (0), the share stays within the budget bench
+# says it counted and 32 MiB: the stager's and the readers' threads (stacks,
+# malloc arenas), part lists and segment tables, and the rest of the
+# process varying from run to run (10 MiB seen).
+host_budget_rss() {
+	"$ARENA" synth --layout flux-dev --blocks 1 -q -o "$T/f.safetensors" || fail "synth"
+	"$ARENA" convert -q "$T/f.safetensors" -o "$T/f.arena" || fail "convert"
+	rm -f "$T/f.safetensors"
+	rss() { # [bench options]: peak RSS in MiB into $mib; the JSON in $T/out
+		mib=0
+		if /usr/bin/time -f "%M" -o "$T/rss" "$ARENA" bench stream "$T/f.arena" --backend sim --vram-cap 768M \
+			--piece-size auto --steps 3 --json "$@" >"$T/out" 2>"$T/err"; then
+			mib=$(($(tail -n 1 "$T/rss") / 1024))
+		else
+			fail "bench stream $*: $(cat "$T/err")"
+		fi
+	}
+	field() { # EXPR over the JSON d (the last step: s), in MiB
+		python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); s=d["steps"][-1]; print(int(eval(sys.argv[2])) >> 20)' "$T/out" "$1"
+	}
+	rss
+	base=$((mib - $(field 's["streamed_bytes"]')))
+	[ "$(field 's["disk_bytes"]')" = 0 ] || fail "no host budget read from the image"
+	for budget in 512 0; do
+		rss --host-budget ${budget}M
+		share=$((mib - base))
+		[ "$budget" = 0 ] || [ "$share" -le $((budget + 32)) ] ||
+			fail "--host-budget ${budget}M: the weights took $share MiB of RSS (peak $mib MiB, the rest $base MiB)"
+		counted=$(field 'd["disk_tier"]["host_budget"]') || fail "bench --json does not say what the budget counted"
+		[ "$budget" = 0 ] || [ "$counted" = "$budget" ] || fail "--host-budget ${budget}M: counted $counted MiB"
+		[ "$share" -le $((counted + 32)) ] ||
+			fail "--host-budget ${budget}M: the weights took $share MiB of RSS (peak $mib MiB, the rest $base MiB), counted $counted MiB"
+		[ "$share" -ge "$(field 'd["disk_tier"]["host_bytes"] + d["disk_tier"]["staging_bytes"] // 2')" ] ||
+			fail "--host-budget ${budget}M: $share MiB of RSS, less than its host copies and half its staging"
+		[ "$(field 's["disk_bytes"]')" -gt 0 ] || fail "--host-budget ${budget}M read nothing from the image"
+	done
+	[ "$counted" -lt 256 ] || fail "the least budget is $counted MiB"
+}
+cases host_budget_rss
+
 # The ring's rule is one: plan's verdict and floor say what load accepts, at
 # the boundary, in both modes, in whole blocks and in pieces (training in
 # pieces: the ring holds a block's pieces, 7 slots of 16K pieces for the
