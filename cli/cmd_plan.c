@@ -260,7 +260,7 @@ int cmd_plan(int argc, char **argv)
 		uint64_t largest = 0;
 		for (size_t b = 0; b < l->n_blocks; b++)
 			largest = l->blocks[b].bytes > largest ? l->blocks[b].bytes : largest;
-		const uint64_t readers = arena_slab_reader_buffers(img->hdr.chunk_size, img->hdr.flags, largest);
+		const uint64_t readers = arena_slab_reader_buffers(&img->hdr, largest);
 		if ((rc = arena_residency_host_plan(l, &p, hb, 1, arena_residency_stage_slot(l, region),
 						    arena_engine_disk_staging(), readers, host_len, disk, &hp))) {
 			if (rc == ARENA_E(BUDGET)) {

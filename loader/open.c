@@ -277,7 +277,7 @@ static int place_host(open_ctx *c, const arena_layout *l, const arena_residency_
 				    "image can be read again while streaming (arena convert it)",
 				    c->path, arena_size_str(want, s1, sizeof(s1)), arena_size_str(c->host_budget, s2, sizeof(s2)));
 	}
-	c->readers = arena_slab_reader_buffers(c->hdr.chunk_size, c->hdr.flags, largest);
+	c->readers = arena_slab_reader_buffers(&c->hdr, largest);
 	uint8_t *disk = arena_calloc(l->n_blocks ? l->n_blocks : 1, 1);
 	if (!disk)
 		return arena_errorf(ARENA_E_NOMEM, "out of memory");

@@ -78,15 +78,19 @@ static unsigned reader_count(void)
 	return t >= 1 && t <= REREAD_THREADS ? (unsigned)t : REREAD_THREADS;
 }
 
-uint64_t arena_slab_reader_buffers(uint64_t chunk_size, uint32_t img_flags, uint64_t largest)
+uint64_t arena_slab_reader_buffers(const arena_img_header *h, uint64_t largest)
 {
-	if (!chunk_size)
+	if (!h->chunk_size)
 		return 0;
 	/* a read of `largest` bytes touches this many chunks at most, each run
-	 * its own reader's */
-	const uint64_t chunks = (largest ? largest - 1 : 0) / chunk_size + 2;
+	 * its own reader's; a reader fills its raw buffer (a plain image's
+	 * chunk read in part), and for a coded image its stored one, and for a
+	 * zstd chunk the decoded streams (no more than the image's data each) */
+	const uint64_t chunks = (largest ? largest - 1 : 0) / h->chunk_size + 2;
 	const uint64_t n = chunks < reader_count() ? chunks : reader_count();
-	return n * chunk_size * (img_flags & ARENA_IMG_FLAG_ZSTD ? 3 : 2);
+	const uint64_t chunk = h->chunk_size < h->data_length ? h->chunk_size : h->data_length;
+	const unsigned bufs = !(h->flags & ARENA_IMG_FLAG_CODED) ? 1 : h->flags & ARENA_IMG_FLAG_ZSTD ? 3 : 2;
+	return n * chunk * bufs;
 }
 
 int arena_slab_reader_open(const char *path, const arena_layout *l, arena_slab_reader **out)

@@ -447,21 +447,28 @@ PY
 }
 
 # --host-budget: streamed blocks beyond it stay in the image, read (checked)
-# when they are streamed; a checkpoint cannot.
+# when they are streamed; a checkpoint cannot. The budget holds the disk
+# tier's staging (0: that alone, the least) beside the host copies.
 disk_tier() {
 	engine_image
 	run load "$T/f.arena" --backend sim --vram-cap 285K --headroom 0 --reserve 0 --host-budget 0 --check
 	expect_rc 0
 	expect_out "disk tier: "
 	expect_out "device bytes match the image"
-	run bench stream "$T/f.arena" --vram-cap 285K --headroom 0 --reserve 0 --host-budget 100K --steps 3
+	run plan "$T/f.arena" --vram 285K --headroom 0 --reserve 0 --host-budget 0 --json
+	expect_rc 0
+	least=$(python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["disk_tier"]; assert t["host_budget"] == t["staging_bytes"] > t["staging_slots_bytes"] > 0 and t["host_bytes"] == 0, t; print(t["host_budget"])' "$T/out") ||
+		fail "plan --host-budget 0: not the least staging alone"
+	hb=$((least + 100 * 1024))
+	run bench stream "$T/f.arena" --vram-cap 285K --headroom 0 --reserve 0 --host-budget $hb --steps 3
 	expect_rc 0
 	expect_out " disk "
 	expect_out "(waited "
-	run bench stream "$T/f.arena" --vram-cap 285K --headroom 0 --reserve 0 --host-budget 100K --steps 3 --json
+	expect_out "host budget "
+	run bench stream "$T/f.arena" --vram-cap 285K --headroom 0 --reserve 0 --host-budget $hb --steps 3 --json
 	expect_rc 0
-	python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); s=d["steps"]; assert sum(x["disk_bytes"] for x in s) > 0 and all(x["disk_wait_s"] >= 0 for x in s), s' "$T/out" ||
-		fail "bench stream --host-budget read nothing from the image"
+	python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); s=d["steps"]; t=d["disk_tier"]; assert sum(x["disk_bytes"] for x in s) > 0 and all(x["disk_wait_s"] >= 0 for x in s), s; assert t["host_budget"] == int(sys.argv[2]) and t["staging_bytes"] == int(sys.argv[3]) and 0 < t["host_bytes"] <= t["host_budget"] - t["staging_bytes"] and t["blocks"] > 0, t' "$T/out" $hb $least ||
+		fail "bench stream --host-budget: nothing read from the image, or the budget not reported"
 	run load "$REF/tiny_flux.safetensors" --backend sim --vram-cap 285K --headroom 0 --reserve 0 --host-budget 1K
 	expect_rc 2
 	expect_error_line
@@ -469,20 +476,29 @@ disk_tier() {
 	run load "$T/f.arena" --backend sim --host-budget lots
 	expect_rc 2
 	expect_error_line
-	run plan "$T/f.arena" --vram 285K --headroom 0 --reserve 0 --host-budget 100K --json
+	# a budget below the least staging: refused, naming the least
+	for cmd in "load $T/f.arena --backend sim --vram-cap" "bench stream $T/f.arena --vram-cap" "plan $T/f.arena --vram"; do
+		# shellcheck disable=SC2086
+		run $cmd 285K --headroom 0 --reserve 0 --host-budget 100K
+		expect_rc 2
+		expect_error_line
+		expect_err "does not hold the disk tier's least staging, $((least / 1024)).00 KiB"
+	done
+	run plan "$T/f.arena" --vram 285K --headroom 0 --reserve 0 --host-budget $hb --json
 	expect_rc 0
-	python3 - "$T/out" <<'PY' || fail "plan --host-budget: disk tier wrong"
+	python3 - "$T/out" $hb <<'PY' || fail "plan --host-budget: disk tier wrong"
 import json, sys
 d = json.load(open(sys.argv[1]))
 t = d["disk_tier"]
 disk = [b for b in d["blocks"] if b["where"] == "disk"]
 assert t["blocks"] == len(disk) > 0 and t["bytes"] == sum(b["bytes"] for b in disk), t
-assert t["host_bytes"] <= 100 * 1024 < t["host_bytes"] + min(b["bytes"] for b in disk) + 4096, t
+room = int(sys.argv[2]) - t["staging_bytes"]
+assert t["host_bytes"] <= room < t["host_bytes"] + min(b["bytes"] for b in disk) + 4096, t
 PY
-	run plan "$T/f.arena" --vram 285K --headroom 0 --reserve 0 --host-budget 100K
+	run plan "$T/f.arena" --vram 285K --headroom 0 --reserve 0 --host-budget $hb
 	expect_rc 0
 	expect_out "disk tier: "
-	expect_out "ahead of use through up to 384.00 MiB of staging; host copies"
+	expect_out "ahead of use; host budget $((hb / 1024)).00 KiB: host copies "
 	run plan "$T/f.arena" --vram 285K --headroom 0 --reserve 0 --host-budget 10M
 	expect_rc 0
 	expect_out "disk tier: none"
@@ -533,10 +549,11 @@ cases coded_stream
 
 # The disk tier keeps the blocks' host copies within the host budget: a 512
 # MiB model (eight 64 MiB blocks) streamed through 200 MiB of device memory
-# with a budget of all of it, of 64 MiB and of none (128 MiB of staging);
-# peak RSS (GNU time) over the run with none (the process, the sim's device
-# memory and the staging) is about the copies each budget allows. (A slow
-# sim keeps bench's copy-rate probe, 2 x 50 MB, under the runs' memory.)
+# with a budget of all of it, of the least (0: 128 MiB of staging slots and
+# the readers' chunk buffers) and of 64 MiB more than that; peak RSS (GNU
+# time) over the run with the least (the process, the sim's device memory
+# and the staging) is about the copies each budget allows. (A slow sim keeps
+# bench's copy-rate probe, 2 x 50 MB, under the runs' memory.)
 disk_tier_rss() {
 	python3 - "$T/m.safetensors" <<'PY' || fail "cannot write the model"
 import json, struct, sys
@@ -562,7 +579,8 @@ PY
 	}
 	rss 0
 	none=$mib
-	rss 64M
+	least=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["disk_tier"]["host_budget"])' "$T/out")
+	rss $((least + (64 << 20)))
 	some=$mib
 	rss 1G
 	all=$mib
