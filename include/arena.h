@@ -886,8 +886,9 @@ ARENA_API int arena_verify(const char *path, const arena_verify_options *opt, ar
  * layout, coding, metadata, sources, blocks and tensors. On success *json
  * is a NUL-terminated UTF-8 string for arena_string_free. Errors: those of
  * reading the input (ST_*, IDX_*, IMG_*, NOT_FOUND, NO_CHECKPOINT,
- * INPUT_NOT_READABLE, INPUT_CHANGED, IO), PLAN_EMPTY (no tensors, as for
- * convert), NOMEM. */
+ * INPUT_NOT_READABLE, INPUT_CHANGED, IO), NOMEM. A valid input with no
+ * tensors (a header of `__metadata__` alone, or `{}`) is described: no
+ * tensors, its metadata; convert and arena_open refuse it (PLAN_EMPTY). */
 ARENA_API int arena_inspect(const char *path, char **json);
 /* Free a string the library returned. Accepts NULL. */
 ARENA_API void arena_string_free(char *s);
