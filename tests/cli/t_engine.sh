@@ -552,8 +552,9 @@ cases coded_stream
 # with a budget of all of it, of the least (0: 128 MiB of staging slots and
 # the readers' chunk buffers) and of 64 MiB more than that; peak RSS (GNU
 # time) over the run with the least (the process, the sim's device memory
-# and the staging) is about the copies each budget allows. (A slow sim keeps
-# bench's copy-rate probe, 2 x 50 MB, under the runs' memory.)
+# and the staging) is about the copies each budget allows; the load's read
+# ring stays within the staging. (A slow sim keeps bench's copy-rate probe,
+# 2 x 50 MB, under the runs' memory.)
 disk_tier_rss() {
 	python3 - "$T/m.safetensors" <<'PY' || fail "cannot write the model"
 import json, struct, sys
@@ -588,6 +589,12 @@ PY
 	[ $((all - none)) -ge 300 ] || fail "host copies of every streamed block took only $((all - none)) MiB"
 	python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["steps"]; assert all(x["disk_bytes"] == 0 for x in s), s' "$T/out" ||
 		fail "a budget of all of it read from the image"
+	# the load's read ring stays within the staging too (asked: 512 MiB)
+	run load "$T/m.arena" --backend sim --vram-cap 200M --headroom 0 --reserve 0 --host-budget 0 --threads 8 \
+		--slot-size 16M --no-probe --json
+	expect_rc 0
+	python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["ring"]; assert r["requested_bytes"] == 512 << 20 and r["bytes"] <= int(sys.argv[2]) and "host_budget" in r["lowered_by"], r' "$T/out" "$least" ||
+		fail "the load's ring is not within the host budget's staging"
 }
 cases disk_tier_rss
 
