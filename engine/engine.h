@@ -265,13 +265,16 @@ typedef struct arena_engine_opts {
 	 * checked. With it such blocks are read and copied coded, in parts. */
 	int (*reread_wire)(void *ctx, uint32_t block, uint64_t off, uint64_t len, struct arena_wire *w);
 	/* With reread: host memory the blocks' host copies may take (0: no
-	 * limit). A block leaving the device gets a host copy only within it;
-	 * past it, it stays in its image and is read from there when streamed
-	 * (the disk tier), so demotions keep the host budget arena_open was
-	 * given. */
+	 * limit; arena_open: the host budget less the disk tier's staging). A
+	 * block leaving the device gets a host copy only within it; past it,
+	 * it stays in its image and is read from there when streamed (the disk
+	 * tier), so demotions keep the host budget arena_open was given. */
 	uint64_t host_cap;
 	void *reread_ctx;
-	/* The disk tier's reads: staging bytes for them (0: ARENA_ENGINE_DISK_STAGING),
+	/* The disk tier's reads: staging bytes for the stager's slots (0:
+	 * ARENA_ENGINE_DISK_STAGING; arena_open: the host budget's share,
+	 * arena_residency_staging). Two slots at least: with host_cap set, what
+	 * it lacks for them comes out of host_cap (arena__engine_disk_init),
 	 * and disk_sync = 1 to read each part when it is copied, on the
 	 * caller's thread (no read-ahead: for measuring). */
 	uint64_t disk_staging;

@@ -22,7 +22,11 @@
  *      schedule streams next, at most a step ahead, up to twice as many
  *      parts as it has slots.
  *   5. The stager's thread and ensure_host (engine_moves.c) read the same
- *      source: ensure_host holds the stager's lock while it reads. */
+ *      source: ensure_host holds the stager's lock while it reads.
+ *   6. The stager's slots, two at least, are within o.disk_staging, which
+ *      host copies never take (host_cap is the host budget less it): with
+ *      a host budget the weights' host memory stays within it
+ *      (arena__engine_disk_init). */
 #include "engine_int.h"
 
 #include <stdio.h>

@@ -333,15 +333,20 @@ typedef struct arena_open_options {
 	 * whole eighths, 192 MiB), or smaller ones when those do not fit
 	 * (arena_plan_get's piece_size says what was chosen). */
 	uint64_t piece_size;
-	/* images only: host memory for the copies of streamed blocks. Blocks
-	 * beyond it (spread through the order they run, each read while the
-	 * blocks before it are copied) keep no host copy: each
-	 * is read from the image when it is streamed (the disk tier), its
-	 * chunks checked as the bytes pass, ahead of use into 384 MiB of
-	 * staging, which comes out of a budget of at least four times that
-	 * (on top of a smaller one). 0 = what
-	 * MemAvailable (and the cgroup) allow less a reserve of 2 GiB or a
-	 * tenth; ARENA_ZERO_BYTES = none (every streamed block from disk).
+	/* images only: all the host memory the weights take: the copies of
+	 * streamed blocks and the disk tier's staging. Blocks beyond it
+	 * (spread through the order they run, each read while the blocks
+	 * before it are copied) keep no host copy: each is read from the image
+	 * when it is streamed (the disk tier), its chunks checked as the bytes
+	 * pass, ahead of use into staging that comes out of the budget whether
+	 * or not a tier is planned: a quarter of it, up to 384 MiB, and at
+	 * least two read slots (a 64 MiB part, or the largest block) and the
+	 * readers' chunk buffers; it also holds the load's read ring. A budget
+	 * below that least is BUDGET, naming it (arena_plan_get's host_budget
+	 * and staging_bytes say what was taken). 0 = what MemAvailable (and the
+	 * cgroup) allow less a reserve of 2 GiB or a tenth (the least where
+	 * that is less); ARENA_ZERO_BYTES = the least: no host copies, every
+	 * streamed block from disk.
 	 * A block the image cannot give again fails the step's call that
 	 * needs it (acquire, step_end), naming the block: IO (a read fault),
 	 * INPUT_CHANGED (the image is shorter than when it was opened),
