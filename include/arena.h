@@ -341,12 +341,12 @@ typedef struct arena_open_options {
 	 * pass, ahead of use into staging that comes out of the budget whether
 	 * or not a tier is planned: a quarter of it, up to 384 MiB, and at
 	 * least two read slots (a 64 MiB part, or the largest block) and the
-	 * readers' chunk buffers; it also holds the load's read ring. A budget
-	 * below that least is BUDGET, naming it (arena_plan_get's host_budget
-	 * and staging_bytes say what was taken). 0 = what MemAvailable (and the
-	 * cgroup) allow less a reserve of 2 GiB or a tenth (the least where
-	 * that is less); ARENA_ZERO_BYTES = the least: no host copies, every
-	 * streamed block from disk.
+	 * readers' chunk buffers; the load's read ring stays within the budget
+	 * too. A budget below that least is BUDGET, naming it (arena_plan_get's
+	 * host_budget and staging_bytes say what was taken). 0 = what
+	 * MemAvailable (and the cgroup) allow less a reserve of 2 GiB or a
+	 * tenth (the least where that is less); ARENA_ZERO_BYTES = the least:
+	 * no host copies, every streamed block from disk.
 	 * A block the image cannot give again fails the step's call that
 	 * needs it (acquire, step_end), naming the block: IO (a read fault),
 	 * INPUT_CHANGED (the image is shorter than when it was opened),

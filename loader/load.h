@@ -94,7 +94,8 @@ typedef struct arena_load_opts {
 	 * chunk read whole, a zstd image's piece). Fewer slots, then smaller
 	 * ones, then fewer threads (2 slots of 64 KiB on one thread at least).
 	 * Read when the ring is made, after o->place: arena_open's place sets
-	 * it to the host budget's staging, which no host copy uses (the disk
+	 * it to what the host budget leaves beside the host copies it plans
+	 * (the disk tier's staging at least, which no host copy uses; the
 	 * tier's reads come later). 0: no limit. */
 	uint64_t buffers_max;
 	/* Optional: bytes done of those to do (read from files, and quantized

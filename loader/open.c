@@ -292,8 +292,10 @@ static int place_host(open_ctx *c, const arena_layout *l, const arena_residency_
 	if (!rc) {
 		c->host_budget = hp.budget;
 		c->staging = hp.slots;
+		/* the load's own buffers: within what the host copies leave (the
+		 * staging at least; the stager comes later) */
 		if (hp.budget != UINT64_MAX)
-			c->lo->buffers_max = hp.staging;
+			c->lo->buffers_max = hp.budget - hp.host;
 		c->disk_tier = hp.n_disk > 0;
 	}
 	for (size_t b = 0; !rc && b < l->n_blocks; b++)
