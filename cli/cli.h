@@ -107,11 +107,12 @@ enum { CLI_O_MODE = 1000, CLI_O_DEPTH, CLI_O_KEEP, CLI_O_HEAD, CLI_O_RES, CLI_O_
 	"                      fit at all), else pieces of an eighth of the largest\n"        \
 	"                      block (64M for Flux; train: a third in whole eighths,\n"      \
 	"                      192M) or smaller ones that fit; default whole blocks\n"       \
-	"  --host-budget SIZE  images: host memory for streamed blocks; those beyond it\n"      \
-	"                      are read from the image when streamed, checked, ahead of\n"     \
-	"                      use through 384M of staging (within a budget of 1536M or\n"    \
-	"                      more; default: MemAvailable less a reserve; 0: every\n"        \
-	"                      streamed block)\n"
+	"  --host-budget SIZE  images: all the host memory the weights take: streamed\n"       \
+	"                      blocks' copies, and the staging the blocks beyond it are\n"  \
+	"                      read through from the image, checked, when streamed (a\n"    \
+	"                      quarter of it, up to 384M; at least two read slots of up\n"  \
+	"                      to 64M and the readers' chunk buffers). Default:\n"          \
+	"                      MemAvailable less a reserve; 0: that least, no copies\n"
 struct arena_open_options;
 int cli_engine_option(const char *cmd, int ch, const char *arg, struct arena_open_options *o);
 

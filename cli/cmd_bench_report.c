@@ -86,6 +86,12 @@ int bench_stream_report(const bench_stream_opts *o, const bench_stream_state *S)
 					 "predicted_step_s", p.predicted_step_s, "device_free", (json_int_t)devfree,
 					 "device_held_bytes", (json_int_t)bheld);
 		json_object_set_new(root, "piece_size", json_integer((json_int_t)p.piece_size));
+		/* the host budget and what it counted: host copies, the disk tier's staging */
+		json_object_set_new(root, "disk_tier",
+				    p.host_budget ? json_pack("{s:I,s:I,s:I,s:I}", "host_budget", (json_int_t)p.host_budget,
+							      "host_bytes", (json_int_t)p.host_bytes, "staging_bytes",
+							      (json_int_t)p.staging_bytes, "blocks", (json_int_t)p.n_disk)
+						  : json_null());
 		json_object_set_new(root, "passes", json_integer(passes));
 		json_object_set_new(root, "sample_every", json_integer(every));
 		json_object_set_new(root, "steps", arr);
@@ -109,8 +115,10 @@ int bench_stream_report(const bench_stream_opts *o, const bench_stream_state *S)
 		if (p.piece_size)
 			printf("pieces: blocks streamed in pieces of at most %s\n", cli_fmt_bytes(p.piece_size, s1, sizeof(s1)));
 		if (p.n_disk)
-			printf("disk tier: %zu streamed block%s read from the image each time (host copies %s)\n", p.n_disk,
-			       cli_s(p.n_disk), cli_fmt_bytes(p.host_bytes, s1, sizeof(s1)));
+			printf("disk tier: %zu streamed block%s read from the image each time; host budget %s: host copies "
+			       "%s, staging %s\n",
+			       p.n_disk, cli_s(p.n_disk), cli_fmt_bytes(p.host_budget, s1, sizeof(s1)),
+			       cli_fmt_bytes(p.host_bytes, s2, sizeof(s2)), cli_fmt_bytes(p.staging_bytes, s3, sizeof(s3)));
 		printf("plan: %zu resident (%s), %zu streamed through %u slot%s x %s; predicted %s streamed per step\n",
 		       p.n_resident, cli_fmt_bytes(p.resident_bytes, s1, sizeof(s1)), p.n_streamed, p.slots, cli_s(p.slots),
 		       cli_fmt_bytes(p.slot_bytes, s2, sizeof(s2)), cli_fmt_bytes(p.stream_bytes_per_step, s3, sizeof(s3)));

@@ -99,6 +99,8 @@ static int print_ckpt_text(const json_t *d)
 			}
 		}
 	}
+	if (!json_array_size(tensors))
+		return 0; /* a valid file with no tensors: its metadata is what it holds */
 	const int w = name_width(tensors);
 	printf("\n%-*s  %-11s  %-18s %12s  %s\n", w, "name", "dtype", "shape", "bytes", "file@offset");
 	json_array_foreach(tensors, i, t) {

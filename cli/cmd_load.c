@@ -140,6 +140,8 @@ static void ring_note(const arena_load_stats *st, uint64_t pin_limit)
 	if (st->ring_lowered & ARENA_RING_BY_BUDGET)
 		fprintf(stderr, "note: read ring lowered to fit the pinned budget of %s (--pin-budget)\n",
 			cli_fmt_bytes(pin_limit, lim, sizeof(lim)));
+	if (st->ring_lowered & ARENA_RING_BY_HOST)
+		fprintf(stderr, "note: read ring lowered to fit the host budget's staging (--host-budget)\n");
 }
 
 static json_t *ring_json(const arena_load_stats *st)
@@ -149,6 +151,8 @@ static json_t *ring_json(const arena_load_stats *st)
 		json_array_append_new(why, json_string("bytes_to_read"));
 	if (st->ring_lowered & ARENA_RING_BY_BUDGET)
 		json_array_append_new(why, json_string("pin_budget"));
+	if (st->ring_lowered & ARENA_RING_BY_HOST)
+		json_array_append_new(why, json_string("host_budget"));
 	const arena_ring_shape *r = &st->ring, *q = &st->ring_asked;
 	return json_pack("{s:I,s:b,s:i,s:i,s:I,s:I,s:I,s:{s:i,s:i,s:I},s:o}", "bytes", (json_int_t)st->ring_bytes, "pinned",
 			 st->ring_pinned, "threads", (int)r->threads, "slots_per_thread", (int)r->slots, "slot_bytes",
@@ -287,7 +291,7 @@ int cmd_load(int argc, char **argv)
 		fprintf(stderr, "note: no usable CUDA device; loaded on the simulator (--backend sim)\n");
 	/* A ring smaller than asked: say so where the asking was explicit (a
 	 * small model always takes less than the defaults), or the budget did it. */
-	if (st.ring_lowered && (shaped || (st.ring_lowered & ARENA_RING_BY_BUDGET)))
+	if (st.ring_lowered && (shaped || (st.ring_lowered & (ARENA_RING_BY_BUDGET | ARENA_RING_BY_HOST))))
 		ring_note(&st, a->budget.limit);
 	arena_backend *be = a->be;
 	arena_model *m = a->m;
@@ -305,6 +309,9 @@ int cmd_load(int argc, char **argv)
 	for (size_t b = 0; b < m->layout->n_blocks; b++)
 		if (!m->mem[b].dev && !m->mem[b].host && !m->mem[b].wire && m->layout->blocks[b].bytes)
 			disk_blocks++, disk_bytes += m->layout->blocks[b].bytes;
+	arena_plan_info pi; /* the host budget and what it holds */
+	const int have_pi = disk_blocks && !arena_plan_get(a, &pi);
+	arena_error_clear();
 	arena__drop_model(a); /* free the device memory before the probes */
 	m = NULL;
 	arena_pin_budget *budget = &a->budget;
@@ -378,9 +385,14 @@ int cmd_load(int argc, char **argv)
 		       cli_fmt_bytes(st.dev_bytes, b1, sizeof(b1)), cli_fmt_bytes(st.host_bytes, b2, sizeof(b2)),
 		       cli_fmt_bytes(pinned, c, sizeof(c)), cli_fmt_bytes(st.ring_bytes, d, sizeof(d)),
 		       st.ring_pinned ? "pinned" : "pageable", cli_fmt_bytes(rss, e, sizeof(e)));
-		if (disk_blocks)
-			printf("disk tier: %zu block%s (%s) kept in the image only, read from it when streamed (--host-budget)\n",
+		if (disk_blocks) {
+			printf("disk tier: %zu block%s (%s) kept in the image only, read from it when streamed (--host-budget)",
 			       disk_blocks, cli_s(disk_blocks), cli_fmt_bytes(disk_bytes, b1, sizeof(b1)));
+			if (have_pi)
+				printf("; host budget %s: host copies %s, staging %s", cli_fmt_bytes(pi.host_budget, b1, sizeof(b1)),
+				       cli_fmt_bytes(pi.host_bytes, b2, sizeof(b2)), cli_fmt_bytes(pi.staging_bytes, c, sizeof(c)));
+			printf("\n");
+		}
 		if (st.wire_raw)
 			printf("coded streaming: streamed blocks' host copies kept coded, %s for %s (%.1f %%): what each copy "
 			       "moves\n",

@@ -241,13 +241,39 @@ int cmd_plan(int argc, char **argv)
 		rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
 		goto out;
 	}
-	if (stage && (rc = arena_wire_plans(img, l, NULL, host_len)))
+	/* and its largest coded region, which a disk tier's staging slot holds */
+	arena_wire **plans = stage ? arena_calloc(l->n_blocks ? l->n_blocks : 1, sizeof(*plans)) : NULL;
+	if (stage && !plans) {
+		rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
 		goto out;
-	const uint64_t staging = arena_engine_disk_staging();
-	if (ao.host_budget && (rc = arena_residency_host_split(l, &p, hb, staging, host_len, disk, &hbytes, &dbytes)))
+	}
+	rc = stage ? arena_wire_plans(img, l, plans, host_len) : 0;
+	uint64_t region = 0;
+	for (size_t b = 0; plans && b < l->n_blocks; b++) {
+		region = arena_wire_region_most(plans[b]) > region ? arena_wire_region_most(plans[b]) : region;
+		arena_wire_free(plans[b]);
+	}
+	arena_free(plans);
+	if (rc)
 		goto out;
-	for (size_t b = 0; b < l->n_blocks; b++)
-		dn += disk[b];
+	/* As arena_open: the budget holds the disk tier's staging too. */
+	arena_host_plan hp = {0};
+	if (ao.host_budget) {
+		uint64_t largest = 0;
+		for (size_t b = 0; b < l->n_blocks; b++)
+			largest = l->blocks[b].bytes > largest ? l->blocks[b].bytes : largest;
+		const uint64_t readers = arena_slab_reader_buffers(&img->hdr, largest);
+		if ((rc = arena_residency_host_plan(l, &p, hb, 1, arena_residency_stage_slot(l, region),
+						    arena_engine_disk_staging(), readers, host_len, disk, &hp))) {
+			if (rc == ARENA_E(BUDGET)) {
+				char why[512];
+				snprintf(why, sizeof(why), "%s", arena_last_error());
+				rc = arena_errorf(rc, "%s: %s", path, why);
+			}
+			goto out;
+		}
+		hb = hp.budget, hbytes = hp.host, dbytes = hp.disk, dn = hp.n_disk;
+	}
 	uint64_t wire_raw = 0, wire_host = 0;
 	for (size_t b = 0; host_len && b < l->n_blocks; b++) {
 		if (p.resident[b] || disk[b] || arena_block_is_globals(l, (uint32_t)b))
@@ -299,10 +325,10 @@ int cmd_plan(int argc, char **argv)
 									cli_json_u64(floor_w[md])));
 		json_object_set_new(root, "floor", fl);
 		json_object_set_new(root, "disk_tier",
-				    ao.host_budget ? json_pack("{s:o,s:o,s:o,s:o,s:o}", "host_budget", cli_json_u64(hb), "host_bytes",
+				    ao.host_budget ? json_pack("{s:o,s:o,s:o,s:o,s:o,s:o}", "host_budget", cli_json_u64(hb), "host_bytes",
 							       cli_json_u64(hbytes), "blocks", cli_json_u64(dn), "bytes",
-							       cli_json_u64(dbytes), "staging_max",
-							       cli_json_u64(dn ? staging : 0))
+							       cli_json_u64(dbytes), "staging_bytes", cli_json_u64(hp.staging),
+							       "staging_slots_bytes", cli_json_u64(hp.slots))
 						   : json_null());
 		json_object_set_new(root, "coded_stream",
 				    coded ? json_pack("{s:o,s:o,s:o}", "host_bytes", cli_json_u64(wire_host), "raw_bytes",
@@ -346,15 +372,16 @@ int cmd_plan(int argc, char **argv)
 			       p.step_s, comp, copy, o.h2d_bytes_per_s >= 1e9 ? o.h2d_bytes_per_s / 1e9 : o.h2d_bytes_per_s / 1e6,
 			       o.h2d_bytes_per_s >= 1e9 ? "GB/s" : "MB/s");
 		if (ao.host_budget && dn)
-			printf("disk tier: %zu streamed block%s (%s) read from the image each time %s stream%s, ahead of use "
-			       "through up to %s of staging%s; host copies %s of a %s budget\n",
+			printf("disk tier: %zu streamed block%s (%s) read from the image each time %s stream%s, ahead of use; "
+			       "host budget %s: host copies %s, staging %s (%s of read-ahead slots, the rest chunk buffers)\n",
 			       dn, cli_s(dn), cli_fmt_bytes(dbytes, a, sizeof(a)), dn == 1 ? "it" : "they", dn == 1 ? "s" : "",
-			       cli_fmt_bytes(staging, d, sizeof(d)),
-			       arena_residency_host_copies(hb, staging) < hb ? " (out of the budget)" : "", cli_fmt_bytes(hbytes, b, sizeof(b)),
-			       cli_fmt_bytes(hb, c, sizeof(c)));
+			       cli_fmt_bytes(hb, c, sizeof(c)), cli_fmt_bytes(hbytes, b, sizeof(b)),
+			       cli_fmt_bytes(hp.staging, d, sizeof(d)), cli_fmt_bytes(hp.slots, e, sizeof(e)));
 		else if (ao.host_budget)
-			printf("disk tier: none, the streamed blocks' host copies (%s) fit the %s budget\n",
-			       cli_fmt_bytes(hbytes, b, sizeof(b)), cli_fmt_bytes(hb, c, sizeof(c)));
+			printf("disk tier: none; host budget %s: the streamed blocks' host copies %s, staging %s kept for "
+			       "blocks that leave the device later\n",
+			       cli_fmt_bytes(hb, c, sizeof(c)), cli_fmt_bytes(hbytes, b, sizeof(b)),
+			       cli_fmt_bytes(hp.staging, d, sizeof(d)));
 		char fs[2][96];
 		for (int md = 0; md < 2; md++) {
 			if (floor_least[md] == UINT_MAX)

@@ -372,6 +372,8 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 					  l->blocks[b].name);
 			goto fail;
 		}
+	if ((rc = arena__engine_disk_init(e)))
+		goto fail;
 	/* Device-only blocks that cannot be re-read stay resident. */
 	uint8_t *want = e->plan.resident;
 	for (uint32_t b = 0; b < n; b++)

@@ -265,13 +265,16 @@ typedef struct arena_engine_opts {
 	 * checked. With it such blocks are read and copied coded, in parts. */
 	int (*reread_wire)(void *ctx, uint32_t block, uint64_t off, uint64_t len, struct arena_wire *w);
 	/* With reread: host memory the blocks' host copies may take (0: no
-	 * limit). A block leaving the device gets a host copy only within it;
-	 * past it, it stays in its image and is read from there when streamed
-	 * (the disk tier), so demotions keep the host budget arena_open was
-	 * given. */
+	 * limit; arena_open: the host budget less the disk tier's staging). A
+	 * block leaving the device gets a host copy only within it; past it,
+	 * it stays in its image and is read from there when streamed (the disk
+	 * tier), so demotions keep the host budget arena_open was given. */
 	uint64_t host_cap;
 	void *reread_ctx;
-	/* The disk tier's reads: staging bytes for them (0: ARENA_ENGINE_DISK_STAGING),
+	/* The disk tier's reads: staging bytes for the stager's slots (0:
+	 * ARENA_ENGINE_DISK_STAGING; arena_open: the host budget's share,
+	 * arena_residency_staging). Two slots at least: with host_cap set, what
+	 * it lacks for them comes out of host_cap (arena__engine_disk_init),
 	 * and disk_sync = 1 to read each part when it is copied, on the
 	 * caller's thread (no read-ahead: for measuring). */
 	uint64_t disk_staging;
@@ -357,23 +360,61 @@ int arena_residency_piece_fit(const arena_layout *l, const arena_engine_opts *o,
 
 /* The disk tier: which streamed blocks of plan p keep a host copy under
  * `host_budget` bytes (slabs rounded up to ARENA_SLAB_ALIGN) and which do
- * not: disk[b] = 1 (n_blocks entries, set here). The tier takes the blocks
- * the schedule does not name first, then blocks spread evenly through the
- * schedule (each read while the host blocks before it are copied), and
- * the budget's room left goes back to host copies in schedule order. When they do
- * not all fit, the disk tier's `staging` comes out of the budget first
- * (arena_residency_host_copies: the host memory its reads go through is
- * the budget's too). host_len:
- * each block's host copy (coded streaming keeps them smaller), NULL: its
- * slab. *host and *disk_b (may be NULL) get their bytes. Errors: NOMEM. */
-/* The host memory left for streamed blocks' copies when some of them stay
- * in the image: the budget less the disk tier's staging, when the budget
- * is at least four times it (a smaller one would be mostly staging: the
- * staging comes on top). UINT64_MAX (no limit) stays. */
+ * not: disk[b] = 1 (n_blocks entries, set here). The host budget is all
+ * the host memory the weights take: the disk tier's `staging`
+ * (arena_residency_staging: the host memory its reads go through) comes
+ * out of it, and the streamed blocks keep host copies without a tier only
+ * when they fit beside it (a block that leaves the device later and finds
+ * no room joins the tier, whose staging is then made). Otherwise the tier
+ * takes the blocks the schedule does not name first, then blocks spread
+ * evenly through the schedule (each read while the host blocks before it
+ * are copied), and the budget's room left goes back to host copies in
+ * schedule order. host_len: each block's host copy (coded streaming keeps
+ * them smaller), NULL: its slab. *host and *disk_b (may be NULL) get their
+ * bytes. UINT64_MAX: no limit, no tier. Errors: NOMEM. */
+/* The host memory left for streamed blocks' copies: the budget less the
+ * disk tier's staging (0 when that takes it all). UINT64_MAX (no limit)
+ * stays. */
 uint64_t arena_residency_host_copies(uint64_t host_budget, uint64_t staging);
+/* A slot of the disk tier's stager for layout l, as engine_disk.c makes
+ * them: the largest block's bytes, at most a part (ARENA_ENGINE_DISK_PART,
+ * or arena__disk_part where set), or `region` (an hb4 image's largest
+ * coded region, read whole: arena_wire_region_most; 0: none) when larger;
+ * rounded up to 4096. */
+uint64_t arena_residency_stage_slot(const arena_layout *l, uint64_t region);
+/* The stager's share of a host budget (bytes in whole slots of `slot`,
+ * into *slots), beside `fixed` bytes the re-reads hold (the slab reader's
+ * chunk buffers, arena_slab_reader_buffers): a quarter of the budget, at
+ * least two slots (the least the stager reads ahead with), at most `want`
+ * (ARENA_ENGINE_DISK_STAGING, ARENA_DISK_STAGING) and ARENA_STAGER_MAX_SLOTS
+ * slots. The disk tier's staging is *slots + fixed. host_budget 0: the
+ * least (no host copies: every streamed block in the tier); UINT64_MAX (no
+ * limit): want. BUDGET (message: the least) when the budget is smaller
+ * than the least. */
+int arena_residency_staging(uint64_t host_budget, uint64_t want, uint64_t slot, uint64_t fixed, uint64_t *slots);
 int arena_residency_host_split(const arena_layout *l, const arena_residency_plan *p, uint64_t host_budget,
 			       uint64_t staging, const uint64_t *host_len, uint8_t *disk, uint64_t *host,
 			       uint64_t *disk_b);
+
+/* An image's host side under a host budget, as arena_open plans it and
+ * `arena plan` shows it: the staging (arena_residency_staging: slots of
+ * `slot` bytes, arena_residency_stage_slot, up to `want`, beside `fixed`), then the
+ * streamed blocks' host copies beside it, or the disk tier
+ * (arena_residency_host_split; disk[] as there). host_budget 0: the least;
+ * one not `given` (what the host has to spare) and smaller than the least
+ * is taken as the least. Errors: BUDGET (a budget given below the least),
+ * NOMEM. */
+typedef struct arena_host_plan {
+	uint64_t budget;  /* the budget in force (UINT64_MAX: no limit) */
+	uint64_t slots;   /* the stager's share of it */
+	uint64_t staging; /* slots + fixed: out of the budget */
+	uint64_t host;    /* the streamed blocks' host copies */
+	uint64_t disk;    /* bytes of the blocks left in the image */
+	size_t n_disk;
+} arena_host_plan;
+int arena_residency_host_plan(const arena_layout *l, const arena_residency_plan *p, uint64_t host_budget, int given,
+			      uint64_t slot, uint64_t want, uint64_t fixed, const uint64_t *host_len, uint8_t *disk,
+			      arena_host_plan *out);
 
 /* The ring's rule: the one arena_open, arena_set_mode, arena plan (its plan
  * and both floors), arena load and arena.torch's attach go by. Sets o->depth

@@ -22,7 +22,11 @@
  *      schedule streams next, at most a step ahead, up to twice as many
  *      parts as it has slots.
  *   5. The stager's thread and ensure_host (engine_moves.c) read the same
- *      source: ensure_host holds the stager's lock while it reads. */
+ *      source: ensure_host holds the stager's lock while it reads.
+ *   6. The stager's slots, two at least, are within o.disk_staging, which
+ *      host copies never take (host_cap is the host budget less it): with
+ *      a host budget the weights' host memory stays within it
+ *      (arena__engine_disk_init). */
 #include "engine_int.h"
 
 #include <stdio.h>
@@ -81,34 +85,73 @@ static size_t disk_parts_of(const arena_engine *e, uint32_t b, arena_stage_part 
 	return k;
 }
 
-/* The stager, made at the first disk-tier copy: slots as large as a part
- * (a block without reread_part) or a block read coded, as many as
- * o.disk_staging (default ARENA_ENGINE_DISK_STAGING) holds and the tier's
- * blocks fill, 2 at least. */
-static int stager_up(arena_engine *e)
+/* A stager slot: as large as a part (a block without reread_part: the
+ * block) or a coded region, whichever is larger, of any block (a block may
+ * join the tier later); 4096-aligned. arena_residency_stage_slot is the
+ * raw part of it. *coded: some block is read coded. */
+static uint64_t stage_slot(const arena_engine *e, int *coded)
 {
-	if (e->stg)
-		return 0;
-	/* A slot holds any block's part (a block may join the tier later) or
-	 * coded form; the slots need not hold more than the tier's blocks. */
-	uint64_t slot = 0, on = 0;
-	int coded = 0;
+	uint64_t slot = 0;
+	*coded = 0;
 	for (uint32_t b = 0; b < e->l->n_blocks; b++) {
 		const arena_wire *w = arena__engine_disk_coded(e, b);
 		const uint64_t sz = e->l->blocks[b].bytes;
 		uint64_t need = e->o.reread_part && disk_part() < sz ? disk_part() : sz;
-		for (size_t i = 0; w && i < w->n;) { /* its coded parts' room (a region may pass a part) */
-			const size_t j = arena_wire_region_end(w, i);
-			need = arena_wire_room(w, i, j) > need ? arena_wire_room(w, i, j) : need;
-			i = j;
-		}
+		const uint64_t region = arena_wire_region_most(w); /* its coded parts' room (a region may pass a part) */
+		need = region > need ? region : need;
 		slot = need > slot ? need : slot;
-		coded |= w != NULL;
-		on += arena__engine_on_disk(e, b) ? (w ? w->cap : sz) : 0;
+		*coded |= w != NULL;
 	}
-	slot = arena_align_up(slot ? slot : 1, 4096);
-	const uint64_t total = e->o.disk_staging ? e->o.disk_staging : ARENA_ENGINE_DISK_STAGING;
-	uint64_t n = total / slot, most = (on + slot - 1) / slot;
+	return arena_align_up(slot ? slot : 1, 4096);
+}
+
+/* The staging the stager may take: o.disk_staging (default
+ * ARENA_ENGINE_DISK_STAGING). */
+static uint64_t staging_of(const arena_engine *e)
+{
+	return e->o.disk_staging ? e->o.disk_staging : ARENA_ENGINE_DISK_STAGING;
+}
+
+int arena__engine_disk_init(arena_engine *e)
+{
+	if (!e->o.reread || !e->o.host_cap)
+		return 0;
+	int coded;
+	const uint64_t slot = stage_slot(e, &coded), staging = staging_of(e);
+	if (staging / slot >= 2)
+		return 0;
+	/* Two slots at least: what the staging lacks for them comes out of the
+	 * host copies' room (the budget holds both). */
+	const uint64_t more = 2 * slot - staging;
+	if (e->o.host_cap <= more || e->m->host_bytes > e->o.host_cap - more) {
+		char s1[32], s2[32], s3[32];
+		return arena_errorf(ARENA_E(BUDGET),
+				    "the disk tier's reads need 2 staging slots of %s (a part or a coded region), %s more "
+				    "than the host budget leaves beside the host copies (%s)",
+				    arena_size_str(slot, s1, sizeof(s1)), arena_size_str(more, s2, sizeof(s2)),
+				    arena_size_str(e->m->host_bytes, s3, sizeof(s3)));
+	}
+	e->o.host_cap -= more;
+	e->o.disk_staging = 2 * slot;
+	return 0;
+}
+
+/* The stager, made at the first disk-tier copy: slots of stage_slot, as
+ * many as the staging holds (the host budget's share for it,
+ * arena_residency_staging; two at least: arena__engine_disk_init) and the
+ * tier's blocks fill. */
+static int stager_up(arena_engine *e)
+{
+	if (e->stg)
+		return 0;
+	int coded;
+	const uint64_t slot = stage_slot(e, &coded);
+	uint64_t on = 0; /* the slots need not hold more than the tier's blocks */
+	for (uint32_t b = 0; b < e->l->n_blocks; b++) {
+		const arena_wire *w = arena__engine_disk_coded(e, b);
+		on += arena__engine_on_disk(e, b) ? (w ? w->cap : e->l->blocks[b].bytes) : 0;
+	}
+	uint64_t n = staging_of(e) / slot, most = (on + slot - 1) / slot;
 	n = n > most ? most : n;
 	n = n < 2 ? 2 : n > ARENA_STAGER_MAX_SLOTS ? ARENA_STAGER_MAX_SLOTS : n;
 	if (coded && !e->disk_plans) {

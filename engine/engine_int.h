@@ -293,6 +293,11 @@ uint64_t arena__engine_host_copy_bytes(const arena_engine *e, uint32_t b);
 int arena__engine_past_host_budget(const arena_engine *e, uint32_t b, uint64_t more);
 /* The stager and the coded plans it reads by (the streams synced first). */
 void arena__engine_disk_free(arena_engine *e);
+/* At create, with a host budget (o.host_cap) and an image to read: the
+ * stager's two slots at least within it beside the host copies (what
+ * o.disk_staging lacks for them comes out of host_cap). BUDGET when they
+ * do not fit. */
+int arena__engine_disk_init(arena_engine *e);
 
 /* --- engine_moves.c: moves between resident and streamed -------------------- */
 

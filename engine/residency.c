@@ -25,6 +25,7 @@
 #include "../common/err.h"
 #include "../common/units.h"
 #include "../formats/layout.h"
+#include "stager.h"
 
 /* --- helpers --------------------------------------------------------------- */
 
@@ -317,7 +318,46 @@ int arena_residency_piece_fit(const arena_layout *l, const arena_engine_opts *o,
 
 uint64_t arena_residency_host_copies(uint64_t host_budget, uint64_t staging)
 {
-	return host_budget != UINT64_MAX && host_budget / 4 >= staging ? host_budget - staging : host_budget;
+	return host_budget == UINT64_MAX ? host_budget : host_budget > staging ? host_budget - staging : 0;
+}
+
+uint64_t arena_residency_stage_slot(const arena_layout *l, uint64_t region)
+{
+	const uint64_t part = arena__disk_part ? arena__disk_part : ARENA_ENGINE_DISK_PART;
+	uint64_t slot = 0;
+	for (size_t b = 0; b < l->n_blocks; b++) {
+		const uint64_t need = l->blocks[b].bytes < part ? l->blocks[b].bytes : part;
+		slot = need > slot ? need : slot;
+	}
+	slot = region > slot ? region : slot;
+	return arena_align_up(slot ? slot : 1, 4096);
+}
+
+int arena_residency_staging(uint64_t host_budget, uint64_t want, uint64_t slot, uint64_t fixed, uint64_t *slots)
+{
+	*slots = 0;
+	slot = slot ? slot : 1;
+	/* The most: want, in whole slots (two at least, as the stager makes) */
+	uint64_t most = want / slot;
+	most = most < 2 ? 2 : most > ARENA_STAGER_MAX_SLOTS ? ARENA_STAGER_MAX_SLOTS : most;
+	const uint64_t least = arena_size_add(2 * slot, fixed);
+	if (host_budget == UINT64_MAX) {
+		*slots = most * slot;
+		return 0;
+	}
+	if (host_budget && host_budget < least) {
+		char s1[32], s2[32], s3[32], s4[32];
+		return arena_errorf(ARENA_E(BUDGET),
+				    "a host budget of %s does not hold the disk tier's least staging, %s (2 slots of %s "
+				    "and %s of chunk buffers for its reads): give at least that, or 0 for no host copies",
+				    arena_size_str(host_budget, s1, sizeof(s1)), arena_size_str(least, s2, sizeof(s2)),
+				    arena_size_str(slot, s3, sizeof(s3)), arena_size_str(fixed, s4, sizeof(s4)));
+	}
+	const uint64_t share = host_budget / 4;
+	uint64_t n = share > fixed ? (share - fixed) / slot : 0;
+	n = n < 2 ? 2 : n > most ? most : n;
+	*slots = n * slot;
+	return 0;
 }
 
 /* The host bytes block b's copy takes: host_len[b] (a coded copy) or its
@@ -356,8 +396,11 @@ int arena_residency_host_split(const arena_layout *l, const arena_residency_plan
 			sched_want += sz;
 		}
 	}
-	if (want > host_budget) { /* a disk tier: its staging first */
-		host_budget = arena_residency_host_copies(host_budget, staging);
+	/* No tier when the host copies fit beside the staging (a block that
+	 * leaves the device later and finds no room joins the tier, which
+	 * then reads through it). */
+	if (host_budget != UINT64_MAX && (want > host_budget || host_budget - want < staging)) {
+		host_budget = arena_residency_host_copies(host_budget, staging); /* the staging first */
 		/* Blocks the schedule does not stream cost no reads a step: they go
 		 * first. The rest of the tier is spread through the schedule (a
 		 * block joins it when the tier's bytes so far are behind its share
@@ -366,7 +409,7 @@ int arena_residency_host_split(const arena_layout *l, const arena_residency_plan
 		 * schedule's end is read back to back, the copies waiting on the
 		 * disk (on the H200, 2026-12-02: 3.1 GB a step at the end of
 		 * sampling's schedule took 0.34 s steps to 0.55 s). */
-		const uint64_t need = want - host_budget; /* (the staging only lowered it) */
+		const uint64_t need = want - host_budget; /* (want + staging > the budget) */
 		const uint64_t unsched = want - sched_want;
 		const uint64_t rest = need > unsched ? need - unsched : 0; /* the scheduled blocks' share */
 		uint64_t pos = 0, tier = 0;
@@ -411,6 +454,26 @@ int arena_residency_host_split(const arena_layout *l, const arena_residency_plan
 		*host = used;
 	if (disk_b)
 		*disk_b = out;
+	return 0;
+}
+
+int arena_residency_host_plan(const arena_layout *l, const arena_residency_plan *p, uint64_t host_budget, int given,
+			      uint64_t slot, uint64_t want, uint64_t fixed, const uint64_t *host_len, uint8_t *disk,
+			      arena_host_plan *out)
+{
+	memset(out, 0, sizeof(*out));
+	memset(disk, 0, l->n_blocks);
+	if (!given && host_budget < arena_size_add(2 * slot, fixed))
+		host_budget = 0; /* the host spares less than the least: the least */
+	int rc = arena_residency_staging(host_budget, want, slot, fixed, &out->slots);
+	if (rc)
+		return rc;
+	out->staging = out->slots + fixed;
+	out->budget = host_budget ? host_budget : out->staging;
+	if ((rc = arena_residency_host_split(l, p, out->budget, out->staging, host_len, disk, &out->host, &out->disk)))
+		return rc;
+	for (size_t b = 0; b < l->n_blocks; b++)
+		out->n_disk += disk[b];
 	return 0;
 }
 

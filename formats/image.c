@@ -397,6 +397,24 @@ int arena_img_sniff(const char *path)
 	return n == 8 && memcmp(magic, ARENA_IMG_MAGIC, 8) == 0;
 }
 
+int arena_img_read_header(const char *path, arena_img_header *h)
+{
+	int fd;
+	struct stat st;
+	int rc = arena_open_input(path, 0, &fd, &st);
+	if (rc)
+		return rc;
+	uint8_t page[ARENA_IMG_HEADER_SIZE];
+	const uint64_t size = (uint64_t)st.st_size;
+	rc = size < ARENA_IMG_HEADER_SIZE ? arena_errorf(E(IMG_TRUNCATED), "%s: file is %llu bytes, shorter than the "
+									 "4096-byte header", path, (unsigned long long)size)
+					  : arena_pread_full(fd, page, sizeof(page), 0, path);
+	if (!rc)
+		rc = arena_img_header_decode(page, size, path, h);
+	close(fd);
+	return rc;
+}
+
 static int read_chunk_table(arena_image *img)
 {
 	const arena_img_header *h = &img->hdr;

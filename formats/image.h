@@ -107,6 +107,11 @@ typedef struct arena_image {
 /* Does the file at `path` start with the image magic? 1 yes, 0 no (including unreadable). */
 int arena_img_sniff(const char *path);
 
+/* The header of the image at `path` alone, checked (its checksum and
+ * fields; not the manifest or chunk table). Errors: those of arena_img_open
+ * for the header. */
+int arena_img_read_header(const char *path, arena_img_header *h);
+
 /* Open and check everything but the data chunks (docs/FORMAT.md order).
  * Errors: NOT_FOUND, INPUT_NOT_READABLE (see arena_open_input), IO, NOMEM, IMG_*. */
 int arena_img_open(const char *path, arena_image **out);

@@ -217,6 +217,17 @@ uint64_t arena_wire_room(const arena_wire *w, size_t i, size_t j)
 	return (j < w->n ? w->seg[j].src : w->cap) - w->seg[i].src;
 }
 
+uint64_t arena_wire_region_most(const arena_wire *w)
+{
+	uint64_t most = 0;
+	for (size_t i = 0; w && i < w->n;) {
+		const size_t j = arena_wire_region_end(w, i);
+		most = arena_wire_room(w, i, j) > most ? arena_wire_room(w, i, j) : most;
+		i = j;
+	}
+	return most;
+}
+
 void arena_wire_sub(const arena_wire *plan, size_t i, size_t j, arena_wire_seg *seg, uint8_t *buf, arena_wire *out)
 {
 	const uint64_t base = plan->seg[i].src;

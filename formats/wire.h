@@ -118,6 +118,9 @@ void arena_wire_put(arena_wire *w, uint64_t x, uint64_t y, const arena_img_dec *
 size_t arena_wire_region_end(const arena_wire *w, size_t i);
 /* The room of segments [i, j) in w's buffer. */
 uint64_t arena_wire_room(const arena_wire *w, size_t i, size_t j);
+/* The largest room of one of w's regions (0 for NULL): a disk tier's
+ * staging slot holds at least that. */
+uint64_t arena_wire_region_most(const arena_wire *w);
 /* Segments [i, j) of plan (whole regions) as a coded form of their own, in
  * out, with seg (room for j - i segments) and buf (room for
  * arena_wire_room(plan, i, j) bytes): their places rebased to buf, none

@@ -339,15 +339,20 @@ typedef struct arena_open_options {
 	 * whole eighths, 192 MiB), or smaller ones when those do not fit
 	 * (arena_plan_get's piece_size says what was chosen). */
 	uint64_t piece_size;
-	/* images only: host memory for the copies of streamed blocks. Blocks
-	 * beyond it (spread through the order they run, each read while the
-	 * blocks before it are copied) keep no host copy: each
-	 * is read from the image when it is streamed (the disk tier), its
-	 * chunks checked as the bytes pass, ahead of use into 384 MiB of
-	 * staging, which comes out of a budget of at least four times that
-	 * (on top of a smaller one). 0 = what
+	/* images only: all the host memory the weights take: the copies of
+	 * streamed blocks and the disk tier's staging. Blocks beyond it
+	 * (spread through the order they run, each read while the blocks
+	 * before it are copied) keep no host copy: each is read from the image
+	 * when it is streamed (the disk tier), its chunks checked as the bytes
+	 * pass, ahead of use into staging that comes out of the budget whether
+	 * or not a tier is planned: a quarter of it, up to 384 MiB, and at
+	 * least two read slots (a 64 MiB part, or the largest block) and the
+	 * readers' chunk buffers; the load's read ring stays within the budget
+	 * too. A budget below that least is BUDGET, naming it (arena_plan_get's
+	 * host_budget and staging_bytes say what was taken). 0 = what
 	 * MemAvailable (and the cgroup) allow less a reserve of 2 GiB or a
-	 * tenth; ARENA_ZERO_BYTES = none (every streamed block from disk).
+	 * tenth (the least where that is less); ARENA_ZERO_BYTES = the least:
+	 * no host copies, every streamed block from disk.
 	 * A block the image cannot give again fails the step's call that
 	 * needs it (acquire, step_end), naming the block: IO (a read fault),
 	 * INPUT_CHANGED (the image is shorter than when it was opened),
@@ -710,6 +715,10 @@ typedef struct arena_plan_info {
 	uint64_t piece_size;     /* blocks streamed in pieces of at most this; 0 whole blocks */
 	uint64_t host_bytes;     /* host copies of blocks held (streamed blocks, and demoted ones) */
 	size_t n_disk;           /* blocks with no copy but in the image (the disk tier) */
+	uint64_t host_budget;    /* all the host memory the weights may take: host copies and staging
+				  * (0: no limit) */
+	uint64_t staging_bytes;  /* an image's: of the host budget, the disk tier's reads' (the stager's
+				  * slots and the re-readers' chunk buffers), host copies never use it */
 } arena_plan_info;
 
 ARENA_API int arena_plan_get(const arena *a, arena_plan_info *out);
@@ -910,8 +919,9 @@ ARENA_API int arena_verify(const char *path, const arena_verify_options *opt, ar
  * layout, coding, metadata, sources, blocks and tensors. On success *json
  * is a NUL-terminated UTF-8 string for arena_string_free. Errors: those of
  * reading the input (ST_*, IDX_*, IMG_*, NOT_FOUND, NO_CHECKPOINT,
- * INPUT_NOT_READABLE, INPUT_CHANGED, IO), PLAN_EMPTY (no tensors, as for
- * convert), NOMEM. */
+ * INPUT_NOT_READABLE, INPUT_CHANGED, IO), NOMEM. A valid input with no
+ * tensors (a header of `__metadata__` alone, or `{}`) is described: no
+ * tensors, its metadata; convert and arena_open refuse it (PLAN_EMPTY). */
 ARENA_API int arena_inspect(const char *path, char **json);
 /* Free a string the library returned. Accepts NULL. */
 ARENA_API void arena_string_free(char *s);

@@ -219,13 +219,16 @@ int arena_inspect_json(const char *path, json_t **out)
 		arena_img_close(img);
 	} else {
 		arena_ckpt *c;
-		arena_plan_report *r = NULL;
+		arena_plan_report *r = NULL, none = {0};
 		int rc = arena_ckpt_open(path, &c);
-		if (!rc && ((rc = arena_plan_check_ckpt(c)) || (rc = arena_plan_describe(c, NULL, &r))))
-			arena_ckpt_close(c); /* the rules convert applies, the same error */
+		/* the rules convert applies, the same error; but a valid file with
+		 * no tensors (a header of __metadata__ alone, or {}) is shown, its
+		 * discovery finding nothing: convert and load refuse it */
+		if (!rc && ((rc = arena_plan_check_ckpt(c)) || (c->n_tensors && (rc = arena_plan_describe(c, NULL, &r)))))
+			arena_ckpt_close(c);
 		if (rc)
 			return rc;
-		o = ckpt_json(path, c, r);
+		o = ckpt_json(path, c, r ? r : &none);
 		arena_plan_report_free(r);
 		arena_ckpt_close(c);
 	}

@@ -278,6 +278,22 @@ int arena__load_ring_setup(loader *L, uint64_t need, uint64_t max_read, uint64_t
 		slot = even ? even : DIRECT_ALIGN;
 	if (slot != L->slot || spt != L->spt || thr != L->threads)
 		L->ring_lowered |= ARENA_RING_BY_BYTES;
+	/* Within o->buffers_max: the ring and each thread's chunk buffers (a
+	 * coded chunk read whole; a zstd image's piece read in one). */
+	const arena_img_header *h = L->img ? &L->img->hdr : NULL;
+	const uint64_t extra = h && L->coded ? h->chunk_size * (1 + (h->flags & ARENA_IMG_FLAG_ZSTD ? L->per : 0)) : 0;
+	const uint64_t max = L->o->buffers_max;
+	while (max && (uint64_t)thr * (spt * slot + extra) > max) {
+		if (spt > 2)
+			spt--;
+		else if (slot / 2 >= (64u << 10))
+			slot = slot / 2 / DIRECT_ALIGN * DIRECT_ALIGN;
+		else if (thr > 1)
+			thr = thr / 2;
+		else
+			break;
+		L->ring_lowered |= ARENA_RING_BY_HOST;
+	}
 	const uint64_t full_slot = slot;
 	const unsigned full_spt = spt, full_thr = thr;
 	for (;;) {
@@ -495,7 +511,7 @@ int arena__load_place(loader *L, const arena_layout *l)
 		return 0;
 	if (!(L->placed = arena_calloc(l->n_blocks ? l->n_blocks : 1, 1)))
 		return arena_errorf(ARENA_E_NOMEM, "out of memory");
-	uint64_t stage = 0, *host_len = NULL;
+	uint64_t stage = 0, *host_len = NULL, region = 0;
 	if (L->img && L->o->coded_stream && L->o->backend->ops->decode_hb4) {
 		arena_wire_env();
 		stage = arena_wire_stage_bound(L->img->chunks, L->img->hdr.chunk_count);
@@ -506,10 +522,12 @@ int arena__load_place(loader *L, const arena_layout *l)
 			rc = arena_errorf(ARENA_E_NOMEM, "out of memory");
 		if (rc)
 			return rc;
-		for (size_t b = 0; b < l->n_blocks; b++)
+		for (size_t b = 0; b < l->n_blocks; b++) {
 			host_len[b] = L->wplan[b] ? L->wplan[b]->cap : l->blocks[b].bytes;
+			region = arena_wire_region_most(L->wplan[b]) > region ? arena_wire_region_most(L->wplan[b]) : region;
+		}
 	}
-	int rc = L->o->place(L->o->place_ctx, l, stage, host_len, L->placed);
+	int rc = L->o->place(L->o->place_ctx, l, stage, host_len, region, L->placed);
 	arena_free(host_len);
 	return rc;
 }

@@ -67,9 +67,12 @@ typedef struct arena_load_opts {
 	 * entries, 1 device, 0 host slab). `stage`: device bytes that
 	 * streaming anything will also take (coded streaming's stages; 0);
 	 * host_len: each block's host copy were it streamed (coded streaming
-	 * keeps hb4 blocks smaller), or NULL: its slab's bytes. Its error stops the load. Replaces
-	 * `on_device` when set. */
-	int (*place)(void *ctx, const arena_layout *l, uint64_t stage, const uint64_t *host_len, uint8_t *on_device);
+	 * keeps hb4 blocks smaller), or NULL: its slab's bytes; region: the
+	 * largest coded region of those copies (arena_wire_region_most: what
+	 * a disk tier's staging slot holds at least; 0: none). Its error stops
+	 * the load. Replaces `on_device` when set. */
+	int (*place)(void *ctx, const arena_layout *l, uint64_t stage, const uint64_t *host_len, uint64_t region,
+		     uint8_t *on_device);
 	void *place_ctx;
 	/* Images only: blocks larger than this many bytes become pieces
 	 * (arena_layout_pieces) that the model holds and streams as blocks;
@@ -86,6 +89,15 @@ typedef struct arena_load_opts {
 	 * with the same host layout (device/hostshare.h): the first loads it,
 	 * the others map it and read only their device blocks. */
 	int share_host;
+	/* Optional: the most host memory the load's own buffers may take: the
+	 * read ring and each reader thread's chunk buffers (a coded image's
+	 * chunk read whole, a zstd image's piece). Fewer slots, then smaller
+	 * ones, then fewer threads (2 slots of 64 KiB on one thread at least).
+	 * Read when the ring is made, after o->place: arena_open's place sets
+	 * it to what the host budget leaves beside the host copies it plans
+	 * (the disk tier's staging at least, which no host copy uses; the
+	 * tier's reads come later). 0: no limit. */
+	uint64_t buffers_max;
 	/* Optional: bytes done of those to do (read from files, and quantized
 	 * components), after each piece of work, from the reader threads. */
 	void (*progress)(void *ctx, uint64_t done, uint64_t total);
@@ -99,7 +111,7 @@ typedef struct arena_ring_shape {
 } arena_ring_shape;
 
 /* Why a ring is smaller than asked (arena_load_stats.ring_lowered). */
-enum { ARENA_RING_BY_BYTES = 1, ARENA_RING_BY_BUDGET = 2 };
+enum { ARENA_RING_BY_BYTES = 1, ARENA_RING_BY_BUDGET = 2, ARENA_RING_BY_HOST = 4 /* o->buffers_max */ };
 
 typedef struct arena_load_stats {
 	uint64_t file_bytes;      /* bytes read from files */
@@ -114,7 +126,7 @@ typedef struct arena_load_stats {
 	unsigned threads;         /* = ring.threads */
 	arena_ring_shape ring, ring_asked; /* used; asked for (defaults filled in) */
 	uint64_t ring_need;       /* bytes through the ring: read from files, quantized components */
-	unsigned ring_lowered;    /* ARENA_RING_BY_BYTES | ARENA_RING_BY_BUDGET: why ring < ring_asked */
+	unsigned ring_lowered;    /* ARENA_RING_BY_*: why ring < ring_asked */
 	double seconds;           /* open to commit */
 	/* Where the time went: open and check the file, size and pin the ring,
 	 * allocate device memory and host slabs, read+check+copy, commit. */

@@ -242,28 +242,35 @@ typedef struct open_ctx {
 	const char *path;
 	const char *profile;
 	int image, pieces; /* an image; opened in pieces */
-	uint64_t host_budget; /* host memory for streamed blocks' copies (UINT64_MAX: no limit) */
+	uint64_t host_budget; /* host memory for the weights (UINT64_MAX: no limit; 0: the least) */
 	int host_given;       /* the caller chose it */
-	uint64_t staging;     /* the disk tier's staging, out of the host budget when there is one */
+	uint64_t staging;     /* the stager's most (ARENA_DISK_STAGING), then its share of the budget */
+	arena_img_header hdr; /* an image's header (chunk_size 0: not read; the load says why) */
+	arena_load_opts *lo;  /* the load's options: its buffers within the staging */
+	uint64_t readers;     /* set by place_host: the re-readers' chunk buffers */
 	int disk_tier;        /* set by place_host: some streamed blocks stay in the image */
 } open_ctx;
 
-/* Streamed blocks get host copies within the host budget; an image's
+/* The host budget is all the host memory the weights take: host copies,
+ * and for an image the disk tier's staging (arena_residency_staging: the
+ * stager's slots and the re-readers' chunk buffers), which comes out of it
+ * whether or not a tier is planned (a block that leaves the device later
+ * may join one) and which the load's ring and chunk buffers use before
+ * that. Streamed blocks get host copies within the rest; an image's
  * others, spread through the schedule (arena_residency_host_split), stay
- * in the image (the disk tier). A
- * checkpoint cannot be read again: a host budget given too small for it is
- * USAGE. */
+ * in the image (the disk tier). A checkpoint cannot be read again: a host
+ * budget given too small for it is USAGE. */
 static int place_host(open_ctx *c, const arena_layout *l, const arena_residency_plan *p,
-		      const uint64_t *host_len, uint8_t *on_device)
+		      const uint64_t *host_len, uint64_t region, uint8_t *on_device)
 {
-	uint64_t want = 0;
-	for (size_t b = 0; b < l->n_blocks; b++)
+	uint64_t want = 0, largest = 0;
+	for (size_t b = 0; b < l->n_blocks; b++) {
 		if (!on_device[b])
 			want += arena_align_up(host_len ? host_len[b] : l->blocks[b].bytes, ARENA_SLAB_ALIGN);
-	if (want <= c->host_budget)
-		return 0;
+		largest = l->blocks[b].bytes > largest ? l->blocks[b].bytes : largest;
+	}
 	if (!c->image) {
-		if (!c->host_given)
+		if (want <= c->host_budget || !c->host_given)
 			return 0; /* as before: the host holds them */
 		char s1[32], s2[32];
 		return arena_errorf(ARENA_E_USAGE,
@@ -271,11 +278,27 @@ static int place_host(open_ctx *c, const arena_layout *l, const arena_residency_
 				    "image can be read again while streaming (arena convert it)",
 				    c->path, arena_size_str(want, s1, sizeof(s1)), arena_size_str(c->host_budget, s2, sizeof(s2)));
 	}
+	c->readers = arena_slab_reader_buffers(&c->hdr, largest);
 	uint8_t *disk = arena_calloc(l->n_blocks ? l->n_blocks : 1, 1);
 	if (!disk)
 		return arena_errorf(ARENA_E_NOMEM, "out of memory");
-	int rc = arena_residency_host_split(l, p, c->host_budget, c->staging, host_len, disk, NULL, NULL);
-	c->disk_tier = 1;
+	arena_host_plan hp;
+	int rc = arena_residency_host_plan(l, p, c->host_budget, c->host_given, arena_residency_stage_slot(l, region),
+					   c->staging, c->readers, host_len, disk, &hp);
+	if (rc == ARENA_E(BUDGET)) {
+		char why[512];
+		snprintf(why, sizeof(why), "%s", arena_last_error());
+		rc = arena_errorf(rc, "%s: %s", c->path, why);
+	}
+	if (!rc) {
+		c->host_budget = hp.budget;
+		c->staging = hp.slots;
+		/* the load's own buffers: within what the host copies leave (the
+		 * staging at least; the stager comes later) */
+		if (hp.budget != UINT64_MAX)
+			c->lo->buffers_max = hp.budget - hp.host;
+		c->disk_tier = hp.n_disk > 0;
+	}
 	for (size_t b = 0; !rc && b < l->n_blocks; b++)
 		if (disk[b])
 			on_device[b] = ARENA_PLACE_DISK;
@@ -336,7 +359,8 @@ static void open_other(arena *a, uint64_t free_b, uint64_t total)
 /* Once the layout is known, before anything is allocated: read the profile
  * (if one is given), plan for the device as it is now, and put on the device
  * what the plan keeps resident. A model that cannot run is BUDGET here. */
-static int place(void *ctx, const arena_layout *l, uint64_t stage, const uint64_t *host_len, uint8_t *on_device)
+static int place(void *ctx, const arena_layout *l, uint64_t stage, const uint64_t *host_len, uint64_t region,
+		 uint8_t *on_device)
 {
 	open_ctx *c = ctx;
 	arena *a = c->a;
@@ -421,7 +445,7 @@ static int place(void *ctx, const arena_layout *l, uint64_t stage, const uint64_
 	if (rc)
 		return rc;
 	memcpy(on_device, p.resident, l->n_blocks);
-	rc = place_host(c, l, &p, host_len, on_device);
+	rc = place_host(c, l, &p, host_len, region, on_device);
 	arena_residency_plan_release(&p);
 	return rc;
 }
@@ -534,9 +558,28 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 		goto fail;
 	a->piece_size = piece;
 	a->depth = o->depth;
-	const uint64_t staging = arena_engine_disk_staging();
-	open_ctx pc = {a,         path, o->profile, a->is_image, piece != 0, host_budget_of(a, o, shared),
-		       o->host_budget != 0, staging, 0};
+	/* For measuring: the disk tier's parts and staging, reads on the
+	 * caller's thread (ARENA_DISK_READAHEAD=0), through the page cache only
+	 * (ARENA_DISK_IO=buffered; default: what it holds from it, the rest
+	 * O_DIRECT). */
+	const char *dp = getenv("ARENA_DISK_PART"), *dr = getenv("ARENA_DISK_READAHEAD"), *dio = getenv("ARENA_DISK_IO");
+	uint64_t dpv;
+	if (dp && arena_size_parse(dp, &dpv) == 0)
+		arena__disk_part = dpv;
+	arena_error_clear();
+	open_ctx pc = {.a = a,
+		       .path = path,
+		       .profile = o->profile,
+		       .image = a->is_image,
+		       .pieces = piece != 0,
+		       .host_budget = host_budget_of(a, o, shared),
+		       .host_given = o->host_budget != 0,
+		       .staging = arena_engine_disk_staging(),
+		       .lo = &lo};
+	if (a->is_image && arena_img_read_header(path, &pc.hdr)) { /* the load says what is wrong with it */
+		arena_error_clear();
+		pc.hdr.chunk_size = 0;
+	}
 	lo.backend = a->be;
 	lo.budget = &a->budget;
 	lo.cancel = cancel;
@@ -557,24 +600,18 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 	a->eo.reread = a->rr ? arena_slab_reader_read : NULL;
 	a->eo.reread_part = a->rr ? arena_slab_reader_read_part : NULL;
 	a->eo.reread_wire = a->rr ? arena_slab_reader_read_wire : NULL;
-	/* For measuring: the disk tier's parts and staging, reads on the
-	 * caller's thread (ARENA_DISK_READAHEAD=0), through the page cache only
-	 * (ARENA_DISK_IO=buffered; default: what it holds from it, the rest
-	 * O_DIRECT). */
-	const char *dp = getenv("ARENA_DISK_PART"), *dr = getenv("ARENA_DISK_READAHEAD"), *dio = getenv("ARENA_DISK_IO");
-	uint64_t dpv;
-	if (dp && arena_size_parse(dp, &dpv) == 0)
-		arena__disk_part = dpv;
-	a->eo.disk_staging = staging;
+	a->eo.disk_staging = pc.staging; /* the stager's share of the budget (place_host) */
 	a->eo.disk_sync = dr && !strcmp(dr, "0");
-	arena_error_clear();
 	if (a->rr && !(dio && !strcmp(dio, "buffered")))
 		arena_slab_reader_direct(a->rr);
+	arena_error_clear();
 	a->eo.reread_ctx = a->rr;
-	/* Demotions keep the host budget too (beyond it a block stays in the
-	 * image), less the staging when there is a disk tier. */
-	const uint64_t cap = pc.disk_tier ? arena_residency_host_copies(pc.host_budget, staging) : pc.host_budget;
+	/* Demotions keep the host budget too: host copies within it less the
+	 * staging (beyond it a block stays in the image). */
+	const uint64_t cap = a->rr ? arena_residency_host_copies(pc.host_budget, pc.staging + pc.readers) : pc.host_budget;
 	a->eo.host_cap = a->rr && cap != UINT64_MAX ? (cap ? cap : 1) : 0;
+	a->host_budget = pc.host_budget == UINT64_MAX ? 0 : pc.host_budget;
+	a->staging = a->rr ? pc.staging + pc.readers : 0;
 	if ((rc = arena_engine_create(a->m, &a->eo, &a->e)))
 		goto fail;
 	if ((rc = reg_add(a)))

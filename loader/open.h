@@ -29,6 +29,8 @@ struct arena {
 	int is_image;
 	uint64_t piece_size;      /* the pieces it was opened in (auto resolved); 0 whole blocks */
 	unsigned depth;           /* the ring's depth as the caller gave it (0: the ring's rule's) */
+	uint64_t host_budget;     /* the host memory the weights may take (0: no limit) */
+	uint64_t staging;         /* of it, the disk tier's staging (an image's) */
 	pthread_mutex_t mu;
 	int mu_init;
 	int closed;

@@ -70,6 +70,29 @@ static void *read_part(void *arg)
 	return NULL;
 }
 
+/* The readers a read uses: ARENA_REREAD_THREADS, else REREAD_THREADS. */
+static unsigned reader_count(void)
+{
+	const char *env = getenv("ARENA_REREAD_THREADS");
+	const int t = env ? atoi(env) : 0;
+	return t >= 1 && t <= REREAD_THREADS ? (unsigned)t : REREAD_THREADS;
+}
+
+uint64_t arena_slab_reader_buffers(const arena_img_header *h, uint64_t largest)
+{
+	if (!h->chunk_size)
+		return 0;
+	/* a read of `largest` bytes touches this many chunks at most, each run
+	 * its own reader's; a reader fills its raw buffer (a plain image's
+	 * chunk read in part), and for a coded image its stored one, and for a
+	 * zstd chunk the decoded streams (no more than the image's data each) */
+	const uint64_t chunks = (largest ? largest - 1 : 0) / h->chunk_size + 2;
+	const uint64_t n = chunks < reader_count() ? chunks : reader_count();
+	const uint64_t chunk = h->chunk_size < h->data_length ? h->chunk_size : h->data_length;
+	const unsigned bufs = !(h->flags & ARENA_IMG_FLAG_CODED) ? 1 : h->flags & ARENA_IMG_FLAG_ZSTD ? 3 : 2;
+	return n * chunk * bufs;
+}
+
 int arena_slab_reader_open(const char *path, const arena_layout *l, arena_slab_reader **out)
 {
 	return arena_slab_reader_open_pieces(path, l, 0, out);
@@ -101,11 +124,7 @@ int arena_slab_reader_open_pieces(const char *path, const arena_layout *l, uint6
 		return rc;
 	}
 	r->n_rd = 1;
-	r->want_rd = REREAD_THREADS;
-	const char *env = getenv("ARENA_REREAD_THREADS");
-	const int t = env ? atoi(env) : 0;
-	if (t >= 1 && t <= REREAD_THREADS)
-		r->want_rd = (unsigned)t;
+	r->want_rd = reader_count();
 	r->l = l;
 	*out = r;
 	return 0;

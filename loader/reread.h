@@ -45,6 +45,17 @@ int arena_slab_reader_read_part(void *reader, uint32_t b, uint64_t off, uint64_t
 struct arena_wire;
 int arena_slab_reader_read_wire(void *reader, uint32_t b, uint64_t at, uint64_t bytes, struct arena_wire *w);
 
+/* The host memory the readers' chunk buffers may hold while blocks of at
+ * most `largest` bytes are read again (a block's host copy is read whole,
+ * the disk tier reads parts) from an image with header h: a reader a
+ * thread, as many as such a read's chunks and at most 8
+ * (ARENA_REREAD_THREADS), each filling a chunk's raw bytes (a plain chunk
+ * read in part), and for a coded image its stored bytes, and for a zstd
+ * chunk its decoded streams. The host budget holds them beside the
+ * stager's slots (arena_residency_staging). */
+struct arena_img_header;
+uint64_t arena_slab_reader_buffers(const struct arena_img_header *h, uint64_t largest);
+
 /* Read from the page cache only what it holds, the rest with O_DIRECT
  * (arena_pread_cached_or_direct): a disk tier read again every step
  * neither evicts the rest of the page cache nor holds the image in it.

@@ -339,7 +339,9 @@ int arena_plan_get(const arena *a, arena_plan_info *out)
 				 .predicted_step_s = p->step_s,
 				 .piece_size = a->piece_size,
 				 .host_bytes = a->m->host_bytes,
-				 .n_disk = n_disk};
+				 .n_disk = n_disk,
+				 .host_budget = a->host_budget,
+				 .staging_bytes = a->staging};
 	return unlock(a, 0);
 }
 

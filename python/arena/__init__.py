@@ -787,17 +787,21 @@ def open(
       train mode (192 MiB), or smaller ones when those do not fit;
       ``plan()["piece_size"]`` says what was chosen.
       ``arena.torch.attach`` binds an arena in pieces module by module.
-    host_budget: images only: host memory for the copies of streamed blocks;
-      those beyond it are read from the image each time they are streamed,
-      checked, ahead of use on a thread of arena's through 384 MiB of staging
-      (out of a budget of at least 1.5 GiB) (the disk tier: models larger
-      than host memory run; ``stats()``' ``disk_wait_s`` is the time a step
-      waited for the disk). The tier's blocks are spread through the step,
-      each read while the blocks before it are copied: a tier the reads can
-      keep up with (from the page cache, 9 GB/s or more on the H200) costs
-      the step nothing and lowers peak RSS by its size. None =
-      what MemAvailable allows less a reserve; 0 = every streamed block.
-      ``plan()`` says ``host_bytes`` held and ``n_disk`` blocks left in the image.
+    host_budget: images only: all the host memory the weights take: the
+      copies of streamed blocks, and the staging that those beyond it are
+      read through from the image each time they are streamed, checked,
+      ahead of use on a thread of arena's (a quarter of the budget, up to
+      384 MiB; at least two read slots of up to 64 MiB and the readers'
+      chunk buffers, below which the budget is refused) (the disk tier:
+      models larger than host memory run; ``stats()``' ``disk_wait_s`` is the
+      time a step waited for the disk). The tier's blocks are spread through
+      the step, each read while the blocks before it are copied: a tier the
+      reads can keep up with (from the page cache, 9 GB/s or more on the
+      H200) costs the step nothing and lowers peak RSS by its size. None =
+      what MemAvailable allows less a reserve; 0 = that least: no copies,
+      every streamed block read. ``plan()`` says ``host_budget``,
+      ``host_bytes`` held, ``staging_bytes`` and ``n_disk`` blocks left in
+      the image.
     plain_stream: an image with hb4 chunks (``arena convert --codec hb4``) keeps
       its streamed blocks coded in host memory unless this is True: every copy
       then moves about 3/4 of the bytes and the device decodes them (coded

@@ -197,6 +197,8 @@ class PlanInfo(Structure):
         ("piece_size", c_uint64),
         ("host_bytes", c_uint64),
         ("n_disk", c_size_t),
+        ("host_budget", c_uint64),
+        ("staging_bytes", c_uint64),
     ]
 
 

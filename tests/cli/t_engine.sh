@@ -447,21 +447,28 @@ PY
 }
 
 # --host-budget: streamed blocks beyond it stay in the image, read (checked)
-# when they are streamed; a checkpoint cannot.
+# when they are streamed; a checkpoint cannot. The budget holds the disk
+# tier's staging (0: that alone, the least) beside the host copies.
 disk_tier() {
 	engine_image
 	run load "$T/f.arena" --backend sim --vram-cap 285K --headroom 0 --reserve 0 --host-budget 0 --check
 	expect_rc 0
 	expect_out "disk tier: "
 	expect_out "device bytes match the image"
-	run bench stream "$T/f.arena" --vram-cap 285K --headroom 0 --reserve 0 --host-budget 100K --steps 3
+	run plan "$T/f.arena" --vram 285K --headroom 0 --reserve 0 --host-budget 0 --json
+	expect_rc 0
+	least=$(python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["disk_tier"]; assert t["host_budget"] == t["staging_bytes"] > t["staging_slots_bytes"] > 0 and t["host_bytes"] == 0, t; print(t["host_budget"])' "$T/out") ||
+		fail "plan --host-budget 0: not the least staging alone"
+	hb=$((least + 100 * 1024))
+	run bench stream "$T/f.arena" --vram-cap 285K --headroom 0 --reserve 0 --host-budget $hb --steps 3
 	expect_rc 0
 	expect_out " disk "
 	expect_out "(waited "
-	run bench stream "$T/f.arena" --vram-cap 285K --headroom 0 --reserve 0 --host-budget 100K --steps 3 --json
+	expect_out "host budget "
+	run bench stream "$T/f.arena" --vram-cap 285K --headroom 0 --reserve 0 --host-budget $hb --steps 3 --json
 	expect_rc 0
-	python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); s=d["steps"]; assert sum(x["disk_bytes"] for x in s) > 0 and all(x["disk_wait_s"] >= 0 for x in s), s' "$T/out" ||
-		fail "bench stream --host-budget read nothing from the image"
+	python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); s=d["steps"]; t=d["disk_tier"]; assert sum(x["disk_bytes"] for x in s) > 0 and all(x["disk_wait_s"] >= 0 for x in s), s; assert t["host_budget"] == int(sys.argv[2]) and t["staging_bytes"] == int(sys.argv[3]) and 0 < t["host_bytes"] <= t["host_budget"] - t["staging_bytes"] and t["blocks"] > 0, t' "$T/out" $hb $least ||
+		fail "bench stream --host-budget: nothing read from the image, or the budget not reported"
 	run load "$REF/tiny_flux.safetensors" --backend sim --vram-cap 285K --headroom 0 --reserve 0 --host-budget 1K
 	expect_rc 2
 	expect_error_line
@@ -469,20 +476,29 @@ disk_tier() {
 	run load "$T/f.arena" --backend sim --host-budget lots
 	expect_rc 2
 	expect_error_line
-	run plan "$T/f.arena" --vram 285K --headroom 0 --reserve 0 --host-budget 100K --json
+	# a budget below the least staging: refused, naming the least
+	for cmd in "load $T/f.arena --backend sim --vram-cap" "bench stream $T/f.arena --vram-cap" "plan $T/f.arena --vram"; do
+		# shellcheck disable=SC2086
+		run $cmd 285K --headroom 0 --reserve 0 --host-budget 100K
+		expect_rc 2
+		expect_error_line
+		expect_err "does not hold the disk tier's least staging, $((least / 1024)).00 KiB"
+	done
+	run plan "$T/f.arena" --vram 285K --headroom 0 --reserve 0 --host-budget $hb --json
 	expect_rc 0
-	python3 - "$T/out" <<'PY' || fail "plan --host-budget: disk tier wrong"
+	python3 - "$T/out" $hb <<'PY' || fail "plan --host-budget: disk tier wrong"
 import json, sys
 d = json.load(open(sys.argv[1]))
 t = d["disk_tier"]
 disk = [b for b in d["blocks"] if b["where"] == "disk"]
 assert t["blocks"] == len(disk) > 0 and t["bytes"] == sum(b["bytes"] for b in disk), t
-assert t["host_bytes"] <= 100 * 1024 < t["host_bytes"] + min(b["bytes"] for b in disk) + 4096, t
+room = int(sys.argv[2]) - t["staging_bytes"]
+assert t["host_bytes"] <= room < t["host_bytes"] + min(b["bytes"] for b in disk) + 4096, t
 PY
-	run plan "$T/f.arena" --vram 285K --headroom 0 --reserve 0 --host-budget 100K
+	run plan "$T/f.arena" --vram 285K --headroom 0 --reserve 0 --host-budget $hb
 	expect_rc 0
 	expect_out "disk tier: "
-	expect_out "ahead of use through up to 384.00 MiB of staging; host copies"
+	expect_out "ahead of use; host budget $((hb / 1024)).00 KiB: host copies "
 	run plan "$T/f.arena" --vram 285K --headroom 0 --reserve 0 --host-budget 10M
 	expect_rc 0
 	expect_out "disk tier: none"
@@ -533,10 +549,12 @@ cases coded_stream
 
 # The disk tier keeps the blocks' host copies within the host budget: a 512
 # MiB model (eight 64 MiB blocks) streamed through 200 MiB of device memory
-# with a budget of all of it, of 64 MiB and of none (128 MiB of staging);
-# peak RSS (GNU time) over the run with none (the process, the sim's device
-# memory and the staging) is about the copies each budget allows. (A slow
-# sim keeps bench's copy-rate probe, 2 x 50 MB, under the runs' memory.)
+# with a budget of all of it, of the least (0: 128 MiB of staging slots and
+# the readers' chunk buffers) and of 64 MiB more than that; peak RSS (GNU
+# time) over the run with the least (the process, the sim's device memory
+# and the staging) is about the copies each budget allows; the load's read
+# ring stays within the staging. (A slow sim keeps bench's copy-rate probe,
+# 2 x 50 MB, under the runs' memory.)
 disk_tier_rss() {
 	python3 - "$T/m.safetensors" <<'PY' || fail "cannot write the model"
 import json, struct, sys
@@ -562,7 +580,8 @@ PY
 	}
 	rss 0
 	none=$mib
-	rss 64M
+	least=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["disk_tier"]["host_budget"])' "$T/out")
+	rss $((least + (64 << 20)))
 	some=$mib
 	rss 1G
 	all=$mib
@@ -570,8 +589,62 @@ PY
 	[ $((all - none)) -ge 300 ] || fail "host copies of every streamed block took only $((all - none)) MiB"
 	python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["steps"]; assert all(x["disk_bytes"] == 0 for x in s), s' "$T/out" ||
 		fail "a budget of all of it read from the image"
+	# the load's read ring stays within the staging too (asked: 512 MiB)
+	run load "$T/m.arena" --backend sim --vram-cap 200M --headroom 0 --reserve 0 --host-budget 0 --threads 8 \
+		--slot-size 16M --no-probe --json
+	expect_rc 0
+	python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["ring"]; assert r["requested_bytes"] == 512 << 20 and r["bytes"] <= int(sys.argv[2]) and "host_budget" in r["lowered_by"], r' "$T/out" "$least" ||
+		fail "the load's ring is not within the host budget's staging"
 }
 cases disk_tier_rss
+
+# The host budget is all the host memory the weights take: host copies, the
+# disk tier's staging (the stager's slots) and the re-readers' chunk
+# buffers. FLUX.1-dev's layout (synth, one block of each kind: 1.02 GiB)
+# streamed on sim through 768 MiB of device memory in 64 MiB pieces, 810 MiB
+# a step. The weights' share of a run's peak RSS (GNU time's maximum
+# resident set: the kernel's VmHWM) is that peak less the rest of the
+# process: the peak of the same run without a host budget, less its host
+# copies (every streamed block: its streamed bytes a step). With a budget of
+# 512 MiB, and with the least (0), the share stays within the budget bench
+# says it counted and 32 MiB: the stager's and the readers' threads (stacks,
+# malloc arenas), part lists and segment tables, and the rest of the
+# process varying from run to run (10 MiB seen).
+host_budget_rss() {
+	"$ARENA" synth --layout flux-dev --blocks 1 -q -o "$T/f.safetensors" || fail "synth"
+	"$ARENA" convert -q "$T/f.safetensors" -o "$T/f.arena" || fail "convert"
+	rm -f "$T/f.safetensors"
+	rss() { # [bench options]: peak RSS in MiB into $mib; the JSON in $T/out
+		mib=0
+		if /usr/bin/time -f "%M" -o "$T/rss" "$ARENA" bench stream "$T/f.arena" --backend sim --vram-cap 768M \
+			--piece-size auto --steps 3 --json "$@" >"$T/out" 2>"$T/err"; then
+			mib=$(($(tail -n 1 "$T/rss") / 1024))
+		else
+			fail "bench stream $*: $(cat "$T/err")"
+		fi
+	}
+	field() { # EXPR over the JSON d (the last step: s), in MiB
+		python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); s=d["steps"][-1]; print(int(eval(sys.argv[2])) >> 20)' "$T/out" "$1"
+	}
+	rss
+	base=$((mib - $(field 's["streamed_bytes"]')))
+	[ "$(field 's["disk_bytes"]')" = 0 ] || fail "no host budget read from the image"
+	for budget in 512 0; do
+		rss --host-budget ${budget}M
+		share=$((mib - base))
+		[ "$budget" = 0 ] || [ "$share" -le $((budget + 32)) ] ||
+			fail "--host-budget ${budget}M: the weights took $share MiB of RSS (peak $mib MiB, the rest $base MiB)"
+		counted=$(field 'd["disk_tier"]["host_budget"]') || fail "bench --json does not say what the budget counted"
+		[ "$budget" = 0 ] || [ "$counted" = "$budget" ] || fail "--host-budget ${budget}M: counted $counted MiB"
+		[ "$share" -le $((counted + 32)) ] ||
+			fail "--host-budget ${budget}M: the weights took $share MiB of RSS (peak $mib MiB, the rest $base MiB), counted $counted MiB"
+		[ "$share" -ge "$(field 'd["disk_tier"]["host_bytes"] + d["disk_tier"]["staging_bytes"] // 2')" ] ||
+			fail "--host-budget ${budget}M: $share MiB of RSS, less than its host copies and half its staging"
+		[ "$(field 's["disk_bytes"]')" -gt 0 ] || fail "--host-budget ${budget}M read nothing from the image"
+	done
+	[ "$counted" -lt 256 ] || fail "the least budget is $counted MiB"
+}
+cases host_budget_rss
 
 # The ring's rule is one: plan's verdict and floor say what load accepts, at
 # the boundary, in both modes, in whole blocks and in pieces (training in

@@ -106,15 +106,22 @@ inputs_cut_under_the_disk_tier() {
 cases inputs_cut_under_the_disk_tier
 
 # A model without tensors (an index with an empty weight_map, a `{}`
-# safetensors, a folder holding one): inspect refuses it as convert and load
-# do, with the same line and exit status.
+# safetensors, a folder holding one): inspect, a reader, shows it (0
+# tensors); convert and load refuse it, with the same line and exit status.
 inputs_empty_model() {
 	printf '{"weight_map": {}}' >"$T/model.safetensors.index.json"
 	make_st "$T/e.safetensors" '{}' 0
 	mkdir "$T/dir"
 	make_st "$T/dir/model.safetensors" '{}' 0
 	for p in "$T/model.safetensors.index.json" "$T/e.safetensors" "$T/dir"; do
-		for c in "inspect $p" "inspect --json $p" "convert -q $p -o $T/x.arena" "load $p --backend sim"; do
+		run inspect "$p"
+		expect_rc 0
+		expect_no_err
+		expect_out "tensors:    0 in "
+		run inspect --json "$p"
+		expect_rc 0
+		expect_json_tensors 0
+		for c in "convert -q $p -o $T/x.arena" "load $p --backend sim"; do
 			# shellcheck disable=SC2086
 			run $c
 			expect_rc 1

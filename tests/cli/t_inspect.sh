@@ -117,6 +117,45 @@ inspect_tiny_flux() {
 	expect_out '"reason": "repeating"'
 }
 
+# A valid file with no tensors (a header of only __metadata__, or {}):
+# inspect, a reader, shows it (0 tensors, its metadata) and exits 0, in text
+# and JSON; convert and load refuse it, and convert writes nothing.
+inspect_no_tensors() {
+	make_st "$T/meta.safetensors" '{"__metadata__":{"format":"pt","note":"no weights yet"}}' 0
+	make_st "$T/none.safetensors" '{}' 0
+	for f in meta none; do
+		run inspect "$T/$f.safetensors"
+		expect_rc 0
+		expect_no_err
+		expect_out "tensors:    0 in 1 file, 0 B (0 bytes)"
+		expect_out "blocks: none; globals: 0 tensors"
+		expect_out "file $T/$f.safetensors: "
+		run inspect --json "$T/$f.safetensors"
+		expect_rc 0
+		expect_no_err
+		expect_json_tensors 0
+		python3 - "$T/out" "$f" <<'PY' || fail "inspect --json $f.safetensors: metadata or totals wrong"
+import json, sys
+d = json.load(open(sys.argv[1]))
+want = {"format": "pt", "note": "no weights yet"} if sys.argv[2] == "meta" else {}
+assert [x["metadata"] for x in d["files"]] == [want] and d["files"][0]["tensors"] == 0, d["files"]
+assert d["totals"]["bytes"] == 0 and d["totals"]["by_dtype"] == [], d["totals"]
+assert d["discovery"]["blocks"] == 0 and d["discovery"]["found"] == [], d["discovery"]
+PY
+		run convert "$T/$f.safetensors" -o "$T/$f.arena"
+		expect_rc 1
+		expect_error_line
+		expect_err "checkpoint has no tensors"
+		[ ! -e "$T/$f.arena" ] || fail "convert of a file with no tensors wrote $f.arena"
+		run load "$T/$f.safetensors" --backend sim
+		expect_rc 1
+		expect_error_line
+		expect_err "checkpoint has no tensors"
+	done
+	run inspect "$T/meta.safetensors"
+	expect_out "  note: no weights yet"
+}
+
 # Blocks found from the structure whatever the container's name; what was
 # looked at and not taken is named with the reason.
 inspect_discovery() {
@@ -289,4 +328,5 @@ cases inspect_blocks_t5_encoder inspect_blocks_unet_mid_block inspect_blocks_not
 
 cases inspect_help inspect_no_path inspect_two_paths inspect_unknown_option inspect_nonexistent \
 	inspect_corrupt_file inspect_short_file inspect_unknown_dtype inspect_no_checkpoint \
-	inspect_bad_index inspect_dtypes inspect_tiny_flux inspect_discovery inspect_quant_reference inspect_llama_sharded
+	inspect_bad_index inspect_dtypes inspect_tiny_flux inspect_discovery inspect_quant_reference inspect_llama_sharded \
+	inspect_no_tensors

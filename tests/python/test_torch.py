@@ -381,18 +381,24 @@ class Sampling(unittest.TestCase):
         h.detach()
 
     def test_partial_disk_tier_equals_plain(self):
-        """A host budget for about half the streamed blocks: the rest stay in the image
-        (spread through the step), read when streamed; outputs are the plain model's,
-        bit for bit, step after step."""
+        """A host budget for the disk tier's staging and about half the streamed blocks:
+        the rest stay in the image (spread through the step), read when streamed;
+        outputs are the plain model's, bit for bit, step after step."""
         m = model()
         h = at.attach(m, IMG, **STREAM)
         full = h.plan()["host_bytes"]
         h.detach()
         m = model()
-        h = at.attach(m, IMG, host_budget=full // 2, **STREAM)
+        h = at.attach(m, IMG, host_budget=0, **STREAM)
+        least = h.plan()["staging_bytes"]
+        h.detach()
+        m = model()
+        h = at.attach(m, IMG, host_budget=least + full // 2, **STREAM)
         pl = h.plan()
         self.assertGreater(pl["n_disk"], 0)
         self.assertLess(pl["n_disk"], pl["n_streamed"])
+        self.assertEqual(pl["host_budget"], least + full // 2)
+        self.assertEqual(pl["staging_bytes"], least)
         self.assertLessEqual(pl["host_bytes"], full // 2)
         self.check(m)
         h.end_step()
@@ -402,13 +408,16 @@ class Sampling(unittest.TestCase):
         h.detach()
 
     def test_disk_tier_equals_plain(self):
-        """host_budget=0: every streamed block read from the image when it is streamed."""
+        """host_budget=0: every streamed block read from the image when it is streamed,
+        through the least staging."""
         m = model()
         h = at.attach(m, IMG, host_budget=0, **STREAM)
         pl = h.plan()
         self.assertGreater(pl["n_disk"], 0)
         self.assertEqual(pl["n_disk"], pl["n_streamed"])
         self.assertEqual(pl["host_bytes"], 0)
+        self.assertEqual(pl["host_budget"], pl["staging_bytes"])
+        self.assertGreater(pl["staging_bytes"], 0)
         with self.assertRaises(arena.Error) as cm:  # no memory to view for blocks in the image only
             h.arena.tensors()
         self.assertEqual(cm.exception.code, "USAGE")

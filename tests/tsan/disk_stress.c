@@ -1,7 +1,8 @@
 /* disk_stress.c - the disk tier end to end under ThreadSanitizer: an image
- * opened on the sim backend with a host budget of one block, all resident
- * at first; device pressure comes at step 6 (blocks leave the device: one
- * gets a host copy, read on the caller's thread beside the stager, the
+ * opened on the sim backend with a host budget of the disk tier's least
+ * staging and one block, all resident at first; device pressure comes at
+ * step 6 (blocks leave the device: one gets a host copy, read on the
+ * caller's thread beside the stager, the
  * others are read from the image when streamed: the stager's thread,
  * the slab reader's threads, the sim's workers) and goes at step 14
  * (promotions copy them back); sample and train, plain and hb4 images;
@@ -35,10 +36,17 @@ int main(int argc, char **argv)
 						.headroom = 40 << 10,
 						.reserve = ARENA_ZERO_BYTES,
 						.depth = 1,
-						.host_budget = 80 << 10, /* one block's host copy (read beside the stager) */
+						.host_budget = ARENA_ZERO_BYTES, /* the least: the disk tier's staging */
 						.mode = train ? ARENA_MODE_TRAIN : ARENA_MODE_SAMPLE,
 						.flags = ARENA_OPEN_NO_LEARN};
 			arena *a;
+			arena_plan_info p;
+			if (arena_open(argv[f], &o, &a) || arena_plan_get(a, &p)) {
+				fprintf(stderr, "disk_stress: %s\n", arena_last_error());
+				return 1;
+			}
+			arena_close(a);
+			o.host_budget = p.staging_bytes + (80 << 10); /* and one block's host copy (read beside the stager) */
 			if (arena_open(argv[f], &o, &a)) {
 				fprintf(stderr, "disk_stress: %s\n", arena_last_error());
 				return 1;

@@ -82,6 +82,10 @@ Test(disk, blocks_beyond_the_host_budget_come_from_the_image)
 		cr_assert_gt(p.n_streamed, 1);
 		cr_assert_eq(p.n_disk, p.n_streamed, "%zu of %zu streamed blocks on disk", p.n_disk, p.n_streamed);
 		cr_assert_eq(p.host_bytes, 0);
+		/* the least budget: the disk tier's staging alone */
+		const uint64_t least = p.host_budget;
+		cr_assert_gt(least, 0);
+		cr_assert_eq(p.staging_bytes, least);
 		cr_assert_gt(run_steps(a, ref, 3), 0);
 		arena_close(a);
 		/* The default budget holds a tiny model. */
@@ -94,13 +98,15 @@ Test(disk, blocks_beyond_the_host_budget_come_from_the_image)
 			big = arena_block_bytes(a, i) > big ? arena_block_bytes(a, i) : big;
 		const uint64_t two = 2 * big;
 		arena_close(a);
-		o = opts(two + (8 << 10), pieces[k]);
+		o = opts(least + two + (8 << 10), pieces[k]);
 		cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
 		cr_assert_eq(arena_plan_get(a, &p), 0);
 		cr_assert_gt(p.n_disk, 0);
 		cr_assert_lt(p.n_disk, p.n_streamed);
 		cr_assert_gt(p.host_bytes, 0);
-		cr_assert_leq(p.host_bytes, two + (8 << 10), "host copies within the budget");
+		cr_assert_eq(p.host_budget, least + two + (8 << 10));
+		cr_assert_eq(p.staging_bytes, least);
+		cr_assert_leq(p.host_bytes + p.staging_bytes, p.host_budget, "host copies and staging within the budget");
 		uint64_t d = run_steps(a, ref, 3);
 		cr_assert_gt(d, 0);
 		arena_close(a);
@@ -235,18 +241,24 @@ Test(disk, demotions_keep_the_host_budget)
 	for (size_t i = 0; i < arena_block_count(ref); i++)
 		big = arena_block_bytes(ref, i) > big ? arena_block_bytes(ref, i) : big;
 	/* everything resident (the headroom is what outside pressure can take);
-	 * a host budget of one block */
+	 * a host budget of the disk tier's least staging and one block */
 	arena_open_options o = {.backend = "sim",
 				.sim_capacity = 340 << 10,
 				.headroom = 40 << 10,
 				.reserve = ARENA_ZERO_BYTES,
 				.depth = 1,
-				.host_budget = big + 4096,
+				.host_budget = ARENA_ZERO_BYTES,
 				.flags = ARENA_OPEN_NO_LEARN};
 	arena *a;
-	cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
 	arena_plan_info p;
+	cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
 	cr_assert_eq(arena_plan_get(a, &p), 0);
+	const uint64_t least = p.staging_bytes;
+	arena_close(a);
+	o.host_budget = least + big + 4096;
+	cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_plan_get(a, &p), 0);
+	cr_assert_eq(p.staging_bytes, least);
 	cr_assert_eq(p.n_streamed, 0);
 	cr_assert_eq(p.host_bytes, 0);
 	/* another program takes most of the device: blocks must leave it */
@@ -415,10 +427,11 @@ Test(disk, reads_from_the_page_cache_or_around_it)
 	arena_free(got);
 }
 
-/* The disk tier's staging comes out of a host budget at least four times
- * its size (host copies and staging within the budget), and on top of a
- * smaller one. */
-Test(disk, the_staging_comes_out_of_a_large_enough_budget)
+/* The disk tier's staging comes out of the budget at open: host copies and
+ * staging within it; a quarter of a large budget goes to the stager's
+ * slots (up to ARENA_DISK_STAGING: a smaller one leaves host copies more);
+ * a budget below the least is refused, naming the least. */
+Test(disk, the_staging_comes_out_of_the_budget_at_open)
 {
 	arena_open_options ro = {.backend = "sim"};
 	arena *ref, *a;
@@ -427,6 +440,7 @@ Test(disk, the_staging_comes_out_of_a_large_enough_budget)
 	cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
 	arena_plan_info p;
 	cr_assert_eq(arena_plan_get(a, &p), 0);
+	const uint64_t least = p.staging_bytes;
 	uint64_t streamed = 0;
 	for (size_t i = 0; i < arena_block_count(a); i++) {
 		arena_block_info bi;
@@ -434,26 +448,136 @@ Test(disk, the_staging_comes_out_of_a_large_enough_budget)
 		streamed += bi.resident ? 0 : arena_block_bytes(a, i);
 	}
 	arena_close(a);
-	const uint64_t budget = streamed * 3 / 4, staging = budget / 4;
-	char s[32];
-	snprintf(s, sizeof(s), "%llu", (unsigned long long)staging);
+	/* A budget of the least and half the streamed blocks: a tier */
+	uint64_t budget = least + streamed / 2;
 	o = opts(budget, 0);
-	cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error()); /* default staging: on top */
-	arena_plan_info big;
-	cr_assert_eq(arena_plan_get(a, &big), 0);
-	cr_assert_gt(big.host_bytes, budget - staging, "host copies %llu", (unsigned long long)big.host_bytes);
-	arena_close(a);
-	setenv("ARENA_DISK_STAGING", s, 1);
 	cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
-	unsetenv("ARENA_DISK_STAGING");
-	arena_plan_info small;
-	cr_assert_eq(arena_plan_get(a, &small), 0);
-	cr_assert_leq(small.host_bytes, budget - staging, "host copies %llu, budget %llu less staging %llu",
-		      (unsigned long long)small.host_bytes, (unsigned long long)budget, (unsigned long long)staging);
-	cr_assert_lt(small.host_bytes, big.host_bytes);
+	cr_assert_eq(arena_plan_get(a, &p), 0);
+	cr_assert_eq(p.staging_bytes, least);
+	cr_assert_gt(p.n_disk, 0);
+	cr_assert_leq(p.host_bytes + p.staging_bytes, budget, "host copies %llu, staging %llu, budget %llu",
+		      (unsigned long long)p.host_bytes, (unsigned long long)p.staging_bytes, (unsigned long long)budget);
 	cr_assert_gt(run_steps(a, ref, 2), 0);
 	arena_close(a);
+	/* Eight times the least: a quarter for the staging, beside every host copy */
+	budget = 8 * least;
+	o = opts(budget, 0);
+	cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_plan_get(a, &p), 0);
+	cr_assert_gt(p.staging_bytes, least, "a quarter of the budget: %llu", (unsigned long long)p.staging_bytes);
+	cr_assert_leq(p.staging_bytes, budget / 4);
+	cr_assert_eq(p.n_disk, 0);
+	cr_assert_leq(p.host_bytes + p.staging_bytes, budget);
+	arena_close(a);
+	setenv("ARENA_DISK_STAGING", "1K", 1); /* two slots: the least */
+	cr_assert_eq(arena_open(img, &o, &a), 0, "%s", arena_last_error());
+	unsetenv("ARENA_DISK_STAGING");
+	cr_assert_eq(arena_plan_get(a, &p), 0);
+	cr_assert_eq(p.staging_bytes, least);
+	arena_close(a);
+	/* Below the least: refused, naming it */
+	o = opts(least - 1, 0);
+	cr_assert_eq(arena_open(img, &o, &a), ARENA_E(BUDGET));
+	char want[64];
+	snprintf(want, sizeof(want), "least staging, %.2f KiB", (double)least / 1024);
+	cr_assert(strstr(arena_last_error(), want), "%s (want '%s')", arena_last_error(), want);
 	arena_close(ref);
+}
+
+/* The host budget is all the host memory the weights take: the disk tier's
+ * staging comes out of it whatever its size, so that host copies and
+ * staging together stay within it; what is left holds host copies. */
+Test(disk, the_staging_comes_out_of_any_budget)
+{
+	enum { N = 21, MiB = 1 << 20 };
+	arena__disk_part = 0; /* parts of ARENA_ENGINE_DISK_PART */
+	arena_layout *l;
+	cr_assert_eq(arena_layout_create(N, 0, &l), 0);
+	uint8_t resident[N] = {1}; /* block 0: globals */
+	uint32_t sched[N];
+	for (size_t b = 0; b < N; b++) {
+		l->blocks[b].offset = b * 16 * MiB;
+		l->blocks[b].bytes = 16 * MiB;
+	}
+	arena_residency_plan p = {.n_blocks = N, .resident = resident, .sched = sched};
+	for (uint32_t b = 1; b < N; b++)
+		sched[p.n_sched++] = b;
+	uint8_t disk[N];
+	uint64_t host, out;
+	/* 320 MiB of streamed blocks, a budget of 240 MiB with 64 MiB of
+	 * staging (less than four times it): 176 MiB hold 11 host copies. */
+	cr_assert_eq(arena_residency_host_split(l, &p, 15 * 16 * MiB, 64 * MiB, NULL, disk, &host, &out), 0);
+	cr_assert_leq(host + 64 * MiB, 15 * 16 * MiB, "host copies %llu MiB and 64 MiB of staging in a 240 MiB budget",
+		      (unsigned long long)(host / MiB));
+	cr_assert_eq(host, 11 * 16 * MiB);
+	cr_assert_eq(out, 9 * 16 * MiB);
+	cr_assert_eq(arena_residency_host_copies(15 * 16 * MiB, 64 * MiB), 11 * 16 * MiB);
+	/* A budget the staging takes whole: every streamed block in the tier. */
+	cr_assert_eq(arena_residency_host_split(l, &p, 64 * MiB, 64 * MiB, NULL, disk, &host, &out), 0);
+	cr_assert_eq(host, 0);
+	cr_assert_eq(out, 20 * 16 * MiB);
+	/* Host copies fit beside the staging: no tier; not beside it: a tier,
+	 * though the copies alone would fit. */
+	cr_assert_eq(arena_residency_host_split(l, &p, 24 * 16 * MiB, 64 * MiB, NULL, disk, &host, &out), 0);
+	cr_assert_eq(out, 0);
+	cr_assert_eq(host, 20 * 16 * MiB);
+	cr_assert_eq(arena_residency_host_split(l, &p, 21 * 16 * MiB, 64 * MiB, NULL, disk, &host, &out), 0);
+	cr_assert_eq(host, 17 * 16 * MiB);
+	cr_assert_eq(out, 3 * 16 * MiB);
+	/* No limit: no tier. */
+	cr_assert_eq(arena_residency_host_split(l, &p, UINT64_MAX, 64 * MiB, NULL, disk, &host, &out), 0);
+	cr_assert_eq(out, 0);
+
+	/* The stager's share: a quarter of the budget in whole slots beside the
+	 * chunk buffers (32 MiB here), two slots at least, `want` at most. */
+	uint64_t slots;
+	cr_assert_eq(arena_residency_staging(1024 * MiB, 384 * MiB, 64 * MiB, 32 * MiB, &slots), 0);
+	cr_assert_eq(slots, 3 * 64 * MiB, "%llu MiB", (unsigned long long)(slots / MiB)); /* 256 less 32 */
+	cr_assert_eq(arena_residency_staging(8192ull * MiB, 384 * MiB, 64 * MiB, 32 * MiB, &slots), 0);
+	cr_assert_eq(slots, 384 * MiB);
+	cr_assert_eq(arena_residency_staging(8192ull * MiB, 100 * MiB, 64 * MiB, 32 * MiB, &slots), 0);
+	cr_assert_eq(slots, 2 * 64 * MiB, "two slots at least");
+	cr_assert_eq(arena_residency_staging(1ull << 50, 1ull << 40, 64 * MiB, 0, &slots), 0);
+	cr_assert_eq(slots, 64ull * 64 * MiB, "at most the stager's slots");
+	cr_assert_eq(arena_residency_staging(512 * MiB, 384 * MiB, 64 * MiB, 32 * MiB, &slots), 0);
+	cr_assert_eq(slots, 2 * 64 * MiB);
+	cr_assert_eq(arena_residency_staging(160 * MiB, 384 * MiB, 64 * MiB, 32 * MiB, &slots), 0); /* the least */
+	cr_assert_eq(slots, 2 * 64 * MiB);
+	cr_assert_eq(arena_residency_staging(160 * MiB - 1, 384 * MiB, 64 * MiB, 32 * MiB, &slots), ARENA_E(BUDGET));
+	cr_assert(strstr(arena_last_error(), "least staging, 160.00 MiB"), "%s", arena_last_error());
+	cr_assert_eq(arena_residency_staging(0, 384 * MiB, 64 * MiB, 32 * MiB, &slots), 0); /* 0: the least */
+	cr_assert_eq(slots, 2 * 64 * MiB);
+	cr_assert_eq(arena_residency_staging(UINT64_MAX, 384 * MiB, 64 * MiB, 32 * MiB, &slots), 0);
+	cr_assert_eq(slots, 384 * MiB);
+
+	/* The whole host side: 16 MiB slots (the blocks are smaller than a
+	 * part), 8 MiB of chunk buffers. 384 MiB: 88 MiB of staging (five
+	 * slots), 296 MiB hold 18 of the 20 host copies. */
+	arena_host_plan hp;
+	cr_assert_eq(arena_residency_host_plan(l, &p, 24 * 16 * MiB, 1, 16 * MiB, 384 * MiB, 8 * MiB, NULL, disk, &hp), 0);
+	cr_assert_eq(hp.slots, 5 * 16 * MiB);
+	cr_assert_eq(hp.staging, 88 * MiB);
+	cr_assert_eq(hp.host, 18 * 16 * MiB);
+	cr_assert_eq(hp.n_disk, 2);
+	cr_assert_eq(hp.disk, 2 * 16 * MiB);
+	cr_assert_leq(hp.host + hp.staging, hp.budget);
+	/* 0: the least, no host copies; a budget given below the least: BUDGET;
+	 * one the host spares (not given) below the least: the least. */
+	cr_assert_eq(arena_residency_host_plan(l, &p, 0, 1, 16 * MiB, 384 * MiB, 8 * MiB, NULL, disk, &hp), 0);
+	cr_assert_eq(hp.budget, 40 * MiB);
+	cr_assert_eq(hp.staging, 40 * MiB);
+	cr_assert_eq(hp.host, 0);
+	cr_assert_eq(hp.n_disk, 20);
+	cr_assert_eq(arena_residency_host_plan(l, &p, 39 * MiB, 1, 16 * MiB, 384 * MiB, 8 * MiB, NULL, disk, &hp), ARENA_E(BUDGET));
+	cr_assert_eq(arena_residency_host_plan(l, &p, 39 * MiB, 0, 16 * MiB, 384 * MiB, 8 * MiB, NULL, disk, &hp), 0);
+	cr_assert_eq(hp.budget, 40 * MiB);
+	cr_assert_eq(hp.n_disk, 20);
+	/* No limit: the most staging, no tier. */
+	cr_assert_eq(arena_residency_host_plan(l, &p, UINT64_MAX, 0, 16 * MiB, 384 * MiB, 8 * MiB, NULL, disk, &hp), 0);
+	cr_assert_eq(hp.slots, 384 * MiB);
+	cr_assert_eq(hp.n_disk, 0);
+	cr_assert_eq(hp.host, 20 * 16 * MiB);
+	arena_layout_free(l);
 }
 
 /* The disk tier is spread through the schedule, not its end: a tier read
@@ -478,8 +602,8 @@ Test(disk, the_tier_is_spread_through_the_schedule)
 		sched[p.n_sched++] = N - b;
 	uint8_t disk[N];
 	uint64_t host, out;
-	/* Room for 15 of 20 (staging on top: the budget is less than 4 x it). */
-	cr_assert_eq(arena_residency_host_split(l, &p, 15 * 16 * MiB, 384 * MiB, NULL, disk, &host, &out), 0);
+	/* Room for 15 of 20 (no staging here: the_staging_comes_out_of_any_budget). */
+	cr_assert_eq(arena_residency_host_split(l, &p, 15 * 16 * MiB, 0, NULL, disk, &host, &out), 0);
 	cr_assert_eq(host, 15 * 16 * MiB);
 	cr_assert_eq(out, 5 * 16 * MiB);
 	cr_assert_eq(disk[0], 0, "globals");
@@ -500,23 +624,23 @@ Test(disk, the_tier_is_spread_through_the_schedule)
 	p.n_sched = 0;
 	for (uint32_t b = 2; b < N; b++)
 		sched[p.n_sched++] = b;
-	cr_assert_eq(arena_residency_host_split(l, &p, 19 * 16 * MiB, 384 * MiB, NULL, disk, &host, &out), 0);
+	cr_assert_eq(arena_residency_host_split(l, &p, 19 * 16 * MiB, 0, NULL, disk, &host, &out), 0);
 	cr_assert_eq(out, 16 * MiB);
 	cr_assert(disk[1], "block 1 is not scheduled: it is the tier");
 	/* Everything fits: no tier; an odd budget: host copies as many as fit. */
-	cr_assert_eq(arena_residency_host_split(l, &p, 20 * 16 * MiB, 384 * MiB, NULL, disk, &host, &out), 0);
+	cr_assert_eq(arena_residency_host_split(l, &p, 20 * 16 * MiB, 0, NULL, disk, &host, &out), 0);
 	cr_assert_eq(out, 0);
 	cr_assert_eq(host, 20 * 16 * MiB);
-	cr_assert_eq(arena_residency_host_split(l, &p, 12 * 16 * MiB + 5 * MiB, 384 * MiB, NULL, disk, &host, &out), 0);
+	cr_assert_eq(arena_residency_host_split(l, &p, 12 * 16 * MiB + 5 * MiB, 0, NULL, disk, &host, &out), 0);
 	cr_assert_eq(host, 12 * 16 * MiB);
 	cr_assert_eq(out, 8 * 16 * MiB);
-	/* With the staging out of a large enough budget. */
+	/* With the staging out of the budget. */
 	cr_assert_eq(arena_residency_host_split(l, &p, 18 * 16 * MiB, 64 * MiB, NULL, disk, &host, &out), 0);
 	cr_assert_eq(host, 14 * 16 * MiB);
 	/* Out of memory for its lists: NOMEM, each allocation in turn. */
 	for (long k = 1; k <= 2; k++) {
 		arena_fault_alloc(k);
-		int rc = arena_residency_host_split(l, &p, 12 * 16 * MiB, 384 * MiB, NULL, disk, &host, &out);
+		int rc = arena_residency_host_split(l, &p, 12 * 16 * MiB, 64 * MiB, NULL, disk, &host, &out);
 		int fired = arena_fault_alloc_fired();
 		arena_fault_alloc(0);
 		cr_assert(fired, "allocation %ld", k);

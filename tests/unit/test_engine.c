@@ -1842,6 +1842,33 @@ static void setup_learn(void)
 	setup_with(sizes, NL, 30000, 2e8);
 }
 
+/* With a host budget (host_cap) and an image to read, the disk tier's
+ * stager takes two slots at least (a part, or the largest block): a staging
+ * given smaller than that takes the rest from the host copies' room, and a
+ * budget that cannot hold two slots beside the host copies is refused at
+ * create, naming them. */
+Test(engine, the_stagers_least_is_within_the_host_budget)
+{
+	arena_model *m = load(1);
+	arena_slab_reader *rr;
+	cr_assert_eq(arena_slab_reader_open(img_path, m->layout, &rr), 0);
+	const uint64_t slot = arena_align_up(MAXB, 4096);
+	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	o.reread = arena_slab_reader_read;
+	o.reread_part = arena_slab_reader_read_part;
+	o.reread_ctx = rr;
+	o.disk_staging = 4096;
+	arena_engine *e;
+	o.host_cap = 2 * slot - 4096; /* all of it the stager's */
+	cr_assert_eq(arena_engine_create(m, &o, &e), ARENA_E(BUDGET));
+	cr_assert(strstr(arena_last_error(), "2 staging slots of"), "%s", arena_last_error());
+	o.host_cap = 2 * slot - 4096 + MAXB; /* and one block */
+	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+	arena_engine_free(e);
+	arena_slab_reader_close(rr);
+	arena_model_free(m);
+}
+
 TestSuite(engine_learn, .init = setup_learn, .fini = teardown);
 
 /* The rest's levels above R the two tests below step through: more, less,

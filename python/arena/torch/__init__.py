@@ -194,8 +194,9 @@ def attach(
       host opens first (found with the group's ``all_gather_object``), the others
       after the group's ``barrier``. On NCCL, set each process's CUDA device first
       (``torch.cuda.set_device(local_rank)``), as DDP needs.
-    Other keywords go to :func:`arena.open` (``host_budget``: host memory for
-      streamed blocks, the rest read from the image when streamed;
+    Other keywords go to :func:`arena.open` (``host_budget``: all the host
+      memory the weights take, streamed blocks' copies and the staging the
+      rest are read through from the image when streamed;
       ``plain_stream``: an hb4 image's streamed blocks are copied coded and
       decoded by the device unless True; ``sim_capacity``, ``profile``...).
 
