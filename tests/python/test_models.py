@@ -180,6 +180,20 @@ class PixArt(Family):
                     timestep=torch.tensor([500]), added_cond_kwargs={"resolution": None, "aspect_ratio": None})
 
 
+class Lumina2(Family):
+    """Its rotary frequencies: a list of tensors in a plain attribute, which the model computes."""
+
+    def build(self):
+        return diffusers.Lumina2Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, hidden_size=32,
+                                                   num_layers=3, num_refiner_layers=1, num_attention_heads=4,
+                                                   num_kv_heads=2, multiple_of=16, axes_dim_rope=(4, 2, 2),
+                                                   axes_lens=(32, 32, 32), cap_feat_dim=16)
+
+    def inputs(self, s):
+        return dict(hidden_states=rn(s, 1, 4, 8, 8), timestep=torch.tensor([0.5]),
+                    encoder_hidden_states=rn(s + 1, 1, 6, 16), encoder_attention_mask=torch.ones(1, 6, dtype=torch.bool))
+
+
 class AutoencoderKL(Family):
     lora = ["to_q", "to_k", "to_v", "conv1"]
 
@@ -248,7 +262,7 @@ class Qwen2(Llama):
 
 
 ZOO: Dict[str, Family] = dict(flux=Flux(), sd3=SD3(), unet=UNet(), wan=Wan(), hunyuan=HunyuanVideo(), ltx=LTX(),
-                              cogvideox=CogVideoX(), pixart=PixArt(), vae=AutoencoderKL(), t5=T5Encoder(),
+                              cogvideox=CogVideoX(), pixart=PixArt(), lumina2=Lumina2(), vae=AutoencoderKL(), t5=T5Encoder(),
                               clip=CLIPText(), llama=Llama(), qwen2=Qwen2())
 
 
@@ -640,6 +654,40 @@ class PlainTorch(unittest.TestCase):
         h = at.attach(m, self.path, device="sim")
         with torch.no_grad():
             self.assertTrue(torch.equal(m(self.ids), self.want))
+        h.detach()
+
+    def test_tensors_in_a_plain_attribute_on_meta(self):
+        """Tensors a module keeps in a plain attribute (in a dict of lists here; Lumina2's
+        rotary frequencies are a list): built on meta, a model built from a config alone
+        gets them computed (Models.test_lumina2_*); a plain torch model's are refused at
+        attach, naming them, where they used to fail in the first forward."""
+
+        class WithTables(self.Model):
+            def __init__(self) -> None:
+                super().__init__()
+                self.tables = {"gain": [torch.linspace(0.5, 1.5, 16).to(BF16)]}
+
+            def forward(self, ids: torch.Tensor) -> torch.Tensor:
+                return super().forward(ids) * self.tables["gain"][0]
+
+        torch.manual_seed(0)
+        plain = WithTables().to(BF16).requires_grad_(False)  # the image's weights
+        with torch.no_grad():
+            want = plain(self.ids)
+        with torch.device("meta"):
+            m = WithTables()
+        m = m.to(BF16).requires_grad_(False)
+        m.scale = torch.linspace(0.5, 1.5, 32).to(BF16)  # (the buffer: test_a_buffer_on_meta_it_cannot_compute)
+        with self.assertRaises(arena.Error) as cm:
+            at.attach(m, self.path, device="sim")
+        msg = cm.exception.message
+        self.assertIn("1 problem(s): 'tables' holds tensors on the meta device in a plain attribute", msg)
+        self.assertIn("no module above it is built from a config alone", msg)
+        self.assertEqual(m.tables["gain"][0].device.type, "meta", "as it was")
+        m.tables = {"gain": [torch.linspace(0.5, 1.5, 16).to(BF16)]}  # set before attach: then it runs
+        h = at.attach(m, self.path, **streaming(self.path))
+        with torch.no_grad():
+            self.assertTrue(torch.equal(m(self.ids), want))
         h.detach()
 
 
