@@ -521,6 +521,62 @@ class AddAdapter(unittest.TestCase):
         self.check("flux")
 
 
+class PiecesOutOfOrder(unittest.TestCase):
+    """Pieces are cut in the order of the image's names; an SDXL-style UNet's blocks call
+    their modules in another (resnets and attentions alternate, the attentions named
+    first), so a piece is used again after others. Sampling in small pieces holds at most
+    one piece of a block while the next is acquired, the ring's rule (a piece used again
+    later is let go when the ring needs its room, and acquired again): the plain model's
+    outputs, step after step, where the calls as learned held up to four pieces at once
+    and filled the ring."""
+
+    @staticmethod
+    def build() -> torch.nn.Module:
+        return diffusers.UNet2DConditionModel(
+            sample_size=8, in_channels=4, out_channels=4, block_out_channels=(32, 64), layers_per_block=2,
+            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+            transformer_layers_per_block=2, cross_attention_dim=32, attention_head_dim=8, norm_num_groups=8,
+            addition_embed_type="text_time", addition_time_embed_dim=8, projection_class_embeddings_input_dim=40,
+            use_linear_projection=True)
+
+    @staticmethod
+    def inputs(s: int) -> Dict[str, Any]:
+        return dict(sample=rn(s, 1, 4, 8, 8), timestep=torch.tensor([500.0]), encoder_hidden_states=rn(s + 1, 1, 6, 32),
+                    added_cond_kwargs=dict(text_embeds=rn(s + 2, 1, 16), time_ids=rn(s + 3, 1, 3)))
+
+    def test_sdxl_unet_in_small_pieces(self):
+        torch.manual_seed(0)
+        plain = self.build().to(BF16).requires_grad_(False).eval()
+        d = os.path.join(TMP, "sdxl_unet")
+        plain.save_pretrained(d)
+        path = d + ".arena"
+        subprocess.run([ARENA_BIN, "convert", "-q", d, "-o", path], check=True)
+        with torch.no_grad():
+            want = [plain(**self.inputs(s)).sample for s in (0, 1)]
+        with torch.device("meta"):
+            m = self.build()
+        m = m.to(BF16).requires_grad_(False).eval()
+        h = at.attach(m, path, **streaming(path, "sample", "64K"))
+        names = [b.name for b in h.arena.blocks]
+        self.assertIn("up_blocks.0#22", names, "blocks in many pieces")
+        most = [0]  # the most pieces of a block held while it acquires another
+        for pb in h._pieced:
+            acquire = pb._acquire
+
+            def counted(idx: int, pb=pb, acquire=acquire) -> None:
+                most[0] = max(most[0], len(pb.held))
+                acquire(idx)
+
+            pb._acquire = counted
+        with torch.no_grad():
+            for step in range(4):
+                for s, w in zip((0, 1), want):
+                    self.assertTrue(torch.equal(m(**self.inputs(s)).sample, w), f"step {step}, input {s}")
+        self.assertEqual(most[0], 1, "one piece held while the next is acquired")
+        streamed(self, h)
+        h.detach()
+
+
 class Order(unittest.TestCase):
     def test_image_order_is_not_the_call_order(self):
         """HunyuanVideo's token refiner runs before its transformer blocks; the image
