@@ -521,6 +521,172 @@ class AddAdapter(unittest.TestCase):
         self.check("flux")
 
 
+class EncoderLayer(torch.nn.TransformerEncoderLayer):
+    """A layer of plain torch (its attention an nn.MultiheadAttention, which reads its
+    out_proj's weights without calling it) that checkpoints where its ``where`` says:
+    "layer" its own forward, "module" a method of it (the attention's) and a module in
+    it (linear2); "direct" reads linear2's weights without calling it; "" none."""
+
+    where = ""
+    reentrant = False
+
+    def forward(self, src: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        ck = functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=self.reentrant)
+        if self.where == "layer":
+            return ck(super().forward, src)
+        if self.where == "module":
+            x = src + ck(self._sa_block, self.norm1(src), None, None)
+            return x + ck(self.linear2, self.activation(self.linear1(self.norm2(x))))
+        if self.where == "direct":
+            x = src + self._sa_block(self.norm1(src), None, None)
+            y = self.activation(self.linear1(self.norm2(x)))
+            return x + torch.nn.functional.linear(y, self.linear2.weight, self.linear2.bias)
+        return super().forward(src)
+
+
+class Stack(torch.nn.Module):
+    """Layers of EncoderLayer; ``around``: the model checkpoints each layer's call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Linear(16, 32)
+        self.layers = torch.nn.ModuleList([EncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True)
+                                           for _ in range(4)])
+        self.head = torch.nn.Linear(32, 16)
+        self.around = False
+        self.reentrant = False
+        self.peek = False  # reads a layer's weight outside its call
+
+    def set(self, where: str = "", around: bool = False, reentrant: bool = False) -> "Stack":
+        self.around, self.reentrant = around, reentrant
+        for layer in self.layers:
+            layer.where, layer.reentrant = where, reentrant
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        if self.peek:
+            x = x + self.layers[1].linear2.bias
+        for layer in self.layers:
+            x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=self.reentrant) if self.around else layer(x)
+        return self.head(x)
+
+
+class Unheld(unittest.TestCase):
+    """A weight used while its block is not held is never read: a checkpoint's recompute
+    that reads it (calling modules of the block, or its forward, not the block) holds
+    the block for the backward and reads it bound again; a forward that reads it
+    outside the block's call is refused, naming it. Plain torch layers (EncoderLayer)
+    checkpointed in every place a model can put it (around each layer by the model,
+    inside the layer's own forward, around a module and a method inside it; reentrant
+    or not), trained with LoRA in whole blocks and in pieces: the plain model's losses
+    and gradients bit for bit, where the recompute used to run on released weights
+    (their places still viewing the ring) and gave other gradients. diffusers' and
+    transformers' own checkpointing: Models, Checkpointing."""
+
+    LORA = r"layers\.\d\.linear[12]"
+
+    @classmethod
+    def setUpClass(cls):
+        from safetensors.torch import save_model
+
+        plain = cls.make(meta=False)
+        src = os.path.join(TMP, "stack.safetensors")
+        save_model(plain, src)
+        cls.path = os.path.join(TMP, "stack.arena")
+        subprocess.run([ARENA_BIN, "convert", "-q", src, "-o", cls.path], check=True)
+
+    @staticmethod
+    def make(meta: bool, seed: int = 0) -> Stack:
+        torch.manual_seed(seed)
+        with torch.device("meta" if meta else "cpu"):
+            m = Stack()
+        return m.to(BF16).requires_grad_(False)
+
+    @staticmethod
+    def steps(m: torch.nn.Module, reentrant: bool) -> Tuple[List[float], Dict[str, torch.Tensor]]:
+        m.train()
+        ps = lora_params(m)
+        opt = torch.optim.AdamW(ps.values(), lr=1e-3)
+        losses = []
+        for s in range(2):
+            opt.zero_grad(set_to_none=True)
+            x = rn(s, 2, 8, 16).requires_grad_(reentrant)  # (a reentrant checkpoint's output needs an input that does)
+            loss = m(x).float().square().mean()
+            loss.backward()
+            losses.append(loss.item())
+            grads = {n: p.grad.clone() for n, p in ps.items()}
+            opt.step()
+        return losses, grads
+
+    def test_checkpointing_anywhere(self):
+        places = [("around each layer", dict(around=True)), ("inside the layer's forward", dict(where="layer")),
+                  ("around a module and a method inside the layer", dict(where="module"))]
+        for what, kw in places:
+            for reentrant in (False, True):
+                plain = self.make(meta=False).set(reentrant=reentrant, **kw)
+                add_lora(plain, self.LORA)
+                want = self.steps(plain, reentrant)
+                for piece in (None, "4K"):
+                    with self.subTest(what, reentrant=reentrant, piece=piece):
+                        m = self.make(meta=True).set(reentrant=reentrant, **kw)
+                        h = at.attach(m, self.path, mode="train",
+                                      **streaming(self.path, "train", piece, depth=10 if piece else 2))
+                        add_lora(m, self.LORA)
+                        got = self.steps(m, reentrant)
+                        self.assertEqual(got[0], want[0], "losses")
+                        self.assertEqual(differ(got[1], want[1]), [], "gradients")
+                        streamed(self, h)
+                        h.detach()
+
+    def test_read_outside_the_block(self):
+        x = rn(0, 2, 8, 16)
+        plain = self.make(meta=False).set(where="direct")
+        with torch.no_grad():
+            want = plain(x)
+        m = self.make(meta=True).set(where="direct")
+        h = at.attach(m, self.path, **streaming(self.path))
+        with torch.no_grad():
+            self.assertTrue(torch.equal(m(x), want), "whole blocks: a layer reads its module's weights in its call")
+            # between calls the layers' weights are not held: a read of one is refused
+            w = m.layers[2].linear1.weight
+            self.assertEqual((w.shape, w.dtype, w.device.type), (torch.Size([64, 32]), BF16, "cpu"))
+            self.assertIsInstance(w, torch.nn.Parameter)
+            self.assertIn("'layers.2.linear1.weight' (64, 32) torch.bfloat16 on cpu, of 'layers.2', not held now",
+                          repr(w))
+            with self.assertRaises(arena.Error) as cm:
+                w.sum()
+            self.assertEqual(cm.exception.code, "USAGE")
+            self.assertIn("layers.2: 'layers.2.linear1.weight' was read while the block was not held (outside the "
+                          "block's call and its backward)", cm.exception.message)
+            sd = m.state_dict()  # reads nothing of them: their shapes and dtypes on meta, the globals' values
+            self.assertEqual((sd["layers.2.linear1.weight"].device.type, sd["layers.2.linear1.weight"].shape),
+                             ("meta", torch.Size([64, 32])))
+            self.assertTrue(torch.equal(sd["embed.weight"], plain.embed.weight))
+            m.peek = True  # a forward that reads a layer's weight outside the layer's call
+            with self.assertRaises(arena.Error) as cm:
+                m(x)
+            self.assertIn("'layers.1.linear2.bias' was read while the block was not held", cm.exception.message)
+            m.peek = False
+            self.assertTrue(torch.equal(m(x), want), "and it goes on")
+        streamed(self, h)
+        h.detach()
+        self.assertEqual(m.layers[2].linear1.weight.device.type, "meta", "detached: the module's own again")
+        # in pieces, a module's weights are acquired for the calls of the modules that
+        # own them or hold them (nn.MultiheadAttention reading out_proj's); a layer's
+        # forward reading linear2's without calling it is refused
+        m = self.make(meta=True).set()
+        h = at.attach(m, self.path, **streaming(self.path, "sample", "4K"))
+        with torch.no_grad():
+            self.assertTrue(torch.equal(m(x), plain.set()(x)), "in pieces, attention's out_proj read by it")
+            m.set(where="direct")
+            with self.assertRaises(arena.Error) as cm:
+                m(x)
+        self.assertIn("'layers.0.linear2.weight' was read while its piece 'layers.0#", cm.exception.message)
+        self.assertIn("stream the block whole (piece_size=0)", cm.exception.message)
+        h.detach()
+
+
 class PiecesOutOfOrder(unittest.TestCase):
     """Pieces are cut in the order of the image's names; an SDXL-style UNet's blocks call
     their modules in another (resnets and attentions alternate, the attentions named

@@ -299,6 +299,14 @@ def _bind(h: Handle, target: Any, mode: str, trainable: Any, min_saved: Optional
     groups2: Dict[str, List[int]] = {}
     for idx in block_mod:
         groups2.setdefault(parent_of[idx], []).append(idx)
+    # Each block's weights as its modules hold them: they read nothing while it is
+    # not held (_BlockBinding.guard).
+    held: Dict[int, List[Tuple[torch.Tensor, str]]] = {}
+    for iname, (owners, _, info, is_buf) in bound.items():
+        if info.block in block_mod:
+            owner, leaf = owners[0]
+            w = (owner._buffers if is_buf else owner._parameters)[leaf]
+            held.setdefault(info.block, []).append((cast(torch.Tensor, w), iname))
     h._copy_bytes = _quant.copy_bytes(groups2, per_block_q)
     for parent, idxs in groups2.items():
         m = block_mod[idxs[0]]
@@ -308,6 +316,8 @@ def _bind(h: Handle, target: Any, mode: str, trainable: Any, min_saved: Optional
                                comp=comp_of[idx])
             resident, dev, host = a.block_state(idx)
             bb.addr = dev if resident else -1  # host views are placeholders: bind at the first call
+            bb.guard(held.get(idx, []))
+            h._restore.append(bb.unguard)
             bs[idx] = bb
             h._module_of[idx] = m
         # The modules inside the block that own its tensors.
@@ -328,7 +338,14 @@ def _bind(h: Handle, target: Any, mode: str, trainable: Any, min_saved: Optional
                     if leaf_m is not m:
                         _wrap_block(h, leaf_m, _Member(bb))  # type: ignore[arg-type]
             continue
-        # In pieces: the modules owning its tensors acquire the pieces they need.
+        # In pieces: the modules owning its tensors acquire the pieces they need, and
+        # those of the modules inside them, whose weights they may read without
+        # calling them (nn.MultiheadAttention reads its out_proj's).
+        own = {k: set(v) for k, v in leaf_need.items()}
+        for oid, leaf_m in leaf_mod.items():
+            if leaf_m is not m:
+                for inner in leaf_m.modules():
+                    leaf_need[oid] |= own.get(id(inner), set())
         keys = list(leaf_mod)
         pb = _PiecedBinding(h, parent, bs, [tuple(sorted(leaf_need[k])) for k in keys])
         h._pieced.append(pb)
