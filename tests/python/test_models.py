@@ -16,6 +16,7 @@ tests/python/test_torch.py (tests/python/run_torch.sh runs both).
 from __future__ import annotations
 
 import atexit
+import copy
 import os
 
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # (save_pretrained's shards bar)
@@ -654,6 +655,8 @@ class Unheld(unittest.TestCase):
             self.assertIsInstance(w, torch.nn.Parameter)
             self.assertIn("'layers.2.linear1.weight' (64, 32) torch.bfloat16 on cpu, of 'layers.2', not held now",
                           repr(w))
+            c = copy.deepcopy(w)  # a copy reads nothing either: its shape and dtype on meta
+            self.assertEqual(((c + 1).device.type, c.shape), ("meta", w.shape))
             with self.assertRaises(arena.Error) as cm:
                 w.sum()
             self.assertEqual(cm.exception.code, "USAGE")

@@ -1395,6 +1395,8 @@ class Quantized(unittest.TestCase):
         with fp8_matmul_stood_in():
             m = model()
             h = at.attach(m, path, mode="train", fp8_compute=True, **RESIDENT)
+            with torch.no_grad():  # a step: all resident, the blocks stay bound (read outside their calls)
+                m(**inputs())
             bound = m.transformer_blocks[0].attn.to_q.weight
             self.assertIsNotNone(bound.src)
             loose = _fp8.Fp8Weight(bound.qdata.clone(), bound.scale.clone(), torch.bfloat16, True)

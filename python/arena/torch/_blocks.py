@@ -60,8 +60,8 @@ def _dequantize(h: "Handle", info: TensorInfo, index: int, addr: int) -> torch.T
 
 # --- a bound weight while its unit is not held -------------------------------------------
 
-_UNHELD: Dict[int, Tuple["_BlockBinding", str]] = {}  # a bound weight (by id) -> its unit and its name
 _unheld_types: Dict[type, type] = {}
+_OF = "_arena_unheld_of"  # a guarded weight's attribute: its unit and its name (_BlockBinding.guard)
 # what reads nothing of a tensor's values (its metadata, its storage's address)
 _METADATA = frozenset(getattr(torch.Tensor, n) for n in (
     "size", "dim", "stride", "numel", "nelement", "element_size", "is_floating_point", "is_complex",
@@ -69,6 +69,10 @@ _METADATA = frozenset(getattr(torch.Tensor, n) for n in (
     "__hash__", "__len__"))
 # what would give its values to read later: a tensor of its shape and dtype on meta instead
 _VALUES = (torch.Tensor.detach, torch.Tensor.data.__get__)  # type: ignore[attr-defined]
+
+
+def _is_unheld(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and "_arena_own" in type(t).__dict__
 
 
 def _unheld_function(cls: type, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -88,18 +92,22 @@ def _unheld_function(cls: type, func: Any, types: Any, args: Any = (), kwargs: A
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
     for t in tree_leaves((args, kwargs)):
-        if isinstance(t, torch.Tensor) and type(t).__dict__.get("_arena_unheld"):
-            unit, what = _UNHELD[id(t)]
+        if _is_unheld(t) and _OF in t.__dict__:
+            unit, what = t.__dict__[_OF]
             unit.released_use(what)
-            if type(t).__dict__.get("_arena_unheld"):  # pragma: no cover - a hold that did not bind
+            if _is_unheld(t):  # pragma: no cover - a hold that did not bind
                 raise Error("INTERNAL", f"{unit.name}: '{what}' is not bound after its unit was held")
+    if any(_is_unheld(t) for t in tree_leaves((args, kwargs))):
+        # a copy of one (copy.deepcopy of the module), no weight of arena's: as its own type
+        base: Any = type.__getattribute__(cls, "_arena_own")
+        return base.__torch_function__(func, types, args, kwargs)
     return func(*args, **kwargs)
 
 
 def _unheld_repr(self: torch.Tensor, *args: Any, **kwargs: Any) -> str:
-    unit, what = _UNHELD[id(self)]
-    return (f"{type(self).__name__} '{what}' {tuple(self.shape)} {self.dtype} on {self.device}, of '{unit.name}', "
-            f"not held now (arena binds it for its block's calls)")
+    unit, what = self.__dict__.get(_OF, (None, "?"))
+    return (f"{type(self).__name__} '{what}' {tuple(self.shape)} {self.dtype} on {self.device}, of "
+            f"'{unit.name if unit is not None else '?'}', not held now (arena binds it for its block's calls)")
 
 
 def _unheld_type(cls: type) -> type:
@@ -110,7 +118,7 @@ def _unheld_type(cls: type) -> type:
     t = _unheld_types.get(cls)
     if t is None:
         t = type(cls)(cls.__name__, (cls,), {"__torch_function__": classmethod(_unheld_function),
-                                             "__repr__": _unheld_repr, "_arena_unheld": True,
+                                             "__repr__": _unheld_repr, "_arena_own": cls,
                                              "__module__": cls.__module__})
         _unheld_types[cls] = t
     return t
@@ -367,9 +375,9 @@ class _BlockBinding:
         while it is not held: from now until ``unguard``, their class is their
         type's _unheld_type between its holds."""
         for t, what in weights:
-            if id(t) in _UNHELD:  # (tied names: one tensor)
+            if _OF in t.__dict__:  # (tied names: one tensor)
                 continue
-            _UNHELD[id(t)] = (self, what)
+            t.__dict__[_OF] = (self, what)
             self.guards.append((t, type(t), _unheld_type(type(t))))
         self._swap_out()
 
@@ -377,7 +385,7 @@ class _BlockBinding:
         """Detach: the weights' own classes back, for good."""
         self._swap_in()
         for t, _, _ in self.guards:
-            _UNHELD.pop(id(t), None)
+            t.__dict__.pop(_OF, None)
         self.guards = []
 
     def _swap_in(self) -> None:
