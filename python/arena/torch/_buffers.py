@@ -137,7 +137,9 @@ def _fill(v: Any, like: Any, device: torch.device, where: str, depth: int = 0) -
             raise ValueError(f"{where} is a {type(like).__name__} of {len(like) if hasattr(like, '__len__') else '?'} "
                              f"there, where the module's is a {type(v).__name__} of {len(v)}")
         out = [_fill(x, y, device, f"{where}[{i}]", depth + 1) for i, (x, y) in enumerate(zip(v, like))]
-        return out if isinstance(v, list) else type(v)(out)
+        if isinstance(v, list):
+            return out
+        return type(v)(*out) if hasattr(v, "_fields") else type(v)(out)  # (a named tuple takes its fields)
     if isinstance(v, dict):
         if not isinstance(like, dict) or set(like) != set(v):
             raise ValueError(f"{where} has other keys there")
