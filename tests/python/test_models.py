@@ -16,6 +16,7 @@ tests/python/test_torch.py (tests/python/run_torch.sh runs both).
 from __future__ import annotations
 
 import atexit
+import copy
 import os
 
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # (save_pretrained's shards bar)
@@ -180,6 +181,20 @@ class PixArt(Family):
                     timestep=torch.tensor([500]), added_cond_kwargs={"resolution": None, "aspect_ratio": None})
 
 
+class Lumina2(Family):
+    """Its rotary frequencies: a list of tensors in a plain attribute, which the model computes."""
+
+    def build(self):
+        return diffusers.Lumina2Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, hidden_size=32,
+                                                   num_layers=3, num_refiner_layers=1, num_attention_heads=4,
+                                                   num_kv_heads=2, multiple_of=16, axes_dim_rope=(4, 2, 2),
+                                                   axes_lens=(32, 32, 32), cap_feat_dim=16)
+
+    def inputs(self, s):
+        return dict(hidden_states=rn(s, 1, 4, 8, 8), timestep=torch.tensor([0.5]),
+                    encoder_hidden_states=rn(s + 1, 1, 6, 16), encoder_attention_mask=torch.ones(1, 6, dtype=torch.bool))
+
+
 class AutoencoderKL(Family):
     lora = ["to_q", "to_k", "to_v", "conv1"]
 
@@ -248,7 +263,7 @@ class Qwen2(Llama):
 
 
 ZOO: Dict[str, Family] = dict(flux=Flux(), sd3=SD3(), unet=UNet(), wan=Wan(), hunyuan=HunyuanVideo(), ltx=LTX(),
-                              cogvideox=CogVideoX(), pixart=PixArt(), vae=AutoencoderKL(), t5=T5Encoder(),
+                              cogvideox=CogVideoX(), pixart=PixArt(), lumina2=Lumina2(), vae=AutoencoderKL(), t5=T5Encoder(),
                               clip=CLIPText(), llama=Llama(), qwen2=Qwen2())
 
 
@@ -507,6 +522,230 @@ class AddAdapter(unittest.TestCase):
         self.check("flux")
 
 
+class EncoderLayer(torch.nn.TransformerEncoderLayer):
+    """A layer of plain torch (its attention an nn.MultiheadAttention, which reads its
+    out_proj's weights without calling it) that checkpoints where its ``where`` says:
+    "layer" its own forward, "module" a method of it (the attention's) and a module in
+    it (linear2); "direct" reads linear2's weights without calling it; "" none."""
+
+    where = ""
+    reentrant = False
+
+    def forward(self, src: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        ck = functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=self.reentrant)
+        if self.where == "layer":
+            return ck(super().forward, src)
+        if self.where == "module":
+            x = src + ck(self._sa_block, self.norm1(src), None, None)
+            return x + ck(self.linear2, self.activation(self.linear1(self.norm2(x))))
+        if self.where == "direct":
+            x = src + self._sa_block(self.norm1(src), None, None)
+            y = self.activation(self.linear1(self.norm2(x)))
+            return x + torch.nn.functional.linear(y, self.linear2.weight, self.linear2.bias)
+        return super().forward(src)
+
+
+class Stack(torch.nn.Module):
+    """Layers of EncoderLayer; ``around``: the model checkpoints each layer's call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Linear(16, 32)
+        self.layers = torch.nn.ModuleList([EncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True)
+                                           for _ in range(4)])
+        self.head = torch.nn.Linear(32, 16)
+        self.around = False
+        self.reentrant = False
+        self.peek = False  # reads a layer's weight outside its call
+
+    def set(self, where: str = "", around: bool = False, reentrant: bool = False) -> "Stack":
+        self.around, self.reentrant = around, reentrant
+        for layer in self.layers:
+            layer.where, layer.reentrant = where, reentrant
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        if self.peek:
+            x = x + self.layers[1].linear2.bias
+        for layer in self.layers:
+            x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=self.reentrant) if self.around else layer(x)
+        return self.head(x)
+
+
+class Unheld(unittest.TestCase):
+    """A weight used while its block is not held is never read: a checkpoint's recompute
+    that reads it (calling modules of the block, or its forward, not the block) holds
+    the block for the backward and reads it bound again; a forward that reads it
+    outside the block's call is refused, naming it. Plain torch layers (EncoderLayer)
+    checkpointed in every place a model can put it (around each layer by the model,
+    inside the layer's own forward, around a module and a method inside it; reentrant
+    or not), trained with LoRA in whole blocks and in pieces: the plain model's losses
+    and gradients bit for bit, where the recompute used to run on released weights
+    (their places still viewing the ring) and gave other gradients. diffusers' and
+    transformers' own checkpointing: Models, Checkpointing."""
+
+    LORA = r"layers\.\d\.linear[12]"
+
+    @classmethod
+    def setUpClass(cls):
+        from safetensors.torch import save_model
+
+        plain = cls.make(meta=False)
+        src = os.path.join(TMP, "stack.safetensors")
+        save_model(plain, src)
+        cls.path = os.path.join(TMP, "stack.arena")
+        subprocess.run([ARENA_BIN, "convert", "-q", src, "-o", cls.path], check=True)
+
+    @staticmethod
+    def make(meta: bool, seed: int = 0) -> Stack:
+        torch.manual_seed(seed)
+        with torch.device("meta" if meta else "cpu"):
+            m = Stack()
+        return m.to(BF16).requires_grad_(False)
+
+    @staticmethod
+    def steps(m: torch.nn.Module, reentrant: bool) -> Tuple[List[float], Dict[str, torch.Tensor]]:
+        m.train()
+        ps = lora_params(m)
+        opt = torch.optim.AdamW(ps.values(), lr=1e-3)
+        losses = []
+        for s in range(2):
+            opt.zero_grad(set_to_none=True)
+            x = rn(s, 2, 8, 16).requires_grad_(reentrant)  # (a reentrant checkpoint's output needs an input that does)
+            loss = m(x).float().square().mean()
+            loss.backward()
+            losses.append(loss.item())
+            grads = {n: p.grad.clone() for n, p in ps.items()}
+            opt.step()
+        return losses, grads
+
+    def test_checkpointing_anywhere(self):
+        places = [("around each layer", dict(around=True)), ("inside the layer's forward", dict(where="layer")),
+                  ("around a module and a method inside the layer", dict(where="module"))]
+        for what, kw in places:
+            for reentrant in (False, True):
+                plain = self.make(meta=False).set(reentrant=reentrant, **kw)
+                add_lora(plain, self.LORA)
+                want = self.steps(plain, reentrant)
+                for piece in (None, "4K"):
+                    with self.subTest(what, reentrant=reentrant, piece=piece):
+                        m = self.make(meta=True).set(reentrant=reentrant, **kw)
+                        h = at.attach(m, self.path, mode="train",
+                                      **streaming(self.path, "train", piece, depth=10 if piece else 2))
+                        add_lora(m, self.LORA)
+                        got = self.steps(m, reentrant)
+                        self.assertEqual(got[0], want[0], "losses")
+                        self.assertEqual(differ(got[1], want[1]), [], "gradients")
+                        streamed(self, h)
+                        h.detach()
+
+    def test_read_outside_the_block(self):
+        x = rn(0, 2, 8, 16)
+        plain = self.make(meta=False).set(where="direct")
+        with torch.no_grad():
+            want = plain(x)
+        m = self.make(meta=True).set(where="direct")
+        h = at.attach(m, self.path, **streaming(self.path))
+        with torch.no_grad():
+            self.assertTrue(torch.equal(m(x), want), "whole blocks: a layer reads its module's weights in its call")
+            # between calls the layers' weights are not held: a read of one is refused
+            w = m.layers[2].linear1.weight
+            self.assertEqual((w.shape, w.dtype, w.device.type), (torch.Size([64, 32]), BF16, "cpu"))
+            self.assertIsInstance(w, torch.nn.Parameter)
+            self.assertIn("'layers.2.linear1.weight' (64, 32) torch.bfloat16 on cpu, of 'layers.2', not held now",
+                          repr(w))
+            c = copy.deepcopy(w)  # a copy reads nothing either: its shape and dtype on meta
+            self.assertEqual(((c + 1).device.type, c.shape), ("meta", w.shape))
+            with self.assertRaises(arena.Error) as cm:
+                w.sum()
+            self.assertEqual(cm.exception.code, "USAGE")
+            self.assertIn("layers.2: 'layers.2.linear1.weight' was read while the block was not held (outside the "
+                          "block's call and its backward)", cm.exception.message)
+            sd = m.state_dict()  # reads nothing of them: their shapes and dtypes on meta, the globals' values
+            self.assertEqual((sd["layers.2.linear1.weight"].device.type, sd["layers.2.linear1.weight"].shape),
+                             ("meta", torch.Size([64, 32])))
+            self.assertTrue(torch.equal(sd["embed.weight"], plain.embed.weight))
+            m.peek = True  # a forward that reads a layer's weight outside the layer's call
+            with self.assertRaises(arena.Error) as cm:
+                m(x)
+            self.assertIn("'layers.1.linear2.bias' was read while the block was not held", cm.exception.message)
+            m.peek = False
+            self.assertTrue(torch.equal(m(x), want), "and it goes on")
+        streamed(self, h)
+        h.detach()
+        self.assertEqual(m.layers[2].linear1.weight.device.type, "meta", "detached: the module's own again")
+        # in pieces, a module's weights are acquired for the calls of the modules that
+        # own them or hold them (nn.MultiheadAttention reading out_proj's); a layer's
+        # forward reading linear2's without calling it is refused
+        m = self.make(meta=True).set()
+        h = at.attach(m, self.path, **streaming(self.path, "sample", "4K"))
+        with torch.no_grad():
+            self.assertTrue(torch.equal(m(x), plain.set()(x)), "in pieces, attention's out_proj read by it")
+            m.set(where="direct")
+            with self.assertRaises(arena.Error) as cm:
+                m(x)
+        self.assertIn("'layers.0.linear2.weight' was read while its piece 'layers.0#", cm.exception.message)
+        self.assertIn("stream the block whole (piece_size=0)", cm.exception.message)
+        h.detach()
+
+
+class PiecesOutOfOrder(unittest.TestCase):
+    """Pieces are cut in the order of the image's names; an SDXL-style UNet's blocks call
+    their modules in another (resnets and attentions alternate, the attentions named
+    first), so a piece is used again after others. Sampling in small pieces holds at most
+    one piece of a block while the next is acquired, the ring's rule (a piece used again
+    later is let go when the ring needs its room, and acquired again): the plain model's
+    outputs, step after step, where the calls as learned held up to four pieces at once
+    and filled the ring."""
+
+    @staticmethod
+    def build() -> torch.nn.Module:
+        return diffusers.UNet2DConditionModel(
+            sample_size=8, in_channels=4, out_channels=4, block_out_channels=(32, 64), layers_per_block=2,
+            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+            transformer_layers_per_block=2, cross_attention_dim=32, attention_head_dim=8, norm_num_groups=8,
+            addition_embed_type="text_time", addition_time_embed_dim=8, projection_class_embeddings_input_dim=40,
+            use_linear_projection=True)
+
+    @staticmethod
+    def inputs(s: int) -> Dict[str, Any]:
+        return dict(sample=rn(s, 1, 4, 8, 8), timestep=torch.tensor([500.0]), encoder_hidden_states=rn(s + 1, 1, 6, 32),
+                    added_cond_kwargs=dict(text_embeds=rn(s + 2, 1, 16), time_ids=rn(s + 3, 1, 3)))
+
+    def test_sdxl_unet_in_small_pieces(self):
+        torch.manual_seed(0)
+        plain = self.build().to(BF16).requires_grad_(False).eval()
+        d = os.path.join(TMP, "sdxl_unet")
+        plain.save_pretrained(d)
+        path = d + ".arena"
+        subprocess.run([ARENA_BIN, "convert", "-q", d, "-o", path], check=True)
+        with torch.no_grad():
+            want = [plain(**self.inputs(s)).sample for s in (0, 1)]
+        with torch.device("meta"):
+            m = self.build()
+        m = m.to(BF16).requires_grad_(False).eval()
+        h = at.attach(m, path, **streaming(path, "sample", "64K"))
+        names = [b.name for b in h.arena.blocks]
+        self.assertIn("up_blocks.0#22", names, "blocks in many pieces")
+        most = [0]  # the most pieces of a block held while it acquires another
+        for pb in h._pieced:
+            acquire = pb._acquire
+
+            def counted(idx: int, pb=pb, acquire=acquire) -> None:
+                most[0] = max(most[0], len(pb.held))
+                acquire(idx)
+
+            pb._acquire = counted
+        with torch.no_grad():
+            for step in range(4):
+                for s, w in zip((0, 1), want):
+                    self.assertTrue(torch.equal(m(**self.inputs(s)).sample, w), f"step {step}, input {s}")
+        self.assertEqual(most[0], 1, "one piece held while the next is acquired")
+        streamed(self, h)
+        h.detach()
+
+
 class Order(unittest.TestCase):
     def test_image_order_is_not_the_call_order(self):
         """HunyuanVideo's token refiner runs before its transformer blocks; the image
@@ -640,6 +879,40 @@ class PlainTorch(unittest.TestCase):
         h = at.attach(m, self.path, device="sim")
         with torch.no_grad():
             self.assertTrue(torch.equal(m(self.ids), self.want))
+        h.detach()
+
+    def test_tensors_in_a_plain_attribute_on_meta(self):
+        """Tensors a module keeps in a plain attribute (in a dict of lists here; Lumina2's
+        rotary frequencies are a list): built on meta, a model built from a config alone
+        gets them computed (Models.test_lumina2_*); a plain torch model's are refused at
+        attach, naming them, where they used to fail in the first forward."""
+
+        class WithTables(self.Model):
+            def __init__(self) -> None:
+                super().__init__()
+                self.tables = {"gain": [torch.linspace(0.5, 1.5, 16).to(BF16)]}
+
+            def forward(self, ids: torch.Tensor) -> torch.Tensor:
+                return super().forward(ids) * self.tables["gain"][0]
+
+        torch.manual_seed(0)
+        plain = WithTables().to(BF16).requires_grad_(False)  # the image's weights
+        with torch.no_grad():
+            want = plain(self.ids)
+        with torch.device("meta"):
+            m = WithTables()
+        m = m.to(BF16).requires_grad_(False)
+        m.scale = torch.linspace(0.5, 1.5, 32).to(BF16)  # (the buffer: test_a_buffer_on_meta_it_cannot_compute)
+        with self.assertRaises(arena.Error) as cm:
+            at.attach(m, self.path, device="sim")
+        msg = cm.exception.message
+        self.assertIn("1 problem(s): 'tables' holds tensors on the meta device in a plain attribute", msg)
+        self.assertIn("no module above it is built from a config alone", msg)
+        self.assertEqual(m.tables["gain"][0].device.type, "meta", "as it was")
+        m.tables = {"gain": [torch.linspace(0.5, 1.5, 16).to(BF16)]}  # set before attach: then it runs
+        h = at.attach(m, self.path, **streaming(self.path))
+        with torch.no_grad():
+            self.assertTrue(torch.equal(m(self.ids), want))
         h.detach()
 
 

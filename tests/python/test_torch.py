@@ -1437,6 +1437,8 @@ class Quantized(unittest.TestCase):
         with fp8_matmul_stood_in():
             m = model()
             h = at.attach(m, path, mode="train", fp8_compute=True, **RESIDENT)
+            with torch.no_grad():  # a step: all resident, the blocks stay bound (read outside their calls)
+                m(**inputs())
             bound = m.transformer_blocks[0].attn.to_q.weight
             self.assertIsNotNone(bound.src)
             loose = _fp8.Fp8Weight(bound.qdata.clone(), bound.scale.clone(), torch.bfloat16, True)
@@ -2169,6 +2171,67 @@ class Subclasses(unittest.TestCase):
         with self.assertRaises(Exception):
             quantize_(torch.nn.Sequential(torch.nn.Linear(64, 32, dtype=torch.bfloat16)),
                       Int4WeightOnlyConfig(group_size=32))
+
+    def test_a_malformed_subclass_object(self):
+        """An image whose subclass object of a tensor is malformed (written so on purpose:
+        a nesting 900 deep, a type that is a list, a permutation out of range, a size that
+        is no list) is refused at attach as a malformed manifest naming the tensor, whether
+        the module holds the subclass or a plain tensor; nothing is bound."""
+        m0 = model(meta=False)
+        for n, mod in m0.named_modules():
+            if isinstance(mod, torch.nn.Linear) and _in_blocks(n):
+                mod.weight = torch.nn.Parameter(RowInt8.quantize(mod.weight.detach(), "rows"), requires_grad=False)
+        name = "transformer_blocks.0.attn.to_q.weight"
+
+        def deep(s: dict) -> None:
+            for _ in range(900):
+                s["nested"] = {"_data": {"type": s["type"]}}
+                s = s["nested"]["_data"]
+
+        def listed(s: dict) -> None:
+            s["type"] = ["a", "b"]
+
+        def permuted(s: dict) -> None:
+            s["permute"] = {"qdata": [5, 7]}
+
+        def sized(s: dict) -> None:
+            s["size"] = "big"
+
+        describe = at._quant.describe
+        cases = ((deep, "not JSON that can be read (RecursionError"), (listed, "'type' is a list, not a string"),
+                 (permuted, "'permute' of 'qdata' is [5, 7], not a permutation of its 2 dimensions"),
+                 (sized, "'size' is not a list of non-negative integers"))
+        for spoil, why in cases:
+            with self.subTest(spoil.__name__):
+
+                def spoilt(n: str, t: torch.Tensor, spoil=spoil):
+                    entry, comps = describe(n, t)
+                    if n == name:
+                        spoil(entry["subclass"])
+                    return entry, comps
+
+                path = os.path.join(TMP, f"spoilt-{spoil.__name__}.arena")
+                at._quant.describe = spoilt
+                limit = sys.getrecursionlimit()
+                sys.setrecursionlimit(20000)  # (json.dumps of the deep one)
+                try:
+                    at.save_image(m0, path)
+                finally:
+                    at._quant.describe = describe
+                    sys.setrecursionlimit(limit)
+                for held in ("the subclass", "a plain tensor"):
+                    m = model()
+                    if held == "the subclass":
+                        for n, mod in m.named_modules():
+                            if isinstance(mod, torch.nn.Linear) and _in_blocks(n):
+                                mod.weight = torch.nn.Parameter(RowInt8.quantize(mod.weight.detach(), "rows"),
+                                                                requires_grad=False)
+                    with self.assertRaises(arena.Error) as cm:
+                        at.attach(m, path, device="sim")
+                    e = cm.exception
+                    self.assertEqual((e.code, e.error_class), ("IMG_MANIFEST_BAD", "invalid"), e.message)
+                    self.assertIn(f"{path}: tensor '{name}': its subclass object is malformed: {why}", e.message)
+                    self.assertFalse(hasattr(m, "_arena_handle"), "nothing bound")
 
 
 class Fmt:

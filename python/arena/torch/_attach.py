@@ -15,7 +15,7 @@ from torch import nn
 
 from .. import Component, Error, TensorInfo, _view, torch_dtype
 from ._blocks import _DEQUANT, _BlockBinding, _as_component, _dequantize, _in_backward, _Member, _placeholder
-from ._buffers import computed_buffers
+from ._buffers import Rebuilt, computed_attributes, computed_buffers, set_attributes
 from ._guards import _guard_apply, _guard_merge, _is_adapter_param, _peft_tuners, _reorder
 from ._handle import Handle, _observe_oom
 from ._offload import _SavedOffload
@@ -127,6 +127,7 @@ def _bind(h: Handle, target: Any, mode: str, trainable: Any, min_saved: Optional
     spare: Set[str] = set()  # image names of tied weights bound through another name
     subs: Dict[str, torch.Tensor] = {}  # image name -> the tensor subclass that holds its components (_quant)
     buffers: List[Tuple[List[Tuple[nn.Module, str]], torch.Tensor, torch.Tensor]] = []
+    attrs: List[Tuple[nn.Module, str, Any, Any]] = []
     peft_of: Dict[int, str] = {}
     for prefix, module in roots:
         tuners = set(_peft_tuners(module))
@@ -202,9 +203,13 @@ def _bind(h: Handle, target: Any, mode: str, trainable: Any, min_saved: Optional
                 continue
             bound[iname] = (owners, t, info, is_buf)
         # Buffers the model computes: materialized (built on meta) or moved to the arena's device.
-        got, bproblems = computed_buffers(module, h._device, lambda n, p=prefix: p + _image_name(n) in image)
+        rebuilt: Rebuilt = {}
+        got, bproblems = computed_buffers(module, h._device, lambda n, p=prefix: p + _image_name(n) in image, rebuilt)
         buffers += got
         problems += bproblems
+        got_a, aproblems = computed_attributes(module, h._device, rebuilt)  # tensors in plain attributes
+        attrs += got_a
+        problems += aproblems
         peft_of[id(module)] = next((p for p in _STRIP if any(n.startswith(p) for n, _ in module.named_modules())), "")
     mine = [n for n in image if any(n.startswith(p) for p, _ in roots)]
     for n in sorted(set(mine) - set(bound) - spare):
@@ -258,6 +263,7 @@ def _bind(h: Handle, target: Any, mode: str, trainable: Any, min_saved: Optional
     # each call of their block (placeholders until then).
     for owners, old, new in buffers:
         _set_buffer(h, owners, old, new)
+    set_attributes(attrs, h._restore)
     per_block: Dict[int, List[Tuple[torch.Tensor, Component]]] = {}
     per_block_q: Dict[int, List[Tuple[torch.Tensor, TensorInfo, int]]] = {}
     for iname, (owners, t, info, is_buf) in bound.items():
@@ -293,6 +299,14 @@ def _bind(h: Handle, target: Any, mode: str, trainable: Any, min_saved: Optional
     groups2: Dict[str, List[int]] = {}
     for idx in block_mod:
         groups2.setdefault(parent_of[idx], []).append(idx)
+    # Each block's weights as its modules hold them: they read nothing while it is
+    # not held (_BlockBinding.guard).
+    held: Dict[int, List[Tuple[torch.Tensor, str]]] = {}
+    for iname, (owners, _, info, is_buf) in bound.items():
+        if info.block in block_mod:
+            owner, leaf = owners[0]
+            w = (owner._buffers if is_buf else owner._parameters)[leaf]
+            held.setdefault(info.block, []).append((cast(torch.Tensor, w), iname))
     h._copy_bytes = _quant.copy_bytes(groups2, per_block_q)
     for parent, idxs in groups2.items():
         m = block_mod[idxs[0]]
@@ -302,6 +316,8 @@ def _bind(h: Handle, target: Any, mode: str, trainable: Any, min_saved: Optional
                                comp=comp_of[idx])
             resident, dev, host = a.block_state(idx)
             bb.addr = dev if resident else -1  # host views are placeholders: bind at the first call
+            bb.guard(held.get(idx, []))
+            h._restore.append(bb.unguard)
             bs[idx] = bb
             h._module_of[idx] = m
         # The modules inside the block that own its tensors.
@@ -322,7 +338,14 @@ def _bind(h: Handle, target: Any, mode: str, trainable: Any, min_saved: Optional
                     if leaf_m is not m:
                         _wrap_block(h, leaf_m, _Member(bb))  # type: ignore[arg-type]
             continue
-        # In pieces: the modules owning its tensors acquire the pieces they need.
+        # In pieces: the modules owning its tensors acquire the pieces they need, and
+        # those of the modules inside them, whose weights they may read without
+        # calling them (nn.MultiheadAttention reads its out_proj's).
+        own = {k: set(v) for k, v in leaf_need.items()}
+        for oid, leaf_m in leaf_mod.items():
+            if leaf_m is not m:
+                for inner in leaf_m.modules():
+                    leaf_need[oid] |= own.get(id(inner), set())
         keys = list(leaf_mod)
         pb = _PiecedBinding(h, parent, bs, [tuple(sorted(leaf_need[k])) for k in keys])
         h._pieced.append(pb)

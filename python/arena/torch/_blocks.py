@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from .. import Component, Error, TensorInfo, _view, torch_dtype
 
@@ -55,6 +56,72 @@ def _dequantize(h: "Handle", info: TensorInfo, index: int, addr: int) -> torch.T
     out = torch.empty(info.shape, dtype=torch_dtype(info.dtype), device=h._device)
     h.arena._dequantize(index, addr, out.data_ptr(), h._stream())
     return out
+
+
+# --- a bound weight while its unit is not held -------------------------------------------
+
+_unheld_types: Dict[type, type] = {}
+_OF = "_arena_unheld_of"  # a guarded weight's attribute: its unit and its name (_BlockBinding.guard)
+# what reads nothing of a tensor's values (its metadata, its storage's address)
+_METADATA = frozenset(getattr(torch.Tensor, n) for n in (
+    "size", "dim", "stride", "numel", "nelement", "element_size", "is_floating_point", "is_complex",
+    "is_contiguous", "requires_grad_", "untyped_storage", "storage_offset", "data_ptr", "get_device",
+    "__hash__", "__len__"))
+# what would give its values to read later: a tensor of its shape and dtype on meta instead
+_VALUES = (torch.Tensor.detach, torch.Tensor.data.__get__)  # type: ignore[attr-defined]
+
+
+def _is_unheld(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and "_arena_own" in type(t).__dict__
+
+
+def _unheld_function(cls: type, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    """The torch function of a bound weight whose unit is not held (its class is its
+    own type's ``_unheld_type`` then): its metadata as ever; ``detach()`` and
+    ``.data`` (what ``state_dict()`` gives) a tensor of its shape and dtype on the
+    meta device; anything else reads its values, which are not there (the ring
+    holds other blocks): in a backward the unit is held for it (and the weight
+    bound again: its own class back), and elsewhere that is refused, naming the
+    weight."""
+    kwargs = kwargs or {}
+    if func in _VALUES:  # (state_dict(), a weight's .data)
+        if not _in_backward():
+            t = args[0]
+            return torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
+    elif func in _METADATA or getattr(func, "__name__", "") in ("__get__", "__set__"):
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+    for t in tree_leaves((args, kwargs)):
+        if _is_unheld(t) and _OF in t.__dict__:
+            unit, what = t.__dict__[_OF]
+            unit.released_use(what)
+            if _is_unheld(t):  # pragma: no cover - a hold that did not bind
+                raise Error("INTERNAL", f"{unit.name}: '{what}' is not bound after its unit was held")
+    if any(_is_unheld(t) for t in tree_leaves((args, kwargs))):
+        # a copy of one (copy.deepcopy of the module), no weight of arena's: as its own type
+        base: Any = type.__getattribute__(cls, "_arena_own")
+        return base.__torch_function__(func, types, args, kwargs)
+    return func(*args, **kwargs)
+
+
+def _unheld_repr(self: torch.Tensor, *args: Any, **kwargs: Any) -> str:
+    unit, what = self.__dict__.get(_OF, (None, "?"))
+    return (f"{type(self).__name__} '{what}' {tuple(self.shape)} {self.dtype} on {self.device}, of "
+            f"'{unit.name if unit is not None else '?'}', not held now (arena binds it for its block's calls)")
+
+
+def _unheld_type(cls: type) -> type:
+    """A subclass of a bound weight's type (nn.Parameter, a plain tensor's, a tensor
+    subclass's) with _unheld_function as its torch function: the weight's class
+    while its unit is not held (the same object: isinstance, its attributes and
+    its identity stay what they were)."""
+    t = _unheld_types.get(cls)
+    if t is None:
+        t = type(cls)(cls.__name__, (cls,), {"__torch_function__": classmethod(_unheld_function),
+                                             "__repr__": _unheld_repr, "_arena_own": cls,
+                                             "__module__": cls.__module__})
+        _unheld_types[cls] = t
+    return t
 
 
 # --- what a block's forward saves of its weights ----------------------------------------
@@ -289,6 +356,11 @@ class _BlockBinding:
         self.params = params  # stored as they are: views
         self.quant = quant or []  # stored quantized (parameter, its tensor, its C index): dequantized at bind
         self.weights = [p for p, _ in self.params] + [q[0] for q in self.quant]
+        # Its weights as the modules hold them (parameters, buffers, tensor subclasses),
+        # each with its own class and the one it has while the unit is not held
+        # (guard); out: they have that one.
+        self.guards: List[Tuple[torch.Tensor, type, type]] = []
+        self.out = False
         self.live = False  # the quantized parameters hold their values (bound and not dropped)
         self.addr = -1
         self.cache: "OrderedDict[int, List[torch.Tensor]]" = OrderedDict()
@@ -298,7 +370,56 @@ class _BlockBinding:
         self.bw_addr = 0
         self.bw_stream: Optional[int] = None
 
+    def guard(self, weights: List[Tuple[torch.Tensor, str]]) -> None:
+        """Its weights (the tensors its modules hold, with their names) read nothing
+        while it is not held: from now until ``unguard``, their class is their
+        type's _unheld_type between its holds."""
+        for t, what in weights:
+            if _OF in t.__dict__:  # (tied names: one tensor)
+                continue
+            t.__dict__[_OF] = (self, what)
+            self.guards.append((t, type(t), _unheld_type(type(t))))
+        self._swap_out()
+
+    def unguard(self) -> None:
+        """Detach: the weights' own classes back, for good."""
+        self._swap_in()
+        for t, _, _ in self.guards:
+            t.__dict__.pop(_OF, None)
+        self.guards = []
+
+    def _swap_in(self) -> None:
+        for t, own, _ in self.guards:
+            t.__class__ = own
+        self.out = False
+
+    def _swap_out(self) -> None:
+        for t, _, unheld in self.guards:
+            t.__class__ = unheld
+        self.out = True
+
+    def released_use(self, what: str) -> None:
+        """A weight of the unit is read while the unit is not held: in a backward (a
+        checkpoint's recompute of modules inside the block, or of its forward, not
+        of the block) the unit is held for it until the block's backward has run, as
+        a recompute's is, and bound; elsewhere that is refused."""
+        if _in_backward():
+            self.hold_bw()
+            return
+        if self.group is not None:
+            raise Error("USAGE",
+                        f"{self.group.name}: '{what}' was read while its piece '{self.name}' was not held: arena "
+                        f"acquires a piece for the calls of the modules that own its tensors or contain those that "
+                        f"do, and this read came from another (a module reading the weights of one it does not "
+                        f"contain): stream the block whole (piece_size=0)")
+        raise Error("USAGE",
+                    f"{self.name}: '{what}' was read while the block was not held (outside the block's call and "
+                    f"its backward): between its calls the ring holds other blocks; call the block module rather "
+                    f"than reading its weights, or calling modules inside it, from outside it")
+
     def bind(self, addr: int, where: str = "device") -> None:
+        if self.out:
+            self._swap_in()
         if addr == self.addr and (self.live or not self.quant):
             return
         views = self.cache.get(addr)
@@ -322,8 +443,13 @@ class _BlockBinding:
         self.addr = addr
 
     def drop(self) -> None:
-        """Let the dequantized values go (the unit is released): placeholders again."""
-        if not self.live or self.bw_held:
+        """The unit is released: its weights read nothing (guard), and the dequantized
+        values are let go (placeholders again)."""
+        if self.bw_held:
+            return
+        if not self.out and self.guards:
+            self._swap_out()
+        if not self.live:
             return
         with torch.no_grad():
             for p, info, _ in self.quant:

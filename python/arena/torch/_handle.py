@@ -256,6 +256,12 @@ class Handle:
         if self._all_resident:
             idx = list(self._whole) + [i for pb in self._pieced for i in pb.pieces]
             self._resident_at = {i: self.arena.block_state(i)[1] for i in idx}
+        if was is not None and (not self._all_resident or self._resident_at != was):
+            # Bound where they were resident, and never released since: their weights
+            # read nothing until each is bound again (the plan moved them).
+            for u in list(self._whole.values()) + [b for pb in self._pieced for b in pb.pieces.values()]:
+                u.drop()
+        if self._all_resident:
             if self._resident_at != was:
                 # The plan changed at the last step end: blocks promoted then are
                 # being copied to the device still. An acquire makes torch's stream

@@ -4,6 +4,7 @@ from its first use to its last."""
 
 from __future__ import annotations
 
+import bisect
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
@@ -68,6 +69,7 @@ class _PiecedBinding:
         self.pos = 0
         self.rec: List[int] = []
         self.seq: Optional[List[int]] = None
+        self.rel_before: Dict[int, List[int]] = {}
         self.rel_after: Dict[int, List[int]] = {}
         self.follow = False
         self.watched: Set[int] = set()  # forward positions whose backward releases recompute holds
@@ -146,16 +148,46 @@ class _PiecedBinding:
                 self._release(idx)
 
     def _learn(self) -> None:
+        """From the calls of the block's last call (``rec``): which pieces each
+        position releases before it acquires (``rel_before``) and after its call
+        (``rel_after``, a piece's last use). The ring's rule (engine.h,
+        arena_residency_ring) is that a block's call holds one piece while it
+        acquires the next: a piece used again after others (pieces are cut in the
+        order of the image's names, which need not be the order of the calls: a
+        UNet's resnets and attentions alternate) is held across them only while
+        it is the one other piece held, the one used again soonest; the others
+        are released and acquired again (the ring keeps their bytes until it
+        needs the room)."""
         if self.rec == self.seq:
             return
         self.seq = list(self.rec)
-        last: Dict[int, int] = {}
+        uses: Dict[int, List[int]] = {}
         for pos, key in enumerate(self.seq):
             for idx in self.need[key]:
-                last[idx] = pos
+                if not uses.get(idx) or uses[idx][-1] != pos:
+                    uses.setdefault(idx, []).append(pos)
+        keep = set(self.keep)
+        held = set(keep)
+        self.rel_before = {}
         self.rel_after = {}
-        for idx, pos in last.items():
-            self.rel_after.setdefault(pos, []).append(idx)
+        for pos, key in enumerate(self.seq):
+            need = self.need[key]
+            missing = [i for i in need if i not in held]
+            if missing:
+                # the pieces held while the last missing one is acquired: keep's, the
+                # needed ones held, the missing ones before it, and at most one other
+                room = 1 - len(keep) - sum(1 for i in need if i in held and i not in keep) - (len(missing) - 1)
+                others = sorted((i for i in held if i not in keep and i not in need),
+                                key=lambda i: uses[i][bisect.bisect_right(uses[i], pos)])
+                out = others[max(0, room):]
+                if out:
+                    self.rel_before[pos] = out
+                    held.difference_update(out)
+                held.update(missing)
+            for idx in need:
+                if uses[idx][-1] == pos and idx not in keep:
+                    self.rel_after.setdefault(pos, []).append(idx)
+                    held.discard(idx)
 
     # --- calls ---
     def run(self, call: Callable[..., Any], mod: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
@@ -246,6 +278,10 @@ class _PiecedBinding:
         if not self.follow:
             for idx in list(self.held):
                 if idx not in need and idx not in self.keep:
+                    self._release(idx)
+        else:
+            for idx in self.rel_before.get(pos, ()):
+                if idx in self.held:
                     self._release(idx)
         self._hold(need)
         if torch.is_grad_enabled():

@@ -326,8 +326,67 @@ def _meta_of(info: TensorInfo, h: Optional["Handle"] = None) -> Dict[str, Any]:
         return {"type": f"{Fp8Weight.__module__}.{Fp8Weight.__qualname__}", "encoding": "json",
                 "attributes": _encode({"dtype": torch_dtype(info.dtype), "native": native}),
                 "size": [rows, cols], "stride": [cols, 1]}
-    meta: Dict[str, Any] = json.loads(info.subclass or "{}")
-    return meta
+    try:
+        meta = json.loads(info.subclass or "{}")
+    except (ValueError, RecursionError) as e:  # (json's decoder recurses: a deep nesting is RecursionError)
+        raise _bad_meta(info, h, f"not JSON that can be read ({type(e).__name__}: {str(e)[:120]})") from None
+    why = _meta_problem(meta, info, 0)
+    if why is not None:
+        raise _bad_meta(info, h, why)
+    checked: Dict[str, Any] = meta
+    return checked
+
+
+_MAX_NESTING = 8  # subclasses inside subclasses (quanto's packed int4: 1)
+
+
+def _bad_meta(info: TensorInfo, h: Optional["Handle"], why: str) -> Error:
+    where = f"{h.arena.path}: " if h is not None else ""
+    return Error("IMG_MANIFEST_BAD", f"{where}tensor '{info.name}': its subclass object is malformed: {why}",
+                 error_class="invalid")
+
+
+def _ints(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
+
+
+def _meta_problem(meta: Any, info: TensorInfo, depth: int) -> Optional[str]:
+    """What is wrong with an image's subclass object (docs/QUANT.md, "Tensor
+    subclasses") as this reader uses it, or None: its keys of the wrong kinds, a
+    nesting deeper than any library's, a ``permute`` that is no permutation of
+    its inner tensor's dimensions."""
+    where = "" if depth == 0 else f" (nested {depth} deep)"
+    if not isinstance(meta, dict):
+        return f"a {type(meta).__name__}, not an object{where}"
+    for k in ("type", "library", "why"):
+        if k in meta and not isinstance(meta[k], str):
+            return f"'{k}' is a {type(meta[k]).__name__}, not a string{where}"
+    if meta.get("encoding") is not None and not isinstance(meta["encoding"], str):
+        return f"'encoding' is a {type(meta['encoding']).__name__}, not a string{where}"
+    for k in ("size", "stride"):
+        if k in meta and not _ints(meta[k]):
+            return f"'{k}' is not a list of non-negative integers{where}"
+    nested = meta.get("nested", {})
+    if not isinstance(nested, dict):
+        return f"'nested' is a {type(nested).__name__}, not an object{where}"
+    if nested and depth + 1 > _MAX_NESTING:
+        return f"subclasses nested over {_MAX_NESTING} deep"
+    for sub in nested.values():
+        why = _meta_problem(sub, info, depth + 1)
+        if why is not None:
+            return why
+    if depth == 0:
+        perms = meta.get("permute", {})
+        if not isinstance(perms, dict):
+            return f"'permute' is a {type(perms).__name__}, not an object"
+        dims = {c.name: len(c.shape) for c in info.components}
+        for name, perm in perms.items():
+            if name not in dims:
+                return f"'permute' names '{name}', which is none of its inner tensors {sorted(dims)}"
+            if not _ints(perm) or sorted(perm) != list(range(dims[name])):
+                return (f"'permute' of '{name}' is {str(perm)[:60]}, not a permutation of its "
+                        f"{dims[name]} dimensions")
+    return None
 
 
 def _check_inner(name: str, sub: torch.Tensor, info: TensorInfo, meta: Dict[str, Any]) -> Optional[str]:
