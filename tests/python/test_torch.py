@@ -2258,6 +2258,20 @@ class Refusals(unittest.TestCase):
         with torch.device("meta"):
             m = FluxTransformer2DModel(**CFG)
         e = self.expect("USAGE", "torch.float32, the image's", at.attach, m, IMG, **STREAM)
+        # ... said first in one line: how many tensors, what the image holds, the fix; then the list
+        with arena.open(IMG, device="sim") as a:
+            n = sum(1 for t in a.tensor_names() if a.tensor_info(t).dtype == "BF16")
+        head = (f"cannot attach FluxTransformer2DModel to {IMG}: {n} tensors are float32, the image holds "
+                f"bfloat16: build the model with .to(torch.bfloat16); {n} problem(s): '")
+        self.assertTrue(e.message.startswith(head), e.message[:300])
+        # two dtypes apart from the image's: each counted
+        with torch.device("meta"):
+            m = FluxTransformer2DModel(**CFG).to(torch.bfloat16)
+            m.x_embedder.to(torch.float16)
+            m.proj_out.to(torch.float32)
+        e = self.expect("USAGE", "problem(s)", at.attach, m, IMG, **STREAM)
+        self.assertIn(": 2 tensors are float16 and 2 float32, the image holds bfloat16: build the model with "
+                      ".to(torch.bfloat16); 4 problem(s): ", e.message)
         # nothing of a failed attach stays: the module is as it was
         self.assertEqual({p.device.type for p in m.parameters()}, {"meta"})
 
