@@ -891,3 +891,9 @@ def open(
 
 
 from ._files import convert, inspect, verify  # noqa: E402  (they use Error, defined above)
+
+
+def __dir__() -> List[str]:
+    """The public API (``dir(arena)``, completion): ``__all__``, and the subpackage
+    ``arena.torch`` once imported; not the modules and typing names the package uses."""
+    return sorted(__all__ + [n for n in ("torch",) if n in globals()])

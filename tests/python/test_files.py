@@ -249,6 +249,17 @@ class Files(unittest.TestCase):
             self.assertIn(f"needs torch, which is not installed: pip install {pkgs} ", line)
             self.assertIn("pip install './python[torch]' from a checkout", line)
 
+    def test_dir_lists_the_public_names(self) -> None:
+        """dir(arena) is the package's public API (__all__, and the arena.torch
+        subpackage once imported), not the modules and typing names it uses."""
+        names = dir(arena)
+        self.assertEqual(sorted(set(names) - {"torch"}), sorted(arena.__all__))
+        for n in ("os", "re", "ctypes", "threading", "dataclass", "Any", "Optional"):
+            self.assertNotIn(n, names)
+        for n in names:
+            self.assertTrue(hasattr(arena, n), n)
+        self.assertTrue(callable(arena.open) and issubclass(arena.Error, Exception))
+
     def test_a_checkpoint_cut_while_it_is_read_is_an_error_not_a_signal(self) -> None:
         # 40,000 tensors: a 2.6 MB header, half a second of parsing. Cut to 4 KiB
         # at several delays after the call starts: the call fails with an

@@ -780,6 +780,9 @@ class Pipeline(unittest.TestCase):
                 opts = streaming(self.path)
                 h = at.attach(pipe, self.path, **opts)
                 self.assertLess(opts["sim_capacity"], total, "the device holds less than the pipeline")
+                self.assertRegex(repr(h), r"^<arena\.torch\.Handle FluxPipeline \(text_encoder, text_encoder_2, "
+                                          r"transformer, vae\) to '.*flux_pipeline\.arena': sample, vram: what the "
+                                          r"device has free, sim, \d+ blocks, [1-9]\d* streamed>$")
                 got = [generate(pipe, "a photo of a cat", 0), generate(pipe, "a red dog on the mat", 1)]
                 for g, w in zip(got, self.want):
                     self.assertTrue(torch.equal(g, w))

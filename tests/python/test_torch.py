@@ -357,6 +357,14 @@ class Package(unittest.TestCase):
                 self.assertTrue(torch.equal(t, want[n]), n)
 
 
+    def test_dir_lists_the_public_names(self):
+        """dir(arena.torch) is its public API (__all__), not what it imports."""
+        self.assertEqual(sorted(dir(at)), sorted(at.__all__))
+        for n in at.__all__:
+            self.assertTrue(hasattr(at, n), n)
+        self.assertIn("torch", dir(arena), "the subpackage, once imported")
+
+
 class Sampling(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -480,6 +488,23 @@ class Sampling(unittest.TestCase):
         h = at.attach(m, IMG, **STREAM)
         self.assertIsNot(m.x_embedder.weight, old, "the module's own tensors are released once bound")
         self.check(m, 2)
+        h.detach()
+
+    def test_repr_says_what_is_attached(self):
+        m = model()
+        h = at.attach(m, IMG, vram="290K", **STREAM)
+        r = repr(h)
+        p = h.plan()
+        n = p["n_streamed"]
+        self.assertGreater(n, 0)
+        self.assertEqual(r, f"<arena.torch.Handle FluxTransformer2DModel to {IMG!r}: sample, vram 290.00 KiB, "
+                            f"sim, {p['n_resident'] + n} blocks, {n} streamed>")
+        h.detach()
+        self.assertEqual(repr(h), f"<arena.torch.Handle FluxTransformer2DModel to {IMG!r}: detached>")
+        # no vram: the device's free memory; train mode
+        h = at.attach(model(), IMG, mode="train", device="sim")
+        self.assertEqual(repr(h), f"<arena.torch.Handle FluxTransformer2DModel to {IMG!r}: train, vram: what the "
+                                  f"device has free, sim, {p['n_resident'] + n} blocks, 0 streamed>")
         h.detach()
 
     def test_detach_returns_a_plain_module(self):

@@ -79,7 +79,7 @@ the module, outside a forward.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, List, Optional, Union
 
 from .. import _torch
 
@@ -249,3 +249,8 @@ def attach(
             m.eval()
     h._attached = True
     return h
+
+
+def __dir__() -> List[str]:
+    """The public API (``dir(arena.torch)``): ``__all__``, not what the module imports."""
+    return sorted(__all__)
