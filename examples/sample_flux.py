@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Sample an image with FLUX.1 whose transformer runs from an arena image.
 
-    pip install 'arena[examples]'
+    pip install './python[examples]'     # from the repository's root (arena-gpu is not on PyPI yet)
     python sample_flux.py --tiny         # tiny random models: seconds on a CPU, no download; writes flux.png
     python sample_flux.py --model ~/models/FLUX.1-dev --prompt "a cat on a windowsill" --out cat.png
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Train a LoRA of FLUX.1 whose transformer runs from an arena image.
 
-    pip install 'arena[examples]'
+    pip install './python[examples]'     # from the repository's root (arena-gpu is not on PyPI yet)
     python train_lora.py --tiny          # tiny random models, a few steps: seconds on a CPU, no download
     python train_lora.py --model ~/models/FLUX.1-dev --data ./my-images --out ./my-lora
 

@@ -181,7 +181,7 @@ def _import(module: str, what: str, extra: str) -> Any:
             raise
         raise ModuleNotFoundError(f"arena: {what} needs {module}, which is not installed: pip install "
                                   f"{_EXTRAS[extra]} (what arena's [{extra}] extra installs: pip install "
-                                  f"'./python[{extra}]' from a checkout, 'arena-*.whl[{extra}]' for the wheel)",
+                                  f"'./python[{extra}]' from a checkout, 'arena_gpu-*.whl[{extra}]' for the wheel)",
                                   name=module) from None
 
 

@@ -260,6 +260,20 @@ class Files(unittest.TestCase):
             self.assertTrue(hasattr(arena, n), n)
         self.assertTrue(callable(arena.open) and issubclass(arena.Error, Exception))
 
+    def test_the_distribution(self) -> None:
+        """The package is installed as the distribution python/pyproject.toml names,
+        arena-gpu: the name arena on PyPI is another project's (an Are.na client,
+        0.0.5). Its version is the package's."""
+        import importlib.metadata as md
+        import re
+
+        name = re.search(r'^name = "([^"]+)"$', (ROOT / "python" / "pyproject.toml").read_text(), re.M)
+        assert name, "python/pyproject.toml names no distribution"
+        self.assertEqual(name[1], "arena-gpu")
+        self.assertEqual(md.metadata("arena-gpu")["Name"], "arena-gpu")
+        self.assertEqual(md.version("arena-gpu"), arena.__version__)
+        self.assertEqual(md.packages_distributions().get(arena.__name__), ["arena-gpu"])
+
     def test_a_checkpoint_cut_while_it_is_read_is_an_error_not_a_signal(self) -> None:
         # 40,000 tensors: a 2.6 MB header, half a second of parsing. Cut to 4 KiB
         # at several delays after the call starts: the call fails with an

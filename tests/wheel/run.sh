@@ -41,7 +41,7 @@ rc=$?
 [ $rc = 77 ] && skip "zig or the sources of jansson, xxHash, zstd cannot be fetched"
 [ $rc = 0 ] || fail "make wheel (scripts/wheel.sh) failed"
 W=$(cd "$B/wheel" && pwd)
-WHL=$(ls "$W"/dist/arena-*-py3-none-manylinux_2_28_*.whl 2>/dev/null | head -n 1)
+WHL=$(ls "$W"/dist/arena_gpu-*-py3-none-manylinux_2_28_*.whl 2>/dev/null | head -n 1)
 [ -n "$WHL" ] || fail "no wheel in $W/dist"
 t1=$(date +%s)
 
@@ -71,8 +71,10 @@ if ! cmp -s "$REQ" "$STAMP"; then
 		skip "the packages of $REQ cannot be installed (no PyPI?)"
 	cp "$REQ" "$STAMP" || fail "cp $REQ $STAMP"
 fi
-"$V/bin/pip" uninstall -q -y arena >/dev/null 2>&1
+"$V/bin/pip" uninstall -q -y arena arena-gpu >/dev/null 2>&1 # (arena: the distribution's name before)
 "$V/bin/pip" install -q --disable-pip-version-check --no-deps "$WHL" || fail "pip install $WHL"
+"$V/bin/python" -c "import importlib.metadata as m; assert m.metadata('arena-gpu')['Name'] == 'arena-gpu'" ||
+	fail "the wheel's distribution is not arena-gpu"
 SITE=$("$V/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 [ -f "$SITE/arena/libarena.so" ] && [ -x "$SITE/arena/bin/arena" ] && [ -x "$V/bin/arena" ] ||
 	fail "the wheel did not install libarena.so, arena/bin/arena and the arena command"
