@@ -70,7 +70,7 @@ def sim_opts(args: Any) -> Dict[str, Any]:
 def worker(i: int, args: Any, turn: Any, done: Any, q: Any) -> None:
     import torch
 
-    import arena
+    import arena_gpu as arena
 
     dev: Any = "sim"
     if not args.sim:
@@ -105,7 +105,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    import arena
+    import arena_gpu as arena
 
     n = args.nproc or (2 if args.sim else torch.cuda.device_count())
     ref = arena.open(args.image, device="sim" if args.sim else 0, vram=args.vram, **sim_opts(args))  # no sharing

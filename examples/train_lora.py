@@ -47,8 +47,7 @@ from peft import LoraConfig
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 from PIL import Image
 
-import arena
-import arena.torch
+import arena_gpu as arena
 
 
 def random_models(workdir: str, size: str = "tiny") -> Tuple[Dict[str, Any], Dict[str, Any], str]:
@@ -105,7 +104,7 @@ def random_models(workdir: str, size: str = "tiny") -> Tuple[Dict[str, Any], Dic
         import sys
 
         if not os.path.exists(weights):  # 22 GiB, written once
-            subprocess.run([sys.executable, "-m", "arena", "synth", "--layout", "flux-dev", "-o", weights], check=True)
+            subprocess.run([sys.executable, "-m", "arena_gpu", "synth", "--layout", "flux-dev", "-o", weights], check=True)
         return parts, config, weights
     config = dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=16,
                   num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=True,

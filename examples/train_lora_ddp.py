@@ -48,8 +48,7 @@ from peft import LoraConfig
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import arena
-import arena.torch
+import arena_gpu as arena
 from train_lora import (TINY_VRAM, Progress, attach_options, build_cache, model_parts, random_data, random_models,
                         save_lora, where)
 

@@ -189,8 +189,8 @@ rm -rf "$P" "$W/dist"
 mkdir -p "$P" "$W/dist"
 cp -R python "$P/python"
 rm -rf "$P/python/build" "$P/python"/*.egg-info
-mkdir -p "$P/python/arena/licenses"
-cp "$D/licenses"/* "$P/python/arena/licenses/"
+mkdir -p "$P/python/arena_gpu/licenses"
+cp "$D/licenses"/* "$P/python/arena_gpu/licenses/"
 VERSION=$(sed -n 's/^#define ARENA_VERSION_STRING "\(.*\)"/\1/p' include/arena.h)
 say "packaging arena $VERSION"
 (cd "$P/python" && ARENA_PREBUILT_LIBRARY="$LIB" ARENA_PREBUILT_CLI="$BIN" ARENA_WHEEL_PLAT="$PLAT" \

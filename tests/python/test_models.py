@@ -35,8 +35,8 @@ import diffusers
 import transformers as tf
 from peft import LoraConfig, inject_adapter_in_model
 
-import arena
-import arena.torch as at
+import arena_gpu as arena
+import arena_gpu.torch as at
 
 for name in ("diffusers", "transformers"):
     logging.getLogger(name).setLevel(logging.ERROR)

@@ -202,8 +202,8 @@ def _bind(h: Handle, target: Any, mode: str, trainable: Any, min_saved: Optional
                 continue
             if tuple(t.shape) != info.shape or t.dtype != want:
                 if tuple(t.shape) == info.shape:
-                    key = (str(t.dtype).replace("torch.", ""), str(want).replace("torch.", ""))
-                    dtypes[key] = dtypes.get(key, 0) + 1
+                    pair = (str(t.dtype).replace("torch.", ""), str(want).replace("torch.", ""))
+                    dtypes[pair] = dtypes.get(pair, 0) + 1
                     dtype_comps.add(prefix[:-1])
                 problems.append(
                     f"'{full}' is {tuple(t.shape)} {t.dtype}, the image's '{iname}' is {info.shape} {info.dtype}"
