@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-import arena
+import arena_gpu as arena
 
 plain, coded = sys.argv[1], sys.argv[2]
 vram = sys.argv[3] if len(sys.argv) > 3 else "8G"

@@ -33,7 +33,7 @@ import sys
 
 import torch
 
-import arena
+import arena_gpu as arena
 
 
 def int4_values(ts: dict, n: str, shape: tuple, dtype: torch.dtype, group: int) -> torch.Tensor:

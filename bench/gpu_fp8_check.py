@@ -40,8 +40,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import arena.torch as at  # noqa: E402
-from arena.torch import _fp8  # noqa: E402
+import arena_gpu.torch as at  # noqa: E402
+from arena_gpu.torch import _fp8  # noqa: E402
 
 # flux-dev's Linear shapes (in, out): attention q/k/v/out and the context's, the
 # feed-forward up and down, a single block's MLP and output, the modulations.
@@ -240,7 +240,7 @@ def main() -> None:
     a = ap.parse_args()
     global ROWS_ARENA
     if a.rows_image:
-        import arena
+        import arena_gpu as arena
 
         ROWS_ARENA = arena.open(a.rows_image, device="cuda")
     dev = torch.device("cuda")

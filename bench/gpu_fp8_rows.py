@@ -50,8 +50,8 @@ from typing import Tuple
 
 import torch
 
-import arena
-from arena.torch import _fp8
+import arena_gpu as arena
+from arena_gpu.torch import _fp8
 from gpu_fp8_check import timed  # (bench/ is this script's folder: on sys.path)
 
 

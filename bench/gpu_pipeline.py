@@ -127,7 +127,7 @@ def run(kind: str, d: str, image: str, vram, n_images: int, steps: int) -> dict:
     t0 = time.perf_counter()
     h = None
     if kind == "arena":
-        import arena.torch as at
+        import arena_gpu.torch as at
 
         pipe = pipeline(build("meta"))
         h = at.attach(pipe, image, **({"vram": vram} if vram else {}))

@@ -25,8 +25,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_flux as tf  # noqa: E402
 
-import arena  # noqa: E402
-import arena.torch as at  # noqa: E402
+import arena_gpu as arena  # noqa: E402
+import arena_gpu.torch as at  # noqa: E402
 
 
 def main() -> None:

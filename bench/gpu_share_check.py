@@ -87,7 +87,7 @@ def sim_opts(args: Any) -> Dict[str, Any]:
 def worker(i: int, args: Any, turn: Any, done: Any, q: Any) -> None:
     import torch
 
-    import arena
+    import arena_gpu as arena
 
     dev: Any = "sim"
     if not args.sim:
@@ -129,7 +129,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    import arena
+    import arena_gpu as arena
 
     n = args.nproc or (2 if args.sim else torch.cuda.device_count())
     t0 = time.perf_counter()

@@ -150,7 +150,7 @@ def main() -> None:
         torch.cuda.synchronize()
     res["quantize_s"] = time.perf_counter() - t0
     if a.run == "arena":
-        import arena.torch as at
+        import arena_gpu.torch as at
 
         res["vram"] = a.vram
         t0 = time.perf_counter()
@@ -187,7 +187,7 @@ def main() -> None:
         # a peak read from outside (bench/vram_peak.py) is the steps'
         h.detach()
     else:
-        import arena.torch as at
+        import arena_gpu.torch as at
 
         t0 = time.perf_counter()
         at.save_image(m, a.image, force=True)

@@ -401,7 +401,7 @@ def main() -> None:
         m.requires_grad_(False)
         res["setup_s"] = time.perf_counter() - t0
     elif a.run.startswith("arena"):
-        import arena.torch as at
+        import arena_gpu.torch as at
 
         t0 = time.perf_counter()
         m = meta_model()
@@ -425,7 +425,7 @@ def main() -> None:
         if a.fp8_compute is not None:
             kw["fp8_compute"] = {"on": True, "off": False, "auto": "auto"}[a.fp8_compute]
         if a.fp8_grad is not None:
-            from arena.torch import _fp8
+            from arena_gpu.torch import _fp8
 
             _fp8.GRAD_FP8 = a.fp8_grad == "on"
         if a.offload_saved:
@@ -435,7 +435,7 @@ def main() -> None:
         res["rss_after_setup"] = rss_parts()
         res["plan"] = h.plan()
         if a.rest_extra:
-            import arena
+            import arena_gpu as arena
 
             size, _, span = a.rest_extra.partition("@")
             extra, (lo, hi) = arena.parse_size(size), (int(x) for x in span.split("-"))
@@ -488,7 +488,7 @@ def main() -> None:
 
         contend = None
         if a.contend_bwd:
-            import arena as _arena
+            import arena_gpu as _arena
 
             n_copies = max(1, _arena.parse_size(a.contend_bwd) // (256 << 20))
             contend = {"src": torch.empty(256 << 20, dtype=torch.uint8, pin_memory=True),
@@ -610,7 +610,7 @@ def main() -> None:
         res["plan_after"] = h.plan()
         res["blocks"] = block_table(h)
         res["resident_blocks"] = sorted(nm for nm, _, resident in res["blocks"] if resident)
-        from arena.torch import _fp8
+        from arena_gpu.torch import _fp8
         res["fp8_dequantize_way"] = dict(_fp8._DEQ_WAY)
         st = h.stats()
         res["records"] = [{k: r[k] for k in ("mode", "streamed_bytes", "moved_bytes", "misses", "stalls", "stall_s", "resident_bytes",

@@ -1,20 +1,24 @@
 #!/usr/bin/env python3
 """Sample an image with FLUX.1 whose transformer runs from an arena image.
 
-    pip install 'arena[examples]'
+    pip install './python[examples]'     # from the repository's root (arena-gpu is not on PyPI yet)
+    python sample_flux.py --tiny         # tiny random models: seconds on a CPU, no download; writes flux.png
     python sample_flux.py --model ~/models/FLUX.1-dev --prompt "a cat on a windowsill" --out cat.png
 
 --model is a diffusers FLUX.1 folder (or a Hugging Face id): the scheduler, the
 VAE, the text encoders, the tokenizers and the transformer's config come from
 it. The transformer's weights come from an arena image (--image, default
 <model>/transformer.arena), converted from <model>/transformer on the first
-run: what fits the GPU stays there, the rest is streamed as each block runs.
+run: what fits the GPU (or --vram, all the device memory the process may hold)
+stays there, the rest is streamed as each block runs.
 
---tiny builds tiny random models instead (nothing downloaded) and runs them on
-the CPU when there is no GPU: what CI runs. --random dev builds FLUX.1-dev's
-transformer and VAE with random weights: a GPU's time per image, without a
-download. --plain runs the transformer from
-its safetensors weights without arena, to compare.
+--tiny builds tiny random models instead (nothing downloaded) and samples 4
+steps. Without a GPU it runs on the CPU, its transformer on arena's simulated
+device under --vram (default 160K), which streams most of its blocks.
+--random dev builds FLUX.1-dev's transformer and VAE with random weights: a
+GPU's time per image, without a download. --random writes its models into
+--workdir, or a temporary folder removed when the run ends. --plain runs the
+transformer from its safetensors weights without arena, to compare.
 """
 
 from __future__ import annotations
@@ -23,14 +27,13 @@ import argparse
 import os
 import tempfile
 import time
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import torch
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
 
-import arena
-import arena.torch
+import arena_gpu as arena
 
 
 def random_models(workdir: str, size: str = "tiny") -> Tuple[Dict[str, Any], Dict[str, Any], str]:
@@ -87,7 +90,7 @@ def random_models(workdir: str, size: str = "tiny") -> Tuple[Dict[str, Any], Dic
         import sys
 
         if not os.path.exists(weights):  # 22 GiB, written once
-            subprocess.run([sys.executable, "-m", "arena", "synth", "--layout", "flux-dev", "-o", weights], check=True)
+            subprocess.run([sys.executable, "-m", "arena_gpu", "synth", "--layout", "flux-dev", "-o", weights], check=True)
         return parts, config, weights
     config = dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=16,
                   num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=True,
@@ -110,28 +113,67 @@ def model_parts(model: str) -> Tuple[Dict[str, Any], Dict[str, Any], str]:
     return parts, config, os.path.join(model, "transformer")
 
 
+# --tiny without a GPU: the transformer on arena's simulated device, whose
+# memory is host memory, smaller than the model (about 300 KB): most blocks
+# are streamed, in pieces, as a card smaller than a model streams them.
+TINY_SIM = dict(device="sim", piece_size="16K", headroom=0, reserve=0, keep_last=0)
+TINY_VRAM = "160K"
+
+
+def attach_options(tiny: bool, vram: Optional[str]) -> Dict[str, Any]:
+    """attach's options: ``vram`` (None: what the GPU has free); --tiny without a
+    GPU, the simulated device under ``vram`` (default TINY_VRAM)."""
+    if tiny and not torch.cuda.is_available():
+        return dict(TINY_SIM, vram=vram or TINY_VRAM)
+    return {"vram": vram} if vram else {}
+
+
+def where(handle: Any) -> str:
+    """The device the transformer runs on and its cap, for the first line."""
+    cap = handle.arena.memory()["cap"]
+    dev = "arena's simulated device" if handle.arena.backend == "sim" else handle.arena.device
+    if not cap:
+        return dev
+    unit, k = next((u, k) for u, k in (("GiB", 30), ("MiB", 20), ("KiB", 10), ("bytes", 0)) if cap >= 1 << k)
+    return f"{dev}, vram {cap / (1 << k):.4g} {unit}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="a diffusers FLUX.1 folder or Hugging Face id")
     ap.add_argument("--image", help="the transformer's arena image (made from the model when missing)")
     ap.add_argument("--prompt", default="a photo of a cat")
-    ap.add_argument("--out", default="flux.png")
-    ap.add_argument("--steps", type=int, default=28)
+    ap.add_argument("--out", default="flux.png", help="the PNG to write (default: ./flux.png)")
+    ap.add_argument("--steps", type=int, help="denoising steps (default 28; --tiny: 4)")
     ap.add_argument("--guidance", type=float, default=3.5)
     ap.add_argument("--size", type=int, default=1024, help="height and width in pixels")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tiny", action="store_true", help="tiny random models, for a test without downloads")
+    ap.add_argument("--vram", help="all the device memory the process may hold, e.g. 8G (default: what the GPU has "
+                                   f"free; --tiny without a GPU: a simulated device, {TINY_VRAM})")
+    ap.add_argument("--tiny", action="store_true", help="tiny random models: seconds on a CPU, nothing downloaded")
     ap.add_argument("--random", choices=["tiny", "dev"],
                     help="random weights, nothing downloaded: tiny models (as --tiny), or FLUX.1-dev's transformer "
                          "and VAE (about 45 GB of files in --workdir) to measure a GPU")
-    ap.add_argument("--workdir", help="where --random writes its files (default: a new temporary folder)")
+    ap.add_argument("--workdir", help="where --random writes its files, kept (default: a temporary folder, removed "
+                                      "at the end)")
     ap.add_argument("--plain", action="store_true", help="the transformer without arena, to compare")
     args = ap.parse_args()
     args.random = args.random or ("tiny" if args.tiny else None)
+    if args.steps is None:
+        args.steps = 4 if args.random == "tiny" else 28
     if not args.random and not args.model:
         ap.error("give --model (a FLUX.1 folder or id), or --tiny")
-    workdir = args.workdir or tempfile.mkdtemp(prefix="sample-flux-")
+    if args.random and not args.workdir:
+        with tempfile.TemporaryDirectory(prefix="sample-flux-") as tmp:  # removed at the end, or at an error
+            sample(args, tmp)
+    else:
+        sample(args, args.workdir)
+
+
+def sample(args: argparse.Namespace, workdir: Optional[str]) -> None:
     if args.random:
+        assert workdir is not None
+        os.makedirs(workdir, exist_ok=True)
         parts, config, weights = random_models(workdir, args.random)
         image = args.image or os.path.join(workdir, "transformer.arena")
         if args.random == "tiny":
@@ -155,10 +197,10 @@ def main() -> None:
             arena.convert(weights, image)  # once: a tqdm bar shows the progress
         with torch.device("meta"):  # no memory for weights: they are the image's
             transformer = FluxTransformer2DModel.from_config(config).to(torch.bfloat16)
-        handle = arena.torch.attach(transformer, image)
+        handle = arena.torch.attach(transformer, image, **attach_options(args.random == "tiny", args.vram))
         device = handle.arena.device  # "cuda:0", or "cpu" on the simulated device
         plan = handle.plan()
-        print(f"{image}: {plan['n_resident']} blocks resident, {plan['n_streamed']} streamed")
+        print(f"{image}: {plan['n_resident']} blocks resident, {plan['n_streamed']} streamed ({where(handle)})")
 
     pipe = FluxPipeline(transformer=transformer, **parts)
     for name in ("vae", "text_encoder", "text_encoder_2"):
@@ -180,6 +222,8 @@ def main() -> None:
         p = handle.plan()
         peak += f", arena's {(p['resident_bytes'] + p['slots'] * p['slot_bytes']) / 2**30:.2f} GiB"
     print(f"wrote {args.out}: {img.size[0]}x{img.size[1]}, {args.steps} steps in {seconds:.2f} s{peak}")
+    if not args.plain:
+        handle.detach()  # (the image closed before a temporary folder holding it is removed)
 
 
 if __name__ == "__main__":

@@ -1,26 +1,32 @@
 #!/usr/bin/env python3
 """Train a LoRA of FLUX.1 whose transformer runs from an arena image.
 
-    pip install 'arena[examples]'
+    pip install './python[examples]'     # from the repository's root (arena-gpu is not on PyPI yet)
+    python train_lora.py --tiny          # tiny random models, a few steps: seconds on a CPU, no download
     python train_lora.py --model ~/models/FLUX.1-dev --data ./my-images --out ./my-lora
 
 --data is a folder of images (.png, .jpg, .jpeg, .webp), each with a caption in
 a .txt file of the same name. The images are encoded by the VAE and the
-captions by the text encoders once, and cached in --out (cache.pt): the
-training steps then need the transformer alone, whose weights come from an
-arena image (--image, default <model>/transformer.arena, converted from
-<model>/transformer on the first run) and stay frozen; what fits the GPU
-stays there, the rest is streamed. The LoRA (rank --rank on the attention
+captions by the text encoders once, and cached in --out (cache.pt; default
+./flux-lora): the training steps then need the transformer alone, whose
+weights come from an arena image (--image, default <model>/transformer.arena,
+converted from <model>/transformer on the first run) and stay frozen; what
+fits the GPU (or --vram, all the device memory the process may hold) stays
+there, the rest is streamed. The LoRA (rank --rank on the attention
 projections) is trained with AdamW under gradient checkpointing, saved every
 --checkpoint-every steps with the optimizer's state (--resume goes on from
 there), previewed every --preview-every steps (a sample of --preview-prompt,
 out/preview-STEP.png), and written at the end as out/pytorch_lora_weights.safetensors,
-which diffusers' ``FluxPipeline.load_lora_weights`` reads.
+which diffusers' ``FluxPipeline.load_lora_weights`` reads. Each step (every
+tenth of a long run) is said with its loss, the seconds a step and the time left.
 
 --tiny builds tiny random models and a few random images instead (nothing
-downloaded) and runs on the CPU when there is no GPU: what CI runs. --random
-dev builds FLUX.1-dev's transformer and VAE with random weights: a GPU's time
-per step, without a download.
+downloaded) and trains 8 steps, previewed and saved every 4: what CI runs.
+Without a GPU it runs on the CPU, its transformer on arena's simulated device
+under --vram (default 160K), which streams most of its blocks. --random dev
+builds FLUX.1-dev's transformer and VAE with random weights: a GPU's time per
+step, without a download. --random writes its models and images into
+--workdir, or a temporary folder removed when the run ends.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import math
 import os
 import tempfile
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -41,8 +47,7 @@ from peft import LoraConfig
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 from PIL import Image
 
-import arena
-import arena.torch
+import arena_gpu as arena
 
 
 def random_models(workdir: str, size: str = "tiny") -> Tuple[Dict[str, Any], Dict[str, Any], str]:
@@ -99,7 +104,7 @@ def random_models(workdir: str, size: str = "tiny") -> Tuple[Dict[str, Any], Dic
         import sys
 
         if not os.path.exists(weights):  # 22 GiB, written once
-            subprocess.run([sys.executable, "-m", "arena", "synth", "--layout", "flux-dev", "-o", weights], check=True)
+            subprocess.run([sys.executable, "-m", "arena_gpu", "synth", "--layout", "flux-dev", "-o", weights], check=True)
         return parts, config, weights
     config = dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=16,
                   num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=True,
@@ -165,40 +170,124 @@ def build_cache(pipe: FluxPipeline, data: str, size: int, device: str, max_seq: 
     return items
 
 
+# --tiny without a GPU: the transformer on arena's simulated device, whose
+# memory is host memory, smaller than the model (about 300 KB): most blocks
+# are streamed, in pieces, as a card smaller than a model streams them.
+TINY_SIM = dict(device="sim", piece_size="16K", headroom=0, reserve=0, keep_last=0)
+TINY_VRAM = "160K"
+
+
+def attach_options(tiny: bool, vram: Optional[str]) -> Dict[str, Any]:
+    """attach's options: ``vram`` (None: what the GPU has free); --tiny without a
+    GPU, the simulated device under ``vram`` (default TINY_VRAM)."""
+    if tiny and not torch.cuda.is_available():
+        return dict(TINY_SIM, vram=vram or TINY_VRAM)
+    return {"vram": vram} if vram else {}
+
+
+def where(handle: Any) -> str:
+    """The device the transformer runs on and its cap, for the first line."""
+    cap = handle.arena.memory()["cap"]
+    dev = "arena's simulated device" if handle.arena.backend == "sim" else handle.arena.device
+    if not cap:
+        return dev
+    unit, k = next((u, k) for u, k in (("GiB", 30), ("MiB", 20), ("KiB", 10), ("bytes", 0)) if cap >= 1 << k)
+    return f"{dev}, vram {cap / (1 << k):.4g} {unit}"
+
+
+def duration(seconds: float) -> str:
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+class Progress:
+    """A line every step of a short run, every tenth of a long one (and the last):
+    the step of all, the loss, the seconds a step since the last line, the time left
+    at that rate."""
+
+    def __init__(self, first: int, steps: int) -> None:
+        self.steps = steps
+        self.every = max(1, min(10, steps // 10))
+        self.step, self.t = first, time.perf_counter()
+
+    def __call__(self, step: int, loss: float) -> None:
+        if step % self.every and step != self.steps:
+            return
+        now = time.perf_counter()
+        per = (now - self.t) / max(1, step - self.step)
+        self.step, self.t = step, now
+        print(f"step {step}/{self.steps}: loss {loss:.4f}, {per:.2f} s a step, "
+              f"{duration(per * (self.steps - step))} left", flush=True)
+
+
+def save_lora(out: str, layers: Dict[str, torch.Tensor]) -> str:
+    """The LoRA as diffusers' FluxPipeline.load_lora_weights reads it, written as the
+    umask says (safetensors writes its files 0600; the run's other files follow the
+    umask)."""
+    FluxPipeline.save_lora_weights(out, transformer_lora_layers=layers, safe_serialization=True)
+    path = os.path.join(out, "pytorch_lora_weights.safetensors")
+    mask = os.umask(0o022)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
+    return path
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="a diffusers FLUX.1 folder or Hugging Face id")
     ap.add_argument("--image", help="the transformer's arena image (made from the model when missing)")
     ap.add_argument("--data", help="a folder of images with .txt captions")
-    ap.add_argument("--out", required=True, help="the output folder: cache, checkpoint, previews, the LoRA")
-    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--out", default="flux-lora",
+                    help="the output folder: cache, checkpoint, previews, the LoRA (default: ./flux-lora)")
+    ap.add_argument("--steps", type=int, help="default 1000; --tiny: 8")
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--resolution", type=int, default=512)
     ap.add_argument("--guidance", type=float, default=1.0, help="the guidance input of a guidance-distilled model")
-    ap.add_argument("--checkpoint-every", type=int, default=250)
-    ap.add_argument("--preview-every", type=int, default=250)
+    ap.add_argument("--checkpoint-every", type=int, help="default 250; --tiny: 4; 0: never")
+    ap.add_argument("--preview-every", type=int, help="default 250; --tiny: 4; 0: never")
     ap.add_argument("--preview-prompt", default="a photo of a cat")
     ap.add_argument("--preview-steps", type=int, default=20)
     ap.add_argument("--resume", action="store_true", help="go on from out/checkpoint.pt")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tiny", action="store_true", help="tiny random models and images, for a test without downloads")
+    ap.add_argument("--vram", help="all the device memory the process may hold, e.g. 8G (default: what the GPU has "
+                                   f"free; --tiny without a GPU: a simulated device, {TINY_VRAM})")
+    ap.add_argument("--tiny", action="store_true", help="tiny random models and images, a few steps: seconds on a CPU, "
+                                                        "nothing downloaded")
     ap.add_argument("--random", choices=["tiny", "dev"],
                     help="random weights and images, nothing downloaded: tiny models (as --tiny), or FLUX.1-dev's "
                          "transformer and VAE (about 45 GB of files in --workdir) to measure a GPU")
-    ap.add_argument("--workdir", help="where --random writes its files (default: a new temporary folder)")
+    ap.add_argument("--workdir", help="where --random writes its files, kept (default: a temporary folder, removed "
+                                      "at the end)")
     args = ap.parse_args()
     args.random = args.random or ("tiny" if args.tiny else None)
+    tiny = args.random == "tiny"
+    for name, default, small in (("steps", 1000, 8), ("checkpoint_every", 250, 4), ("preview_every", 250, 4)):
+        if getattr(args, name) is None:
+            setattr(args, name, small if tiny else default)
     # torch 2.11's cuDNN attention failed in the backward at FLUX.1-dev's shapes on
     # an H200 (an illegal memory access; the plain model too, 2026-12-03): the flash
     # and memory-efficient kernels take its place.
     torch.backends.cuda.enable_cudnn_sdp(False)
     if not args.random and not (args.model and args.data):
         ap.error("give --model and --data, or --tiny")
+    if args.random and not args.workdir:
+        with tempfile.TemporaryDirectory(prefix="train-lora-") as tmp:  # removed at the end, or at an error
+            train(args, tmp)
+    else:
+        train(args, args.workdir)
+
+
+def train(args: argparse.Namespace, workdir: Optional[str]) -> None:
     os.makedirs(args.out, exist_ok=True)
-    workdir = args.workdir or tempfile.mkdtemp(prefix="train-lora-")
     max_seq = 32 if args.random else 512
     if args.random:
+        assert workdir is not None
+        os.makedirs(workdir, exist_ok=True)
         parts, config, weights = random_models(workdir, args.random)
         image = args.image or os.path.join(workdir, "transformer.arena")
         if args.random == "tiny":
@@ -216,10 +305,10 @@ def main() -> None:
     # plans for a forward and a backward (with the recompute) per step.
     with torch.device("meta"):
         transformer = FluxTransformer2DModel.from_config(config).to(torch.bfloat16)
-    handle = arena.torch.attach(transformer, image, mode="train")
+    handle = arena.torch.attach(transformer, image, mode="train", **attach_options(args.random == "tiny", args.vram))
     device = handle.arena.device
     plan = handle.plan()
-    print(f"{image}: {plan['n_resident']} blocks resident, {plan['n_streamed']} streamed")
+    print(f"{image}: {plan['n_resident']} blocks resident, {plan['n_streamed']} streamed ({where(handle)})")
     pipe = FluxPipeline(transformer=transformer, **parts)
     for name in ("vae", "text_encoder", "text_encoder_2"):
         getattr(pipe, name).to(device)
@@ -268,6 +357,7 @@ def main() -> None:
 
     guidance = torch.full((1,), args.guidance, device=device) if config.get("guidance_embeds") else None
     t0, first, loss_v = time.perf_counter(), step, math.nan
+    progress = Progress(first, args.steps)
     while step < args.steps:
         item = cache[step % len(cache)]
         # Each step's noise and time from a generator seeded by the step: a resumed run
@@ -292,8 +382,7 @@ def main() -> None:
         loss_v = float(loss.detach())
         if not math.isfinite(loss_v):
             raise SystemExit(f"train_lora: step {step}: the loss is {loss_v}")
-        if step % 10 == 0 or step == args.steps:
-            print(f"step {step}: loss {loss_v:.4f}")
+        progress(step, loss_v)
         if args.checkpoint_every and step % args.checkpoint_every == 0:
             save_checkpoint()
         if args.preview_every and step % args.preview_every == 0:
@@ -301,14 +390,13 @@ def main() -> None:
     seconds = time.perf_counter() - t0
     handle.end_step()
 
-    FluxPipeline.save_lora_weights(args.out, transformer_lora_layers=get_peft_model_state_dict(transformer),
-                                   safe_serialization=True)
+    path = save_lora(args.out, get_peft_model_state_dict(transformer))
     peak = f", torch's peak {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB" if device.startswith("cuda") else ""
     p = handle.plan()
     peak += f", arena's {(p['resident_bytes'] + p['slots'] * p['slot_bytes']) / 2**30:.2f} GiB"
     per = f", {seconds / (step - first):.3f} s a step" if step > first else ""
-    print(f"wrote {os.path.join(args.out, 'pytorch_lora_weights.safetensors')}: {step} steps, "
-          f"last loss {loss_v:.4f}{per}{peak}")
+    print(f"wrote {path}: {step} steps, last loss {loss_v:.4f}{per}{peak}")
+    handle.detach()  # (the image closed before a temporary folder holding it is removed)
 
 
 if __name__ == "__main__":

@@ -2,13 +2,13 @@
 """Train a LoRA of FLUX.1 data-parallel, one process per GPU, the transformer's weights from an arena image.
 
     torchrun --nproc_per_node=8 train_lora_ddp.py --model ~/models/FLUX.1-dev --data ./my-images --out ./my-lora
-    torchrun --nproc_per_node=2 train_lora_ddp.py --tiny --out ./tiny-lora     (the CPU, gloo: what CI runs)
+    torchrun --nproc_per_node=2 train_lora_ddp.py --tiny     (the CPU, gloo: what CI runs; into ./flux-lora)
 
 (On a host whose own name does not resolve, torchrun --standalone waits for
 good at its rendezvous: add --local-addr 127.0.0.1 for a run on one host.)
 
-The data-parallel form of train_lora.py (same options, same caches, the same
-LoRA file at the end): each process (torchrun starts one per GPU; NCCL on
+The data-parallel form of train_lora.py (same options and defaults, --tiny's
+too, same caches, the same LoRA file at the end): each process (torchrun starts one per GPU; NCCL on
 GPUs, gloo on the CPU) attaches the transformer to the image
 (``arena.torch.attach``) with its own plan for its GPU, and the processes of a
 host hold ONE host copy of the streamed blocks: the first process of each
@@ -48,9 +48,9 @@ from peft import LoraConfig
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import arena
-import arena.torch
-from train_lora import build_cache, model_parts, random_data, random_models
+import arena_gpu as arena
+from train_lora import (TINY_VRAM, Progress, attach_options, build_cache, model_parts, random_data, random_models,
+                        save_lora, where)
 
 
 def shared_host() -> Tuple[int, int]:
@@ -78,29 +78,34 @@ def main() -> None:
     ap.add_argument("--model", help="a diffusers FLUX.1 folder or Hugging Face id")
     ap.add_argument("--image", help="the transformer's arena image (made from the model when missing)")
     ap.add_argument("--data", help="a folder of images with .txt captions")
-    ap.add_argument("--out", required=True, help="the output folder: cache, checkpoint, previews, the LoRA")
-    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--out", default="flux-lora",
+                    help="the output folder: cache, checkpoint, previews, the LoRA (default: ./flux-lora)")
+    ap.add_argument("--steps", type=int, help="default 1000; --tiny: 8")
     ap.add_argument("--grad-accum", type=int, default=1, help="examples a process takes each step")
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--resolution", type=int, default=512)
     ap.add_argument("--guidance", type=float, default=1.0, help="the guidance input of a guidance-distilled model")
-    ap.add_argument("--checkpoint-every", type=int, default=250)
-    ap.add_argument("--preview-every", type=int, default=250)
+    ap.add_argument("--checkpoint-every", type=int, help="default 250; --tiny: 4; 0: never")
+    ap.add_argument("--preview-every", type=int, help="default 250; --tiny: 4; 0: never")
     ap.add_argument("--preview-prompt", default="a photo of a cat")
     ap.add_argument("--preview-steps", type=int, default=20)
     ap.add_argument("--resume", action="store_true", help="go on from out/checkpoint.pt")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--vram", help="each process's device memory cap (default: what its GPU has free; --tiny on "
-                                   "the CPU: a simulated device that streams most blocks)")
+    ap.add_argument("--vram", help="all the device memory each process may hold, e.g. 8G (default: what its GPU has "
+                                   f"free; --tiny without a GPU: a simulated device, {TINY_VRAM})")
     ap.add_argument("--share-host", choices=["auto", "on", "off"], default="auto",
                     help="one host copy of the streamed blocks per host (auto: with more than one process on it)")
     ap.add_argument("--save-grads", help="rank 0 writes the LoRA's gradients of the first step here (torch.save)")
     ap.add_argument("--tiny", action="store_true", help="tiny random models and images, for a test without downloads")
     ap.add_argument("--random", choices=["tiny", "dev"], help="random weights and images, as train_lora.py's")
-    ap.add_argument("--workdir", help="where --random writes its files (default: a new temporary folder)")
+    ap.add_argument("--workdir", help="where --random writes its files, kept (default: a temporary folder, removed "
+                                      "at the end)")
     args = ap.parse_args()
     args.random = args.random or ("tiny" if args.tiny else None)
+    for name, default, small in (("steps", 1000, 8), ("checkpoint_every", 250, 4), ("preview_every", 250, 4)):
+        if getattr(args, name) is None:
+            setattr(args, name, small if args.random == "tiny" else default)
     if not args.random and not (args.model and args.data):
         ap.error("give --model and --data, or --tiny")
     if args.grad_accum < 1:
@@ -125,8 +130,11 @@ def main() -> None:
     cache_path = os.path.join(args.out, "cache.pt")
     shared: List[Any] = [None, None]
     parts: Optional[Dict[str, Any]] = None
+    tmp: Optional[tempfile.TemporaryDirectory[str]] = None
     if rank == 0:
-        workdir = args.workdir or tempfile.mkdtemp(prefix="train-lora-ddp-")
+        if args.random and not args.workdir:  # removed at the end (at an error, when Python exits)
+            tmp = tempfile.TemporaryDirectory(prefix="train-lora-ddp-")
+        workdir = args.workdir or (tmp.name if tmp else os.curdir)
         os.makedirs(workdir, exist_ok=True)
         if args.random:
             parts, config, weights = random_models(workdir, args.random)
@@ -156,18 +164,15 @@ def main() -> None:
 
     # The transformer: its weights the image's, frozen. Every process attaches (a
     # collective): the host's first loads the host copies, the others map them.
-    open_kw: Dict[str, Any] = {}
-    if args.random == "tiny" and not cuda:
-        open_kw = dict(device="sim", vram="160K", piece_size="16K", headroom=0, reserve=0, keep_last=0)
-    if args.vram:
-        open_kw["vram"] = args.vram
+    open_kw = attach_options(args.random == "tiny", args.vram)
     share = None if args.share_host == "auto" else args.share_host == "on"
     with torch.device("meta"):
         transformer = FluxTransformer2DModel.from_config(config).to(torch.bfloat16)
     handle = arena.torch.attach(transformer, image, mode="train", share_host=share, **open_kw)
     plan = handle.plan()
     if rank == 0:
-        print(f"{image}: {plan['n_resident']} blocks resident, {plan['n_streamed']} streamed, {world} processes")
+        print(f"{image}: {plan['n_resident']} blocks resident, {plan['n_streamed']} streamed ({where(handle)}), "
+              f"{world} processes")
 
     # The LoRA: trainable, in float32, the same initial values in every process.
     torch.manual_seed(args.seed)
@@ -231,6 +236,7 @@ def main() -> None:
         return F.mse_loss(pred.float(), (noise.float() - x0.float()))
 
     t0, first, loss_v = time.perf_counter(), step, math.nan
+    progress = Progress(first, args.steps)
     while step < args.steps:
         total = torch.zeros(())
         for k in range(args.grad_accum):
@@ -253,8 +259,8 @@ def main() -> None:
         loss_v = float(total)
         if not math.isfinite(loss_v):
             raise SystemExit(f"train_lora_ddp: step {step}: the loss is {loss_v}")
-        if rank == 0 and (step % 10 == 0 or step == args.steps):
-            print(f"step {step}: loss {loss_v:.4f}")
+        if rank == 0:
+            progress(step, loss_v)
         if rank == 0 and args.checkpoint_every and step % args.checkpoint_every == 0:
             save_checkpoint()
         if rank == 0 and args.preview_every and step % args.preview_every == 0 and parts is not None:
@@ -270,18 +276,20 @@ def main() -> None:
         every = [None] * world
         dist.all_gather_object(every, mine)
     if rank == 0:
-        FluxPipeline.save_lora_weights(args.out, transformer_lora_layers=get_peft_model_state_dict(transformer),
-                                       safe_serialization=True)
+        path = save_lora(args.out, get_peft_model_state_dict(transformer))
         per = f", {seconds / (step - first):.3f} s a step" if step > first else ""
-        print(f"wrote {os.path.join(args.out, 'pytorch_lora_weights.safetensors')}: {step} steps, "
-              f"last loss {loss_v:.4f}{per}")
+        print(f"wrote {path}: {step} steps, last loss {loss_v:.4f}{per}")
         pss = [e["pss"] for e in every]
         print(f"host copies of the streamed blocks: {mine['host_bytes']} bytes; shared region {size} bytes; "
               f"its PSS in the {world} processes: {' + '.join(str(p) for p in pss)} = {sum(pss)} bytes")
     if distributed:
         dist.barrier()
-        handle.detach()
+    handle.detach()
+    if distributed:
+        dist.barrier()  # every process has closed the image before rank 0 removes its temporary folder
         dist.destroy_process_group()
+    if tmp is not None:
+        tmp.cleanup()
 
 
 if __name__ == "__main__":

@@ -35,8 +35,10 @@ class BuildWithLibrary(build_py):
     def run(self):
         # The package as the tree has it: what an earlier build left in build_lib
         # goes first (a module that became a package, arena/torch.py before
-        # arena/torch/, would otherwise travel in the wheel beside it).
-        shutil.rmtree(Path(self.build_lib) / "arena", ignore_errors=True)
+        # arena/torch/, or the package by its name before, arena/, would
+        # otherwise travel in the wheel beside it).
+        for old in ("arena", "arena_gpu"):
+            shutil.rmtree(Path(self.build_lib) / old, ignore_errors=True)
         super().run()
         pre_lib = os.environ.get("ARENA_PREBUILT_LIBRARY")
         pre_cli = os.environ.get("ARENA_PREBUILT_CLI")
@@ -53,7 +55,7 @@ class BuildWithLibrary(build_py):
             jobs = str(os.cpu_count() or 2)
             subprocess.check_call(["make", "-C", str(ROOT), "-j", jobs, f"BUILD={build}", "lib", "cli"])
             lib, cli = build / "libarena.so", build / "arena"
-        dst = Path(self.build_lib) / "arena"
+        dst = Path(self.build_lib) / "arena_gpu"
         dst.mkdir(parents=True, exist_ok=True)
         shutil.copy2(lib, dst / "libarena.so")
         if cli is not None:

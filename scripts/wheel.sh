@@ -1,7 +1,7 @@
 #!/bin/sh
 # wheel.sh - build the self-contained wheel: usage: sh scripts/wheel.sh BUILD
 #
-# The wheel (BUILD/wheel/dist/arena-VERSION-py3-none-manylinux_2_28_ARCH.whl)
+# The wheel (BUILD/wheel/dist/arena_gpu-VERSION-py3-none-manylinux_2_28_ARCH.whl: the distribution arena-gpu)
 # holds the Python package, libarena.so and the `arena` command, both linked
 # with everything they use but the C runtime: jansson, xxHash and zstd
 # statically (built here from Debian's source packages of the versions
@@ -189,14 +189,14 @@ rm -rf "$P" "$W/dist"
 mkdir -p "$P" "$W/dist"
 cp -R python "$P/python"
 rm -rf "$P/python/build" "$P/python"/*.egg-info
-mkdir -p "$P/python/arena/licenses"
-cp "$D/licenses"/* "$P/python/arena/licenses/"
+mkdir -p "$P/python/arena_gpu/licenses"
+cp "$D/licenses"/* "$P/python/arena_gpu/licenses/"
 VERSION=$(sed -n 's/^#define ARENA_VERSION_STRING "\(.*\)"/\1/p' include/arena.h)
 say "packaging arena $VERSION"
 (cd "$P/python" && ARENA_PREBUILT_LIBRARY="$LIB" ARENA_PREBUILT_CLI="$BIN" ARENA_WHEEL_PLAT="$PLAT" \
 	"$W/tools/bin/pip" wheel -q --disable-pip-version-check --no-deps --no-build-isolation -w "$W/dist" .) ||
 	die "pip wheel failed"
-WHL=$(ls "$W/dist"/arena-"$VERSION"-py3-none-"$PLAT".whl 2>/dev/null) || die "no wheel tagged $PLAT in $W/dist"
+WHL=$(ls "$W/dist"/arena_gpu-"$VERSION"-py3-none-"$PLAT".whl 2>/dev/null) || die "no wheel tagged $PLAT in $W/dist"
 "$W/tools/bin/auditwheel" show "$WHL" >"$W/auditwheel.txt" 2>&1 || { cat "$W/auditwheel.txt"; die "auditwheel show failed"; }
 # It names the most widely usable tag the wheel's contents allow: one of
 # glibc 2.28 or older accepts the wheel's.

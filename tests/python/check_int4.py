@@ -25,7 +25,7 @@ import sys
 import torch
 from safetensors.torch import load_file, save_file
 
-import arena
+import arena_gpu as arena
 
 GROUPS = (32, 64, 128)
 

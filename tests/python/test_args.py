@@ -23,7 +23,7 @@ import unittest
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Tuple
 
-import arena
+import arena_gpu as arena
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 FIX = Path(os.environ.get("ARENA_FIXTURES_DIR", ROOT / "fixtures"))

@@ -2,11 +2,17 @@
 
     python tests/python/test_examples.py -v      (torch, diffusers, peft and arena installed)
 
-sample_flux: the PNG is the size asked for, and the same pixels as the plain
-transformer's (--plain). train_lora: finite losses, previews, a run resumed
-from its checkpoint ends with the same LoRA bit for bit as one that was not
-stopped, and the LoRA file loads back into a FLUX pipeline (diffusers'
-load_lora_weights) and changes its transformer's output. train_lora_ddp: two
+Each --tiny run as a user first runs one: with a new, empty TMPDIR, which is
+empty again when it ends; on the CPU its transformer's blocks are streamed
+(the simulated device under a small --vram). sample_flux: with no --out, a
+PNG in the folder it runs in, the size asked for, the same pixels as the plain
+transformer's (--plain). train_lora: with no --out or --steps, a few steps
+into ./flux-lora, each said with its loss, its time and the time left;
+previews; the files written as the umask says; a run stopped and resumed
+from its checkpoint (every block resident: --vram) ends with the same LoRA
+bit for bit as one that was not stopped, and the LoRA file loads back into a
+FLUX pipeline (diffusers' load_lora_weights) and changes its transformer's
+output. train_lora_ddp: two
 processes (torchrun, gloo) compute the LoRA gradients one process computes
 with --grad-accum 2, bit for bit, and hold one host copy of the streamed
 blocks (the sum of their PSS of the shared region is its size, each holding
@@ -26,7 +32,7 @@ import sys
 import tempfile
 import unittest
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict, Tuple
 
 # The LoRA file is checked here, in this process, with models of transformers
 # and diffusers, whose warnings (a processor without torchvision, modules kept
@@ -50,7 +56,7 @@ EXAMPLES = Path(os.environ.get("ARENA_EXAMPLES_DIR", Path(__file__).resolve().pa
 TIMEOUT = float(os.environ.get("ARENA_EXAMPLE_TIMEOUT", "600"))
 
 
-def run(script: str, *args: str, nproc: int = 0, env: Any = None) -> str:
+def run(script: str, *args: str, nproc: int = 0, env: Any = None, cwd: Any = None) -> str:
     """The example run as a user runs it: ``python script``, or with nproc
     ``torchrun --standalone --nproc_per_node=nproc script`` (a free port), its
     store on 127.0.0.1: torchrun's own default, the host's name, need not
@@ -63,7 +69,7 @@ def run(script: str, *args: str, nproc: int = 0, env: Any = None) -> str:
               f"--nproc_per_node={nproc}"] if nproc else [sys.executable]
     env = dict(os.environ if env is None else env, PYTHONFAULTHANDLER="1")
     p = subprocess.Popen([*launch, str(EXAMPLES / script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=env, start_new_session=True)
+                         text=True, env=env, cwd=cwd, start_new_session=True)
     try:
         out, err = p.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -78,6 +84,20 @@ def run(script: str, *args: str, nproc: int = 0, env: Any = None) -> str:
     if p.returncode != 0:
         raise AssertionError(f"{script} {' '.join(args)}: exit {p.returncode}\n{out[-2000:]}\n{err[-3000:]}")
     return out
+
+
+def umask() -> int:
+    m = os.umask(0)
+    os.umask(m)
+    return m
+
+
+def streams(out: str) -> bool:
+    """The run's first line says its transformer streams blocks (``--tiny`` on the
+    CPU: the simulated device under a small --vram); on a GPU a tiny model fits."""
+    m = re.search(r"transformer\.arena: (\d+) blocks resident, (\d+) streamed", out)
+    assert m, out
+    return int(m[2]) > 0
 
 
 def load_example(name: str) -> Any:
@@ -99,29 +119,61 @@ class Examples(unittest.TestCase):
     def tearDownClass(cls) -> None:
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
+    def fresh(self, name: str) -> Tuple[str, Dict[str, str]]:
+        """A new empty folder to run in, and the environment of a run whose TMPDIR
+        is a new empty folder (torch's own cache, which it keeps in TMPDIR from one
+        run to the next, elsewhere): what a run leaves in TMPDIR is in it after."""
+        cwd = os.path.join(self.tmp, name)
+        os.makedirs(os.path.join(cwd + "-tmp"))
+        os.makedirs(cwd)
+        return cwd, dict(os.environ, TMPDIR=cwd + "-tmp", TORCHINDUCTOR_CACHE_DIR=os.path.join(self.tmp, "inductor"))
+
     def test_sample_flux(self) -> None:
-        a, p = os.path.join(self.tmp, "arena.png"), os.path.join(self.tmp, "plain.png")
-        out = run("sample_flux.py", "--tiny", "--steps", "3", "--prompt", "a cat", "--out", a)
-        self.assertRegex(out, r"transformer\.arena: \d+ blocks resident, \d+ streamed")
-        self.assertIn("wrote", out)
-        run("sample_flux.py", "--tiny", "--plain", "--steps", "3", "--prompt", "a cat", "--out", p)
+        """--tiny as a user first runs it: no --out (flux.png in the folder it runs in),
+        blocks streamed on the CPU, nothing left in TMPDIR; the plain transformer's
+        pixels (--plain)."""
+        cwd, env = self.fresh("sample")
+        out = run("sample_flux.py", "--tiny", "--steps", "3", "--prompt", "a cat", env=env, cwd=cwd)
+        self.assertEqual(streams(out), not torch.cuda.is_available(), out)
+        self.assertIn("wrote flux.png", out)
+        self.assertEqual(os.listdir(env["TMPDIR"]), [], "left in TMPDIR")
+        a, p = os.path.join(cwd, "flux.png"), os.path.join(self.tmp, "plain.png")
+        self.assertEqual(os.stat(a).st_mode & 0o777, 0o666 & ~umask())
+        run("sample_flux.py", "--tiny", "--plain", "--steps", "3", "--prompt", "a cat", "--out", p, env=env)
+        self.assertEqual(os.listdir(env["TMPDIR"]), [], "left in TMPDIR")
         ia, ip = np.asarray(Image.open(a)), np.asarray(Image.open(p))
         self.assertEqual(ia.shape, (32, 32, 3))
         self.assertGreater(ia.std(), 0, "a flat image")
         self.assertTrue(np.array_equal(ia, ip), "arena's transformer gave other pixels than the plain one")
 
     def test_train_lora(self) -> None:
-        a, b = os.path.join(self.tmp, "a"), os.path.join(self.tmp, "b")
-        common = ["--tiny", "--rank", "4", "--checkpoint-every", "2"]
-        out = run("train_lora.py", *common, "--out", a, "--steps", "4", "--preview-every", "2")
-        losses = [float(x) for x in re.findall(r"loss ([-0-9.e+naninf]+)", out)]
-        self.assertTrue(losses and all(np.isfinite(losses)), out)
-        for s in (2, 4):
+        """--tiny as a user first runs it: no --out (./flux-lora), a few steps, each
+        said with its time and the time left, blocks streamed on the CPU, the files
+        written as the umask says, nothing left in TMPDIR. Then a run stopped at step
+        4 and resumed from its checkpoint (with --vram: every block resident) ends
+        with the same LoRA bit for bit."""
+        cwd, env = self.fresh("train")
+        out = run("train_lora.py", "--tiny", "--rank", "4", env=env, cwd=cwd)
+        self.assertEqual(streams(out), not torch.cuda.is_available(), out)
+        steps = re.findall(r"^step (\d+)/(\d+): loss ([^,]+), ([\d.]+) s a step, ([^,]+) left$", out, re.M)
+        self.assertEqual([(int(i), int(n)) for i, n, *_ in steps], [(i, 8) for i in range(1, 9)], out)
+        self.assertTrue(all(np.isfinite(float(x[2])) for x in steps), out)
+        self.assertEqual(steps[-1][4], "0 s", out)
+        self.assertEqual(os.listdir(env["TMPDIR"]), [], "left in TMPDIR")
+        a = os.path.join(cwd, "flux-lora")
+        self.assertIn(f"wrote {os.path.join('flux-lora', 'pytorch_lora_weights.safetensors')}: 8 steps", out)
+        for s in (4, 8):
             self.assertEqual(Image.open(os.path.join(a, f"preview-{s:06d}.png")).size, (32, 32))
-        # stopped at step 2, then resumed from the checkpoint
-        run("train_lora.py", *common, "--out", b, "--steps", "2", "--preview-every", "0")
-        out = run("train_lora.py", *common, "--out", b, "--steps", "4", "--preview-every", "0", "--resume")
-        self.assertIn("resumed at step 2", out)
+        for f in os.listdir(a):
+            self.assertEqual(os.stat(os.path.join(a, f)).st_mode & 0o777, 0o666 & ~umask(), f)
+        # stopped at step 4, then resumed from the checkpoint, every block resident
+        b = os.path.join(self.tmp, "b")
+        common = ["--tiny", "--rank", "4", "--out", b, "--preview-every", "0"]
+        run("train_lora.py", *common, "--steps", "4", env=env)
+        out = run("train_lora.py", *common, "--steps", "8", "--resume", "--vram", "16G", env=env)
+        self.assertIn("resumed at step 4", out)
+        self.assertFalse(streams(out), out)
+        self.assertEqual(os.listdir(env["TMPDIR"]), [], "left in TMPDIR")
         la = load_file(os.path.join(a, "pytorch_lora_weights.safetensors"))
         lb = load_file(os.path.join(b, "pytorch_lora_weights.safetensors"))
         self.assertEqual(sorted(la), sorted(lb))
@@ -152,7 +204,8 @@ class Examples(unittest.TestCase):
 
     def test_train_lora_ddp(self) -> None:
         shm = tempfile.mkdtemp(dir=self.tmp)  # the registry of shared regions: this test's own
-        env = dict(os.environ, ARENA_SHARE_DIR=shm, OMP_NUM_THREADS="1")
+        _, env = self.fresh("ddp")
+        env.update(ARENA_SHARE_DIR=shm, OMP_NUM_THREADS="1")
         common = ["--tiny", "--rank", "4", "--steps", "2", "--preview-every", "0", "--checkpoint-every", "0"]
         d = {k: os.path.join(self.tmp, f"ddp-{k}") for k in ("two", "one", "off", "w2", "w1", "w0")}
         g2, g1 = os.path.join(self.tmp, "grads-2.pt"), os.path.join(self.tmp, "grads-1.pt")
@@ -174,9 +227,12 @@ class Examples(unittest.TestCase):
         self.assertTrue(all(0.3 * size < p < 0.7 * size for p in pss), out)
         self.assertEqual(os.listdir(shm), [], "the registry outlived the processes")
         # One process taking both examples of each step: the same gradients.
-        out1 = run("train_lora_ddp.py", *common, "--out", d["one"], "--workdir", d["w1"], "--grad-accum", "2",
-                   "--save-grads", g1, env=env)
+        # (its random models in a temporary folder of its own, gone when it ends; torchrun
+        # leaves its own, torchelastic_*, in TMPDIR)
+        before = os.listdir(env["TMPDIR"])
+        out1 = run("train_lora_ddp.py", *common, "--out", d["one"], "--grad-accum", "2", "--save-grads", g1, env=env)
         self.assertIn("1 processes", out1)
+        self.assertEqual(os.listdir(env["TMPDIR"]), before, "left in TMPDIR")
         a, b = torch.load(g2), torch.load(g1)
         self.assertTrue(a and sorted(a) == sorted(b), (sorted(a)[:3], sorted(b)[:3]))
         self.assertTrue(all(".lora_" in k for k in a), list(a)[:3])

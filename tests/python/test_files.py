@@ -20,7 +20,7 @@ import unittest
 from pathlib import Path
 from typing import List, Tuple
 
-import arena
+import arena_gpu as arena
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 FIX = Path(os.environ.get("ARENA_FIXTURES_DIR", ROOT / "fixtures"))
@@ -28,8 +28,8 @@ FLUX = str(FIX / "tiny_flux.safetensors")
 
 
 def cli(*args: str) -> "subprocess.CompletedProcess[str]":
-    """The package's arena command (python -m arena), as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "arena", *args], capture_output=True, text=True)
+    """The package's arena command (python -m arena_gpu), as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "arena_gpu", *args], capture_output=True, text=True)
 
 
 class Files(unittest.TestCase):
@@ -196,7 +196,7 @@ class Files(unittest.TestCase):
         # From outside, as a terminal's Ctrl-C: a script converting, interrupted once it has started.
         started = self.path("started")
         script = textwrap.dedent(f"""
-            import arena, sys
+            import arena_gpu as arena, sys
             def p(d, t):
                 open({started!r}, "w").close()
             try:
@@ -224,19 +224,19 @@ class Files(unittest.TestCase):
         except ImportError:
             self.skipTest("tqdm is not installed")
         out = self.path("t.arena")
-        script = f"import arena; arena.convert({FLUX!r}, {out!r}, progress=True)"
+        script = f"import arena_gpu as arena; arena.convert({FLUX!r}, {out!r}, progress=True)"
         r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("convert: 100%", r.stderr)
         # None: a bar on a terminal only (stderr is a pipe here)
-        script = f"import arena; arena.convert({FLUX!r}, {out!r}, force=True)"
+        script = f"import arena_gpu as arena; arena.convert({FLUX!r}, {out!r}, force=True)"
         r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
         self.assertEqual((r.returncode, r.stderr), (0, ""))
         os.unlink(out)
 
     def test_tensors_without_torch_say_what_to_install(self) -> None:
         """Where torch cannot be imported (``pip install ./python`` installs no extra),
-        tensors() and ``import arena.torch`` raise an ImportError naming the packages
+        tensors() and ``import arena_gpu.torch`` raise an ImportError naming the packages
         of python/pyproject.toml's [torch] extra, by pip's name, and the extra."""
         import re
 
@@ -255,9 +255,9 @@ class Files(unittest.TestCase):
                     return None
 
             sys.meta_path.insert(0, NoTorch())
-            import arena
+            import arena_gpu as arena
             a = arena.open({FLUX!r}, device="sim")
-            for f in (a.tensors, lambda: a.slab(0, 0, "host"), lambda: __import__("arena.torch")):
+            for f in (a.tensors, lambda: a.slab(0, 0, "host"), lambda: __import__("arena_gpu.torch")):
                 try:
                     f()
                     print("no error")
@@ -273,6 +273,38 @@ class Files(unittest.TestCase):
             self.assertIn(f"needs torch, which is not installed: pip install {pkgs} ", line)
             self.assertIn("pip install './python[torch]' from a checkout", line)
 
+    def test_dir_lists_the_public_names(self) -> None:
+        """dir(arena) is the package's public API (__all__, and the arena.torch
+        subpackage where torch is installed), not the modules and typing names it uses."""
+        import importlib.util
+
+        names = dir(arena)
+        self.assertEqual(sorted(set(names) - {"torch"}), sorted(arena.__all__))
+        self.assertEqual("torch" in names, importlib.util.find_spec("torch") is not None)
+        for n in ("os", "re", "ctypes", "threading", "dataclass", "Any", "Optional"):
+            self.assertNotIn(n, names)
+        for n in arena.__all__:
+            self.assertTrue(hasattr(arena, n), n)
+        self.assertTrue(callable(arena.open) and issubclass(arena.Error, Exception))
+
+    def test_the_distribution(self) -> None:
+        """The package is installed as the distribution python/pyproject.toml names,
+        arena-gpu, its module arena_gpu: the name arena on PyPI is another
+        project's (an Are.na client, 0.0.5), whose module is arena too. Its
+        version is the package's."""
+        import importlib.metadata as md
+        import re
+
+        name = re.search(r'^name = "([^"]+)"$', (ROOT / "python" / "pyproject.toml").read_text(), re.M)
+        assert name, "python/pyproject.toml names no distribution"
+        self.assertEqual(name[1], "arena-gpu")
+        self.assertEqual(md.metadata("arena-gpu")["Name"], "arena-gpu")
+        self.assertEqual(md.version("arena-gpu"), arena.__version__)
+        # its module arena_gpu, not arena (the other project's)
+        self.assertEqual(arena.__name__, "arena_gpu")
+        self.assertEqual(md.packages_distributions().get("arena_gpu"), ["arena-gpu"])
+        self.assertNotIn("arena-gpu", md.packages_distributions().get("arena", []))
+
     def test_a_checkpoint_cut_while_it_is_read_is_an_error_not_a_signal(self) -> None:
         # 40,000 tensors: a 2.6 MB header, half a second of parsing. Cut to 4 KiB
         # at several delays after the call starts: the call fails with an
@@ -285,7 +317,7 @@ class Files(unittest.TestCase):
         path = self.path("cut.safetensors")
         child = textwrap.dedent("""
             import sys
-            import arena
+            import arena_gpu as arena
             path, what = sys.argv[1], sys.argv[2]
             print("ready", flush=True)
             sys.stdin.readline()

@@ -28,6 +28,7 @@ import subprocess
 import tempfile
 import time
 import unittest
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -35,8 +36,8 @@ import diffusers
 import transformers as tf
 from peft import LoraConfig, inject_adapter_in_model
 
-import arena
-import arena.torch as at
+import arena_gpu as arena
+import arena_gpu.torch as at
 
 for name in ("diffusers", "transformers"):
     logging.getLogger(name).setLevel(logging.ERROR)
@@ -489,6 +490,46 @@ class Checkpointing(unittest.TestCase):
                 got = train_steps(name, m, checkpointing=False)
                 self.assertEqual(differ(got[1], want[1]), [])
                 streamed(self, h)
+                h.detach()
+
+
+class Modes(unittest.TestCase):
+    """attach(mode="sample") puts the module and its submodules in eval mode, as
+    from_pretrained returns a model: a model built by its constructor (train mode,
+    T5's dropout active) samples as the plain model in eval mode, bit for bit.
+    mode="train" leaves the modules' modes as they are."""
+
+    @staticmethod
+    def t5(dropout: float) -> torch.nn.Module:
+        with torch.device("meta"):
+            m = tf.T5EncoderModel(tf.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=5, num_heads=4,
+                                              relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                                              dropout_rate=dropout))
+        return m.to(BF16).requires_grad_(False)
+
+    def test_sample_mode_is_eval_mode(self):
+        fam, path = ZOO["t5"], image("t5")
+        plain = make("t5", meta=False)  # eval, the image's weights
+        with torch.no_grad():
+            want = fam.out(plain(**fam.inputs(0)))
+        m = self.t5(0.1)
+        self.assertTrue(all(x.training for x in m.modules()), "a constructor's model is in train mode")
+        h = at.attach(m, path, **streaming(path))
+        self.assertFalse(any(x.training for x in m.modules()), "eval mode, every submodule")
+        with torch.no_grad():
+            for _ in range(2):
+                self.assertTrue(torch.equal(fam.out(m(**fam.inputs(0))), want), "dropout inactive")
+        streamed(self, h)
+        h.detach()
+        self.assertFalse(m.training, "detach leaves the mode as it is")
+
+    def test_train_mode_is_left_alone(self):
+        path = image("t5")
+        for training in (True, False):
+            with self.subTest(training=training):
+                m = self.t5(0.1).train(training)
+                h = at.attach(m, path, mode="train", **streaming(path, "train", None, depth=2))
+                self.assertTrue(all(x.training == training for x in m.modules()))
                 h.detach()
 
 
@@ -958,6 +999,21 @@ def flux_pipeline(meta: bool, seed: int = 0) -> Any:
     return pipe
 
 
+def clip_tokenizer() -> Any:
+    """A CLIPTokenizer of letters (CLIPTokenizer.from_pretrained reads it back from its folder)."""
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    vocab = {t: i for i, t in enumerate(["<|startoftext|>", "<|endoftext|>"] + letters + [c + "</w>" for c in letters])}
+    return tf.CLIPTokenizer(vocab=vocab, merges=[], model_max_length=77)
+
+
+def t5_tokenizer() -> Any:
+    """A T5TokenizerFast of letters and a few words (T5TokenizerFast.from_pretrained reads it back)."""
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
+    pieces += [("\u2581" + w, -3.0) for w in "a photo of cat dog".split()] + [(c, -5.0) for c in letters]
+    return tf.T5TokenizerFast(vocab=pieces, extra_ids=0, model_max_length=16)
+
+
 def generate(pipe: Any, prompt: str, seed: int) -> torch.Tensor:
     with torch.no_grad():
         return pipe(prompt, height=32, width=32, num_inference_steps=3, max_sequence_length=16, output_type="pt",
@@ -997,6 +1053,9 @@ class Pipeline(unittest.TestCase):
                 opts = streaming(self.path)
                 h = at.attach(pipe, self.path, **opts)
                 self.assertLess(opts["sim_capacity"], total, "the device holds less than the pipeline")
+                self.assertRegex(repr(h), r"^<arena\.torch\.Handle FluxPipeline \(text_encoder, text_encoder_2, "
+                                          r"transformer, vae\) to '.*flux_pipeline\.arena': sample, vram: what the "
+                                          r"device has free, sim, \d+ blocks, [1-9]\d* streamed>$")
                 got = [generate(pipe, "a photo of a cat", 0), generate(pipe, "a red dog on the mat", 1)]
                 for g, w in zip(got, self.want):
                     self.assertTrue(torch.equal(g, w))
@@ -1017,6 +1076,17 @@ class Pipeline(unittest.TestCase):
                 h.detach()
                 self.assertFalse(hasattr(pipe.transformer, "_arena_handle"))
 
+    def test_components_in_another_dtype(self):
+        """Said first, in one line: how many, the dtype the image holds, which components to build in it."""
+        pipe = flux_pipeline(meta=True)
+        pipe.vae.to(torch.float32)
+        pipe.text_encoder.to(torch.float32)
+        n = sum(1 for _ in pipe.vae.parameters()) + sum(1 for _ in pipe.text_encoder.parameters())
+        with self.assertRaises(arena.Error) as cm:
+            at.attach(pipe, self.path, device="sim")
+        self.assertIn(f"FluxPipeline to {self.path}: {n} tensors are float32, the image holds bfloat16: build "
+                      f"text_encoder and vae with .to(torch.bfloat16); {n} problem(s): ", cm.exception.message)
+
     def test_a_component_missing(self):
         pipe = flux_pipeline(meta=True)
         pipe.vae = None
@@ -1036,6 +1106,54 @@ class Pipeline(unittest.TestCase):
         h = at.attach(comps, self.path, device="sim")
         self.assertEqual(len(h._roots), 4)
         h.detach()
+
+
+class Readme(unittest.TestCase):
+    """README.md's "A whole pipeline" code as it is written, run on a tiny FLUX.1
+    folder (its CLIP, T5 with dropout 0.1 as FLUX.1's, VAE, tokenizers, scheduler,
+    saved by save_pretrained) in place of FLUX.1-dev: its image equals the plain
+    pipeline's (from_pretrained in bf16) bit for bit. Replaced in the code: the
+    model's id and the image's name by the tiny folder's, and the image's size and
+    steps by tiny ones (each replacement made exactly once)."""
+
+    def test_the_whole_pipeline_snippet(self):
+        import re
+
+        readme = (Path(__file__).resolve().parent.parent.parent / "README.md").read_text()
+        at_ = readme.index("**A whole pipeline**")
+        code = re.search(r"```python\n(.*?)```", readme[at_:], re.S)
+        assert code, "no code under README.md's 'A whole pipeline'"
+        src = os.path.join(TMP, "readme_pipeline")
+        plain = flux_pipeline(meta=False)
+        plain.text_encoder_2.config.dropout_rate = 0.1  # FLUX.1's T5 config
+        plain.tokenizer, plain.tokenizer_2 = clip_tokenizer(), t5_tokenizer()
+        plain.save_pretrained(src)
+        subprocess.run([ARENA_BIN, "convert", "-q", src, "-o", src + ".arena"], check=True)
+        text = code[1]
+        for old, new in (('"black-forest-labs/FLUX.1-dev"', repr(src)), ('"flux-pipe.arena"', repr(src + ".arena")),
+                         ('pipe("a cat")', 'pipe("a cat", height=32, width=32, num_inference_steps=3, '
+                                            'max_sequence_length=16, output_type="pt", '
+                                            'generator=torch.Generator().manual_seed(0))')):
+            self.assertEqual(text.count(old), 1, old)
+            text = text.replace(old, new)
+        # What the code takes from the README's code before it: torch, arena.torch,
+        # FluxPipeline, the transformer built on meta.
+        with torch.device("meta"):
+            transformer = diffusers.FluxTransformer2DModel.from_config(
+                diffusers.FluxTransformer2DModel.load_config(src, subfolder="transformer")).to(BF16)
+        ns: Dict[str, Any] = dict(torch=torch, arena=arena, FluxPipeline=diffusers.FluxPipeline,
+                                  transformer=transformer)
+        from unittest import mock
+
+        with mock.patch.object(diffusers.FluxPipeline, "_progress_bar_config", {"disable": True}, create=True):
+            exec(compile(text, "README.md (A whole pipeline)", "exec"), ns)
+        ref = diffusers.FluxPipeline.from_pretrained(src, torch_dtype=BF16)
+        ref.set_progress_bar_config(disable=True)
+        with torch.no_grad():
+            want = ref("a cat", height=32, width=32, num_inference_steps=3, max_sequence_length=16, output_type="pt",
+                       generator=torch.Generator().manual_seed(0)).images[0]
+        self.assertTrue(torch.equal(ns["image"], want), (ns["image"].float() - want.float()).abs().max())
+        ns["h"].detach()
 
 
 if __name__ == "__main__":

@@ -51,9 +51,9 @@ from diffusers import FluxTransformer2DModel
 from peft import LoraConfig
 from safetensors.torch import load_file
 
-import arena
-import arena._dlpack
-import arena.torch as at
+import arena_gpu as arena
+import arena_gpu._dlpack
+import arena_gpu.torch as at
 
 
 FIX = os.environ.get("ARENA_FIXTURES_DIR", "fixtures")
@@ -157,7 +157,7 @@ def fp8_matmul_stood_in(calls: list | None = None):
     """The device's FP8 matmuls stood in for on any device: device_has_fp8 true, and
     torch._scaled_mm by f32 arithmetic on the FP8 operands it is given (counted in
     calls[0] where calls is given)."""
-    from arena.torch import _fp8
+    from arena_gpu.torch import _fp8
 
     def mm(a, b, scale_a, scale_b, bias=None, out_dtype=None):
         if calls is not None:
@@ -180,7 +180,7 @@ def fp8_matmul_stood_in(calls: list | None = None):
 def grad_fp8(on: bool):
     """The native backward's input gradient as an FP8 product (on, the default) or
     with the weight dequantized for it (off), for the block; restored after."""
-    from arena.torch import _fp8
+    from arena_gpu.torch import _fp8
 
     was = _fp8.GRAD_FP8
     _fp8.GRAD_FP8 = on
@@ -218,7 +218,7 @@ class Package(unittest.TestCase):
         """The ctypes mirrors of arena.h's structs have its layout: every field's offset
         and each struct's size, as a C compiler lays them out (a field added to one
         side only would shift the rest and be read as garbage)."""
-        import arena._native as nat
+        import arena_gpu._native as nat
 
         structs = {"arena_open_options": nat.OpenOptions, "arena_block_info": nat.BlockInfo,
                    "arena_tensor_info": nat.TensorInfo, "arena_step_info": nat.StepInfo,
@@ -358,6 +358,14 @@ class Package(unittest.TestCase):
                 self.assertTrue(torch.equal(t, want[n]), n)
 
 
+    def test_dir_lists_the_public_names(self):
+        """dir(arena.torch) is its public API (__all__), not what it imports."""
+        self.assertEqual(sorted(dir(at)), sorted(at.__all__))
+        for n in at.__all__:
+            self.assertTrue(hasattr(at, n), n)
+        self.assertIn("torch", dir(arena), "the subpackage, once imported")
+
+
 class Sampling(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -490,6 +498,23 @@ class Sampling(unittest.TestCase):
         h = at.attach(m, IMG, **STREAM)
         self.assertIsNot(m.x_embedder.weight, old, "the module's own tensors are released once bound")
         self.check(m, 2)
+        h.detach()
+
+    def test_repr_says_what_is_attached(self):
+        m = model()
+        h = at.attach(m, IMG, vram="290K", **STREAM)
+        r = repr(h)
+        p = h.plan()
+        n = p["n_streamed"]
+        self.assertGreater(n, 0)
+        self.assertEqual(r, f"<arena.torch.Handle FluxTransformer2DModel to {IMG!r}: sample, vram 290.00 KiB, "
+                            f"sim, {p['n_resident'] + n} blocks, {n} streamed>")
+        h.detach()
+        self.assertEqual(repr(h), f"<arena.torch.Handle FluxTransformer2DModel to {IMG!r}: detached>")
+        # no vram: the device's free memory; train mode
+        h = at.attach(model(), IMG, mode="train", device="sim")
+        self.assertEqual(repr(h), f"<arena.torch.Handle FluxTransformer2DModel to {IMG!r}: train, vram: what the "
+                                  f"device has free, sim, {p['n_resident'] + n} blocks, 0 streamed>")
         h.detach()
 
     def test_detach_returns_a_plain_module(self):
@@ -1301,8 +1326,8 @@ class Quantized(unittest.TestCase):
         without FP8 matmuls (the CPU) each product dequantizes for itself: outputs and
         LoRA gradients are the dequantized path's bit for bit. "auto" on sim and False
         dequantize at each bind as before."""
-        from arena.torch import _fp8
-        from arena.torch._fp8 import Fp8Weight, device_has_fp8
+        from arena_gpu.torch import _fp8
+        from arena_gpu.torch._fp8 import Fp8Weight, device_has_fp8
 
         self.assertFalse(device_has_fp8(torch.device("cpu")))
         for scheme in ("fp8-e4m3-row", "fp8-e4m3-tensor", "fp8-e4m3"):
@@ -1374,7 +1399,7 @@ class Quantized(unittest.TestCase):
         quantized blocks went through the FP8 product, forward and (the FP8 gradient)
         backward (the backward's weight is the binding current then: arena's kernel
         refuses another address; a stale FP8 operand would change the bits)."""
-        from arena.torch import _fp8
+        from arena_gpu.torch import _fp8
 
         calls = [0]
         path = self.image("fp8-e4m3-row", "--quant-exclude", "single_transformer_blocks.*")
@@ -1431,7 +1456,7 @@ class Quantized(unittest.TestCase):
         gradient is then the product with the dequantized weight. With the FP8 gradient
         (the default) every weight saves qdata and scale, and the input's gradient is
         scaled_grad_input's."""
-        from arena.torch import _fp8
+        from arena_gpu.torch import _fp8
 
         path = self.image("fp8-e4m3-row", "--quant-exclude", "single_transformer_blocks.*")
         with fp8_matmul_stood_in():
@@ -1465,7 +1490,7 @@ class Quantized(unittest.TestCase):
         tensor of a bound tensor subclass, or a view of one, as a reference to its unit
         (found by its bytes: its addresses inside the inner tensor's), a view in
         another dtype as a copy of its values now, and anything else as it is."""
-        from arena.torch import _blocks, _fp8, _quant
+        from arena_gpu.torch import _blocks, _fp8, _quant
 
         slab = torch.arange(256, dtype=torch.uint8)  # a unit's bytes: two weights' qdata
         q0 = slab[:96].view(torch.float8_e4m3fn).view(6, 16)
@@ -1495,7 +1520,7 @@ class Quantized(unittest.TestCase):
         """fp8_compute="auto" chooses FP8 products on a device with FP8 matmuls, in
         sampling and training alike, and the dequantized path without them (the rule
         _quant.fp8_auto_native; the device's capability stood in for, the CPU has none)."""
-        from arena.torch import _fp8, _quant
+        from arena_gpu.torch import _fp8, _quant
 
         path = self.image("fp8-e4m3-row")
         real = _fp8.device_has_fp8
@@ -1516,7 +1541,7 @@ class Quantized(unittest.TestCase):
         FP8 codes bit for bit, rows of every magnitude, zeros (the 1e-12 floor),
         subnormal results, exact halves, the saturation edge, an infinity and a NaN, odd
         lengths; refusals name what is wrong."""
-        from arena.torch._fp8 import quantize_rows_torch
+        from arena_gpu.torch._fp8 import quantize_rows_torch
 
         g = torch.Generator().manual_seed(5)
         with arena.open(self.image("fp8-e4m3-row"), **self.STREAM) as a:
@@ -1583,7 +1608,7 @@ class Quantized(unittest.TestCase):
         gradient (W dequantized). torch's _scaled_mm on the CPU takes only scales of one
         element, so here the call runs on one output row and column; the shapes of a model
         run on the GPU only (bench/gpu_fp8_check.py)."""
-        from arena.torch._fp8 import quantize_rows
+        from arena_gpu.torch._fp8 import quantize_rows
 
         g = torch.Generator().manual_seed(3)
         x = (torch.randn(8, 64, generator=g) * torch.logspace(-3, 2, 8)[:, None]).to(torch.bfloat16)
@@ -1598,7 +1623,7 @@ class Quantized(unittest.TestCase):
         self.assertLess(err.item(), 2 ** -4, "FP8 e4m3 keeps 3 mantissa bits")
         # the call itself where the CPU's _scaled_mm takes it (one output row and column:
         # both scales have one element): operands, scales and bias as the GPU gets them
-        from arena.torch._fp8 import _ScaledLinear, dequantize, native_args, scaled_linear
+        from arena_gpu.torch._fp8 import _ScaledLinear, dequantize, native_args, scaled_linear
 
         w = torch.randn(1, 64, generator=g) * 0.02
         ws = (w.abs().amax(1, keepdim=True) / 448).clamp(min=1e-12)
@@ -1622,7 +1647,7 @@ class Quantized(unittest.TestCase):
         bit for bit dequantize's (f32 product, rounded once) for row scales, one scale
         and none, whichever way torch takes here, the way learned once and kept, and
         dequantize's own where torch takes neither."""
-        from arena.torch import _fp8
+        from arena_gpu.torch import _fp8
 
         g = torch.Generator().manual_seed(5)
         w = torch.randn(40, 24, generator=g) * torch.logspace(-4, 2, 40)[:, None]
@@ -1653,7 +1678,7 @@ class Quantized(unittest.TestCase):
         tensor unchanged gives the same rows; changed in place (its version), another
         tensor, or an inference tensor (no version) is quantized anew; the rows go
         with the tensor. The product on rows given is the product on x's own."""
-        from arena.torch import _fp8
+        from arena_gpu.torch import _fp8
 
         g = torch.Generator().manual_seed(7)
         x = torch.randn(6, 32, generator=g).to(torch.bfloat16)
@@ -1708,7 +1733,7 @@ class Quantized(unittest.TestCase):
         times the weight's row scales quantized per row, and the weight's FP8 bytes
         transposed, column-major; the result against grad @ W within FP8's rounding, for
         row scales, one scale and none."""
-        from arena.torch import _fp8
+        from arena_gpu.torch import _fp8
 
         g = torch.Generator().manual_seed(4)
         n, k, m = 48, 32, 10
@@ -1761,7 +1786,7 @@ class Quantized(unittest.TestCase):
         ring, copies) never holds more than vram; outputs are the plain model's."""
         import weakref
 
-        import arena.torch._blocks as blocks
+        import arena_gpu.torch._blocks as blocks
 
         path = self.image("fp8-e4m3-row")
         with torch.no_grad():
@@ -2305,9 +2330,9 @@ class Refusals(unittest.TestCase):
         script = (
             "import json, os, sys, torch\n"
             "from diffusers import FluxTransformer2DModel\n"
-            "import arena\n"
-            "import arena.torch as at\n"
-            "from arena.torch import _attach\n"
+            "import arena_gpu as arena\n"
+            "import arena_gpu.torch as at\n"
+            "from arena_gpu.torch import _attach\n"
             "def refuse(*args, **kwargs):\n"
             "    print('refused after binding', file=sys.stderr)\n"
             "    raise arena.Error('BUDGET', 'refused after binding')\n"
@@ -2320,7 +2345,7 @@ class Refusals(unittest.TestCase):
                            timeout=300)
         self.assertEqual(r.returncode, 1, r.stderr[-2000:])
         self.assertIn("refused after binding", r.stderr)
-        self.assertIn("arena.Error", r.stderr)
+        self.assertIn("arena_gpu.Error", r.stderr)
         self.assertIn("[BUDGET]", r.stderr)
 
     def test_training_the_bound_weights(self):
@@ -2375,6 +2400,20 @@ class Refusals(unittest.TestCase):
         with torch.device("meta"):
             m = FluxTransformer2DModel(**CFG)
         e = self.expect("USAGE", "torch.float32, the image's", at.attach, m, IMG, **STREAM)
+        # ... said first in one line: how many tensors, what the image holds, the fix; then the list
+        with arena.open(IMG, device="sim") as a:
+            n = sum(1 for t in a.tensor_names() if a.tensor_info(t).dtype == "BF16")
+        head = (f"cannot attach FluxTransformer2DModel to {IMG}: {n} tensors are float32, the image holds "
+                f"bfloat16: build the model with .to(torch.bfloat16); {n} problem(s): '")
+        self.assertTrue(e.message.startswith(head), e.message[:300])
+        # two dtypes apart from the image's: each counted
+        with torch.device("meta"):
+            m = FluxTransformer2DModel(**CFG).to(torch.bfloat16)
+            m.x_embedder.to(torch.float16)
+            m.proj_out.to(torch.float32)
+        e = self.expect("USAGE", "problem(s)", at.attach, m, IMG, **STREAM)
+        self.assertIn(": 2 tensors are float16 and 2 float32, the image holds bfloat16: build the model with "
+                      ".to(torch.bfloat16); 4 problem(s): ", e.message)
         # nothing of a failed attach stays: the module is as it was
         self.assertEqual({p.device.type for p in m.parameters()}, {"meta"})
 

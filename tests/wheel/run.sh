@@ -41,7 +41,7 @@ rc=$?
 [ $rc = 77 ] && skip "zig or the sources of jansson, xxHash, zstd cannot be fetched"
 [ $rc = 0 ] || fail "make wheel (scripts/wheel.sh) failed"
 W=$(cd "$B/wheel" && pwd)
-WHL=$(ls "$W"/dist/arena-*-py3-none-manylinux_2_28_*.whl 2>/dev/null | head -n 1)
+WHL=$(ls "$W"/dist/arena_gpu-*-py3-none-manylinux_2_28_*.whl 2>/dev/null | head -n 1)
 [ -n "$WHL" ] || fail "no wheel in $W/dist"
 t1=$(date +%s)
 
@@ -71,15 +71,21 @@ if ! cmp -s "$REQ" "$STAMP"; then
 		skip "the packages of $REQ cannot be installed (no PyPI?)"
 	cp "$REQ" "$STAMP" || fail "cp $REQ $STAMP"
 fi
-"$V/bin/pip" uninstall -q -y arena >/dev/null 2>&1
+"$V/bin/pip" uninstall -q -y arena arena-gpu >/dev/null 2>&1 # (arena: the distribution's name before)
 "$V/bin/pip" install -q --disable-pip-version-check --no-deps "$WHL" || fail "pip install $WHL"
+"$V/bin/python" -c "
+import importlib.metadata as m
+d = m.packages_distributions()
+assert m.metadata('arena-gpu')['Name'] == 'arena-gpu' and d.get('arena_gpu') == ['arena-gpu'], d.get('arena_gpu')
+assert 'arena-gpu' not in d.get('arena', []), 'the wheel installs a module arena'
+" || fail "the wheel's distribution is not arena-gpu, its module arena_gpu alone"
 SITE=$("$V/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-[ -f "$SITE/arena/libarena.so" ] && [ -x "$SITE/arena/bin/arena" ] && [ -x "$V/bin/arena" ] ||
+[ -f "$SITE/arena_gpu/libarena.so" ] && [ -x "$SITE/arena_gpu/bin/arena" ] && [ -x "$V/bin/arena" ] ||
 	fail "the wheel did not install libarena.so, arena/bin/arena and the arena command"
 t2=$(date +%s)
 
 # --- what the binaries need: the C runtime only ------------------------------------
-for f in "$SITE/arena/libarena.so" "$SITE/arena/bin/arena"; do
+for f in "$SITE/arena_gpu/libarena.so" "$SITE/arena_gpu/bin/arena"; do
 	ldd "$f" >"$W/ldd.txt" 2>&1 || fail "ldd $f: $(cat "$W/ldd.txt")"
 	other=$(awk '{print $1}' "$W/ldd.txt" | grep -v -E '^(linux-vdso\.so\.1|/lib64/ld-linux-x86-64\.so\.2|/lib/ld-linux-aarch64\.so\.1|ld-linux-(x86-64|aarch64)\.so\.2|lib(c|m|pthread|dl|rt)\.so\.[0-9]+)$' || true)
 	[ -z "$other" ] || fail "$f needs $(echo $other), not only the C runtime: $(cat "$W/ldd.txt")"
@@ -102,8 +108,8 @@ import shutil, sys, os
 found = [t for t in ('cc', 'gcc', 'c++', 'g++', 'clang', 'make', 'ld', 'nvcc') if shutil.which(t)]
 assert not found, f'build tools on PATH: {found}'
 assert not os.environ.get('LD_LIBRARY_PATH')
-import arena, arena._native as n
-assert n.lib._name.startswith('$SITE/arena/'), n.lib._name
+import arena_gpu as arena, arena_gpu._native as n
+assert n.lib._name.startswith('$SITE/arena_gpu/'), n.lib._name
 print('wheel tests: arena', arena.library_version(), 'from', n.lib._name)
 " || fail "the venv is not bare, or arena is not the wheel's"
 cd "$T" || fail "cd $T"
@@ -111,8 +117,8 @@ bare arena convert tiny_flux.safetensors -o f.arena --codec hb4 >out.txt 2>&1 ||
 grep -q '^wrote f.arena: 6 blocks, 126 tensors' out.txt || fail "arena convert: $(cat out.txt)"
 bare arena verify f.arena >out.txt 2>&1 || fail "arena verify: $(cat out.txt)"
 grep -q '^ok: f.arena' out.txt || fail "arena verify: $(cat out.txt)"
-bare "$V/bin/python" -m arena inspect --json f.arena >out.txt 2>&1 || fail "python -m arena inspect: $(cat out.txt)"
-grep -q '"coded_image": true' out.txt || fail "python -m arena inspect: $(head -c 500 out.txt)"
+bare "$V/bin/python" -m arena_gpu inspect --json f.arena >out.txt 2>&1 || fail "python -m arena_gpu inspect: $(cat out.txt)"
+grep -q '"coded_image": true' out.txt || fail "python -m arena_gpu inspect: $(head -c 500 out.txt)"
 printf 'x' | dd of=f.arena bs=1 seek=70000 conv=notrunc 2>/dev/null
 bare arena verify f.arena >out.txt 2>&1
 [ $? = 1 ] && grep -q 'IMG_\|checksum' out.txt || fail "arena verify of a changed image: $(cat out.txt)"

@@ -1,10 +1,15 @@
 """arena: model weights into device memory fast, and kept there as VRAM allows.
 
+The module is ``arena_gpu`` (the distribution arena-gpu: ``arena`` on PyPI is
+another project's, whose module is ``arena`` too); code names it ``arena``
+(``import arena_gpu as arena``), as the documentation does. ``arena.torch``
+is imported at its first use.
+
 Open an arena image (``arena convert``), a safetensors file or a sharded
 folder; the library puts what fits on the device and streams the rest
 through a ring of device memory when it is used (the residency engine)::
 
-    import arena
+    import arena_gpu as arena
     with arena.open("flux-dev.arena", vram="8G") as a:
         sd = a.tensors()          # name -> torch.Tensor, zero copy
         print(a.plan()["n_streamed"], "blocks streamed")
@@ -165,7 +170,7 @@ def _import(module: str, what: str, extra: str) -> Any:
             raise
         raise ModuleNotFoundError(f"arena: {what} needs {module}, which is not installed: pip install "
                                   f"{_EXTRAS[extra]} (what arena's [{extra}] extra installs: pip install "
-                                  f"'./python[{extra}]' from a checkout, 'arena-*.whl[{extra}]' for the wheel)",
+                                  f"'./python[{extra}]' from a checkout, 'arena_gpu-*.whl[{extra}]' for the wheel)",
                                   name=module) from None
 
 
@@ -910,3 +915,23 @@ def open(
 
 
 from ._files import convert, inspect, verify  # noqa: E402  (they use Error, defined above)
+
+
+def __getattr__(name: str) -> Any:
+    """``arena.torch`` imported at its first use: ``import arena_gpu as arena`` is
+    enough for ``arena.torch.attach`` (without torch, the ImportError that says
+    what to install)."""
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> List[str]:
+    """The public API (``dir(arena)``, completion): ``__all__``, and the subpackage
+    ``arena.torch`` where torch is installed; not the modules and typing names the
+    package uses."""
+    import importlib.util
+
+    return sorted(__all__ + (["torch"] if importlib.util.find_spec("torch") is not None else []))

@@ -129,6 +129,10 @@ def _bind(h: Handle, target: Any, mode: str, trainable: Any, min_saved: Optional
     buffers: List[Tuple[List[Tuple[nn.Module, str]], torch.Tensor, torch.Tensor]] = []
     attrs: List[Tuple[nn.Module, str, Any, Any]] = []
     peft_of: Dict[int, str] = {}
+    claimed: Set[str] = set()  # image names a parameter maps to, bound or not (a problem said)
+    # parameters of the image's shapes in another dtype: (theirs, the image's) -> how many; the components
+    dtypes: Dict[Tuple[str, str], int] = {}
+    dtype_comps: Set[str] = set()
     for prefix, module in roots:
         tuners = set(_peft_tuners(module))
         # 1. Every parameter and buffer against the image, all problems at once. Names
@@ -160,6 +164,7 @@ def _bind(h: Handle, target: Any, mode: str, trainable: Any, min_saved: Optional
                 problems.append(f"'{full}'{tied} has no tensor '{inames[0]}' in the image")
                 continue
             iname = present[0]
+            claimed.add(iname)
             spare.update(present[1:])
             info = image[iname]
             if iname in bound:
@@ -197,6 +202,10 @@ def _bind(h: Handle, target: Any, mode: str, trainable: Any, min_saved: Optional
                 problems.append(f"'{iname}': {e.message}")
                 continue
             if tuple(t.shape) != info.shape or t.dtype != want:
+                if tuple(t.shape) == info.shape:
+                    pair = (str(t.dtype).replace("torch.", ""), str(want).replace("torch.", ""))
+                    dtypes[pair] = dtypes.get(pair, 0) + 1
+                    dtype_comps.add(prefix[:-1])
                 problems.append(
                     f"'{full}' is {tuple(t.shape)} {t.dtype}, the image's '{iname}' is {info.shape} {info.dtype}"
                 )
@@ -212,7 +221,7 @@ def _bind(h: Handle, target: Any, mode: str, trainable: Any, min_saved: Optional
         problems += aproblems
         peft_of[id(module)] = next((p for p in _STRIP if any(n.startswith(p) for n, _ in module.named_modules())), "")
     mine = [n for n in image if any(n.startswith(p) for p, _ in roots)]
-    for n in sorted(set(mine) - set(bound) - spare):
+    for n in sorted(set(mine) - claimed - spare):
         problems.append(f"the image's '{n}' has no parameter in the module")
     if roots[0][0]:  # a pipeline: every component of the image has its module
         have = {p[:-1] for p, _ in roots}
@@ -253,7 +262,7 @@ def _bind(h: Handle, target: Any, mode: str, trainable: Any, min_saved: Optional
                                     f"{type(owner).__name__}.{leaf} is not inside that submodule")
     if problems:
         what = type(target).__name__
-        head = f"cannot attach {what} to {a.path}: {len(problems)} problem(s): "
+        head = f"cannot attach {what} to {a.path}: {_dtype_summary(dtypes, dtype_comps)}{len(problems)} problem(s): "
         shown = "; ".join(problems[:40]) + ("; ..." if len(problems) > 40 else "")
         raise Error("USAGE", head + shown)
 
@@ -395,6 +404,29 @@ def _bind(h: Handle, target: Any, mode: str, trainable: Any, min_saved: Optional
     for _, module in roots:
         setattr(module, "_arena_handle", weakref.ref(h))  # (a plain attribute: nn.Module keeps it in __dict__)
         h._restore.append(functools.partial(module.__dict__.pop, "_arena_handle", None))
+
+
+def _dtype_summary(dtypes: Dict[Tuple[str, str], int], comps: Set[str]) -> str:
+    """Parameters of the image's shapes in other dtypes, said in one line before the
+    list of problems: how many of each dtype, what the image holds, the fix
+    ("342 tensors are float32, the image holds bfloat16: build the model with
+    .to(torch.bfloat16); "), or "" when there are none."""
+    if not dtypes:
+        return ""
+    have: Dict[str, int] = {}
+    held: Dict[str, int] = {}
+    for (mine, image), n in dtypes.items():
+        have[mine] = have.get(mine, 0) + n
+        held[image] = held.get(image, 0) + n
+    counts = sorted(have.items(), key=lambda kv: (-kv[1], kv[0]))
+    said = f"{counts[0][1]} tensors are {counts[0][0]}" + "".join(f" and {n} {d}" for d, n in counts[1:])
+    named = sorted(c for c in comps if c)
+    what = "the model" if not named else (named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1])
+    if len(held) == 1:
+        dt = next(iter(held))
+        return f"{said}, the image holds {dt}: build {what} with .to(torch.{dt}); "
+    holds = " and ".join(f"{d} ({n})" for d, n in sorted(held.items(), key=lambda kv: (-kv[1], kv[0])))
+    return f"{said}, the image holds {holds}: build {what} in the image's dtypes, tensor by tensor as listed; "
 
 
 def _wrap_forward(h: Handle, module: nn.Module) -> None:

@@ -79,7 +79,7 @@ the module, outside a forward.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, List, Optional, Union
 
 from .. import _torch
 
@@ -142,6 +142,11 @@ def attach(
       components the image holds as ``<component>.<name>`` (``arena convert``
       of the pipeline's folder): all bound to one arena, one budget.
     mode: "sample" or "train" (checkpointed training: forward, backward in reverse).
+      "sample" puts the module (a pipeline's attached components) in eval mode,
+      every submodule, as ``from_pretrained`` returns a model: a model built by
+      its constructor is in train mode, its dropout active, and would not sample
+      as the plain model (T5's dropout of 0.1). "train" leaves the modes as they
+      are (``module.train()`` as usual); ``detach`` leaves them as they are.
     vram: all the device memory the process may hold, as the driver counts it:
       its CUDA context, torch's allocator (what it reserved, not only what it
       uses) and arena's own. None (the default): what the device has free,
@@ -240,5 +245,13 @@ def attach(
         if h._owns_arena:
             h.arena.close()
         raise
+    if mode == "sample":  # as from_pretrained returns a model: no dropout while sampling
+        for _, m in h._roots:
+            m.eval()
     h._attached = True
     return h
+
+
+def __dir__() -> List[str]:
+    """The public API (``dir(arena.torch)``): ``__all__``, not what the module imports."""
+    return sorted(__all__)

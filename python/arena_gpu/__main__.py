@@ -1,4 +1,4 @@
-"""The arena command: ``arena ...`` (the wheel's console script) and ``python -m arena ...``.
+"""The arena command: ``arena ...`` (the wheel's console script) and ``python -m arena_gpu ...``.
 
 Both run the binary the package ships (``arena/bin/arena``, the command the
 C build makes), in place of this process: its messages, exit status and

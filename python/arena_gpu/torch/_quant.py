@@ -161,7 +161,7 @@ class _ArenaBinding(Binding):
     """arena's own subclasses (native FP8 weights, _fp8.py)."""
 
     library = "arena"
-    modules = ("arena.torch.",)
+    modules = (__name__.rpartition(".")[0] + ".",)  # this package's: "arena_gpu.torch."
 
 
 _bindings: List[Binding] = [_TorchaoBinding(), _QuantoBinding(), _ArenaBinding()]
