@@ -683,7 +683,7 @@ class Unheld(unittest.TestCase):
 
     def test_read_outside_the_block(self):
         x = rn(0, 2, 8, 16)
-        plain = self.make(meta=False).set(where="direct")
+        plain = self.make(meta=False).set(where="direct").eval()  # as attach(mode="sample") puts the model
         with torch.no_grad():
             want = plain(x)
         m = self.make(meta=True).set(where="direct")
