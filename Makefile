@@ -138,7 +138,7 @@ help:
 	@echo "                  unit tests and fuzz corpus again under ASan/UBSan, threads under TSan,"
 	@echo "                  then the wheel (make test-wheel)"
 	@echo "  make fuzz       run the libFuzzer targets for FUZZ_TIME seconds each (clang)"
-	@echo "  make bench      the GPU probes in bench/ (CUDA); make bench-cpu: the CPU probes"
+	@echo "  make bench      bench/'s C programs: dequant_rules (CUDA), codec_bench (make bench-cpu: it alone)"
 	@echo "  make install    install CLI, library, header, pkg-config file under PREFIX"
 	@echo "  make deps       install missing Debian build dependencies (as root)"
 	@echo "  make clean      remove build folders"
@@ -191,18 +191,16 @@ $(BUILD)/tests/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(BUILD)/libare
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-# GPU probe (bench/gpu_probe.c): raw pinned and pageable H2D rates as JSON, for
-# a machine with a GPU; needs CUDA. Prints "no CUDA device" and exits 3 without one.
-# CPU probes (bench/codec_bench.c, bench/dio_probe.c): the chunk codecs on an
-# image's data, one thread; O_DIRECT writes into a reserved or a growing file.
+# The C programs bench/RESULTS.md cites: bench/codec_bench.c (the chunk codecs
+# on an image's data, one thread; no GPU) and, with CUDA, bench/dequant_rules.c
+# (the device's dequantization against the element rules, every source value).
 .PHONY: bench bench-cpu
-bench-cpu: $(BUILD)/bench/codec_bench $(BUILD)/bench/dio_probe
+bench-cpu: $(BUILD)/bench/codec_bench
 ifeq ($(HAVE_CUDA),1)
-bench: bench-cpu $(BUILD)/bench/gpu_probe $(BUILD)/bench/reg_probe $(BUILD)/bench/overlap_probe $(BUILD)/bench/engine_trace \
-       $(BUILD)/bench/dequant_rules
+bench: bench-cpu $(BUILD)/bench/dequant_rules
 else
 bench:
-	@echo "make bench: needs CUDA; $(CUDA_MSG) ('make bench-cpu' builds the CPU probes)" >&2; exit 1
+	@echo "make bench: needs CUDA; $(CUDA_MSG) ('make bench-cpu' builds codec_bench)" >&2; exit 1
 endif
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libarena.a
 	@mkdir -p $(dir $@)

@@ -5,9 +5,8 @@
 # Measures: convert to each form (fsync included, warm source) and the
 #   image's size; 3 warm loads of each and a cold one (caches dropped), then
 #   a second cold load of zstd and hb4; the codecs on one core
-#   (bench/codec_bench, 1 GiB of the image's data); O_DIRECT writes into a
-#   reserved and into a growing file (bench/dio_probe, one thread a core);
-#   cuda against sim bytes of a small zstd image (`--check`).
+#   (bench/codec_bench, 1 GiB of the image's data); cuda against sim bytes
+#   of a small zstd image (`--check`).
 # Limit, same run: `cp` + `sync` of the checkpoint (twice) for convert; each
 #   load's --json `limits` (the pinned host-to-device rate, and the read rate
 #   of the same file: buffered when warm, O_DIRECT right after a cold load).
@@ -31,8 +30,6 @@ log "$(date -u) $(nproc) cores; $(free -g | awk '/Mem/{print $2" GiB RAM"}'); $(
 df -h "$W" | tee -a "$OUT/log.txt"
 ST=$W/flux-dev.safetensors
 [ -f "$ST" ] || run "$A" synth --layout flux-dev -o "$ST"
-
-run "$B/bench/dio_probe" "$W/dio.bin" "$(nproc)" 8
 
 log "cp + sync of the checkpoint, twice"
 cat "$ST" >/dev/null

@@ -3,7 +3,7 @@ LoRA gradients of arena's train runs against the plain model's.
 
 usage: python3 bench/torch_summary.py [-v] RUNS.jsonl [WORKDIR]
 
-RUNS.jsonl: torch_flux.py's output lines (bench/gpu_torch.sh's OUT/torch.jsonl, or one
+RUNS.jsonl: torch_flux.py's output lines (bench/gpu_coded.sh's OUT/torch-f.jsonl, or one
 run's line saved to a file). A line a run: its options, the median step, device memory
 (all the process took after its CUDA context), peak host RSS, set-up, the bytes streamed
 and moved a step, the resident bytes, and the step's limit for a streamed run: its moved

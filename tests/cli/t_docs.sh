@@ -76,3 +76,49 @@ docs_make_help_and_readme() {
 	:
 }
 cases docs_make_help_and_readme
+
+# bench/RESULTS.md is today's figures, at most 500 lines; every link into it
+# from README.md and docs/ names a heading it has (GitHub's anchor: the
+# heading in lower case, punctuation dropped, spaces as hyphens); every file
+# in bench/ is named in it (a harness no figure cites does not stay), every
+# bench/ file it names exists, and the Makefile builds no bench/ program
+# whose source is gone.
+docs_results_links_and_bench() {
+	LAST_CMD="docs_results_links_and_bench"
+	lines=$(wc -l <bench/RESULTS.md)
+	[ "$lines" -le 500 ] || fail "bench/RESULTS.md has $lines lines (at most 500: today's figures only)"
+	python3 - >"$T/out" 2>"$T/err" <<'PY' || fail "$(cat "$T/out" "$T/err" | head -n 20)"
+import glob, os, re, sys
+bad = []
+res = open("bench/RESULTS.md", encoding="utf-8").read()
+def slug(h):
+    h = h.strip().lower()
+    h = re.sub(r"[^\w\- ]", "", h)
+    return h.replace(" ", "-")
+anchors = {slug(m.group(1)) for m in re.finditer(r"^#{1,6} (.+)$", res, re.M)}
+for doc in ["README.md"] + sorted(glob.glob("docs/*.md")):
+    text = open(doc, encoding="utf-8").read()
+    for m in re.finditer(r"RESULTS\.md#([A-Za-z0-9_\-]+)", text):
+        if m.group(1) not in anchors:
+            bad.append(f"{doc}: link to RESULTS.md#{m.group(1)}: no such heading in bench/RESULTS.md")
+for path in sorted(glob.glob("bench/**", recursive=True)):
+    if os.path.isdir(path) or "__pycache__" in path or path == "bench/RESULTS.md":
+        continue
+    rel = path[len("bench/"):]
+    stem = os.path.splitext(rel)[0]
+    if not re.search(r"(?<![\w/])(bench/)?" + re.escape(stem) + r"(?![\w])", res):
+        bad.append(f"bench/{rel}: not named in bench/RESULTS.md (a harness no figure cites leaves bench/)")
+for m in re.finditer(r"bench/([\w./-]*\w)", res):
+    name = m.group(1)
+    if name == "RESULTS.md" or os.path.exists("bench/" + name):
+        continue
+    if not glob.glob("bench/" + name + ".*"):
+        bad.append(f"bench/RESULTS.md names bench/{name}, which does not exist")
+for m in re.finditer(r"\$\(BUILD\)/bench/([\w-]+)", open("Makefile", encoding="utf-8").read()):
+    if m.group(1) != "%" and not os.path.exists(f"bench/{m.group(1)}.c"):
+        bad.append(f"Makefile: $(BUILD)/bench/{m.group(1)} has no bench/{m.group(1)}.c")
+print("\n".join(bad))
+sys.exit(1 if bad else 0)
+PY
+}
+cases docs_results_links_and_bench
