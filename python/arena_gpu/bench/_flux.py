@@ -109,9 +109,11 @@ def meta_model(layout: Layout) -> torch.nn.Module:
     from diffusers import FluxTransformer2DModel
 
     with torch.device("meta"):
-        m = FluxTransformer2DModel(**layout.config).to(torch.bfloat16)
+        m: Any = FluxTransformer2DModel(**layout.config)
+        m = m.to(torch.bfloat16)
     m.requires_grad_(False)
-    return m
+    mod: torch.nn.Module = m
+    return mod
 
 
 def inputs(layout: Layout, dev: Device, seed: int = 0) -> Dict[str, torch.Tensor]:

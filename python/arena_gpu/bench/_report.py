@@ -14,15 +14,29 @@ def _med(v: List[float]) -> float:
     return s[len(s) // 2]
 
 
+def _num(x: float, fmt: str) -> str:
+    """x by fmt, or to 3 significant digits where fmt would show it as 0.0."""
+    return fmt % x if abs(x) >= 1 or x == 0 else "%.3g" % x
+
+
 def _span(v: List[float], fmt: str) -> str:
     """'a–b' (the least and the most), or one figure."""
-    lo, hi = min(v), max(v)
-    return fmt % lo if fmt % lo == fmt % hi else f"{fmt % lo}–{fmt % hi}"
+    lo, hi = _num(min(v), fmt), _num(max(v), fmt)
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def size(n: float) -> str:
+    """Bytes as GiB (2 decimals), or MiB / KiB below 0.1 GiB (the simulator's)."""
+    if n >= GIB / 10:
+        return f"{n / GIB:.2f} GiB"
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):.1f} MiB"
+    return f"{n / 1024:.0f} KiB"
 
 
 def _gib(r: Dict[str, Any]) -> str:
     p = r.get("peak_bytes")
-    return f" at {p / GIB:.2f} GiB" if p is not None else ""
+    return f" at {size(p)}" if p is not None else ""
 
 
 class RowFailed(Exception):
@@ -147,7 +161,8 @@ def build_rows(R: Dict[str, Any]) -> List[Dict[str, Any]]:
             else:
                 d["comparison"] = f"resident {c2['step_s']:.3f} s{_gib(c2)}"
 
-    row("sample", f'sampling step, `vram="{caps["sample"]}"` (all the process holds, NVML)',
+    meter = "simulated" if R["backend"] == "sim" else "NVML"
+    row("sample", f'sampling step, `vram="{caps["sample"]}"` (all the process holds, {meter})',
         lambda d: streamed(d, "sample-a", True))
     row("floor", f'sampling step, `vram="{caps["floor"]}"`', lambda d: streamed(d, "sample-b", False))
 
@@ -159,7 +174,7 @@ def build_rows(R: Dict[str, Any]) -> List[Dict[str, Any]]:
         lims = [_train_limit(c["phases_s"], r) for r in rs]
         ratios = [r["step_s"] / lim for r, lim in zip(rs, lims)]
         peaks = [r.get("peak_bytes") for r in rs]
-        pk = (" at " + " / ".join(f"{p / GIB:.2f}" for p in peaks if p is not None) + " GiB") \
+        pk = (" at " + " / ".join(size(p) for p in peaks if p is not None)) \
             if all(p is not None for p in peaks) else ""
         their = "their limits" if len(rs) > 1 else "its limit"
         d["figure"] = (" / ".join(f"{r['step_s']:.3f}" for r in rs) + f" s{pk} ("

@@ -294,8 +294,8 @@ def _blocks(a: argparse.Namespace, rec: Dict[str, Any]) -> None:
     # the optimizer: AdamW over tensors of the LoRA weights' shapes
     shapes = [p.shape for n_, p in m.named_parameters() if "lora_" in n_]
     ps = [torch.zeros(s, device=dev.torch_device, dtype=torch.bfloat16, requires_grad=True) for s in shapes]
-    for p in ps:
-        p.grad = torch.randn_like(p) * 1e-3
+    for t in ps:
+        t.grad = torch.randn_like(t) * 1e-3
     opt = torch.optim.AdamW(ps, lr=1e-4)
     os_ = []
     for i in range(a.warmup + a.steps):
