@@ -104,8 +104,12 @@ class Fatal(Exception):
 
 def _arena_bin(given: Optional[str]) -> str:
     """The arena command: --arena, $ARENA_BIN, the package's own, or the repository's build/arena."""
+    if given:
+        if not (os.access(given, os.X_OK) and Path(given).is_file()):
+            raise Fatal(f"--arena {given}: not an executable file (the arena command: build/arena, or the wheel's)")
+        return given
     here = Path(__file__).resolve().parent.parent
-    for cand in (given, os.environ.get("ARENA_BIN"), str(here / "bin" / "arena"),
+    for cand in (os.environ.get("ARENA_BIN"), str(here / "bin" / "arena"),
                  str(here.parent.parent / "build" / "arena")):
         if cand and os.access(cand, os.X_OK) and Path(cand).is_file():
             return cand
