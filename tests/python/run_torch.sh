@@ -91,7 +91,7 @@ cd "$B" || exit 1
 # checks of the ints it passes to C (test_args.py), then any model's
 # (test_models.py: families of diffusers and transformers, a whole pipeline).
 n=0
-for t in test_torch test_args test_models; do
+for t in test_torch test_args test_models test_bench; do
 	ARENA_FIXTURES_DIR=${ARENA_FIXTURES_DIR:-$R/fixtures} ARENA_BIN=$R/$B/arena PYTHONWARNINGS=ignore \
 		guarded "$PY" -c 'import os, runpy, sys, unittest
 unittest.TextTestResult.getDescription = lambda self, test: str(test)

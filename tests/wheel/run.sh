@@ -119,6 +119,14 @@ bare arena verify f.arena >out.txt 2>&1 || fail "arena verify: $(cat out.txt)"
 grep -q '^ok: f.arena' out.txt || fail "arena verify: $(cat out.txt)"
 bare "$V/bin/python" -m arena_gpu inspect --json f.arena >out.txt 2>&1 || fail "python -m arena_gpu inspect: $(cat out.txt)"
 grep -q '"coded_image": true' out.txt || fail "python -m arena_gpu inspect: $(head -c 500 out.txt)"
+# the benchmark command: its --help without torch; without a GPU it says what to do
+bare "$V/bin/python" -m arena_gpu.bench --help >out.txt 2>&1 || fail "python -m arena_gpu.bench --help: $(cat out.txt)"
+grep -q 'README' out.txt || fail "python -m arena_gpu.bench --help: $(head -c 500 out.txt)"
+if ! [ -e /dev/nvidiactl ]; then
+	bare "$V/bin/python" -m arena_gpu.bench --quick >out.txt 2>&1
+	rc=$?
+	[ $rc = 2 ] && grep -q 'backend sim' out.txt || fail "python -m arena_gpu.bench without a GPU (exit $rc): $(cat out.txt)"
+fi
 printf 'x' | dd of=f.arena bs=1 seek=70000 conv=notrunc 2>/dev/null
 bare arena verify f.arena >out.txt 2>&1
 [ $? = 1 ] && grep -q 'IMG_\|checksum' out.txt || fail "arena verify of a changed image: $(cat out.txt)"
