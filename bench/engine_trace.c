@@ -23,8 +23,8 @@
 #include "../device/gemm.h"
 #include "../common/alloc.h"
 #include "../formats/image.h"
-#include "../loader/load.h"
-#include "../loader/reread.h"
+#include "../runtime/load.h"
+#include "../runtime/reread.h"
 
 static int fail(const char *what)
 {

@@ -13,8 +13,8 @@
 #include "arena.h"
 #include "../../common/alloc.h"
 #include "../../formats/checkpoint.h"
-#include "../../loader/plan.h"
-#include "../../loader/synth.h"
+#include "../../convert/plan.h"
+#include "../../convert/synth.h"
 #include "testutil.h"
 
 /* ---- a checkpoint in memory ------------------------------------------------ */

@@ -15,7 +15,7 @@
 #include "../../formats/checkpoint.h"
 #include "../../formats/layout.h"
 #include "../../formats/safetensors.h"
-#include "../../loader/quant.h"
+#include "../../convert/quant.h"
 #include "testutil.h"
 
 /* ---- helpers ------------------------------------------------------------------ */

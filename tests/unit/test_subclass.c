@@ -11,8 +11,8 @@
 #include "arena.h"
 #include "../../formats/image.h"
 #include "../../formats/st_write.h"
-#include "../../loader/convert.h"
-#include "../../loader/export.h"
+#include "../../convert/convert.h"
+#include "../../convert/export.h"
 #include "testutil.h"
 
 static char dir[256];

@@ -23,7 +23,7 @@
 #include "../../formats/checkpoint.h"
 #include "../../formats/safetensors.h"
 #include "../../formats/st_write.h"
-#include "../../loader/synth.h"
+#include "../../convert/synth.h"
 #include "testutil.h"
 
 /* A fresh folder per test (Criterion runs each test in its own process). */

@@ -17,8 +17,8 @@
  * scale exported as `<name>_scale` where another tensor has that name, or an
  * F8_E4M3 result next to an unrelated `<name>_scale` that would read back as
  * its compressed-tensors scale. */
-#ifndef ARENA_LOADER_QUANT_SELECT_H
-#define ARENA_LOADER_QUANT_SELECT_H
+#ifndef ARENA_CONVERT_QUANT_SELECT_H
+#define ARENA_CONVERT_QUANT_SELECT_H
 
 #include <stddef.h>
 

@@ -38,14 +38,14 @@
  * (fewer slots, smaller slots, fewer threads) and, when even the smallest
  * does not fit, stays pageable: slower, never a failure. The stats say what
  * was used, what was asked and why they differ. */
-#ifndef ARENA_LOADER_LOAD_H
-#define ARENA_LOADER_LOAD_H
+#ifndef ARENA_RUNTIME_LOAD_H
+#define ARENA_RUNTIME_LOAD_H
 
 #include <signal.h>
 #include <stdint.h>
 
 #include "../device/model.h"
-#include "plan.h"
+#include "../convert/plan.h"
 
 enum { ARENA_IO_AUTO = -1, ARENA_IO_BUFFERED = 0, ARENA_IO_DIRECT = 1 };
 

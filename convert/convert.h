@@ -10,8 +10,8 @@
  * at OUT only when whole; any failure (or a kill) leaves nothing. An OUT that
  * is one of the inputs (a file of the checkpoint or an index it read, by any
  * name) is OUTPUT_IS_INPUT, before anything is written. */
-#ifndef ARENA_LOADER_CONVERT_H
-#define ARENA_LOADER_CONVERT_H
+#ifndef ARENA_CONVERT_CONVERT_H
+#define ARENA_CONVERT_CONVERT_H
 
 #include <signal.h>
 #include <stdint.h>
