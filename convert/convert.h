@@ -27,7 +27,7 @@ typedef struct arena_convert_opts {
 	void (*progress)(void *ctx, uint64_t done, uint64_t total);
 	void *progress_ctx;
 	volatile sig_atomic_t *cancel; /* non-zero: stop with CANCELLED */
-	/* Quantization (loader/quant_select.h). Compressed-tensors pairs in the
+	/* Quantization (convert/quant_select.h). Compressed-tensors pairs in the
 	 * input are recognized whatever this says. plan.choose must be NULL. */
 	arena_quant_opts quant;
 	/* Chunk codec (formats/codec.h): ARENA_CODEC_NONE (0, the default),

@@ -1,5 +1,5 @@
 /* quant_select.h - which tensors `arena convert --quant` quantizes, and the
- * glue between the plan/convert machinery and loader/quant.
+ * glue between the plan/convert machinery and convert/quant.
  *
  * Default selection: floating tensors of rank 2 named "*.weight" inside a
  * block (not globals), whose module is not a norm or an embedding (the last

@@ -45,7 +45,7 @@ typedef struct piece {
 	uint64_t chunk0;   /* image: first chunk; pieces hold whole chunks */
 } piece;
 
-/* A byte range of a quantized component, made by loader/quant from the mapped source. */
+/* A byte range of a quantized component, made by convert/quant from the mapped source. */
 typedef struct qpiece {
 	uint32_t tensor, comp;
 	uint64_t off, len;

@@ -1,4 +1,4 @@
-/* test_subclass.c - tensor subclasses through convert (loader/subclass.h):
+/* test_subclass.c - tensor subclasses through convert (convert/subclass.h):
  * arena's convention, torchao's safetensors and optimum-quanto's state dicts
  * grouped into torch-subclass tensors (format 1.3), their bytes as the
  * inner tensors held them, export -> convert the same again; refusals. */
