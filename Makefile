@@ -88,7 +88,7 @@ endif
 endif
 
 # --- sources ----------------------------------------------------------------
-LIB_SRC  := $(wildcard common/*.c formats/*.c loader/*.c device/*.c engine/*.c)
+LIB_SRC  := $(wildcard common/*.c formats/*.c convert/*.c device/*.c engine/*.c runtime/*.c)
 CU_SRC   :=
 ifeq ($(HAVE_CUDA),1)
 CU_SRC   := $(wildcard device/*.cu)

@@ -2,7 +2,7 @@
 #include <getopt.h>
 #include <stdio.h>
 
-#include "../loader/export.h"
+#include "../convert/export.h"
 #include "arena.h"
 #include "cli.h"
 

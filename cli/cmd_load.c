@@ -15,9 +15,9 @@
 #include "../common/io.h"
 #include "../formats/image.h"
 #include "../formats/wire.h"
-#include "../loader/load.h"
-#include "../loader/open.h"
-#include "../loader/quant_select.h"
+#include "../runtime/load.h"
+#include "../runtime/open.h"
+#include "../convert/quant_select.h"
 #include "arena.h"
 #include "cli.h"
 

@@ -13,7 +13,7 @@
 #include "../common/units.h"
 #include "../formats/image.h"
 #include "../formats/wire.h"
-#include "../loader/open.h"
+#include "../runtime/open.h"
 #include "arena.h"
 #include "cli.h"
 #include "plan_svg.h"

@@ -9,7 +9,7 @@
 
 #include "../common/clock.h"
 #include "../common/err.h"
-#include "../loader/synth.h"
+#include "../convert/synth.h"
 #include "arena.h"
 #include "cli.h"
 

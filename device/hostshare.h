@@ -20,7 +20,7 @@
  * and its memfd this user's, named as ours, of the size its header says,
  * sealed. Anything else is not ours: never opened for writing, never
  * mapped. The bytes a process maps are checked against its own image by
- * the loader (loader/share_check.c) before first use.
+ * the loader (runtime/share_check.c) before first use.
  *
  * The registry's lock (flock) is held only to read and rewrite its lines,
  * and is waited for at most arena__share_lock_wait_ms. The loader's line

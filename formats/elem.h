@@ -1,7 +1,7 @@
 /* elem.h - the element rules of the storage schemes (docs/QUANT.md): the
  * exact widening of every stored element type to f32, and the roundings
  * from f32 to each of them, bit for bit as torch (c10) computes them. One
- * definition for every user: loader/quant.c's conversion kernels (which gcc
+ * definition for every user: convert/quant.c's conversion kernels (which gcc
  * vectorizes), the sim backend's dequantization loop and the CUDA kernel
  * (device/dequant_cuda.cu), the last two through formats/dequant.h.
  *

@@ -1,6 +1,6 @@
 /* image.h - the arena image file: header, manifest, chunk table, data.
  * The byte layout and every rule are in docs/FORMAT.md; this header is the
- * API. Writing is driven by loader/convert.c; this module owns encoding,
+ * API. Writing is driven by convert/convert.c; this module owns encoding,
  * decoding and checking. */
 #ifndef ARENA_FORMATS_IMAGE_H
 #define ARENA_FORMATS_IMAGE_H

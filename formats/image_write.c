@@ -1,5 +1,5 @@
 /* image_write.c - encode an arena image's header, chunk entries and
- * manifest for the writer (loader/convert.c drives it; docs/FORMAT.md).
+ * manifest for the writer (convert/convert.c drives it; docs/FORMAT.md).
  *
  * A header's region fields come from arena_img_header_plan alone, so that
  * what is written meets every rule arena_img_header_decode checks; a coded

@@ -1,5 +1,5 @@
 /* layout.h - the in-memory description of an arena: blocks, their slabs,
- * and where each tensor's components live. Built by loader/plan.c from a
+ * and where each tensor's components live. Built by convert/plan.c from a
  * checkpoint, written to and read from an image's manifest (formats/image.c).
  *
  * Invariants once arena_layout_place() or arena_layout_check() succeeded:

@@ -1,6 +1,6 @@
 /* scheme.h - storage schemes as the image format knows them: each scheme's
  * name and the components it stores a tensor as (docs/QUANT.md). The
- * arithmetic that fills the components is loader/quant.h's.
+ * arithmetic that fills the components is convert/quant.h's.
  *
  * A scheme turns a source tensor (dtype + shape) into one or two components,
  * each an ordinary dtype + shape + bytes that the image and the movers treat
@@ -38,15 +38,15 @@
  * below) is planned by arena_quant_plan_prequant, not arena_quant_plan_init:
  * its qdata is copied and its scale comes from a second tensor.
  *
- * Why this table is in formats/ and not in loader/quant: it is a rule of the
+ * Why this table is in formats/ and not in convert/quant: it is a rule of the
  * image format. A manifest entry is well formed only when its components are
  * exactly those its scheme makes of its dtype and shape, and formats/image.c
  * checks that when an image is opened, before any data is read, so that every
  * reader (verify, export, inspect, load) gets the check from the one open.
- * formats/ must not depend on loader/; a validation callback passed into the
+ * formats/ must not depend on convert/; a validation callback passed into the
  * open would leave any opener that forgot it unchecked, so the pure table
  * (names, components, shapes, byte counts: no kernels, no threads, no
- * allocation) lives here and loader/quant.h builds its conversions on it.
+ * allocation) lives here and convert/quant.h builds its conversions on it.
  */
 #ifndef ARENA_FORMATS_SCHEME_H
 #define ARENA_FORMATS_SCHEME_H

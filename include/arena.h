@@ -110,7 +110,7 @@ enum {
 	X(DEV_ERROR, SYSTEM, "device error")                                              \
 	X(BUDGET, USAGE, "does not fit the memory budget")                               \
 	X(PROFILE_BAD, INVALID, "compute profile file is malformed")                     \
-	/* quantization (loader/quant.h) */                                               \
+	/* quantization (convert/quant.h) */                                              \
 	X(QUANT_UNKNOWN_SCHEME, USAGE, "unknown quantization scheme")                     \
 	X(QUANT_NOT_APPLICABLE, USAGE, "quantization scheme does not apply to this tensor") \
 	X(IMG_CHUNK_BAD, INVALID, "coded data chunk is malformed")                        \

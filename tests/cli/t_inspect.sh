@@ -194,7 +194,7 @@ inspect_llama_sharded() {
 	expect_json_tensors 30
 }
 
-# ---- blocks found from the checkpoint's structure (loader/plan.h) ----------
+# ---- blocks found from the checkpoint's structure (convert/plan.h) ----------
 
 # st_of_names FILE NAME:SHAPE...: a safetensors file of U8 zeros, tensors as named
 st_of_names() {

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "arena.h"
-#include "../../loader/synth.h"
+#include "../../convert/synth.h"
 #include "testutil.h"
 
 static char dir[256];

@@ -18,9 +18,9 @@
 #include "../../common/alloc.h"
 #include "../../common/err.h"
 #include "../../common/io.h"
-#include "../../loader/convert.h"
+#include "../../convert/convert.h"
 #include "../../engine/engine.h"
-#include "../../loader/open.h"
+#include "../../runtime/open.h"
 #include "testutil.h"
 
 static char dir[256];

@@ -27,7 +27,7 @@
 #include "../../formats/checkpoint.h"
 #include "../../formats/image.h"
 #include "../../formats/safetensors.h"
-#include "../../loader/convert.h"
+#include "../../convert/convert.h"
 #include "testutil.h"
 
 static char tmp[1024];

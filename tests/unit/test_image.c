@@ -21,10 +21,10 @@
 #include "../../formats/codec.h"
 #include "../../formats/image.h"
 #include "../../formats/st_write.h"
-#include "../../loader/convert.h"
-#include "../../loader/export.h"
-#include "../../loader/plan.h"
-#include "../../loader/reread.h"
+#include "../../convert/convert.h"
+#include "../../convert/export.h"
+#include "../../convert/plan.h"
+#include "../../runtime/reread.h"
 #include "testutil.h"
 
 static char tmpdir[256];

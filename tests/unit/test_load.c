@@ -23,9 +23,9 @@
 #include "../../formats/codec.h"
 #include "../../formats/image.h"
 #include "../../formats/st_write.h"
-#include "../../loader/convert.h"
-#include "../../loader/load.h"
-#include "../../loader/quant_select.h"
+#include "../../convert/convert.h"
+#include "../../runtime/load.h"
+#include "../../convert/quant_select.h"
 #include "testutil.h"
 
 static char dir[256], img_path[300];

@@ -18,7 +18,7 @@
 #include "../../formats/image.h"
 #include "../../formats/layout.h"
 #include "../../formats/st_write.h"
-#include "../../loader/convert.h"
+#include "../../convert/convert.h"
 #include "testutil.h"
 
 static char dir[256];

@@ -1,4 +1,4 @@
-/* test_plan.c - block discovery from a checkpoint's structure (loader/plan.h):
+/* test_plan.c - block discovery from a checkpoint's structure (convert/plan.h):
  * the tensor names and shapes of real model families built in memory (no
  * files), the blocks and order arena_plan_build makes of them, and the
  * discovery report (arena_plan_describe, arena_plan_report_line). */
@@ -13,8 +13,8 @@
 #include "arena.h"
 #include "../../common/alloc.h"
 #include "../../formats/checkpoint.h"
-#include "../../loader/plan.h"
-#include "../../loader/synth.h"
+#include "../../convert/plan.h"
+#include "../../convert/synth.h"
 #include "testutil.h"
 
 /* ---- a checkpoint in memory ------------------------------------------------ */

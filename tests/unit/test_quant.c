@@ -1,4 +1,4 @@
-/* test_quant.c - loader/quant: bit-exact against torch's reference file,
+/* test_quant.c - convert/quant: bit-exact against torch's reference file,
  * plans and their errors, thread-count independence, streaming pieces,
  * compressed-tensors recognition, and exhaustive checks of every cast against
  * slow, obviously correct reference implementations written here. */
@@ -15,7 +15,7 @@
 #include "../../formats/checkpoint.h"
 #include "../../formats/layout.h"
 #include "../../formats/safetensors.h"
-#include "../../loader/quant.h"
+#include "../../convert/quant.h"
 #include "testutil.h"
 
 /* ---- helpers ------------------------------------------------------------------ */

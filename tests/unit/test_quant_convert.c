@@ -18,8 +18,8 @@
 #include "../../common/outfile.h"
 #include "../../formats/image.h"
 #include "../../formats/safetensors.h"
-#include "../../loader/convert.h"
-#include "../../loader/export.h"
+#include "../../convert/convert.h"
+#include "../../convert/export.h"
 #include "testutil.h"
 
 static char dir[256];

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "arena.h"
-#include "../../loader/convert.h"
+#include "../../convert/convert.h"
 #include "testutil.h"
 
 static char dir[256];

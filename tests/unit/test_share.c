@@ -32,8 +32,8 @@
 #include "../../device/hostshare.h"
 #include "../../formats/image.h"
 #include "../../formats/wire.h"
-#include "../../loader/convert.h"
-#include "../../loader/open.h"
+#include "../../convert/convert.h"
+#include "../../runtime/open.h"
 #include "testutil.h"
 
 #define BLOCKS 12

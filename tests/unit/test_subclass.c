@@ -1,4 +1,4 @@
-/* test_subclass.c - tensor subclasses through convert (loader/subclass.h):
+/* test_subclass.c - tensor subclasses through convert (convert/subclass.h):
  * arena's convention, torchao's safetensors and optimum-quanto's state dicts
  * grouped into torch-subclass tensors (format 1.3), their bytes as the
  * inner tensors held them, export -> convert the same again; refusals. */
@@ -11,8 +11,8 @@
 #include "arena.h"
 #include "../../formats/image.h"
 #include "../../formats/st_write.h"
-#include "../../loader/convert.h"
-#include "../../loader/export.h"
+#include "../../convert/convert.h"
+#include "../../convert/export.h"
 #include "testutil.h"
 
 static char dir[256];

@@ -1,5 +1,5 @@
 /* test_synth.c - the safetensors writer (formats/st_write) and synthetic
- * checkpoints (loader/synth): byte-identical rewrites of the reference
+ * checkpoints (convert/synth): byte-identical rewrites of the reference
  * fixtures, writer misuse and injected failures, layouts against the files
  * diffusers and transformers wrote (fixtures/), parameter counts of the
  * full-size layouts, the value stream's determinism and distribution, and
@@ -23,7 +23,7 @@
 #include "../../formats/checkpoint.h"
 #include "../../formats/safetensors.h"
 #include "../../formats/st_write.h"
-#include "../../loader/synth.h"
+#include "../../convert/synth.h"
 #include "testutil.h"
 
 /* A fresh folder per test (Criterion runs each test in its own process). */

@@ -20,9 +20,9 @@
 #include "../../engine/trace.h"
 #include "../../common/alloc.h"
 #include "../../common/outfile.h"
-#include "../../loader/convert.h"
-#include "../../loader/load.h"
-#include "../../loader/reread.h"
+#include "../../convert/convert.h"
+#include "../../runtime/load.h"
+#include "../../runtime/reread.h"
 #include "testutil.h"
 
 static char dir[256], img_path[300], out_path[300];

@@ -20,7 +20,7 @@
 #include "../../formats/codec.h"
 #include "../../engine/engine.h"
 #include "../../formats/wire.h"
-#include "../../loader/convert.h"
+#include "../../convert/convert.h"
 #include "testutil.h"
 
 /* bf16-like words: a few exponents, noisy mantissas, some outliers. */

@@ -6,8 +6,8 @@
  * load_st.c (a safetensors checkpoint, destination-first, and its quantized
  * components). Not installed; the API and the pipeline's design are in
  * load.h. */
-#ifndef ARENA_LOADER_LOAD_INT_H
-#define ARENA_LOADER_LOAD_INT_H
+#ifndef ARENA_RUNTIME_LOAD_INT_H
+#define ARENA_RUNTIME_LOAD_INT_H
 
 #include <stdatomic.h>
 #include <stddef.h>
@@ -18,7 +18,7 @@
 #include "../formats/image.h"
 #include "../formats/wire.h"
 #include "load.h"
-#include "quant_select.h"
+#include "../convert/quant_select.h"
 
 #define DIRECT_ALIGN 4096u
 #define PIECE (16u << 20)        /* a unit of work (whole chunks for images) */
@@ -45,7 +45,7 @@ typedef struct piece {
 	uint64_t chunk0;   /* image: first chunk; pieces hold whole chunks */
 } piece;
 
-/* A byte range of a quantized component, made by loader/quant from the mapped source. */
+/* A byte range of a quantized component, made by convert/quant from the mapped source. */
 typedef struct qpiece {
 	uint32_t tensor, comp;
 	uint64_t off, len;

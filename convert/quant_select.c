@@ -40,7 +40,7 @@ static int glob_hit(const char *const *globs, size_t n, const char *name, unsign
 	return hit;
 }
 
-/* The names a quantized tensor takes once exported (loader/export.h: its own
+/* The names a quantized tensor takes once exported (convert/export.h: its own
  * name for "data" and "qdata", "<name>_<component>" for the others) must not
  * be another source tensor's; and quantized to F8_E4M3 without a scale of its
  * own, it must not sit next to an unrelated "<name>_scale" that would then

@@ -1,7 +1,7 @@
 /* open.h - the public arena handle (include/arena.h), for the library's own
  * callers that need its parts (the CLI's `arena load` reads the stats). */
-#ifndef ARENA_LOADER_OPEN_H
-#define ARENA_LOADER_OPEN_H
+#ifndef ARENA_RUNTIME_OPEN_H
+#define ARENA_RUNTIME_OPEN_H
 
 #include <pthread.h>
 #include <stdint.h>

@@ -38,14 +38,14 @@
  * (fewer slots, smaller slots, fewer threads) and, when even the smallest
  * does not fit, stays pageable: slower, never a failure. The stats say what
  * was used, what was asked and why they differ. */
-#ifndef ARENA_LOADER_LOAD_H
-#define ARENA_LOADER_LOAD_H
+#ifndef ARENA_RUNTIME_LOAD_H
+#define ARENA_RUNTIME_LOAD_H
 
 #include <signal.h>
 #include <stdint.h>
 
 #include "../device/model.h"
-#include "plan.h"
+#include "../convert/plan.h"
 
 enum { ARENA_IO_AUTO = -1, ARENA_IO_BUFFERED = 0, ARENA_IO_DIRECT = 1 };
 
@@ -57,7 +57,7 @@ typedef struct arena_load_opts {
 	uint64_t slot_bytes;       /* ring slot (one read) size; 0 = 1 MiB */
 	unsigned slots_per_thread; /* 0 = 4 */
 	int io;                    /* ARENA_IO_AUTO (default 0 means buffered: set it) */
-	/* Safetensors only: store selected tensors quantized (loader/quant_select.h),
+	/* Safetensors only: store selected tensors quantized (convert/quant_select.h),
 	 * converted on their way from the mapped file into the slab (or a ring
 	 * slot, for blocks on the device); NULL = as stored. */
 	const struct arena_quant_opts *quant;
@@ -138,7 +138,7 @@ typedef struct arena_load_stats {
 	double w_all, w_ring, w_wait, w_read, w_decode;
 	double cpu_decode_s;      /* CPU seconds checking and decoding coded chunks, all threads */
 	/* A region another process loaded (ARENA_OPEN_SHARE_HOST), checked
-	 * against the image before use (loader/share_check.h): seconds, region
+	 * against the image before use (runtime/share_check.h): seconds, region
 	 * bytes hashed against chunk checksums, compared with bytes read again,
 	 * and image bytes read for it. */
 	double share_check_s;

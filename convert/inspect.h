@@ -1,7 +1,7 @@
 /* inspect.h - what a checkpoint or an image holds, as JSON (arena_inspect in
  * arena.h; `arena inspect` prints it, or text made from it). */
-#ifndef ARENA_LOADER_INSPECT_H
-#define ARENA_LOADER_INSPECT_H
+#ifndef ARENA_CONVERT_INSPECT_H
+#define ARENA_CONVERT_INSPECT_H
 
 #include <jansson.h>
 

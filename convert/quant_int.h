@@ -5,8 +5,8 @@
  * recognition); quant_int4.c the int4 schemes' group kernels and their
  * drivers, which quant.c's calls hand int4 plans to. Not installed; the API
  * is quant.h. */
-#ifndef ARENA_LOADER_QUANT_INT_H
-#define ARENA_LOADER_QUANT_INT_H
+#ifndef ARENA_CONVERT_QUANT_INT_H
+#define ARENA_CONVERT_QUANT_INT_H
 
 #include <stdint.h>
 #include <string.h>

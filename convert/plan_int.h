@@ -4,8 +4,8 @@
  * rules 1-3 and single blocks) and records what it judged; plan.c orders
  * the tensors into blocks (by discovery or by --block-pattern), builds the
  * layout and the discovery report. Not installed; the API is plan.h. */
-#ifndef ARENA_LOADER_PLAN_INT_H
-#define ARENA_LOADER_PLAN_INT_H
+#ifndef ARENA_CONVERT_PLAN_INT_H
+#define ARENA_CONVERT_PLAN_INT_H
 
 #include <stdint.h>
 #include <string.h>

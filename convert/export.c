@@ -65,7 +65,7 @@ static int check_names(const arena_image *img)
 	return 0;
 }
 
-/* The image's torch-subclass tensors in arena's convention (loader/subclass.h):
+/* The image's torch-subclass tensors in arena's convention (convert/subclass.h):
  * __metadata__ "arena.subclass", so that convert groups the exported
  * components again. NULL text and 0 when there are none. */
 static int subclass_meta(const arena_layout *l, char **out)

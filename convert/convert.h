@@ -10,8 +10,8 @@
  * at OUT only when whole; any failure (or a kill) leaves nothing. An OUT that
  * is one of the inputs (a file of the checkpoint or an index it read, by any
  * name) is OUTPUT_IS_INPUT, before anything is written. */
-#ifndef ARENA_LOADER_CONVERT_H
-#define ARENA_LOADER_CONVERT_H
+#ifndef ARENA_CONVERT_CONVERT_H
+#define ARENA_CONVERT_CONVERT_H
 
 #include <signal.h>
 #include <stdint.h>
@@ -27,7 +27,7 @@ typedef struct arena_convert_opts {
 	void (*progress)(void *ctx, uint64_t done, uint64_t total);
 	void *progress_ctx;
 	volatile sig_atomic_t *cancel; /* non-zero: stop with CANCELLED */
-	/* Quantization (loader/quant_select.h). Compressed-tensors pairs in the
+	/* Quantization (convert/quant_select.h). Compressed-tensors pairs in the
 	 * input are recognized whatever this says. plan.choose must be NULL. */
 	arena_quant_opts quant;
 	/* Chunk codec (formats/codec.h): ARENA_CODEC_NONE (0, the default),

@@ -14,8 +14,8 @@
  * chunks checked, as the loader reads them) and compared byte for byte;
  * a coded copy's segment tables are this process's own, filled from that
  * read: nothing of the region's but the bytes is used. */
-#ifndef ARENA_LOADER_SHARE_CHECK_H
-#define ARENA_LOADER_SHARE_CHECK_H
+#ifndef ARENA_RUNTIME_SHARE_CHECK_H
+#define ARENA_RUNTIME_SHARE_CHECK_H
 
 #include <stdint.h>
 

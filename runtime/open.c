@@ -13,7 +13,7 @@
 #include "../common/err.h"
 #include "../common/units.h"
 #include "../formats/image.h"
-#include "quant_select.h"
+#include "../convert/quant_select.h"
 
 /* --- the registry of live handles ---------------------------------------------
  *

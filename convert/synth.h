@@ -21,8 +21,8 @@
  * once with libm's erfc; a libm that differs in the last bit could in rare
  * cases change an f32 value's last bit.
  */
-#ifndef ARENA_LOADER_SYNTH_H
-#define ARENA_LOADER_SYNTH_H
+#ifndef ARENA_CONVERT_SYNTH_H
+#define ARENA_CONVERT_SYNTH_H
 
 #include <stddef.h>
 #include <stdint.h>

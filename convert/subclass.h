@@ -25,8 +25,8 @@
  * The group's first member that the plan meets is planned as the whole
  * tensor (its block is that member's: every member shares the module's
  * prefix); the others are skipped. */
-#ifndef ARENA_LOADER_SUBCLASS_H
-#define ARENA_LOADER_SUBCLASS_H
+#ifndef ARENA_CONVERT_SUBCLASS_H
+#define ARENA_CONVERT_SUBCLASS_H
 
 #include <stddef.h>
 

@@ -1,5 +1,5 @@
 /* quant_select.h - which tensors `arena convert --quant` quantizes, and the
- * glue between the plan/convert machinery and loader/quant.
+ * glue between the plan/convert machinery and convert/quant.
  *
  * Default selection: floating tensors of rank 2 named "*.weight" inside a
  * block (not globals), whose module is not a norm or an embedding (the last
@@ -17,8 +17,8 @@
  * scale exported as `<name>_scale` where another tensor has that name, or an
  * F8_E4M3 result next to an unrelated `<name>_scale` that would read back as
  * its compressed-tensors scale. */
-#ifndef ARENA_LOADER_QUANT_SELECT_H
-#define ARENA_LOADER_QUANT_SELECT_H
+#ifndef ARENA_CONVERT_QUANT_SELECT_H
+#define ARENA_CONVERT_QUANT_SELECT_H
 
 #include <stddef.h>
 

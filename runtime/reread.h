@@ -6,8 +6,8 @@
  * and checks that its layout is the model's (same blocks, offsets, sizes).
  * A read covers whole chunks: every chunk the slab touches is read and its
  * xxh3 checked before any of its bytes are used. */
-#ifndef ARENA_LOADER_REREAD_H
-#define ARENA_LOADER_REREAD_H
+#ifndef ARENA_RUNTIME_REREAD_H
+#define ARENA_RUNTIME_REREAD_H
 
 #include <stdint.h>
 

@@ -97,8 +97,8 @@
  * Pointers: sources and destinations need no particular alignment; source
  * and destination must not overlap.
  */
-#ifndef ARENA_LOADER_QUANT_H
-#define ARENA_LOADER_QUANT_H
+#ifndef ARENA_CONVERT_QUANT_H
+#define ARENA_CONVERT_QUANT_H
 
 #include <stddef.h>
 #include <stdint.h>

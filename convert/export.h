@@ -7,8 +7,8 @@
  * "<name>_<component>" (so "x.weight" + "x.weight_scale"). The image's data
  * is verified before anything is written; the output appears whole or not at
  * all, and may not be the image (OUTPUT_IS_INPUT). */
-#ifndef ARENA_LOADER_EXPORT_H
-#define ARENA_LOADER_EXPORT_H
+#ifndef ARENA_CONVERT_EXPORT_H
+#define ARENA_CONVERT_EXPORT_H
 
 #include <stdint.h>
 

@@ -66,8 +66,8 @@
  * checkpoint's header is sorted by name, so this is the order its containers
  * appear in); a path before the longer paths it starts. Indices
  * numerically. The PyTorch adapter may reorder from the module. */
-#ifndef ARENA_LOADER_PLAN_H
-#define ARENA_LOADER_PLAN_H
+#ifndef ARENA_CONVERT_PLAN_H
+#define ARENA_CONVERT_PLAN_H
 
 #include "../formats/checkpoint.h"
 #include "../formats/layout.h"
