@@ -18,8 +18,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import _report
 from ._meter import Meter, Nvml, NvmlError
@@ -129,7 +130,8 @@ class Bench:
         self.sim = a.backend == "sim"
         self.layout = a.layout or ("flux-tiny" if self.sim else "flux-dev")
         self.R: Dict[str, Any] = {"backend": a.backend, "layout": self.layout, "quick": a.quick, "runs": {},
-                                  "skipped": {}, "date": datetime.date.today().isoformat(), "arena": self.arena}
+                                  "skipped": {}, "phases": {}, "date": datetime.date.today().isoformat(),
+                                  "arena": self.arena}
         base = SIM_CAPS if self.layout == "flux-tiny" else DEV_CAPS
         self.caps: Dict[str, Any] = {"sample": a.vram_sample or base["sample"], "floor": a.vram_floor or base["floor"],
                                      "train": (a.vram_train.split(",") if a.vram_train else list(base["train"]))}
@@ -159,15 +161,29 @@ class Bench:
 
     # -- files -------------------------------------------------------------
     def cmd(self, *args: str, what: str) -> None:
-        p = subprocess.run([self.arena, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        if p.returncode != 0:
-            last = (p.stderr.strip().splitlines() or ["(no message)"])[-1]
-            raise Fatal(f"{what} failed (arena {args[0]}, exit {p.returncode}): {last}")
+        self.cmds([list(args)], [what])
+
+    def cmds(self, argvs: List[List[str]], whats: List[str]) -> None:
+        """Run arena commands side by side (each its own process), wait for all;
+        each one's seconds go to the record's "phases"."""
+        t0 = time.perf_counter()
+        ps = [subprocess.Popen([self.arena, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for argv in argvs]
+        fail = ""
+        for argv, what, p in zip(argvs, whats, ps):
+            _, err = p.communicate()
+            self.R["phases"][what] = round(time.perf_counter() - t0, 2)
+            if p.returncode != 0 and not fail:
+                last = (err.strip().splitlines() or ["(no message)"])[-1]
+                fail = f"{what} failed (arena {argv[0]}, exit {p.returncode}): {last}"
+        if fail:
+            raise Fatal(fail)
 
     def warm(self, path: Path) -> None:
         """Read the file once: the page cache holds it, as a second start finds it."""
+        buf = bytearray(16 << 20)
         with open(path, "rb") as f:
-            while f.readinto(bytearray(64 << 20)):
+            while f.readinto(buf):
                 pass
 
     def free(self) -> int:
@@ -284,14 +300,20 @@ class Bench:
         if not a.quick or not hb4.exists() or not plain.exists():
             st = self.synth()
             self.anchors(st)
+            # the two conversions side by side where the disk holds both (the hb4
+            # coder is CPU-bound, the plain image the disk's writes), else hb4 alone
+            todo: List[Tuple[List[str], str, Path]] = []
+            room = self.free()
             if not hb4.exists():
-                _say(f"converting to {hb4} (hb4)")
-                self.cmd("convert", "-q", "--force", "--codec", "hb4", str(st), "-o", str(hb4), what="convert to hb4")
-                self.made.append(hb4)
-            if not plain.exists() and self.free() >= st_bytes + margin:
-                _say(f"converting to {plain}")
-                self.cmd("convert", "-q", "--force", str(st), "-o", str(plain), what="convert")
-                self.made.append(plain)
+                todo.append((["convert", "-q", "--force", "--codec", "hb4", str(st), "-o", str(hb4)],
+                             "convert to hb4", hb4))
+                room -= self.file_bytes("hb4")
+            if not plain.exists() and room >= st_bytes + margin:
+                todo.append((["convert", "-q", "--force", str(st), "-o", str(plain)], "convert", plain))
+            if todo:
+                _say("converting to " + " and ".join(str(t[2]) for t in todo))
+                self.made.extend(t[2] for t in todo)
+                self.cmds([t[0] for t in todo], [t[1] for t in todo])
             self.drop(st)
         # B: the load row, hb4; it goes when the plain image needs its room
         self.row_load(hb4)
@@ -305,15 +327,19 @@ class Bench:
             self.drop(st)
         # C: the rows on the plain image, warm
         self.warm(plain)
-        try:
-            self.R["plain_load"] = self.load_json(plain)
-        except _report.RowFailed as e:
-            _say(f"arena load of the plain image failed: {e}")
+        if not a.quick:  # --quick: the page cache's rate from the hb4 image's loads
+            try:
+                self.R["plain_load"] = self.load_json(plain)
+            except _report.RowFailed as e:
+                _say(f"arena load of the plain image failed: {e}")
         lds = [r for r in self.R.get("load", {}).get("runs", [])]
         if lds:
             self.R["link_gbps"] = _report._med([x["limits"]["h2d_gbps"] for x in lds])
         if self.R.get("plain_load"):
             self.R["read_gbps"] = self.R["plain_load"]["limits"]["read_gbps"]
+        elif lds:
+            self.R["read_gbps"] = _report._med([x["limits"]["read_gbps"] for x in lds])
+        self.R["plain_bytes"] = plain.stat().st_size
         img = ["--image", str(plain)]
         if self.sim:
             img += ["--sim-capacity", "16G"]
@@ -359,6 +385,8 @@ class Bench:
         for k, v in self.R["skipped"].items():
             if not (a.quick and v == "--quick"):
                 notes.append(f"{k}: not run ({v})")
+        if self.R["phases"]:
+            notes.append("weights made: " + "; ".join(f"{k} {v:.1f} s" for k, v in self.R["phases"].items()))
         for n in notes:
             print(n)
         if a.json:
