@@ -44,7 +44,8 @@ process starts: a peak is all the process held, its CUDA context included):
             load_file(device="cuda") of the same weights, warm, and the PCIe
             rate `arena load` measures. Limit: the pinned host-to-device rate
             x the weights a stored byte carries (hb4: 1.33), or the file's
-            read rate if lower
+            read rate if lower. Then (not --quick) once with O_DIRECT, past
+            the page cache: the disk's read rate, printed under the table
   sample    attach(vram="8G") sampling steps: seconds a step, NVML peak.
             Limit: the longer of the step's compute (the resident step) and
             its copies (the bytes the engine moved a step over the pinned
@@ -67,14 +68,15 @@ is then measured block by block (each block's weights on the device one at
 a time, its forward, and for training its forward and backward, timed with
 CUDA events, summed with the rest of the model's), and the row says so.
 
-How long: --quick under 3 minutes on an H100 or H200 (2 warm-up + 3 timed
-steps a row; no safetensors or diffusers runs, no 12G training row); the
-whole run about 10 minutes (an estimate is printed first). Disk: a scratch
-folder (--dir; default a new folder under $TMPDIR, else the current
-folder, removed at the end unless --keep) that holds at most two of the
-23.8 GB files at once (48 GB, 44.4 GiB, free): the safetensors goes as soon
-as the images it makes are written, and is written again when needed
-(with 68 GB free it is written once). Memory: 30 GB of host memory
+How long: the whole run took 5 min 25 s on an H100 (2026-12-07), --quick
+about 3 minutes (2 warm-up + 3 timed steps a row; no safetensors or
+diffusers runs, no 12G training row, no O_DIRECT read); an estimate is
+printed first. Disk: a scratch folder (--dir; default a new folder under
+$TMPDIR, else the current folder, removed at the end unless --keep). With
+68 GB free the safetensors (23.8 GB) and both images (17.9 + 23.8 GB) are
+on it at once and the two conversions run side by side; with 48 GB (44.4
+GiB) free it holds two of them at a time: the safetensors goes as soon as
+the images it makes are written, and is written again when needed. Memory: 30 GB of host memory
 (the page cache holds the image while the rows run; diffusers' offloading
 holds the weights in host memory), a card with 8 GB free for the rows that
 stream (--quick: the same).
@@ -245,8 +247,8 @@ class Bench:
     def skip(self, name: str, why: str) -> None:
         self.R["skipped"][name] = why
 
-    def load_json(self, image: Path) -> Dict[str, Any]:
-        p = subprocess.run([self.arena, "load", "--json", "-q", "--backend", self.a.backend, str(image)],
+    def load_json(self, image: Path, *opts: str) -> Dict[str, Any]:
+        p = subprocess.run([self.arena, "load", "--json", "-q", "--backend", self.a.backend, *opts, str(image)],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if p.returncode != 0:
             last = (p.stderr.strip().splitlines() or ["(no message)"])[-1]
@@ -276,6 +278,15 @@ class Bench:
         except _report.RowFailed as e:
             self.R["load"] = {"runs": [], "error": str(e)}
             _say(f"load failed: {e}")
+        if self.a.quick:
+            self.skip("disk", "--quick")
+            return
+        # the disk's rate: the same image read with O_DIRECT (past the page cache)
+        try:
+            self.R["disk_load"] = self.load_json(hb4, "--io", "direct")
+            self.R["disk_gbps"] = self.R["disk_load"]["limits"]["read_gbps"]
+        except (_report.RowFailed, KeyError) as e:
+            _say(f"the O_DIRECT load failed: {e}")
 
     def fits(self, image: Path, train: bool) -> bool:
         if self.nvml is None:
@@ -288,7 +299,7 @@ class Bench:
 
     def main(self) -> int:
         a = self.a
-        est = "under 3 minutes" if a.quick else "about 10 minutes"
+        est = "about 3 minutes" if a.quick else "about 6 minutes"
         if self.sim:
             est = "about 2 minutes on 2 CPU cores"
         _say(f"{self.R['card']['name']}: {est} ({self.layout}; {'--quick' if a.quick else 'the whole run'})")
@@ -381,7 +392,7 @@ class Bench:
         notes = []
         if a.quick:
             notes.append("--quick: 2 warm-up + 3 timed steps a row; not run: safetensors' load_file, diffusers' "
-                         "group offloading, the 12G training row")
+                         "group offloading, the 12G training row, the disk's O_DIRECT rate")
         for k, v in self.R["skipped"].items():
             if not (a.quick and v == "--quick"):
                 notes.append(f"{k}: not run ({v})")
@@ -398,7 +409,7 @@ class Bench:
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m arena_gpu.bench", description=HELP,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="under 3 minutes: fewer steps, no anchors, no 12G training")
+    ap.add_argument("--quick", action="store_true", help="about 3 minutes: fewer steps, no anchors, no 12G training")
     ap.add_argument("--dir", help="scratch folder (default: a new one under $TMPDIR or the current folder)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder and what was made in it")
     ap.add_argument("--image", metavar="PLAIN.arena", help="a plain FLUX.1-dev image to use (not synthesized)")

@@ -230,6 +230,8 @@ def summary(R: Dict[str, Any], rows: List[Dict[str, Any]]) -> str:
              f"pinned host-to-device {link:.1f} GB/s" if link else "pinned host-to-device rate not measured"]
     if R.get("read_gbps"):
         parts.append(f"the image read from the page cache at {R['read_gbps']:.1f} GB/s")
+    if R.get("disk_gbps"):
+        parts.append(f"from the disk (O_DIRECT) at {R['disk_gbps']:.2f} GB/s")
     parts.append(R["date"])
     ratios = [f"{r['key']} {r['ratio_text']}" if r["ok"] else f"{r['key']} failed" for r in rows]
     return "Measured by `python -m arena_gpu.bench" + (" --quick" if R["quick"] else "") + "` on " + \
