@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import List, Tuple
 
 import arena_gpu as arena
+from tiers import slow
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 FIX = Path(os.environ.get("ARENA_FIXTURES_DIR", ROOT / "fixtures"))
@@ -338,6 +339,7 @@ class Files(unittest.TestCase):
         self.assertEqual(md.packages_distributions().get("arena_gpu"), ["arena-gpu"])
         self.assertNotIn("arena-gpu", md.packages_distributions().get("arena", []))
 
+    @slow
     def test_a_checkpoint_cut_while_it_is_read_is_an_error_not_a_signal(self) -> None:
         # 40,000 tensors: a 2.6 MB header, half a second of parsing. Cut to 4 KiB
         # at several delays after the call starts: the call fails with an
