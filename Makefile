@@ -137,7 +137,7 @@ help:
 	@echo "  make test       unit, CLI and Python interop tests, fuzz corpus replay, then"
 	@echo "                  unit tests and fuzz corpus again under ASan/UBSan, threads under TSan,"
 	@echo "                  then the wheel (make test-wheel)"
-	@echo "  make check      the quick tier for the edit loop (2 to 4 minutes on 2 cores): unit, CLI,"
+	@echo "  make check      the quick tier for the edit loop (2 to 3 minutes on 2 cores): unit, CLI,"
 	@echo "                  API and Python tests without the cases marked slow; no sanitizers,"
 	@echo "                  fuzz replay or wheel"
 	@echo "  make fuzz       run the libFuzzer targets for FUZZ_TIME seconds each (clang)"
