@@ -108,7 +108,7 @@ else
 DEPS_OK  := $(BUILD)/.deps-ok
 endif
 
-.PHONY: all lib cli examples wheel test-wheel unit test test-unit test-cli test-api test-python test-asan test-tsan tsan-run test-fuzz demo fuzz install clean help deps
+.PHONY: all lib cli examples wheel test-wheel unit test check test-unit test-cli test-api test-python test-asan test-tsan tsan-run test-fuzz demo fuzz install clean help deps
 .DEFAULT_GOAL := all
 
 all: cli lib examples
@@ -137,6 +137,9 @@ help:
 	@echo "  make test       unit, CLI and Python interop tests, fuzz corpus replay, then"
 	@echo "                  unit tests and fuzz corpus again under ASan/UBSan, threads under TSan,"
 	@echo "                  then the wheel (make test-wheel)"
+	@echo "  make check      the quick tier for the edit loop (2 to 3 minutes on 2 cores): unit, CLI,"
+	@echo "                  API and Python tests without the cases marked slow; no sanitizers,"
+	@echo "                  fuzz replay or wheel"
 	@echo "  make fuzz       run the libFuzzer targets for FUZZ_TIME seconds each (clang)"
 	@echo "  make bench      bench/'s C programs: dequant_rules (CUDA), codec_bench (make bench-cpu: it alone)"
 	@echo "  make install    install CLI, library, header, pkg-config file under PREFIX"
@@ -295,6 +298,18 @@ $(BUILD)/tests/%_stress: tests/tsan/%_stress.c tests/tsan/stress_step.h $(BUILD)
 # why. Under CI=true a skipped Python or wheel section fails (its script says so).
 test: test-unit test-cli test-api test-python test-fuzz test-asan test-tsan test-wheel
 	@sh tests/summary.sh $(SUMMARY) unit cli api python torch fuzz asan tsan wheel
+
+# The quick tier, for the edit loop: the unit, CLI, public API and Python
+# sections on sim, each without its cases marked slow (slow_test() in a unit
+# test, `slow` in tests/cli, @slow in tests/python: the runners skip them
+# where ARENA_TEST_QUICK is set, and say how many); no sanitizers, fuzz replay
+# or wheel. Its last line says what ran and what was left to 'make test'.
+# ARENA_TEST_QUICK is set on the inner make's command line only: the
+# assignment below keeps one in the environment from making 'make test' quick.
+ARENA_TEST_QUICK :=
+check:
+	$(Q)$(MAKE) --no-print-directory ARENA_TEST_QUICK=1 test-unit test-cli test-api test-python
+	@sh tests/summary.sh -n "make check" $(SUMMARY) unit cli api python torch
 
 demo: cli
 	$(Q)sh scripts/demo.sh $(BUILD)

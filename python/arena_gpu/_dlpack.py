@@ -17,6 +17,7 @@ from ctypes import POINTER, Structure, c_int, c_int32, c_int64, c_uint8, c_uint1
 from typing import Any, Tuple
 
 from . import _native
+from ._errors import Error
 
 KDL_CPU = 1
 KDL_CUDA = 2
@@ -88,8 +89,6 @@ ctypes.pythonapi.Py_IncRef(ctypes.py_object(_destructor))
 
 def capsule(handle: int, address: int, nbytes: int, device_type: int, device_id: int) -> Any:
     """A DLPack capsule for ``nbytes`` bytes at ``address`` holding a reference to arena ``handle``."""
-    from . import Error  # late: the package imports this module
-
     out = c_void_p()
     rc = _native.lib.arena_dlpack(handle, address, nbytes, c_int(device_type), c_int(device_id), ctypes.byref(out))
     if rc:

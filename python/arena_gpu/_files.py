@@ -15,20 +15,17 @@ import importlib
 import json
 import os
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from . import _native
-
-if TYPE_CHECKING:
-    from . import Error
+from ._errors import Error
+from ._units import parse_size
 
 PathLike = Union[str, "os.PathLike[str]"]
 Progress = Union[None, bool, Callable[[int, int], Any]]
 
 
-def _error(rc: int) -> "Error":
-    from . import Error
-
+def _error(rc: int) -> Error:
     return Error.from_code(rc)
 
 
@@ -63,7 +60,7 @@ class _Bar:
             self.bar.close()
 
 
-def _run(call: Callable[[Any], int], bar: _Bar) -> Tuple[int, Optional["Error"]]:
+def _run(call: Callable[[Any], int], bar: _Bar) -> Tuple[int, Optional[Error]]:
     """Run ``call(progress_fn)`` on a thread; returns (rc, its Error or None)."""
     stop = threading.Event()
     raised: List[BaseException] = []
@@ -154,8 +151,6 @@ def convert(
     ``coded_chunks``, ``n_blocks``, ``n_tensors``. Raises :class:`arena.Error`
     (``CANCELLED`` does not reach you: Ctrl-C raises KeyboardInterrupt).
     """
-    from . import parse_size
-
     srcs = [src] if isinstance(src, (str, os.PathLike)) else list(src)
     ins = (ctypes.c_char_p * max(1, len(srcs)))(*[os.fsencode(os.fspath(s)) for s in srcs])
     o = _native.ConvertOptions()
@@ -242,8 +237,6 @@ def inspect(path: PathLike) -> Dict[str, Any]:
     if rc:
         raise _error(rc)
     if not s.value:  # (the library gives a string whenever it returns 0)
-        from . import Error
-
         raise Error("INTERNAL", f"{os.fspath(path)}: arena_inspect succeeded without a document")
     try:
         text = ctypes.string_at(s.value).decode("utf-8")

@@ -16,6 +16,9 @@ from typing import Optional, Union
 
 from ._native import check_int
 
+# A size argument: bytes, a string in the grammar above, or None (the default).
+Size = Union[int, str, None]
+
 _SHIFT = {"k": 10, "m": 20, "g": 30, "t": 40}
 _DIGITS = frozenset("0123456789")
 _FRACTION_DIGITS = 18  # the C parser's: digits past the 18th change a size by less than 2^-19 bytes

@@ -2,7 +2,11 @@
 # run.sh - CLI test harness: sh tests/cli/run.sh path/to/arena [SUMMARY]
 #
 # Sources every tests/cli/t_*.sh (in name order). Each of them defines cases
-# as shell functions and lists them with `cases NAME...`. A case runs in a
+# as shell functions and lists them with `cases NAME...`, and those that take
+# seconds on a two-core machine (inputs cut at many points, memory measured
+# over whole runs) with `slow NAME...` too: where $ARENA_TEST_QUICK is set to
+# anything but "" or "0" (make check) they are skipped, each said with
+# "skip <case> (slow: make test runs it)". A case runs in a
 # subshell of its own, in the project root, with:
 #   $ARENA   the arena binary (absolute path)
 #   $REF     the test fixtures (ARENA_FIXTURES_DIR, or fixtures/ in the project root)
@@ -20,8 +24,9 @@
 #   make_st FILE HEADER N  write a safetensors file: HEADER (JSON text) then N zero bytes
 #   fail WHY               record a failure
 # Prints one line per case ("ok   <case>", or its failures), then
-# "N passed, N failed"; exits 1 if any failed. SUMMARY, when given, is a file
-# to hold "CLI N" (the cases passed) for make test's last line.
+# "N passed, N failed" (and ", N slow skipped"); exits 1 if any failed.
+# SUMMARY, when given, is a file to hold "CLI N" (the cases passed) for make
+# test's last line, and SUMMARY.skipped what was skipped.
 set -u
 
 if [ $# -lt 1 ] || [ $# -gt 2 ] || [ ! -x "$1" ]; then
@@ -29,7 +34,7 @@ if [ $# -lt 1 ] || [ $# -gt 2 ] || [ ! -x "$1" ]; then
 	exit 2
 fi
 SUMMARY=${2:-}
-[ -z "$SUMMARY" ] || rm -f "$SUMMARY"
+[ -z "$SUMMARY" ] || rm -f "$SUMMARY" "$SUMMARY.skipped"
 case $1 in
 /*) ARENA=$1 ;;
 *) ARENA=$(pwd)/$1 ;;
@@ -42,6 +47,16 @@ ALL_CASES=
 cases() {
 	ALL_CASES="$ALL_CASES $*"
 }
+
+SLOW_CASES=
+slow() {
+	SLOW_CASES="$SLOW_CASES $*"
+}
+QUICK=
+case ${ARENA_TEST_QUICK:-} in
+"" | 0) ;;
+*) QUICK=1 ;;
+esac
 
 fail() {
 	echo "FAIL $CASE: $*"
@@ -116,9 +131,28 @@ done
 
 TMPBASE=$(mktemp -d "${TMPDIR:-/tmp}/arena-cli.XXXXXX") || exit 2
 trap 'rm -rf "$TMPBASE"' EXIT INT TERM
+for c in $SLOW_CASES; do
+	case " $ALL_CASES " in
+	*" $c "*) ;;
+	*)
+		echo "slow $c: not a case (list it with cases)"
+		exit 1
+		;;
+	esac
+done
 passed=0
 failed=0
+skipped=0
 for c in $ALL_CASES; do
+	if [ -n "$QUICK" ]; then
+		case " $SLOW_CASES " in
+		*" $c "*)
+			echo "skip $c (slow: make test runs it)"
+			skipped=$((skipped + 1))
+			continue
+			;;
+		esac
+	fi
 	T=$TMPBASE/$c
 	mkdir -p "$T"
 	if (
@@ -136,6 +170,7 @@ for c in $ALL_CASES; do
 	fi
 	rm -rf "$T"
 done
-echo "$passed passed, $failed failed"
+echo "$passed passed, $failed failed$([ "$skipped" = 0 ] || echo ", $skipped slow skipped")"
 [ "$failed" = 0 ] || exit 1
 [ -z "$SUMMARY" ] || echo "CLI $passed" >"$SUMMARY"
+[ -z "$SUMMARY" ] || [ "$skipped" = 0 ] || echo "CLI $skipped (slow: make test runs them)" >"$SUMMARY.skipped"

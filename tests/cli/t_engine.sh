@@ -388,6 +388,7 @@ PY
 }
 
 cases bench_trace
+slow bench_trace
 
 # plan --svg: valid XML, one rect per block in execution order saying where it
 # is, one per ring slot; with a profile one per schedule entry's compute and
@@ -510,6 +511,7 @@ PY
 cases plan_svg disk_tier
 cases plan_help plan_usage_errors plan_text_and_json plan_huge_sizes plan_too_small plan_floor plan_pieces bench_usage_errors bench_planner_options bench_cuda bench_json \
 	profile_round_trip profile_errors
+slow disk_tier plan_pieces profile_errors
 
 # Coded streaming: an hb4 image's streamed blocks are held coded, copied
 # coded, decoded on the device; load --check decodes them as the device does;
@@ -546,6 +548,7 @@ coded_stream() {
 	expect_err "device stages for streaming this hb4 image coded"
 }
 cases coded_stream
+slow coded_stream
 
 # The disk tier keeps the blocks' host copies within the host budget: a 512
 # MiB model (eight 64 MiB blocks) streamed through 200 MiB of device memory
@@ -597,6 +600,7 @@ PY
 		fail "the load's ring is not within the host budget's staging"
 }
 cases disk_tier_rss
+slow disk_tier_rss
 
 # The host budget is all the host memory the weights take: host copies, the
 # disk tier's staging (the stager's slots) and the re-readers' chunk
@@ -645,6 +649,7 @@ host_budget_rss() {
 	[ "$counted" -lt 256 ] || fail "the least budget is $counted MiB"
 }
 cases host_budget_rss
+slow host_budget_rss
 
 # The ring's rule is one: plan's verdict and floor say what load accepts, at
 # the boundary, in both modes, in whole blocks and in pieces (training in
@@ -768,6 +773,7 @@ print(json.dumps(h))')
 	done
 }
 cases bench_a_thousand_pieces
+slow bench_a_thousand_pieces
 
 # A model that fits: everything resident, nothing streamed; the summary says
 # so rather than an efficiency of a streaming that did not happen (0.004,
@@ -800,3 +806,4 @@ assert want > 0 and d["summary"]["streamed_bytes"] == want, d["summary"]
 	expect_out ", efficiency "
 }
 cases bench_all_resident
+slow bench_all_resident

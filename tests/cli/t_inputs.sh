@@ -77,6 +77,7 @@ PY
 	done
 }
 cases inputs_cut_while_read
+slow inputs_cut_while_read
 
 # An image cut while the disk tier reads it again at every step is exit 1,
 # as the same cut found at the open (IMG_TRUNCATED) is: a changed input,
@@ -104,6 +105,7 @@ inputs_cut_under_the_disk_tier() {
 	expect_err "file changed while reading"
 }
 cases inputs_cut_under_the_disk_tier
+slow inputs_cut_under_the_disk_tier
 
 # A model without tensors (an index with an empty weight_map, a `{}`
 # safetensors, a folder holding one): inspect, a reader, shows it (0

@@ -98,3 +98,4 @@ assert d["limits"]["payload_bound_gbps"] > d["limits"]["moved_bound_gbps"], d' <
 }
 
 cases load_coded_image_checked
+slow load_coded_image_checked

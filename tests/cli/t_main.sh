@@ -54,3 +54,4 @@ main_demo_runs_twice() {
 	done
 }
 cases main_demo_runs_twice
+slow main_demo_runs_twice

@@ -237,3 +237,4 @@ options_one_vram_name() {
 cases options_help_percent options_sizes_refused options_sizes_accepted options_numbers_refused \
 	options_help_says_what_a_size_is options_sim_bandwidth_bounds options_huge_sizes_summed_without_wrapping \
 	options_sizes_as_the_shared_cases options_one_vram_name
+slow options_sizes_refused

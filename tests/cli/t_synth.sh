@@ -191,3 +191,4 @@ EOF
 
 cases synth_help synth_usage_errors synth_no_such_folder synth_unwritable \
 	synth_flux_tiny_matches_reference synth_deterministic synth_flux_dev_one_block
+slow synth_flux_dev_one_block

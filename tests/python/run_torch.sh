@@ -10,6 +10,9 @@
 # BUILD/test-summary/torch says how many), 1 a failure, 77 skipped (the
 # packages cannot be installed: no PyPI; BUILD/test-summary/torch.skipped
 # then says so, and under CI=true it is a failure instead).
+# With ARENA_TEST_QUICK set to anything but "" or "0" (make check) the tests
+# marked @slow (tests/python/tiers.py) are skipped; the counts say how many
+# ran, and BUILD/test-summary/torch.skipped how many were left to make test.
 set -u
 B=${1:-build}
 V=$B/venv-torch
@@ -86,10 +89,27 @@ PY=$(cd "$V" && pwd)/bin/python
 echo "python adapter tests: $(tail -n 1 "$B/python-mypy.log")"
 # The package as installed, not the source tree: run from elsewhere.
 cd "$B" || exit 1
+# In the quick tier torch computes on one thread, unless OMP_NUM_THREADS says
+# otherwise: on a two-core machine that other work shares, torch's two threads
+# wait on each other (the quick model tests took 2.6 times as long beside one
+# busy core, and 1.1 times on one thread; as fast alone either way).
+case ${ARENA_TEST_QUICK:-} in
+"" | 0) ;;
+*) export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" ;;
+esac
 # unittest -v, each test on one line: its name, not its docstring's first line
 # on a line of its own. The adapter's tests (test_torch.py), the package's
 # checks of the ints it passes to C (test_args.py), then any model's
 # (test_models.py: families of diffusers and transformers, a whole pipeline).
+# ran LOG: got, the tests of a unittest log that ran (not skipped as slow); the
+# skipped ones are added to k.
+k=0
+ran() {
+	all=$(sed -n 's/^Ran \([0-9]*\) tests.*/\1/p' "$1")
+	slow=$(grep -c " \.\.\. skipped 'slow: make test runs it'$" "$1")
+	k=$((k + slow))
+	got=$((all - slow))
+}
 n=0
 for t in test_torch test_args test_models test_bench; do
 	ARENA_FIXTURES_DIR=${ARENA_FIXTURES_DIR:-$R/fixtures} ARENA_BIN=$R/$B/arena PYTHONWARNINGS=ignore \
@@ -102,9 +122,10 @@ runpy.run_path(sys.argv[0], run_name="__main__")' "$R/tests/python/$t.py" -v >"$
 	cat "$R/$B/python-$t.log"
 	[ $rc = 0 ] && grep -q '^OK' "$R/$B/python-$t.log" || fail "failures in $t.py (log: $B/python-$t.log)"
 	no_bug "$R/$B/python-$t.log"
-	n=$((n + $(sed -n 's/^Ran \([0-9]*\) tests.*/\1/p' "$R/$B/python-$t.log")))
+	ran "$R/$B/python-$t.log"
+	n=$((n + got))
 done
-echo "python adapter tests: passed ($n tests)"
+echo "python adapter tests: passed ($n tests$([ "$k" = 0 ] || echo "; $k slow ones skipped"))"
 # arena.convert, verify, inspect and the package's arena command (tests/python/test_files.py),
 # then examples/sample_flux.py and examples/train_lora.py at their tiny configs
 # (tests/python/test_examples.py); one line per test, as above.
@@ -119,13 +140,16 @@ rc=$?
 cat "$R/$B/python-files.log"
 [ $rc = 0 ] && grep -q '^OK' "$R/$B/python-files.log" || fail "arena.convert/verify/inspect: failures (log: $B/python-files.log)"
 no_bug "$R/$B/python-files.log"
-nf=$(sed -n 's/^Ran \([0-9]*\) tests.*/\1/p' "$R/$B/python-files.log")
+ran "$R/$B/python-files.log"
+nf=$got
 ARENA_EXAMPLES_DIR=$R/examples PYTHONWARNINGS=ignore guarded "$PY" -c "$one_per_line" "$R/tests/python/test_examples.py" -v \
 	>"$R/$B/python-examples.log" 2>&1
 rc=$?
 cat "$R/$B/python-examples.log"
 [ $rc = 0 ] && grep -q '^OK' "$R/$B/python-examples.log" || fail "examples: failures (log: $B/python-examples.log)"
 no_bug "$R/$B/python-examples.log"
-ne=$(sed -n 's/^Ran \([0-9]*\) tests.*/\1/p' "$R/$B/python-examples.log")
+ran "$R/$B/python-examples.log"
+ne=$got
 echo "python package tests: passed ($nf tests of convert/verify/inspect, $ne of the examples)"
 echo "python adapter $n tests + mypy, package $nf, examples $ne" >"$R/$S/torch"
+[ "$k" = 0 ] || echo "python $k (slow: make test runs them)" >"$R/$SKIPPED"

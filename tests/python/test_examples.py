@@ -47,6 +47,8 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
+from tiers import slow
+
 EXAMPLES = Path(os.environ.get("ARENA_EXAMPLES_DIR", Path(__file__).resolve().parent.parent.parent / "examples"))
 
 
@@ -146,6 +148,7 @@ class Examples(unittest.TestCase):
         self.assertGreater(ia.std(), 0, "a flat image")
         self.assertTrue(np.array_equal(ia, ip), "arena's transformer gave other pixels than the plain one")
 
+    @slow
     def test_train_lora(self) -> None:
         """--tiny as a user first runs it: no --out (./flux-lora), a few steps, each
         said with its time and the time left, blocks streamed on the CPU, the files
@@ -202,6 +205,7 @@ class Examples(unittest.TestCase):
         self.assertTrue(torch.isfinite(after).all())
         self.assertFalse(torch.equal(before, after), "the LoRA changed nothing")
 
+    @slow
     def test_train_lora_ddp(self) -> None:
         shm = tempfile.mkdtemp(dir=self.tmp)  # the registry of shared regions: this test's own
         _, env = self.fresh("ddp")

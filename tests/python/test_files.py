@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import List, Tuple
 
 import arena_gpu as arena
+from tiers import slow
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 FIX = Path(os.environ.get("ARENA_FIXTURES_DIR", ROOT / "fixtures"))
@@ -287,6 +288,39 @@ class Files(unittest.TestCase):
             self.assertTrue(hasattr(arena, n), n)
         self.assertTrue(callable(arena.open) and issubclass(arena.Error, Exception))
 
+    def test_public_names_are_the_packages_own(self) -> None:
+        """The public classes and functions, whichever private module defines them,
+        are named arena_gpu's: a traceback says arena_gpu.Error, a pickle refers to
+        arena_gpu.TensorInfo (and loads), typing.get_type_hints reads the records'
+        annotations; convert, verify, inspect and parse_size stay their modules'."""
+        import pickle
+        import typing
+
+        for n in ("Error", "ShareWarning", "Arena", "Block", "Component", "TensorInfo", "open",
+                  "library_version", "torch_dtype"):
+            o = getattr(arena, n)
+            self.assertEqual(o.__module__, "arena_gpu", n)
+            self.assertIs(pickle.loads(pickle.dumps(o)), o, n)
+        for n, module in (("convert", "_files"), ("verify", "_files"), ("inspect", "_files"),
+                          ("parse_size", "_units")):
+            self.assertEqual(getattr(arena, n).__module__, f"arena_gpu.{module}", n)
+        self.assertEqual(repr(arena.Error), "<class 'arena_gpu.Error'>")
+        c = arena.Component("data", "BF16", (2, 3), 12, 0)
+        t = arena.TensorInfo("w", "BF16", (2, 3), "none", 1, (c,))
+        b = arena.Block(0, "b", None, -1, 0)
+        for v in (c, t, b):
+            self.assertIn(f"carena_gpu\n{type(v).__name__}\n".encode(), pickle.dumps(v, 0))
+            self.assertEqual(pickle.loads(pickle.dumps(v)), v)
+        self.assertEqual(typing.get_type_hints(arena.TensorInfo)["subclass"], typing.Optional[str])
+        self.assertEqual(typing.get_type_hints(arena.TensorInfo)["components"], typing.Tuple[arena.Component, ...])
+        self.assertEqual(typing.get_type_hints(arena.Block)["container"], typing.Optional[str])
+        r = subprocess.run([sys.executable, "-c", f"import arena_gpu as arena; arena.open({self.path('none')!r})"],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 1)
+        self.assertTrue(r.stderr.splitlines()[-1].startswith("arena_gpu.Error: "), r.stderr)
+        with arena.open(FLUX, device="sim") as a:
+            self.assertEqual(repr(a), f"<arena.Arena {FLUX!r} (sim, 6 blocks, 126 tensors)>")
+
     def test_the_distribution(self) -> None:
         """The package is installed as the distribution python/pyproject.toml names,
         arena-gpu, its module arena_gpu: the name arena on PyPI is another
@@ -305,6 +339,7 @@ class Files(unittest.TestCase):
         self.assertEqual(md.packages_distributions().get("arena_gpu"), ["arena-gpu"])
         self.assertNotIn("arena-gpu", md.packages_distributions().get("arena", []))
 
+    @slow
     def test_a_checkpoint_cut_while_it_is_read_is_an_error_not_a_signal(self) -> None:
         # 40,000 tensors: a 2.6 MB header, half a second of parsing. Cut to 4 KiB
         # at several delays after the call starts: the call fails with an

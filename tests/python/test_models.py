@@ -38,6 +38,7 @@ from peft import LoraConfig, inject_adapter_in_model
 
 import arena_gpu as arena
 import arena_gpu.torch as at
+from tiers import slow
 
 for name in ("diffusers", "transformers"):
     logging.getLogger(name).setLevel(logging.ERROR)
@@ -426,6 +427,14 @@ class Models(unittest.TestCase):
                 h.detach()
 
 
+# The families' tests that take seconds on a two-core machine (@slow: make test runs
+# them, make check does not): the UNet, the VAE, SD3 and Wan, and the training of
+# the others where it does.
+_SLOW = {"unet_sampling", "unet_training", "vae_sampling", "vae_training", "sd3_sampling", "sd3_training",
+         "wan_sampling", "wan_training", "pixart_training", "qwen2_training", "t5_training", "ltx_training",
+         "clip_training"}
+
+
 def _add(name: str) -> None:
     def s(self: Models) -> None:
         self.sampling(name)
@@ -435,12 +444,13 @@ def _add(name: str) -> None:
 
     s.__doc__ = f"{type(ZOO[name]).__name__}: sampling, meta-built and materialized, streamed."
     t.__doc__ = f"{type(ZOO[name]).__name__}: LoRA training with its checkpointing, whole blocks and pieces."
-    setattr(Models, f"test_{name}_sampling", s)
-    setattr(Models, f"test_{name}_training", t)
+    for kind, test in (("sampling", s), ("training", t)):
+        setattr(Models, f"test_{name}_{kind}", slow(test) if f"{name}_{kind}" in _SLOW else test)
 
 
 for _n in ZOO:
     _add(_n)
+assert _SLOW <= {f"{n}_{k}" for n in ZOO for k in ("sampling", "training")}, "_SLOW names a test that is not made"
 
 
 class Checkpointing(unittest.TestCase):
@@ -467,15 +477,18 @@ class Checkpointing(unittest.TestCase):
     def test_flux_around_the_block(self):
         self.reentrant("flux")
 
+    @slow
     def test_unet_inside_the_blocks(self):
         self.reentrant("unet")
 
+    @slow
     def test_llama_inside_the_layers(self):
         self.reentrant("llama")
 
     def test_t5_inside_the_layers(self):
         self.reentrant("t5")
 
+    @slow
     def test_without_checkpointing(self):
         """No checkpointing: the weights each block's forward saves come back in its backward."""
         for name in ("unet", "llama"):
@@ -556,6 +569,7 @@ class AddAdapter(unittest.TestCase):
         streamed(self, h)
         h.detach()
 
+    @slow
     def test_transformers_clip_text_encoder(self):
         self.check("clip")
 
@@ -661,6 +675,7 @@ class Unheld(unittest.TestCase):
             opt.step()
         return losses, grads
 
+    @slow
     def test_checkpointing_anywhere(self):
         places = [("around each layer", dict(around=True)), ("inside the layer's forward", dict(where="layer")),
                   ("around a module and a method inside the layer", dict(where="module"))]
@@ -754,6 +769,7 @@ class PiecesOutOfOrder(unittest.TestCase):
         return dict(sample=rn(s, 1, 4, 8, 8), timestep=torch.tensor([500.0]), encoder_hidden_states=rn(s + 1, 1, 6, 32),
                     added_cond_kwargs=dict(text_embeds=rn(s + 2, 1, 16), time_ids=rn(s + 3, 1, 3)))
 
+    @slow
     def test_sdxl_unet_in_small_pieces(self):
         torch.manual_seed(0)
         plain = self.build().to(BF16).requires_grad_(False).eval()
@@ -1045,6 +1061,7 @@ class Pipeline(unittest.TestCase):
                          "vae.decoder.up_blocks", "vae.decoder.mid_block"):
                 self.assertIn(want, containers)
 
+    @slow
     def test_under_one_budget(self):
         total = os.path.getsize(self.path)
         for meta in (True, False):
@@ -1116,6 +1133,7 @@ class Readme(unittest.TestCase):
     model's id and the image's name by the tiny folder's, and the image's size and
     steps by tiny ones (each replacement made exactly once)."""
 
+    @slow
     def test_the_whole_pipeline_snippet(self):
         import re
 

@@ -54,6 +54,7 @@ from safetensors.torch import load_file
 import arena_gpu as arena
 import arena_gpu._dlpack
 import arena_gpu.torch as at
+from tiers import slow
 
 
 FIX = os.environ.get("ARENA_FIXTURES_DIR", "fixtures")
@@ -448,6 +449,7 @@ class Sampling(unittest.TestCase):
         self.check(m)
         h.detach()
 
+    @slow
     def test_vram_counts_what_torch_holds(self):
         """Under vram, what the rest of the process holds past reserve (torch's allocator:
         on CUDA arena.torch tells the engine before each step end) leaves arena's budget:
@@ -798,6 +800,7 @@ class Training(unittest.TestCase):
         h.end_step()
         return h, res
 
+    @slow
     def test_streamed_lora_equals_plain(self):
         h, (losses, grads, after) = self.run_attached(STREAM)
         self.assertGreater(h.plan()["n_streamed"], 0)
@@ -837,6 +840,7 @@ class Training(unittest.TestCase):
                 self.assertGreater(st["acquires"], len(h.arena.blocks) - 1, "the backward acquired blocks again")
                 h.detach()
 
+    @slow
     def test_saved_tensors_in_host_memory(self):
         """offload_saved: what the forward saves for the backward waits in host memory
         and comes back ahead of its use; the step is the plain model's bit for bit."""
@@ -922,6 +926,7 @@ class Pieces(unittest.TestCase):
         with torch.no_grad():
             cls.want = model(meta=False)(**inputs()).sample
 
+    @slow
     def test_sampling_below_the_whole_block_floor(self):
         # Whole blocks need 280.5 KiB; in 4 KiB pieces the model runs in 120 KiB.
         with self.assertRaises(arena.Error) as cm:
@@ -972,6 +977,7 @@ class Pieces(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "piece_size: 'autox' is not a size or 'auto'"):
             arena.open(IMG, device="sim", piece_size="autox")
 
+    @slow
     def test_compiled_blocks(self):
         """Blocks in pieces compiled regionally: a graph break at each bound module, the same
         outputs, no recompiles after the first step."""
@@ -994,6 +1000,7 @@ class Pieces(unittest.TestCase):
         h.detach()
         torch._dynamo.reset()
 
+    @slow
     def test_training_through_moves(self):
         """Checkpointed steps in 4 KiB pieces while pieces move: device memory taken
         (pieces leave the device at once) and given back (they return a few steps
@@ -1041,6 +1048,7 @@ class Pieces(unittest.TestCase):
             self.assertGreater(sum(r["promotions"] for r in st), 0, "and came back")
         h.detach()
 
+    @slow
     def test_first_steps_copy_little_more_than_later_ones(self):
         # The engine's first schedule in a mode is the pieces in their numbers'
         # order; modules acquire theirs in call order, so the first step misses
@@ -1227,6 +1235,7 @@ class Quantized(unittest.TestCase):
         m.requires_grad_(False)
         return m
 
+    @slow
     def test_sampling_equals_plain(self):
         for scheme in self.SCHEMES + self.INT4:
             path = self.image(scheme)
@@ -1250,6 +1259,7 @@ class Quantized(unittest.TestCase):
                         self.assertGreater(h.plan()["n_streamed"], 0)
                     h.detach()
 
+    @slow
     def test_inference_mode_and_compiled_blocks(self):
         """Under torch.inference_mode() (the dequantized tensors are made outside it), and
         with every block compiled (fullgraph): the plain model's outputs, no recompiles
@@ -1299,6 +1309,7 @@ class Quantized(unittest.TestCase):
             self.assertTrue(torch.equal(m(**inputs()).sample, want))
         h.detach()
 
+    @slow
     def test_training_equals_plain(self):
         """Training holds a recomputed block until its backward: the ring needs three
         slots, which stream nothing with this tiny model's quantized blocks alone; its
@@ -1320,6 +1331,7 @@ class Quantized(unittest.TestCase):
                     same_step(self, (losses, grads, after), want)
                     h.detach()
 
+    @slow
     def test_fp8_weights_bound_as_fp8(self):
         """fp8_compute=True: an fp8-e4m3 image's Linear weights are bound as FP8 weights
         (arena's Fp8Weight: qdata and scale viewing the block's bytes, no copy at bind);
@@ -1389,6 +1401,7 @@ class Quantized(unittest.TestCase):
         with self.assertRaises(ValueError):
             at.attach(model(), path, fp8_compute="yes", **RESIDENT)
 
+    @slow
     def test_native_fp8_training_streamed(self):
         """LoRA training through native FP8 products, checkpointed and not, the input's
         gradient an FP8 product (the default) and with the weight dequantized for it, the
@@ -1828,6 +1841,7 @@ class Quantized(unittest.TestCase):
             blocks._dequantize = real
         h.detach()
 
+    @slow
     def test_training_without_checkpointing(self):
         """A quantized block's dequantized weights are let go at its release; saved as
         references, its backward dequantizes them again: the plain model's gradients."""
@@ -1965,6 +1979,7 @@ class Subclasses(unittest.TestCase):
             at.save_image(quantize(model(meta=False), how), path)
         return path
 
+    @slow
     def test_sampling_equals_the_quantized_model(self):
         for how in self.HOW:
             with torch.no_grad():
@@ -1998,6 +2013,7 @@ class Subclasses(unittest.TestCase):
                         self.assertEqual(w3.device.type if type(w3) is not type(w2) else
                                          {v.device.type for _, v in at._quant._inner(w3)}.pop(), "meta")
 
+    @slow
     def test_training_equals_the_quantized_model(self):
         """LoRA through frozen quantized weights: losses, adapters' gradients and values
         after two AdamW steps, bit for bit. (torchao's float8 dynamic activation has no
@@ -2022,6 +2038,7 @@ class Subclasses(unittest.TestCase):
                     same_step(self, train_steps(m), want)
                     h.detach()
 
+    @slow
     def test_convert_of_saved_state_dicts(self):
         """arena convert of what the libraries save: torchao's safetensors (flatten_tensor_state_dict
         with its metadata), optimum-quanto's state_dict (save_file); attached, the quantized
@@ -2100,6 +2117,7 @@ class Subclasses(unittest.TestCase):
         with arena.open(a_path, device="sim") as a:
             self.assertEqual(sorted(a.tensor_names()), sorted(infos))
 
+    @slow
     def test_a_subclass_of_the_protocol_needs_no_binding(self):
         """A quantizer of its own (docs/QUANT.md's example): a subclass that declares its inner
         tensors binds with no arena code when the module holds it; from a plain module it
@@ -2156,6 +2174,7 @@ class Subclasses(unittest.TestCase):
         finally:
             at._quant._bindings.pop(0)
 
+    @slow
     def test_compiled_blocks(self):
         """Every block compiled (fullgraph, aot_eager) over tensor subclasses bound to arena
         memory (torchao's, quanto's, arena's own FP8 weights): the outputs of the model
@@ -2321,6 +2340,7 @@ class Refusals(unittest.TestCase):
         self.assertIn(text, cm.exception.message)
         return cm.exception
 
+    @slow
     def test_a_refused_attach_left_to_the_interpreter_exits_cleanly(self):
         # A refusal after globals and resident blocks are bound (made here: no
         # refusal of attach comes that late since the ring is checked at open):
@@ -2540,6 +2560,7 @@ class Traces(unittest.TestCase):
 
 
 class Compile(unittest.TestCase):
+    @slow
     def test_regional_compile_no_recompiles(self):
         with torch.no_grad():
             ref = model(meta=False)(**inputs()).sample
@@ -2547,6 +2568,7 @@ class Compile(unittest.TestCase):
         h = at.attach(m, IMG, **STREAM)
         compiled_steps(self, m, h, ref)
 
+    @slow
     def test_training_compiled_blocks_with_saved_tensors_in_host_memory(self):
         """Regional compile, checkpointed LoRA training and offload_saved together: the
         plain model's steps bit for bit, nothing compiled after the first step."""

@@ -1939,6 +1939,7 @@ Test(engine_learn, a_budget_that_moves_moves_only_what_it_must)
  * on an H100 peaked 27 MiB over 8 GiB after 6 promotions into room). */
 Test(engine_learn, room_is_grown_into_within_the_cap_with_allocation_rounding)
 {
+	slow_test();
 	sim_only();
 	const uint64_t g = 256 << 10, R = 1000000;
 	arena_backend_destroy(be);
@@ -2623,6 +2624,7 @@ Test(engine_learn, a_look_for_a_budget_gone_by_is_not_moved_to)
  * allocation from the start of the step before the look. */
 Test(engine_learn, a_look_out_of_memory)
 {
+	slow_test();
 	sim_only();
 	const double work = 0.0002;
 	int at;

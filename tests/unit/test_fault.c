@@ -126,6 +126,7 @@ Test(fault, tiny_llama_sharded)
 /* A pipeline's folder: a component of one file, one sharded, one without weights. */
 Test(fault, pipeline)
 {
+	slow_test();
 	char dir[1024], sub[1200];
 	tmpdir_make(dir, sizeof(dir), "fault-pipe");
 	const char *comps[] = {"transformer", "text_encoder", "scheduler"};
@@ -176,6 +177,7 @@ static int st_parse_close(const void *arg)
 
 Test(fault, every_corpus_input)
 {
+	slow_test();
 	const char *dir = "tests/fuzz/corpus/safetensors";
 	DIR *d = opendir(dir);
 	cr_assert_not_null(d, "%s (tests run from the project root)", dir);

@@ -271,6 +271,7 @@ Test(image, every_byte_flipped_small)
 
 Test(image, bytes_flipped_tiny_flux)
 {
+	slow_test();
 	cr_assert_eq(convert1(fixture_path("tiny_flux.safetensors"), tmp("f.arena")), 0);
 	flip_every(tmp("f.arena"), 509);
 }
@@ -1280,6 +1281,7 @@ Test(image, coded_stored_padding_flipped)
 
 Test(image, every_byte_flipped_coded)
 {
+	slow_test();
 	/* Every byte of a coded image is in a checksum or checked to be zero:
 	 * every 11th byte of the stored padding after each chunk, fewer elsewhere. */
 	cr_assert_eq(convert_coded(fixture_path("tiny_flux.safetensors"), tmp("c.arena"), 64 << 10), 0);
@@ -1439,6 +1441,7 @@ static void coded_faults_leave_nothing(unsigned codec)
 
 Test(image, coded_disk_full_and_allocation_failures_leave_nothing)
 {
+	slow_test();
 	coded_faults_leave_nothing(ARENA_CODEC_HB4);
 }
 
@@ -1765,6 +1768,7 @@ Test(image, zstd_raw_padding_not_zero)
 
 Test(image, every_byte_flipped_zstd)
 {
+	slow_test();
 	/* Every byte of a zstd image is in a checksum or checked to be zero. */
 	cr_assert_eq(convert_zstd(fixture_path("tiny_flux.safetensors"), tmp("z.arena"), 64 << 10, 0), 0);
 	arena_image *img;
@@ -1796,5 +1800,6 @@ Test(image, every_byte_flipped_zstd)
 
 Test(image, zstd_disk_full_and_allocation_failures_leave_nothing)
 {
+	slow_test();
 	coded_faults_leave_nothing(ARENA_CODEC_ZSTD);
 }

@@ -586,6 +586,7 @@ Test(load, read_failures_at_each_step)
 
 Test(load, allocation_failures_at_each_step)
 {
+	slow_test();
 	arena_load_opts o = every_other_opts(ARENA_IO_AUTO);
 	load_alloc_faults(&o);
 }
@@ -954,6 +955,7 @@ Test(load_coded, truncated_and_cancelled)
 
 Test(load_coded, read_and_allocation_failures_at_each_step)
 {
+	slow_test();
 	arena_load_opts o = every_other_opts(ARENA_IO_BUFFERED);
 	load_read_faults(&o);
 	load_alloc_faults(&o);
@@ -1214,6 +1216,7 @@ Test(load_zstd, truncated_and_cancelled)
 
 Test(load_zstd, read_and_allocation_failures_at_each_step)
 {
+	slow_test();
 	arena_load_opts o = every_other_opts(ARENA_IO_BUFFERED);
 	load_read_faults(&o);
 	load_alloc_faults(&o);

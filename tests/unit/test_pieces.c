@@ -578,6 +578,7 @@ Test(pieces, training_holds_a_block_of_small_pieces_at_every_cap)
  * went whole from 6.7 MB where the plain one did from 8.0). */
 Test(pieces, auto_in_training_by_the_whole_blocks_share)
 {
+	slow_test();
 	cr_assert_eq(arena_residency_piece_auto_share(ARENA_MODE_SAMPLE, 0, 3000), 1500);
 	cr_assert_eq(arena_residency_piece_auto_share(ARENA_MODE_SAMPLE, 1, 3000), 1500);
 	cr_assert_eq(arena_residency_piece_auto_share(ARENA_MODE_TRAIN, 0, 3000), 1000);

@@ -685,6 +685,7 @@ Test(quant, unaligned_pointers)
 
 Test(quant, thread_count_does_not_change_results)
 {
+	slow_test();
 	/* big enough for 7 threads (1 Mi elements each at least) */
 	const uint64_t w[] = {997, 8009};
 	const uint64_t n = w[0] * w[1];

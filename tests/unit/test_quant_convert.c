@@ -526,6 +526,7 @@ Test(qconvert, int4_refuses_nan_and_inf_and_writes_nothing)
  * whole gives the image a plain run gives. */
 Test(qconvert, int4_convert_under_faults_leaves_nothing)
 {
+	slow_test();
 	const char *in = fixture_path("tiny_flux.safetensors");
 	arena_convert_opts o = {.threads = 2, .chunk_size = 64 << 10, .quant = {.scheme = "int4-g64"}};
 	cr_assert_eq(arena_convert_inputs(&in, 1, tmp("ref.arena"), &o, NULL), 0, "%s", arena_last_error());

@@ -878,6 +878,7 @@ Test(share, a_region_whose_bytes_are_not_the_image_is_not_used)
 
 Test(share, a_coded_region_whose_bytes_or_tables_are_not_the_image_are_not_used)
 {
+	slow_test();
 	extra_cap = 2 * MiB;
 	/* segments of 256 KiB: every coded copy is made again from the image */
 	region_written_before_publish(hb4, 4096, 4096);  /* the first coded copy's first page */
@@ -1007,6 +1008,7 @@ static void registry_locked_by_another(uid_t uid, mode_t mode)
 
 Test(share, a_registry_locked_by_another_process_of_the_user_never_hangs_open)
 {
+	slow_test();
 	registry_locked_by_another(geteuid(), 0600);
 }
 
@@ -1095,6 +1097,7 @@ Test(share, another_users_registry_file_is_left_alone)
  * the other user's bytes. */
 Test(share, a_region_of_another_user_is_never_mapped)
 {
+	slow_test();
 	if (geteuid() != 0)
 		cr_skip_test("needs root: the test runs a process as another user (uid %d)", NOBODY);
 	uint64_t host, full;

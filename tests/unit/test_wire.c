@@ -438,6 +438,7 @@ Test(wire, a_corrupted_coded_chunk_fails_the_open, .init = setup, .fini = teardo
 
 Test(wire, allocation_failures, .init = setup, .fini = teardown)
 {
+	slow_test();
 	arena_open_options ro = {.backend = "sim"};
 	arena *ref;
 	cr_assert_eq(arena_open(plain, &ro, &ref), 0, "%s", arena_last_error());

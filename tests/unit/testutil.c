@@ -28,6 +28,13 @@ const char *fixture_path(const char *name)
 	return p;
 }
 
+void slow_test(void)
+{
+	const char *q = getenv("ARENA_TEST_QUICK");
+	if (q && *q && strcmp(q, "0") != 0)
+		cr_skip_test("slow: make test runs it");
+}
+
 const char *tmp_base(void)
 {
 	const char *b = getenv("TMPDIR");

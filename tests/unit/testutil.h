@@ -10,6 +10,12 @@
  * 8 rotating buffers: valid until 8 more calls, not for use across threads. */
 const char *fixture_path(const char *name);
 
+/* Marks the calling test slow (seconds on a two-core machine: a sweep over
+ * every byte, every allocation or every input): where $ARENA_TEST_QUICK is set
+ * to anything but "" or "0" (make check) it is skipped, saying so; make test
+ * runs it. Call it first in the test. */
+void slow_test(void);
+
 /* The folder temporary files go under: $TMPDIR, or /tmp. */
 const char *tmp_base(void);
 

@@ -81,7 +81,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, List, Optional, Union
 
-from .. import _torch
+from .._dtypes import _torch
 
 _torch()  # without torch: an ImportError that says what to install, not "No module named 'torch'"
 

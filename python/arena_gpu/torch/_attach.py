@@ -13,7 +13,9 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple, cast
 import torch
 from torch import nn
 
-from .. import Component, Error, TensorInfo, _view, torch_dtype
+from .._dtypes import _view, torch_dtype
+from .._errors import Error
+from .._records import Component, TensorInfo
 from ._blocks import _DEQUANT, _BlockBinding, _as_component, _dequantize, _in_backward, _Member, _placeholder
 from ._buffers import Rebuilt, computed_attributes, computed_buffers, set_attributes
 from ._guards import _guard_apply, _guard_merge, _is_adapter_param, _peft_tuners, _reorder

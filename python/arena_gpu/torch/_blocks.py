@@ -13,7 +13,9 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from .. import Component, Error, TensorInfo, _view, torch_dtype
+from .._dtypes import _view, torch_dtype
+from .._errors import Error
+from .._records import Component, TensorInfo
 
 if TYPE_CHECKING:
     from ._handle import Handle
