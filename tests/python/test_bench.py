@@ -25,10 +25,12 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from arena_gpu.bench import _report
+from tiers import slow
 
 PREFIX = "ARENA_BENCH_ROW "
 
 
+@slow
 class Bench(unittest.TestCase):
     tmp: str
     out: "subprocess.CompletedProcess[str]"
