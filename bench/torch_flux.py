@@ -49,17 +49,9 @@ import time
 
 import torch
 
-FLUX_DEV = dict(
-    in_channels=64,
-    num_layers=19,
-    num_single_layers=38,
-    attention_head_dim=128,
-    num_attention_heads=24,
-    joint_attention_dim=4096,
-    pooled_projection_dim=768,
-    guidance_embeds=True,
-    axes_dims_rope=(16, 56, 56),
-)
+# The model and its inputs are those of `python -m arena_gpu.bench`, the README's table.
+from arena_gpu.bench._flux import FLUX_DEV, LAYOUTS, Device  # noqa: E402
+from arena_gpu.bench._flux import inputs as _inputs  # noqa: E402
 
 
 def rss() -> int:
@@ -155,18 +147,7 @@ def with_memory_steps(step, h, res: dict):
 
 
 def inputs(seed: int = 0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    dev, dt = "cuda", torch.bfloat16
-    T, Tt = 4096, 512
-    return dict(
-        hidden_states=torch.randn(1, T, 64, generator=g, device=dev, dtype=dt),
-        encoder_hidden_states=torch.randn(1, Tt, 4096, generator=g, device=dev, dtype=dt),
-        pooled_projections=torch.randn(1, 768, generator=g, device=dev, dtype=dt),
-        timestep=torch.tensor([0.5], device=dev, dtype=dt),
-        img_ids=torch.zeros(T, 3, device=dev, dtype=dt),
-        txt_ids=torch.zeros(Tt, 3, device=dev, dtype=dt),
-        guidance=torch.tensor([3.5], device=dev, dtype=dt),
-    )
+    return _inputs(LAYOUTS["flux-dev"], Device("cuda"), seed)
 
 
 BLOCKS = None  # --blocks N: the first N of each repeated container (arena synth --blocks N)
