@@ -50,8 +50,8 @@ import time
 import torch
 
 # The model and its inputs are those of `python -m arena_gpu.bench`, the README's table.
-from arena_gpu.bench._flux import FLUX_DEV, LAYOUTS, Device  # noqa: E402
-from arena_gpu.bench._flux import inputs as _inputs  # noqa: E402
+from arena_gpu.bench._flux import FLUX_DEV, LAYOUTS, Device
+from arena_gpu.bench._flux import inputs as _inputs
 
 
 def rss() -> int:

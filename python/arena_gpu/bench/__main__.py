@@ -11,6 +11,7 @@ how long it takes, the disk and memory it needs and what each limit is.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
 import json
 import os
@@ -166,17 +167,22 @@ class Bench:
         self.cmds([list(args)], [what])
 
     def cmds(self, argvs: List[List[str]], whats: List[str]) -> None:
-        """Run arena commands side by side (each its own process), wait for all;
-        each one's seconds go to the record's "phases"."""
-        t0 = time.perf_counter()
-        ps = [subprocess.Popen([self.arena, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-              for argv in argvs]
+        """Run arena commands side by side (each its own process, waited on by a
+        thread of its own), wait for all; each one's own seconds go to the
+        record's "phases"."""
+
+        def run(argv: List[str]) -> Tuple["subprocess.CompletedProcess[str]", float]:
+            t0 = time.perf_counter()
+            p = subprocess.run([self.arena, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            return p, time.perf_counter() - t0
+
+        with concurrent.futures.ThreadPoolExecutor(len(argvs)) as pool:
+            done = list(pool.map(run, argvs))
         fail = ""
-        for argv, what, p in zip(argvs, whats, ps):
-            _, err = p.communicate()
-            self.R["phases"][what] = round(time.perf_counter() - t0, 2)
+        for argv, what, (p, secs) in zip(argvs, whats, done):
+            self.R["phases"][what] = round(secs, 2)
             if p.returncode != 0 and not fail:
-                last = (err.strip().splitlines() or ["(no message)"])[-1]
+                last = (p.stderr.strip().splitlines() or ["(no message)"])[-1]
                 fail = f"{what} failed (arena {argv[0]}, exit {p.returncode}): {last}"
         if fail:
             raise Fatal(fail)
