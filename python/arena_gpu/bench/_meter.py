@@ -44,7 +44,9 @@ class Nvml:
         self.m = _Mem()
 
     def memory(self) -> _Mem:
-        self.lib.nvmlDeviceGetMemoryInfo(self.dev, ctypes.byref(self.m))
+        r = self.lib.nvmlDeviceGetMemoryInfo(self.dev, ctypes.byref(self.m))
+        if r != 0:
+            raise NvmlError(f"nvmlDeviceGetMemoryInfo failed (NVML error {r})")
         return self.m
 
     def used(self) -> int:
@@ -73,11 +75,11 @@ class Meter:
 
     def run(self, cmd: List[str], timeout: float, env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
         """Runs cmd; returns rc, stdout, stderr (text), wall_s, and with NVML
-        peak_bytes, baseline_bytes and polls. rc is None when it ran past timeout
+        peak_bytes, baseline_bytes, polls and failed_polls (NVML read nothing). rc is None when it ran past timeout
         (it is killed)."""
         base = self.nvml.used() if self.nvml else 0
         peak = [base]
-        polls = [0]
+        polls, failed = [0], [0]
         t0 = time.perf_counter()
         child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         done = threading.Event()
@@ -85,7 +87,12 @@ class Meter:
         def poll() -> None:
             assert self.nvml is not None
             while not done.is_set():
-                u = self.nvml.used()
+                try:
+                    u = self.nvml.used()
+                except NvmlError:  # a poll that read nothing: counted, not a figure
+                    failed[0] += 1
+                    time.sleep(self.every)
+                    continue
                 polls[0] += 1
                 if u > peak[0]:
                     peak[0] = u
@@ -107,5 +114,5 @@ class Meter:
             th.join()
         res: Dict[str, Any] = {"rc": rc, "stdout": out, "stderr": err, "wall_s": time.perf_counter() - t0}
         if self.nvml:
-            res.update(peak_bytes=peak[0] - base, baseline_bytes=base, polls=polls[0])
+            res.update(peak_bytes=peak[0] - base, baseline_bytes=base, polls=polls[0], failed_polls=failed[0])
         return res
