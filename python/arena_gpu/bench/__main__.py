@@ -58,7 +58,7 @@ process starts: a peak is all the process held, its CUDA context included):
             block) at vram="12G" (not with --quick) and "8G". Limit: each
             phase (forward, backward) the longer of the resident step's
             phase and half the moved bytes at the link's rate, plus the
-            optimizer (bench/train_bound.py's per-phase limit)
+            optimizer (the per-phase limit bench/RESULTS.md holds training to)
   set-up    attach from the warm plain image (the sampling runs' set-up),
             against diffusers group offloading's set-up (load_file to the
             CPU, enable_group_offload). Limit: one read of the image at the
