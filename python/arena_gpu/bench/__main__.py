@@ -360,15 +360,15 @@ class Bench:
         img = ["--image", str(plain)]
         if self.sim:
             img += ["--sim-capacity", "16G"]
-        pb = {"sample": bool(a.per_block), "train": bool(a.per_block)}
-        why = "asked for (--per-block)" if a.per_block else ""
-        for kind in ("sample", "train"):
-            if not self.fits(plain, kind == "train"):
-                pb[kind] = True
-                why = "the model does not fit"
+        # whether the model fits, read once (free memory moves): the resident run
+        # or the per-block one gives each kind its compute, never neither
+        fit = {kind: self.fits(plain, kind == "train") for kind in ("sample", "train")}
+        pb = {kind: bool(a.per_block) or not fit[kind] for kind in fit}
+        why = "the model does not fit" if not all(fit.values()) else \
+            "asked for (--per-block)" if a.per_block else ""
         self.R["per_block"], self.R["per_block_why"] = pb, why
         sw, ss, tw, ts = self.warmup, self.steps, self.train_warmup, self.train_steps
-        if self.fits(plain, False):
+        if fit["sample"]:
             self.child("sample-resident", "sample", *img, warmup=sw, steps=ss)
         else:
             self.skip("sample-resident", "the model does not fit")
@@ -376,7 +376,7 @@ class Bench:
             self.child("blocks-sample", "blocks-sample", *img, warmup=1, steps=2)
         self.child("sample-a", "sample", *img, "--vram", self.caps["sample"], warmup=sw, steps=ss)
         self.child("sample-b", "sample", *img, "--vram", self.caps["floor"], warmup=sw, steps=ss)
-        if self.fits(plain, True):
+        if fit["train"]:
             self.child("train-resident", "train", *img, warmup=tw, steps=ts)
         else:
             self.skip("train-resident", "the model does not fit")
