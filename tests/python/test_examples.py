@@ -32,7 +32,7 @@ import sys
 import tempfile
 import unittest
 from pathlib import Path
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Iterable, List, Tuple
 
 # The LoRA file is checked here, in this process, with models of transformers
 # and diffusers, whose warnings (a processor without torchvision, modules kept
@@ -64,9 +64,13 @@ def run(script: str, *args: str, nproc: int = 0, env: Any = None, cwd: Any = Non
     store on 127.0.0.1: torchrun's own default, the host's name, need not
     resolve on a CI machine (the rendezvous then waits for good).
 
-    In a session of its own, so that on a timeout SIGABRT reaches every process
-    of it (torchrun's workers too) and Python's faulthandler (on for the run)
-    writes each one's threads' stacks to the stderr shown in the failure."""
+    On a timeout every process of the run gets SIGABRT, workers first, and
+    Python's faulthandler (on for the run) writes each one's threads' stacks to
+    the stderr shown in the failure; what is still there 30 s later gets
+    SIGKILL. The processes are found by their parents (descendants()), not by
+    process group: torchrun starts each worker in a session of its own, which a
+    signal to the run's group never reaches (a worker left waiting on a
+    collective then held the output pipes open, and the test waited for good)."""
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--local-addr", "127.0.0.1",
               f"--nproc_per_node={nproc}"] if nproc else [sys.executable]
     env = dict(os.environ if env is None else env, PYTHONFAULTHANDLER="1")
@@ -75,17 +79,50 @@ def run(script: str, *args: str, nproc: int = 0, env: Any = None, cwd: Any = Non
     try:
         out, err = p.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGABRT)
+        tree = descendants(p.pid)
+        signal_all(reversed(tree), signal.SIGABRT)  # the workers first: torchrun, stopped, would stop them
+        signal_all([p.pid], signal.SIGABRT)
         try:
             out, err = p.communicate(timeout=30)
         except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            out, err = p.communicate()
+            signal_all([p.pid, *tree, *descendants(p.pid)], signal.SIGKILL)
+            out, err = p.communicate(timeout=30)
         raise AssertionError(f"{script} {' '.join(args)}: still running after {TIMEOUT:.0f} s, stopped; "
                              f"its output and stacks:\n{out[-2000:]}\n{err[-12000:]}") from None
     if p.returncode != 0:
         raise AssertionError(f"{script} {' '.join(args)}: exit {p.returncode}\n{out[-2000:]}\n{err[-3000:]}")
     return out
+
+
+def descendants(pid: int) -> List[int]:
+    """The processes below ``pid`` (children, their children, ...), parents
+    before their children, read off /proc: [] where there is none."""
+    children: Dict[int, List[int]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                stat = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])  # after "pid (comm) state"
+        children.setdefault(ppid, []).append(int(d))
+    out: List[int] = []
+    todo = list(children.get(pid, []))
+    while todo:
+        c = todo.pop(0)
+        out.append(c)
+        todo.extend(children.get(c, []))
+    return out
+
+
+def signal_all(pids: Iterable[int], sig: int) -> None:
+    for q in pids:
+        try:
+            os.kill(q, sig)
+        except ProcessLookupError:
+            pass
 
 
 def umask() -> int:
