@@ -83,6 +83,7 @@ static pid_t live_pid; /* the process the list is of (a forked child's differs: 
 unsigned arena__share_publish_delay_ms;
 unsigned arena__share_lock_wait_ms = 5000;
 unsigned arena__share_stall_ms = 30000;
+unsigned arena__share_exit_wait_ms = 1000;
 static arena__fault share_fault;
 
 void arena_fault_share(long n)
@@ -602,8 +603,11 @@ static void exit_forget(void)
 	pthread_mutex_lock(&live_mu);
 	for (arena_host_share *s = live; s && live_pid == getpid(); s = s->next) {
 		char why[ARENA_SHARE_WHY];
-		/* never waits at exit: a line left is dropped later */
-		int lfd = registry_lock(s->dfd, s->dir, s->lock, 0, 0, 0, why);
+		/* Waits at exit a little only: the processes of a job end together
+		 * (torchrun's, after their last barrier), and one that found the lock
+		 * taken by another's exit left its line, and the registry, behind
+		 * (dropped only by a later open of the same image). */
+		int lfd = registry_lock(s->dfd, s->dir, s->lock, 0, 0, arena__share_exit_wait_ms, why);
 		if (lfd >= 0) {
 			registry_forget(s->dfd, s->lock, lfd, (long)live_pid, s->fd);
 			unlock_close(lfd);

@@ -98,11 +98,13 @@ void arena_share_key_name(const arena_share_key *key, char name[48]);
  * the loader waits before it publishes (0: none), to test a process that
  * opens meanwhile. How long a registry's lock is waited for (5000 ms) and
  * how long a loader may make no progress before a waiter gives up on it
- * (30000 ms). */
+ * (30000 ms), and how long a process's exit waits for the lock to drop
+ * its lines (1000 ms). */
 void arena_fault_share(long n);
 int arena_fault_share_fired(void);
 extern unsigned arena__share_publish_delay_ms;
 extern unsigned arena__share_lock_wait_ms;
 extern unsigned arena__share_stall_ms;
+extern unsigned arena__share_exit_wait_ms;
 
 #endif

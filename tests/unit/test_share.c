@@ -14,12 +14,14 @@
  * no mapping and no allocation behind; a checkpoint is refused. */
 #include <criterion/criterion.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -686,6 +688,61 @@ Test(share, a_process_that_exits_without_closing_leaves_no_registry)
 	cr_assert_eq(registries(), 0, "the registry outlived its only process");
 }
 
+/* Two holders exit at once (torchrun's processes after their last
+ * barrier) while the registry's lock is taken: each exit waits for it and
+ * drops its line, and the last removes the file. An exit that did not wait
+ * left its line, and the file, behind. */
+Test(share, processes_that_exit_together_leave_no_registry)
+{
+	int ready[2], go[2];
+	cr_assert_eq(pipe(ready), 0);
+	cr_assert_eq(pipe(go), 0);
+	fflush(NULL);
+	pid_t pid[2];
+	for (int i = 0; i < 2; i++) {
+		pid[i] = fork();
+		cr_assert(pid[i] >= 0);
+		if (!pid[i]) {
+			close(ready[0]);
+			close(go[1]);
+			arena_open_options o = opts(1, 0);
+			arena *a;
+			if (arena_open(img, &o, &a) || registries() != 1)
+				_exit(2);
+			(void)!write(ready[1], "r", 1);
+			char c;
+			(void)!read(go[0], &c, 1); /* EOF: the parent let go */
+			exit(0); /* no arena_close: the exit handler drops the line */
+		}
+	}
+	close(ready[1]);
+	close(go[0]);
+	char c;
+	for (int i = 0; i < 2; i++)
+		cr_assert_eq(read(ready[0], &c, 1), 1, "a child could not open");
+	DIR *d = opendir(shm);
+	cr_assert(d);
+	char lock[400] = "";
+	for (struct dirent *e; (e = readdir(d));)
+		if (strstr(e->d_name, ".lock"))
+			snprintf(lock, sizeof(lock), "%s/%s", shm, e->d_name);
+	closedir(d);
+	int lfd = open(lock, O_RDONLY | O_CLOEXEC);
+	cr_assert(lfd >= 0, "%s: %s", lock, strerror(errno));
+	cr_assert_eq(flock(lfd, LOCK_EX), 0);
+	close(go[1]); /* both exit now, the lock taken for 200 ms more */
+	usleep(200 * 1000);
+	flock(lfd, LOCK_UN);
+	close(lfd);
+	for (int i = 0; i < 2; i++) {
+		int st;
+		cr_assert_eq(waitpid(pid[i], &st, 0), pid[i]);
+		cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child %d: status %d", i, st);
+	}
+	close(ready[0]);
+	cr_assert_eq(registries(), 0, "the registry outlived the processes that held it");
+}
+
 Test(share, a_region_held_counts_as_host_memory_a_process_will_map)
 {
 	/* the budgets of a process that will map the region add its bytes
@@ -722,9 +779,7 @@ Test(share, a_region_held_counts_as_host_memory_a_process_will_map)
  * process that opens the image with sharing must still get: the image's
  * bytes, an open that returns, nothing of anyone else's written. */
 
-#include <dirent.h>
 #include <grp.h>
-#include <sys/file.h>
 #include <sys/mman.h>
 
 #define NOBODY 65534
