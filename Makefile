@@ -244,11 +244,13 @@ endif
 # cannot be installed in $(BUILD)/venv-torch) and leaves the reason in
 # $(SUMMARY)/torch.skipped; tests/python/run.sh likewise, for the reference
 # packages, in $(SUMMARY)/python.skipped. run_torch.sh first: run.sh's int4
-# checks use the torch it installs.
+# checks use the torch it installs. On a failure of the adapter's tests their
+# reports ($(SUMMARY)/torch.failed) are printed again last.
 test-python: cli lib
 	$(Q)rc=0; \
 	sh tests/python/run_torch.sh $(BUILD) || { r=$$?; [ $$r = 77 ] && [ -s $(SUMMARY)/torch.skipped ] || rc=1; }; \
 	sh tests/python/run.sh $(BUILD) || { r=$$?; [ $$r = 77 ] && [ -s $(SUMMARY)/python.skipped ] || rc=1; }; \
+	[ $$rc = 0 ] || [ ! -s $(SUMMARY)/torch.failed ] || { echo "--- the adapter's failures again:"; cat $(SUMMARY)/torch.failed; }; \
 	exit $$rc
 
 test-fuzz: unit

@@ -18,11 +18,22 @@ B=${1:-build}
 V=$B/venv-torch
 REQ=tests/python/requirements-torch.txt
 S=$B/test-summary
+R0=$(pwd)
 SKIPPED=$S/torch.skipped
 mkdir -p "$S" || exit 1
 rm -f "$S/torch" "$SKIPPED"
+FAILED=$S/torch.failed
+rm -f "$FAILED"
+# fail MESSAGE [LOG]: the message, and in $FAILED the message and LOG's
+# failure reports (unittest's blocks from the first ====== line, 80 lines at
+# most), which make test-python prints again as its last lines: a CI that
+# keeps only the end of the output still shows what failed and where.
 fail() {
-	echo "python adapter tests: $*"
+	echo "python adapter tests: $1"
+	{
+		echo "python adapter tests: $1"
+		[ -n "${2:-}" ] && sed -n '/^======/,$p' "$2" | head -n 80
+	} >"$R0/$FAILED" 2>/dev/null
 	exit 1
 }
 # Every Python test file runs under a watchdog: one that has not ended after
@@ -120,7 +131,7 @@ sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))  # as when the file 
 runpy.run_path(sys.argv[0], run_name="__main__")' "$R/tests/python/$t.py" -v >"$R/$B/python-$t.log" 2>&1
 	rc=$?
 	cat "$R/$B/python-$t.log"
-	[ $rc = 0 ] && grep -q '^OK' "$R/$B/python-$t.log" || fail "failures in $t.py (log: $B/python-$t.log)"
+	[ $rc = 0 ] && grep -q '^OK' "$R/$B/python-$t.log" || fail "failures in $t.py (log: $B/python-$t.log)" "$R/$B/python-$t.log"
 	no_bug "$R/$B/python-$t.log"
 	ran "$R/$B/python-$t.log"
 	n=$((n + got))
@@ -138,7 +149,7 @@ ARENA_FIXTURES_DIR=${ARENA_FIXTURES_DIR:-$R/fixtures} guarded "$PY" -c "$one_per
 	>"$R/$B/python-files.log" 2>&1
 rc=$?
 cat "$R/$B/python-files.log"
-[ $rc = 0 ] && grep -q '^OK' "$R/$B/python-files.log" || fail "arena.convert/verify/inspect: failures (log: $B/python-files.log)"
+[ $rc = 0 ] && grep -q '^OK' "$R/$B/python-files.log" || fail "arena.convert/verify/inspect: failures (log: $B/python-files.log)" "$R/$B/python-files.log"
 no_bug "$R/$B/python-files.log"
 ran "$R/$B/python-files.log"
 nf=$got
@@ -146,7 +157,7 @@ ARENA_EXAMPLES_DIR=$R/examples PYTHONWARNINGS=ignore guarded "$PY" -c "$one_per_
 	>"$R/$B/python-examples.log" 2>&1
 rc=$?
 cat "$R/$B/python-examples.log"
-[ $rc = 0 ] && grep -q '^OK' "$R/$B/python-examples.log" || fail "examples: failures (log: $B/python-examples.log)"
+[ $rc = 0 ] && grep -q '^OK' "$R/$B/python-examples.log" || fail "examples: failures (log: $B/python-examples.log)" "$R/$B/python-examples.log"
 no_bug "$R/$B/python-examples.log"
 ran "$R/$B/python-examples.log"
 ne=$got
