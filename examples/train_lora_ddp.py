@@ -120,9 +120,9 @@ def main() -> None:
     if cuda:
         torch.cuda.set_device(local_rank)
     if distributed:
-        # --tiny's collectives take milliseconds: one that waits two minutes has
+        # --tiny's collectives take milliseconds: one that waits five minutes has
         # lost its peer, and fails saying so (gloo's own limit is 30 minutes).
-        limit = datetime.timedelta(minutes=2 if args.random == "tiny" else 30)
+        limit = datetime.timedelta(minutes=5 if args.random == "tiny" else 30)
         dist.init_process_group("nccl" if cuda else "gloo", timeout=limit)
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     torch.backends.cuda.enable_cudnn_sdp(False)  # as train_lora.py (its note)
