@@ -30,6 +30,7 @@
 #include "engine_int.h"
 
 #include <inttypes.h>
+#include <string.h>
 
 #include "../common/alloc.h"
 #include "../common/err.h"
@@ -44,13 +45,16 @@ const char *arena_engine_why_name(int why)
 int arena__engine_decide_init(arena_engine *e)
 {
 	e->dec = arena_calloc(ARENA_ENGINE_HISTORY, sizeof(*e->dec));
-	return e->dec ? 0 : arena_errorf(ARENA_E_NOMEM, "engine: out of memory");
+	e->dec_res = arena_calloc(e->l->n_blocks ? e->l->n_blocks : 1, 1);
+	return e->dec && e->dec_res ? 0 : arena_errorf(ARENA_E_NOMEM, "engine: out of memory");
 }
 
 void arena__engine_decide_free(arena_engine *e)
 {
 	arena_free(e->dec);
+	arena_free(e->dec_res);
 	e->dec = NULL;
+	e->dec_res = NULL;
 }
 
 /* The ring's device bytes as allocated now. */
@@ -59,8 +63,9 @@ static uint64_t ring_bytes(const arena_engine *e)
 	return e->ring_dptr ? e->ring.bytes : 0;
 }
 
-void arena__engine_decide_begin(const arena_engine *e, arena__decide_snap *s)
+void arena__engine_decide_begin(arena_engine *e, arena__decide_snap *s)
 {
+	memcpy(e->dec_res, e->plan.resident, e->l->n_blocks);
 	*s = (arena__decide_snap){.resident = e->plan.resident_bytes,
 				  .ring = ring_bytes(e),
 				  .stream = e->plan.n_streamed ? e->plan.stream_bytes_per_step : 0,
@@ -83,6 +88,16 @@ void arena__engine_decide_end(arena_engine *e, const arena__decide_snap *s, int 
 	const uint64_t ring = ring_bytes(e);
 	if (e->mv_prom_n == s->prom_n && e->mv_dem_n == s->dem_n && ring == s->ring)
 		return;
+	/* The step before and after, by one profile: the one in force now (the
+	 * plan's step_s before was predicted when the plan was made, and the
+	 * profile learned has moved since), over the schedule in force for a
+	 * move within one (a mode or schedule set: the old plan's prediction). */
+	double before = s->step_s;
+	if (!(s->after_s > 0) && why != ARENA_WHY_MODE && why != ARENA_WHY_SCHEDULE && arena__have_profile(&e->o)) {
+		const double t = arena__timed_run(e->l, &e->o, e->plan.sched, e->plan.bwd, e->plan.n_sched, e->dec_res,
+						  e->plan.slots, &e->tscr);
+		before = t > 0 ? t : 0;
+	}
 	e->dec[e->n_dec % ARENA_ENGINE_HISTORY] = (arena_engine_decision){
 		.step = e->steps,
 		.between = !e->ending,
@@ -99,7 +114,7 @@ void arena__engine_decide_end(arena_engine *e, const arena__decide_snap *s, int 
 		.free_bytes = e->seen_free,
 		.stream_before = s->stream,
 		.stream_after = e->plan.n_streamed ? e->plan.stream_bytes_per_step : 0,
-		.step_before_s = s->step_s,
+		.step_before_s = before,
 		.step_after_s = s->after_s > 0 ? s->after_s : e->plan.step_s};
 	e->n_dec++;
 	arena__engine_why_settle(e);

@@ -228,6 +228,7 @@ struct arena_engine {
 	uint64_t mv_prom_n, mv_dem_n, mv_prom_b, mv_dem_b;
 	arena_engine_decision *dec; /* ARENA_ENGINE_HISTORY kept, decision i at i % that */
 	uint64_t n_dec;
+	uint8_t *dec_res; /* the resident set at decide_begin (n_blocks) */
 	int ending; /* inside step_end: its decisions are not `between` */
 	/* What the budget was read from at the last planning point (budget_now):
 	 * the budget, the free memory, the device memory that is not other
@@ -413,7 +414,7 @@ void arena__engine_look_free(struct look *k);
 int arena__engine_decide_init(arena_engine *e);
 void arena__engine_decide_free(arena_engine *e);
 /* Before a change of the plan: what it is now. */
-void arena__engine_decide_begin(const arena_engine *e, arena__decide_snap *s);
+void arena__engine_decide_begin(arena_engine *e, arena__decide_snap *s);
 /* After it: a record, with `why`, when blocks moved or the ring's bytes
  * changed since s; the basis the next move is explained against becomes
  * the inputs read now. */
