@@ -5,7 +5,8 @@
  * Invariants:
  *   1. The budget is engine.h's: under a cap, cap - other - max(rest,
  *      reserve) - headroom, and never more than free + what the engine holds
- *      - max(0, reserve - rest) - headroom; less the coded copies' stages.
+ *      - max(0, reserve - rest) - max(headroom, share); less the coded
+ *      copies' stages.
  *      What the engine holds counts the rounding of its device allocations
  *      (own_rounding). `other` is read at each budget (measure_other).
  *   5. With learn_rest, the reserve is the need learned for the next
@@ -23,7 +24,10 @@
  *      budget only when nothing more can be demoted (engine.h invariant 4:
  *      over_budget, or BUDGET with strict).
  *   4. The mode and the profile change only between steps, and a change
- *      drops the entries fetched ahead for the next step. */
+ *      drops the entries fetched ahead for the next step.
+ *   6. Every change of the plan adapt, take_plan or set_profile makes is
+ *      bracketed by decide_begin/decide_end (engine_decide.c), with its why;
+ *      budget_now records what each budget was read from (arena__engine_seen). */
 #include "engine_int.h"
 
 #include <stdio.h>
