@@ -53,6 +53,12 @@ const char cmd_bench_usage[] =
 	"                      back to train (default: none)\n" CLI_ENGINE_OPTIONS_HELP
 	"  --pressure SIZE@STEP  at STEP take SIZE of device memory (what is free, at\n"
 	"                      most), give it back 5 steps later (cuda: allocated)\n"
+	"  --share-card SIZE|F|on  without --vram: leave SIZE (or the fraction F of the\n"
+	"                      device, 0 < F < 1; on: min(a tenth, 2G)) free for other\n"
+	"                      programs at every step end, giving memory back at the\n"
+	"                      next step end when they take it (default: none)\n"
+	"  --log               print each change of the plan on stderr as it is made:\n"
+	"                      the step, why, what moved, the predicted step\n"
 	"  --strict-vram-cap   over the cap after demoting all it can is an error\n"
 	"  --profile learn|given|none\n"
 	"                      the compute profile the planner places blocks by:\n"
@@ -77,11 +83,36 @@ const char cmd_bench_usage[] =
 	"Exit status: 0 done, 1 invalid image, 2 usage error or the model cannot run\n"
 	"within the cap, 3 system error (no CUDA device, cuBLAS not found, ...).\n";
 
+/* --share-card's argument into ao: "on" (the library's default amount), a
+ * fraction (a number with a point and no unit, above 0 and below 1), or a
+ * size. 0, or the exit status of a usage error (told). */
+static int share_card_arg(const char *arg, arena_open_options *ao)
+{
+	ao->share_card = 0;
+	ao->share_card_fraction = 0;
+	if (!strcmp(arg, "on")) {
+		ao->share_card = ARENA_SHARE_CARD_DEFAULT;
+		return 0;
+	}
+	if (strchr(arg, '.') && strspn(arg, "0123456789.") == strlen(arg)) {
+		double f;
+		int rc = cli_rate_arg("bench", "--share-card", arg, 0, 1, &f);
+		if (rc)
+			return rc;
+		if (!(f > 0 && f < 1))
+			return cli_usage_error("bench", "--share-card %s: a fraction of the device is above 0 and below 1 "
+							"(or give a size, e.g. 4G, or on)", arg);
+		ao->share_card_fraction = f;
+		return 0;
+	}
+	return cli_size_arg("bench", "--share-card", arg, 1, &ao->share_card);
+}
+
 /* The command line into *o: 0, or the exit status of a usage error (told). */
 static int bench_options(int argc, char **argv, bench_stream_opts *o)
 {
 	enum { O_BACKEND = 256, O_CAP, O_SIMCAP, O_SIMBW, O_DEVFREE, O_FLOPS, O_STEPS, O_TOKENS, O_PRESSURE, O_STRICT,
-	       O_PROFILE, O_SAVEPROF, O_JSON, O_PASSES, O_SAMPLE_EVERY, O_TRACE, O_PAYBACK };
+	       O_PROFILE, O_SAVEPROF, O_JSON, O_PASSES, O_SAMPLE_EVERY, O_TRACE, O_PAYBACK, O_SHARE, O_LOG };
 	static const struct option opts[] = {
 		{"backend", required_argument, NULL, O_BACKEND},
 		CLI_ENGINE_OPTIONS,
@@ -101,6 +132,8 @@ static int bench_options(int argc, char **argv, bench_stream_opts *o)
 		{"payback", required_argument, NULL, O_PAYBACK},
 		{"json", no_argument, NULL, O_JSON},
 		{"trace", required_argument, NULL, O_TRACE},
+		{"share-card", required_argument, NULL, O_SHARE},
+		{"log", no_argument, NULL, O_LOG},
 		{NULL, 0, NULL, 0},
 	};
 	if (argc < 2 || strcmp(argv[1], "stream"))
@@ -111,7 +144,7 @@ static int bench_options(int argc, char **argv, bench_stream_opts *o)
 	uint64_t cap = 0, simcap = 0, psize = 0, devfree = 0;
 	double bw = 55e9, flops = 700e12, tokens = 4608;
 	long steps = 10, pstep = -1, passes = 1, every = 0;
-	int json = 0, cuda = 0, simopt = 0, strict = 0, profile = 2, ch; /* 0 none, 1 given, 2 learn */
+	int json = 0, cuda = 0, simopt = 0, strict = 0, profile = 2, log = 0, ch; /* 0 none, 1 given, 2 learn */
 	const char *save_profile = NULL, *trace = NULL;
 	optind = 0;
 	opterr = 0;
@@ -200,6 +233,13 @@ static int bench_options(int argc, char **argv, bench_stream_opts *o)
 		case O_TRACE:
 			trace = optarg;
 			break;
+		case O_LOG:
+			log = 1;
+			break;
+		case O_SHARE:
+			if ((rc = share_card_arg(optarg, &ao)))
+				return rc;
+			break;
 		default:
 			rc = cli_engine_option("bench", ch, optarg, &ao);
 			if (rc > 0)
@@ -216,6 +256,9 @@ static int bench_options(int argc, char **argv, bench_stream_opts *o)
 		return cli_usage_error("bench", "--sim-capacity and --sim-bandwidth are for --backend sim");
 	if (!cuda && devfree)
 		return cli_usage_error("bench", "--device-free is for --backend cuda (sim: --sim-capacity)");
+	if (cap && (ao.share_card || ao.share_card_fraction > 0))
+		return cli_usage_error("bench", "--share-card is for runs without --vram (a cap leaves the rest of the "
+						"card to other programs already)");
 	if (every && ao.mode != ARENA_MODE_TRAIN)
 		return cli_usage_error("bench", "--sample-every is for --mode train");
 	if (passes > 1 && ao.mode == ARENA_MODE_TRAIN && !every)
@@ -238,7 +281,7 @@ static int bench_options(int argc, char **argv, bench_stream_opts *o)
 	*o = (bench_stream_opts){.ao = ao, .path = path, .cap = cap, .simcap = simcap, .psize = psize,
 				 .devfree = devfree, .bw = bw, .flops = flops, .tokens = tokens, .steps = steps,
 				 .pstep = pstep, .passes = passes, .every = every, .json = json, .cuda = cuda,
-				 .profile = profile, .save_profile = save_profile, .trace = trace};
+				 .profile = profile, .save_profile = save_profile, .trace = trace, .log = log};
 	return 0;
 }
 

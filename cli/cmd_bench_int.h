@@ -22,6 +22,7 @@ typedef struct bench_stream_opts {
 	int json, cuda;
 	int profile; /* 0 none, 1 given, 2 learn */
 	const char *save_profile, *trace;
+	int log; /* --log: each decision of the engine on stderr as it is made */
 } bench_stream_opts;
 
 typedef struct step_out {
@@ -54,8 +55,14 @@ typedef struct bench_stream_state {
 	uint64_t bheld;      /* --device-free: device bytes held from the start */
 	int measured;        /* cuda: compute_s is the all-resident run's step time */
 	arena_plan_info p;   /* the plan the run ended with */
+	arena_decision_info *dec; /* the engine's decisions in the run (the last 256 of them) */
+	size_t n_dec;
 	int status;          /* an exit status for a failure reported here (3: out of memory) */
 } bench_stream_state;
+
+/* One decision as a line of text (no newline): "step 4: learned: promoted 3
+ * blocks (1.20 GiB), demoted 0; ...". */
+void bench_decision_line(const arena_decision_info *d, char *buf, size_t len);
 
 /* Run o's steps (and on cuda the all-resident run) into S. Returns an arena
  * error code, or 0 with S->status set when it reported a failure itself. */

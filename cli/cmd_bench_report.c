@@ -12,6 +12,35 @@
 #include "cli.h"
 #include "cmd_bench_int.h"
 
+void bench_decision_line(const arena_decision_info *d, char *buf, size_t len)
+{
+	char b1[32], b2[32];
+	size_t k = 0;
+#define PUT(...)                                                                        \
+	do {                                                                            \
+		int w_ = snprintf(buf + k, k < len ? len - k : 0, __VA_ARGS__);         \
+		k += w_ > 0 ? (size_t)w_ : 0;                                           \
+	} while (0)
+	PUT("%s %llu: %s: promoted %u", d->between ? "before step" : "step", (unsigned long long)d->step,
+	    d->why_name ? d->why_name : "?", d->promoted);
+	if (d->promoted)
+		PUT(" block%s (%s)", cli_s(d->promoted), cli_fmt_bytes(d->promoted_bytes, b1, sizeof(b1)));
+	PUT(", demoted %u", d->demoted);
+	if (d->demoted)
+		PUT(" block%s (%s)", cli_s(d->demoted), cli_fmt_bytes(d->demoted_bytes, b1, sizeof(b1)));
+	if (d->ring_before != d->ring_after)
+		PUT("; ring %s -> %s", cli_fmt_bytes(d->ring_before, b1, sizeof(b1)),
+		    cli_fmt_bytes(d->ring_after, b2, sizeof(b2)));
+	PUT("; streams %s -> %s a step", cli_fmt_bytes(d->stream_before, b1, sizeof(b1)),
+	    cli_fmt_bytes(d->stream_after, b2, sizeof(b2)));
+	if (d->step_before_s > 0 && d->step_after_s > 0)
+		PUT("; predicted step %.4f s -> %.4f s", d->step_before_s, d->step_after_s);
+	else if (d->step_after_s > 0)
+		PUT("; predicted step %.4f s", d->step_after_s);
+	PUT("; budget %s, %s free", cli_fmt_bytes(d->budget, b1, sizeof(b1)), cli_fmt_bytes(d->free_bytes, b2, sizeof(b2)));
+#undef PUT
+}
+
 int bench_stream_report(const bench_stream_opts *o, const bench_stream_state *S)
 {
 	const step_out *out = S->out;
@@ -95,6 +124,23 @@ int bench_stream_report(const bench_stream_opts *o, const bench_stream_state *S)
 		json_object_set_new(root, "passes", json_integer(passes));
 		json_object_set_new(root, "sample_every", json_integer(every));
 		json_object_set_new(root, "steps", arr);
+		json_t *dec = json_array();
+		for (size_t i = 0; i < S->n_dec; i++) {
+			const arena_decision_info *d = &S->dec[i];
+			json_t *j = json_pack("{s:o,s:b,s:s,s:i,s:i,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:f,s:f}", "step",
+					      cli_json_u64(d->step), "between", d->between, "why",
+					      d->why_name ? d->why_name : "?", "promoted", (int)d->promoted, "demoted",
+					      (int)d->demoted, "promoted_bytes", cli_json_u64(d->promoted_bytes),
+					      "demoted_bytes", cli_json_u64(d->demoted_bytes), "resident_before",
+					      cli_json_u64(d->resident_before), "resident_after",
+					      cli_json_u64(d->resident_after), "ring_before", cli_json_u64(d->ring_before),
+					      "ring_after", cli_json_u64(d->ring_after), "budget", cli_json_u64(d->budget),
+					      "free_bytes", cli_json_u64(d->free_bytes), "stream_before",
+					      cli_json_u64(d->stream_before), "stream_after", cli_json_u64(d->stream_after),
+					      "step_before_s", d->step_before_s, "step_after_s", d->step_after_s);
+			json_array_append_new(dec, j);
+		}
+		json_object_set_new(root, "decisions", dec);
 		json_object_set_new(root, "summary",
 				    json_pack("{s:i,s:f,s:f,s:f,s:f,s:f,s:o}", "steady_from", (int)from, "step_s",
 					      sum_t / (double)cnt, "bound_s", sum_b / (double)cnt, "efficiency", eff,

@@ -102,6 +102,20 @@ static int given_profile(bench_loop *L, int cuda, double *cost)
 	return rc;
 }
 
+/* --log: the decisions made since the `*seen`th, a line each on stderr. */
+static void log_decisions(arena *a, uint64_t *seen)
+{
+	const uint64_t n = arena_decision_count(a);
+	for (; *seen < n; (*seen)++) {
+		arena_decision_info d;
+		char line[512];
+		if (arena_decision_get(a, *seen, &d))
+			continue; /* (not kept: more than 256 since the last look) */
+		bench_decision_line(&d, line, sizeof(line));
+		fprintf(stderr, "%s\n", line);
+	}
+}
+
 int bench_stream_run(const bench_stream_opts *o, bench_stream_state *S)
 {
 	const int cuda = o->cuda;
@@ -151,6 +165,9 @@ int bench_stream_run(const bench_stream_opts *o, bench_stream_state *S)
 	}
 	if (o->trace && (rc = arena_trace_begin(S->a, o->trace, 0)))
 		return rc;
+	uint64_t logged = 0;
+	if (o->log)
+		log_decisions(S->a, &logged); /* (a profile given before the run moves the plan) */
 	for (long st = 0; st < o->steps; st++) {
 		int mode = o->every && st % o->every == o->every - 1 ? ARENA_MODE_SAMPLE : o->ao.mode;
 		if (st == o->pstep) {
@@ -173,6 +190,8 @@ int bench_stream_run(const bench_stream_opts *o, bench_stream_state *S)
 			so->compute_s += bench_work_model_s(S->w, S->params[L->order[i]], L->bwd[i]);
 		if ((rc = loop_step(L, k, &so->time_s)) || (rc = arena_step_get(S->a, first + (uint64_t)st, &so->rec)))
 			return rc;
+		if (o->log)
+			log_decisions(S->a, &logged);
 	}
 	if (o->trace) {
 		if ((rc = arena_trace_end(S->a)))
@@ -189,6 +208,14 @@ int bench_stream_run(const bench_stream_opts *o, bench_stream_state *S)
 		return rc;
 	if ((rc = arena_plan_get(S->a, &S->p)))
 		return rc;
+	if (!(S->dec = calloc(257, sizeof(*S->dec)))) {
+		fprintf(stderr, "error: out of memory\n");
+		S->status = 3;
+		return 0;
+	}
+	for (uint64_t n = arena_decision_count(S->a), i = n > 256 ? n - 256 : 0; i < n; i++)
+		if (arena_decision_get(S->a, i, &S->dec[S->n_dec]) == 0)
+			S->n_dec++;
 	bench_work_give(S->w, S->a);
 	/* The bound's compute. sim: the modelled work, exactly. cuda: a run of
 	 * the same kinds of steps with every block resident (no cap, nothing
@@ -257,4 +284,5 @@ void bench_stream_free(bench_stream_state *S)
 	free(S->L.order);
 	free(S->L.bwd);
 	free(S->cost);
+	free(S->dec);
 }

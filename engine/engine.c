@@ -242,6 +242,7 @@ void arena_engine_free(arena_engine *e)
 	arena_free(e->res_held);
 	arena_free(e->near);
 	arena_free(e->hist);
+	arena__engine_decide_free(e);
 	arena_free(e->cost);
 	arena_residency_plan_release(&e->plan);
 	arena_free(e);
@@ -343,7 +344,7 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	e->msched[0] = arena_calloc(ns, sizeof(uint32_t));
 	e->msched[1] = arena_calloc(ns, sizeof(uint32_t));
 	if (rr || rs || !e->seq || !e->obs || !e->held || !e->msched[0] || !e->msched[1] ||
-	    !e->ev_use || !e->ev_fill || !e->res_held || !e->near || !e->hist) {
+	    !e->ev_use || !e->ev_fill || !e->res_held || !e->near || !e->hist || arena__engine_decide_init(e)) {
 		rc = arena_errorf(ARENA_E_NOMEM, "engine: out of memory");
 		goto fail;
 	}
@@ -406,6 +407,9 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 		goto fail;
 	e->rec.demotions = 0;
 	e->rec.promoted_bytes = 0;
+	/* The plan made here is the first, no decision: what the next is explained against. */
+	arena__engine_seen(e, budget, free_b, held);
+	arena__engine_why_settle(e);
 	*out = e;
 	return 0;
 fail:
@@ -600,10 +604,12 @@ int arena_engine_step_end(arena_engine *e)
 	e->fetched = carry;
 	rc = arena__engine_release_hosts(e);
 	arena__engine_rest_step_end(e);
+	e->ending = 1; /* (the decisions made here are this step end's) */
 	if (!rc)
 		rc = arena__engine_adapt(e, learned);
 	if (!rc)
 		rc = arena__engine_learn_end(e);
+	e->ending = 0;
 	e->rec.step = e->steps;
 	e->rec.resident_bytes = e->plan.resident_bytes;
 	e->rec.slot_bytes = e->plan.n_streamed ? e->plan.slot_bytes : 0;

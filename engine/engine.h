@@ -15,7 +15,8 @@
  * The budget is the device memory the engine may use for weights. The cap
  * is the whole process's (include/arena.h, "The process's device memory"):
  *   with a cap:  cap - other - max(rest, reserve) - headroom
- *   always:      free + what the engine holds - max(0, reserve - rest) - headroom
+ *   always:      free + what the engine holds - max(0, reserve - rest)
+ *                - max(headroom, share)
  * the lesser of the two, where `other` is what the process holds beside
  * the engine and the rest of it (its CUDA context: opts other, measured),
  * `rest` what the rest (torch's allocator) holds now, as the caller last
@@ -23,8 +24,9 @@
  * peak in a step: given, the default, or learned per mode and work
  * (learn_rest; a work not seen plans the smallest plan unless the whole
  * model fits in half of what there is).
- * headroom (physical slack) defaults to min(512 MiB, 2% of total); reserve
- * (working memory for activations) to 1 GiB for sample and 4 GiB for train,
+ * `share` is what the plan leaves free for other programs (opts share; 0
+ * none). headroom (physical slack) defaults to min(512 MiB, 2% of total);
+ * reserve (working memory for activations) to 1 GiB for sample and 4 GiB for train,
  * at most a quarter of what is left after the headroom. If everything fits,
  * everything is resident. Otherwise the streamed blocks go through a ring:
  * one device buffer of `slots` times the largest streamed block, slots =
@@ -293,6 +295,13 @@ typedef struct arena_engine_opts {
 	 * a ring of the largest streamed piece no longer does once the largest
 	 * pieces have become resident. */
 	uint64_t min_slot;
+	/* Device bytes left free for other programs at every step end
+	 * (arena_open_options.share_card, resolved): the budget's free-memory
+	 * side keeps max(headroom, share) free instead of the headroom, so that
+	 * another program's allocation finds room, and when the device's free
+	 * memory falls under it the next adapt demotes (a decision whose why
+	 * is ARENA_WHY_YIELD). 0 = none. */
+	uint64_t share;
 } arena_engine_opts;
 
 /* The library's defaults (the CLI's too): sample mode, automatic headroom and
@@ -558,6 +567,26 @@ typedef struct arena_engine_step {
 	int move_held;
 } arena_engine_step;
 
+/* One change of the plan (include/arena.h's arena_decision_info, less
+ * why_name): made by step_end's adapt or a look taken there, or between
+ * steps by set_mode, set_schedule, set_profile or a rest report; recorded
+ * when blocks moved or the ring's bytes changed. */
+typedef struct arena_engine_decision {
+	uint64_t step;  /* the engine's step count when made: the record that counts its moves */
+	int between;    /* made between steps (not in step_end) */
+	int why;        /* ARENA_WHY_* */
+	unsigned promoted, demoted;
+	uint64_t promoted_bytes, demoted_bytes;
+	uint64_t resident_before, resident_after;
+	uint64_t ring_before, ring_after;
+	uint64_t budget, free_bytes;
+	uint64_t stream_before, stream_after;
+	double step_before_s, step_after_s;
+} arena_engine_decision;
+
+/* The name of an ARENA_WHY_* value ("learned", ...; "?" for another). */
+const char *arena_engine_why_name(int why);
+
 typedef struct arena_engine arena_engine;
 
 /* Plan for `m` on its backend and set it up: resident blocks on the device
@@ -612,9 +641,12 @@ int arena_engine_set_schedule(arena_engine *e, const uint32_t *sched, size_t n);
  * the most it held since the last report (0: now), and the key of the next
  * step's work (0: the same): include/arena.h's arena_rest_report. Counted
  * from the next step end on (see the budget above); between steps, another
- * work is planned for at once (demotions when it needs more room). Errors:
- * the engine's device errors. */
-int arena_engine_rest_report(arena_engine *e, uint64_t now, uint64_t peak, uint64_t work);
+ * work is planned for at once (demotions when it needs more room). flags
+ * ARENA_REST_OOM: the peak is what the rest needed when it ran out of
+ * memory: the moves it causes are recorded as ARENA_WHY_OOM, and told
+ * between steps it is learned for the coming work and planned for at once.
+ * Errors: the engine's device errors. */
+int arena_engine_rest_report(arena_engine *e, uint64_t now, uint64_t peak, uint64_t work, unsigned flags);
 /* The same with now = peak = bytes and the same work. */
 void arena_engine_set_rest(arena_engine *e, uint64_t bytes);
 /* The process's device memory as the engine sees it now (arena_memory_get). */
@@ -666,6 +698,10 @@ const arena_residency_plan *arena_engine_plan(const arena_engine *e);
 int arena_engine_step_record(const arena_engine *e, uint64_t step, arena_engine_step *out);
 /* Steps ended so far. */
 uint64_t arena_engine_steps(const arena_engine *e);
+/* Decisions recorded so far, and decision i: 0, or NOT_FOUND when it is not
+ * (or no longer: the last ARENA_ENGINE_HISTORY) kept. */
+uint64_t arena_engine_decisions(const arena_engine *e);
+int arena_engine_decision_get(const arena_engine *e, uint64_t i, arena_engine_decision *out);
 /* Plans made so far (the planner's runs: at create, when the budget, mode,
  * schedule or profile change, and every 64 steps; not every step). */
 uint64_t arena_engine_plans_made(const arena_engine *e);

@@ -20,6 +20,8 @@
  *   engine_learn.c  learning: device timing, the compute profile and step
  *                   gap learned from it, looks at that profile planned on a
  *                   thread, the order the caller runs
+ *   engine_decide.c the record of decisions: one per change of the plan,
+ *                   what moved and why
  * The planner they run is pure (residency.c, residency_timed.c:
  * residency_int.h). */
 #ifndef ARENA_ENGINE_INT_H
@@ -220,7 +222,37 @@ struct arena_engine {
 		int rc;
 		char msg[1024];
 	} look;
+	/* --- engine_decide.c: the record of decisions ------------------------------ */
+	/* Moves counted as they are made (demote, promote): a decision is the
+	 * difference across a change of the plan. */
+	uint64_t mv_prom_n, mv_dem_n, mv_prom_b, mv_dem_b;
+	arena_engine_decision *dec; /* ARENA_ENGINE_HISTORY kept, decision i at i % that */
+	uint64_t n_dec;
+	uint8_t *dec_res; /* the resident set at decide_begin (n_blocks) */
+	int ending; /* inside step_end: its decisions are not `between` */
+	/* What the budget was read from at the last planning point (budget_now):
+	 * the budget, the free memory, the device memory that is not other
+	 * programs' (free + the engine's + the rest's as reported: `avail`), what
+	 * the rest takes of it at its peak (`need`: the larger of what it holds
+	 * and its reserve; `unknown`: a work not seen, the safe plan), and the
+	 * same at the last decision (or at the last step end with nothing to do:
+	 * the basis a move is explained against). rest_oom: a report of an
+	 * out-of-memory since the last adapt. */
+	uint64_t seen_budget, seen_free, seen_avail, seen_need;
+	int seen_unknown;
+	uint64_t why_avail, why_need;
+	int why_unknown;
+	int rest_oom;
 };
+
+/* A plan about to change (arena__engine_decide_begin) and the record made
+ * of it once it has (decide_end). */
+typedef struct arena__decide_snap {
+	uint64_t resident, ring, stream;
+	double step_s;  /* the plan's predicted step before */
+	double after_s; /* after, when a caller predicted both (a look); 0: the plan's step_s after */
+	uint64_t prom_n, dem_n, prom_b, dem_b;
+} arena__decide_snap;
 
 /* --- helpers every part uses ------------------------------------------------ */
 
@@ -338,6 +370,9 @@ int arena__engine_adapt(arena_engine *e, int new_sched);
  * as used (may be NULL). */
 uint64_t arena__engine_budget(arena_engine *e, uint64_t free_b, uint64_t total, uint64_t held, uint64_t stage,
 			      uint64_t *headroom, uint64_t *reserve);
+/* A budget read (budget_now): what a decision says it was made for, and the
+ * inputs it is explained by (engine_decide.c); held: the engine's device bytes. */
+void arena__engine_seen(arena_engine *e, uint64_t budget, uint64_t free_b, uint64_t held);
 /* The device bytes the engine has allocated: resident blocks, the ring, the
  * stages, with their rounding. */
 uint64_t arena__engine_alloc_bytes(const arena_engine *e);
@@ -372,5 +407,25 @@ void arena__engine_profile_cover(arena_engine *e);
 int arena__engine_learn_end(arena_engine *e);
 /* Wait for a look and drop it. */
 void arena__engine_look_free(struct look *k);
+
+/* --- engine_decide.c: the record of decisions ------------------------------- */
+
+/* Create: the records (NOMEM); free: them. */
+int arena__engine_decide_init(arena_engine *e);
+void arena__engine_decide_free(arena_engine *e);
+/* Before a change of the plan: what it is now. */
+void arena__engine_decide_begin(arena_engine *e, arena__decide_snap *s);
+/* After it: a record, with `why`, when blocks moved or the ring's bytes
+ * changed since s; the basis the next move is explained against becomes
+ * the inputs read now. */
+void arena__engine_decide_end(arena_engine *e, const arena__decide_snap *s, int why);
+/* Why adapt moves (grow: promotions into room, else demotions): the input
+ * that moved most since the basis (the device's free memory: PRESSURE, or
+ * YIELD under a share; the rest's need: NEED, or OOM after an out-of-memory
+ * report), else LEARNED (new_sched: the order learned this step, or a
+ * learned profile in force) or REPLAN. */
+int arena__engine_why(const arena_engine *e, int grow, int new_sched);
+/* The inputs read now become the basis (adapt found nothing to do). */
+void arena__engine_why_settle(arena_engine *e);
 
 #endif

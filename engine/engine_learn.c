@@ -558,7 +558,12 @@ static int look_take(arena_engine *e)
 	    arena__engine_move_pays(e, t.resident, NULL, now_t - t.step_s)) {
 		e->rec.profile_learned = 1;
 		e->room_steps = 0;
+		arena__decide_snap snap;
+		arena__engine_decide_begin(e, &snap);
+		snap.step_s = now_t; /* both plans by the profile the look planned with */
+		snap.after_s = t.step_s;
 		rc = arena__engine_apply(e, t.resident);
+		arena__engine_decide_end(e, &snap, ARENA_WHY_LEARNED);
 	} else {
 		const double p = arena__engine_predict(e); /* the plan stays; the profile predicts it now */
 		if (p > 0)

@@ -90,6 +90,8 @@ int arena__engine_demote(arena_engine *e, uint32_t b)
 	}
 	e->plan.resident[b] = 0;
 	e->rec.demotions++;
+	e->mv_dem_n++;
+	e->mv_dem_b += e->l->blocks[b].bytes;
 	if (e->tr)
 		arena_trace_instant(e->tr, ARENA_TRACE_DEMOTE, b, e->steps, e->l->blocks[b].bytes);
 	return 0;
@@ -178,6 +180,8 @@ int arena__engine_promote(arena_engine *e, uint32_t b)
 		}
 		e->rec.promoted_bytes += sz;
 		e->rec.moved_bytes += arena__engine_moved_bytes(e, b);
+		e->mv_prom_n++;
+		e->mv_prom_b += sz;
 		if (e->tr)
 			arena_trace_instant(e->tr, ARENA_TRACE_PROMOTE, b, e->steps, sz);
 	}

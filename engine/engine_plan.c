@@ -5,7 +5,8 @@
  * Invariants:
  *   1. The budget is engine.h's: under a cap, cap - other - max(rest,
  *      reserve) - headroom, and never more than free + what the engine holds
- *      - max(0, reserve - rest) - headroom; less the coded copies' stages.
+ *      - max(0, reserve - rest) - max(headroom, share); less the coded
+ *      copies' stages.
  *      What the engine holds counts the rounding of its device allocations
  *      (own_rounding). `other` is read at each budget (measure_other).
  *   5. With learn_rest, the reserve is the need learned for the next
@@ -23,7 +24,10 @@
  *      budget only when nothing more can be demoted (engine.h invariant 4:
  *      over_budget, or BUDGET with strict).
  *   4. The mode and the profile change only between steps, and a change
- *      drops the entries fetched ahead for the next step. */
+ *      drops the entries fetched ahead for the next step.
+ *   6. Every change of the plan adapt, take_plan or set_profile makes is
+ *      bracketed by decide_begin/decide_end (engine_decide.c), with its why;
+ *      budget_now records what each budget was read from (arena__engine_seen). */
 #include "engine_int.h"
 
 #include <stdio.h>
@@ -295,6 +299,15 @@ uint64_t arena__engine_budget(arena_engine *e, uint64_t free_b, uint64_t total, 
 	return b;
 }
 
+void arena__engine_seen(arena_engine *e, uint64_t budget, uint64_t free_b, uint64_t held)
+{
+	e->seen_budget = budget;
+	e->seen_free = free_b;
+	e->seen_avail = arena_size_add(arena_size_add(free_b, held), e->o.rest);
+	e->seen_need = e->o.rest > e->plan.reserve ? e->o.rest : e->plan.reserve;
+	e->seen_unknown = e->o.reserve == ARENA_ENGINE_REST_UNKNOWN;
+}
+
 /* The weights budget now (engine.h): the device's free memory read again,
  * what the engine holds (`used`, its stages, the rounding of its
  * allocations) counted in; less what the process holds beside the engine
@@ -314,6 +327,7 @@ static int budget_now(arena_engine *e, uint64_t used, uint64_t *budget, uint64_t
 	*budget = arena__engine_budget(e, free_b, total, held, st, &e->plan.headroom, &e->plan.reserve);
 	*budget = *budget > st ? *budget - st : 0; /* the coded copies' stages stay */
 	*free_out = free_b;
+	arena__engine_seen(e, *budget, free_b, held);
 	return 0;
 }
 
@@ -371,18 +385,28 @@ int arena__engine_adapt(arena_engine *e, int new_sched)
 		arena__engine_refresh(e);
 	}
 	unsigned hyst = e->o.hysteresis ? e->o.hysteresis : ARENA_ENGINE_DEFAULT_HYSTERESIS;
+	arena__decide_snap snap;
+	arena__engine_decide_begin(e, &snap);
+	int why = 0;
 	if (dev_alloc(e) > budget) {
 		e->room_steps = 0;
+		why = arena__engine_why(e, 0, new_sched);
 		rc = arena__engine_apply(e, arena__engine_near_set(e, &t, budget, 0));
 	} else if (room_better(e, &t)) {
 		if (++e->room_steps >= hyst || e->room_now) {
 			e->room_steps = 0;
+			why = arena__engine_why(e, 1, new_sched);
 			rc = arena__engine_apply(e, arena__engine_near_set(e, &t, budget, 1));
 		}
 	} else {
 		e->room_steps = 0;
 	}
+	if (why)
+		arena__engine_decide_end(e, &snap, why);
+	else if (!e->room_steps) /* nothing to do, nothing pending: what the next move is explained against */
+		arena__engine_why_settle(e);
 	e->room_now = 0;
+	e->rest_oom = 0;
 	arena_residency_plan_release(&t);
 	if (!rc && dev_alloc(e) > budget) {
 		e->rec.over_budget = 1;
@@ -396,11 +420,14 @@ int arena__engine_adapt(arena_engine *e, int new_sched)
 }
 
 /* Between steps, after plan t for `budget` under new options (a mode, a
- * schedule given): take its schedule and ring; the resident blocks stay as
- * they are where they fit, else t's set is moved to at once. Releases t. */
-static int take_plan(arena_engine *e, arena_residency_plan *t, uint64_t budget)
+ * schedule given: `why`): take its schedule and ring; the resident blocks
+ * stay as they are where they fit, else t's set is moved to at once.
+ * Releases t. */
+static int take_plan(arena_engine *e, arena_residency_plan *t, uint64_t budget, int why)
 {
 	int rc;
+	arena__decide_snap snap;
+	arena__engine_decide_begin(e, &snap);
 	take_sched(e, t);
 	arena__engine_refresh(e); /* the resident blocks as they are, with the new schedule and ring */
 	if (e->plan.need_bytes > budget)
@@ -409,6 +436,7 @@ static int take_plan(arena_engine *e, arena_residency_plan *t, uint64_t budget)
 		rc = arena__engine_fit_ring(e);
 	if (!rc)
 		arena__engine_refresh(e);
+	arena__engine_decide_end(e, &snap, why);
 	arena_residency_plan_release(t);
 	e->room_steps = 0;
 	return rc;
@@ -459,7 +487,7 @@ int arena_engine_set_schedule(arena_engine *e, const uint32_t *sched, size_t n)
 	}
 	arena_free(keep);
 	e->n_slots = arena__ring_slots(&e->o);
-	return arena__engine_fail(e, take_plan(e, &t, budget));
+	return arena__engine_fail(e, take_plan(e, &t, budget, ARENA_WHY_SCHEDULE));
 }
 
 int arena_engine_set_mode(arena_engine *e, int mode)
@@ -502,7 +530,7 @@ int arena_engine_set_mode_ring(arena_engine *e, int mode, unsigned depth)
 		return rc == ARENA_E_USAGE ? rc : arena__engine_fail(e, rc);
 	}
 	e->n_slots = arena__ring_slots(&e->o);
-	return arena__engine_fail(e, take_plan(e, &t, budget));
+	return arena__engine_fail(e, take_plan(e, &t, budget, ARENA_WHY_MODE));
 }
 
 int arena_engine_set_profile(arena_engine *e, const double *cost, double h2d_bytes_per_s, double backward_factor)
@@ -537,7 +565,10 @@ int arena_engine_set_profile(arena_engine *e, const double *cost, double h2d_byt
 	e->cur = 0;
 	arena__engine_drop_ahead(e);
 	e->begun = 0;
+	arena__decide_snap snap;
+	arena__engine_decide_begin(e, &snap);
 	rc = arena__engine_apply(e, t.resident);
+	arena__engine_decide_end(e, &snap, ARENA_WHY_PROFILE);
 	arena_residency_plan_release(&t);
 	return arena__engine_fail(e, rc);
 }
@@ -580,27 +611,33 @@ static void rest_need(arena_engine *e)
 	}
 }
 
+/* Learn that the rest held `peak` at most in a step of the mode in force
+ * and work `key` (learn_rest). */
+static void work_learn(arena_engine *e, uint64_t key, uint64_t peak)
+{
+	struct engine_work *w = work_find(e, e->o.mode, key);
+	if (!w) {
+		unsigned k = e->n_works;
+		if (k == ENGINE_REST_WORKS) { /* the least recently used goes */
+			k = 0;
+			for (unsigned i = 1; i < e->n_works; i++)
+				if (e->works[i].used < e->works[k].used)
+					k = i;
+		} else {
+			e->n_works++;
+		}
+		w = &e->works[k];
+		*w = (struct engine_work){.key = key, .mode = e->o.mode};
+	}
+	if (peak > w->peak)
+		w->peak = peak;
+	w->used = ++e->work_clock;
+}
+
 void arena__engine_rest_step_end(arena_engine *e)
 {
-	if (e->o.learn_rest && e->rest_reported) {
-		struct engine_work *w = work_find(e, e->o.mode, e->work);
-		if (!w) {
-			unsigned k = e->n_works;
-			if (k == ENGINE_REST_WORKS) { /* the least recently used goes */
-				k = 0;
-				for (unsigned i = 1; i < e->n_works; i++)
-					if (e->works[i].used < e->works[k].used)
-						k = i;
-			} else {
-				e->n_works++;
-			}
-			w = &e->works[k];
-			*w = (struct engine_work){.key = e->work, .mode = e->o.mode};
-		}
-		if (e->rest_peak > w->peak)
-			w->peak = e->rest_peak;
-		w->used = ++e->work_clock;
-	}
+	if (e->o.learn_rest && e->rest_reported)
+		work_learn(e, e->work, e->rest_peak);
 	if (e->rest_reported)
 		e->work = e->next_work;
 	e->rest_peak = e->o.rest;
@@ -608,7 +645,7 @@ void arena__engine_rest_step_end(arena_engine *e)
 	rest_need(e);
 }
 
-int arena_engine_rest_report(arena_engine *e, uint64_t now, uint64_t peak, uint64_t work)
+int arena_engine_rest_report(arena_engine *e, uint64_t now, uint64_t peak, uint64_t work, unsigned flags)
 {
 	if (e->state == ST_FAILED)
 		return e->failed_rc;
@@ -617,20 +654,30 @@ int arena_engine_rest_report(arena_engine *e, uint64_t now, uint64_t peak, uint6
 		peak = now;
 	if (peak > e->rest_peak)
 		e->rest_peak = peak;
+	if (flags & ARENA_REST_OOM)
+		e->rest_oom = 1; /* the moves this need causes are the out-of-memory's (engine_decide.c) */
 	if (e->state == ST_STEP) { /* the step that ends: its successor's work */
 		e->next_work = work ? work : e->work;
 		e->rest_reported = 1;
 		return 0;
 	}
-	if (!work || work == e->work)
+	const int oom = !!(flags & ARENA_REST_OOM);
+	if (!oom && (!work || work == e->work))
 		return 0;
-	/* Between steps, another work: the step about to begin is planned for it
-	 * now, as a mode change is (what was fetched for it under the old plan
-	 * goes; a need larger than the room demotes at once). */
-	e->work = e->next_work = work;
+	/* Between steps, another work, or what the rest needed when it ran out of
+	 * memory: the step about to begin is planned for it now, as a mode
+	 * change is (what was fetched for it under the old plan goes; a need
+	 * larger than the room demotes at once), so that a step run again after
+	 * an out-of-memory finds that room. */
+	if (work)
+		e->work = e->next_work = work;
 	uint64_t old = e->o.reserve;
+	if (oom && e->o.learn_rest) {
+		work_learn(e, e->work, peak);
+		e->rest_peak = e->o.rest;
+	}
 	rest_need(e);
-	if (e->o.reserve == old)
+	if (e->o.reserve == old && !oom)
 		return 0;
 	e->cur = 0;
 	arena__engine_drop_ahead(e);
@@ -640,7 +687,7 @@ int arena_engine_rest_report(arena_engine *e, uint64_t now, uint64_t peak, uint6
 
 void arena_engine_set_rest(arena_engine *e, uint64_t bytes)
 {
-	(void)arena_engine_rest_report(e, bytes, bytes, 0); /* (work 0: nothing planned here) */
+	(void)arena_engine_rest_report(e, bytes, bytes, 0, 0); /* (work 0: nothing planned here) */
 }
 
 int arena_engine_memory(arena_engine *e, arena_memory_info *out)
@@ -660,8 +707,10 @@ int arena_engine_memory(arena_engine *e, arena_memory_info *out)
 		uint64_t used = arena_size_add(arena_size_add(e->o.other, alloc), h / 2);
 		limit = e->o.cap > used ? e->o.cap - used : 0;
 	}
+	const uint64_t slack = e->o.share > h ? e->o.share : h; /* what the plan leaves free */
 	if (e->o.reserve == ARENA_ENGINE_REST_UNKNOWN) /* all it may take */
-		need = e->o.cap ? limit : (arena_size_add(free_b, e->o.rest) > h ? arena_size_add(free_b, e->o.rest) - h : 0);
+		need = e->o.cap ? limit
+				: (arena_size_add(free_b, e->o.rest) > slack ? arena_size_add(free_b, e->o.rest) - slack : 0);
 	*out = (arena_memory_info){.cap = e->o.cap,
 				   .process = proc,
 				   .other = e->o.other,
@@ -672,7 +721,8 @@ int arena_engine_memory(arena_engine *e, arena_memory_info *out)
 				   .headroom = h,
 				   .learned = e->o.learn_rest && e->o.reserve != ARENA_ENGINE_REST_UNKNOWN,
 				   .other_measured = e->other_measured,
-				   .works = e->n_works};
+				   .works = e->n_works,
+				   .share_card = e->o.share};
 	return 0;
 }
 

@@ -91,7 +91,10 @@ void arena_residency_budget(uint64_t total, uint64_t free_bytes, const arena_eng
 	uint64_t capleft = UINT64_MAX;
 	if (o->cap)
 		capleft = o->cap > arena_size_add(o->other, h) ? o->cap - o->other - h : 0;
-	uint64_t physleft = free_bytes > h ? free_bytes - h : 0;
+	/* (what the plan leaves free: the headroom, or the share left to
+	 * other programs when that is more) */
+	const uint64_t slack = o->share > h ? o->share : h;
+	uint64_t physleft = free_bytes > slack ? free_bytes - slack : 0;
 	uint64_t left = capleft < physleft ? capleft : physleft;
 	if (w == ARENA_ENGINE_AUTO) {
 		w = o->mode == ARENA_MODE_TRAIN ? (4ull << 30) : (1ull << 30);

@@ -368,10 +368,31 @@ typedef struct arena_open_options {
 	 * (a CUDA context: 0.5-0.7 GiB on an H200), counted in the process's
 	 * memory under the cap; 0 = none. */
 	uint64_t sim_context;
+	/* Other programs on the card. Without a vram_cap the weights' budget
+	 * follows the device's free memory, and another program's allocation
+	 * that finds no room simply fails: arena cannot see it. share_card
+	 * leaves this many device bytes free at every step end (the larger of
+	 * it and the headroom, beside what the rest of the process needs), and
+	 * when the device's free memory falls under it (another program took
+	 * memory) the next step end gives memory back: blocks are demoted until
+	 * that much is free again, or as far as the smallest plan goes (a
+	 * decision whose why is ARENA_WHY_YIELD); when the memory comes back,
+	 * blocks are promoted again, the share still left free. Its cost: the
+	 * weights it keeps off the device are streamed, each step copying them
+	 * (arena_plan_info's stream_bytes_per_step; docs/TUNING.md). 0 = none;
+	 * ARENA_SHARE_CARD_DEFAULT = the lesser of a tenth of the device's
+	 * memory and 2 GiB. With vram_cap: USAGE (a cap leaves the rest of the
+	 * card to other programs already). */
+	uint64_t share_card;
+	/* The same as a fraction of the device's memory, above 0 and below 1;
+	 * 0 = share_card says. Both given: USAGE. */
+	double share_card_fraction;
 } arena_open_options;
 
 /* arena_open_options.piece_size: chosen from the budget (see there). */
 #define ARENA_PIECE_AUTO UINT64_MAX
+/* arena_open_options.share_card: min(a tenth of the device, 2 GiB). */
+#define ARENA_SHARE_CARD_DEFAULT UINT64_MAX
 
 /* Open `path` with `opt` (NULL = defaults). On success *out holds the one
  * reference; on failure *out is NULL and arena_last_error() says why.
@@ -556,9 +577,11 @@ ARENA_API int arena_step_end(arena *a);
  * arena_sim_rest). So the weights' budget for a step is
  *
  *     with a cap:  cap - other - max(rest now, rest need) - headroom
- *     always:      free + arena's own - max(0, rest need - rest now) - headroom
+ *     always:      free + arena's own - max(0, rest need - rest now)
+ *                  - max(headroom, share_card)
  *
- * (the lesser of the two), where `other` is what the process holds beside
+ * (the lesser of the two; share_card, without a cap, what the plan leaves
+ * other programs: arena_open_options), where `other` is what the process holds beside
  * arena and the rest (its context: the process's figure less both, read at
  * each step end; where the backend cannot read it, the device's use at
  * open less both, at most 1 GiB) and `rest need` is what the rest needs at
@@ -594,7 +617,16 @@ typedef struct arena_rest_info {
 	uint64_t now;
 	uint64_t peak;
 	uint64_t work;
+	unsigned flags; /* ARENA_REST_OOM, or 0 */
 } arena_rest_info;
+/* arena_rest_info.flags: `peak` is what the rest needed when it ran out of
+ * device memory (torch's out-of-memory: what it held and asked for). The
+ * plan changes it makes are recorded with why ARENA_WHY_OOM. Told between
+ * steps, it is planned for at once (blocks demoted now, not at the next
+ * step end: with ARENA_OPEN_LEARN_REST the peak is learned for the work of
+ * the step about to begin; without, `now` counts), so that the step can be
+ * run again with that room. */
+#define ARENA_REST_OOM 1u
 ARENA_API int arena_rest_report(arena *a, const arena_rest_info *r);
 /* The same with now = peak = bytes, work 0 (the call of releases before
  * learning; kept as it was). */
@@ -618,6 +650,8 @@ typedef struct arena_memory_info {
 			      * given or the default; or, learning, a work not seen: the safe plan) */
 	int other_measured;  /* other was read from the driver (1) or estimated (0) */
 	unsigned works;      /* works learned so far */
+	uint64_t share_card; /* device bytes the plan leaves free for other programs at every
+			      * step end (arena_open_options.share_card resolved); 0 = none */
 } arena_memory_info;
 /* 0, or USAGE (not live, NULL out). */
 ARENA_API int arena_memory_get(const arena *a, arena_memory_info *out);
@@ -695,6 +729,58 @@ ARENA_API uint64_t arena_step_count(const arena *a);
 /* The record of step `step`: 0, or NOT_FOUND when it is not (or no longer:
  * the last 256 are kept) there. */
 ARENA_API int arena_step_get(const arena *a, uint64_t step, arena_step_info *out);
+
+/* ---- decisions: why the plan changed ------------------------------------------
+ * Each change of the plan (blocks promoted to the device or demoted from it,
+ * the ring made anew) is recorded once, with what moved, why, and the step
+ * the plan predicts before and after. `arena bench stream --log` prints them;
+ * Python's Arena.decisions() and the adapter's Handle.decisions() return them. */
+
+/* Why the plan changed. The engine names the input that moved most since
+ * the last change: the device's free memory (PRESSURE, YIELD) or what the
+ * rest of the process needs (NEED, OOM); a move neither explains comes from
+ * what it learned (LEARNED) or is the plan made anew (REPLAN). */
+enum {
+	ARENA_WHY_LEARNED = 1, /* the compute profile learned on the device (a look at it), or the order
+				* learned from the steps run */
+	ARENA_WHY_PRESSURE,    /* the device's free memory changed: another program took memory
+				* (demotions) or gave it back (promotions) */
+	ARENA_WHY_YIELD,       /* share_card: another program took memory: blocks demoted so that the
+				* share is free again */
+	ARENA_WHY_NEED,        /* the rest of the process needs more (demotions) or less (promotions):
+				* its need learned per work, a work told, what it holds now */
+	ARENA_WHY_OOM,         /* the same, its need told after it ran out of memory (ARENA_REST_OOM) */
+	ARENA_WHY_MODE,        /* arena_set_mode */
+	ARENA_WHY_SCHEDULE,    /* arena_schedule_set */
+	ARENA_WHY_PROFILE,     /* arena_profile_set */
+	ARENA_WHY_REPLAN       /* the plan made anew with none of the above moved (it is made again every
+				* 64 steps; a move held back before) */
+};
+
+typedef struct arena_decision_info {
+	uint64_t step;           /* the step whose record (arena_step_get) counts it: the step at whose
+				  * end it was made, or, made between steps (a mode, schedule, profile
+				  * or need told), the step about to begin */
+	int between;             /* 1: made between steps; 0: at the step's end */
+	int why;                 /* ARENA_WHY_* */
+	const char *why_name;    /* "learned", "pressure", "yield", "need", "oom", "mode", "schedule",
+				  * "profile", "replan" (static) */
+	unsigned promoted, demoted;             /* blocks (pieces, in a model in pieces) */
+	uint64_t promoted_bytes, demoted_bytes;
+	uint64_t resident_before, resident_after; /* resident bytes, globals included */
+	uint64_t ring_before, ring_after;         /* the ring's device bytes */
+	uint64_t budget;         /* the weights' budget it was made for */
+	uint64_t free_bytes;     /* the device's free memory read then */
+	uint64_t stream_before, stream_after;     /* bytes a steady step streams, predicted */
+	double step_before_s, step_after_s;       /* a steady step, predicted by the compute profile
+						   * in force (given or learned); 0 without one */
+} arena_decision_info;
+
+/* Decisions made so far (the plan as arena_open made it is none). */
+ARENA_API uint64_t arena_decision_count(const arena *a);
+/* Decision i (0 the first): 0, or NOT_FOUND when it is not (or no longer:
+ * the last 256 are kept) there. USAGE: not live, NULL out. */
+ARENA_API int arena_decision_get(const arena *a, uint64_t i, arena_decision_info *out);
 
 /* The plan in force. */
 typedef struct arena_plan_info {

@@ -186,6 +186,7 @@ size_t arena_sizeof(const char *n)
 		{"arena_verify_options", sizeof(arena_verify_options)},
 		{"arena_verify_info", sizeof(arena_verify_info)},
 		{"arena_share_info", sizeof(arena_share_info)},
+		{"arena_decision_info", sizeof(arena_decision_info)},
 	};
 	for (size_t i = 0; n && i < sizeof(t) / sizeof(t[0]); i++)
 		if (!strcmp(t[i].name, n))
@@ -233,7 +234,30 @@ int arena__engine_opts(const arena_open_options *o, arena_engine_opts *e)
 	e->release_host = !!(o->flags & ARENA_OPEN_RELEASE_HOST);
 	/* a reserve given is used as it is: nothing to learn */
 	e->learn_rest = (o->flags & ARENA_OPEN_LEARN_REST) && !o->reserve;
+	if (o->share_card_fraction != 0 && !(o->share_card_fraction > 0 && o->share_card_fraction < 1))
+		return arena_errorf(ARENA_E_USAGE,
+				    "arena_open: share_card_fraction %g is not a fraction of the device above 0 and below 1",
+				    o->share_card_fraction);
+	if (o->share_card && o->share_card_fraction != 0)
+		return arena_errorf(ARENA_E_USAGE, "arena_open: share_card and share_card_fraction both given: give one");
+	if ((o->share_card || o->share_card_fraction != 0) && o->vram_cap)
+		return arena_errorf(ARENA_E_USAGE,
+				    "arena_open: share_card leaves other programs room where arena follows the device's "
+				    "free memory (no vram cap); with a vram cap the process holds at most the cap and the "
+				    "rest of the card is theirs already: give vram or share_card, not both");
 	return 0;
+}
+
+/* The bytes share_card leaves free on a device of `total` bytes (0: none). */
+static uint64_t share_card_of(const arena_open_options *o, uint64_t total)
+{
+	if (o->share_card_fraction > 0)
+		return (uint64_t)((double)total * o->share_card_fraction);
+	if (o->share_card == ARENA_SHARE_CARD_DEFAULT) {
+		const uint64_t tenth = total / 10;
+		return tenth < (2ull << 30) ? tenth : 2ull << 30;
+	}
+	return o->share_card;
 }
 
 /* What open's place callback needs. */
@@ -383,6 +407,10 @@ static int place(void *ctx, const arena_layout *l, uint64_t stage, const uint64_
 		return rc;
 	open_other(a, free_b, total);
 	arena_residency_budget(total, free_b, o, &budget, &headroom, &reserve);
+	/* what the plan leaves free, for the messages: the headroom, or the share
+	 * left to other programs when that is more */
+	const uint64_t slack = o->share > headroom ? o->share : headroom;
+	const char *slack_is = o->share > headroom ? "share_card left free" : "headroom";
 	arena_residency_plan p;
 	if (o->learn_rest) { /* nothing seen yet: the safe plan (engine.h) */
 		uint64_t b0 = budget; /* with no reserve (learn_rest: reserve unknown) */
@@ -398,14 +426,14 @@ static int place(void *ctx, const arena_layout *l, uint64_t stage, const uint64_
 			const uint64_t dev = arena_size_add(free_b, o->other);
 			uint64_t avail = o->cap && o->cap < dev ? o->cap : dev;
 			return arena_errorf(ARENA_E(BUDGET),
-					    "%s: does not fit: %s %s leaves %s after the process's context (%s) and headroom "
+					    "%s: does not fit: %s %s leaves %s after the process's context (%s) and %s "
 					    "(%s); its smallest plan needs %s: give vram of at least %s, plus what torch "
 					    "needs at its peak in a step",
 					    c->path, o->cap && o->cap <= dev ? "vram" : "the device's free",
 					    arena_size_str(avail, s1, sizeof(s1)), arena_size_str(b0, s2, sizeof(s2)),
-					    arena_size_str(o->other, s3, sizeof(s3)), arena_size_str(headroom, s4, sizeof(s4)),
-					    arena_size_str(need, s5, sizeof(s5)),
-					    arena_size_arg(arena_size_add(need, arena_size_add(o->other, headroom)), s6, sizeof(s6)));
+					    arena_size_str(o->other, s3, sizeof(s3)), slack_is,
+					    arena_size_str(slack, s4, sizeof(s4)), arena_size_str(need, s5, sizeof(s5)),
+					    arena_size_arg(arena_size_add(need, arena_size_add(o->other, slack)), s6, sizeof(s6)));
 		}
 	}
 	rc = arena_residency_plan_staged(l, o, &budget, stage, &p); /* streaming coded takes stages too */
@@ -434,11 +462,12 @@ static int place(void *ctx, const arena_layout *l, uint64_t stage, const uint64_
 		if (o->other)
 			snprintf(cx, sizeof(cx), ", the process's context of %s,", arena_size_str(o->other, s6, sizeof(s6)));
 		return arena_errorf(rc,
-				    "%s: does not fit: %s; with a working reserve of %s%s and headroom of %s it needs %s of "
+				    "%s: does not fit: %s; with a working reserve of %s%s and %s of %s it needs %s of "
 				    "device memory, %s is %s%s",
-				    c->path, why, arena_size_str(reserve, s1, sizeof(s1)), cx, arena_size_str(headroom, s2, sizeof(s2)),
+				    c->path, why, arena_size_str(reserve, s1, sizeof(s1)), cx, slack_is,
+				    arena_size_str(slack, s2, sizeof(s2)),
 				    arena_size_str(arena_size_add(arena_size_add(p.min_need_bytes, stage),
-								  arena_size_add(arena_size_add(reserve, headroom), o->other)),
+								  arena_size_add(arena_size_add(reserve, slack), o->other)),
 						   s3, sizeof(s3)),
 				    arena_size_str(avail, s4, sizeof(s4)), o->cap && o->cap <= free_b ? "the cap" : "free", hint);
 	}
@@ -524,6 +553,12 @@ int arena__open_tuned(const char *path, const arena_open_options *opt, const are
 	}
 	if (rc)
 		goto fail;
+	if (o->share_card || o->share_card_fraction > 0) {
+		uint64_t free_b, total;
+		if ((rc = a->be->ops->mem_info(a->be, &free_b, &total)))
+			goto fail;
+		a->eo.share = share_card_of(o, total);
+	}
 	a->is_image = arena_img_sniff(path);
 	if (a->is_image && o->quant) {
 		rc = arena_errorf(ARENA_E_USAGE, "%s: a quantization scheme applies to safetensors inputs; an image keeps the layout it was converted with",

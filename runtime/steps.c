@@ -99,12 +99,14 @@ int arena_rest_report(arena *a, const arena_rest_info *r)
 		return rc;
 	if (!r)
 		return unlock(a, arena_errorf(ARENA_E_USAGE, "arena_rest_report: NULL report"));
-	return unlock(a, arena_engine_rest_report(a->e, r->now, r->peak, r->work));
+	if (r->flags & ~ARENA_REST_OOM)
+		return unlock(a, arena_errorf(ARENA_E_USAGE, "arena_rest_report: unknown flags 0x%x", r->flags));
+	return unlock(a, arena_engine_rest_report(a->e, r->now, r->peak, r->work, r->flags));
 }
 
 int arena_set_rest_memory(arena *a, uint64_t bytes)
 {
-	arena_rest_info r = {bytes, bytes, 0};
+	arena_rest_info r = {bytes, bytes, 0, 0};
 	return arena_rest_report(a, &r);
 }
 
@@ -305,6 +307,45 @@ int arena_step_get(const arena *a, uint64_t step, arena_step_info *out)
 					 .move_est_s = r.move_est_s,
 					 .move_gain_s = r.move_gain_s,
 					 .move_held = r.move_held};
+	return unlock(a, rc);
+}
+
+uint64_t arena_decision_count(const arena *a)
+{
+	if (lock(a, "arena_decision_count"))
+		return 0;
+	uint64_t n = arena_engine_decisions(a->e);
+	unlock(a, 0);
+	return n;
+}
+
+int arena_decision_get(const arena *a, uint64_t i, arena_decision_info *out)
+{
+	int rc = lock(a, "arena_decision_get");
+	if (rc)
+		return rc;
+	arena_engine_decision d;
+	if (!out)
+		rc = arena_errorf(ARENA_E_USAGE, "arena_decision_get: NULL out");
+	else if (!(rc = arena_engine_decision_get(a->e, i, &d)))
+		*out = (arena_decision_info){.step = d.step,
+					     .between = d.between,
+					     .why = d.why,
+					     .why_name = arena_engine_why_name(d.why),
+					     .promoted = d.promoted,
+					     .demoted = d.demoted,
+					     .promoted_bytes = d.promoted_bytes,
+					     .demoted_bytes = d.demoted_bytes,
+					     .resident_before = d.resident_before,
+					     .resident_after = d.resident_after,
+					     .ring_before = d.ring_before,
+					     .ring_after = d.ring_after,
+					     .budget = d.budget,
+					     .free_bytes = d.free_bytes,
+					     .stream_before = d.stream_before,
+					     .stream_after = d.stream_after,
+					     .step_before_s = d.step_before_s,
+					     .step_after_s = d.step_after_s};
 	return unlock(a, rc);
 }
 

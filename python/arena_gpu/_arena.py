@@ -238,7 +238,7 @@ class Arena:
         same work): :meth:`rest_report` with ``now = peak = nbytes``."""
         self.rest_report(_check_int("set_rest_memory(nbytes)", nbytes, ctypes.c_uint64))
 
-    def rest_report(self, now: int, peak: Optional[int] = None, work: int = 0) -> None:
+    def rest_report(self, now: int, peak: Optional[int] = None, work: int = 0, oom: bool = False) -> None:
         """What the rest of the process (torch's allocator) held on the device, told at a
         step's end before :meth:`step_end`: ``now`` what it holds at this moment
         (``torch.cuda.memory_reserved()``), ``peak`` the most it held in the step that ends
@@ -248,13 +248,16 @@ class Arena:
         negative one, as ``hash()`` gives, taken modulo 2**64). Told between steps, ``work`` names
         the step about to begin. With ``learn_rest`` the engine learns each work's peak
         and plans the weights around it (include/arena.h, "The process's device
-        memory"); ``arena.torch`` does all this itself."""
+        memory"); ``arena.torch`` does all this itself. ``oom``: ``peak`` is what the rest
+        needed when it ran out of device memory (what it held and asked for): the plan's
+        changes for it are :meth:`decisions` with why ``"oom"``, and told between steps
+        it is planned for at once (blocks demoted now), so that the step can run again."""
         now = _check_int("rest_report(now)", now, ctypes.c_uint64)
         peak = now if peak is None else _check_int("rest_report(peak)", peak, ctypes.c_uint64)
         # work is a key, not a quantity: a negative one (a hash()) is taken modulo 2**64
         neg = isinstance(work, int) and work < 0
         w = _check_int("rest_report(work)", work, ctypes.c_int64 if neg else ctypes.c_uint64) & (2**64 - 1)
-        r = _native.RestInfo(now, peak, w)
+        r = _native.RestInfo(now, peak, w, _native.REST_OOM if oom else 0)
         _check(_native.lib.arena_rest_report(self._handle(), ctypes.byref(r)))
 
     def memory(self) -> Dict[str, int]:
@@ -264,7 +267,8 @@ class Arena:
         bytes), ``rest`` (the rest's, as last told), ``rest_need`` (what the plan leaves
         it at its peak), ``rest_limit`` (the most it may hold in a step for the process
         to stay within the cap; 0: no cap), ``headroom``, ``learned`` (the need of the
-        next step's work is learned), ``other_measured``, ``works`` (learned so far)."""
+        next step's work is learned), ``other_measured``, ``works`` (learned so far),
+        ``share_card`` (the bytes the plan leaves other programs free; 0: none)."""
         m = _native.MemoryInfo()
         _check(_native.lib.arena_memory_get(self._handle(), ctypes.byref(m)))
         return {f[0]: int(getattr(m, f[0])) for f in _native.MemoryInfo._fields_}
@@ -449,6 +453,34 @@ class Arena:
             out.append(d)
         return out
 
+    def decisions(self) -> List[Dict[str, Any]]:
+        """Each change of the plan so far (the last 256), oldest first: dicts with
+        ``step`` (the step at whose end it was made, or, made ``between`` steps, the step
+        about to begin: the :meth:`stats` record that counts its moves), ``between``,
+        ``why`` (``"learned"``: the compute profile or the order learned from the steps;
+        ``"pressure"``: the device's free memory changed, another program took or gave
+        back memory; ``"yield"``: ``share_card``, memory given back to another program;
+        ``"need"``: what torch needs changed; ``"oom"``: the same, told after it ran out;
+        ``"mode"``, ``"schedule"``, ``"profile"``: set by the caller; ``"replan"``: the
+        plan made anew), ``promoted``/``demoted`` (blocks), ``promoted_bytes``/
+        ``demoted_bytes``, ``resident_before``/``resident_after``, ``ring_before``/
+        ``ring_after`` (the ring's device bytes), ``budget`` and ``free_bytes`` (what it
+        was made for), ``stream_before``/``stream_after`` (the bytes a steady step
+        streams, predicted) and ``step_before_s``/``step_after_s`` (a steady step
+        predicted by the compute profile in force; 0 without one)."""
+        h = self._handle()
+        n = _native.lib.arena_decision_count(h)
+        out = []
+        for i in range(max(0, n - 256), n):
+            r = _native.DecisionInfo()
+            if _native.lib.arena_decision_get(h, i, ctypes.byref(r)):
+                continue
+            d: Dict[str, Any] = {f[0]: getattr(r, f[0]) for f in _native.DecisionInfo._fields_ if f[0] != "why_name"}
+            d["why"] = (r.why_name or b"?").decode()
+            d["between"] = bool(r.between)
+            out.append(d)
+        return out
+
     def plan(self) -> Dict[str, Any]:
         """The residency plan in force: budget, resident and streamed bytes and blocks, the ring."""
         p = _native.PlanInfo()
@@ -567,6 +599,7 @@ def open(
     release_host: bool = True,
     payback_steps: Optional[int] = None,
     share_host: bool = False,
+    share_card: Union[bool, float, Size] = None,
 ) -> Arena:
     """Open an arena image, a safetensors file or a sharded checkpoint folder.
 
@@ -646,6 +679,17 @@ def open(
       :class:`ShareWarning` says why (:meth:`Arena.share_state`).
       ``arena.torch.attach`` sets it under torch.distributed
       (docs/PYTHON.md, "Several processes: share_host"; docs/SHARING.md).
+    share_card: other programs on the card, with ``vram=None``: the plan leaves this
+      much of the device free at every step end (the larger of it and the headroom),
+      and when another program takes memory so that less is free, the next step end
+      gives memory back (blocks demoted until it is free again, or as far as the
+      smallest plan goes: a :meth:`Arena.decisions` record with why ``"yield"``).
+      True: the lesser of a tenth of the device and 2 GiB; a size (``"4G"``, bytes);
+      a float above 0 and below 1: that fraction of the device. None, False or 0:
+      none (arena follows the device's free memory, giving way only to memory
+      others have taken). Its cost: what the share keeps off the device is streamed
+      each step (docs/TUNING.md). With ``vram``: ``Error`` USAGE (a cap leaves the
+      rest of the card to other programs already).
 
     Raises :class:`Error` (``code`` "BUDGET" when the model cannot run within
     ``vram`` at all; the message says what it needs).
@@ -709,6 +753,16 @@ def open(
                                       or not 1 <= payback_steps < 2**32):
         raise ValueError(f"payback_steps: {payback_steps!r}: a whole number of steps, 1 or more")
     o.payback_steps = payback_steps or 0
+    if share_card is True:
+        o.share_card = _native.SHARE_CARD_DEFAULT
+    elif isinstance(share_card, float):
+        if not 0 < share_card < 1:
+            raise ValueError(f"share_card: {share_card!r}: a fraction of the device above 0 and below 1, a size "
+                             f"('4G'), or True")
+        o.share_card_fraction = share_card
+    elif share_card is not None and share_card is not False:
+        sc = parse_size(share_card, "share_card") or 0
+        o.share_card = _check_int("share_card", sc, ctypes.c_uint64, top=_native.SHARE_CARD_DEFAULT)
     out = ctypes.c_void_p()
     p = os.fspath(path)
     _check(_native.lib.arena_open(os.fsencode(p), ctypes.byref(o), ctypes.byref(out)))

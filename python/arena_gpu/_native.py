@@ -39,6 +39,8 @@ OPEN_RELEASE_HOST = 16
 OPEN_LEARN_REST = 32
 OPEN_SHARE_HOST = 64
 SHARE_STATES = ("off", "loaded", "mapped", "private")  # ARENA_SHARE_OFF .. ARENA_SHARE_PRIVATE
+SHARE_CARD_DEFAULT = (1 << 64) - 1  # ARENA_SHARE_CARD_DEFAULT
+REST_OOM = 1  # ARENA_REST_OOM
 
 
 class OpenOptions(Structure):
@@ -63,11 +65,13 @@ class OpenOptions(Structure):
         ("host_budget", c_uint64),
         ("payback_steps", c_uint),
         ("sim_context", c_uint64),
+        ("share_card", c_uint64),
+        ("share_card_fraction", c_double),
     ]
 
 
 class RestInfo(Structure):
-    _fields_ = [("now", c_uint64), ("peak", c_uint64), ("work", c_uint64)]
+    _fields_ = [("now", c_uint64), ("peak", c_uint64), ("work", c_uint64), ("flags", c_uint)]
 
 
 class MemoryInfo(Structure):
@@ -83,6 +87,7 @@ class MemoryInfo(Structure):
         ("learned", c_int),
         ("other_measured", c_int),
         ("works", c_uint),
+        ("share_card", c_uint64),
     ]
 
 
@@ -161,6 +166,29 @@ class StepInfo(Structure):
         ("move_est_s", c_double),
         ("move_gain_s", c_double),
         ("move_held", c_int),
+    ]
+
+
+class DecisionInfo(Structure):
+    _fields_ = [
+        ("step", c_uint64),
+        ("between", c_int),
+        ("why", c_int),
+        ("why_name", c_char_p),
+        ("promoted", c_uint),
+        ("demoted", c_uint),
+        ("promoted_bytes", c_uint64),
+        ("demoted_bytes", c_uint64),
+        ("resident_before", c_uint64),
+        ("resident_after", c_uint64),
+        ("ring_before", c_uint64),
+        ("ring_after", c_uint64),
+        ("budget", c_uint64),
+        ("free_bytes", c_uint64),
+        ("stream_before", c_uint64),
+        ("stream_after", c_uint64),
+        ("step_before_s", c_double),
+        ("step_after_s", c_double),
     ]
 
 
@@ -331,6 +359,8 @@ _SIGS = {
     "arena_sync": (c_int, [_P]),
     "arena_step_count": (c_uint64, [_P]),
     "arena_step_get": (c_int, [_P, c_uint64, POINTER(StepInfo)]),
+    "arena_decision_count": (c_uint64, [_P]),
+    "arena_decision_get": (c_int, [_P, c_uint64, POINTER(DecisionInfo)]),
     "arena_plan_get": (c_int, [_P, POINTER(PlanInfo)]),
     "arena_share_get": (c_int, [_P, POINTER(ShareInfo)]),
     "arena_schedule_get": (c_int, [_P, POINTER(c_uint32), c_size_t, POINTER(c_size_t)]),
@@ -367,6 +397,7 @@ for _cls, _cname in (
     (VerifyInfo, b"arena_verify_info"),
     (RestInfo, b"arena_rest_info"),
     (MemoryInfo, b"arena_memory_info"),
+    (DecisionInfo, b"arena_decision_info"),
 ):
     _want = lib.arena_sizeof(_cname)
     if _want != ctypes.sizeof(_cls):

@@ -508,7 +508,64 @@ PY
 	python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["disk_tier"] is None' "$T/out" || fail "disk_tier without --host-budget"
 }
 
+# --log: each change of the plan on stderr as it is made (the step, why, what
+# moved, the streamed bytes and the budget), the same in --json's decisions:
+# another program's pressure demotes and, given back, promotes (after the
+# hysteresis of 3 step ends); with --share-card the same program's smaller
+# pressure makes arena yield, where without it nothing moves. A model of 300
+# KiB in 16 KiB pieces on a 1 MiB card, the rest's reserve 100 KiB.
+bench_log() {
+	engine_image
+	opts="--sim-capacity 1M --headroom 0 --reserve 100K --piece-size 16K --steps 12 --profile none"
+	# shellcheck disable=SC2086
+	run bench stream "$T/f.arena" $opts --pressure 700K@3 --log
+	expect_rc 0
+	expect_err "step 3: pressure: promoted 0, demoted "
+	expect_err "step 10: pressure: promoted "
+	expect_err "budget 224.00 KiB, 24.50 KiB free"
+	[ "$(grep -c ': pressure: ' "$T/err")" = 2 ] || fail "want 2 decisions on stderr, got: $(cat "$T/err")"
+	expect_out "steady state"
+	# shellcheck disable=SC2086
+	run bench stream "$T/f.arena" $opts --pressure 700K@3
+	expect_rc 0
+	grep -q 'pressure:' "$T/err" && fail "decisions printed without --log"
+	for share in "" "--share-card 200K" "--share-card 0.2"; do
+		# shellcheck disable=SC2086
+		run bench stream "$T/f.arena" $opts --pressure 600K@3 $share --log --json
+		expect_rc 0
+		python3 - "$T/out" "$T/err" "$share" <<'PY' || fail "bench --log --json $share: decisions inconsistent"
+import json, sys
+d = json.load(open(sys.argv[1]))
+err = open(sys.argv[2]).read().splitlines()
+dec = d["decisions"]
+assert len(err) == len(dec), (err, dec)
+if not sys.argv[3]:  # arena needs no more than it has: nothing moves
+    assert dec == [], dec
+    sys.exit(0)
+assert [x["why"] for x in dec] == ["yield", "pressure"], dec
+y = dec[0]
+assert y["step"] == 3 and not y["between"] and y["demoted"] > 0 and y["promoted"] == 0, y
+assert y["resident_before"] - y["demoted_bytes"] == y["resident_after"], y
+assert y["stream_before"] == 0 and y["stream_after"] > 0, y
+assert y["free_bytes"] < 200 << 10 <= 1 << 20, y  # the other program took part of the share
+assert err[0].startswith("step 3: yield: promoted 0, demoted %d blocks" % y["demoted"]), err
+assert d["steps"][3]["demotions"] == y["demoted"]
+PY
+	done
+	run bench stream "$T/f.arena" --vram 600K --share-card 200K
+	expect_rc 2
+	expect_error_line
+	expect_err "--share-card is for runs without --vram"
+	for bad in 1.5 0.0 lots; do
+		run bench stream "$T/f.arena" --share-card "$bad"
+		expect_rc 2
+		expect_error_line
+		expect_err "--share-card"
+	done
+}
+
 cases plan_svg disk_tier
+cases bench_log
 cases plan_help plan_usage_errors plan_text_and_json plan_huge_sizes plan_too_small plan_floor plan_pieces bench_usage_errors bench_planner_options bench_cuda bench_json \
 	profile_round_trip profile_errors
 slow disk_tier plan_pieces profile_errors

@@ -225,7 +225,9 @@ class Package(unittest.TestCase):
                    "arena_tensor_info": nat.TensorInfo, "arena_step_info": nat.StepInfo,
                    "arena_plan_info": nat.PlanInfo, "arena_convert_options": nat.ConvertOptions,
                    "arena_convert_info": nat.ConvertInfo, "arena_bad_chunk": nat.BadChunk,
-                   "arena_verify_options": nat.VerifyOptions, "arena_verify_info": nat.VerifyInfo}
+                   "arena_verify_options": nat.VerifyOptions, "arena_verify_info": nat.VerifyInfo,
+                   "arena_rest_info": nat.RestInfo, "arena_memory_info": nat.MemoryInfo,
+                   "arena_decision_info": nat.DecisionInfo}
         lines = ["#include <stddef.h>", "#include <stdio.h>", '#include "arena.h"', "int main(void) {"]
         for c, py in structs.items():
             lines.append(f'printf("{c} %zu\\n", sizeof({c}));')
@@ -780,6 +782,129 @@ class ZeroSettings(unittest.TestCase):
         self.assertLess(st[3]["resident_bytes"], st[2]["resident_bytes"], "the new resolution's need took room back")
         hook.remove()
         h.detach()
+
+
+class Decisions(unittest.TestCase):
+    """``h.decisions()``: a record per change of the plan saying why; ``share_card``."""
+
+    @classmethod
+    def setUpClass(cls):
+        with torch.no_grad():
+            cls.want = model(meta=False)(**inputs()).sample
+
+    def run_steps(self, h, m, n: int) -> None:
+        with torch.no_grad():
+            for _ in range(n):
+                self.assertTrue(torch.equal(m(**inputs()).sample, self.want))
+        h.end_step()
+
+    def test_decisions_say_why_the_plan_changed(self):
+        """A modelled torch on the simulator (40 KiB in a step) under vram: the first
+        step's end learns its need and promotes (why "need"); a step in which torch's
+        allocator reports an out-of-memory (its observer: what it held and asked for)
+        ends by demoting for that need (why "oom"), leaving torch the room; each record
+        is counted in its step's stats. Every output equals the plain model's."""
+        m = model()
+        h = at.attach(m, IMG, device="sim", sim_capacity="16G", sim_context="24K", vram=480 << 10, learn_rest=True,
+                      learn=False, piece_size="16K")
+        torch_ = {"held": 0, "peak": 0}
+        oom = {"asked": 0}
+
+        def demand(mod, args, kwargs):
+            if torch_["held"] < 40 << 10:
+                h.arena.sim_rest(40 << 10)
+                torch_["held"] = 40 << 10
+            torch_["peak"] = torch_["held"]
+            if oom["asked"]:
+                h._oom(oom["asked"])  # what torch's allocator observer says before it raises
+                oom["asked"] = 0
+
+        hook = m.single_transformer_blocks[0].register_forward_pre_hook(demand, with_kwargs=True)
+        h._rest_memory = lambda: torch_["held"]
+        h._rest_peak = lambda: torch_["peak"]
+        h._rest_reset = lambda: torch_.update(peak=torch_["held"])
+        self.run_steps(h, m, 3)
+        d = h.decisions()
+        self.assertEqual([x["why"] for x in d], ["need"], d)
+        self.assertEqual(d[0]["step"], 0)
+        self.assertFalse(d[0]["between"])
+        self.assertGreater(d[0]["promoted"], 0)
+        self.assertEqual(h.stats()[0]["promotions"], d[0]["promoted"])
+        full = h.plan()["resident_bytes"]
+        self.assertEqual(d[0]["resident_after"], full)
+        limit = h.arena.memory()["rest_limit"]
+        oom["asked"] = limit  # with the 40 KiB held: more than the limit
+        self.run_steps(h, m, 1)
+        d = h.decisions()
+        self.assertEqual([x["why"] for x in d], ["need", "oom"], d)
+        r = d[-1]
+        self.assertEqual(r["step"], len(h.stats()) - 1, "made at the end of the step that ran out")
+        self.assertGreater(r["demoted"], 0)
+        self.assertEqual(r["demoted_bytes"], full - r["resident_after"])
+        self.assertGreaterEqual(h.arena.memory()["rest_limit"], (40 << 10) + limit, "torch's need has room")
+        self.run_steps(h, m, 2)
+        self.assertEqual(len(h.decisions()), 2, "the need learned: nothing more moves")
+        for x in h.decisions():
+            self.assertEqual(set(x), {"step", "between", "why", "promoted", "demoted", "promoted_bytes",
+                                      "demoted_bytes", "resident_before", "resident_after", "ring_before",
+                                      "ring_after", "budget", "free_bytes", "stream_before", "stream_after",
+                                      "step_before_s", "step_after_s"})
+        hook.remove()
+        h.detach()
+
+    def test_share_card_yields_to_another_program(self):
+        """vram=None on a simulated card of 640 KiB: with share_card the plan leaves it
+        free at every step end, and when another program takes memory so that less is
+        free, the next step end gives memory back (why "yield") until the share is free
+        again; without it the same program's memory moves nothing (arena needs no more
+        than it has). Every output equals the plain model's."""
+        share = 200 << 10
+        for with_share in (True, False):
+            with self.subTest(share_card=with_share):
+                m = model()
+                h = at.attach(m, IMG, device="sim", sim_capacity="640K", reserve="100K", headroom=0,
+                              piece_size="16K", learn=False, share_card=share if with_share else None)
+                self.assertEqual(h.arena.memory()["share_card"], share if with_share else 0)
+                self.run_steps(h, m, 2)
+                self.assertEqual(h.plan()["n_streamed"], 0)
+                if with_share:
+                    self.assertGreaterEqual(h.arena.device_memory()[0], share)
+                h.arena.sim_pressure("160K")  # what is free past the share, and more
+                self.run_steps(h, m, 2)
+                d = h.decisions()
+                if not with_share:
+                    self.assertEqual(d, [])
+                    self.assertEqual(h.plan()["n_streamed"], 0)
+                else:
+                    self.assertEqual([x["why"] for x in d], ["yield"], d)
+                    self.assertGreater(d[0]["demoted"], 0)
+                    self.assertGreater(d[0]["stream_after"], 0, "what it gave back streams each step")
+                    self.assertGreaterEqual(h.arena.device_memory()[0], share)
+                h.arena.sim_pressure(0)
+                h.detach()
+
+    def test_share_card_arguments(self):
+        with arena.open(IMG, device="sim", sim_capacity="640K", share_card=True) as a:
+            self.assertEqual(a.memory()["share_card"], 64 << 10, "a tenth of the device")
+        with arena.open(IMG, device="sim", sim_capacity="640K", share_card=0.25) as a:
+            self.assertEqual(a.memory()["share_card"], 160 << 10)
+        with arena.open(IMG, device="sim", sim_capacity="640K", share_card="100K") as a:
+            self.assertEqual(a.memory()["share_card"], 100 << 10)
+        for off in (None, False, 0):
+            with arena.open(IMG, device="sim", sim_capacity="640K", share_card=off) as a:
+                self.assertEqual(a.memory()["share_card"], 0)
+        for bad in (1.0, 0.0, -0.5):
+            with self.assertRaisesRegex(ValueError, "share_card: .*a fraction of the device above 0 and below 1"):
+                arena.open(IMG, device="sim", share_card=bad)
+        with self.assertRaisesRegex(ValueError, "share_card: 'lots' is not a size"):
+            arena.open(IMG, device="sim", share_card="lots")
+        with self.assertRaises(arena.Error) as cm:
+            at.attach(model(), IMG, device="sim", vram="400K", share_card=True)
+        self.assertEqual(cm.exception.code, "USAGE")
+        self.assertIn("give vram or share_card, not both", cm.exception.message)
+        with arena.open(IMG, device="sim") as a, self.assertRaises(arena.Error) as cm:
+            at.attach(model(), a, share_card=True)
+        self.assertEqual(cm.exception.code, "USAGE")
 
 
 class Training(unittest.TestCase):

@@ -2023,6 +2023,21 @@ Test(engine_learn, times_blocks_and_moves_to_the_faster_plan)
 	}
 	cr_assert_geq(learned_at, 1, "moved to the learned profile's plan");
 	cr_assert_gt(arena_engine_plan(e)->step_s, 0, "planned by the learned profile");
+	/* that move is recorded as a decision the learned profile made, predicted faster */
+	int recorded = 0;
+	for (uint64_t i = 0; i < arena_engine_decisions(e); i++) {
+		arena_engine_decision d;
+		cr_assert_eq(arena_engine_decision_get(e, i, &d), 0, "%s", arena_last_error());
+		if (d.step != (uint64_t)learned_at || d.why != ARENA_WHY_LEARNED)
+			continue;
+		cr_assert_eq(d.between, 0);
+		cr_assert_gt(d.promoted + d.demoted, 0);
+		cr_assert_gt(d.step_before_s, 0);
+		cr_assert_gt(d.step_after_s, 0);
+		cr_assert_lt(d.step_after_s, d.step_before_s, "a look moves to a plan predicted faster");
+		recorded++;
+	}
+	cr_assert_eq(recorded, 1, "the look's move: %d records of it at step %d", recorded, learned_at);
 	unsigned big = 0;
 	for (uint32_t b = 0; b < m->layout->n_blocks; b++)
 		big += arena_engine_is_resident(e, b) && m->layout->blocks[b].bytes == MAXB;

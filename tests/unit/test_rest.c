@@ -93,7 +93,7 @@ static void step(arena *a, fake *f, uint64_t demand, uint64_t next_work)
 			fake_need(a, f, demand);
 		cr_assert_eq(arena_block_release(a, b, NULL), 0, "%s", arena_last_error());
 	}
-	arena_rest_info r = {f->held, f->peak, next_work};
+	arena_rest_info r = {f->held, f->peak, next_work, 0};
 	cr_assert_eq(arena_rest_report(a, &r), 0, "%s", arena_last_error());
 	f->peak = f->held;
 	cr_assert_eq(arena_step_end(a), 0, "%s", arena_last_error());
@@ -172,7 +172,7 @@ Test(rest, a_new_work_runs_the_safe_plan_then_is_learned)
 	const uint64_t cap = KiB(480);
 	arena *a = open_capped(cap, 0);
 	fake f = {0};
-	arena_rest_info r = {0, 0, 1}; /* between steps: the first step's work */
+	arena_rest_info r = {0, 0, 1, 0}; /* between steps: the first step's work */
 	cr_assert_eq(arena_rest_report(a, &r), 0, "%s", arena_last_error());
 	for (int k = 0; k < 4; k++)
 		step(a, &f, KiB(40), k == 3 ? 2 : 1); /* the last report names work 2 */

@@ -125,6 +125,7 @@ def attach(
     fp8_compute: Union[bool, str] = "auto",
     share_host: Optional[bool] = None,
     group: Any = None,
+    share_card: Union[bool, float, Size] = None,
     **open_kwargs: Any,
 ) -> Handle:
     """Bind ``module``'s weights to the arena at ``path`` (or an open :class:`arena.Arena`).
@@ -199,6 +200,13 @@ def attach(
       host opens first (found with the group's ``all_gather_object``), the others
       after the group's ``barrier``. On NCCL, set each process's CUDA device first
       (``torch.cuda.set_device(local_rank)``), as DDP needs.
+    share_card: other programs on the card, with ``vram=None``: arena's plan leaves
+      this much of the device free at every step end, and gives memory back at the
+      next step end when another program has taken it (``h.decisions()`` says
+      ``"yield"``). True: the lesser of a tenth of the device and 2 GiB; a size
+      ("4G"); a float above 0 and below 1: that fraction of the device. None (the
+      default): none. Costs the streamed bytes of what it keeps off the device,
+      each step (docs/TUNING.md). With ``vram``: ``arena.Error`` USAGE.
     Other keywords go to :func:`arena.open` (``host_budget``: all the host
       memory the weights take, streamed blocks' copies and the staging the
       rest are read through from the image when streamed;
@@ -221,6 +229,9 @@ def attach(
         if share_host or group is not None:
             raise Error("USAGE", "attach: share_host and group apply when attach opens the image; an arena opened "
                                  "already was opened with its own share_host (arena.open(..., share_host=True))")
+        if share_card is not None and share_card is not False:
+            raise Error("USAGE", "attach: share_card applies when attach opens the image; an arena opened already "
+                                 "was opened with its own (arena.open(..., share_card=True))")
         h.arena = path
     else:
         learn = open_kwargs.pop("learn_rest", reserve is None and _on_cuda(device))
@@ -228,7 +239,7 @@ def attach(
         def opener(share: bool) -> Arena:
             return _open(path, mode=mode, vram=vram, device=device, reserve=reserve, headroom=headroom, depth=depth,
                          keep_last=keep_last, piece_size=piece_size, learn_rest=learn, share_host=share,
-                         **open_kwargs)
+                         share_card=share_card, **open_kwargs)
 
         h.arena = open_shared(opener, share_host, group)
         h._owns_arena = True

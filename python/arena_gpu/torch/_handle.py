@@ -138,7 +138,7 @@ class Handle:
         # weights' smallest plan, which knows nothing of them).
         now = max(now, self._copy_floor())
         peak = max(self._rest_peak() or now, now, self._oom_need)
-        self.arena.rest_report(now, peak, work)
+        self.arena.rest_report(now, peak, work, oom=self._oom_need > 0)
         self._oom_need = 0
         self._rest_reset()
 
@@ -397,6 +397,13 @@ class Handle:
     def stats(self) -> List[Dict[str, Any]]:
         """The engine's per-step records: resident/streamed bytes, misses, stalls, ..."""
         return self.arena.stats()
+
+    def decisions(self) -> List[Dict[str, Any]]:
+        """Each change of the plan so far, oldest first (:meth:`arena.Arena.decisions`):
+        the step, why (``"learned"``, ``"pressure"``, ``"yield"``, ``"need"``, ``"oom"``,
+        ``"mode"``, ``"schedule"``, ``"profile"``, ``"replan"``), the blocks and bytes
+        promoted and demoted, and the step predicted before and after."""
+        return self.arena.decisions()
 
     def plan(self) -> Dict[str, Any]:
         return self.arena.plan()
