@@ -531,7 +531,7 @@ def entry(key: str, make: Callable[[Path], None], *, record: Mapping[str, Any], 
             except Error as e:
                 s = _State(why=f"{IMAGE} changed since it was verified, and does not verify: {e.message or e.code}")
         if s.whole and s.doc is not None:
-            fd = _hold(d)
+            fd = _hold(d, wait=True)
             if fd < 0:
                 raise Error("INTERNAL", f"{d / IMAGE}: held exclusive by another process while its key's lock is ours")
             _touch(d)
@@ -573,7 +573,7 @@ def entry(key: str, make: Callable[[Path], None], *, record: Mapping[str, Any], 
         finally:
             if not published:
                 shutil.rmtree(tmp, ignore_errors=True)
-        fd = _hold(d)
+        fd = _hold(d, wait=True)
         if fd < 0:
             raise Error("INTERNAL", f"{d / IMAGE}: not there after it was made")
         new = _entry_of(d, key, doc, fd, made=True)
