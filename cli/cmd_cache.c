@@ -185,6 +185,20 @@ static int root_path(const char *opt, char *out, size_t len)
 		}
 		n = snprintf(out, len, "%s/.cache/arena", home);
 	}
+	if (n > 0 && out[0] != '/') { /* relative: from the current folder, as the package takes it */
+		char cwd[ROOT_LEN], rel[ROOT_LEN];
+		snprintf(rel, sizeof(rel), "%s", out);
+		if (!getcwd(cwd, sizeof(cwd))) {
+			fprintf(stderr, "error: cache: the current folder: %s\n", strerror(errno));
+			return 3;
+		}
+		const char *r = rel;
+		while (r[0] == '.' && r[1] == '/')
+			r += 2;
+		n = snprintf(out, len, "%s/%s", strcmp(cwd, "/") ? cwd : "", strcmp(r, ".") ? r : "");
+		if (n > 1 && out[n - 1] == '/')
+			out[--n] = 0;
+	}
 	if (n <= 0 || (size_t)n >= len - 300) {
 		fprintf(stderr, "error: cache: the cache folder's path is empty or too long\n");
 		return 2;
