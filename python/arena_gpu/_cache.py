@@ -529,7 +529,7 @@ def entry(key: str, make: Callable[[Path], None], *, record: Mapping[str, Any], 
         s = _check(d, key)
         if s.changed and s.doc is not None:
             try:
-                _verify(d / IMAGE, progress=False)
+                _verify(d / IMAGE, progress=None)
                 s.doc["image"].update(_image_facts(d / IMAGE), verified=True, verified_at=time.time())
                 _write_doc(d / RECORD, s.doc)
                 s.changed = False
