@@ -24,6 +24,7 @@ extern const cli_cmd cli_commands[];
 	X(load, "load an image or checkpoint into device memory, measured") \
 	X(plan, "which blocks stay resident and which stream, for a VRAM size") \
 	X(bench, "bench stream: run a schedule with streaming on a device or sim") \
+	X(cache, "the cache of converted images: list, verify, prune") \
 	X(inspect, "show tensors, metadata and layout of a checkpoint or image") \
 	X(synth, "write a checkpoint with a real model's names and shapes, random values") \
 	X(version, "show the version and what this build supports")

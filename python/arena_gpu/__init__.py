@@ -16,7 +16,10 @@ through a ring of device memory when it is used (the residency engine)::
 
 Make an image once with ``arena.convert("model.safetensors", "model.arena")``
 (``arena.verify`` checks one, ``arena.inspect`` says what a file holds; the
-``arena`` command does the same from a shell). Bind a PyTorch module to an
+``arena`` command does the same from a shell). Images converted for you
+(``arena.torch.from_pretrained``, ``offload``) are kept in a cache,
+``$ARENA_CACHE`` or ``~/.cache/arena``: ``arena.cache_info()`` lists it,
+``arena cache list|verify|prune`` looks after it. Bind a PyTorch module to an
 arena with ``arena.torch.attach`` (torch: the package's ``[torch]`` extra). Errors from
 the C library are raised as :class:`arena.Error` with its one-line message
 and error name (``e.code``, e.g. ``"IMG_CHUNK_CHECKSUM"``).
@@ -32,6 +35,7 @@ from __future__ import annotations
 from typing import Any, List, Optional, Tuple  # noqa: F401
 
 from ._arena import Arena, library_version, open
+from ._cache import cache_info
 from ._dtypes import torch_dtype
 from ._errors import Error, ShareWarning
 from ._files import convert, inspect, verify
@@ -49,6 +53,7 @@ __all__ = [
     "convert",
     "verify",
     "inspect",
+    "cache_info",
     "parse_size",
     "library_version",
     "__version__",
@@ -58,7 +63,7 @@ __version__ = "0.2.0"
 
 # Named as this module's own (arena_gpu.Error, not the private module that defines
 # it): their reprs, tracebacks and pickles name the module users import, whatever
-# file holds the code. (convert, verify, inspect and parse_size keep their modules'.)
+# file holds the code. (convert, verify, inspect, cache_info and parse_size keep their modules'.)
 for _public in (Error, ShareWarning, Arena, Block, Component, TensorInfo, open, library_version, torch_dtype):
     _public.__module__ = __name__
 del _public
