@@ -937,6 +937,13 @@ ARENA_API int arena_sim_pressure(arena *a, uint64_t bytes);
  * backends; DEV_OOM when the device has not that much free (as cudaMalloc
  * would fail), the rest unchanged. */
 ARENA_API int arena_sim_rest(arena *a, uint64_t bytes);
+/* sim only: of arena's device allocations from now on (resident blocks
+ * promoted, the ring, decode stages), the first `after` go on as memory
+ * allows and the `count` after them fail with DEV_OOM, as cudaMalloc fails
+ * when another program took the memory (count 0 clears it). The engine
+ * meets such a failure as it meets a real one (a promotion left streamed,
+ * the ring fitted by demoting more). USAGE on other backends. */
+ARENA_API int arena_sim_fail_alloc(arena *a, uint64_t after, uint64_t count);
 /* sim only: the most device memory the simulated process held since the
  * arena was opened or the last call with reset set (context, rest and
  * every allocation: what NVML would have shown at its worst). */
