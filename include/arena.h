@@ -524,7 +524,10 @@ ARENA_API int arena_fp8_transpose(arena *a, const void *x, uint64_t rows, uint64
 
 /* ---- steps: acquire and release blocks ------------------------------------- */
 
-/* Start a step. USAGE inside a step or after close. */
+/* Start a step. USAGE inside a step or after close. DEV_OOM when the ring of
+ * streamed blocks, which a step end could not place (below), still finds no
+ * room: the arena is not failed, and a later call places it once the device
+ * has the memory. */
 ARENA_API int arena_step_begin(arena *a);
 /* Make `stream` wait for block `block`'s bytes and write their device
  * address to *dptr, valid until the matching release (the same offsets as
@@ -543,7 +546,11 @@ ARENA_API int arena_block_release(arena *a, size_t block, void *stream);
 /* End the step: every acquire must have been released (USAGE otherwise,
  * naming a block still held; the step goes on). Adapts to device memory
  * (demotes at once under pressure, promotes after `hysteresis` steps of
- * room), learns the order run, and issues the next step's first copies. */
+ * room), learns the order run, and issues the next step's first copies.
+ * DEV_OOM when the ring of streamed blocks cannot be placed even with every
+ * block demoted (another program took the device's memory): the step has
+ * ended all the same and the arena is not failed; the next arena_step_begin
+ * places the ring, or returns DEV_OOM while it cannot. */
 ARENA_API int arena_step_end(arena *a);
 /* ---- the process's device memory -------------------------------------------
  *
