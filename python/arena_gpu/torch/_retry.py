@@ -12,14 +12,16 @@ that never ran out. One ``arena.OomRetryWarning`` a retry, and a record
 (``Handle.retries()``, and each step's in ``Handle.stats()``).
 
 What arena gives:
-- in a forward: torch's cache is emptied (CUDA); the step in progress is
-  ended (every block it holds released, the hooks of its partial backward
-  removed, saved tensors kept in host memory dropped), torch's need reported
-  (what it held and asked for: its allocator's out-of-memory observer) so
-  that the engine plans the weights around it at once, demoting what no
-  longer fits; the step begins again;
+- in either: torch's cache is emptied (CUDA: after a garbage collection, for
+  the failed run's tensors that reference cycles hold);
+- in a forward: the step in progress is ended (every block it holds
+  released, the hooks of its partial backward removed, saved tensors kept in
+  host memory dropped), torch's need reported (what it held and asked for:
+  its allocator's out-of-memory observer) so that the engine plans the
+  weights around it at once, demoting what no longer fits; the step begins
+  again;
 - in a recompute (inside a backward, whose blocks and graph must stay as they
-  are): torch's cache is emptied and the need kept for the next step's plan;
+  are): nothing more; the need is kept for the next step's plan;
 - in either, under a vram cap, when that left torch no more room: the half
   of the headroom that the plan keeps from torch is lent to it until the
   step ends (the process then stays within the cap, without its slack).
@@ -27,6 +29,7 @@ What arena gives:
 
 from __future__ import annotations
 
+import gc
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, Union
 
@@ -123,6 +126,7 @@ def _retrying(h: "Handle", where: str, call: Callable[[], Any]) -> Any:
         if attempt <= RETRIES and why is None:
             try:
                 if h._device.type == "cuda":  # (before the report: torch's cache is not its need)
+                    gc.collect()  # the failed run's tensors that only reference cycles hold
                     torch.cuda.empty_cache()
                 if where == "forward":
                     _end_and_begin(h)
