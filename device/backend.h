@@ -187,6 +187,11 @@ int arena_backend_sim_pressure(arena_backend *b, uint64_t bytes);
  * unchanged, when the device has not that much free beside what the rest
  * holds now (a real allocator's cudaMalloc failing). */
 int arena_backend_sim_rest(arena_backend *b, uint64_t bytes);
+/* Injected failures: of the device allocations from now on, the first `after`
+ * go on as memory allows and the `count` after them fail with DEV_OOM (a
+ * cudaMalloc failing because another program took the memory); count 0
+ * clears what was set. */
+int arena_backend_sim_fail_alloc(arena_backend *b, uint64_t after, uint64_t count);
 /* The most device memory the simulated process held (proc_mem) since the
  * backend was made or the last call with reset set, into *peak. */
 int arena_backend_sim_peak(arena_backend *b, int reset, uint64_t *peak);

@@ -6,7 +6,10 @@
  *     capacity; free = capacity - allocated - pressure - context - rest
  *     (pressure stands for another program's VRAM; context for this
  *     process's CUDA context, rest for the rest of this process's memory,
- *     a framework's caching allocator: arena_backend_sim_rest). The
+ *     a framework's caching allocator: arena_backend_sim_rest). Failures
+ *     can be injected: the allocations after the next `fail_skip` fail
+ *     with DEV_OOM, `fail_left` of them (arena_backend_sim_fail_alloc), as
+ *     cudaMalloc fails when another program took the memory. The
  *     process's memory (proc_mem) is context + rest + allocated, and its
  *     peak is kept (arena_backend_sim_peak). Sizes are counted rounded up to the
  *     granularity (256 bytes unless the options say more; cuda's is 2 MiB).
@@ -115,6 +118,7 @@ struct sim_backend {
 	pthread_cond_t progress; /* some stream's `done` moved, or cancel */
 	uint64_t capacity, allocated, pressure;
 	uint64_t context, rest; /* the process's own beside allocations (arena_sim_opts, sim_rest) */
+	uint64_t fail_skip, fail_left; /* injected failures: after fail_skip allocations, fail_left fail */
 	uint64_t peak;          /* the most context + rest + allocated since the last reset */
 	double rate;           /* modelled H2D bytes per second, 0 = unmodelled */
 	double engine_idle_at; /* monotonic time the copy engine's bookings end */
@@ -338,7 +342,14 @@ static int sim_dev_alloc(arena_backend *base, uint64_t bytes, void **dptr)
 	uint64_t size = bytes > UINT64_MAX - g ? UINT64_MAX : (bytes + g - 1) & ~(g - 1);
 	pthread_mutex_lock(&b->mu);
 	uint64_t avail = sim_free(b);
-	if (size > avail)
+	if (b->fail_left && !b->fail_skip) {
+		b->fail_left--;
+		rc = arena_errorf(ARENA_E(DEV_OOM), "sim: cannot allocate %llu bytes (an injected failure), %llu free of %llu",
+				  (unsigned long long)bytes, (unsigned long long)avail, (unsigned long long)b->capacity);
+	} else if (b->fail_left) {
+		b->fail_skip--;
+	}
+	if (!rc && size > avail)
 		rc = arena_errorf(ARENA_E(DEV_OOM), "sim: cannot allocate %llu bytes, %llu free of %llu",
 				  (unsigned long long)bytes, (unsigned long long)avail,
 				  (unsigned long long)b->capacity);
@@ -982,6 +993,18 @@ int arena_backend_sim_rest(arena_backend *base, uint64_t bytes)
 	}
 	pthread_mutex_unlock(&b->mu);
 	return rc;
+}
+
+int arena_backend_sim_fail_alloc(arena_backend *base, uint64_t after, uint64_t count)
+{
+	sim_backend *b = as_sim(base, "sim fail_alloc");
+	if (!b)
+		return ARENA_E_USAGE;
+	pthread_mutex_lock(&b->mu);
+	b->fail_skip = count ? after : 0;
+	b->fail_left = count;
+	pthread_mutex_unlock(&b->mu);
+	return 0;
 }
 
 int arena_backend_sim_peak(arena_backend *base, int reset, uint64_t *peak)

@@ -25,7 +25,11 @@
  *   5. Acquire and release allocate nothing: held, seq, obs and the timing
  *      slots are sized at create.
  *   6. A device error in any transition fails the engine (arena__engine_fail):
- *      every later call returns it; a USAGE error does not. */
+ *      every later call returns it; a USAGE error does not, nor a ring that
+ *      a step end could not place (DEV_OOM with every block demoted: the
+ *      device has not the memory now): the step ends without a ring
+ *      (ring_missing), and each step_begin places it first or returns
+ *      DEV_OOM, the engine idle as before. */
 #include "engine_int.h"
 
 #include <inttypes.h>
@@ -417,12 +421,29 @@ fail:
 	return rc;
 }
 
+/* Blocks are streamed and there is no ring: a step end could not place it. */
+static int ring_missing(const arena_engine *e)
+{
+	return e->plan.n_streamed && !e->ring_dptr;
+}
+
 int arena_engine_step_begin(arena_engine *e)
 {
 	if (e->state == ST_FAILED)
 		return e->failed_rc;
 	if (e->state != ST_IDLE)
 		return arena_errorf(ARENA_E_USAGE, "engine: step_begin inside a step");
+	if (ring_missing(e)) { /* placed now, or DEV_OOM again with nothing changed */
+		int rc = arena__engine_fit_ring(e);
+		if (rc == ARENA_E(DEV_OOM)) {
+			char why[512];
+			snprintf(why, sizeof(why), "%s", arena_last_error());
+			return arena_errorf(ARENA_E(DEV_OOM), "engine: no room for the ring of streamed blocks (%s): %s",
+					    arena__fmtb((uint64_t)e->n_slots * e->plan.slot_bytes), why);
+		}
+		if (rc)
+			return arena__engine_fail(e, rc);
+	}
 	e->state = ST_STEP;
 	arena__engine_time_begin(e);
 	e->rec.mode = e->o.mode;
@@ -607,8 +628,16 @@ int arena_engine_step_end(arena_engine *e)
 	e->ending = 1; /* (the decisions made here are this step end's) */
 	if (!rc)
 		rc = arena__engine_adapt(e, learned);
-	if (!rc)
+	/* No room for the ring with every block demoted: the step ends all the
+	 * same, without a ring and without learning from it; the next step_begin
+	 * places the ring or says so (invariant 6). */
+	char no_ring[512] = "";
+	if (rc == ARENA_E(DEV_OOM) && ring_missing(e)) {
+		snprintf(no_ring, sizeof(no_ring), "%s", arena_last_error());
+		rc = 0;
+	} else if (!rc) {
 		rc = arena__engine_learn_end(e);
+	}
 	e->ending = 0;
 	e->rec.step = e->steps;
 	e->rec.resident_bytes = e->plan.resident_bytes;
@@ -630,8 +659,11 @@ int arena_engine_step_end(arena_engine *e)
 		return arena__engine_fail(e, rc);
 	/* The next step's first copies run behind this step's last compute. */
 	e->begun = 1;
-	rc = prefetch(e);
+	rc = ring_missing(e) ? 0 : prefetch(e);
 	e->hist[(e->steps - 1) % ARENA_ENGINE_HISTORY].end_s = arena_now_s() - t_end;
+	if (!rc && no_ring[0])
+		return arena_errorf(ARENA_E(DEV_OOM), "%s; the step ended, and the next places the ring once the device has "
+				    "the memory", no_ring);
 	return arena__engine_fail(e, rc);
 }
 

@@ -89,6 +89,9 @@
  *                 └──────────── free (any state) ◄─────────┘
  *     any failing device op ──► FAILED (every later call returns the error;
  *                                       free still releases everything)
+ *     but a ring a step_end cannot place (DEV_OOM with every block demoted)
+ *     leaves it IDLE without a ring: each step_begin places it first, or
+ *     returns DEV_OOM and stays IDLE
  *
  *   | transition                         | performed by                     |
  *   | plan, slots, resident copies       | arena_engine_create              |
@@ -601,7 +604,10 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
  * stay on the device (the model frees them). Accepts NULL. */
 void arena_engine_free(arena_engine *e);
 
-/* Start a step (IDLE -> STEP): issues the first copies if not yet issued. */
+/* Start a step (IDLE -> STEP): issues the first copies if not yet issued.
+ * Blocks streamed without a ring (a step_end could not place it): the ring
+ * is placed first (demoting more if it must); DEV_OOM when it cannot be,
+ * the engine staying IDLE (not failed). */
 int arena_engine_step_begin(arena_engine *e);
 /* Make `stream` wait for block b's bytes and return their device address in
  * *dptr, valid until the matching release. Any block at any time inside a
@@ -617,7 +623,9 @@ int arena_engine_release(arena_engine *e, uint32_t block, arena_stream *stream);
  * schedule where it differs (above), reads free memory again and adapts
  * (demotes at once under pressure, promotes after `hysteresis` steps of
  * room), then issues the next step's first copies. The step's record is
- * then available. */
+ * then available. DEV_OOM, the step ended and the engine not failed, when
+ * the ring cannot be placed even with every block demoted (the device has
+ * not the memory: another program took it): the next step_begin places it. */
 int arena_engine_step_end(arena_engine *e);
 
 /* Between steps: run in `mode` from the next step on, with that mode's

@@ -545,7 +545,10 @@ ARENA_API int arena_fp8_transpose(arena *a, const void *x, uint64_t rows, uint64
 
 /* ---- steps: acquire and release blocks ------------------------------------- */
 
-/* Start a step. USAGE inside a step or after close. */
+/* Start a step. USAGE inside a step or after close. DEV_OOM when the ring of
+ * streamed blocks, which a step end could not place (below), still finds no
+ * room: the arena is not failed, and a later call places it once the device
+ * has the memory. */
 ARENA_API int arena_step_begin(arena *a);
 /* Make `stream` wait for block `block`'s bytes and write their device
  * address to *dptr, valid until the matching release (the same offsets as
@@ -564,7 +567,11 @@ ARENA_API int arena_block_release(arena *a, size_t block, void *stream);
 /* End the step: every acquire must have been released (USAGE otherwise,
  * naming a block still held; the step goes on). Adapts to device memory
  * (demotes at once under pressure, promotes after `hysteresis` steps of
- * room), learns the order run, and issues the next step's first copies. */
+ * room), learns the order run, and issues the next step's first copies.
+ * DEV_OOM when the ring of streamed blocks cannot be placed even with every
+ * block demoted (another program took the device's memory): the step has
+ * ended all the same and the arena is not failed; the next arena_step_begin
+ * places the ring, or returns DEV_OOM while it cannot. */
 ARENA_API int arena_step_end(arena *a);
 /* ---- the process's device memory -------------------------------------------
  *
@@ -1023,6 +1030,13 @@ ARENA_API int arena_sim_pressure(arena *a, uint64_t bytes);
  * backends; DEV_OOM when the device has not that much free (as cudaMalloc
  * would fail), the rest unchanged. */
 ARENA_API int arena_sim_rest(arena *a, uint64_t bytes);
+/* sim only: of arena's device allocations from now on (resident blocks
+ * promoted, the ring, decode stages), the first `after` go on as memory
+ * allows and the `count` after them fail with DEV_OOM, as cudaMalloc fails
+ * when another program took the memory (count 0 clears it). The engine
+ * meets such a failure as it meets a real one (a promotion left streamed,
+ * the ring fitted by demoting more). USAGE on other backends. */
+ARENA_API int arena_sim_fail_alloc(arena *a, uint64_t after, uint64_t count);
 /* sim only: the most device memory the simulated process held since the
  * arena was opened or the last call with reset set (context, rest and
  * every allocation: what NVML would have shown at its worst). */

@@ -532,6 +532,18 @@ int arena_sim_rest(arena *a, uint64_t bytes)
 	return unlock(a, rc);
 }
 
+int arena_sim_fail_alloc(arena *a, uint64_t after, uint64_t count)
+{
+	int rc = lock(a, "arena_sim_fail_alloc");
+	if (rc)
+		return rc;
+	if (strcmp(a->be->ops->name, "sim"))
+		rc = arena_errorf(ARENA_E_USAGE, "arena_sim_fail_alloc: the backend is %s, not sim", a->be->ops->name);
+	else
+		rc = arena_backend_sim_fail_alloc(a->be, after, count);
+	return unlock(a, rc);
+}
+
 int arena_sim_peak(arena *a, int reset, uint64_t *peak)
 {
 	int rc = lock(a, "arena_sim_peak");

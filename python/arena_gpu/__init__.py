@@ -37,7 +37,7 @@ from typing import Any, List, Optional, Tuple  # noqa: F401
 from ._arena import Arena, library_version, open
 from ._cache import cache_info
 from ._dtypes import torch_dtype
-from ._errors import Error, ShareWarning
+from ._errors import Error, OomRetryWarning, ShareWarning
 from ._files import convert, inspect, verify
 from ._records import Block, Component, TensorInfo
 from ._units import Size, parse_size
@@ -45,6 +45,7 @@ from ._units import Size, parse_size
 __all__ = [
     "Error",
     "ShareWarning",
+    "OomRetryWarning",
     "Arena",
     "Block",
     "Component",
@@ -64,7 +65,8 @@ __version__ = "0.2.0"
 # Named as this module's own (arena_gpu.Error, not the private module that defines
 # it): their reprs, tracebacks and pickles name the module users import, whatever
 # file holds the code. (convert, verify, inspect, cache_info and parse_size keep their modules'.)
-for _public in (Error, ShareWarning, Arena, Block, Component, TensorInfo, open, library_version, torch_dtype):
+for _public in (Error, ShareWarning, OomRetryWarning, Arena, Block, Component, TensorInfo, open, library_version,
+                torch_dtype):
     _public.__module__ = __name__
 del _public
 

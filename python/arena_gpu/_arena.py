@@ -557,6 +557,16 @@ class Arena:
         ``nbytes`` of the simulated device from now on (DEV_OOM when it is not free)."""
         _check(_native.lib.arena_sim_rest(self._handle(), parse_size(nbytes, "sim_rest") or 0))
 
+    def sim_fail_alloc(self, after: int = 0, count: int = 1) -> None:
+        """sim only: of arena's device allocations from now on (promotions, the ring),
+        the first ``after`` go on as memory allows and the ``count`` after them fail
+        with DEV_OOM, as when another program took the memory (``count=0`` clears it).
+        The engine meets them as real failures: a promotion left streamed, the ring
+        fitted by demoting more."""
+        n = _check_int("sim_fail_alloc(after)", after, ctypes.c_uint64)
+        k = _check_int("sim_fail_alloc(count)", count, ctypes.c_uint64)
+        _check(_native.lib.arena_sim_fail_alloc(self._handle(), n, k))
+
     def sim_peak(self, reset: bool = False) -> int:
         """sim only: the most device memory the simulated process held (context, rest and
         arena's) since the arena was opened or the last call with ``reset``."""

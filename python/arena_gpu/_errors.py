@@ -1,7 +1,9 @@
-"""The library's errors as Python raises them: :class:`Error` and :class:`ShareWarning`.
+"""The library's errors as Python raises them: :class:`Error`, and its warnings
+:class:`ShareWarning` and :class:`OomRetryWarning`.
 
-Private: the public names are ``arena.Error`` and ``arena.ShareWarning`` (the
-package's front door names them as its own: ``arena_gpu.Error``).
+Private: the public names are ``arena.Error``, ``arena.ShareWarning`` and
+``arena.OomRetryWarning`` (the package's front door names them as its own:
+``arena_gpu.Error``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,13 @@ from . import _native
 class ShareWarning(UserWarning):
     """``share_host`` was asked for and was not possible: the arena holds a private
     host copy (:meth:`Arena.share_state` says why). The open succeeded."""
+
+
+class OomRetryWarning(UserWarning):
+    """A step of a module attached with ``arena.torch.attach`` ran out of device
+    memory and arena ran it again after giving torch what it could (one warning a
+    retry; ``Handle.retries()`` holds the records). The step's outputs are those of
+    a run that never ran out."""
 
 
 class Error(Exception):

@@ -377,6 +377,7 @@ _SIGS = {
     "arena_string_free": (None, [c_void_p]),
     "arena_sim_rest": (c_int, [_P, c_uint64]),
     "arena_sim_peak": (c_int, [_P, c_int, POINTER(c_uint64)]),
+    "arena_sim_fail_alloc": (c_int, [_P, c_uint64, c_uint64]),
 }
 for _name, (_res, _args) in _SIGS.items():
     _f = getattr(lib, _name)

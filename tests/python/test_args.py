@@ -120,6 +120,8 @@ class Args(unittest.TestCase):
             ("max_events", lambda v: a.trace_begin(trace, v), -1, U64 + 1),
             ("sim_pressure", lambda v: a.sim_pressure(v), -1, U64 + 1),
             ("sim_rest", lambda v: a.sim_rest(v), -1, U64 + 1),
+            ("sim_fail_alloc(after)", lambda v: a.sim_fail_alloc(v, 0), -1, U64 + 1),
+            ("sim_fail_alloc(count)", lambda v: a.sim_fail_alloc(0, v), -1, U64 + 1),
             ("blocks", lambda v: a.set_schedule([1, v]), -1, U32 + 1),
             ("block_address", lambda v: aq._dequantize(aq.tensor_index(qname), v, 1, None), -1, U64 + qaddr),
             ("dst", lambda v: aq._dequantize(aq.tensor_index(qname), qaddr, v, None), -1, U64 + 1),
@@ -174,6 +176,7 @@ class Args(unittest.TestCase):
         a.step_end()
         a.set_rest_memory(0)
         a.sim_pressure(0)
+        a.sim_fail_alloc(U64 - 1, 0)
         for kw in (dict(depth=U32 - 1), dict(keep_last=U32 - 2)):
             with self.subTest(in_range=kw):  # the library's own rule: at most 64
                 with self.assertRaises(arena.Error) as e:

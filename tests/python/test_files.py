@@ -296,7 +296,7 @@ class Files(unittest.TestCase):
         import pickle
         import typing
 
-        for n in ("Error", "ShareWarning", "Arena", "Block", "Component", "TensorInfo", "open",
+        for n in ("Error", "ShareWarning", "OomRetryWarning", "Arena", "Block", "Component", "TensorInfo", "open",
                   "library_version", "torch_dtype"):
             o = getattr(arena, n)
             self.assertEqual(o.__module__, "arena_gpu", n)

@@ -99,9 +99,9 @@ def model(meta: bool = True) -> FluxTransformer2DModel:
 LORA = LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v", "to_out.0"], init_lora_weights="gaussian")
 
 
-def add_lora(m: FluxTransformer2DModel) -> None:
+def add_lora(m: FluxTransformer2DModel, config: LoraConfig = LORA) -> None:
     torch.manual_seed(1)
-    m.add_adapter(LORA)
+    m.add_adapter(config)
     torch.manual_seed(2)
     for n, p in m.named_parameters():
         if "lora_" in n:
@@ -676,9 +676,11 @@ class ZeroSettings(unittest.TestCase):
                 h.detach()
 
     def test_torch_out_of_memory_in_a_step_is_said_and_nothing_is_lost(self):
-        """torch running out inside a step of the module comes out as arena.Error DEV_OOM,
-        saying what torch held and asked for; the step's blocks are released on the way
-        out, and the next step runs as the plain model does."""
+        """torch running out inside a step of the module each time it is run (arena runs
+        it again once, the headroom lent, and no more: tests/python/test_retry.py) comes
+        out as arena.Error DEV_OOM, saying what torch held and asked for; the step's
+        blocks are released on the way out, and the next step runs as the plain model
+        does."""
         want = model(meta=False)(**inputs()).sample
         m = model()
         h = at.attach(m, IMG, device="sim", sim_capacity="200K", vram="200K")
@@ -686,19 +688,22 @@ class ZeroSettings(unittest.TestCase):
 
         def boom(mod, args):
             if fail[0]:
-                fail[0] = False
                 h._oom(3 << 20)  # what torch's allocator observer would say
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 MiB")
 
         hook = m.single_transformer_blocks[1].register_forward_pre_hook(boom)
         with torch.no_grad():
-            with self.assertRaises(arena.Error) as cm:
-                m(**inputs())
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", arena.OomRetryWarning)
+                with self.assertRaises(arena.Error) as cm:
+                    m(**inputs())
             self.assertEqual(cm.exception.code, "DEV_OOM")
             self.assertIn("torch ran out of device memory in a step", cm.exception.message)
             self.assertIn("asked for 3.00 MiB more", cm.exception.message)
             self.assertIn("under vram=200.00 KiB", cm.exception.message)
+            self.assertIn("arena ran it again 1 time(s)", cm.exception.message)
             self.assertIsInstance(cm.exception.__cause__, torch.OutOfMemoryError)
+            fail[0] = False
             for _ in range(2):
                 self.assertTrue(torch.equal(m(**inputs()).sample, want))
         h.end_step()

@@ -295,6 +295,29 @@ Test(backend_sim, pressure_takes_and_gives_back)
 	arena_backend_destroy(b);
 }
 
+Test(backend_sim, injected_allocation_failures)
+{
+	arena_backend *b = sim(MiB, 0);
+	void *p[4] = {NULL};
+	/* the next allocation goes on, the two after it fail, then they go on again */
+	cr_assert_eq(arena_backend_sim_fail_alloc(b, 1, 2), 0);
+	cr_assert_eq(b->ops->dev_alloc(b, KiB, &p[0]), 0, "%s", arena_last_error());
+	cr_assert_eq(b->ops->dev_alloc(b, KiB, &p[1]), ARENA_E(DEV_OOM));
+	cr_assert_null(p[1]);
+	cr_assert_str_eq(arena_last_error(), "sim: cannot allocate 1024 bytes (an injected failure), 1047552 free of 1048576");
+	cr_assert_eq(b->ops->dev_alloc(b, KiB, &p[1]), ARENA_E(DEV_OOM));
+	cr_assert_eq(free_bytes(b), MiB - KiB, "a failed allocation takes nothing");
+	cr_assert_eq(b->ops->dev_alloc(b, KiB, &p[1]), 0, "%s", arena_last_error());
+	/* count 0 clears what was set */
+	cr_assert_eq(arena_backend_sim_fail_alloc(b, 0, 5), 0);
+	cr_assert_eq(arena_backend_sim_fail_alloc(b, 0, 0), 0);
+	cr_assert_eq(b->ops->dev_alloc(b, KiB, &p[2]), 0, "%s", arena_last_error());
+	for (int i = 0; i < 3; i++)
+		b->ops->dev_free(b, p[i]);
+	cr_assert_eq(free_bytes(b), MiB);
+	arena_backend_destroy(b);
+}
+
 static int fake_mem_info(arena_backend *b, uint64_t *f, uint64_t *t)
 {
 	*f = *t = 0;
@@ -306,6 +329,7 @@ Test(backend_sim, sim_only_calls_refuse_other_backends)
 	static const arena_backend_ops fake_ops = {.name = "fake", .mem_info = fake_mem_info};
 	arena_backend fake = {&fake_ops, 0};
 	cr_assert_eq(arena_backend_sim_pressure(&fake, 0), ARENA_E_USAGE);
+	cr_assert_eq(arena_backend_sim_fail_alloc(&fake, 0, 1), ARENA_E_USAGE);
 	cr_assert_eq(arena_backend_sim_compute(&fake, NULL, 0), ARENA_E_USAGE);
 	cr_assert_eq(arena_backend_sim_pressure(NULL, 0), ARENA_E_USAGE);
 }

@@ -1411,6 +1411,46 @@ Test(engine, demote_then_promote_with_a_profile)
 	demote_then_promote_with(cost);
 }
 
+/* A step end under pressure that cannot place the ring even with every
+ * block demoted (the device's allocations fail: another program took the
+ * memory) ends the step with DEV_OOM and leaves the engine usable: each
+ * step_begin tries to place the ring, DEV_OOM while it cannot, and once
+ * the memory is back the steps run with the right bytes. */
+Test(engine, a_ring_without_room_leaves_the_engine_usable)
+{
+	sim_only();
+	arena_model *m = load(0);
+	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	o.headroom = 400000;
+	arena_engine *e;
+	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_engine_plan(e)->n_streamed, 0);
+	arena_stream *s;
+	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	run_step(e, m, s, 1, 0);
+	uint64_t free_b, total;
+	be->ops->mem_info(be, &free_b, &total);
+	cr_assert_eq(arena_backend_sim_pressure(be, free_b), 0);
+	cr_assert_eq(arena_backend_sim_fail_alloc(be, 0, 1000), 0);
+	cr_assert_eq(arena_engine_step_begin(e), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_engine_step_end(e), ARENA_E(DEV_OOM));
+	cr_assert(strstr(arena_last_error(), "the next places the ring"), "%s", arena_last_error());
+	cr_assert_gt(arena_engine_plan(e)->n_streamed, 0);
+	for (int i = 0; i < 2; i++) { /* idle, not failed: the same answer each time */
+		cr_assert_eq(arena_engine_step_begin(e), ARENA_E(DEV_OOM));
+		cr_assert(strstr(arena_last_error(), "no room for the ring"), "%s", arena_last_error());
+	}
+	expect_whole(e, m);
+	cr_assert_eq(arena_backend_sim_fail_alloc(be, 0, 0), 0);
+	cr_assert_eq(arena_backend_sim_pressure(be, 0), 0);
+	for (int i = 0; i < 3; i++)
+		run_step(e, m, s, 1, 0);
+	expect_whole(e, m);
+	be->ops->stream_destroy(be, s);
+	arena_engine_free(e);
+	arena_model_free(m);
+}
+
 /* Planning between steps: with a profile the planner's timed greedy takes
  * milliseconds a step on a Flux-sized model, time the device waits for in a
  * caller that waits for its steps. A steady engine does not plan again; a

@@ -74,8 +74,10 @@ the module, outside a forward.
 # The modules, by concern: _attach (a module matched to an image and bound,
 # the guards set), _blocks (whole blocks; the training checks), _pieces (blocks
 # in pieces), _offload (saved tensors in host memory), _handle (Handle, Trace),
-# _guards (conversions, moves and merges of arena's weights refused), _quant
-# (tensor subclasses: matched, rebuilt, bound; save_image), _fp8 (native FP8 weights).
+# _retry (a call that runs out of device memory, run again), _inject (tests:
+# torch running out at a chosen allocation), _guards (conversions, moves and
+# merges of arena's weights refused), _quant (tensor subclasses: matched,
+# rebuilt, bound; save_image), _fp8 (native FP8 weights).
 
 from __future__ import annotations
 
@@ -154,9 +156,15 @@ def attach(
       following other programs as they take and give back memory. A size
       ("8G") is a strict cap on a card of any size: torch's allocator is held
       to what arena's plan leaves it in each step (its per-process memory
-      fraction, given back at ``detach()``), as on a card of that size; if torch
-      runs out inside a step the error (``arena.Error`` ``DEV_OOM``) says what
-      the step needed, and the next step of that work plans for it.
+      fraction, given back at ``detach()``), as on a card of that size. If
+      torch runs out of device memory inside a step anyway (at any vram), arena
+      plans the weights for what it asked, gives it the room and runs the
+      forward again (a checkpointed block's recompute, in a backward), at most
+      twice, with the outputs of a run that never ran out; each retry is an
+      ``arena.OomRetryWarning`` and a record in ``Handle.retries()``. What it
+      cannot help is ``arena.Error`` ``DEV_OOM`` saying what the step needed;
+      the module goes on with the next call (docs/PYTHON.md, "A step that runs
+      out of memory").
     reserve: what torch needs at its peak in a step; None (the default):
       learned. A size turns the learning off and is used as it is.
     headroom: device slack kept out of everything (None: min(512 MiB, 2%)).

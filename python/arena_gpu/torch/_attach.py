@@ -22,7 +22,7 @@ from ._guards import _guard_apply, _guard_merge, _is_adapter_param, _peft_tuners
 from ._handle import Handle, _observe_oom
 from ._offload import _SavedOffload
 from ._pieces import _LeafRef, _PiecedBinding
-from . import _fp8, _quant
+from . import _fp8, _quant, _retry
 
 
 _STRIP = ("base_model.model.",)  # a peft PeftModel's prefix
@@ -45,7 +45,8 @@ def _checkpoints_forward(cls: type) -> bool:
 def _bound_cls(cls: type) -> type:
     """A subclass of a block's (or a module's inside one) class whose __call__ goes
     through its binding; where the class checkpoints its own forward, the forward
-    too, so that the recompute in the backward finds the module's tensors."""
+    too, so that the recompute in the backward finds the module's tensors. A call in
+    a backward (a recompute) that runs out of device memory is run again (_retry)."""
     if cls in _cls_cache:
         return _cls_cache[cls]
     base_call = cls.__call__
@@ -54,6 +55,8 @@ def _bound_cls(cls: type) -> type:
         b = self.__dict__.get("_arena_binding")
         if b is None:
             return base_call(self, *args, **kwargs)
+        if _in_backward():
+            return _retry.recompute(b.handle, lambda: b.run(base_call, self, args, kwargs))
         return b.run(base_call, self, args, kwargs)
 
     ns: Dict[str, Any] = {"__call__": __call__, "__module__": cls.__module__, "_arena_base": cls}
@@ -64,6 +67,7 @@ def _bound_cls(cls: type) -> type:
             b = self.__dict__.get("_arena_binding")
             if b is not None and _in_backward():
                 b.recomputed()
+                return _retry.recompute(b.handle, lambda: base_forward(self, *args, **kwargs))
             return base_forward(self, *args, **kwargs)
 
         ns["forward"] = forward
@@ -432,16 +436,15 @@ def _dtype_summary(dtypes: Dict[Tuple[str, str], int], comps: Set[str]) -> str:
 
 
 def _wrap_forward(h: Handle, module: nn.Module) -> None:
-    """torch running out of device memory inside a step of the module comes out as
-    arena.Error DEV_OOM saying what the step needed and what to do (the step's
-    blocks are released on the way out; the next step plans for the need)."""
+    """torch running out of device memory inside a step of the module: arena gives
+    torch what it can and runs the forward again, a bounded number of times
+    (_retry); then arena.Error DEV_OOM saying what the step needed and what to do
+    (the step's blocks are released on the way out; the next step plans for the
+    need)."""
     inner = module.forward
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return inner(*args, **kwargs)
-        except torch.OutOfMemoryError as e:
-            raise h._oom_error(e) from e
+        return _retry.forward(h, inner, args, kwargs)
 
     module.__dict__["forward"] = forward
     h._restore.append(lambda: module.__dict__.pop("forward", None))

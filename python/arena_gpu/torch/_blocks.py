@@ -557,6 +557,7 @@ class _Member:
 
     def __init__(self, unit: _BlockBinding):
         self.unit = unit
+        self.handle = unit.handle
 
     @torch.compiler.disable
     def run(self, call: Callable[..., Any], mod: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:

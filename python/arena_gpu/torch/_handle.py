@@ -84,6 +84,13 @@ class Handle:
         self._oom_asked = 0
         self._compile_probe: List[nn.Module] = []  # the root and whole blocks: compiled or not
         self._oom_need = 0  # torch ran out in this step: what it held and asked for
+        # A call that ran out, run again (_retry): the forwards and recomputes being
+        # run so (the outermost runs again), the headroom lent torch until the step
+        # ends, and a record of each retry (retries()).
+        self._fwd_depth = 0
+        self._rc_depth = 0
+        self._lent = 0
+        self._retries: List[Dict[str, Any]] = []
         self._fp8_compute: Any = "auto"  # attach's fp8_compute (_quant.fp8_native)
         self._copy_bytes = 0  # the largest block's dequantized copies (bytes): _copy_floor
 
@@ -154,7 +161,7 @@ class Handle:
         headroom), so the process stays within vram as on a card of that size."""
         if not self._cap or self._device.type != "cuda":
             return
-        lim = self.arena.memory()["rest_limit"]
+        lim = self.arena.memory()["rest_limit"] + self._lent
         total = torch.cuda.mem_get_info(self._device)[1]
         torch.cuda.set_per_process_memory_fraction(min(1.0, max(0.0, lim / total)), self._device)
 
@@ -165,13 +172,24 @@ class Handle:
         self._oom_need = max(self._oom_need, held + asked)
         self._oom_asked = asked
 
+    def _lend(self) -> int:
+        """Under a cap, torch may hold the half of the headroom that the plan keeps
+        from it, until the step ends (a retry's last room): the bytes lent."""
+        self._lent = self.arena.memory()["headroom"] // 2
+        self._limit_torch()
+        return self._lent
 
-    def _oom_error(self, e: BaseException) -> Error:
-        """torch's out of memory inside a step of the module, said in arena's terms."""
+    def _oom_error(self, e: BaseException, asked: Optional[int] = None, held: Optional[int] = None,
+                   need: Optional[int] = None, retried: Optional[int] = None, why: Optional[str] = None) -> Error:
+        """torch's out of memory inside a step of the module, said in arena's terms
+        (its numbers as they were when it ran out, where given; and, ``retried`` given,
+        how arena's retries went: _retry)."""
+        from ._retry import _retried
+
         mi = self.arena.memory()
-        asked = self._oom_asked
-        held = self._rest_memory() or 0
-        need = max(self._oom_need, held + asked)
+        asked = self._oom_asked if asked is None else asked
+        held = (self._rest_memory() or 0) if held is None else held
+        need = max(self._oom_need, held + asked) if need is None else need
         if mi["cap"]:
             where = (f"under vram={_fmt_size(mi['cap'])} torch may hold {_fmt_size(mi['rest_limit'])} in a step "
                      f"(arena holds {_fmt_size(mi['arena'])}, the process's context {_fmt_size(mi['other'])})")
@@ -179,6 +197,8 @@ class Handle:
             free, total = self.arena.device_memory()
             where = (f"the device ({_fmt_size(total)}) had {_fmt_size(free)} free, arena holding "
                      f"{_fmt_size(mi['arena'])}")
+        if retried is not None:
+            where += f"; {_retried(retried, why)}"
         return Error("DEV_OOM",
                      f"{self.arena.path}: torch ran out of device memory in a step: it held {_fmt_size(held)} and "
                      f"asked for {_fmt_size(asked)} more; {where}. The next step of this work leaves torch "
@@ -281,7 +301,14 @@ class Handle:
             self._release_deferred()
             self._step_open = False
             self._report(work)
-            self.arena.step_end()
+            try:
+                self.arena.step_end()
+            except Error as e:
+                # The engine could not place its ring (the device has not the memory
+                # now): the step ended, and the next step's begin places it or says so.
+                if e.code != "DEV_OOM":
+                    raise
+            self._lent = 0
             self._limit_torch()
             if self._tracing and self._trace_left is not None:
                 self._trace_left -= 1
@@ -395,8 +422,32 @@ class Handle:
         return Trace(self, path)
 
     def stats(self) -> List[Dict[str, Any]]:
-        """The engine's per-step records: resident/streamed bytes, misses, stalls, ..."""
-        return self.arena.stats()
+        """The engine's per-step records: resident/streamed bytes, misses, stalls, ...;
+        and ``oom_retries``: the records of ``retries()`` of calls that ran out in that
+        step (a forward's: the step its failed run ended; empty for most steps)."""
+        recs = self.arena.stats()
+        by: Dict[int, List[Dict[str, Any]]] = {}
+        for r in self._retries:
+            by.setdefault(r["step"], []).append(dict(r))
+        for s in recs:
+            s["oom_retries"] = by.get(s["step"], [])
+        return recs
+
+    def retries(self) -> List[Dict[str, Any]]:
+        """A record of each time a call of the module ran out of device memory and arena
+        gave torch what it could to run it again (the latest 1024, oldest first):
+        ``step`` (the engine's step the failed run was in), ``where`` ("forward", or
+        "recompute": a checkpointed block in a backward), ``ran_out`` ("torch", or
+        "arena": its own device allocation), ``asked`` and ``held`` (torch's bytes when
+        it ran out; 0 where unknown), ``room_before``/``room_after`` (the bytes torch
+        may have in the step before and after arena gave: under vram the limit the
+        plan leaves it, else the device's free memory and torch's cache unused),
+        ``gave`` (bytes of weights arena demoted), ``lent`` (headroom lent torch until
+        the step's end), ``attempt`` (1, 2, ...) and ``outcome``: "ok" (run again and
+        it completed), "ran out again" (the next record follows), "retried" (run
+        again, in progress) or "raised" (arena could give no more room, or the
+        retries were spent: DEV_OOM raised)."""
+        return [dict(r) for r in self._retries]
 
     def decisions(self) -> List[Dict[str, Any]]:
         """Each change of the plan so far, oldest first (:meth:`arena.Arena.decisions`):

@@ -98,6 +98,17 @@ class _SavedOffload:
         self._let_go(0)
         self._prefetch(len(self.saved))
 
+    def discard(self) -> None:
+        """The forward ran out of memory and is run again: saving stops, and what it
+        saved is let go (nothing fetched back for a backward that will not come)."""
+        if self.hooks is not None:
+            hooks, self.hooks = self.hooks, None
+            hooks.__exit__(None, None, None)
+        self.seen.clear()
+        self._let_go(0)
+        self._drop_fetched()
+        self.saved = []
+
     # --- the hooks ---
     def pack(self, t: torch.Tensor) -> Any:
         if (t.device != self.device or t.layout != torch.strided or isinstance(t, nn.Parameter)

@@ -24,6 +24,7 @@ class _LeafRef:
     def __init__(self, block: "_PiecedBinding", key: int):
         self.block = block
         self.key = key
+        self.handle = block.handle
 
     # Inside a compiled block: a graph break here (the acquire and the binding
     # run eagerly, the module with them), not a trace of the binding, whose
