@@ -722,7 +722,7 @@ Test(share, processes_that_exit_together_leave_no_registry)
 		cr_assert_eq(read(ready[0], &c, 1), 1, "a child could not open");
 	DIR *d = opendir(shm);
 	cr_assert(d);
-	char lock[400] = "";
+	char lock[sizeof(shm) + 256] = "";
 	for (struct dirent *e; (e = readdir(d));)
 		if (strstr(e->d_name, ".lock"))
 			snprintf(lock, sizeof(lock), "%s/%s", shm, e->d_name);
