@@ -95,7 +95,15 @@ from ._handle import Handle, Trace
 from ._quant import Binding, register_binding, save_image
 from ._share import local_ranks, open_shared
 
-__all__ = ["attach", "Handle", "Trace", "save_image", "register_binding", "Binding", "local_ranks"]
+from ._pretrained import from_pretrained, handle  # noqa: E402
+from ._loaded import offload  # noqa: E402
+
+__all__ = ["from_pretrained", "offload", "handle", "attach", "Handle", "Trace", "save_image", "register_binding",
+           "Binding", "local_ranks"]
+# Named as this module's own (arena_gpu.torch.from_pretrained, in reprs and help()).
+for _public in (from_pretrained, offload, handle):
+    _public.__module__ = __name__
+del _public
 
 
 def _on_cuda(device: Union[str, int, None]) -> bool:
