@@ -457,6 +457,42 @@ class Offload(Quiet):
         self.assertIn("neither an nn.Module nor a pipeline", cm.exception.message)
 
 
+class Readme(Quiet):
+    """README.md's one-call code as it is written, run on the tiny FLUX.1 folder in
+    place of FLUX.1-dev and on the simulated device in place of vram="8G": the plain
+    pipeline's image bit for bit. Replaced in the code (each once): the model's id, the
+    vram, the prompt's call (tiny sizes, a fixed generator)."""
+
+    def run_block(self, after: str, ns: Dict[str, Any]) -> Any:
+        readme = (Path(__file__).resolve().parent.parent.parent / "README.md").read_text()
+        code = re.search(r"```python\n(.*?)```", readme[readme.index(after):], re.S)
+        assert code, f"no code under README.md's {after!r}"
+        text = code[1]
+        for old, new in (('"black-forest-labs/FLUX.1-dev"', repr(folder("flux"))), ('vram="8G"', "**OPTS"),
+                         ('pipe("a cat")', 'pipe("a cat", height=32, width=32, num_inference_steps=3, '
+                                            'max_sequence_length=16, output_type="pt", '
+                                            'generator=torch.Generator().manual_seed(0))')):
+            self.assertEqual(text.count(old), 1, old)
+            text = text.replace(old, new)
+        with mock.patch.object(diffusers.FluxPipeline, "_progress_bar_config", {"disable": True}, create=True):
+            exec(compile(text, f"README.md ({after})", "exec"), ns)
+        return ns["image"]
+
+    def test_one_call_snippets(self):
+        want = generate(plain_flux(), "a cat", 0)[0]
+        cache = fresh_cache()
+        probe = at.from_pretrained(diffusers.FluxPipeline, folder("flux"), cache=cache, device="sim")
+        opts = dict(streaming(str(at.handle(probe).cache_entry.image)), cache=cache)
+        at.handle(probe).detach()
+        for after in ("**One call**", "A pipeline already loaded on the CPU"):
+            with self.subTest(after=after):
+                ns: Dict[str, Any] = dict(torch=torch, arena=arena, FluxPipeline=diffusers.FluxPipeline, OPTS=opts)
+                image = self.run_block(after, ns)
+                self.assertTrue(torch.equal(image, want), (image.float() - want.float()).abs().max())
+                streamed(self, ns["pipe"])
+                at.handle(ns["pipe"]).detach()
+
+
 # --- host memory, each case in a process of its own -----------------------------------------
 
 MEMORY_MODEL = dict(vocab_size=256, hidden_size=1024, intermediate_size=4096, num_hidden_layers=12,

@@ -1,6 +1,19 @@
 """Bind a PyTorch module to an arena: the module's weights live in arena memory.
 
-``attach(module, path)`` binds any module whose parameter names are the
+In one call, as diffusers and transformers are used:
+
+- ``from_pretrained(cls, source, vram=...)``: a diffusers pipeline, a diffusers
+  model or a transformers model from its folder (or a Hugging Face id in the
+  local cache), its weights converted once into arena's cache, every model
+  built on the meta device in the checkpoint's dtypes and attached, the rest
+  (tokenizers, scheduler) loaded as usual: ready to run;
+- ``offload(pipe, vram=...)``: in place of ``pipe.enable_model_cpu_offload()``,
+  a pipeline or module already loaded, its weights written into the cache
+  (keyed by their content) and attached, the loaded copies let go;
+- ``handle(obj)``: the :class:`Handle` of what they return (statistics,
+  traces, ``detach()``).
+
+For full control, ``attach(module, path)`` binds any module whose parameter names are the
 image's (diffusers, transformers, plain torch): each of the image's blocks
 (found by ``arena convert`` from the checkpoint's structure) to the module at
 its path (``transformer_blocks.N``, ``encoder.block.N``, a UNet's
