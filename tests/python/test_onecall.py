@@ -14,7 +14,8 @@ is read from the local cache only, and one not there says what to download;
 host memory: from_pretrained of a model larger than its device holds no
 weight in host memory beyond what the plan streams from there (peak RSS),
 where the plain from_pretrained holds them all, and offload lets the loaded
-copies go (RSS drops).
+copies go (RSS drops). compile=True: a second process loads the compiled
+artifacts the first kept in the entry (torch's FX graph cache counters).
 
 Runs on CPU (tests/python/run_torch.sh runs it, as test_torch.py); the cache
 is a temporary folder ($ARENA_CACHE), never the user's.
@@ -611,6 +612,78 @@ class HostMemory(unittest.TestCase):
         self.assertGreater(r["streamed"], 0)
         dropped = r["before"] - r["after"]
         self.assertGreater(dropped, self.SIZE - BOUND, f"RSS {r['before'] >> 20} -> {r['after'] >> 20} MiB")
+
+
+class Compiled(Quiet):
+    """compile=True: every block compiled (a whole block with fullgraph), torch's
+    compiled artifacts kept in the cache's entry. A first process compiles (inductor's
+    FX graph cache misses) and saves them; a second, with an inductor cache folder of
+    its own, empty, loads them and finds every graph there (hits, no miss: counted by
+    torch's compile counters, not by time). Blocks streamed, nothing compiled again
+    after the first step, both processes' outputs equal, and close to the plain
+    model's (compiled code rounds as it fuses)."""
+
+    @slow
+    def test_a_second_process_loads_the_compiled_artifacts(self):
+        d = os.path.join(TMP, "flux-compile")
+        if not os.path.isdir(d):
+            cfg = json.load(open(os.path.join(os.environ.get("ARENA_FIXTURES_DIR", "fixtures"),
+                                              "tiny_flux.json")))["config"]
+            torch.manual_seed(0)  # four double blocks, no single ones: one graph to compile
+            diffusers.FluxTransformer2DModel(**dict(cfg, num_layers=4, num_single_layers=0)).to(BF16).save_pretrained(d)
+        cache = fresh_cache()
+        m = at.from_pretrained(diffusers.FluxTransformer2DModel, d, cache=cache, device="sim", depth=1)
+        opts = streaming(str(at.handle(m).cache_entry.image), depth=1)
+        x = dict(hidden_states=torch.randn(1, 16, 16, generator=torch.Generator().manual_seed(0)).to(BF16),
+                 encoder_hidden_states=torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(1)).to(BF16),
+                 pooled_projections=torch.randn(1, 16, generator=torch.Generator().manual_seed(2)).to(BF16),
+                 timestep=torch.tensor([0.5]), img_ids=torch.zeros(16, 3), txt_ids=torch.zeros(8, 3),
+                 guidance=torch.tensor([3.5]))
+        with torch.no_grad():
+            want = m(**x).sample
+        entry_dir = at.handle(m).cache_entry.dir
+        at.handle(m).detach()
+        inputs = os.path.join(TMP, "compile-inputs.pt")
+        torch.save(x, inputs)
+        code = f"""
+            import torch, diffusers
+            from torch._dynamo.utils import counters
+            import arena_gpu.torch as at
+            x = torch.load({inputs!r})
+            m = at.from_pretrained(diffusers.FluxTransformer2DModel, {d!r}, cache={cache!r}, compile=True,
+                                   progress=False, **{opts!r})
+            graphs = []
+            with torch.no_grad():
+                for _ in range(3):
+                    out = m(**x).sample
+                    graphs.append(counters["stats"]["unique_graphs"])
+            h = at.handle(m)
+            h.end_step()
+            torch.save(out, {os.path.join(TMP, "compiled-")!r} + str(os.getpid()) + ".pt")
+            print(json.dumps(dict(graphs=graphs, hit=counters["inductor"]["fxgraph_cache_hit"],
+                                  miss=counters["inductor"]["fxgraph_cache_miss"], pid=os.getpid(),
+                                  streamed=sum(r["streamed_bytes"] for r in h.stats()))))
+        """
+        runs = []
+        for n in range(2):
+            env = dict(TORCHINDUCTOR_CACHE_DIR=os.path.join(TMP, f"inductor-{n}"))
+            with mock.patch.dict(os.environ, env):
+                runs.append(rss_run(code))
+            if n == 0:
+                arts = [f for f in os.listdir(entry_dir) if f.startswith("torch-compile-")]
+                self.assertEqual(len(arts), 1, os.listdir(entry_dir))
+        first, second = runs
+        for r in runs:
+            self.assertGreater(r["streamed"], 0, "blocks streamed")
+            self.assertGreater(r["graphs"][0], 0)
+            self.assertEqual(r["graphs"], [r["graphs"][0]] * 3, "nothing compiled again after the first step")
+        self.assertGreater(first["miss"], 0, "the first process compiled")
+        self.assertEqual((second["miss"], second["hit"]), (0, first["miss"]),
+                         "the second found every graph in the artifacts it loaded")
+        outs = [torch.load(os.path.join(TMP, f"compiled-{r['pid']}.pt")) for r in runs]
+        self.assertTrue(torch.equal(outs[0], outs[1]))
+        self.assertTrue(torch.allclose(outs[0].float(), want.float(), atol=0.05, rtol=0.05),
+                        (outs[0].float() - want.float()).abs().max())
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ In one call, as diffusers and transformers are used:
   model or a transformers model from its folder (or a Hugging Face id in the
   local cache), its weights converted once into arena's cache, every model
   built on the meta device in the checkpoint's dtypes and attached, the rest
-  (tokenizers, scheduler) loaded as usual: ready to run;
+  (tokenizers, scheduler) loaded as usual: ready to run (``compile=True``: the
+  blocks compiled, torch's compiled artifacts kept beside the image);
 - ``offload(pipe, vram=...)``: in place of ``pipe.enable_model_cpu_offload()``,
   a pipeline or module already loaded, its weights written into the cache
   (keyed by their content) and attached, the loaded copies let go;

@@ -135,7 +135,7 @@ def _trim() -> None:
 
 
 def offload(target: Any, *, vram: Any = None, cache: Optional[PathLike] = None, codec: Optional[str] = None,
-            progress: Progress = None, **attach_kwargs: Any) -> Any:
+            progress: Progress = None, compile: bool = False, **attach_kwargs: Any) -> Any:
     """Run a pipeline or module already loaded from arena memory: the one-line
     replacement for ``pipe.enable_model_cpu_offload()``.
 
@@ -154,6 +154,8 @@ def offload(target: Any, *, vram: Any = None, cache: Optional[PathLike] = None, 
     cache: the cache's folder (default ``$ARENA_CACHE``, else ``~/.cache/arena``).
     codec: how the image stores the weights (None, "hb4", "zstd").
     progress: as :func:`from_pretrained`'s, for the first call's writing.
+    compile: as :func:`from_pretrained`'s: the blocks compiled, torch's artifacts
+      kept in the cache's entry and loaded by a later call.
 
     The weights are written into the cache once, keyed by their content (every
     tensor's name, dtype, shape and bytes, hashed on a few threads, and each
@@ -197,6 +199,6 @@ def offload(target: Any, *, vram: Any = None, cache: Optional[PathLike] = None, 
         box.clear()  # the tensors referenced by the modules alone now: the attach lets them go
 
     h = cached_attach(lambda: target, key, make, record, cache, label, dict(attach_kwargs, vram=vram),
-                      before=before)
+                      before=before, compile=compile)
     _trim()
     return h.module

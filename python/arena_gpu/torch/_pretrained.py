@@ -311,10 +311,12 @@ def _corrupt(e: Error) -> bool:
 
 def cached_attach(target: Callable[[], Any], key: str, make: Callable[[Path], None], record: Mapping[str, Any],
                   cache: Optional[PathLike], label: str, attach_kwargs: Dict[str, Any],
-                  before: Optional[Callable[[Path], None]] = None) -> Handle:
+                  before: Optional[Callable[[Path], None]] = None, compile: bool = False) -> Handle:
     """The cache's entry for ``key`` (made by ``make`` when missing), ``before(image)``
     (building the modules), then ``target()`` attached to it; an image found corrupt
-    when it is opened is made again, once. The handle is kept by ``target``."""
+    when it is opened is made again, once. The handle is kept by ``target``. With
+    ``compile``, its blocks are compiled, torch's artifacts kept in the entry
+    (``_compiled``)."""
     from . import attach
 
     e = _cache.entry(key, make, record=record, cache=cache, label=label)
@@ -332,6 +334,16 @@ def cached_attach(target: Callable[[], Any], key: str, make: Callable[[Path], No
             e = _cache.entry(key, make, record=record, cache=cache, label=label)
     h.cache_entry = e
     _keep(h)
+    if compile:
+        from . import _compiled
+
+        try:
+            _compiled.load(e.dir)
+            _compiled.compile_blocks(h)
+            _compiled.save_after_forwards(h, e.dir)
+        except BaseException:
+            h.detach()
+            raise
     return h
 
 
@@ -378,7 +390,7 @@ def handle(obj: Any) -> Handle:
 def from_pretrained(cls: Any, source: PathLike, *, subfolder: Optional[str] = None, vram: Any = None,
                     mode: str = "sample", quant: Optional[str] = None, codec: Optional[str] = None,
                     torch_dtype: Any = None, cache: Optional[PathLike] = None, progress: Progress = None,
-                    dtype: Any = None, **attach_kwargs: Any) -> Any:
+                    compile: bool = False, dtype: Any = None, **attach_kwargs: Any) -> Any:
     """A diffusers pipeline or model, or a transformers model, ready to run with its
     weights in arena memory: ``cls.from_pretrained(source)`` in one call, on any card.
 
@@ -413,6 +425,14 @@ def from_pretrained(cls: Any, source: PathLike, *, subfolder: Optional[str] = No
       dtype would; arena converts no dtype, so another than the checkpoint's is
       refused (USAGE) saying so.
     cache: the cache's folder (default ``$ARENA_CACHE``, else ``~/.cache/arena``).
+    compile: True compiles every block with ``torch.compile`` (regionally: a whole
+      block with ``fullgraph=True``, a block in pieces or whose layers checkpoint
+      their own forward with a graph break at each bound module), and keeps
+      torch's compiled artifacts (``torch.compiler.save_cache_artifacts()``,
+      written after a forward that compiled something) in the cache's entry
+      beside the image; a later call, in any process, loads them
+      (``load_cache_artifacts``) before its first forward, and torch finds
+      what it compiled before in its caches.
     progress: the first call's conversion: None (a line on stderr, "arena:
       converting SOURCE into the cache (SIZE)", then a tqdm bar where stderr is a
       terminal and tqdm is installed), True (the bar always), False (nothing), or
@@ -509,5 +529,5 @@ def from_pretrained(cls: Any, source: PathLike, *, subfolder: Optional[str] = No
             built["target"] = _build(cls, kind, config_dir, dtypes, "")
 
     h = cached_attach(lambda: built["target"], key, make, record, cache, label,
-                      dict(attach_kwargs, mode=mode, vram=vram), before=build)
+                      dict(attach_kwargs, mode=mode, vram=vram), before=build, compile=compile)
     return h.module
