@@ -276,7 +276,16 @@ class FromPretrained(Quiet):
         self.assertTrue(at.handle(m).cache_entry.made)
         self.assertTrue(torch.equal(logits(m), logits(other)))
         at.handle(m).detach()
-        self.assertEqual(len(entries(cache)), 3)
+        m = at.from_pretrained(tf.LlamaForCausalLM, d, cache=cache, device="sim", quant="int8-row", progress=False)
+        h = at.handle(m)
+        self.assertTrue(h.cache_entry.made)
+        self.assertEqual({p.dtype for p in m.parameters()}, {BF16}, "built in the original dtype")
+        self.assertIn("int8-row", {t["scheme"] for t in arena.inspect(h.cache_entry.image)["tensors"]})
+        got, plain = logits(m), logits(other)
+        self.assertFalse(torch.equal(got, plain), "the quantized weights")
+        self.assertLess((got.float() - plain.float()).abs().max().item(), 0.5)
+        h.detach()
+        self.assertEqual(len(entries(cache)), 4)
 
     def test_a_corrupt_entry_is_made_again(self):
         d = folder("llama")
@@ -295,10 +304,19 @@ class FromPretrained(Quiet):
                 f.seek(flip_at)
                 f.write(bytes([b[0] ^ 0x10]))
 
+        def rot(p: Path) -> None:  # a bit flipped on the disk: the file's time as it was
+            st = p.stat()
+            flip(p)
+            os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+
         def truncate(p: Path) -> None:
             os.truncate(p, p.stat().st_size - 4096)
 
-        for spoil in (flip, truncate):
+        # found by the open's checksums (the cache's checks pass: size, header, time),
+        # by the cache's own verify (the file's time moved), by the cache's checks (size)
+        said = {"rot": "arena: {}: ", "flip": "arena: the cache entry {} is damaged (image.arena changed since it "
+                "was verified, and does not verify", "truncate": "arena: the cache entry {} is damaged"}
+        for spoil in (rot, flip, truncate):
             with self.subTest(spoil=spoil.__name__):
                 spoil(image)
                 with self.assertRaises(arena.Error):
@@ -308,9 +326,8 @@ class FromPretrained(Quiet):
                     m = at.from_pretrained(tf.LlamaForCausalLM, d, cache=cache, device="sim", progress=False)
                 e = at.handle(m).cache_entry
                 self.assertTrue(e.made, "made again")
-                # a flipped byte: found by the open's checksums; a truncated image: by the cache's checks
-                said = {"flip": f"arena: {image}: ", "truncate": f"arena: the cache entry {image.parent} is damaged"}
-                self.assertIn(said[spoil.__name__], err.getvalue())
+                where = image if spoil is rot else image.parent
+                self.assertIn(said[spoil.__name__].format(where), err.getvalue())
                 self.assertIn("making it again", err.getvalue())
                 self.assertTrue(torch.equal(logits(m), want))
                 at.handle(m).detach()
@@ -446,7 +463,8 @@ class Offload(Quiet):
         with self.assertRaises(arena.Error) as cm:
             at.offload(m, cache=fresh_cache(), device="sim")
         self.assertEqual(cm.exception.code, "USAGE")
-        self.assertIn("offload: 'model.embed_tokens.weight' is on the meta device", cm.exception.message)
+        self.assertIn("offload: 'model.embed_tokens.weight' is on the meta device: offload takes a model loaded with "
+                      "its weights", cm.exception.message)
         m = tf.LlamaForCausalLM.from_pretrained(folder("llama"), dtype=BF16)
         at.offload(m, cache=fresh_cache(), device="sim", progress=False)
         with self.assertRaises(arena.Error) as cm:

@@ -63,7 +63,10 @@ def _flat(roots: List[Tuple[str, nn.Module]]) -> Tuple[Dict[str, torch.Tensor], 
     flat: Dict[str, torch.Tensor] = {}
     groups: Dict[str, Any] = {}
     for prefix, m in roots:
-        f, g = flatten(m, prefix, what="offload")
+        f, g = flatten(m, prefix, what="offload",
+                       meta_hint="offload takes a model loaded with its weights (from_pretrained on the CPU, not "
+                                 "after enable_model_cpu_offload or with a device_map); a model built on the meta "
+                                 "device is arena.torch.from_pretrained's (or attach's, with an image)")
         flat.update(f)
         groups.update(g)
     return flat, groups

@@ -265,7 +265,9 @@ def _build(cls: Any, kind: str, config_dir: Path, dtypes: Mapping[str, torch.dty
 
             cfg_cls = getattr(cls, "config_class", None) if kind == "transformers" else None
             cfg = (cfg_cls or transformers.AutoConfig).from_pretrained(str(config_dir))
-            kw: Dict[str, Any] = {"dtype": major} if major is not None else {}
+            # (transformers 5 names it dtype, 4 torch_dtype)
+            dt_kw = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+            kw: Dict[str, Any] = {dt_kw: major} if major is not None else {}
             with torch.device("meta"):
                 m = cls._from_config(cfg, **kw) if kind == "transformers" else cls.from_config(cfg, **kw)
     except Error:
@@ -326,8 +328,9 @@ def cached_attach(target: Callable[[], Any], key: str, make: Callable[[Path], No
                 before(e.image)
             h = attach(target(), str(e.image), **attach_kwargs)
             break
-        except Error as err:
-            if again or e.made or not _corrupt(err):
+        except BaseException as err:
+            if again or e.made or not isinstance(err, Error) or not _corrupt(err):
+                e.release()  # (no longer in use: arena cache prune may remove it)
                 raise
             print(f"arena: {e.image}: {err.message}; making it again", file=sys.stderr, flush=True)
             _cache.invalidate(e)

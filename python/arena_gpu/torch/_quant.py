@@ -576,18 +576,20 @@ def _tensors_of(module: nn.Module) -> Dict[str, torch.Tensor]:
     return out
 
 
-def flatten(module: nn.Module, prefix: str = "", what: str = "save_image") -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+def flatten(module: nn.Module, prefix: str = "", what: str = "save_image",
+            meta_hint: str = "it has no values to write") -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
     """``module``'s tensors as an image stores them: plain tensors by name (``prefix``
     before each), a tensor subclass as its inner tensors (``<name>_<attribute>``) and
     its entry of the ``arena.subclass`` metadata (the second dict). The tensors are
     the module's own where they are contiguous CPU tensors (no copy). Raises
-    arena.Error USAGE naming a tensor on the meta device (``what`` says whose)."""
+    arena.Error USAGE naming a tensor on the meta device (``what`` says whose,
+    ``meta_hint`` what to do)."""
     flat: Dict[str, torch.Tensor] = {}
     groups: Dict[str, Any] = {}
     for name, t in _tensors_of(module).items():
         name = prefix + name
         if t.device.type == "meta" or (is_subclass(t) and any(v.device.type == "meta" for _, v in _inner(t))):
-            raise Error("USAGE", f"{what}: '{name}' is on the meta device: it has no values to write")
+            raise Error("USAGE", f"{what}: '{name}' is on the meta device: {meta_hint}")
         if is_subclass(t):
             entry, comps = describe(name, t)
             entry["components"] = [[c, f"{name}_{c}"] for c, _ in comps]
