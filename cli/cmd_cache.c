@@ -22,6 +22,7 @@
 #include <getopt.h>
 #include <jansson.h>
 #include <pwd.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,6 +184,20 @@ static int root_path(const char *opt, char *out, size_t len)
 			return 2;
 		}
 		n = snprintf(out, len, "%s/.cache/arena", home);
+	}
+	if (n > 0 && out[0] != '/') { /* relative: from the current folder, as the package takes it */
+		char cwd[ROOT_LEN], rel[ROOT_LEN];
+		snprintf(rel, sizeof(rel), "%s", out);
+		if (!getcwd(cwd, sizeof(cwd))) {
+			fprintf(stderr, "error: cache: the current folder: %s\n", strerror(errno));
+			return 3;
+		}
+		const char *r = rel;
+		while (r[0] == '.' && r[1] == '/')
+			r += 2;
+		n = snprintf(out, len, "%s/%s", strcmp(cwd, "/") ? cwd : "", strcmp(r, ".") ? r : "");
+		if (n > 1 && out[n - 1] == '/')
+			out[--n] = 0;
 	}
 	if (n <= 0 || (size_t)n >= len - 300) {
 		fprintf(stderr, "error: cache: the cache folder's path is empty or too long\n");
@@ -447,8 +462,10 @@ static long lock_pid(int fd)
 	return (end != b && (*end == '\n' || !*end) && pid > 0) ? pid : 0;
 }
 
-/* The pid of a process holding a flock on the file st is of (from
- * /proc/locks), 0 when none is known. */
+/* Whether a process holds a flock on the file st is of (from /proc/locks):
+ * its pid; -1 when held by a pid that no longer runs (the lock is the open
+ * file's, and the process that took it may have passed the file on and
+ * ended); 0 when no lock is seen. */
 static long flock_pid(const struct stat *st)
 {
 	FILE *f = fopen("/proc/locks", "re");
@@ -472,6 +489,8 @@ static long flock_pid(const struct stat *st)
 			found = pid;
 	}
 	fclose(f);
+	if (found > 0 && kill((pid_t)found, 0) < 0 && errno == ESRCH)
+		return -1;
 	return found;
 }
 
@@ -621,13 +640,13 @@ static int cache_list(cache *c, int json)
 			json_t *rec = json_object_get(e->doc, "record");
 			const char *label = json_string_value(json_object_get(e->doc, "label"));
 			json_array_append_new(
-				arr, json_pack("{s:s,s:s,s:s,s:o,s:o,s:f,s:s,s:o,s:o,s:o}", "key", e->key, "path", e->dir,
+				arr, json_pack("{s:s,s:s,s:s,s:o,s:o,s:f,s:s,s:o,s:o,s:b,s:o}", "key", e->key, "path", e->dir,
 					       "image", img, "size", cli_json_u64(e->size), "made",
 					       e->made >= 0 ? json_real(e->made) : json_null(), "used", e->used, "label",
 					       label ? label : "", "record",
 					       json_is_object(rec) ? json_incref(rec) : json_object(), "problem",
-					       e->why[0] ? json_string(e->why) : json_null(), "in_use_by",
-					       pid ? json_integer(pid) : json_null()));
+					       e->why[0] ? json_string(e->why) : json_null(), "in_use", pid != 0,
+					       "in_use_by", pid > 0 ? json_integer(pid) : json_null()));
 		}
 		for (size_t i = 0; i < c->n_left; i++)
 			json_array_append_new(la, json_pack("{s:s,s:s,s:o}", "path", c->lefts[i].path, "key",
@@ -652,8 +671,10 @@ static int cache_list(cache *c, int json)
 		struct stat st;
 		long pid = lstat(img, &st) == 0 ? flock_pid(&st) : 0;
 		char use[48] = "";
-		if (pid)
+		if (pid > 0)
 			snprintf(use, sizeof(use), " (in use by process %ld)", pid);
+		else if (pid < 0)
+			snprintf(use, sizeof(use), " (in use)");
 		printf("%.12s  %10s  used %-12s  %s%s\n", e->key, cli_fmt_bytes(e->size, sz, sizeof(sz)),
 		       ago(e->used, a, sizeof(a)), from, use);
 	}
@@ -871,7 +892,7 @@ static int cache_prune(cache *c, double older, int all, int dry)
 		if (ifd >= 0 && flock(ifd, LOCK_EX | LOCK_NB) < 0) {
 			struct stat ist;
 			long user = fstat(ifd, &ist) == 0 ? flock_pid(&ist) : 0;
-			if (user)
+			if (user > 0)
 				printf("left: %.12s  in use by process %ld\n", e->key, user);
 			else
 				printf("left: %.12s  in use\n", e->key);

@@ -95,9 +95,11 @@ def _io_error(e: OSError, what: str) -> Error:
 def cache_root(cache: Optional[PathLike] = None) -> Path:
     """The cache's folder, absolute: ``cache`` when given, else ``$ARENA_CACHE``, else
     ``$XDG_CACHE_HOME/arena`` (an absolute ``XDG_CACHE_HOME`` only, as the XDG rules say),
-    else ``~/.cache/arena``. Nothing is made or checked here."""
+    else ``~/.cache/arena``; a relative path is taken from the current folder, and ``~`` is
+    expanded in ``cache`` (an environment variable is taken as it is, as the command takes
+    it). Nothing is made or checked here."""
     if cache is not None:
-        p = os.fspath(cache)
+        p = os.path.expanduser(os.fspath(cache))
         if not p:
             raise Error("USAGE", "cache: an empty path; give a folder, or None for $ARENA_CACHE or ~/.cache/arena")
     elif os.environ.get("ARENA_CACHE"):
@@ -109,7 +111,7 @@ def cache_root(cache: Optional[PathLike] = None) -> Path:
         if home == "~":
             raise Error("USAGE", "the cache folder: no home folder (HOME unset and no passwd entry); set ARENA_CACHE")
         p = os.path.join(home, ".cache", "arena")
-    return Path(os.path.abspath(os.path.expanduser(p)))
+    return Path(os.path.abspath(p))
 
 
 def _refuse(path: Path, st: os.stat_result, what: str, fix: str) -> Optional[Error]:
@@ -200,7 +202,10 @@ def _lock_key(root: Path, key: str, *, wait: bool = True) -> int:
     said = False
     pause = 0.01
     while True:
-        fd = _open_file(path, "the cache lock", os.O_RDWR | os.O_CREAT)
+        try:
+            fd = _open_file(path, "the cache lock", os.O_RDWR | os.O_CREAT)
+        except OSError as e:
+            raise _io_error(e, f"cannot open the cache lock {path}") from None
         try:
             while True:
                 try:
@@ -524,7 +529,7 @@ def entry(key: str, make: Callable[[Path], None], *, record: Mapping[str, Any], 
         s = _check(d, key)
         if s.changed and s.doc is not None:
             try:
-                _verify(d / IMAGE, progress=False)
+                _verify(d / IMAGE, progress=None)
                 s.doc["image"].update(_image_facts(d / IMAGE), verified=True, verified_at=time.time())
                 _write_doc(d / RECORD, s.doc)
                 s.changed = False
@@ -541,7 +546,10 @@ def entry(key: str, make: Callable[[Path], None], *, record: Mapping[str, Any], 
             _discard(root, d, key)
         _sweep(root, key)
         tmp = root / f".tmp-{key}-{os.getpid()}"
-        os.mkdir(tmp, 0o700)
+        try:
+            os.mkdir(tmp, 0o700)
+        except OSError as e:
+            raise _io_error(e, f"cannot make {tmp} for the cache entry of {what}") from None
         published = False
         try:
             t0 = time.time()
@@ -565,11 +573,14 @@ def entry(key: str, make: Callable[[Path], None], *, record: Mapping[str, Any], 
                 "library_version": library_version(),
                 "package_version": __version__,
             }
-            _write_doc(tmp / RECORD, doc)
-            _fsync_path(tmp, directory=True)
-            os.rename(tmp, d)
-            published = True
-            _fsync_path(root, directory=True)
+            try:
+                _write_doc(tmp / RECORD, doc)
+                _fsync_path(tmp, directory=True)
+                os.rename(tmp, d)
+                published = True
+                _fsync_path(root, directory=True)
+            except OSError as e:
+                raise _io_error(e, f"cannot write the cache entry {d}") from None
         finally:
             if not published:
                 shutil.rmtree(tmp, ignore_errors=True)

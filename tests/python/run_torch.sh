@@ -130,7 +130,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")' "$R/tests/python/$t.py" -v >"$
 done
 echo "python adapter tests: passed ($n tests$([ "$k" = 0 ] || echo "; $k slow ones skipped"))"
 # arena.convert, verify, inspect and the package's arena command (tests/python/test_files.py),
-# then examples/sample_flux.py and examples/train_lora.py at their tiny configs
+# the cache (tests/python/test_cache.py), then examples/sample_flux.py and examples/train_lora.py at their tiny configs
 # (tests/python/test_examples.py); one line per test, as above.
 one_per_line='import os, runpy, sys, unittest
 unittest.TextTestResult.getDescription = lambda self, test: str(test)
@@ -145,6 +145,16 @@ cat "$R/$B/python-files.log"
 no_bug "$R/$B/python-files.log"
 ran "$R/$B/python-files.log"
 nf=$got
+# The cache of converted images: arena_gpu._cache, arena.cache_info and the package's
+# arena cache command (tests/python/test_cache.py); no torch needed.
+ARENA_FIXTURES_DIR=${ARENA_FIXTURES_DIR:-$R/fixtures} guarded "$PY" -c "$one_per_line" "$R/tests/python/test_cache.py" -v \
+	>"$R/$B/python-cache.log" 2>&1
+rc=$?
+cat "$R/$B/python-cache.log"
+[ $rc = 0 ] && grep -q '^OK' "$R/$B/python-cache.log" || fail "the cache: failures (log: $B/python-cache.log)"
+no_bug "$R/$B/python-cache.log"
+ran "$R/$B/python-cache.log"
+nc=$got
 ARENA_EXAMPLES_DIR=$R/examples PYTHONWARNINGS=ignore guarded "$PY" -c "$one_per_line" "$R/tests/python/test_examples.py" -v \
 	>"$R/$B/python-examples.log" 2>&1
 rc=$?
@@ -153,6 +163,6 @@ cat "$R/$B/python-examples.log"
 no_bug "$R/$B/python-examples.log"
 ran "$R/$B/python-examples.log"
 ne=$got
-echo "python package tests: passed ($nf tests of convert/verify/inspect, $ne of the examples)"
-echo "python adapter $n tests + mypy, package $nf, examples $ne" >"$R/$S/torch"
+echo "python package tests: passed ($nf tests of convert/verify/inspect, $nc of the cache, $ne of the examples)"
+echo "python adapter $n tests + mypy, package $nf, cache $nc, examples $ne" >"$R/$S/torch"
 [ "$k" = 0 ] || echo "python $k (slow: make test runs them)" >"$R/$SKIPPED"
