@@ -9,9 +9,9 @@
 VAE, the text encoders and the tokenizers come from it, and the transformer
 comes from arena (``arena.torch.from_pretrained`` of <model>/transformer): its
 weights converted into arena's cache on the first run (--cache, default
-$ARENA_CACHE, else ~/.cache/arena), built on the meta device, what fits the GPU
-(or --vram, all the device memory the process may hold) kept there, the rest
-streamed as each block runs.
+$ARENA_CACHE, else $XDG_CACHE_HOME/arena or ~/.cache/arena), built on the meta
+device, what fits the GPU (or --vram, all the device memory the process may
+hold) kept there, the rest streamed as each block runs.
 
 --tiny builds tiny random models instead (nothing downloaded) and samples 4
 steps. Without a GPU it runs on the CPU, its transformer on arena's simulated
@@ -146,8 +146,8 @@ def where(handle: Any) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="a diffusers FLUX.1 folder or Hugging Face id")
-    ap.add_argument("--cache", help="the cache of converted images (default: $ARENA_CACHE, else ~/.cache/arena; "
-                                    "--random: a folder in --workdir)")
+    ap.add_argument("--cache", help="the cache of converted images (default: $ARENA_CACHE, else "
+                                    "$XDG_CACHE_HOME/arena or ~/.cache/arena; --random: a folder in --workdir)")
     ap.add_argument("--prompt", default="a photo of a cat")
     ap.add_argument("--out", default="flux.png", help="the PNG to write (default: ./flux.png)")
     ap.add_argument("--steps", type=int, help="denoising steps (default 28; --tiny: 4)")
@@ -186,7 +186,7 @@ def sample(args: argparse.Namespace, workdir: Optional[str]) -> None:
             args.size = min(args.size, 32)
     else:
         parts, config, weights = model_parts(args.model)
-        cache = args.cache  # None: $ARENA_CACHE, else ~/.cache/arena
+        cache = args.cache  # None: $ARENA_CACHE, else $XDG_CACHE_HOME/arena or ~/.cache/arena
 
     if args.plain:
         from safetensors.torch import load_file

@@ -11,9 +11,9 @@ captions by the text encoders once, and cached in --out (cache.pt; default
 ./flux-lora): the training steps then need the transformer alone, which comes
 from arena (``arena.torch.from_pretrained`` of <model>/transformer, in train
 mode: its weights converted into arena's cache on the first run, --cache,
-default $ARENA_CACHE, else ~/.cache/arena) and whose weights stay frozen; what
-fits the GPU (or --vram, all the device memory the process may hold) stays
-there, the rest is streamed. The LoRA (rank --rank on the attention
+default $ARENA_CACHE, else $XDG_CACHE_HOME/arena or ~/.cache/arena) and whose
+weights stay frozen; what fits the GPU (or --vram, all the device memory the
+process may hold) stays there, the rest is streamed. The LoRA (rank --rank on the attention
 projections) is trained with AdamW under gradient checkpointing, saved every
 --checkpoint-every steps with the optimizer's state (--resume goes on from
 there), previewed every --preview-every steps (a sample of --preview-prompt,
@@ -244,8 +244,8 @@ def save_lora(out: str, layers: Dict[str, torch.Tensor]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="a diffusers FLUX.1 folder or Hugging Face id")
-    ap.add_argument("--cache", help="the cache of converted images (default: $ARENA_CACHE, else ~/.cache/arena; "
-                                    "--random: a folder in --workdir)")
+    ap.add_argument("--cache", help="the cache of converted images (default: $ARENA_CACHE, else "
+                                    "$XDG_CACHE_HOME/arena or ~/.cache/arena; --random: a folder in --workdir)")
     ap.add_argument("--data", help="a folder of images with .txt captions")
     ap.add_argument("--out", default="flux-lora",
                     help="the output folder: cache, checkpoint, previews, the LoRA (default: ./flux-lora)")
@@ -303,7 +303,7 @@ def train(args: argparse.Namespace, workdir: Optional[str]) -> None:
         random_data(args.data, args.resolution)
     else:
         parts, config, weights = model_parts(args.model)
-        source, cache = weights, args.cache  # None: $ARENA_CACHE, else ~/.cache/arena
+        source, cache = weights, args.cache  # None: $ARENA_CACHE, else $XDG_CACHE_HOME/arena or ~/.cache/arena
 
     # The transformer: its weights the image's (converted into the cache on the first
     # run, a line and a tqdm bar saying so), frozen, built on the meta device; in train

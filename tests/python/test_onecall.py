@@ -381,7 +381,8 @@ class FromPretrained(Quiet):
                 at.from_pretrained(diffusers.FluxTransformer2DModel, "tiny/absent", subfolder="transformer",
                                    cache=cache, device="sim")
         self.assertEqual(cm.exception.code, "NOT_FOUND")
-        self.assertIn("tiny/absent: not a local file or folder, and not in the Hugging Face cache", cm.exception.message)
+        self.assertIn("tiny/absent: not a local file or folder, and not in the Hugging Face cache",
+                      cm.exception.message)
         self.assertIn('download it first: hf download tiny/absent --include "transformer/*" "*.json"',
                       cm.exception.message)
 

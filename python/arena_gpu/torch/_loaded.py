@@ -154,7 +154,8 @@ def offload(target: Any, *, vram: Any = None, cache: Optional[PathLike] = None, 
       subclasses of torchao or optimum-quanto as :func:`save_image` writes them).
     vram, and other keywords: as :func:`attach` takes them (``device``,
       ``piece_size``, ``host_budget``, ``mode``...).
-    cache: the cache's folder (default ``$ARENA_CACHE``, else ``~/.cache/arena``).
+    cache: the cache's folder (default ``$ARENA_CACHE``, else ``$XDG_CACHE_HOME/arena``
+      or ``~/.cache/arena``).
     codec: how the image stores the weights (None, "hb4", "zstd").
     progress: as :func:`from_pretrained`'s, for the first call's writing.
     compile: as :func:`from_pretrained`'s: the blocks compiled, torch's artifacts

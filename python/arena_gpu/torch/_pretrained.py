@@ -427,7 +427,8 @@ def from_pretrained(cls: Any, source: PathLike, *, subfolder: Optional[str] = No
       the checkpoint holds it in, as ``from_pretrained(torch_dtype=...)`` of that
       dtype would; arena converts no dtype, so another than the checkpoint's is
       refused (USAGE) saying so.
-    cache: the cache's folder (default ``$ARENA_CACHE``, else ``~/.cache/arena``).
+    cache: the cache's folder (default ``$ARENA_CACHE``, else ``$XDG_CACHE_HOME/arena``
+      or ``~/.cache/arena``).
     compile: True compiles every block with ``torch.compile`` (regionally: a whole
       block with ``fullgraph=True``, a block in pieces or whose layers checkpoint
       their own forward with a graph break at each bound module), and keeps
