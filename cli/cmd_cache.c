@@ -954,6 +954,13 @@ static int cache_prune(cache *c, double older, int all, int dry)
 			       cli_fmt_bytes(l->size, sz, sizeof(sz)));
 			freed += l->size;
 			n_left++;
+			char p[PATH_LEN];
+			struct stat s;
+			snprintf(p, sizeof(p), "%s/%s", c->root, l->key);
+			if (!dry && lstat(p, &s) < 0 && errno == ENOENT) { /* no entry: its lock goes too, held */
+				snprintf(p, sizeof(p), "%s/%s.lock", c->root, l->key);
+				unlink(p);
+			}
 		}
 		close(lk);
 	}

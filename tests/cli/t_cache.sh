@@ -189,6 +189,11 @@ cache_in_use_is_left() {
 	expect_out "removed: $T/c/.tmp-$K1-1234  8 B (left by a process that stopped)"
 	expect_out "removed: ${K1%????????????????????}"
 	[ -z "$(ls -A "$T/c")" ] || fail "prune left $(ls -A "$T/c")"
+	# a folder left without its lock file: removed, and the lock it took too
+	mkdir "$T/c/.trash-$K2-77"
+	run cache prune --all
+	expect_out "removed: $T/c/.trash-$K2-77  0 B"
+	[ -z "$(ls -A "$T/c")" ] || fail "prune left $(ls -A "$T/c")"
 }
 cases cache_in_use_is_left
 
