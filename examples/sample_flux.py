@@ -6,19 +6,21 @@
     python sample_flux.py --model ~/models/FLUX.1-dev --prompt "a cat on a windowsill" --out cat.png
 
 --model is a diffusers FLUX.1 folder (or a Hugging Face id): the scheduler, the
-VAE, the text encoders, the tokenizers and the transformer's config come from
-it. The transformer's weights come from an arena image (--image, default
-<model>/transformer.arena), converted from <model>/transformer on the first
-run: what fits the GPU (or --vram, all the device memory the process may hold)
-stays there, the rest is streamed as each block runs.
+VAE, the text encoders and the tokenizers come from it, and the transformer
+comes from arena (``arena.torch.from_pretrained`` of <model>/transformer): its
+weights converted into arena's cache on the first run (--cache, default
+$ARENA_CACHE, else $XDG_CACHE_HOME/arena or ~/.cache/arena), built on the meta
+device, what fits the GPU (or --vram, all the device memory the process may
+hold) kept there, the rest streamed as each block runs.
 
 --tiny builds tiny random models instead (nothing downloaded) and samples 4
 steps. Without a GPU it runs on the CPU, its transformer on arena's simulated
 device under --vram (default 160K), which streams most of its blocks.
 --random dev builds FLUX.1-dev's transformer and VAE with random weights: a
-GPU's time per image, without a download. --random writes its models into
---workdir, or a temporary folder removed when the run ends. --plain runs the
-transformer from its safetensors weights without arena, to compare.
+GPU's time per image, without a download. --random writes its models (and,
+without --cache, the cache) into --workdir, or a temporary folder removed when
+the run ends. --plain runs the transformer from its safetensors weights without
+arena, to compare.
 """
 
 from __future__ import annotations
@@ -38,11 +40,12 @@ import arena_gpu as arena
 
 def random_models(workdir: str, size: str = "tiny") -> Tuple[Dict[str, Any], Dict[str, Any], str]:
     """FLUX.1's parts with random weights, nothing downloaded: the pipeline's other
-    components, the transformer's config, its weights' file. "tiny": every part's
-    structure at a few thousand weights (CI). "dev": the transformer and the VAE at
-    FLUX.1-dev's configs (the transformer's 11.9 B weights written by ``arena synth``),
-    the text encoders one layer deep at the widths the transformer takes: the
-    GPU's work per step as FLUX.1-dev's, for measuring."""
+    components, the transformer's config, its weights' file (in ``workdir``/transformer,
+    with its config.json: a model's folder as diffusers saves one). "tiny": every
+    part's structure at a few thousand weights (CI). "dev": the transformer and the
+    VAE at FLUX.1-dev's configs (the transformer's 11.9 B weights written by ``arena
+    synth``), the text encoders one layer deep at the widths the transformer takes:
+    the GPU's work per step as FLUX.1-dev's, for measuring."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import CLIPTextConfig, CLIPTextModel, PreTrainedTokenizerFast, T5Config, T5EncoderModel
 
@@ -81,7 +84,8 @@ def random_models(workdir: str, size: str = "tiny") -> Tuple[Dict[str, Any], Dic
     }
     for k in ("vae", "text_encoder", "text_encoder_2"):
         parts[k].to(torch.bfloat16).eval()  # as from_pretrained leaves them: no dropout
-    weights = os.path.join(workdir, "transformer.safetensors")
+    folder = os.path.join(workdir, "transformer")
+    weights = os.path.join(folder, "diffusion_pytorch_model.safetensors")
     if dev:
         config = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
                       num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768,
@@ -90,14 +94,15 @@ def random_models(workdir: str, size: str = "tiny") -> Tuple[Dict[str, Any], Dic
         import sys
 
         if not os.path.exists(weights):  # 22 GiB, written once
+            os.makedirs(folder, exist_ok=True)
             subprocess.run([sys.executable, "-m", "arena_gpu", "synth", "--layout", "flux-dev", "-o", weights], check=True)
+        with torch.device("meta"):
+            FluxTransformer2DModel.from_config(config).save_config(folder)
         return parts, config, weights
     config = dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=16,
                   num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=True,
                   axes_dims_rope=[4, 6, 6])
-    from safetensors.torch import save_file
-
-    save_file(FluxTransformer2DModel(**config).to(torch.bfloat16).state_dict(), weights)
+    FluxTransformer2DModel(**config).to(torch.bfloat16).save_pretrained(folder)
     return parts, config, weights
 
 
@@ -141,7 +146,8 @@ def where(handle: Any) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="a diffusers FLUX.1 folder or Hugging Face id")
-    ap.add_argument("--image", help="the transformer's arena image (made from the model when missing)")
+    ap.add_argument("--cache", help="the cache of converted images (default: $ARENA_CACHE, else "
+                                    "$XDG_CACHE_HOME/arena or ~/.cache/arena; --random: a folder in --workdir)")
     ap.add_argument("--prompt", default="a photo of a cat")
     ap.add_argument("--out", default="flux.png", help="the PNG to write (default: ./flux.png)")
     ap.add_argument("--steps", type=int, help="denoising steps (default 28; --tiny: 4)")
@@ -175,12 +181,12 @@ def sample(args: argparse.Namespace, workdir: Optional[str]) -> None:
         assert workdir is not None
         os.makedirs(workdir, exist_ok=True)
         parts, config, weights = random_models(workdir, args.random)
-        image = args.image or os.path.join(workdir, "transformer.arena")
+        cache = args.cache or os.path.join(workdir, "cache")
         if args.random == "tiny":
             args.size = min(args.size, 32)
     else:
         parts, config, weights = model_parts(args.model)
-        image = args.image or weights.rstrip("/") + ".arena"
+        cache = args.cache  # None: $ARENA_CACHE, else $XDG_CACHE_HOME/arena or ~/.cache/arena
 
     if args.plain:
         from safetensors.torch import load_file
@@ -193,14 +199,16 @@ def sample(args: argparse.Namespace, workdir: Optional[str]) -> None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         transformer.to(device)
     else:
-        if not os.path.exists(image):
-            arena.convert(weights, image)  # once: a tqdm bar shows the progress
-        with torch.device("meta"):  # no memory for weights: they are the image's
-            transformer = FluxTransformer2DModel.from_config(config).to(torch.bfloat16)
-        handle = arena.torch.attach(transformer, image, **attach_options(args.random == "tiny", args.vram))
+        # Converted into the cache on the first run (a line and a tqdm bar say so), built
+        # on the meta device (no memory for weights: they are the image's), attached.
+        transformer = arena.torch.from_pretrained(FluxTransformer2DModel, os.path.dirname(weights) if args.random
+                                                  else weights, cache=cache,
+                                                  **attach_options(args.random == "tiny", args.vram))
+        handle = arena.torch.handle(transformer)
         device = handle.arena.device  # "cuda:0", or "cpu" on the simulated device
         plan = handle.plan()
-        print(f"{image}: {plan['n_resident']} blocks resident, {plan['n_streamed']} streamed ({where(handle)})")
+        print(f"transformer ({handle.cache_entry.image}): {plan['n_resident']} blocks resident, "
+              f"{plan['n_streamed']} streamed ({where(handle)})")
 
     pipe = FluxPipeline(transformer=transformer, **parts)
     for name in ("vae", "text_encoder", "text_encoder_2"):

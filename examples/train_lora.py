@@ -8,11 +8,12 @@
 --data is a folder of images (.png, .jpg, .jpeg, .webp), each with a caption in
 a .txt file of the same name. The images are encoded by the VAE and the
 captions by the text encoders once, and cached in --out (cache.pt; default
-./flux-lora): the training steps then need the transformer alone, whose
-weights come from an arena image (--image, default <model>/transformer.arena,
-converted from <model>/transformer on the first run) and stay frozen; what
-fits the GPU (or --vram, all the device memory the process may hold) stays
-there, the rest is streamed. The LoRA (rank --rank on the attention
+./flux-lora): the training steps then need the transformer alone, which comes
+from arena (``arena.torch.from_pretrained`` of <model>/transformer, in train
+mode: its weights converted into arena's cache on the first run, --cache,
+default $ARENA_CACHE, else $XDG_CACHE_HOME/arena or ~/.cache/arena) and whose
+weights stay frozen; what fits the GPU (or --vram, all the device memory the
+process may hold) stays there, the rest is streamed. The LoRA (rank --rank on the attention
 projections) is trained with AdamW under gradient checkpointing, saved every
 --checkpoint-every steps with the optimizer's state (--resume goes on from
 there), previewed every --preview-every steps (a sample of --preview-prompt,
@@ -25,8 +26,9 @@ downloaded) and trains 8 steps, previewed and saved every 4: what CI runs.
 Without a GPU it runs on the CPU, its transformer on arena's simulated device
 under --vram (default 160K), which streams most of its blocks. --random dev
 builds FLUX.1-dev's transformer and VAE with random weights: a GPU's time per
-step, without a download. --random writes its models and images into
---workdir, or a temporary folder removed when the run ends.
+step, without a download. --random writes its models and images (and, without
+--cache, the cache) into --workdir, or a temporary folder removed when the run
+ends.
 """
 
 from __future__ import annotations
@@ -52,11 +54,12 @@ import arena_gpu as arena
 
 def random_models(workdir: str, size: str = "tiny") -> Tuple[Dict[str, Any], Dict[str, Any], str]:
     """FLUX.1's parts with random weights, nothing downloaded: the pipeline's other
-    components, the transformer's config, its weights' file. "tiny": every part's
-    structure at a few thousand weights (CI). "dev": the transformer and the VAE at
-    FLUX.1-dev's configs (the transformer's 11.9 B weights written by ``arena synth``),
-    the text encoders one layer deep at the widths the transformer takes: the
-    GPU's work per step as FLUX.1-dev's, for measuring."""
+    components, the transformer's config, its weights' file (in ``workdir``/transformer,
+    with its config.json: a model's folder as diffusers saves one). "tiny": every
+    part's structure at a few thousand weights (CI). "dev": the transformer and the
+    VAE at FLUX.1-dev's configs (the transformer's 11.9 B weights written by ``arena
+    synth``), the text encoders one layer deep at the widths the transformer takes:
+    the GPU's work per step as FLUX.1-dev's, for measuring."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import CLIPTextConfig, CLIPTextModel, PreTrainedTokenizerFast, T5Config, T5EncoderModel
 
@@ -95,7 +98,8 @@ def random_models(workdir: str, size: str = "tiny") -> Tuple[Dict[str, Any], Dic
     }
     for k in ("vae", "text_encoder", "text_encoder_2"):
         parts[k].to(torch.bfloat16).eval()  # as from_pretrained leaves them: no dropout
-    weights = os.path.join(workdir, "transformer.safetensors")
+    folder = os.path.join(workdir, "transformer")
+    weights = os.path.join(folder, "diffusion_pytorch_model.safetensors")
     if dev:
         config = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
                       num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768,
@@ -104,14 +108,15 @@ def random_models(workdir: str, size: str = "tiny") -> Tuple[Dict[str, Any], Dic
         import sys
 
         if not os.path.exists(weights):  # 22 GiB, written once
+            os.makedirs(folder, exist_ok=True)
             subprocess.run([sys.executable, "-m", "arena_gpu", "synth", "--layout", "flux-dev", "-o", weights], check=True)
+        with torch.device("meta"):
+            FluxTransformer2DModel.from_config(config).save_config(folder)
         return parts, config, weights
     config = dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=16,
                   num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=True,
                   axes_dims_rope=[4, 6, 6])
-    from safetensors.torch import save_file
-
-    save_file(FluxTransformer2DModel(**config).to(torch.bfloat16).state_dict(), weights)
+    FluxTransformer2DModel(**config).to(torch.bfloat16).save_pretrained(folder)
     return parts, config, weights
 
 
@@ -239,7 +244,8 @@ def save_lora(out: str, layers: Dict[str, torch.Tensor]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="a diffusers FLUX.1 folder or Hugging Face id")
-    ap.add_argument("--image", help="the transformer's arena image (made from the model when missing)")
+    ap.add_argument("--cache", help="the cache of converted images (default: $ARENA_CACHE, else "
+                                    "$XDG_CACHE_HOME/arena or ~/.cache/arena; --random: a folder in --workdir)")
     ap.add_argument("--data", help="a folder of images with .txt captions")
     ap.add_argument("--out", default="flux-lora",
                     help="the output folder: cache, checkpoint, previews, the LoRA (default: ./flux-lora)")
@@ -289,7 +295,7 @@ def train(args: argparse.Namespace, workdir: Optional[str]) -> None:
         assert workdir is not None
         os.makedirs(workdir, exist_ok=True)
         parts, config, weights = random_models(workdir, args.random)
-        image = args.image or os.path.join(workdir, "transformer.arena")
+        source, cache = os.path.dirname(weights), args.cache or os.path.join(workdir, "cache")
         if args.random == "tiny":
             args.resolution = min(args.resolution, 32)
             args.preview_steps = min(args.preview_steps, 2)
@@ -297,18 +303,18 @@ def train(args: argparse.Namespace, workdir: Optional[str]) -> None:
         random_data(args.data, args.resolution)
     else:
         parts, config, weights = model_parts(args.model)
-        image = args.image or weights.rstrip("/") + ".arena"
-    if not os.path.exists(image):
-        arena.convert(weights, image)  # once: a tqdm bar shows the progress
+        source, cache = weights, args.cache  # None: $ARENA_CACHE, else $XDG_CACHE_HOME/arena or ~/.cache/arena
 
-    # The transformer: its weights the image's, frozen; in train mode the engine
-    # plans for a forward and a backward (with the recompute) per step.
-    with torch.device("meta"):
-        transformer = FluxTransformer2DModel.from_config(config).to(torch.bfloat16)
-    handle = arena.torch.attach(transformer, image, mode="train", **attach_options(args.random == "tiny", args.vram))
+    # The transformer: its weights the image's (converted into the cache on the first
+    # run, a line and a tqdm bar saying so), frozen, built on the meta device; in train
+    # mode the engine plans for a forward and a backward (with the recompute) per step.
+    transformer = arena.torch.from_pretrained(FluxTransformer2DModel, source, mode="train", cache=cache,
+                                              **attach_options(args.random == "tiny", args.vram))
+    handle = arena.torch.handle(transformer)
     device = handle.arena.device
     plan = handle.plan()
-    print(f"{image}: {plan['n_resident']} blocks resident, {plan['n_streamed']} streamed ({where(handle)})")
+    print(f"transformer ({handle.cache_entry.image}): {plan['n_resident']} blocks resident, "
+          f"{plan['n_streamed']} streamed ({where(handle)})")
     pipe = FluxPipeline(transformer=transformer, **parts)
     for name in ("vae", "text_encoder", "text_encoder_2"):
         getattr(pipe, name).to(device)

@@ -19,8 +19,11 @@ Make an image once with ``arena.convert("model.safetensors", "model.arena")``
 ``arena`` command does the same from a shell). Images converted for you
 (``arena.torch.from_pretrained``, ``offload``) are kept in a cache,
 ``$ARENA_CACHE`` or ``~/.cache/arena``: ``arena.cache_info()`` lists it,
-``arena cache list|verify|prune`` looks after it. Bind a PyTorch module to an
-arena with ``arena.torch.attach`` (torch: the package's ``[torch]`` extra). Errors from
+``arena cache list|verify|prune`` looks after it. Load a diffusers or
+transformers pipeline or model in one call with ``arena.torch.from_pretrained``
+(or move one loaded already with ``arena.torch.offload``), or bind any PyTorch
+module to an arena with ``arena.torch.attach`` (torch: the package's ``[torch]``
+extra). Errors from
 the C library are raised as :class:`arena.Error` with its one-line message
 and error name (``e.code``, e.g. ``"IMG_CHUNK_CHECKSUM"``).
 

@@ -134,7 +134,7 @@ def umask() -> int:
 def streams(out: str) -> bool:
     """The run's first line says its transformer streams blocks (``--tiny`` on the
     CPU: the simulated device under a small --vram); on a GPU a tiny model fits."""
-    m = re.search(r"transformer\.arena: (\d+) blocks resident, (\d+) streamed", out)
+    m = re.search(r"^transformer \(.*image\.arena\): (\d+) blocks resident, (\d+) streamed", out, re.M)
     assert m, out
     return int(m[2]) > 0
 

@@ -1,6 +1,20 @@
 """Bind a PyTorch module to an arena: the module's weights live in arena memory.
 
-``attach(module, path)`` binds any module whose parameter names are the
+In one call, as diffusers and transformers are used:
+
+- ``from_pretrained(cls, source, vram=...)``: a diffusers pipeline, a diffusers
+  model or a transformers model from its folder (or a Hugging Face id in the
+  local cache), its weights converted once into arena's cache, every model
+  built on the meta device in the checkpoint's dtypes and attached, the rest
+  (tokenizers, scheduler) loaded as usual: ready to run (``compile=True``: the
+  blocks compiled, torch's compiled artifacts kept beside the image);
+- ``offload(pipe, vram=...)``: in place of ``pipe.enable_model_cpu_offload()``,
+  a pipeline or module already loaded, its weights written into the cache
+  (keyed by their content) and attached, the loaded copies let go;
+- ``handle(obj)``: the :class:`Handle` of what they return (statistics,
+  traces, ``detach()``).
+
+For full control, ``attach(module, path)`` binds any module whose parameter names are the
 image's (diffusers, transformers, plain torch): each of the image's blocks
 (found by ``arena convert`` from the checkpoint's structure) to the module at
 its path (``transformer_blocks.N``, ``encoder.block.N``, a UNet's
@@ -97,7 +111,15 @@ from ._handle import Handle, Trace
 from ._quant import Binding, register_binding, save_image
 from ._share import local_ranks, open_shared
 
-__all__ = ["attach", "Handle", "Trace", "save_image", "register_binding", "Binding", "local_ranks"]
+from ._pretrained import from_pretrained, handle  # noqa: E402
+from ._loaded import offload  # noqa: E402
+
+__all__ = ["from_pretrained", "offload", "handle", "attach", "Handle", "Trace", "save_image", "register_binding",
+           "Binding", "local_ranks"]
+# Named as this module's own (arena_gpu.torch.from_pretrained, in reprs and help()).
+for _public in (from_pretrained, offload, handle):
+    _public.__module__ = __name__
+del _public
 
 
 def _on_cuda(device: Union[str, int, None]) -> bool:

@@ -93,6 +93,9 @@ class Handle:
         self._retries: List[Dict[str, Any]] = []
         self._fp8_compute: Any = "auto"  # attach's fp8_compute (_quant.fp8_native)
         self._copy_bytes = 0  # the largest block's dequantized copies (bytes): _copy_floor
+        # from_pretrained and offload: the cache's entry the image is (arena_gpu._cache.CacheEntry:
+        # its image, whether this call made it, its size); None when attach was given the image.
+        self.cache_entry: Any = None
 
     def _torch_reserved(self) -> Optional[int]:
         if self._device.type != "cuda":

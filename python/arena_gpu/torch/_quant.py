@@ -576,6 +576,50 @@ def _tensors_of(module: nn.Module) -> Dict[str, torch.Tensor]:
     return out
 
 
+def flatten(module: nn.Module, prefix: str = "", what: str = "save_image",
+            meta_hint: str = "it has no values to write") -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+    """``module``'s tensors as an image stores them: plain tensors by name (``prefix``
+    before each), a tensor subclass as its inner tensors (``<name>_<attribute>``) and
+    its entry of the ``arena.subclass`` metadata (the second dict). The tensors are
+    the module's own where they are contiguous CPU tensors (no copy). Raises
+    arena.Error USAGE naming a tensor on the meta device (``what`` says whose,
+    ``meta_hint`` what to do)."""
+    flat: Dict[str, torch.Tensor] = {}
+    groups: Dict[str, Any] = {}
+    for name, t in _tensors_of(module).items():
+        name = prefix + name
+        if t.device.type == "meta" or (is_subclass(t) and any(v.device.type == "meta" for _, v in _inner(t))):
+            raise Error("USAGE", f"{what}: '{name}' is on the meta device: {meta_hint}")
+        if is_subclass(t):
+            entry, comps = describe(name, t)
+            entry["components"] = [[c, f"{name}_{c}"] for c, _ in comps]
+            groups[name] = entry
+            for c, v in comps:
+                flat[f"{name}_{c}"] = v.detach().to("cpu").contiguous()
+        else:
+            flat[name] = t.detach().to("cpu").contiguous()
+    clash = sorted(set(flat) & set(groups))
+    if clash:
+        raise Error("DUPLICATE_TENSOR", f"{what}: '{clash[0]}' is a tensor and a subclass's name")
+    return flat, groups
+
+
+def write_image(flat: Dict[str, torch.Tensor], groups: Dict[str, Any], path: str, *, codec: Optional[str] = None,
+                threads: int = 0, force: bool = False, progress: Any = False) -> None:
+    """What :func:`flatten` gave, as an arena image at ``path``: written to a temporary
+    safetensors file beside ``path`` (removed after) and converted by the library."""
+    from safetensors.torch import save_file
+
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".arena-save-", suffix=".safetensors", dir=d)
+    os.close(fd)
+    try:
+        save_file(flat, tmp, metadata={"arena.subclass": json.dumps(groups)} if groups else None)
+        convert([tmp], path, codec=codec, threads=threads, force=force, progress=progress)
+    finally:
+        os.unlink(tmp)
+
+
 def save_image(module: nn.Module, path: str, *, codec: Optional[str] = None, threads: int = 0,
                force: bool = False) -> None:
     """Write ``module``'s weights as an arena image at ``path``: plain tensors as they
@@ -589,39 +633,15 @@ def save_image(module: nn.Module, path: str, *, codec: Optional[str] = None, thr
     OUTPUT_EXISTS (a file at ``path``, before anything is written); USAGE naming a
     tensor that cannot be stored (a meta tensor, a subclass of more than 4 inner
     tensors or of a dtype an image has not)."""
-    from safetensors.torch import save_file
-
     if not force and os.path.lexists(path):  # said before the tensors are copied and written
         raise Error("OUTPUT_EXISTS", f"{path}: exists; force=True replaces it")
-    flat: Dict[str, torch.Tensor] = {}
-    groups: Dict[str, Any] = {}
-    for name, t in _tensors_of(module).items():
-        if t.device.type == "meta" or (is_subclass(t) and any(v.device.type == "meta" for _, v in _inner(t))):
-            raise Error("USAGE", f"save_image: '{name}' is on the meta device: it has no values to write")
-        if is_subclass(t):
-            entry, comps = describe(name, t)
-            entry["components"] = [[c, f"{name}_{c}"] for c, _ in comps]
-            groups[name] = entry
-            for c, v in comps:
-                flat[f"{name}_{c}"] = v.detach().to("cpu").contiguous()
-        else:
-            flat[name] = t.detach().to("cpu").contiguous()
-    clash = sorted(set(flat) & set(groups))
-    if clash:
-        raise Error("DUPLICATE_TENSOR", f"save_image: '{clash[0]}' is a tensor and a subclass's name")
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".arena-save-", suffix=".safetensors", dir=d)
-    os.close(fd)
-    try:
-        save_file(flat, tmp, metadata={"arena.subclass": json.dumps(groups)} if groups else None)
-        convert([tmp], path, codec=codec, threads=threads, force=force)
-    finally:
-        os.unlink(tmp)
+    flat, groups = flatten(module)
+    write_image(flat, groups, path, codec=codec, threads=threads, force=force)
 
 
 def convert(inputs: Sequence[str], out: str, *, codec: Optional[str] = None, threads: int = 0,
-            force: bool = False) -> None:
+            force: bool = False, progress: Any = False) -> None:
     """``arena convert INPUTS -o OUT`` through the library (:func:`arena.convert`)."""
     from .. import convert as _convert
 
-    _convert(list(inputs), out, codec=codec, threads=threads or None, progress=False, force=force)
+    _convert(list(inputs), out, codec=codec, threads=threads or None, progress=progress, force=force)
