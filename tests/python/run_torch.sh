@@ -1,6 +1,5 @@
 #!/bin/sh
 # The Python package and the PyTorch adapter (tests/python/test_torch.py,
-# The Python package and the PyTorch adapter (tests/python/test_torch.py,
 # test_retry.py, test_args.py, test_models.py, test_bench.py and
 # test_onecall.py), in BUILD/venv-torch: torch, diffusers and peft from PyPI
 # (pinned in tests/python/requirements-torch.txt; pip's cache and the venv
