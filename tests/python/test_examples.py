@@ -62,7 +62,7 @@ TIMEOUT = float(os.environ.get("ARENA_EXAMPLE_TIMEOUT", "600"))
 # issues 75097 and 190489: the process group's destructor, run with the GIL
 # held where the last reference to the DDP model goes, joins a gloo thread
 # that waits for the GIL to let go of a tensor): a worker whose run is done
-# and said so now and then never exits (seen about once in 60 runs on a
+# and said so now and then never exits (seen once in about 100 runs on a
 # loaded 2-core machine: its stacks, its main thread at the module's last
 # line and the other thread in C). A torchrun run stuck so, after its last
 # line, is run again once; stuck before it, or twice, it fails.
