@@ -79,11 +79,9 @@ static int cmp_extent(const void *a, const void *b)
 	return x->begin < y->begin ? -1 : x->begin > y->begin;
 }
 
-/* Fill buf with data bytes [c0, c0+len). */
-static int fill_chunk(job *j, uint64_t c0, uint64_t len, uint8_t *buf)
+/* The first extent that ends after data byte c0 (n_ext: none). */
+static size_t first_extent(const job *j, uint64_t c0)
 {
-	uint64_t done = c0; /* bytes before this are written; gaps are zeroed as they come */
-	/* First extent ending after c0. */
 	size_t lo = 0, hi = j->n_ext;
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
@@ -92,6 +90,14 @@ static int fill_chunk(job *j, uint64_t c0, uint64_t len, uint8_t *buf)
 		else
 			hi = mid;
 	}
+	return lo;
+}
+
+/* Fill buf with data bytes [c0, c0+len). */
+static int fill_chunk(job *j, uint64_t c0, uint64_t len, uint8_t *buf)
+{
+	uint64_t done = c0; /* bytes before this are written; gaps are zeroed as they come */
+	const size_t lo = first_extent(j, c0);
 	for (size_t k = lo; k < j->n_ext && j->ext[k].begin < c0 + len; k++) {
 		const extent *e = &j->ext[k];
 		uint64_t a = e->begin > c0 ? e->begin : c0;
@@ -124,14 +130,7 @@ static int fill_chunk(job *j, uint64_t c0, uint64_t len, uint8_t *buf)
 static unsigned chunk_width(const job *j, uint64_t c0, uint64_t len)
 {
 	uint64_t by[9] = {0};
-	size_t lo = 0, hi = j->n_ext;
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		if (j->ext[mid].begin + j->ext[mid].bytes <= c0)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
+	const size_t lo = first_extent(j, c0);
 	for (size_t k = lo; k < j->n_ext && j->ext[k].begin < c0 + len; k++) {
 		const extent *e = &j->ext[k];
 		uint64_t a = e->begin > c0 ? e->begin : c0;

@@ -255,6 +255,22 @@ static unsigned cpus(void)
  * than reads fill, no more threads than slots or than `units` of work), then
  * within the pinned budget; a budget too small for even the smallest ring
  * leaves it pageable. */
+/* The ring one step smaller (fewer slots a thread down to 2, then slots
+ * halved down to 64 KiB, then threads halved): 0 when it is already the
+ * smallest. */
+static int ring_smaller(uint64_t *slot, unsigned *spt, unsigned *thr)
+{
+	if (*spt > 2)
+		--*spt;
+	else if (*slot / 2 >= (64u << 10))
+		*slot = *slot / 2 / DIRECT_ALIGN * DIRECT_ALIGN;
+	else if (*thr > 1)
+		*thr /= 2;
+	else
+		return 0;
+	return 1;
+}
+
 int arena__load_ring_setup(loader *L, uint64_t need, uint64_t max_read, uint64_t units)
 {
 	arena_pin_budget *b = L->o->budget;
@@ -283,17 +299,8 @@ int arena__load_ring_setup(loader *L, uint64_t need, uint64_t max_read, uint64_t
 	const arena_img_header *h = L->img ? &L->img->hdr : NULL;
 	const uint64_t extra = h && L->coded ? h->chunk_size * (1 + (h->flags & ARENA_IMG_FLAG_ZSTD ? L->per : 0)) : 0;
 	const uint64_t max = L->o->buffers_max;
-	while (max && (uint64_t)thr * (spt * slot + extra) > max) {
-		if (spt > 2)
-			spt--;
-		else if (slot / 2 >= (64u << 10))
-			slot = slot / 2 / DIRECT_ALIGN * DIRECT_ALIGN;
-		else if (thr > 1)
-			thr = thr / 2;
-		else
-			break;
+	while (max && (uint64_t)thr * (spt * slot + extra) > max && ring_smaller(&slot, &spt, &thr))
 		L->ring_lowered |= ARENA_RING_BY_HOST;
-	}
 	const uint64_t full_slot = slot;
 	const unsigned full_spt = spt, full_thr = thr;
 	for (;;) {
@@ -302,13 +309,7 @@ int arena__load_ring_setup(loader *L, uint64_t need, uint64_t max_read, uint64_t
 			L->ring_pinned = 1;
 			break;
 		}
-		if (spt > 2)
-			spt--;
-		else if (slot / 2 >= (64u << 10))
-			slot = slot / 2 / DIRECT_ALIGN * DIRECT_ALIGN;
-		else if (thr > 1)
-			thr = thr / 2;
-		else {
+		if (!ring_smaller(&slot, &spt, &thr)) {
 			slot = full_slot, spt = full_spt, thr = full_thr; /* pageable, as large as it is useful */
 			break;
 		}
