@@ -8,7 +8,8 @@ make: the pipeline at FLUX.1-dev's configs of every component (T5-XXL
   own random initialization, built on the GPU), saved with save_pretrained
   to DIR (model_index.json and a folder per component, as a diffusers
   pipeline's folder is: put DIR on a tmpfs such as /dev/shm, ~34 GB) and
-  converted into IMAGE by `BIN convert DIR -o IMAGE` (its seconds printed).
+  converted into IMAGE by `BIN convert DIR -o IMAGE` (its seconds printed;
+  IMAGE "-": not converted).
 RUN, one process each (run it under bench/vram_peak.py for the process's
   peak as the driver counts it):
   resident    FluxPipeline.from_pretrained(DIR).to("cuda")
@@ -19,7 +20,13 @@ RUN, one process each (run it under bench/vram_peak.py for the process's
   arena       every component built on the meta device from DIR's configs,
               the pipeline attached to IMAGE under one budget
               (arena.torch.attach(pipe, IMAGE[, vram=V]))
-  Prints one JSON line: the seconds of each image (1024x1024, S denoising
+  pretrained  arena.torch.from_pretrained(FluxPipeline, DIR[, vram=V,
+              quant=Q], cache=C): converted into the cache on its first
+              call (cold; "converted": true in the record), found there
+              on the next (warm); the cache's entries after it
+  Prints one JSON line: first_image_from_start_s (from before diffusers'
+  import to the first image's end: set-up, a conversion, the first image),
+  the seconds of each image (1024x1024, S denoising
   steps, default 28, guidance 3.5, the prompt through both text encoders,
   the VAE decode; wall clock, the device synchronized after each denoising
   step, whose end goes to stderr as it happens), the set-up seconds,
@@ -112,6 +119,8 @@ def make(d: str, image: str, arena_bin: str) -> dict:
     res["save_s"] = time.perf_counter() - t0
     del pipe
     torch.cuda.empty_cache()
+    if image == "-":  # no image: the one-call runs make theirs in the cache
+        return res
     t0 = time.perf_counter()
     subprocess.run([arena_bin, "convert", "-q", "--force", d, "-o", image], check=True)
     res["convert_s"] = time.perf_counter() - t0
@@ -119,14 +128,28 @@ def make(d: str, image: str, arena_bin: str) -> dict:
     return res
 
 
-def run(kind: str, d: str, image: str, vram, n_images: int, steps: int) -> dict:
+def run(kind: str, d: str, image: str, vram, n_images: int, steps: int, cache=None, quant=None) -> dict:
+    t_begin = time.perf_counter()
     from diffusers import FluxPipeline
 
     torch.backends.cuda.enable_cudnn_sdp(False)
     res: dict = {"run": kind, "vram": vram, "steps": steps}
     t0 = time.perf_counter()
     h = None
-    if kind == "arena":
+    if kind == "pretrained":
+        import arena_gpu as arena
+        import arena_gpu.torch as at
+
+        before = {e["key"] for e in arena.cache_info(cache)}
+        pipe = at.from_pretrained(FluxPipeline, d, cache=cache, **({"vram": vram} if vram else {}),
+                                  **({"quant": quant} if quant else {}))
+        pipe.set_progress_bar_config(disable=True)
+        h = at.handle(pipe)
+        info = arena.cache_info(cache)
+        res["cache_entries"] = [{k: e.get(k) for k in ("key", "size", "path", "made")} for e in info]
+        res["converted"] = any(e["key"] not in before for e in info)
+        res["plan"] = h.plan()
+    elif kind == "arena":
         import arena_gpu.torch as at
 
         pipe = pipeline(build("meta"))
@@ -171,6 +194,8 @@ def run(kind: str, d: str, image: str, vram, n_images: int, steps: int) -> dict:
                        generator=torch.Generator("cuda").manual_seed(i)).images
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
+        if i == 0:  # from the start of run(): imports, set-up (a conversion too), the first image
+            res["first_image_from_start_s"] = time.perf_counter() - t_begin
         res.setdefault("denoise_s", []).append(marks[-1] - marks[0] if marks else None)
         marks.clear()
         res["image_shape"] = list(img.shape)
@@ -189,18 +214,20 @@ def run(kind: str, d: str, image: str, vram, n_images: int, steps: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", help="make | resident | model | sequential | arena")
+    ap.add_argument("what", help="make | resident | model | sequential | arena | pretrained")
     ap.add_argument("dir")
     ap.add_argument("image")
     ap.add_argument("--arena", default="build/arena", help="make: the arena command")
     ap.add_argument("--vram", default=None)
     ap.add_argument("--images", type=int, default=2)
     ap.add_argument("--steps", type=int, default=28)
+    ap.add_argument("--cache", default=None, help="pretrained: the cache's folder (default arena's: $ARENA_CACHE...)")
+    ap.add_argument("--quant", default=None, help="pretrained: from_pretrained(quant=...)")
     a = ap.parse_args()
     if a.what == "make":
         res = make(a.dir, a.image, a.arena)
     else:
-        res = run(a.what, a.dir, a.image, a.vram, a.images, a.steps)
+        res = run(a.what, a.dir, a.image, a.vram, a.images, a.steps, a.cache, a.quant)
     print(json.dumps(res), flush=True)
 
 

@@ -21,6 +21,11 @@ RUN is one of
   diffusers-sample diffusers group offloading (block_level, use_stream) from CPU weights
   plain-train      LoRA (rank 16, attention projections), AdamW, checkpointing, all resident
   arena-train      the same through arena.torch.attach (--vram)
+  pretrained-sample / pretrained-train
+                   arena.torch.from_pretrained(FluxTransformer2DModel, --folder, cache=--cache,
+                   vram=--vram, compile=--compile): "converted" says whether it made the cache's entry
+                   (cold) or found it (warm); with --compile, torch's compile counters after the
+                   first step and after all (recompiles under streaming: none)
 and prints one JSON line: step times (CUDA events on torch's stream between steps, the host not
 waiting between them; --sync: a device-wide synchronize after each step, see time_steps),
 the set-up time, the wall time per step, the peak device memory the process used (all of it:
@@ -344,6 +349,11 @@ def main() -> None:
     ap.add_argument("--cprofile", default=None, metavar="FILE",
                     help="after the timed steps, two more under Python's cProfile: the host's time by function, "
                          "the top 60 by own and by cumulative time")
+    ap.add_argument("--folder", default=None, help="pretrained runs: the model's folder (config.json, safetensors)")
+    ap.add_argument("--cache", default=None, help="pretrained runs: the cache's folder (default arena's)")
+    ap.add_argument("--quant", default=None, help="pretrained runs: from_pretrained(quant=...)")
+    ap.add_argument("--compile", action="store_true",
+                    help="pretrained runs: compile=True; plain runs: each block compiled (fullgraph=True) as arena does")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() before the timed steps (the collector stays on)")
     ap.add_argument("--no-gc", action="store_true", help="Python's cyclic collector off during the timed steps (gc.freeze + gc.disable)")
@@ -433,6 +443,28 @@ def main() -> None:
         if a.host_timing:
             host_timing(h.arena)
         res["memory_after_setup"] = h.arena.memory()
+    elif a.run.startswith("pretrained"):
+        # arena.torch.from_pretrained of a model folder (config.json and its safetensors):
+        # converted into the cache (--cache) on a first call, found there on the next;
+        # --compile: compile=True (each block compiled, torch's artifacts kept in the entry)
+        import arena_gpu as arena
+        import arena_gpu.torch as at
+        from diffusers import FluxTransformer2DModel
+
+        before = {e["key"] for e in arena.cache_info(a.cache)}
+        kw = {k: v for k, v in dict(vram=a.vram, piece_size=a.piece_size).items() if v is not None}
+        if a.fp8_compute is not None:
+            kw["fp8_compute"] = {"on": True, "off": False, "auto": "auto"}[a.fp8_compute]
+        t0 = time.perf_counter()
+        m = at.from_pretrained(FluxTransformer2DModel, a.folder, cache=a.cache, compile=a.compile,
+                               mode="train" if train else "sample", **({"quant": a.quant} if a.quant else {}), **kw)
+        res["setup_s"] = time.perf_counter() - t0
+        m.requires_grad_(False)
+        h = at.handle(m)
+        info = arena.cache_info(a.cache)
+        res["converted"] = any(e["key"] not in before for e in info)
+        res["cache_entries"] = [{k: e.get(k) for k in ("key", "size", "made")} for e in info]
+        res["plan"] = h.plan()
     elif a.run == "diffusers-sample":
         from safetensors.torch import load_file
 
@@ -444,6 +476,9 @@ def main() -> None:
         res["setup_s"] = time.perf_counter() - t0
     else:
         sys.exit(f"unknown run {a.run}")
+    if a.compile and a.run.startswith("plain"):  # the compiled resident model: each block as arena compiles it
+        for blk in list(m.transformer_blocks) + list(m.single_transformer_blocks):
+            blk.compile(fullgraph=True)
     peak.read()
     x = inputs()
     if train:
@@ -532,6 +567,10 @@ def main() -> None:
     step()
     torch.cuda.synchronize()
     res["first_step_s"] = time.perf_counter() - t0
+    if a.compile:
+        from torch._dynamo.utils import counters
+
+        res["compile_counters_first_step"] = {k: dict(v) for k, v in counters.items() if k in ("stats", "recompiles", "inductor")}
     res["start_to_first_step_end_s"] = time.perf_counter() - t_start
     peak.read()
     # the timed steps' own peak too: the engine gives back what torch took past
@@ -566,6 +605,10 @@ def main() -> None:
     PHASES = None
     if train and contend is not None:  # the copies beside each backward: their own seconds
         res["contend_copy_s"] = [round(e0.elapsed_time(e1) / 1e3, 4) for e0, e1 in contend["evs"]]
+    if a.compile:
+        from torch._dynamo.utils import counters
+
+        res["compile_counters"] = {k: dict(v) for k, v in counters.items() if k in ("stats", "recompiles", "inductor")}
     ss = sorted(res["steps_s"][1:])
     res["step_s_median"] = ss[len(ss) // 2]
     res["device_peak_bytes"] = peak.used()
@@ -594,10 +637,12 @@ def main() -> None:
         from arena_gpu.torch import _fp8
         res["fp8_dequantize_way"] = dict(_fp8._DEQ_WAY)
         st = h.stats()
+        res["decisions"] = h.decisions()
         res["records"] = [{k: r[k] for k in ("mode", "streamed_bytes", "moved_bytes", "misses", "stalls", "stall_s", "resident_bytes",
                                              "demotions", "promotions", "schedule_learned", "end_s", "plan_s", "move_s", "budget", "over_budget",
                                              "looked", "look_s", "look_now_s", "look_plan_s", "move_est_s", "move_gain_s", "move_held", "profile_learned",
-                                             "disk_bytes", "disk_wait_s")} for r in st]
+                                             "disk_bytes", "disk_wait_s", "promoted_bytes")
+                           if k in r} for r in st]
         res["streamed_bytes_median"] = sorted(r["streamed_bytes"] for r in st[2:])[len(st[2:]) // 2] if len(st) > 2 else 0
         res["moved_bytes_median"] = sorted(r["moved_bytes"] for r in st[2:])[len(st[2:]) // 2] if len(st) > 2 else 0
     if train and a.grads:

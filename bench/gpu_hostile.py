@@ -1,0 +1,268 @@
+"""gpu_hostile.py - arena's steps beside another program that takes device memory at random (GPU).
+
+  python bench/gpu_hostile.py RUN --image F.arena [--vram V] [--share-card S] [--steps N]
+                              [--hostile] [--leave SIZE] [--seed S] [--blocks N]
+  python bench/gpu_hostile.py other --leave SIZE [--min 256M] [--max 8G] [--seed S] [--stop FILE]
+
+RUN is sample or train: the FLUX.1-dev transformer (bench/torch_flux.py's model and inputs,
+1024x1024; train: LoRA r16 on the attention projections, AdamW, checkpointing every block)
+attached to IMAGE with arena.torch.attach(vram=V, share_card=S), N steps, each on the same
+inputs. Every step is timed (wall clock, the device synchronized) and its output hashed
+(sample: the output tensor's bytes; train: the loss and, at the end, the LoRA weights), so
+that a disturbed run can be compared with an undisturbed one step for step. A step that
+raises is counted as failed and the loop goes on.
+
+--hostile: `gpu_hostile.py other` runs beside it (the other program), started before
+the attach and stopped after the last step. The other program first takes a ballast so
+that the device has --leave bytes free (default 30G: the card as a smaller one, shared
+with arena), and once arena's first step is done (a file it waits for), forever: waits 0.05-1 s, asks ONCE for a random size between --min and --max
+(log-uniform, 256 MiB to 8 GiB by default; torch.empty on the device, an out-of-memory
+error counted as a failure, not retried), holds it 0.2-2 s, frees it and gives it back to
+the driver (torch.cuda.empty_cache). It writes its record (asks, successes, failures by
+size) when stopped.
+
+Prints one JSON line: steps_s, the outputs' hashes, failed steps and their errors, arena's
+retries (Handle.retries()), the OomRetryWarnings seen, the plan's decisions, each step
+record's oom_retries, the NVML-free peak (the process's own use: total - least free is
+not its own with another program beside it, so the driver's per-process count is read
+through NVML where it can be), the other program's record.
+Needs an NVIDIA GPU, torch, diffusers, peft and the arena package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()[:16]
+
+
+def other(a) -> None:
+    """The other program: a ballast, then random sizes asked once each."""
+    import arena_gpu as arena
+
+    torch.cuda.init()
+    rng = random.Random(a.seed)
+    free, total = torch.cuda.mem_get_info()
+    leave = arena.parse_size(a.leave)
+    ballast = None
+    if free > leave:
+        ballast = torch.empty(free - leave, dtype=torch.uint8, device="cuda")
+    lo, hi = math.log(arena.parse_size(a.min)), math.log(arena.parse_size(a.max))
+    rec = {"ballast": 0 if ballast is None else ballast.numel(), "free_after_ballast": torch.cuda.mem_get_info()[0],
+           "asks": 0, "ok": 0, "failed": 0, "asked_bytes": 0, "got_bytes": 0, "failed_sizes": [], "ok_sizes": []}
+    stop = {"now": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    print("ready", flush=True)
+    while a.go and not os.path.exists(a.go) and not stop["now"]:
+        time.sleep(0.01)
+    while not stop["now"] and not (a.stop and os.path.exists(a.stop)):
+        time.sleep(rng.uniform(0.05, 1.0))
+        if stop["now"]:
+            break
+        size = int(math.exp(rng.uniform(lo, hi))) & ~((1 << 20) - 1)
+        hold = rng.uniform(0.2, 2.0)
+        rec["asks"] += 1
+        rec["asked_bytes"] += size
+        try:
+            x = torch.empty(size, dtype=torch.uint8, device="cuda")
+            x[:: 1 << 20].fill_(1)  # touch it: the memory is really used
+            torch.cuda.synchronize()
+        except torch.OutOfMemoryError:
+            rec["failed"] += 1
+            rec["failed_sizes"].append(size)
+            torch.cuda.empty_cache()
+            continue
+        rec["ok"] += 1
+        rec["got_bytes"] += size
+        rec["ok_sizes"].append(size)
+        time.sleep(hold)
+        del x
+        torch.cuda.empty_cache()
+    rec["success_rate"] = rec["ok"] / rec["asks"] if rec["asks"] else None
+    with open(a.out, "w") as f:
+        json.dump(rec, f)
+
+
+class Nvml:
+    """The device memory the driver counts for this process (NVML's per-process
+    used memory; None where NVML cannot say)."""
+
+    def __init__(self) -> None:
+        import ctypes
+
+        self.ok = False
+        try:
+            self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+            self.lib.nvmlInit_v2()
+            self.dev = ctypes.c_void_p()
+            self.lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(self.dev))
+            self.ok = True
+        except OSError:
+            pass
+
+    def used(self) -> int | None:
+        import ctypes
+
+        if not self.ok:
+            return None
+
+        class Info(ctypes.Structure):
+            _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                        ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+        n = ctypes.c_uint(64)
+        arr = (Info * 64)()
+        if self.lib.nvmlDeviceGetComputeRunningProcesses_v3(self.dev, ctypes.byref(n), arr) != 0:
+            return None
+        for i in range(n.value):
+            if arr[i].pid == os.getpid():
+                return int(arr[i].usedGpuMemory)
+        return None
+
+
+def run(a) -> None:
+    import arena_gpu as arena
+    import arena_gpu.torch as at
+    import torch_flux as tf
+
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    torch.cuda.init()
+    tf.BLOCKS = a.blocks
+    train = a.run == "train"
+    res: dict = {"run": a.run, "vram": a.vram, "share_card": a.share_card, "hostile": a.hostile, "leave": a.leave,
+                 "steps": a.steps}
+    nv = Nvml()
+    stop = tempfile.mktemp(prefix="hostile-stop-")
+    go = tempfile.mktemp(prefix="hostile-go-")
+    peer_out = tempfile.mktemp(prefix="hostile-", suffix=".json")
+    peer = None
+    if a.hostile:  # the ballast before arena plans: a smaller card; the random asks after step 0
+        peer = subprocess.Popen([sys.executable, os.path.abspath(__file__), "other", "--leave", a.leave, "--min", a.min,
+                                 "--max", a.max, "--seed", str(a.seed), "--stop", stop, "--go", go, "--out", peer_out],
+                                stdout=subprocess.PIPE, text=True)
+        if peer.stdout.readline().strip() != "ready":
+            sys.exit("gpu_hostile.py: the other program did not start")
+    res["free_at_attach"] = torch.cuda.mem_get_info()[0]
+    m = tf.meta_model()
+    kw: dict = {}
+    if a.vram:
+        kw["vram"] = a.vram
+    if a.share_card:
+        kw["share_card"] = True if a.share_card == "on" else (float(a.share_card) if "." in a.share_card else a.share_card)
+    t0 = time.perf_counter()
+    h = at.attach(m, a.image, mode="train" if train else "sample", device="cuda", **kw)
+    res["setup_s"] = time.perf_counter() - t0
+    x = tf.inputs()
+    if train:
+        tf.add_lora(m)
+        m.enable_gradient_checkpointing()
+        m.train()
+        ps = {n: p for n, p in m.named_parameters() if p.requires_grad}
+        opt = torch.optim.AdamW(ps.values(), lr=1e-4)
+
+        def step() -> str:
+            opt.zero_grad(set_to_none=True)
+            loss = m(**x).sample.float().square().mean()
+            loss.backward()
+            opt.step()
+            return digest(loss)
+    else:
+
+        def step() -> str:
+            with torch.no_grad():
+                return digest(m(**x).sample)
+
+    seen: list = []
+    warnings.simplefilter("always", arena.OomRetryWarning)
+    orig_show = warnings.showwarning
+
+    def show(message, category, *args, **kw2):  # count arena's retry warnings, print them too
+        if issubclass(category, arena.OomRetryWarning):
+            seen.append(str(message))
+        orig_show(message, category, *args, **kw2)
+
+    warnings.showwarning = show
+    hashes, times, failed, used = [], [], [], []
+    for i in range(a.steps):
+        if i == 1 and peer is not None:
+            open(go, "w").close()
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        try:
+            hashes.append(step())
+            torch.cuda.synchronize()
+        except (arena.Error, torch.OutOfMemoryError) as e:
+            failed.append({"step": i, "error": f"{type(e).__name__}: {e}"[:400]})
+            hashes.append(None)
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t1)
+        used.append(nv.used())
+        print(f"step {i} {times[-1]:.3f} s {hashes[-1]}", file=sys.stderr, flush=True)
+    if peer is not None:
+        open(stop, "w").close()
+        peer.send_signal(signal.SIGTERM)
+        peer.wait(timeout=60)
+        with open(peer_out) as f:
+            res["other"] = json.load(f)
+        for f in (peer_out, stop, go):
+            if os.path.exists(f):
+                os.unlink(f)
+    res["steps_s"] = [round(t, 4) for t in times]
+    res["hashes"] = hashes
+    if train:
+        res["lora_hash"] = hashlib.sha256(b"".join(bytes.fromhex(digest(p)) for p in ps.values())).hexdigest()[:16]
+    res["failed_steps"] = failed
+    res["retries"] = h.retries()
+    res["retry_warnings"] = len(seen)
+    res["decisions"] = h.decisions()
+    st = h.stats()
+    res["oom_retries_by_step"] = [r.get("oom_retries", 0) for r in st]
+    res["nvml_used_peak"] = max((u for u in used if u is not None), default=None)
+    ok = sorted(t for t, hh in zip(times[1:], hashes[1:]) if hh is not None)
+    res["step_s_median"] = ok[len(ok) // 2] if ok else None
+    h.detach()
+    print(json.dumps(res), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", choices=["sample", "train", "other"])
+    ap.add_argument("--image")
+    ap.add_argument("--vram", default=None)
+    ap.add_argument("--share-card", default=None, help="attach(share_card=...): on, a size, or a fraction")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--blocks", type=int, default=None, help="the first N blocks of each kind (arena synth --blocks N)")
+    ap.add_argument("--hostile", action="store_true", help="run the other program beside the steps")
+    ap.add_argument("--leave", default="30G", help="the other program's ballast leaves this much of the device free")
+    ap.add_argument("--min", default="256M")
+    ap.add_argument("--max", default="8G")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--stop", default=None, help="other: stop when this file appears")
+    ap.add_argument("--go", default=None, help="other: begin the random asks when this file appears")
+    ap.add_argument("--out", default=None, help="other: its record")
+    a = ap.parse_args()
+    if a.run == "other":
+        other(a)
+    else:
+        run(a)
+
+
+if __name__ == "__main__":
+    main()
