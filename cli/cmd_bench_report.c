@@ -103,6 +103,8 @@ int bench_stream_report(const bench_stream_opts *o, const bench_stream_state *S)
 			json_object_set_new(j, "move_est_s", json_real(r->move_est_s));
 			json_object_set_new(j, "move_gain_s", json_real(r->move_gain_s));
 			json_object_set_new(j, "move_held", json_boolean(r->move_held));
+			json_object_set_new(j, "host_read_bytes", json_integer((json_int_t)r->host_read_bytes));
+			json_object_set_new(j, "prepared_bytes", json_integer((json_int_t)r->prepared_bytes));
 			json_array_append_new(arr, j);
 		}
 		json_t *root = json_pack("{s:s,s:s,s:s,s:f,s:f,s:f,s:f,s:I,s:I,s:I,s:s,s:s,s:f,s:I,s:I}", "path", path, "backend",

@@ -276,17 +276,63 @@ int arena_model_unshare(arena_model *m, const char *why)
 	return 0;
 }
 
+int arena_model_slab_map(const arena_layout *l, uint32_t b, uint8_t **slab, uint64_t *len)
+{
+	*slab = NULL;
+	*len = arena_align_up(l->blocks[b].bytes, ARENA_SLAB_ALIGN);
+	if (!*len)
+		return arena_errorf(ARENA_E_INTERNAL, "block '%s' is empty", l->blocks[b].name);
+	void *p = mmap(NULL, *len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return arena_syserrorf(ARENA_E_NOMEM, errno, "block '%s': cannot map %" PRIu64 " bytes for a host slab",
+				       l->blocks[b].name, *len);
+	/* Huge pages where the kernel gives them (transparent huge pages in
+	 * "madvise" mode): filling a fresh slab faults 2 MiB at a time, and
+	 * pinning it walks 512 times fewer pages. Best effort. */
+	madvise(p, *len, MADV_HUGEPAGE);
+	*slab = p;
+	return 0;
+}
+
+int arena_model_slab_pin(arena_pin_budget *budget, arena_backend *be, uint8_t *slab, uint64_t len)
+{
+	return arena_pin_budget_register(budget, be, slab, len);
+}
+
+void arena_model_slab_drop(arena_pin_budget *budget, arena_backend *be, uint8_t *slab, uint64_t len, int pinned)
+{
+	if (pinned)
+		arena_pin_budget_unregister(budget, be, slab, len);
+	munmap(slab, len);
+}
+
+void arena_model_host_adopt(arena_model *m, uint32_t b, uint8_t *slab, int pinned)
+{
+	arena_block_mem *bm = &m->mem[b];
+	if (bm->host || bm->wire)
+		ARENA_BUG("host_adopt: the block has a host copy");
+	const uint64_t len = arena_align_up(m->layout->blocks[b].bytes, ARENA_SLAB_ALIGN);
+	bm->host = slab;
+	bm->own_host = 1;
+	m->host_bytes += m->layout->blocks[b].bytes;
+	if (pinned) {
+		bm->pinned = 1;
+		m->pinned_bytes += len;
+	}
+	mprotect(slab, len, PROT_READ); /* best effort, as host_seal */
+}
+
 int arena_model_host_add(arena_model *m, uint32_t b, uint8_t **slab)
 {
 	*slab = NULL;
-	uint64_t len = arena_align_up(m->layout->blocks[b].bytes, ARENA_SLAB_ALIGN);
-	if (m->mem[b].host || !len)
+	uint64_t len;
+	if (m->mem[b].host || !m->layout->blocks[b].bytes)
 		return arena_errorf(ARENA_E_INTERNAL, "block '%s' already has a host slab or is empty",
 				    m->layout->blocks[b].name);
-	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (p == MAP_FAILED)
-		return arena_syserrorf(ARENA_E_NOMEM, errno, "block '%s': cannot map %" PRIu64 " bytes for a host slab",
-				       m->layout->blocks[b].name, len);
+	uint8_t *p;
+	int rc = arena_model_slab_map(m->layout, b, &p, &len);
+	if (rc)
+		return rc;
 	m->mem[b].host = p;
 	m->mem[b].own_host = 1;
 	m->host_bytes += m->layout->blocks[b].bytes;

@@ -123,6 +123,18 @@ void arena_model_free(arena_model *m);
 int arena_model_host_add(arena_model *m, uint32_t b, uint8_t **slab);
 void arena_model_host_seal(arena_model *m, uint32_t b);
 void arena_model_host_discard(arena_model *m, uint32_t b);
+/* A slab for block b's raw bytes made apart from the model, on any thread
+ * (nothing of the model is touched): slab_map maps a writable slab of the
+ * length host_add's would have (*len), transparent huge pages asked for
+ * (faulting it in a page of 2 MiB at a time); slab_pin pins it within the
+ * budget (1 when pinned, 0 when it stays pageable; thread-safe: the budget
+ * is atomic); host_adopt makes it block b's host copy (b has none), sealed
+ * read-only, as host_add + host_seal would, counted in host_bytes and
+ * pinned_bytes; slab_drop unpins (when pinned) and unmaps one not adopted. */
+int arena_model_slab_map(const arena_layout *l, uint32_t b, uint8_t **slab, uint64_t *len);
+int arena_model_slab_pin(arena_pin_budget *budget, arena_backend *be, uint8_t *slab, uint64_t len);
+void arena_model_host_adopt(arena_model *m, uint32_t b, uint8_t *slab, int pinned);
+void arena_model_slab_drop(arena_pin_budget *budget, arena_backend *be, uint8_t *slab, uint64_t len, int pinned);
 /* Give block b's host copy (raw or coded, in its own mapping or the
  * shared one) back to the OS: unpinned, its pages discarded, host and wire
  * NULL. For a block on the device whose copy nothing else holds. In a

@@ -568,6 +568,11 @@ typedef struct arena_engine_step {
 	 * that. */
 	double move_est_s, move_gain_s;
 	int move_held;
+	/* Host copies of blocks this step end's moves demoted: the bytes read
+	 * from the image for them on the caller's thread (in move_s), and those
+	 * a look read ahead on its own thread, beside the step before, for the
+	 * blocks its plan demotes (engine_learn.c, "read ahead"). */
+	uint64_t host_read_bytes, prepared_bytes;
 } arena_engine_step;
 
 /* One change of the plan (include/arena.h's arena_decision_info, less
@@ -713,6 +718,11 @@ int arena_engine_decision_get(const arena_engine *e, uint64_t i, arena_engine_de
 /* Plans made so far (the planner's runs: at create, when the budget, mode,
  * schedule or profile change, and every 64 steps; not every step). */
 uint64_t arena_engine_plans_made(const arena_engine *e);
+/* Whether looks at the learned profile read ahead, on their own thread, the
+ * host copies of the blocks their plans demote (1, the default; 0: the
+ * move reads them in the step end, for tests and measuring). */
+extern int arena__engine_read_ahead;
+
 /* Whether a look at the learned profile is being planned (on a thread of
  * its own since a step_end; the next step_end takes it). For tests. */
 int arena_engine_looking(const arena_engine *e);

@@ -221,6 +221,22 @@ struct arena_engine {
 		double took_s;          /* the thread's seconds making it */
 		int rc;
 		char msg[1024];
+		/* Read ahead: once its plan is made, the thread reads the host
+		 * copies of the blocks that plan demotes which have none (resident
+		 * blocks loaded straight to the device, or whose host copy went
+		 * back: release_host), so that a move to it copies and reads
+		 * nothing more on the caller's thread. prep[b]: b may be read
+		 * ahead (resident, no host copy, raw, not globals: set at the
+		 * start); pre[b]: its slab once read (pinned: pre_pin[b]), until
+		 * taken (host_adopt) or dropped with the look. Within pre_room
+		 * bytes (the host budget's room at the start). */
+		uint8_t *prep, *pre_pin;
+		uint8_t **pre;
+		uint64_t pre_room;
+		arena_reread_fn reread;
+		void *reread_ctx;
+		arena_backend *be;
+		arena_pin_budget *pins;
 	} look;
 	/* --- engine_decide.c: the record of decisions ------------------------------ */
 	/* Moves counted as they are made (demote, promote): a decision is the
@@ -405,8 +421,13 @@ void arena__engine_profile_cover(arena_engine *e);
 /* At a step's end, after adapt: the gap, what the device timed, the look
  * started at the last step end taken, a new one started. */
 int arena__engine_learn_end(arena_engine *e);
-/* Wait for a look and drop it. */
+/* Wait for a look and drop it (and the host copies it read ahead that no
+ * move took). */
 void arena__engine_look_free(struct look *k);
+/* Wait for a look's thread, if one runs (it may be reading from the image:
+ * a read on the caller's thread waits for it first). */
+void arena__engine_look_wait(arena_engine *e);
+
 
 /* --- engine_decide.c: the record of decisions ------------------------------- */
 

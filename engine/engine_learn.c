@@ -424,6 +424,50 @@ static double learned_h2d(const arena_engine *e)
 	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+int arena__engine_read_ahead = 1;
+
+/* Read ahead (the look's thread, after its plan): a host copy of each block
+ * the plan demotes that has none, largest first as apply_moves demotes
+ * them, within pre_room: mapped (huge pages), read from the image and
+ * checked (the reader is the caller's, which waits for this thread before
+ * it reads: arena__engine_look_wait), pinned within the pinned budget. A
+ * read that fails leaves that block to the move, which reads it again and
+ * says why. On the H100 (2026-12-07) a move's demotions read their host
+ * copies on the caller's thread in step_end: a fresh slab faulted a page
+ * at a time, read and pinned, the device idle meanwhile. */
+static void read_ahead(struct look *k)
+{
+	const arena_layout *l = k->l;
+	uint64_t taken = 0;
+	for (;;) {
+		int64_t pick = -1;
+		for (uint32_t b = 0; b < l->n_blocks; b++)
+			if (k->prep[b] && !k->pre[b] && !k->t.resident[b] &&
+			    (pick < 0 || l->blocks[b].bytes > l->blocks[pick].bytes))
+				pick = b;
+		if (pick < 0)
+			return;
+		const uint32_t b = (uint32_t)pick;
+		k->prep[b] = 0; /* tried */
+		if (l->blocks[b].bytes > k->pre_room - taken)
+			continue;
+		uint8_t *slab;
+		uint64_t len;
+		if (arena_model_slab_map(l, b, &slab, &len)) {
+			arena_error_clear();
+			return; /* out of memory: the move reads what is left */
+		}
+		if (k->reread(k->reread_ctx, b, slab, l->blocks[b].bytes)) {
+			arena_error_clear();
+			arena_model_slab_drop(k->pins, k->be, slab, len, 0);
+			continue;
+		}
+		k->pre_pin[b] = (uint8_t)arena_model_slab_pin(k->pins, k->be, slab, len);
+		k->pre[b] = slab;
+		taken += l->blocks[b].bytes;
+	}
+}
+
 static void *look_thread(void *arg)
 {
 	struct look *k = arg;
@@ -432,6 +476,8 @@ static void *look_thread(void *arg)
 	k->took_s = arena_now_s() - t0;
 	if (k->rc)
 		snprintf(k->msg, sizeof(k->msg), "%s", arena_last_error());
+	else if (k->pre && k->t.resident)
+		read_ahead(k);
 	return NULL;
 }
 
@@ -443,10 +489,23 @@ static void look_join(struct look *k)
 	k->threaded = 0;
 }
 
+void arena__engine_look_wait(arena_engine *e)
+{
+	look_join(&e->look);
+}
+
 /* Wait for it and drop it. */
 void arena__engine_look_free(struct look *k)
 {
 	look_join(k);
+	if (k->pre)
+		for (uint32_t b = 0; b < k->l->n_blocks; b++)
+			if (k->pre[b])
+				arena_model_slab_drop(k->pins, k->be, k->pre[b],
+						      arena_align_up(k->l->blocks[b].bytes, ARENA_SLAB_ALIGN), k->pre_pin[b]);
+	arena_free(k->pre);
+	arena_free(k->prep);
+	arena_free(k->pre_pin);
 	arena_residency_plan_release(&k->t);
 	arena_free(k->prof);
 	arena_free(k->moved);
@@ -478,6 +537,43 @@ static int look_start(arena_engine *e, double need)
 	const double *from[4] = {e->lcost, e->lhold, e->lbcost, e->lbhold};
 	for (int j = 0; j < 4; j++)
 		memcpy(k->prof + j * n, from[j], n * sizeof(*k->prof));
+	/* Read ahead where a move would read on the caller's thread: blocks
+	 * re-read from the image into raw host copies, with no disk tier (whose
+	 * stager reads from the same reader during the steps). */
+	if (arena__engine_read_ahead && e->o.reread && !e->stg && n) {
+		k->prep = arena_calloc(n, 1);
+		k->pre_pin = arena_calloc(n, 1);
+		k->pre = arena_calloc(n, sizeof(*k->pre));
+		if (!k->prep || !k->pre_pin || !k->pre) {
+			arena_free(k->prep);
+			arena_free(k->pre_pin);
+			arena_free(k->pre);
+			k->prep = k->pre_pin = NULL;
+			k->pre = NULL;
+		}
+	}
+	if (k->pre) {
+		const arena_model *m = e->m;
+		uint64_t n_prep = 0;
+		for (uint32_t b = 0; b < n; b++) {
+			k->prep[b] = e->plan.resident[b] && !arena_block_is_globals(e->l, b) && e->l->blocks[b].bytes &&
+				     !m->mem[b].host && !m->mem[b].wire && !arena__engine_disk_coded(e, b);
+			n_prep += k->prep[b];
+		}
+		k->pre_room = !e->o.host_cap ? UINT64_MAX
+			      : e->o.host_cap > m->host_bytes ? e->o.host_cap - m->host_bytes : 0;
+		k->reread = e->o.reread;
+		k->reread_ctx = e->o.reread_ctx;
+		k->be = e->be;
+		k->pins = m->budget;
+		if (!n_prep || !k->pre_room) { /* nothing to read ahead */
+			arena_free(k->prep);
+			arena_free(k->pre_pin);
+			arena_free(k->pre);
+			k->prep = k->pre_pin = NULL;
+			k->pre = NULL;
+		}
+	}
 	if (k->moved)
 		memcpy(k->moved, e->o.moved, n * sizeof(*k->moved));
 	if (k->sched)
@@ -500,6 +596,28 @@ static int look_start(arena_engine *e, double need)
 		e->rec.plan_s += arena_now_s() - t0;
 	}
 	return 0;
+}
+
+/* The host copies the look read ahead become the model's, for the blocks
+ * its plan (want) demotes that are resident with none still, within the
+ * host budget (as ensure_host would give them); the rest are dropped with
+ * the look. A move not made after all leaves them to release_host, which
+ * gives back the host copies of resident blocks at the next step end. */
+static void adopt_read_ahead(arena_engine *e, struct look *k, const uint8_t *want)
+{
+	if (!k->pre)
+		return;
+	arena_model *m = e->m;
+	for (uint32_t b = 0; b < e->l->n_blocks; b++) {
+		if (!k->pre[b] || want[b] || !e->plan.resident[b] || m->mem[b].host || m->mem[b].wire ||
+		    arena__engine_past_host_budget(e, b, 0))
+			continue;
+		arena_model_host_adopt(m, b, k->pre[b], k->pre_pin[b]);
+		k->pre[b] = NULL;
+		if (e->moved)
+			e->moved[b] = arena__engine_moved_bytes(e, b);
+		e->rec.prepared_bytes += e->l->blocks[b].bytes;
+	}
 }
 
 /* Take the look learn() started (step_end, the step after): wait for its
@@ -550,12 +668,14 @@ static int look_take(arena_engine *e)
 	const double now_t = arena__timed_run(e->l, &k->o, e->plan.sched, e->plan.bwd, e->plan.n_sched, e->plan.resident,
 					      e->plan.slots, &e->tscr);
 	k->t = (arena_residency_plan){0}; /* ours now */
+	const int faster = now_t > 0 && t.step_s > 0 && t.step_s < now_t * need;
+	if (faster)
+		adopt_read_ahead(e, k, t.resident);
 	arena__engine_look_free(k);
 	e->rec.look_now_s = now_t > 0 ? now_t : 0;
 	e->rec.look_plan_s = t.step_s > 0 ? t.step_s : 0;
 	arena__engine_memo_keep(e, &t, budget); /* the next step's adapt plans for the same budget: it takes this one */
-	if (now_t > 0 && t.step_s > 0 && t.step_s < now_t * need &&
-	    arena__engine_move_pays(e, t.resident, NULL, now_t - t.step_s)) {
+	if (faster && arena__engine_move_pays(e, t.resident, NULL, now_t - t.step_s)) {
 		e->rec.profile_learned = 1;
 		e->room_steps = 0;
 		arena__decide_snap snap;

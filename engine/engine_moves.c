@@ -47,6 +47,7 @@ static int ensure_host(arena_engine *e, uint32_t b)
 				    e->l->blocks[b].name);
 	uint8_t *slab = NULL;
 	arena_wire *w = NULL;
+	arena__engine_look_wait(e); /* a look's thread may be reading ahead through the same reader */
 	int rc = plan ? arena_model_wire_add(m, b, &w) : arena_model_host_add(m, b, &slab);
 	if (!rc) {
 		if (e->stg) /* the stager reads from the same source */
@@ -65,6 +66,7 @@ static int ensure_host(arena_engine *e, uint32_t b)
 	arena_model_host_seal(m, b);
 	if (e->moved)
 		e->moved[b] = arena__engine_moved_bytes(e, b);
+	e->rec.host_read_bytes += e->l->blocks[b].bytes;
 	return 0;
 }
 

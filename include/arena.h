@@ -729,6 +729,11 @@ typedef struct arena_step_info {
 	 * GB/s), and whether it was held back for that. */
 	double move_est_s, move_gain_s;
 	int move_held;
+	/* Host copies of the blocks this step end's moves demoted: the bytes
+	 * read from the image for them in the step end (on the caller's
+	 * thread, in move_s), and the bytes a look at the learned profile read
+	 * ahead for them on its own thread, beside the step before. */
+	uint64_t host_read_bytes, prepared_bytes;
 } arena_step_info;
 
 /* Steps ended so far. */

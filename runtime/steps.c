@@ -306,7 +306,9 @@ int arena_step_get(const arena *a, uint64_t step, arena_step_info *out)
 					 .look_plan_s = r.look_plan_s,
 					 .move_est_s = r.move_est_s,
 					 .move_gain_s = r.move_gain_s,
-					 .move_held = r.move_held};
+					 .move_held = r.move_held,
+					 .host_read_bytes = r.host_read_bytes,
+					 .prepared_bytes = r.prepared_bytes};
 	return unlock(a, rc);
 }
 

@@ -437,7 +437,9 @@ class Arena:
         its own plan; 0 where not predicted), ``move_est_s``/``move_gain_s``/
         ``move_held`` (a move a prediction asked for: its estimated cost, the
         seconds a step it was to save, held back when it would not pay for itself
-        within ``payback_steps`` steps)."""
+        within ``payback_steps`` steps), ``host_read_bytes``/``prepared_bytes`` (host
+        copies of the blocks its end's moves demoted: read from the image in the step
+        end, or read ahead by a look on its own thread during the step before)."""
         h = self._handle()
         n = _native.lib.arena_step_count(h)
         out = []

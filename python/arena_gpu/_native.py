@@ -166,6 +166,8 @@ class StepInfo(Structure):
         ("move_est_s", c_double),
         ("move_gain_s", c_double),
         ("move_held", c_int),
+        ("host_read_bytes", c_uint64),
+        ("prepared_bytes", c_uint64),
     ]
 
 

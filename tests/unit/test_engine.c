@@ -9,6 +9,7 @@
  * skipped there (bench stream --pressure measures pressure on cuda). */
 #include <criterion/criterion.h>
 
+#include <inttypes.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -2157,6 +2158,65 @@ Test(engine_learn, a_move_that_does_not_pay_for_itself_is_held_back)
 		arena_engine_free(e);
 		arena_model_free(m);
 	}
+}
+
+/* A look reads ahead, on its own thread, the host copies of the blocks its
+ * plan demotes that have none (release_host gave them back), so that its
+ * move reads nothing from the image on the caller's thread: the step end
+ * copies only. Without the read-ahead the same move reads them there. The
+ * last step checks every block's bytes where acquired: the copies read
+ * ahead are the image's. */
+Test(engine_learn, a_look_reads_ahead_what_its_move_demotes)
+{
+	sim_only();
+	for (int ahead = 0; ahead < 2; ahead++) {
+		arena__engine_read_ahead = ahead;
+		arena_model *m = load(0);
+		arena_slab_reader *rr;
+		cr_assert_eq(arena_slab_reader_open(img_path, m->layout, &rr), 0);
+		arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+		o.cap = G + 11 * MAXB;
+		o.no_learn = 0;
+		o.move_copy_bps = o.move_read_bps = 1e3;
+		o.payback_steps = 4000000000u; /* the move itself always pays */
+		o.reread = arena_slab_reader_read;
+		o.reread_ctx = rr;
+		o.release_host = 1;
+		arena_engine *e;
+		cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+		arena_stream *s;
+		cr_assert_eq(be->ops->stream_create(be, &s), 0);
+		uint64_t read = 0, prepared = 0, demoted = 0;
+		for (int step = 0; step < 9; step++) {
+			run_step(e, m, s, step == 8, 0.0008);
+			expect_whole(e, m);
+			arena_engine_step r;
+			cr_assert_eq(arena_engine_step_record(e, (uint64_t)step, &r), 0);
+			if (r.profile_learned) {
+				read += r.host_read_bytes;
+				prepared += r.prepared_bytes;
+			}
+		}
+		for (uint64_t i = 0; i < arena_engine_decisions(e); i++) {
+			arena_engine_decision d;
+			cr_assert_eq(arena_engine_decision_get(e, i, &d), 0, "%s", arena_last_error());
+			if (d.why == ARENA_WHY_LEARNED)
+				demoted += d.demoted_bytes;
+		}
+		cr_assert_gt(demoted, 0, "read_ahead=%d: a look's move demoted blocks", ahead);
+		if (ahead) {
+			cr_assert_eq(read, 0, "the move read %" PRIu64 " bytes in the step end", read);
+			cr_assert_eq(prepared, demoted, "read ahead %" PRIu64 " bytes, demoted %" PRIu64, prepared, demoted);
+		} else {
+			cr_assert_eq(prepared, 0);
+			cr_assert_eq(read, demoted, "read %" PRIu64 " bytes in the step end, demoted %" PRIu64, read, demoted);
+		}
+		be->ops->stream_destroy(be, s);
+		arena_engine_free(e);
+		arena_slab_reader_close(rr);
+		arena_model_free(m);
+	}
+	arena__engine_read_ahead = 1;
 }
 
 /* A move whose demoted blocks would go past the host budget (their host
