@@ -293,6 +293,7 @@ class ImageWriter:
                  threads: Optional[int] = None, force: bool = False):
         from ._dtypes import element_bits
 
+        self._w: Optional[int] = None
         header: Dict[str, Any] = {}
         if metadata:
             if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
@@ -320,7 +321,7 @@ class ImageWriter:
         del keep
         if rc:
             raise _error(rc)
-        self._w: Optional[int] = w.value
+        self._w = w.value
         lib = _native.lib
         self.blocks: List[Tuple[str, List[str]]] = []
         for i in range(int(lib.arena_writer_block_count(w))):

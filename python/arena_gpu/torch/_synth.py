@@ -24,6 +24,7 @@ import importlib
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
@@ -350,3 +351,93 @@ def describe(name: str) -> str:
     """A built-in model's line for ``--list``."""
     spec, _, text = MODELS[name]
     return f"{name:16s}{spec}: {text}"
+
+
+# --- the command: python -m arena_gpu synth-image ------------------------------------------------
+
+_HELP = """\
+Write an arena image of a diffusers or transformers model with random weights,
+a block at a time: no checkpoint on disk, no GPU, host memory about one block.
+
+MODEL is a built-in name (--list) or a class with its module
+(diffusers.WanTransformer3DModel, transformers.UMT5EncoderModel); --config
+gives its config (a config.json, or a folder holding one) over a built-in's
+own, --set KEY=VALUE one key (VALUE as JSON, else a string): --set
+num_layers=4 writes a model of 4 blocks, real-shaped.
+
+Values: normal(0, --std) in float32 cast to --dtype, norm weights 1 and norm
+biases 0; a tensor's values depend on --seed and its name only (pieces of
+1 Mi elements, each seeded by seed, name and index): the same arguments give
+the same bytes, whatever --threads. Tensors the library keeps in float32 when
+loading in --dtype (diffusers' _keep_in_fp32_modules) are float32.
+--quant fp8-e4m3-row stores the blocks' Linear weights as arena convert
+--quant does (the same bytes); the image is what arena convert makes of a
+safetensors file of the same values.
+
+Disk: the image, no more (bf16: 2 bytes a parameter, fp8-e4m3-row about 1,
+e.g. Wan 2.1 14B 26.6 GiB in bf16, 13.4 GiB in fp8); its room is reserved
+before anything is written, and a failure, Ctrl-C or a kill leaves nothing.
+Memory: the largest block's tensors (Wan 14B: 0.66 GiB; UMT5-XXL's
+embedding, in globals: 1.96 GiB), 16 MiB a thread, the writer's chunks, and
+torch, diffusers and the model built on the meta device (about 0.6 GiB).
+Time: the random values take most of it, about 6 ns a parameter on one
+core of a 2-core machine (Wan 14B about 3 minutes there) and scale with
+--threads up to the disk's write rate.
+"""
+
+
+def cli(argv: List[str]) -> int:
+    """``python -m arena_gpu synth-image ...`` (``arena synth-image``): the exit status."""
+    import argparse
+    import resource
+    import sys
+
+    ap = argparse.ArgumentParser(prog="arena synth-image", description=_HELP,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", nargs="?", help="a built-in name (--list) or diffusers.Class / transformers.Class")
+    ap.add_argument("-o", "--output", help="the image to write")
+    ap.add_argument("--config", help="the class's config: a config.json or a folder holding one")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="one config key (VALUE as JSON, else a string); repeatable")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the values (default 0)")
+    ap.add_argument("--std", type=float, default=0.02, help="standard deviation of the values (default 0.02)")
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "f16", "f32"), help="floating dtype (default bf16)")
+    ap.add_argument("--quant", help="store the blocks' weights quantized: fp8-e4m3-row, int8-row... (docs/QUANT.md)")
+    ap.add_argument("--codec", choices=("none", "hb4", "zstd"), help="chunk codec (default none)")
+    ap.add_argument("--threads", type=int, help="threads for the values and the writer (default: one per CPU)")
+    ap.add_argument("--force", action="store_true", help="replace the output if it exists (when the new one is whole)")
+    ap.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary")
+    ap.add_argument("--list", action="store_true", help="the built-in models, and exit")
+    a = ap.parse_args(argv)
+    if a.list:
+        for name in MODELS:
+            print(describe(name))
+        return 0
+    if not a.model or not a.output:
+        ap.error("MODEL and -o OUTPUT are required (--list names the built-in models)")
+    config: Dict[str, Any] = _read_config(a.config) if a.config else {}
+    for kv in a.set:
+        key, eq, value = kv.partition("=")
+        if not eq or not key:
+            ap.error(f"--set {kv}: KEY=VALUE")
+        try:
+            config[key] = json.loads(value)
+        except ValueError:
+            config[key] = value
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[a.dtype]
+    t0 = time.monotonic()
+    try:
+        m = synth_image(a.model, a.output, config=config or None, seed=a.seed, std=a.std, dtype=dtype,
+                        quant=a.quant, codec=None if a.codec in (None, "none") else a.codec, threads=a.threads,
+                        force=a.force, progress=False if a.quiet else None)
+    except Error as e:
+        print(f"arena synth-image: {e}", file=sys.stderr)
+        return 2 if e.code in ("USAGE", "OUTPUT_EXISTS", "NOT_FOUND") else 1
+    except KeyboardInterrupt:
+        print("arena synth-image: interrupted; nothing was written", file=sys.stderr)
+        return 130
+    if not a.quiet:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        print(f"{a.output}: {type(m).__name__}, {parameters(m) / 1e9:.3f} B parameters, "
+              f"{os.path.getsize(a.output) / 2**30:.2f} GiB, {time.monotonic() - t0:.1f} s, peak RSS {peak:.2f} GiB")
+    return 0
