@@ -380,9 +380,10 @@ before anything is written, and a failure, Ctrl-C or a kill leaves nothing.
 Memory: the largest block's tensors (Wan 14B: 0.66 GiB; UMT5-XXL's
 embedding, in globals: 1.96 GiB), 16 MiB a thread, the writer's chunks, and
 torch, diffusers and the model built on the meta device (about 0.6 GiB).
-Time: the random values take most of it, about 6 ns a parameter on one
-core of a 2-core machine (Wan 14B about 3 minutes there) and scale with
---threads up to the disk's write rate.
+Time: making the values takes most of it, about 10 ns a parameter on one
+core, the writer's work on the same threads: Wan 14B takes about a minute
+and a half on two cores, less with more (--threads), down to the disk's
+write rate.
 """
 
 
