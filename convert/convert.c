@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "../common/hash.h"
+#include "convert_int.h"
 
 #include "../common/alloc.h"
 #include "../common/err.h"
@@ -20,31 +21,8 @@
 #include "../formats/image.h"
 #include "arena.h"
 
-/* One contiguous component in the data region. */
-typedef struct extent {
-	uint64_t begin, bytes; /* data-relative */
-	const arena_tensor *t;
-	uint32_t comp;
-} extent;
-
-typedef struct job {
-	const arena_layout *l;
-	arena_quant_state *qs;
-	const arena_convert_opts *o;
-	arena_img_header *h;
-	arena_outfile *out;
-	extent *ext;
-	size_t n_ext;
-	arena_img_chunk *chunks;
-	atomic_uint_fast64_t next, done_bytes;
-	arena_first_error err;
-	atomic_uint running;
-	/* Coded images: chunks take stored offsets in chunk order. */
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	uint64_t next_place, stored_at;
-	atomic_uint_fast64_t coded;
-} job;
+typedef arena_conv_job job;
+typedef arena_conv_extent extent;
 
 /* Fail the job and wake the workers waiting for their place. */
 static void job_fail(job *j, int rc)
@@ -93,8 +71,18 @@ static size_t first_extent(const job *j, uint64_t c0)
 	return lo;
 }
 
+/* Bytes [off, off+len) of source tensor s: from memory (writer.c) or the file. */
+static int read_source(const job *j, const arena_st_tensor *s, uint64_t off, uint64_t len, uint8_t *dst)
+{
+	if (j->mem) {
+		memcpy(dst, j->mem[s - s->file->tensors] + off, len);
+		return 0;
+	}
+	return arena_pread_full(s->file->fd, dst, len, s->file->data_off + s->begin + off, s->file->path);
+}
+
 /* Fill buf with data bytes [c0, c0+len). */
-static int fill_chunk(job *j, uint64_t c0, uint64_t len, uint8_t *buf)
+static int fill_range(job *j, uint64_t c0, uint64_t len, uint8_t *buf)
 {
 	uint64_t done = c0; /* bytes before this are written; gaps are zeroed as they come */
 	const size_t lo = first_extent(j, c0);
@@ -113,9 +101,9 @@ static int fill_chunk(job *j, uint64_t c0, uint64_t len, uint8_t *buf)
 		if (!strcmp(e->t->scheme, "none") || !strcmp(e->t->scheme, ARENA_SCHEME_SUBCLASS)) {
 			/* as is: the tensor's bytes, or a subclass's inner tensor's */
 			const arena_st_tensor *s = e->t->comp_src[e->comp] ? e->t->comp_src[e->comp] : e->t->src;
-			rc = arena_pread_full(s->file->fd, dst, z - a, s->file->data_off + s->begin + off, s->file->path);
+			rc = read_source(j, s, off, z - a, dst);
 		} else {
-			rc = arena_quant_state_fill(j->qs, j->l, e->t, e->comp, off, z - a, dst);
+			rc = arena_quant_state_fill(&j->qs, j->l, e->t, e->comp, off, z - a, dst);
 		}
 		if (rc)
 			return rc;
@@ -123,6 +111,24 @@ static int fill_chunk(job *j, uint64_t c0, uint64_t len, uint8_t *buf)
 	if (c0 + len > done)
 		memset(buf + (done - c0), 0, c0 + len - done);
 	return 0;
+}
+
+/* Fill buf with data bytes [c0, c0+len): those below j->lo from the carry
+ * (the part of this chunk an earlier block's write kept), the rest from
+ * the sources. */
+static int fill_chunk(job *j, uint64_t c0, uint64_t len, uint8_t *buf)
+{
+	if (c0 >= j->lo)
+		return fill_range(j, c0, len, buf);
+	const uint64_t head = j->lo - c0;
+	if (buf != j->carry)
+		memcpy(buf, j->carry, head);
+	return fill_range(j, j->lo, len - head, buf + head);
+}
+
+int arena_conv_fill(job *j, uint64_t c0, uint64_t len, uint8_t *buf)
+{
+	return fill_chunk(j, c0, len, buf);
 }
 
 /* The element width of data bytes [c0, c0+len) for zstd: the width of the
@@ -150,7 +156,8 @@ static unsigned chunk_width(const job *j, uint64_t c0, uint64_t len)
 static void *worker(void *arg)
 {
 	job *j = arg;
-	const arena_img_header *h = j->h;
+	const arena_img_header *h = &j->h;
+	const arena_convert_opts *o = &j->o;
 	const int coded = !!(h->flags & ARENA_IMG_FLAG_CODED);
 	uint8_t *buf = arena_aligned_alloc(4096, h->chunk_size); /* for O_DIRECT writes */
 	uint8_t *enc = coded ? arena_aligned_alloc(4096, h->chunk_size) : NULL;
@@ -162,13 +169,13 @@ static void *worker(void *arg)
 		job_fail(j, ARENA_E_NOMEM);
 	}
 	while (buf && !arena_first_error_get(&j->err)) {
-		if (j->o->cancel && *j->o->cancel) {
+		if (o->cancel && *o->cancel) {
 			arena_errorf(ARENA_E_CANCELLED, "%s: cancelled", j->out->path);
 			job_fail(j, ARENA_E_CANCELLED);
 			break;
 		}
 		uint64_t i = atomic_fetch_add(&j->next, 1);
-		if (i >= h->chunk_count)
+		if (i >= j->end)
 			break;
 		uint64_t c0 = i * h->chunk_size;
 		uint64_t len = h->data_length - c0 < h->chunk_size ? h->data_length - c0 : h->chunk_size;
@@ -181,10 +188,10 @@ static void *worker(void *arg)
 			rc = arena_outfile_pwrite_direct(j->out, buf, len, h->data_offset + c0);
 		} else if (!rc) {
 			uint64_t n = 0;
-			if (j->o->codec == ARENA_CODEC_HB4)
+			if (o->codec == ARENA_CODEC_HB4)
 				n = arena_hb4_encode(buf, len, enc);
 			else
-				rc = arena_zstd_encode(&zw, buf, len, chunk_width(j, c0, len), j->o->zstd_level, enc, &n);
+				rc = arena_zstd_encode(&zw, buf, len, chunk_width(j, c0, len), o->zstd_level, enc, &n);
 			if (rc) {
 				job_fail(j, rc);
 				break;
@@ -201,7 +208,7 @@ static void *worker(void *arg)
 							 .stored_length = (uint32_t)stored,
 							 .raw_length = (uint32_t)len,
 							 .xxh3 = arena_xxh3(out, stored),
-							 .codec = n ? (uint16_t)j->o->codec : ARENA_CODEC_NONE};
+							 .codec = n ? (uint16_t)o->codec : ARENA_CODEC_NONE};
 			if (n)
 				atomic_fetch_add(&j->coded, 1);
 			rc = arena_outfile_pwrite_direct(j->out, out, wlen, h->data_offset + off);
@@ -262,15 +269,22 @@ static int check_not_input(const arena_ckpt *ck, const char *out)
 	for (size_t i = 0; !rc && i < ck->n_indexes; i++)
 		rc = arena_outfile_check_input_id(out, ck->indexes[i].dev, ck->indexes[i].ino, ck->indexes[i].path);
 	for (size_t i = 0; !rc && i < ck->n_files; i++)
-		rc = arena_outfile_check_input(out, ck->files[i]->fd, ck->files[i]->path);
+		if (ck->files[i]->fd >= 0)
+			rc = arena_outfile_check_input(out, ck->files[i]->fd, ck->files[i]->path);
 	return rc;
 }
 
-int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_convert_opts *opts,
-		       arena_convert_result *res)
+int arena_conv_setup(job *j, const arena_ckpt *ck, const char *out, const arena_convert_opts *opts)
 {
 	static const arena_convert_opts defaults = {0};
-	const arena_convert_opts *o = opts ? opts : &defaults;
+	memset(j, 0, sizeof(*j));
+	arena_first_error_init(&j->err);
+	pthread_mutex_init(&j->mu, NULL);
+	pthread_cond_init(&j->cv, NULL);
+	j->set_up = 1;
+	j->ck = ck;
+	j->o = opts ? *opts : defaults;
+	const arena_convert_opts *o = &j->o;
 	uint64_t cs = o->chunk_size ? o->chunk_size : ARENA_IMG_DEFAULT_CHUNK;
 	if (!arena_codec_name(o->codec))
 		return arena_errorf(ARENA_E_USAGE, "unknown chunk codec %u", o->codec);
@@ -281,75 +295,61 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 				    (unsigned long long)cs);
 	if (check_not_input(ck, out))
 		return ARENA_E(OUTPUT_IS_INPUT);
-	int rc0 = o->force ? 0 : arena_outfile_check_new(out);
-	if (rc0)
-		return rc0;
-	arena_layout *l = NULL;
+	int rc = o->force ? 0 : arena_outfile_check_new(out);
+	if (rc)
+		return rc;
 	json_t *sources = NULL, *meta = NULL;
-	char *manifest = NULL;
-	size_t mlen = 0;
-	extent *ext = NULL;
-	arena_outfile *of = NULL;
-	pthread_t *tid = NULL;
-	job j = {0};
-	arena_quant_state qs = {0};
-	arena_quant_ctx qc = {0};
-	arena_subclass_set sub = {0};
-	arena_plan_opts po = o->plan;
-	arena_first_error_init(&j.err);
-	pthread_mutex_init(&j.mu, NULL);
-	pthread_cond_init(&j.cv, NULL);
-	int rc;
-	if ((rc = arena_subclass_find(ck, &sub)))
-		goto out;
-	if ((rc = arena_quant_select_init(&qc, &o->quant, &po)))
-		goto out;
-	qc.sub = &sub;
-	rc = arena_plan_build(ck, &po, &l);
-	if (rc) {
-		arena_quant_select_free(&qc);
-		goto out;
-	}
+	arena_plan_opts *po = &j->o.plan;
+	if ((rc = arena_subclass_find(ck, &j->sub)))
+		return rc;
+	if ((rc = arena_quant_select_init(&j->qc, &o->quant, po)))
+		return rc;
+	j->qc.sub = &j->sub;
+	if ((rc = arena_plan_build(ck, po, &j->l)))
+		return rc;
+	const arena_layout *l = j->l;
 	int subclass = 0; /* format 1.3: torch-subclass tensors */
 	for (size_t i = 0; i < l->n_tensors; i++)
 		subclass |= l->tensors[i].subclass != NULL;
-	if ((rc = arena_quant_select_finish(&qc)) || (rc = arena_quant_state_init(&qs, l, ck)) ||
-	    (rc = build_sources(ck, &sources, &meta)) ||
-	    (rc = arena_img_manifest_build(l, sources, meta, cs,
-					    subclass ? 3 : o->codec == ARENA_CODEC_ZSTD ? 2 : o->codec ? 1 : 0, &manifest,
-					    &mlen)))
-		goto out;
-	j.qs = &qs;
-	arena_img_header h;
-	arena_img_header_plan(&h, mlen, l->data_length, cs);
+	rc = arena_quant_select_finish(&j->qc);
+	if (!rc)
+		rc = arena_quant_state_init(&j->qs, l, ck);
+	if (!rc)
+		rc = build_sources(ck, &sources, &meta);
+	if (!rc)
+		rc = arena_img_manifest_build(l, sources, meta, cs,
+					      subclass ? 3 : o->codec == ARENA_CODEC_ZSTD ? 2 : o->codec ? 1 : 0,
+					      &j->manifest, &j->mlen);
+	json_decref(sources);
+	json_decref(meta);
+	if (rc)
+		return rc;
+	arena_img_header *h = &j->h;
+	arena_img_header_plan(h, j->mlen, l->data_length, cs);
 	if (o->codec == ARENA_CODEC_HB4)
-		arena_img_header_set_coded(&h);
+		arena_img_header_set_coded(h);
 	else if (o->codec == ARENA_CODEC_ZSTD)
-		arena_img_header_set_zstd(&h);
+		arena_img_header_set_zstd(h);
 	if (subclass)
-		arena_img_header_set_subclass(&h);
+		arena_img_header_set_subclass(h);
 
 	size_t n_ext = 0;
 	for (size_t i = 0; i < l->n_tensors; i++)
 		n_ext += l->tensors[i].n_comp;
-	ext = arena_calloc(n_ext, sizeof(*ext));
-	j.chunks = arena_calloc(h.chunk_count, sizeof(*j.chunks));
-	unsigned threads = o->threads ? o->threads : cpu_count();
-	if (threads > h.chunk_count)
-		threads = h.chunk_count ? (unsigned)h.chunk_count : 1;
-	tid = arena_calloc(threads, sizeof(*tid));
-	if (!ext || !j.chunks || !tid) {
-		rc = arena_errorf(ARENA_E_NOMEM, "out of memory planning %llu chunks", (unsigned long long)h.chunk_count);
-		goto out;
-	}
+	j->ext = arena_calloc(n_ext, sizeof(*j->ext));
+	j->chunks = arena_calloc(h->chunk_count, sizeof(*j->chunks));
+	if (!j->ext || !j->chunks)
+		return arena_errorf(ARENA_E_NOMEM, "out of memory planning %llu chunks", (unsigned long long)h->chunk_count);
 	n_ext = 0;
 	for (size_t i = 0; i < l->n_tensors; i++) {
 		const arena_tensor *t = &l->tensors[i];
 		for (uint32_t c = 0; c < t->n_comp; c++)
 			if (t->comp[c].bytes)
-				ext[n_ext++] = (extent){l->blocks[t->block].offset + t->comp[c].offset, t->comp[c].bytes, t, c};
+				j->ext[n_ext++] = (extent){l->blocks[t->block].offset + t->comp[c].offset, t->comp[c].bytes, t, c};
 	}
-	qsort(ext, n_ext, sizeof(*ext), cmp_extent);
+	j->n_ext = n_ext;
+	qsort(j->ext, n_ext, sizeof(*j->ext), cmp_extent);
+	j->threads = o->threads ? o->threads : cpu_count();
 	/* A full disk is reported before anything is written. A coded image's
 	 * size is not known in advance: the raw size (its most) is reserved
 	 * where the disk has room for it, so that the workers' O_DIRECT writes
@@ -358,102 +358,126 @@ int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_conver
 	 * would put one write in flight at a time), and the file is cut to its
 	 * length at the end; a disk without that room is reported when a write
 	 * fails. */
-	if ((rc = arena_outfile_create(out, o->force ? 0 : ARENA_OUTFILE_NEW, &of)))
-		goto out;
+	if ((rc = arena_outfile_create(out, o->force ? 0 : ARENA_OUTFILE_NEW, &j->out)))
+		return rc;
 	if (!o->codec)
-		rc = arena_outfile_reserve(of, h.file_size);
-	else if (arena_outfile_reserve(of, h.data_offset + h.data_length))
+		rc = arena_outfile_reserve(j->out, h->file_size);
+	else if (arena_outfile_reserve(j->out, h->data_offset + h->data_length))
 		arena_error_clear();
-	if (rc)
-		goto out;
+	return rc;
+}
 
-	j.l = l;
-	j.o = o;
-	j.h = &h;
-	j.out = of;
-	j.ext = ext;
-	j.n_ext = n_ext;
-	atomic_init(&j.next, 0);
-	atomic_init(&j.done_bytes, 0);
-	atomic_init(&j.running, threads);
-	atomic_init(&j.coded, 0);
+int arena_conv_run(job *j, uint64_t from, uint64_t to)
+{
+	if (from >= to)
+		return 0;
+	const arena_convert_opts *o = &j->o;
+	unsigned threads = j->threads;
+	if (threads > to - from)
+		threads = (unsigned)(to - from);
+	pthread_t *tid = arena_calloc(threads, sizeof(*tid));
+	if (!tid)
+		return arena_errorf(ARENA_E_NOMEM, "out of memory for %u threads", threads);
+	atomic_store(&j->next, from);
+	j->end = to;
+	atomic_store(&j->running, threads);
 	unsigned started = 0;
 	for (; started < threads; started++)
-		if (pthread_create(&tid[started], NULL, worker, &j))
+		if (pthread_create(&tid[started], NULL, worker, j))
 			break;
-	atomic_fetch_sub(&j.running, threads - started);
+	atomic_fetch_sub(&j->running, threads - started);
 	if (started == 0) {
-		atomic_fetch_add(&j.running, 1);
-		worker(&j);
+		atomic_fetch_add(&j->running, 1);
+		worker(j);
 	}
-	for (unsigned tick = 0; atomic_load(&j.running) > 0; tick++) {
+	for (unsigned tick = 0; atomic_load(&j->running) > 0; tick++) {
 		if (o->progress && tick % 50 == 49)
-			o->progress(o->progress_ctx, atomic_load(&j.done_bytes), h.data_length);
+			o->progress(o->progress_ctx, atomic_load(&j->done_bytes), j->h.data_length);
 		struct timespec ts = {0, 5 * 1000 * 1000};
 		nanosleep(&ts, NULL);
 	}
 	for (unsigned i = 0; i < started; i++)
 		pthread_join(tid[i], NULL);
-	if ((rc = arena_first_error_raise(&j.err)))
-		goto out;
-	if (o->cancel && *o->cancel) {
-		rc = arena_errorf(ARENA_E_CANCELLED, "%s: cancelled", out);
-		goto out;
-	}
-	if (h.flags & ARENA_IMG_FLAG_CODED) { /* the file ends where the last chunk's page does */
-		arena_img_header_set_stored(&h, j.stored_at);
-		if ((rc = arena_outfile_truncate(of, h.file_size)))
-			goto out;
+	arena_free(tid);
+	int rc = arena_first_error_raise(&j->err);
+	if (!rc && o->cancel && *o->cancel)
+		rc = arena_errorf(ARENA_E_CANCELLED, "%s: cancelled", j->out->path);
+	return rc;
+}
+
+int arena_conv_commit(job *j, arena_convert_result *res)
+{
+	arena_img_header *h = &j->h;
+	int rc;
+	if (h->flags & ARENA_IMG_FLAG_CODED) { /* the file ends where the last chunk's page does */
+		arena_img_header_set_stored(h, j->stored_at);
+		if ((rc = arena_outfile_truncate(j->out, h->file_size)))
+			return rc;
 	}
 	/* Chunk table, manifest, header; then rename into place. */
-	uint8_t *table = arena_calloc(1, h.chunk_table_length);
-	if (!table) {
-		rc = arena_errorf(ARENA_E_NOMEM, "out of memory for the chunk table");
-		goto out;
-	}
-	for (uint64_t i = 0; i < h.chunk_count; i++)
-		arena_img_chunk_encode(&j.chunks[i], table + i * ARENA_IMG_CHUNK_ENTRY);
-	h.chunk_table_xxh3 = arena_xxh3(table, h.chunk_table_length);
-	h.manifest_xxh3 = arena_xxh3(manifest, mlen);
-	rc = arena_outfile_pwrite(of, table, h.chunk_table_length, h.chunk_table_offset);
+	uint8_t *table = arena_calloc(1, h->chunk_table_length);
+	if (!table)
+		return arena_errorf(ARENA_E_NOMEM, "out of memory for the chunk table");
+	for (uint64_t i = 0; i < h->chunk_count; i++)
+		arena_img_chunk_encode(&j->chunks[i], table + i * ARENA_IMG_CHUNK_ENTRY);
+	h->chunk_table_xxh3 = arena_xxh3(table, h->chunk_table_length);
+	h->manifest_xxh3 = arena_xxh3(j->manifest, j->mlen);
+	rc = arena_outfile_pwrite(j->out, table, h->chunk_table_length, h->chunk_table_offset);
 	arena_free(table);
-	if (rc || (rc = arena_outfile_pwrite(of, manifest, mlen, h.manifest_offset)))
-		goto out;
+	if (rc || (rc = arena_outfile_pwrite(j->out, j->manifest, j->mlen, h->manifest_offset)))
+		return rc;
 	uint8_t page[ARENA_IMG_HEADER_SIZE];
-	arena_img_header_encode(&h, page);
-	if ((rc = arena_outfile_pwrite(of, page, sizeof(page), 0)))
-		goto out;
-	rc = arena_outfile_commit(of);
-	of = NULL;
+	arena_img_header_encode(h, page);
+	if ((rc = arena_outfile_pwrite(j->out, page, sizeof(page), 0)))
+		return rc;
+	rc = arena_outfile_commit(j->out);
+	j->out = NULL;
 	if (rc)
-		goto out;
-	if (o->progress)
-		o->progress(o->progress_ctx, h.data_length, h.data_length);
+		return rc;
+	if (j->o.progress)
+		j->o.progress(j->o.progress_ctx, h->data_length, h->data_length);
 	if (res) {
-		res->file_size = h.file_size;
-		res->data_bytes = h.data_length;
-		res->stored_bytes = arena_img_stored_data(&h);
-		res->coded_chunks = atomic_load(&j.coded);
-		res->payload_bytes = arena_layout_payload(l);
-		res->n_blocks = l->n_blocks;
-		res->n_tensors = l->n_tensors;
-		res->chunk_count = h.chunk_count;
+		res->file_size = h->file_size;
+		res->data_bytes = h->data_length;
+		res->stored_bytes = arena_img_stored_data(h);
+		res->coded_chunks = atomic_load(&j->coded);
+		res->payload_bytes = arena_layout_payload(j->l);
+		res->n_blocks = j->l->n_blocks;
+		res->n_tensors = j->l->n_tensors;
+		res->chunk_count = h->chunk_count;
 	}
-out:
-	arena_outfile_abort(of);
-	arena_subclass_free(&sub);
-	arena_quant_state_free(&qs);
-	arena_quant_select_free(&qc);
-	arena_first_error_destroy(&j.err);
-	pthread_mutex_destroy(&j.mu);
-	pthread_cond_destroy(&j.cv);
-	arena_free(tid);
-	arena_free(j.chunks);
-	arena_free(ext);
-	arena_free(manifest);
-	json_decref(sources);
-	json_decref(meta);
-	arena_layout_free(l);
+	return 0;
+}
+
+void arena_conv_free(job *j)
+{
+	if (!j->set_up)
+		return;
+	arena_outfile_abort(j->out);
+	arena_subclass_free(&j->sub);
+	arena_quant_state_free(&j->qs);
+	arena_quant_select_free(&j->qc);
+	arena_first_error_destroy(&j->err);
+	pthread_mutex_destroy(&j->mu);
+	pthread_cond_destroy(&j->cv);
+	arena_free(j->chunks);
+	arena_free(j->ext);
+	arena_free(j->manifest);
+	arena_free(j->carry);
+	arena_layout_free(j->l);
+	memset(j, 0, sizeof(*j));
+}
+
+int arena_convert_ckpt(const arena_ckpt *ck, const char *out, const arena_convert_opts *opts,
+		       arena_convert_result *res)
+{
+	job j;
+	int rc = arena_conv_setup(&j, ck, out, opts);
+	if (!rc)
+		rc = arena_conv_run(&j, 0, j.h.chunk_count);
+	if (!rc)
+		rc = arena_conv_commit(&j, res);
+	arena_conv_free(&j);
 	return rc;
 }
 
@@ -485,13 +509,48 @@ static void pub_progress_cb(void *c, uint64_t done, uint64_t total)
 }
 
 /* n entries at v: none NULL (v may be NULL when n is 0). */
-static int check_list(const char *const *v, size_t n, const char *what)
+static int check_list(const char *const *v, size_t n, const char *who, const char *what)
 {
 	if (n && !v)
-		return arena_errorf(ARENA_E_USAGE, "arena_convert: %s is NULL with %zu entries", what, n);
+		return arena_errorf(ARENA_E_USAGE, "%s: %s is NULL with %zu entries", who, what, n);
 	for (size_t i = 0; i < n; i++)
 		if (!v[i])
-			return arena_errorf(ARENA_E_USAGE, "arena_convert: %s[%zu] is NULL", what, i);
+			return arena_errorf(ARENA_E_USAGE, "%s: %s[%zu] is NULL", who, what, i);
+	return 0;
+}
+
+int arena_conv_public_opts(const arena_convert_options *o, const char *who, arena_convert_opts *co)
+{
+	int rc, codec = 0;
+	if ((rc = check_list(o->block_patterns, o->n_block_patterns, who, "block_patterns")) ||
+	    (rc = check_list(o->block_order, o->n_block_order, who, "block_order")) ||
+	    (rc = check_list(o->quant_include, o->n_quant_include, who, "quant_include")) ||
+	    (rc = check_list(o->quant_exclude, o->n_quant_exclude, who, "quant_exclude")))
+		return rc;
+	const uint64_t cs = o->chunk_size;
+	if (cs && (cs < (64u << 10) || cs > (1u << 30) || (cs & (cs - 1))))
+		return arena_errorf(ARENA_E_USAGE, "%s: chunk_size %llu is not a power of two from 64K to 1G", who,
+				    (unsigned long long)cs);
+	if (o->codec && (codec = arena_codec_from_name(o->codec)) < 0)
+		return arena_errorf(ARENA_E_USAGE, "%s: codec '%s' is not none, hb4 or zstd", who, arena_q(o->codec));
+	if (o->zstd_level && codec != ARENA_CODEC_ZSTD)
+		return arena_errorf(ARENA_E_USAGE, "%s: zstd_level is for codec zstd", who);
+	if (o->zstd_level < 0 || o->zstd_level > ARENA_ZSTD_MAX_LEVEL)
+		return arena_errorf(ARENA_E_USAGE, "%s: zstd_level %d is not from 1 to %d", who, o->zstd_level,
+				    ARENA_ZSTD_MAX_LEVEL);
+	if (o->threads > 256)
+		return arena_errorf(ARENA_E_USAGE, "%s: threads %u is more than 256", who, o->threads);
+	*co = (arena_convert_opts){
+		.plan = {.patterns = o->block_patterns, .n_patterns = o->n_block_patterns, .order = o->block_order,
+			 .n_order = o->n_block_order},
+		.chunk_size = cs,
+		.threads = o->threads,
+		.quant = {.scheme = o->quant, .include = o->quant_include, .n_include = o->n_quant_include,
+			  .exclude = o->quant_exclude, .n_exclude = o->n_quant_exclude},
+		.codec = (unsigned)codec,
+		.zstd_level = o->zstd_level,
+		.force = o->force,
+	};
 	return 0;
 }
 
@@ -500,46 +559,21 @@ int arena_convert(const char *const *inputs, size_t n_inputs, const char *out, c
 {
 	static const arena_convert_options none;
 	const arena_convert_options *o = opt ? opt : &none;
-	int rc, codec = 0;
+	int rc;
 	if (info)
 		memset(info, 0, sizeof(*info));
 	if (!n_inputs)
 		return arena_errorf(ARENA_E_USAGE, "arena_convert: no inputs given");
 	if (!out || !*out)
 		return arena_errorf(ARENA_E_USAGE, "arena_convert: no output given");
-	if ((rc = check_list(inputs, n_inputs, "inputs")) || (rc = check_list(o->block_patterns, o->n_block_patterns, "block_patterns")) ||
-	    (rc = check_list(o->block_order, o->n_block_order, "block_order")) ||
-	    (rc = check_list(o->quant_include, o->n_quant_include, "quant_include")) ||
-	    (rc = check_list(o->quant_exclude, o->n_quant_exclude, "quant_exclude")))
+	arena_convert_opts co;
+	if ((rc = check_list(inputs, n_inputs, "arena_convert", "inputs")) ||
+	    (rc = arena_conv_public_opts(o, "arena_convert", &co)))
 		return rc;
-	const uint64_t cs = o->chunk_size;
-	if (cs && (cs < (64u << 10) || cs > (1u << 30) || (cs & (cs - 1))))
-		return arena_errorf(ARENA_E_USAGE, "arena_convert: chunk_size %llu is not a power of two from 64K to 1G",
-				    (unsigned long long)cs);
-	if (o->codec && (codec = arena_codec_from_name(o->codec)) < 0)
-		return arena_errorf(ARENA_E_USAGE, "arena_convert: codec '%s' is not none, hb4 or zstd", arena_q(o->codec));
-	if (o->zstd_level && codec != ARENA_CODEC_ZSTD)
-		return arena_errorf(ARENA_E_USAGE, "arena_convert: zstd_level is for codec zstd");
-	if (o->zstd_level < 0 || o->zstd_level > ARENA_ZSTD_MAX_LEVEL)
-		return arena_errorf(ARENA_E_USAGE, "arena_convert: zstd_level %d is not from 1 to %d", o->zstd_level,
-				    ARENA_ZSTD_MAX_LEVEL);
-	if (o->threads > 256)
-		return arena_errorf(ARENA_E_USAGE, "arena_convert: threads %u is more than 256", o->threads);
 	pub_progress pp = {.fn = o->progress, .ctx = o->progress_ctx};
-	arena_convert_opts co = {
-		.plan = {.patterns = o->block_patterns, .n_patterns = o->n_block_patterns, .order = o->block_order,
-			 .n_order = o->n_block_order},
-		.chunk_size = cs,
-		.threads = o->threads,
-		.progress = o->progress ? pub_progress_cb : NULL,
-		.progress_ctx = &pp,
-		.cancel = &pp.stop,
-		.quant = {.scheme = o->quant, .include = o->quant_include, .n_include = o->n_quant_include,
-			  .exclude = o->quant_exclude, .n_exclude = o->n_quant_exclude},
-		.codec = (unsigned)codec,
-		.zstd_level = o->zstd_level,
-		.force = o->force,
-	};
+	co.progress = o->progress ? pub_progress_cb : NULL;
+	co.progress_ctx = &pp;
+	co.cancel = &pp.stop;
 	arena_convert_result r;
 	if ((rc = arena_convert_inputs(inputs, n_inputs, out, &co, &r)))
 		return rc;

@@ -231,8 +231,10 @@ int arena_quant_state_init(arena_quant_state *qs, const arena_layout *l, const a
 				qs->in[i].scale = arena_st_data(scale), qs->in[i].scale_dtype = scale->dtype,
 				qs->scale_src[i] = scale;
 		}
-		qs->in[i].data = arena_st_data(src);
-		if (!rc)
+		/* A header without its file's bytes (convert/writer.c): the bytes,
+		 * and the whole-tensor pass, come when the writer is given them. */
+		qs->in[i].data = src->file->base ? arena_st_data(src) : NULL;
+		if (!rc && qs->in[i].data)
 			rc = scan_source(&qs->plans[i], src, &qs->in[i]);
 		if (rc) {
 			arena_quant_state_free(qs);

@@ -62,7 +62,9 @@ int arena_quant_default_selects(const char *name, arena_dtype dt, uint32_t rank,
 
 /* Plans and inputs for every non-"none" tensor of a placed layout built from
  * `ck` (sources must be mapped), with the whole-tensor scans done (read
- * with pread). */
+ * with pread). A source from a header alone (arena_st_parse_header) gets
+ * in[i].data NULL and no scan: its caller sets both once it has the bytes
+ * (convert/writer.c). */
 int arena_quant_state_init(arena_quant_state *qs, const arena_layout *l, const arena_ckpt *ck);
 void arena_quant_state_free(arena_quant_state *qs);
 /* Bytes [off, off+len) of component `comp` of t (one of l's tensors), from

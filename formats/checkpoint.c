@@ -485,6 +485,28 @@ int arena_ckpt_open_many(const char *const *paths, size_t n, arena_ckpt **out)
 	return 0;
 }
 
+int arena_ckpt_of_file(arena_st_file *f, arena_ckpt **out)
+{
+	*out = NULL;
+	arena_ckpt *c = arena_calloc(1, sizeof(*c));
+	arena_st_file **files = arena_calloc(1, sizeof(*files));
+	if (!c || !files) {
+		arena_free(c);
+		arena_free(files);
+		arena_st_close(f);
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", f->path);
+	}
+	c->files = files;
+	c->files[c->n_files++] = f;
+	int rc = merge_tensors(c);
+	if (rc) {
+		arena_ckpt_close(c);
+		return rc;
+	}
+	*out = c;
+	return 0;
+}
+
 int arena_ckpt_open(const char *path, arena_ckpt **out)
 {
 	return arena_ckpt_open_many(&path, 1, out);

@@ -50,6 +50,11 @@ int arena_ckpt_open(const char *path, arena_ckpt **out);
 /* Open several inputs (each as arena_ckpt_open would) as one checkpoint. */
 int arena_ckpt_open_many(const char *const *paths, size_t n, arena_ckpt **out);
 
+/* A checkpoint of the one file f (already open or parsed: a header alone,
+ * arena_st_parse_header), which it owns from now on, also on failure.
+ * Errors: NOMEM. */
+int arena_ckpt_of_file(arena_st_file *f, arena_ckpt **out);
+
 void arena_ckpt_close(arena_ckpt *c);
 
 /* Binary search by name; NULL if absent. */

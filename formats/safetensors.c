@@ -283,6 +283,8 @@ static int check_layout(arena_st_file *f, arena_st_tensor **by_off, size_t n, ui
 		if (rc)
 			return rc;
 	}
+	if (data_len == UINT64_MAX) /* a header alone (arena_st_parse_header): the data is as long as it says */
+		return 0;
 	if (pos > data_len)
 		return arena_errorf(E(ST_DATA_PAST_EOF),
 				    "%s: tensor '%s': data ends at %llu, past the %llu bytes of data in the file",
@@ -373,7 +375,7 @@ static int parse_header(arena_st_file *f, const uint8_t *buf)
 	if (meta && (rc = check_metadata(f, meta)))
 		goto out;
 	qsort(by_off, nt, sizeof(*by_off), cmp_by_offsets);
-	rc = check_layout(f, by_off, nt, f->size - f->data_off);
+	rc = check_layout(f, by_off, nt, f->base ? f->size - f->data_off : UINT64_MAX);
 	if (rc)
 		goto out;
 	qsort(f->tensors, nt, sizeof(*f->tensors), cmp_by_name);
@@ -413,6 +415,35 @@ int arena_st_parse(const uint8_t *buf, uint64_t size, const char *label, arena_s
 		arena_st_close(f);
 		return rc;
 	}
+	*out = f;
+	return 0;
+}
+
+int arena_st_parse_header(const char *json, size_t len, const char *label, arena_st_file **out)
+{
+	*out = NULL;
+	arena_st_file *f;
+	int rc = st_new(label, &f);
+	if (rc)
+		return rc;
+	uint8_t *buf = arena_malloc(8 + len);
+	if (!buf) {
+		arena_st_close(f);
+		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory for a header of %zu bytes", label, len);
+	}
+	for (int i = 0; i < 8; i++)
+		buf[i] = (uint8_t)((uint64_t)len >> (8 * i));
+	memcpy(buf + 8, json, len);
+	f->size = 8 + (uint64_t)len; /* the header's bytes; the data's are added once they are known */
+	rc = parse_header(f, buf); /* f->base NULL: no data to check the offsets against */
+	arena_free(buf);
+	if (rc) {
+		arena_st_close(f);
+		return rc;
+	}
+	for (size_t i = 0; i < f->n_tensors; i++)
+		if (f->data_off + f->tensors[i].end > f->size)
+			f->size = f->data_off + f->tensors[i].end;
 	*out = f;
 	return 0;
 }

@@ -75,6 +75,15 @@ int arena_st_open(const char *path, arena_st_file **out);
  * the input in messages. Used for fuzzing and in-memory inputs. */
 int arena_st_parse(const uint8_t *buf, uint64_t size, const char *label, arena_st_file **out);
 
+/* Validate a safetensors header alone: `json` (len bytes, the JSON a file's
+ * first 8 bytes give the length of) describes a file whose data is not
+ * here, as long as its data_offsets say (f->size: 8 + len + the last
+ * tensor's end). Every rule of the format holds but those on the file's
+ * length (DATA_PAST_EOF, TRAILING_BYTES). f->base is NULL and f->fd -1:
+ * the tensors' bytes come from elsewhere (convert/writer.c). `label` names
+ * it in messages. */
+int arena_st_parse_header(const char *json, size_t len, const char *label, arena_st_file **out);
+
 void arena_st_close(arena_st_file *f);
 
 /* Name every tensor of f "<prefix><name>" from now on (a pipeline's component

@@ -969,6 +969,59 @@ typedef struct arena_convert_info {
 ARENA_API int arena_convert(const char *const *inputs, size_t n_inputs, const char *out,
 			    const arena_convert_options *opt, arena_convert_info *info);
 
+/* ---- writing an image tensor by tensor -------------------------------------------
+ * The image arena_convert makes of a checkpoint, from tensors a program hands
+ * over in memory rather than a file on disk: weights it makes (random ones of
+ * a model's shapes: arena_gpu.torch.synth_image), a model it holds a block at
+ * a time. Only one block's tensors need to exist at once; the writer keeps
+ * the bytes of one chunk (a chunk that runs on into the next block) and its
+ * threads' chunk buffers (as arena_convert).
+ *
+ * open: `header` is the JSON of a safetensors file's header (NUL-ended: each
+ * tensor's "dtype", "shape" and "data_offsets" in a file holding them back
+ * to back, "__metadata__" optional), as strict as a file's; `label` is the
+ * source's name in messages and in the manifest's "source" (its path; its
+ * size is the file's the header describes). The image is the one
+ * arena_convert makes of that file with the same options: the same plan,
+ * quantization (opt->quant: the bytes of every block identical), codec and
+ * chunks; only the manifest's "source" differs. Checked at open, before
+ * anything is written: the options as arena_convert does (opt->progress must
+ * be NULL: the caller's puts are its progress), OUTPUT_EXISTS, the header's
+ * ST_* rules, the plan's and quantization's errors; tensors stored already
+ * quantized (an F8_E4M3 tensor with its "<name>_scale", which arena_convert
+ * keeps as they are) are USAGE. On success the output's room is reserved
+ * (a full disk is IO now, not later).
+ *
+ * The blocks come in the image's order (arena_writer_block_*: block 0 is
+ * "globals" when the model has tensors outside its repeated blocks), and a
+ * block's tensors in any order: arena_writer_put hands one tensor's bytes
+ * (nbytes, its dtype and shape's; borrowed, not copied). The put that gives
+ * a block its last tensor writes the block (quantized, coded, checksummed,
+ * on opt->threads threads) and returns once it is written: then none of the
+ * block's bytes is used again. A tensor of a later block while the current
+ * one lacks some is USAGE naming the first missing one; a name the header
+ * has not, a tensor put twice or nbytes not its size is USAGE too. A failed
+ * put leaves the writer failed: later calls return its error.
+ *
+ * finish: every block written, the image is linked in at `out` whole (as
+ * arena_convert's: a failure, an abort or a kill leaves nothing there) and
+ * `info` (may be NULL) filled; a block not complete is USAGE naming its first
+ * missing tensor. finish and abort free the writer, whatever they return.
+ * One thread at a time per writer. */
+typedef struct arena_writer arena_writer;
+ARENA_API int arena_writer_open(const char *out, const char *header, const char *label,
+				const arena_convert_options *opt, arena_writer **w);
+ARENA_API size_t arena_writer_block_count(const arena_writer *w);
+/* Block i's name, or NULL past the last. */
+ARENA_API const char *arena_writer_block_name(const arena_writer *w, size_t i);
+/* The number of tensors to put for block i (0 past the last), and the name
+ * of its k-th (NULL past the last), in the block's order in the image. */
+ARENA_API size_t arena_writer_block_tensors(const arena_writer *w, size_t i);
+ARENA_API const char *arena_writer_tensor_name(const arena_writer *w, size_t i, size_t k);
+ARENA_API int arena_writer_put(arena_writer *w, const char *name, const void *data, uint64_t nbytes);
+ARENA_API int arena_writer_finish(arena_writer *w, arena_convert_info *info);
+ARENA_API void arena_writer_abort(arena_writer *w);
+
 /* A chunk of an image whose checksum does not hold (arena_verify). */
 typedef struct arena_bad_chunk {
 	uint64_t chunk;          /* its index */

@@ -41,7 +41,7 @@ from ._arena import Arena, library_version, open
 from ._cache import cache_info
 from ._dtypes import torch_dtype
 from ._errors import Error, OomRetryWarning, ShareWarning
-from ._files import convert, inspect, verify
+from ._files import ImageWriter, convert, inspect, verify
 from ._records import Block, Component, TensorInfo
 from ._units import Size, parse_size
 
@@ -55,6 +55,7 @@ __all__ = [
     "TensorInfo",
     "open",
     "convert",
+    "ImageWriter",
     "verify",
     "inspect",
     "cache_info",
@@ -68,7 +69,8 @@ __version__ = "0.2.0"
 # Named as this module's own (arena_gpu.Error, not the private module that defines
 # it): their reprs, tracebacks and pickles name the module users import, whatever
 # file holds the code. (convert, verify, inspect, cache_info and parse_size keep their modules'.)
-for _public in (Error, ShareWarning, OomRetryWarning, Arena, Block, Component, TensorInfo, open, library_version,
+for _public in (Error, ShareWarning, OomRetryWarning, Arena, Block, Component, TensorInfo, ImageWriter, open,
+                library_version,
                 torch_dtype):
     _public.__module__ = __name__
 del _public

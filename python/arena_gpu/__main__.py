@@ -2,7 +2,9 @@
 
 Both run the binary the package ships (``arena/bin/arena``, the command the
 C build makes), in place of this process: its messages, exit status and
-handling of Ctrl-C are the command's own.
+handling of Ctrl-C are the command's own. One subcommand is the package's:
+``synth-image`` (an image of any diffusers or transformers model with random
+weights, ``arena_gpu.torch.synth_image``), which needs torch.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ def binary() -> str:
 
 def main(argv: Optional[List[str]] = None) -> None:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["synth-image"]:
+        from .torch._synth import cli
+
+        raise SystemExit(cli(args[1:]))
     exe = binary()
     sys.stdout.flush()
     sys.stderr.flush()

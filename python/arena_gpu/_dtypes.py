@@ -32,6 +32,20 @@ _TORCH_DTYPES = {
 }
 
 
+# Bits of an element of each dtype an image or a safetensors file names (formats/dtype.h).
+_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "U16": 16, "I16": 16, "U32": 32, "I32": 32, "U64": 64, "I64": 64,
+         "F16": 16, "BF16": 16, "F32": 32, "F64": 64, "C64": 64, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8,
+         "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}
+
+
+def element_bits(dtype: str) -> int:
+    """Bits of one element of arena dtype ``dtype`` ("BF16": 16); USAGE for another name."""
+    bits = _BITS.get(dtype)
+    if bits is None:
+        raise Error("USAGE", f"dtype '{dtype}' is none of an image's: {', '.join(_BITS)}")
+    return bits
+
+
 # What each optional import needs, as python/pyproject.toml's extras name it
 # (tests/python/test_files.py checks that they agree).
 _EXTRAS = {"torch": "'torch>=2.4'", "numpy": "numpy ml_dtypes"}

@@ -1,4 +1,5 @@
-"""convert, verify and inspect: the library's arena_convert, arena_verify and arena_inspect.
+"""convert, verify and inspect: the library's arena_convert, arena_verify and
+arena_inspect; ImageWriter: its arena_writer (an image from tensors in memory).
 
 The C call runs on a thread of its own while the calling thread waits for it,
 so that Ctrl-C reaches Python at once: the wait raises KeyboardInterrupt, the
@@ -153,8 +154,33 @@ def convert(
     """
     srcs = [src] if isinstance(src, (str, os.PathLike)) else list(src)
     ins = (ctypes.c_char_p * max(1, len(srcs)))(*[os.fsencode(os.fspath(s)) for s in srcs])
+    o, keep = _options(codec=codec, quant=quant, quant_include=quant_include, quant_exclude=quant_exclude,
+                       block_patterns=block_patterns, block_order=block_order, chunk_size=chunk_size,
+                       zstd_level=zstd_level, threads=threads, force=force)
+    info = _native.ConvertInfo()
+    dst = os.fsencode(os.fspath(out))
+
+    def call(cfn: Any) -> int:
+        o.progress = cfn
+        return int(_native.lib.arena_convert(ins, len(srcs), dst, ctypes.byref(o), ctypes.byref(info)))
+
+    rc, err = _run(call, _Bar(progress, "convert"))
+    if err is not None:
+        raise err
+    return _info(info)
+
+
+def _info(info: Any) -> Dict[str, int]:
+    return {f[0]: int(getattr(info, f[0])) for f in _native.ConvertInfo._fields_}
+
+
+def _options(*, codec: Optional[str], quant: Optional[str], quant_include: Iterable[str],
+             quant_exclude: Iterable[str], block_patterns: Iterable[str], block_order: Iterable[str],
+             chunk_size: Union[int, str, None], zstd_level: Optional[int], threads: Optional[int],
+             force: bool) -> Tuple[Any, List[Any]]:
+    """arena_convert_options of these, and what they point at (to keep alive through the call)."""
     o = _native.ConvertOptions()
-    keep: List[Any] = []  # what the options point at, alive through the call
+    keep: List[Any] = []
     for field, v in (("block_patterns", block_patterns), ("block_order", block_order),
                      ("quant_include", quant_include), ("quant_exclude", quant_exclude)):
         arr, n = _strings(v, field)
@@ -170,17 +196,7 @@ def convert(
         raise ValueError(f"threads: {threads!r}: a whole number, 1 or more")
     o.threads = 0 if threads is None else _native.check_int("threads", threads, ctypes.c_uint)
     o.force = 1 if force else 0
-    info = _native.ConvertInfo()
-    dst = os.fsencode(os.fspath(out))
-
-    def call(cfn: Any) -> int:
-        o.progress = cfn
-        return int(_native.lib.arena_convert(ins, len(srcs), dst, ctypes.byref(o), ctypes.byref(info)))
-
-    rc, err = _run(call, _Bar(progress, "convert"))
-    if err is not None:
-        raise err
-    return {f[0]: int(getattr(info, f[0])) for f in _native.ConvertInfo._fields_}
+    return o, keep
 
 
 def verify(path: PathLike, *, threads: Optional[int] = None, progress: Progress = None) -> Dict[str, Any]:
@@ -244,3 +260,115 @@ def inspect(path: PathLike) -> Dict[str, Any]:
         _native.lib.arena_string_free(s)
     d: Dict[str, Any] = json.loads(text)
     return d
+
+
+class ImageWriter:
+    """An arena image written from tensors in memory, a block at a time: the image
+    :func:`convert` makes of a safetensors file holding the same tensors, with the
+    same options (the manifest's ``source`` names ``label`` instead of the file),
+    without the file. For weights a program makes (``arena.torch.synth_image``) or
+    holds a block at a time.
+
+    ``tensors``: every tensor's name and ``(dtype, shape)``, dtype an image's name
+    ("BF16", "F32", "F8_E4M3"...); ``metadata``: the manifest's (as a safetensors
+    file's ``__metadata__``); ``label``: the source's name in messages and in the
+    manifest. The other arguments are :func:`convert`'s. Everything is checked here,
+    before a byte is written (``OUTPUT_EXISTS`` without ``force``; the output's room
+    is reserved: a full disk is an error now).
+
+    :attr:`blocks` lists the image's blocks in order, each ``(name, [tensor names])``;
+    :meth:`put` hands over one tensor's bytes, blocks in that order, a block's
+    tensors in any order. The put that completes a block writes it (quantized,
+    coded, checksummed, on ``threads`` threads) before it returns: after it, none of
+    that block's bytes is read again. :meth:`finish` links the image in at ``out``
+    whole; :meth:`abort` (or an exception leaving a ``with`` block) leaves nothing
+    there. Errors are :class:`arena.Error`; after one, only :meth:`abort` is left.
+    """
+
+    def __init__(self, out: PathLike, tensors: Dict[str, Tuple[str, Sequence[int]]], *, label: str,
+                 metadata: Optional[Dict[str, str]] = None, codec: Optional[str] = None,
+                 quant: Optional[str] = None, quant_include: Iterable[str] = (), quant_exclude: Iterable[str] = (),
+                 block_patterns: Iterable[str] = (), block_order: Iterable[str] = (),
+                 chunk_size: Union[int, str, None] = None, zstd_level: Optional[int] = None,
+                 threads: Optional[int] = None, force: bool = False):
+        from ._dtypes import element_bits
+
+        self._w: Optional[int] = None
+        header: Dict[str, Any] = {}
+        if metadata:
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+                raise TypeError("metadata: a dict of strings to strings (a safetensors file's __metadata__)")
+            header["__metadata__"] = dict(metadata)
+        pos = 0
+        self._size: Dict[str, int] = {}
+        for name in sorted(tensors):
+            dtype, shape = tensors[name]
+            bits = element_bits(dtype)
+            n = 1
+            for d in shape:
+                n *= int(d)
+            nbytes = n * bits // 8
+            header[name] = {"dtype": dtype, "shape": [int(d) for d in shape], "data_offsets": [pos, pos + nbytes]}
+            self._size[name] = nbytes
+            pos += nbytes
+        o, keep = _options(codec=codec, quant=quant, quant_include=quant_include, quant_exclude=quant_exclude,
+                           block_patterns=block_patterns, block_order=block_order, chunk_size=chunk_size,
+                           zstd_level=zstd_level, threads=threads, force=force)
+        self.path = os.fspath(out)
+        w = ctypes.c_void_p()
+        rc = _native.lib.arena_writer_open(os.fsencode(self.path), json.dumps(header).encode(), label.encode(),
+                                           ctypes.byref(o), ctypes.byref(w))
+        del keep
+        if rc:
+            raise _error(rc)
+        self._w = w.value
+        lib = _native.lib
+        self.blocks: List[Tuple[str, List[str]]] = []
+        for i in range(int(lib.arena_writer_block_count(w))):
+            names = [lib.arena_writer_tensor_name(w, i, k).decode() for k in range(lib.arena_writer_block_tensors(w, i))]
+            self.blocks.append((lib.arena_writer_block_name(w, i).decode(), names))
+        self.total_bytes = pos  # the tensors' bytes, as given
+
+    def nbytes(self, name: str) -> int:
+        """The bytes :meth:`put` takes for tensor ``name``."""
+        return self._size[name]
+
+    def _live(self) -> int:
+        if self._w is None:
+            raise Error("USAGE", f"{self.path}: the writer is finished or aborted")
+        return self._w
+
+    def put(self, name: str, address: int, nbytes: int) -> None:
+        """Tensor ``name``'s ``nbytes`` bytes at ``address`` (a contiguous buffer, e.g. a
+        CPU tensor's ``data_ptr()``), borrowed: they must stay as they are until the
+        put that completes its block has returned."""
+        w = self._live()
+        rc = _native.lib.arena_writer_put(w, name.encode(), _native.check_int("address", address, ctypes.c_void_p),
+                                          _native.check_int("nbytes", nbytes, ctypes.c_uint64))
+        if rc:
+            raise _error(rc)
+
+    def finish(self) -> Dict[str, int]:
+        """The image linked in at ``out``; returns what :func:`convert` returns."""
+        w = self._live()
+        self._w = None
+        info = _native.ConvertInfo()
+        rc = _native.lib.arena_writer_finish(w, ctypes.byref(info))
+        if rc:
+            raise _error(rc)
+        return _info(info)
+
+    def abort(self) -> None:
+        """Stop: nothing is left at ``out`` (a no-op once finished or aborted)."""
+        w, self._w = self._w, None
+        if w is not None:
+            _native.lib.arena_writer_abort(w)
+
+    def __enter__(self) -> "ImageWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.abort()
+
+    def __del__(self) -> None:
+        self.abort()

@@ -1,7 +1,7 @@
 #!/bin/sh
 # The Python package and the PyTorch adapter (tests/python/test_torch.py,
-# test_retry.py, test_args.py, test_models.py, test_bench.py and
-# test_onecall.py), in BUILD/venv-torch: torch, diffusers and peft from PyPI
+# test_retry.py, test_args.py, test_models.py, test_bench.py, test_onecall.py
+# and test_synth.py), in BUILD/venv-torch: torch, diffusers and peft from PyPI
 # (pinned in tests/python/requirements-torch.txt; pip's cache and the venv
 # are kept between runs, the venv brought to the file's pins when they
 # change), and the package installed the way a user does, `pip install
@@ -114,8 +114,10 @@ esac
 # steps that run out of device memory (test_retry.py), the package's checks
 # of the ints it passes to C (test_args.py), then any model's
 # (test_models.py: families of diffusers and transformers, a whole pipeline),
-# the README's benchmark command (test_bench.py), and the one-call forms
-# (test_onecall.py: from_pretrained and offload through the cache).
+# the README's benchmark command (test_bench.py), the one-call forms
+# (test_onecall.py: from_pretrained and offload through the cache), and
+# images of models with random weights written a block at a time
+# (test_synth.py: synth_image, arena.ImageWriter).
 # ran LOG: got, the tests of a unittest log that ran (not skipped as slow); the
 # skipped ones are added to k.
 k=0
@@ -126,7 +128,7 @@ ran() {
 	got=$((all - slow))
 }
 n=0
-for t in test_torch test_retry test_args test_models test_bench test_onecall; do
+for t in test_torch test_retry test_args test_models test_bench test_onecall test_synth; do
 	ARENA_FIXTURES_DIR=${ARENA_FIXTURES_DIR:-$R/fixtures} ARENA_BIN=$R/$B/arena PYTHONWARNINGS=ignore \
 		guarded "$PY" -c 'import os, runpy, sys, unittest
 unittest.TextTestResult.getDescription = lambda self, test: str(test)

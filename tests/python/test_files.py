@@ -297,7 +297,7 @@ class Files(unittest.TestCase):
         import typing
 
         for n in ("Error", "ShareWarning", "OomRetryWarning", "Arena", "Block", "Component", "TensorInfo", "open",
-                  "library_version", "torch_dtype"):
+                  "library_version", "torch_dtype", "ImageWriter"):
             o = getattr(arena, n)
             self.assertEqual(o.__module__, "arena_gpu", n)
             self.assertIs(pickle.loads(pickle.dumps(o)), o, n)

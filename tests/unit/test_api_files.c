@@ -1,7 +1,9 @@
 /* test_api_files.c - the public convert, verify and inspect of include/arena.h:
  * options checked, progress that rises to the total, a progress callback
  * that cancels and leaves nothing, an existing output replaced only when
- * forced, bad chunks described, the inspection's JSON. */
+ * forced, bad chunks described, the inspection's JSON; arena_writer: the
+ * chunk table and data arena_convert makes (plain, quantized by rows and by
+ * tensor, coded), its misuse refused and nothing left. */
 #include <criterion/criterion.h>
 
 #include <jansson.h>
@@ -255,4 +257,126 @@ Test(api_files, bad_chunks_are_described)
 	cr_assert_str_eq(s.first_block, "globals");
 	cr_assert_gt(s.first_tensors, 0);
 	cr_assert(strstr(arena_last_error(), "chunk 0"), "%s", arena_last_error());
+}
+
+/* ---- arena_writer: the image arena_convert makes, from tensors in memory ---- */
+
+#include "../../formats/safetensors.h"
+
+/* The file's bytes from `from` on (NULL on error; *n its length). */
+static uint8_t *read_from(const char *path, long from, size_t *n)
+{
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return NULL;
+	fseek(f, 0, SEEK_END);
+	long size = ftell(f);
+	uint8_t *b = malloc(size > from ? (size_t)(size - from) : 1);
+	fseek(f, from, SEEK_SET);
+	*n = size > from ? fread(b, 1, (size_t)(size - from), f) : 0;
+	fclose(f);
+	return b;
+}
+
+/* Where an image's manifest ends (its header's manifest offset + length). */
+static long manifest_end(const char *path)
+{
+	uint8_t page[48];
+	FILE *f = fopen(path, "rb");
+	cr_assert(f && fread(page, 1, sizeof(page), f) == sizeof(page));
+	fclose(f);
+	uint64_t off = 0, len = 0;
+	for (int i = 7; i >= 0; i--)
+		off = off << 8 | page[24 + i], len = len << 8 | page[32 + i];
+	return (long)(off + len);
+}
+
+/* The fixture handed to a writer a block at a time in its order (each
+ * block's tensors last to first), with `o`; the image compared with
+ * arena_convert's past the manifest (chunk table and data), which must be
+ * the same length. */
+static void writer_as_convert(const arena_convert_options *o)
+{
+	const char *in = fixture_path("tiny_flux.safetensors");
+	char conv[512], mine[512];
+	snprintf(conv, sizeof(conv), "%s", tmpdir_file(dir, "convert.arena"));
+	snprintf(mine, sizeof(mine), "%s", tmpdir_file(dir, "writer.arena"));
+	unlink(conv), unlink(mine);
+	cr_assert_eq(arena_convert(&in, 1, conv, o, NULL), 0, "%s", arena_last_error());
+	arena_st_file *f;
+	cr_assert_eq(arena_st_open(in, &f), 0, "%s", arena_last_error());
+	size_t hn = 0;
+	uint8_t *raw = read_from(in, 8, &hn);
+	cr_assert(raw);
+	char *header = strndup((const char *)raw, f->header_len);
+	arena_writer *w;
+	cr_assert_eq(arena_writer_open(mine, header, "mem", o, &w), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_writer_block_count(w), 6);
+	cr_assert_str_eq(arena_writer_block_name(w, 0), "globals");
+	size_t total = 0;
+	for (size_t b = 0; b < arena_writer_block_count(w); b++) {
+		size_t n = arena_writer_block_tensors(w, b);
+		total += n;
+		for (size_t k = n; k-- > 0;) {
+			const arena_st_tensor *t = arena_st_find(f, arena_writer_tensor_name(w, b, k));
+			cr_assert(t);
+			cr_assert_eq(arena_writer_put(w, t->name, arena_st_data(t), t->nbytes), 0, "%s", arena_last_error());
+		}
+	}
+	cr_assert_eq(total, 126);
+	cr_assert_null(arena_writer_tensor_name(w, 6, 0));
+	arena_convert_info ci;
+	cr_assert_eq(arena_writer_finish(w, &ci), 0, "%s", arena_last_error());
+	cr_assert_eq(ci.n_tensors, 126);
+	arena_verify_info vi;
+	cr_assert_eq(arena_verify(mine, NULL, &vi), 0, "%s", arena_last_error());
+	long ea = manifest_end(conv), eb = manifest_end(mine);
+	cr_assert_eq(ea, eb);
+	size_t na, nb;
+	uint8_t *a = read_from(conv, ea, &na), *bb = read_from(mine, eb, &nb);
+	cr_assert_eq(na, nb);
+	cr_assert(na > 0 && memcmp(a, bb, na) == 0, "chunk table and data as arena_convert's");
+	free(a), free(bb), free(header), free(raw);
+	arena_st_close(f);
+}
+
+Test(api_files, writer_is_convert)
+{
+	writer_as_convert(&(arena_convert_options){0});
+	writer_as_convert(&(arena_convert_options){.chunk_size = 64 << 10, .threads = 3});
+	writer_as_convert(&(arena_convert_options){.quant = "fp8-e4m3-row", .chunk_size = 64 << 10, .codec = "zstd"});
+	writer_as_convert(&(arena_convert_options){.quant = "fp8-e4m3-tensor", .chunk_size = 64 << 10, .codec = "hb4"});
+}
+
+Test(api_files, writer_misuse)
+{
+	const char *out = tmpdir_file(dir, "w.arena");
+	const char *hdr = "{\"a.0.w\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[0,8]},"
+			  "\"a.1.w\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[8,16]},"
+			  "\"g\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[16,24]}}";
+	arena_writer *w;
+	arena_convert_options prog_set = {.progress = on_progress};
+	cr_assert_eq(arena_writer_open(out, hdr, "mem", &prog_set, &w), ARENA_E_USAGE);
+	cr_assert_eq(arena_writer_open(out, "{\"x\":1}", "mem", NULL, &w), ARENA_E(ST_TENSOR_NOT_OBJECT));
+	cr_assert_eq(arena_writer_open(out, hdr, "mem", NULL, &w), 0, "%s", arena_last_error());
+	uint8_t bytes[8] = {0};
+	cr_assert_eq(arena_writer_put(w, "a.0.w", bytes, 8), ARENA_E_USAGE, "globals first");
+	cr_assert(strstr(arena_last_error(), "'g' is not put yet"), "%s", arena_last_error());
+	cr_assert_eq(arena_writer_put(w, "g", bytes, 8), ARENA_E_USAGE, "failed before");
+	arena_writer_abort(w);
+	cr_assert_not(exists(out));
+	cr_assert_eq(arena_writer_open(out, hdr, "mem", NULL, &w), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_writer_put(w, "g", bytes, 4), ARENA_E_USAGE, "size");
+	arena_writer_abort(w);
+	cr_assert_eq(arena_writer_open(out, hdr, "mem", NULL, &w), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_writer_put(w, "g", bytes, 8), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_writer_finish(w, NULL), ARENA_E_USAGE, "a block missing");
+	cr_assert_not(exists(out));
+	cr_assert_eq(arena_writer_open(out, hdr, "mem", NULL, &w), 0, "%s", arena_last_error());
+	cr_assert_eq(arena_writer_put(w, "g", bytes, 8), 0);
+	cr_assert_eq(arena_writer_put(w, "a.0.w", bytes, 8), 0);
+	cr_assert_eq(arena_writer_put(w, "a.1.w", bytes, 8), 0);
+	cr_assert_eq(arena_writer_finish(w, NULL), 0, "%s", arena_last_error());
+	cr_assert(exists(out));
+	cr_assert_eq(arena_writer_open(out, hdr, "mem", NULL, &w), ARENA_E(OUTPUT_EXISTS));
 }

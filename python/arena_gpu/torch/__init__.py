@@ -12,7 +12,11 @@ In one call, as diffusers and transformers are used:
   a pipeline or module already loaded, its weights written into the cache
   (keyed by their content) and attached, the loaded copies let go;
 - ``handle(obj)``: the :class:`Handle` of what they return (statistics,
-  traces, ``detach()``).
+  traces, ``detach()``);
+- ``synth_image(cls, path, config=...)``: an image of any diffusers or
+  transformers model with random weights, written a block at a time without a
+  checkpoint (``python -m arena_gpu synth-image``); it returns the model built
+  on the meta device, ready for ``attach``.
 
 For full control, ``attach(module, path)`` binds any module whose parameter names are the
 image's (diffusers, transformers, plain torch): each of the image's blocks
@@ -113,11 +117,12 @@ from ._share import local_ranks, open_shared
 
 from ._pretrained import from_pretrained, handle  # noqa: E402
 from ._loaded import offload  # noqa: E402
+from ._synth import synth_image  # noqa: E402
 
-__all__ = ["from_pretrained", "offload", "handle", "attach", "Handle", "Trace", "save_image", "register_binding",
-           "Binding", "local_ranks"]
+__all__ = ["from_pretrained", "offload", "handle", "attach", "Handle", "Trace", "save_image", "synth_image",
+           "register_binding", "Binding", "local_ranks"]
 # Named as this module's own (arena_gpu.torch.from_pretrained, in reprs and help()).
-for _public in (from_pretrained, offload, handle):
+for _public in (from_pretrained, offload, handle, synth_image):
     _public.__module__ = __name__
 del _public
 
