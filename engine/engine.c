@@ -245,6 +245,8 @@ void arena_engine_free(arena_engine *e)
 	arena_free(e->ev_fill);
 	arena_free(e->res_held);
 	arena_free(e->near);
+	arena_free(e->named);
+	arena_free(e->switched);
 	arena_free(e->hist);
 	arena__engine_decide_free(e);
 	arena_free(e->cost);
@@ -344,11 +346,14 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	e->ev_fill = arena_calloc(n ? n : 1, sizeof(*e->ev_fill));
 	e->res_held = arena_calloc(n ? n : 1, sizeof(*e->res_held));
 	e->near = arena_calloc(n ? n : 1, 1);
+	e->named = arena_calloc(n ? n : 1, 1);
+	e->switched = arena_calloc(n ? n : 1, 1);
 	e->hist = arena_calloc(ARENA_ENGINE_HISTORY, sizeof(*e->hist));
 	e->msched[0] = arena_calloc(ns, sizeof(uint32_t));
 	e->msched[1] = arena_calloc(ns, sizeof(uint32_t));
 	if (rr || rs || !e->seq || !e->obs || !e->held || !e->msched[0] || !e->msched[1] ||
-	    !e->ev_use || !e->ev_fill || !e->res_held || !e->near || !e->hist || arena__engine_decide_init(e)) {
+	    !e->ev_use || !e->ev_fill || !e->res_held || !e->near || !e->named ||
+	    !e->switched || !e->hist || arena__engine_decide_init(e)) {
 		rc = arena_errorf(ARENA_E_NOMEM, "engine: out of memory");
 		goto fail;
 	}

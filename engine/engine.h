@@ -251,8 +251,10 @@ typedef struct arena_engine_opts {
 	unsigned payback_steps;
 	double move_copy_bps, move_read_bps;
 	/* Give back the host copies of blocks on the device for good (promoted
-	 * at an earlier step end), unless kept (arena_block_mem.kept): read
-	 * again (o.reread) if the block is streamed later. Needs reread. */
+	 * at an earlier step end), unless kept (arena_block_mem.kept) or moved
+	 * by a schedule change (a pipeline's components: the next change moves
+	 * them back): read again (o.reread) if the block is streamed later.
+	 * Needs reread. */
 	int release_host;
 	/* Per block, the bytes a copy of it moves when fewer than its slab's
 	 * (coded streaming; the engine sets it from the model), or NULL: the
@@ -645,7 +647,9 @@ int arena_engine_set_mode_ring(arena_engine *e, int mode, unsigned depth);
 /* Between steps: `sched` (n block indices, globals excluded, at most
  * arena_residency_max_sched) is the schedule of the mode in force from the
  * next step on, as if the caller had run it: the plan takes it and keeps its
- * resident blocks unless they no longer fit (demoted at once), the next
+ * resident blocks unless they no longer fit (demoted at once) or it does
+ * not name them (arena__engine_switch_set: they give way to the blocks it
+ * names as far as the budget holds those, and keep their host copies), the next
  * step's copies follow it, and the engine goes on learning the order run.
  * A learned profile that has not timed its blocks is not planned by until it
  * has. USAGE inside a step or for a bad schedule. */

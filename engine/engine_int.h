@@ -112,7 +112,11 @@ struct arena_engine {
 	arena_stager *stg;
 	arena_wire **disk_plans; /* per block, arena__engine_disk_coded when the stager was made (or NULL) */
 	/* --- engine_moves.c: moves between resident and streamed ------------------ */
-	uint8_t *near;   /* near_set's resident set */
+	uint8_t *near;   /* near_set's resident set (and switch_set's) */
+	uint8_t *named;  /* switch_set's: the blocks the new schedule names */
+	/* Per block: a schedule change moved it (switch_set): its host copy is
+	 * kept (release_hosts), for the next change that moves it back. */
+	uint8_t *switched;
 	/* moves timed against move_cost_raw's estimate (apply): their ratio,
 	 * averaged, scales the next estimates (1 until a move estimated at over
 	 * a millisecond has been timed) */
@@ -359,6 +363,7 @@ int arena__engine_release_hosts(arena_engine *e);
 int arena__engine_apply(arena_engine *e, const uint8_t *want);
 /* The resident set to move to for plan t: the nearest to now as good as t's. */
 const uint8_t *arena__engine_near_set(arena_engine *e, const arena_residency_plan *t, uint64_t budget, int grow);
+const uint8_t *arena__engine_switch_set(arena_engine *e, const arena_residency_plan *t, uint64_t budget);
 /* Does a move to `want` (rather than `alt`, NULL: staying) pay for itself? */
 int arena__engine_move_pays(arena_engine *e, const uint8_t *want, const uint8_t *alt, double gain);
 /* (arena__engine_move_bytes: engine.h, for tests.) */

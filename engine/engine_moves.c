@@ -101,8 +101,11 @@ int arena__engine_demote(arena_engine *e, uint32_t b)
 
 /* release_host: the host copies of blocks on the device for good go back to
  * the OS (promoted at an earlier step end: the copy from them is done by
- * now, synced to be sure), unless the caller keeps them; ensure_host reads
- * one again if the block is streamed later. (On the H200, 2026-12-02, a
+ * now, synced to be sure), unless the caller keeps them or a schedule
+ * change moved them (switch_set: the next change moves them back, and
+ * demoted then without a host copy they would be read from the image
+ * again at every switch); ensure_host reads one again if the block is
+ * streamed later. (On the H200, 2026-12-02, a
  * sampling run's RSS grew from 17.2 to 20.8 GiB after a move promoted 45
  * pieces, whose host copies stayed.) */
 int arena__engine_release_hosts(arena_engine *e)
@@ -112,7 +115,7 @@ int arena__engine_release_hosts(arena_engine *e)
 	arena_model *m = e->m;
 	for (uint32_t b = 0; b < e->l->n_blocks; b++) {
 		const arena_block_mem *bm = &m->mem[b];
-		if (!e->plan.resident[b] || !bm->dev || bm->kept || !(bm->host || bm->wire))
+		if (!e->plan.resident[b] || !bm->dev || bm->kept || e->switched[b] || !(bm->host || bm->wire))
 			continue;
 		int rc = e->be->ops->event_sync(e->be, e->ev_fill[b]);
 		if (rc)
@@ -453,4 +456,66 @@ const uint8_t *arena__engine_near_set(arena_engine *e, const arena_residency_pla
 	uint64_t rb;
 	(void)set_used(e, w, t->min_slot, &slot, &rb);
 	return rb + t->slot_bytes >= t->resident_bytes ? w : t->resident;
+}
+
+/* The resident set to move to at a schedule change (set_schedule between
+ * steps: a pipeline's next component, such as Wan 2.2's second expert) for
+ * plan t, made for `budget` with the new schedule (taken: e->plan's
+ * schedule is the new one); NULL when every block
+ * resident now is one the schedule names (the set stays as it is, as for a
+ * model's own order given). Blocks resident now that the schedule does not
+ * name (the last component's) are of no use to the steps that come: they
+ * give way to the blocks t keeps that it names, in t's order, as far as
+ * the budget holds them (each promotion a copy the block's first use would
+ * make anyway); the blocks it names that are resident now stay; then those
+ * it does not name stay while the budget still holds them (they cost
+ * nothing there). Kept as they were, the first component's blocks filled
+ * the budget and the next streamed every block of every step (a tiny Wan
+ * 2.2 pipeline: the text encoder's blocks resident while both experts
+ * streamed, tests/python/test_models.py, Wan22Pipeline). The blocks it
+ * moves either way keep their host copies from then on (e->switched,
+ * release_hosts): the next change moves them back. */
+const uint8_t *arena__engine_switch_set(arena_engine *e, const arena_residency_plan *t, uint64_t budget)
+{
+	const arena_layout *l = e->l;
+	uint8_t *w = e->near, *named = e->named;
+	uint64_t slot, mine = 0, theirs = 0;
+	int other = 0;
+	memset(named, 0, l->n_blocks);
+	for (size_t i = 0; i < e->plan.n_sched; i++)
+		named[e->plan.sched[i]] = 1;
+	for (uint32_t b = 0; b < l->n_blocks; b++) {
+		w[b] = e->plan.resident[b] && (named[b] || !demotable(e, b));
+		other |= e->plan.resident[b] && !w[b];
+	}
+	if (!other)
+		return NULL;
+	for (size_t i = 0; i < e->plan.n_sched; i++) {
+		uint32_t c = e->plan.sched[i];
+		if (w[c] || !t->resident[c])
+			continue;
+		w[c] = 1;
+		if (set_used(e, w, t->min_slot, &slot, NULL) > budget)
+			w[c] = 0;
+	}
+	for (uint32_t b = 0; b < l->n_blocks; b++) {
+		if (named[b] && !arena_block_is_globals(l, b)) {
+			mine += w[b] ? l->blocks[b].bytes : 0;
+			theirs += t->resident[b] ? l->blocks[b].bytes : 0;
+		}
+	}
+	if (mine + t->slot_bytes < theirs)
+		w = t->resident; /* the named blocks resident now hold t's room from it */
+	else
+		for (uint32_t b = 0; b < l->n_blocks; b++) {
+			if (w[b] || !e->plan.resident[b])
+				continue;
+			w[b] = 1;
+			if (set_used(e, w, t->min_slot, &slot, NULL) > budget)
+				w[b] = 0;
+		}
+	for (uint32_t b = 0; b < l->n_blocks; b++)
+		if (!arena_block_is_globals(l, b) && !w[b] != !e->plan.resident[b])
+			e->switched[b] = 1;
+	return w;
 }

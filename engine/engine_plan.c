@@ -421,8 +421,9 @@ int arena__engine_adapt(arena_engine *e, int new_sched)
 
 /* Between steps, after plan t for `budget` under new options (a mode, a
  * schedule given: `why`): take its schedule and ring; the resident blocks
- * stay as they are where they fit, else t's set is moved to at once.
- * Releases t. */
+ * stay as they are where they fit, else t's set is moved to at once. A
+ * schedule that does not name blocks resident now (a pipeline's next
+ * component) moves to switch_set's set. Releases t. */
 static int take_plan(arena_engine *e, arena_residency_plan *t, uint64_t budget, int why)
 {
 	int rc;
@@ -430,7 +431,10 @@ static int take_plan(arena_engine *e, arena_residency_plan *t, uint64_t budget, 
 	arena__engine_decide_begin(e, &snap);
 	take_sched(e, t);
 	arena__engine_refresh(e); /* the resident blocks as they are, with the new schedule and ring */
-	if (e->plan.need_bytes > budget)
+	const uint8_t *sw = why == ARENA_WHY_SCHEDULE ? arena__engine_switch_set(e, t, budget) : NULL;
+	if (sw)
+		rc = arena__engine_apply(e, sw);
+	else if (e->plan.need_bytes > budget)
 		rc = arena__engine_apply(e, t->resident);
 	else
 		rc = arena__engine_fit_ring(e);

@@ -869,6 +869,34 @@ void arena__plan_derive(const arena_layout *l, arena_residency_plan *p, uint32_t
 			&p->stream_bytes_per_step, &p->copies_per_step);
 }
 
+/* The bytes of the blocks of order[0..k) resident in `set`. */
+static uint64_t named_bytes(const arena_layout *l, const uint32_t *order, size_t k, const uint8_t *set)
+{
+	uint64_t s = 0;
+	for (size_t i = 0; i < k; i++)
+		s += set[order[i]] ? l->blocks[order[i]].bytes : 0;
+	return s;
+}
+
+/* Make blocks of order[0..k) resident (cand) while *room holds them, the
+ * largest first. */
+static void fill_largest(const arena_layout *l, const uint32_t *order, size_t k, uint8_t *cand, uint64_t *room)
+{
+	for (;;) {
+		int64_t pick = -1;
+		for (size_t i = 0; i < k; i++) {
+			uint32_t b = order[i];
+			if (!cand[b] && l->blocks[b].bytes <= *room &&
+			    (pick < 0 || l->blocks[b].bytes > l->blocks[pick].bytes))
+				pick = b;
+		}
+		if (pick < 0)
+			return;
+		cand[pick] = 1;
+		*room -= l->blocks[pick].bytes;
+	}
+}
+
 int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o, uint64_t budget,
 			      arena_residency_plan *p)
 {
@@ -952,10 +980,11 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 			goto out;
 		}
 	}
-	/* The blocks in the order the schedule first needs them, then those it
-	 * does not name (streamed unless room is left: they may still be
-	 * acquired); cand marks those seen. Train: a block's later entries are
-	 * backward (recompute + backward). */
+	/* The blocks in the order the schedule first needs them (the first ks),
+	 * then those it does not name (streamed unless room is left once every
+	 * block it names is resident: they may still be acquired, and a
+	 * pipeline's other components name them); cand marks those seen. Train:
+	 * a block's later entries are backward (recompute + backward). */
 	size_t ko = 0;
 	for (size_t i = 0; i < p->n_sched; i++) {
 		uint32_t b = p->sched[i];
@@ -964,6 +993,7 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 			order[ko++] = b;
 		cand[b] = 1;
 	}
+	const size_t ks = ko;
 	for (size_t b = 0; b < n; b++)
 		if (!cand[b] && !arena_block_is_globals(l, (uint32_t)b))
 			order[ko++] = (uint32_t)b;
@@ -980,7 +1010,7 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 	 * needs less. */
 	p->min_need_bytes = p->globals_bytes + all;
 	/* Each distinct block size is a candidate slot size; largest first. */
-	uint64_t best_res = 0, S = UINT64_MAX, tried = UINT64_MAX;
+	uint64_t best_res = 0, best_named = 0, S = UINT64_MAX, tried = UINT64_MAX;
 	double best_t = 0;
 	int have = 0;
 	if (prof && k > ARENA__GREEDY_SWAP_MAX) {
@@ -1003,6 +1033,7 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 				have = 1;
 				best_t = t;
 				best_res = bp.resident_bytes;
+				best_named = named_bytes(l, order, ks, bp.resident);
 				memcpy(p->resident, bp.resident, n);
 			}
 			arena_residency_plan_release(&bp);
@@ -1030,9 +1061,10 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 				continue;
 			if (l->blocks[b].bytes > S)
 				need += l->blocks[b].bytes;
-			else
-				elig += l->blocks[b].bytes;
 		}
+		for (size_t i = 0; i < ks; i++) /* the blocks the schedule names share the room */
+			if (!cand[order[i]])
+				elig += l->blocks[order[i]].bytes;
 		if (!p->min_need_bytes || need < p->min_need_bytes)
 			p->min_need_bytes = need;
 		if (need > budget)
@@ -1040,17 +1072,19 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 		uint64_t room = budget - need;
 		double t_cand = 0;
 		if (prof) {
-			t_cand = arena__greedy_timed(l, o, p, order, k, cand, &room, ts.gain, &ts);
+			/* the blocks the schedule names, timed; then the room left to the others */
+			t_cand = arena__greedy_timed(l, o, p, order, ks, cand, &room, ts.gain, &ts);
 			if (t_cand < 0) {
 				rc = arena_errorf(ARENA_E_INTERNAL, "engine: the timed dry run could not place a block");
 				goto out;
 			}
+			fill_largest(l, order + ks, k - ks, cand, &room);
 			goto chosen;
 		}
 		double f = elig ? (double)room / (double)elig : 0, acc = 0;
 		f = f > 1 ? 1 : f;
 		/* Spread: error diffusion over the forward order. */
-		for (size_t i = 0; i < k; i++) {
+		for (size_t i = 0; i < ks; i++) {
 			uint32_t b = order[i];
 			uint64_t sz = l->blocks[b].bytes;
 			if (cand[b])
@@ -1062,32 +1096,28 @@ int arena_residency_plan_make(const arena_layout *l, const arena_engine_opts *o,
 				acc -= (double)sz;
 			}
 		}
-		/* Fill what is left, largest first. */
-		for (;;) {
-			int64_t pick = -1;
-			for (size_t i = 0; i < k; i++) {
-				uint32_t b = order[i];
-				if (!cand[b] && l->blocks[b].bytes <= room &&
-				    (pick < 0 || l->blocks[b].bytes > l->blocks[pick].bytes))
-					pick = b;
-			}
-			if (pick < 0)
-				break;
-			cand[pick] = 1;
-			room -= l->blocks[pick].bytes;
-		}
+		/* Fill what is left, largest first: the blocks the schedule names,
+		 * then the others. */
+		fill_largest(l, order, ks, cand, &room);
+		fill_largest(l, order + ks, k - ks, cand, &room);
 	chosen:;
 		/* the resident weights: what the budget holds less the ring */
 		uint64_t res = budget - room - (uint64_t)p->slots * (S > p->min_slot ? S : p->min_slot);
-		/* Without a profile the most resident bytes win (not a larger
+		const uint64_t named = named_bytes(l, order, ks, cand);
+		/* Without a profile the most resident bytes of the blocks the
+		 * schedule names win, then the most resident bytes (not a larger
 		 * ring: a plan of larger slots that keeps less resident copies
-		 * more each step); with one the shortest predicted step (ties:
-		 * the most resident bytes). */
-		int better = !have || (prof ? t_cand < best_t * (1 - 1e-9) || (t_cand <= best_t * (1 + 1e-9) && res > best_res)
-					   : res > best_res);
+		 * more each step; nor blocks the schedule does not name, larger
+		 * than a smaller slot: they save no copy of the steps it plans,
+		 * and a pipeline's next component kept the last one's resident
+		 * and streamed all its own); with one the shortest predicted step
+		 * (ties: the same). */
+		int more = named > best_named || (named == best_named && res > best_res);
+		int better = !have || (prof ? t_cand < best_t * (1 - 1e-9) || (t_cand <= best_t * (1 + 1e-9) && more) : more);
 		if (better) {
 			have = 1;
 			best_res = res;
+			best_named = named;
 			best_t = t_cand;
 			memcpy(p->resident, cand, n);
 		}

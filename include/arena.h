@@ -844,7 +844,9 @@ ARENA_API int arena_schedule_get(const arena *a, uint32_t *blocks, size_t cap, s
  * step on (n block indices, repeats allowed, the globals block not; at most
  * 8 entries a block), in the mode in force, as if a step had run it: the
  * engine prefetches by it and plans for it (the blocks resident stay where
- * the budget allows), and goes on learning the order run (unless
+ * the budget allows; blocks it does not name give way to those it names,
+ * and stay only where room is left, their host copies kept for the next
+ * such change), and goes on learning the order run (unless
  * ARENA_OPEN_FIXED_SCHEDULE). For a caller whose steps run different sets of
  * blocks (a pipeline's components through one arena: each one's order, read
  * with arena_schedule_get after its step, set before its next), or that knows

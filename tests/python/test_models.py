@@ -5,9 +5,12 @@ the default `arena convert` (blocks found from the checkpoint's structure, no
 blocks streamed on the simulator: outputs and LoRA gradients equal the plain
 model's bit for bit, training with each model's own checkpointing (around the
 block, inside it, inside the layer's forward; non-reentrant and reentrant).
-Then a tiny FluxPipeline (T5, CLIP, transformer, VAE) from its folder, one
-image, one arena under one budget smaller than the pipeline: the plain
-pipeline's image bit for bit.
+Wan and Qwen-Image also train with offload_saved. Then a tiny FluxPipeline
+(T5, CLIP, transformer, VAE) from its folder, one image, one arena under one
+budget smaller than the pipeline: the plain pipeline's image bit for bit; and a
+tiny Wan 2.2 pipeline (UMT5, two experts switched at a boundary step, its VAE)
+attached, from from_pretrained and from offload: its videos bit for bit, the
+experts' resident sets trading places at the switch.
 
 Runs on CPU (the simulated device's memory is host memory): usage as
 tests/python/test_torch.py (tests/python/run_torch.sh runs both).
@@ -16,7 +19,9 @@ tests/python/test_torch.py (tests/python/run_torch.sh runs both).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
+import io
 import os
 
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # (save_pretrained's shards bar)
@@ -65,6 +70,7 @@ class Family:
 
     lora = ["to_q", "to_k", "to_v", "to_out.0"]  # diffusers' attention
     checkpointing = "around the block"
+    offload_saved = False  # training is also run with attach(offload_saved=...)
 
     def build(self) -> torch.nn.Module:
         raise NotImplementedError
@@ -124,6 +130,8 @@ class UNet(Family):
 
 
 class Wan(Family):
+    offload_saved = True
+
     def build(self):
         return diffusers.WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8,
                                                in_channels=4, out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32,
@@ -132,6 +140,23 @@ class Wan(Family):
     def inputs(self, s):
         return dict(hidden_states=rn(s, 1, 4, 2, 8, 8), timestep=torch.tensor([500]),
                     encoder_hidden_states=rn(s + 1, 1, 6, 16))
+
+
+class QwenImage(Family):
+    """Two streams (image and text) through every block; its rotary frequencies: complex
+    tensors in plain attributes, which the model computes."""
+
+    offload_saved = True
+
+    def build(self):
+        return diffusers.QwenImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=5,
+                                                     attention_head_dim=8, num_attention_heads=2, joint_attention_dim=16,
+                                                     axes_dims_rope=(2, 2, 4))
+
+    def inputs(self, s):
+        return dict(hidden_states=rn(s, 1, 16, 16), encoder_hidden_states=rn(s + 1, 1, 6, 16),
+                    encoder_hidden_states_mask=torch.ones(1, 6, dtype=torch.bool), timestep=torch.tensor([0.5]),
+                    img_shapes=[[(1, 4, 4)]])
 
 
 class HunyuanVideo(Family):
@@ -264,7 +289,7 @@ class Qwen2(Llama):
                                                   max_position_embeddings=64, tie_word_embeddings=True))
 
 
-ZOO: Dict[str, Family] = dict(flux=Flux(), sd3=SD3(), unet=UNet(), wan=Wan(), hunyuan=HunyuanVideo(), ltx=LTX(),
+ZOO: Dict[str, Family] = dict(flux=Flux(), sd3=SD3(), unet=UNet(), wan=Wan(), qwenimage=QwenImage(), hunyuan=HunyuanVideo(), ltx=LTX(),
                               cogvideox=CogVideoX(), pixart=PixArt(), lumina2=Lumina2(), vae=AutoencoderKL(), t5=T5Encoder(),
                               clip=CLIPText(), llama=Llama(), qwen2=Qwen2())
 
@@ -408,21 +433,32 @@ class Models(unittest.TestCase):
         plain = make(name, meta=False)
         add_lora(plain, fam.lora)
         want = train_steps(name, plain)
-        for meta, piece in ((True, None), (False, "4K")):
-            with self.subTest(meta=meta, piece=piece):
+        runs: List[Tuple[bool, Optional[str], Optional[int]]] = [(True, None, None), (False, "4K", None)]
+        if fam.offload_saved:  # what the forward saves for the backward kept in host memory
+            runs += [(True, None, 1), (True, "4K", 1)]
+        for meta, piece, offload in runs:
+            with self.subTest(meta=meta, piece=piece, offload_saved=offload):
                 m = make(name, meta=meta, seed=7)
                 if not meta:
                     add_lora(m, fam.lora)  # before attach: peft's base_layer names map to the image's
                 # (in pieces, a ring of more slots than a block's pieces: a recompute holds them
                 # all, acquired in the modules' order, which the ring's first-in-first-out places
                 # with gaps between them)
-                h = at.attach(m, path, mode="train", **streaming(path, "train", piece, depth=10 if piece else 2))
+                extra = {} if offload is None else dict(offload_saved=offload)
+                h = at.attach(m, path, mode="train", **extra,
+                              **streaming(path, "train", piece, depth=10 if piece else 2))
                 if meta:
                     add_lora(m, fam.lora)
                 got = train_steps(name, m)
                 self.assertEqual(got[0], want[0], "losses")
                 self.assertEqual(differ(got[1], want[1]), [], f"gradients ({fam.checkpointing})")
                 self.assertEqual(differ(got[2], want[2]), [], "adapters after the steps")
+                if offload is not None:
+                    st = h.offload_stats()  # the last step's: each block's inputs at least
+                    nblocks = len({b.name.partition("#")[0] for b in h.arena.blocks if b.container})
+                    self.assertGreater(st["tensors"], nblocks, st)
+                    self.assertGreaterEqual(st["fetched_ahead"] + st["fetched_late"], st["tensors"],
+                                            "every saved tensor came back")
                 streamed(self, h)
                 h.detach()
 
@@ -431,8 +467,8 @@ class Models(unittest.TestCase):
 # them, make check does not): the UNet, the VAE, SD3 and Wan, and the training of
 # the others where it does.
 _SLOW = {"unet_sampling", "unet_training", "vae_sampling", "vae_training", "sd3_sampling", "sd3_training",
-         "wan_sampling", "wan_training", "pixart_training", "qwen2_training", "t5_training", "ltx_training",
-         "clip_training"}
+         "wan_sampling", "wan_training", "qwenimage_training", "pixart_training", "qwen2_training", "t5_training",
+         "ltx_training", "clip_training"}
 
 
 def _add(name: str) -> None:
@@ -1123,6 +1159,176 @@ class Pipeline(unittest.TestCase):
         h = at.attach(comps, self.path, device="sim")
         self.assertEqual(len(h._roots), 4)
         h.detach()
+
+
+def wan22_pipeline(meta: bool, seed: int = 0) -> Any:
+    """A tiny Wan 2.2 A14B-style WanPipeline: two experts of the same shape (``transformer``
+    for the high-noise steps, ``transformer_2`` for the low-noise ones, switched at
+    ``boundary_ratio``), a UMT5 text encoder, an AutoencoderKLWan; in bf16, on meta or
+    with the random weights of ``seed``."""
+    ctx = torch.device("meta") if meta else torch.device("cpu")
+    torch.manual_seed(seed)
+    with ctx:
+        experts = [diffusers.WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8,
+                                                   in_channels=16, out_channels=16, text_dim=32, freq_dim=16, ffn_dim=32,
+                                                   num_layers=8, rope_max_seq_len=32) for _ in range(2)]
+        vae = diffusers.AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                                         temperal_downsample=[False, True, True])
+        umt5 = tf.UMT5EncoderModel(tf.UMT5Config(vocab_size=1000, d_model=32, d_kv=8, d_ff=64, num_layers=3, num_heads=4,
+                                                 relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                                                 dropout_rate=0.0))
+    for m in (*experts, vae, umt5):
+        m.to(BF16).requires_grad_(False).eval()
+    pipe = diffusers.WanPipeline(tokenizer=t5_tokenizer(), text_encoder=umt5, vae=vae,
+                                 scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), transformer=experts[0],
+                                 transformer_2=experts[1], boundary_ratio=0.5)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def wan22_video(pipe: Any, seed: int) -> torch.Tensor:
+    """5 frames of 32 x 32 in 4 steps with classifier-free guidance (two calls a step):
+    the timesteps 1000, 667 (the first expert) and 334, 1 (the second: boundary 500)."""
+    with torch.no_grad():
+        return pipe("a photo of a cat", negative_prompt="a dog", height=32, width=32, num_frames=5,
+                    num_inference_steps=4, guidance_scale=3.0, max_sequence_length=16, output_type="pt",
+                    generator=torch.Generator().manual_seed(seed)).frames
+
+
+class Wan22Pipeline(unittest.TestCase):
+    """Wan 2.2's two experts in one pipeline under one budget that holds part of one
+    expert beside the ring: attach, from_pretrained and offload give the plain
+    pipeline's videos bit for bit, streaming. At the switch (a step of the other
+    expert: another schedule), the experts' resident sets trade places: while one
+    runs, the budget's room is its blocks, none of the other's, and the switch
+    copies no more than the blocks its first step uses; the blocks it moves keep
+    their host copies, so the next switch reads nothing from the image."""
+
+    EXPERT_BLOCKS = 5  # blocks of one expert the room beside the smallest plan holds (of 8)
+
+    @classmethod
+    def setUpClass(cls):
+        plain = wan22_pipeline(meta=False)
+        cls.want = [wan22_video(plain, 0), wan22_video(plain, 1)]
+        cls.folder = os.path.join(TMP, "wan22_pipeline")
+        plain.save_pretrained(cls.folder)
+        cls.path = cls.folder + ".arena"
+        subprocess.run([ARENA_BIN, "convert", "-q", cls.folder, "-o", cls.path], check=True)
+        cls.cache = os.path.join(TMP, "wan22_cache")
+
+    @classmethod
+    def options(cls, path: str) -> Dict[str, Any]:
+        """Streaming on the simulator: the smallest plan's device and room for EXPERT_BLOCKS
+        blocks of an expert (whole experts would need 8 each)."""
+        opts = streaming(path)
+        with arena.open(path, device="sim") as a:
+            block = next(b.nbytes for b in a.blocks if b.name == "transformer.blocks.0")
+        opts["sim_capacity"] += cls.EXPERT_BLOCKS * block + block // 2
+        return opts
+
+    def check(self, pipe: Any, want: Optional[List[torch.Tensor]] = None) -> None:
+        """Two videos: ``want`` (the plain pipeline's) bit for bit; at each expert's call,
+        the resident bytes by component."""
+        h = at.handle(pipe)
+        a = h.arena
+        comp = [b.name.split(".", 1)[0] for b in a.blocks]
+        size = [b.nbytes for b in a.blocks]
+        expert = sum(z for c, z in zip(comp, size) if c == "transformer")
+        self.assertEqual(expert, sum(z for c, z in zip(comp, size) if c == "transformer_2"))
+
+        def resident() -> Dict[str, int]:
+            out: Dict[str, int] = {"transformer": 0, "transformer_2": 0}
+            for i, c in enumerate(comp):
+                if a.block_state(i)[0]:
+                    out[c] = out.get(c, 0) + size[i]
+            return out
+
+        def unhosted() -> List[str]:
+            """The experts' resident blocks without a host copy (demoted, each would be read again)."""
+            return [a.blocks[i].name for i, c in enumerate(comp)
+                    if c in ("transformer", "transformer_2") and a.block_state(i)[0] and not a.block_state(i)[2]]
+
+        calls: List[Tuple[str, int, Dict[str, int]]] = []  # (expert, the engine's step, resident bytes)
+        hooks, gone = [], []
+        for name in ("transformer", "transformer_2"):
+            def pre(_m: Any, _args: Any, name: str = name) -> None:
+                calls.append((name, len(a.stats()), resident()))  # (after arena's hook: the step begun)
+                gone.extend(unhosted())
+
+            hooks.append(getattr(pipe, name).register_forward_pre_hook(pre))
+        got = [wan22_video(pipe, 0), wan22_video(pipe, 1)]
+        for hk in hooks:
+            hk.remove()
+        for g, w in zip(got, want or self.want):
+            self.assertTrue(torch.equal(g, w), (g.float() - w.float()).abs().max())
+        h.end_step()
+        self.assertGreater(h.plan()["n_streamed"], 0)
+        self.assertGreater(sum(r["streamed_bytes"] for r in h.stats()), 0)
+        names = [c for c, _, _ in calls]
+        self.assertEqual(names, (["transformer"] * 4 + ["transformer_2"] * 4) * 2, "both experts run, in turn")
+        # while an expert runs, the room is its blocks: none of the other's
+        for name, _, res in calls:
+            other = "transformer_2" if name == "transformer" else "transformer"
+            self.assertEqual(res[other], 0, (name, res))
+            self.assertGreater(res[name], 0, (name, res))
+            self.assertLess(res[name], expert, "part of an expert is resident: the rest streams")
+        # as far as the budget allows: both hold the same room, from their first call on
+        firsts = [res[name] for i, (name, _, res) in enumerate(calls) if i % 4 == 0]
+        self.assertEqual(len(set(firsts)), 1, firsts)
+        self.assertGreaterEqual(firsts[0], self.EXPERT_BLOCKS * size[comp.index("transformer")])
+        # the switch copies no more than the blocks its first step uses (each once)
+        st = {r["step"]: r for r in h.stats()}
+        switches = [calls[i][1] for i in (4, 12)]
+        for s in switches:
+            self.assertLessEqual(st[s]["promoted_bytes"] + st[s]["streamed_bytes"], expert, st[s])
+            self.assertEqual(st[s]["misses"], 0, st[s])
+        moved = [d for d in h.decisions() if d["why"] == "schedule" and d["step"] in switches]
+        self.assertEqual([d["promoted_bytes"] for d in moved], [firsts[0]] * 2, moved)
+        # the blocks a switch moved keep their host copies: the next switch reads nothing
+        self.assertEqual(gone, [], "resident blocks of an expert without a host copy")
+
+    def test_attach(self):
+        pipe = wan22_pipeline(meta=True, seed=7)
+        h = at.attach(pipe, self.path, **self.options(self.path))
+        self.assertRegex(repr(h), r"^<arena\.torch\.Handle WanPipeline \(text_encoder, transformer, transformer_2, "
+                                  r"vae\) to ")
+        self.check(pipe)
+        h.detach()
+
+    @slow
+    def test_from_pretrained(self):
+        with contextlib.redirect_stderr(io.StringIO()):  # (the cache's line)
+            first = at.from_pretrained(diffusers.WanPipeline, self.folder, cache=self.cache, device="sim",
+                                       progress=False)
+        h = at.handle(first)
+        image = str(h.cache_entry.image)
+        h.detach()
+        pipe = at.from_pretrained(diffusers.WanPipeline, self.folder, cache=self.cache, progress=False,
+                                  **self.options(image))
+        pipe.set_progress_bar_config(disable=True)
+        self.assertIsInstance(pipe, diffusers.WanPipeline)
+        self.assertEqual(pipe.config.boundary_ratio, 0.5)
+        self.check(pipe)
+        at.handle(pipe).detach()
+
+    @slow
+    def test_offload(self):
+        def plain() -> Any:
+            p = diffusers.WanPipeline.from_pretrained(self.folder, dtype=BF16)
+            p.set_progress_bar_config(disable=True)
+            return p
+
+        # (loaded, the experts keep their _keep_in_fp32_modules in float32: the plain
+        # pipeline is the loaded one, and the image holds what it holds)
+        want = [wan22_video(plain(), 0), wan22_video(plain(), 1)]
+        with contextlib.redirect_stderr(io.StringIO()):  # (the cache's line)
+            first = at.offload(plain(), cache=self.cache, device="sim", progress=False)
+        h = at.handle(first)
+        image = str(h.cache_entry.image)
+        h.detach()
+        pipe = at.offload(plain(), cache=self.cache, progress=False, **self.options(image))
+        self.check(pipe, want)
+        at.handle(pipe).detach()
 
 
 class Readme(unittest.TestCase):
