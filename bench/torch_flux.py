@@ -641,7 +641,7 @@ def main() -> None:
         res["records"] = [{k: r[k] for k in ("mode", "streamed_bytes", "moved_bytes", "misses", "stalls", "stall_s", "resident_bytes",
                                              "demotions", "promotions", "schedule_learned", "end_s", "plan_s", "move_s", "budget", "over_budget",
                                              "looked", "look_s", "look_now_s", "look_plan_s", "move_est_s", "move_gain_s", "move_held", "profile_learned",
-                                             "disk_bytes", "disk_wait_s", "promoted_bytes")
+                                             "disk_bytes", "disk_wait_s", "promoted_bytes", "host_read_bytes", "prepared_bytes")
                            if k in r} for r in st]
         res["streamed_bytes_median"] = sorted(r["streamed_bytes"] for r in st[2:])[len(st[2:]) // 2] if len(st) > 2 else 0
         res["moved_bytes_median"] = sorted(r["moved_bytes"] for r in st[2:])[len(st[2:]) // 2] if len(st) > 2 else 0
