@@ -726,6 +726,8 @@ uint64_t arena_engine_plans_made(const arena_engine *e);
  * host copies of the blocks their plans demote (1, the default; 0: the
  * move reads them in the step end, for tests and measuring). */
 extern int arena__engine_read_ahead;
+/* Bytes read ahead by looks so far, all engines of the process (tests). */
+extern _Atomic uint64_t arena__engine_read_ahead_bytes;
 
 /* Whether a look at the learned profile is being planned (on a thread of
  * its own since a step_end; the next step_end takes it). For tests. */

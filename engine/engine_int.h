@@ -28,6 +28,7 @@
 #define ARENA_ENGINE_INT_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -237,6 +238,15 @@ struct arena_engine {
 		uint8_t *prep, *pre_pin;
 		uint8_t **pre;
 		uint64_t pre_room;
+		/* The plan in force at the start (its schedule, backward marks,
+		 * resident set, slots): the thread predicts it by the look's
+		 * profile and reads ahead only for a plan that look_take will
+		 * find faster (need); a look dropped stops reading (stop). */
+		uint32_t *now_sched;
+		uint8_t *now_bwd, *now_res;
+		size_t now_n;
+		unsigned now_slots;
+		_Atomic int stop;
 		arena_reread_fn reread;
 		void *reread_ctx;
 		arena_backend *be;

@@ -2163,9 +2163,10 @@ Test(engine_learn, a_move_that_does_not_pay_for_itself_is_held_back)
 /* A look reads ahead, on its own thread, the host copies of the blocks its
  * plan demotes that have none (release_host gave them back), so that its
  * move reads nothing from the image on the caller's thread: the step end
- * copies only. Without the read-ahead the same move reads them there. The
- * last step checks every block's bytes where acquired: the copies read
- * ahead are the image's. */
+ * copies only. Without the read-ahead the same move reads them there. A
+ * look whose plan is not predicted faster reads nothing ahead: every byte
+ * read ahead is a moved block's. The last step checks every block's bytes
+ * where acquired: the copies read ahead are the image's. */
 Test(engine_learn, a_look_reads_ahead_what_its_move_demotes)
 {
 	sim_only();
@@ -2186,12 +2187,14 @@ Test(engine_learn, a_look_reads_ahead_what_its_move_demotes)
 		cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
 		arena_stream *s;
 		cr_assert_eq(be->ops->stream_create(be, &s), 0);
-		uint64_t read = 0, prepared = 0, demoted = 0;
-		for (int step = 0; step < 9; step++) {
-			run_step(e, m, s, step == 8, 0.0008);
+		uint64_t read = 0, prepared = 0, demoted = 0, looks = 0;
+		const uint64_t ahead0 = arena__engine_read_ahead_bytes;
+		for (int step = 0; step < 12; step++) {
+			run_step(e, m, s, step == 11, 0.0008);
 			expect_whole(e, m);
 			arena_engine_step r;
 			cr_assert_eq(arena_engine_step_record(e, (uint64_t)step, &r), 0);
+			looks += r.looked;
 			if (r.profile_learned) {
 				read += r.host_read_bytes;
 				prepared += r.prepared_bytes;
@@ -2204,6 +2207,10 @@ Test(engine_learn, a_look_reads_ahead_what_its_move_demotes)
 				demoted += d.demoted_bytes;
 		}
 		cr_assert_gt(demoted, 0, "read_ahead=%d: a look's move demoted blocks", ahead);
+		cr_assert_geq(looks, 2, "a look moved, and a later one was taken");
+		cr_assert_eq(arena__engine_read_ahead_bytes - ahead0, prepared,
+			     "read ahead %" PRIu64 " bytes, %" PRIu64 " of them taken by moves",
+			     (uint64_t)(arena__engine_read_ahead_bytes - ahead0), prepared);
 		if (ahead) {
 			cr_assert_eq(read, 0, "the move read %" PRIu64 " bytes in the step end", read);
 			cr_assert_eq(prepared, demoted, "read ahead %" PRIu64 " bytes, demoted %" PRIu64, prepared, demoted);
