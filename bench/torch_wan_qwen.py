@@ -48,7 +48,7 @@ conditional pass, the mean square of its output against a fixed target, backward
 optimizer. Every step has the same inputs (seeded): every sampling step's output is the same.
 
 Steps are timed on the device (CUDA events on torch's stream, the host never waiting
-between steps; --device cpu: the host's clock): --warmup untimed steps (default 1), then
+between steps; --device cpu: the host's clock): --warmup untimed steps (default 2), then
 --steps timed ones (default 5); the median is of the timed steps after the first.
 
 Prints one JSON line: each timed step's seconds and their median, the warm-up's, the
@@ -349,7 +349,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--vram", default=None, help="arena runs: attach(vram=...); none or absent: attach's default")
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (arena learns the step's order "
+                                                            "and each pass's memory in them)")
     ap.add_argument("--resolution", default=None, help="WxHxF (Wan; 832x480x81) or WxH (Qwen-Image; 1328x1328)")
     ap.add_argument("--fp8-compute", default=None, choices=["on", "off", "auto"],
                     help="arena runs on an fp8 image: attach(fp8_compute=True|False|'auto'); default attach's")

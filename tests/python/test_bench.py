@@ -199,7 +199,7 @@ class WanQwenRead(unittest.TestCase):
 # caps in KiB that stream (or fail), diffusers' offloading without a stream (CPU to CPU:
 # use_stream needs an accelerator, so its three variants are one run here, and the
 # stream's path, with record_stream and low_cpu_mem_usage, runs on a GPU only).
-WQ_ENV = dict(METER="none", ARGS="--tiny --device cpu", STEPS="2", WAN_V="60K none", WAN_TRAIN="60K 60K:saved",
+WQ_ENV = dict(METER="none", ARGS="--tiny --device cpu --warmup 1", STEPS="2", WAN_V="60K none", WAN_TRAIN="60K 60K:saved",
               QWEN_V="300K", QWEN_FP8_V="250K", QWEN_TRAIN_V="300K", QWEN_TRAIN_RES="128x128", DIFFUSERS="stream",
               FLOOR_V="60K 20K")
 WQ_SETS = ["wan-sample", "wan-train", "qwen-sample", "qwen-fp8-sample", "qwen-train", "floor"]
@@ -216,7 +216,7 @@ WQ_FAILED = ["floor-wan-train-20K", "floor-qwen-sample-60K", "floor-qwen-fp8-sam
 @slow
 class WanQwen(unittest.TestCase):
     """bench/gpu_wan_qwen.sh's sets at the tiny configs on the CPU (ARGS="--tiny --device
-    cpu", no NVML meter), every RUN of bench/torch_wan_qwen.py a process of its own for
+    cpu --warmup 1", no NVML meter), every RUN of bench/torch_wan_qwen.py a process of its own for
     both models, and bench/wan_qwen_summary.py's tables from their records."""
 
     tmp: str
