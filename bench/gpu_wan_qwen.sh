@@ -19,7 +19,8 @@
 #                    (diffusers-low); DIFFUSERS: which (default stream rs low)
 #   wan-train        LoRA r16, AdamW, the model's checkpointing, 832x480x81:
 #                    resident; arena at each of WAN_TRAIN (default 24G
-#                    16G:saved; V:saved adds offload_saved=True)
+#                    16G:saved; V:saved adds --offload-saved SAVED, default on:
+#                    offload_saved=True, the saved tensors of 1 MiB or more)
 #   qwen-sample      1328x1328 (6,889 tokens), bf16: resident; arena at each
 #                    V of QWEN_V (default 8G 12G 24G); the three diffusers runs
 #   qwen-fp8-sample  1328x1328, the fp8 image, native FP8 products
@@ -29,7 +30,8 @@
 #                    resident; arena on the fp8 image (native FP8) at each V of
 #                    QWEN_TRAIN_V (default 12G 16G)
 #   floor            the smallest vram each of wan-sample, wan-train,
-#                    qwen-sample, qwen-fp8-sample and qwen-train runs at: each V
+#                    qwen-sample, qwen-fp8-sample and qwen-train runs at (Wan's
+#                    training with --offload-saved SAVED): each V
 #                    of FLOOR_V (default 6G 4G 3G 2G; largest first), stopping
 #                    at the first that fails (its record says why)
 # Limit, same run: each run's pinned host-to-device rate, measured by
@@ -129,7 +131,7 @@ for set in "$@"; do
 		for v in ${WAN_TRAIN:-24G 16G:saved}; do
 			case $v in
 			*:saved) run "wan-train-arena-${v%:saved}-saved" arena-train --model wan14b --image "$WAN" \
-				--vram "${v%:saved}" --offload-saved on ;;
+				--vram "${v%:saved}" --offload-saved "${SAVED:-on}" ;;
 			*) run "wan-train-arena-$v" arena-train --model wan14b --image "$WAN" --vram "$v" ;;
 			esac
 		done
@@ -163,7 +165,7 @@ for set in "$@"; do
 		need QWEN
 		need QWEN_FP8
 		floor wan-sample arena-sample --model wan14b --image "$WAN"
-		floor wan-train arena-train --model wan14b --image "$WAN" --offload-saved on
+		floor wan-train arena-train --model wan14b --image "$WAN" --offload-saved "${SAVED:-on}"
 		floor qwen-sample arena-sample --model qwen-image --image "$QWEN"
 		floor qwen-fp8-sample arena-sample --model qwen-image --image "$QWEN_FP8" --fp8-compute on
 		floor qwen-train arena-train --model qwen-image --image "$QWEN_FP8" --fp8-compute on \

@@ -52,7 +52,9 @@ between steps; --device cpu: the host's clock): --warmup untimed steps (default 
 --steps timed ones (default 5); the median is of the timed steps after the first.
 
 Prints one JSON line: each timed step's seconds and their median, the warm-up's, the
-set-up seconds (model built and weights bound or loaded), the process's peak device
+set-up seconds (model built and weights bound or loaded; plain and diffusers runs: read_s,
+the image read in place of from_pretrained's load, and diffusers' offload_setup_s, its
+apply_group_offloading with the pinned copies it makes), the process's peak device
 memory after its CUDA context (torch's and arena's; the peak as the driver counts it is
 measured from outside: run it under bench/vram_peak.py), torch's peak reserved, the host's
 peak RSS (VmHWM) and its RSS after set-up and after the steps, for arena runs the plan,
@@ -418,6 +420,7 @@ def run(a: argparse.Namespace, rec: Dict[str, Any]) -> None:
     h: Any = None
     if a.run.startswith("plain-"):
         load_plain(m, a.image, tdev)
+        rec["read_s"] = time.perf_counter() - t0
     elif a.run.startswith("arena-"):
         import arena_gpu.torch as at
 
@@ -440,8 +443,11 @@ def run(a: argparse.Namespace, rec: Dict[str, Any]) -> None:
         rec["diffusers"] = dict(use_stream=stream, record_stream=a.record_stream and stream,
                                 low_cpu_mem_usage=a.low_cpu_mem_usage, non_blocking=a.non_blocking)
         load_plain(m, a.image, torch.device("cpu"))
+        rec["read_s"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
         apply_group_offloading(m, onload_device=tdev, offload_device=torch.device("cpu"), offload_type="block_level",
                                num_blocks_per_group=1, **rec["diffusers"])
+        rec["offload_setup_s"] = time.perf_counter() - t1
     dev.sync()
     rec["setup_s"] = time.perf_counter() - t0
     rec["rss_after_setup"] = rss_parts()
