@@ -1,4 +1,6 @@
-"""python -m arena_gpu.bench end to end on the simulated device (the flux-tiny layout).
+"""python -m arena_gpu.bench end to end on the simulated device (the flux-tiny layout);
+bench/gpu_wan_qwen.sh with bench/torch_wan_qwen.py and bench/wan_qwen_summary.py at
+the tiny configs of Wan and Qwen-Image on the CPU.
 
     python tests/python/test_bench.py -v      (torch, diffusers, peft and arena installed)
 
@@ -24,10 +26,17 @@ import unittest
 from pathlib import Path
 from typing import Any, Dict, List
 
+import torch
+
+import arena_gpu as arena
+import arena_gpu.torch as at
 from arena_gpu.bench import _report
 from tiers import slow
 
 PREFIX = "ARENA_BENCH_ROW "
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+import torch_wan_qwen as twq  # noqa: E402  (bench/: the harness's models and its image reader)
 
 
 @slow
@@ -145,6 +154,261 @@ class Bench(unittest.TestCase):
         self.assertIn("limit: per-block compute, the model does not fit", rows[2]["comparison"])
         self.assertIn("limit: per-block compute, the model does not fit", rows[3]["comparison"])
         self.assertTrue(re.search(r"× its limit", rows[3]["ratio_text"]), rows[3])
+
+
+
+def tiny_images(d: str) -> Dict[str, str]:
+    """The tiny Wan and Qwen-Image models' random weights as images: Wan by
+    arena.torch.save_image, Qwen-Image saved with safetensors and converted (plain, hb4,
+    and fp8-e4m3-row)."""
+    from safetensors.torch import save_file
+
+    out = {"wan": os.path.join(d, "wan.arena")}
+    at.save_image(twq.random_model("wan14b", True), out["wan"])
+    st = os.path.join(d, "qwen.safetensors")
+    save_file({k: v.contiguous() for k, v in twq.random_model("qwen-image", True).state_dict().items()}, st)
+    for key, kw in (("qwen", {}), ("qwen_hb4", {"codec": "hb4"}), ("qwen_fp8", {"quant": "fp8-e4m3-row"})):
+        out[key] = os.path.join(d, key + ".arena")
+        arena.convert(st, out[key], **kw)
+    return out
+
+
+class WanQwenRead(unittest.TestCase):
+    """How bench/torch_wan_qwen.py's plain and diffusers runs get their weights: the
+    image read a block at a time into tensors of their own."""
+
+    def test_read_image(self) -> None:
+        """Every tensor of the image, as the model holds it, the same from a plain and an
+        hb4 image (streamed blocks acquired one at a time); a quantized image refused."""
+        with tempfile.TemporaryDirectory(prefix="arena-test-wq-") as d:
+            im = tiny_images(d)
+            ref = twq.random_model("qwen-image", True).state_dict()
+            for key in ("qwen", "qwen_hb4"):
+                got = twq.read_image(im[key], torch.device("cpu"))
+                self.assertEqual(sorted(got), sorted(ref), key)
+                for n, t in ref.items():
+                    self.assertEqual(got[n].dtype, t.dtype, n)
+                    self.assertTrue(torch.equal(got[n], t), f"{key}: {n}")
+            with self.assertRaises(arena.Error) as cm:
+                twq.read_image(im["qwen_fp8"], torch.device("cpu"))
+            self.assertEqual(cm.exception.code, "USAGE")
+            self.assertIn("the BF16 image", str(cm.exception))
+
+
+# The driver's sets at the tiny configs on the CPU: arena on its simulated device at
+# caps in KiB that stream (or fail), diffusers' offloading without a stream (CPU to CPU:
+# use_stream needs an accelerator, so its three variants are one run here, and the
+# stream's path, with record_stream and low_cpu_mem_usage, runs on a GPU only).
+WQ_ENV = dict(METER="none", ARGS="--tiny --device cpu --warmup 1", STEPS="2", WAN_V="60K none", WAN_TRAIN="60K 60K:saved",
+              QWEN_V="300K", QWEN_FP8_V="250K", QWEN_TRAIN_V="300K", QWEN_TRAIN_RES="128x128", DIFFUSERS="stream",
+              FLOOR_V="60K 20K", SAVED="512")
+WQ_SETS = ["wan-sample", "wan-train", "qwen-sample", "qwen-fp8-sample", "qwen-train", "floor"]
+WQ_NAMES = ["wan-sample-plain", "wan-sample-arena-60K", "wan-sample-arena-none", "wan-sample-diffusers",
+            "wan-train-plain", "wan-train-arena-60K", "wan-train-arena-60K-saved",
+            "qwen-sample-plain", "qwen-sample-arena-300K", "qwen-sample-diffusers",
+            "qwen-fp8-sample-arena-250K", "qwen-train-plain", "qwen-train-fp8-arena-300K",
+            "floor-wan-sample-60K", "floor-wan-sample-20K", "floor-wan-train-60K", "floor-wan-train-20K",
+            "floor-qwen-sample-60K", "floor-qwen-fp8-sample-60K", "floor-qwen-train-60K"]
+# the caps the tiny models do not fit (the floors stop at them)
+WQ_FAILED = ["floor-wan-train-20K", "floor-qwen-sample-60K", "floor-qwen-fp8-sample-60K", "floor-qwen-train-60K"]
+
+
+@slow
+class WanQwen(unittest.TestCase):
+    """bench/gpu_wan_qwen.sh's sets at the tiny configs on the CPU (ARGS="--tiny --device
+    cpu --warmup 1", no NVML meter), every RUN of bench/torch_wan_qwen.py a process of its own for
+    both models, and bench/wan_qwen_summary.py's tables from their records."""
+
+    tmp: str
+    images: Dict[str, str]
+    out: "subprocess.CompletedProcess[str]"
+    recs: List[Dict[str, Any]]
+    by: Dict[str, Dict[str, Any]]
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.tmp = tempfile.mkdtemp(prefix="arena-test-wq-")
+        cls.images = tiny_images(cls.tmp)
+        env = dict(os.environ, PY=sys.executable, OUT=os.path.join(cls.tmp, "out"), WAN=cls.images["wan"],
+                   QWEN=cls.images["qwen"], QWEN_FP8=cls.images["qwen_fp8"], **WQ_ENV)
+        cls.out = subprocess.run(["sh", "bench/gpu_wan_qwen.sh", *WQ_SETS], cwd=ROOT, env=env, capture_output=True,
+                                 text=True, timeout=1500)
+        with open(os.path.join(cls.tmp, "out", "wan_qwen.jsonl")) as f:
+            cls.recs = [json.loads(ln) for ln in f if ln.strip()]
+        cls.by = {r["name"]: r for r in cls.recs}
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def resident(self, r: Dict[str, Any]) -> Dict[str, Any]:
+        kind = "train" if r["run"].endswith("-train") else "sample"
+        name = {"wan14b": "wan", "qwen-image": "qwen"}[r["model"]] + f"-{kind}-plain"
+        return self.by[name]
+
+    def test_runs(self) -> None:
+        """Every run of the sets, in order, a record each from a process of its own; every
+        RUN for both models ran; the floors stopped at the first cap that failed, which
+        says why (the least that fits)."""
+        self.assertEqual(self.out.returncode, 0, self.out.stderr[-3000:])
+        self.assertEqual([r["name"] for r in self.recs], WQ_NAMES, self.out.stderr[-3000:])
+        pids = [r["pid"] for r in self.recs]
+        self.assertEqual(len(set(pids)), len(pids))
+        self.assertNotIn(os.getpid(), pids)
+        for r in self.recs:
+            self.assertEqual(r["ok"], r["name"] not in WQ_FAILED, (r["name"], r.get("error")))
+            self.assertTrue(r["tiny"] and r["device"] == "cpu", r["name"])
+            self.assertIsNone(r["nvml"], r["name"])  # METER=none
+        ran = {(r["model"], r["run"]) for r in self.recs if r["ok"]}
+        for model in ("wan14b", "qwen-image"):
+            for run in ("plain-sample", "arena-sample", "diffusers-sample", "plain-train", "arena-train"):
+                self.assertIn((model, run), ran)
+        for name in WQ_FAILED:
+            err = self.by[name]["error"]
+            self.assertIn("does not fit", err)
+            self.assertIn("[BUDGET]", err)
+            self.assertIn("is the cap", err)
+        self.assertIn("failed: floor-wan-train-20K", self.out.stderr)
+        errs = Path(self.tmp, "out", "wan_qwen-errors.txt").read_text()
+        self.assertIn("== floor-wan-train-20K (exit 1)", errs)
+        self.assertIn("== wan-sample-plain (exit 0)", errs)
+
+    def test_bit_for_bit(self) -> None:
+        """Arena's runs and diffusers' on the BF16 images give the resident run's outputs
+        bit for bit: sampling, the guided prediction and the latents of the first and the
+        last step (the same: every step has the same inputs); training, the first step's
+        LoRA gradients and the LoRA weights after every step. The fp8 image's runs give
+        others (the weights they ran are not the BF16 ones)."""
+        n = 0
+        for r in self.recs:
+            if not r["ok"] or r["run"].startswith("plain-"):
+                continue
+            res = self.resident(r)
+            self.assertGreater(r["out_abs_mean"], 0, r["name"])
+            if r["image_schemes"] == ["none"]:
+                self.assertEqual(r["out_hash"], res["out_hash"], r["name"])
+                self.assertEqual(r["out_hash_last"], res["out_hash_last"], r["name"])
+                n += 1
+            else:
+                self.assertIn("fp8-e4m3-row", r["image_schemes"], r["name"])
+                self.assertNotEqual(r["out_hash"], res["out_hash"], r["name"])
+        self.assertGreaterEqual(n, 9)
+        for name in ("wan-sample-plain", "qwen-sample-plain"):
+            self.assertEqual(self.by[name]["out_hash"], self.by[name]["out_hash_last"], name)
+        for name in ("wan-train-plain", "qwen-train-plain"):  # the optimizer moved the weights
+            self.assertNotEqual(self.by[name]["out_hash"], self.by[name]["out_hash_last"], name)
+        self.assertNotEqual(self.by["wan-sample-plain"]["out_hash"], self.by["qwen-sample-plain"]["out_hash"])
+
+    def test_streamed(self) -> None:
+        """A run under a cap streamed (blocks or pieces moved every step, both passes
+        counted) and the simulated device's peak stayed in the cap; without one the model
+        was resident; offload_saved kept the saved tensors in host memory."""
+        for r in self.recs:
+            if not (r["ok"] and r["run"].startswith("arena-")):
+                continue
+            cap = r["vram"]
+            if cap is None:
+                self.assertEqual(r["plan"]["n_streamed"], 0, r["name"])
+                self.assertEqual(r["moved_bytes_step"], 0, r["name"])
+                continue
+            self.assertGreater(r["plan"]["n_streamed"], 0, r["name"])
+            self.assertGreater(r["moved_bytes_step"], 0, r["name"])
+            self.assertLessEqual(r["sim_peak_bytes"], arena.parse_size(cap), r["name"])
+            passes = 1 if r["run"] == "arena-train" else 2
+            self.assertEqual(len(r["records"]), passes * r["steps"], r["name"])
+            per = sorted(sum(x["moved_bytes"] for x in r["records"][i:i + passes])
+                         for i in range(0, len(r["records"]), passes))
+            self.assertEqual(r["moved_bytes_step"], per[len(per) // 2], r["name"])
+        saved = self.by["wan-train-arena-60K-saved"]  # tensors of 512 B or more (SAVED)
+        self.assertEqual(saved["offload_saved"], "512")
+        self.assertGreater(saved["offload"]["bytes"], 0)
+        self.assertEqual(self.by["wan-train-arena-60K"]["offload"]["bytes"], 0)
+
+    def test_records(self) -> None:
+        """Each record's steps, set-up, memory, inputs and the limit of its link."""
+        tokens = {"wan14b": (32, "64x64x5", 6, 6), "qwen-image": (64, "128x128", 8, 3)}
+        for r in self.recs:
+            if not r["ok"]:
+                continue
+            name = r["name"]
+            self.assertEqual(len(r["steps_s"]), 2, name)
+            self.assertTrue(all(s > 0 for s in r["steps_s"]), name)
+            self.assertEqual(r["step_s_median"], r["steps_s"][1], name)  # the steps after the first
+            self.assertGreater(r["setup_s"], 0, name)
+            self.assertGreater(r["host_peak_rss"], 0, name)
+            self.assertEqual((r["h2d_bytes_per_s"], r["link"]), (twq.SIM_LINK, "sim"), name)
+            img, res, tt, nt = tokens[r["model"]]
+            if r["run"].endswith("-train") and r["model"] == "qwen-image":
+                res = "128x128"  # QWEN_TRAIN_RES
+            self.assertEqual((r["image_tokens"], r["resolution"], r["text_tokens"], r["neg_tokens"]),
+                             (img, res, tt, nt), name)
+            if r["run"].endswith("-train"):
+                self.assertEqual(len(r["phases_s"]), 2, name)
+                self.assertTrue(all(x > 0 for p in r["phases_s"] for x in p), name)
+                self.assertGreater(r["lora_params"], 0, name)
+        for name in ("wan-sample-diffusers", "qwen-sample-diffusers"):
+            self.assertEqual(self.by[name]["diffusers"], dict(use_stream=False, record_stream=False,
+                                                              low_cpu_mem_usage=False, non_blocking=False))
+            self.assertTrue(0 < self.by[name]["read_s"] < self.by[name]["setup_s"], name)
+            self.assertGreater(self.by[name]["offload_setup_s"], 0, name)
+
+    def test_summary(self) -> None:
+        """The tables from the records: a table per model, kind and resolution with every
+        run a row, the ratios to resident, outputs against resident's, the peak against
+        the cap, the failures' reasons; the smallest cap each ran at."""
+        p = subprocess.run([sys.executable, str(ROOT / "bench" / "wan_qwen_summary.py"),
+                            os.path.join(self.tmp, "out", "wan_qwen.jsonl")], capture_output=True, text=True,
+                           timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        text = p.stdout
+        heads = [ln for ln in text.splitlines() if ln.startswith("### ")]
+        self.assertEqual([h.split("; ")[0] for h in heads], [
+            "### wan14b (tiny), sampling, 64x64x5, text 6/6 tokens",
+            "### wan14b (tiny), LoRA training, 64x64x5, text 6/6 tokens",
+            "### qwen-image (tiny), sampling, 128x128, text 8/3 tokens",
+            "### qwen-image (tiny), LoRA training, 128x128, text 8/3 tokens",
+            "### The smallest vram that ran"])
+        self.assertIn(f"; resident {self.by['wan-sample-plain']['step_s_median']:.4f} s", heads[0])
+        rows = {ln.split(" | ")[0][2:]: ln.split(" | ") for ln in text.splitlines() if ln.startswith("| ")}
+        for r in self.recs:
+            cells = rows[r["name"]]
+            if not r["ok"]:
+                self.assertEqual(cells[3], "failed: " + r["error"])
+                continue
+            res = self.resident(r)
+            self.assertEqual(cells[3], f"{r['step_s_median']:.4f}")
+            self.assertEqual(cells[4], f"{r['step_s_median'] / res['step_s_median']:.3f}")
+            want = "-" if r is res else ("yes" if r["image_schemes"] == ["none"] else "no")
+            self.assertEqual(cells[-1].rstrip(" |"), want, r["name"])
+            if r["run"].startswith("arena-"):
+                self.assertIn("(sim)", cells[7])
+                self.assertIn(", simulated)", cells[5])
+                self.assertEqual(cells[8], "yes" if r["vram"] else "-", r["name"])
+        floors = {ln.split(" | ")[0][2:]: ln.split(" | ")[1:] for ln in text.split("### The smallest vram")[1]
+                  .splitlines() if ln.startswith("| ") and not ln.startswith("| model")}
+        self.assertEqual(sorted(floors), sorted(["wan14b sample bf16 64x64x5", "wan14b train bf16 64x64x5",
+                                                 "qwen-image sample bf16 128x128",
+                                                 "qwen-image sample fp8-e4m3-row 128x128",
+                                                 "qwen-image train fp8-e4m3-row 128x128"]))
+        self.assertEqual(floors["wan14b sample bf16 64x64x5"][0], "20K")
+        self.assertEqual(floors["wan14b sample bf16 64x64x5"][-1], "none tried |")
+        self.assertEqual(floors["wan14b train bf16 64x64x5"][0], "60K")
+        self.assertTrue(floors["wan14b train bf16 64x64x5"][-1].startswith("20K: Error: "))
+        self.assertEqual(floors["qwen-image sample bf16 128x128"][0], "300K")
+        self.assertEqual(floors["qwen-image sample fp8-e4m3-row 128x128"][0], "250K")
+        self.assertEqual(floors["qwen-image train fp8-e4m3-row 128x128"][0], "300K")
+        self.assertIn("[BUDGET]", floors["qwen-image train fp8-e4m3-row 128x128"][-1])
+
+    def test_plain_refuses_a_quantized_image(self) -> None:
+        """A plain run on the fp8 image: its record says to give the BF16 one."""
+        p = subprocess.run([sys.executable, str(ROOT / "bench" / "torch_wan_qwen.py"), "plain-sample", "--model",
+                            "qwen-image", "--image", self.images["qwen_fp8"], "--tiny", "--device", "cpu"],
+                           capture_output=True, text=True, timeout=300)
+        self.assertEqual(p.returncode, 1)
+        rec = json.loads(p.stdout.strip().splitlines()[-1])
+        self.assertFalse(rec["ok"])
+        self.assertIn("[USAGE]", rec["error"])
+        self.assertIn("give --image the BF16 one", rec["error"])
 
 
 if __name__ == "__main__":
