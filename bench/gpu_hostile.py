@@ -100,55 +100,26 @@ def other(a) -> None:
         json.dump(rec, f)
 
 
-class Nvml:
-    """The device memory the driver counts for this process (NVML's per-process
-    used memory; None where NVML cannot say)."""
-
-    def __init__(self) -> None:
-        import ctypes
-
-        self.ok = False
-        try:
-            self.lib = ctypes.CDLL("libnvidia-ml.so.1")
-            self.lib.nvmlInit_v2()
-            self.dev = ctypes.c_void_p()
-            self.lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(self.dev))
-            self.ok = True
-        except OSError:
-            pass
-
-    def used(self) -> int | None:
-        import ctypes
-
-        if not self.ok:
-            return None
-
-        class Info(ctypes.Structure):
-            _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
-                        ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
-
-        n = ctypes.c_uint(64)
-        arr = (Info * 64)()
-        if self.lib.nvmlDeviceGetComputeRunningProcesses_v3(self.dev, ctypes.byref(n), arr) != 0:
-            return None
-        for i in range(n.value):
-            if arr[i].pid == os.getpid():
-                return int(arr[i].usedGpuMemory)
-        return None
-
-
 def run(a) -> None:
     import arena_gpu as arena
     import arena_gpu.torch as at
     import torch_flux as tf
 
     torch.backends.cuda.enable_cudnn_sdp(False)
+    if a.deterministic:  # a training run comparable bit for bit with another (cuBLAS and attention's backward)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     torch.cuda.init()
     tf.BLOCKS = a.blocks
     train = a.run == "train"
     res: dict = {"run": a.run, "vram": a.vram, "share_card": a.share_card, "hostile": a.hostile, "leave": a.leave,
                  "steps": a.steps}
-    nv = Nvml()
+    try:
+        from arena_gpu.bench._meter import Nvml
+
+        nv = Nvml()
+    except Exception:  # no NVML: the peak is not recorded
+        nv = None
     stop = tempfile.mktemp(prefix="hostile-stop-")
     go = tempfile.mktemp(prefix="hostile-go-")
     peer_out = tempfile.mktemp(prefix="hostile-", suffix=".json")
@@ -213,7 +184,7 @@ def run(a) -> None:
             hashes.append(None)
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t1)
-        used.append(nv.used())
+        used.append(nv.process_used(os.getpid()) if nv is not None else None)
         print(f"step {i} {times[-1]:.3f} s {hashes[-1]}", file=sys.stderr, flush=True)
     if peer is not None:
         open(stop, "w").close()
@@ -250,6 +221,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--blocks", type=int, default=None, help="the first N blocks of each kind (arena synth --blocks N)")
     ap.add_argument("--hostile", action="store_true", help="run the other program beside the steps")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="torch.use_deterministic_algorithms(True): training runs comparable bit for bit (torch "
+                         "raises where an operation has no deterministic kernel)")
     ap.add_argument("--leave", default="30G", help="the other program's ballast leaves this much of the device free")
     ap.add_argument("--min", default="256M")
     ap.add_argument("--max", default="8G")

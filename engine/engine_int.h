@@ -247,6 +247,11 @@ struct arena_engine {
 		size_t now_n;
 		unsigned now_slots;
 		_Atomic int stop;
+		/* The thread has planned (`planned`), and is done (`done`): a take
+		 * that finds it still reading ahead leaves it to the next step end
+		 * (at most LOOK_DEFER of them, `deferred`) rather than wait. */
+		_Atomic int planned, done;
+		unsigned deferred;
 		arena_reread_fn reread;
 		void *reread_ctx;
 		arena_backend *be;

@@ -15,8 +15,13 @@
  *   3. A look's thread touches only its struct look and what does not
  *      change while it runs (the layout): the options it plans with point
  *      at the look's own copies of the profile, the moved bytes and the
- *      schedule. The engine reads the look only after joining its thread
- *      (look_join); one look at a time; arena_engine_free joins it.
+ *      schedule; reading ahead, the caller's reader (every read on the
+ *      caller's thread joins the look first: ensure_host), slabs of its own
+ *      and the atomic pinned budget. The engine reads the look only after
+ *      joining its thread (look_join), but its planned/done flags; one
+ *      look at a time (learn starts none while one is on); a take finding
+ *      it reading ahead leaves it to a later step end (LOOK_DEFER at
+ *      most); arena_engine_free joins it, a look dropped stops reading.
  *   4. A look planned under options that changed since (plan_gen) is
  *      dropped; one whose plan no longer holds for the budget is not moved
  *      to (its profile is taken).
@@ -492,8 +497,10 @@ static void *look_thread(void *arg)
 	k->took_s = arena_now_s() - t0;
 	if (k->rc)
 		snprintf(k->msg, sizeof(k->msg), "%s", arena_last_error());
-	else if (k->pre && k->t.resident && k->t.step_s > 0 && faster_than_now(k))
+	atomic_store(&k->planned, 1);
+	if (!k->rc && k->pre && k->t.resident && k->t.step_s > 0 && faster_than_now(k))
 		read_ahead(k);
+	atomic_store(&k->done, 1);
 	return NULL;
 }
 
@@ -664,11 +671,20 @@ static void adopt_read_ahead(arena_engine *e, struct look *k, const uint8_t *wan
  * it if it is predicted `need` faster than the plan now, as a look made in
  * place would. A look whose options changed meanwhile (the mode, a new
  * schedule: plan_gen) is dropped. */
+/* Step ends a take leaves a look that is reading ahead to (the caller's
+ * thread would wait for the reads: on the H100 the step end of a move
+ * waited 0.083 s for them); then it waits. */
+enum { LOOK_DEFER = 2 };
+
 static int look_take(arena_engine *e)
 {
 	struct look *k = &e->look;
 	if (!k->on)
 		return 0;
+	if (k->threaded && atomic_load(&k->planned) && !atomic_load(&k->done) && k->deferred < LOOK_DEFER) {
+		k->deferred++;
+		return 0;
+	}
 	const double t0 = arena_now_s();
 	look_join(k);
 	e->rec.plan_s += arena_now_s() - t0;
@@ -746,6 +762,8 @@ static int look_take(arena_engine *e)
  * plans by it). */
 static int learn(arena_engine *e)
 {
+	if (e->look.on) /* one still reading ahead: taken at a later step end */
+		return 0;
 	if (!e->timed || e->cost || e->o.no_learn || !e->plan.n_streamed || !e->lc_n ||
 	    (e->profile_learned && e->steps < e->relearn_at))
 		return 0;

@@ -2226,6 +2226,58 @@ Test(engine_learn, a_look_reads_ahead_what_its_move_demotes)
 	arena__engine_read_ahead = 1;
 }
 
+/* A reader that takes its time: 40 ms a block read. */
+static int slow_read(void *ctx, uint32_t b, uint8_t *dst, uint64_t bytes)
+{
+	usleep(40000);
+	return arena_slab_reader_read(ctx, b, dst, bytes);
+}
+
+/* A take that finds its look still reading ahead leaves it to a later step
+ * end rather than wait for the reads (at most LOOK_DEFER of them): a look
+ * stays on over two step ends or more, and its move still reads nothing in
+ * a step end. */
+Test(engine_learn, a_look_still_reading_ahead_is_taken_later)
+{
+	sim_only();
+	arena_model *m = load(0);
+	arena_slab_reader *rr;
+	cr_assert_eq(arena_slab_reader_open(img_path, m->layout, &rr), 0);
+	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	o.cap = G + 11 * MAXB;
+	o.no_learn = 0;
+	o.move_copy_bps = o.move_read_bps = 1e3;
+	o.payback_steps = 4000000000u;
+	o.reread = slow_read;
+	o.reread_ctx = rr;
+	o.release_host = 1;
+	arena_engine *e;
+	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+	arena_stream *s;
+	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	uint64_t read = 0, prepared = 0;
+	int on = 0, longest = 0;
+	for (int step = 0; step < 12; step++) {
+		run_step(e, m, s, step == 11, 0.0008);
+		expect_whole(e, m);
+		arena_engine_step r;
+		cr_assert_eq(arena_engine_step_record(e, (uint64_t)step, &r), 0);
+		if (r.profile_learned) {
+			read += r.host_read_bytes;
+			prepared += r.prepared_bytes;
+		}
+		on = arena_engine_looking(e) ? on + 1 : 0;
+		longest = on > longest ? on : longest;
+	}
+	cr_assert_geq(longest, 2, "a look stayed on over %d step ends", longest);
+	cr_assert_gt(prepared, 0, "a move took copies read ahead");
+	cr_assert_eq(read, 0, "the move read %" PRIu64 " bytes in its step end", read);
+	be->ops->stream_destroy(be, s);
+	arena_engine_free(e);
+	arena_slab_reader_close(rr);
+	arena_model_free(m);
+}
+
 /* A move whose demoted blocks would go past the host budget (their host
  * copies given back, release_host) puts them in the disk tier, read from
  * the image every step; the learned profile does not see that (it times

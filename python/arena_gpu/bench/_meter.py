@@ -52,6 +52,24 @@ class Nvml:
     def used(self) -> int:
         return int(self.memory().used)
 
+    def process_used(self, pid: int) -> Optional[int]:
+        """The device memory the driver counts for process ``pid`` (NVML's running
+        compute processes), or None where NVML does not list it (another PID
+        namespace, or no context yet)."""
+
+        class Info(ctypes.Structure):
+            _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                        ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+        n = ctypes.c_uint(64)
+        arr = (Info * 64)()
+        if self.lib.nvmlDeviceGetComputeRunningProcesses_v3(self.dev, ctypes.byref(n), arr) != 0:
+            return None
+        for i in range(min(n.value, 64)):
+            if arr[i].pid == pid:
+                return int(arr[i].usedGpuMemory)
+        return None
+
     def _string(self, fn: Any, *args: Any) -> str:
         buf = ctypes.create_string_buffer(96)
         r = fn(*args, buf, ctypes.c_uint(len(buf)))
