@@ -355,6 +355,40 @@ void arena_model_host_seal(arena_model *m, uint32_t b)
 /* Drop block b's host copy: unpinned, then unmapped (a mapping of its own)
  * or its pages discarded (in the shared mapping, whose slabs start and end
  * on ARENA_SLAB_ALIGN, a multiple of the page: the pages are its own). */
+void arena_model_host_release_later(arena_model *m, uint32_t b, arena_host_drop *d)
+{
+	arena_block_mem *bm = &m->mem[b];
+	*d = (arena_host_drop){.p = host_copy(bm), .len = arena_model_host_len(m, b), .pinned = bm->pinned,
+			       .own = bm->own_host};
+	if (!d->p)
+		return;
+	if (bm->pinned) {
+		m->pinned_bytes -= d->len;
+		bm->pinned = 0;
+	}
+	if (bm->wire) {
+		m->host_bytes -= bm->wire->cap;
+		arena_wire_free(bm->wire); /* its segments; the buffer is d's */
+		bm->wire = NULL;
+	} else {
+		m->host_bytes -= m->layout->blocks[b].bytes;
+		bm->host = NULL;
+	}
+	bm->own_host = 0;
+}
+
+void arena_model_host_drop_do(arena_pin_budget *budget, arena_backend *be, const arena_host_drop *d)
+{
+	if (!d->p)
+		return;
+	if (d->pinned)
+		arena_pin_budget_unregister(budget, be, d->p, d->len);
+	if (d->own)
+		munmap(d->p, d->len);
+	else
+		madvise(d->p, d->len, MADV_DONTNEED); /* best effort: the memory is unused either way */
+}
+
 static void host_drop(arena_model *m, uint32_t b)
 {
 	arena_block_mem *bm = &m->mem[b];

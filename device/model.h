@@ -135,6 +135,18 @@ int arena_model_slab_map(const arena_layout *l, uint32_t b, uint8_t **slab, uint
 int arena_model_slab_pin(arena_pin_budget *budget, arena_backend *be, uint8_t *slab, uint64_t len);
 void arena_model_host_adopt(arena_model *m, uint32_t b, uint8_t *slab, int pinned);
 void arena_model_slab_drop(arena_pin_budget *budget, arena_backend *be, uint8_t *slab, uint64_t len, int pinned);
+/* arena_model_host_release in two halves: release_later takes block b's
+ * host copy from the model now (host, wire, the counts: as released) and
+ * leaves in *d what is left to do; drop_do does it (unpin, unmap or
+ * discard the pages), on any thread (the budget is atomic), before the
+ * memory could be registered again. */
+typedef struct arena_host_drop {
+	uint8_t *p; /* NULL: nothing */
+	uint64_t len;
+	int pinned, own;
+} arena_host_drop;
+void arena_model_host_release_later(arena_model *m, uint32_t b, arena_host_drop *d);
+void arena_model_host_drop_do(arena_pin_budget *budget, arena_backend *be, const arena_host_drop *d);
 /* Give block b's host copy (raw or coded, in its own mapping or the
  * shared one) back to the OS: unpinned, its pages discarded, host and wire
  * NULL. For a block on the device whose copy nothing else holds. In a

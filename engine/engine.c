@@ -211,6 +211,8 @@ void arena_engine_free(arena_engine *e)
 		return;
 	arena_backend *be = e->be;
 	arena__engine_look_free(&e->look);
+	arena__engine_reap_wait(e);
+	arena_free(e->reap.drops);
 	/* A trace not ended is written now (an error here has no one to go to). */
 	arena_trace_close(e->tr, e->state != ST_FAILED && e->state != ST_STEP);
 	if (e->ring.present)

@@ -108,21 +108,54 @@ int arena__engine_demote(arena_engine *e, uint32_t b)
  * streamed later. (On the H200, 2026-12-02, a
  * sampling run's RSS grew from 17.2 to 20.8 GiB after a move promoted 45
  * pieces, whose host copies stayed.) */
+static void *reap_thread(void *arg)
+{
+	struct reaper *r = arg;
+	for (size_t i = 0; i < r->n_drops; i++)
+		arena_model_host_drop_do(r->pins, r->be, &r->drops[i]);
+	return NULL;
+}
+
+void arena__engine_reap_wait(arena_engine *e)
+{
+	struct reaper *r = &e->reap;
+	if (r->running)
+		pthread_join(r->th, NULL);
+	r->running = 0;
+	r->n_drops = 0;
+}
+
+/* The copies go out of the model here; their unpinning and unmapping (or
+ * the pages discarded) on the reaper's thread, during the step after. */
 int arena__engine_release_hosts(arena_engine *e)
 {
+	arena__engine_reap_wait(e); /* the last step end's, done during the step */
 	if (!e->o.release_host || !e->o.reread)
 		return 0;
 	arena_model *m = e->m;
-	for (uint32_t b = 0; b < e->l->n_blocks; b++) {
+	struct reaper *r = &e->reap;
+	if (!r->drops && !(r->drops = arena_calloc(e->l->n_blocks ? e->l->n_blocks : 1, sizeof(*r->drops))))
+		return arena_errorf(ARENA_E_NOMEM, "engine: out of memory for releasing host copies");
+	int rc = 0;
+	for (uint32_t b = 0; b < e->l->n_blocks && !rc; b++) {
 		const arena_block_mem *bm = &m->mem[b];
 		if (!e->plan.resident[b] || !bm->dev || bm->kept || e->switched[b] || !(bm->host || bm->wire))
 			continue;
-		int rc = e->be->ops->event_sync(e->be, e->ev_fill[b]);
-		if (rc)
-			return rc;
-		arena_model_host_release(m, b);
+		rc = e->be->ops->event_sync(e->be, e->ev_fill[b]);
+		if (!rc)
+			arena_model_host_release_later(m, b, &r->drops[r->n_drops++]);
 	}
-	return 0;
+	if (!r->n_drops)
+		return rc;
+	r->pins = m->budget;
+	r->be = e->be;
+	if (pthread_create(&r->th, NULL, reap_thread, r) == 0) {
+		r->running = 1;
+	} else { /* no thread: here */
+		reap_thread(r);
+		r->n_drops = 0;
+	}
+	return rc;
 }
 
 /* Saving of demoting b with the ring's slot S (0: nothing streamed): its
