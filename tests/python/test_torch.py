@@ -1281,7 +1281,8 @@ class Pieces(unittest.TestCase):
         for piece, cap in (("8K", "130K"), ("24K", "150K")):
             with self.subTest(piece_size=piece, cap=cap):
                 m = qwen(True)
-                h = at.attach(m, img, mode="train", sim_capacity=cap, learn=False, **dict(self.PIECES, piece_size=piece))
+                opts = dict(self.PIECES, piece_size=piece)  # the rule's ring: a block's pieces and one more
+                h = at.attach(m, img, mode="train", sim_capacity=cap, learn=False, **opts)
                 pl = h.plan()
                 self.assertGreater(pl["n_streamed"], 0)
                 add_lora(m)
