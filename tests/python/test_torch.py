@@ -1231,6 +1231,88 @@ class Pieces(unittest.TestCase):
             self.assertTrue(torch.equal(m(**inputs(5)).sample, ref))
         h.detach()
 
+    def test_training_an_output_the_loss_does_not_use(self):
+        """Qwen-Image's last block makes a text stream's output that the model drops, so
+        the backward runs none of that path's nodes: the block's backward is done without
+        them, and the modules there (its text MLP, the text attention's output) never run
+        theirs. Their pieces go in the backward all the same: held to the step's end, they
+        filled a ring of the rule's size (a block's pieces and one more) at the recompute
+        of a block before it ('blocks held fill the ring', USAGE, at caps the plan
+        accepted). Checkpointed LoRA steps at such rings equal the plain model's, bit for
+        bit, and every piece a backward acquires is released in it."""
+        from diffusers import QwenImageTransformer2DModel
+
+        cfg = dict(patch_size=2, in_channels=16, out_channels=4, num_layers=3, attention_head_dim=16,
+                   num_attention_heads=2, joint_attention_dim=16, axes_dims_rope=(4, 6, 6))
+
+        def qwen(meta: bool) -> QwenImageTransformer2DModel:
+            torch.manual_seed(0)
+            with torch.device("meta" if meta else "cpu"):
+                m = QwenImageTransformer2DModel(**cfg).to(torch.bfloat16)
+            m.requires_grad_(False)
+            return m
+
+        def steps(m, during_backward=None):
+            m.enable_gradient_checkpointing()
+            m.train()
+            ps = lora_params(m)
+            opt = torch.optim.AdamW(ps.values(), lr=1e-3)
+            losses, grads = [], {}
+            for s in range(2):
+                g = torch.Generator().manual_seed(s)
+                x = dict(hidden_states=torch.randn(1, 16, 16, generator=g).to(torch.bfloat16),
+                         encoder_hidden_states=torch.randn(1, 5, 16, generator=g).to(torch.bfloat16),
+                         timestep=torch.tensor([0.5], dtype=torch.bfloat16), encoder_hidden_states_mask=None,
+                         img_shapes=[[(1, 4, 4)]], return_dict=False)
+                opt.zero_grad(set_to_none=True)
+                loss = m(**x)[0].float().square().mean()
+                with during_backward() if during_backward else contextlib.nullcontext():
+                    loss.backward()
+                losses.append(loss.item())
+                grads = {n: p.grad.clone() for n, p in ps.items()}
+                opt.step()
+            return losses, grads, {n: p.detach().clone() for n, p in ps.items()}
+
+        m0 = qwen(False)
+        img = os.path.join(TMP, "tiny_qwen_image.arena")
+        at.save_image(m0, img)
+        add_lora(m0)
+        want = steps(m0)
+        for piece, cap in (("8K", "130K"), ("24K", "150K")):
+            with self.subTest(piece_size=piece, cap=cap):
+                m = qwen(True)
+                opts = dict(self.PIECES, piece_size=piece)  # the rule's ring: a block's pieces and one more
+                h = at.attach(m, img, mode="train", sim_capacity=cap, learn=False, **opts)
+                pl = h.plan()
+                self.assertGreater(pl["n_streamed"], 0)
+                add_lora(m)
+                held: set = set()
+                left: list = []
+                acq, rel = h.arena._acquire_unchecked, h.arena._release_unchecked
+
+                def acquire(i, stream):
+                    held.add(i)
+                    return acq(i, stream)
+
+                def release(i, stream):
+                    held.discard(i)
+                    return rel(i, stream)
+
+                @contextlib.contextmanager
+                def counted():
+                    held.clear()
+                    yield
+                    left.append(sorted(h.arena.blocks[i].name for i in held))
+
+                h.arena._acquire_unchecked, h.arena._release_unchecked = acquire, release
+                try:
+                    got = steps(m, counted)
+                finally:
+                    h.arena._acquire_unchecked, h.arena._release_unchecked = acq, rel
+                same_step(self, got, want)
+                self.assertEqual(left, [[], []], "pieces a backward acquired and left held")
+                h.detach()
+
 
 class Coded(unittest.TestCase):
     """Coded streaming: an hb4 image's streamed pieces stay coded in host memory, move

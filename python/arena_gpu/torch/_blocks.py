@@ -235,6 +235,18 @@ class _SavedWeights:
 _probe: Optional[torch.Tensor] = None
 
 
+def _will_run(nodes: Sequence[Any]) -> bool:
+    """In a backward: whether it runs one of ``nodes`` (autograd nodes). A backward
+    runs only the nodes the loss's gradient reaches: a block's output the loss does
+    not use (Qwen-Image's last block's text stream) leaves the nodes of its path
+    unrun, and a hook on one of them never fires. Where torch cannot say (a leaf's
+    node under ``autograd.grad``): that it runs."""
+    try:
+        return any(torch._C._will_engine_execute_node(n) for n in nodes)
+    except RuntimeError:
+        return True
+
+
 def _seq_now() -> int:
     """The autograd sequence number the next node made on this thread gets (a view
     of a leaf makes one): the nodes a block's call makes have this one or later."""
@@ -295,7 +307,11 @@ def _track(h: "Handle", start: int, out: Any, done: Callable[[], None], index: i
     the step's end. Under a reentrant checkpoint the block's node is the
     checkpoint's, whose backward recomputes and backpropagates the block; the
     recompute's own backward leads out of it to its inputs (``inputs``: the nodes of
-    inputs that are leaves, made whenever)."""
+    inputs that are leaves, made whenever). Only the nodes the backward runs are
+    waited for (counted when the first of them runs): an output the loss does not use
+    (Qwen-Image's last block's text stream) leaves nodes that never run, and a block
+    waiting for them would hold its weights to the step's end, past the ring's room
+    for the blocks before it."""
     entries: List[Any] = []
     outside = {id(n) for n in inputs}
     seen: Dict[int, Any] = {}  # the nodes walked by id (held: no id is reused during the walk)
@@ -324,9 +340,12 @@ def _track(h: "Handle", start: int, out: Any, done: Callable[[], None], index: i
             if ps:
                 h._watch(ps, done)
         return
-    left = [len(entries)]
+    left = [-1]
 
     def hook(_gi: Any, _go: Any) -> None:
+        if left[0] < 0:  # the first to run: those of them this backward runs
+            left[0] = sum(1 for n in entries if _will_run((n,)))
+            entries.clear()  # (no node kept: the hooks hold this closure)
         left[0] -= 1
         if left[0] == 0:
             done()

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ._blocks import (_BlockBinding, _check_training, _in_backward, _leaf_inputs, _SavedWeights, _seq_now,
-                      _track, _under_checkpoint)
+                      _track, _under_checkpoint, _will_run)
 
 if TYPE_CHECKING:
     from ._handle import Handle
@@ -49,7 +49,10 @@ class _PiecedBinding:
     another), so the ring holds a few pieces, not the block. A recompute in
     backward (checkpointing) holds each piece until the backward of every
     module that used it has run (its input's gradient is made), so a train
-    step holds at most one block's pieces at a time.
+    step holds at most one block's pieces at a time. A module whose backward this
+    backward does not run (none of its inputs' gradients is made: it makes an
+    output the loss does not use, as Qwen-Image's last block's text stream) holds
+    its pieces for its recompute alone.
 
     A backward that needs pieces outside a recompute of the block (a weight
     its forward saved, unpacked; a checkpoint inside the block recomputing a
@@ -74,6 +77,9 @@ class _PiecedBinding:
         self.rel_after: Dict[int, List[int]] = {}
         self.follow = False
         self.watched: Set[int] = set()  # forward positions whose backward releases recompute holds
+        # forward: per watched position, the autograd nodes that make its inputs'
+        # gradients (its backward runs when one of them does)
+        self.grad_nodes: Dict[int, List[Any]] = {}
         self.bw: Dict[int, Tuple[int, ...]] = {}  # recompute: position -> pieces it holds for backward
         self.bw_ref: Dict[int, int] = {}
         self.keep: Tuple[int, ...] = ()  # pieces of the block module's own tensors: held for its whole call
@@ -106,6 +112,7 @@ class _PiecedBinding:
     def release_all(self) -> None:
         """Step end: whatever is still held goes."""
         self.loose.clear()
+        self.grad_nodes.clear()
         self.bw.clear()
         self.bw_ref.clear()
         self.watched.clear()
@@ -220,6 +227,7 @@ class _PiecedBinding:
         self.follow = self.seq is not None and not backward
         if not backward:
             self.watched = set()
+            self.grad_nodes = {}
         keep = self.keep
         done = False
         try:
@@ -263,6 +271,16 @@ class _PiecedBinding:
             self._hold(need)
             # (held before the call: a checkpoint stops its recompute by raising from
             # inside the module that saves its last tensor, whose backward needs them)
+            nodes = self.grad_nodes.get(pos) if pos in self.watched and pos not in self.bw else None
+            if nodes is not None and not _will_run(nodes):
+                # its backward does not run: what the recompute saves for it is never
+                # used, and held until the step's end its pieces would fill the ring
+                out = call(mod, *args, **kwargs)
+                for idx in need:
+                    if idx in self.held and not self.bw_ref.get(idx) and idx not in self.keep \
+                            and idx not in self.loose:
+                        self._release(idx)
+                return out
             if pos in self.watched and pos not in self.bw:
                 self.bw[pos] = need
                 for idx in need:
@@ -302,6 +320,7 @@ class _PiecedBinding:
         inputs are made. Modules of one input (a block's q, k and v) share one hook
         on it: a hook costs ~0.1 ms of the host's time, and a block in pieces has
         dozens of modules. Several inputs: one hook for all of them."""
+        self.grad_nodes[pos] = [torch.autograd.graph.get_gradient_edge(t).node for t in grads]
         if len(grads) > 1:
             hk = torch.autograd.graph.register_multi_grad_hook(grads, lambda _g, p=pos: self._bw_done(p), mode="all")
             self.handle._hooks.append(hk)
