@@ -583,8 +583,12 @@ static int look_start(arena_engine *e, double need)
 		const arena_model *m = e->m;
 		uint64_t n_prep = 0;
 		for (uint32_t b = 0; b < n; b++) {
+			/* no host copy, or one the next step end's release_host gives
+			 * back (a block promoted at this step end's move) */
+			const int goes = m->mem[b].host && e->o.release_host && m->mem[b].dev && !m->mem[b].kept &&
+					 !e->switched[b];
 			k->prep[b] = e->plan.resident[b] && !arena_block_is_globals(e->l, b) && e->l->blocks[b].bytes &&
-				     !m->mem[b].host && !m->mem[b].wire && !arena__engine_disk_coded(e, b);
+				     (!m->mem[b].host || goes) && !m->mem[b].wire && !arena__engine_disk_coded(e, b);
 			n_prep += k->prep[b];
 		}
 		k->pre_room = !e->o.host_cap ? UINT64_MAX

@@ -2211,12 +2211,16 @@ Test(engine_learn, a_look_reads_ahead_what_its_move_demotes)
 		cr_assert_eq(arena__engine_read_ahead_bytes - ahead0, prepared,
 			     "read ahead %" PRIu64 " bytes, %" PRIu64 " of them taken by moves",
 			     (uint64_t)(arena__engine_read_ahead_bytes - ahead0), prepared);
+		/* (a block a later move demotes may still have its host copy: the
+		 * release of a promoted block's copy comes a step end after) */
 		if (ahead) {
 			cr_assert_eq(read, 0, "the move read %" PRIu64 " bytes in the step end", read);
-			cr_assert_eq(prepared, demoted, "read ahead %" PRIu64 " bytes, demoted %" PRIu64, prepared, demoted);
+			cr_assert(prepared > 0 && prepared <= demoted, "read ahead %" PRIu64 " bytes, demoted %" PRIu64, prepared,
+				  demoted);
 		} else {
 			cr_assert_eq(prepared, 0);
-			cr_assert_eq(read, demoted, "read %" PRIu64 " bytes in the step end, demoted %" PRIu64, read, demoted);
+			cr_assert(read > 0 && read <= demoted, "read %" PRIu64 " bytes in the step end, demoted %" PRIu64, read,
+				  demoted);
 		}
 		be->ops->stream_destroy(be, s);
 		arena_engine_free(e);
