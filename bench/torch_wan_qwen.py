@@ -118,20 +118,8 @@ LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
 SIM_LINK = 2e9  # the simulated device's copy rate (--device cpu), bytes/s
 
 
-def rss_parts() -> Dict[str, int]:
-    """This process's resident memory now (/proc/self/status, bytes): VmHWM (peak),
-    VmRSS, RssAnon, RssFile, RssShmem."""
-    out: Dict[str, int] = {}
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                k, _, v = line.partition(":")
-                if k in ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem"):
-                    out[k] = int(v.split()[0]) * 1024
-    except OSError:
-        pass
-    return out
-
+# This process's resident memory by kind: torch_flux.py's (one process a run, as there).
+from torch_flux import rss_parts  # noqa: E402
 
 class DevPeak:
     """The process's peak device memory after its CUDA context: total - the least free seen."""

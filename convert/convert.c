@@ -578,14 +578,19 @@ int arena_convert(const char *const *inputs, size_t n_inputs, const char *out, c
 	if ((rc = arena_convert_inputs(inputs, n_inputs, out, &co, &r)))
 		return rc;
 	if (info)
-		*info = (arena_convert_info){
-			.file_size = r.file_size,
-			.data_bytes = r.data_bytes,
-			.stored_bytes = r.stored_bytes,
-			.chunk_count = r.chunk_count,
-			.coded_chunks = r.coded_chunks,
-			.n_blocks = r.n_blocks,
-			.n_tensors = r.n_tensors,
-		};
+		*info = arena_conv_info(&r);
 	return 0;
+}
+
+arena_convert_info arena_conv_info(const arena_convert_result *r)
+{
+	return (arena_convert_info){
+		.file_size = r->file_size,
+		.data_bytes = r->data_bytes,
+		.stored_bytes = r->stored_bytes,
+		.chunk_count = r->chunk_count,
+		.coded_chunks = r->coded_chunks,
+		.n_blocks = r->n_blocks,
+		.n_tensors = r->n_tensors,
+	};
 }

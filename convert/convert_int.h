@@ -84,6 +84,8 @@ int arena_conv_fill(arena_conv_job *j, uint64_t c0, uint64_t len, uint8_t *buf);
 /* Chunk table, manifest and header written, the image linked in at the
  * output; res (may be NULL) filled. */
 int arena_conv_commit(arena_conv_job *j, arena_convert_result *res);
+/* The public summary of a conversion (arena.h's arena_convert_info) from its result. */
+arena_convert_info arena_conv_info(const arena_convert_result *r);
 
 /* Free the job; an output not committed is removed. */
 void arena_conv_free(arena_conv_job *j);

@@ -311,15 +311,7 @@ int arena_writer_finish(arena_writer *w, arena_convert_info *info)
 		arena_convert_result r;
 		rc = arena_conv_commit(&w->j, &r);
 		if (!rc && info)
-			*info = (arena_convert_info){
-				.file_size = r.file_size,
-				.data_bytes = r.data_bytes,
-				.stored_bytes = r.stored_bytes,
-				.chunk_count = r.chunk_count,
-				.coded_chunks = r.coded_chunks,
-				.n_blocks = r.n_blocks,
-				.n_tensors = r.n_tensors,
-			};
+			*info = arena_conv_info(&r);
 	}
 	writer_free(w);
 	return rc;

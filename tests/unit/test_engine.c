@@ -2160,6 +2160,26 @@ Test(engine_learn, a_move_that_does_not_pay_for_itself_is_held_back)
 	}
 }
 
+/* An engine whose learned look swaps blocks (the suite's cap, moves costed
+ * at a thousand bytes a second but always paying), re-reading through `rd`
+ * from the slab reader rr, release_host on, host_cap as given (0: none, 1:
+ * no block given back gets a host copy again). */
+static arena_engine *swap_engine(arena_model *m, arena_reread_fn rd, arena_slab_reader *rr, uint64_t host_cap)
+{
+	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
+	o.cap = G + 11 * MAXB;
+	o.no_learn = 0;
+	o.move_copy_bps = o.move_read_bps = 1e3;
+	o.payback_steps = 4000000000u; /* the move itself always pays */
+	o.reread = rd;
+	o.reread_ctx = rr;
+	o.release_host = 1;
+	o.host_cap = host_cap;
+	arena_engine *e;
+	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+	return e;
+}
+
 /* A look reads ahead, on its own thread, the host copies of the blocks its
  * plan demotes that have none (release_host gave them back), so that its
  * move reads nothing from the image on the caller's thread: the step end
@@ -2175,16 +2195,7 @@ Test(engine_learn, a_look_reads_ahead_what_its_move_demotes)
 		arena_model *m = load(0);
 		arena_slab_reader *rr;
 		cr_assert_eq(arena_slab_reader_open(img_path, m->layout, &rr), 0);
-		arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
-		o.cap = G + 11 * MAXB;
-		o.no_learn = 0;
-		o.move_copy_bps = o.move_read_bps = 1e3;
-		o.payback_steps = 4000000000u; /* the move itself always pays */
-		o.reread = arena_slab_reader_read;
-		o.reread_ctx = rr;
-		o.release_host = 1;
-		arena_engine *e;
-		cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+		arena_engine *e = swap_engine(m, arena_slab_reader_read, rr, 0);
 		arena_stream *s;
 		cr_assert_eq(be->ops->stream_create(be, &s), 0);
 		uint64_t read = 0, prepared = 0, demoted = 0, looks = 0;
@@ -2247,16 +2258,7 @@ Test(engine_learn, a_look_still_reading_ahead_is_taken_later)
 	arena_model *m = load(0);
 	arena_slab_reader *rr;
 	cr_assert_eq(arena_slab_reader_open(img_path, m->layout, &rr), 0);
-	arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
-	o.cap = G + 11 * MAXB;
-	o.no_learn = 0;
-	o.move_copy_bps = o.move_read_bps = 1e3;
-	o.payback_steps = 4000000000u;
-	o.reread = slow_read;
-	o.reread_ctx = rr;
-	o.release_host = 1;
-	arena_engine *e;
-	cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+	arena_engine *e = swap_engine(m, slow_read, rr, 0);
 	arena_stream *s;
 	cr_assert_eq(be->ops->stream_create(be, &s), 0);
 	uint64_t read = 0, prepared = 0;
@@ -2296,17 +2298,7 @@ Test(engine_learn, a_move_into_the_disk_tier_is_held_back)
 		arena_model *m = load(0);
 		arena_slab_reader *rr;
 		cr_assert_eq(arena_slab_reader_open(img_path, m->layout, &rr), 0);
-		arena_engine_opts o = base_opts(ARENA_MODE_SAMPLE);
-		o.cap = G + 11 * MAXB;
-		o.no_learn = 0;
-		o.move_copy_bps = o.move_read_bps = 1e3;
-		o.payback_steps = 4000000000u; /* the move itself always pays */
-		o.reread = arena_slab_reader_read;
-		o.reread_ctx = rr;
-		o.release_host = 1;
-		o.host_cap = capped ? 1 : 0; /* no block given back gets a host copy again */
-		arena_engine *e;
-		cr_assert_eq(arena_engine_create(m, &o, &e), 0, "%s", arena_last_error());
+		arena_engine *e = swap_engine(m, arena_slab_reader_read, rr, capped ? 1 : 0);
 		arena_stream *s;
 		cr_assert_eq(be->ops->stream_create(be, &s), 0);
 		unsigned held = 0, moved = 0, dem = 0;
