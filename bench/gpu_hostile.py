@@ -2,7 +2,7 @@
 
   python bench/gpu_hostile.py RUN --image F.arena [--vram V] [--share-card S] [--steps N]
                               [--hostile] [--leave SIZE] [--seed S] [--blocks N]
-  python bench/gpu_hostile.py other --leave SIZE [--min 256M] [--max 8G] [--seed S] [--stop FILE]
+  python bench/gpu_hostile.py other --leave SIZE [--min 256M] [--max 8G] [--squeeze SLACK] [--seed S] [--stop FILE]
 
 RUN is sample or train: the FLUX.1-dev transformer (bench/torch_flux.py's model and inputs,
 1024x1024; train: LoRA r16 on the attention projections, AdamW, checkpointing every block)
@@ -19,7 +19,8 @@ with arena), and once arena's first step is done (a file it waits for), forever:
 (log-uniform, 256 MiB to 8 GiB by default; torch.empty on the device, an out-of-memory
 error counted as a failure, not retried), holds it 0.2-2 s, frees it and gives it back to
 the driver (torch.cuda.empty_cache). It writes its record (asks, successes, failures by
-size) when stopped.
+size) when stopped. --squeeze SLACK: each ask is instead for all the free memory but SLACK, so
+that arena's own allocations run out inside a step (its out-of-memory retries, timed).
 
 Prints one JSON line: steps_s, the outputs' hashes, failed steps and their errors, arena's
 retries (Handle.retries()), the OomRetryWarnings seen, the plan's decisions, each step
@@ -76,7 +77,10 @@ def other(a) -> None:
         time.sleep(rng.uniform(0.05, 1.0))
         if stop["now"]:
             break
-        size = int(math.exp(rng.uniform(lo, hi))) & ~((1 << 20) - 1)
+        if a.squeeze:  # all but SLACK of what is free: arena's next new allocation runs out
+            size = max(torch.cuda.mem_get_info()[0] - arena.parse_size(a.squeeze), 1 << 20) & ~((1 << 20) - 1)
+        else:
+            size = int(math.exp(rng.uniform(lo, hi))) & ~((1 << 20) - 1)
         hold = rng.uniform(0.2, 2.0)
         rec["asks"] += 1
         rec["asked_bytes"] += size
@@ -126,7 +130,8 @@ def run(a) -> None:
     peer = None
     if a.hostile:  # the ballast before arena plans: a smaller card; the random asks after step 0
         peer = subprocess.Popen([sys.executable, os.path.abspath(__file__), "other", "--leave", a.leave, "--min", a.min,
-                                 "--max", a.max, "--seed", str(a.seed), "--stop", stop, "--go", go, "--out", peer_out],
+                                 "--max", a.max, "--seed", str(a.seed), "--stop", stop, "--go", go, "--out", peer_out]
+                                + (["--squeeze", a.squeeze] if a.squeeze else []),
                                 stdout=subprocess.PIPE, text=True)
         if peer.stdout.readline().strip() != "ready":
             sys.exit("gpu_hostile.py: the other program did not start")
@@ -228,6 +233,9 @@ def main() -> None:
     ap.add_argument("--min", default="256M")
     ap.add_argument("--max", default="8G")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--squeeze", default=None, metavar="SLACK",
+                    help="each ask takes all the free memory but SLACK (instead of --min..--max): arena's own "
+                         "allocations run out mid-step, and its retries are what keep the run going")
     ap.add_argument("--stop", default=None, help="other: stop when this file appears")
     ap.add_argument("--go", default=None, help="other: begin the random asks when this file appears")
     ap.add_argument("--out", default=None, help="other: its record")

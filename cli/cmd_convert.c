@@ -34,6 +34,10 @@ const char cmd_convert_usage[] =
 	"options:\n"
 	"  -o, --output FILE       the image to write (required)\n"
 	"  --force                 replace FILE if it exists (when the new one is whole)\n"
+	"  --read-back             read each chunk back from the disk after writing it\n"
+	"                          and compare: the image comes out verified, the reads\n"
+	"                          beside the other chunks' writes (no 'arena verify'\n"
+	"                          pass after); a difference is an IO error, no output\n"
 	"  --block-pattern REGEX   a block is a match of this POSIX extended regex with\n"
 	"                          one capture group for the index, e.g.\n"
 	"                          'layers\\.([0-9]+)\\.'; repeatable; replaces the\n"
@@ -188,7 +192,7 @@ out:
 
 int cmd_convert(int argc, char **argv)
 {
-	enum { O_PATTERN = 256, O_ORDER, O_CHUNK, O_THREADS, O_QUANT, O_QINC, O_QEXC, O_CODEC, O_LEVEL, O_FORCE };
+	enum { O_PATTERN = 256, O_ORDER, O_CHUNK, O_THREADS, O_QUANT, O_QINC, O_QEXC, O_CODEC, O_LEVEL, O_FORCE, O_READ_BACK };
 	static const struct option opts[] = {
 		{"output", required_argument, NULL, 'o'},      {"block-pattern", required_argument, NULL, O_PATTERN},
 		{"block-order", required_argument, NULL, O_ORDER}, {"chunk-size", required_argument, NULL, O_CHUNK},
@@ -196,7 +200,7 @@ int cmd_convert(int argc, char **argv)
 		{"quant", required_argument, NULL, O_QUANT},     {"quant-include", required_argument, NULL, O_QINC},
 		{"quant-exclude", required_argument, NULL, O_QEXC}, {"codec", required_argument, NULL, O_CODEC},
 		{"zstd-level", required_argument, NULL, O_LEVEL}, {"force", no_argument, NULL, O_FORCE},
-		{NULL, 0, NULL, 0},
+		{"read-back", no_argument, NULL, O_READ_BACK},   {NULL, 0, NULL, 0},
 	};
 	const char *out = NULL;
 	int quiet = 0, st = 0;
@@ -222,6 +226,9 @@ int cmd_convert(int argc, char **argv)
 			break;
 		case O_FORCE:
 			co.force = 1;
+			break;
+		case O_READ_BACK:
+			co.read_back = 1;
 			break;
 		case O_PATTERN:
 			patterns[co.n_block_patterns++] = optarg;

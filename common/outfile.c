@@ -18,13 +18,19 @@
 #include "alloc.h"
 #include "err.h"
 #include "fault.h"
+#include "io.h"
 
-static arena__fault write_fault;
+static arena__fault write_fault, stored_fault;
 static atomic_int force_named;
 
 void arena_fault_write(long n)
 {
 	arena__fault_arm(&write_fault, n);
+}
+
+void arena_fault_stored(long n)
+{
+	arena__fault_arm(&stored_fault, n);
 }
 
 void arena__outfile_force_named(int on)
@@ -259,7 +265,7 @@ int arena_outfile_create(const char *path, unsigned flags, arena_outfile **out)
 	fchmod(f->fd, 0644);
 	char proc[64];
 	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", f->fd);
-	f->dfd = open(f->named ? f->tmp_path : proc, O_WRONLY | O_DIRECT | O_CLOEXEC); /* -1: no direct I/O here */
+	f->dfd = open(f->named ? f->tmp_path : proc, O_RDWR | O_DIRECT | O_CLOEXEC); /* -1: no direct I/O here */
 	*out = f;
 	return 0;
 }
@@ -317,6 +323,40 @@ int arena_outfile_pwrite_direct(arena_outfile *f, const void *buf, size_t n, uin
 	if (f->dfd < 0 || ((uintptr_t)buf | n | off) % 4096)
 		return arena_outfile_pwrite(f, buf, n, off);
 	return pwrite_all(f, f->dfd, buf, n, off);
+}
+
+int arena_outfile_check(arena_outfile *f, void *scratch, const void *want, size_t n, uint64_t off)
+{
+	int fd = f->dfd >= 0 && !(((uintptr_t)scratch | n | off) % 4096) ? f->dfd : f->fd;
+	for (size_t got = 0; got < n;) {
+		ssize_t r = arena__read_fault() ? (errno = EIO, -1) : pread(fd, (uint8_t *)scratch + got, n - got,
+									     (off_t)(off + got));
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0 && errno == EINVAL && fd == f->dfd) { /* the filesystem refused this direct read */
+			fd = f->fd;
+			continue;
+		}
+		if (r <= 0)
+			return arena_syserrorf(ARENA_E_IO, r < 0 ? errno : EIO, "%s: reading back what was written at byte %llu failed",
+					       f->path, (unsigned long long)(off + got));
+		if (fd == f->dfd && r % 4096) /* a short direct read: finish it buffered */
+			fd = f->fd;
+		got += (size_t)r;
+	}
+	if (arena__fault_hit(&stored_fault))
+		((uint8_t *)scratch)[n / 2] ^= 0x20; /* a disk that kept other bytes than it was given */
+	if (memcmp(scratch, want, n)) {
+		size_t at = 0;
+		while (((const uint8_t *)scratch)[at] == ((const uint8_t *)want)[at])
+			at++;
+		return arena_errorf(ARENA_E_IO,
+				    "%s: the bytes read back at byte %llu differ from those written there: the disk "
+				    "did not keep what it was given (a failing disk or filesystem); nothing was "
+				    "written in place of the output",
+				    f->path, (unsigned long long)(off + at));
+	}
+	return 0;
 }
 
 int arena_outfile_write(arena_outfile *f, const void *buf, size_t n)

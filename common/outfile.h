@@ -64,6 +64,11 @@ int arena_outfile_reserve(arena_outfile *f, uint64_t size);
  * threads then neither copy through the page cache nor queue on the file's
  * lock. Falls back to arena_outfile_pwrite otherwise. */
 int arena_outfile_pwrite_direct(arena_outfile *f, const void *buf, size_t n, uint64_t off);
+/* Read the n bytes at `off` back (with O_DIRECT where arena_outfile_pwrite_direct
+ * would write them so: from the disk, not the page cache) into `scratch` and
+ * compare them with `want`, the bytes written there: IO naming the first byte
+ * that differs, or a read's IO error. */
+int arena_outfile_check(arena_outfile *f, void *scratch, const void *want, size_t n, uint64_t off);
 
 /* Set the file's length (after a reserve larger than what was written). */
 int arena_outfile_truncate(arena_outfile *f, uint64_t size);
@@ -84,6 +89,10 @@ int arena_outfile_check_input_id(const char *path, uint64_t dev, uint64_t ino, c
 /* Fault injection (tests only): the nth write from now fails with ENOSPC;
  * 0 disarms. */
 void arena_fault_write(long n);
+/* Fault injection (tests only): the nth arena_outfile_check from now reads
+ * back one byte other than was written (a disk that did not keep it); 0
+ * disarms. */
+void arena_fault_stored(long n);
 /* Tests only: 1 makes every output use a named temporary, as where the
  * filesystem has no O_TMPFILE; 0 goes back. */
 void arena__outfile_force_named(int on);

@@ -161,8 +161,9 @@ static void *worker(void *arg)
 	const int coded = !!(h->flags & ARENA_IMG_FLAG_CODED);
 	uint8_t *buf = arena_aligned_alloc(4096, h->chunk_size); /* for O_DIRECT writes */
 	uint8_t *enc = coded ? arena_aligned_alloc(4096, h->chunk_size) : NULL;
+	uint8_t *back = o->read_back ? arena_aligned_alloc(4096, h->chunk_size) : NULL; /* what the disk kept */
 	arena_zstd_work zw = {0};
-	if (!buf || (coded && !enc)) {
+	if (!buf || (coded && !enc) || (o->read_back && !back)) {
 		arena_free(buf);
 		buf = NULL;
 		arena_errorf(ARENA_E_NOMEM, "out of memory for a %llu-byte chunk buffer", (unsigned long long)h->chunk_size);
@@ -186,6 +187,8 @@ static void *worker(void *arg)
 							 .raw_length = (uint32_t)len,
 							 .xxh3 = arena_xxh3(buf, len)};
 			rc = arena_outfile_pwrite_direct(j->out, buf, len, h->data_offset + c0);
+			if (!rc && back)
+				rc = arena_outfile_check(j->out, back, buf, len, h->data_offset + c0);
 		} else if (!rc) {
 			uint64_t n = 0;
 			if (o->codec == ARENA_CODEC_HB4)
@@ -212,6 +215,8 @@ static void *worker(void *arg)
 			if (n)
 				atomic_fetch_add(&j->coded, 1);
 			rc = arena_outfile_pwrite_direct(j->out, out, wlen, h->data_offset + off);
+			if (!rc && back)
+				rc = arena_outfile_check(j->out, back, out, wlen, h->data_offset + off);
 		}
 		if (rc) {
 			job_fail(j, rc);
@@ -221,6 +226,7 @@ static void *worker(void *arg)
 	}
 	arena_free(buf);
 	arena_free(enc);
+	arena_free(back);
 	arena_zstd_work_free(&zw);
 	atomic_fetch_sub(&j->running, 1);
 	return NULL;
@@ -550,6 +556,7 @@ int arena_conv_public_opts(const arena_convert_options *o, const char *who, aren
 		.codec = (unsigned)codec,
 		.zstd_level = o->zstd_level,
 		.force = o->force,
+		.read_back = !!o->read_back,
 	};
 	return 0;
 }

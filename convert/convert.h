@@ -39,6 +39,7 @@ typedef struct arena_convert_opts {
 	/* 1: a file at the output is replaced; 0: it is OUTPUT_EXISTS, said
 	 * before anything is read past the inputs' headers. */
 	int force;
+	int read_back; /* 1: each chunk read back after its write and compared (arena_outfile_check) */
 } arena_convert_opts;
 
 /* Summary of a finished conversion. */

@@ -129,6 +129,7 @@ def convert(
     threads: Optional[int] = None,
     progress: Progress = None,
     force: bool = False,
+    read_back: bool = False,
 ) -> Dict[str, int]:
     """Convert a safetensors checkpoint into an arena image, as ``arena convert`` does.
 
@@ -147,6 +148,10 @@ def convert(
     progress: None (a tqdm bar when tqdm is installed and stderr is a terminal),
       True (a tqdm bar always), False (nothing), or ``f(done, total)`` in bytes,
       called from a thread of the library's; an exception it raises cancels.
+    read_back: read each chunk back from the disk after writing it and compare
+      (``arena convert --read-back``): the image comes out verified, its reads beside
+      the other chunks' writes rather than an :func:`verify` pass after them; bytes the
+      disk did not keep are an ``IO`` error, and nothing is written at ``out``.
 
     Returns ``file_size``, ``data_bytes``, ``stored_bytes``, ``chunk_count``,
     ``coded_chunks``, ``n_blocks``, ``n_tensors``. Raises :class:`arena.Error`
@@ -157,6 +162,7 @@ def convert(
     o, keep = _options(codec=codec, quant=quant, quant_include=quant_include, quant_exclude=quant_exclude,
                        block_patterns=block_patterns, block_order=block_order, chunk_size=chunk_size,
                        zstd_level=zstd_level, threads=threads, force=force)
+    o.read_back = 1 if read_back else 0
     info = _native.ConvertInfo()
     dst = os.fsencode(os.fspath(out))
 

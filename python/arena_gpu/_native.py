@@ -254,6 +254,7 @@ class ConvertOptions(Structure):
         ("progress", PROGRESS_FN),
         ("progress_ctx", c_void_p),
         ("force", c_int),
+        ("read_back", c_int),
     ]
 
 

@@ -282,6 +282,53 @@ class Cache(unittest.TestCase):
         with arena.open(e.image, device="sim") as a:
             self.assertEqual(len(a.blocks), 6)
 
+    def test_an_image_read_back_as_written_is_not_read_again(self) -> None:
+        """A make that wrote with read_back (each chunk compared with what the disk kept)
+        returns True: the entry checks the image's header, manifest and chunk table, not
+        every byte a second time; a damaged header is still caught, and leaves nothing."""
+        k = self.key(read_back=True)
+        verified: List[Path] = []
+        real = _cache._verify
+
+        def counting(path: Any, **kw: Any) -> Dict[str, Any]:
+            verified.append(Path(path))
+            return real(path, **kw)
+
+        def read_back(path: Path) -> bool:
+            arena.convert(self.src, path, progress=False, read_back=True)
+            return True
+
+        _cache._verify = counting
+        try:
+            e, _ = self.quiet_entry(k, make=read_back)
+            self.assertTrue(e.made)
+            self.assertEqual(verified, [])
+            doc = json.loads((e.dir / "entry.json").read_text())
+            self.assertTrue(doc["image"]["verified"])
+            self.assertEqual(doc["image"]["chunks"], arena.inspect(e.image)["layout"]["chunk_count"])
+            self.assertTrue(arena.verify(e.image, progress=False)["ok"])
+            e.release()
+            # a make that says it read back, but whose header is not what an image's is
+            k2 = self.key(read_back="damaged")
+
+            def damaged(path: Path) -> bool:
+                arena.convert(self.src, path, progress=False, read_back=True)
+                with open(path, "r+b") as f:
+                    f.seek(8)
+                    b = f.read(1)
+                    f.seek(8)
+                    f.write(bytes([b[0] ^ 1]))
+                return True
+
+            with self.assertRaises(arena.Error) as err:
+                self.quiet_entry(k2, make=damaged)
+            self.assertTrue(err.exception.code.startswith("IMG_"), err.exception.code)
+            self.assertEqual(verified, [])
+            self.assertNotIn(k2, self.names())
+            self.assertEqual([n for n in self.names() if n.startswith(".tmp")], [])
+        finally:
+            _cache._verify = real
+
     def test_an_error_or_ctrl_c_in_make_leaves_nothing(self) -> None:
         k = self.key()
 

@@ -144,6 +144,23 @@ class Files(unittest.TestCase):
         os.unlink(out)
         self.assertEqual(self.leftovers(), [])
 
+    def test_read_back(self) -> None:
+        """read_back=True (arena convert --read-back) writes the same image, each chunk
+        compared with what the disk kept as it was written."""
+        a, b = self.path("a.arena"), self.path("rb.arena")
+        ia = arena.convert(FLUX, a, chunk_size="64K", progress=False)
+        ib = arena.convert(FLUX, b, chunk_size="64K", progress=False, read_back=True)
+        self.assertEqual(ia, ib)
+        with open(a, "rb") as fa, open(b, "rb") as fb:
+            self.assertEqual(fa.read(), fb.read())
+        r = cli("convert", FLUX, "-o", self.path("c.arena"), "--read-back", "--chunk-size", "64K", "-q")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(a, "rb") as fa, open(self.path("c.arena"), "rb") as fc:
+            self.assertEqual(fa.read(), fc.read())
+        for p in ("a.arena", "rb.arena", "c.arena"):
+            os.unlink(self.path(p))
+        self.assertEqual(self.leftovers(), [])
+
     def test_bad_chunks(self) -> None:
         out = self.path("b.arena")
         arena.convert(FLUX, out, chunk_size="64K", progress=False)

@@ -3,7 +3,8 @@
  * that cancels and leaves nothing, an existing output replaced only when
  * forced, bad chunks described, the inspection's JSON; arena_writer: the
  * chunk table and data arena_convert makes (plain, quantized by rows and by
- * tensor, coded), its misuse refused and nothing left. */
+ * tensor, coded), its misuse refused and nothing left; a convert that reads
+ * each chunk back catches bytes the disk did not keep and leaves nothing. */
 #include <criterion/criterion.h>
 
 #include <jansson.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include "arena.h"
+#include "../../common/outfile.h"
 #include "../../convert/synth.h"
 #include "testutil.h"
 
@@ -101,6 +103,31 @@ Test(api_files, convert_verify_inspect)
 	cr_assert_eq(json_integer_value(json_object_get(json_object_get(d, "totals"), "tensors")), 126);
 	json_decref(d);
 	arena_string_free(NULL);
+}
+
+/* read_back: the image comes out whole and verifies, plain and coded; a chunk
+ * the disk gave back other than it was written (injected) is an IO error
+ * naming the byte, and nothing is left at the output. */
+Test(api_files, a_read_back_convert_catches_what_the_disk_did_not_keep)
+{
+	const char *in = fixture_path("tiny_flux.safetensors");
+	const char *out = tmpdir_file(dir, "rb.arena");
+	for (int coded = 0; coded < 2; coded++) {
+		arena_convert_options o = {.chunk_size = 64 << 10, .threads = 2, .read_back = 1,
+					   .codec = coded ? "zstd" : NULL, .force = 1};
+		arena_convert_info ci;
+		cr_assert_eq(arena_convert(&in, 1, out, &o, &ci), 0, "%s", arena_last_error());
+		cr_assert_gt(ci.chunk_count, 4);
+		cr_assert_eq(arena_verify(out, NULL, NULL), 0, "%s", arena_last_error());
+		cr_assert_eq(unlink(out), 0);
+		arena_fault_stored(3);
+		int rc = arena_convert(&in, 1, out, &o, NULL);
+		arena_fault_stored(0);
+		cr_assert_eq(rc, ARENA_E_IO, "coded %d: %s (%s)", coded, arena_err_name(rc), arena_last_error());
+		cr_assert(strstr(arena_last_error(), "differ from those written"), "%s", arena_last_error());
+		cr_assert_not(exists(out));
+		cr_assert_eq(dir_entries(dir), 0, "coded %d: a temporary was left", coded);
+	}
 }
 
 Test(api_files, options_are_checked)

@@ -311,7 +311,7 @@ def _corrupt(e: Error) -> bool:
     return e.code.startswith("IMG_")
 
 
-def cached_attach(target: Callable[[], Any], key: str, make: Callable[[Path], None], record: Mapping[str, Any],
+def cached_attach(target: Callable[[], Any], key: str, make: Callable[[Path], Optional[bool]], record: Mapping[str, Any],
                   cache: Optional[PathLike], label: str, attach_kwargs: Dict[str, Any],
                   before: Optional[Callable[[Path], None]] = None, compile: bool = False) -> Handle:
     """The cache's entry for ``key`` (made by ``make`` when missing), ``before(image)``
@@ -506,9 +506,11 @@ def from_pretrained(cls: Any, source: PathLike, *, subfolder: Optional[str] = No
               "class": cls.__name__, "source": str(source), "subfolder": subfolder}
     label = str(source) + (f" ({subfolder})" if subfolder else "")
 
-    def make(tmp: Path) -> None:
+    def make(tmp: Path) -> bool:
         _say(f"arena: converting {label} into the cache ({_fmt_size(size)})", progress)
-        convert(convert_src, tmp, quant=quant, codec=codec, progress=progress, force=True)
+        # read back as written: the entry is verified without a pass of its own after
+        convert(convert_src, tmp, quant=quant, codec=codec, progress=progress, force=True, read_back=True)
+        return True
 
     built: Dict[str, Any] = {}
 
