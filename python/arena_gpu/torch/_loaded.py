@@ -193,11 +193,13 @@ def offload(target: Any, *, vram: Any = None, cache: Optional[PathLike] = None, 
     box: Dict[str, Any] = {"tensors": (flat, groups)}
     del flat, groups
 
-    def make(tmp: Path) -> None:
+    def make(tmp: Path) -> bool:
         _say(f"arena: writing the {what}'s weights into the cache ({_fmt_size(size)})", progress)
         # (made again after a corrupt entry: from the modules, which a failed open left as they were)
         f, g = box.pop("tensors", None) or _flat(roots)
-        write_image(f, g, str(tmp), codec=codec, force=True, progress=progress)
+        # read back as written: the entry is verified without a pass of its own after
+        write_image(f, g, str(tmp), codec=codec, force=True, progress=progress, read_back=True)
+        return True
 
     def before(_image: Path) -> None:
         box.clear()  # the tensors referenced by the modules alone now: the attach lets them go

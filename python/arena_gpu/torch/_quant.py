@@ -605,9 +605,10 @@ def flatten(module: nn.Module, prefix: str = "", what: str = "save_image",
 
 
 def write_image(flat: Dict[str, torch.Tensor], groups: Dict[str, Any], path: str, *, codec: Optional[str] = None,
-                threads: int = 0, force: bool = False, progress: Any = False) -> None:
+                threads: int = 0, force: bool = False, progress: Any = False, read_back: bool = False) -> None:
     """What :func:`flatten` gave, as an arena image at ``path``: written to a temporary
-    safetensors file beside ``path`` (removed after) and converted by the library."""
+    safetensors file beside ``path`` (removed after) and converted by the library
+    (``read_back``: :func:`arena.convert`'s)."""
     from safetensors.torch import save_file
 
     d = os.path.dirname(os.path.abspath(path))
@@ -615,7 +616,7 @@ def write_image(flat: Dict[str, torch.Tensor], groups: Dict[str, Any], path: str
     os.close(fd)
     try:
         save_file(flat, tmp, metadata={"arena.subclass": json.dumps(groups)} if groups else None)
-        convert([tmp], path, codec=codec, threads=threads, force=force, progress=progress)
+        convert([tmp], path, codec=codec, threads=threads, force=force, progress=progress, read_back=read_back)
     finally:
         os.unlink(tmp)
 
@@ -640,8 +641,9 @@ def save_image(module: nn.Module, path: str, *, codec: Optional[str] = None, thr
 
 
 def convert(inputs: Sequence[str], out: str, *, codec: Optional[str] = None, threads: int = 0,
-            force: bool = False, progress: Any = False) -> None:
+            force: bool = False, progress: Any = False, read_back: bool = False) -> None:
     """``arena convert INPUTS -o OUT`` through the library (:func:`arena.convert`)."""
     from .. import convert as _convert
 
-    _convert(list(inputs), out, codec=codec, threads=threads or None, progress=progress, force=force)
+    _convert(list(inputs), out, codec=codec, threads=threads or None, progress=progress, force=force,
+             read_back=read_back)
