@@ -197,6 +197,8 @@ static void outfile_free(arena_outfile *f)
 	/* Closed after the unlink or rename: the lock guards the name until it is gone. */
 	if (f->dfd >= 0)
 		close(f->dfd);
+	if (f->rfd >= 0)
+		close(f->rfd);
 	if (f->fd >= 0)
 		close(f->fd);
 	arena_free(f->tmp_path);
@@ -237,7 +239,7 @@ int arena_outfile_create(const char *path, unsigned flags, arena_outfile **out)
 		return arena_errorf(ARENA_E_NOMEM, "%s: out of memory", path);
 	}
 	f->dir = dir;
-	f->fd = f->dfd = -1;
+	f->fd = f->dfd = f->rfd = -1;
 	int rc = 0;
 	struct stat st;
 	int exists = *base && stat(path, &st) == 0;
@@ -265,7 +267,13 @@ int arena_outfile_create(const char *path, unsigned flags, arena_outfile **out)
 	fchmod(f->fd, 0644);
 	char proc[64];
 	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", f->fd);
-	f->dfd = open(f->named ? f->tmp_path : proc, O_RDWR | O_DIRECT | O_CLOEXEC); /* -1: no direct I/O here */
+	f->dfd = open(f->named ? f->tmp_path : proc, O_WRONLY | O_DIRECT | O_CLOEXEC); /* -1: no direct I/O here */
+	/* Reads back without read-ahead: only the pages asked for, each already
+	 * written whole, so no page of a range another thread is still writing
+	 * with O_DIRECT is brought into the cache (its old bytes would stay). */
+	f->rfd = open(f->named ? f->tmp_path : proc, O_RDONLY | O_CLOEXEC);
+	if (f->rfd >= 0)
+		posix_fadvise(f->rfd, 0, 0, POSIX_FADV_RANDOM);
 	*out = f;
 	return 0;
 }
@@ -327,21 +335,17 @@ int arena_outfile_pwrite_direct(arena_outfile *f, const void *buf, size_t n, uin
 
 int arena_outfile_check(arena_outfile *f, void *scratch, const void *want, size_t n, uint64_t off)
 {
-	int fd = f->dfd >= 0 && !(((uintptr_t)scratch | n | off) % 4096) ? f->dfd : f->fd;
+	/* Through the page cache: after a direct write the pages come from the
+	 * disk, and stay cached for the reads that follow (the image's load). */
+	const int fd = f->rfd >= 0 ? f->rfd : f->fd;
 	for (size_t got = 0; got < n;) {
 		ssize_t r = arena__read_fault() ? (errno = EIO, -1) : pread(fd, (uint8_t *)scratch + got, n - got,
 									     (off_t)(off + got));
 		if (r < 0 && errno == EINTR)
 			continue;
-		if (r < 0 && errno == EINVAL && fd == f->dfd) { /* the filesystem refused this direct read */
-			fd = f->fd;
-			continue;
-		}
 		if (r <= 0)
 			return arena_syserrorf(ARENA_E_IO, r < 0 ? errno : EIO, "%s: reading back what was written at byte %llu failed",
 					       f->path, (unsigned long long)(off + got));
-		if (fd == f->dfd && r % 4096) /* a short direct read: finish it buffered */
-			fd = f->fd;
 		got += (size_t)r;
 	}
 	if (arena__fault_hit(&stored_fault))

@@ -35,6 +35,7 @@ typedef struct arena_outfile {
 	int named;      /* tmp_path exists and is this file */
 	int fd;
 	int dfd;        /* the temporary opened with O_DIRECT, or -1 */
+	int rfd;        /* the temporary opened to read back, without read-ahead, or -1 */
 	int keep;       /* ARENA_OUTFILE_NEW: an existing target is never replaced */
 	uint64_t size;  /* bytes appended with arena_outfile_write */
 } arena_outfile;
@@ -64,10 +65,11 @@ int arena_outfile_reserve(arena_outfile *f, uint64_t size);
  * threads then neither copy through the page cache nor queue on the file's
  * lock. Falls back to arena_outfile_pwrite otherwise. */
 int arena_outfile_pwrite_direct(arena_outfile *f, const void *buf, size_t n, uint64_t off);
-/* Read the n bytes at `off` back (with O_DIRECT where arena_outfile_pwrite_direct
- * would write them so: from the disk, not the page cache) into `scratch` and
- * compare them with `want`, the bytes written there: IO naming the first byte
- * that differs, or a read's IO error. */
+/* Read the n bytes at `off` back into `scratch` and compare them with `want`,
+ * the bytes written there: IO naming the first byte that differs, or a read's
+ * IO error. Bytes written with O_DIRECT come back from the disk, through the
+ * page cache (without read-ahead), which then holds them for the reads that
+ * follow. */
 int arena_outfile_check(arena_outfile *f, void *scratch, const void *want, size_t n, uint64_t off);
 
 /* Set the file's length (after a reserve larger than what was written). */
