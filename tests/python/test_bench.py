@@ -1,6 +1,8 @@
 """python -m arena_gpu.bench end to end on the simulated device (the flux-tiny layout);
 bench/gpu_wan_qwen.sh with bench/torch_wan_qwen.py and bench/wan_qwen_summary.py at
-the tiny configs of Wan and Qwen-Image on the CPU.
+the tiny configs of Wan and Qwen-Image on the CPU; bench/gpu_wan22.sh with
+bench/torch_wan22.py (the Wan 2.2 two-expert pipeline) and wan_qwen_summary.py --wan22
+at the tiny configs on the CPU.
 
     python tests/python/test_bench.py -v      (torch, diffusers, peft and arena installed)
 
@@ -409,6 +411,173 @@ class WanQwen(unittest.TestCase):
         self.assertFalse(rec["ok"])
         self.assertIn("[USAGE]", rec["error"])
         self.assertIn("give --image the BF16 one", rec["error"])
+
+
+# The Wan 2.2 pipeline's sets at the tiny configs on the CPU: a bf16 image (--quant none),
+# arena on its simulated device under a cap that streams both experts and without one,
+# then fp8_compute off at the cap, model offload (its hooks onto the CPU itself), resident.
+W22_ENV = dict(METER="none", ARGS="--tiny --device cpu", QUANT="none", ARENA_V="300K none", STEPS="6", VIDEOS="2")
+W22_NAMES = ["make", "arena-300K", "arena-none", "arena-300K-exact", "model-offload", "resident"]
+
+
+def boundary_step(steps: int, shift: float = 12.0, ratio: float = 0.875) -> int:
+    """Where the pipeline switches experts: the first timestep of Wan 2.2 A14B's scheduler
+    under ratio x 1000."""
+    import diffusers
+
+    s = diffusers.UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=shift)
+    s.set_timesteps(steps, device="cpu")
+    return next(i for i, t in enumerate(s.timesteps) if float(t) < ratio * 1000)
+
+
+@slow
+class Wan22(unittest.TestCase):
+    """bench/gpu_wan22.sh's sets at the tiny configs on the CPU, every run of
+    bench/torch_wan22.py a process of its own, and wan_qwen_summary.py --wan22's table."""
+
+    tmp: str
+    out: "subprocess.CompletedProcess[str]"
+    recs: List[Dict[str, Any]]
+    by: Dict[str, Dict[str, Any]]
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.tmp = tempfile.mkdtemp(prefix="arena-test-w22-")
+        env = dict(os.environ, PY=sys.executable, OUT=os.path.join(cls.tmp, "out"),
+                   IMAGE=os.path.join(cls.tmp, "wan22.arena"), **W22_ENV)
+        cls.out = subprocess.run(["sh", "bench/gpu_wan22.sh", "make", "arena", "offload", "resident"], cwd=ROOT,
+                                 env=env, capture_output=True, text=True, timeout=900)
+        with open(os.path.join(cls.tmp, "out", "wan22.jsonl")) as f:
+            cls.recs = [json.loads(ln) for ln in f if ln.strip()]
+        cls.by = {r["name"]: r for r in cls.recs}
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_runs(self) -> None:
+        """Every run, in order, a record each from a process of its own; the image is one
+        pipeline's, its names what attach binds."""
+        self.assertEqual(self.out.returncode, 0, self.out.stderr[-3000:])
+        self.assertEqual([r["name"] for r in self.recs], W22_NAMES, self.out.stderr[-3000:])
+        pids = [r["pid"] for r in self.recs]
+        self.assertEqual(len(set(pids)), len(pids))
+        for r in self.recs:
+            self.assertTrue(r["ok"], (r["name"], r.get("error")))
+            self.assertTrue(r["tiny"], r["name"])
+        info = arena.inspect(os.path.join(self.tmp, "wan22.arena"))
+        self.assertEqual({t["name"].split(".", 1)[0] for t in info["tensors"]},
+                         {"text_encoder", "transformer", "transformer_2", "vae"})
+        self.assertEqual({t["scheme"] for t in info["tensors"]}, {"none"})  # QUANT=none
+        blocks = [b["name"] for b in info["blocks"]]
+        for e in ("transformer", "transformer_2"):
+            self.assertEqual(sum(1 for b in blocks if b.startswith(e + ".blocks.")), 4, blocks)
+
+    def test_videos(self) -> None:
+        """Each run's videos: both experts ran, two calls a step (guidance's both passes),
+        the switch where boundary_ratio puts it; the figures there; the same latents in
+        every video; arena's latents the resident pipeline's bit for bit (bf16 image), and
+        model offload's."""
+        switch = boundary_step(6)
+        self.assertTrue(0 < switch < 6)
+        res = self.by["resident"]
+        self.assertGreater(res["out_abs_mean"], 0)
+        for name in W22_NAMES[1:]:
+            r = self.by[name]
+            self.assertEqual(r["experts"], ["transformer"] * switch + ["transformer_2"] * (6 - switch), name)
+            self.assertEqual((r["switch_step"], r["boundary_step"]), (switch, switch), name)
+            self.assertEqual(len(r["steps_s"]), 6, name)
+            self.assertTrue(all(s > 0 for s in r["steps_s"]), name)
+            self.assertEqual(len(r["videos_s"]), 2, name)
+            self.assertTrue(r["same_every_video"], name)
+            self.assertGreater(r["video_s"], r["denoise_s"], name)
+            self.assertAlmostEqual(r["denoise_s"], sum(r["steps_s"]), places=6)
+            per = r["per_expert"]
+            self.assertEqual((per["transformer"]["steps"], per["transformer_2"]["steps"]), (switch, 6 - switch))
+            self.assertAlmostEqual(r["switch_extra_s"], r["steps_s"][switch] - per["transformer_2"]["steady_median_s"])
+            self.assertEqual(r["out_hash"], res["out_hash"], name)
+            self.assertEqual(r["video_hash"], res["video_hash"], name)
+            self.assertGreater(r["setup_s"], 0, name)
+            self.assertGreater(r["host_peak_rss"], 0, name)
+
+    def test_arena(self) -> None:
+        """Under the cap both experts streamed and the simulated device's peak stayed in
+        it; each denoising step's records are its two passes; the switch moved the
+        low-noise expert's blocks in (its copies at the link recorded), the steps after it
+        nothing more; without a cap nothing moved."""
+        for name in ("arena-300K", "arena-300K-exact"):
+            r = self.by[name]
+            self.assertGreater(r["plan"]["n_streamed"], 0, name)
+            self.assertLessEqual(r["sim_peak_bytes"], arena.parse_size("300K"), name)
+            recs = r["step_records"]
+            self.assertEqual(len(recs), 6)
+            self.assertTrue(all(len(x["engine_steps"]) == 2 for x in recs[1:]), recs)
+            sw = r["switch_step"]
+            self.assertGreater(recs[sw]["moved_bytes"], 0, name)
+            self.assertEqual(r["switch_moved_bytes"], recs[sw]["moved_bytes"])
+            self.assertEqual(r["switch_copies_s"], r["switch_moved_bytes"] / r["h2d_bytes_per_s"])
+            self.assertTrue(any(d["why"] == "schedule" for d in r["switch_decisions"]), r["switch_decisions"])
+            self.assertFalse(r["fp8_native"])
+            self.assertTrue(r["bit_for_bit_with_resident"])
+        self.assertEqual(self.by["arena-300K-exact"]["fp8_compute"], "off")
+        free = self.by["arena-none"]
+        self.assertEqual(free["plan"]["n_streamed"], 0)
+        self.assertEqual(free["switch_moved_bytes"], 0)
+
+    def test_summary(self) -> None:
+        """The table: a row a run, its ratios to resident and model offload, the switch
+        and its copies, the peak against the cap, outputs against resident's."""
+        p = subprocess.run([sys.executable, str(ROOT / "bench" / "wan_qwen_summary.py"), "--wan22",
+                            os.path.join(self.tmp, "out", "wan22.jsonl")], capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        text = p.stdout
+        self.assertTrue(text.startswith("Image: "), text[:200])
+        heads = [ln for ln in text.splitlines() if ln.startswith("### ")]
+        self.assertEqual(heads, [f"### Wan 2.2 A14B pipeline (tiny), 32x32x5, 6 steps a video; resident "
+                                 f"{self.by['resident']['video_s']:.2f} s"])
+        rows = {ln.split(" | ")[0][2:]: ln.split(" | ") for ln in text.splitlines()
+                if ln.startswith("| ") and not ln.startswith("| run ")}
+        self.assertEqual(sorted(rows), sorted(W22_NAMES[1:]))
+        res, off = self.by["resident"], self.by["model-offload"]
+        switch = boundary_step(6)
+        for name, cells in rows.items():
+            r = self.by[name]
+            self.assertEqual(cells[3], f"{r['video_s']:.2f}", name)
+            self.assertEqual(cells[4], f"{r['video_s'] / res['video_s']:.3f}", name)
+            self.assertEqual(cells[5], f"{r['video_s'] / off['video_s']:.3f}", name)
+            self.assertEqual(cells[6], f"6 ({switch}/{6 - switch})", name)
+            self.assertEqual(cells[9], f"{switch} ({switch})", name)
+            self.assertEqual(cells[-1].rstrip(" |"), "-" if name == "resident" else "yes", name)
+        self.assertIn(", simulated)", rows["arena-300K"][11])
+        self.assertIn("(sim)", rows["arena-300K"][12])
+        self.assertEqual(rows["arena-300K"][13], "yes")
+        self.assertEqual(rows["arena-none"][13], "-")
+
+    def test_fp8_image(self) -> None:
+        """The default image: the experts' block Linears fp8-e4m3-row, the text encoder
+        bf16; resident and model offload compute with its values dequantized by arena's
+        rule, arena dequantizing at each bind gives their latents bit for bit (on the CPU
+        no FP8 products: fp8_compute's default dequantizes too), and they differ from the
+        bf16 image's."""
+        img = os.path.join(self.tmp, "fp8.arena")
+
+        def run(*args: str) -> Dict[str, Any]:
+            p = subprocess.run([sys.executable, str(ROOT / "bench" / "torch_wan22.py"), *args, "--image", img,
+                                "--tiny", "--device", "cpu"], capture_output=True, text=True, timeout=300)
+            self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+            rec: Dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
+            return rec
+
+        made = run("make")
+        self.assertEqual(made["image_schemes"], ["fp8-e4m3-row", "none"])
+        q = {t["name"].split(".", 1)[0] for t in arena.inspect(img)["tensors"] if t["scheme"] != "none"}
+        self.assertEqual(q, {"transformer", "transformer_2"})
+        res = run("resident")
+        self.assertNotEqual(res["out_hash"], self.by["resident"]["out_hash"])
+        for r in (run("arena", "--vram", "300K"), run("model-offload")):
+            self.assertEqual(r["out_hash"], res["out_hash"], r["run"])
+        with self.assertRaises(AssertionError):  # the image is there: make refuses to write over it
+            run("make")
 
 
 if __name__ == "__main__":

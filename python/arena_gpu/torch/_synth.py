@@ -26,7 +26,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -237,8 +237,8 @@ def _dtype_name(dt: torch.dtype) -> str:
 
 def synth_image(model: Any, path: PathLike, *, config: Union[None, Mapping[str, Any], PathLike] = None,
                 seed: int = 0, std: float = 0.02, dtype: torch.dtype = torch.bfloat16, quant: Optional[str] = None,
-                codec: Optional[str] = None, threads: Optional[int] = None, force: bool = False,
-                progress: Progress = None) -> nn.Module:
+                quant_include: Iterable[str] = (), quant_exclude: Iterable[str] = (), codec: Optional[str] = None,
+                threads: Optional[int] = None, force: bool = False, progress: Progress = None) -> nn.Module:
     """Write an arena image at ``path`` of ``model`` with random weights, a block at a
     time (no checkpoint on disk; host memory about one block), and return the model
     built on the meta device in the image's dtypes, ready for :func:`attach`.
@@ -257,8 +257,10 @@ def synth_image(model: Any, path: PathLike, *, config: Union[None, Mapping[str, 
       ``threads``.
     dtype: of the floating tensors, but those the library's ``from_pretrained(
       torch_dtype=dtype)`` keeps in float32 (``_keep_in_fp32_modules``).
-    quant, codec: as :func:`arena.convert` (``"fp8-e4m3-row"``: the image ``arena
-      convert --quant fp8-e4m3-row`` makes of the same values).
+    quant, quant_include, quant_exclude, codec: as :func:`arena.convert`
+      (``"fp8-e4m3-row"``: the image ``arena convert --quant fp8-e4m3-row`` makes of
+      the same values; ``quant_exclude=["text_encoder.*"]``: a pipeline's text
+      encoder left in ``dtype``).
     threads: for the values and the writer (default: one per CPU).
     force: replace a file at ``path`` (else OUTPUT_EXISTS, before any work).
     progress: None (a tqdm bar when installed and stderr is a terminal), True, False,
@@ -312,7 +314,8 @@ def synth_image(model: Any, path: PathLike, *, config: Union[None, Mapping[str, 
                                        "dtype": str(dtype).replace("torch.", ""), "piece": PIECE,
                                        "values": "normal(0, std); norm weights 1, norm biases 0; others 0"})}
     w = ImageWriter(path, {n: (_dtype_name(dt), shape) for n, (dt, shape) in spec_of.items()}, label=f"synth:{what}",
-                    metadata=meta, quant=quant, codec=codec, threads=nthreads, force=force)
+                    metadata=meta, quant=quant, quant_include=quant_include, quant_exclude=quant_exclude, codec=codec,
+                    threads=nthreads, force=force)
     bar = _Bar(progress, "synth")
     maker = _Maker(seed, float(std), nthreads)
     try:
