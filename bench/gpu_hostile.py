@@ -2,6 +2,7 @@
 
   python bench/gpu_hostile.py RUN --image F.arena [--vram V] [--share-card S] [--steps N]
                               [--hostile] [--leave SIZE] [--seed S] [--blocks N]
+                              [--squeeze SLACK] [--squeeze-at K [--squeeze-steps N]] [--grow-at K]
   python bench/gpu_hostile.py other --leave SIZE [--min 256M] [--max 8G] [--squeeze SLACK] [--seed S] [--stop FILE]
 
 RUN is sample or train: the FLUX.1-dev transformer (bench/torch_flux.py's model and inputs,
@@ -21,6 +22,12 @@ error counted as a failure, not retried), holds it 0.2-2 s, frees it and gives i
 the driver (torch.cuda.empty_cache). It writes its record (asks, successes, failures by
 size) when stopped. --squeeze SLACK: each ask is instead for all the free memory but SLACK, so
 that arena's own allocations run out inside a step (its out-of-memory retries, timed).
+--squeeze-at K (with --hostile): no random asks; the other program takes all the free memory
+but --squeeze (512M) right before step K and holds it for --squeeze-steps steps. With
+--grow-at K (a larger image from step K: a work arena has not seen, whose activations torch
+must allocate anew) it makes torch run out inside arena's forward at step K, for certain: the
+step is retried by arena (h.retries(), OomRetryWarning); compare with the same run without
+--hostile for the outputs.
 
 Prints one JSON line: steps_s, the outputs' hashes, failed steps and their errors, arena's
 retries (Handle.retries()), the OomRetryWarnings seen, the plan's decisions, each step
@@ -73,6 +80,27 @@ def other(a) -> None:
     print("ready", flush=True)
     while a.go and not os.path.exists(a.go) and not stop["now"]:
         time.sleep(0.01)
+    if a.hold:  # --squeeze-at: all the free memory but SLACK, taken and given back when told
+        rec["holds"] = []
+        held = None
+        while not stop["now"] and not (a.stop and os.path.exists(a.stop)):
+            want = os.path.exists(a.hold)
+            if want and held is None:
+                size = max(torch.cuda.mem_get_info()[0] - arena.parse_size(a.squeeze or "512M"), 1 << 20) & ~((1 << 20) - 1)
+                held = torch.empty(size, dtype=torch.uint8, device="cuda")
+                held[:: 1 << 20].fill_(1)
+                torch.cuda.synchronize()
+                rec["holds"].append({"bytes": size, "free_after": torch.cuda.mem_get_info()[0]})
+                open(a.hold + ".held", "w").close()
+            elif not want and held is not None:
+                del held
+                held = None
+                torch.cuda.empty_cache()
+                os.unlink(a.hold + ".held")
+            time.sleep(0.005)
+        with open(a.out, "w") as f:
+            json.dump(rec, f)
+        return
     while not stop["now"] and not (a.stop and os.path.exists(a.stop)):
         time.sleep(rng.uniform(0.05, 1.0))
         if stop["now"]:
@@ -126,12 +154,14 @@ def run(a) -> None:
         nv = None
     stop = tempfile.mktemp(prefix="hostile-stop-")
     go = tempfile.mktemp(prefix="hostile-go-")
+    hold = tempfile.mktemp(prefix="hostile-hold-")
     peer_out = tempfile.mktemp(prefix="hostile-", suffix=".json")
     peer = None
     if a.hostile:  # the ballast before arena plans: a smaller card; the random asks after step 0
         peer = subprocess.Popen([sys.executable, os.path.abspath(__file__), "other", "--leave", a.leave, "--min", a.min,
                                  "--max", a.max, "--seed", str(a.seed), "--stop", stop, "--go", go, "--out", peer_out]
-                                + (["--squeeze", a.squeeze] if a.squeeze else []),
+                                + (["--squeeze", a.squeeze] if a.squeeze else [])
+                                + (["--hold", hold] if a.squeeze_at is not None else []),
                                 stdout=subprocess.PIPE, text=True)
         if peer.stdout.readline().strip() != "ready":
             sys.exit("gpu_hostile.py: the other program did not start")
@@ -146,6 +176,13 @@ def run(a) -> None:
     h = at.attach(m, a.image, mode="train" if train else "sample", device="cuda", **kw)
     res["setup_s"] = time.perf_counter() - t0
     x = tf.inputs()
+    grown = None
+    if a.grow_at is not None:  # a larger image from step K: a work whose activations arena has not seen
+        from arena_gpu.bench._flux import LAYOUTS, Device, inputs as _inputs
+        import dataclasses
+
+        grown = _inputs(dataclasses.replace(LAYOUTS["flux-dev"], image_tokens=a.grow_tokens), Device("cuda"), 0)
+    cur = {"x": x}
     if train:
         tf.add_lora(m)
         m.enable_gradient_checkpointing()
@@ -155,7 +192,7 @@ def run(a) -> None:
 
         def step() -> str:
             opt.zero_grad(set_to_none=True)
-            loss = m(**x).sample.float().square().mean()
+            loss = m(**cur["x"]).sample.float().square().mean()
             loss.backward()
             opt.step()
             return digest(loss)
@@ -163,7 +200,7 @@ def run(a) -> None:
 
         def step() -> str:
             with torch.no_grad():
-                return digest(m(**x).sample)
+                return digest(m(**cur["x"]).sample)
 
     seen: list = []
     warnings.simplefilter("always", arena.OomRetryWarning)
@@ -176,9 +213,24 @@ def run(a) -> None:
 
     warnings.showwarning = show
     hashes, times, failed, used = [], [], [], []
+    def wait_for(path: str, there: bool) -> None:
+        t = time.perf_counter()
+        while os.path.exists(path) != there:
+            if time.perf_counter() - t > 60:
+                sys.exit(f"gpu_hostile.py: the other program did not {'take' if there else 'give back'} its hold")
+            time.sleep(0.005)
+
     for i in range(a.steps):
         if i == 1 and peer is not None:
             open(go, "w").close()
+        if grown is not None and i == a.grow_at:
+            cur["x"] = grown
+        if peer is not None and a.squeeze_at is not None and i == a.squeeze_at:
+            open(hold, "w").close()
+            wait_for(hold + ".held", True)
+        if peer is not None and a.squeeze_at is not None and i == a.squeeze_at + a.squeeze_steps:
+            os.unlink(hold)
+            wait_for(hold + ".held", False)
         torch.cuda.synchronize()
         t1 = time.perf_counter()
         try:
@@ -197,7 +249,7 @@ def run(a) -> None:
         peer.wait(timeout=60)
         with open(peer_out) as f:
             res["other"] = json.load(f)
-        for f in (peer_out, stop, go):
+        for f in (peer_out, stop, go, hold, hold + ".held"):
             if os.path.exists(f):
                 os.unlink(f)
     res["steps_s"] = [round(t, 4) for t in times]
@@ -238,6 +290,16 @@ def main() -> None:
                          "allocations run out mid-step, and its retries are what keep the run going")
     ap.add_argument("--stop", default=None, help="other: stop when this file appears")
     ap.add_argument("--go", default=None, help="other: begin the random asks when this file appears")
+    ap.add_argument("--hold", default=None, help="other: hold all the free memory but --squeeze while this file is "
+                                                  "there (FILE.held says it is held), instead of random asks")
+    ap.add_argument("--squeeze-at", type=int, default=None, metavar="K",
+                    help="with --hostile: the other program takes all the free memory but --squeeze (default 512M) "
+                         "right before step K and gives it back after --squeeze-steps steps, instead of random asks")
+    ap.add_argument("--squeeze-steps", type=int, default=3)
+    ap.add_argument("--grow-at", type=int, default=None, metavar="K",
+                    help="from step K the image is larger (--grow-tokens image tokens): a work arena has not seen, "
+                         "whose activations need memory its first steps did not")
+    ap.add_argument("--grow-tokens", type=int, default=6400, help="image tokens from --grow-at (6400: 1280x1280)")
     ap.add_argument("--out", default=None, help="other: its record")
     a = ap.parse_args()
     if a.run == "other":
