@@ -37,7 +37,8 @@ def detail(d: dict) -> None:
         return
     print("  budget GiB", [round(x.get("budget", 0) / G, 2) for x in r], "over", [x.get("over_budget") for x in r])
     print("  demotions", [x.get("demotions", 0) for x in r], "promotions", [x.get("promotions", 0) for x in r],
-          "move_s", [round(x.get("move_s", 0) or 0, 3) for x in r])
+          "move_s", [round(x.get("move_s", 0) or 0, 3) for x in r],
+          "promoted GB", [round((x.get("promoted_bytes", 0) or 0) / 1e9, 2) for x in r])
     print("  moved GB", [round(x.get("moved_bytes", 0) / 1e9, 2) for x in r], "stall s", [round(x.get("stall_s", 0) or 0, 3) for x in r])
     print("  disk GB", [round(x.get("disk_bytes", 0) / 1e9, 2) for x in r],
           "disk wait s", [round(x.get("disk_wait_s", 0) or 0, 3) for x in r])
