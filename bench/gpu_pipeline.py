@@ -30,8 +30,9 @@ RUN, one process each (run it under bench/vram_peak.py for the process's
   steps, default 28, guidance 3.5, the prompt through both text encoders,
   the VAE decode; wall clock, the device synchronized after each denoising
   step, whose end goes to stderr as it happens), the set-up seconds,
-  torch's peak, the host's peak RSS; for arena, the plan and per-component
-  step records.
+  torch's peak, the host's peak RSS; for arena, the plan, per-component
+  step records (what each step end moved, read and prepared) and the plan's
+  decisions.
 Needs a GPU, torch, diffusers and transformers, the arena package. The
 tokenizers are word-level ones saved with the pipeline (no downloads): the
 text encoders run on every position of 77 and 512 tokens as with the real
@@ -206,7 +207,10 @@ def run(kind: str, d: str, image: str, vram, n_images: int, steps: int, cache=No
         h.end_step()
         st = h.stats()
         res["records"] = [{k: r.get(k) for k in ("mode", "streamed_bytes", "moved_bytes", "misses", "stalls",
-                                                   "resident_bytes", "end_s")} for r in st]
+                                                   "resident_bytes", "end_s", "move_s", "promotions", "demotions",
+                                                   "promoted_bytes", "host_read_bytes", "prepared_bytes",
+                                                   "disk_bytes")} for r in st]
+        res["decisions"] = h.decisions()
         res["memory"] = h.arena.memory()
         h.detach()
     return res
