@@ -296,7 +296,7 @@ class ImageWriter:
                  quant: Optional[str] = None, quant_include: Iterable[str] = (), quant_exclude: Iterable[str] = (),
                  block_patterns: Iterable[str] = (), block_order: Iterable[str] = (),
                  chunk_size: Union[int, str, None] = None, zstd_level: Optional[int] = None,
-                 threads: Optional[int] = None, force: bool = False):
+                 threads: Optional[int] = None, force: bool = False, read_back: bool = False):
         from ._dtypes import element_bits
 
         self._w: Optional[int] = None
@@ -320,6 +320,7 @@ class ImageWriter:
         o, keep = _options(codec=codec, quant=quant, quant_include=quant_include, quant_exclude=quant_exclude,
                            block_patterns=block_patterns, block_order=block_order, chunk_size=chunk_size,
                            zstd_level=zstd_level, threads=threads, force=force)
+        o.read_back = 1 if read_back else 0
         self.path = os.fspath(out)
         w = ctypes.c_void_p()
         rc = _native.lib.arena_writer_open(os.fsencode(self.path), json.dumps(header).encode(), label.encode(),

@@ -8,8 +8,8 @@ shape and bytes (the bytes hashed on a few threads, a tensor each, hashlib
 releasing the GIL), and each component's class and config, so that the same
 weights loaded again in another process find the image made before, and any
 changed weight makes another. The image is written from the tensors as they
-are (a temporary safetensors file beside it in the cache, converted by the
-library, removed); then the tensors are let go before the attach, which
+are (the library's streaming writer, a block at a time, each chunk read back
+as written); then the tensors are let go before the attach, which
 replaces every parameter and buffer the image holds, and the allocator gives
 the freed memory back to the system (glibc's ``malloc_trim``).
 """

@@ -31,7 +31,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import tempfile
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
@@ -605,20 +604,37 @@ def flatten(module: nn.Module, prefix: str = "", what: str = "save_image",
 
 
 def write_image(flat: Dict[str, torch.Tensor], groups: Dict[str, Any], path: str, *, codec: Optional[str] = None,
-                threads: int = 0, force: bool = False, progress: Any = False, read_back: bool = False) -> None:
-    """What :func:`flatten` gave, as an arena image at ``path``: written to a temporary
-    safetensors file beside ``path`` (removed after) and converted by the library
-    (``read_back``: :func:`arena.convert`'s)."""
-    from safetensors.torch import save_file
+                threads: int = 0, force: bool = False, progress: Any = False, read_back: bool = False,
+                label: str = "tensors in memory") -> None:
+    """What :func:`flatten` gave, as an arena image at ``path``, written by the library's
+    streaming writer (:class:`arena.ImageWriter`) from the tensors where they are, a
+    block at a time: no safetensors file on the way, nothing copied but each chunk. The
+    image is what ``arena convert`` makes of the same tensors saved to safetensors
+    (the ``arena.subclass`` metadata with them); its manifest names ``label`` as the
+    source. ``read_back``: :func:`arena.convert`'s."""
+    from .. import ImageWriter
+    from .._files import _Bar
 
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".arena-save-", suffix=".safetensors", dir=d)
-    os.close(fd)
+    spec: Dict[str, Tuple[str, Sequence[int]]] = {n: (_ARENA_DTYPES[t.dtype], tuple(t.shape))
+                                                  for n, t in flat.items()}
+    meta = {"arena.subclass": json.dumps(groups)} if groups else None
+    w = ImageWriter(path, spec, label=label, metadata=meta, codec=codec, threads=threads or None, force=force,
+                    read_back=read_back)
+    bar = _Bar(progress, "write")
     try:
-        save_file(flat, tmp, metadata={"arena.subclass": json.dumps(groups)} if groups else None)
-        convert([tmp], path, codec=codec, threads=threads, force=force, progress=progress, read_back=read_back)
+        done = 0
+        for _block, names in w.blocks:
+            for name in names:
+                t = flat[name]
+                n = w.nbytes(name)
+                w.put(name, t.data_ptr() if n else 0, n)
+                done += n
+            if bar.fn is not None:
+                bar.fn(done, w.total_bytes)
+        w.finish()
     finally:
-        os.unlink(tmp)
+        w.abort()
+        bar.close()
 
 
 def save_image(module: nn.Module, path: str, *, codec: Optional[str] = None, threads: int = 0,
@@ -627,8 +643,8 @@ def save_image(module: nn.Module, path: str, *, codec: Optional[str] = None, thr
     are, tensor subclasses (a model quantized with torchao's ``quantize_``, or
     optimum-quanto's ``quantize`` and ``freeze``) as ``torch-subclass`` tensors of
     their inner tensors. The image is what ``arena convert`` makes of the same
-    weights saved to safetensors in arena's convention: they are written to a
-    temporary file beside ``path`` (removed after) and converted by the library.
+    weights saved to safetensors in arena's convention, written by the library's
+    streaming writer from the tensors where they are (no file on the way).
     codec: None, "hb4" or "zstd" (``arena convert --codec``). A file at ``path`` is
     replaced only with ``force=True`` (as :func:`arena.convert`). Raises arena.Error:
     OUTPUT_EXISTS (a file at ``path``, before anything is written); USAGE naming a
@@ -637,7 +653,8 @@ def save_image(module: nn.Module, path: str, *, codec: Optional[str] = None, thr
     if not force and os.path.lexists(path):  # said before the tensors are copied and written
         raise Error("OUTPUT_EXISTS", f"{path}: exists; force=True replaces it")
     flat, groups = flatten(module)
-    write_image(flat, groups, path, codec=codec, threads=threads, force=force)
+    write_image(flat, groups, path, codec=codec, threads=threads, force=force,
+                label=f"{type(module).__name__}'s weights")
 
 
 def convert(inputs: Sequence[str], out: str, *, codec: Optional[str] = None, threads: int = 0,
