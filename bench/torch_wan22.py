@@ -99,7 +99,7 @@ from arena_gpu.bench._flux import Device, link_rate, median
 # Wan 2.1 T2V 14B's transformer config (each expert's), the process's peak device
 # memory, the digest of tensors and the process's resident memory by kind: those of
 # bench/torch_wan_qwen.py (one process a run, as there).
-from torch_wan_qwen import SIM_LINK, WAN_14B, DevPeak, digest, rss_parts  # noqa: E402
+from torch_wan_qwen import SIM_LINK, WAN_14B, DevPeak, digest, image_dtypes, read_image, rss_parts  # noqa: E402
 
 COMPONENTS = ("text_encoder", "transformer", "transformer_2", "vae")
 EXPERTS = ("transformer", "transformer_2")
@@ -186,14 +186,6 @@ def pipeline(comps: Dict[str, torch.nn.Module], text: int, flow_shift: float) ->
     return pipe
 
 
-def image_dtypes(image: str) -> Dict[str, torch.dtype]:
-    from pathlib import Path
-
-    from arena_gpu.torch._pretrained import _image_dtypes
-
-    return _image_dtypes(Path(image))
-
-
 def in_image_dtypes(comps: Dict[str, torch.nn.Module], image: str) -> None:
     """Each component's tensors in the dtypes the image holds them in."""
     from arena_gpu.torch._pretrained import _set_dtypes
@@ -203,53 +195,10 @@ def in_image_dtypes(comps: Dict[str, torch.nn.Module], image: str) -> None:
         _set_dtypes(m, name + ".", dtypes)
 
 
-def read_image(image: str, to: torch.device) -> Dict[str, torch.Tensor]:
-    """Every tensor of ``image`` as a torch tensor of its own on ``to``, read a block at a
-    time through arena on its simulated device (a few blocks of host memory); a quantized
-    tensor dequantized to its original dtype by arena's rule (``Arena.dequantize``: the
-    values arena computes with when it dequantizes at a bind)."""
-    import arena_gpu as arena
-
-    info = arena.inspect(image)
-    blocks = info["blocks"]
-    big = max(b["bytes"] for b in blocks)
-    glob = sum(b["bytes"] for b in blocks if b["container"] is None)
-    out: Dict[str, torch.Tensor] = {}
-    a = arena.open(image, device="sim", sim_capacity=glob + 4 * big, reserve=0, headroom=0, piece_size=0,
-                   host_budget=3 * big + (256 << 20), plain_stream=True)
-    try:
-        by_block: Dict[int, List[Any]] = {}
-        for n in a.tensor_names():
-            t = a.tensor_info(n)
-            by_block.setdefault(t.block, []).append(t)
-        from arena_gpu._dtypes import torch_dtype
-
-        a.step_begin()
-        for b in a.blocks:
-            if not b.nbytes:
-                continue
-            resident, dev_addr, _ = a.block_state(b.index)
-            addr = dev_addr if resident else a.acquire(b.index)
-            views = a.views(a.slab(b.index, addr, "device"), b.index)
-            for t in by_block.get(b.index, []):
-                if t.scheme == "none":
-                    out[t.name] = views[t.name].to(to, copy=True)
-                else:
-                    v = torch.empty(t.shape, dtype=torch_dtype(t.dtype))
-                    a.dequantize(t.name, addr, v)
-                    out[t.name] = v.to(to)
-            if not resident:
-                a.release(b.index)
-        a.step_end()
-    finally:
-        a.close()
-    return out
-
-
 def load_components(comps: Dict[str, torch.nn.Module], image: str, to: torch.device) -> None:
     """Each component's parameters (on meta) assigned the image's tensors on ``to``
     (tied ones bound again), its buffers moved there."""
-    sd = read_image(image, to)
+    sd = read_image(image, to, dequantize=True)
     for name, m in comps.items():
         mine = {k[len(name) + 1:]: v for k, v in sd.items() if k.startswith(name + ".")}
         _, unexpected = m.load_state_dict(mine, strict=False, assign=True)

@@ -191,14 +191,18 @@ def image_dtypes(image: str) -> Dict[str, torch.dtype]:
     return _image_dtypes(Path(image))
 
 
-def read_image(image: str, to: torch.device) -> Dict[str, torch.Tensor]:
+def read_image(image: str, to: torch.device, dequantize: bool = False) -> Dict[str, torch.Tensor]:
     """Every tensor of ``image`` as a torch tensor of its own on ``to``, read a block at a
     time: arena on its simulated device holding the first blocks and a ring of a few,
-    the rest read from the image through host copies of at most a few blocks."""
+    the rest read from the image through host copies of at most a few blocks. A
+    quantized image is refused, unless ``dequantize``: each quantized tensor then in its
+    original dtype by arena's rule (``Arena.dequantize``: the values arena computes
+    with when it dequantizes at a bind)."""
     import arena_gpu as arena
+    from arena_gpu._dtypes import torch_dtype
 
     info = arena.inspect(image)
-    if info["totals"].get("quantized_tensors"):
+    if info["totals"].get("quantized_tensors") and not dequantize:
         raise arena.Error("USAGE", f"{image}: a quantized image; plain and diffusers runs take the BF16 image "
                                    f"(the resident baseline): give --image the BF16 one")
     blocks = info["blocks"]
@@ -208,14 +212,24 @@ def read_image(image: str, to: torch.device) -> Dict[str, torch.Tensor]:
     a = arena.open(image, device="sim", sim_capacity=glob + 4 * big, reserve=0, headroom=0, piece_size=0,
                    host_budget=3 * big + (256 << 20), plain_stream=True)
     try:
+        by_block: Dict[int, List[Any]] = {}
+        for n in a.tensor_names():
+            t = a.tensor_info(n)
+            by_block.setdefault(t.block, []).append(t)
         a.step_begin()
         for b in a.blocks:
             if not b.nbytes:
                 continue
             resident, dev_addr, _ = a.block_state(b.index)
             addr = dev_addr if resident else a.acquire(b.index)
-            for k, v in a.views(a.slab(b.index, addr, "device"), b.index).items():
-                out[k] = v.to(to, copy=True)
+            views = a.views(a.slab(b.index, addr, "device"), b.index)
+            for t in by_block.get(b.index, []):
+                if t.scheme == "none":
+                    out[t.name] = views[t.name].to(to, copy=True)
+                else:
+                    v = torch.empty(t.shape, dtype=torch_dtype(t.dtype))
+                    a.dequantize(t.name, addr, v)
+                    out[t.name] = v.to(to)
             if not resident:
                 a.release(b.index)
         a.step_end()
