@@ -84,7 +84,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import resource
 import sys
@@ -99,7 +98,8 @@ from arena_gpu.bench._flux import Device, link_rate, median
 # Wan 2.1 T2V 14B's transformer config (each expert's), the process's peak device
 # memory, the digest of tensors and the process's resident memory by kind: those of
 # bench/torch_wan_qwen.py (one process a run, as there).
-from torch_wan_qwen import SIM_LINK, WAN_14B, DevPeak, digest, image_dtypes, read_image, rss_parts  # noqa: E402
+from torch_wan_qwen import (SIM_LINK, WAN_14B, DevPeak, digest, image_dtypes, read_image, recorded,  # noqa: E402
+                            rss_parts)
 
 COMPONENTS = ("text_encoder", "transformer", "transformer_2", "vae")
 EXPERTS = ("transformer", "transformer_2")
@@ -567,21 +567,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     rec: Dict[str, Any] = {"harness": "torch_wan22", "run": a.run, "tiny": a.tiny, "device": a.device,
                            "pid": os.getpid(), "vram": None if a.vram in (None, "none") else a.vram,
                            "fp8_compute": a.fp8_compute, "ok": False}
-    try:
-        if a.run == "make":
-            make(a, rec)
-        else:
-            run(a, rec)
-    except Exception as e:  # noqa: BLE001 - any failure is the run's result, said in its record
-        import traceback
-
-        traceback.print_exc()
-        rec["error"] = " ".join(f"{type(e).__name__}: {e}".split())
-        print(json.dumps(rec), flush=True)
-        return 1
-    rec["ok"] = "skipped" not in rec
-    print(json.dumps(rec), flush=True)
-    return 0
+    return recorded(lambda: (make if a.run == "make" else run)(a, rec), rec)
 
 
 if __name__ == "__main__":

@@ -374,8 +374,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     rec: Dict[str, Any] = {"run": a.run, "model": a.model, "tiny": a.tiny, "device": a.device, "pid": os.getpid(),
                            "vram": None if a.vram in (None, "none") else a.vram, "fp8_compute": a.fp8_compute,
                            "offload_saved": a.offload_saved, "piece_size": a.piece_size, "ok": False}
+    return recorded(lambda: run(a, rec), rec)
+
+
+def recorded(work: Callable[[], None], rec: Dict[str, Any]) -> int:
+    """``work()`` and then ``rec`` printed as the run's JSON line: ``ok`` unless it raised
+    (the error in the record, exit status 1) or said it was ``skipped``."""
     try:
-        run(a, rec)
+        work()
     except Exception as e:  # noqa: BLE001 - any failure is the run's result, said in its record
         import traceback
 
@@ -383,7 +389,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         rec["error"] = " ".join(f"{type(e).__name__}: {e}".split())
         print(json.dumps(rec), flush=True)
         return 1
-    rec["ok"] = True
+    rec["ok"] = "skipped" not in rec
     print(json.dumps(rec), flush=True)
     return 0
 

@@ -352,9 +352,8 @@ void arena_model_host_seal(arena_model *m, uint32_t b)
 	mprotect(host_copy(bm), len, PROT_READ); /* best effort: the bytes are right either way */
 }
 
-/* Drop block b's host copy: unpinned, then unmapped (a mapping of its own)
- * or its pages discarded (in the shared mapping, whose slabs start and end
- * on ARENA_SLAB_ALIGN, a multiple of the page: the pages are its own). */
+/* Block b's host copy out of the model now (host, wire, the counts); what
+ * is left to do goes to *d (nothing where b has no copy). */
 void arena_model_host_release_later(arena_model *m, uint32_t b, arena_host_drop *d)
 {
 	arena_block_mem *bm = &m->mem[b];
@@ -377,6 +376,9 @@ void arena_model_host_release_later(arena_model *m, uint32_t b, arena_host_drop 
 	bm->own_host = 0;
 }
 
+/* The memory given back: unpinned, then unmapped (a mapping of its own) or
+ * its pages discarded (in the shared mapping, whose slabs start and end on
+ * ARENA_SLAB_ALIGN, a multiple of the page: the pages are its own). */
 void arena_model_host_drop_do(arena_pin_budget *budget, arena_backend *be, const arena_host_drop *d)
 {
 	if (!d->p)
@@ -389,29 +391,12 @@ void arena_model_host_drop_do(arena_pin_budget *budget, arena_backend *be, const
 		madvise(d->p, d->len, MADV_DONTNEED); /* best effort: the memory is unused either way */
 }
 
+/* Drop block b's host copy now: both halves on this thread. */
 static void host_drop(arena_model *m, uint32_t b)
 {
-	arena_block_mem *bm = &m->mem[b];
-	uint8_t *p = host_copy(bm);
-	const uint64_t len = arena_model_host_len(m, b);
-	if (bm->pinned) {
-		arena_pin_budget_unregister(m->budget, m->backend, p, len);
-		m->pinned_bytes -= len;
-		bm->pinned = 0;
-	}
-	if (bm->own_host)
-		munmap(p, len);
-	else
-		madvise(p, len, MADV_DONTNEED); /* best effort: the memory is unused either way */
-	if (bm->wire) {
-		m->host_bytes -= bm->wire->cap;
-		arena_wire_free(bm->wire);
-		bm->wire = NULL;
-	} else {
-		m->host_bytes -= m->layout->blocks[b].bytes;
-		bm->host = NULL;
-	}
-	bm->own_host = 0;
+	arena_host_drop d;
+	arena_model_host_release_later(m, b, &d);
+	arena_model_host_drop_do(m->budget, m->backend, &d);
 }
 
 void arena_model_host_discard(arena_model *m, uint32_t b)

@@ -99,15 +99,7 @@ int arena__engine_demote(arena_engine *e, uint32_t b)
 	return 0;
 }
 
-/* release_host: the host copies of blocks on the device for good go back to
- * the OS (promoted at an earlier step end: the copy from them is done by
- * now, synced to be sure), unless the caller keeps them or a schedule
- * change moved them (switch_set: the next change moves them back, and
- * demoted then without a host copy they would be read from the image
- * again at every switch); ensure_host reads one again if the block is
- * streamed later. (On the H200, 2026-12-02, a
- * sampling run's RSS grew from 17.2 to 20.8 GiB after a move promoted 45
- * pieces, whose host copies stayed.) */
+/* The reaper: the unpinning and unmapping a step end's release_hosts left. */
 static void *reap_thread(void *arg)
 {
 	struct reaper *r = arg;
@@ -125,7 +117,16 @@ void arena__engine_reap_wait(arena_engine *e)
 	r->n_drops = 0;
 }
 
-/* The copies go out of the model here; their unpinning and unmapping (or
+/* release_host: the host copies of blocks on the device for good go back to
+ * the OS (promoted at an earlier step end: the copy from them is done by
+ * now, synced to be sure), unless the caller keeps them or a schedule
+ * change moved them (switch_set: the next change moves them back, and
+ * demoted then without a host copy they would be read from the image
+ * again at every switch); ensure_host reads one again if the block is
+ * streamed later. (On the H200, 2026-12-02, a
+ * sampling run's RSS grew from 17.2 to 20.8 GiB after a move promoted 45
+ * pieces, whose host copies stayed.)
+ * The copies go out of the model here; their unpinning and unmapping (or
  * the pages discarded) on the reaper's thread, during the step after. */
 int arena__engine_release_hosts(arena_engine *e)
 {

@@ -947,11 +947,12 @@ typedef struct arena_convert_options {
 	 * OUTPUT_EXISTS, said before the conversion starts (`arena convert
 	 * --force`, Python's force=True). */
 	int force;
-	/* 1: each chunk is read back after it is written (from the disk: O_DIRECT
-	 * where the filesystem has it) and compared with what was written, so
-	 * the image comes out verified, its reads beside the other chunks' writes
-	 * rather than a pass of their own after them (arena.cache's entries);
-	 * 0: not read back (`arena verify` checks an image later). */
+	/* 1: each chunk is read back after it is written (from the disk, after a
+	 * direct write; through the page cache, which keeps it for the load that
+	 * follows) and compared with what was written, so the image comes out
+	 * verified, its reads beside the other chunks' writes rather than a pass
+	 * of their own after them (arena.cache's entries); 0: not read back
+	 * (`arena verify` checks an image later). */
 	int read_back;
 } arena_convert_options;
 

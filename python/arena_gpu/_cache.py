@@ -483,8 +483,8 @@ def _plain(v: Any, what: str) -> Any:
         raise Error("USAGE", f"{what}: not JSON-able ({e}); give strings, numbers, bools, None, lists and dicts") from None
 
 
-def entry(key: str, make: Callable[[Path], Optional[bool]], *, record: Mapping[str, Any], cache: Optional[PathLike] = None,
-          label: str = "") -> CacheEntry:
+def entry(key: str, make: Callable[[Path], Optional[bool]], *, record: Mapping[str, Any],
+          cache: Optional[PathLike] = None, label: str = "") -> CacheEntry:
     """The cache's entry for ``key``, made by ``make`` when it is not there whole.
 
     An entry there and whole (:func:`_check`'s cheap checks) is returned (``made=False``)
@@ -492,14 +492,15 @@ def entry(key: str, make: Callable[[Path], Optional[bool]], *, record: Mapping[s
     for it meanwhile waits, then finds it): a damaged entry is removed (one whose image's
     modification time moved is verified again first, and kept if it verifies), folders left
     by a killed maker are removed, ``make(path)`` writes the image at ``path`` (in a
-    temporary folder), :func:`arena.verify` checks every byte of it (or, where ``make``
-    returns True because it wrote the image with ``read_back``, each chunk already read back
-    from the disk and compared as it was written, the header, manifest and chunk table's
-    checksums), its record is written, and the folder is renamed into place: whole or not at all (an exception or Ctrl-C in
-    ``make`` or after leaves no entry and no temporary folder). One line on stderr says what
-    was cached where. ``record``: JSON-able facts kept in ``entry.json`` (``sources``, a list
-    of paths, and ``options`` are what ``arena cache list`` shows); ``label`` names the
-    entry in messages. The entry returned is held in use until released (:class:`CacheEntry`).
+    temporary folder), :func:`arena.verify` checks every byte of it (where ``make`` returns
+    True, having written with ``read_back``: each chunk was read back from the disk and
+    compared as it was written, and only the header, manifest and chunk table's checksums
+    are checked), its record is written, and the folder is renamed into place: whole or not
+    at all (an exception or Ctrl-C in ``make`` or after leaves no entry and no temporary
+    folder). One line on stderr says what was cached where. ``record``: JSON-able facts kept
+    in ``entry.json`` (``sources``, a list of paths, and ``options`` are what ``arena cache
+    list`` shows); ``label`` names the entry in messages. The entry returned is held in use
+    until released (:class:`CacheEntry`).
     """
     _check_key(key)
     rec = _plain(dict(record), "record")

@@ -161,8 +161,7 @@ def convert(
     ins = (ctypes.c_char_p * max(1, len(srcs)))(*[os.fsencode(os.fspath(s)) for s in srcs])
     o, keep = _options(codec=codec, quant=quant, quant_include=quant_include, quant_exclude=quant_exclude,
                        block_patterns=block_patterns, block_order=block_order, chunk_size=chunk_size,
-                       zstd_level=zstd_level, threads=threads, force=force)
-    o.read_back = 1 if read_back else 0
+                       zstd_level=zstd_level, threads=threads, force=force, read_back=read_back)
     info = _native.ConvertInfo()
     dst = os.fsencode(os.fspath(out))
 
@@ -183,7 +182,7 @@ def _info(info: Any) -> Dict[str, int]:
 def _options(*, codec: Optional[str], quant: Optional[str], quant_include: Iterable[str],
              quant_exclude: Iterable[str], block_patterns: Iterable[str], block_order: Iterable[str],
              chunk_size: Union[int, str, None], zstd_level: Optional[int], threads: Optional[int],
-             force: bool) -> Tuple[Any, List[Any]]:
+             force: bool, read_back: bool = False) -> Tuple[Any, List[Any]]:
     """arena_convert_options of these, and what they point at (to keep alive through the call)."""
     o = _native.ConvertOptions()
     keep: List[Any] = []
@@ -202,6 +201,7 @@ def _options(*, codec: Optional[str], quant: Optional[str], quant_include: Itera
         raise ValueError(f"threads: {threads!r}: a whole number, 1 or more")
     o.threads = 0 if threads is None else _native.check_int("threads", threads, ctypes.c_uint)
     o.force = 1 if force else 0
+    o.read_back = 1 if read_back else 0
     return o, keep
 
 
@@ -319,8 +319,7 @@ class ImageWriter:
             pos += nbytes
         o, keep = _options(codec=codec, quant=quant, quant_include=quant_include, quant_exclude=quant_exclude,
                            block_patterns=block_patterns, block_order=block_order, chunk_size=chunk_size,
-                           zstd_level=zstd_level, threads=threads, force=force)
-        o.read_back = 1 if read_back else 0
+                           zstd_level=zstd_level, threads=threads, force=force, read_back=read_back)
         self.path = os.fspath(out)
         w = ctypes.c_void_p()
         rc = _native.lib.arena_writer_open(os.fsencode(self.path), json.dumps(header).encode(), label.encode(),

@@ -198,7 +198,7 @@ def offload(target: Any, *, vram: Any = None, cache: Optional[PathLike] = None, 
         # (made again after a corrupt entry: from the modules, which a failed open left as they were)
         f, g = box.pop("tensors", None) or _flat(roots)
         # read back as written: the entry is verified without a pass of its own after
-        write_image(f, g, str(tmp), codec=codec, force=True, progress=progress, read_back=True)
+        write_image(f, g, str(tmp), codec=codec, force=True, progress=progress, read_back=True, label=label)
         return True
 
     def before(_image: Path) -> None:

@@ -311,8 +311,8 @@ def _corrupt(e: Error) -> bool:
     return e.code.startswith("IMG_")
 
 
-def cached_attach(target: Callable[[], Any], key: str, make: Callable[[Path], Optional[bool]], record: Mapping[str, Any],
-                  cache: Optional[PathLike], label: str, attach_kwargs: Dict[str, Any],
+def cached_attach(target: Callable[[], Any], key: str, make: Callable[[Path], Optional[bool]],
+                  record: Mapping[str, Any], cache: Optional[PathLike], label: str, attach_kwargs: Dict[str, Any],
                   before: Optional[Callable[[Path], None]] = None, compile: bool = False) -> Handle:
     """The cache's entry for ``key`` (made by ``make`` when missing), ``before(image)``
     (building the modules), then ``target()`` attached to it; an image found corrupt

@@ -603,9 +603,9 @@ def flatten(module: nn.Module, prefix: str = "", what: str = "save_image",
     return flat, groups
 
 
-def write_image(flat: Dict[str, torch.Tensor], groups: Dict[str, Any], path: str, *, codec: Optional[str] = None,
-                threads: int = 0, force: bool = False, progress: Any = False, read_back: bool = False,
-                label: str = "tensors in memory") -> None:
+def write_image(flat: Dict[str, torch.Tensor], groups: Dict[str, Any], path: str, *, label: str,
+                codec: Optional[str] = None, threads: int = 0, force: bool = False, progress: Any = False,
+                read_back: bool = False) -> None:
     """What :func:`flatten` gave, as an arena image at ``path``, written by the library's
     streaming writer (:class:`arena.ImageWriter`) from the tensors where they are, a
     block at a time: no safetensors file on the way, nothing copied but each chunk. The
@@ -656,11 +656,3 @@ def save_image(module: nn.Module, path: str, *, codec: Optional[str] = None, thr
     write_image(flat, groups, path, codec=codec, threads=threads, force=force,
                 label=f"{type(module).__name__}'s weights")
 
-
-def convert(inputs: Sequence[str], out: str, *, codec: Optional[str] = None, threads: int = 0,
-            force: bool = False, progress: Any = False, read_back: bool = False) -> None:
-    """``arena convert INPUTS -o OUT`` through the library (:func:`arena.convert`)."""
-    from .. import convert as _convert
-
-    _convert(list(inputs), out, codec=codec, threads=threads or None, progress=progress, force=force,
-             read_back=read_back)
