@@ -249,6 +249,7 @@ void arena_engine_free(arena_engine *e)
 	arena_free(e->near);
 	arena_free(e->named);
 	arena_free(e->switched);
+	arena_free(e->pace);
 	arena_free(e->hist);
 	arena__engine_decide_free(e);
 	arena_free(e->cost);
@@ -350,12 +351,13 @@ int arena_engine_create(arena_model *m, const arena_engine_opts *o, arena_engine
 	e->near = arena_calloc(n ? n : 1, 1);
 	e->named = arena_calloc(n ? n : 1, 1);
 	e->switched = arena_calloc(n ? n : 1, 1);
+	e->pace = arena_calloc(n ? n : 1, 1);
 	e->hist = arena_calloc(ARENA_ENGINE_HISTORY, sizeof(*e->hist));
 	e->msched[0] = arena_calloc(ns, sizeof(uint32_t));
 	e->msched[1] = arena_calloc(ns, sizeof(uint32_t));
 	if (rr || rs || !e->seq || !e->obs || !e->held || !e->msched[0] || !e->msched[1] ||
 	    !e->ev_use || !e->ev_fill || !e->res_held || !e->near || !e->named ||
-	    !e->switched || !e->hist || arena__engine_decide_init(e)) {
+	    !e->switched || !e->pace || !e->hist || arena__engine_decide_init(e)) {
 		rc = arena_errorf(ARENA_E_NOMEM, "engine: out of memory");
 		goto fail;
 	}

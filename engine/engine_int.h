@@ -118,6 +118,13 @@ struct arena_engine {
 	/* Per block: a schedule change moved it (switch_set): its host copy is
 	 * kept (release_hosts), for the next change that moves it back. */
 	uint8_t *switched;
+	/* A look's move under way over step ends (pace_next): the set it goes
+	 * to; the bytes a step end demotes toward it; the ring slot its plan
+	 * needs; the plan_gen it holds under (a mode, schedule or profile set
+	 * since ends it, as do moves adapt makes). pace_on 0: none. */
+	uint8_t *pace;
+	int pace_on;
+	uint64_t pace_bytes, pace_slot, pace_gen;
 	/* moves timed against move_cost_raw's estimate (apply): their ratio,
 	 * averaged, scales the next estimates (1 until a move estimated at over
 	 * a millisecond has been timed) */
@@ -389,6 +396,13 @@ int arena__engine_fit_ring(arena_engine *e);
 int arena__engine_release_hosts(arena_engine *e);
 /* Move to the resident set `want`, timed against its estimate. */
 int arena__engine_apply(arena_engine *e, const uint8_t *want);
+/* A look's move to plan t (made for `budget`, predicted faster): the first
+ * step end's part of it, and the rest left to pace_next at the next ones
+ * (engine.h, move_pace). */
+int arena__engine_pace_start(arena_engine *e, const arena_residency_plan *t, uint64_t budget);
+/* At a step end after adapt: the next part of the look's move under way,
+ * if any, or its end (see pace). */
+int arena__engine_pace_next(arena_engine *e);
 /* The resident set to move to for plan t: the nearest to now as good as t's. */
 const uint8_t *arena__engine_near_set(arena_engine *e, const arena_residency_plan *t, uint64_t budget, int grow);
 const uint8_t *arena__engine_switch_set(arena_engine *e, const arena_residency_plan *t, uint64_t budget);

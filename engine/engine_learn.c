@@ -740,7 +740,9 @@ static int look_take(arena_engine *e)
 		arena__engine_decide_begin(e, &snap);
 		snap.step_s = now_t; /* both plans by the profile the look planned with */
 		snap.after_s = t.step_s;
-		rc = arena__engine_apply(e, t.resident);
+		rc = arena__engine_pace_start(e, &t, budget);
+		if (e->pace_on)
+			snap.after_s = 0; /* a part of the move: the set it leaves predicted by the plan */
 		arena__engine_decide_end(e, &snap, ARENA_WHY_LEARNED);
 	} else {
 		const double p = arena__engine_predict(e); /* the plan stays; the profile predicts it now */
@@ -781,8 +783,8 @@ static int learn(arena_engine *e)
 }
 
 /* At a step's end, after adapt: the gap before it, what the device has
- * timed so far, the look the last step end started taken, a new look
- * started when one is due. */
+ * timed so far, the next part of a look's move under way, the look the
+ * last step end started taken, a new look started when one is due. */
 int arena__engine_learn_end(arena_engine *e)
 {
 	int rc = time_gap(e);
@@ -792,6 +794,8 @@ int arena__engine_learn_end(arena_engine *e)
 		rc = harvest(e, (unsigned)((e->steps - 1) & 1));
 	if (!rc && e->timed)
 		rc = harvest_copies(e);
+	if (!rc)
+		rc = arena__engine_pace_next(e); /* before a take, whose move would be counted as adapt's */
 	if (!rc)
 		rc = look_take(e);
 	if (!rc)

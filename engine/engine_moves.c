@@ -140,7 +140,8 @@ int arena__engine_release_hosts(arena_engine *e)
 	int rc = 0;
 	for (uint32_t b = 0; b < e->l->n_blocks && !rc; b++) {
 		const arena_block_mem *bm = &m->mem[b];
-		if (!e->plan.resident[b] || !bm->dev || bm->kept || e->switched[b] || !(bm->host || bm->wire))
+		if (!e->plan.resident[b] || !bm->dev || bm->kept || e->switched[b] || !(bm->host || bm->wire) ||
+		    (e->pace_on && !e->pace[b]))
 			continue;
 		rc = e->be->ops->event_sync(e->be, e->ev_fill[b]);
 		if (!rc)
@@ -402,6 +403,97 @@ int arena__engine_apply(arena_engine *e, const uint8_t *want)
 		r = r < 0.05 ? 0.05 : r > 20 ? 20 : r;
 		e->move_scale = e->moves_timed++ ? 0.5 * e->move_scale + 0.5 * r : r;
 	}
+	return rc;
+}
+
+static uint64_t set_used(const arena_engine *e, const uint8_t *res, uint64_t min_slot, uint64_t *slot,
+			 uint64_t *resident);
+
+/* --- a look's move, over step ends ------------------------------------------- */
+
+/* The part of the move to e->pace this step end makes, into e->near: from
+ * the set resident now, demote the blocks pace streams, largest first (as
+ * apply_moves), until pace_bytes are demoted (at least one block); then
+ * promote the blocks it keeps, in the schedule's order, that fit `budget`.
+ * Returns 1 when that set is pace's own (the move ends with it). */
+static int pace_part(arena_engine *e, uint64_t budget)
+{
+	const arena_layout *l = e->l;
+	uint8_t *w = e->near;
+	uint64_t dem = 0, slot;
+	memcpy(w, e->plan.resident, l->n_blocks);
+	for (;;) {
+		int64_t pick = -1;
+		for (uint32_t b = 0; b < l->n_blocks; b++)
+			if (w[b] && !e->pace[b] && demotable(e, b) &&
+			    (pick < 0 || l->blocks[b].bytes > l->blocks[pick].bytes))
+				pick = b;
+		if (pick < 0 || (dem && dem >= e->pace_bytes))
+			break;
+		w[pick] = 0;
+		dem += l->blocks[pick].bytes;
+	}
+	for (size_t i = 0; i < e->plan.n_sched + l->n_blocks; i++) { /* the schedule's order, then the rest */
+		uint32_t c = i < e->plan.n_sched ? e->plan.sched[i] : (uint32_t)(i - e->plan.n_sched);
+		if (w[c] || !e->pace[c] || arena_block_is_globals(l, c))
+			continue;
+		w[c] = 1;
+		if (set_used(e, w, e->pace_slot, &slot, NULL) > budget)
+			w[c] = 0;
+	}
+	for (uint32_t b = 0; b < l->n_blocks; b++)
+		if (!arena_block_is_globals(l, b) && !w[b] != !e->pace[b] && (w[b] ? demotable(e, b) : 1))
+			return 0;
+	return 1;
+}
+
+/* Make this step end's part of the move to e->pace (within the weights
+ * budget in force); the move ends when the set is pace's, when a part
+ * moves nothing, or when pace no longer fits the budget. */
+static int pace_move(arena_engine *e, uint64_t budget)
+{
+	uint64_t slot;
+	if (set_used(e, e->pace, e->pace_slot, &slot, NULL) > budget) {
+		e->pace_on = 0; /* the budget moved on: adapt plans for it */
+		return 0;
+	}
+	const int last = pace_part(e, budget);
+	const unsigned n0 = e->mv_prom_n + e->mv_dem_n;
+	int rc = arena__engine_apply(e, e->near);
+	if (rc || last || e->mv_prom_n + e->mv_dem_n == n0)
+		e->pace_on = 0;
+	return rc;
+}
+
+int arena__engine_pace_start(arena_engine *e, const arena_residency_plan *t, uint64_t budget)
+{
+	const double f = e->o.move_pace ? e->o.move_pace : ARENA_ENGINE_DEFAULT_PACE;
+	const double bytes = f * t->step_s * e->o.h2d_bytes_per_s;
+	e->pace_on = 0;
+	if (!(f > 0) || !(bytes >= 1))
+		return arena__engine_apply(e, t->resident);
+	memcpy(e->pace, t->resident, e->l->n_blocks);
+	e->pace_bytes = bytes < 0x1p63 ? (uint64_t)bytes : UINT64_MAX;
+	e->pace_slot = t->min_slot;
+	e->pace_gen = e->plan_gen;
+	e->pace_on = 1;
+	return pace_move(e, budget);
+}
+
+int arena__engine_pace_next(arena_engine *e)
+{
+	if (!e->pace_on)
+		return 0;
+	/* a mode, schedule or profile set since, or a move adapt made this
+	 * step end (pressure, the rest's need): the move is given up */
+	if (e->pace_gen != e->plan_gen || e->rec.promotions + e->rec.demotions) {
+		e->pace_on = 0;
+		return 0;
+	}
+	arena__decide_snap snap;
+	arena__engine_decide_begin(e, &snap);
+	int rc = pace_move(e, e->plan.budget);
+	arena__engine_decide_end(e, &snap, ARENA_WHY_LEARNED);
 	return rc;
 }
 

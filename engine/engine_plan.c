@@ -392,7 +392,7 @@ int arena__engine_adapt(arena_engine *e, int new_sched)
 		e->room_steps = 0;
 		why = arena__engine_why(e, 0, new_sched);
 		rc = arena__engine_apply(e, arena__engine_near_set(e, &t, budget, 0));
-	} else if (room_better(e, &t)) {
+	} else if (!e->pace_on && room_better(e, &t)) { /* a look's move under way is the move to the memo */
 		if (++e->room_steps >= hyst || e->room_now) {
 			e->room_steps = 0;
 			why = arena__engine_why(e, 1, new_sched);
