@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Tuple
 
 import arena_gpu as arena
 from arena_gpu import _cache
+from tiers import ctrl_c
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 FIX = Path(os.environ.get("ARENA_FIXTURES_DIR", ROOT / "fixtures"))
@@ -345,7 +346,7 @@ class Cache(unittest.TestCase):
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, as a terminal sends it
             time.sleep(5)
 
-        with self.assertRaises(KeyboardInterrupt):
+        with ctrl_c(), self.assertRaises(KeyboardInterrupt):
             self.entry(k, make=interrupted)
         self.assertEqual(self.names(), [f"{k}.lock"])
 
@@ -354,7 +355,7 @@ class Cache(unittest.TestCase):
             arena.convert(self.src, path, progress=lambda d, t: os.kill(os.getpid(), signal.SIGINT),
                           chunk_size="64K", codec="zstd", zstd_level=19, threads=1)
 
-        with self.assertRaises(KeyboardInterrupt):
+        with ctrl_c(), self.assertRaises(KeyboardInterrupt):
             self.entry(k, make=converts)
         self.assertEqual(self.names(), [f"{k}.lock"])
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import List, Tuple
 
 import arena_gpu as arena
-from tiers import slow
+from tiers import ctrl_c, slow
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 FIX = Path(os.environ.get("ARENA_FIXTURES_DIR", ROOT / "fixtures"))
@@ -205,7 +205,7 @@ class Files(unittest.TestCase):
         # In this process: SIGINT while the library converts.
         out = self.path("c.arena")
         t0 = time.monotonic()
-        with self.assertRaises(KeyboardInterrupt):
+        with ctrl_c(), self.assertRaises(KeyboardInterrupt):
             arena.convert(self.slow, out, codec="zstd", zstd_level=19, threads=1,
                           progress=lambda d, t: os.kill(os.getpid(), signal.SIGINT))
         self.assertLess(time.monotonic() - t0, 20, "the convert was not cancelled")
@@ -214,7 +214,8 @@ class Files(unittest.TestCase):
         # From outside, as a terminal's Ctrl-C: a script converting, interrupted once it has started.
         started = self.path("started")
         script = textwrap.dedent(f"""
-            import arena_gpu as arena, sys
+            import arena_gpu as arena, signal, sys
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal's foreground job
             def p(d, t):
                 open({started!r}, "w").close()
             try:
