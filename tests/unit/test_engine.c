@@ -2311,6 +2311,59 @@ Test(engine_learn, a_looks_move_goes_over_step_ends)
 	swap_pace = 0;
 }
 
+/* A look's move under way gives way to pressure: the rest of the process
+ * takes memory after the move's first part, the next step end demotes for it
+ * (adapt), and the move ends there, its set no longer within the budget: no
+ * part of it comes after those demotions (it would promote into memory that
+ * is gone); the set fits the budget and every block is the image's. */
+Test(engine_learn, a_paced_move_gives_way_to_pressure)
+{
+	sim_only();
+	swap_pace = 1e-6;
+	arena_model *m = load(0);
+	arena_slab_reader *rr;
+	cr_assert_eq(arena_slab_reader_open(img_path, m->layout, &rr), 0);
+	arena_engine *e = swap_engine(m, arena_slab_reader_read, rr, 0);
+	arena_stream *s;
+	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	int first = -1;
+	for (int step = 0; step < 14 && first < 0; step++) {
+		run_step(e, m, s, 0, 0.0008);
+		for (uint64_t i = 0; i < arena_engine_decisions(e); i++) {
+			arena_engine_decision d;
+			cr_assert_eq(arena_engine_decision_get(e, i, &d), 0, "%s", arena_last_error());
+			if (d.why == ARENA_WHY_LEARNED && d.demoted == 1 && d.step == (uint64_t)step)
+				first = step;
+		}
+	}
+	cr_assert_geq(first, 0, "a look's move began, a block a step end");
+	/* the rest of the process (the caller's allocator) takes three blocks'
+	 * worth under the cap: demotions */
+	cr_assert_eq(arena_backend_sim_rest(be, 3 * MAXB), 0, "%s", arena_last_error());
+	run_step(e, m, s, 1, 0.0008);
+	expect_whole(e, m);
+	arena_engine_step r;
+	cr_assert_eq(arena_engine_step_record(e, (uint64_t)first + 1, &r), 0);
+	cr_assert_gt(r.demotions, 0, "the pressure demoted");
+	cr_assert_leq(arena_engine_plan(e)->need_bytes, r.budget);
+	for (uint64_t i = 0; i < arena_engine_decisions(e); i++) {
+		arena_engine_decision d;
+		cr_assert_eq(arena_engine_decision_get(e, i, &d), 0, "%s", arena_last_error());
+		if (d.step == (uint64_t)first + 1)
+			cr_assert_neq(d.why, ARENA_WHY_LEARNED, "a part of the move after the pressure's demotions");
+	}
+	cr_assert_eq(arena_backend_sim_rest(be, 0), 0);
+	for (int step = 0; step < 4; step++) {
+		run_step(e, m, s, step == 3, 0.0008);
+		expect_whole(e, m);
+	}
+	be->ops->stream_destroy(be, s);
+	arena_engine_free(e);
+	arena_slab_reader_close(rr);
+	arena_model_free(m);
+	swap_pace = 0;
+}
+
 /* A reader that takes its time: 40 ms a block read. */
 static int slow_read(void *ctx, uint32_t b, uint8_t *dst, uint64_t bytes)
 {
