@@ -2189,6 +2189,32 @@ static arena_engine *swap_engine(arena_model *m, arena_reread_fn rd, arena_slab_
 	return e;
 }
 
+/* The suite's model, a slab reader of its image, a swap_engine over them
+ * (rd reading through the reader) and a stream to run steps on. */
+typedef struct swap_run {
+	arena_model *m;
+	arena_slab_reader *rr;
+	arena_engine *e;
+	arena_stream *s;
+} swap_run;
+
+static swap_run swap_open(arena_reread_fn rd, uint64_t host_cap)
+{
+	swap_run w = {.m = load(0)};
+	cr_assert_eq(arena_slab_reader_open(img_path, w.m->layout, &w.rr), 0);
+	w.e = swap_engine(w.m, rd, w.rr, host_cap);
+	cr_assert_eq(be->ops->stream_create(be, &w.s), 0);
+	return w;
+}
+
+static void swap_close(swap_run *w)
+{
+	be->ops->stream_destroy(be, w->s);
+	arena_engine_free(w->e);
+	arena_slab_reader_close(w->rr);
+	arena_model_free(w->m);
+}
+
 /* A look reads ahead, on its own thread, the host copies of the blocks its
  * plan demotes that have none (release_host gave them back), so that its
  * move reads nothing from the image on the caller's thread: the step end
@@ -2201,12 +2227,10 @@ Test(engine_learn, a_look_reads_ahead_what_its_move_demotes)
 	sim_only();
 	for (int ahead = 0; ahead < 2; ahead++) {
 		arena__engine_read_ahead = ahead;
-		arena_model *m = load(0);
-		arena_slab_reader *rr;
-		cr_assert_eq(arena_slab_reader_open(img_path, m->layout, &rr), 0);
-		arena_engine *e = swap_engine(m, arena_slab_reader_read, rr, 0);
-		arena_stream *s;
-		cr_assert_eq(be->ops->stream_create(be, &s), 0);
+		swap_run w = swap_open(arena_slab_reader_read, 0);
+		arena_model *m = w.m;
+		arena_engine *e = w.e;
+		arena_stream *s = w.s;
 		uint64_t read = 0, prepared = 0, demoted = 0, looks = 0;
 		const uint64_t ahead0 = arena__engine_read_ahead_bytes;
 		for (int step = 0; step < 12; step++) {
@@ -2242,10 +2266,7 @@ Test(engine_learn, a_look_reads_ahead_what_its_move_demotes)
 			cr_assert(read > 0 && read <= demoted, "read %" PRIu64 " bytes in the step end, demoted %" PRIu64, read,
 				  demoted);
 		}
-		be->ops->stream_destroy(be, s);
-		arena_engine_free(e);
-		arena_slab_reader_close(rr);
-		arena_model_free(m);
+		swap_close(&w);
 	}
 	arena__engine_read_ahead = 1;
 }
@@ -2264,12 +2285,10 @@ Test(engine_learn, a_looks_move_goes_over_step_ends)
 	sim_only();
 	for (int paced = 0; paced < 2; paced++) {
 		swap_pace = paced ? 1e-6 : -1;
-		arena_model *m = load(0);
-		arena_slab_reader *rr;
-		cr_assert_eq(arena_slab_reader_open(img_path, m->layout, &rr), 0);
-		arena_engine *e = swap_engine(m, arena_slab_reader_read, rr, 0);
-		arena_stream *s;
-		cr_assert_eq(be->ops->stream_create(be, &s), 0);
+		swap_run w = swap_open(arena_slab_reader_read, 0);
+		arena_model *m = w.m;
+		arena_engine *e = w.e;
+		arena_stream *s = w.s;
 		uint64_t read = 0, reads[14];
 		for (int step = 0; step < 14; step++) {
 			run_step(e, m, s, step == 13, 0.0008);
@@ -2303,10 +2322,7 @@ Test(engine_learn, a_looks_move_goes_over_step_ends)
 			cr_assert_geq(demoted, 2, "the swap demotes %u blocks", (unsigned)demoted);
 		}
 		cr_assert_eq(read, 0, "paced=%d: %" PRIu64 " bytes read in the move's step ends", paced, read);
-		be->ops->stream_destroy(be, s);
-		arena_engine_free(e);
-		arena_slab_reader_close(rr);
-		arena_model_free(m);
+		swap_close(&w);
 	}
 	swap_pace = 0;
 }
@@ -2320,12 +2336,10 @@ Test(engine_learn, a_paced_move_gives_way_to_pressure)
 {
 	sim_only();
 	swap_pace = 1e-6;
-	arena_model *m = load(0);
-	arena_slab_reader *rr;
-	cr_assert_eq(arena_slab_reader_open(img_path, m->layout, &rr), 0);
-	arena_engine *e = swap_engine(m, arena_slab_reader_read, rr, 0);
-	arena_stream *s;
-	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	swap_run w = swap_open(arena_slab_reader_read, 0);
+	arena_model *m = w.m;
+	arena_engine *e = w.e;
+	arena_stream *s = w.s;
 	int first = -1;
 	for (int step = 0; step < 14 && first < 0; step++) {
 		run_step(e, m, s, 0, 0.0008);
@@ -2357,10 +2371,7 @@ Test(engine_learn, a_paced_move_gives_way_to_pressure)
 		run_step(e, m, s, step == 3, 0.0008);
 		expect_whole(e, m);
 	}
-	be->ops->stream_destroy(be, s);
-	arena_engine_free(e);
-	arena_slab_reader_close(rr);
-	arena_model_free(m);
+	swap_close(&w);
 	swap_pace = 0;
 }
 
@@ -2378,12 +2389,10 @@ static int slow_read(void *ctx, uint32_t b, uint8_t *dst, uint64_t bytes)
 Test(engine_learn, a_look_still_reading_ahead_is_taken_later)
 {
 	sim_only();
-	arena_model *m = load(0);
-	arena_slab_reader *rr;
-	cr_assert_eq(arena_slab_reader_open(img_path, m->layout, &rr), 0);
-	arena_engine *e = swap_engine(m, slow_read, rr, 0);
-	arena_stream *s;
-	cr_assert_eq(be->ops->stream_create(be, &s), 0);
+	swap_run w = swap_open(slow_read, 0);
+	arena_model *m = w.m;
+	arena_engine *e = w.e;
+	arena_stream *s = w.s;
 	uint64_t read = 0, prepared = 0;
 	int on = 0, longest = 0;
 	for (int step = 0; step < 12; step++) {
@@ -2401,10 +2410,7 @@ Test(engine_learn, a_look_still_reading_ahead_is_taken_later)
 	cr_assert_geq(longest, 2, "a look stayed on over %d step ends", longest);
 	cr_assert_gt(prepared, 0, "a move took copies read ahead");
 	cr_assert_eq(read, 0, "the move read %" PRIu64 " bytes in its step end", read);
-	be->ops->stream_destroy(be, s);
-	arena_engine_free(e);
-	arena_slab_reader_close(rr);
-	arena_model_free(m);
+	swap_close(&w);
 }
 
 /* A move whose demoted blocks would go past the host budget (their host
@@ -2418,12 +2424,10 @@ Test(engine_learn, a_move_into_the_disk_tier_is_held_back)
 {
 	sim_only();
 	for (int capped = 0; capped < 2; capped++) {
-		arena_model *m = load(0);
-		arena_slab_reader *rr;
-		cr_assert_eq(arena_slab_reader_open(img_path, m->layout, &rr), 0);
-		arena_engine *e = swap_engine(m, arena_slab_reader_read, rr, capped ? 1 : 0);
-		arena_stream *s;
-		cr_assert_eq(be->ops->stream_create(be, &s), 0);
+		swap_run w = swap_open(arena_slab_reader_read, capped ? 1 : 0);
+		arena_model *m = w.m;
+		arena_engine *e = w.e;
+		arena_stream *s = w.s;
 		unsigned held = 0, moved = 0, dem = 0;
 		for (int step = 0; step < 9; step++) {
 			run_step(e, m, s, step == 8, 0.0008); /* (the last checks every block's bytes where acquired) */
@@ -2449,10 +2453,7 @@ Test(engine_learn, a_move_into_the_disk_tier_is_held_back)
 				     "nothing moved into the disk tier: %u looks moved, %u demotions, %u blocks in the image only",
 				     moved, dem, in_image);
 		}
-		be->ops->stream_destroy(be, s);
-		arena_engine_free(e);
-		arena_slab_reader_close(rr);
-		arena_model_free(m);
+		swap_close(&w);
 	}
 }
 
