@@ -1,7 +1,8 @@
 /* engine_moves.c - moves between resident and streamed: a block demoted
  * (its device copy let go) or promoted (copied to the device), the ring
- * fitted to what streams, the set a move goes to (near_set), what a move
- * reads and copies, and whether it pays for itself.
+ * fitted to what streams, the set a move goes to (near_set, switch_set),
+ * what a move reads and copies, whether it pays for itself, and a look's
+ * move made over step ends (pace_start, pace_next).
  *
  * Invariants (engine.h's 1, 3 and 4 are kept here):
  *   1. A block is demoted only when it can come back: it has a host copy,
@@ -406,97 +407,6 @@ int arena__engine_apply(arena_engine *e, const uint8_t *want)
 	return rc;
 }
 
-static uint64_t set_used(const arena_engine *e, const uint8_t *res, uint64_t min_slot, uint64_t *slot,
-			 uint64_t *resident);
-
-/* --- a look's move, over step ends ------------------------------------------- */
-
-/* The part of the move to e->pace this step end makes, into e->near: from
- * the set resident now, demote the blocks pace streams, largest first (as
- * apply_moves), until pace_bytes are demoted (at least one block); then
- * promote the blocks it keeps, in the schedule's order, that fit `budget`.
- * Returns 1 when that set is pace's own (the move ends with it). */
-static int pace_part(arena_engine *e, uint64_t budget)
-{
-	const arena_layout *l = e->l;
-	uint8_t *w = e->near;
-	uint64_t dem = 0, slot;
-	memcpy(w, e->plan.resident, l->n_blocks);
-	for (;;) {
-		int64_t pick = -1;
-		for (uint32_t b = 0; b < l->n_blocks; b++)
-			if (w[b] && !e->pace[b] && demotable(e, b) &&
-			    (pick < 0 || l->blocks[b].bytes > l->blocks[pick].bytes))
-				pick = b;
-		if (pick < 0 || (dem && dem >= e->pace_bytes))
-			break;
-		w[pick] = 0;
-		dem += l->blocks[pick].bytes;
-	}
-	for (size_t i = 0; i < e->plan.n_sched + l->n_blocks; i++) { /* the schedule's order, then the rest */
-		uint32_t c = i < e->plan.n_sched ? e->plan.sched[i] : (uint32_t)(i - e->plan.n_sched);
-		if (w[c] || !e->pace[c] || arena_block_is_globals(l, c))
-			continue;
-		w[c] = 1;
-		if (set_used(e, w, e->pace_slot, &slot, NULL) > budget)
-			w[c] = 0;
-	}
-	for (uint32_t b = 0; b < l->n_blocks; b++)
-		if (!arena_block_is_globals(l, b) && !w[b] != !e->pace[b] && (w[b] ? demotable(e, b) : 1))
-			return 0;
-	return 1;
-}
-
-/* Make this step end's part of the move to e->pace (within the weights
- * budget in force); the move ends when the set is pace's, when a part
- * moves nothing, or when pace no longer fits the budget. */
-static int pace_move(arena_engine *e, uint64_t budget)
-{
-	uint64_t slot;
-	if (set_used(e, e->pace, e->pace_slot, &slot, NULL) > budget) {
-		e->pace_on = 0; /* the budget moved on: adapt plans for it */
-		return 0;
-	}
-	const int last = pace_part(e, budget);
-	const unsigned n0 = e->mv_prom_n + e->mv_dem_n;
-	int rc = arena__engine_apply(e, e->near);
-	if (rc || last || e->mv_prom_n + e->mv_dem_n == n0)
-		e->pace_on = 0;
-	return rc;
-}
-
-int arena__engine_pace_start(arena_engine *e, const arena_residency_plan *t, uint64_t budget)
-{
-	const double f = e->o.move_pace ? e->o.move_pace : ARENA_ENGINE_DEFAULT_PACE;
-	const double bytes = f * t->step_s * e->o.h2d_bytes_per_s;
-	e->pace_on = 0;
-	if (!(f > 0) || !(bytes >= 1))
-		return arena__engine_apply(e, t->resident);
-	memcpy(e->pace, t->resident, e->l->n_blocks);
-	e->pace_bytes = bytes < 0x1p63 ? (uint64_t)bytes : UINT64_MAX;
-	e->pace_slot = t->min_slot;
-	e->pace_gen = e->plan_gen;
-	e->pace_on = 1;
-	return pace_move(e, budget);
-}
-
-int arena__engine_pace_next(arena_engine *e)
-{
-	if (!e->pace_on)
-		return 0;
-	/* a mode, schedule or profile set since, or a move adapt made this
-	 * step end (pressure, the rest's need): the move is given up */
-	if (e->pace_gen != e->plan_gen || e->rec.promotions + e->rec.demotions) {
-		e->pace_on = 0;
-		return 0;
-	}
-	arena__decide_snap snap;
-	arena__engine_decide_begin(e, &snap);
-	int rc = pace_move(e, e->plan.budget);
-	arena__engine_decide_end(e, &snap, ARENA_WHY_LEARNED);
-	return rc;
-}
-
 /* Device memory the engine would allocate with resident set `res`: each
  * resident block and the ring (its slot the largest streamed block) rounded
  * up as the backend allocates them, as a rounded plan counts its need
@@ -525,6 +435,25 @@ static uint64_t set_used(const arena_engine *e, const uint8_t *res, uint64_t min
 		*resident = rb;
 	const uint64_t ring = (uint64_t)(ns ? e->n_slots : 0) * sl;
 	return rb + loss + ring + arena__engine_gran_loss(e->be, ring);
+}
+
+/* Into w, the blocks `keep` names that w has not, in sched's order (then,
+ * with `rest`, in block order the ones sched does not name), each while
+ * the set still fits `budget` (one that does not is left out, the next
+ * tried). */
+static void fill_in_order(const arena_engine *e, uint8_t *w, const uint8_t *keep, const uint32_t *sched,
+			  size_t n_sched, int rest, uint64_t min_slot, uint64_t budget)
+{
+	uint64_t slot;
+	const size_t n = n_sched + (rest ? e->l->n_blocks : 0);
+	for (size_t i = 0; i < n; i++) {
+		uint32_t c = i < n_sched ? sched[i] : (uint32_t)(i - n_sched);
+		if (w[c] || !keep[c] || arena_block_is_globals(e->l, c))
+			continue;
+		w[c] = 1;
+		if (set_used(e, w, min_slot, &slot, NULL) > budget)
+			w[c] = 0;
+	}
 }
 
 /* The resident set to move to for plan t (made anew for `budget`): the
@@ -564,14 +493,8 @@ const uint8_t *arena__engine_near_set(arena_engine *e, const arena_residency_pla
 			return t->resident; /* nothing left that helps: t's set */
 		w[pick] = 0;
 	}
-	for (size_t i = 0; grow && i < t->n_sched + l->n_blocks; i++) { /* t's order, then the blocks it does not name */
-		uint32_t c = i < t->n_sched ? t->sched[i] : (uint32_t)(i - t->n_sched);
-		if (w[c] || !t->resident[c] || arena_block_is_globals(l, c))
-			continue;
-		w[c] = 1;
-		if (set_used(e, w, t->min_slot, &slot, NULL) > budget)
-			w[c] = 0;
-	}
+	if (grow) /* t's order, then the blocks it does not name */
+		fill_in_order(e, w, t->resident, t->sched, t->n_sched, 1, t->min_slot, budget);
 	if (arena__have_profile(&e->o) && t->step_s > 0) {
 		double mine = arena__timed_run(l, &e->o, e->plan.sched, e->plan.bwd, e->plan.n_sched, w, e->plan.slots,
 					       &e->tscr);
@@ -605,7 +528,7 @@ const uint8_t *arena__engine_switch_set(arena_engine *e, const arena_residency_p
 {
 	const arena_layout *l = e->l;
 	uint8_t *w = e->near, *named = e->named;
-	uint64_t slot, mine = 0, theirs = 0;
+	uint64_t mine = 0, theirs = 0;
 	int other = 0;
 	memset(named, 0, l->n_blocks);
 	for (size_t i = 0; i < e->plan.n_sched; i++)
@@ -616,14 +539,7 @@ const uint8_t *arena__engine_switch_set(arena_engine *e, const arena_residency_p
 	}
 	if (!other)
 		return NULL;
-	for (size_t i = 0; i < e->plan.n_sched; i++) {
-		uint32_t c = e->plan.sched[i];
-		if (w[c] || !t->resident[c])
-			continue;
-		w[c] = 1;
-		if (set_used(e, w, t->min_slot, &slot, NULL) > budget)
-			w[c] = 0;
-	}
+	fill_in_order(e, w, t->resident, e->plan.sched, e->plan.n_sched, 0, t->min_slot, budget);
 	for (uint32_t b = 0; b < l->n_blocks; b++) {
 		if (named[b] && !arena_block_is_globals(l, b)) {
 			mine += w[b] ? l->blocks[b].bytes : 0;
@@ -632,16 +548,83 @@ const uint8_t *arena__engine_switch_set(arena_engine *e, const arena_residency_p
 	}
 	if (mine + t->slot_bytes < theirs)
 		w = t->resident; /* the named blocks resident now hold t's room from it */
-	else
-		for (uint32_t b = 0; b < l->n_blocks; b++) {
-			if (w[b] || !e->plan.resident[b])
-				continue;
-			w[b] = 1;
-			if (set_used(e, w, t->min_slot, &slot, NULL) > budget)
-				w[b] = 0;
-		}
+	else /* the rest resident now, in block order */
+		fill_in_order(e, w, e->plan.resident, NULL, 0, 1, t->min_slot, budget);
 	for (uint32_t b = 0; b < l->n_blocks; b++)
 		if (!arena_block_is_globals(l, b) && !w[b] != !e->plan.resident[b])
 			e->switched[b] = 1;
 	return w;
+}
+
+/* --- a look's move, over step ends ------------------------------------------- */
+
+/* The part of the move to e->pace this step end makes, into e->near: from
+ * the set resident now, demote the blocks pace streams in the order
+ * apply_moves demotes them (next_demoted: largest first) until pace_bytes
+ * are demoted (at least one block); then promote the blocks pace keeps,
+ * in the schedule's order, that fit `budget`. */
+static void pace_part(arena_engine *e, uint64_t budget)
+{
+	const arena_layout *l = e->l;
+	uint8_t *w = e->near;
+	uint64_t dem = 0;
+	memcpy(w, e->plan.resident, l->n_blocks);
+	for (int64_t b = next_demoted(e, e->pace, UINT64_MAX, -1); b >= 0 && !(dem && dem >= e->pace_bytes);
+	     b = next_demoted(e, e->pace, l->blocks[b].bytes, b)) {
+		if (demotable(e, (uint32_t)b)) {
+			w[b] = 0;
+			dem += l->blocks[b].bytes;
+		}
+	}
+	fill_in_order(e, w, e->pace, e->plan.sched, e->plan.n_sched, 1, e->pace_slot, budget);
+}
+
+/* Make this step end's part of the move to e->pace (within the weights
+ * budget in force); the move ends when the set is pace's, when a part
+ * moves nothing, or when pace no longer fits the budget. */
+static int pace_move(arena_engine *e, uint64_t budget)
+{
+	uint64_t slot;
+	if (set_used(e, e->pace, e->pace_slot, &slot, NULL) > budget) {
+		e->pace_on = 0; /* the budget moved on: adapt plans for it */
+		return 0;
+	}
+	pace_part(e, budget);
+	const unsigned n0 = e->mv_prom_n + e->mv_dem_n;
+	int rc = arena__engine_apply(e, e->near);
+	if (rc || e->mv_prom_n + e->mv_dem_n == n0 || !memcmp(e->plan.resident, e->pace, e->l->n_blocks))
+		e->pace_on = 0;
+	return rc;
+}
+
+int arena__engine_pace_start(arena_engine *e, const arena_residency_plan *t, uint64_t budget)
+{
+	const double f = e->o.move_pace ? e->o.move_pace : ARENA_ENGINE_DEFAULT_PACE;
+	const double bytes = f * t->step_s * e->o.h2d_bytes_per_s;
+	e->pace_on = 0;
+	if (!(f > 0) || !(bytes >= 1))
+		return arena__engine_apply(e, t->resident);
+	memcpy(e->pace, t->resident, e->l->n_blocks);
+	e->pace_bytes = bytes < 0x1p63 ? (uint64_t)bytes : UINT64_MAX;
+	e->pace_slot = t->min_slot;
+	e->pace_gen = e->plan_gen;
+	e->pace_on = 1;
+	return pace_move(e, budget);
+}
+
+int arena__engine_pace_next(arena_engine *e)
+{
+	if (!e->pace_on)
+		return 0;
+	/* a mode, schedule or profile set since, or a move adapt made this
+	 * step end (pressure, the rest's need): the move is given up */
+	if (e->pace_gen != e->plan_gen || e->rec.promotions + e->rec.demotions) {
+		e->pace_on = 0;
+		return 0;
+	}
+	arena__decide_snap snap;
+	arena__engine_decide_begin(e, &snap);
+	int rc = pace_move(e, e->plan.budget);
+	arena__engine_decide_end(e, &snap, ARENA_WHY_LEARNED);
+	return rc;
 }
